@@ -1,0 +1,960 @@
+//! The engine: device and queue, pipeline cache, batched submission, buffer pool, memory
+//! statistics and GPU timing. Cheap to clone (an `Arc`), `Send + Sync`: one engine may be used
+//! from several threads; recording is serialized by a lock, so ops from different threads
+//! interleave whole.
+
+use crate::kernel::{BindingKind, BindingSlot, Constants, Kernel, entry_bindings};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Floating-point math mode of compiled kernels (part of the pipeline-cache key).
+///
+/// `Strict` (the default) compiles Metal kernels through wgrad's own strict MSL (safe math
+/// mode, no contraction, precise transcendentals). Vulkan and other backends already compile
+/// WGSL without fast-math flags, so there both modes produce the same code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MathMode {
+    /// IEEE-faithful math everywhere (default).
+    #[default]
+    Strict,
+    /// The backend's default (fast math on Metal).
+    Relaxed,
+}
+
+/// Features wgrad uses when the adapter has them.
+pub const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::PASSTHROUGH_SHADERS);
+
+/// Smallest limits wgrad runs with (`Engine::from_wgpu` checks them).
+pub const MIN_STORAGE_BUFFERS_PER_STAGE: u32 = 8;
+/// Every kernel is launched with at most this many threads per workgroup.
+pub const MIN_INVOCATIONS_PER_WORKGROUP: u32 = 256;
+
+/// What the engine runs on.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    /// Adapter name.
+    pub adapter: String,
+    /// Backend (Metal, Vulkan, ...).
+    pub backend: wgpu::Backend,
+    /// Device type (discrete, integrated, CPU, ...).
+    pub device_type: wgpu::DeviceType,
+    /// Driver name and version.
+    pub driver: String,
+    /// Features enabled on the device (of those wgrad asks for).
+    pub features: wgpu::Features,
+    /// Limits in force on the device.
+    pub limits: wgpu::Limits,
+    /// Math mode of compiled kernels.
+    pub math_mode: MathMode,
+    /// Whether strict Metal kernels go through wgrad's strict MSL (Metal + Strict + passthrough).
+    pub strict_msl: bool,
+}
+
+impl std::fmt::Display for EngineInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({:?}, {:?}), driver {}; math {:?}{}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
+            self.adapter,
+            self.backend,
+            self.device_type,
+            self.driver,
+            self.math_mode,
+            if self.strict_msl { " (strict MSL)" } else { "" },
+            self.features,
+            self.limits.max_storage_buffer_binding_size >> 20,
+            self.limits.max_compute_workgroup_storage_size >> 10,
+            self.limits.max_compute_invocations_per_workgroup,
+        )
+    }
+}
+
+/// Memory held by the engine's tensors and pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryStats {
+    /// Bytes of buffers held by live tensors and in-flight scratch.
+    pub live_bytes: u64,
+    /// Highest `live_bytes` since creation or the last `reset_peak`.
+    pub peak_bytes: u64,
+    /// Bytes of free buffers kept for reuse.
+    pub pooled_bytes: u64,
+}
+
+/// Where a measured time came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimingSource {
+    /// GPU timestamps around the recorded passes.
+    Gpu,
+    /// Host wall clock around record + submit + wait (adapter lacks TIMESTAMP_QUERY).
+    WallClock,
+}
+
+/// One timed section.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Seconds from the first pass's start to the last pass's end (or wall clock).
+    pub seconds: f64,
+    /// How it was measured.
+    pub source: TimingSource,
+    /// Compute passes recorded in the section.
+    pub passes: u32,
+}
+
+/// Options for [`Engine::new`]-style construction.
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    backends: Option<wgpu::Backends>,
+    adapter_name: Option<String>,
+    math_mode: MathMode,
+    pool_limit: u64,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        EngineBuilder {
+            backends: None,
+            adapter_name: None,
+            math_mode: MathMode::Strict,
+            pool_limit: 1 << 30,
+        }
+    }
+}
+
+fn parse_backends(s: &str) -> Option<wgpu::Backends> {
+    let mut out = wgpu::Backends::empty();
+    for part in s.split(',') {
+        out |= match part.trim().to_ascii_lowercase().as_str() {
+            "metal" | "mtl" => wgpu::Backends::METAL,
+            "vulkan" | "vk" => wgpu::Backends::VULKAN,
+            "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+            "dx12" | "d3d12" => wgpu::Backends::DX12,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+impl EngineBuilder {
+    /// Force a set of backends (overrides `WGRAD_BACKEND`/`WGPU_BACKEND`).
+    pub fn backends(mut self, backends: wgpu::Backends) -> Self {
+        self.backends = Some(backends);
+        self
+    }
+
+    /// Pick the first adapter whose name contains this text, case-insensitive (overrides
+    /// `WGRAD_ADAPTER`).
+    pub fn adapter_name(mut self, name: impl Into<String>) -> Self {
+        self.adapter_name = Some(name.into());
+        self
+    }
+
+    /// Math mode of compiled kernels (default `Strict`).
+    pub fn math_mode(mut self, mode: MathMode) -> Self {
+        self.math_mode = mode;
+        self
+    }
+
+    /// Most bytes of free buffers the pool keeps (default 1 GiB).
+    pub fn pool_limit(mut self, bytes: u64) -> Self {
+        self.pool_limit = bytes;
+        self
+    }
+
+    /// Create the engine: Metal on Apple, Vulkan elsewhere; a hardware adapter when there is
+    /// one, else a software one (lavapipe).
+    pub fn build(self) -> Result<Engine> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let backends = match self.backends {
+            Some(b) => b,
+            None => match env("WGRAD_BACKEND").or_else(|| env("WGPU_BACKEND")) {
+                Some(s) => parse_backends(&s).ok_or_else(|| {
+                    Error::NoAdapter(format!(
+                        "unknown backend name {s:?} (metal, vulkan, gl, dx12)"
+                    ))
+                })?,
+                None => wgpu::Backends::METAL | wgpu::Backends::VULKAN,
+            },
+        };
+        let name = self.adapter_name.clone().or_else(|| env("WGRAD_ADAPTER"));
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        let rank = |t: wgpu::DeviceType| match t {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::VirtualGpu => 2,
+            wgpu::DeviceType::Other => 3,
+            wgpu::DeviceType::Cpu => 4,
+        };
+        let seen: Vec<String> = adapters
+            .iter()
+            .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
+            .collect();
+        let adapter = adapters
+            .into_iter()
+            .filter(|a| {
+                let n = a.get_info().name.to_ascii_lowercase();
+                name.as_ref()
+                    .is_none_or(|want| n.contains(&want.to_ascii_lowercase()))
+            })
+            .min_by_key(|a| rank(a.get_info().device_type))
+            .ok_or_else(|| {
+                Error::NoAdapter(format!(
+                    "backends {backends:?}, name filter {name:?}; adapters seen: {seen:?}. \
+                     On Debian/Ubuntu without a GPU: apt-get install mesa-vulkan-drivers"
+                ))
+            })?;
+        let features = adapter.features() & WANTED_FEATURES;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("wgrad"),
+            required_features: features,
+            required_limits: limits,
+            experimental_features: if features.contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+                // SAFETY: passthrough modules are only created from naga-generated, validated MSL.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::Device(format!("request_device: {e}")))?;
+        Engine::assemble(
+            device,
+            queue,
+            adapter.get_info(),
+            self.math_mode,
+            self.pool_limit,
+        )
+    }
+}
+
+struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+    slots: Vec<BindingSlot>,
+}
+
+type PipelineKey = (&'static str, String, String, MathMode);
+
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    timing: Option<TimingState>,
+}
+
+struct TimingState {
+    queries: wgpu::QuerySet,
+    capacity: u32,
+    passes: u32,
+}
+
+#[derive(Default)]
+struct Pool {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    pooled: u64,
+    live: u64,
+    peak: u64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: EngineInfo,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
+    pending: Mutex<Pending>,
+    pool: Mutex<Pool>,
+    pool_limit: u64,
+    device_error: Arc<Mutex<Option<String>>>,
+}
+
+/// The handle every operation runs through. See the module documentation.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("info", &self.inner.info)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave these structures half-updated in a way that
+    // matters (worst case a lost pooled buffer), so a poisoned lock is taken over.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Size class of a pooled buffer: a multiple of 256 bytes below 4 KiB, else rounded up to
+/// one eighth of the next power of two (at most 12.5% slack).
+pub(crate) fn size_class(bytes: u64) -> u64 {
+    let bytes = bytes.max(4);
+    if bytes <= 4096 {
+        return bytes.div_ceil(256) * 256;
+    }
+    let step = bytes.next_power_of_two() / 8;
+    bytes.div_ceil(step) * step
+}
+
+/// A buffer lent by the engine's pool; goes back to the pool when dropped.
+pub(crate) struct PooledBuffer {
+    pub(crate) buffer: Option<wgpu::Buffer>,
+    engine: std::sync::Weak<Inner>,
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let (Some(buffer), Some(inner)) = (self.buffer.take(), self.engine.upgrade()) {
+            inner.release(buffer);
+        }
+    }
+}
+
+impl Inner {
+    fn release(&self, buffer: wgpu::Buffer) {
+        let size = buffer.size();
+        let mut pool = lock(&self.pool);
+        pool.live -= size;
+        if pool.pooled + size <= self.pool_limit {
+            pool.pooled += size;
+            pool.free.entry(size).or_default().push(buffer);
+        }
+    }
+}
+
+impl Engine {
+    /// An engine on the best adapter found (see [`EngineBuilder::build`]).
+    pub fn new() -> Result<Engine> {
+        EngineBuilder::default().build()
+    }
+
+    /// Options for creating an engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// Embed wgrad in an app that owns a device. The device must have at least
+    /// [`MIN_STORAGE_BUFFERS_PER_STAGE`] storage buffers per stage and
+    /// [`MIN_INVOCATIONS_PER_WORKGROUP`] invocations per workgroup; features it has among
+    /// [`WANTED_FEATURES`] are used, the others are reported missing by the ops that need them.
+    pub fn from_wgpu(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: wgpu::AdapterInfo,
+        math_mode: MathMode,
+    ) -> Result<Engine> {
+        let limits = device.limits();
+        let checks: [(&'static str, u64, u64); 3] = [
+            (
+                "max_storage_buffers_per_shader_stage",
+                limits.max_storage_buffers_per_shader_stage.into(),
+                MIN_STORAGE_BUFFERS_PER_STAGE.into(),
+            ),
+            (
+                "max_compute_invocations_per_workgroup",
+                limits.max_compute_invocations_per_workgroup.into(),
+                MIN_INVOCATIONS_PER_WORKGROUP.into(),
+            ),
+            (
+                "max_compute_workgroup_size_x",
+                limits.max_compute_workgroup_size_x.into(),
+                MIN_INVOCATIONS_PER_WORKGROUP.into(),
+            ),
+        ];
+        for (name, got, needed) in checks {
+            if got < needed {
+                return Err(Error::InsufficientLimit { name, got, needed });
+            }
+        }
+        Engine::assemble(device, queue, adapter_info, math_mode, 1 << 30)
+    }
+
+    fn assemble(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter: wgpu::AdapterInfo,
+        math_mode: MathMode,
+        pool_limit: u64,
+    ) -> Result<Engine> {
+        let device_error = Arc::new(Mutex::new(None::<String>));
+        let sink = device_error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = lock(&sink);
+            if slot.is_none() {
+                *slot = Some(e.to_string());
+            }
+        }));
+        let features = device.features();
+        let strict_msl = adapter.backend == wgpu::Backend::Metal
+            && math_mode == MathMode::Strict
+            && features.contains(wgpu::Features::PASSTHROUGH_SHADERS);
+        let info = EngineInfo {
+            adapter: adapter.name.clone(),
+            backend: adapter.backend,
+            device_type: adapter.device_type,
+            driver: format!("{} {}", adapter.driver, adapter.driver_info)
+                .trim()
+                .to_string(),
+            features: features & WANTED_FEATURES,
+            limits: device.limits(),
+            math_mode,
+            strict_msl,
+        };
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                device,
+                queue,
+                info,
+                pipelines: Mutex::new(HashMap::new()),
+                pending: Mutex::new(Pending {
+                    encoder: None,
+                    timing: None,
+                }),
+                pool: Mutex::new(Pool::default()),
+                pool_limit,
+                device_error,
+            }),
+        })
+    }
+
+    /// Adapter, backend, driver, features, limits and math mode.
+    pub fn info(&self) -> &EngineInfo {
+        &self.inner.info
+    }
+
+    /// The wgpu device (for apps that share it).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    /// The wgpu queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    /// Whether two handles are the same engine.
+    pub fn same(&self, other: &Engine) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Live, peak and pooled bytes.
+    pub fn memory(&self) -> MemoryStats {
+        let pool = lock(&self.inner.pool);
+        MemoryStats {
+            live_bytes: pool.live,
+            peak_bytes: pool.peak,
+            pooled_bytes: pool.pooled,
+        }
+    }
+
+    /// Set the peak to the current live bytes.
+    pub fn reset_peak(&self) {
+        let mut pool = lock(&self.inner.pool);
+        pool.peak = pool.live;
+    }
+
+    /// Free every pooled buffer.
+    pub fn trim(&self) {
+        let mut pool = lock(&self.inner.pool);
+        pool.free.clear();
+        pool.pooled = 0;
+    }
+
+    /// The largest storage binding, in bytes (every tensor must fit one binding).
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.inner.info.limits.max_storage_buffer_binding_size
+    }
+
+    /// A storage buffer of at least `bytes` bytes from the pool (contents undefined).
+    pub(crate) fn alloc(&self, bytes: u64, what: &str) -> Result<PooledBuffer> {
+        let limit = self.max_binding_bytes();
+        if bytes > limit {
+            return Err(Error::LimitExceeded {
+                what: what.into(),
+                bytes,
+                limit,
+                limit_name: "max_storage_buffer_binding_size",
+            });
+        }
+        let class = size_class(bytes).min(limit.max(bytes));
+        let mut pool = lock(&self.inner.pool);
+        let reused = pool.free.get_mut(&class).and_then(|v| v.pop());
+        let buffer = match reused {
+            Some(b) => {
+                pool.pooled -= class;
+                b
+            }
+            None => {
+                drop(pool);
+                let b = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(what),
+                    size: class,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                pool = lock(&self.inner.pool);
+                b
+            }
+        };
+        pool.live += class;
+        pool.peak = pool.peak.max(pool.live);
+        Ok(PooledBuffer {
+            buffer: Some(buffer),
+            engine: Arc::downgrade(&self.inner),
+        })
+    }
+
+    /// Run `f` with the pending command encoder (created on demand).
+    pub(crate) fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
+        let mut pending = lock(&self.inner.pending);
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            self.inner
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("wgrad"),
+                })
+        });
+        f(encoder)
+    }
+
+    /// Record a copy of host bytes into `dest` (ordered after everything recorded before).
+    pub(crate) fn upload(&self, dest: &wgpu::Buffer, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let padded = bytes.len().div_ceil(4) * 4;
+        let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgrad upload"),
+            size: padded as u64,
+            usage: wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = staging
+                .slice(..)
+                .get_mapped_range_mut()
+                .expect("buffer mapped at creation");
+            view.slice(..bytes.len()).copy_from_slice(bytes);
+            view.slice(bytes.len()..)
+                .copy_from_slice(&[0u8; 4][..padded - bytes.len()]);
+        }
+        staging.unmap();
+        self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dest, 0, padded as u64));
+    }
+
+    /// Record zero-filling the first `bytes` (a multiple of 4) of `dest`.
+    pub(crate) fn zero(&self, dest: &wgpu::Buffer, bytes: u64) {
+        if bytes > 0 {
+            self.record(|enc| enc.clear_buffer(dest, 0, Some(bytes)));
+        }
+    }
+
+    fn take_error(&self) -> Result<()> {
+        match lock(&self.inner.device_error).take() {
+            Some(message) => Err(Error::Device(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// Submit everything recorded so far (does not wait).
+    pub fn flush(&self) -> Result<()> {
+        let encoder = lock(&self.inner.pending).encoder.take();
+        if let Some(encoder) = encoder {
+            self.inner.queue.submit([encoder.finish()]);
+        }
+        self.take_error()
+    }
+
+    /// Submit and wait until the GPU has finished all recorded work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.flush()?;
+        self.inner
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Device(format!("poll: {e}")))?;
+        self.take_error()
+    }
+
+    /// Copy `bytes` bytes of `source` back to the host (submits and waits).
+    pub(crate) fn read_bytes(
+        &self,
+        source: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let padded = bytes.div_ceil(4) * 4;
+        let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgrad readback"),
+            size: padded,
+            usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+            mapped_at_creation: false,
+        });
+        self.record(|enc| enc.copy_buffer_to_buffer(source, offset, &staging, 0, padded));
+        self.flush()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| drop(tx.send(r)));
+        self.inner
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Device(format!("poll: {e}")))?;
+        rx.recv()
+            .map_err(|e| Error::Device(format!("map: {e}")))?
+            .map_err(|e| Error::Device(format!("map: {e}")))?;
+        let data = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| Error::Device(format!("map: {e}")))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        self.take_error()?;
+        Ok(data)
+    }
+
+    fn pipeline(
+        &self,
+        kernel: &'static Kernel,
+        entry: &str,
+        constants: &Constants,
+    ) -> Result<Arc<Pipeline>> {
+        let key: PipelineKey = (
+            kernel.name,
+            entry.to_string(),
+            format!("{constants:?}"),
+            self.inner.info.math_mode,
+        );
+        if let Some(p) = lock(&self.inner.pipelines).get(&key) {
+            return Ok(p.clone());
+        }
+        let (module, info) = kernel.module()?;
+        let slots = entry_bindings(kernel, &module, &info, entry)?;
+        let device = &self.inner.device;
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
+            .iter()
+            .map(|s| wgpu::BindGroupLayoutEntry {
+                binding: s.binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match s.kind {
+                        BindingKind::Uniform => wgpu::BufferBindingType::Uniform,
+                        BindingKind::StorageRead => {
+                            wgpu::BufferBindingType::Storage { read_only: true }
+                        }
+                        BindingKind::StorageReadWrite => {
+                            wgpu::BufferBindingType::Storage { read_only: false }
+                        }
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(kernel.name),
+            entries: &entries,
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(kernel.name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let constant_refs: Vec<(&str, f64)> = constants.iter().map(|(k, v)| (*k, *v)).collect();
+        let pipeline = if self.inner.info.strict_msl {
+            let msl = crate::msl::strict_msl(kernel, entry, constants)?;
+            let entry_points = [wgpu::PassthroughShaderEntryPoint {
+                name: msl.entry_name.clone().into(),
+                workgroup_size: msl.workgroup_size,
+            }];
+            // SAFETY: the MSL is naga's translation of a validated module, bound with the same
+            // slot map as `pipeline_layout` (group 0 entries in binding order).
+            let module = unsafe {
+                device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                    label: Some(kernel.name),
+                    entry_points: entry_points.as_slice().into(),
+                    msl: Some(msl.source.into()),
+                    ..Default::default()
+                })
+            };
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(&msl.entry_name),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        } else {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(kernel.name),
+                source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constant_refs,
+                    zero_initialize_workgroup_memory: true,
+                },
+                cache: None,
+            })
+        };
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Kernel {
+                kernel: kernel.name.into(),
+                message: format!("{entry}: {e}"),
+            });
+        }
+        let p = Arc::new(Pipeline {
+            pipeline,
+            layout,
+            slots,
+        });
+        lock(&self.inner.pipelines).insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Number of compiled pipelines in the cache.
+    pub fn cached_pipelines(&self) -> usize {
+        lock(&self.inner.pipelines).len()
+    }
+
+    /// Compile (or fetch from the cache) a kernel entry point without running it.
+    pub fn prepare(
+        &self,
+        kernel: &'static Kernel,
+        entry: &str,
+        constants: &Constants,
+    ) -> Result<()> {
+        self.pipeline(kernel, entry, constants).map(|_| ())
+    }
+
+    /// Record one dispatch: the shared launch path of every operator.
+    ///
+    /// `buffers` are bound to the entry point's storage bindings in binding order; `params`
+    /// (any `encase` uniform struct) to its uniform binding, if it has one. `groups` workgroups
+    /// are dispatched, folded into (x, y) past 65,535 per dimension; kernels recover the
+    /// linear index with `group_index` (`wgsl/common/launch.wgsl`) and return early past the
+    /// end.
+    pub fn launch<P: encase::ShaderType + encase::internal::WriteInto>(
+        &self,
+        kernel: &'static Kernel,
+        entry: &str,
+        constants: &Constants,
+        params: &P,
+        buffers: &[&wgpu::Buffer],
+        groups: u64,
+    ) -> Result<()> {
+        if groups == 0 {
+            return Ok(());
+        }
+        let pipeline = self.pipeline(kernel, entry, constants)?;
+        let storage_slots = pipeline
+            .slots
+            .iter()
+            .filter(|s| s.kind != BindingKind::Uniform)
+            .count();
+        if storage_slots != buffers.len() {
+            return Err(Error::Kernel {
+                kernel: kernel.name.into(),
+                message: format!(
+                    "{entry}: {} buffers passed, {storage_slots} bound",
+                    buffers.len()
+                ),
+            });
+        }
+        let mut uniform = encase::UniformBuffer::new(Vec::<u8>::new());
+        uniform
+            .write(params)
+            .map_err(|e| Error::Device(format!("params: {e}")))?;
+        let uniform_bytes = uniform.into_inner();
+        let needs_uniform = pipeline
+            .slots
+            .iter()
+            .any(|s| s.kind == BindingKind::Uniform);
+        let uniform_buffer = needs_uniform.then(|| {
+            let b = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgrad params"),
+                size: uniform_bytes.len().max(16) as u64,
+                usage: wgpu::BufferUsages::UNIFORM,
+                mapped_at_creation: true,
+            });
+            b.slice(..)
+                .get_mapped_range_mut()
+                .expect("buffer mapped at creation")
+                .slice(..uniform_bytes.len())
+                .copy_from_slice(&uniform_bytes);
+            b.unmap();
+            b
+        });
+        let mut storage = buffers.iter();
+        let entries: Vec<wgpu::BindGroupEntry> = pipeline
+            .slots
+            .iter()
+            .map(|s| wgpu::BindGroupEntry {
+                binding: s.binding,
+                resource: match s.kind {
+                    BindingKind::Uniform => uniform_buffer
+                        .as_ref()
+                        .expect("uniform")
+                        .as_entire_binding(),
+                    _ => storage.next().expect("counted above").as_entire_binding(),
+                },
+            })
+            .collect();
+        let bind_group = self
+            .inner
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel.name),
+                layout: &pipeline.layout,
+                entries: &entries,
+            });
+        let max_dim = u64::from(
+            self.inner
+                .info
+                .limits
+                .max_compute_workgroups_per_dimension
+                .max(1),
+        );
+        let y = groups.div_ceil(max_dim);
+        let x = groups.div_ceil(y);
+        if y > max_dim {
+            return Err(Error::bounds(
+                format!("{} workgroups", kernel.name),
+                groups,
+                1,
+                max_dim * max_dim,
+            ));
+        }
+        let mut pending = lock(&self.inner.pending);
+        let pending = &mut *pending;
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            self.inner
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("wgrad"),
+                })
+        });
+        let timestamp_writes = pending.timing.as_mut().and_then(|t| {
+            (t.passes < t.capacity).then(|| {
+                t.passes += 1;
+                wgpu::ComputePassTimestampWrites {
+                    query_set: &t.queries,
+                    beginning_of_pass_write_index: Some(2 * (t.passes - 1)),
+                    end_of_pass_write_index: Some(2 * (t.passes - 1) + 1),
+                }
+            })
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(kernel.name),
+            timestamp_writes,
+        });
+        pass.set_pipeline(&pipeline.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(x as u32, y as u32, 1);
+        Ok(())
+    }
+
+    /// Time the GPU work that `f` records. With TIMESTAMP_QUERY: the span from the first
+    /// recorded pass's start to the last one's end, by GPU timestamps (at most 4,096 passes are
+    /// stamped). Without it: wall clock around recording, submission and completion. Work
+    /// recorded before the call is submitted first and not counted. Work recorded by other
+    /// threads during `f` is counted.
+    pub fn time<R>(&self, f: impl FnOnce() -> R) -> Result<(R, Timing)> {
+        self.synchronize()?;
+        if !self
+            .inner
+            .info
+            .features
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            let start = Instant::now();
+            let r = f();
+            self.synchronize()?;
+            return Ok((
+                r,
+                Timing {
+                    seconds: start.elapsed().as_secs_f64(),
+                    source: TimingSource::WallClock,
+                    passes: 0,
+                },
+            ));
+        }
+        const CAPACITY: u32 = 4096;
+        let queries = self
+            .inner
+            .device
+            .create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("wgrad timing"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * CAPACITY,
+            });
+        lock(&self.inner.pending).timing = Some(TimingState {
+            queries,
+            capacity: CAPACITY,
+            passes: 0,
+        });
+        let r = f();
+        let state = lock(&self.inner.pending)
+            .timing
+            .take()
+            .expect("timing state");
+        if state.passes == 0 {
+            return Ok((
+                r,
+                Timing {
+                    seconds: 0.0,
+                    source: TimingSource::Gpu,
+                    passes: 0,
+                },
+            ));
+        }
+        let count = 2 * state.passes;
+        let bytes = u64::from(count) * 8;
+        let resolve = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgrad timestamps"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.record(|enc| enc.resolve_query_set(&state.queries, 0..count, &resolve, 0));
+        let raw = self.read_bytes(&resolve, 0, bytes)?;
+        let stamps: &[u64] = bytemuck::cast_slice(&raw);
+        let first = stamps[0];
+        let last = stamps[stamps.len() - 1];
+        let period = f64::from(self.inner.queue.get_timestamp_period());
+        Ok((
+            r,
+            Timing {
+                seconds: last.saturating_sub(first) as f64 * period * 1e-9,
+                source: TimingSource::Gpu,
+                passes: state.passes,
+            },
+        ))
+    }
+}

@@ -1,0 +1,156 @@
+//! Kernel sources, the registry of every kernel wgrad ships, and the naga front end shared by
+//! the pipeline cache (binding reflection) and the strict-MSL path.
+//!
+//! A kernel is one WGSL module assembled from parts: shared snippets of `wgsl/common/` followed
+//! by a family's own file. The assembly is plain concatenation (WGSL module-scope declarations
+//! are order independent), so a family file may use any function of the snippets it lists.
+
+use crate::{Error, Result};
+use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
+
+/// Shared WGSL: dtype codes and exact f32 ↔ f16/bf16 conversions.
+pub const COMMON_DTYPE: &str = include_str!("../wgsl/common/dtype.wgsl");
+/// Shared WGSL: linear workgroup index for folded launches.
+pub const COMMON_LAUNCH: &str = include_str!("../wgsl/common/launch.wgsl");
+/// Shared WGSL: fixed-order workgroup reductions (sum, max) over `WG` invocations.
+pub const COMMON_REDUCE: &str = include_str!("../wgsl/common/reduce.wgsl");
+
+/// One WGSL module: a name and the parts it is assembled from, in order.
+#[derive(Debug)]
+pub struct Kernel {
+    /// Unique name, also the pipeline-cache key's first part.
+    pub name: &'static str,
+    /// Source parts, concatenated in order.
+    pub parts: &'static [&'static str],
+}
+
+impl Kernel {
+    /// The assembled WGSL source.
+    pub fn source(&self) -> String {
+        let mut s = String::new();
+        for (i, part) in self.parts.iter().enumerate() {
+            s.push_str(&format!("// ---- {} part {} ----\n", self.name, i));
+            s.push_str(part);
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Parse and validate the module with naga.
+    pub fn module(&self) -> Result<(naga::Module, ModuleInfo)> {
+        let source = self.source();
+        let module = naga::front::wgsl::parse_str(&source).map_err(|e| Error::Kernel {
+            kernel: self.name.into(),
+            message: e.emit_to_string(&source),
+        })?;
+        let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+            .validate(&module)
+            .map_err(|e| Error::Kernel {
+                kernel: self.name.into(),
+                message: e.emit_to_string(&source),
+            })?;
+        Ok((module, info))
+    }
+
+    /// Names of the module's compute entry points.
+    pub fn entry_points(&self) -> Result<Vec<String>> {
+        let (module, _) = self.module()?;
+        Ok(module
+            .entry_points
+            .iter()
+            .filter(|e| e.stage == naga::ShaderStage::Compute)
+            .map(|e| e.name.clone())
+            .collect())
+    }
+}
+
+/// Every kernel wgrad ships. Tests (strict MSL for each), the `check` example and the benches
+/// walk this list, so a kernel that is not here is not shipped.
+pub fn registry() -> &'static [&'static Kernel] {
+    static REGISTRY: [&Kernel; 2] = [&crate::cast::KERNEL, &crate::reduce::KERNEL];
+    &REGISTRY
+}
+
+/// How one binding of an entry point is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BindingKind {
+    /// `var<uniform>`: the launch's parameter struct.
+    Uniform,
+    /// `var<storage, read>`.
+    StorageRead,
+    /// `var<storage, read_write>`.
+    StorageReadWrite,
+}
+
+/// One binding of group 0 used by an entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BindingSlot {
+    /// `@binding(n)`.
+    pub binding: u32,
+    /// How it is used.
+    pub kind: BindingKind,
+}
+
+/// The group-0 bindings an entry point uses, sorted by binding number. Only group 0 is allowed.
+pub(crate) fn entry_bindings(
+    kernel: &Kernel,
+    module: &naga::Module,
+    info: &ModuleInfo,
+    entry: &str,
+) -> Result<Vec<BindingSlot>> {
+    let index = entry_index(kernel, module, entry)?;
+    let function_info = info.get_entry_point(index);
+    let mut slots = Vec::new();
+    for (handle, var) in module.global_variables.iter() {
+        if function_info[handle].is_empty() {
+            continue;
+        }
+        let Some(binding) = &var.binding else {
+            continue;
+        };
+        if binding.group != 0 {
+            return Err(Error::Kernel {
+                kernel: kernel.name.into(),
+                message: format!(
+                    "binding group {} used; kernels use group 0 only",
+                    binding.group
+                ),
+            });
+        }
+        let kind = match var.space {
+            naga::AddressSpace::Uniform => BindingKind::Uniform,
+            naga::AddressSpace::Storage { access }
+                if access.contains(naga::StorageAccess::STORE) =>
+            {
+                BindingKind::StorageReadWrite
+            }
+            naga::AddressSpace::Storage { .. } => BindingKind::StorageRead,
+            other => {
+                return Err(Error::Kernel {
+                    kernel: kernel.name.into(),
+                    message: format!("unsupported resource address space {other:?}"),
+                });
+            }
+        };
+        slots.push(BindingSlot {
+            binding: binding.binding,
+            kind,
+        });
+    }
+    slots.sort_by_key(|s| s.binding);
+    Ok(slots)
+}
+
+pub(crate) fn entry_index(kernel: &Kernel, module: &naga::Module, entry: &str) -> Result<usize> {
+    module
+        .entry_points
+        .iter()
+        .position(|e| e.name == entry && e.stage == naga::ShaderStage::Compute)
+        .ok_or_else(|| Error::Kernel {
+            kernel: kernel.name.into(),
+            message: format!("no compute entry point named {entry}"),
+        })
+}
+
+/// Specialization constants: WGSL `override` names and values.
+pub type Constants = Vec<(&'static str, f64)>;

@@ -1,0 +1,33 @@
+//! # wgrad
+//!
+//! GPU training kernels for wgpu: every operator is a forward/backward pair of WGSL compute
+//! shaders. Metal (through wgrad's strict MSL) is the primary target, Vulkan (NVIDIA, AMD,
+//! Mesa's lavapipe on a CPU) the second. Reductions are fixed-order and atomic-free, so two
+//! runs give identical bits; every bad input is a typed [`Error`].
+//!
+//! ```no_run
+//! use wgrad::{Engine, Tensor, DType};
+//! let engine = Engine::new()?;
+//! let x = Tensor::from_slice(&engine, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! let sums = wgrad::reduce::sum_rows(&x)?;
+//! assert_eq!(sums.to_vec::<f32>()?, vec![3.0, 7.0]);
+//! let h = wgrad::cast::cast(&x, DType::BF16)?;
+//! assert_eq!(h.to_f64()?, vec![1.0, 2.0, 3.0, 4.0]);
+//! # Ok::<(), wgrad::Error>(())
+//! ```
+
+pub mod cast;
+pub mod dtype;
+pub mod engine;
+pub mod error;
+pub mod gradcheck;
+pub mod kernel;
+pub mod msl;
+pub mod reduce;
+pub mod reference;
+pub mod tensor;
+
+pub use dtype::{DType, Element};
+pub use engine::{Engine, EngineBuilder, EngineInfo, MathMode, MemoryStats, Timing, TimingSource};
+pub use error::{Error, Result};
+pub use tensor::Tensor;

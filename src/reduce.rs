@@ -1,0 +1,144 @@
+//! Fixed-order reductions: the building blocks other families reuse, exposed as ops.
+//!
+//! * [`sum_rows`], [`max_rows`]: one workgroup per row; lane `t` folds columns `t, t+256, ...`
+//!   in order, then a pairwise workgroup tree (`wgsl/common/reduce.wgsl`).
+//! * [`sum_columns`]: rows are cut into blocks of 64; each block's column sums are taken top
+//!   to bottom, then the block partials are summed in block order ([`sum_partials`]).
+//!
+//! The order of every addition depends only on the shape, never on timing or the adapter's
+//! scheduling, so reruns are bit-identical. No atomics. Inputs F32, F16 or BF16 (the last axis
+//! is the column axis, leading axes flatten to rows); outputs F32, accumulation F32.
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
+use crate::{DType, Engine, Error, Result, Tensor};
+
+/// `wgsl/reduce.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "reduce",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        include_str!("../wgsl/reduce.wgsl"),
+    ],
+};
+
+const WG: u64 = 256;
+/// Rows per block of [`sum_columns`]'s first pass.
+pub const BLOCK_ROWS: usize = 64;
+
+#[derive(encase::ShaderType)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    blocks: u32,
+    total: u32,
+}
+
+/// (rows, cols) of a tensor read as a matrix whose last axis is the columns.
+pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
+    let cols = x.shape().last().copied().unwrap_or(1);
+    let rows = if cols == 0 {
+        x.shape()[..x.shape().len() - 1].iter().product()
+    } else {
+        x.len() / cols
+    };
+    (rows, cols)
+}
+
+fn float_input(x: &Tensor, what: &str) -> Result<()> {
+    if x.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, x.dtype(), &DType::FLOATS))
+    }
+}
+
+fn dt(x: &Tensor) -> crate::kernel::Constants {
+    vec![("DT", f64::from(x.dtype().code()))]
+}
+
+fn per_row(x: &Tensor, entry: &str) -> Result<Tensor> {
+    float_input(x, entry)?;
+    let (rows, cols) = rows_cols(x);
+    let leading = &x.shape()[..x.shape().len().saturating_sub(1)];
+    let out = Tensor::empty(x.engine(), leading, DType::F32, entry)?;
+    x.engine().launch(
+        &KERNEL,
+        entry,
+        &dt(x),
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            blocks: 0,
+            total: 0,
+        },
+        &[x.buffer(), out.buffer()],
+        rows as u64,
+    )?;
+    Ok(out)
+}
+
+/// Sum of each row: `out[r] = Σ_c x[r, c]`, shape = `x`'s leading axes, F32. An empty row
+/// sums to 0.
+pub fn sum_rows(x: &Tensor) -> Result<Tensor> {
+    per_row(x, "row_sum")
+}
+
+/// Maximum of each row, F32; an empty row gives −∞.
+pub fn max_rows(x: &Tensor) -> Result<Tensor> {
+    per_row(x, "row_max")
+}
+
+/// Sum of each column: `out[c] = Σ_r x[r, c]`, shape `[cols]`, F32. No rows give zeros.
+pub fn sum_columns(x: &Tensor) -> Result<Tensor> {
+    float_input(x, "sum_columns")?;
+    let (rows, cols) = rows_cols(x);
+    let engine = x.engine();
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let partials = Tensor::empty(engine, &[blocks, cols], DType::F32, "sum_columns partials")?;
+    let total = blocks * cols;
+    engine.launch(
+        &KERNEL,
+        "column_partials",
+        &dt(x),
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            blocks: blocks as u32,
+            total: total as u32,
+        },
+        &[x.buffer(), partials.buffer()],
+        (total as u64).div_ceil(WG),
+    )?;
+    sum_partials(engine, &partials)
+}
+
+/// Column sums of an F32 partials matrix `[blocks, cols]`, blocks summed in order: the second
+/// pass of every cross-workgroup reduction (parameter gradients, loss sums).
+pub fn sum_partials(engine: &Engine, partials: &Tensor) -> Result<Tensor> {
+    partials.check_engine(engine, "sum_partials")?;
+    if partials.dtype() != DType::F32 {
+        return Err(Error::dtype(
+            "sum_partials",
+            partials.dtype(),
+            &[DType::F32],
+        ));
+    }
+    let (rows, cols) = rows_cols(partials);
+    let out = Tensor::empty(engine, &[cols], DType::F32, "sum_partials")?;
+    engine.launch(
+        &KERNEL,
+        "column_finish",
+        &vec![("DT", 0.0)],
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            blocks: 0,
+            total: cols as u32,
+        },
+        &[partials.buffer(), out.buffer()],
+        (cols as u64).div_ceil(WG),
+    )?;
+    Ok(out)
+}

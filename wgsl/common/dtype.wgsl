@@ -1,0 +1,95 @@
+// Storage dtype codes and exact conversions between f32 and the 16-bit formats.
+// 16-bit tensors live in u32 words, element 2i in the low half. Narrowing rounds to nearest
+// even (ties to even), keeps NaN a NaN and overflows to infinity, bit for bit as the `half`
+// crate does. Widening is exact, subnormals included (no flush to zero).
+
+const DT_F32: u32 = 0u;
+const DT_F16: u32 = 1u;
+const DT_BF16: u32 = 2u;
+const DT_I32: u32 = 3u;
+const DT_U32: u32 = 4u;
+
+fn bf16_to_f32(h: u32) -> f32 {
+    return bitcast<f32>((h & 0xffffu) << 16u);
+}
+
+fn f32_to_bf16(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return ((b >> 16u) | 0x40u) & 0xffffu; // quiet NaN, sign kept
+    }
+    let rounding = 0x7fffu + ((b >> 16u) & 1u);
+    return ((b + rounding) >> 16u) & 0xffffu;
+}
+
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        // zero or subnormal: m * 2^-24, exact in f32
+        let v = f32(m) * 5.9604644775390625e-8;
+        return bitcast<f32>(bitcast<u32>(v) | sign);
+    }
+    if (e == 31u) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+fn f32_to_f16(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let e = (b >> 23u) & 0xffu;
+    let m = b & 0x7fffffu;
+    if (e == 255u) {
+        if (m != 0u) {
+            return sign | 0x7e00u | (m >> 13u); // NaN stays NaN (quiet bit set)
+        }
+        return sign | 0x7c00u;
+    }
+    let he = i32(e) - 112;
+    if (he >= 31) {
+        return sign | 0x7c00u; // overflow to infinity
+    }
+    if (he <= 0) {
+        // subnormal or zero in f16
+        if (he < -10) {
+            return sign;
+        }
+        let mant = m | 0x800000u;
+        let shift = u32(14 - he);
+        let half_m = mant >> shift;
+        let rem = mant & ((1u << shift) - 1u);
+        let halfway = 1u << (shift - 1u);
+        var r = half_m;
+        if (rem > halfway || (rem == halfway && (half_m & 1u) == 1u)) {
+            r = r + 1u;
+        }
+        return sign | r;
+    }
+    let base = (u32(he) << 10u) | (m >> 13u);
+    let rem = m & 0x1fffu;
+    var r = base;
+    if (rem > 0x1000u || (rem == 0x1000u && (base & 1u) == 1u)) {
+        r = r + 1u; // may carry into the exponent, up to infinity: still correct
+    }
+    return sign | r;
+}
+
+// Widen one element of 16-bit storage, given its word and index.
+fn half_from_word(word: u32, index: u32, dt: u32) -> f32 {
+    let h = (word >> ((index & 1u) * 16u)) & 0xffffu;
+    if (dt == DT_BF16) {
+        return bf16_to_f32(h);
+    }
+    return f16_to_f32(h);
+}
+
+// Narrow an f32 to the 16-bit bits of dtype `dt`.
+fn half_bits(x: f32, dt: u32) -> u32 {
+    if (dt == DT_BF16) {
+        return f32_to_bf16(x);
+    }
+    return f32_to_f16(x);
+}
