@@ -67,7 +67,11 @@ impl Kernel {
 /// Every kernel wgrad ships. Tests (strict MSL for each), the `check` example and the benches
 /// walk this list, so a kernel that is not here is not shipped.
 pub fn registry() -> &'static [&'static Kernel] {
-    static REGISTRY: [&Kernel; 2] = [&crate::cast::KERNEL, &crate::reduce::KERNEL];
+    static REGISTRY: [&Kernel; 3] = [
+        &crate::cast::KERNEL,
+        &crate::reduce::KERNEL,
+        &crate::bench::COPY_KERNEL,
+    ];
     &REGISTRY
 }
 
