@@ -103,6 +103,9 @@ pub struct Timing {
     pub source: TimingSource,
     /// Compute passes recorded in the section.
     pub passes: u32,
+    /// Passes that carried timestamps (less than `passes` when the section recorded more than
+    /// 4,095 passes: the span then ends at the last stamped pass).
+    pub stamped: u32,
 }
 
 /// Options for [`Engine::new`]-style construction.
@@ -861,12 +864,13 @@ impl Engine {
                 })
         });
         let timestamp_writes = pending.timing.as_mut().and_then(|t| {
-            (t.passes < t.capacity).then(|| {
-                t.passes += 1;
+            t.passes += 1;
+            (t.passes <= t.capacity).then(|| {
+                // Query 0: start of the first pass; query i + 1: end of pass i.
                 wgpu::ComputePassTimestampWrites {
                     query_set: &t.queries,
-                    beginning_of_pass_write_index: Some(2 * (t.passes - 1)),
-                    end_of_pass_write_index: Some(2 * (t.passes - 1) + 1),
+                    beginning_of_pass_write_index: (t.passes == 1).then_some(0),
+                    end_of_pass_write_index: Some(t.passes),
                 }
             })
         });
@@ -881,11 +885,17 @@ impl Engine {
     }
 
     /// Time the GPU work that `f` records. With TIMESTAMP_QUERY: the span from the first
-    /// recorded pass's start to the last one's end, by GPU timestamps (at most 4,096 passes are
+    /// recorded pass's start to the last one's end, by GPU timestamps (at most 4,095 passes are
     /// stamped). Without it: wall clock around recording, submission and completion. Work
     /// recorded before the call is submitted first and not counted. Work recorded by other
     /// threads during `f` is counted.
+    ///
+    /// One section at a time per engine: a nested or concurrent call returns
+    /// `Error::TimingInProgress`.
     pub fn time<R>(&self, f: impl FnOnce() -> R) -> Result<(R, Timing)> {
+        if lock(&self.inner.pending).timing.is_some() {
+            return Err(Error::TimingInProgress);
+        }
         self.synchronize()?;
         if !self
             .inner
@@ -902,17 +912,18 @@ impl Engine {
                     seconds: start.elapsed().as_secs_f64(),
                     source: TimingSource::WallClock,
                     passes: 0,
+                    stamped: 0,
                 },
             ));
         }
-        const CAPACITY: u32 = 4096;
+        const CAPACITY: u32 = wgpu::QUERY_SET_MAX_QUERIES - 1;
         let queries = self
             .inner
             .device
             .create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("wgrad timing"),
                 ty: wgpu::QueryType::Timestamp,
-                count: 2 * CAPACITY,
+                count: CAPACITY + 1,
             });
         lock(&self.inner.pending).timing = Some(TimingState {
             queries,
@@ -931,10 +942,12 @@ impl Engine {
                     seconds: 0.0,
                     source: TimingSource::Gpu,
                     passes: 0,
+                    stamped: 0,
                 },
             ));
         }
-        let count = 2 * state.passes;
+        let stamped = state.passes.min(state.capacity);
+        let count = stamped + 1;
         let bytes = u64::from(count) * 8;
         let resolve = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgrad timestamps"),
@@ -954,6 +967,7 @@ impl Engine {
                 seconds: last.saturating_sub(first) as f64 * period * 1e-9,
                 source: TimingSource::Gpu,
                 passes: state.passes,
+                stamped,
             },
         ))
     }

@@ -118,6 +118,9 @@ pub enum Error {
         /// What the compiler said.
         message: String,
     },
+    /// `Engine::time` was called while another timed section was open on the engine.
+    #[error("a timed section is already open on this engine")]
+    TimingInProgress,
     /// The device reported an error (out of memory, lost device, validation).
     #[error("device error: {0}")]
     Device(String),

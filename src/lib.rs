@@ -18,6 +18,7 @@
 
 pub mod bench;
 pub mod cast;
+pub mod check;
 pub mod dtype;
 pub mod engine;
 pub mod error;

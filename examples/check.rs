@@ -1,0 +1,59 @@
+//! The gradient-check report for every operator on this machine's adapter:
+//! `cargo run --release --example check`. One line per operator with PASS/FAIL and the worst
+//! measured errors; exit code 1 when any check fails. Pass operator names to run a subset.
+
+use std::process::ExitCode;
+use wgrad::Engine;
+
+fn main() -> ExitCode {
+    let engine = match Engine::new() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("no engine: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("adapter: {}", engine.info());
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let mut failed = 0;
+    let mut ran = 0;
+    for op in wgrad::check::operators() {
+        if !only.is_empty() && !only.iter().any(|n| n == op.name) {
+            continue;
+        }
+        ran += 1;
+        match (op.run)(&engine) {
+            Ok(cases) => {
+                let bad: Vec<_> = cases.iter().filter(|c| !c.comparison.passed).collect();
+                let worst = |f: fn(&wgrad::gradcheck::Comparison) -> f64| {
+                    cases.iter().map(|c| f(&c.comparison)).fold(0.0, f64::max)
+                };
+                println!(
+                    "{:<16} {}  cases {:>3}  max_abs {:.2e}  max_rel {:.2e}  rel_l2 {:.2e}",
+                    op.name,
+                    if bad.is_empty() { "PASS" } else { "FAIL" },
+                    cases.len(),
+                    worst(|c| c.max_abs),
+                    worst(|c| c.max_rel),
+                    worst(|c| c.rel_l2),
+                );
+                for c in &bad {
+                    println!("    FAIL {}: {}", c.label, c.comparison);
+                }
+                if !bad.is_empty() {
+                    failed += 1;
+                }
+            }
+            Err(e) => {
+                println!("{:<16} FAIL  error: {e}", op.name);
+                failed += 1;
+            }
+        }
+    }
+    println!("{} passed, {} failed", ran - failed, failed);
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
