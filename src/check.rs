@@ -3,8 +3,8 @@
 //! storage dtype. The `check` example prints it; a test makes sure every registered kernel is
 //! covered by some check.
 
-use crate::gradcheck::{Comparison, Tolerance, compare};
-use crate::{DType, Engine, Result, Tensor, bench, cast, reduce, reference};
+use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
+use crate::{DType, Engine, Result, bench, cast, reduce, reference};
 
 /// One operator's check.
 pub struct OperatorCheck {
@@ -54,86 +54,6 @@ pub fn operators() -> Vec<OperatorCheck> {
             run: check_copy,
         },
     ]
-}
-
-/// A small deterministic generator (SplitMix64) for reproducible test data.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator with this seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [lo, hi).
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-
-    /// `n` values uniform in [lo, hi).
-    pub fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
-
-/// Upload f64 values as `dtype` (rounded through f32, as GPU casts do) and return the tensor
-/// with the values it actually holds, widened back to f64.
-pub fn tensor_from_f64(
-    engine: &Engine,
-    data: &[f64],
-    shape: &[usize],
-    dtype: DType,
-) -> Result<(Tensor, Vec<f64>)> {
-    let t = match dtype {
-        DType::F32 => {
-            let v: Vec<f32> = data.iter().map(|&x| x as f32).collect();
-            Tensor::from_slice(engine, &v, shape)?
-        }
-        DType::F16 => {
-            let v: Vec<half::f16> = data
-                .iter()
-                .map(|&x| half::f16::from_f32(x as f32))
-                .collect();
-            Tensor::from_slice(engine, &v, shape)?
-        }
-        DType::BF16 => {
-            let v: Vec<half::bf16> = data
-                .iter()
-                .map(|&x| half::bf16::from_f32(x as f32))
-                .collect();
-            Tensor::from_slice(engine, &v, shape)?
-        }
-        other => {
-            return Err(crate::Error::dtype(
-                "tensor_from_f64",
-                other,
-                &DType::FLOATS,
-            ));
-        }
-    };
-    let stored = stored_values(data, dtype);
-    Ok((t, stored))
-}
-
-/// The values `data` takes once stored as `dtype` (through f32), widened back to f64.
-pub fn stored_values(data: &[f64], dtype: DType) -> Vec<f64> {
-    data.iter()
-        .map(|&x| match dtype {
-            DType::F16 => f64::from(half::f16::from_f32(x as f32)),
-            DType::BF16 => f64::from(half::bf16::from_f32(x as f32)),
-            _ => f64::from(x as f32),
-        })
-        .collect()
 }
 
 fn case(label: String, got: &[f64], want: &[f64], tol: Tolerance) -> Case {

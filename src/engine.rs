@@ -235,6 +235,7 @@ impl EngineBuilder {
             adapter.get_info(),
             self.math_mode,
             self.pool_limit,
+            true,
         )
     }
 }
@@ -345,16 +346,25 @@ impl Engine {
         EngineBuilder::default()
     }
 
-    /// Embed wgrad in an app that owns a device. The device must have at least
+    /// Embed wgrad in an app that owns a device (strict math). The device must have at least
     /// [`MIN_STORAGE_BUFFERS_PER_STAGE`] storage buffers per stage and
-    /// [`MIN_INVOCATIONS_PER_WORKGROUP`] invocations per workgroup; features it has among
-    /// [`WANTED_FEATURES`] are used, the others are reported missing by the ops that need them.
-    pub fn from_wgpu(
+    /// [`MIN_INVOCATIONS_PER_WORKGROUP`] invocations per workgroup, else
+    /// `Error::InsufficientLimit` names the limit; features it has among [`WANTED_FEATURES`]
+    /// are used, and an op that needs a missing one returns `Error::MissingFeature` naming it.
+    /// wgrad's work is submitted on `queue`, in order with the app's own submissions. The app's
+    /// uncaptured-error handler stays in place (wgrad installs its own only on devices it
+    /// creates).
+    pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Engine> {
+        Engine::from_wgpu_with_mode(device, queue, MathMode::Strict)
+    }
+
+    /// [`Engine::from_wgpu`] with a chosen math mode.
+    pub fn from_wgpu_with_mode(
         device: wgpu::Device,
         queue: wgpu::Queue,
-        adapter_info: wgpu::AdapterInfo,
         math_mode: MathMode,
     ) -> Result<Engine> {
+        let adapter_info = device.adapter_info();
         let limits = device.limits();
         let checks: [(&'static str, u64, u64); 3] = [
             (
@@ -378,7 +388,8 @@ impl Engine {
                 return Err(Error::InsufficientLimit { name, got, needed });
             }
         }
-        Engine::assemble(device, queue, adapter_info, math_mode, 1 << 30)
+        // The app keeps its own uncaptured-error handler: wgrad does not replace it.
+        Engine::assemble(device, queue, adapter_info, math_mode, 1 << 30, false)
     }
 
     fn assemble(
@@ -387,15 +398,20 @@ impl Engine {
         adapter: wgpu::AdapterInfo,
         math_mode: MathMode,
         pool_limit: u64,
+        own_device: bool,
     ) -> Result<Engine> {
         let device_error = Arc::new(Mutex::new(None::<String>));
-        let sink = device_error.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let mut slot = lock(&sink);
-            if slot.is_none() {
-                *slot = Some(e.to_string());
-            }
-        }));
+        if own_device {
+            // Device errors (out of memory, validation) come back as `Error::Device` from the
+            // next flush or readback instead of wgpu's default panic.
+            let sink = device_error.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                let mut slot = lock(&sink);
+                if slot.is_none() {
+                    *slot = Some(e.to_string());
+                }
+            }));
+        }
         let features = device.features();
         let strict_msl = adapter.backend == wgpu::Backend::Metal
             && math_mode == MathMode::Strict
@@ -572,10 +588,13 @@ impl Engine {
 
     /// Submit everything recorded so far (does not wait).
     pub fn flush(&self) -> Result<()> {
-        let encoder = lock(&self.inner.pending).encoder.take();
-        if let Some(encoder) = encoder {
+        // Submit under the lock: another thread must not record into (and submit) a newer
+        // encoder before this one reaches the queue.
+        let mut pending = lock(&self.inner.pending);
+        if let Some(encoder) = pending.encoder.take() {
             self.inner.queue.submit([encoder.finish()]);
         }
+        drop(pending);
         self.take_error()
     }
 

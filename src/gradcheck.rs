@@ -20,7 +20,7 @@
 //! Finite differences of the f64 references use central differences with step 1e-6 and
 //! [`Tolerance::FINITE_DIFFERENCE`] (abs 1e-6, rel 1e-5, rel_l2 1e-6).
 
-use crate::DType;
+use crate::{DType, Engine, Result, Tensor};
 
 /// Error budget of a comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -202,4 +202,159 @@ pub fn check_vjp(
     let loss = |p: &[f64]| -> f64 { forward(p).iter().zip(cotangent).map(|(y, g)| y * g).sum() };
     let numeric = numerical_gradient(loss, x, 1e-6);
     compare(analytic, &numeric, Tolerance::FINITE_DIFFERENCE)
+}
+
+/// A small deterministic generator (SplitMix64) for reproducible test data.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator with this seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Next 32 random bits.
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.next_f64()
+    }
+
+    /// `n` values uniform in [lo, hi).
+    pub fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+/// Upload f64 values as `dtype` (rounded through f32, as GPU casts do) and return the tensor
+/// with the values it actually holds, widened back to f64.
+pub fn tensor_from_f64(
+    engine: &Engine,
+    data: &[f64],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<(Tensor, Vec<f64>)> {
+    let t = match dtype {
+        DType::F32 => {
+            let v: Vec<f32> = data.iter().map(|&x| x as f32).collect();
+            Tensor::from_slice(engine, &v, shape)?
+        }
+        DType::F16 => {
+            let v: Vec<half::f16> = data
+                .iter()
+                .map(|&x| half::f16::from_f32(x as f32))
+                .collect();
+            Tensor::from_slice(engine, &v, shape)?
+        }
+        DType::BF16 => {
+            let v: Vec<half::bf16> = data
+                .iter()
+                .map(|&x| half::bf16::from_f32(x as f32))
+                .collect();
+            Tensor::from_slice(engine, &v, shape)?
+        }
+        other => {
+            return Err(crate::Error::dtype(
+                "tensor_from_f64",
+                other,
+                &DType::FLOATS,
+            ));
+        }
+    };
+    let stored = stored_values(data, dtype);
+    Ok((t, stored))
+}
+
+/// The values `data` takes once stored as `dtype` (through f32), widened back to f64.
+pub fn stored_values(data: &[f64], dtype: DType) -> Vec<f64> {
+    data.iter()
+        .map(|&x| match dtype {
+            DType::F16 => f64::from(half::f16::from_f32(x as f32)),
+            DType::BF16 => f64::from(half::bf16::from_f32(x as f32)),
+            _ => f64::from(x as f32),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_measures_and_judges() {
+        let c = compare(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0], Tolerance::EXACT);
+        assert!(c.passed && c.max_abs == 0.0 && c.violations == 0);
+        let c = compare(
+            &[1.0, 2.1, 3.0],
+            &[1.0, 2.0, 3.0],
+            Tolerance::for_dtype(DType::F32),
+        );
+        assert!(!c.passed);
+        assert_eq!((c.worst, c.violations), (1, 1));
+        assert!((c.max_abs - 0.1).abs() < 1e-12 && (c.max_rel - 0.05).abs() < 1e-12);
+        // Within the elementwise bound but over the L2 bound.
+        let tol = Tolerance {
+            abs: 1.0,
+            rel: 0.0,
+            rel_l2: 1e-3,
+        };
+        assert!(!compare(&[1.5], &[1.0], tol).passed);
+        // Non-finite values must match exactly; NaN matches NaN.
+        assert!(
+            compare(
+                &[f64::NAN, f64::INFINITY],
+                &[f64::NAN, f64::INFINITY],
+                Tolerance::EXACT
+            )
+            .passed
+        );
+        let c = compare(&[f64::NAN], &[1.0], Tolerance::for_dtype(DType::BF16));
+        assert!(!c.passed && c.nonfinite_mismatches == 1);
+        // A length mismatch fails.
+        assert!(!compare(&[1.0], &[1.0, 2.0], Tolerance::for_dtype(DType::F32)).passed);
+    }
+
+    #[test]
+    fn finite_differences_accept_right_and_reject_wrong_vjps() {
+        let forward = |x: &[f64]| x.iter().map(|v| v * v * v).collect::<Vec<_>>();
+        let x = [0.3, -1.2, 2.0];
+        let g = [1.0, -0.5, 0.25];
+        let right: Vec<f64> = x.iter().zip(&g).map(|(x, g)| 3.0 * x * x * g).collect();
+        assert!(check_vjp(forward, &x, &g, &right).passed);
+        let wrong: Vec<f64> = x.iter().zip(&g).map(|(x, g)| 2.0 * x * g).collect();
+        assert!(!check_vjp(forward, &x, &g, &wrong).passed);
+    }
+
+    #[test]
+    fn rng_is_deterministic_and_in_range() {
+        let a = Rng::new(7).vec(100, -2.0, 3.0);
+        assert_eq!(a, Rng::new(7).vec(100, -2.0, 3.0));
+        assert!(a.iter().all(|v| (-2.0..3.0).contains(v)));
+        assert_ne!(a, Rng::new(8).vec(100, -2.0, 3.0));
+    }
+
+    #[test]
+    fn stored_values_round_like_half() {
+        let x = [1.0 + 1.0 / 4096.0, 70000.0, 1e-9];
+        assert_eq!(stored_values(&x, DType::F16), vec![1.0, f64::INFINITY, 0.0]);
+        assert_eq!(stored_values(&x[..1], DType::BF16), vec![1.0]);
+    }
 }

@@ -38,11 +38,9 @@ struct Params {
 /// (rows, cols) of a tensor read as a matrix whose last axis is the columns.
 pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
     let cols = x.shape().last().copied().unwrap_or(1);
-    let rows = if cols == 0 {
-        x.shape()[..x.shape().len() - 1].iter().product()
-    } else {
-        x.len() / cols
-    };
+    let rows = x.shape()[..x.shape().len().saturating_sub(1)]
+        .iter()
+        .product();
     (rows, cols)
 }
 

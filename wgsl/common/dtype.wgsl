@@ -1,7 +1,8 @@
 // Storage dtype codes and exact conversions between f32 and the 16-bit formats.
 // 16-bit tensors live in u32 words, element 2i in the low half. Narrowing rounds to nearest
 // even (ties to even), keeps NaN a NaN and overflows to infinity, bit for bit as the `half`
-// crate does. Widening is exact, subnormals included (no flush to zero).
+// crate does. Widening is exact, subnormals included (no flush to zero); a NaN comes back
+// quiet (its top mantissa bit set), as `half` does.
 
 const DT_F32: u32 = 0u;
 const DT_F16: u32 = 1u;
@@ -10,6 +11,9 @@ const DT_I32: u32 = 3u;
 const DT_U32: u32 = 4u;
 
 fn bf16_to_f32(h: u32) -> f32 {
+    if ((h & 0x7fffu) > 0x7f80u) {
+        return bitcast<f32>(((h & 0xffffu) | 0x40u) << 16u); // NaN comes back quiet
+    }
     return bitcast<f32>((h & 0xffffu) << 16u);
 }
 
@@ -32,7 +36,10 @@ fn f16_to_f32(h: u32) -> f32 {
         return bitcast<f32>(bitcast<u32>(v) | sign);
     }
     if (e == 31u) {
-        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+        if (m != 0u) {
+            return bitcast<f32>(sign | 0x7fc00000u | (m << 13u)); // NaN comes back quiet
+        }
+        return bitcast<f32>(sign | 0x7f800000u);
     }
     return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
 }

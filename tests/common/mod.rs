@@ -1,0 +1,59 @@
+//! Shared helpers of the integration tests: one engine per test binary, a deterministic PRNG
+//! and builders of tensors of any float dtype from f64 data (the library's own
+//! `wgrad::gradcheck` helpers, unwrapped for tests).
+//!
+//! Each `tests/*.rs` file is its own crate and uses only part of this module.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+use wgrad::{DType, Engine, Tensor};
+
+pub use wgrad::gradcheck::{Rng, stored_values as stored};
+
+/// The engine shared by every test of one test binary (created on first use).
+pub fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let engine = Engine::new().expect("create an engine (no GPU? install mesa-vulkan-drivers)");
+        eprintln!("test engine: {}", engine.info());
+        engine
+    })
+}
+
+/// An engine of its own, for tests that watch engine-wide state (memory statistics, the
+/// pipeline cache) which the tests running in parallel on the shared engine would disturb.
+pub fn private_engine() -> Engine {
+    Engine::new().expect("create a private engine")
+}
+
+/// `n` f32 values uniform in [-1, 1), determined by `seed`.
+pub fn random_f32(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect()
+}
+
+/// `n` f64 values uniform in [lo, hi), determined by `seed`.
+pub fn random_f64(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    Rng::new(seed).vec(n, lo, hi)
+}
+
+/// The value `x` takes once stored as `dtype` (through f32, as a GPU cast of f32 data does).
+pub fn round_to(x: f64, dtype: DType) -> f64 {
+    stored(&[x], dtype)[0]
+}
+
+/// Upload f64 data as a tensor of the float dtype `dtype` (rounded as [`round_to`] does).
+pub fn tensor_from_f64(engine: &Engine, data: &[f64], shape: &[usize], dtype: DType) -> Tensor {
+    wgrad::gradcheck::tensor_from_f64(engine, data, shape, dtype)
+        .expect("upload tensor")
+        .0
+}
+
+/// The bits of an f32 tensor (for bit-identity checks).
+pub fn f32_bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>()
+        .expect("read f32 tensor")
+        .into_iter()
+        .map(f32::to_bits)
+        .collect()
+}
