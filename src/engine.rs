@@ -115,7 +115,11 @@ pub struct EngineBuilder {
     adapter_name: Option<String>,
     math_mode: MathMode,
     pool_limit: u64,
+    workspace_bound: u64,
 }
+
+/// Default per-call workspace bound: 256 MiB.
+pub const DEFAULT_WORKSPACE_BOUND: u64 = 256 << 20;
 
 impl Default for EngineBuilder {
     fn default() -> Self {
@@ -124,6 +128,7 @@ impl Default for EngineBuilder {
             adapter_name: None,
             math_mode: MathMode::Strict,
             pool_limit: 1 << 30,
+            workspace_bound: DEFAULT_WORKSPACE_BOUND,
         }
     }
 }
@@ -165,6 +170,14 @@ impl EngineBuilder {
     /// Most bytes of free buffers the pool keeps (default 1 GiB).
     pub fn pool_limit(mut self, bytes: u64) -> Self {
         self.pool_limit = bytes;
+        self
+    }
+
+    /// Most scratch bytes one op call may allocate beyond its outputs (default 256 MiB); ops
+    /// needing more return `Error::WorkspaceExceeded`. Each op family has a
+    /// `*_workspace_bytes` query.
+    pub fn workspace_bound(mut self, bytes: u64) -> Self {
+        self.workspace_bound = bytes;
         self
     }
 
@@ -235,6 +248,7 @@ impl EngineBuilder {
             adapter.get_info(),
             self.math_mode,
             self.pool_limit,
+            self.workspace_bound,
             true,
         )
     }
@@ -275,6 +289,7 @@ pub(crate) struct Inner {
     pending: Mutex<Pending>,
     pool: Mutex<Pool>,
     pool_limit: u64,
+    workspace_bound: std::sync::atomic::AtomicU64,
     device_error: Arc<Mutex<Option<String>>>,
 }
 
@@ -389,7 +404,15 @@ impl Engine {
             }
         }
         // The app keeps its own uncaptured-error handler: wgrad does not replace it.
-        Engine::assemble(device, queue, adapter_info, math_mode, 1 << 30, false)
+        Engine::assemble(
+            device,
+            queue,
+            adapter_info,
+            math_mode,
+            1 << 30,
+            DEFAULT_WORKSPACE_BOUND,
+            false,
+        )
     }
 
     fn assemble(
@@ -398,6 +421,7 @@ impl Engine {
         adapter: wgpu::AdapterInfo,
         math_mode: MathMode,
         pool_limit: u64,
+        workspace_bound: u64,
         own_device: bool,
     ) -> Result<Engine> {
         let device_error = Arc::new(Mutex::new(None::<String>));
@@ -440,6 +464,7 @@ impl Engine {
                 }),
                 pool: Mutex::new(Pool::default()),
                 pool_limit,
+                workspace_bound: workspace_bound.into(),
                 device_error,
             }),
         })
@@ -486,6 +511,34 @@ impl Engine {
         let mut pool = lock(&self.inner.pool);
         pool.free.clear();
         pool.pooled = 0;
+    }
+
+    /// The per-call workspace bound in bytes (see [`EngineBuilder::workspace_bound`]).
+    pub fn workspace_bound(&self) -> u64 {
+        self.inner
+            .workspace_bound
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Change the per-call workspace bound.
+    pub fn set_workspace_bound(&self, bytes: u64) {
+        self.inner
+            .workspace_bound
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `Error::WorkspaceExceeded` when `needed` scratch bytes exceed the bound. Every op that
+    /// allocates scratch calls this before allocating.
+    pub fn check_workspace(&self, what: &str, needed: u64) -> Result<()> {
+        let bound = self.workspace_bound();
+        if needed > bound {
+            return Err(Error::WorkspaceExceeded {
+                what: what.into(),
+                needed,
+                bound,
+            });
+        }
+        Ok(())
     }
 
     /// The largest storage binding, in bytes (every tensor must fit one binding).

@@ -94,6 +94,7 @@ pub fn sum_columns(x: &Tensor) -> Result<Tensor> {
     let (rows, cols) = rows_cols(x);
     let engine = x.engine();
     let blocks = rows.div_ceil(BLOCK_ROWS);
+    engine.check_workspace("sum_columns", sum_columns_workspace_bytes(rows, cols))?;
     let partials = Tensor::empty(engine, &[blocks, cols], DType::F32, "sum_columns partials")?;
     let total = blocks * cols;
     engine.launch(
@@ -110,6 +111,11 @@ pub fn sum_columns(x: &Tensor) -> Result<Tensor> {
         (total as u64).div_ceil(WG),
     )?;
     sum_partials(engine, &partials)
+}
+
+/// Scratch bytes [`sum_columns`] allocates for a `[rows, cols]` input (its block partials).
+pub fn sum_columns_workspace_bytes(rows: usize, cols: usize) -> u64 {
+    (rows.div_ceil(BLOCK_ROWS) * cols * 4) as u64
 }
 
 /// Column sums of an F32 partials matrix `[blocks, cols]`, blocks summed in order: the second

@@ -318,3 +318,22 @@ fn sum_partials_checks_the_engine() {
         r => panic!("expected EngineMismatch, got {r:?}"),
     }
 }
+
+#[test]
+fn sum_columns_respects_the_workspace_bound() {
+    let engine = common::private_engine();
+    let (rows, cols) = (200, 300);
+    let needed = wgrad::reduce::sum_columns_workspace_bytes(rows, cols);
+    assert_eq!(needed, (rows.div_ceil(64) * cols * 4) as u64);
+    let x = common::tensor_from_f64(&engine, &vec![1.0; rows * cols], &[rows, cols], DType::F32);
+    engine.set_workspace_bound(needed - 1);
+    match wgrad::reduce::sum_columns(&x) {
+        Err(wgrad::Error::WorkspaceExceeded { needed: n, bound, .. }) => {
+            assert_eq!((n, bound), (needed, needed - 1))
+        }
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+    engine.set_workspace_bound(needed);
+    let sums = wgrad::reduce::sum_columns(&x).unwrap().to_vec::<f32>().unwrap();
+    assert!(sums.iter().all(|&s| s == rows as f32));
+}

@@ -43,10 +43,10 @@ fn convert(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             dest[i + 1u] = bitcast<u32>(b);
         }
     } else {
-        var hi = 0u;
         if (has_second) {
-            hi = half_bits(b, DST);
+            dest[pair] = pack_halves(a, b, DST);
+        } else {
+            dest[pair] = half_bits(a, DST); // the padding half stays zero
         }
-        dest[pair] = half_bits(a, DST) | (hi << 16u);
     }
 }

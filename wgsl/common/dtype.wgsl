@@ -100,3 +100,8 @@ fn half_bits(x: f32, dt: u32) -> u32 {
     }
     return f32_to_f16(x);
 }
+
+// Two f32 values narrowed to dtype `dt` and packed into one word (first in the low half).
+fn pack_halves(lo: f32, hi: f32, dt: u32) -> u32 {
+    return half_bits(lo, dt) | (half_bits(hi, dt) << 16u);
+}
