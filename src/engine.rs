@@ -101,7 +101,8 @@ pub struct Timing {
     pub seconds: f64,
     /// How it was measured.
     pub source: TimingSource,
-    /// Compute passes recorded in the section.
+    /// Compute passes recorded in the section (consecutive dispatches share one pass; a copy,
+    /// clear, upload or readback in between starts a new one).
     pub passes: u32,
     /// Passes that carried timestamps (less than `passes` when the section recorded more than
     /// 4,095 passes: the span then ends at the last stamped pass).
@@ -262,9 +263,58 @@ struct Pipeline {
 
 type PipelineKey = (&'static str, String, String, MathMode);
 
+/// Recorded, not yet submitted work. Dispatches go into one open compute pass (wgpu orders
+/// and synchronizes the dispatches within it); a buffer copy or clear ends the pass first.
 struct Pending {
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     timing: Option<TimingState>,
+}
+
+impl Pending {
+    /// The encoder, with any open pass ended.
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgrad"),
+            })
+        })
+    }
+
+    /// The open compute pass, begun on demand. While timing, each pass writes its end stamp
+    /// (query i + 1 for pass i) and the first pass also its start stamp (query 0).
+    fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let encoder = self.encoder.get_or_insert_with(|| {
+                device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("wgrad"),
+                })
+            });
+            let timestamp_writes = self.timing.as_mut().and_then(|t| {
+                t.passes += 1;
+                (t.passes <= t.capacity).then(|| wgpu::ComputePassTimestampWrites {
+                    query_set: &t.queries,
+                    beginning_of_pass_write_index: (t.passes == 1).then_some(0),
+                    end_of_pass_write_index: Some(t.passes),
+                })
+            });
+            let pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("wgrad"),
+                    timestamp_writes,
+                })
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        self.pass.as_mut().expect("pass begun above")
+    }
+
+    /// The finished command buffer of everything recorded, if any.
+    fn finish(&mut self) -> Option<wgpu::CommandBuffer> {
+        self.pass = None;
+        self.encoder.take().map(|e| e.finish())
+    }
 }
 
 struct TimingState {
@@ -459,6 +509,7 @@ impl Engine {
                 info,
                 pipelines: Mutex::new(HashMap::new()),
                 pending: Mutex::new(Pending {
+                    pass: None,
                     encoder: None,
                     timing: None,
                 }),
@@ -590,14 +641,7 @@ impl Engine {
     /// Run `f` with the pending command encoder (created on demand).
     pub(crate) fn record<R>(&self, f: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> R {
         let mut pending = lock(&self.inner.pending);
-        let encoder = pending.encoder.get_or_insert_with(|| {
-            self.inner
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("wgrad"),
-                })
-        });
-        f(encoder)
+        f(pending.encoder(&self.inner.device))
     }
 
     /// Record a copy of host bytes into `dest` (ordered after everything recorded before).
@@ -644,8 +688,8 @@ impl Engine {
         // Submit under the lock: another thread must not record into (and submit) a newer
         // encoder before this one reaches the queue.
         let mut pending = lock(&self.inner.pending);
-        if let Some(encoder) = pending.encoder.take() {
-            self.inner.queue.submit([encoder.finish()]);
+        if let Some(commands) = pending.finish() {
+            self.inner.queue.submit([commands]);
         }
         drop(pending);
         self.take_error()
@@ -927,29 +971,7 @@ impl Engine {
             ));
         }
         let mut pending = lock(&self.inner.pending);
-        let pending = &mut *pending;
-        let encoder = pending.encoder.get_or_insert_with(|| {
-            self.inner
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("wgrad"),
-                })
-        });
-        let timestamp_writes = pending.timing.as_mut().and_then(|t| {
-            t.passes += 1;
-            (t.passes <= t.capacity).then(|| {
-                // Query 0: start of the first pass; query i + 1: end of pass i.
-                wgpu::ComputePassTimestampWrites {
-                    query_set: &t.queries,
-                    beginning_of_pass_write_index: (t.passes == 1).then_some(0),
-                    end_of_pass_write_index: Some(t.passes),
-                }
-            })
-        });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(kernel.name),
-            timestamp_writes,
-        });
+        let pass = pending.pass(&self.inner.device);
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(x as u32, y as u32, 1);
