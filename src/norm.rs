@@ -1,0 +1,831 @@
+//! Normalization: RMSNorm, LayerNorm, fused add+RMSNorm, modulated (AdaLN) RMSNorm and DyT,
+//! forward and backward.
+//!
+//! Inputs are rows × columns: the last axis is the normalized one, leading axes flatten to
+//! rows. Sources (and residuals) may be F32, F16 or BF16; weights, biases, modulation and
+//! cotangents may use any of the three independently. Statistics, accumulation and every
+//! gradient are FP32; outputs take the source's dtype.
+//!
+//! Bounds (checked before anything is launched; each breach is a typed [`Error`]):
+//! * rows ≥ 1 (**zero rows is an error**, `OutOfBounds`: a normalization of nothing has no
+//!   statistics to save) and columns in `1..=`[`MAX_COLUMNS`], any width (odd included);
+//!   `rows × columns` must fit one storage binding in every dtype involved (`LimitExceeded`)
+//!   and `u32` indexing;
+//! * weight and bias of shape `[columns]`; residual and cotangents of the source's shape;
+//!   modulation scale/shift of shape `[batches, columns]` with `batches` dividing the rows;
+//! * ε positive and finite in FP32 (default 1e-5), weight offset finite (`InvalidValue`).
+//!
+//! Kernels (`wgsl/norm.wgsl`): the forward takes one workgroup per row and reads the row in
+//! chunks of 256 columns (mean, squares, outputs), so any width works without keeping the row
+//! in workgroup memory. The backward takes one workgroup per row for the two row constants of
+//! the input gradient, then one invocation per (block of [`BLOCK_ROWS`] rows, column), which
+//! writes the input gradient and the block's FP32 parameter partials; the partials are summed
+//! in block order. No atomics: reruns are bit-identical. A 16-bit output of an odd width is
+//! computed into an FP32 temporary and narrowed with [`crate::cast::cast`], so no two
+//! invocations share a word.
+//!
+//! Backward differentiates the real-valued formula with the saved FP32 statistics: the
+//! rounding of the casting modes and of stored outputs is not differentiated.
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Constants, Kernel};
+use crate::{DType, Engine, Error, Result, Tensor, cast};
+
+/// `wgsl/norm.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "norm",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        include_str!("../wgsl/norm.wgsl"),
+    ],
+};
+
+const WG: u64 = 256;
+/// Rows per block of the backward's parameter partials.
+pub const BLOCK_ROWS: usize = 32;
+/// F32 words of one row's backward constants (inverse, mean, mean correction, c1, c2).
+const ROWINFO: usize = 8;
+/// Largest row width accepted.
+pub const MAX_COLUMNS: usize = 1 << 20;
+/// Default ε of RMSNorm, LayerNorm and their variants.
+pub const DEFAULT_EPS: f32 = 1e-5;
+
+/// Liger's casting modes of RMSNorm (they differ only for 16-bit sources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CastingMode {
+    /// Statistics in FP32; the normalized value is rounded to the source dtype before the
+    /// weight multiply (Llama). The default.
+    #[default]
+    Llama,
+    /// Everything in FP32, one rounding of the output (Gemma).
+    Gemma,
+    /// The normalized value and the weight factor are rounded to the source dtype before
+    /// they are multiplied (statistics stay FP32).
+    None,
+}
+
+impl CastingMode {
+    fn code(self) -> f64 {
+        match self {
+            CastingMode::Llama => 0.0,
+            CastingMode::Gemma => 1.0,
+            CastingMode::None => 2.0,
+        }
+    }
+}
+
+/// Options of [`rms_norm`], [`add_rms_norm`] and [`modulated_rms_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RmsNormOptions {
+    /// ε added to the mean square (default 1e-5); positive and finite.
+    pub eps: f32,
+    /// Weight offset: the factor is `offset + w` (0 default; 1 for Gemma's `(1 + w)`).
+    /// Ignored without a weight.
+    pub offset: f32,
+    /// Casting mode (default Llama). [`modulated_rms_norm`] always computes in FP32.
+    pub casting: CastingMode,
+}
+
+impl Default for RmsNormOptions {
+    fn default() -> Self {
+        RmsNormOptions {
+            eps: DEFAULT_EPS,
+            offset: 0.0,
+            casting: CastingMode::Llama,
+        }
+    }
+}
+
+/// Options of [`layer_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNormOptions {
+    /// ε added to the variance (default 1e-5); positive and finite.
+    pub eps: f32,
+}
+
+impl Default for LayerNormOptions {
+    fn default() -> Self {
+        LayerNormOptions { eps: DEFAULT_EPS }
+    }
+}
+
+/// Which operator a [`Saved`] context belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// [`rms_norm`].
+    Rms,
+    /// [`layer_norm`].
+    Layer,
+    /// [`add_rms_norm`].
+    AddRms,
+    /// [`modulated_rms_norm`].
+    Modulated,
+}
+
+impl NormKind {
+    fn code(self) -> f64 {
+        match self {
+            NormKind::Rms => 0.0,
+            NormKind::Layer => 1.0,
+            NormKind::AddRms => 2.0,
+            NormKind::Modulated => 3.0,
+        }
+    }
+}
+
+/// What a normalization forward keeps for its backward: the inputs (handles; tensors are
+/// immutable) and the per-row FP32 statistics.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    /// The operator.
+    pub kind: NormKind,
+    /// The source `x`.
+    pub source: Tensor,
+    /// The residual of [`add_rms_norm`].
+    pub residual: Option<Tensor>,
+    /// The weight.
+    pub weight: Option<Tensor>,
+    /// Whether [`layer_norm`] had a bias.
+    pub has_bias: bool,
+    /// Modulation scale of [`modulated_rms_norm`], `[batches, columns]`.
+    pub scale: Option<Tensor>,
+    /// Per-row inverse RMS (RMSNorm variants) or inverse standard deviation (LayerNorm),
+    /// F32, shape `[rows]`.
+    pub inverse: Tensor,
+    /// Per-row mean (LayerNorm), F32, shape `[rows]`.
+    pub mean: Option<Tensor>,
+    /// Per-row correction of the FP32 mean (LayerNorm), F32, shape `[rows]`: the exact
+    /// mean is `mean + correction` to FP32 precision of the spread, so rows with a large
+    /// common offset are centered accurately.
+    pub mean_correction: Option<Tensor>,
+    /// ε used.
+    pub eps: f32,
+    /// Weight offset used.
+    pub offset: f32,
+}
+
+/// Gradients of a normalization backward (FP32; `None` where the input was absent).
+#[derive(Debug, Clone)]
+pub struct NormGradients {
+    /// dL/dx, the source's shape.
+    pub source: Tensor,
+    /// dL/dw, `[columns]`.
+    pub weight: Option<Tensor>,
+    /// dL/db (LayerNorm with a bias), `[columns]`.
+    pub bias: Option<Tensor>,
+    /// dL/dresidual ([`add_rms_norm`]; equal to `source`), the residual's shape.
+    pub residual: Option<Tensor>,
+    /// dL/dscale ([`modulated_rms_norm`]), `[batches, columns]`.
+    pub scale: Option<Tensor>,
+    /// dL/dshift ([`modulated_rms_norm`]), `[batches, columns]`.
+    pub shift: Option<Tensor>,
+}
+
+#[derive(encase::ShaderType)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    rows_per_batch: u32,
+    blocks_per_batch: u32,
+    total: u32,
+    stride: u32,
+    base: u32,
+    eps: f32,
+    offset: f32,
+}
+
+pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
+    crate::reduce::rows_cols(x)
+}
+
+fn float(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+    }
+}
+
+fn check_eps(eps: f32, what: &str) -> Result<()> {
+    if eps.is_finite() && eps > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: format!("{what}: eps"),
+            got: f64::from(eps),
+            rule: "must be positive and finite".into(),
+        })
+    }
+}
+
+fn check_finite(v: f32, what: &str) -> Result<()> {
+    if v.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: what.into(),
+            got: f64::from(v),
+            rule: "must be finite".into(),
+        })
+    }
+}
+
+/// Rows and columns of a source, validated: a float dtype, 1 ≤ rows, 1 ≤ columns ≤
+/// [`MAX_COLUMNS`], `rows × columns` within `u32` indexing and an F32 copy within one binding
+/// (gradients are F32).
+fn source_extent(x: &Tensor, what: &str) -> Result<(usize, usize)> {
+    float(x, &format!("{what}: source"))?;
+    if x.shape().is_empty() {
+        return Err(Error::bounds(format!("{what}: source axes"), 0, 1, 64));
+    }
+    let (rows, cols) = rows_cols(x);
+    if rows == 0 {
+        return Err(Error::bounds(
+            format!("{what}: rows"),
+            0,
+            1,
+            u64::from(u32::MAX),
+        ));
+    }
+    if cols == 0 || cols > MAX_COLUMNS {
+        return Err(Error::bounds(
+            format!("{what}: columns"),
+            cols as u64,
+            1,
+            MAX_COLUMNS as u64,
+        ));
+    }
+    let len = (rows as u64) * (cols as u64);
+    let limit = x.engine().max_binding_bytes();
+    if len * 4 > limit {
+        return Err(Error::LimitExceeded {
+            what: format!("{what}: FP32 rows × columns"),
+            bytes: len * 4,
+            limit,
+            limit_name: "max_storage_buffer_binding_size",
+        });
+    }
+    if len > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            format!("{what}: rows × columns"),
+            len,
+            1,
+            u64::from(u32::MAX),
+        ));
+    }
+    Ok((rows, cols))
+}
+
+fn check_param(t: &Tensor, engine: &Engine, shape: &[usize], what: &str) -> Result<()> {
+    t.check_engine(engine, what)?;
+    float(t, what)?;
+    if t.shape() != shape {
+        return Err(Error::shape(what, shape, t.shape()));
+    }
+    Ok(())
+}
+
+fn check_same_shape(t: &Tensor, x: &Tensor, what: &str) -> Result<()> {
+    check_param(t, x.engine(), x.shape(), what)
+}
+
+fn code(t: Option<&Tensor>) -> f64 {
+    f64::from(t.map_or(0, |t| t.dtype().code()))
+}
+
+/// Scratch bytes a normalization forward allocates for `[rows, cols]` sources of `dtype`:
+/// FP32 temporaries for 16-bit outputs of an odd width (one, two for [`add_rms_norm`]).
+pub fn forward_workspace_bytes(kind: NormKind, rows: usize, cols: usize, dtype: DType) -> u64 {
+    if dtype == DType::F32 || cols.is_multiple_of(2) {
+        return 0;
+    }
+    let outputs = if kind == NormKind::AddRms { 2 } else { 1 };
+    outputs * (rows * cols * 4) as u64
+}
+
+/// Partial slots the backward of `kind` needs (weight; bias or shift; scale).
+fn partial_slots(kind: NormKind, has_weight: bool, has_bias: bool) -> usize {
+    match kind {
+        NormKind::Modulated => 3,
+        NormKind::Layer if has_bias => 2,
+        _ => usize::from(has_weight),
+    }
+}
+
+fn blocks_for(rows: usize, batches: usize) -> (usize, usize) {
+    let per_batch = (rows / batches).div_ceil(BLOCK_ROWS);
+    (per_batch, per_batch * batches)
+}
+
+/// Scratch bytes a normalization backward allocates: the per-row constants (32 bytes a row)
+/// and the FP32 parameter partials (`slots × blocks × cols`, blocks of [`BLOCK_ROWS`] rows
+/// within each modulation batch; `batches` = 1 except for [`modulated_rms_norm`]).
+pub fn backward_workspace_bytes(
+    kind: NormKind,
+    rows: usize,
+    cols: usize,
+    batches: usize,
+    has_weight: bool,
+    has_bias: bool,
+) -> u64 {
+    let batches = batches.max(1);
+    let (_, blocks) = blocks_for(rows, batches);
+    let slots = partial_slots(kind, has_weight, has_bias);
+    (rows * ROWINFO * 4 + slots * blocks * cols * 4) as u64
+}
+
+fn dummy(engine: &Engine, what: &str) -> Result<Tensor> {
+    Tensor::empty(engine, &[1], DType::F32, what)
+}
+
+struct Forward<'a> {
+    kind: NormKind,
+    x: &'a Tensor,
+    aux: Option<&'a Tensor>,
+    aux2: Option<&'a Tensor>,
+    weight: Option<&'a Tensor>,
+    rows_per_batch: usize,
+    eps: f32,
+    offset: f32,
+    casting: CastingMode,
+}
+
+/// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
+fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Tensor>)> {
+    let x = f.x;
+    let engine = x.engine();
+    let (rows, cols) = rows_cols(x);
+    let dtype = x.dtype();
+    let pairs = dtype != DType::F32 && cols.is_multiple_of(2);
+    let direct = dtype == DType::F32 || pairs;
+    engine.check_workspace(
+        "norm forward",
+        forward_workspace_bytes(f.kind, rows, cols, dtype),
+    )?;
+    let out_dtype = if direct { dtype } else { DType::F32 };
+    let y = Tensor::empty(engine, x.shape(), out_dtype, "norm output")?;
+    let with_sum = f.kind == NormKind::AddRms;
+    let leading = &x.shape()[..x.shape().len() - 1];
+    let sum = if with_sum {
+        Some(Tensor::empty(
+            engine,
+            x.shape(),
+            out_dtype,
+            "norm residual sum",
+        )?)
+    } else if f.kind == NormKind::Layer {
+        Some(Tensor::empty(
+            engine,
+            leading,
+            DType::F32,
+            "norm mean correction",
+        )?)
+    } else {
+        None
+    };
+    let inverse = Tensor::empty(engine, leading, DType::F32, "norm inverse")?;
+    let mean = if f.kind == NormKind::Layer {
+        Some(Tensor::empty(engine, leading, DType::F32, "norm mean")?)
+    } else {
+        None
+    };
+    let mean_dummy = dummy(engine, "norm mean (unused)")?;
+    let sum_dummy = dummy(engine, "norm sum (unused)")?;
+    let constants: Constants = vec![
+        ("KIND", f.kind.code()),
+        ("DX", f64::from(dtype.code())),
+        ("DA", code(f.aux)),
+        ("DB", code(f.aux2)),
+        ("DW", code(f.weight)),
+        ("HAS_W", f64::from(u8::from(f.weight.is_some()))),
+        ("HAS_B", f64::from(u8::from(f.aux2.is_some()))),
+        ("CAST", f.casting.code()),
+        ("PAIRS", f64::from(u8::from(pairs))),
+        ("OUT_SUM", f64::from(u8::from(with_sum))),
+    ];
+    engine.launch(
+        &KERNEL,
+        "forward_rows",
+        &constants,
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: f.rows_per_batch as u32,
+            blocks_per_batch: 0,
+            total: 0,
+            stride: 0,
+            base: 0,
+            eps: f.eps,
+            offset: f.offset,
+        },
+        &[
+            x.buffer(),
+            f.aux.unwrap_or(x).buffer(),
+            f.aux2.unwrap_or(x).buffer(),
+            f.weight.unwrap_or(x).buffer(),
+            inverse.buffer(),
+            mean.as_ref().unwrap_or(&mean_dummy).buffer(),
+            y.buffer(),
+            sum.as_ref().unwrap_or(&sum_dummy).buffer(),
+        ],
+        rows as u64,
+    )?;
+    let (y, sum) = if direct {
+        (y, sum)
+    } else if with_sum {
+        (
+            cast::cast(&y, dtype)?,
+            sum.map(|s| cast::cast(&s, dtype)).transpose()?,
+        )
+    } else {
+        (cast::cast(&y, dtype)?, sum)
+    };
+    Ok((y, sum, inverse, mean))
+}
+
+/// RMSNorm: `y = x · inv · (offset + w)`, `inv = 1/sqrt(mean(x²) + ε)` per row, with Liger's
+/// casting modes. `weight` (optional) has shape `[columns]`; without it `y = x · inv`.
+/// Returns the output (source dtype and shape) and the saved context.
+pub fn rms_norm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    options: &RmsNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "rms_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "rms_norm: weight")?;
+    }
+    check_eps(options.eps, what)?;
+    check_finite(options.offset, "rms_norm: offset")?;
+    let (y, _, inverse, _) = forward(Forward {
+        kind: NormKind::Rms,
+        x,
+        aux: None,
+        aux2: None,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: options.offset,
+        casting: options.casting,
+    })?;
+    Ok((
+        y,
+        Saved {
+            kind: NormKind::Rms,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: false,
+            scale: None,
+            inverse,
+            mean: None,
+            mean_correction: None,
+            eps: options.eps,
+            offset: options.offset,
+        },
+    ))
+}
+
+/// LayerNorm: `y = (x − mean) · inv · w + b`, with the population variance of the centered
+/// row (`inv = 1/sqrt(mean((x − mean)²) + ε)`). Weight and bias (each optional) have shape
+/// `[columns]`.
+pub fn layer_norm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    options: &LayerNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "layer_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "layer_norm: weight")?;
+    }
+    if let Some(b) = bias {
+        check_param(b, x.engine(), &[cols], "layer_norm: bias")?;
+    }
+    check_eps(options.eps, what)?;
+    let (y, correction, inverse, mean) = forward(Forward {
+        kind: NormKind::Layer,
+        x,
+        aux: None,
+        aux2: bias,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: 0.0,
+        casting: CastingMode::Gemma,
+    })?;
+    Ok((
+        y,
+        Saved {
+            kind: NormKind::Layer,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: bias.is_some(),
+            scale: None,
+            inverse,
+            mean,
+            mean_correction: correction,
+            eps: options.eps,
+            offset: 0.0,
+        },
+    ))
+}
+
+/// Fused add+RMSNorm: `s = x + residual` in FP32, `y = RMSNorm(s)` of the unrounded sum.
+/// Returns `(y, s rounded to the source dtype, saved)`. `residual` has the source's shape
+/// (any float dtype).
+pub fn add_rms_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    weight: Option<&Tensor>,
+    options: &RmsNormOptions,
+) -> Result<(Tensor, Tensor, Saved)> {
+    let what = "add_rms_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    check_same_shape(residual, x, "add_rms_norm: residual")?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "add_rms_norm: weight")?;
+    }
+    check_eps(options.eps, what)?;
+    check_finite(options.offset, "add_rms_norm: offset")?;
+    let (y, sum, inverse, _) = forward(Forward {
+        kind: NormKind::AddRms,
+        x,
+        aux: Some(residual),
+        aux2: None,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: options.offset,
+        casting: options.casting,
+    })?;
+    let sum = sum.ok_or_else(|| Error::Device("add_rms_norm: no residual sum".into()))?;
+    Ok((
+        y,
+        sum,
+        Saved {
+            kind: NormKind::AddRms,
+            source: x.clone(),
+            residual: Some(residual.clone()),
+            weight: weight.cloned(),
+            has_bias: false,
+            scale: None,
+            inverse,
+            mean: None,
+            mean_correction: None,
+            eps: options.eps,
+            offset: options.offset,
+        },
+    ))
+}
+
+/// Modulated RMSNorm (AdaLN): `y = (1 + scale[b]) · RMSNorm(x) · (offset + w) + shift[b]`.
+/// The source's rows are `batches` consecutive runs of `rows / batches` rows; `scale` and
+/// `shift` have shape `[batches, columns]` (`batches` must divide the rows). Computed in FP32
+/// (the casting mode is not used), one rounding of the output.
+pub fn modulated_rms_norm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    scale: &Tensor,
+    shift: &Tensor,
+    options: &RmsNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "modulated_rms_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "modulated_rms_norm: weight")?;
+    }
+    let batches = match scale.shape() {
+        [b, c] if *c == cols && *b >= 1 && rows.is_multiple_of(*b) => *b,
+        _ => {
+            return Err(Error::shape(
+                "modulated_rms_norm: scale ([batches dividing the rows, columns])",
+                &[scale.shape().first().copied().unwrap_or(1), cols],
+                scale.shape(),
+            ));
+        }
+    };
+    check_param(
+        scale,
+        x.engine(),
+        &[batches, cols],
+        "modulated_rms_norm: scale",
+    )?;
+    check_param(
+        shift,
+        x.engine(),
+        &[batches, cols],
+        "modulated_rms_norm: shift",
+    )?;
+    check_eps(options.eps, what)?;
+    check_finite(options.offset, "modulated_rms_norm: offset")?;
+    let (y, _, inverse, _) = forward(Forward {
+        kind: NormKind::Modulated,
+        x,
+        aux: Some(scale),
+        aux2: Some(shift),
+        weight,
+        rows_per_batch: rows / batches,
+        eps: options.eps,
+        offset: options.offset,
+        casting: CastingMode::Gemma,
+    })?;
+    Ok((
+        y,
+        Saved {
+            kind: NormKind::Modulated,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: false,
+            scale: Some(scale.clone()),
+            inverse,
+            mean: None,
+            mean_correction: None,
+            eps: options.eps,
+            offset: options.offset,
+        },
+    ))
+}
+
+/// Sum the `slot`-th partials in block order: `groups` runs of `per_group` blocks each;
+/// returns `[groups, cols]`.
+fn finish(
+    engine: &Engine,
+    partials: &Tensor,
+    slot: usize,
+    stride: usize,
+    groups: usize,
+    per_group: usize,
+    cols: usize,
+) -> Result<Tensor> {
+    let out = Tensor::empty(
+        engine,
+        &[groups, cols],
+        DType::F32,
+        "norm parameter gradient",
+    )?;
+    let total = groups * cols;
+    engine.launch(
+        &KERNEL,
+        "finish_partials",
+        &vec![],
+        &Params {
+            rows: 0,
+            cols: cols as u32,
+            rows_per_batch: 0,
+            blocks_per_batch: per_group as u32,
+            total: total as u32,
+            stride: stride as u32,
+            base: (slot * stride) as u32,
+            eps: 0.0,
+            offset: 0.0,
+        },
+        &[partials.buffer(), out.buffer()],
+        (total as u64).div_ceil(WG),
+    )?;
+    Ok(out)
+}
+
+/// Backward of any normalization forward of this module. `output_gradient` has the source's
+/// shape (any float dtype); `residual_output_gradient` (only for [`add_rms_norm`], default
+/// zero) is the cotangent of the residual sum, added to both the source and the residual
+/// gradients. Returns FP32 gradients of every input that was given; independent calls never
+/// accumulate into earlier results.
+pub fn norm_backward(
+    saved: &Saved,
+    output_gradient: &Tensor,
+    residual_output_gradient: Option<&Tensor>,
+) -> Result<NormGradients> {
+    let what = "norm_backward";
+    let x = &saved.source;
+    let engine = x.engine();
+    let (rows, cols) = source_extent(x, what)?;
+    check_same_shape(output_gradient, x, "norm_backward: output gradient")?;
+    if let Some(d) = residual_output_gradient {
+        if saved.kind != NormKind::AddRms {
+            return Err(Error::InvalidValue {
+                what: "norm_backward: residual output gradient".into(),
+                got: 1.0,
+                rule: "only add_rms_norm has a residual-sum output".into(),
+            });
+        }
+        check_same_shape(d, x, "norm_backward: residual output gradient")?;
+    }
+    let batches = match (&saved.kind, &saved.scale) {
+        (NormKind::Modulated, Some(s)) => s.shape()[0],
+        _ => 1,
+    };
+    let rows_per_batch = rows / batches;
+    let (per_batch, blocks) = blocks_for(rows, batches);
+    let has_weight = saved.weight.is_some();
+    let slots = partial_slots(saved.kind, has_weight, saved.has_bias);
+    engine.check_workspace(
+        what,
+        backward_workspace_bytes(saved.kind, rows, cols, batches, has_weight, saved.has_bias),
+    )?;
+    let stride = blocks * cols;
+    if (slots * stride) as u64 > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            "norm_backward: partial words",
+            (slots * stride) as u64,
+            0,
+            u64::from(u32::MAX),
+        ));
+    }
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "norm source gradient")?;
+    let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "norm row constants")?;
+    let partials = Tensor::empty(
+        engine,
+        &[slots.max(1) * stride.max(1)],
+        DType::F32,
+        "norm partials",
+    )?;
+    // aux: residual (add), scale (modulated), mean (LayerNorm).
+    let aux = match saved.kind {
+        NormKind::AddRms => saved.residual.as_ref(),
+        NormKind::Modulated => saved.scale.as_ref(),
+        NormKind::Layer => saved.mean.as_ref(),
+        NormKind::Rms => None,
+    };
+    let weight = saved.weight.as_ref();
+    let constants: Constants = vec![
+        ("KIND", saved.kind.code()),
+        ("DX", f64::from(x.dtype().code())),
+        ("DA", code(aux)),
+        ("DW", code(weight)),
+        ("DY", f64::from(output_gradient.dtype().code())),
+        ("DR", code(residual_output_gradient)),
+        ("HAS_W", f64::from(u8::from(has_weight))),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+        (
+            "HAS_DRES",
+            f64::from(u8::from(residual_output_gradient.is_some())),
+        ),
+    ];
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        rows_per_batch: rows_per_batch as u32,
+        blocks_per_batch: per_batch as u32,
+        total: stride as u32,
+        stride: stride as u32,
+        base: 0,
+        eps: saved.eps,
+        offset: saved.offset,
+    };
+    engine.launch(
+        &KERNEL,
+        "backward_rows",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            aux.unwrap_or(x).buffer(),
+            saved.mean_correction.as_ref().unwrap_or(x).buffer(),
+            weight.unwrap_or(x).buffer(),
+            saved.inverse.buffer(),
+            output_gradient.buffer(),
+            rowinfo.buffer(),
+        ],
+        rows as u64,
+    )?;
+    engine.launch(
+        &KERNEL,
+        "backward_columns",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            aux.unwrap_or(x).buffer(),
+            weight.unwrap_or(x).buffer(),
+            output_gradient.buffer(),
+            residual_output_gradient.unwrap_or(x).buffer(),
+            rowinfo.buffer(),
+            dx.buffer(),
+            partials.buffer(),
+        ],
+        (stride as u64).div_ceil(WG),
+    )?;
+    let all = |slot| finish(engine, &partials, slot, stride, 1, blocks, cols)?.reshape(&[cols]);
+    let per_batch_sum = |slot| finish(engine, &partials, slot, stride, batches, per_batch, cols);
+    let weight_grad = if has_weight { Some(all(0)?) } else { None };
+    let (bias, scale, shift) = match saved.kind {
+        NormKind::Layer if saved.has_bias => (Some(all(1)?), None, None),
+        NormKind::Modulated => (None, Some(per_batch_sum(2)?), Some(per_batch_sum(1)?)),
+        _ => (None, None, None),
+    };
+    let residual = (saved.kind == NormKind::AddRms).then(|| dx.clone());
+    Ok(NormGradients {
+        source: dx,
+        weight: weight_grad,
+        bias,
+        residual,
+        scale,
+        shift,
+    })
+}

@@ -1,0 +1,293 @@
+//! Reference normalizations in f64 (`x` row-major `[rows, cols]`; parameters per column).
+//!
+//! Forwards model the operators' roundings (the casting modes of RMSNorm round the normalized
+//! value to the source dtype); backwards differentiate the real-valued formulas, as the GPU
+//! backward does.
+
+use crate::DType;
+use crate::norm::CastingMode;
+
+fn round(v: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => f64::from(half::f16::from_f64(v)),
+        DType::BF16 => f64::from(half::bf16::from_f64(v)),
+        _ => v,
+    }
+}
+
+fn factor(weight: Option<&[f64]>, offset: f64, c: usize) -> f64 {
+    weight.map_or(1.0, |w| offset + w[c])
+}
+
+/// Per-row `1/sqrt(mean(x²) + eps)`.
+pub fn inverse_rms(x: &[f64], rows: usize, cols: usize, eps: f64) -> Vec<f64> {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * cols..(r + 1) * cols];
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+            1.0 / (ms + eps).sqrt()
+        })
+        .collect()
+}
+
+/// Per-row mean and `1/sqrt(mean((x − mean)²) + eps)` (population variance of the centered
+/// row).
+pub fn mean_inverse_std(x: &[f64], rows: usize, cols: usize, eps: f64) -> (Vec<f64>, Vec<f64>) {
+    (0..rows)
+        .map(|r| {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mean = row.iter().sum::<f64>() / cols as f64;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+            (mean, 1.0 / (var + eps).sqrt())
+        })
+        .unzip()
+}
+
+/// RMSNorm forward: `y = x · inv · (offset + w)` with the casting mode's roundings for a
+/// source stored as `dtype` (Llama: `n = x·inv` rounded before the multiply; None: `n` and
+/// `offset + w` rounded; Gemma: no intermediate rounding). The output is not rounded.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: Option<&[f64]>,
+    offset: f64,
+    eps: f64,
+    casting: CastingMode,
+    dtype: DType,
+) -> Vec<f64> {
+    let inv = inverse_rms(x, rows, cols, eps);
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            let n = x[r * cols + c] * inv[r];
+            let f = factor(weight, offset, c);
+            y[r * cols + c] = match casting {
+                CastingMode::Llama => round(n, dtype) * f,
+                CastingMode::None => round(n, dtype) * round(f, dtype),
+                CastingMode::Gemma => n * f,
+            };
+        }
+    }
+    y
+}
+
+/// Gradients of the row normalizations: source, weight, bias (or shift), scale.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gradients {
+    /// dL/dx.
+    pub source: Vec<f64>,
+    /// dL/dw (`[cols]`).
+    pub weight: Vec<f64>,
+    /// dL/db, or dL/dshift `[batches, cols]` for the modulated norm.
+    pub bias: Vec<f64>,
+    /// dL/dscale `[batches, cols]` (modulated norm only, else empty).
+    pub scale: Vec<f64>,
+}
+
+/// Shared backward: `y = (1 + scale[b]) · n · g + shift[b]` with `n = (x − mean)·inv`,
+/// `g = offset + w`; `centered` selects LayerNorm's mean, `modulation` (scale, batches) the
+/// AdaLN factor. dx = inv · (dn − mean(dn) − n · mean(dn · n)) (the mean(dn) term only when
+/// centered), dn = dy · g · (1 + scale).
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: Option<&[f64]>,
+    offset: f64,
+    eps: f64,
+    centered: bool,
+    modulation: Option<(&[f64], usize)>,
+    dy: &[f64],
+) -> Gradients {
+    let (mean, inv) = if centered {
+        mean_inverse_std(x, rows, cols, eps)
+    } else {
+        (vec![0.0; rows], inverse_rms(x, rows, cols, eps))
+    };
+    let batches = modulation.map_or(1, |m| m.1);
+    let per_batch = rows / batches;
+    let mut g = Gradients {
+        source: vec![0.0; rows * cols],
+        weight: vec![0.0; cols],
+        bias: vec![0.0; batches * cols],
+        scale: vec![
+            0.0;
+            if modulation.is_some() {
+                batches * cols
+            } else {
+                0
+            }
+        ],
+    };
+    for r in 0..rows {
+        let b = r / per_batch;
+        let sc = |c: usize| modulation.map_or(1.0, |(s, _)| 1.0 + s[b * cols + c]);
+        let n: Vec<f64> = (0..cols)
+            .map(|c| (x[r * cols + c] - mean[r]) * inv[r])
+            .collect();
+        let dn: Vec<f64> = (0..cols)
+            .map(|c| dy[r * cols + c] * factor(weight, offset, c) * sc(c))
+            .collect();
+        let c1 = if centered {
+            dn.iter().sum::<f64>() / cols as f64
+        } else {
+            0.0
+        };
+        let c2 = dn.iter().zip(&n).map(|(d, n)| d * n).sum::<f64>() / cols as f64;
+        for c in 0..cols {
+            let i = r * cols + c;
+            g.source[i] = inv[r] * (dn[c] - c1 - n[c] * c2);
+            g.weight[c] += dy[i] * sc(c) * n[c];
+            g.bias[b * cols + c] += dy[i];
+            if modulation.is_some() {
+                g.scale[b * cols + c] += dy[i] * n[c] * factor(weight, offset, c);
+            }
+        }
+    }
+    g
+}
+
+/// RMSNorm backward (the real-valued formula): dx and dw (`weight` slot, zeros when there is
+/// no weight); `bias` is Σ dy, unused.
+pub fn rms_norm_backward(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: Option<&[f64]>,
+    offset: f64,
+    eps: f64,
+    dy: &[f64],
+) -> Gradients {
+    backward(x, rows, cols, weight, offset, eps, false, None, dy)
+}
+
+/// LayerNorm forward: `y = (x − mean) · inv · w + b`.
+pub fn layer_norm(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: Option<&[f64]>,
+    bias: Option<&[f64]>,
+    eps: f64,
+) -> Vec<f64> {
+    let (mean, inv) = mean_inverse_std(x, rows, cols, eps);
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            let n = (x[r * cols + c] - mean[r]) * inv[r];
+            y[r * cols + c] = n * factor(weight, 0.0, c) + bias.map_or(0.0, |b| b[c]);
+        }
+    }
+    y
+}
+
+/// LayerNorm backward: dx, dw, db.
+pub fn layer_norm_backward(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: Option<&[f64]>,
+    eps: f64,
+    dy: &[f64],
+) -> Gradients {
+    backward(x, rows, cols, weight, 0.0, eps, true, None, dy)
+}
+
+/// Fused add+RMSNorm forward: returns (`y = RMSNorm(x + r)`, the unrounded sum `x + r`).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    x: &[f64],
+    residual: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: Option<&[f64]>,
+    offset: f64,
+    eps: f64,
+    casting: CastingMode,
+    dtype: DType,
+) -> (Vec<f64>, Vec<f64>) {
+    let s: Vec<f64> = x.iter().zip(residual).map(|(a, b)| a + b).collect();
+    let y = rms_norm(&s, rows, cols, weight, offset, eps, casting, dtype);
+    (y, s)
+}
+
+/// Fused add+RMSNorm backward: the RMSNorm gradient of the sum plus the residual-sum cotangent
+/// `dsum` (zero when absent); dx = dresidual = that `source` gradient.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm_backward(
+    x: &[f64],
+    residual: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: Option<&[f64]>,
+    offset: f64,
+    eps: f64,
+    dy: &[f64],
+    dsum: Option<&[f64]>,
+) -> Gradients {
+    let s: Vec<f64> = x.iter().zip(residual).map(|(a, b)| a + b).collect();
+    let mut g = backward(&s, rows, cols, weight, offset, eps, false, None, dy);
+    if let Some(d) = dsum {
+        for (v, d) in g.source.iter_mut().zip(d) {
+            *v += d;
+        }
+    }
+    g
+}
+
+/// Modulated RMSNorm forward: `y = (1 + scale[b]) · x · inv · (offset + w) + shift[b]`, row
+/// `r` in batch `r / (rows / batches)`.
+#[allow(clippy::too_many_arguments)]
+pub fn modulated_rms_norm(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    batches: usize,
+    weight: Option<&[f64]>,
+    offset: f64,
+    scale: &[f64],
+    shift: &[f64],
+    eps: f64,
+) -> Vec<f64> {
+    let inv = inverse_rms(x, rows, cols, eps);
+    let per_batch = rows / batches;
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let b = r / per_batch;
+        for c in 0..cols {
+            let n = x[r * cols + c] * inv[r];
+            y[r * cols + c] =
+                (1.0 + scale[b * cols + c]) * n * factor(weight, offset, c) + shift[b * cols + c];
+        }
+    }
+    y
+}
+
+/// Modulated RMSNorm backward: dx, dw, dshift (`bias` slot), dscale.
+#[allow(clippy::too_many_arguments)]
+pub fn modulated_rms_norm_backward(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    batches: usize,
+    weight: Option<&[f64]>,
+    offset: f64,
+    scale: &[f64],
+    eps: f64,
+    dy: &[f64],
+) -> Gradients {
+    backward(
+        x,
+        rows,
+        cols,
+        weight,
+        offset,
+        eps,
+        false,
+        Some((scale, batches)),
+        dy,
+    )
+}

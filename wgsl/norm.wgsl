@@ -1,0 +1,359 @@
+// Normalization family: RMSNorm, LayerNorm, fused add+RMSNorm, modulated (AdaLN) RMSNorm,
+// and DyT. Every floating buffer is bound as u32 words; dtype codes are override constants.
+//
+// Row operators (KIND 0..3) share three passes:
+// * forward_rows: one workgroup per row. The row is read in chunks (lane t takes columns
+//   t, t + WG, ...): mean (LayerNorm, summed as differences from the row's first value), then the sum of squared (centered) values, then the
+//   outputs. Statistics are FP32 and saved per row (inverse RMS / inverse std, mean).
+// * backward_rows: one workgroup per row; the row constants of the input gradient
+//   c1 = mean(dn) (LayerNorm) and c2 = mean(dn * n), where n is the normalized value and dn
+//   the cotangent of n, saved with the statistics as rowinfo[row] = (inv, mean, corr, c1, c2)
+//   (ROWINFO words a row).
+// * backward_columns: one invocation per (row block, column). It walks the block's rows in
+//   order, writes dx = inv * (dn - c1 - n * c2) (+ the residual-sum cotangent), and writes
+//   the block's parameter partials (slot 0: weight, 1: bias or shift, 2: scale).
+// * finish_partials: out[g, c] = sum over the g-th run of `per_group` consecutive blocks, in
+//   block order (groups = 1: parameter gradients; groups = batches: scale/shift gradients).
+//
+// The order of every addition depends only on the shape, so reruns give identical bits.
+
+const KIND_RMS: u32 = 0u;
+const KIND_LAYER: u32 = 1u;
+const KIND_ADD: u32 = 2u;
+const KIND_MOD: u32 = 3u;
+
+const CAST_LLAMA: u32 = 0u;
+const CAST_GEMMA: u32 = 1u;
+const CAST_NONE: u32 = 2u;
+
+override KIND: u32 = 0u;
+override DX: u32 = 0u;   // source
+override DA: u32 = 0u;   // aux: residual (add), scale (modulated), mean (LayerNorm backward, F32), alpha (DyT)
+override DB: u32 = 0u;   // aux2: bias (LayerNorm), shift (modulated), beta (DyT)
+override DW: u32 = 0u;   // weight (gamma for DyT)
+override DY: u32 = 0u;   // output cotangent
+override DR: u32 = 0u;   // residual-sum cotangent
+override HAS_W: bool = true;
+override HAS_B: bool = false;
+override HAS_DRES: bool = false;
+override CAST: u32 = 0u;
+override PAIRS: bool = false;  // outputs are 16-bit of an even width: lanes write word pairs
+override OUT_SUM: bool = false;
+
+const WG: u32 = 256u;
+// Rows of one block of backward_columns (the host's BLOCK_ROWS).
+const BLOCK_ROWS: u32 = 32u;
+// Words of one row's constants in rowinfo (the host's ROWINFO).
+const ROWINFO: u32 = 8u;
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    rows_per_batch: u32,   // rows of one modulation batch (= rows otherwise)
+    blocks_per_batch: u32, // ceil(rows_per_batch / BLOCK_ROWS); finish: blocks per group
+    total: u32,            // invocations needed (column passes)
+    stride: u32,           // words of one partials slot (blocks * cols)
+    base: u32,             // finish: first word of the slot summed
+    eps: f32,
+    offset: f32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<u32>;
+@group(0) @binding(2) var<storage, read> aux: array<u32>;
+@group(0) @binding(3) var<storage, read> aux2: array<u32>;
+@group(0) @binding(4) var<storage, read> weight: array<u32>;
+@group(0) @binding(5) var<storage, read_write> inv_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> mean_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y_out: array<u32>;
+@group(0) @binding(8) var<storage, read_write> sum_out: array<u32>;
+@group(0) @binding(9) var<storage, read> inv_in: array<f32>;
+@group(0) @binding(10) var<storage, read> dy: array<u32>;
+@group(0) @binding(11) var<storage, read> dres: array<u32>;
+@group(0) @binding(12) var<storage, read_write> rowinfo_out: array<f32>;
+@group(0) @binding(13) var<storage, read> rowinfo: array<f32>;
+@group(0) @binding(14) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(15) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(16) var<storage, read> part_in: array<f32>;
+@group(0) @binding(17) var<storage, read_write> fin_out: array<f32>;
+
+fn ld_x(i: u32) -> f32 {
+    if (DX == DT_F32) {
+        return bitcast<f32>(x[i]);
+    }
+    return half_from_word(x[i >> 1u], i, DX);
+}
+
+fn ld_aux(i: u32) -> f32 {
+    if (DA == DT_F32) {
+        return bitcast<f32>(aux[i]);
+    }
+    return half_from_word(aux[i >> 1u], i, DA);
+}
+
+fn ld_aux2(i: u32) -> f32 {
+    if (DB == DT_F32) {
+        return bitcast<f32>(aux2[i]);
+    }
+    return half_from_word(aux2[i >> 1u], i, DB);
+}
+
+fn ld_w(i: u32) -> f32 {
+    if (DW == DT_F32) {
+        return bitcast<f32>(weight[i]);
+    }
+    return half_from_word(weight[i >> 1u], i, DW);
+}
+
+fn ld_dy(i: u32) -> f32 {
+    if (DY == DT_F32) {
+        return bitcast<f32>(dy[i]);
+    }
+    return half_from_word(dy[i >> 1u], i, DY);
+}
+
+fn ld_dres(i: u32) -> f32 {
+    if (DR == DT_F32) {
+        return bitcast<f32>(dres[i]);
+    }
+    return half_from_word(dres[i >> 1u], i, DR);
+}
+
+// v rounded to the source storage dtype (the identity for F32).
+fn round_src(v: f32) -> f32 {
+    if (DX == DT_F32) {
+        return v;
+    }
+    if (DX == DT_BF16) {
+        return bf16_to_f32(f32_to_bf16(v));
+    }
+    return f16_to_f32(f32_to_f16(v));
+}
+
+// The value normalized: x, or the FP32 sum x + residual (never rounded) for add+RMSNorm.
+fn source(i: u32) -> f32 {
+    if (KIND == KIND_ADD) {
+        return ld_x(i) + ld_aux(i);
+    }
+    return ld_x(i);
+}
+
+// Weight factor of column c: offset + w[c], or 1 without a weight.
+fn weight_factor(c: u32) -> f32 {
+    if (HAS_W) {
+        return params.offset + ld_w(c);
+    }
+    return 1.0;
+}
+
+// Output of element i (column c, modulation batch `batch`) from its row's statistics.
+fn out_value(i: u32, c: u32, batch: u32, mean: f32, corr: f32, inv: f32) -> f32 {
+    let n = ((source(i) - mean) - corr) * inv;
+    let wf = weight_factor(c);
+    if (KIND == KIND_LAYER) {
+        var b = 0.0;
+        if (HAS_B) {
+            b = ld_aux2(c);
+        }
+        return n * wf + b;
+    }
+    if (KIND == KIND_MOD) {
+        let m = batch * params.cols + c;
+        return (1.0 + ld_aux(m)) * (n * wf) + ld_aux2(m);
+    }
+    // RMSNorm and add+RMSNorm: the casting modes.
+    if (CAST == CAST_LLAMA) {
+        return round_src(n) * wf;
+    }
+    if (CAST == CAST_NONE) {
+        return round_src(n) * round_src(wf);
+    }
+    return n * wf;
+}
+
+@compute @workgroup_size(WG)
+fn forward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var mean = 0.0;
+    var corr = 0.0;
+    if (KIND == KIND_LAYER) {
+        // Sum the differences from the row's first value, so a large common offset does not
+        // cost the mean its precision; the mean is kept as the FP32 value `mean` plus the
+        // small correction `corr` (mean + corr = pivot + delta to about FP32 precision of
+        // delta), and values are centered as (v - mean) - corr.
+        let pivot = source(base);
+        var acc = 0.0;
+        for (var c = lid; c < cols; c = c + WG) {
+            acc = acc + (source(base + c) - pivot);
+        }
+        let delta = workgroup_sum(acc, lid) / f32(cols);
+        mean = pivot + delta;
+        corr = (pivot - mean) + delta;
+    }
+    var squares = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let v = (source(base + c) - mean) - corr;
+        squares = squares + v * v;
+    }
+    let inv = 1.0 / sqrt(workgroup_sum(squares, lid) / f32(cols) + params.eps);
+    if (lid == 0u) {
+        inv_out[row] = inv;
+        if (KIND == KIND_LAYER) {
+            mean_out[row] = mean;
+            sum_out[row] = bitcast<u32>(corr);
+        }
+    }
+    let batch = row / params.rows_per_batch;
+    if (PAIRS) {
+        // 16-bit outputs of an even width: every row starts on a word boundary.
+        let words = cols / 2u;
+        let wbase = base / 2u;
+        for (var p = lid; p < words; p = p + WG) {
+            let c = 2u * p;
+            let a = out_value(base + c, c, batch, mean, corr, inv);
+            let b = out_value(base + c + 1u, c + 1u, batch, mean, corr, inv);
+            y_out[wbase + p] = pack_halves(a, b, DX);
+            if (OUT_SUM) {
+                sum_out[wbase + p] = pack_halves(source(base + c), source(base + c + 1u), DX);
+            }
+        }
+    } else {
+        // F32 outputs (the source dtype, or an F32 temporary the host narrows).
+        for (var c = lid; c < cols; c = c + WG) {
+            y_out[base + c] = bitcast<u32>(out_value(base + c, c, batch, mean, corr, inv));
+            if (OUT_SUM) {
+                sum_out[base + c] = bitcast<u32>(round_src(source(base + c)));
+            }
+        }
+    }
+}
+
+// Cotangent of the normalized value n at element i (column c, batch `batch`).
+fn dnorm(i: u32, c: u32, batch: u32) -> f32 {
+    var g = weight_factor(c);
+    if (KIND == KIND_MOD) {
+        g = g * (1.0 + ld_aux(batch * params.cols + c));
+    }
+    return ld_dy(i) * g;
+}
+
+@compute @workgroup_size(WG)
+fn backward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let inv = inv_in[row];
+    var mean = 0.0;
+    var corr = 0.0;
+    if (KIND == KIND_LAYER) {
+        mean = ld_aux(row);
+        corr = bitcast<f32>(aux2[row]);
+    }
+    let batch = row / params.rows_per_batch;
+    var sum_dn = 0.0;
+    var sum_dnn = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let i = base + c;
+        let n = ((source(i) - mean) - corr) * inv;
+        let d = dnorm(i, c, batch);
+        sum_dn = sum_dn + d;
+        sum_dnn = sum_dnn + d * n;
+    }
+    var c1 = 0.0;
+    if (KIND == KIND_LAYER) {
+        c1 = workgroup_sum(sum_dn, lid) / f32(cols);
+    }
+    let c2 = workgroup_sum(sum_dnn, lid) / f32(cols);
+    if (lid == 0u) {
+        rowinfo_out[ROWINFO * row] = inv;
+        rowinfo_out[ROWINFO * row + 1u] = mean;
+        rowinfo_out[ROWINFO * row + 2u] = corr;
+        rowinfo_out[ROWINFO * row + 3u] = c1;
+        rowinfo_out[ROWINFO * row + 4u] = c2;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let cols = params.cols;
+    let block = t / cols;
+    let c = t % cols;
+    let batch = block / params.blocks_per_batch;
+    let first = batch * params.rows_per_batch + (block % params.blocks_per_batch) * BLOCK_ROWS;
+    let last = min(first + BLOCK_ROWS, (batch + 1u) * params.rows_per_batch);
+    let wf = weight_factor(c);
+    var sc = 1.0;
+    if (KIND == KIND_MOD) {
+        sc = 1.0 + ld_aux(batch * cols + c);
+    }
+    let g = wf * sc;
+    var pw = 0.0;
+    var pb = 0.0;
+    var ps = 0.0;
+    for (var r = first; r < last; r = r + 1u) {
+        let i = r * cols + c;
+        let inv = rowinfo[ROWINFO * r];
+        let mean = rowinfo[ROWINFO * r + 1u];
+        let corr = rowinfo[ROWINFO * r + 2u];
+        let c1 = rowinfo[ROWINFO * r + 3u];
+        let c2 = rowinfo[ROWINFO * r + 4u];
+        let n = ((source(i) - mean) - corr) * inv;
+        let d = ld_dy(i);
+        if (KIND == KIND_MOD) {
+            pw = pw + d * sc * n;
+            ps = ps + d * n * wf;
+        } else {
+            pw = pw + d * n;
+        }
+        pb = pb + d;
+        var v = inv * (d * g - c1 - n * c2);
+        if (HAS_DRES) {
+            v = v + ld_dres(i);
+        }
+        dx[i] = v;
+    }
+    if (HAS_W) {
+        partials[t] = pw;
+    }
+    if (HAS_B || KIND == KIND_MOD) {
+        partials[params.stride + t] = pb;
+    }
+    if (KIND == KIND_MOD) {
+        partials[2u * params.stride + t] = ps;
+    }
+}
+
+// fin_out[g * cols + c] = sum over j < per_group of part_in[base + (g * per_group + j) * cols + c],
+// j ascending.
+@compute @workgroup_size(WG)
+fn finish_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let cols = params.cols;
+    let g = t / cols;
+    let c = t % cols;
+    let per_group = params.blocks_per_batch;
+    var acc = 0.0;
+    for (var j = 0u; j < per_group; j = j + 1u) {
+        acc = acc + part_in[params.base + (g * per_group + j) * cols + c];
+    }
+    fin_out[t] = acc;
+}
