@@ -73,6 +73,16 @@ pub fn operators() -> Vec<OperatorCheck> {
             kernels: &["norm", "cast"],
             run: check_modulated_rms_norm,
         },
+        OperatorCheck {
+            name: "dyt",
+            kernels: &["norm"],
+            run: check_dyt,
+        },
+        OperatorCheck {
+            name: "poly_norm",
+            kernels: &["norm", "cast"],
+            run: check_poly_norm,
+        },
     ]
 }
 
@@ -427,6 +437,101 @@ fn check_modulated_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
                 cases.push(case(format!("{tag} dw"), &dw.to_f64()?, &r.weight, f32));
                 cases.push(case(format!("{tag} dscale"), &dsc.to_f64()?, &r.scale, f32));
                 cases.push(case(format!("{tag} dshift"), &dsh.to_f64()?, &r.bias, f32));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn check_dyt(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::norm::{dyt, dyt_backward};
+    let mut rng = Rng::new(44);
+    let mut cases = Vec::new();
+    for (rows, cols) in NORM_SHAPES {
+        for dtype in DType::FLOATS {
+            let tag = format!("{rows}x{cols} {dtype}");
+            let n = rows * cols;
+            let (x, xs) = tensor_from_f64(engine, &rng.vec(n, -3.0, 3.0), &[rows, cols], dtype)?;
+            let (a, a_s) = tensor_from_f64(engine, &[0.7], &[1], dtype)?;
+            let (g, gs) = tensor_from_f64(engine, &rng.vec(cols, 0.5, 1.5), &[cols], dtype)?;
+            let (b, bs) = tensor_from_f64(engine, &rng.vec(cols, -0.5, 0.5), &[cols], dtype)?;
+            let (dy, dys) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[rows, cols], dtype)?;
+            let (y, saved) = dyt(&x, &a, &g, Some(&b))?;
+            let want = reference::norm::dyt(&xs, rows, cols, a_s[0], &gs, Some(&bs));
+            cases.push(case(
+                format!("{tag} y"),
+                &y.to_f64()?,
+                &want,
+                Tolerance::for_dtype(dtype),
+            ));
+            let grads = dyt_backward(&saved, &dy)?;
+            let r = reference::norm::dyt_backward(&xs, rows, cols, a_s[0], &gs, &dys);
+            let f32 = Tolerance::for_dtype(DType::F32);
+            cases.push(case(
+                format!("{tag} dx"),
+                &grads.source.to_f64()?,
+                &r.source,
+                f32,
+            ));
+            cases.push(case(
+                format!("{tag} dalpha"),
+                &grads.alpha.to_f64()?,
+                &[r.alpha],
+                f32,
+            ));
+            cases.push(case(
+                format!("{tag} dgamma"),
+                &grads.gamma.to_f64()?,
+                &r.gamma,
+                f32,
+            ));
+            if let Some(db) = &grads.beta {
+                cases.push(case(format!("{tag} dbeta"), &db.to_f64()?, &r.beta, f32));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn check_poly_norm(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::norm::{PolyNormOptions, poly_norm, poly_norm_backward};
+    let mut rng = Rng::new(45);
+    let mut cases = Vec::new();
+    for (rows, cols) in NORM_SHAPES {
+        for dtype in DType::FLOATS {
+            let tag = format!("{rows}x{cols} {dtype}");
+            let n = rows * cols;
+            let (x, xs) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &[rows, cols], dtype)?;
+            let (w, ws) = tensor_from_f64(engine, &rng.vec(3, -1.0, 1.0), &[3], dtype)?;
+            let (b, bs) = tensor_from_f64(engine, &[0.25], &[1], dtype)?;
+            let (dy, dys) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[rows, cols], dtype)?;
+            let o = PolyNormOptions::default();
+            let eps = f64::from(o.eps);
+            let (y, saved) = poly_norm(&x, &w, Some(&b), &o)?;
+            let want = reference::norm::poly_norm(&xs, rows, cols, &ws, Some(bs[0]), eps);
+            cases.push(case(
+                format!("{tag} y"),
+                &y.to_f64()?,
+                &want,
+                Tolerance::for_dtype(dtype),
+            ));
+            let g = poly_norm_backward(&saved, &dy)?;
+            let r = reference::norm::poly_norm_backward(&xs, rows, cols, &ws, eps, &dys);
+            let f32 = Tolerance::for_dtype(DType::F32);
+            cases.push(case(
+                format!("{tag} dx"),
+                &g.source.to_f64()?,
+                &r.source,
+                f32,
+            ));
+            cases.push(case(
+                format!("{tag} dw"),
+                &g.weight.to_f64()?,
+                &r.weight,
+                f32,
+            ));
+            if let Some(db) = &g.bias {
+                cases.push(case(format!("{tag} db"), &db.to_f64()?, &[r.bias], f32));
             }
         }
     }

@@ -829,3 +829,370 @@ pub fn norm_backward(
         shift,
     })
 }
+
+// ---- DyT ----
+
+/// What [`dyt`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct DytSaved {
+    /// The source `x`.
+    pub source: Tensor,
+    /// α, shape `[1]`.
+    pub alpha: Tensor,
+    /// γ, shape `[columns]`.
+    pub gamma: Tensor,
+    /// Whether β was given.
+    pub has_beta: bool,
+}
+
+/// Gradients of [`dyt_backward`] (FP32).
+#[derive(Debug, Clone)]
+pub struct DytGradients {
+    /// dL/dx, the source's shape.
+    pub source: Tensor,
+    /// dL/dα, `[1]`.
+    pub alpha: Tensor,
+    /// dL/dγ, `[columns]`.
+    pub gamma: Tensor,
+    /// dL/dβ, `[columns]` (when β was given).
+    pub beta: Option<Tensor>,
+}
+
+/// Scratch bytes [`dyt_backward`] allocates: three FP32 partial slots of `blocks × cols`
+/// (blocks of [`BLOCK_ROWS`] rows) and the per-column α partial sums.
+pub fn dyt_backward_workspace_bytes(rows: usize, cols: usize) -> u64 {
+    (3 * rows.div_ceil(BLOCK_ROWS) * cols * 4 + cols * 4) as u64
+}
+
+/// Dynamic tanh: `y = γ · tanh(α · x) + β` with a trainable scalar α (`[1]`), γ and β
+/// (optional) of shape `[columns]`. Elementwise (any width; the output has the source's dtype).
+pub fn dyt(
+    x: &Tensor,
+    alpha: &Tensor,
+    gamma: &Tensor,
+    beta: Option<&Tensor>,
+) -> Result<(Tensor, DytSaved)> {
+    let (rows, cols) = source_extent(x, "dyt")?;
+    let engine = x.engine();
+    check_param(alpha, engine, &[1], "dyt: alpha")?;
+    check_param(gamma, engine, &[cols], "dyt: gamma")?;
+    if let Some(b) = beta {
+        check_param(b, engine, &[cols], "dyt: beta")?;
+    }
+    let y = Tensor::empty(engine, x.shape(), x.dtype(), "dyt output")?;
+    let count = rows * cols;
+    let pairs = count.div_ceil(2);
+    engine.launch(
+        &KERNEL,
+        "dyt_forward",
+        &vec![
+            ("DX", f64::from(x.dtype().code())),
+            ("DA", f64::from(alpha.dtype().code())),
+            ("DB", code(beta)),
+            ("DW", f64::from(gamma.dtype().code())),
+            ("HAS_B", f64::from(u8::from(beta.is_some()))),
+        ],
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: rows as u32,
+            blocks_per_batch: 0,
+            total: pairs as u32,
+            stride: 0,
+            base: 0,
+            eps: 0.0,
+            offset: 0.0,
+        },
+        &[
+            x.buffer(),
+            alpha.buffer(),
+            beta.unwrap_or(x).buffer(),
+            gamma.buffer(),
+            y.buffer(),
+        ],
+        (pairs as u64).div_ceil(WG),
+    )?;
+    Ok((
+        y,
+        DytSaved {
+            source: x.clone(),
+            alpha: alpha.clone(),
+            gamma: gamma.clone(),
+            has_beta: beta.is_some(),
+        },
+    ))
+}
+
+/// Backward of [`dyt`]: `output_gradient` has the source's shape (any float dtype).
+pub fn dyt_backward(saved: &DytSaved, output_gradient: &Tensor) -> Result<DytGradients> {
+    let x = &saved.source;
+    let engine = x.engine();
+    let (rows, cols) = source_extent(x, "dyt_backward")?;
+    check_same_shape(output_gradient, x, "dyt_backward: output gradient")?;
+    engine.check_workspace("dyt_backward", dyt_backward_workspace_bytes(rows, cols))?;
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let stride = blocks * cols;
+    if (3 * stride) as u64 > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            "dyt_backward: partial words",
+            (3 * stride) as u64,
+            0,
+            u64::from(u32::MAX),
+        ));
+    }
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "dyt source gradient")?;
+    let partials = Tensor::empty(engine, &[3 * stride], DType::F32, "dyt partials")?;
+    engine.launch(
+        &KERNEL,
+        "dyt_backward_columns",
+        &vec![
+            ("DX", f64::from(x.dtype().code())),
+            ("DA", f64::from(saved.alpha.dtype().code())),
+            ("DW", f64::from(saved.gamma.dtype().code())),
+            ("DY", f64::from(output_gradient.dtype().code())),
+            ("HAS_B", f64::from(u8::from(saved.has_beta))),
+        ],
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: rows as u32,
+            blocks_per_batch: blocks as u32,
+            total: stride as u32,
+            stride: stride as u32,
+            base: 0,
+            eps: 0.0,
+            offset: 0.0,
+        },
+        &[
+            x.buffer(),
+            saved.alpha.buffer(),
+            saved.gamma.buffer(),
+            output_gradient.buffer(),
+            dx.buffer(),
+            partials.buffer(),
+        ],
+        (stride as u64).div_ceil(WG),
+    )?;
+    let gamma = finish(engine, &partials, 0, stride, 1, blocks, cols)?.reshape(&[cols])?;
+    let beta = if saved.has_beta {
+        Some(finish(engine, &partials, 1, stride, 1, blocks, cols)?.reshape(&[cols])?)
+    } else {
+        None
+    };
+    let alpha_columns = finish(engine, &partials, 2, stride, 1, blocks, cols)?;
+    let alpha = crate::reduce::sum_rows(&alpha_columns)?;
+    Ok(DytGradients {
+        source: dx,
+        alpha,
+        gamma,
+        beta,
+    })
+}
+
+// ---- PolyNorm ----
+
+/// Default ε of [`poly_norm`].
+pub const POLY_DEFAULT_EPS: f32 = 1e-6;
+
+/// Options of [`poly_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolyNormOptions {
+    /// ε added to each mean square (default 1e-6); positive and finite.
+    pub eps: f32,
+}
+
+impl Default for PolyNormOptions {
+    fn default() -> Self {
+        PolyNormOptions {
+            eps: POLY_DEFAULT_EPS,
+        }
+    }
+}
+
+/// What [`poly_norm`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct PolySaved {
+    /// The source `x`.
+    pub source: Tensor,
+    /// The weights `(w0, w1, w2)`, shape `[3]`.
+    pub weight: Tensor,
+    /// Whether a bias was given.
+    pub has_bias: bool,
+    /// Per-row inverse RMS of `x³`, `x²`, `x` (in that order), F32, shape `[rows, 3]`.
+    pub inverse: Tensor,
+    /// ε used.
+    pub eps: f32,
+}
+
+/// Gradients of [`poly_norm_backward`] (FP32).
+#[derive(Debug, Clone)]
+pub struct PolyGradients {
+    /// dL/dx, the source's shape.
+    pub source: Tensor,
+    /// dL/dw, `[3]`.
+    pub weight: Tensor,
+    /// dL/db, `[1]` (when a bias was given).
+    pub bias: Option<Tensor>,
+}
+
+/// Scratch bytes [`poly_norm_backward`] allocates: the per-row constants and four FP32
+/// partial slots of `blocks × cols`, then their per-column sums.
+pub fn poly_backward_workspace_bytes(rows: usize, cols: usize) -> u64 {
+    (rows * ROWINFO * 4 + 4 * rows.div_ceil(BLOCK_ROWS) * cols * 4 + 4 * cols * 4) as u64
+}
+
+/// PolyNorm: `y = w0·n(x³) + w1·n(x²) + w2·n(x) + b` per row, `n(u) = u/sqrt(mean(u²) + ε)`.
+/// `weight` has shape `[3]`, `bias` (optional) `[1]`. Output in the source dtype.
+pub fn poly_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    options: &PolyNormOptions,
+) -> Result<(Tensor, PolySaved)> {
+    let (rows, cols) = source_extent(x, "poly_norm")?;
+    let engine = x.engine();
+    check_param(weight, engine, &[3], "poly_norm: weight")?;
+    if let Some(b) = bias {
+        check_param(b, engine, &[1], "poly_norm: bias")?;
+    }
+    check_eps(options.eps, "poly_norm")?;
+    let dtype = x.dtype();
+    let pairs = dtype != DType::F32 && cols.is_multiple_of(2);
+    let direct = dtype == DType::F32 || pairs;
+    engine.check_workspace(
+        "poly_norm",
+        forward_workspace_bytes(NormKind::Rms, rows, cols, dtype),
+    )?;
+    let y = Tensor::empty(
+        engine,
+        x.shape(),
+        if direct { dtype } else { DType::F32 },
+        "poly_norm output",
+    )?;
+    let inverse = Tensor::empty(engine, &[rows, 3], DType::F32, "poly_norm inverse")?;
+    engine.launch(
+        &KERNEL,
+        "poly_forward",
+        &vec![
+            ("DX", f64::from(dtype.code())),
+            ("DB", code(bias)),
+            ("DW", f64::from(weight.dtype().code())),
+            ("HAS_B", f64::from(u8::from(bias.is_some()))),
+            ("PAIRS", f64::from(u8::from(pairs))),
+        ],
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: rows as u32,
+            blocks_per_batch: 0,
+            total: 0,
+            stride: 0,
+            base: 0,
+            eps: options.eps,
+            offset: 0.0,
+        },
+        &[
+            x.buffer(),
+            bias.unwrap_or(x).buffer(),
+            weight.buffer(),
+            inverse.buffer(),
+            y.buffer(),
+        ],
+        rows as u64,
+    )?;
+    let y = if direct { y } else { cast::cast(&y, dtype)? };
+    Ok((
+        y,
+        PolySaved {
+            source: x.clone(),
+            weight: weight.clone(),
+            has_bias: bias.is_some(),
+            inverse,
+            eps: options.eps,
+        },
+    ))
+}
+
+/// Backward of [`poly_norm`]: `output_gradient` has the source's shape (any float dtype).
+pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result<PolyGradients> {
+    let x = &saved.source;
+    let engine = x.engine();
+    let (rows, cols) = source_extent(x, "poly_norm_backward")?;
+    check_same_shape(output_gradient, x, "poly_norm_backward: output gradient")?;
+    engine.check_workspace(
+        "poly_norm_backward",
+        poly_backward_workspace_bytes(rows, cols),
+    )?;
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let stride = blocks * cols;
+    if (4 * stride) as u64 > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            "poly_norm_backward: partial words",
+            (4 * stride) as u64,
+            0,
+            u64::from(u32::MAX),
+        ));
+    }
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "poly_norm source gradient")?;
+    let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "poly_norm rows")?;
+    let partials = Tensor::empty(engine, &[4 * stride], DType::F32, "poly_norm partials")?;
+    let constants: Constants = vec![
+        ("DX", f64::from(x.dtype().code())),
+        ("DW", f64::from(saved.weight.dtype().code())),
+        ("DY", f64::from(output_gradient.dtype().code())),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+    ];
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        rows_per_batch: rows as u32,
+        blocks_per_batch: blocks as u32,
+        total: stride as u32,
+        stride: stride as u32,
+        base: 0,
+        eps: saved.eps,
+        offset: 0.0,
+    };
+    engine.launch(
+        &KERNEL,
+        "poly_backward_rows",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            saved.weight.buffer(),
+            saved.inverse.buffer(),
+            output_gradient.buffer(),
+            rowinfo.buffer(),
+        ],
+        rows as u64,
+    )?;
+    engine.launch(
+        &KERNEL,
+        "poly_backward_columns",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            saved.weight.buffer(),
+            output_gradient.buffer(),
+            rowinfo.buffer(),
+            dx.buffer(),
+            partials.buffer(),
+        ],
+        (stride as u64).div_ceil(WG),
+    )?;
+    let weight = crate::reduce::sum_rows(&finish(engine, &partials, 0, stride, 3, blocks, cols)?)?;
+    let bias = if saved.has_bias {
+        Some(crate::reduce::sum_rows(&finish(
+            engine, &partials, 3, stride, 1, blocks, cols,
+        )?)?)
+    } else {
+        None
+    };
+    Ok(PolyGradients {
+        source: dx,
+        weight,
+        bias,
+    })
+}

@@ -867,3 +867,200 @@ fn workspace_bounds_and_queries() {
     let g = norm::norm_backward(&saved, &x, None).unwrap();
     assert_eq!(g.weight.unwrap().shape(), &[cols]);
 }
+
+fn run_dyt(rows: usize, cols: usize, xdt: DType, pdt: DType, beta: bool, alpha: f64, seed: u64) {
+    let what = format!("dyt {rows}x{cols} x {xdt} params {pdt} beta {beta} alpha {alpha}");
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -3.0, 3.0), &[rows, cols], xdt);
+    let (a, a_s) = upload(&[alpha], &[1], pdt);
+    let (g, gs) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], pdt);
+    let b = beta.then(|| upload(&rng.vec(cols, -0.5, 0.5), &[cols], DType::F32));
+    let (y, saved) = norm::dyt(&x, &a, &g, b.as_ref().map(|b| &b.0)).unwrap();
+    assert_eq!((y.shape(), y.dtype()), (x.shape(), xdt));
+    let want = reference::dyt(
+        &xs,
+        rows,
+        cols,
+        a_s[0],
+        &gs,
+        b.as_ref().map(|b| b.1.as_slice()),
+    );
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(xdt));
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], xdt);
+    let grads = norm::dyt_backward(&saved, &dy).unwrap();
+    let r = reference::dyt_backward(&xs, rows, cols, a_s[0], &gs, &dys);
+    check(&format!("{what}: dx"), &grads.source, &r.source, F32);
+    assert_eq!(grads.alpha.shape(), &[1]);
+    check(&format!("{what}: dalpha"), &grads.alpha, &[r.alpha], F32);
+    check(&format!("{what}: dgamma"), &grads.gamma, &r.gamma, F32);
+    assert_eq!(grads.beta.is_some(), beta, "{what}");
+    if let Some(db) = &grads.beta {
+        check(&format!("{what}: dbeta"), db, &r.beta, F32);
+    }
+}
+
+#[test]
+fn dyt_every_dtype_and_width() {
+    let mut seed = 1300;
+    for (rows, cols) in [(1, 1), (5, 3), (9, 7), (33, 127), (2, 4097)] {
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_dyt(rows, cols, xdt, xdt, true, 0.7, seed);
+        }
+    }
+    run_dyt(40, 65, DType::BF16, DType::F32, false, 3.0, 1350);
+    run_dyt(40, 66, DType::F16, DType::BF16, true, -0.2, 1351);
+    run_dyt(256, 512, DType::BF16, DType::BF16, true, 0.5, 1352);
+}
+
+fn run_poly(rows: usize, cols: usize, xdt: DType, bias: bool, seed: u64) {
+    let what = format!("poly_norm {rows}x{cols} {xdt} bias {bias}");
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
+    let (w, ws) = upload(&rng.vec(3, -1.0, 1.0), &[3], DType::F32);
+    let b = bias.then(|| upload(&[0.25], &[1], xdt));
+    let o = norm::PolyNormOptions::default();
+    let eps = f64::from(o.eps);
+    let (y, saved) = norm::poly_norm(&x, &w, b.as_ref().map(|b| &b.0), &o).unwrap();
+    assert_eq!((y.shape(), y.dtype()), (x.shape(), xdt));
+    let want = reference::poly_norm(&xs, rows, cols, &ws, b.as_ref().map(|b| b.1[0]), eps);
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(xdt));
+    let inv: Vec<f64> = (0..rows)
+        .flat_map(|r| reference::poly_inverses(&xs[r * cols..(r + 1) * cols], eps))
+        .collect();
+    check(&format!("{what}: inverse"), &saved.inverse, &inv, F32);
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F32);
+    let g = norm::poly_norm_backward(&saved, &dy).unwrap();
+    let r = reference::poly_norm_backward(&xs, rows, cols, &ws, eps, &dys);
+    check(&format!("{what}: dx"), &g.source, &r.source, dx_tol(cols));
+    assert_eq!(g.weight.shape(), &[3]);
+    check(&format!("{what}: dw"), &g.weight, &r.weight, F32);
+    assert_eq!(g.bias.is_some(), bias, "{what}");
+    if let Some(db) = &g.bias {
+        assert_eq!(db.shape(), &[1]);
+        check(&format!("{what}: db"), db, &[r.bias], F32);
+    }
+}
+
+#[test]
+fn poly_norm_every_dtype_and_width() {
+    let mut seed = 1400;
+    for cols in [1, 3, 7, 127, 4097] {
+        let rows = if cols > 1000 { 2 } else { 37 };
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_poly(rows, cols, xdt, true, seed);
+        }
+    }
+    run_poly(20, 64, DType::BF16, false, 1450);
+    run_poly(256, 512, DType::F32, true, 1451);
+}
+
+#[test]
+fn dyt_and_poly_norm_reference_gradients_match_finite_differences() {
+    let (rows, cols) = (3, 5);
+    let n = rows * cols;
+    let mut rng = Rng::new(1500);
+    let x = rng.vec(n, -2.0, 2.0);
+    let dy = rng.vec(n, -1.0, 1.0);
+    let gamma = rng.vec(cols, 0.5, 1.5);
+    let beta = rng.vec(cols, -0.5, 0.5);
+    let alpha = 0.8;
+    let g = reference::dyt_backward(&x, rows, cols, alpha, &gamma, &dy);
+    let f = |x: &[f64]| reference::dyt(x, rows, cols, alpha, &gamma, Some(&beta));
+    fd("dyt dx", check_vjp(f, &x, &dy, &g.source));
+    let f = |a: &[f64]| reference::dyt(&x, rows, cols, a[0], &gamma, Some(&beta));
+    fd("dyt dalpha", check_vjp(f, &[alpha], &dy, &[g.alpha]));
+    let f = |gm: &[f64]| reference::dyt(&x, rows, cols, alpha, gm, Some(&beta));
+    fd("dyt dgamma", check_vjp(f, &gamma, &dy, &g.gamma));
+    let f = |b: &[f64]| reference::dyt(&x, rows, cols, alpha, &gamma, Some(b));
+    fd("dyt dbeta", check_vjp(f, &beta, &dy, &g.beta));
+
+    let w = [0.7, -0.4, 1.1];
+    let eps = 1e-6;
+    let g = reference::poly_norm_backward(&x, rows, cols, &w, eps, &dy);
+    let f = |x: &[f64]| reference::poly_norm(x, rows, cols, &w, Some(0.3), eps);
+    fd("poly dx", check_vjp(f, &x, &dy, &g.source));
+    let f = |w: &[f64]| reference::poly_norm(&x, rows, cols, w, Some(0.3), eps);
+    fd("poly dw", check_vjp(f, &w, &dy, &g.weight));
+    let f = |b: &[f64]| reference::poly_norm(&x, rows, cols, &w, Some(b[0]), eps);
+    fd("poly db", check_vjp(f, &[0.3], &dy, &[g.bias]));
+}
+
+#[test]
+fn dyt_and_poly_norm_reruns_are_bit_identical() {
+    let (rows, cols) = (100, 129);
+    let mut rng = Rng::new(1600);
+    let (x, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], DType::F16);
+    let (dy, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F32);
+    let (a, _) = upload(&[0.9], &[1], DType::F32);
+    let (g, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], DType::F32);
+    let (w, _) = upload(&[0.5, 0.25, 1.0], &[3], DType::F32);
+    let run = || {
+        let (y1, s1) = norm::dyt(&x, &a, &g, Some(&g)).unwrap();
+        let d1 = norm::dyt_backward(&s1, &dy).unwrap();
+        let (y2, s2) =
+            norm::poly_norm(&x, &w, Some(&a), &norm::PolyNormOptions::default()).unwrap();
+        let d2 = norm::poly_norm_backward(&s2, &dy).unwrap();
+        [
+            &y1,
+            &d1.source,
+            &d1.alpha,
+            &d1.gamma,
+            d1.beta.as_ref().unwrap(),
+            &y2,
+            &d2.source,
+            &d2.weight,
+            d2.bias.as_ref().unwrap(),
+        ]
+        .map(bits)
+    };
+    assert!(run() == run(), "second run differs");
+}
+
+#[test]
+fn dyt_and_poly_norm_bad_inputs() {
+    let e = engine();
+    let x = Tensor::zeros(e, &[4, 6], DType::F32).unwrap();
+    let a = Tensor::zeros(e, &[1], DType::F32).unwrap();
+    let a2 = Tensor::zeros(e, &[2], DType::F32).unwrap();
+    let g = Tensor::zeros(e, &[6], DType::F32).unwrap();
+    let g5 = Tensor::zeros(e, &[5], DType::F32).unwrap();
+    let ai = Tensor::from_slice(e, &[1i32], &[1]).unwrap();
+    expect_shape(norm::dyt(&x, &a2, &g, None), "dyt alpha shape");
+    expect_shape(norm::dyt(&x, &a, &g5, None), "dyt gamma length");
+    expect_shape(norm::dyt(&x, &a, &g, Some(&g5)), "dyt beta length");
+    expect_dtype(
+        norm::dyt(&x, &ai, &g, None),
+        DType::I32,
+        "dyt integer alpha",
+    );
+    let empty = Tensor::zeros(e, &[0, 6], DType::F32).unwrap();
+    expect_bounds(norm::dyt(&empty, &a, &g, None), 0, "dyt zero rows");
+    let (_, saved) = norm::dyt(&x, &a, &g, None).unwrap();
+    let dy5 = Tensor::zeros(e, &[4, 5], DType::F32).unwrap();
+    expect_shape(norm::dyt_backward(&saved, &dy5), "dyt cotangent shape");
+
+    let w = Tensor::zeros(e, &[3], DType::F32).unwrap();
+    let po = norm::PolyNormOptions::default();
+    assert_eq!(po.eps, 1e-6);
+    expect_shape(norm::poly_norm(&x, &a2, None, &po), "poly weight shape");
+    expect_shape(norm::poly_norm(&x, &w, Some(&a2), &po), "poly bias shape");
+    expect_dtype(
+        norm::poly_norm(&x, &w, Some(&ai), &po),
+        DType::I32,
+        "poly integer bias",
+    );
+    expect_bounds(norm::poly_norm(&empty, &w, None, &po), 0, "poly zero rows");
+    for eps in [0.0, -1.0, f32::NAN] {
+        expect_invalid(
+            norm::poly_norm(&x, &w, None, &norm::PolyNormOptions { eps }),
+            "poly eps",
+        );
+    }
+    let (_, saved) = norm::poly_norm(&x, &w, None, &po).unwrap();
+    expect_shape(
+        norm::poly_norm_backward(&saved, &dy5),
+        "poly cotangent shape",
+    );
+}

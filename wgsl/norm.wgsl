@@ -357,3 +357,241 @@ fn finish_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
     fin_out[t] = acc;
 }
+
+// ---- DyT: y = gamma * tanh(alpha * x) + beta (alpha a scalar in aux[0]) ----
+
+// tanh without overflow (exp of a large argument gives 1 exactly) and without the
+// cancellation of 1 - 2 / (e^2v + 1) near zero (a Taylor series there).
+fn tanh_exact(v: f32) -> f32 {
+    let a = abs(v);
+    var t: f32;
+    if (a < 0.05) {
+        let a2 = a * a;
+        t = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0))));
+    } else {
+        t = 1.0 - 2.0 / (exp(2.0 * a) + 1.0);
+    }
+    return select(t, -t, v < 0.0);
+}
+
+fn dyt_value(i: u32, alpha: f32) -> f32 {
+    let c = i % params.cols;
+    var b = 0.0;
+    if (HAS_B) {
+        b = ld_aux2(c);
+    }
+    return ld_w(c) * tanh_exact(alpha * ld_x(i)) + b;
+}
+
+// One invocation per pair of elements (2p, 2p + 1) of the flat tensor: it owns the output
+// word(s) of the pair whatever the width's parity. params.total = pairs, params.rows *
+// params.cols = elements.
+@compute @workgroup_size(WG)
+fn dyt_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let p = group_index(wid, nwg) * WG + lid;
+    if (p >= params.total) {
+        return;
+    }
+    let count = params.rows * params.cols;
+    let alpha = ld_aux(0u);
+    let i = 2u * p;
+    let a = dyt_value(i, alpha);
+    let second = i + 1u < count;
+    var b = 0.0;
+    if (second) {
+        b = dyt_value(i + 1u, alpha);
+    }
+    if (DX == DT_F32) {
+        y_out[i] = bitcast<u32>(a);
+        if (second) {
+            y_out[i + 1u] = bitcast<u32>(b);
+        }
+    } else if (second) {
+        y_out[p] = pack_halves(a, b, DX);
+    } else {
+        y_out[p] = half_bits(a, DX);
+    }
+}
+
+// One invocation per (block of BLOCK_ROWS rows, column): dx and the block's partials of
+// dgamma (slot 0), dbeta (slot 1) and dalpha (slot 2, per column).
+@compute @workgroup_size(WG)
+fn dyt_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let cols = params.cols;
+    let block = t / cols;
+    let c = t % cols;
+    let first = block * BLOCK_ROWS;
+    let last = min(first + BLOCK_ROWS, params.rows);
+    let alpha = ld_aux(0u);
+    let gamma = ld_w(c);
+    var pg = 0.0;
+    var pb = 0.0;
+    var pa = 0.0;
+    for (var r = first; r < last; r = r + 1u) {
+        let i = r * cols + c;
+        let v = ld_x(i);
+        let th = tanh_exact(alpha * v);
+        let d = ld_dy(i);
+        let slope = d * gamma * (1.0 - th * th);
+        dx[i] = slope * alpha;
+        pa = pa + slope * v;
+        pg = pg + d * th;
+        pb = pb + d;
+    }
+    partials[t] = pg;
+    if (HAS_B) {
+        partials[params.stride + t] = pb;
+    }
+    partials[2u * params.stride + t] = pa;
+}
+
+// ---- PolyNorm: y = w0 n(x^3) + w1 n(x^2) + w2 n(x) + b, n(u) = u / sqrt(mean(u^2) + eps) ----
+// weight holds (w0, w1, w2), aux2[0] the bias. Saved statistics: inv_out[3 row + k] is the
+// inverse RMS of x^(3-k) (k = 0, 1, 2, the order of the weights).
+
+fn poly_out(i: u32, i3: f32, i2: f32, i1: f32) -> f32 {
+    let v = ld_x(i);
+    let v2 = v * v;
+    var b = 0.0;
+    if (HAS_B) {
+        b = ld_aux2(0u);
+    }
+    return ld_w(0u) * (v2 * v * i3) + ld_w(1u) * (v2 * i2) + ld_w(2u) * (v * i1) + b;
+}
+
+@compute @workgroup_size(WG)
+fn poly_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var s2 = 0.0;
+    var s4 = 0.0;
+    var s6 = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let v = ld_x(base + c);
+        let v2 = v * v;
+        s2 = s2 + v2;
+        s4 = s4 + v2 * v2;
+        s6 = s6 + v2 * v2 * v2;
+    }
+    let n = f32(cols);
+    let i1 = 1.0 / sqrt(workgroup_sum(s2, lid) / n + params.eps);
+    let i2 = 1.0 / sqrt(workgroup_sum(s4, lid) / n + params.eps);
+    let i3 = 1.0 / sqrt(workgroup_sum(s6, lid) / n + params.eps);
+    if (lid == 0u) {
+        inv_out[3u * row] = i3;
+        inv_out[3u * row + 1u] = i2;
+        inv_out[3u * row + 2u] = i1;
+    }
+    if (PAIRS) {
+        let words = cols / 2u;
+        let wbase = base / 2u;
+        for (var p = lid; p < words; p = p + WG) {
+            let c = 2u * p;
+            y_out[wbase + p] = pack_halves(poly_out(base + c, i3, i2, i1),
+                                           poly_out(base + c + 1u, i3, i2, i1), DX);
+        }
+    } else {
+        for (var c = lid; c < cols; c = c + WG) {
+            y_out[base + c] = bitcast<u32>(poly_out(base + c, i3, i2, i1));
+        }
+    }
+}
+
+// Row constants: rowinfo[row] = (inv3, inv2, inv1, m3, m2, m1), m_k = mean(dn_k * n_k) with
+// dn_k = dy * w_k.
+@compute @workgroup_size(WG)
+fn poly_backward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let i3 = inv_in[3u * row];
+    let i2 = inv_in[3u * row + 1u];
+    let i1 = inv_in[3u * row + 2u];
+    var a3 = 0.0;
+    var a2 = 0.0;
+    var a1 = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let v = ld_x(base + c);
+        let d = ld_dy(base + c);
+        let v2 = v * v;
+        a3 = a3 + d * (v2 * v * i3);
+        a2 = a2 + d * (v2 * i2);
+        a1 = a1 + d * (v * i1);
+    }
+    let n = f32(cols);
+    let m3 = ld_w(0u) * workgroup_sum(a3, lid) / n;
+    let m2 = ld_w(1u) * workgroup_sum(a2, lid) / n;
+    let m1 = ld_w(2u) * workgroup_sum(a1, lid) / n;
+    if (lid == 0u) {
+        rowinfo_out[ROWINFO * row] = i3;
+        rowinfo_out[ROWINFO * row + 1u] = i2;
+        rowinfo_out[ROWINFO * row + 2u] = i1;
+        rowinfo_out[ROWINFO * row + 3u] = m3;
+        rowinfo_out[ROWINFO * row + 4u] = m2;
+        rowinfo_out[ROWINFO * row + 5u] = m1;
+    }
+}
+
+// One invocation per (block, column): dx = sum_k inv_k (dn_k - n_k m_k) d(x^k)/dx, and the
+// block's partials of dw0, dw1, dw2 (slots 0..2) and db (slot 3), per column.
+@compute @workgroup_size(WG)
+fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let cols = params.cols;
+    let block = t / cols;
+    let c = t % cols;
+    let first = block * BLOCK_ROWS;
+    let last = min(first + BLOCK_ROWS, params.rows);
+    let w0 = ld_w(0u);
+    let w1 = ld_w(1u);
+    let w2 = ld_w(2u);
+    var p3 = 0.0;
+    var p2 = 0.0;
+    var p1 = 0.0;
+    var pb = 0.0;
+    for (var r = first; r < last; r = r + 1u) {
+        let i = r * cols + c;
+        let v = ld_x(i);
+        let d = ld_dy(i);
+        let v2 = v * v;
+        let i3 = rowinfo[ROWINFO * r];
+        let i2 = rowinfo[ROWINFO * r + 1u];
+        let i1 = rowinfo[ROWINFO * r + 2u];
+        let n3 = v2 * v * i3;
+        let n2 = v2 * i2;
+        let n1 = v * i1;
+        let g3 = i3 * (d * w0 - n3 * rowinfo[ROWINFO * r + 3u]);
+        let g2 = i2 * (d * w1 - n2 * rowinfo[ROWINFO * r + 4u]);
+        let g1 = i1 * (d * w2 - n1 * rowinfo[ROWINFO * r + 5u]);
+        dx[i] = g3 * (3.0 * v2) + g2 * (2.0 * v) + g1;
+        p3 = p3 + d * n3;
+        p2 = p2 + d * n2;
+        p1 = p1 + d * n1;
+        pb = pb + d;
+    }
+    partials[t] = p3;
+    partials[params.stride + t] = p2;
+    partials[2u * params.stride + t] = p1;
+    if (HAS_B) {
+        partials[3u * params.stride + t] = pb;
+    }
+}

@@ -291,3 +291,140 @@ pub fn modulated_rms_norm_backward(
         dy,
     )
 }
+
+/// DyT forward: `y = γ · tanh(α x) + β`.
+pub fn dyt(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    alpha: f64,
+    gamma: &[f64],
+    beta: Option<&[f64]>,
+) -> Vec<f64> {
+    (0..rows * cols)
+        .map(|i| {
+            let c = i % cols;
+            gamma[c] * (alpha * x[i]).tanh() + beta.map_or(0.0, |b| b[c])
+        })
+        .collect()
+}
+
+/// DyT gradients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DytGradients {
+    /// dL/dx.
+    pub source: Vec<f64>,
+    /// dL/dα.
+    pub alpha: f64,
+    /// dL/dγ.
+    pub gamma: Vec<f64>,
+    /// dL/dβ.
+    pub beta: Vec<f64>,
+}
+
+/// DyT backward: with `t = tanh(α x)`, dx = dy·γ·α·(1 − t²), dα = Σ dy·γ·x·(1 − t²),
+/// dγ = Σ_rows dy·t, dβ = Σ_rows dy.
+pub fn dyt_backward(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    alpha: f64,
+    gamma: &[f64],
+    dy: &[f64],
+) -> DytGradients {
+    let mut g = DytGradients {
+        source: vec![0.0; rows * cols],
+        alpha: 0.0,
+        gamma: vec![0.0; cols],
+        beta: vec![0.0; cols],
+    };
+    for i in 0..rows * cols {
+        let c = i % cols;
+        let t = (alpha * x[i]).tanh();
+        let slope = dy[i] * gamma[c] * (1.0 - t * t);
+        g.source[i] = slope * alpha;
+        g.alpha += slope * x[i];
+        g.gamma[c] += dy[i] * t;
+        g.beta[c] += dy[i];
+    }
+    g
+}
+
+/// PolyNorm forward: `y = w0·n(x³) + w1·n(x²) + w2·n(x) + b`, `n(u) = u/sqrt(mean(u²) + ε)`
+/// per row.
+pub fn poly_norm(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: &[f64],
+    bias: Option<f64>,
+    eps: f64,
+) -> Vec<f64> {
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let inv = poly_inverses(row, eps);
+        for c in 0..cols {
+            let v = row[c];
+            y[r * cols + c] = (0..3)
+                .map(|k| weight[k] * v.powi(3 - k as i32) * inv[k])
+                .sum::<f64>()
+                + bias.unwrap_or(0.0);
+        }
+    }
+    y
+}
+
+/// Inverse RMS of `x³`, `x²`, `x` over one row.
+pub fn poly_inverses(row: &[f64], eps: f64) -> [f64; 3] {
+    let n = row.len() as f64;
+    [3, 2, 1].map(|p| {
+        let ms = row.iter().map(|v| v.powi(2 * p)).sum::<f64>() / n;
+        1.0 / (ms + eps).sqrt()
+    })
+}
+
+/// PolyNorm gradients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolyGradients {
+    /// dL/dx.
+    pub source: Vec<f64>,
+    /// dL/dw (`[3]`).
+    pub weight: Vec<f64>,
+    /// dL/db.
+    pub bias: f64,
+}
+
+/// PolyNorm backward: for each power `p` (weight `w_k`, `u = x^p`, `n = u·inv`):
+/// du = inv·(dn − n·mean(dn·n)) with dn = dy·w_k, and dx = Σ_p du·p·x^(p−1);
+/// dw_k = Σ dy·n, db = Σ dy.
+pub fn poly_norm_backward(
+    x: &[f64],
+    rows: usize,
+    cols: usize,
+    weight: &[f64],
+    eps: f64,
+    dy: &[f64],
+) -> PolyGradients {
+    let mut g = PolyGradients {
+        source: vec![0.0; rows * cols],
+        weight: vec![0.0; 3],
+        bias: 0.0,
+    };
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let d = &dy[r * cols..(r + 1) * cols];
+        let inv = poly_inverses(row, eps);
+        for (k, p) in [3, 2, 1].into_iter().enumerate() {
+            let n: Vec<f64> = row.iter().map(|v| v.powi(p) * inv[k]).collect();
+            let m = (0..cols).map(|c| d[c] * weight[k] * n[c]).sum::<f64>() / cols as f64;
+            for c in 0..cols {
+                let du = inv[k] * (d[c] * weight[k] - n[c] * m);
+                g.source[r * cols + c] += du * f64::from(p) * row[c].powi(p - 1);
+                g.weight[k] += d[c] * n[c];
+            }
+        }
+        g.bias += d.iter().sum::<f64>();
+    }
+    g
+}
