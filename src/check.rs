@@ -83,6 +83,11 @@ pub fn operators() -> Vec<OperatorCheck> {
             kernels: &["norm", "cast"],
             run: check_poly_norm,
         },
+        OperatorCheck {
+            name: "group_norm",
+            kernels: &["norm", "cast"],
+            run: check_group_norm,
+        },
     ]
 }
 
@@ -532,6 +537,67 @@ fn check_poly_norm(engine: &Engine) -> Result<Vec<Case>> {
             ));
             if let Some(db) = &g.bias {
                 cases.push(case(format!("{tag} db"), &db.to_f64()?, &[r.bias], f32));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn check_group_norm(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::norm::{GroupNormOptions, group_norm, norm_backward};
+    let mut rng = Rng::new(46);
+    let mut cases = Vec::new();
+    for (samples, channels, spatial, groups) in [(3, 6, 7, 3), (2, 8, 16, 2)] {
+        for dtype in DType::FLOATS {
+            let tag = format!("[{samples}, {channels}, {spatial}] groups {groups} {dtype}");
+            let shape = [samples, channels, spatial];
+            let n = samples * channels * spatial;
+            let (x, xs) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &shape, dtype)?;
+            let (w, ws) =
+                tensor_from_f64(engine, &rng.vec(channels, 0.5, 1.5), &[channels], dtype)?;
+            let (b, bs) =
+                tensor_from_f64(engine, &rng.vec(channels, -0.5, 0.5), &[channels], dtype)?;
+            let (dy, dys) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &shape, dtype)?;
+            let o = GroupNormOptions::default();
+            let eps = f64::from(o.eps);
+            let (y, saved) = group_norm(&x, groups, Some(&w), Some(&b), &o)?;
+            let want = reference::norm::group_norm(
+                &xs,
+                samples,
+                channels,
+                spatial,
+                groups,
+                Some(&ws),
+                Some(&bs),
+                eps,
+            );
+            cases.push(case(
+                format!("{tag} y"),
+                &y.to_f64()?,
+                &want,
+                Tolerance::for_dtype(dtype),
+            ));
+            let g = norm_backward(&saved, &dy, None)?;
+            let r = reference::norm::group_norm_backward(
+                &xs,
+                samples,
+                channels,
+                spatial,
+                groups,
+                Some(&ws),
+                eps,
+                &dys,
+            );
+            let f32 = Tolerance::for_dtype(DType::F32);
+            cases.push(case(
+                format!("{tag} dx"),
+                &g.source.to_f64()?,
+                &r.source,
+                f32,
+            ));
+            if let (Some(dw), Some(db)) = (&g.weight, &g.bias) {
+                cases.push(case(format!("{tag} dw"), &dw.to_f64()?, &r.weight, f32));
+                cases.push(case(format!("{tag} db"), &db.to_f64()?, &r.bias, f32));
             }
         }
     }

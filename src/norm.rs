@@ -1,8 +1,8 @@
-//! Normalization: RMSNorm, LayerNorm, fused add+RMSNorm, modulated (AdaLN) RMSNorm and DyT,
-//! forward and backward.
+//! Normalization: RMSNorm, LayerNorm, fused add+RMSNorm, modulated (AdaLN) RMSNorm, GroupNorm,
+//! PolyNorm and DyT, forward and backward.
 //!
 //! Inputs are rows × columns: the last axis is the normalized one, leading axes flatten to
-//! rows. Sources (and residuals) may be F32, F16 or BF16; weights, biases, modulation and
+//! rows ([`group_norm`] views `[samples, channels, ...]` as (sample, group) rows). Sources (and residuals) may be F32, F16 or BF16; weights, biases, modulation and
 //! cotangents may use any of the three independently. Statistics, accumulation and every
 //! gradient are FP32; outputs take the source's dtype.
 //!
@@ -121,6 +121,20 @@ pub enum NormKind {
     AddRms,
     /// [`modulated_rms_norm`].
     Modulated,
+    /// [`group_norm`].
+    Group,
+}
+
+/// How [`group_norm`] views its source: rows are (sample, group) pairs of
+/// `channels_per_group × spatial` elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLayout {
+    /// Groups per sample.
+    pub groups: usize,
+    /// Channels in each group.
+    pub channels_per_group: usize,
+    /// Elements per channel (product of the axes after the channel axis; 1 for none).
+    pub spatial: usize,
 }
 
 impl NormKind {
@@ -130,6 +144,7 @@ impl NormKind {
             NormKind::Layer => 1.0,
             NormKind::AddRms => 2.0,
             NormKind::Modulated => 3.0,
+            NormKind::Group => 4.0,
         }
     }
 }
@@ -159,6 +174,8 @@ pub struct Saved {
     /// mean is `mean + correction` to FP32 precision of the spread, so rows with a large
     /// common offset are centered accurately.
     pub mean_correction: Option<Tensor>,
+    /// The layout of [`group_norm`].
+    pub group: Option<GroupLayout>,
     /// ε used.
     pub eps: f32,
     /// Weight offset used.
@@ -182,7 +199,7 @@ pub struct NormGradients {
     pub shift: Option<Tensor>,
 }
 
-#[derive(encase::ShaderType)]
+#[derive(encase::ShaderType, Default)]
 struct Params {
     rows: u32,
     cols: u32,
@@ -193,6 +210,9 @@ struct Params {
     base: u32,
     eps: f32,
     offset: f32,
+    groups: u32,
+    channels_per_group: u32,
+    spatial: u32,
 }
 
 pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
@@ -309,6 +329,7 @@ fn partial_slots(kind: NormKind, has_weight: bool, has_bias: bool) -> usize {
     match kind {
         NormKind::Modulated => 3,
         NormKind::Layer if has_bias => 2,
+        NormKind::Group => 0,
         _ => usize::from(has_weight),
     }
 }
@@ -349,6 +370,7 @@ struct Forward<'a> {
     eps: f32,
     offset: f32,
     casting: CastingMode,
+    layout: Option<GroupLayout>,
 }
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
@@ -374,7 +396,7 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
             out_dtype,
             "norm residual sum",
         )?)
-    } else if f.kind == NormKind::Layer {
+    } else if matches!(f.kind, NormKind::Layer | NormKind::Group) {
         Some(Tensor::empty(
             engine,
             leading,
@@ -385,7 +407,7 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         None
     };
     let inverse = Tensor::empty(engine, leading, DType::F32, "norm inverse")?;
-    let mean = if f.kind == NormKind::Layer {
+    let mean = if matches!(f.kind, NormKind::Layer | NormKind::Group) {
         Some(Tensor::empty(engine, leading, DType::F32, "norm mean")?)
     } else {
         None
@@ -418,6 +440,9 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
             base: 0,
             eps: f.eps,
             offset: f.offset,
+            groups: f.layout.map_or(0, |l| l.groups as u32),
+            channels_per_group: f.layout.map_or(0, |l| l.channels_per_group as u32),
+            spatial: f.layout.map_or(1, |l| l.spatial as u32),
         },
         &[
             x.buffer(),
@@ -469,6 +494,7 @@ pub fn rms_norm(
         eps: options.eps,
         offset: options.offset,
         casting: options.casting,
+        layout: None,
     })?;
     Ok((
         y,
@@ -482,6 +508,7 @@ pub fn rms_norm(
             inverse,
             mean: None,
             mean_correction: None,
+            group: None,
             eps: options.eps,
             offset: options.offset,
         },
@@ -516,6 +543,7 @@ pub fn layer_norm(
         eps: options.eps,
         offset: 0.0,
         casting: CastingMode::Gemma,
+        layout: None,
     })?;
     Ok((
         y,
@@ -529,6 +557,7 @@ pub fn layer_norm(
             inverse,
             mean,
             mean_correction: correction,
+            group: None,
             eps: options.eps,
             offset: 0.0,
         },
@@ -562,6 +591,7 @@ pub fn add_rms_norm(
         eps: options.eps,
         offset: options.offset,
         casting: options.casting,
+        layout: None,
     })?;
     let sum = sum.ok_or_else(|| Error::Device("add_rms_norm: no residual sum".into()))?;
     Ok((
@@ -577,6 +607,7 @@ pub fn add_rms_norm(
             inverse,
             mean: None,
             mean_correction: None,
+            group: None,
             eps: options.eps,
             offset: options.offset,
         },
@@ -633,6 +664,7 @@ pub fn modulated_rms_norm(
         eps: options.eps,
         offset: options.offset,
         casting: CastingMode::Gemma,
+        layout: None,
     })?;
     Ok((
         y,
@@ -646,6 +678,7 @@ pub fn modulated_rms_norm(
             inverse,
             mean: None,
             mean_correction: None,
+            group: None,
             eps: options.eps,
             offset: options.offset,
         },
@@ -684,6 +717,7 @@ fn finish(
             base: (slot * stride) as u32,
             eps: 0.0,
             offset: 0.0,
+            ..Params::default()
         },
         &[partials.buffer(), out.buffer()],
         (total as u64).div_ceil(WG),
@@ -702,10 +736,26 @@ pub fn norm_backward(
     residual_output_gradient: Option<&Tensor>,
 ) -> Result<NormGradients> {
     let what = "norm_backward";
-    let x = &saved.source;
+    check_same_shape(
+        output_gradient,
+        &saved.source,
+        "norm_backward: output gradient",
+    )?;
+    // GroupNorm works on its (sample, group) × (channel, position) view.
+    let (x, output_gradient) = match saved.group {
+        Some(l) => {
+            let width = l.channels_per_group * l.spatial;
+            let view = [saved.source.len() / width.max(1), width];
+            (
+                saved.source.reshape(&view)?,
+                output_gradient.reshape(&view)?,
+            )
+        }
+        None => (saved.source.clone(), output_gradient.clone()),
+    };
+    let (x, output_gradient) = (&x, &output_gradient);
     let engine = x.engine();
     let (rows, cols) = source_extent(x, what)?;
-    check_same_shape(output_gradient, x, "norm_backward: output gradient")?;
     if let Some(d) = residual_output_gradient {
         if saved.kind != NormKind::AddRms {
             return Err(Error::InvalidValue {
@@ -724,10 +774,13 @@ pub fn norm_backward(
     let (per_batch, blocks) = blocks_for(rows, batches);
     let has_weight = saved.weight.is_some();
     let slots = partial_slots(saved.kind, has_weight, saved.has_bias);
-    engine.check_workspace(
-        what,
-        backward_workspace_bytes(saved.kind, rows, cols, batches, has_weight, saved.has_bias),
-    )?;
+    let needed = match saved.group {
+        Some(l) => group_norm_backward_workspace_bytes(rows / l.groups, l),
+        None => {
+            backward_workspace_bytes(saved.kind, rows, cols, batches, has_weight, saved.has_bias)
+        }
+    };
+    engine.check_workspace(what, needed)?;
     let stride = blocks * cols;
     if (slots * stride) as u64 > u64::from(u32::MAX) {
         return Err(Error::bounds(
@@ -749,7 +802,7 @@ pub fn norm_backward(
     let aux = match saved.kind {
         NormKind::AddRms => saved.residual.as_ref(),
         NormKind::Modulated => saved.scale.as_ref(),
-        NormKind::Layer => saved.mean.as_ref(),
+        NormKind::Layer | NormKind::Group => saved.mean.as_ref(),
         NormKind::Rms => None,
     };
     let weight = saved.weight.as_ref();
@@ -777,6 +830,9 @@ pub fn norm_backward(
         base: 0,
         eps: saved.eps,
         offset: saved.offset,
+        groups: saved.group.map_or(0, |l| l.groups as u32),
+        channels_per_group: saved.group.map_or(0, |l| l.channels_per_group as u32),
+        spatial: saved.group.map_or(1, |l| l.spatial as u32),
     };
     engine.launch(
         &KERNEL,
@@ -811,6 +867,16 @@ pub fn norm_backward(
         ],
         (stride as u64).div_ceil(WG),
     )?;
+    if let Some(l) = saved.group {
+        return group_parameter_gradients(
+            saved,
+            l,
+            x,
+            output_gradient,
+            &rowinfo,
+            dx.reshape(saved.source.shape())?,
+        );
+    }
     let all = |slot| finish(engine, &partials, slot, stride, 1, blocks, cols)?.reshape(&[cols]);
     let per_batch_sum = |slot| finish(engine, &partials, slot, stride, batches, per_batch, cols);
     let weight_grad = if has_weight { Some(all(0)?) } else { None };
@@ -827,6 +893,173 @@ pub fn norm_backward(
         residual,
         scale,
         shift,
+    })
+}
+
+// ---- GroupNorm ----
+
+/// Options of [`group_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupNormOptions {
+    /// ε added to the variance (default 1e-5); positive and finite.
+    pub eps: f32,
+}
+
+impl Default for GroupNormOptions {
+    fn default() -> Self {
+        GroupNormOptions { eps: DEFAULT_EPS }
+    }
+}
+
+/// Scratch bytes the backward of [`group_norm`] allocates for `samples` samples: the per-row
+/// constants of the `samples × groups` rows and two FP32 partial slots of
+/// `samples × channels`.
+pub fn group_norm_backward_workspace_bytes(samples: usize, layout: GroupLayout) -> u64 {
+    let rows = samples * layout.groups;
+    (rows * ROWINFO * 4 + 2 * rows * layout.channels_per_group * 4) as u64
+}
+
+/// GroupNorm: `x` is `[samples, channels, ...]` (the axes after the channels are the
+/// spatial ones); each sample's channels are cut into `groups` runs of `channels / groups`,
+/// each normalized over its channels and positions with the population variance of the
+/// centered values, then `y = n · w[ch] + b[ch]`. Weight and bias (each optional) have shape
+/// `[channels]`; `groups` must divide the channels. Saved statistics are per (sample, group),
+/// shape `[samples, groups]`.
+pub fn group_norm(
+    x: &Tensor,
+    groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    options: &GroupNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "group_norm";
+    float(x, "group_norm: source")?;
+    let shape = x.shape();
+    if shape.len() < 2 {
+        return Err(Error::bounds(
+            "group_norm: source axes ([samples, channels, ...])",
+            shape.len() as u64,
+            2,
+            64,
+        ));
+    }
+    let (samples, channels) = (shape[0], shape[1]);
+    let spatial: usize = shape[2..].iter().product();
+    if channels == 0 || groups == 0 || groups > channels || !channels.is_multiple_of(groups) {
+        return Err(Error::bounds(
+            "group_norm: groups (a divisor of the channels)",
+            groups as u64,
+            1,
+            channels as u64,
+        ));
+    }
+    let layout = GroupLayout {
+        groups,
+        channels_per_group: channels / groups,
+        spatial,
+    };
+    let width = layout.channels_per_group * spatial;
+    let view = x.reshape(&[samples * groups, width])?;
+    let (rows, _) = source_extent(&view, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[channels], "group_norm: weight")?;
+    }
+    if let Some(b) = bias {
+        check_param(b, x.engine(), &[channels], "group_norm: bias")?;
+    }
+    check_eps(options.eps, what)?;
+    let (y, correction, inverse, mean) = forward(Forward {
+        kind: NormKind::Group,
+        x: &view,
+        aux: None,
+        aux2: bias,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: 0.0,
+        casting: CastingMode::Gemma,
+        layout: Some(layout),
+    })?;
+    let stats = [samples, groups];
+    Ok((
+        y.reshape(shape)?,
+        Saved {
+            kind: NormKind::Group,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: bias.is_some(),
+            scale: None,
+            inverse: inverse.reshape(&stats)?,
+            mean: mean.map(|m| m.reshape(&stats)).transpose()?,
+            mean_correction: correction.map(|m| m.reshape(&stats)).transpose()?,
+            group: Some(layout),
+            eps: options.eps,
+            offset: 0.0,
+        },
+    ))
+}
+
+/// The weight and bias gradients of GroupNorm: per (sample, channel) sums over the positions,
+/// then the samples summed in order.
+fn group_parameter_gradients(
+    saved: &Saved,
+    layout: GroupLayout,
+    x: &Tensor,
+    output_gradient: &Tensor,
+    rowinfo: &Tensor,
+    dx: Tensor,
+) -> Result<NormGradients> {
+    let engine = x.engine();
+    let (rows, cols) = rows_cols(x);
+    let samples = rows / layout.groups;
+    let channels = layout.groups * layout.channels_per_group;
+    let total = samples * channels;
+    let (weight, bias) = if saved.weight.is_some() || saved.has_bias {
+        let partials = Tensor::empty(engine, &[2 * total], DType::F32, "group_norm partials")?;
+        engine.launch(
+            &KERNEL,
+            "group_partials",
+            &vec![
+                ("KIND", NormKind::Group.code()),
+                ("DX", f64::from(x.dtype().code())),
+                ("DY", f64::from(output_gradient.dtype().code())),
+            ],
+            &Params {
+                rows: rows as u32,
+                cols: cols as u32,
+                total: total as u32,
+                stride: total as u32,
+                groups: layout.groups as u32,
+                channels_per_group: layout.channels_per_group as u32,
+                spatial: layout.spatial as u32,
+                ..Params::default()
+            },
+            &[
+                x.buffer(),
+                output_gradient.buffer(),
+                rowinfo.buffer(),
+                partials.buffer(),
+            ],
+            (total as u64).div_ceil(WG),
+        )?;
+        let sum = |slot| {
+            finish(engine, &partials, slot, total, 1, samples, channels)?.reshape(&[channels])
+        };
+        (
+            saved.weight.as_ref().map(|_| sum(0)).transpose()?,
+            saved.has_bias.then(|| sum(1)).transpose()?,
+        )
+    } else {
+        (None, None)
+    };
+    Ok(NormGradients {
+        source: dx,
+        weight,
+        bias,
+        residual: None,
+        scale: None,
+        shift: None,
     })
 }
 
@@ -902,6 +1135,7 @@ pub fn dyt(
             base: 0,
             eps: 0.0,
             offset: 0.0,
+            ..Params::default()
         },
         &[
             x.buffer(),
@@ -962,6 +1196,7 @@ pub fn dyt_backward(saved: &DytSaved, output_gradient: &Tensor) -> Result<DytGra
             base: 0,
             eps: 0.0,
             offset: 0.0,
+            ..Params::default()
         },
         &[
             x.buffer(),
@@ -1090,6 +1325,7 @@ pub fn poly_norm(
             base: 0,
             eps: options.eps,
             offset: 0.0,
+            ..Params::default()
         },
         &[
             x.buffer(),
@@ -1152,6 +1388,7 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
         base: 0,
         eps: saved.eps,
         offset: 0.0,
+        ..Params::default()
     };
     engine.launch(
         &KERNEL,

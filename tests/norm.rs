@@ -1064,3 +1064,195 @@ fn dyt_and_poly_norm_bad_inputs() {
         "poly cotangent shape",
     );
 }
+
+#[allow(clippy::too_many_arguments)]
+fn run_group(
+    samples: usize,
+    channels: usize,
+    spatial: &[usize],
+    groups: usize,
+    dt: DType,
+    affine: bool,
+    offset: f64,
+    seed: u64,
+) {
+    let what = format!(
+        "group_norm [{samples}, {channels}, {spatial:?}] groups {groups} {dt} affine {affine}"
+    );
+    let s: usize = spatial.iter().product();
+    let mut shape = vec![samples, channels];
+    shape.extend_from_slice(spatial);
+    let n = samples * channels * s;
+    let mut rng = Rng::new(seed);
+    let data: Vec<f64> = rng
+        .vec(n, -1.0, 1.0)
+        .into_iter()
+        .map(|v| v + offset)
+        .collect();
+    let (x, xs) = upload(&data, &shape, dt);
+    let w = affine.then(|| upload(&rng.vec(channels, 0.5, 1.5), &[channels], DType::BF16));
+    let b = affine.then(|| upload(&rng.vec(channels, -0.5, 0.5), &[channels], DType::F32));
+    let ws = w.as_ref().map(|w| w.1.as_slice());
+    let bs = b.as_ref().map(|b| b.1.as_slice());
+    let o = norm::GroupNormOptions::default();
+    let eps = f64::from(o.eps);
+    let (y, saved) = norm::group_norm(
+        &x,
+        groups,
+        w.as_ref().map(|w| &w.0),
+        b.as_ref().map(|b| &b.0),
+        &o,
+    )
+    .unwrap();
+    assert_eq!((y.shape(), y.dtype()), (&shape[..], dt));
+    assert_eq!(saved.inverse.shape(), &[samples, groups]);
+    let want = reference::group_norm(&xs, samples, channels, s, groups, ws, bs, eps);
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(dt));
+    let (mean, inv) =
+        reference::mean_inverse_std(&xs, samples * groups, channels / groups * s, eps);
+    check(&format!("{what}: inverse"), &saved.inverse, &inv, F32);
+    check(
+        &format!("{what}: mean"),
+        saved.mean.as_ref().unwrap(),
+        &mean,
+        F32,
+    );
+    let (dy, dys) = upload(&rng.vec(n, -1.0, 1.0), &shape, DType::F16);
+    let g = norm::norm_backward(&saved, &dy, None).unwrap();
+    assert_eq!(g.source.shape(), &shape[..]);
+    let r = reference::group_norm_backward(&xs, samples, channels, s, groups, ws, eps, &dys);
+    check(&format!("{what}: dx"), &g.source, &r.source, F32);
+    assert_eq!(g.weight.is_some(), affine);
+    assert_eq!(g.bias.is_some(), affine);
+    if let (Some(dw), Some(db)) = (&g.weight, &g.bias) {
+        assert_eq!((dw.shape(), db.shape()), (&[channels][..], &[channels][..]));
+        check(&format!("{what}: dw"), dw, &r.weight, F32);
+        check(&format!("{what}: db"), db, &r.bias, F32);
+    }
+}
+
+#[test]
+fn group_norm_every_dtype_and_layout() {
+    let mut seed = 1700;
+    for dt in DType::FLOATS {
+        for (samples, channels, spatial, groups) in [
+            (1, 1, &[][..], 1),
+            (3, 6, &[5][..], 3),
+            (2, 8, &[3, 3][..], 2),
+            (4, 12, &[7][..], 12),
+            (2, 4, &[1031][..], 1),
+        ] {
+            seed += 1;
+            run_group(samples, channels, spatial, groups, dt, true, 0.0, seed);
+        }
+    }
+    run_group(3, 6, &[4], 2, DType::F32, false, 0.0, 1790);
+    run_group(2, 4, &[300], 2, DType::F32, true, 1e4, 1791);
+}
+
+#[test]
+fn group_norm_reference_gradients_match_finite_differences() {
+    let (samples, channels, spatial, groups) = (2, 4, 3, 2);
+    let n = samples * channels * spatial;
+    let mut rng = Rng::new(1800);
+    let x = rng.vec(n, -2.0, 2.0);
+    let dy = rng.vec(n, -1.0, 1.0);
+    let w = rng.vec(channels, 0.5, 1.5);
+    let b = rng.vec(channels, -0.5, 0.5);
+    let eps = 1e-5;
+    let g =
+        reference::group_norm_backward(&x, samples, channels, spatial, groups, Some(&w), eps, &dy);
+    let f = |x: &[f64]| {
+        reference::group_norm(
+            x,
+            samples,
+            channels,
+            spatial,
+            groups,
+            Some(&w),
+            Some(&b),
+            eps,
+        )
+    };
+    fd("group dx", check_vjp(f, &x, &dy, &g.source));
+    let f = |w: &[f64]| {
+        reference::group_norm(
+            &x,
+            samples,
+            channels,
+            spatial,
+            groups,
+            Some(w),
+            Some(&b),
+            eps,
+        )
+    };
+    fd("group dw", check_vjp(f, &w, &dy, &g.weight));
+    let f = |b: &[f64]| {
+        reference::group_norm(
+            &x,
+            samples,
+            channels,
+            spatial,
+            groups,
+            Some(&w),
+            Some(b),
+            eps,
+        )
+    };
+    fd("group db", check_vjp(f, &b, &dy, &g.bias));
+}
+
+#[test]
+fn group_norm_reruns_and_bad_inputs() {
+    let e = engine();
+    let mut rng = Rng::new(1900);
+    let (x, _) = upload(&rng.vec(4 * 8 * 50, -2.0, 2.0), &[4, 8, 50], DType::BF16);
+    let (w, _) = upload(&rng.vec(8, 0.5, 1.5), &[8], DType::F32);
+    let (dy, _) = upload(&rng.vec(4 * 8 * 50, -1.0, 1.0), &[4, 8, 50], DType::F32);
+    let o = norm::GroupNormOptions::default();
+    let run = || {
+        let (y, saved) = norm::group_norm(&x, 4, Some(&w), Some(&w), &o).unwrap();
+        let g = norm::norm_backward(&saved, &dy, None).unwrap();
+        [
+            &y,
+            &g.source,
+            g.weight.as_ref().unwrap(),
+            g.bias.as_ref().unwrap(),
+        ]
+        .map(bits)
+    };
+    assert!(run() == run(), "second run differs");
+
+    for groups in [0, 3, 9] {
+        expect_bounds(
+            norm::group_norm(&x, groups, None, None, &o),
+            groups as u64,
+            "groups",
+        );
+    }
+    let w7 = Tensor::zeros(e, &[7], DType::F32).unwrap();
+    expect_shape(
+        norm::group_norm(&x, 2, Some(&w7), None, &o),
+        "group weight length",
+    );
+    expect_shape(
+        norm::group_norm(&x, 2, None, Some(&w7), &o),
+        "group bias length",
+    );
+    let flat = Tensor::zeros(e, &[8], DType::F32).unwrap();
+    expect_bounds(norm::group_norm(&flat, 1, None, None, &o), 1, "one axis");
+    let empty = Tensor::zeros(e, &[0, 8, 5], DType::F32).unwrap();
+    expect_bounds(
+        norm::group_norm(&empty, 2, None, None, &o),
+        0,
+        "zero samples",
+    );
+    expect_invalid(
+        norm::group_norm(&x, 2, None, None, &norm::GroupNormOptions { eps: 0.0 }),
+        "eps",
+    );
+    let (_, saved) = norm::group_norm(&x, 2, None, None, &o).unwrap();
+    let bad = Tensor::zeros(e, &[4, 8, 49], DType::F32).unwrap();
+    expect_shape(norm::norm_backward(&saved, &bad, None), "cotangent shape");
+}

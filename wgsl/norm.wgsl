@@ -1,5 +1,5 @@
 // Normalization family: RMSNorm, LayerNorm, fused add+RMSNorm, modulated (AdaLN) RMSNorm,
-// and DyT. Every floating buffer is bound as u32 words; dtype codes are override constants.
+// GroupNorm (LayerNorm over (sample, group) rows), PolyNorm and DyT. Every floating buffer is bound as u32 words; dtype codes are override constants.
 //
 // Row operators (KIND 0..3) share three passes:
 // * forward_rows: one workgroup per row. The row is read in chunks (lane t takes columns
@@ -21,6 +21,7 @@ const KIND_RMS: u32 = 0u;
 const KIND_LAYER: u32 = 1u;
 const KIND_ADD: u32 = 2u;
 const KIND_MOD: u32 = 3u;
+const KIND_GROUP: u32 = 4u;
 
 const CAST_LLAMA: u32 = 0u;
 const CAST_GEMMA: u32 = 1u;
@@ -56,6 +57,9 @@ struct Params {
     base: u32,             // finish: first word of the slot summed
     eps: f32,
     offset: f32,
+    groups: u32,             // GroupNorm: groups per sample (rows = batch * groups)
+    channels_per_group: u32, // GroupNorm
+    spatial: u32,            // GroupNorm: elements per channel
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -138,6 +142,21 @@ fn source(i: u32) -> f32 {
     return ld_x(i);
 }
 
+// Whether rows are centered (LayerNorm, GroupNorm).
+fn centered() -> bool {
+    return KIND == KIND_LAYER || KIND == KIND_GROUP;
+}
+
+// Index of the per-column parameters of element i (column c): c, or for GroupNorm the
+// channel of the element (row = (sample, group), column = (channel in group, position)).
+fn param_index(i: u32, c: u32) -> u32 {
+    if (KIND == KIND_GROUP) {
+        let row = i / params.cols;
+        return (row % params.groups) * params.channels_per_group + c / params.spatial;
+    }
+    return c;
+}
+
 // Weight factor of column c: offset + w[c], or 1 without a weight.
 fn weight_factor(c: u32) -> f32 {
     if (HAS_W) {
@@ -149,11 +168,12 @@ fn weight_factor(c: u32) -> f32 {
 // Output of element i (column c, modulation batch `batch`) from its row's statistics.
 fn out_value(i: u32, c: u32, batch: u32, mean: f32, corr: f32, inv: f32) -> f32 {
     let n = ((source(i) - mean) - corr) * inv;
-    let wf = weight_factor(c);
-    if (KIND == KIND_LAYER) {
+    let p = param_index(i, c);
+    let wf = weight_factor(p);
+    if (centered()) {
         var b = 0.0;
         if (HAS_B) {
-            b = ld_aux2(c);
+            b = ld_aux2(p);
         }
         return n * wf + b;
     }
@@ -182,7 +202,7 @@ fn forward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let base = row * cols;
     var mean = 0.0;
     var corr = 0.0;
-    if (KIND == KIND_LAYER) {
+    if (centered()) {
         // Sum the differences from the row's first value, so a large common offset does not
         // cost the mean its precision; the mean is kept as the FP32 value `mean` plus the
         // small correction `corr` (mean + corr = pivot + delta to about FP32 precision of
@@ -204,7 +224,7 @@ fn forward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let inv = 1.0 / sqrt(workgroup_sum(squares, lid) / f32(cols) + params.eps);
     if (lid == 0u) {
         inv_out[row] = inv;
-        if (KIND == KIND_LAYER) {
+        if (centered()) {
             mean_out[row] = mean;
             sum_out[row] = bitcast<u32>(corr);
         }
@@ -236,7 +256,7 @@ fn forward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 
 // Cotangent of the normalized value n at element i (column c, batch `batch`).
 fn dnorm(i: u32, c: u32, batch: u32) -> f32 {
-    var g = weight_factor(c);
+    var g = weight_factor(param_index(i, c));
     if (KIND == KIND_MOD) {
         g = g * (1.0 + ld_aux(batch * params.cols + c));
     }
@@ -255,7 +275,7 @@ fn backward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let inv = inv_in[row];
     var mean = 0.0;
     var corr = 0.0;
-    if (KIND == KIND_LAYER) {
+    if (centered()) {
         mean = ld_aux(row);
         corr = bitcast<f32>(aux2[row]);
     }
@@ -270,7 +290,7 @@ fn backward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         sum_dnn = sum_dnn + d * n;
     }
     var c1 = 0.0;
-    if (KIND == KIND_LAYER) {
+    if (centered()) {
         c1 = workgroup_sum(sum_dn, lid) / f32(cols);
     }
     let c2 = workgroup_sum(sum_dnn, lid) / f32(cols);
@@ -301,7 +321,7 @@ fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     if (KIND == KIND_MOD) {
         sc = 1.0 + ld_aux(batch * cols + c);
     }
-    let g = wf * sc;
+    var g = wf * sc;
     var pw = 0.0;
     var pb = 0.0;
     var ps = 0.0;
@@ -314,6 +334,9 @@ fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         let c2 = rowinfo[ROWINFO * r + 4u];
         let n = ((source(i) - mean) - corr) * inv;
         let d = ld_dy(i);
+        if (KIND == KIND_GROUP) {
+            g = weight_factor(param_index(i, c));
+        }
         if (KIND == KIND_MOD) {
             pw = pw + d * sc * n;
             ps = ps + d * n * wf;
@@ -326,6 +349,9 @@ fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             v = v + ld_dres(i);
         }
         dx[i] = v;
+    }
+    if (KIND == KIND_GROUP) {
+        return; // group_partials sums the parameter gradients per channel
     }
     if (HAS_W) {
         partials[t] = pw;
@@ -356,6 +382,38 @@ fn finish_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         acc = acc + part_in[params.base + (g * per_group + j) * cols + c];
     }
     fin_out[t] = acc;
+}
+
+// ---- GroupNorm parameter partials ----
+// One invocation per (sample b, channel ch) of total = batch * channels: sums over the
+// channel's `spatial` elements of dy * n (slot 0) and dy (slot 1), position order; the host
+// then sums the samples in order. params.cols is the row length (channels_per_group *
+// spatial), params.stride = batch * channels.
+@compute @workgroup_size(WG)
+fn group_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let channels = params.groups * params.channels_per_group;
+    let b = t / channels;
+    let ch = t % channels;
+    let row = b * params.groups + ch / params.channels_per_group;
+    let first = row * params.cols + (ch % params.channels_per_group) * params.spatial;
+    let inv = rowinfo[ROWINFO * row];
+    let mean = rowinfo[ROWINFO * row + 1u];
+    let corr = rowinfo[ROWINFO * row + 2u];
+    var pw = 0.0;
+    var pb = 0.0;
+    for (var s = 0u; s < params.spatial; s = s + 1u) {
+        let i = first + s;
+        let d = ld_dy(i);
+        pw = pw + d * (((ld_x(i) - mean) - corr) * inv);
+        pb = pb + d;
+    }
+    partials[t] = pw;
+    partials[params.stride + t] = pb;
 }
 
 // ---- DyT: y = gamma * tanh(alpha * x) + beta (alpha a scalar in aux[0]) ----

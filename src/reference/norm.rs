@@ -428,3 +428,70 @@ pub fn poly_norm_backward(
     }
     g
 }
+
+/// GroupNorm forward over `x` = `[samples, channels, spatial]`: each (sample, group) run of
+/// `channels / groups` channels is centered and scaled by its population variance, then
+/// `y = n · w[ch] + b[ch]`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm(
+    x: &[f64],
+    samples: usize,
+    channels: usize,
+    spatial: usize,
+    groups: usize,
+    weight: Option<&[f64]>,
+    bias: Option<&[f64]>,
+    eps: f64,
+) -> Vec<f64> {
+    let width = channels / groups * spatial;
+    let (mean, inv) = mean_inverse_std(x, samples * groups, width, eps);
+    (0..x.len())
+        .map(|i| {
+            let ch = (i / spatial) % channels;
+            let row = i / width;
+            (x[i] - mean[row]) * inv[row] * factor(weight, 0.0, ch) + bias.map_or(0.0, |b| b[ch])
+        })
+        .collect()
+}
+
+/// GroupNorm backward: per (sample, group) row, dn = dy·w[ch],
+/// dx = inv·(dn − mean(dn) − n·mean(dn·n)); dw[ch] = Σ dy·n and db[ch] = Σ dy over samples
+/// and positions (`weight` and `bias` slots; `scale` empty).
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward(
+    x: &[f64],
+    samples: usize,
+    channels: usize,
+    spatial: usize,
+    groups: usize,
+    weight: Option<&[f64]>,
+    eps: f64,
+    dy: &[f64],
+) -> Gradients {
+    let width = channels / groups * spatial;
+    let rows = samples * groups;
+    let (mean, inv) = mean_inverse_std(x, rows, width, eps);
+    let mut g = Gradients {
+        source: vec![0.0; x.len()],
+        weight: vec![0.0; channels],
+        bias: vec![0.0; channels],
+        scale: Vec::new(),
+    };
+    for r in 0..rows {
+        let range = r * width..(r + 1) * width;
+        let ch = |i: usize| (i / spatial) % channels;
+        let n: Vec<f64> = range.clone().map(|i| (x[i] - mean[r]) * inv[r]).collect();
+        let dn: Vec<f64> = range
+            .clone()
+            .map(|i| dy[i] * factor(weight, 0.0, ch(i)))
+            .collect();
+        let c1 = dn.iter().sum::<f64>() / width as f64;
+        let c2 = dn.iter().zip(&n).map(|(d, n)| d * n).sum::<f64>() / width as f64;
+        for (k, i) in range.enumerate() {
+            g.source[i] = inv[r] * (dn[k] - c1 - n[k] * c2);
+            g.weight[ch(i)] += dy[i] * n[k];
+            g.bias[ch(i)] += dy[i];
+        }
+    }
+    g
+}
