@@ -2,8 +2,9 @@
 //! PolyNorm and DyT, forward and backward.
 //!
 //! Inputs are rows × columns: the last axis is the normalized one, leading axes flatten to
-//! rows ([`group_norm`] views `[samples, channels, ...]` as (sample, group) rows). Sources (and residuals) may be F32, F16 or BF16; weights, biases, modulation and
-//! cotangents may use any of the three independently. Statistics, accumulation and every
+//! rows ([`group_norm`] views `[samples, channels, ...]` as (sample, group) rows). Sources
+//! (and residuals) may be F32, F16 or BF16; weights, biases, modulation and cotangents may use
+//! any of the three independently. Statistics, accumulation and every
 //! gradient are FP32; outputs take the source's dtype.
 //!
 //! Bounds (checked before anything is launched; each breach is a typed [`Error`]):

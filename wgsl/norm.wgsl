@@ -1,7 +1,8 @@
 // Normalization family: RMSNorm, LayerNorm, fused add+RMSNorm, modulated (AdaLN) RMSNorm,
-// GroupNorm (LayerNorm over (sample, group) rows), PolyNorm and DyT. Every floating buffer is bound as u32 words; dtype codes are override constants.
+// GroupNorm (LayerNorm over (sample, group) rows), PolyNorm and DyT. Every floating buffer
+// is bound as u32 words; dtype codes are override constants.
 //
-// Row operators (KIND 0..3) share three passes:
+// Row operators (KIND 0..4) share three passes:
 // * forward_rows: one workgroup per row. The row is read in chunks (lane t takes columns
 //   t, t + WG, ...): mean (LayerNorm, summed as differences from the row's first value), then the sum of squared (centered) values, then the
 //   outputs. Statistics are FP32 and saved per row (inverse RMS / inverse std, mean).
