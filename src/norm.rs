@@ -726,6 +726,85 @@ fn finish(
     Ok(out)
 }
 
+fn check_stats(t: &Tensor, engine: &Engine, len: usize, what: &str) -> Result<()> {
+    t.check_engine(engine, what)?;
+    if t.dtype() != DType::F32 {
+        return Err(Error::dtype(what, t.dtype(), &[DType::F32]));
+    }
+    if t.len() != len {
+        return Err(Error::shape(what, &[len], t.shape()));
+    }
+    Ok(())
+}
+
+fn incomplete(rule: &str) -> Error {
+    Error::InvalidValue {
+        what: "norm_backward: saved context".into(),
+        got: 0.0,
+        rule: rule.into(),
+    }
+}
+
+/// A [`Saved`] has public fields: check that one built or edited by hand still describes a
+/// forward of this shape before its buffers are bound.
+fn validate_saved(saved: &Saved, rows: usize, cols: usize) -> Result<()> {
+    let engine = saved.source.engine();
+    check_eps(saved.eps, "norm_backward: saved")?;
+    check_finite(saved.offset, "norm_backward: saved offset")?;
+    check_stats(&saved.inverse, engine, rows, "norm_backward: saved inverse")?;
+    let param_len = match (saved.kind, saved.group) {
+        (NormKind::Group, Some(l)) => {
+            if l.groups == 0 || !rows.is_multiple_of(l.groups) {
+                return Err(incomplete("group layout does not match the source"));
+            }
+            l.groups * l.channels_per_group
+        }
+        (NormKind::Group, None) | (_, Some(_)) => {
+            return Err(incomplete("a group layout goes with group_norm only"));
+        }
+        _ => cols,
+    };
+    if let Some(w) = &saved.weight {
+        check_param(w, engine, &[param_len], "norm_backward: saved weight")?;
+    }
+    match saved.kind {
+        NormKind::Layer | NormKind::Group => {
+            let (Some(m), Some(c)) = (&saved.mean, &saved.mean_correction) else {
+                return Err(incomplete(
+                    "a centered norm needs its mean and mean correction",
+                ));
+            };
+            check_stats(m, engine, rows, "norm_backward: saved mean")?;
+            check_stats(c, engine, rows, "norm_backward: saved mean correction")?;
+        }
+        NormKind::AddRms => {
+            let Some(r) = &saved.residual else {
+                return Err(incomplete("add_rms_norm needs its residual"));
+            };
+            check_same_shape(r, &saved.source, "norm_backward: saved residual")?;
+        }
+        NormKind::Modulated => {
+            let Some(sc) = &saved.scale else {
+                return Err(incomplete("modulated_rms_norm needs its scale"));
+            };
+            sc.check_engine(engine, "norm_backward: saved scale")?;
+            float(sc, "norm_backward: saved scale")?;
+            match sc.shape() {
+                [b, c] if *c == cols && *b >= 1 && rows.is_multiple_of(*b) => {}
+                other => {
+                    return Err(Error::shape(
+                        "norm_backward: saved scale ([batches dividing the rows, columns])",
+                        &[other.first().copied().unwrap_or(1), cols],
+                        other,
+                    ));
+                }
+            }
+        }
+        NormKind::Rms => {}
+    }
+    Ok(())
+}
+
 /// Backward of any normalization forward of this module. `output_gradient` has the source's
 /// shape (any float dtype); `residual_output_gradient` (only for [`add_rms_norm`], default
 /// zero) is the cotangent of the residual sum, added to both the source and the residual
@@ -757,6 +836,7 @@ pub fn norm_backward(
     let (x, output_gradient) = (&x, &output_gradient);
     let engine = x.engine();
     let (rows, cols) = source_extent(x, what)?;
+    validate_saved(saved, rows, cols)?;
     if let Some(d) = residual_output_gradient {
         if saved.kind != NormKind::AddRms {
             return Err(Error::InvalidValue {
@@ -1164,6 +1244,8 @@ pub fn dyt_backward(saved: &DytSaved, output_gradient: &Tensor) -> Result<DytGra
     let engine = x.engine();
     let (rows, cols) = source_extent(x, "dyt_backward")?;
     check_same_shape(output_gradient, x, "dyt_backward: output gradient")?;
+    check_param(&saved.alpha, engine, &[1], "dyt_backward: saved alpha")?;
+    check_param(&saved.gamma, engine, &[cols], "dyt_backward: saved gamma")?;
     engine.check_workspace("dyt_backward", dyt_backward_workspace_bytes(rows, cols))?;
     let blocks = rows.div_ceil(BLOCK_ROWS);
     let stride = blocks * cols;
@@ -1356,6 +1438,19 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
     let engine = x.engine();
     let (rows, cols) = source_extent(x, "poly_norm_backward")?;
     check_same_shape(output_gradient, x, "poly_norm_backward: output gradient")?;
+    check_param(
+        &saved.weight,
+        engine,
+        &[3],
+        "poly_norm_backward: saved weight",
+    )?;
+    check_stats(
+        &saved.inverse,
+        engine,
+        3 * rows,
+        "poly_norm_backward: saved inverse",
+    )?;
+    check_eps(saved.eps, "poly_norm_backward: saved")?;
     engine.check_workspace(
         "poly_norm_backward",
         poly_backward_workspace_bytes(rows, cols),

@@ -1256,3 +1256,58 @@ fn group_norm_reruns_and_bad_inputs() {
     let bad = Tensor::zeros(e, &[4, 8, 49], DType::F32).unwrap();
     expect_shape(norm::norm_backward(&saved, &bad, None), "cotangent shape");
 }
+
+#[test]
+fn hand_edited_saved_contexts_are_rejected() {
+    let e = engine();
+    let mut rng = Rng::new(2000);
+    let (x, _) = upload(&rng.vec(8 * 6, -1.0, 1.0), &[8, 6], DType::F32);
+    let (w, _) = upload(&rng.vec(6, 0.5, 1.5), &[6], DType::F32);
+    let (_, saved) = norm::layer_norm(&x, Some(&w), None, &LayerNormOptions::default()).unwrap();
+    let short = Tensor::zeros(e, &[7], DType::F32).unwrap();
+    let mut bad = saved.clone();
+    bad.inverse = short.clone();
+    expect_shape(norm::norm_backward(&bad, &x, None), "short inverse");
+    let mut bad = saved.clone();
+    bad.mean = None;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "missing mean");
+    let mut bad = saved.clone();
+    bad.inverse = Tensor::zeros(e, &[8], DType::BF16).unwrap();
+    expect_dtype(
+        norm::norm_backward(&bad, &x, None),
+        DType::BF16,
+        "16-bit inverse",
+    );
+    let mut bad = saved.clone();
+    bad.eps = -1.0;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "saved eps");
+    let mut bad = saved.clone();
+    bad.kind = NormKind::Modulated;
+    expect_invalid(
+        norm::norm_backward(&bad, &x, None),
+        "modulated without scale",
+    );
+    bad.scale = Some(Tensor::zeros(e, &[3, 6], DType::F32).unwrap());
+    expect_shape(
+        norm::norm_backward(&bad, &x, None),
+        "scale batches not dividing rows",
+    );
+    let mut bad = saved.clone();
+    bad.kind = NormKind::AddRms;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "add without residual");
+    let mut bad = saved.clone();
+    bad.kind = NormKind::Group;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "group without layout");
+    let mut bad = saved;
+    bad.weight = Some(short);
+    expect_shape(norm::norm_backward(&bad, &x, None), "saved weight length");
+
+    let (a, _) = upload(&[0.5], &[1], DType::F32);
+    let (_, mut dyt) = norm::dyt(&x, &a, &w, None).unwrap();
+    dyt.gamma = Tensor::zeros(e, &[5], DType::F32).unwrap();
+    expect_shape(norm::dyt_backward(&dyt, &x), "dyt saved gamma");
+    let (pw, _) = upload(&[0.5, 0.5, 0.5], &[3], DType::F32);
+    let (_, mut poly) = norm::poly_norm(&x, &pw, None, &norm::PolyNormOptions::default()).unwrap();
+    poly.inverse = Tensor::zeros(e, &[8], DType::F32).unwrap();
+    expect_shape(norm::poly_norm_backward(&poly, &x), "poly saved inverse");
+}
