@@ -10,8 +10,8 @@
 //! Bounds (checked before anything is launched; each breach is a typed [`Error`]):
 //! * rows ≥ 1 (**zero rows is an error**, `OutOfBounds`: a normalization of nothing has no
 //!   statistics to save) and columns in `1..=`[`MAX_COLUMNS`], any width (odd included);
-//!   `rows × columns` must fit one storage binding in every dtype involved (`LimitExceeded`)
-//!   and `u32` indexing;
+//!   `rows × columns` FP32 values (the source gradient) must fit one storage binding
+//!   (`LimitExceeded`; on a 128 MiB binding that is 33,554,432 elements) and `u32` indexing;
 //! * weight and bias of shape `[columns]`; residual and cotangents of the source's shape;
 //!   modulation scale/shift of shape `[batches, columns]` with `batches` dividing the rows;
 //! * ε positive and finite in FP32 (default 1e-5), weight offset finite (`InvalidValue`).
@@ -192,7 +192,8 @@ pub struct NormGradients {
     pub weight: Option<Tensor>,
     /// dL/db (LayerNorm with a bias), `[columns]`.
     pub bias: Option<Tensor>,
-    /// dL/dresidual ([`add_rms_norm`]; equal to `source`), the residual's shape.
+    /// dL/dresidual ([`add_rms_norm`]): the same tensor as `source` (the two gradients are
+    /// equal), the residual's shape.
     pub residual: Option<Tensor>,
     /// dL/dscale ([`modulated_rms_norm`]), `[batches, columns]`.
     pub scale: Option<Tensor>,

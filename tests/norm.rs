@@ -1311,3 +1311,20 @@ fn hand_edited_saved_contexts_are_rejected() {
     poly.inverse = Tensor::zeros(e, &[8], DType::F32).unwrap();
     expect_shape(norm::poly_norm_backward(&poly, &x), "poly saved inverse");
 }
+
+#[test]
+fn more_rows_than_one_dispatch_dimension() {
+    // 66,000 rows: the per-row launches fold past 65,535 workgroups.
+    let (rows, cols) = (66_000, 2);
+    run_rms(
+        &RmsCase {
+            rows,
+            cols,
+            x: DType::BF16,
+            weight: Some(DType::F32),
+            dy: DType::F32,
+            options: RmsNormOptions::default(),
+        },
+        2100,
+    );
+}
