@@ -16,7 +16,7 @@
 
 use std::process::ExitCode;
 use wgrad::bench::{self, Report};
-use wgrad::{DType, Engine, Result, Tensor, cast, reduce};
+use wgrad::{DType, Engine, Result, Tensor, cast, norm, reduce};
 
 /// Records an operator once on its inputs and returns its outputs.
 type RunFn = dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>;
@@ -57,7 +57,7 @@ fn operators(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
     let x = Tensor::from_slice(engine, &data, shape)?;
     drop(data);
     let x_bf16 = cast::cast(&x, DType::BF16)?;
-    Ok(vec![
+    let mut ops = vec![
         Op::new("cast", "f32->bf16", vec![x.clone()], |i| {
             Ok(vec![cast::cast(&i[0], DType::BF16)?])
         }),
@@ -76,7 +76,9 @@ fn operators(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
         Op::new("sum_columns", "f32", vec![x], |i| {
             Ok(vec![reduce::sum_columns(&i[0])?])
         }),
-    ])
+    ];
+    ops.extend(norm_ops(engine, shape)?);
+    Ok(ops)
 }
 
 struct Args {
@@ -187,4 +189,207 @@ fn main() -> ExitCode {
     }
     println!("\nwrote {}", args.json.display());
     ExitCode::SUCCESS
+}
+
+/// Normalization rows: forward and backward (parameter partials included) of RMSNorm,
+/// LayerNorm and add+RMSNorm in F32 and BF16 on `shape`, and, on the full-size run (8192
+/// columns), also on 4096x4096 and Liger's RMSNorm shape 2048x32768; the other
+/// normalizations (modulated RMSNorm, GroupNorm, PolyNorm, DyT) in F32 on `shape`.
+fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
+    let mut shapes = vec![shape.to_vec()];
+    if shape[1] >= 8192 {
+        for extra in [[4096, 4096], [2048, 32768]] {
+            if (extra[0] * extra[1] * 4) as u64 <= engine.max_binding_bytes() {
+                shapes.push(extra.to_vec());
+            }
+        }
+    }
+    let mut ops = Vec::new();
+    for s in &shapes {
+        let (rows, cols) = (s[0], s[1]);
+        let len = rows * cols;
+        let data: Vec<f32> = (0..len)
+            .map(|i| ((i % 251) as f32 - 125.0) / 64.0)
+            .collect();
+        let x32 = Tensor::from_slice(engine, &data, s)?;
+        drop(data);
+        let w32 = Tensor::from_slice(engine, &vec![1.25f32; cols], &[cols])?;
+        for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+            let x = cast::cast(&x32, dtype)?;
+            let w = cast::cast(&w32, dtype)?;
+            // Cotangent and residual: copies of the source (ordinary values, exact in bf16),
+            // separate buffers so every input is really read.
+            let dy = wgrad::bench::copy(&x)?;
+            let r = wgrad::bench::copy(&x)?;
+            let o = norm::RmsNormOptions::default();
+            let lo = norm::LayerNormOptions::default();
+
+            ops.push(Op::new(
+                "rms_norm fwd",
+                label,
+                vec![x.clone(), w.clone()],
+                move |i| {
+                    let (y, s) = norm::rms_norm(&i[0], Some(&i[1]), &o)?;
+                    Ok(vec![y, s.inverse])
+                },
+            ));
+            let (_, saved) = norm::rms_norm(&x, Some(&w), &o)?;
+            let inputs = vec![x.clone(), dy.clone(), w.clone(), saved.inverse.clone()];
+            ops.push(Op::new("rms_norm bwd", label, inputs, move |i| {
+                let g = norm::norm_backward(&saved, &i[1], None)?;
+                Ok(vec![g.source, g.weight.expect("weight gradient")])
+            }));
+
+            ops.push(Op::new(
+                "layer_norm fwd",
+                label,
+                vec![x.clone(), w.clone(), w.clone()],
+                move |i| {
+                    let (y, s) = norm::layer_norm(&i[0], Some(&i[1]), Some(&i[2]), &lo)?;
+                    Ok(vec![y, s.inverse, s.mean.expect("mean")])
+                },
+            ));
+            let (_, saved) = norm::layer_norm(&x, Some(&w), Some(&w), &lo)?;
+            let stats = [saved.inverse.clone(), saved.mean.clone().expect("mean")];
+            let inputs = vec![
+                x.clone(),
+                dy.clone(),
+                w.clone(),
+                stats[0].clone(),
+                stats[1].clone(),
+            ];
+            ops.push(Op::new("layer_norm bwd", label, inputs, move |i| {
+                let g = norm::norm_backward(&saved, &i[1], None)?;
+                Ok(vec![g.source, g.weight.expect("dw"), g.bias.expect("db")])
+            }));
+
+            ops.push(Op::new(
+                "add_rms_norm fwd",
+                label,
+                vec![x.clone(), r.clone(), w.clone()],
+                move |i| {
+                    let (y, sum, s) = norm::add_rms_norm(&i[0], &i[1], Some(&i[2]), &o)?;
+                    Ok(vec![y, sum, s.inverse])
+                },
+            ));
+            let (_, _, saved) = norm::add_rms_norm(&x, &r, Some(&w), &o)?;
+            let inputs = vec![
+                x.clone(),
+                r.clone(),
+                dy.clone(),
+                w.clone(),
+                saved.inverse.clone(),
+            ];
+            ops.push(Op::new("add_rms_norm bwd", label, inputs, move |i| {
+                // dx and dresidual are one tensor (the same gradient), written once.
+                let g = norm::norm_backward(&saved, &i[2], None)?;
+                Ok(vec![g.source, g.weight.expect("weight gradient")])
+            }));
+        }
+        if s.as_slice() != shape {
+            continue;
+        }
+        // The other normalizations, F32, on the main shape.
+        let x = x32.clone();
+        let dy = wgrad::bench::copy(&x)?;
+        let w = w32.clone();
+        let m = Tensor::from_slice(engine, &vec![0.125f32; 2 * cols], &[2, cols])?;
+        let o = norm::RmsNormOptions::default();
+        ops.push(Op::new(
+            "modulated_rms_norm fwd",
+            "f32",
+            vec![x.clone(), w.clone(), m.clone(), m.clone()],
+            move |i| {
+                let (y, s) = norm::modulated_rms_norm(&i[0], Some(&i[1]), &i[2], &i[3], &o)?;
+                Ok(vec![y, s.inverse])
+            },
+        ));
+        let (_, saved) = norm::modulated_rms_norm(&x, Some(&w), &m, &m, &o)?;
+        let inputs = vec![
+            x.clone(),
+            x.clone(),
+            w.clone(),
+            m.clone(),
+            saved.inverse.clone(),
+        ];
+        ops.push(Op::new("modulated_rms_norm bwd", "f32", inputs, move |i| {
+            let g = norm::norm_backward(&saved, &i[1], None)?;
+            Ok(vec![
+                g.source,
+                g.weight.expect("dw"),
+                g.scale.expect("dscale"),
+                g.shift.expect("dshift"),
+            ])
+        }));
+
+        let (channels, groups) = (32, 8);
+        let gx = x.reshape(&[rows, channels, cols / channels])?;
+        let gdy = dy.reshape(gx.shape())?;
+        let gw = Tensor::from_slice(engine, &vec![1.25f32; channels], &[channels])?;
+        let go = norm::GroupNormOptions::default();
+        ops.push(Op::new(
+            "group_norm fwd",
+            "f32",
+            vec![gx.clone(), gw.clone(), gw.clone()],
+            move |i| {
+                let (y, s) = norm::group_norm(&i[0], groups, Some(&i[1]), Some(&i[2]), &go)?;
+                Ok(vec![y, s.inverse, s.mean.expect("mean")])
+            },
+        ));
+        let (_, saved) = norm::group_norm(&gx, groups, Some(&gw), Some(&gw), &go)?;
+        ops.push(Op::new(
+            "group_norm bwd",
+            "f32",
+            vec![gx.clone(), gdy, gw.clone()],
+            move |i| {
+                let g = norm::norm_backward(&saved, &i[1], None)?;
+                Ok(vec![g.source, g.weight.expect("dw"), g.bias.expect("db")])
+            },
+        ));
+
+        let pw = Tensor::from_slice(engine, &[0.5f32, 0.25, 1.0], &[3])?;
+        let pb = Tensor::from_slice(engine, &[0.1f32], &[1])?;
+        let po = norm::PolyNormOptions::default();
+        ops.push(Op::new(
+            "poly_norm fwd",
+            "f32",
+            vec![x.clone(), pw.clone(), pb.clone()],
+            move |i| {
+                let (y, s) = norm::poly_norm(&i[0], &i[1], Some(&i[2]), &po)?;
+                Ok(vec![y, s.inverse])
+            },
+        ));
+        let (_, saved) = norm::poly_norm(&x, &pw, Some(&pb), &po)?;
+        ops.push(Op::new(
+            "poly_norm bwd",
+            "f32",
+            vec![x.clone(), dy.clone(), pw.clone()],
+            move |i| {
+                let g = norm::poly_norm_backward(&saved, &i[1])?;
+                Ok(vec![g.source, g.weight, g.bias.expect("db")])
+            },
+        ));
+
+        let alpha = Tensor::from_slice(engine, &[0.5f32], &[1])?;
+        ops.push(Op::new(
+            "dyt fwd",
+            "f32",
+            vec![x.clone(), alpha.clone(), w.clone(), w.clone()],
+            move |i| {
+                let (y, _) = norm::dyt(&i[0], &i[1], &i[2], Some(&i[3]))?;
+                Ok(vec![y])
+            },
+        ));
+        let (_, saved) = norm::dyt(&x, &alpha, &w, Some(&w))?;
+        ops.push(Op::new(
+            "dyt bwd",
+            "f32",
+            vec![x.clone(), dy.clone(), alpha.clone(), w.clone()],
+            move |i| {
+                let g = norm::dyt_backward(&saved, &i[1])?;
+                Ok(vec![g.source, g.alpha, g.gamma, g.beta.expect("dbeta")])
+            },
+        ));
+    }
+    Ok(ops)
 }

@@ -25,6 +25,7 @@ pub mod error;
 pub mod gradcheck;
 pub mod kernel;
 pub mod msl;
+pub mod norm;
 pub mod reduce;
 pub mod reference;
 pub mod tensor;

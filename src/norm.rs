@@ -1,0 +1,1532 @@
+//! Normalization: RMSNorm, LayerNorm, fused add+RMSNorm, modulated (AdaLN) RMSNorm, GroupNorm,
+//! PolyNorm and DyT, forward and backward.
+//!
+//! Inputs are rows × columns: the last axis is the normalized one, leading axes flatten to
+//! rows ([`group_norm`] views `[samples, channels, ...]` as (sample, group) rows). Sources
+//! (and residuals) may be F32, F16 or BF16; weights, biases, modulation and cotangents may use
+//! any of the three independently. Statistics, accumulation and every
+//! gradient are FP32; outputs take the source's dtype.
+//!
+//! Bounds (checked before anything is launched; each breach is a typed [`Error`]):
+//! * rows ≥ 1 (**zero rows is an error**, `OutOfBounds`: a normalization of nothing has no
+//!   statistics to save) and columns in `1..=`[`MAX_COLUMNS`], any width (odd included);
+//!   `rows × columns` FP32 values (the source gradient) must fit one storage binding
+//!   (`LimitExceeded`; on a 128 MiB binding that is 33,554,432 elements) and `u32` indexing;
+//! * weight and bias of shape `[columns]`; residual and cotangents of the source's shape;
+//!   modulation scale/shift of shape `[batches, columns]` with `batches` dividing the rows;
+//! * ε positive and finite in FP32 (default 1e-5), weight offset finite (`InvalidValue`).
+//!
+//! Kernels (`wgsl/norm.wgsl`): the forward takes one workgroup per row and reads the row in
+//! chunks of 256 columns (mean, squares, outputs), so any width works without keeping the row
+//! in workgroup memory. The backward takes one workgroup per row for the two row constants of
+//! the input gradient, then one invocation per (block of [`BLOCK_ROWS`] rows, column), which
+//! writes the input gradient and the block's FP32 parameter partials; the partials are summed
+//! in block order. No atomics: reruns are bit-identical. A 16-bit output of an odd width is
+//! computed into an FP32 temporary and narrowed with [`crate::cast::cast`], so no two
+//! invocations share a word.
+//!
+//! Backward differentiates the real-valued formula with the saved FP32 statistics: the
+//! rounding of the casting modes and of stored outputs is not differentiated.
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Constants, Kernel};
+use crate::{DType, Engine, Error, Result, Tensor, cast};
+
+/// `wgsl/norm.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "norm",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        include_str!("../wgsl/norm.wgsl"),
+    ],
+};
+
+const WG: u64 = 256;
+/// Rows per block of the backward's parameter partials.
+pub const BLOCK_ROWS: usize = 32;
+/// F32 words of one row's backward constants (inverse, mean, mean correction, c1, c2).
+const ROWINFO: usize = 8;
+/// Largest row width accepted.
+pub const MAX_COLUMNS: usize = 1 << 20;
+/// Default ε of RMSNorm, LayerNorm and their variants.
+pub const DEFAULT_EPS: f32 = 1e-5;
+
+/// Liger's casting modes of RMSNorm (they differ only for 16-bit sources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CastingMode {
+    /// Statistics in FP32; the normalized value is rounded to the source dtype before the
+    /// weight multiply (Llama). The default.
+    #[default]
+    Llama,
+    /// Everything in FP32, one rounding of the output (Gemma).
+    Gemma,
+    /// The normalized value and the weight factor are rounded to the source dtype before
+    /// they are multiplied (statistics stay FP32).
+    None,
+}
+
+impl CastingMode {
+    fn code(self) -> f64 {
+        match self {
+            CastingMode::Llama => 0.0,
+            CastingMode::Gemma => 1.0,
+            CastingMode::None => 2.0,
+        }
+    }
+}
+
+/// Options of [`rms_norm`], [`add_rms_norm`] and [`modulated_rms_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RmsNormOptions {
+    /// ε added to the mean square (default 1e-5); positive and finite.
+    pub eps: f32,
+    /// Weight offset: the factor is `offset + w` (0 default; 1 for Gemma's `(1 + w)`).
+    /// Ignored without a weight.
+    pub offset: f32,
+    /// Casting mode (default Llama). [`modulated_rms_norm`] always computes in FP32.
+    pub casting: CastingMode,
+}
+
+impl Default for RmsNormOptions {
+    fn default() -> Self {
+        RmsNormOptions {
+            eps: DEFAULT_EPS,
+            offset: 0.0,
+            casting: CastingMode::Llama,
+        }
+    }
+}
+
+/// Options of [`layer_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNormOptions {
+    /// ε added to the variance (default 1e-5); positive and finite.
+    pub eps: f32,
+}
+
+impl Default for LayerNormOptions {
+    fn default() -> Self {
+        LayerNormOptions { eps: DEFAULT_EPS }
+    }
+}
+
+/// Which operator a [`Saved`] context belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// [`rms_norm`].
+    Rms,
+    /// [`layer_norm`].
+    Layer,
+    /// [`add_rms_norm`].
+    AddRms,
+    /// [`modulated_rms_norm`].
+    Modulated,
+    /// [`group_norm`].
+    Group,
+}
+
+/// How [`group_norm`] views its source: rows are (sample, group) pairs of
+/// `channels_per_group × spatial` elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLayout {
+    /// Groups per sample.
+    pub groups: usize,
+    /// Channels in each group.
+    pub channels_per_group: usize,
+    /// Elements per channel (product of the axes after the channel axis; 1 for none).
+    pub spatial: usize,
+}
+
+impl NormKind {
+    fn code(self) -> f64 {
+        match self {
+            NormKind::Rms => 0.0,
+            NormKind::Layer => 1.0,
+            NormKind::AddRms => 2.0,
+            NormKind::Modulated => 3.0,
+            NormKind::Group => 4.0,
+        }
+    }
+}
+
+/// What a normalization forward keeps for its backward: the inputs (handles; tensors are
+/// immutable) and the per-row FP32 statistics.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    /// The operator.
+    pub kind: NormKind,
+    /// The source `x`.
+    pub source: Tensor,
+    /// The residual of [`add_rms_norm`].
+    pub residual: Option<Tensor>,
+    /// The weight.
+    pub weight: Option<Tensor>,
+    /// Whether [`layer_norm`] had a bias.
+    pub has_bias: bool,
+    /// Modulation scale of [`modulated_rms_norm`], `[batches, columns]`.
+    pub scale: Option<Tensor>,
+    /// Per-row inverse RMS (RMSNorm variants) or inverse standard deviation (LayerNorm),
+    /// F32, shape `[rows]`.
+    pub inverse: Tensor,
+    /// Per-row mean (LayerNorm), F32, shape `[rows]`.
+    pub mean: Option<Tensor>,
+    /// Per-row correction of the FP32 mean (LayerNorm), F32, shape `[rows]`: the exact
+    /// mean is `mean + correction` to FP32 precision of the spread, so rows with a large
+    /// common offset are centered accurately.
+    pub mean_correction: Option<Tensor>,
+    /// The layout of [`group_norm`].
+    pub group: Option<GroupLayout>,
+    /// ε used.
+    pub eps: f32,
+    /// Weight offset used.
+    pub offset: f32,
+}
+
+/// Gradients of a normalization backward (FP32; `None` where the input was absent).
+#[derive(Debug, Clone)]
+pub struct NormGradients {
+    /// dL/dx, the source's shape.
+    pub source: Tensor,
+    /// dL/dw, `[columns]`.
+    pub weight: Option<Tensor>,
+    /// dL/db (LayerNorm with a bias), `[columns]`.
+    pub bias: Option<Tensor>,
+    /// dL/dresidual ([`add_rms_norm`]): the same tensor as `source` (the two gradients are
+    /// equal), the residual's shape.
+    pub residual: Option<Tensor>,
+    /// dL/dscale ([`modulated_rms_norm`]), `[batches, columns]`.
+    pub scale: Option<Tensor>,
+    /// dL/dshift ([`modulated_rms_norm`]), `[batches, columns]`.
+    pub shift: Option<Tensor>,
+}
+
+#[derive(encase::ShaderType, Default)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    rows_per_batch: u32,
+    blocks_per_batch: u32,
+    total: u32,
+    stride: u32,
+    base: u32,
+    eps: f32,
+    offset: f32,
+    groups: u32,
+    channels_per_group: u32,
+    spatial: u32,
+}
+
+pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
+    crate::reduce::rows_cols(x)
+}
+
+fn float(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+    }
+}
+
+fn check_eps(eps: f32, what: &str) -> Result<()> {
+    if eps.is_finite() && eps > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: format!("{what}: eps"),
+            got: f64::from(eps),
+            rule: "must be positive and finite".into(),
+        })
+    }
+}
+
+fn check_finite(v: f32, what: &str) -> Result<()> {
+    if v.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: what.into(),
+            got: f64::from(v),
+            rule: "must be finite".into(),
+        })
+    }
+}
+
+/// Rows and columns of a source, validated: a float dtype, 1 ≤ rows, 1 ≤ columns ≤
+/// [`MAX_COLUMNS`], `rows × columns` within `u32` indexing and an F32 copy within one binding
+/// (gradients are F32).
+fn source_extent(x: &Tensor, what: &str) -> Result<(usize, usize)> {
+    float(x, &format!("{what}: source"))?;
+    if x.shape().is_empty() {
+        return Err(Error::bounds(format!("{what}: source axes"), 0, 1, 64));
+    }
+    let (rows, cols) = rows_cols(x);
+    if rows == 0 {
+        return Err(Error::bounds(
+            format!("{what}: rows"),
+            0,
+            1,
+            u64::from(u32::MAX),
+        ));
+    }
+    if cols == 0 || cols > MAX_COLUMNS {
+        return Err(Error::bounds(
+            format!("{what}: columns"),
+            cols as u64,
+            1,
+            MAX_COLUMNS as u64,
+        ));
+    }
+    let len = (rows as u64) * (cols as u64);
+    let limit = x.engine().max_binding_bytes();
+    if len * 4 > limit {
+        return Err(Error::LimitExceeded {
+            what: format!("{what}: FP32 rows × columns"),
+            bytes: len * 4,
+            limit,
+            limit_name: "max_storage_buffer_binding_size",
+        });
+    }
+    if len > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            format!("{what}: rows × columns"),
+            len,
+            1,
+            u64::from(u32::MAX),
+        ));
+    }
+    Ok((rows, cols))
+}
+
+fn check_param(t: &Tensor, engine: &Engine, shape: &[usize], what: &str) -> Result<()> {
+    t.check_engine(engine, what)?;
+    float(t, what)?;
+    if t.shape() != shape {
+        return Err(Error::shape(what, shape, t.shape()));
+    }
+    Ok(())
+}
+
+fn check_same_shape(t: &Tensor, x: &Tensor, what: &str) -> Result<()> {
+    check_param(t, x.engine(), x.shape(), what)
+}
+
+fn code(t: Option<&Tensor>) -> f64 {
+    f64::from(t.map_or(0, |t| t.dtype().code()))
+}
+
+/// Scratch bytes a normalization forward allocates for `[rows, cols]` sources of `dtype`:
+/// FP32 temporaries for 16-bit outputs of an odd width (one, two for [`add_rms_norm`]).
+pub fn forward_workspace_bytes(kind: NormKind, rows: usize, cols: usize, dtype: DType) -> u64 {
+    if dtype == DType::F32 || cols.is_multiple_of(2) {
+        return 0;
+    }
+    let outputs = if kind == NormKind::AddRms { 2 } else { 1 };
+    outputs * (rows * cols * 4) as u64
+}
+
+/// Partial slots the backward of `kind` needs (weight; bias or shift; scale).
+fn partial_slots(kind: NormKind, has_weight: bool, has_bias: bool) -> usize {
+    match kind {
+        NormKind::Modulated => 3,
+        NormKind::Layer if has_bias => 2,
+        NormKind::Group => 0,
+        _ => usize::from(has_weight),
+    }
+}
+
+fn blocks_for(rows: usize, batches: usize) -> (usize, usize) {
+    let per_batch = (rows / batches).div_ceil(BLOCK_ROWS);
+    (per_batch, per_batch * batches)
+}
+
+/// Scratch bytes a normalization backward allocates: the per-row constants (32 bytes a row)
+/// and the FP32 parameter partials (`slots × blocks × cols`, blocks of [`BLOCK_ROWS`] rows
+/// within each modulation batch; `batches` = 1 except for [`modulated_rms_norm`]).
+pub fn backward_workspace_bytes(
+    kind: NormKind,
+    rows: usize,
+    cols: usize,
+    batches: usize,
+    has_weight: bool,
+    has_bias: bool,
+) -> u64 {
+    let batches = batches.max(1);
+    let (_, blocks) = blocks_for(rows, batches);
+    let slots = partial_slots(kind, has_weight, has_bias);
+    (rows * ROWINFO * 4 + slots * blocks * cols * 4) as u64
+}
+
+fn dummy(engine: &Engine, what: &str) -> Result<Tensor> {
+    Tensor::empty(engine, &[1], DType::F32, what)
+}
+
+struct Forward<'a> {
+    kind: NormKind,
+    x: &'a Tensor,
+    aux: Option<&'a Tensor>,
+    aux2: Option<&'a Tensor>,
+    weight: Option<&'a Tensor>,
+    rows_per_batch: usize,
+    eps: f32,
+    offset: f32,
+    casting: CastingMode,
+    layout: Option<GroupLayout>,
+}
+
+/// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
+fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Tensor>)> {
+    let x = f.x;
+    let engine = x.engine();
+    let (rows, cols) = rows_cols(x);
+    let dtype = x.dtype();
+    let pairs = dtype != DType::F32 && cols.is_multiple_of(2);
+    let direct = dtype == DType::F32 || pairs;
+    engine.check_workspace(
+        "norm forward",
+        forward_workspace_bytes(f.kind, rows, cols, dtype),
+    )?;
+    let out_dtype = if direct { dtype } else { DType::F32 };
+    let y = Tensor::empty(engine, x.shape(), out_dtype, "norm output")?;
+    let with_sum = f.kind == NormKind::AddRms;
+    let leading = &x.shape()[..x.shape().len() - 1];
+    let sum = if with_sum {
+        Some(Tensor::empty(
+            engine,
+            x.shape(),
+            out_dtype,
+            "norm residual sum",
+        )?)
+    } else if matches!(f.kind, NormKind::Layer | NormKind::Group) {
+        Some(Tensor::empty(
+            engine,
+            leading,
+            DType::F32,
+            "norm mean correction",
+        )?)
+    } else {
+        None
+    };
+    let inverse = Tensor::empty(engine, leading, DType::F32, "norm inverse")?;
+    let mean = if matches!(f.kind, NormKind::Layer | NormKind::Group) {
+        Some(Tensor::empty(engine, leading, DType::F32, "norm mean")?)
+    } else {
+        None
+    };
+    let mean_dummy = dummy(engine, "norm mean (unused)")?;
+    let sum_dummy = dummy(engine, "norm sum (unused)")?;
+    let constants: Constants = vec![
+        ("KIND", f.kind.code()),
+        ("DX", f64::from(dtype.code())),
+        ("DA", code(f.aux)),
+        ("DB", code(f.aux2)),
+        ("DW", code(f.weight)),
+        ("HAS_W", f64::from(u8::from(f.weight.is_some()))),
+        ("HAS_B", f64::from(u8::from(f.aux2.is_some()))),
+        ("CAST", f.casting.code()),
+        ("PAIRS", f64::from(u8::from(pairs))),
+        ("OUT_SUM", f64::from(u8::from(with_sum))),
+    ];
+    engine.launch(
+        &KERNEL,
+        "forward_rows",
+        &constants,
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: f.rows_per_batch as u32,
+            blocks_per_batch: 0,
+            total: 0,
+            stride: 0,
+            base: 0,
+            eps: f.eps,
+            offset: f.offset,
+            groups: f.layout.map_or(0, |l| l.groups as u32),
+            channels_per_group: f.layout.map_or(0, |l| l.channels_per_group as u32),
+            spatial: f.layout.map_or(1, |l| l.spatial as u32),
+        },
+        &[
+            x.buffer(),
+            f.aux.unwrap_or(x).buffer(),
+            f.aux2.unwrap_or(x).buffer(),
+            f.weight.unwrap_or(x).buffer(),
+            inverse.buffer(),
+            mean.as_ref().unwrap_or(&mean_dummy).buffer(),
+            y.buffer(),
+            sum.as_ref().unwrap_or(&sum_dummy).buffer(),
+        ],
+        rows as u64,
+    )?;
+    let (y, sum) = if direct {
+        (y, sum)
+    } else if with_sum {
+        (
+            cast::cast(&y, dtype)?,
+            sum.map(|s| cast::cast(&s, dtype)).transpose()?,
+        )
+    } else {
+        (cast::cast(&y, dtype)?, sum)
+    };
+    Ok((y, sum, inverse, mean))
+}
+
+/// RMSNorm: `y = x · inv · (offset + w)`, `inv = 1/sqrt(mean(x²) + ε)` per row, with Liger's
+/// casting modes. `weight` (optional) has shape `[columns]`; without it `y = x · inv`.
+/// Returns the output (source dtype and shape) and the saved context.
+pub fn rms_norm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    options: &RmsNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "rms_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "rms_norm: weight")?;
+    }
+    check_eps(options.eps, what)?;
+    check_finite(options.offset, "rms_norm: offset")?;
+    let (y, _, inverse, _) = forward(Forward {
+        kind: NormKind::Rms,
+        x,
+        aux: None,
+        aux2: None,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: options.offset,
+        casting: options.casting,
+        layout: None,
+    })?;
+    Ok((
+        y,
+        Saved {
+            kind: NormKind::Rms,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: false,
+            scale: None,
+            inverse,
+            mean: None,
+            mean_correction: None,
+            group: None,
+            eps: options.eps,
+            offset: options.offset,
+        },
+    ))
+}
+
+/// LayerNorm: `y = (x − mean) · inv · w + b`, with the population variance of the centered
+/// row (`inv = 1/sqrt(mean((x − mean)²) + ε)`). Weight and bias (each optional) have shape
+/// `[columns]`.
+pub fn layer_norm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    options: &LayerNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "layer_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "layer_norm: weight")?;
+    }
+    if let Some(b) = bias {
+        check_param(b, x.engine(), &[cols], "layer_norm: bias")?;
+    }
+    check_eps(options.eps, what)?;
+    let (y, correction, inverse, mean) = forward(Forward {
+        kind: NormKind::Layer,
+        x,
+        aux: None,
+        aux2: bias,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: 0.0,
+        casting: CastingMode::Gemma,
+        layout: None,
+    })?;
+    Ok((
+        y,
+        Saved {
+            kind: NormKind::Layer,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: bias.is_some(),
+            scale: None,
+            inverse,
+            mean,
+            mean_correction: correction,
+            group: None,
+            eps: options.eps,
+            offset: 0.0,
+        },
+    ))
+}
+
+/// Fused add+RMSNorm: `s = x + residual` in FP32, `y = RMSNorm(s)` of the unrounded sum.
+/// Returns `(y, s rounded to the source dtype, saved)`. `residual` has the source's shape
+/// (any float dtype).
+pub fn add_rms_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    weight: Option<&Tensor>,
+    options: &RmsNormOptions,
+) -> Result<(Tensor, Tensor, Saved)> {
+    let what = "add_rms_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    check_same_shape(residual, x, "add_rms_norm: residual")?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "add_rms_norm: weight")?;
+    }
+    check_eps(options.eps, what)?;
+    check_finite(options.offset, "add_rms_norm: offset")?;
+    let (y, sum, inverse, _) = forward(Forward {
+        kind: NormKind::AddRms,
+        x,
+        aux: Some(residual),
+        aux2: None,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: options.offset,
+        casting: options.casting,
+        layout: None,
+    })?;
+    let sum = sum.ok_or_else(|| Error::Device("add_rms_norm: no residual sum".into()))?;
+    Ok((
+        y,
+        sum,
+        Saved {
+            kind: NormKind::AddRms,
+            source: x.clone(),
+            residual: Some(residual.clone()),
+            weight: weight.cloned(),
+            has_bias: false,
+            scale: None,
+            inverse,
+            mean: None,
+            mean_correction: None,
+            group: None,
+            eps: options.eps,
+            offset: options.offset,
+        },
+    ))
+}
+
+/// Modulated RMSNorm (AdaLN): `y = (1 + scale[b]) · RMSNorm(x) · (offset + w) + shift[b]`.
+/// The source's rows are `batches` consecutive runs of `rows / batches` rows; `scale` and
+/// `shift` have shape `[batches, columns]` (`batches` must divide the rows). Computed in FP32
+/// (the casting mode is not used), one rounding of the output.
+pub fn modulated_rms_norm(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    scale: &Tensor,
+    shift: &Tensor,
+    options: &RmsNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "modulated_rms_norm";
+    let (rows, cols) = source_extent(x, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[cols], "modulated_rms_norm: weight")?;
+    }
+    let batches = match scale.shape() {
+        [b, c] if *c == cols && *b >= 1 && rows.is_multiple_of(*b) => *b,
+        _ => {
+            return Err(Error::shape(
+                "modulated_rms_norm: scale ([batches dividing the rows, columns])",
+                &[scale.shape().first().copied().unwrap_or(1), cols],
+                scale.shape(),
+            ));
+        }
+    };
+    check_param(
+        scale,
+        x.engine(),
+        &[batches, cols],
+        "modulated_rms_norm: scale",
+    )?;
+    check_param(
+        shift,
+        x.engine(),
+        &[batches, cols],
+        "modulated_rms_norm: shift",
+    )?;
+    check_eps(options.eps, what)?;
+    check_finite(options.offset, "modulated_rms_norm: offset")?;
+    let (y, _, inverse, _) = forward(Forward {
+        kind: NormKind::Modulated,
+        x,
+        aux: Some(scale),
+        aux2: Some(shift),
+        weight,
+        rows_per_batch: rows / batches,
+        eps: options.eps,
+        offset: options.offset,
+        casting: CastingMode::Gemma,
+        layout: None,
+    })?;
+    Ok((
+        y,
+        Saved {
+            kind: NormKind::Modulated,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: false,
+            scale: Some(scale.clone()),
+            inverse,
+            mean: None,
+            mean_correction: None,
+            group: None,
+            eps: options.eps,
+            offset: options.offset,
+        },
+    ))
+}
+
+/// Sum the `slot`-th partials in block order: `groups` runs of `per_group` blocks each;
+/// returns `[groups, cols]`.
+fn finish(
+    engine: &Engine,
+    partials: &Tensor,
+    slot: usize,
+    stride: usize,
+    groups: usize,
+    per_group: usize,
+    cols: usize,
+) -> Result<Tensor> {
+    let out = Tensor::empty(
+        engine,
+        &[groups, cols],
+        DType::F32,
+        "norm parameter gradient",
+    )?;
+    let total = groups * cols;
+    engine.launch(
+        &KERNEL,
+        "finish_partials",
+        &vec![],
+        &Params {
+            rows: 0,
+            cols: cols as u32,
+            rows_per_batch: 0,
+            blocks_per_batch: per_group as u32,
+            total: total as u32,
+            stride: stride as u32,
+            base: (slot * stride) as u32,
+            eps: 0.0,
+            offset: 0.0,
+            ..Params::default()
+        },
+        &[partials.buffer(), out.buffer()],
+        (total as u64).div_ceil(WG),
+    )?;
+    Ok(out)
+}
+
+fn check_stats(t: &Tensor, engine: &Engine, len: usize, what: &str) -> Result<()> {
+    t.check_engine(engine, what)?;
+    if t.dtype() != DType::F32 {
+        return Err(Error::dtype(what, t.dtype(), &[DType::F32]));
+    }
+    if t.len() != len {
+        return Err(Error::shape(what, &[len], t.shape()));
+    }
+    Ok(())
+}
+
+fn incomplete(rule: &str) -> Error {
+    Error::InvalidValue {
+        what: "norm_backward: saved context".into(),
+        got: 0.0,
+        rule: rule.into(),
+    }
+}
+
+/// A [`Saved`] has public fields: check that one built or edited by hand still describes a
+/// forward of this shape before its buffers are bound.
+fn validate_saved(saved: &Saved, rows: usize, cols: usize) -> Result<()> {
+    let engine = saved.source.engine();
+    check_eps(saved.eps, "norm_backward: saved")?;
+    check_finite(saved.offset, "norm_backward: saved offset")?;
+    check_stats(&saved.inverse, engine, rows, "norm_backward: saved inverse")?;
+    let param_len = match (saved.kind, saved.group) {
+        (NormKind::Group, Some(l)) => {
+            if l.groups == 0 || !rows.is_multiple_of(l.groups) {
+                return Err(incomplete("group layout does not match the source"));
+            }
+            l.groups * l.channels_per_group
+        }
+        (NormKind::Group, None) | (_, Some(_)) => {
+            return Err(incomplete("a group layout goes with group_norm only"));
+        }
+        _ => cols,
+    };
+    if let Some(w) = &saved.weight {
+        check_param(w, engine, &[param_len], "norm_backward: saved weight")?;
+    }
+    match saved.kind {
+        NormKind::Layer | NormKind::Group => {
+            let (Some(m), Some(c)) = (&saved.mean, &saved.mean_correction) else {
+                return Err(incomplete(
+                    "a centered norm needs its mean and mean correction",
+                ));
+            };
+            check_stats(m, engine, rows, "norm_backward: saved mean")?;
+            check_stats(c, engine, rows, "norm_backward: saved mean correction")?;
+        }
+        NormKind::AddRms => {
+            let Some(r) = &saved.residual else {
+                return Err(incomplete("add_rms_norm needs its residual"));
+            };
+            check_same_shape(r, &saved.source, "norm_backward: saved residual")?;
+        }
+        NormKind::Modulated => {
+            let Some(sc) = &saved.scale else {
+                return Err(incomplete("modulated_rms_norm needs its scale"));
+            };
+            sc.check_engine(engine, "norm_backward: saved scale")?;
+            float(sc, "norm_backward: saved scale")?;
+            match sc.shape() {
+                [b, c] if *c == cols && *b >= 1 && rows.is_multiple_of(*b) => {}
+                other => {
+                    return Err(Error::shape(
+                        "norm_backward: saved scale ([batches dividing the rows, columns])",
+                        &[other.first().copied().unwrap_or(1), cols],
+                        other,
+                    ));
+                }
+            }
+        }
+        NormKind::Rms => {}
+    }
+    Ok(())
+}
+
+/// Backward of any normalization forward of this module. `output_gradient` has the source's
+/// shape (any float dtype); `residual_output_gradient` (only for [`add_rms_norm`], default
+/// zero) is the cotangent of the residual sum, added to both the source and the residual
+/// gradients. Returns FP32 gradients of every input that was given; independent calls never
+/// accumulate into earlier results.
+pub fn norm_backward(
+    saved: &Saved,
+    output_gradient: &Tensor,
+    residual_output_gradient: Option<&Tensor>,
+) -> Result<NormGradients> {
+    let what = "norm_backward";
+    check_same_shape(
+        output_gradient,
+        &saved.source,
+        "norm_backward: output gradient",
+    )?;
+    // GroupNorm works on its (sample, group) × (channel, position) view.
+    let (x, output_gradient) = match saved.group {
+        Some(l) => {
+            let width = l.channels_per_group * l.spatial;
+            let view = [saved.source.len() / width.max(1), width];
+            (
+                saved.source.reshape(&view)?,
+                output_gradient.reshape(&view)?,
+            )
+        }
+        None => (saved.source.clone(), output_gradient.clone()),
+    };
+    let (x, output_gradient) = (&x, &output_gradient);
+    let engine = x.engine();
+    let (rows, cols) = source_extent(x, what)?;
+    validate_saved(saved, rows, cols)?;
+    if let Some(d) = residual_output_gradient {
+        if saved.kind != NormKind::AddRms {
+            return Err(Error::InvalidValue {
+                what: "norm_backward: residual output gradient".into(),
+                got: 1.0,
+                rule: "only add_rms_norm has a residual-sum output".into(),
+            });
+        }
+        check_same_shape(d, x, "norm_backward: residual output gradient")?;
+    }
+    let batches = match (&saved.kind, &saved.scale) {
+        (NormKind::Modulated, Some(s)) => s.shape()[0],
+        _ => 1,
+    };
+    let rows_per_batch = rows / batches;
+    let (per_batch, blocks) = blocks_for(rows, batches);
+    let has_weight = saved.weight.is_some();
+    let slots = partial_slots(saved.kind, has_weight, saved.has_bias);
+    let needed = match saved.group {
+        Some(l) => group_norm_backward_workspace_bytes(rows / l.groups, l),
+        None => {
+            backward_workspace_bytes(saved.kind, rows, cols, batches, has_weight, saved.has_bias)
+        }
+    };
+    engine.check_workspace(what, needed)?;
+    let stride = blocks * cols;
+    if (slots * stride) as u64 > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            "norm_backward: partial words",
+            (slots * stride) as u64,
+            0,
+            u64::from(u32::MAX),
+        ));
+    }
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "norm source gradient")?;
+    let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "norm row constants")?;
+    let partials = Tensor::empty(
+        engine,
+        &[slots.max(1) * stride.max(1)],
+        DType::F32,
+        "norm partials",
+    )?;
+    // aux: residual (add), scale (modulated), mean (LayerNorm).
+    let aux = match saved.kind {
+        NormKind::AddRms => saved.residual.as_ref(),
+        NormKind::Modulated => saved.scale.as_ref(),
+        NormKind::Layer | NormKind::Group => saved.mean.as_ref(),
+        NormKind::Rms => None,
+    };
+    let weight = saved.weight.as_ref();
+    let constants: Constants = vec![
+        ("KIND", saved.kind.code()),
+        ("DX", f64::from(x.dtype().code())),
+        ("DA", code(aux)),
+        ("DW", code(weight)),
+        ("DY", f64::from(output_gradient.dtype().code())),
+        ("DR", code(residual_output_gradient)),
+        ("HAS_W", f64::from(u8::from(has_weight))),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+        (
+            "HAS_DRES",
+            f64::from(u8::from(residual_output_gradient.is_some())),
+        ),
+    ];
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        rows_per_batch: rows_per_batch as u32,
+        blocks_per_batch: per_batch as u32,
+        total: stride as u32,
+        stride: stride as u32,
+        base: 0,
+        eps: saved.eps,
+        offset: saved.offset,
+        groups: saved.group.map_or(0, |l| l.groups as u32),
+        channels_per_group: saved.group.map_or(0, |l| l.channels_per_group as u32),
+        spatial: saved.group.map_or(1, |l| l.spatial as u32),
+    };
+    engine.launch(
+        &KERNEL,
+        "backward_rows",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            aux.unwrap_or(x).buffer(),
+            saved.mean_correction.as_ref().unwrap_or(x).buffer(),
+            weight.unwrap_or(x).buffer(),
+            saved.inverse.buffer(),
+            output_gradient.buffer(),
+            rowinfo.buffer(),
+        ],
+        rows as u64,
+    )?;
+    engine.launch(
+        &KERNEL,
+        "backward_columns",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            aux.unwrap_or(x).buffer(),
+            weight.unwrap_or(x).buffer(),
+            output_gradient.buffer(),
+            residual_output_gradient.unwrap_or(x).buffer(),
+            rowinfo.buffer(),
+            dx.buffer(),
+            partials.buffer(),
+        ],
+        (stride as u64).div_ceil(WG),
+    )?;
+    if let Some(l) = saved.group {
+        return group_parameter_gradients(
+            saved,
+            l,
+            x,
+            output_gradient,
+            &rowinfo,
+            dx.reshape(saved.source.shape())?,
+        );
+    }
+    let all = |slot| finish(engine, &partials, slot, stride, 1, blocks, cols)?.reshape(&[cols]);
+    let per_batch_sum = |slot| finish(engine, &partials, slot, stride, batches, per_batch, cols);
+    let weight_grad = if has_weight { Some(all(0)?) } else { None };
+    let (bias, scale, shift) = match saved.kind {
+        NormKind::Layer if saved.has_bias => (Some(all(1)?), None, None),
+        NormKind::Modulated => (None, Some(per_batch_sum(2)?), Some(per_batch_sum(1)?)),
+        _ => (None, None, None),
+    };
+    let residual = (saved.kind == NormKind::AddRms).then(|| dx.clone());
+    Ok(NormGradients {
+        source: dx,
+        weight: weight_grad,
+        bias,
+        residual,
+        scale,
+        shift,
+    })
+}
+
+// ---- GroupNorm ----
+
+/// Options of [`group_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupNormOptions {
+    /// ε added to the variance (default 1e-5); positive and finite.
+    pub eps: f32,
+}
+
+impl Default for GroupNormOptions {
+    fn default() -> Self {
+        GroupNormOptions { eps: DEFAULT_EPS }
+    }
+}
+
+/// Scratch bytes the backward of [`group_norm`] allocates for `samples` samples: the per-row
+/// constants of the `samples × groups` rows and two FP32 partial slots of
+/// `samples × channels`.
+pub fn group_norm_backward_workspace_bytes(samples: usize, layout: GroupLayout) -> u64 {
+    let rows = samples * layout.groups;
+    (rows * ROWINFO * 4 + 2 * rows * layout.channels_per_group * 4) as u64
+}
+
+/// GroupNorm: `x` is `[samples, channels, ...]` (the axes after the channels are the
+/// spatial ones); each sample's channels are cut into `groups` runs of `channels / groups`,
+/// each normalized over its channels and positions with the population variance of the
+/// centered values, then `y = n · w[ch] + b[ch]`. Weight and bias (each optional) have shape
+/// `[channels]`; `groups` must divide the channels. Saved statistics are per (sample, group),
+/// shape `[samples, groups]`.
+pub fn group_norm(
+    x: &Tensor,
+    groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    options: &GroupNormOptions,
+) -> Result<(Tensor, Saved)> {
+    let what = "group_norm";
+    float(x, "group_norm: source")?;
+    let shape = x.shape();
+    if shape.len() < 2 {
+        return Err(Error::bounds(
+            "group_norm: source axes ([samples, channels, ...])",
+            shape.len() as u64,
+            2,
+            64,
+        ));
+    }
+    let (samples, channels) = (shape[0], shape[1]);
+    let spatial: usize = shape[2..].iter().product();
+    if channels == 0 || groups == 0 || groups > channels || !channels.is_multiple_of(groups) {
+        return Err(Error::bounds(
+            "group_norm: groups (a divisor of the channels)",
+            groups as u64,
+            1,
+            channels as u64,
+        ));
+    }
+    let layout = GroupLayout {
+        groups,
+        channels_per_group: channels / groups,
+        spatial,
+    };
+    let width = layout.channels_per_group * spatial;
+    let view = x.reshape(&[samples * groups, width])?;
+    let (rows, _) = source_extent(&view, what)?;
+    if let Some(w) = weight {
+        check_param(w, x.engine(), &[channels], "group_norm: weight")?;
+    }
+    if let Some(b) = bias {
+        check_param(b, x.engine(), &[channels], "group_norm: bias")?;
+    }
+    check_eps(options.eps, what)?;
+    let (y, correction, inverse, mean) = forward(Forward {
+        kind: NormKind::Group,
+        x: &view,
+        aux: None,
+        aux2: bias,
+        weight,
+        rows_per_batch: rows,
+        eps: options.eps,
+        offset: 0.0,
+        casting: CastingMode::Gemma,
+        layout: Some(layout),
+    })?;
+    let stats = [samples, groups];
+    Ok((
+        y.reshape(shape)?,
+        Saved {
+            kind: NormKind::Group,
+            source: x.clone(),
+            residual: None,
+            weight: weight.cloned(),
+            has_bias: bias.is_some(),
+            scale: None,
+            inverse: inverse.reshape(&stats)?,
+            mean: mean.map(|m| m.reshape(&stats)).transpose()?,
+            mean_correction: correction.map(|m| m.reshape(&stats)).transpose()?,
+            group: Some(layout),
+            eps: options.eps,
+            offset: 0.0,
+        },
+    ))
+}
+
+/// The weight and bias gradients of GroupNorm: per (sample, channel) sums over the positions,
+/// then the samples summed in order.
+fn group_parameter_gradients(
+    saved: &Saved,
+    layout: GroupLayout,
+    x: &Tensor,
+    output_gradient: &Tensor,
+    rowinfo: &Tensor,
+    dx: Tensor,
+) -> Result<NormGradients> {
+    let engine = x.engine();
+    let (rows, cols) = rows_cols(x);
+    let samples = rows / layout.groups;
+    let channels = layout.groups * layout.channels_per_group;
+    let total = samples * channels;
+    let (weight, bias) = if saved.weight.is_some() || saved.has_bias {
+        let partials = Tensor::empty(engine, &[2 * total], DType::F32, "group_norm partials")?;
+        engine.launch(
+            &KERNEL,
+            "group_partials",
+            &vec![
+                ("KIND", NormKind::Group.code()),
+                ("DX", f64::from(x.dtype().code())),
+                ("DY", f64::from(output_gradient.dtype().code())),
+            ],
+            &Params {
+                rows: rows as u32,
+                cols: cols as u32,
+                total: total as u32,
+                stride: total as u32,
+                groups: layout.groups as u32,
+                channels_per_group: layout.channels_per_group as u32,
+                spatial: layout.spatial as u32,
+                ..Params::default()
+            },
+            &[
+                x.buffer(),
+                output_gradient.buffer(),
+                rowinfo.buffer(),
+                partials.buffer(),
+            ],
+            (total as u64).div_ceil(WG),
+        )?;
+        let sum = |slot| {
+            finish(engine, &partials, slot, total, 1, samples, channels)?.reshape(&[channels])
+        };
+        (
+            saved.weight.as_ref().map(|_| sum(0)).transpose()?,
+            saved.has_bias.then(|| sum(1)).transpose()?,
+        )
+    } else {
+        (None, None)
+    };
+    Ok(NormGradients {
+        source: dx,
+        weight,
+        bias,
+        residual: None,
+        scale: None,
+        shift: None,
+    })
+}
+
+// ---- DyT ----
+
+/// What [`dyt`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct DytSaved {
+    /// The source `x`.
+    pub source: Tensor,
+    /// α, shape `[1]`.
+    pub alpha: Tensor,
+    /// γ, shape `[columns]`.
+    pub gamma: Tensor,
+    /// Whether β was given.
+    pub has_beta: bool,
+}
+
+/// Gradients of [`dyt_backward`] (FP32).
+#[derive(Debug, Clone)]
+pub struct DytGradients {
+    /// dL/dx, the source's shape.
+    pub source: Tensor,
+    /// dL/dα, `[1]`.
+    pub alpha: Tensor,
+    /// dL/dγ, `[columns]`.
+    pub gamma: Tensor,
+    /// dL/dβ, `[columns]` (when β was given).
+    pub beta: Option<Tensor>,
+}
+
+/// Scratch bytes [`dyt_backward`] allocates: three FP32 partial slots of `blocks × cols`
+/// (blocks of [`BLOCK_ROWS`] rows) and the per-column α partial sums.
+pub fn dyt_backward_workspace_bytes(rows: usize, cols: usize) -> u64 {
+    (3 * rows.div_ceil(BLOCK_ROWS) * cols * 4 + cols * 4) as u64
+}
+
+/// Dynamic tanh: `y = γ · tanh(α · x) + β` with a trainable scalar α (`[1]`), γ and β
+/// (optional) of shape `[columns]`. Elementwise (any width; the output has the source's dtype).
+pub fn dyt(
+    x: &Tensor,
+    alpha: &Tensor,
+    gamma: &Tensor,
+    beta: Option<&Tensor>,
+) -> Result<(Tensor, DytSaved)> {
+    let (rows, cols) = source_extent(x, "dyt")?;
+    let engine = x.engine();
+    check_param(alpha, engine, &[1], "dyt: alpha")?;
+    check_param(gamma, engine, &[cols], "dyt: gamma")?;
+    if let Some(b) = beta {
+        check_param(b, engine, &[cols], "dyt: beta")?;
+    }
+    let y = Tensor::empty(engine, x.shape(), x.dtype(), "dyt output")?;
+    let count = rows * cols;
+    let pairs = count.div_ceil(2);
+    engine.launch(
+        &KERNEL,
+        "dyt_forward",
+        &vec![
+            ("DX", f64::from(x.dtype().code())),
+            ("DA", f64::from(alpha.dtype().code())),
+            ("DB", code(beta)),
+            ("DW", f64::from(gamma.dtype().code())),
+            ("HAS_B", f64::from(u8::from(beta.is_some()))),
+        ],
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: rows as u32,
+            blocks_per_batch: 0,
+            total: pairs as u32,
+            stride: 0,
+            base: 0,
+            eps: 0.0,
+            offset: 0.0,
+            ..Params::default()
+        },
+        &[
+            x.buffer(),
+            alpha.buffer(),
+            beta.unwrap_or(x).buffer(),
+            gamma.buffer(),
+            y.buffer(),
+        ],
+        (pairs as u64).div_ceil(WG),
+    )?;
+    Ok((
+        y,
+        DytSaved {
+            source: x.clone(),
+            alpha: alpha.clone(),
+            gamma: gamma.clone(),
+            has_beta: beta.is_some(),
+        },
+    ))
+}
+
+/// Backward of [`dyt`]: `output_gradient` has the source's shape (any float dtype).
+pub fn dyt_backward(saved: &DytSaved, output_gradient: &Tensor) -> Result<DytGradients> {
+    let x = &saved.source;
+    let engine = x.engine();
+    let (rows, cols) = source_extent(x, "dyt_backward")?;
+    check_same_shape(output_gradient, x, "dyt_backward: output gradient")?;
+    check_param(&saved.alpha, engine, &[1], "dyt_backward: saved alpha")?;
+    check_param(&saved.gamma, engine, &[cols], "dyt_backward: saved gamma")?;
+    engine.check_workspace("dyt_backward", dyt_backward_workspace_bytes(rows, cols))?;
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let stride = blocks * cols;
+    if (3 * stride) as u64 > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            "dyt_backward: partial words",
+            (3 * stride) as u64,
+            0,
+            u64::from(u32::MAX),
+        ));
+    }
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "dyt source gradient")?;
+    let partials = Tensor::empty(engine, &[3 * stride], DType::F32, "dyt partials")?;
+    engine.launch(
+        &KERNEL,
+        "dyt_backward_columns",
+        &vec![
+            ("DX", f64::from(x.dtype().code())),
+            ("DA", f64::from(saved.alpha.dtype().code())),
+            ("DW", f64::from(saved.gamma.dtype().code())),
+            ("DY", f64::from(output_gradient.dtype().code())),
+            ("HAS_B", f64::from(u8::from(saved.has_beta))),
+        ],
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: rows as u32,
+            blocks_per_batch: blocks as u32,
+            total: stride as u32,
+            stride: stride as u32,
+            base: 0,
+            eps: 0.0,
+            offset: 0.0,
+            ..Params::default()
+        },
+        &[
+            x.buffer(),
+            saved.alpha.buffer(),
+            saved.gamma.buffer(),
+            output_gradient.buffer(),
+            dx.buffer(),
+            partials.buffer(),
+        ],
+        (stride as u64).div_ceil(WG),
+    )?;
+    let gamma = finish(engine, &partials, 0, stride, 1, blocks, cols)?.reshape(&[cols])?;
+    let beta = if saved.has_beta {
+        Some(finish(engine, &partials, 1, stride, 1, blocks, cols)?.reshape(&[cols])?)
+    } else {
+        None
+    };
+    let alpha_columns = finish(engine, &partials, 2, stride, 1, blocks, cols)?;
+    let alpha = crate::reduce::sum_rows(&alpha_columns)?;
+    Ok(DytGradients {
+        source: dx,
+        alpha,
+        gamma,
+        beta,
+    })
+}
+
+// ---- PolyNorm ----
+
+/// Default ε of [`poly_norm`].
+pub const POLY_DEFAULT_EPS: f32 = 1e-6;
+
+/// Options of [`poly_norm`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolyNormOptions {
+    /// ε added to each mean square (default 1e-6); positive and finite.
+    pub eps: f32,
+}
+
+impl Default for PolyNormOptions {
+    fn default() -> Self {
+        PolyNormOptions {
+            eps: POLY_DEFAULT_EPS,
+        }
+    }
+}
+
+/// What [`poly_norm`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct PolySaved {
+    /// The source `x`.
+    pub source: Tensor,
+    /// The weights `(w0, w1, w2)`, shape `[3]`.
+    pub weight: Tensor,
+    /// Whether a bias was given.
+    pub has_bias: bool,
+    /// Per-row inverse RMS of `x³`, `x²`, `x` (in that order), F32, shape `[rows, 3]`.
+    pub inverse: Tensor,
+    /// ε used.
+    pub eps: f32,
+}
+
+/// Gradients of [`poly_norm_backward`] (FP32).
+#[derive(Debug, Clone)]
+pub struct PolyGradients {
+    /// dL/dx, the source's shape.
+    pub source: Tensor,
+    /// dL/dw, `[3]`.
+    pub weight: Tensor,
+    /// dL/db, `[1]` (when a bias was given).
+    pub bias: Option<Tensor>,
+}
+
+/// Scratch bytes [`poly_norm_backward`] allocates: the per-row constants and four FP32
+/// partial slots of `blocks × cols`, then their per-column sums.
+pub fn poly_backward_workspace_bytes(rows: usize, cols: usize) -> u64 {
+    (rows * ROWINFO * 4 + 4 * rows.div_ceil(BLOCK_ROWS) * cols * 4 + 4 * cols * 4) as u64
+}
+
+/// PolyNorm: `y = w0·n(x³) + w1·n(x²) + w2·n(x) + b` per row, `n(u) = u/sqrt(mean(u²) + ε)`.
+/// `weight` has shape `[3]`, `bias` (optional) `[1]`. Output in the source dtype.
+pub fn poly_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    options: &PolyNormOptions,
+) -> Result<(Tensor, PolySaved)> {
+    let (rows, cols) = source_extent(x, "poly_norm")?;
+    let engine = x.engine();
+    check_param(weight, engine, &[3], "poly_norm: weight")?;
+    if let Some(b) = bias {
+        check_param(b, engine, &[1], "poly_norm: bias")?;
+    }
+    check_eps(options.eps, "poly_norm")?;
+    let dtype = x.dtype();
+    let pairs = dtype != DType::F32 && cols.is_multiple_of(2);
+    let direct = dtype == DType::F32 || pairs;
+    engine.check_workspace(
+        "poly_norm",
+        forward_workspace_bytes(NormKind::Rms, rows, cols, dtype),
+    )?;
+    let y = Tensor::empty(
+        engine,
+        x.shape(),
+        if direct { dtype } else { DType::F32 },
+        "poly_norm output",
+    )?;
+    let inverse = Tensor::empty(engine, &[rows, 3], DType::F32, "poly_norm inverse")?;
+    engine.launch(
+        &KERNEL,
+        "poly_forward",
+        &vec![
+            ("DX", f64::from(dtype.code())),
+            ("DB", code(bias)),
+            ("DW", f64::from(weight.dtype().code())),
+            ("HAS_B", f64::from(u8::from(bias.is_some()))),
+            ("PAIRS", f64::from(u8::from(pairs))),
+        ],
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: rows as u32,
+            blocks_per_batch: 0,
+            total: 0,
+            stride: 0,
+            base: 0,
+            eps: options.eps,
+            offset: 0.0,
+            ..Params::default()
+        },
+        &[
+            x.buffer(),
+            bias.unwrap_or(x).buffer(),
+            weight.buffer(),
+            inverse.buffer(),
+            y.buffer(),
+        ],
+        rows as u64,
+    )?;
+    let y = if direct { y } else { cast::cast(&y, dtype)? };
+    Ok((
+        y,
+        PolySaved {
+            source: x.clone(),
+            weight: weight.clone(),
+            has_bias: bias.is_some(),
+            inverse,
+            eps: options.eps,
+        },
+    ))
+}
+
+/// Backward of [`poly_norm`]: `output_gradient` has the source's shape (any float dtype).
+pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result<PolyGradients> {
+    let x = &saved.source;
+    let engine = x.engine();
+    let (rows, cols) = source_extent(x, "poly_norm_backward")?;
+    check_same_shape(output_gradient, x, "poly_norm_backward: output gradient")?;
+    check_param(
+        &saved.weight,
+        engine,
+        &[3],
+        "poly_norm_backward: saved weight",
+    )?;
+    check_stats(
+        &saved.inverse,
+        engine,
+        3 * rows,
+        "poly_norm_backward: saved inverse",
+    )?;
+    check_eps(saved.eps, "poly_norm_backward: saved")?;
+    engine.check_workspace(
+        "poly_norm_backward",
+        poly_backward_workspace_bytes(rows, cols),
+    )?;
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    let stride = blocks * cols;
+    if (4 * stride) as u64 > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            "poly_norm_backward: partial words",
+            (4 * stride) as u64,
+            0,
+            u64::from(u32::MAX),
+        ));
+    }
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "poly_norm source gradient")?;
+    let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "poly_norm rows")?;
+    let partials = Tensor::empty(engine, &[4 * stride], DType::F32, "poly_norm partials")?;
+    let constants: Constants = vec![
+        ("DX", f64::from(x.dtype().code())),
+        ("DW", f64::from(saved.weight.dtype().code())),
+        ("DY", f64::from(output_gradient.dtype().code())),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+    ];
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        rows_per_batch: rows as u32,
+        blocks_per_batch: blocks as u32,
+        total: stride as u32,
+        stride: stride as u32,
+        base: 0,
+        eps: saved.eps,
+        offset: 0.0,
+        ..Params::default()
+    };
+    engine.launch(
+        &KERNEL,
+        "poly_backward_rows",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            saved.weight.buffer(),
+            saved.inverse.buffer(),
+            output_gradient.buffer(),
+            rowinfo.buffer(),
+        ],
+        rows as u64,
+    )?;
+    engine.launch(
+        &KERNEL,
+        "poly_backward_columns",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            saved.weight.buffer(),
+            output_gradient.buffer(),
+            rowinfo.buffer(),
+            dx.buffer(),
+            partials.buffer(),
+        ],
+        (stride as u64).div_ceil(WG),
+    )?;
+    let weight = crate::reduce::sum_rows(&finish(engine, &partials, 0, stride, 3, blocks, cols)?)?;
+    let bias = if saved.has_bias {
+        Some(crate::reduce::sum_rows(&finish(
+            engine, &partials, 3, stride, 1, blocks, cols,
+        )?)?)
+    } else {
+        None
+    };
+    Ok(PolyGradients {
+        source: dx,
+        weight,
+        bias,
+    })
+}

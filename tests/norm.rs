@@ -1,0 +1,1330 @@
+//! Normalization family (`wgrad::norm`) against the f64 references of
+//! `wgrad::reference::norm`: forward outputs, saved statistics and every gradient, in every
+//! storage dtype, on ragged widths; finite differences of every reference gradient;
+//! bit-identical reruns; every documented bad input's error.
+//!
+//! Tolerance: `Tolerance::for_dtype` of the compared output (the output dtype for forwards,
+//! F32 for statistics and gradients), unscaled. References take the values actually stored.
+
+mod common;
+
+use common::{Rng, engine};
+use wgrad::gradcheck::{Comparison, Tolerance, check_vjp, compare};
+use wgrad::norm::{self, CastingMode, LayerNormOptions, NormKind, RmsNormOptions};
+use wgrad::reference::norm as reference;
+use wgrad::{DType, Error, Tensor};
+
+const F32: Tolerance = Tolerance::for_dtype(DType::F32);
+
+fn upload(data: &[f64], shape: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
+    wgrad::gradcheck::tensor_from_f64(engine(), data, shape, dtype).expect("upload")
+}
+
+fn check(what: &str, got: &Tensor, want: &[f64], tol: Tolerance) -> Comparison {
+    let c = compare(&got.to_f64().expect("read back"), want, tol);
+    assert!(c.passed, "{what}: {c}");
+    c
+}
+
+/// Tolerance of a source gradient. For width 1 the exact RMSNorm gradient is ε-sized
+/// (`w·dy·ε/(x² + ε)^1.5`), the difference of two O(1) terms (`dn − n·mean(dn·n)` with
+/// `n² = x²/(x² + ε)`), so FP32 can only meet it absolutely: the elementwise F32 bound stays,
+/// the relative L2 bound is waived for that width alone.
+fn dx_tol(cols: usize) -> Tolerance {
+    if cols == 1 {
+        Tolerance {
+            rel_l2: f64::INFINITY,
+            ..F32
+        }
+    } else {
+        F32
+    }
+}
+
+fn fd(what: &str, c: Comparison) {
+    assert!(c.passed, "finite differences, {what}: {c}");
+}
+
+struct RmsCase {
+    rows: usize,
+    cols: usize,
+    x: DType,
+    weight: Option<DType>,
+    dy: DType,
+    options: RmsNormOptions,
+}
+
+fn run_rms(case: &RmsCase, seed: u64) {
+    let RmsCase {
+        rows, cols, x: xdt, ..
+    } = *case;
+    let what = format!(
+        "rms_norm {rows}x{cols} x {xdt} w {:?} dy {} {:?}",
+        case.weight, case.dy, case.options
+    );
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
+    let w = case
+        .weight
+        .map(|dt| upload(&rng.vec(cols, -1.0, 1.5), &[cols], dt));
+    let ws = w.as_ref().map(|w| w.1.as_slice());
+    let o = case.options;
+    let (y, saved) = norm::rms_norm(&x, w.as_ref().map(|w| &w.0), &o).unwrap();
+    assert_eq!((y.shape(), y.dtype()), (x.shape(), xdt));
+    let eps = f64::from(o.eps);
+    let want = reference::rms_norm(
+        &xs,
+        rows,
+        cols,
+        ws,
+        f64::from(o.offset),
+        eps,
+        o.casting,
+        xdt,
+    );
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(xdt));
+    check(
+        &format!("{what}: inverse"),
+        &saved.inverse,
+        &reference::inverse_rms(&xs, rows, cols, eps),
+        F32,
+    );
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], case.dy);
+    let g = norm::norm_backward(&saved, &dy, None).unwrap();
+    let r = reference::rms_norm_backward(&xs, rows, cols, ws, f64::from(o.offset), eps, &dys);
+    assert_eq!(g.source.dtype(), DType::F32);
+    check(&format!("{what}: dx"), &g.source, &r.source, dx_tol(cols));
+    match (&g.weight, ws) {
+        (Some(dw), Some(_)) => {
+            assert_eq!(dw.shape(), &[cols]);
+            check(&format!("{what}: dw"), dw, &r.weight, F32);
+        }
+        (None, None) => {}
+        _ => panic!("{what}: weight gradient present iff weight given"),
+    }
+    assert!(g.bias.is_none() && g.residual.is_none() && g.scale.is_none());
+}
+
+#[test]
+fn rms_norm_ragged_widths_every_dtype() {
+    let mut seed = 0;
+    for cols in [1, 3, 7, 127, 4097] {
+        let rows = if cols > 1000 { 3 } else { 37 };
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_rms(
+                &RmsCase {
+                    rows,
+                    cols,
+                    x: xdt,
+                    weight: Some(xdt),
+                    dy: xdt,
+                    options: RmsNormOptions::default(),
+                },
+                seed,
+            );
+        }
+    }
+}
+
+#[test]
+fn rms_norm_casting_modes_offsets_and_mixed_dtypes() {
+    let mut seed = 100;
+    for casting in [CastingMode::Llama, CastingMode::Gemma, CastingMode::None] {
+        for offset in [0.0, 1.0] {
+            for (xdt, wdt, dydt) in [
+                (DType::BF16, DType::F32, DType::BF16),
+                (DType::F16, DType::BF16, DType::F32),
+                (DType::F32, DType::F16, DType::F16),
+            ] {
+                seed += 1;
+                run_rms(
+                    &RmsCase {
+                        rows: 19,
+                        cols: 66,
+                        x: xdt,
+                        weight: Some(wdt),
+                        dy: dydt,
+                        options: RmsNormOptions {
+                            eps: 1e-6,
+                            offset,
+                            casting,
+                        },
+                    },
+                    seed,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_without_weight() {
+    for (k, (rows, cols)) in [(5, 9), (40, 64)].into_iter().enumerate() {
+        for xdt in DType::FLOATS {
+            run_rms(
+                &RmsCase {
+                    rows,
+                    cols,
+                    x: xdt,
+                    weight: None,
+                    dy: DType::F32,
+                    options: RmsNormOptions::default(),
+                },
+                200 + k as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn rms_norm_liger_shapes() {
+    // Liger's test shapes (2, 128, 512) and (5, 123, 123), flattened to rows.
+    for (k, (rows, cols)) in [(256, 512), (615, 123)].into_iter().enumerate() {
+        for xdt in [DType::F32, DType::BF16] {
+            for casting in [CastingMode::Llama, CastingMode::Gemma] {
+                run_rms(
+                    &RmsCase {
+                        rows,
+                        cols,
+                        x: xdt,
+                        weight: Some(xdt),
+                        dy: xdt,
+                        options: RmsNormOptions {
+                            casting,
+                            offset: if casting == CastingMode::Gemma {
+                                1.0
+                            } else {
+                                0.0
+                            },
+                            ..RmsNormOptions::default()
+                        },
+                    },
+                    300 + k as u64,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_one_65536_wide_row() {
+    for xdt in [DType::F32, DType::BF16] {
+        run_rms(
+            &RmsCase {
+                rows: 1,
+                cols: 65_536,
+                x: xdt,
+                weight: Some(DType::F32),
+                dy: DType::F32,
+                options: RmsNormOptions::default(),
+            },
+            400,
+        );
+    }
+}
+
+#[test]
+fn leading_axes_flatten_to_rows() {
+    let mut rng = Rng::new(5);
+    let (x, xs) = upload(&rng.vec(2 * 3 * 10, -1.0, 1.0), &[2, 3, 10], DType::F32);
+    let (y, saved) = norm::rms_norm(&x, None, &RmsNormOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[2, 3, 10]);
+    assert_eq!(saved.inverse.shape(), &[2, 3]);
+    let want = reference::rms_norm(&xs, 6, 10, None, 0.0, 1e-5, CastingMode::Llama, DType::F32);
+    check("rms_norm [2, 3, 10]", &y, &want, F32);
+    // A 1-D source is one row.
+    let (v, vs) = upload(&xs[..10], &[10], DType::F32);
+    let (y, saved) = norm::rms_norm(&v, None, &RmsNormOptions::default()).unwrap();
+    assert_eq!(saved.inverse.len(), 1);
+    let want = reference::rms_norm(&vs, 1, 10, None, 0.0, 1e-5, CastingMode::Llama, DType::F32);
+    check("rms_norm [10]", &y, &want, F32);
+}
+
+fn run_layer(
+    rows: usize,
+    cols: usize,
+    dt: DType,
+    weight: bool,
+    bias: bool,
+    offset: f64,
+    seed: u64,
+) {
+    let what = format!("layer_norm {rows}x{cols} {dt} w {weight} b {bias} offset {offset}");
+    let mut rng = Rng::new(seed);
+    let data: Vec<f64> = rng
+        .vec(rows * cols, -1.0, 1.0)
+        .into_iter()
+        .map(|v| v + offset)
+        .collect();
+    let (x, xs) = upload(&data, &[rows, cols], dt);
+    let w = weight.then(|| upload(&rng.vec(cols, 0.5, 1.5), &[cols], dt));
+    let b = bias.then(|| upload(&rng.vec(cols, -0.5, 0.5), &[cols], DType::F32));
+    let ws = w.as_ref().map(|w| w.1.as_slice());
+    let bs = b.as_ref().map(|b| b.1.as_slice());
+    let eps = 1e-5;
+    let (y, saved) = norm::layer_norm(
+        &x,
+        w.as_ref().map(|w| &w.0),
+        b.as_ref().map(|b| &b.0),
+        &LayerNormOptions::default(),
+    )
+    .unwrap();
+    assert_eq!((y.shape(), y.dtype()), (x.shape(), dt));
+    check(
+        &format!("{what}: y"),
+        &y,
+        &reference::layer_norm(&xs, rows, cols, ws, bs, eps),
+        Tolerance::for_dtype(dt),
+    );
+    let (mean, inv) = reference::mean_inverse_std(&xs, rows, cols, eps);
+    check(&format!("{what}: inverse"), &saved.inverse, &inv, F32);
+    check(
+        &format!("{what}: mean"),
+        saved.mean.as_ref().expect("layer norm saves the mean"),
+        &mean,
+        F32,
+    );
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::BF16);
+    let g = norm::norm_backward(&saved, &dy, None).unwrap();
+    let r = reference::layer_norm_backward(&xs, rows, cols, ws, eps, &dys);
+    check(&format!("{what}: dx"), &g.source, &r.source, dx_tol(cols));
+    assert_eq!(g.weight.is_some(), weight, "{what}");
+    assert_eq!(g.bias.is_some(), bias, "{what}");
+    if let Some(dw) = &g.weight {
+        check(&format!("{what}: dw"), dw, &r.weight, F32);
+    }
+    if let Some(db) = &g.bias {
+        check(&format!("{what}: db"), db, &r.bias, F32);
+    }
+}
+
+#[test]
+fn layer_norm_every_dtype_and_width() {
+    let mut seed = 500;
+    for cols in [1, 3, 7, 127, 4097] {
+        let rows = if cols > 1000 { 3 } else { 41 };
+        for dt in DType::FLOATS {
+            seed += 1;
+            run_layer(rows, cols, dt, true, true, 0.0, seed);
+        }
+    }
+    run_layer(10, 33, DType::F32, false, true, 0.0, 550);
+    run_layer(10, 33, DType::F16, true, false, 0.0, 551);
+    run_layer(10, 33, DType::BF16, false, false, 0.0, 552);
+    for dt in [DType::F32, DType::BF16] {
+        run_layer(256, 512, dt, true, true, 0.0, 553);
+        run_layer(615, 123, dt, true, true, 0.0, 554);
+    }
+    run_layer(1, 65_536, DType::F32, true, true, 0.0, 555);
+}
+
+#[test]
+fn layer_norm_centers_a_large_common_offset() {
+    // 1e4 + noise in [-1, 1): F32 (a 16-bit dtype would round the noise away at 1e4).
+    for (rows, cols) in [(16, 300), (3, 4097)] {
+        run_layer(rows, cols, DType::F32, true, true, 1e4, 600);
+    }
+}
+
+fn run_add(
+    rows: usize,
+    cols: usize,
+    xdt: DType,
+    rdt: DType,
+    with_dsum: bool,
+    o: RmsNormOptions,
+    seed: u64,
+) {
+    let what = format!("add_rms_norm {rows}x{cols} x {xdt} r {rdt} dsum {with_dsum} {o:?}");
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
+    let (r, rs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], rdt);
+    let (w, ws) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], DType::F32);
+    let eps = f64::from(o.eps);
+    let offset = f64::from(o.offset);
+    let (y, sum, saved) = norm::add_rms_norm(&x, &r, Some(&w), &o).unwrap();
+    assert_eq!((y.dtype(), sum.dtype()), (xdt, xdt));
+    assert_eq!((y.shape(), sum.shape()), (x.shape(), x.shape()));
+    let (want_y, want_s) =
+        reference::add_rms_norm(&xs, &rs, rows, cols, Some(&ws), offset, eps, o.casting, xdt);
+    check(
+        &format!("{what}: y"),
+        &y,
+        &want_y,
+        Tolerance::for_dtype(xdt),
+    );
+    check(
+        &format!("{what}: sum"),
+        &sum,
+        &want_s,
+        Tolerance::for_dtype(xdt),
+    );
+    let s: Vec<f64> = xs.iter().zip(&rs).map(|(a, b)| a + b).collect();
+    check(
+        &format!("{what}: inverse"),
+        &saved.inverse,
+        &reference::inverse_rms(&s, rows, cols, eps),
+        F32,
+    );
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], xdt);
+    let ds = with_dsum.then(|| upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F16));
+    let g = norm::norm_backward(&saved, &dy, ds.as_ref().map(|d| &d.0)).unwrap();
+    let want = reference::add_rms_norm_backward(
+        &xs,
+        &rs,
+        rows,
+        cols,
+        Some(&ws),
+        offset,
+        eps,
+        &dys,
+        ds.as_ref().map(|d| d.1.as_slice()),
+    );
+    check(
+        &format!("{what}: dx"),
+        &g.source,
+        &want.source,
+        dx_tol(cols),
+    );
+    check(
+        &format!("{what}: dresidual"),
+        g.residual.as_ref().expect("residual gradient"),
+        &want.source,
+        dx_tol(cols),
+    );
+    check(
+        &format!("{what}: dw"),
+        g.weight.as_ref().expect("weight gradient"),
+        &want.weight,
+        F32,
+    );
+}
+
+#[test]
+fn add_rms_norm_both_residual_seeds() {
+    let mut seed = 700;
+    for cols in [1, 3, 7, 127, 4097] {
+        let rows = if cols > 1000 { 2 } else { 35 };
+        for xdt in DType::FLOATS {
+            for with_dsum in [false, true] {
+                seed += 1;
+                run_add(
+                    rows,
+                    cols,
+                    xdt,
+                    xdt,
+                    with_dsum,
+                    RmsNormOptions::default(),
+                    seed,
+                );
+            }
+        }
+    }
+    for casting in [CastingMode::Llama, CastingMode::Gemma, CastingMode::None] {
+        seed += 1;
+        let o = RmsNormOptions {
+            casting,
+            offset: 1.0,
+            ..RmsNormOptions::default()
+        };
+        run_add(21, 50, DType::BF16, DType::F32, true, o, seed);
+    }
+    run_add(
+        256,
+        512,
+        DType::BF16,
+        DType::BF16,
+        true,
+        RmsNormOptions::default(),
+        790,
+    );
+}
+
+fn run_modulated(rows: usize, cols: usize, batches: usize, xdt: DType, weight: bool, seed: u64) {
+    let what = format!("modulated_rms_norm {rows}x{cols} batches {batches} {xdt} w {weight}");
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
+    let w = weight.then(|| upload(&rng.vec(cols, 0.5, 1.5), &[cols], DType::BF16));
+    let ws = w.as_ref().map(|w| w.1.as_slice());
+    let (sc, scs) = upload(
+        &rng.vec(batches * cols, -0.5, 0.5),
+        &[batches, cols],
+        DType::F16,
+    );
+    let (sh, shs) = upload(
+        &rng.vec(batches * cols, -0.5, 0.5),
+        &[batches, cols],
+        DType::F32,
+    );
+    let o = RmsNormOptions {
+        offset: 1.0,
+        ..RmsNormOptions::default()
+    };
+    let (y, saved) = norm::modulated_rms_norm(&x, w.as_ref().map(|w| &w.0), &sc, &sh, &o).unwrap();
+    let want = reference::modulated_rms_norm(&xs, rows, cols, batches, ws, 1.0, &scs, &shs, 1e-5);
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(xdt));
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F32);
+    let g = norm::norm_backward(&saved, &dy, None).unwrap();
+    let r =
+        reference::modulated_rms_norm_backward(&xs, rows, cols, batches, ws, 1.0, &scs, 1e-5, &dys);
+    check(&format!("{what}: dx"), &g.source, &r.source, dx_tol(cols));
+    if weight {
+        check(
+            &format!("{what}: dw"),
+            g.weight.as_ref().unwrap(),
+            &r.weight,
+            F32,
+        );
+    } else {
+        assert!(g.weight.is_none());
+    }
+    let dscale = g.scale.as_ref().expect("scale gradient");
+    let dshift = g.shift.as_ref().expect("shift gradient");
+    assert_eq!(
+        (dscale.shape(), dshift.shape()),
+        (&[batches, cols][..], &[batches, cols][..])
+    );
+    check(&format!("{what}: dscale"), dscale, &r.scale, F32);
+    check(&format!("{what}: dshift"), dshift, &r.bias, F32);
+}
+
+#[test]
+fn modulated_rms_norm_every_dtype() {
+    let mut seed = 800;
+    for (rows, cols, batches) in [(1, 1, 1), (12, 7, 3), (70, 130, 2), (4, 4097, 2)] {
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_modulated(rows, cols, batches, xdt, true, seed);
+        }
+    }
+    run_modulated(10, 6, 5, DType::F32, false, 850);
+}
+
+/// Finite differences of every reference gradient on small shapes (F32 references: the
+/// roundings of the casting modes are the identity there).
+#[test]
+fn reference_gradients_match_finite_differences() {
+    let (rows, cols) = (3, 5);
+    let n = rows * cols;
+    let mut rng = Rng::new(900);
+    let x = rng.vec(n, -2.0, 2.0);
+    let r = rng.vec(n, -2.0, 2.0);
+    let w = rng.vec(cols, 0.5, 1.5);
+    let b = rng.vec(cols, -0.5, 0.5);
+    let dy = rng.vec(n, -1.0, 1.0);
+    let eps = 1e-5;
+    let ll = CastingMode::Llama;
+
+    for offset in [0.0, 1.0] {
+        let g = reference::rms_norm_backward(&x, rows, cols, Some(&w), offset, eps, &dy);
+        let f =
+            |x: &[f64]| reference::rms_norm(x, rows, cols, Some(&w), offset, eps, ll, DType::F32);
+        fd("rms dx", check_vjp(f, &x, &dy, &g.source));
+        let f =
+            |w: &[f64]| reference::rms_norm(&x, rows, cols, Some(w), offset, eps, ll, DType::F32);
+        fd("rms dw", check_vjp(f, &w, &dy, &g.weight));
+    }
+    let g = reference::rms_norm_backward(&x, rows, cols, None, 0.0, eps, &dy);
+    let f = |x: &[f64]| reference::rms_norm(x, rows, cols, None, 0.0, eps, ll, DType::F32);
+    fd("rms dx (no weight)", check_vjp(f, &x, &dy, &g.source));
+
+    // LayerNorm, with a common offset too.
+    let shifted: Vec<f64> = x.iter().map(|v| v + 100.0).collect();
+    for x in [&x, &shifted] {
+        let g = reference::layer_norm_backward(x, rows, cols, Some(&w), eps, &dy);
+        let f = |x: &[f64]| reference::layer_norm(x, rows, cols, Some(&w), Some(&b), eps);
+        fd("layer dx", check_vjp(f, x, &dy, &g.source));
+        let f = |w: &[f64]| reference::layer_norm(x, rows, cols, Some(w), Some(&b), eps);
+        fd("layer dw", check_vjp(f, &w, &dy, &g.weight));
+        let f = |b: &[f64]| reference::layer_norm(x, rows, cols, Some(&w), Some(b), eps);
+        fd("layer db", check_vjp(f, &b, &dy, &g.bias));
+    }
+
+    // add+RMSNorm: both outputs' cotangents at once.
+    let ds = rng.vec(n, -1.0, 1.0);
+    let both: Vec<f64> = dy.iter().chain(&ds).copied().collect();
+    let g =
+        reference::add_rms_norm_backward(&x, &r, rows, cols, Some(&w), 1.0, eps, &dy, Some(&ds));
+    let out = |x: &[f64], r: &[f64], w: &[f64]| {
+        let (y, s) = reference::add_rms_norm(x, r, rows, cols, Some(w), 1.0, eps, ll, DType::F32);
+        y.into_iter().chain(s).collect::<Vec<_>>()
+    };
+    fd(
+        "add dx",
+        check_vjp(|x| out(x, &r, &w), &x, &both, &g.source),
+    );
+    fd(
+        "add dresidual",
+        check_vjp(|r| out(&x, r, &w), &r, &both, &g.source),
+    );
+    fd(
+        "add dw",
+        check_vjp(|w| out(&x, &r, w), &w, &both, &g.weight),
+    );
+    let g0 = reference::add_rms_norm_backward(&x, &r, rows, cols, Some(&w), 1.0, eps, &dy, None);
+    let y_only = |x: &[f64]| {
+        reference::add_rms_norm(x, &r, rows, cols, Some(&w), 1.0, eps, ll, DType::F32).0
+    };
+    fd("add dx (no dsum)", check_vjp(y_only, &x, &dy, &g0.source));
+
+    // Modulated RMSNorm, 3 rows in 3 batches.
+    let batches = 3;
+    let sc = rng.vec(batches * cols, -0.5, 0.5);
+    let sh = rng.vec(batches * cols, -0.5, 0.5);
+    let g = reference::modulated_rms_norm_backward(
+        &x,
+        rows,
+        cols,
+        batches,
+        Some(&w),
+        1.0,
+        &sc,
+        eps,
+        &dy,
+    );
+    let m = |x: &[f64], w: &[f64], sc: &[f64], sh: &[f64]| {
+        reference::modulated_rms_norm(x, rows, cols, batches, Some(w), 1.0, sc, sh, eps)
+    };
+    fd(
+        "mod dx",
+        check_vjp(|x| m(x, &w, &sc, &sh), &x, &dy, &g.source),
+    );
+    fd(
+        "mod dw",
+        check_vjp(|w| m(&x, w, &sc, &sh), &w, &dy, &g.weight),
+    );
+    fd(
+        "mod dscale",
+        check_vjp(|s| m(&x, &w, s, &sh), &sc, &dy, &g.scale),
+    );
+    fd(
+        "mod dshift",
+        check_vjp(|s| m(&x, &w, &sc, s), &sh, &dy, &g.bias),
+    );
+}
+
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64().unwrap().into_iter().map(f64::to_bits).collect()
+}
+
+#[test]
+fn reruns_are_bit_identical() {
+    let (rows, cols, batches) = (130, 301, 2);
+    let mut rng = Rng::new(1000);
+    let (x, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], DType::BF16);
+    let (r, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], DType::F32);
+    let (w, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], DType::F32);
+    let (b, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], DType::F32);
+    let (sc, _) = upload(
+        &rng.vec(batches * cols, -0.5, 0.5),
+        &[batches, cols],
+        DType::F32,
+    );
+    let (dy, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F32);
+    let o = RmsNormOptions::default();
+    let run = || -> Vec<Vec<u64>> {
+        let mut out = Vec::new();
+        let (y1, s1) = norm::rms_norm(&x, Some(&w), &o).unwrap();
+        let (y2, s2) =
+            norm::layer_norm(&x, Some(&w), Some(&b), &LayerNormOptions::default()).unwrap();
+        let (y3, sum, s3) = norm::add_rms_norm(&x, &r, Some(&w), &o).unwrap();
+        let (y4, s4) = norm::modulated_rms_norm(&x, Some(&w), &sc, &sc, &o).unwrap();
+        for y in [&y1, &y2, &y3, &sum, &y4] {
+            out.push(bits(y));
+        }
+        for (s, d) in [(&s1, None), (&s2, None), (&s3, Some(&dy)), (&s4, None)] {
+            let g = norm::norm_backward(s, &dy, d).unwrap();
+            for t in [
+                Some(&g.source),
+                g.weight.as_ref(),
+                g.bias.as_ref(),
+                g.scale.as_ref(),
+                g.shift.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                out.push(bits(t));
+            }
+        }
+        out
+    };
+    let first = run();
+    assert_eq!(first.len(), 5 + 1 + 1 + 2 + 1 + 2 + 1 + 3);
+    assert!(first == run(), "second run differs");
+}
+
+#[test]
+fn backward_does_not_change_its_inputs() {
+    let mut rng = Rng::new(1100);
+    let (x, xs) = upload(&rng.vec(6 * 9, -2.0, 2.0), &[6, 9], DType::F16);
+    let (w, ws) = upload(&rng.vec(9, 0.5, 1.5), &[9], DType::F32);
+    let (dy, dys) = upload(&rng.vec(6 * 9, -1.0, 1.0), &[6, 9], DType::F32);
+    let (_, saved) = norm::rms_norm(&x, Some(&w), &RmsNormOptions::default()).unwrap();
+    let inverse = bits(&saved.inverse);
+    let g1 = norm::norm_backward(&saved, &dy, None).unwrap();
+    let g2 = norm::norm_backward(&saved, &dy, None).unwrap();
+    assert_eq!(x.to_f64().unwrap(), xs);
+    assert_eq!(w.to_f64().unwrap(), ws);
+    assert_eq!(dy.to_f64().unwrap(), dys);
+    assert_eq!(bits(&saved.inverse), inverse);
+    // Independent calls do not accumulate.
+    assert_eq!(
+        bits(g1.weight.as_ref().unwrap()),
+        bits(g2.weight.as_ref().unwrap())
+    );
+}
+
+fn expect_bounds<T: std::fmt::Debug>(r: wgrad::Result<T>, got: u64, what: &str) {
+    match r {
+        Err(Error::OutOfBounds { got: g, .. }) if g == got => {}
+        other => panic!("{what}: expected OutOfBounds({got}), got {other:?}"),
+    }
+}
+
+fn expect_shape<T: std::fmt::Debug>(r: wgrad::Result<T>, what: &str) {
+    match r {
+        Err(Error::ShapeMismatch { .. }) => {}
+        other => panic!("{what}: expected ShapeMismatch, got {other:?}"),
+    }
+}
+
+fn expect_dtype<T: std::fmt::Debug>(r: wgrad::Result<T>, bad: DType, what: &str) {
+    match r {
+        Err(Error::UnsupportedDType { got, .. }) if got == bad => {}
+        other => panic!("{what}: expected UnsupportedDType({bad}), got {other:?}"),
+    }
+}
+
+fn expect_invalid<T: std::fmt::Debug>(r: wgrad::Result<T>, what: &str) {
+    match r {
+        Err(Error::InvalidValue { .. }) => {}
+        other => panic!("{what}: expected InvalidValue, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_inputs_give_typed_errors() {
+    let e = engine();
+    let o = RmsNormOptions::default();
+    let lo = LayerNormOptions::default();
+    let x = Tensor::zeros(e, &[4, 6], DType::F32).unwrap();
+    let w = Tensor::zeros(e, &[6], DType::F32).unwrap();
+    let w5 = Tensor::zeros(e, &[5], DType::F32).unwrap();
+    let wi = Tensor::from_slice(e, &[1i32; 6], &[6]).unwrap();
+    let xi = Tensor::from_slice(e, &[1i32; 24], &[4, 6]).unwrap();
+
+    // Zero rows and zero columns are errors.
+    let empty = Tensor::zeros(e, &[0, 6], DType::F32).unwrap();
+    expect_bounds(norm::rms_norm(&empty, Some(&w), &o), 0, "zero rows");
+    expect_bounds(norm::layer_norm(&empty, None, None, &lo), 0, "zero rows");
+    let narrow = Tensor::zeros(e, &[3, 0], DType::F32).unwrap();
+    expect_bounds(norm::rms_norm(&narrow, None, &o), 0, "zero columns");
+    let scalar = Tensor::zeros(e, &[], DType::F32).unwrap();
+    expect_bounds(norm::rms_norm(&scalar, None, &o), 0, "no axes");
+
+    // Mismatched weight / bias / residual / scale shapes.
+    expect_shape(norm::rms_norm(&x, Some(&w5), &o), "rms weight length");
+    expect_shape(
+        norm::layer_norm(&x, Some(&w5), None, &lo),
+        "layer weight length",
+    );
+    expect_shape(
+        norm::layer_norm(&x, Some(&w), Some(&w5), &lo),
+        "layer bias length",
+    );
+    let r = Tensor::zeros(e, &[4, 5], DType::F32).unwrap();
+    expect_shape(norm::add_rms_norm(&x, &r, Some(&w), &o), "residual shape");
+    let sc3 = Tensor::zeros(e, &[3, 6], DType::F32).unwrap();
+    expect_shape(
+        norm::modulated_rms_norm(&x, Some(&w), &sc3, &sc3, &o),
+        "batches not dividing rows",
+    );
+    let sc2 = Tensor::zeros(e, &[2, 6], DType::F32).unwrap();
+    let sh = Tensor::zeros(e, &[2, 5], DType::F32).unwrap();
+    expect_shape(
+        norm::modulated_rms_norm(&x, Some(&w), &sc2, &sh, &o),
+        "shift shape",
+    );
+
+    // Wrong dtypes.
+    expect_dtype(norm::rms_norm(&xi, None, &o), DType::I32, "integer source");
+    expect_dtype(
+        norm::rms_norm(&x, Some(&wi), &o),
+        DType::I32,
+        "integer weight",
+    );
+    expect_dtype(
+        norm::layer_norm(&x, Some(&w), Some(&wi), &lo),
+        DType::I32,
+        "integer bias",
+    );
+    expect_dtype(
+        norm::add_rms_norm(&x, &xi, None, &o),
+        DType::I32,
+        "integer residual",
+    );
+
+    // ε ≤ 0 or not finite; a non-finite offset.
+    for eps in [0.0, -1e-5, f32::NAN, f32::INFINITY] {
+        let bad = RmsNormOptions { eps, ..o };
+        expect_invalid(norm::rms_norm(&x, Some(&w), &bad), "rms eps");
+        expect_invalid(norm::add_rms_norm(&x, &x, Some(&w), &bad), "add eps");
+        expect_invalid(
+            norm::modulated_rms_norm(&x, None, &sc2, &sc2, &bad),
+            "mod eps",
+        );
+        expect_invalid(
+            norm::layer_norm(&x, None, None, &LayerNormOptions { eps }),
+            "layer eps",
+        );
+    }
+    let bad = RmsNormOptions {
+        offset: f32::NAN,
+        ..o
+    };
+    expect_invalid(norm::rms_norm(&x, Some(&w), &bad), "offset");
+
+    // Backward: cotangent shape and dtype, a residual cotangent without a residual output.
+    let (_, saved) = norm::rms_norm(&x, Some(&w), &o).unwrap();
+    let dy5 = Tensor::zeros(e, &[4, 5], DType::F32).unwrap();
+    expect_shape(norm::norm_backward(&saved, &dy5, None), "cotangent shape");
+    expect_dtype(
+        norm::norm_backward(&saved, &xi, None),
+        DType::I32,
+        "integer cotangent",
+    );
+    expect_invalid(
+        norm::norm_backward(&saved, &x, Some(&x)),
+        "residual cotangent for rms_norm",
+    );
+    let (_, _, saved) = norm::add_rms_norm(&x, &x, Some(&w), &o).unwrap();
+    expect_shape(
+        norm::norm_backward(&saved, &x, Some(&dy5)),
+        "residual cotangent shape",
+    );
+
+    // Columns past the bound.
+    let wide = Tensor::zeros(e, &[1, norm::MAX_COLUMNS + 1], DType::BF16).unwrap();
+    expect_bounds(
+        norm::rms_norm(&wide, None, &o),
+        norm::MAX_COLUMNS as u64 + 1,
+        "too wide",
+    );
+
+    // A tensor of another engine.
+    let other = common::private_engine();
+    let wo = Tensor::zeros(&other, &[6], DType::F32).unwrap();
+    match norm::rms_norm(&x, Some(&wo), &o) {
+        Err(Error::EngineMismatch { .. }) => {}
+        r => panic!("expected EngineMismatch, got {r:?}"),
+    }
+}
+
+#[test]
+fn workspace_bounds_and_queries() {
+    let engine = common::private_engine();
+    let (rows, cols) = (100, 33);
+    let mut rng = Rng::new(1200);
+    let data = rng.vec(rows * cols, -1.0, 1.0);
+    let (x, _) =
+        wgrad::gradcheck::tensor_from_f64(&engine, &data, &[rows, cols], DType::BF16).unwrap();
+    let (w, _) =
+        wgrad::gradcheck::tensor_from_f64(&engine, &data[..cols], &[cols], DType::F32).unwrap();
+    let o = RmsNormOptions::default();
+    // Odd-width 16-bit output: one FP32 temporary.
+    let fwd = norm::forward_workspace_bytes(NormKind::Rms, rows, cols, DType::BF16);
+    assert_eq!(fwd, (rows * cols * 4) as u64);
+    assert_eq!(
+        norm::forward_workspace_bytes(NormKind::Rms, rows, 34, DType::BF16),
+        0
+    );
+    assert_eq!(
+        norm::forward_workspace_bytes(NormKind::AddRms, rows, cols, DType::F16),
+        2 * fwd
+    );
+    engine.set_workspace_bound(fwd - 1);
+    match norm::rms_norm(&x, Some(&w), &o) {
+        Err(Error::WorkspaceExceeded { needed, bound, .. }) => {
+            assert_eq!((needed, bound), (fwd, fwd - 1))
+        }
+        r => panic!("expected WorkspaceExceeded, got {r:?}"),
+    }
+    engine.set_workspace_bound(fwd);
+    let (_, saved) = norm::rms_norm(&x, Some(&w), &o).unwrap();
+    let bwd = norm::backward_workspace_bytes(NormKind::Rms, rows, cols, 1, true, false);
+    assert_eq!(
+        bwd,
+        (rows * 32 + rows.div_ceil(norm::BLOCK_ROWS) * cols * 4) as u64
+    );
+    engine.set_workspace_bound(bwd - 1);
+    match norm::norm_backward(&saved, &x, None) {
+        Err(Error::WorkspaceExceeded { needed, .. }) => assert_eq!(needed, bwd),
+        r => panic!("expected WorkspaceExceeded, got {r:?}"),
+    }
+    engine.set_workspace_bound(bwd);
+    let g = norm::norm_backward(&saved, &x, None).unwrap();
+    assert_eq!(g.weight.unwrap().shape(), &[cols]);
+}
+
+fn run_dyt(rows: usize, cols: usize, xdt: DType, pdt: DType, beta: bool, alpha: f64, seed: u64) {
+    let what = format!("dyt {rows}x{cols} x {xdt} params {pdt} beta {beta} alpha {alpha}");
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -3.0, 3.0), &[rows, cols], xdt);
+    let (a, a_s) = upload(&[alpha], &[1], pdt);
+    let (g, gs) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], pdt);
+    let b = beta.then(|| upload(&rng.vec(cols, -0.5, 0.5), &[cols], DType::F32));
+    let (y, saved) = norm::dyt(&x, &a, &g, b.as_ref().map(|b| &b.0)).unwrap();
+    assert_eq!((y.shape(), y.dtype()), (x.shape(), xdt));
+    let want = reference::dyt(
+        &xs,
+        rows,
+        cols,
+        a_s[0],
+        &gs,
+        b.as_ref().map(|b| b.1.as_slice()),
+    );
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(xdt));
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], xdt);
+    let grads = norm::dyt_backward(&saved, &dy).unwrap();
+    let r = reference::dyt_backward(&xs, rows, cols, a_s[0], &gs, &dys);
+    check(&format!("{what}: dx"), &grads.source, &r.source, F32);
+    assert_eq!(grads.alpha.shape(), &[1]);
+    check(&format!("{what}: dalpha"), &grads.alpha, &[r.alpha], F32);
+    check(&format!("{what}: dgamma"), &grads.gamma, &r.gamma, F32);
+    assert_eq!(grads.beta.is_some(), beta, "{what}");
+    if let Some(db) = &grads.beta {
+        check(&format!("{what}: dbeta"), db, &r.beta, F32);
+    }
+}
+
+#[test]
+fn dyt_every_dtype_and_width() {
+    let mut seed = 1300;
+    for (rows, cols) in [(1, 1), (5, 3), (9, 7), (33, 127), (2, 4097)] {
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_dyt(rows, cols, xdt, xdt, true, 0.7, seed);
+        }
+    }
+    run_dyt(40, 65, DType::BF16, DType::F32, false, 3.0, 1350);
+    run_dyt(40, 66, DType::F16, DType::BF16, true, -0.2, 1351);
+    run_dyt(256, 512, DType::BF16, DType::BF16, true, 0.5, 1352);
+}
+
+fn run_poly(rows: usize, cols: usize, xdt: DType, bias: bool, seed: u64) {
+    let what = format!("poly_norm {rows}x{cols} {xdt} bias {bias}");
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
+    let (w, ws) = upload(&rng.vec(3, -1.0, 1.0), &[3], DType::F32);
+    let b = bias.then(|| upload(&[0.25], &[1], xdt));
+    let o = norm::PolyNormOptions::default();
+    let eps = f64::from(o.eps);
+    let (y, saved) = norm::poly_norm(&x, &w, b.as_ref().map(|b| &b.0), &o).unwrap();
+    assert_eq!((y.shape(), y.dtype()), (x.shape(), xdt));
+    let want = reference::poly_norm(&xs, rows, cols, &ws, b.as_ref().map(|b| b.1[0]), eps);
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(xdt));
+    let inv: Vec<f64> = (0..rows)
+        .flat_map(|r| reference::poly_inverses(&xs[r * cols..(r + 1) * cols], eps))
+        .collect();
+    check(&format!("{what}: inverse"), &saved.inverse, &inv, F32);
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F32);
+    let g = norm::poly_norm_backward(&saved, &dy).unwrap();
+    let r = reference::poly_norm_backward(&xs, rows, cols, &ws, eps, &dys);
+    check(&format!("{what}: dx"), &g.source, &r.source, dx_tol(cols));
+    assert_eq!(g.weight.shape(), &[3]);
+    check(&format!("{what}: dw"), &g.weight, &r.weight, F32);
+    assert_eq!(g.bias.is_some(), bias, "{what}");
+    if let Some(db) = &g.bias {
+        assert_eq!(db.shape(), &[1]);
+        check(&format!("{what}: db"), db, &[r.bias], F32);
+    }
+}
+
+#[test]
+fn poly_norm_every_dtype_and_width() {
+    let mut seed = 1400;
+    for cols in [1, 3, 7, 127, 4097] {
+        let rows = if cols > 1000 { 2 } else { 37 };
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_poly(rows, cols, xdt, true, seed);
+        }
+    }
+    run_poly(20, 64, DType::BF16, false, 1450);
+    run_poly(256, 512, DType::F32, true, 1451);
+}
+
+#[test]
+fn dyt_and_poly_norm_reference_gradients_match_finite_differences() {
+    let (rows, cols) = (3, 5);
+    let n = rows * cols;
+    let mut rng = Rng::new(1500);
+    let x = rng.vec(n, -2.0, 2.0);
+    let dy = rng.vec(n, -1.0, 1.0);
+    let gamma = rng.vec(cols, 0.5, 1.5);
+    let beta = rng.vec(cols, -0.5, 0.5);
+    let alpha = 0.8;
+    let g = reference::dyt_backward(&x, rows, cols, alpha, &gamma, &dy);
+    let f = |x: &[f64]| reference::dyt(x, rows, cols, alpha, &gamma, Some(&beta));
+    fd("dyt dx", check_vjp(f, &x, &dy, &g.source));
+    let f = |a: &[f64]| reference::dyt(&x, rows, cols, a[0], &gamma, Some(&beta));
+    fd("dyt dalpha", check_vjp(f, &[alpha], &dy, &[g.alpha]));
+    let f = |gm: &[f64]| reference::dyt(&x, rows, cols, alpha, gm, Some(&beta));
+    fd("dyt dgamma", check_vjp(f, &gamma, &dy, &g.gamma));
+    let f = |b: &[f64]| reference::dyt(&x, rows, cols, alpha, &gamma, Some(b));
+    fd("dyt dbeta", check_vjp(f, &beta, &dy, &g.beta));
+
+    let w = [0.7, -0.4, 1.1];
+    let eps = 1e-6;
+    let g = reference::poly_norm_backward(&x, rows, cols, &w, eps, &dy);
+    let f = |x: &[f64]| reference::poly_norm(x, rows, cols, &w, Some(0.3), eps);
+    fd("poly dx", check_vjp(f, &x, &dy, &g.source));
+    let f = |w: &[f64]| reference::poly_norm(&x, rows, cols, w, Some(0.3), eps);
+    fd("poly dw", check_vjp(f, &w, &dy, &g.weight));
+    let f = |b: &[f64]| reference::poly_norm(&x, rows, cols, &w, Some(b[0]), eps);
+    fd("poly db", check_vjp(f, &[0.3], &dy, &[g.bias]));
+}
+
+#[test]
+fn dyt_and_poly_norm_reruns_are_bit_identical() {
+    let (rows, cols) = (100, 129);
+    let mut rng = Rng::new(1600);
+    let (x, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], DType::F16);
+    let (dy, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F32);
+    let (a, _) = upload(&[0.9], &[1], DType::F32);
+    let (g, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], DType::F32);
+    let (w, _) = upload(&[0.5, 0.25, 1.0], &[3], DType::F32);
+    let run = || {
+        let (y1, s1) = norm::dyt(&x, &a, &g, Some(&g)).unwrap();
+        let d1 = norm::dyt_backward(&s1, &dy).unwrap();
+        let (y2, s2) =
+            norm::poly_norm(&x, &w, Some(&a), &norm::PolyNormOptions::default()).unwrap();
+        let d2 = norm::poly_norm_backward(&s2, &dy).unwrap();
+        [
+            &y1,
+            &d1.source,
+            &d1.alpha,
+            &d1.gamma,
+            d1.beta.as_ref().unwrap(),
+            &y2,
+            &d2.source,
+            &d2.weight,
+            d2.bias.as_ref().unwrap(),
+        ]
+        .map(bits)
+    };
+    assert!(run() == run(), "second run differs");
+}
+
+#[test]
+fn dyt_and_poly_norm_bad_inputs() {
+    let e = engine();
+    let x = Tensor::zeros(e, &[4, 6], DType::F32).unwrap();
+    let a = Tensor::zeros(e, &[1], DType::F32).unwrap();
+    let a2 = Tensor::zeros(e, &[2], DType::F32).unwrap();
+    let g = Tensor::zeros(e, &[6], DType::F32).unwrap();
+    let g5 = Tensor::zeros(e, &[5], DType::F32).unwrap();
+    let ai = Tensor::from_slice(e, &[1i32], &[1]).unwrap();
+    expect_shape(norm::dyt(&x, &a2, &g, None), "dyt alpha shape");
+    expect_shape(norm::dyt(&x, &a, &g5, None), "dyt gamma length");
+    expect_shape(norm::dyt(&x, &a, &g, Some(&g5)), "dyt beta length");
+    expect_dtype(
+        norm::dyt(&x, &ai, &g, None),
+        DType::I32,
+        "dyt integer alpha",
+    );
+    let empty = Tensor::zeros(e, &[0, 6], DType::F32).unwrap();
+    expect_bounds(norm::dyt(&empty, &a, &g, None), 0, "dyt zero rows");
+    let (_, saved) = norm::dyt(&x, &a, &g, None).unwrap();
+    let dy5 = Tensor::zeros(e, &[4, 5], DType::F32).unwrap();
+    expect_shape(norm::dyt_backward(&saved, &dy5), "dyt cotangent shape");
+
+    let w = Tensor::zeros(e, &[3], DType::F32).unwrap();
+    let po = norm::PolyNormOptions::default();
+    assert_eq!(po.eps, 1e-6);
+    expect_shape(norm::poly_norm(&x, &a2, None, &po), "poly weight shape");
+    expect_shape(norm::poly_norm(&x, &w, Some(&a2), &po), "poly bias shape");
+    expect_dtype(
+        norm::poly_norm(&x, &w, Some(&ai), &po),
+        DType::I32,
+        "poly integer bias",
+    );
+    expect_bounds(norm::poly_norm(&empty, &w, None, &po), 0, "poly zero rows");
+    for eps in [0.0, -1.0, f32::NAN] {
+        expect_invalid(
+            norm::poly_norm(&x, &w, None, &norm::PolyNormOptions { eps }),
+            "poly eps",
+        );
+    }
+    let (_, saved) = norm::poly_norm(&x, &w, None, &po).unwrap();
+    expect_shape(
+        norm::poly_norm_backward(&saved, &dy5),
+        "poly cotangent shape",
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_group(
+    samples: usize,
+    channels: usize,
+    spatial: &[usize],
+    groups: usize,
+    dt: DType,
+    affine: bool,
+    offset: f64,
+    seed: u64,
+) {
+    let what = format!(
+        "group_norm [{samples}, {channels}, {spatial:?}] groups {groups} {dt} affine {affine}"
+    );
+    let s: usize = spatial.iter().product();
+    let mut shape = vec![samples, channels];
+    shape.extend_from_slice(spatial);
+    let n = samples * channels * s;
+    let mut rng = Rng::new(seed);
+    let data: Vec<f64> = rng
+        .vec(n, -1.0, 1.0)
+        .into_iter()
+        .map(|v| v + offset)
+        .collect();
+    let (x, xs) = upload(&data, &shape, dt);
+    let w = affine.then(|| upload(&rng.vec(channels, 0.5, 1.5), &[channels], DType::BF16));
+    let b = affine.then(|| upload(&rng.vec(channels, -0.5, 0.5), &[channels], DType::F32));
+    let ws = w.as_ref().map(|w| w.1.as_slice());
+    let bs = b.as_ref().map(|b| b.1.as_slice());
+    let o = norm::GroupNormOptions::default();
+    let eps = f64::from(o.eps);
+    let (y, saved) = norm::group_norm(
+        &x,
+        groups,
+        w.as_ref().map(|w| &w.0),
+        b.as_ref().map(|b| &b.0),
+        &o,
+    )
+    .unwrap();
+    assert_eq!((y.shape(), y.dtype()), (&shape[..], dt));
+    assert_eq!(saved.inverse.shape(), &[samples, groups]);
+    let want = reference::group_norm(&xs, samples, channels, s, groups, ws, bs, eps);
+    check(&format!("{what}: y"), &y, &want, Tolerance::for_dtype(dt));
+    let (mean, inv) =
+        reference::mean_inverse_std(&xs, samples * groups, channels / groups * s, eps);
+    check(&format!("{what}: inverse"), &saved.inverse, &inv, F32);
+    check(
+        &format!("{what}: mean"),
+        saved.mean.as_ref().unwrap(),
+        &mean,
+        F32,
+    );
+    let (dy, dys) = upload(&rng.vec(n, -1.0, 1.0), &shape, DType::F16);
+    let g = norm::norm_backward(&saved, &dy, None).unwrap();
+    assert_eq!(g.source.shape(), &shape[..]);
+    let r = reference::group_norm_backward(&xs, samples, channels, s, groups, ws, eps, &dys);
+    check(&format!("{what}: dx"), &g.source, &r.source, F32);
+    assert_eq!(g.weight.is_some(), affine);
+    assert_eq!(g.bias.is_some(), affine);
+    if let (Some(dw), Some(db)) = (&g.weight, &g.bias) {
+        assert_eq!((dw.shape(), db.shape()), (&[channels][..], &[channels][..]));
+        check(&format!("{what}: dw"), dw, &r.weight, F32);
+        check(&format!("{what}: db"), db, &r.bias, F32);
+    }
+}
+
+#[test]
+fn group_norm_every_dtype_and_layout() {
+    let mut seed = 1700;
+    for dt in DType::FLOATS {
+        for (samples, channels, spatial, groups) in [
+            (1, 1, &[][..], 1),
+            (3, 6, &[5][..], 3),
+            (2, 8, &[3, 3][..], 2),
+            (4, 12, &[7][..], 12),
+            (2, 4, &[1031][..], 1),
+        ] {
+            seed += 1;
+            run_group(samples, channels, spatial, groups, dt, true, 0.0, seed);
+        }
+    }
+    run_group(3, 6, &[4], 2, DType::F32, false, 0.0, 1790);
+    run_group(2, 4, &[300], 2, DType::F32, true, 1e4, 1791);
+}
+
+#[test]
+fn group_norm_reference_gradients_match_finite_differences() {
+    let (samples, channels, spatial, groups) = (2, 4, 3, 2);
+    let n = samples * channels * spatial;
+    let mut rng = Rng::new(1800);
+    let x = rng.vec(n, -2.0, 2.0);
+    let dy = rng.vec(n, -1.0, 1.0);
+    let w = rng.vec(channels, 0.5, 1.5);
+    let b = rng.vec(channels, -0.5, 0.5);
+    let eps = 1e-5;
+    let g =
+        reference::group_norm_backward(&x, samples, channels, spatial, groups, Some(&w), eps, &dy);
+    let f = |x: &[f64]| {
+        reference::group_norm(
+            x,
+            samples,
+            channels,
+            spatial,
+            groups,
+            Some(&w),
+            Some(&b),
+            eps,
+        )
+    };
+    fd("group dx", check_vjp(f, &x, &dy, &g.source));
+    let f = |w: &[f64]| {
+        reference::group_norm(
+            &x,
+            samples,
+            channels,
+            spatial,
+            groups,
+            Some(w),
+            Some(&b),
+            eps,
+        )
+    };
+    fd("group dw", check_vjp(f, &w, &dy, &g.weight));
+    let f = |b: &[f64]| {
+        reference::group_norm(
+            &x,
+            samples,
+            channels,
+            spatial,
+            groups,
+            Some(&w),
+            Some(b),
+            eps,
+        )
+    };
+    fd("group db", check_vjp(f, &b, &dy, &g.bias));
+}
+
+#[test]
+fn group_norm_reruns_and_bad_inputs() {
+    let e = engine();
+    let mut rng = Rng::new(1900);
+    let (x, _) = upload(&rng.vec(4 * 8 * 50, -2.0, 2.0), &[4, 8, 50], DType::BF16);
+    let (w, _) = upload(&rng.vec(8, 0.5, 1.5), &[8], DType::F32);
+    let (dy, _) = upload(&rng.vec(4 * 8 * 50, -1.0, 1.0), &[4, 8, 50], DType::F32);
+    let o = norm::GroupNormOptions::default();
+    let run = || {
+        let (y, saved) = norm::group_norm(&x, 4, Some(&w), Some(&w), &o).unwrap();
+        let g = norm::norm_backward(&saved, &dy, None).unwrap();
+        [
+            &y,
+            &g.source,
+            g.weight.as_ref().unwrap(),
+            g.bias.as_ref().unwrap(),
+        ]
+        .map(bits)
+    };
+    assert!(run() == run(), "second run differs");
+
+    for groups in [0, 3, 9] {
+        expect_bounds(
+            norm::group_norm(&x, groups, None, None, &o),
+            groups as u64,
+            "groups",
+        );
+    }
+    let w7 = Tensor::zeros(e, &[7], DType::F32).unwrap();
+    expect_shape(
+        norm::group_norm(&x, 2, Some(&w7), None, &o),
+        "group weight length",
+    );
+    expect_shape(
+        norm::group_norm(&x, 2, None, Some(&w7), &o),
+        "group bias length",
+    );
+    let flat = Tensor::zeros(e, &[8], DType::F32).unwrap();
+    expect_bounds(norm::group_norm(&flat, 1, None, None, &o), 1, "one axis");
+    let empty = Tensor::zeros(e, &[0, 8, 5], DType::F32).unwrap();
+    expect_bounds(
+        norm::group_norm(&empty, 2, None, None, &o),
+        0,
+        "zero samples",
+    );
+    expect_invalid(
+        norm::group_norm(&x, 2, None, None, &norm::GroupNormOptions { eps: 0.0 }),
+        "eps",
+    );
+    let (_, saved) = norm::group_norm(&x, 2, None, None, &o).unwrap();
+    let bad = Tensor::zeros(e, &[4, 8, 49], DType::F32).unwrap();
+    expect_shape(norm::norm_backward(&saved, &bad, None), "cotangent shape");
+}
+
+#[test]
+fn hand_edited_saved_contexts_are_rejected() {
+    let e = engine();
+    let mut rng = Rng::new(2000);
+    let (x, _) = upload(&rng.vec(8 * 6, -1.0, 1.0), &[8, 6], DType::F32);
+    let (w, _) = upload(&rng.vec(6, 0.5, 1.5), &[6], DType::F32);
+    let (_, saved) = norm::layer_norm(&x, Some(&w), None, &LayerNormOptions::default()).unwrap();
+    let short = Tensor::zeros(e, &[7], DType::F32).unwrap();
+    let mut bad = saved.clone();
+    bad.inverse = short.clone();
+    expect_shape(norm::norm_backward(&bad, &x, None), "short inverse");
+    let mut bad = saved.clone();
+    bad.mean = None;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "missing mean");
+    let mut bad = saved.clone();
+    bad.inverse = Tensor::zeros(e, &[8], DType::BF16).unwrap();
+    expect_dtype(
+        norm::norm_backward(&bad, &x, None),
+        DType::BF16,
+        "16-bit inverse",
+    );
+    let mut bad = saved.clone();
+    bad.eps = -1.0;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "saved eps");
+    let mut bad = saved.clone();
+    bad.kind = NormKind::Modulated;
+    expect_invalid(
+        norm::norm_backward(&bad, &x, None),
+        "modulated without scale",
+    );
+    bad.scale = Some(Tensor::zeros(e, &[3, 6], DType::F32).unwrap());
+    expect_shape(
+        norm::norm_backward(&bad, &x, None),
+        "scale batches not dividing rows",
+    );
+    let mut bad = saved.clone();
+    bad.kind = NormKind::AddRms;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "add without residual");
+    let mut bad = saved.clone();
+    bad.kind = NormKind::Group;
+    expect_invalid(norm::norm_backward(&bad, &x, None), "group without layout");
+    let mut bad = saved;
+    bad.weight = Some(short);
+    expect_shape(norm::norm_backward(&bad, &x, None), "saved weight length");
+
+    let (a, _) = upload(&[0.5], &[1], DType::F32);
+    let (_, mut dyt) = norm::dyt(&x, &a, &w, None).unwrap();
+    dyt.gamma = Tensor::zeros(e, &[5], DType::F32).unwrap();
+    expect_shape(norm::dyt_backward(&dyt, &x), "dyt saved gamma");
+    let (pw, _) = upload(&[0.5, 0.5, 0.5], &[3], DType::F32);
+    let (_, mut poly) = norm::poly_norm(&x, &pw, None, &norm::PolyNormOptions::default()).unwrap();
+    poly.inverse = Tensor::zeros(e, &[8], DType::F32).unwrap();
+    expect_shape(norm::poly_norm_backward(&poly, &x), "poly saved inverse");
+}
+
+#[test]
+fn more_rows_than_one_dispatch_dimension() {
+    // 66,000 rows: the per-row launches fold past 65,535 workgroups.
+    let (rows, cols) = (66_000, 2);
+    run_rms(
+        &RmsCase {
+            rows,
+            cols,
+            x: DType::BF16,
+            weight: Some(DType::F32),
+            dy: DType::F32,
+            options: RmsNormOptions::default(),
+        },
+        2100,
+    );
+}
