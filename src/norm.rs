@@ -375,6 +375,26 @@ struct Forward<'a> {
     layout: Option<GroupLayout>,
 }
 
+fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
+    Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        rows_per_batch: f.rows_per_batch as u32,
+        blocks_per_batch: 0,
+        total: 0,
+        stride: 0,
+        base: 0,
+        eps: f.eps,
+        offset: f.offset,
+        groups: f.layout.map_or(0, |l| l.groups as u32),
+        channels_per_group: f.layout.map_or(0, |l| l.channels_per_group as u32),
+        spatial: f.layout.map_or(1, |l| l.spatial as u32),
+    }
+}
+
+/// Chunks per lane of the RMSNorm register path.
+const REGISTER_CHUNKS: usize = 8;
+
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
 fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Tensor>)> {
     let x = f.x;
@@ -428,24 +448,34 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         ("PAIRS", f64::from(u8::from(pairs))),
         ("OUT_SUM", f64::from(u8::from(with_sum))),
     ];
+    // RMSNorm rows that fit 8 chunks per lane (F32: ≤ 8,192 columns in fours; 16-bit:
+    // ≤ 16,384 columns in eights) take the register path: one read of the row.
+    let chunk = if dtype == DType::F32 { 4 } else { 8 };
+    let registers = f.kind == NormKind::Rms
+        && cols.is_multiple_of(chunk)
+        && cols / chunk <= REGISTER_CHUNKS * WG as usize
+        && cols > 0;
+    if registers {
+        engine.launch(
+            &KERNEL,
+            "rms_forward_registers",
+            &constants,
+            &forward_params(&f, rows, cols),
+            &[
+                f.weight.unwrap_or(x).buffer(),
+                inverse.buffer(),
+                x.buffer(),
+                y.buffer(),
+            ],
+            rows as u64,
+        )?;
+        return Ok((y, sum, inverse, mean));
+    }
     engine.launch(
         &KERNEL,
         "forward_rows",
         &constants,
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            rows_per_batch: f.rows_per_batch as u32,
-            blocks_per_batch: 0,
-            total: 0,
-            stride: 0,
-            base: 0,
-            eps: f.eps,
-            offset: f.offset,
-            groups: f.layout.map_or(0, |l| l.groups as u32),
-            channels_per_group: f.layout.map_or(0, |l| l.channels_per_group as u32),
-            spatial: f.layout.map_or(1, |l| l.spatial as u32),
-        },
+        &forward_params(&f, rows, cols),
         &[
             x.buffer(),
             f.aux.unwrap_or(x).buffer(),

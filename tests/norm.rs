@@ -130,31 +130,58 @@ fn rms_norm_ragged_widths_every_dtype() {
 #[test]
 fn rms_norm_casting_modes_offsets_and_mixed_dtypes() {
     let mut seed = 100;
-    for casting in [CastingMode::Llama, CastingMode::Gemma, CastingMode::None] {
-        for offset in [0.0, 1.0] {
-            for (xdt, wdt, dydt) in [
-                (DType::BF16, DType::F32, DType::BF16),
-                (DType::F16, DType::BF16, DType::F32),
-                (DType::F32, DType::F16, DType::F16),
-            ] {
-                seed += 1;
-                run_rms(
-                    &RmsCase {
-                        rows: 19,
-                        cols: 66,
-                        x: xdt,
-                        weight: Some(wdt),
-                        dy: dydt,
-                        options: RmsNormOptions {
-                            eps: 1e-6,
-                            offset,
-                            casting,
+    // Width 66 takes the general forward; width 64 the register path (whole 4/8-value chunks).
+    for cols in [66, 64] {
+        for casting in [CastingMode::Llama, CastingMode::Gemma, CastingMode::None] {
+            for offset in [0.0, 1.0] {
+                for (xdt, wdt, dydt) in [
+                    (DType::BF16, DType::F32, DType::BF16),
+                    (DType::F16, DType::BF16, DType::F32),
+                    (DType::F32, DType::F16, DType::F16),
+                ] {
+                    seed += 1;
+                    run_rms(
+                        &RmsCase {
+                            rows: 19,
+                            cols,
+                            x: xdt,
+                            weight: Some(wdt),
+                            dy: dydt,
+                            options: RmsNormOptions {
+                                eps: 1e-6,
+                                offset,
+                                casting,
+                            },
                         },
-                    },
-                    seed,
-                );
+                        seed,
+                    );
+                }
             }
         }
+    }
+}
+
+#[test]
+fn rms_norm_register_path_limits() {
+    // The register path holds at most 8 chunks of 4 (F32) or 8 (16-bit) values per lane of
+    // 256: its widest rows, and the next widths up, which take the general forward.
+    for (xdt, cols) in [
+        (DType::F32, 8192),
+        (DType::F32, 8196),
+        (DType::BF16, 16384),
+        (DType::F16, 16392),
+    ] {
+        run_rms(
+            &RmsCase {
+                rows: 3,
+                cols,
+                x: xdt,
+                weight: Some(DType::F32),
+                dy: xdt,
+                options: RmsNormOptions::default(),
+            },
+            cols as u64,
+        );
     }
 }
 

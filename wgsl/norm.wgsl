@@ -654,3 +654,112 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         partials[3u * params.stride + t] = pb;
     }
 }
+
+// ---- RMSNorm forward, register path ----
+// For RMSNorm rows of at most CHUNKS × WG chunks, a chunk being one vec4<u32> word group (4 F32
+// or 8 16-bit values), each lane loads its chunks of the row once into registers (straight-line
+// code, no indexed private array), so the row is read from memory exactly once. The sum of
+// squares adds each lane's chunks in a fixed pairwise order, then the workgroup tree: fixed,
+// so bit-reproducible, though not bit-equal to `forward_rows` (another order of additions).
+
+@group(0) @binding(18) var<storage, read> x4: array<vec4<u32>>;
+@group(0) @binding(19) var<storage, read_write> y4: array<vec4<u32>>;
+
+// Values per chunk: 4 (F32) or 8 (16-bit).
+fn chunk_len() -> u32 {
+    if (DX == DT_F32) {
+        return 4u;
+    }
+    return 8u;
+}
+
+fn chunk_squares(w: vec4<u32>) -> f32 {
+    if (DX == DT_F32) {
+        let v = bitcast<vec4<f32>>(w);
+        return dot(v, v);
+    }
+    var s = 0.0;
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        let a = half_from_word(w[k], 0u, DX);
+        let b = half_from_word(w[k], 1u, DX);
+        s = s + (a * a + b * b);
+    }
+    return s;
+}
+
+fn rms_value(n: f32, c: u32) -> f32 {
+    let wf = weight_factor(c);
+    if (CAST == CAST_LLAMA) {
+        return round_src(n) * wf;
+    }
+    if (CAST == CAST_NONE) {
+        return round_src(n) * round_src(wf);
+    }
+    return n * wf;
+}
+
+// Output chunk for input chunk `w` whose first column is c0.
+fn chunk_out(w: vec4<u32>, c0: u32, inv: f32) -> vec4<u32> {
+    if (DX == DT_F32) {
+        let v = bitcast<vec4<f32>>(w);
+        return vec4<u32>(
+            bitcast<u32>(rms_value(v.x * inv, c0)),
+            bitcast<u32>(rms_value(v.y * inv, c0 + 1u)),
+            bitcast<u32>(rms_value(v.z * inv, c0 + 2u)),
+            bitcast<u32>(rms_value(v.w * inv, c0 + 3u)));
+    }
+    var out = vec4<u32>();
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        let c = c0 + 2u * k;
+        let a = rms_value(half_from_word(w[k], 0u, DX) * inv, c);
+        let b = rms_value(half_from_word(w[k], 1u, DX) * inv, c + 1u);
+        out[k] = pack_halves(a, b, DX);
+    }
+    return out;
+}
+
+fn load_chunk(q: u32, n: u32, base: u32) -> vec4<u32> {
+    if (q < n) {
+        return x4[base + q];
+    }
+    return vec4<u32>();
+}
+
+fn store_chunk(w: vec4<u32>, q: u32, n: u32, base: u32, inv: f32) {
+    if (q < n) {
+        y4[base + q] = chunk_out(w, q * chunk_len(), inv);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn rms_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len(); // chunks in the row (at most 8 × WG)
+    let base = row * n;
+    let w0 = load_chunk(lid, n, base);
+    let w1 = load_chunk(lid + WG, n, base);
+    let w2 = load_chunk(lid + 2u * WG, n, base);
+    let w3 = load_chunk(lid + 3u * WG, n, base);
+    let w4 = load_chunk(lid + 4u * WG, n, base);
+    let w5 = load_chunk(lid + 5u * WG, n, base);
+    let w6 = load_chunk(lid + 6u * WG, n, base);
+    let w7 = load_chunk(lid + 7u * WG, n, base);
+    let squares = ((chunk_squares(w0) + chunk_squares(w1)) + (chunk_squares(w2) + chunk_squares(w3)))
+        + ((chunk_squares(w4) + chunk_squares(w5)) + (chunk_squares(w6) + chunk_squares(w7)));
+    let inv = 1.0 / sqrt(workgroup_sum(squares, lid) / f32(params.cols) + params.eps);
+    if (lid == 0u) {
+        inv_out[row] = inv;
+    }
+    store_chunk(w0, lid, n, base, inv);
+    store_chunk(w1, lid + WG, n, base, inv);
+    store_chunk(w2, lid + 2u * WG, n, base, inv);
+    store_chunk(w3, lid + 3u * WG, n, base, inv);
+    store_chunk(w4, lid + 4u * WG, n, base, inv);
+    store_chunk(w5, lid + 5u * WG, n, base, inv);
+    store_chunk(w6, lid + 6u * WG, n, base, inv);
+    store_chunk(w7, lid + 7u * WG, n, base, inv);
+}
