@@ -1,7 +1,7 @@
 //! Bandwidth of every wgrad operator against the copy kernel.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS]
+//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,...]
 //! ```
 //!
 //! Prints the engine, measures the copy bandwidth (256 MiB buffer, at most the device's largest
@@ -85,14 +85,18 @@ struct Args {
     quick: bool,
     json: std::path::PathBuf,
     prewarm_s: f64,
+    /// Operator-name prefixes to run (all when empty).
+    only: Vec<String>,
 }
 
-const USAGE: &str = "usage: bench [--quick] [--json PATH] [--prewarm SECONDS]";
+const USAGE: &str =
+    "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
     let mut json = None;
     let mut prewarm_s = bench::DEFAULT_PREWARM_S;
+    let mut only = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -105,6 +109,10 @@ fn parse_args() -> std::result::Result<Args, String> {
                     .ok()
                     .filter(|s: &f64| s.is_finite() && *s >= 0.0)
                     .ok_or(format!("--prewarm: bad seconds {v:?}"))?;
+            }
+            "--only" => {
+                let v = args.next().ok_or("--only needs operator names")?;
+                only = v.split(',').map(str::to_string).collect();
             }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
@@ -121,6 +129,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         quick,
         json,
         prewarm_s,
+        only,
     })
 }
 
@@ -151,6 +160,9 @@ fn run(args: &Args) -> Result<Report> {
 
     let shape = input_shape(&engine, side);
     for op in operators(&engine, &shape)? {
+        if !args.only.is_empty() && !args.only.iter().any(|p| op.name.starts_with(p.as_str())) {
+            continue;
+        }
         // One untimed run gives the outputs, hence the bytes moved (and compiles the kernel).
         let outputs = (op.run)(&op.inputs)?;
         let bytes: u64 = op.inputs.iter().chain(&outputs).map(Tensor::byte_len).sum();
