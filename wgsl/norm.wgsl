@@ -673,18 +673,19 @@ fn chunk_len() -> u32 {
     return 8u;
 }
 
+fn word_squares(word: u32) -> f32 {
+    let a = half_from_word(word, 0u, DX);
+    let b = half_from_word(word, 1u, DX);
+    return a * a + b * b;
+}
+
 fn chunk_squares(w: vec4<u32>) -> f32 {
     if (DX == DT_F32) {
         let v = bitcast<vec4<f32>>(w);
         return dot(v, v);
     }
-    var s = 0.0;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let a = half_from_word(w[k], 0u, DX);
-        let b = half_from_word(w[k], 1u, DX);
-        s = s + (a * a + b * b);
-    }
-    return s;
+    // Written out (no dynamic component index, which may force the chunk out of registers).
+    return (word_squares(w.x) + word_squares(w.y)) + (word_squares(w.z) + word_squares(w.w));
 }
 
 fn rms_value(n: f32, c: u32) -> f32 {
@@ -708,14 +709,18 @@ fn chunk_out(w: vec4<u32>, c0: u32, inv: f32) -> vec4<u32> {
             bitcast<u32>(rms_value(v.z * inv, c0 + 2u)),
             bitcast<u32>(rms_value(v.w * inv, c0 + 3u)));
     }
-    var out = vec4<u32>();
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let c = c0 + 2u * k;
-        let a = rms_value(half_from_word(w[k], 0u, DX) * inv, c);
-        let b = rms_value(half_from_word(w[k], 1u, DX) * inv, c + 1u);
-        out[k] = pack_halves(a, b, DX);
-    }
-    return out;
+    return vec4<u32>(
+        word_out(w.x, c0, inv),
+        word_out(w.y, c0 + 2u, inv),
+        word_out(w.z, c0 + 4u, inv),
+        word_out(w.w, c0 + 6u, inv));
+}
+
+// Output word for the 16-bit input word `word` whose first column is c.
+fn word_out(word: u32, c: u32, inv: f32) -> u32 {
+    let a = rms_value(half_from_word(word, 0u, DX) * inv, c);
+    let b = rms_value(half_from_word(word, 1u, DX) * inv, c + 1u);
+    return pack_halves(a, b, DX);
 }
 
 fn load_chunk(q: u32, n: u32, base: u32) -> vec4<u32> {
