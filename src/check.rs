@@ -53,6 +53,143 @@ pub fn operators() -> Vec<OperatorCheck> {
             kernels: &["copy"],
             run: check_copy,
         },
+        OperatorCheck {
+            name: "silu",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::Silu,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "sigmoid",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::Sigmoid,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "gelu_tanh",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::GeluTanh,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "gelu",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::Gelu,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "quick_gelu",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::QuickGelu,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "relu",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::Relu,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "relu_squared",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::ReluSquared,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "tanh",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::Tanh,
+                    ActivationCheck::UnaryAndGated,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "swiglu",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::Silu,
+                    ActivationCheck::Multipliers,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "geglu",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::GeluTanh,
+                    ActivationCheck::Multipliers,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "swiglu_packed",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::Silu,
+                    ActivationCheck::Packed,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "geglu_packed",
+            kernels: &["activation"],
+            run: |e| {
+                check_activation(
+                    e,
+                    crate::activation::Activation::GeluTanh,
+                    ActivationCheck::Packed,
+                )
+            },
+        },
+        OperatorCheck {
+            name: "erf",
+            kernels: &["activation"],
+            run: check_erf,
+        },
     ]
 }
 
@@ -154,4 +291,141 @@ fn check_copy(engine: &Engine) -> Result<Vec<Case>> {
         &stored,
         Tolerance::EXACT,
     )])
+}
+
+/// Which form of an activation a check runs.
+#[derive(Clone, Copy)]
+enum ActivationCheck {
+    /// Unary and gated (separate tensors), default multipliers.
+    UnaryAndGated,
+    /// Gated with gate multiplier 0.5 and down multiplier 2 (Liger's SiLU-multiply variant).
+    Multipliers,
+    /// Packed `[gate ‖ up]` layout, odd width.
+    Packed,
+}
+
+fn check_activation(
+    engine: &Engine,
+    kind: crate::activation::Activation,
+    which: ActivationCheck,
+) -> Result<Vec<Case>> {
+    use crate::activation::{self as act, ActivationOptions};
+    use reference::activation as r;
+    let mut rng = Rng::new(40 + u64::from(kind.code()));
+    let mut cases = Vec::new();
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let n = 1001;
+    for dtype in DType::FLOATS {
+        let tol = Tolerance::for_dtype(dtype);
+        match which {
+            ActivationCheck::UnaryAndGated | ActivationCheck::Multipliers => {
+                let opts = match which {
+                    ActivationCheck::Multipliers => ActivationOptions {
+                        gate_multiplier: 0.5,
+                        down_multiplier: 2.0,
+                    },
+                    _ => ActivationOptions::default(),
+                };
+                let (gm, dm) = (
+                    f64::from(opts.gate_multiplier),
+                    f64::from(opts.down_multiplier),
+                );
+                let (g, gs) = tensor_from_f64(engine, &rng.vec(n, -6.0, 6.0), &[n], dtype)?;
+                let (u, us) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &[n], dtype)?;
+                let (dy, dys) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[n], dtype)?;
+                if matches!(which, ActivationCheck::UnaryAndGated) {
+                    let (y, saved) = act::forward(kind, &g, None, &opts)?;
+                    let want = stored_values(&r::forward(kind, &gs, None, gm, dm), dtype);
+                    cases.push(case(
+                        format!("unary n={n} {dtype} y"),
+                        &y.to_f64()?,
+                        &want,
+                        tol,
+                    ));
+                    let grads = act::backward(&saved, &dy)?;
+                    let (dg, _) = r::backward(kind, &gs, None, &dys, gm, dm);
+                    cases.push(case(
+                        format!("unary n={n} {dtype} dx"),
+                        &grads.dgate.to_f64()?,
+                        &dg,
+                        f32_tol,
+                    ));
+                }
+                let (y, saved) = act::forward(kind, &g, Some(&u), &opts)?;
+                let want = stored_values(&r::forward(kind, &gs, Some(&us), gm, dm), dtype);
+                cases.push(case(
+                    format!("gated n={n} {dtype} y"),
+                    &y.to_f64()?,
+                    &want,
+                    tol,
+                ));
+                let grads = act::backward(&saved, &dy)?;
+                let (dg, du) = r::backward(kind, &gs, Some(&us), &dys, gm, dm);
+                cases.push(case(
+                    format!("gated n={n} {dtype} dgate"),
+                    &grads.dgate.to_f64()?,
+                    &dg,
+                    f32_tol,
+                ));
+                if let (Some(got), Some(want)) = (grads.dup, du) {
+                    cases.push(case(
+                        format!("gated n={n} {dtype} dup"),
+                        &got.to_f64()?,
+                        &want,
+                        f32_tol,
+                    ));
+                }
+            }
+            ActivationCheck::Packed => {
+                let (rows, width) = (13, 37);
+                let (x, xs) = tensor_from_f64(
+                    engine,
+                    &rng.vec(rows * 2 * width, -6.0, 6.0),
+                    &[rows, 2 * width],
+                    dtype,
+                )?;
+                let (dy, dys) = tensor_from_f64(
+                    engine,
+                    &rng.vec(rows * width, -1.0, 1.0),
+                    &[rows, width],
+                    dtype,
+                )?;
+                let (y, saved) = act::packed_forward(kind, &x, &ActivationOptions::default())?;
+                let want = stored_values(&r::packed_forward(kind, &xs, width, 1.0, 1.0), dtype);
+                cases.push(case(
+                    format!("{rows}x{} {dtype} y", 2 * width),
+                    &y.to_f64()?,
+                    &want,
+                    tol,
+                ));
+                let grads = act::backward(&saved, &dy)?;
+                let want = r::packed_backward(kind, &xs, width, &dys, 1.0, 1.0);
+                cases.push(case(
+                    format!("{rows}x{} {dtype} dx", 2 * width),
+                    &grads.dgate.to_f64()?,
+                    &want,
+                    f32_tol,
+                ));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn check_erf(engine: &Engine) -> Result<Vec<Case>> {
+    let data = Rng::new(49).vec(4001, -8.0, 8.0);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let (x, xs) = tensor_from_f64(engine, &data, &[data.len()], dtype)?;
+        let got = crate::activation::erf(&x)?.to_f64()?;
+        let want: Vec<f64> = xs.iter().map(|&v| reference::activation::erf(v)).collect();
+        // A few f32 ulps (tests/activation.rs checks three ulps element by element).
+        let tol = Tolerance {
+            abs: 2e-7,
+            rel: 4e-7,
+            rel_l2: 2e-7,
+        };
+        cases.push(case(format!("n={} {dtype}", data.len()), &got, &want, tol));
+    }
+    Ok(cases)
 }
