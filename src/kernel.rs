@@ -67,11 +67,12 @@ impl Kernel {
 /// Every kernel wgrad ships. Tests (strict MSL for each), the `check` example and the benches
 /// walk this list, so a kernel that is not here is not shipped.
 pub fn registry() -> &'static [&'static Kernel] {
-    static REGISTRY: [&Kernel; 4] = [
+    static REGISTRY: [&Kernel; 5] = [
         &crate::cast::KERNEL,
         &crate::reduce::KERNEL,
         &crate::bench::COPY_KERNEL,
         &crate::activation::KERNEL,
+        &crate::rope::KERNEL,
     ];
     &REGISTRY
 }

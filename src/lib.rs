@@ -28,6 +28,7 @@ pub mod kernel;
 pub mod msl;
 pub mod reduce;
 pub mod reference;
+pub mod rope;
 pub mod tensor;
 
 pub use dtype::{DType, Element};

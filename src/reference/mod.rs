@@ -4,3 +4,4 @@
 
 pub mod activation;
 pub mod reduce;
+pub mod rope;
