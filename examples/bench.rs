@@ -79,6 +79,111 @@ fn operators(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
     ])
 }
 
+/// Activations (SwiGLU, GeGLU; separate and packed layouts) at Liger's shape (BT = 8192 rows
+/// of intermediate size 14336, or as many rows as fit one binding) and RoPE on q/k at B = 4,
+/// T = 2048, Hq = 32, Hk = 8, D = 128; forward and backward separately, F32 and BF16.
+/// `--quick`: 512 × 1024 and B = 1, T = 256, Hq = 8, Hk = 2, D = 64.
+fn pointwise_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::activation::{self, Activation, ActivationOptions};
+    use wgrad::rope::{self, RopeQkOptions, RopeScaling};
+    let filled = |shape: &[usize], dtype: DType, seed: usize| -> Result<Tensor> {
+        let len: usize = shape.iter().product();
+        let data: Vec<f32> = (0..len)
+            .map(|i| (((i + seed) % 251) as f32 - 125.0) / 32.0)
+            .collect();
+        cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+    };
+    let width = if quick { 1024 } else { 14336 };
+    // The packed input (2·width columns, F32) and the F32 gradients must fit one binding.
+    let max_rows = (engine.max_binding_bytes() / (2 * width as u64 * 4)) as usize;
+    let rows = (if quick { 512 } else { 8192 }).min(max_rows).max(1);
+    let mut ops = Vec::new();
+    for kind in [Activation::Silu, Activation::GeluTanh] {
+        for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+            let gate = filled(&[rows, width], dtype, 0)?;
+            let up = filled(&[rows, width], dtype, 7)?;
+            let dy = filled(&[rows, width], dtype, 3)?;
+            let packed = filled(&[rows, 2 * width], dtype, 1)?;
+            let opts = ActivationOptions::default();
+            let (_, saved) = activation::forward(kind, &gate, Some(&up), &opts)?;
+            let (_, saved_packed) = activation::packed_forward(kind, &packed, &opts)?;
+            let fwd: &'static str = if kind == Activation::Silu {
+                "swiglu_fwd"
+            } else {
+                "geglu_fwd"
+            };
+            let bwd: &'static str = if kind == Activation::Silu {
+                "swiglu_bwd"
+            } else {
+                "geglu_bwd"
+            };
+            let pfwd: &'static str = if kind == Activation::Silu {
+                "swiglu_packed_fwd"
+            } else {
+                "geglu_packed_fwd"
+            };
+            let pbwd: &'static str = if kind == Activation::Silu {
+                "swiglu_packed_bwd"
+            } else {
+                "geglu_packed_bwd"
+            };
+            ops.push(Op::new(
+                fwd,
+                label,
+                vec![gate.clone(), up.clone()],
+                move |i| {
+                    Ok(vec![
+                        activation::forward(kind, &i[0], Some(&i[1]), &opts)?.0,
+                    ])
+                },
+            ));
+            ops.push(Op::new(bwd, label, vec![dy.clone(), gate, up], move |i| {
+                let g = activation::backward(&saved, &i[0])?;
+                Ok(vec![g.dgate].into_iter().chain(g.dup).collect())
+            }));
+            ops.push(Op::new(pfwd, label, vec![packed.clone()], move |i| {
+                Ok(vec![activation::packed_forward(kind, &i[0], &opts)?.0])
+            }));
+            ops.push(Op::new(pbwd, label, vec![dy, packed], move |i| {
+                Ok(vec![activation::backward(&saved_packed, &i[0])?.dgate])
+            }));
+        }
+    }
+    let [b, t, hq, hk, d] = if quick {
+        [1, 256, 8, 2, 64]
+    } else {
+        [4, 2048, 32, 8, 128]
+    };
+    for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+        let q = filled(&[b, t, hq, d], dtype, 0)?;
+        let k = filled(&[b, t, hk, d], dtype, 5)?;
+        let dq = filled(&[b, t, hq, d], dtype, 2)?;
+        let dk = filled(&[b, t, hk, d], dtype, 3)?;
+        let (cos, sin) = rope::tables(engine, t, d, 10000.0, &RopeScaling::None, dtype)?;
+        let opts = RopeQkOptions::default();
+        let (_, saved) = rope::qk_forward(&q, &k, &cos, &sin, None, &opts)?;
+        ops.push(Op::new(
+            "rope_fwd",
+            label,
+            vec![q.clone(), k.clone(), cos.clone(), sin.clone()],
+            move |i| {
+                let ((qo, ko), _) = rope::qk_forward(&i[0], &i[1], &i[2], &i[3], None, &opts)?;
+                Ok(vec![qo, ko])
+            },
+        ));
+        ops.push(Op::new(
+            "rope_bwd",
+            label,
+            vec![dq, dk, cos, sin],
+            move |i| {
+                let g = rope::qk_backward(&saved, &i[0], &i[1])?;
+                Ok(vec![g.dq, g.dk])
+            },
+        ));
+    }
+    Ok(ops)
+}
+
 struct Args {
     quick: bool,
     json: std::path::PathBuf,
@@ -148,7 +253,10 @@ fn run(args: &Args) -> Result<Report> {
     );
 
     let shape = input_shape(&engine, side);
-    for op in operators(&engine, &shape)? {
+    for op in operators(&engine, &shape)?
+        .into_iter()
+        .chain(pointwise_operators(&engine, args.quick)?)
+    {
         // One untimed run gives the outputs, hence the bytes moved (and compiles the kernel).
         let outputs = (op.run)(&op.inputs)?;
         let bytes: u64 = op.inputs.iter().chain(&outputs).map(Tensor::byte_len).sum();
