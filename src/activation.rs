@@ -219,8 +219,11 @@ fn constants(
     ]
 }
 
+/// Pairs of elements per invocation (`UNROLL` in the kernel).
+const UNROLL: u64 = 4;
+
 fn groups(count: usize) -> u64 {
-    (count.div_ceil(2) as u64).div_ceil(WG)
+    (count.div_ceil(2) as u64).div_ceil(WG * UNROLL)
 }
 
 /// Forward: unary `m_d·act(m_g·gate)` when `up` is `None`, gated `m_d·act(m_g·gate)·up`

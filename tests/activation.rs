@@ -41,7 +41,7 @@ fn unary_and_gated_match_reference_in_every_dtype() {
     let e = engine();
     for kind in Activation::ALL {
         for dtype in DType::FLOATS {
-            for (k, n) in [1usize, 2, 7, 1001].into_iter().enumerate() {
+            for (k, n) in [1usize, 2, 7, 1001, 4099].into_iter().enumerate() {
                 let opts = OPTS[k % 2];
                 let (gm, dm) = (
                     f64::from(opts.gate_multiplier),

@@ -1,11 +1,12 @@
 // Elementwise activations, unary (`act(m_g·gate)·m_d`) and gated (`act(m_g·gate)·up·m_d`),
 // forward and backward, FP32 math whatever the storage dtype.
 //
-// One invocation owns one pair of output elements (2j, 2j+1): a 16-bit output word holds
-// exactly that pair and f32 outputs take one word each, so no two invocations write one word
-// for any element count. The packed layout reads gate and up from one [rows, 2·width] tensor
-// (gate = first half of each row, up = second half) and writes its F32 gradient in the same
-// layout; each invocation then owns the gradient words of its own elements.
+// Each pair of output elements (2j, 2j+1) belongs to one invocation (which handles UNROLL
+// pairs, WG apart): a 16-bit output word holds exactly that pair and f32 outputs take one
+// word each, so no two invocations write one word for any element count. The packed layout
+// reads gate and up from one [rows, 2·width] tensor (gate = first half of each row, up =
+// second half) and writes its F32 gradient in the same layout; each invocation then owns the
+// gradient words of its own elements.
 
 override KIND: u32 = 0u;     // Activation::code()
 override DT_G: u32 = 0u;     // gate (or packed input) dtype
@@ -13,6 +14,7 @@ override DT_U: u32 = 0u;     // up dtype
 override DT_Y: u32 = 0u;     // output dtype (forward) / cotangent dtype (backward)
 override PACKED: u32 = 0u;   // 1: gate and up are halves of each row of one tensor
 const WG: u32 = 256u;
+const UNROLL: u32 = 4u; // pairs per invocation, WG apart (coalesced, four loads in flight)
 
 const K_SILU: u32 = 0u;
 const K_SIGMOID: u32 = 1u;
@@ -231,13 +233,7 @@ fn pair_of(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 
 // ---- entry points ----
 
-@compute @workgroup_size(WG)
-fn forward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let pair = pair_of(wid, nwg, lid);
-    if (pair >= params.pairs) {
-        return;
-    }
+fn forward_unary_pair(pair: u32) {
     let i = pair * 2u;
     let has_second = i + 1u < params.count;
     let a = act(params.gate_mult * load_gate(i, DT_G)).x * params.down_mult;
@@ -246,6 +242,18 @@ fn forward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         b = act(params.gate_mult * load_gate(i + 1u, DT_G)).x * params.down_mult;
     }
     store_pair(pair, a, b, has_second);
+}
+
+@compute @workgroup_size(WG)
+fn forward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            forward_unary_pair(pair);
+        }
+    }
 }
 
 fn gated_value(i: u32) -> f32 {
@@ -259,13 +267,7 @@ fn gated_value(i: u32) -> f32 {
     return act(params.gate_mult * g).x * u * params.down_mult;
 }
 
-@compute @workgroup_size(WG)
-fn forward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let pair = pair_of(wid, nwg, lid);
-    if (pair >= params.pairs) {
-        return;
-    }
+fn forward_gated_pair(pair: u32) {
     let i = pair * 2u;
     let has_second = i + 1u < params.count;
     let a = gated_value(i);
@@ -277,12 +279,18 @@ fn forward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 }
 
 @compute @workgroup_size(WG)
-fn backward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn forward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let pair = pair_of(wid, nwg, lid);
-    if (pair >= params.pairs) {
-        return;
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            forward_gated_pair(pair);
+        }
     }
+}
+
+fn backward_unary_pair(pair: u32) {
     let first = pair * 2u;
     let last = min(first + 2u, params.count);
     for (var i = first; i < last; i = i + 1u) {
@@ -293,12 +301,18 @@ fn backward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 }
 
 @compute @workgroup_size(WG)
-fn backward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn backward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let pair = pair_of(wid, nwg, lid);
-    if (pair >= params.pairs) {
-        return;
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            backward_unary_pair(pair);
+        }
     }
+}
+
+fn backward_gated_pair(pair: u32) {
     let first = pair * 2u;
     let last = min(first + 2u, params.count);
     for (var i = first; i < last; i = i + 1u) {
@@ -313,15 +327,21 @@ fn backward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     }
 }
 
+@compute @workgroup_size(WG)
+fn backward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            backward_gated_pair(pair);
+        }
+    }
+}
+
 // Packed layout: the F32 gradient [rows, 2·width] has the input's layout; dgate holds both
 // halves (this invocation's gate and up elements).
-@compute @workgroup_size(WG)
-fn backward_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let pair = pair_of(wid, nwg, lid);
-    if (pair >= params.pairs) {
-        return;
-    }
+fn backward_packed_pair(pair: u32) {
     let first = pair * 2u;
     let last = min(first + 2u, params.count);
     for (var i = first; i < last; i = i + 1u) {
@@ -333,6 +353,18 @@ fn backward_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         let dys = load_dy(i) * params.down_mult;
         dgate[gi] = bitcast<u32>(dys * u * a.y * params.gate_mult);
         dgate[ui] = bitcast<u32>(dys * a.x);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            backward_packed_pair(pair);
+        }
     }
 }
 
