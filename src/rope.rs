@@ -140,6 +140,17 @@ impl Plan {
         self.rot / 2
     }
 
+    /// Invocations of the unit kernels for `count` value elements, when they apply: an even
+    /// row width (rows start on word boundaries) and `rotary_dim` a multiple of 4 (units of
+    /// two pairs are whole words). Otherwise `None`: the per-element kernels run.
+    fn units(&self, count: usize) -> Option<usize> {
+        if self.dim == 0 || !self.dim.is_multiple_of(2) || !self.rot.is_multiple_of(4) {
+            return None;
+        }
+        let per_row = self.rot / 4 + (self.dim - self.rot) / 2;
+        Some(count / self.dim * per_row)
+    }
+
     fn params(&self, heads: usize, heads_k: usize, count: usize, pairs: usize) -> Params {
         Params {
             count: count as u32,
@@ -295,11 +306,15 @@ fn run_forward(
     let out = Tensor::empty(engine, values.shape(), values.dtype(), "rope output")?;
     let count = values.len();
     let pos = plan.positions.as_ref().unwrap_or(values);
+    let (entry, work) = match plan.units(count) {
+        Some(units) => ("forward_units", units),
+        None => ("forward", count.div_ceil(2)),
+    };
     engine.launch(
         &KERNEL,
-        "forward",
+        entry,
         &plan.constants(values.dtype(), cos.dtype(), values.dtype()),
-        &plan.params(heads, 0, count, count.div_ceil(2)),
+        &plan.params(heads, 0, count, work),
         &[
             values.buffer(),
             pos.buffer(),
@@ -307,7 +322,7 @@ fn run_forward(
             sin.buffer(),
             out.buffer(),
         ],
-        groups(count.div_ceil(2)),
+        groups(work),
     )?;
     Ok(out)
 }
@@ -323,11 +338,15 @@ fn run_backward_values(
     let out = Tensor::empty(engine, dy.shape(), DType::F32, "rope dvalues")?;
     let count = dy.len();
     let pos = plan.positions.as_ref().unwrap_or(dy);
+    let (entry, work) = match plan.units(count) {
+        Some(units) => ("backward_units", units),
+        None => ("backward_values", count.div_ceil(2)),
+    };
     engine.launch(
         &KERNEL,
-        "backward_values",
+        entry,
         &plan.constants(DType::F32, cos.dtype(), dy.dtype()),
-        &plan.params(heads, 0, count, count.div_ceil(2)),
+        &plan.params(heads, 0, count, work),
         &[
             dy.buffer(),
             pos.buffer(),
@@ -335,7 +354,7 @@ fn run_backward_values(
             sin.buffer(),
             out.buffer(),
         ],
-        groups(count.div_ceil(2)),
+        groups(work),
     )?;
     Ok(out)
 }

@@ -32,7 +32,11 @@ const F32: Tolerance = Tolerance::for_dtype(DType::F32);
 fn per_row_tables_match_reference() {
     let e = engine();
     // (rows, dim, rotary_dim): full, partial, odd dim with a copied suffix, one pair.
+    // Rows of even width with rotary_dim % 4 == 0 run the unit kernels, the others the
+    // per-element kernels: both are covered.
     let shapes = [
+        (6, 20, 12),
+        (300, 8, 4),
         (1usize, 2usize, 2usize),
         (5, 7, 4),
         (3, 64, 64),
@@ -416,6 +420,15 @@ fn mrope_sections_select_position_axes() {
                 60,
                 Some((&ids[..12], vec![3, 4])),
                 Some([1, 3, 1]),
+                false,
+            );
+            let case = QkCase { rot: 8, ..case };
+            run_qk_case(
+                &case,
+                dtype,
+                65,
+                Some((&ids, vec![3, 2, 4])),
+                Some([1, 2, 1]),
                 false,
             );
         }

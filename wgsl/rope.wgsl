@@ -8,7 +8,7 @@
 //     (x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin),
 // with (cos, sin) = table row p of frequency i, p = the row's position. Columns ≥ rot copy.
 //
-// `forward` and `backward_values` give one invocation a pair of elements (2j, 2j + 1) of the
+// `forward` and `backward_values` (any shape) give one invocation a pair of elements (2j, 2j + 1) of the
 // flat values tensor and compute both independently, so every invocation owns its output word
 // whatever the row width's parity. `table_grad` gives one invocation one table entry (p, i)
 // and sums, in a fixed order (tokens ascending, then q heads, then k heads), the
@@ -330,4 +330,125 @@ fn table_grad_complex(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let g = entry_grad(entry);
     dcos[2u * entry] = bitcast<u32>(g.x);
     dcos[2u * entry + 1u] = bitcast<u32>(g.y);
+}
+
+// ---- unit kernels: rows of even width with rotary_dim a multiple of 4 ----
+// A row is cut into units: rot/4 rotary units, each two frequency pairs (split-half: columns
+// 2m, 2m+1 and their partners 2m+half, 2m+half+1; interleaved: columns 4m..4m+3), then
+// (dim − rot)/2 suffix units of two columns. Every unit is made of whole 16-bit words (rows
+// start on word boundaries since dim is even, and half is even), so one invocation per unit
+// owns its output words; an element is read once, and the row/token arithmetic is done once
+// per unit rather than per element.
+
+fn load_value2(e: u32) -> vec2<f32> {
+    if (DT_V == DT_F32) {
+        return vec2(bitcast<f32>(values[e]), bitcast<f32>(values[e + 1u]));
+    }
+    let w = values[e >> 1u];
+    return vec2(half_from_word(w, 0u, DT_V), half_from_word(w, 1u, DT_V));
+}
+
+fn load_grad2(e: u32) -> vec2<f32> {
+    if (DT_Y == DT_F32) {
+        return vec2(bitcast<f32>(grads[e]), bitcast<f32>(grads[e + 1u]));
+    }
+    let w = grads[e >> 1u];
+    return vec2(half_from_word(w, 0u, DT_Y), half_from_word(w, 1u, DT_Y));
+}
+
+// Store elements e, e + 1 (e even) of the output in dtype `dt`.
+fn store2(e: u32, v: vec2<f32>, dt: u32) {
+    if (dt == DT_F32) {
+        out[e] = bitcast<u32>(v.x);
+        out[e + 1u] = bitcast<u32>(v.y);
+    } else {
+        out[e >> 1u] = pack_halves(v.x, v.y, dt);
+    }
+}
+
+// Forward of unit t (row t / units): split-half rotary units rotate columns (2u, 2u+1) with
+// their partners (2u+half, 2u+half+1); interleaved units hold pairs (4u, 4u+1), (4u+2, 4u+3).
+fn unit_forward(t: u32) {
+    let units = params.half / 2u + (params.dim - params.rot) / 2u;
+    let r = t / units;
+    let u = t - r * units;
+    let base = r * params.dim;
+    if (u >= params.half / 2u) {
+        let e = base + params.rot + 2u * (u - params.half / 2u);
+        store2(e, load_value2(e), DT_Y);
+        return;
+    }
+    let bs = token_of(r, params.heads);
+    let i = 2u * u;
+    let c0 = coefficients(position_of(bs.x, bs.y, i), i);
+    let c1 = coefficients(position_of(bs.x, bs.y, i + 1u), i + 1u);
+    if (INTERLEAVED == 1u) {
+        let e = base + 4u * u;
+        let p = load_value2(e);
+        let q = load_value2(e + 2u);
+        store2(e, vec2(p.x * c0.x - p.y * c0.y, p.y * c0.x + p.x * c0.y), DT_Y);
+        store2(e + 2u, vec2(q.x * c1.x - q.y * c1.y, q.y * c1.x + q.x * c1.y), DT_Y);
+        return;
+    }
+    let cs = vec2(c0.x, c1.x);
+    let sn = vec2(c0.y, c1.y);
+    let ea = base + i;
+    let eb = ea + params.half;
+    let x1 = load_value2(ea);
+    let x2 = load_value2(eb);
+    store2(ea, x1 * cs - x2 * sn, DT_Y);
+    store2(eb, x2 * cs + x1 * sn, DT_Y);
+}
+
+// Backward of unit t: the transpose of the rotation on the cotangent, F32 out.
+fn unit_backward(t: u32) {
+    let units = params.half / 2u + (params.dim - params.rot) / 2u;
+    let r = t / units;
+    let u = t - r * units;
+    let base = r * params.dim;
+    if (u >= params.half / 2u) {
+        let e = base + params.rot + 2u * (u - params.half / 2u);
+        store2(e, load_grad2(e), DT_F32);
+        return;
+    }
+    let bs = token_of(r, params.heads);
+    let i = 2u * u;
+    let c0 = coefficients(position_of(bs.x, bs.y, i), i);
+    let c1 = coefficients(position_of(bs.x, bs.y, i + 1u), i + 1u);
+    if (INTERLEAVED == 1u) {
+        let e = base + 4u * u;
+        let p = load_grad2(e);
+        let q = load_grad2(e + 2u);
+        store2(e, vec2(p.x * c0.x + p.y * c0.y, p.y * c0.x - p.x * c0.y), DT_F32);
+        store2(e + 2u, vec2(q.x * c1.x + q.y * c1.y, q.y * c1.x - q.x * c1.y), DT_F32);
+        return;
+    }
+    let cs = vec2(c0.x, c1.x);
+    let sn = vec2(c0.y, c1.y);
+    let ea = base + i;
+    let eb = ea + params.half;
+    let g1 = load_grad2(ea);
+    let g2 = load_grad2(eb);
+    store2(ea, g1 * cs + g2 * sn, DT_F32);
+    store2(eb, g2 * cs - g1 * sn, DT_F32);
+}
+
+@compute @workgroup_size(WG)
+fn forward_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.pairs) {
+        return;
+    }
+    unit_forward(t);
+}
+
+@compute @workgroup_size(WG)
+fn backward_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.pairs) {
+        return;
+    }
+    unit_backward(t);
 }
