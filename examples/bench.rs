@@ -174,10 +174,49 @@ fn pointwise_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         ops.push(Op::new(
             "rope_bwd",
             label,
-            vec![dq, dk, cos, sin],
+            vec![dq.clone(), dk.clone(), cos.clone(), sin.clone()],
             move |i| {
                 let g = rope::qk_backward(&saved, &i[0], &i[1])?;
                 Ok(vec![g.dq, g.dk])
+            },
+        ));
+        // Position ids [B, T] (unchecked: the check reads the ids back) and table gradients
+        // summed over the rows sharing a position.
+        let ids: Vec<i32> = (0..b * t).map(|v| (v % t) as i32).collect();
+        let positions = Tensor::from_slice(engine, &ids, &[b, t])?;
+        let pos_opts = RopeQkOptions {
+            check_positions: false,
+            table_grads: true,
+            ..opts
+        };
+        let (_, saved_pos) = rope::qk_forward(&q, &k, &cos, &sin, Some(&positions), &pos_opts)?;
+        ops.push(Op::new(
+            "rope_pos_fwd",
+            label,
+            vec![
+                q.clone(),
+                k.clone(),
+                cos.clone(),
+                sin.clone(),
+                positions.clone(),
+            ],
+            move |i| {
+                let ((qo, ko), _) =
+                    rope::qk_forward(&i[0], &i[1], &i[2], &i[3], Some(&i[4]), &pos_opts)?;
+                Ok(vec![qo, ko])
+            },
+        ));
+        ops.push(Op::new(
+            "rope_pos_bwd_tables",
+            label,
+            vec![dq, dk, q, k, cos, sin, positions],
+            move |i| {
+                let g = rope::qk_backward(&saved_pos, &i[0], &i[1])?;
+                Ok(vec![g.dq, g.dk]
+                    .into_iter()
+                    .chain(g.dcos)
+                    .chain(g.dsin)
+                    .collect())
             },
         ));
     }

@@ -4,10 +4,9 @@
 //! * Gated: `y = m_d · act(m_g · gate) · up` with `gate` and `up` separate tensors of one shape
 //!   ([`forward`] with `Some(up)`), or the packed layout ([`packed_forward`]): one tensor
 //!   `[.., 2·w]` whose rows are `[gate ‖ up]`, output `[.., w]`, gradient in the packed layout.
-//! * `m_g` (gate multiplier) and `m_d` (down multiplier) default to 1. They follow the
-//!   SiLU-multiply variant with multipliers (as Falcon-H1 uses them): the gate projection is
-//!   scaled before the activation, and the down projection's output scale, being linear,
-//!   is applied to the activation's output.
+//! * `m_g` (gate multiplier) and `m_d` (down multiplier) default to 1: the contract of Liger's
+//!   SiLU-multiply with multipliers (Falcon-H1's MLP), `y = m_d·act(m_g·gate)·up`, so
+//!   `dgate = m_g·m_d·dy·up·act'(m_g·gate)` and `dup = m_d·dy·act(m_g·gate)`.
 //!
 //! [`Activation`] names: `silu` (SwiGLU when gated), `sigmoid`, `gelu_tanh` (GeGLU when gated),
 //! exact `gelu` (erf), `quick_gelu` (`x·σ(1.702x)`, a different function from tanh-GELU),
