@@ -140,15 +140,45 @@ impl Plan {
         self.rot / 2
     }
 
-    /// Invocations of the unit kernels for `count` value elements, when they apply: an even
-    /// row width (rows start on word boundaries) and `rotary_dim` a multiple of 4 (units of
-    /// two pairs are whole words). Otherwise `None`: the per-element kernels run.
-    fn units(&self, count: usize) -> Option<usize> {
+    /// Which value kernel runs for `count` elements with `heads` heads: (entry point, work
+    /// items, workgroups). Unit kernels need an even row width (rows start on word boundaries)
+    /// and `rotary_dim` a multiple of 4 (units of two pairs are whole words); the token
+    /// variant (one workgroup per token) also needs the units per row to divide the workgroup
+    /// and the token's heads to fill at least half of it. Otherwise the per-element kernels
+    /// run.
+    fn value_kernel(
+        &self,
+        count: usize,
+        heads: usize,
+        forward: bool,
+    ) -> (&'static str, usize, u64) {
+        let per_element = if forward {
+            "forward"
+        } else {
+            "backward_values"
+        };
         if self.dim == 0 || !self.dim.is_multiple_of(2) || !self.rot.is_multiple_of(4) {
-            return None;
+            let pairs = count.div_ceil(2);
+            return (per_element, pairs, groups(pairs));
         }
         let per_row = self.rot / 4 + (self.dim - self.rot) / 2;
-        Some(count / self.dim * per_row)
+        let wg = WG as usize;
+        if per_row > 0 && wg.is_multiple_of(per_row) && 2 * heads * per_row >= wg {
+            let tokens = self.batch * self.seq;
+            let entry = if forward {
+                "forward_tokens"
+            } else {
+                "backward_tokens"
+            };
+            return (entry, tokens, tokens as u64);
+        }
+        let units = count / self.dim * per_row;
+        let entry = if forward {
+            "forward_units"
+        } else {
+            "backward_units"
+        };
+        (entry, units, groups(units))
     }
 
     fn params(&self, heads: usize, heads_k: usize, count: usize, pairs: usize) -> Params {
@@ -306,10 +336,7 @@ fn run_forward(
     let out = Tensor::empty(engine, values.shape(), values.dtype(), "rope output")?;
     let count = values.len();
     let pos = plan.positions.as_ref().unwrap_or(values);
-    let (entry, work) = match plan.units(count) {
-        Some(units) => ("forward_units", units),
-        None => ("forward", count.div_ceil(2)),
-    };
+    let (entry, work, launch_groups) = plan.value_kernel(count, heads, true);
     engine.launch(
         &KERNEL,
         entry,
@@ -322,7 +349,7 @@ fn run_forward(
             sin.buffer(),
             out.buffer(),
         ],
-        groups(work),
+        launch_groups,
     )?;
     Ok(out)
 }
@@ -338,10 +365,7 @@ fn run_backward_values(
     let out = Tensor::empty(engine, dy.shape(), DType::F32, "rope dvalues")?;
     let count = dy.len();
     let pos = plan.positions.as_ref().unwrap_or(dy);
-    let (entry, work) = match plan.units(count) {
-        Some(units) => ("backward_units", units),
-        None => ("backward_values", count.div_ceil(2)),
-    };
+    let (entry, work, launch_groups) = plan.value_kernel(count, heads, false);
     engine.launch(
         &KERNEL,
         entry,
@@ -354,7 +378,7 @@ fn run_backward_values(
             sin.buffer(),
             out.buffer(),
         ],
-        groups(work),
+        launch_groups,
     )?;
     Ok(out)
 }

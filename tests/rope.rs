@@ -32,9 +32,12 @@ const F32: Tolerance = Tolerance::for_dtype(DType::F32);
 fn per_row_tables_match_reference() {
     let e = engine();
     // (rows, dim, rotary_dim): full, partial, odd dim with a copied suffix, one pair.
-    // Rows of even width with rotary_dim % 4 == 0 run the unit kernels, the others the
-    // per-element kernels: both are covered.
+    // Rows of even width with rotary_dim % 4 == 0 run the unit kernels (one workgroup per
+    // token when a token fills half a workgroup: 512 columns), the others the per-element
+    // kernels: all are covered.
     let shapes = [
+        (2, 512, 512),
+        (3, 516, 0),
         (6, 20, 12),
         (300, 8, 4),
         (1usize, 2usize, 2usize),
@@ -354,6 +357,38 @@ fn qk_without_positions_both_layouts() {
                 ..case
             };
             run_qk_case(&case, dtype, 20, None, None, false);
+        }
+    }
+}
+
+#[test]
+fn qk_token_kernels() {
+    // Enough heads × units per row to run one workgroup per token (q), k on the unit kernel.
+    let ids: Vec<i32> = vec![4, 0, 4, 1, 1, 3];
+    for layout in [RopeLayout::Bshd, RopeLayout::Bhsd] {
+        for dtype in DType::FLOATS {
+            for interleaved in [false, true] {
+                let case = QkCase {
+                    batch: 2,
+                    seq: 3,
+                    hq: 16,
+                    hk: 2,
+                    dim: 32,
+                    rot: 32,
+                    table_rows: 5,
+                    layout,
+                    interleaved,
+                };
+                run_qk_case(&case, dtype, 35, Some((&ids, vec![2, 3])), None, false);
+                let case = QkCase {
+                    hq: 8,
+                    hk: 8,
+                    dim: 40,
+                    rot: 16,
+                    ..case
+                };
+                run_qk_case(&case, dtype, 36, None, None, false);
+            }
         }
     }
 }

@@ -366,22 +366,16 @@ fn store2(e: u32, v: vec2<f32>, dt: u32) {
     }
 }
 
-// Forward of unit t (row t / units): split-half rotary units rotate columns (2u, 2u+1) with
-// their partners (2u+half, 2u+half+1); interleaved units hold pairs (4u, 4u+1), (4u+2, 4u+3).
-fn unit_forward(t: u32) {
-    let units = params.half / 2u + (params.dim - params.rot) / 2u;
-    let r = t / units;
-    let u = t - r * units;
-    let base = r * params.dim;
+// Rotary unit u (< half/2) of the row starting at `base`, with the coefficients of its pairs
+// 2u and 2u + 1: split-half units rotate columns (2u, 2u+1) with their partners (2u+half,
+// 2u+half+1); interleaved units hold pairs (4u, 4u+1) and (4u+2, 4u+3). Suffix units
+// (u ≥ half/2) copy two columns.
+fn apply_forward(base: u32, u: u32, c0: vec2<f32>, c1: vec2<f32>) {
     if (u >= params.half / 2u) {
         let e = base + params.rot + 2u * (u - params.half / 2u);
         store2(e, load_value2(e), DT_Y);
         return;
     }
-    let bs = token_of(r, params.heads);
-    let i = 2u * u;
-    let c0 = coefficients(position_of(bs.x, bs.y, i), i);
-    let c1 = coefficients(position_of(bs.x, bs.y, i + 1u), i + 1u);
     if (INTERLEAVED == 1u) {
         let e = base + 4u * u;
         let p = load_value2(e);
@@ -392,7 +386,7 @@ fn unit_forward(t: u32) {
     }
     let cs = vec2(c0.x, c1.x);
     let sn = vec2(c0.y, c1.y);
-    let ea = base + i;
+    let ea = base + 2u * u;
     let eb = ea + params.half;
     let x1 = load_value2(ea);
     let x2 = load_value2(eb);
@@ -400,21 +394,13 @@ fn unit_forward(t: u32) {
     store2(eb, x2 * cs + x1 * sn, DT_Y);
 }
 
-// Backward of unit t: the transpose of the rotation on the cotangent, F32 out.
-fn unit_backward(t: u32) {
-    let units = params.half / 2u + (params.dim - params.rot) / 2u;
-    let r = t / units;
-    let u = t - r * units;
-    let base = r * params.dim;
+// The transpose of the rotation on the cotangent, F32 out; same units as `apply_forward`.
+fn apply_backward(base: u32, u: u32, c0: vec2<f32>, c1: vec2<f32>) {
     if (u >= params.half / 2u) {
         let e = base + params.rot + 2u * (u - params.half / 2u);
         store2(e, load_grad2(e), DT_F32);
         return;
     }
-    let bs = token_of(r, params.heads);
-    let i = 2u * u;
-    let c0 = coefficients(position_of(bs.x, bs.y, i), i);
-    let c1 = coefficients(position_of(bs.x, bs.y, i + 1u), i + 1u);
     if (INTERLEAVED == 1u) {
         let e = base + 4u * u;
         let p = load_grad2(e);
@@ -425,12 +411,28 @@ fn unit_backward(t: u32) {
     }
     let cs = vec2(c0.x, c1.x);
     let sn = vec2(c0.y, c1.y);
-    let ea = base + i;
+    let ea = base + 2u * u;
     let eb = ea + params.half;
     let g1 = load_grad2(ea);
     let g2 = load_grad2(eb);
     store2(ea, g1 * cs + g2 * sn, DT_F32);
     store2(eb, g2 * cs - g1 * sn, DT_F32);
+}
+
+// Coefficients of unit u's pairs for token (b, s); unused for suffix units.
+fn unit_coefficients(b: u32, s: u32, u: u32) -> array<vec2<f32>, 2> {
+    if (u >= params.half / 2u) {
+        return array<vec2<f32>, 2>(vec2(0.0, 0.0), vec2(0.0, 0.0));
+    }
+    let i = 2u * u;
+    return array<vec2<f32>, 2>(
+        coefficients(position_of(b, s, i), i),
+        coefficients(position_of(b, s, i + 1u), i + 1u),
+    );
+}
+
+fn units_per_row() -> u32 {
+    return params.half / 2u + (params.dim - params.rot) / 2u;
 }
 
 @compute @workgroup_size(WG)
@@ -440,7 +442,12 @@ fn forward_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (t >= params.pairs) {
         return;
     }
-    unit_forward(t);
+    let units = units_per_row();
+    let r = t / units;
+    let u = t - r * units;
+    let bs = token_of(r, params.heads);
+    let c = unit_coefficients(bs.x, bs.y, u);
+    apply_forward(r * params.dim, u, c[0], c[1]);
 }
 
 @compute @workgroup_size(WG)
@@ -450,5 +457,49 @@ fn backward_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     if (t >= params.pairs) {
         return;
     }
-    unit_backward(t);
+    let units = units_per_row();
+    let r = t / units;
+    let u = t - r * units;
+    let bs = token_of(r, params.heads);
+    let c = unit_coefficients(bs.x, bs.y, u);
+    apply_backward(r * params.dim, u, c[0], c[1]);
+}
+
+// ---- token kernels: the unit kernels' work, one workgroup per token ----
+// When the units per row divide WG, lane `lid` keeps one unit m = lid % units of every row
+// (head) h ≡ lid / units of the token: the token's position and m's coefficients are read
+// once per lane and reused for all its heads, and no per-unit division is left.
+
+@compute @workgroup_size(WG)
+fn forward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg);
+    if (t >= params.pairs) {
+        return;
+    }
+    let units = units_per_row();
+    let m = lid % units;
+    let b = t / params.seq;
+    let s = t - b * params.seq;
+    let c = unit_coefficients(b, s, m);
+    for (var h = lid / units; h < params.heads; h = h + WG / units) {
+        apply_forward(row_of(b, s, h, params.heads) * params.dim, m, c[0], c[1]);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg);
+    if (t >= params.pairs) {
+        return;
+    }
+    let units = units_per_row();
+    let m = lid % units;
+    let b = t / params.seq;
+    let s = t - b * params.seq;
+    let c = unit_coefficients(b, s, m);
+    for (var h = lid / units; h < params.heads; h = h + WG / units) {
+        apply_backward(row_of(b, s, h, params.heads) * params.dim, m, c[0], c[1]);
+    }
 }
