@@ -198,19 +198,25 @@ fn load_dy(i: u32) -> f32 {
 }
 
 // Storage index of output element i's gate; its up is `width` further in packed layout.
-fn gate_index(i: u32) -> u32 {
-    if (PACKED == 1u) {
-        let r = i / params.width;
-        return i + r * params.width;
+// Packed layout: storage index of the gate of output elements i and i + 1 (one division per
+// pair; the up of each is `width` further). Element i + 1 starts the next row when i ends one.
+fn packed_gate_indices(i: u32) -> vec2<u32> {
+    let r = i / params.width;
+    let c = i - r * params.width;
+    let first = i + r * params.width;
+    var second = first + 1u;
+    if (c + 1u == params.width) {
+        second = second + params.width;
     }
-    return i;
+    return vec2(first, second);
 }
 
-fn up_index(i: u32) -> u32 {
+// Gate storage indices of elements (i, i + 1) in either layout.
+fn gate_indices(i: u32) -> vec2<u32> {
     if (PACKED == 1u) {
-        return gate_index(i) + params.width;
+        return packed_gate_indices(i);
     }
-    return i;
+    return vec2(i, i + 1u);
 }
 
 fn store_pair(pair: u32, a: f32, b: f32, has_second: bool) {
@@ -256,13 +262,14 @@ fn forward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-fn gated_value(i: u32) -> f32 {
-    let g = load_gate(gate_index(i), DT_G);
+// Gated forward of the element whose gate is at storage index gi and up at ui.
+fn gated_value(gi: u32, ui: u32) -> f32 {
+    let g = load_gate(gi, DT_G);
     var u: f32;
     if (PACKED == 1u) {
-        u = load_gate(up_index(i), DT_G);
+        u = load_gate(ui, DT_G);
     } else {
-        u = load_up(up_index(i), DT_U);
+        u = load_up(ui, DT_U);
     }
     return act(params.gate_mult * g).x * u * params.down_mult;
 }
@@ -270,10 +277,15 @@ fn gated_value(i: u32) -> f32 {
 fn forward_gated_pair(pair: u32) {
     let i = pair * 2u;
     let has_second = i + 1u < params.count;
-    let a = gated_value(i);
+    let gi = gate_indices(i);
+    var w = 0u;
+    if (PACKED == 1u) {
+        w = params.width;
+    }
+    let a = gated_value(gi.x, gi.x + w);
     var b = 0.0;
     if (has_second) {
-        b = gated_value(i + 1u);
+        b = gated_value(gi.y, gi.y + w);
     }
     store_pair(pair, a, b, has_second);
 }
@@ -316,14 +328,12 @@ fn backward_gated_pair(pair: u32) {
     let first = pair * 2u;
     let last = min(first + 2u, params.count);
     for (var i = first; i < last; i = i + 1u) {
-        let gi = gate_index(i);
-        let ui = up_index(i);
-        let g = load_gate(gi, DT_G);
-        let u = load_up(ui, DT_U);
+        let g = load_gate(i, DT_G);
+        let u = load_up(i, DT_U);
         let a = act(params.gate_mult * g);
         let dys = load_dy(i) * params.down_mult;
-        dgate[gi] = bitcast<u32>(dys * u * a.y * params.gate_mult);
-        dup[ui] = bitcast<u32>(dys * a.x);
+        dgate[i] = bitcast<u32>(dys * u * a.y * params.gate_mult);
+        dup[i] = bitcast<u32>(dys * a.x);
     }
 }
 
@@ -343,10 +353,15 @@ fn backward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 // halves (this invocation's gate and up elements).
 fn backward_packed_pair(pair: u32) {
     let first = pair * 2u;
-    let last = min(first + 2u, params.count);
-    for (var i = first; i < last; i = i + 1u) {
-        let gi = gate_index(i);
-        let ui = up_index(i);
+    let idx = packed_gate_indices(first);
+    let n = min(2u, params.count - first);
+    for (var k = 0u; k < n; k = k + 1u) {
+        let i = first + k;
+        var gi = idx.x;
+        if (k == 1u) {
+            gi = idx.y;
+        }
+        let ui = gi + params.width;
         let g = load_gate(gi, DT_G);
         let u = load_gate(ui, DT_G);
         let a = act(params.gate_mult * g);
