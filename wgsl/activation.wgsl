@@ -197,6 +197,44 @@ fn load_dy(i: u32) -> f32 {
     return half_from_word(dy[i >> 1u], i, DT_Y);
 }
 
+// Elements (i, i + 1) of a tensor in the separate layout, i even: one word for 16-bit storage
+// (its padding half reads as 0), two for f32 (the second only when it exists).
+fn load_gate2(i: u32, has_second: bool) -> vec2<f32> {
+    if (DT_G == DT_F32) {
+        var b = 0.0;
+        if (has_second) {
+            b = bitcast<f32>(gate[i + 1u]);
+        }
+        return vec2(bitcast<f32>(gate[i]), b);
+    }
+    let w = gate[i >> 1u];
+    return vec2(half_from_word(w, 0u, DT_G), half_from_word(w, 1u, DT_G));
+}
+
+fn load_up2(i: u32, has_second: bool) -> vec2<f32> {
+    if (DT_U == DT_F32) {
+        var b = 0.0;
+        if (has_second) {
+            b = bitcast<f32>(up[i + 1u]);
+        }
+        return vec2(bitcast<f32>(up[i]), b);
+    }
+    let w = up[i >> 1u];
+    return vec2(half_from_word(w, 0u, DT_U), half_from_word(w, 1u, DT_U));
+}
+
+fn load_dy2(i: u32, has_second: bool) -> vec2<f32> {
+    if (DT_Y == DT_F32) {
+        var b = 0.0;
+        if (has_second) {
+            b = bitcast<f32>(dy[i + 1u]);
+        }
+        return vec2(bitcast<f32>(dy[i]), b);
+    }
+    let w = dy[i >> 1u];
+    return vec2(half_from_word(w, 0u, DT_Y), half_from_word(w, 1u, DT_Y));
+}
+
 // Storage index of output element i's gate; its up is `width` further in packed layout.
 // Packed layout: storage index of the gate of output elements i and i + 1 (one division per
 // pair; the up of each is `width` further). Element i + 1 starts the next row when i ends one.
@@ -209,14 +247,6 @@ fn packed_gate_indices(i: u32) -> vec2<u32> {
         second = second + params.width;
     }
     return vec2(first, second);
-}
-
-// Gate storage indices of elements (i, i + 1) in either layout.
-fn gate_indices(i: u32) -> vec2<u32> {
-    if (PACKED == 1u) {
-        return packed_gate_indices(i);
-    }
-    return vec2(i, i + 1u);
 }
 
 fn store_pair(pair: u32, a: f32, b: f32, has_second: bool) {
@@ -242,11 +272,9 @@ fn pair_of(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 fn forward_unary_pair(pair: u32) {
     let i = pair * 2u;
     let has_second = i + 1u < params.count;
-    let a = act(params.gate_mult * load_gate(i, DT_G)).x * params.down_mult;
-    var b = 0.0;
-    if (has_second) {
-        b = act(params.gate_mult * load_gate(i + 1u, DT_G)).x * params.down_mult;
-    }
+    let g = load_gate2(i, has_second) * params.gate_mult;
+    let a = act(g.x).x * params.down_mult;
+    let b = act(g.y).x * params.down_mult;
     store_pair(pair, a, b, has_second);
 }
 
@@ -277,15 +305,19 @@ fn gated_value(gi: u32, ui: u32) -> f32 {
 fn forward_gated_pair(pair: u32) {
     let i = pair * 2u;
     let has_second = i + 1u < params.count;
-    let gi = gate_indices(i);
-    var w = 0u;
-    if (PACKED == 1u) {
-        w = params.width;
-    }
-    let a = gated_value(gi.x, gi.x + w);
+    var a: f32;
     var b = 0.0;
-    if (has_second) {
-        b = gated_value(gi.y, gi.y + w);
+    if (PACKED == 1u) {
+        let gi = packed_gate_indices(i);
+        a = gated_value(gi.x, gi.x + params.width);
+        if (has_second) {
+            b = gated_value(gi.y, gi.y + params.width);
+        }
+    } else {
+        let g = load_gate2(i, has_second) * params.gate_mult;
+        let u = load_up2(i, has_second);
+        a = act(g.x).x * u.x * params.down_mult;
+        b = act(g.y).x * u.y * params.down_mult;
     }
     store_pair(pair, a, b, has_second);
 }
@@ -303,12 +335,13 @@ fn forward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 }
 
 fn backward_unary_pair(pair: u32) {
-    let first = pair * 2u;
-    let last = min(first + 2u, params.count);
-    for (var i = first; i < last; i = i + 1u) {
-        let g = load_gate(i, DT_G);
-        let d = act(params.gate_mult * g).y;
-        dgate[i] = bitcast<u32>(load_dy(i) * params.down_mult * d * params.gate_mult);
+    let i = pair * 2u;
+    let has_second = i + 1u < params.count;
+    let g = load_gate2(i, has_second) * params.gate_mult;
+    let dys = load_dy2(i, has_second) * (params.down_mult * params.gate_mult);
+    dgate[i] = bitcast<u32>(dys.x * act(g.x).y);
+    if (has_second) {
+        dgate[i + 1u] = bitcast<u32>(dys.y * act(g.y).y);
     }
 }
 
@@ -325,15 +358,18 @@ fn backward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 }
 
 fn backward_gated_pair(pair: u32) {
-    let first = pair * 2u;
-    let last = min(first + 2u, params.count);
-    for (var i = first; i < last; i = i + 1u) {
-        let g = load_gate(i, DT_G);
-        let u = load_up(i, DT_U);
-        let a = act(params.gate_mult * g);
-        let dys = load_dy(i) * params.down_mult;
-        dgate[i] = bitcast<u32>(dys * u * a.y * params.gate_mult);
-        dup[i] = bitcast<u32>(dys * a.x);
+    let i = pair * 2u;
+    let has_second = i + 1u < params.count;
+    let g = load_gate2(i, has_second) * params.gate_mult;
+    let u = load_up2(i, has_second);
+    let dys = load_dy2(i, has_second) * params.down_mult;
+    let a0 = act(g.x);
+    dgate[i] = bitcast<u32>(dys.x * u.x * a0.y * params.gate_mult);
+    dup[i] = bitcast<u32>(dys.x * a0.x);
+    if (has_second) {
+        let a1 = act(g.y);
+        dgate[i + 1u] = bitcast<u32>(dys.y * u.y * a1.y * params.gate_mult);
+        dup[i + 1u] = bitcast<u32>(dys.y * a1.x);
     }
 }
 
