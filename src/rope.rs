@@ -21,6 +21,12 @@
 //!   rotary_dim/2, 2]` (real, imaginary) on adjacent pairs; its gradient has the same layout.
 //! * [`tables`]: host-built cos/sin tables (standard, linear, NTK-aware, YaRN).
 //!
+//! Tables hold `rotary_dim/2` frequencies per row. HF's `cos`/`sin` of width `rotary_dim`
+//! (the same frequencies twice, for `rotate_half`) map onto them by taking their first half.
+//! Already gathered per-token tables (HF's `cos[B, S, ..]`, Qwen2-VL's `cos[3, B, S, ..]`)
+//! are used as one table of `B·S` (mRoPE: `3·B·S`) rows with position ids `b·S + s`
+//! (mRoPE: `a·B·S + b·S + s` on axis `a`).
+//!
 //! Storage F32/F16/BF16 for values, tables and cotangents (independently); output in the
 //! values' dtype; FP32 math; gradients F32.
 //!

@@ -565,7 +565,7 @@ fn host_tables_match_the_f64_formulas() {
                 &format!("{scaling:?} cos {dtype}"),
                 &c.to_f64().unwrap(),
                 &stored(&want_c, dtype),
-                Tolerance::EXACT.scaled(0.0),
+                Tolerance::EXACT,
             );
             assert_close(
                 &format!("{scaling:?} sin {dtype}"),
