@@ -632,3 +632,21 @@ fn bad_inputs_are_typed_errors() {
         Err(Error::UnsupportedDType { .. })
     ));
 }
+
+#[test]
+fn tensors_of_another_engine_are_rejected() {
+    let e = engine();
+    let other = common::private_engine();
+    let g = Tensor::zeros(e, &[4], DType::F32).unwrap();
+    let u = Tensor::zeros(&other, &[4], DType::F32).unwrap();
+    let d = ActivationOptions::default();
+    assert!(matches!(
+        activation::forward(Activation::Silu, &g, Some(&u), &d),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let (_, saved) = activation::forward(Activation::Silu, &g, None, &d).unwrap();
+    assert!(matches!(
+        activation::backward(&saved, &u),
+        Err(Error::EngineMismatch { .. })
+    ));
+}

@@ -865,3 +865,35 @@ fn bad_inputs_are_typed_errors() {
     assert!(rope::llama4_backward(&saved, &q, &k).is_err());
     assert!(rope::qk_backward(&saved, &k, &k).is_err());
 }
+
+#[test]
+fn tensors_of_another_engine_are_rejected() {
+    let e = engine();
+    let other = common::private_engine();
+    let v = Tensor::zeros(e, &[2, 4], DType::F32).unwrap();
+    let t = Tensor::zeros(e, &[2, 2], DType::F32).unwrap();
+    let t_other = Tensor::zeros(&other, &[2, 2], DType::F32).unwrap();
+    let d = RopeOptions::default();
+    assert!(matches!(
+        rope::forward(&v, &t_other, &t, &d),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let (_, saved) = rope::forward(&v, &t, &t, &d).unwrap();
+    let dy_other = Tensor::zeros(&other, &[2, 4], DType::F32).unwrap();
+    assert!(matches!(
+        rope::backward(&saved, &dy_other),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let q = Tensor::zeros(e, &[1, 2, 1, 4], DType::F32).unwrap();
+    let k_other = Tensor::zeros(&other, &[1, 2, 1, 4], DType::F32).unwrap();
+    let qd = RopeQkOptions::default();
+    assert!(matches!(
+        rope::qk_forward(&q, &k_other, &t, &t, None, &qd),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let pos_other = Tensor::from_slice(&other, &[0i32, 1], &[2]).unwrap();
+    assert!(matches!(
+        rope::qk_forward(&q, &q, &t, &t, Some(&pos_other), &qd),
+        Err(Error::EngineMismatch { .. })
+    ));
+}
