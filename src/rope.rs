@@ -13,9 +13,9 @@
 //! * [`qk_forward`]/[`qk_backward`]: q and k (different head counts) in one call, layouts
 //!   `[batch, seq, heads, dim]` or `[batch, heads, seq, dim]`, shared tables
 //!   `[table_rows, rotary_dim/2]` indexed by the sequence index, or gathered by integer
-//!   position ids (`[batch, seq]` or `[seq]`, I32). Table gradients are summed over every row
-//!   that uses a table row (batch, heads of q then k, tokens in order): a fixed order, no
-//!   atomics. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE (position
+//!   position ids (`[batch, seq]` or `[seq]`, I32 or U32). Table gradients are summed over
+//!   every row that uses a table row in a fixed order (tokens in batch-major order, for each
+//!   its q heads then its k heads; one invocation per table entry), with no atomics. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE (position
 //!   ids `[3, batch, seq]` or `[3, seq]`).
 //! * [`llama4_forward`]/[`llama4_backward`]: Llama 4's complex tables `freqs_cis[rows,
 //!   rotary_dim/2, 2]` (real, imaginary) on adjacent pairs; its gradient has the same layout.
