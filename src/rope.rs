@@ -15,7 +15,10 @@
 //!   `[table_rows, rotary_dim/2]` indexed by the sequence index, or gathered by integer
 //!   position ids (`[batch, seq]` or `[seq]`, I32 or U32). Table gradients are summed over
 //!   every row that uses a table row in a fixed order (tokens in batch-major order, for each
-//!   its q heads then its k heads; one invocation per table entry), with no atomics. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE (position
+//!   its q heads then its k heads; one invocation per table entry), with no atomics.
+//!   With position ids each table entry scans every token's id, so the table gradient costs
+//!   `table_rows × batch·seq` id comparisons (per rotary_dim/2 lanes): size the table to the
+//!   positions in use when asking for it. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE (position
 //!   ids `[3, batch, seq]` or `[3, seq]`).
 //! * [`llama4_forward`]/[`llama4_backward`]: Llama 4's complex tables `freqs_cis[rows,
 //!   rotary_dim/2, 2]` (real, imaginary) on adjacent pairs; its gradient has the same layout.
