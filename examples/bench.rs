@@ -81,11 +81,12 @@ fn operators(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
 
 /// Activations (SwiGLU, GeGLU; separate and packed layouts) at Liger's shape (BT = 8192 rows
 /// of intermediate size 14336, or as many rows as fit one binding) and RoPE on q/k at B = 4,
-/// T = 2048, Hq = 32, Hk = 8, D = 128; forward and backward separately, F32 and BF16.
+/// T = 2048, Hq = 32, Hk = 8, D = 128 in Liger's [B, H, T, D] layout; forward and backward
+/// separately, F32 and BF16.
 /// `--quick`: 512 × 1024 and B = 1, T = 256, Hq = 8, Hk = 2, D = 64.
 fn pointwise_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     use wgrad::activation::{self, Activation, ActivationOptions};
-    use wgrad::rope::{self, RopeQkOptions, RopeScaling};
+    use wgrad::rope::{self, RopeLayout, RopeQkOptions, RopeScaling};
     let filled = |shape: &[usize], dtype: DType, seed: usize| -> Result<Tensor> {
         let len: usize = shape.iter().product();
         let data: Vec<f32> = (0..len)
@@ -155,12 +156,16 @@ fn pointwise_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         [4, 2048, 32, 8, 128]
     };
     for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
-        let q = filled(&[b, t, hq, d], dtype, 0)?;
-        let k = filled(&[b, t, hk, d], dtype, 5)?;
-        let dq = filled(&[b, t, hq, d], dtype, 2)?;
-        let dk = filled(&[b, t, hk, d], dtype, 3)?;
+        let q = filled(&[b, hq, t, d], dtype, 0)?;
+        let k = filled(&[b, hk, t, d], dtype, 5)?;
+        let dq = filled(&[b, hq, t, d], dtype, 2)?;
+        let dk = filled(&[b, hk, t, d], dtype, 3)?;
         let (cos, sin) = rope::tables(engine, t, d, 10000.0, &RopeScaling::None, dtype)?;
-        let opts = RopeQkOptions::default();
+        // Liger's layout: q, k as [batch, heads, seq, dim].
+        let opts = RopeQkOptions {
+            layout: RopeLayout::Bhsd,
+            ..RopeQkOptions::default()
+        };
         let (_, saved) = rope::qk_forward(&q, &k, &cos, &sin, None, &opts)?;
         ops.push(Op::new(
             "rope_fwd",
