@@ -81,6 +81,155 @@ fn operators(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
     Ok(ops)
 }
 
+/// Activations (SwiGLU, GeGLU; separate and packed layouts) at Liger's shape (BT = 8192 rows
+/// of intermediate size 14336, or as many rows as fit one binding) and RoPE on q/k at B = 4,
+/// T = 2048, Hq = 32, Hk = 8, D = 128 in Liger's [B, H, T, D] layout; forward and backward
+/// separately, F32 and BF16.
+/// `--quick`: 512 × 1024 and B = 1, T = 256, Hq = 8, Hk = 2, D = 64.
+fn pointwise_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::activation::{self, Activation, ActivationOptions};
+    use wgrad::rope::{self, RopeLayout, RopeQkOptions, RopeScaling};
+    let filled = |shape: &[usize], dtype: DType, seed: usize| -> Result<Tensor> {
+        let len: usize = shape.iter().product();
+        let data: Vec<f32> = (0..len)
+            .map(|i| (((i + seed) % 251) as f32 - 125.0) / 32.0)
+            .collect();
+        cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+    };
+    let width = if quick { 1024 } else { 14336 };
+    // The packed input (2·width columns, F32) and the F32 gradients must fit one binding.
+    let max_rows = (engine.max_binding_bytes() / (2 * width as u64 * 4)) as usize;
+    let rows = (if quick { 512 } else { 8192 }).min(max_rows).max(1);
+    let mut ops = Vec::new();
+    for kind in [Activation::Silu, Activation::GeluTanh] {
+        for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+            let gate = filled(&[rows, width], dtype, 0)?;
+            let up = filled(&[rows, width], dtype, 7)?;
+            let dy = filled(&[rows, width], dtype, 3)?;
+            let packed = filled(&[rows, 2 * width], dtype, 1)?;
+            let opts = ActivationOptions::default();
+            let (_, saved) = activation::forward(kind, &gate, Some(&up), &opts)?;
+            let (_, saved_packed) = activation::packed_forward(kind, &packed, &opts)?;
+            let fwd: &'static str = if kind == Activation::Silu {
+                "swiglu_fwd"
+            } else {
+                "geglu_fwd"
+            };
+            let bwd: &'static str = if kind == Activation::Silu {
+                "swiglu_bwd"
+            } else {
+                "geglu_bwd"
+            };
+            let pfwd: &'static str = if kind == Activation::Silu {
+                "swiglu_packed_fwd"
+            } else {
+                "geglu_packed_fwd"
+            };
+            let pbwd: &'static str = if kind == Activation::Silu {
+                "swiglu_packed_bwd"
+            } else {
+                "geglu_packed_bwd"
+            };
+            ops.push(Op::new(
+                fwd,
+                label,
+                vec![gate.clone(), up.clone()],
+                move |i| {
+                    Ok(vec![
+                        activation::forward(kind, &i[0], Some(&i[1]), &opts)?.0,
+                    ])
+                },
+            ));
+            ops.push(Op::new(bwd, label, vec![dy.clone(), gate, up], move |i| {
+                let g = activation::backward(&saved, &i[0])?;
+                Ok(vec![g.dgate].into_iter().chain(g.dup).collect())
+            }));
+            ops.push(Op::new(pfwd, label, vec![packed.clone()], move |i| {
+                Ok(vec![activation::packed_forward(kind, &i[0], &opts)?.0])
+            }));
+            ops.push(Op::new(pbwd, label, vec![dy, packed], move |i| {
+                Ok(vec![activation::backward(&saved_packed, &i[0])?.dgate])
+            }));
+        }
+    }
+    let [b, t, hq, hk, d] = if quick {
+        [1, 256, 8, 2, 64]
+    } else {
+        [4, 2048, 32, 8, 128]
+    };
+    for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+        let q = filled(&[b, hq, t, d], dtype, 0)?;
+        let k = filled(&[b, hk, t, d], dtype, 5)?;
+        let dq = filled(&[b, hq, t, d], dtype, 2)?;
+        let dk = filled(&[b, hk, t, d], dtype, 3)?;
+        let (cos, sin) = rope::tables(engine, t, d, 10000.0, &RopeScaling::None, dtype)?;
+        // Liger's layout: q, k as [batch, heads, seq, dim].
+        let opts = RopeQkOptions {
+            layout: RopeLayout::Bhsd,
+            ..RopeQkOptions::default()
+        };
+        let (_, saved) = rope::qk_forward(&q, &k, &cos, &sin, None, &opts)?;
+        ops.push(Op::new(
+            "rope_fwd",
+            label,
+            vec![q.clone(), k.clone(), cos.clone(), sin.clone()],
+            move |i| {
+                let ((qo, ko), _) = rope::qk_forward(&i[0], &i[1], &i[2], &i[3], None, &opts)?;
+                Ok(vec![qo, ko])
+            },
+        ));
+        ops.push(Op::new(
+            "rope_bwd",
+            label,
+            vec![dq.clone(), dk.clone(), cos.clone(), sin.clone()],
+            move |i| {
+                let g = rope::qk_backward(&saved, &i[0], &i[1])?;
+                Ok(vec![g.dq, g.dk])
+            },
+        ));
+        // Position ids [B, T] (unchecked: the check reads the ids back) and table gradients
+        // summed over the rows sharing a position.
+        let ids: Vec<i32> = (0..b * t).map(|v| (v % t) as i32).collect();
+        let positions = Tensor::from_slice(engine, &ids, &[b, t])?;
+        let pos_opts = RopeQkOptions {
+            check_positions: false,
+            table_grads: true,
+            ..opts
+        };
+        let (_, saved_pos) = rope::qk_forward(&q, &k, &cos, &sin, Some(&positions), &pos_opts)?;
+        ops.push(Op::new(
+            "rope_pos_fwd",
+            label,
+            vec![
+                q.clone(),
+                k.clone(),
+                cos.clone(),
+                sin.clone(),
+                positions.clone(),
+            ],
+            move |i| {
+                let ((qo, ko), _) =
+                    rope::qk_forward(&i[0], &i[1], &i[2], &i[3], Some(&i[4]), &pos_opts)?;
+                Ok(vec![qo, ko])
+            },
+        ));
+        ops.push(Op::new(
+            "rope_pos_bwd_tables",
+            label,
+            vec![dq, dk, q, k, cos, sin, positions],
+            move |i| {
+                let g = rope::qk_backward(&saved_pos, &i[0], &i[1])?;
+                Ok(vec![g.dq, g.dk]
+                    .into_iter()
+                    .chain(g.dcos)
+                    .chain(g.dsin)
+                    .collect())
+            },
+        ));
+    }
+    Ok(ops)
+}
+
 struct Args {
     quick: bool,
     json: std::path::PathBuf,
@@ -159,7 +308,17 @@ fn run(args: &Args) -> Result<Report> {
     );
 
     let shape = input_shape(&engine, side);
-    for op in operators(&engine, &shape)? {
+    // Each family's inputs are made, timed and dropped before the next family's.
+    type Family<'a> = Box<dyn Fn() -> Result<Vec<Op>> + 'a>;
+    let families: Vec<Family> = vec![
+        Box::new(|| operators(&engine, &shape)),
+        Box::new(|| pointwise_operators(&engine, args.quick)),
+    ];
+    for op in families.iter().flat_map(|family| match family() {
+        Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
+        Err(e) => vec![Err(e)],
+    }) {
+        let op = op?;
         if !args.only.is_empty() && !args.only.iter().any(|p| op.name.starts_with(p.as_str())) {
             continue;
         }

@@ -72,6 +72,8 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::reduce::KERNEL,
         &crate::bench::COPY_KERNEL,
         &crate::norm::KERNEL,
+        &crate::activation::KERNEL,
+        &crate::rope::KERNEL,
     ];
     REGISTRY
 }

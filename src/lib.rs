@@ -16,6 +16,7 @@
 //! # Ok::<(), wgrad::Error>(())
 //! ```
 
+pub mod activation;
 pub mod bench;
 pub mod cast;
 pub mod check;
@@ -28,6 +29,7 @@ pub mod msl;
 pub mod norm;
 pub mod reduce;
 pub mod reference;
+pub mod rope;
 pub mod tensor;
 
 pub use dtype::{DType, Element};

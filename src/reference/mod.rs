@@ -2,5 +2,7 @@
 //! Forward and analytic backward of each family, used by the tests, the `check` example and
 //! the benches, and public so users can reuse them.
 
+pub mod activation;
 pub mod norm;
 pub mod reduce;
+pub mod rope;

@@ -1,0 +1,459 @@
+//! Elementwise activations, unary and gated, forward and backward.
+//!
+//! * Unary: `y = m_d · act(m_g · x)`.
+//! * Gated: `y = m_d · act(m_g · gate) · up` with `gate` and `up` separate tensors of one shape
+//!   ([`forward`] with `Some(up)`), or the packed layout ([`packed_forward`]): one tensor
+//!   `[.., 2·w]` whose rows are `[gate ‖ up]`, output `[.., w]`, gradient in the packed layout.
+//! * `m_g` (gate multiplier) and `m_d` (down multiplier) default to 1: the contract of Liger's
+//!   SiLU-multiply with multipliers (Falcon-H1's MLP), `y = m_d·act(m_g·gate)·up`, so
+//!   `dgate = m_g·m_d·dy·up·act'(m_g·gate)` and `dup = m_d·dy·act(m_g·gate)`.
+//!
+//! [`Activation`] names: `silu` (SwiGLU when gated), `sigmoid`, `gelu_tanh` (GeGLU when gated),
+//! exact `gelu` (erf), `quick_gelu` (`x·σ(1.702x)`, a different function from tanh-GELU),
+//! `relu` (derivative 0 at 0), `relu_squared`, `tanh`.
+//!
+//! Storage F32, F16 or BF16 for every input (each may differ); the output has the gate's
+//! dtype; math is FP32; gradients are F32. Any element count, odd and empty included (one
+//! storage binding per tensor). The backward recomputes the activation from the saved inputs.
+//!
+//! Accuracy: FP32 `exp`/`tanh` of the platform (Metal: `precise::`), and an erf of wgrad's own
+//! (Taylor series below 1, a fitted `erfc` tail above; a few f32 ulps, see
+//! `wgsl/activation.wgsl`).
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
+use crate::{DType, Error, Result, Tensor};
+
+/// `wgsl/activation.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "activation",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        include_str!("../wgsl/activation.wgsl"),
+    ],
+};
+
+const WG: u64 = 256;
+
+/// The activation function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `x·σ(x)`.
+    Silu,
+    /// `σ(x) = 1 / (1 + e^−x)`.
+    Sigmoid,
+    /// `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`.
+    GeluTanh,
+    /// `x·Φ(x) = ½x(1 + erf(x/√2))`.
+    Gelu,
+    /// `x·σ(1.702x)`.
+    QuickGelu,
+    /// `max(x, 0)`; derivative 0 at 0.
+    Relu,
+    /// `max(x, 0)²`.
+    ReluSquared,
+    /// `tanh(x)`.
+    Tanh,
+}
+
+impl Activation {
+    /// Every activation.
+    pub const ALL: [Activation; 8] = [
+        Activation::Silu,
+        Activation::Sigmoid,
+        Activation::GeluTanh,
+        Activation::Gelu,
+        Activation::QuickGelu,
+        Activation::Relu,
+        Activation::ReluSquared,
+        Activation::Tanh,
+    ];
+
+    /// The code the kernel receives (`K_*` in `wgsl/activation.wgsl`).
+    pub const fn code(self) -> u32 {
+        match self {
+            Activation::Silu => 0,
+            Activation::Sigmoid => 1,
+            Activation::GeluTanh => 2,
+            Activation::Gelu => 3,
+            Activation::QuickGelu => 4,
+            Activation::Relu => 5,
+            Activation::ReluSquared => 6,
+            Activation::Tanh => 7,
+        }
+    }
+
+    /// snake_case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::GeluTanh => "gelu_tanh",
+            Activation::Gelu => "gelu",
+            Activation::QuickGelu => "quick_gelu",
+            Activation::Relu => "relu",
+            Activation::ReluSquared => "relu_squared",
+            Activation::Tanh => "tanh",
+        }
+    }
+}
+
+/// Options of every activation call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ActivationOptions {
+    /// `m_g`: the activation sees `m_g·gate`. Default 1. Must be finite.
+    pub gate_multiplier: f32,
+    /// `m_d`: the output is scaled by `m_d`. Default 1. Must be finite.
+    pub down_multiplier: f32,
+}
+
+impl Default for ActivationOptions {
+    fn default() -> Self {
+        ActivationOptions {
+            gate_multiplier: 1.0,
+            down_multiplier: 1.0,
+        }
+    }
+}
+
+/// Which layout a forward used.
+#[derive(Debug, Clone)]
+enum Inputs {
+    Unary(Tensor),
+    Gated(Tensor, Tensor),
+    Packed(Tensor),
+}
+
+/// What a forward saves for its backward (the input handles; tensors are immutable).
+#[derive(Debug, Clone)]
+pub struct ActivationSaved {
+    kind: Activation,
+    options: ActivationOptions,
+    inputs: Inputs,
+    out_shape: Vec<usize>,
+}
+
+impl ActivationSaved {
+    /// The activation.
+    pub fn kind(&self) -> Activation {
+        self.kind
+    }
+}
+
+/// Gradients of an activation, all F32.
+#[derive(Debug, Clone)]
+pub struct ActivationGrads {
+    /// Gradient of the gate (unary: of the input; packed: of the whole packed input, in its
+    /// `[gate ‖ up]` layout).
+    pub dgate: Tensor,
+    /// Gradient of `up` (separate gated layout only).
+    pub dup: Option<Tensor>,
+}
+
+#[derive(encase::ShaderType)]
+struct Params {
+    count: u32,
+    pairs: u32,
+    width: u32,
+    gate_mult: f32,
+    down_mult: f32,
+}
+
+fn check_float(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+    }
+}
+
+fn check_options(o: &ActivationOptions) -> Result<()> {
+    for (what, v) in [
+        ("activation: gate_multiplier", o.gate_multiplier),
+        ("activation: down_multiplier", o.down_multiplier),
+    ] {
+        if !v.is_finite() {
+            return Err(Error::InvalidValue {
+                what: what.into(),
+                got: f64::from(v),
+                rule: "must be finite".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_count(count: usize, what: &str) -> Result<()> {
+    // Indices (packed: up to twice the output count) must fit in u32.
+    let max = (u32::MAX / 2) as u64;
+    if count as u64 > max {
+        return Err(Error::bounds(what, count as u64, 0, max));
+    }
+    Ok(())
+}
+
+fn params(count: usize, width: usize, o: &ActivationOptions) -> Params {
+    Params {
+        count: count as u32,
+        pairs: count.div_ceil(2) as u32,
+        width: width.max(1) as u32,
+        gate_mult: o.gate_multiplier,
+        down_mult: o.down_multiplier,
+    }
+}
+
+fn constants(
+    kind: Activation,
+    g: DType,
+    u: DType,
+    y: DType,
+    packed: bool,
+) -> crate::kernel::Constants {
+    vec![
+        ("KIND", f64::from(kind.code())),
+        ("DT_G", f64::from(g.code())),
+        ("DT_U", f64::from(u.code())),
+        ("DT_Y", f64::from(y.code())),
+        ("PACKED", if packed { 1.0 } else { 0.0 }),
+    ]
+}
+
+/// Pairs of elements per invocation (`UNROLL` in the kernel).
+const UNROLL: u64 = 4;
+
+fn groups(count: usize) -> u64 {
+    (count.div_ceil(2) as u64).div_ceil(WG * UNROLL)
+}
+
+/// Forward: unary `m_d·act(m_g·gate)` when `up` is `None`, gated `m_d·act(m_g·gate)·up`
+/// otherwise. Output: the gate's shape and dtype.
+///
+/// Errors: a non-float dtype; `up` of another shape than `gate` (`ShapeMismatch`); a
+/// non-finite multiplier (`InvalidValue`); tensors of another engine; more than 2³¹−1
+/// elements (`OutOfBounds`).
+pub fn forward(
+    kind: Activation,
+    gate: &Tensor,
+    up: Option<&Tensor>,
+    options: &ActivationOptions,
+) -> Result<(Tensor, ActivationSaved)> {
+    check_float(gate, "activation: gate")?;
+    check_options(options)?;
+    check_count(gate.len(), "activation: elements")?;
+    let engine = gate.engine();
+    let count = gate.len();
+    let out = Tensor::empty(engine, gate.shape(), gate.dtype(), "activation output")?;
+    let inputs = match up {
+        None => {
+            engine.launch(
+                &KERNEL,
+                "forward_unary",
+                &constants(kind, gate.dtype(), gate.dtype(), gate.dtype(), false),
+                &params(count, 0, options),
+                &[gate.buffer(), out.buffer()],
+                groups(count),
+            )?;
+            Inputs::Unary(gate.clone())
+        }
+        Some(up) => {
+            check_float(up, "activation: up")?;
+            up.check_engine(engine, "activation: up")?;
+            if up.shape() != gate.shape() {
+                return Err(Error::shape("activation: up", gate.shape(), up.shape()));
+            }
+            engine.launch(
+                &KERNEL,
+                "forward_gated",
+                &constants(kind, gate.dtype(), up.dtype(), gate.dtype(), false),
+                &params(count, 0, options),
+                &[gate.buffer(), up.buffer(), out.buffer()],
+                groups(count),
+            )?;
+            Inputs::Gated(gate.clone(), up.clone())
+        }
+    };
+    Ok((
+        out,
+        ActivationSaved {
+            kind,
+            options: *options,
+            inputs,
+            out_shape: gate.shape().to_vec(),
+        },
+    ))
+}
+
+/// Forward of the packed layout: `x` is `[.., 2·w]` with rows `[gate ‖ up]`; the output is
+/// `[.., w]` in `x`'s dtype. Errors: as [`forward`], plus an empty shape or an odd last axis
+/// (`ShapeMismatch`, expected the even width).
+pub fn packed_forward(
+    kind: Activation,
+    x: &Tensor,
+    options: &ActivationOptions,
+) -> Result<(Tensor, ActivationSaved)> {
+    check_float(x, "activation: packed input")?;
+    check_options(options)?;
+    let Some(&last) = x.shape().last() else {
+        return Err(Error::shape("activation: packed input", &[2], x.shape()));
+    };
+    if last % 2 != 0 {
+        let mut expected = x.shape().to_vec();
+        *expected.last_mut().expect("non-empty") = last + 1;
+        return Err(Error::shape(
+            "activation: packed input (even last axis)",
+            &expected,
+            x.shape(),
+        ));
+    }
+    check_count(x.len(), "activation: packed elements")?;
+    let width = last / 2;
+    let mut out_shape = x.shape().to_vec();
+    *out_shape.last_mut().expect("non-empty") = width;
+    let count = x.len() / 2;
+    let engine = x.engine();
+    let out = Tensor::empty(engine, &out_shape, x.dtype(), "activation output")?;
+    engine.launch(
+        &KERNEL,
+        "forward_gated",
+        &constants(kind, x.dtype(), x.dtype(), x.dtype(), true),
+        &params(count, width, options),
+        &[x.buffer(), x.buffer(), out.buffer()],
+        groups(count),
+    )?;
+    Ok((
+        out,
+        ActivationSaved {
+            kind,
+            options: *options,
+            inputs: Inputs::Packed(x.clone()),
+            out_shape,
+        },
+    ))
+}
+
+/// Backward of [`forward`] / [`packed_forward`]: `dy` has the output's shape (any float
+/// dtype). Returns F32 gradients: `dgate = dy·m_d·up·act'(m_g·gate)·m_g` (unary: without
+/// `up`), `dup = dy·m_d·act(m_g·gate)`; packed: both in one `[.., 2·w]` tensor.
+///
+/// Errors: `dy` of another shape (`ShapeMismatch`) or a non-float dtype, another engine.
+pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads> {
+    check_float(dy, "activation: dy")?;
+    if dy.shape() != saved.out_shape.as_slice() {
+        return Err(Error::shape("activation: dy", &saved.out_shape, dy.shape()));
+    }
+    let o = &saved.options;
+    let count = dy.len();
+    match &saved.inputs {
+        Inputs::Unary(g) => {
+            dy.check_engine(g.engine(), "activation: dy")?;
+            let engine = g.engine();
+            let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
+            engine.launch(
+                &KERNEL,
+                "backward_unary",
+                &constants(saved.kind, g.dtype(), g.dtype(), dy.dtype(), false),
+                &params(count, 0, o),
+                &[g.buffer(), dy.buffer(), dgate.buffer()],
+                groups(count),
+            )?;
+            Ok(ActivationGrads { dgate, dup: None })
+        }
+        Inputs::Gated(g, u) => {
+            dy.check_engine(g.engine(), "activation: dy")?;
+            let engine = g.engine();
+            let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
+            let dup = Tensor::empty(engine, g.shape(), DType::F32, "activation dup")?;
+            engine.launch(
+                &KERNEL,
+                "backward_gated",
+                &constants(saved.kind, g.dtype(), u.dtype(), dy.dtype(), false),
+                &params(count, 0, o),
+                &[
+                    g.buffer(),
+                    u.buffer(),
+                    dy.buffer(),
+                    dgate.buffer(),
+                    dup.buffer(),
+                ],
+                groups(count),
+            )?;
+            Ok(ActivationGrads {
+                dgate,
+                dup: Some(dup),
+            })
+        }
+        Inputs::Packed(x) => {
+            dy.check_engine(x.engine(), "activation: dy")?;
+            let engine = x.engine();
+            let width = saved.out_shape.last().copied().unwrap_or(1);
+            let dx = Tensor::empty(engine, x.shape(), DType::F32, "activation dx")?;
+            engine.launch(
+                &KERNEL,
+                "backward_packed",
+                &constants(saved.kind, x.dtype(), x.dtype(), dy.dtype(), true),
+                &params(count, width, o),
+                &[x.buffer(), dy.buffer(), dx.buffer()],
+                groups(count),
+            )?;
+            Ok(ActivationGrads {
+                dgate: dx,
+                dup: None,
+            })
+        }
+    }
+}
+
+/// `silu(x)` (unary, default options).
+pub fn silu(x: &Tensor) -> Result<(Tensor, ActivationSaved)> {
+    forward(Activation::Silu, x, None, &ActivationOptions::default())
+}
+
+/// SwiGLU: `silu(gate)·up`.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<(Tensor, ActivationSaved)> {
+    forward(
+        Activation::Silu,
+        gate,
+        Some(up),
+        &ActivationOptions::default(),
+    )
+}
+
+/// GeGLU (tanh-GELU): `gelu_tanh(gate)·up`.
+pub fn geglu(gate: &Tensor, up: &Tensor) -> Result<(Tensor, ActivationSaved)> {
+    forward(
+        Activation::GeluTanh,
+        gate,
+        Some(up),
+        &ActivationOptions::default(),
+    )
+}
+
+/// SwiGLU on the packed `[gate ‖ up]` layout.
+pub fn swiglu_packed(x: &Tensor) -> Result<(Tensor, ActivationSaved)> {
+    packed_forward(Activation::Silu, x, &ActivationOptions::default())
+}
+
+/// GeGLU on the packed `[gate ‖ up]` layout.
+pub fn geglu_packed(x: &Tensor) -> Result<(Tensor, ActivationSaved)> {
+    packed_forward(Activation::GeluTanh, x, &ActivationOptions::default())
+}
+
+/// The error function of each element, F32 out (the erf the exact GELU uses, exposed for
+/// testing and reuse). Accurate to a few f32 ulps; `±1` beyond |x| ≥ 10. Errors: a non-float
+/// dtype, more than 2³¹−1 elements.
+pub fn erf(x: &Tensor) -> Result<Tensor> {
+    check_float(x, "erf: input")?;
+    check_count(x.len(), "erf: elements")?;
+    let engine = x.engine();
+    let out = Tensor::empty(engine, x.shape(), DType::F32, "erf output")?;
+    let count = x.len();
+    engine.launch(
+        &KERNEL,
+        "erf_values",
+        &constants(Activation::Gelu, x.dtype(), x.dtype(), DType::F32, false),
+        &params(count, 0, &ActivationOptions::default()),
+        &[x.buffer(), out.buffer()],
+        (count as u64).div_ceil(WG),
+    )?;
+    Ok(out)
+}

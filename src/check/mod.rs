@@ -1,0 +1,164 @@
+//! The gradient-check report: one check per operator wgrad ships, each running the GPU op on
+//! this machine's adapter against its f64 reference (forward and every gradient) for every
+//! storage dtype. The `check` example prints it; a test makes sure every registered kernel is
+//! covered by some check.
+
+mod norm;
+mod pointwise;
+
+use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
+use crate::{DType, Engine, Result, bench, cast, reduce, reference};
+
+/// One operator's check.
+pub struct OperatorCheck {
+    /// snake_case API name (`rms_norm`, `cross_entropy`, ...).
+    pub name: &'static str,
+    /// Names of the registered kernels it exercises.
+    pub kernels: &'static [&'static str],
+    /// Runs every case and returns their comparisons.
+    pub run: fn(&Engine) -> Result<Vec<Case>>,
+}
+
+/// One compared output of one case.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// What was compared (shape, dtype, output).
+    pub label: String,
+    /// The measured differences.
+    pub comparison: Comparison,
+}
+
+/// Every operator check, in report order.
+pub fn operators() -> Vec<OperatorCheck> {
+    vec![
+        OperatorCheck {
+            name: "cast",
+            kernels: &["cast"],
+            run: check_cast,
+        },
+        OperatorCheck {
+            name: "sum_rows",
+            kernels: &["reduce"],
+            run: |e| check_reduction(e, Reduction::SumRows),
+        },
+        OperatorCheck {
+            name: "max_rows",
+            kernels: &["reduce"],
+            run: |e| check_reduction(e, Reduction::MaxRows),
+        },
+        OperatorCheck {
+            name: "sum_columns",
+            kernels: &["reduce"],
+            run: |e| check_reduction(e, Reduction::SumColumns),
+        },
+        OperatorCheck {
+            name: "copy",
+            kernels: &["copy"],
+            run: check_copy,
+        },
+    ]
+    .into_iter()
+    .chain(norm::operators())
+    .chain(pointwise::operators())
+    .collect()
+}
+
+fn case(label: String, got: &[f64], want: &[f64], tol: Tolerance) -> Case {
+    Case {
+        label,
+        comparison: compare(got, want, tol),
+    }
+}
+
+fn check_cast(engine: &Engine) -> Result<Vec<Case>> {
+    let mut rng = Rng::new(1);
+    let mut data = rng.vec(1001, -70000.0, 70000.0);
+    data.extend(rng.vec(200, -1e-6, 1e-6));
+    data.extend([
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        65504.0,
+        65520.0,
+        1e-8,
+    ]);
+    let mut cases = Vec::new();
+    for from in DType::FLOATS {
+        for to in DType::FLOATS {
+            if from == to {
+                continue;
+            }
+            let (x, stored) = tensor_from_f64(engine, &data, &[data.len()], from)?;
+            let got = cast::cast(&x, to)?.to_f64()?;
+            let want = stored_values(&stored, to);
+            cases.push(case(
+                format!("{from}->{to} n={}", data.len()),
+                &got,
+                &want,
+                Tolerance::EXACT,
+            ));
+        }
+    }
+    Ok(cases)
+}
+
+enum Reduction {
+    SumRows,
+    MaxRows,
+    SumColumns,
+}
+
+fn check_reduction(engine: &Engine, which: Reduction) -> Result<Vec<Case>> {
+    let mut rng = Rng::new(2);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(1, 1), (37, 300), (130, 5), (3, 1000)] {
+        for dtype in DType::FLOATS {
+            let data = rng.vec(rows * cols, -1.0, 1.0);
+            let (x, stored) = tensor_from_f64(engine, &data, &[rows, cols], dtype)?;
+            let (got, want, length) = match which {
+                Reduction::SumRows => (
+                    reduce::sum_rows(&x)?,
+                    reference::reduce::sum_rows(&stored, rows, cols),
+                    cols,
+                ),
+                Reduction::MaxRows => (
+                    reduce::max_rows(&x)?,
+                    reference::reduce::max_rows(&stored, rows, cols),
+                    1,
+                ),
+                Reduction::SumColumns => (
+                    reduce::sum_columns(&x)?,
+                    reference::reduce::sum_columns(&stored, rows, cols),
+                    rows,
+                ),
+            };
+            // FP32 accumulation of `length` terms of magnitude ≤ 1: error grows with the
+            // number of terms, so the absolute budget does too.
+            let tol = Tolerance {
+                abs: 1e-7 * length as f64 + 1e-7,
+                ..Tolerance::for_dtype(DType::F32)
+            };
+            cases.push(case(
+                format!("{rows}x{cols} {dtype}"),
+                &got.to_f64()?,
+                &want,
+                tol,
+            ));
+        }
+    }
+    Ok(cases)
+}
+
+fn check_copy(engine: &Engine) -> Result<Vec<Case>> {
+    let data = Rng::new(3).vec(4 * 1000, -1.0, 1.0);
+    let (x, stored) = tensor_from_f64(engine, &data, &[data.len()], DType::F32)?;
+    let got = bench::copy(&x)?.to_f64()?;
+    Ok(vec![case(
+        "4000 f32".into(),
+        &got,
+        &stored,
+        Tolerance::EXACT,
+    )])
+}

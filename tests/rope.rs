@@ -1,0 +1,899 @@
+//! RoPE against the f64 references of `wgrad::reference::rope`: per-row tables (split-half and
+//! interleaved, partial rotary, non-unit-norm coefficients), q/k with position ids in both
+//! layouts (repeated positions, table gradients), mRoPE, Llama 4's complex tables, the host
+//! table builder against an f64 formula, finite differences of the reference backward,
+//! reruns, empty shapes and every documented bad input.
+
+mod common;
+
+use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::reference::rope as reference;
+use wgrad::rope::{self, RopeLayout, RopeOptions, RopeQkOptions, RopeScaling};
+use wgrad::{DType, Error, Tensor};
+
+fn data(seed: u64, n: usize, range: f64) -> Vec<f64> {
+    Rng::new(seed).vec(n, -range, range)
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
+    let c = compare(got, want, tol);
+    assert!(
+        c.passed,
+        "{what}: {c}; got {:?} want {:?}",
+        got.get(c.worst),
+        want.get(c.worst)
+    );
+}
+
+const F32: Tolerance = Tolerance::for_dtype(DType::F32);
+
+#[test]
+fn per_row_tables_match_reference() {
+    let e = engine();
+    // (rows, dim, rotary_dim): full, partial, odd dim with a copied suffix, one pair.
+    // Rows of even width with rotary_dim % 4 == 0 run the unit kernels (one workgroup per
+    // token when a token fills half a workgroup: 512 columns), the others the per-element
+    // kernels: all are covered.
+    let shapes = [
+        (2, 512, 512),
+        (3, 516, 0),
+        (6, 20, 12),
+        (300, 8, 4),
+        (1usize, 2usize, 2usize),
+        (5, 7, 4),
+        (3, 64, 64),
+        (17, 10, 6),
+        (4, 33, 32),
+        (2, 8, 0),
+    ];
+    for (k, &(rows, dim, rot)) in shapes.iter().enumerate() {
+        for dtype in DType::FLOATS {
+            for interleaved in [false, true] {
+                let half = rot / 2;
+                let x = stored(&data(k as u64, rows * dim, 2.0), dtype);
+                // Non-unit-norm coefficients: independent uniforms.
+                let c = stored(&data(100 + k as u64, rows * half, 1.5), dtype);
+                let s = stored(&data(200 + k as u64, rows * half, 1.5), dtype);
+                let dy = stored(&data(300 + k as u64, rows * dim, 1.0), dtype);
+                let label = format!("{rows}x{dim} rot {rot} {dtype} interleaved {interleaved}");
+                let opts = RopeOptions {
+                    rotary_dim: Some(rot),
+                    interleaved,
+                    table_grads: true,
+                };
+                let (y, saved) = rope::forward(
+                    &tensor_from_f64(e, &x, &[rows, dim], dtype),
+                    &tensor_from_f64(e, &c, &[rows, half], dtype),
+                    &tensor_from_f64(e, &s, &[rows, half], dtype),
+                    &opts,
+                )
+                .unwrap();
+                assert_eq!((y.shape(), y.dtype()), (&[rows, dim][..], dtype));
+                let want = stored(
+                    &reference::forward(&x, dim, &c, &s, rot, interleaved),
+                    dtype,
+                );
+                assert_close(
+                    &format!("{label} y"),
+                    &y.to_f64().unwrap(),
+                    &want,
+                    Tolerance::for_dtype(dtype),
+                );
+                let g =
+                    rope::backward(&saved, &tensor_from_f64(e, &dy, &[rows, dim], dtype)).unwrap();
+                let (dv, dc, ds) = reference::backward(&x, &dy, dim, &c, &s, rot, interleaved);
+                assert_close(
+                    &format!("{label} dvalues"),
+                    &g.dvalues.to_f64().unwrap(),
+                    &dv,
+                    F32,
+                );
+                assert_close(
+                    &format!("{label} dcos"),
+                    &g.dcos.unwrap().to_f64().unwrap(),
+                    &dc,
+                    F32,
+                );
+                assert_close(
+                    &format!("{label} dsin"),
+                    &g.dsin.unwrap().to_f64().unwrap(),
+                    &ds,
+                    F32,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn suffix_is_copied_exactly_and_its_gradient_passes_through() {
+    let e = engine();
+    let (rows, dim, rot) = (3, 9, 4);
+    let x = stored(&data(1, rows * dim, 3.0), DType::BF16);
+    let dy = stored(&data(2, rows * dim, 3.0), DType::BF16);
+    let (c, s) = (data(3, rows * 2, 1.0), data(4, rows * 2, 1.0));
+    let (y, saved) = rope::forward(
+        &tensor_from_f64(e, &x, &[rows, dim], DType::BF16),
+        &tensor_from_f64(e, &c, &[rows, 2], DType::F32),
+        &tensor_from_f64(e, &s, &[rows, 2], DType::F32),
+        &RopeOptions {
+            rotary_dim: Some(rot),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let y = y.to_f64().unwrap();
+    let dv = rope::backward(&saved, &tensor_from_f64(e, &dy, &[rows, dim], DType::BF16))
+        .unwrap()
+        .dvalues
+        .to_f64()
+        .unwrap();
+    for r in 0..rows {
+        for col in rot..dim {
+            assert_eq!(y[r * dim + col], x[r * dim + col]);
+            assert_eq!(dv[r * dim + col], dy[r * dim + col]);
+        }
+    }
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let (rows, dim, rot) = (3, 10, 6);
+    for interleaved in [false, true] {
+        let x = data(5, rows * dim, 2.0);
+        let c = data(6, rows * rot / 2, 1.5);
+        let s = data(7, rows * rot / 2, 1.5);
+        let dy = data(8, rows * dim, 1.0);
+        let (dv, dc, ds) = reference::backward(&x, &dy, dim, &c, &s, rot, interleaved);
+        assert!(
+            check_vjp(
+                |p| reference::forward(p, dim, &c, &s, rot, interleaved),
+                &x,
+                &dy,
+                &dv
+            )
+            .passed
+        );
+        assert!(
+            check_vjp(
+                |p| reference::forward(&x, dim, p, &s, rot, interleaved),
+                &c,
+                &dy,
+                &dc
+            )
+            .passed
+        );
+        assert!(
+            check_vjp(
+                |p| reference::forward(&x, dim, &c, p, rot, interleaved),
+                &s,
+                &dy,
+                &ds
+            )
+            .passed
+        );
+    }
+}
+
+/// Reference for q/k with shared tables: expand, rotate per row, reduce the table gradients.
+struct QkCase {
+    batch: usize,
+    seq: usize,
+    hq: usize,
+    hk: usize,
+    dim: usize,
+    rot: usize,
+    table_rows: usize,
+    layout: RopeLayout,
+    interleaved: bool,
+}
+
+impl QkCase {
+    fn shape(&self, heads: usize) -> Vec<usize> {
+        match self.layout {
+            RopeLayout::Bshd => vec![self.batch, self.seq, heads, self.dim],
+            RopeLayout::Bhsd => vec![self.batch, heads, self.seq, self.dim],
+        }
+    }
+
+    fn heads(&self, heads: usize) -> reference::Heads {
+        reference::Heads {
+            batch: self.batch,
+            seq: self.seq,
+            heads,
+            bhsd: self.layout == RopeLayout::Bhsd,
+        }
+    }
+}
+
+#[allow(clippy::type_complexity)]
+fn run_qk_case(
+    case: &QkCase,
+    dtype: DType,
+    seed: u64,
+    positions: Option<(&[i32], Vec<usize>)>,
+    mrope: Option<[usize; 3]>,
+    llama4: bool,
+) {
+    let e = engine();
+    let half = case.rot / 2;
+    let n_q = case.batch * case.seq * case.hq * case.dim;
+    let n_k = case.batch * case.seq * case.hk * case.dim;
+    let q = stored(&data(seed, n_q, 2.0), dtype);
+    let k = stored(&data(seed + 1, n_k, 2.0), dtype);
+    let c = stored(&data(seed + 2, case.table_rows * half, 1.2), dtype);
+    let s = stored(&data(seed + 3, case.table_rows * half, 1.2), dtype);
+    let dq = stored(&data(seed + 4, n_q, 1.0), dtype);
+    let dk = stored(&data(seed + 5, n_k, 1.0), dtype);
+    let pos_tensor = positions
+        .as_ref()
+        .map(|(p, shape)| Tensor::from_slice(e, p, shape).unwrap());
+    let opts = RopeQkOptions {
+        rotary_dim: Some(case.rot),
+        interleaved: case.interleaved,
+        layout: case.layout,
+        table_grads: true,
+        check_positions: true,
+        mrope_section: mrope,
+    };
+    // Table row of (b, s, i), as the reference sees it.
+    let position = |b: usize, si: usize, i: usize| -> usize {
+        match &positions {
+            None => si,
+            Some((p, shape)) => {
+                let axis = mrope.map_or(0, |m| reference::mrope_axis(i, m));
+                let batched = shape.len() == if mrope.is_some() { 3 } else { 2 };
+                let per_axis = if batched {
+                    case.batch * case.seq
+                } else {
+                    case.seq
+                };
+                let idx = if batched { b * case.seq + si } else { si };
+                p[axis * per_axis + idx] as usize
+            }
+        }
+    };
+    let qt = tensor_from_f64(e, &q, &case.shape(case.hq), dtype);
+    let kt = tensor_from_f64(e, &k, &case.shape(case.hk), dtype);
+    let dqt = tensor_from_f64(e, &dq, &case.shape(case.hq), dtype);
+    let dkt = tensor_from_f64(e, &dk, &case.shape(case.hk), dtype);
+    let ((qo, ko), (dqg, dkg, dc_got, ds_got)) = if llama4 {
+        let freqs = reference::join_complex(&c, &s);
+        let ft = tensor_from_f64(e, &freqs, &[case.table_rows, half, 2], dtype);
+        let (outs, saved) =
+            rope::llama4_forward(&qt, &kt, &ft, pos_tensor.as_ref(), &opts).unwrap();
+        let g = rope::llama4_backward(&saved, &dqt, &dkt).unwrap();
+        let (gc, gs) = reference::split_complex(&g.dfreqs.unwrap().to_f64().unwrap());
+        (outs, (g.dq, g.dk, gc, gs))
+    } else {
+        let (outs, saved) = rope::qk_forward(
+            &qt,
+            &kt,
+            &tensor_from_f64(e, &c, &[case.table_rows, half], dtype),
+            &tensor_from_f64(e, &s, &[case.table_rows, half], dtype),
+            pos_tensor.as_ref(),
+            &opts,
+        )
+        .unwrap();
+        let g = rope::qk_backward(&saved, &dqt, &dkt).unwrap();
+        (
+            outs,
+            (
+                g.dq,
+                g.dk,
+                g.dcos.unwrap().to_f64().unwrap(),
+                g.dsin.unwrap().to_f64().unwrap(),
+            ),
+        )
+    };
+    let interleaved = case.interleaved || llama4;
+    let label = format!(
+        "{dtype} {:?} interleaved {interleaved} mrope {mrope:?} llama4 {llama4}",
+        case.layout
+    );
+    let mut want_dc = vec![0.0; case.table_rows * half];
+    let mut want_ds = vec![0.0; case.table_rows * half];
+    for (x, dy, heads, out, dgot, name) in [
+        (&q, &dq, case.hq, &qo, &dqg, "q"),
+        (&k, &dk, case.hk, &ko, &dkg, "k"),
+    ] {
+        let h = case.heads(heads);
+        let ce = reference::expand(&c, half, &h, position);
+        let se = reference::expand(&s, half, &h, position);
+        let want = stored(
+            &reference::forward(x, case.dim, &ce, &se, case.rot, interleaved),
+            dtype,
+        );
+        assert_close(
+            &format!("{label} {name} out"),
+            &out.to_f64().unwrap(),
+            &want,
+            Tolerance::for_dtype(dtype),
+        );
+        let (dv, dce, dse) = reference::backward(x, dy, case.dim, &ce, &se, case.rot, interleaved);
+        assert_close(
+            &format!("{label} d{name}"),
+            &dgot.to_f64().unwrap(),
+            &dv,
+            F32,
+        );
+        for (acc, per_row) in [(&mut want_dc, dce), (&mut want_ds, dse)] {
+            for (a, v) in acc.iter_mut().zip(reference::reduce(
+                &per_row,
+                half,
+                &h,
+                case.table_rows,
+                position,
+            )) {
+                *a += v;
+            }
+        }
+    }
+    assert_close(&format!("{label} dcos"), &dc_got, &want_dc, F32);
+    assert_close(&format!("{label} dsin"), &ds_got, &want_ds, F32);
+}
+
+#[test]
+fn qk_without_positions_both_layouts() {
+    for layout in [RopeLayout::Bshd, RopeLayout::Bhsd] {
+        for dtype in DType::FLOATS {
+            let case = QkCase {
+                batch: 2,
+                seq: 5,
+                hq: 3,
+                hk: 2,
+                dim: 10,
+                rot: 8,
+                table_rows: 7,
+                layout,
+                interleaved: false,
+            };
+            run_qk_case(&case, dtype, 10, None, None, false);
+            let case = QkCase {
+                interleaved: true,
+                dim: 7,
+                rot: 6,
+                ..case
+            };
+            run_qk_case(&case, dtype, 20, None, None, false);
+        }
+    }
+}
+
+#[test]
+fn qk_token_kernels() {
+    // Enough heads × units per row to run one workgroup per token (q), k on the unit kernel.
+    let ids: Vec<i32> = vec![4, 0, 4, 1, 1, 3];
+    for layout in [RopeLayout::Bshd, RopeLayout::Bhsd] {
+        for dtype in DType::FLOATS {
+            for interleaved in [false, true] {
+                let case = QkCase {
+                    batch: 2,
+                    seq: 3,
+                    hq: 16,
+                    hk: 2,
+                    dim: 32,
+                    rot: 32,
+                    table_rows: 5,
+                    layout,
+                    interleaved,
+                };
+                run_qk_case(&case, dtype, 35, Some((&ids, vec![2, 3])), None, false);
+                let case = QkCase {
+                    hq: 8,
+                    hk: 8,
+                    dim: 40,
+                    rot: 16,
+                    ..case
+                };
+                run_qk_case(&case, dtype, 36, None, None, false);
+            }
+        }
+    }
+}
+
+#[test]
+fn qk_with_repeated_position_ids_and_table_gradients() {
+    // Positions repeat within and across sequences; table row 8 is never used (zero grad).
+    let batched: Vec<i32> = vec![3, 3, 0, 7, 1, 2, 3, 3, 9, 0];
+    let shared: Vec<i32> = vec![4, 4, 4, 0, 9];
+    for layout in [RopeLayout::Bshd, RopeLayout::Bhsd] {
+        for dtype in DType::FLOATS {
+            for interleaved in [false, true] {
+                let case = QkCase {
+                    batch: 2,
+                    seq: 5,
+                    hq: 4,
+                    hk: 1,
+                    dim: 12,
+                    rot: 12,
+                    table_rows: 10,
+                    layout,
+                    interleaved,
+                };
+                run_qk_case(&case, dtype, 30, Some((&batched, vec![2, 5])), None, false);
+                let case = QkCase {
+                    dim: 13,
+                    rot: 6,
+                    ..case
+                };
+                run_qk_case(&case, dtype, 40, Some((&shared, vec![5])), None, false);
+            }
+        }
+    }
+}
+
+#[test]
+fn mrope_sections_select_position_axes() {
+    // Three axes (time, height, width) of 2×4 tokens; sections [2, 1, 2] over half = 5.
+    let ids: Vec<i32> = (0..3 * 2 * 4).map(|v| v * 7 % 11).collect();
+    for dtype in DType::FLOATS {
+        for layout in [RopeLayout::Bshd, RopeLayout::Bhsd] {
+            let case = QkCase {
+                batch: 2,
+                seq: 4,
+                hq: 2,
+                hk: 3,
+                dim: 12,
+                rot: 10,
+                table_rows: 11,
+                layout,
+                interleaved: false,
+            };
+            run_qk_case(
+                &case,
+                dtype,
+                50,
+                Some((&ids, vec![3, 2, 4])),
+                Some([2, 1, 2]),
+                false,
+            );
+            run_qk_case(
+                &case,
+                dtype,
+                60,
+                Some((&ids[..12], vec![3, 4])),
+                Some([1, 3, 1]),
+                false,
+            );
+            let case = QkCase { rot: 8, ..case };
+            run_qk_case(
+                &case,
+                dtype,
+                65,
+                Some((&ids, vec![3, 2, 4])),
+                Some([1, 2, 1]),
+                false,
+            );
+        }
+    }
+}
+
+#[test]
+fn llama4_complex_tables() {
+    let ids: Vec<i32> = vec![0, 5, 5, 2, 1, 1];
+    for dtype in DType::FLOATS {
+        let case = QkCase {
+            batch: 2,
+            seq: 3,
+            hq: 4,
+            hk: 2,
+            dim: 16,
+            rot: 16,
+            table_rows: 6,
+            layout: RopeLayout::Bshd,
+            interleaved: true,
+        };
+        run_qk_case(&case, dtype, 70, Some((&ids, vec![2, 3])), None, true);
+        run_qk_case(&case, dtype, 80, None, None, true);
+    }
+    // The complex product itself: (x1 + i·x2)·(c + i·s) for one pair.
+    let e = engine();
+    let q = Tensor::from_slice(e, &[1.0f32, 2.0], &[1, 1, 1, 2]).unwrap();
+    let f = Tensor::from_slice(e, &[0.5f32, -3.0], &[1, 1, 2]).unwrap();
+    let ((qo, _), _) = rope::llama4_forward(&q, &q, &f, None, &RopeQkOptions::default()).unwrap();
+    assert_eq!(
+        qo.to_vec::<f32>().unwrap(),
+        vec![1.0 * 0.5 - 2.0 * -3.0, 1.0 * -3.0 + 2.0 * 0.5]
+    );
+}
+
+#[test]
+fn host_tables_match_the_f64_formulas() {
+    let e = engine();
+    let (rows, d, base) = (40usize, 16usize, 10000.0f64);
+    let half = d / 2;
+    let theta = |i: usize, b: f64| b.powf(-((2 * i) as f64) / d as f64);
+    let yarn_rate = |i: usize| {
+        // YaRN with factor 4, original length 32, beta_fast 32, beta_slow 1 (HF defaults).
+        let corr = |rot: f64| {
+            d as f64 * (32.0 / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+        };
+        let (lo, hi) = (
+            corr(32.0).floor().max(0.0),
+            corr(1.0).ceil().min(d as f64 - 1.0),
+        );
+        let ramp = ((i as f64 - lo) / (hi - lo)).clamp(0.0, 1.0);
+        theta(i, base) * (1.0 - ramp) + theta(i, base) / 4.0 * ramp
+    };
+    type Rate<'a> = Box<dyn Fn(usize) -> f64 + 'a>;
+    let cases: [(RopeScaling, Rate<'_>, f64); 4] = [
+        (RopeScaling::None, Box::new(|i| theta(i, base)), 1.0),
+        (
+            RopeScaling::Linear { factor: 2.0 },
+            Box::new(|i| theta(i, base) / 2.0),
+            1.0,
+        ),
+        (
+            RopeScaling::Ntk { factor: 4.0 },
+            Box::new(|i| theta(i, base * 4f64.powf(16.0 / 14.0))),
+            1.0,
+        ),
+        (
+            RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_positions: 32,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: None,
+            },
+            Box::new(yarn_rate),
+            0.1 * 4f64.ln() + 1.0,
+        ),
+    ];
+    for (scaling, rate, scale) in &cases {
+        let (rates, got_scale) = rope::frequencies(d, base, scaling).unwrap();
+        assert_eq!(got_scale, *scale);
+        for (i, r) in rates.iter().enumerate() {
+            assert!(
+                (r - rate(i)).abs() <= 1e-15 * rate(i),
+                "{scaling:?} rate {i}: {r} vs {}",
+                rate(i)
+            );
+        }
+        for dtype in DType::FLOATS {
+            let (c, s) = rope::tables(e, rows, d, base, scaling, dtype).unwrap();
+            assert_eq!(c.shape(), &[rows, half]);
+            let want_c: Vec<f64> = (0..rows * half)
+                .map(|k| scale * ((k / half) as f64 * rate(k % half)).cos())
+                .collect();
+            let want_s: Vec<f64> = (0..rows * half)
+                .map(|k| scale * ((k / half) as f64 * rate(k % half)).sin())
+                .collect();
+            assert_close(
+                &format!("{scaling:?} cos {dtype}"),
+                &c.to_f64().unwrap(),
+                &stored(&want_c, dtype),
+                Tolerance::EXACT,
+            );
+            assert_close(
+                &format!("{scaling:?} sin {dtype}"),
+                &s.to_f64().unwrap(),
+                &stored(&want_s, dtype),
+                Tolerance::EXACT,
+            );
+        }
+    }
+    // YaRN actually blends: high frequencies kept, low frequencies divided by the factor.
+    let (plain, _) = rope::frequencies(d, base, &RopeScaling::None).unwrap();
+    let (yarn, _) = rope::frequencies(d, base, &cases[3].0).unwrap();
+    assert_eq!(yarn[0], plain[0]);
+    assert!((yarn[half - 1] - plain[half - 1] / 4.0).abs() < 1e-18);
+    let f = rope::llama4_freqs(e, rows, d, base, &RopeScaling::None).unwrap();
+    let (c, s) = rope::tables(e, rows, d, base, &RopeScaling::None, DType::F32).unwrap();
+    assert_eq!(
+        f.to_f64().unwrap(),
+        reference::join_complex(&c.to_f64().unwrap(), &s.to_f64().unwrap())
+    );
+    // Bad table parameters.
+    assert!(matches!(
+        rope::frequencies(7, base, &RopeScaling::None),
+        Err(Error::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        rope::frequencies(8, 1.0, &RopeScaling::None),
+        Err(Error::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        rope::frequencies(8, base, &RopeScaling::Ntk { factor: 0.5 }),
+        Err(Error::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        rope::frequencies(8, base, &RopeScaling::Linear { factor: 0.0 }),
+        Err(Error::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        rope::tables(e, 2, 8, base, &RopeScaling::None, DType::I32),
+        Err(Error::UnsupportedDType { .. })
+    ));
+}
+
+#[test]
+fn reruns_are_bit_identical_including_table_gradients() {
+    let e = engine();
+    let (b, s, hq, hk, d) = (2, 6, 3, 2, 8);
+    let q = tensor_from_f64(
+        e,
+        &data(90, b * s * hq * d, 2.0),
+        &[b, s, hq, d],
+        DType::F32,
+    );
+    let k = tensor_from_f64(
+        e,
+        &data(91, b * s * hk * d, 2.0),
+        &[b, s, hk, d],
+        DType::F32,
+    );
+    let dq = tensor_from_f64(
+        e,
+        &data(92, b * s * hq * d, 1.0),
+        &[b, s, hq, d],
+        DType::F32,
+    );
+    let dk = tensor_from_f64(
+        e,
+        &data(93, b * s * hk * d, 1.0),
+        &[b, s, hk, d],
+        DType::F32,
+    );
+    let (c, sn) = rope::tables(e, 4, d, 10000.0, &RopeScaling::None, DType::F32).unwrap();
+    let pos = Tensor::from_slice(e, &[0i32, 1, 1, 2, 3, 0, 3, 3, 3, 2, 1, 0], &[b, s]).unwrap();
+    let opts = RopeQkOptions {
+        table_grads: true,
+        ..Default::default()
+    };
+    let run = || {
+        let ((qo, ko), saved) = rope::qk_forward(&q, &k, &c, &sn, Some(&pos), &opts).unwrap();
+        let g = rope::qk_backward(&saved, &dq, &dk).unwrap();
+        [
+            f32_bits(&qo),
+            f32_bits(&ko),
+            f32_bits(&g.dq),
+            f32_bits(&g.dk),
+            f32_bits(&g.dcos.unwrap()),
+            f32_bits(&g.dsin.unwrap()),
+        ]
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn empty_shapes() {
+    let e = engine();
+    let v = Tensor::zeros(e, &[0, 8], DType::F16).unwrap();
+    let t = Tensor::zeros(e, &[0, 4], DType::F32).unwrap();
+    let (y, saved) = rope::forward(
+        &v,
+        &t,
+        &t,
+        &RopeOptions {
+            table_grads: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(y.shape(), &[0, 8]);
+    let g = rope::backward(&saved, &v).unwrap();
+    assert_eq!((g.dvalues.len(), g.dcos.unwrap().len()), (0, 0));
+    let q = Tensor::zeros(e, &[2, 0, 3, 8], DType::BF16).unwrap();
+    let c = Tensor::zeros(e, &[5, 4], DType::F32).unwrap();
+    let ((qo, _), saved) = rope::qk_forward(
+        &q,
+        &q,
+        &c,
+        &c,
+        None,
+        &RopeQkOptions {
+            table_grads: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(qo.shape(), &[2, 0, 3, 8]);
+    let g = rope::qk_backward(&saved, &q, &q).unwrap();
+    assert_eq!(g.dcos.unwrap().to_f64().unwrap(), vec![0.0; 20]);
+}
+
+#[test]
+fn unchecked_out_of_range_positions_rotate_by_zero() {
+    let e = engine();
+    let q = Tensor::from_slice(e, &[1.0f32, 2.0, 3.0, 4.0], &[1, 2, 1, 2]).unwrap();
+    let c = Tensor::from_slice(e, &[0.5f32], &[1, 1]).unwrap();
+    let pos = Tensor::from_slice(e, &[0i32, 5], &[1, 2]).unwrap();
+    let opts = RopeQkOptions {
+        check_positions: false,
+        table_grads: true,
+        ..Default::default()
+    };
+    let ((qo, _), saved) = rope::qk_forward(&q, &q, &c, &c, Some(&pos), &opts).unwrap();
+    assert_eq!(
+        qo.to_vec::<f32>().unwrap(),
+        vec![0.5 * 1.0 - 0.5 * 2.0, 0.5 * 2.0 + 0.5 * 1.0, 0.0, 0.0]
+    );
+    let g = rope::qk_backward(&saved, &q, &q).unwrap();
+    // Only token 0 (twice: as q and as k) contributes to table row 0.
+    assert_eq!(
+        g.dcos.unwrap().to_vec::<f32>().unwrap(),
+        vec![2.0 * (1.0 * 1.0 + 2.0 * 2.0)]
+    );
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let e = engine();
+    let v = Tensor::zeros(e, &[3, 8], DType::F32).unwrap();
+    let t = Tensor::zeros(e, &[3, 4], DType::F32).unwrap();
+    let d = RopeOptions::default();
+    // Odd rotary_dim, rotary_dim above dim.
+    assert!(matches!(
+        rope::forward(
+            &v,
+            &t,
+            &t,
+            &RopeOptions {
+                rotary_dim: Some(5),
+                ..d
+            }
+        ),
+        Err(Error::InvalidValue { .. })
+    ));
+    assert!(matches!(
+        rope::forward(
+            &v,
+            &t,
+            &t,
+            &RopeOptions {
+                rotary_dim: Some(10),
+                ..d
+            }
+        ),
+        Err(Error::OutOfBounds { .. })
+    ));
+    // Table too short, wrong width, cos/sin mismatch, integer table, 1-D values.
+    let short = Tensor::zeros(e, &[2, 4], DType::F32).unwrap();
+    assert_eq!(
+        rope::forward(&v, &short, &short, &d).unwrap_err(),
+        Error::OutOfBounds {
+            what: "rope: cos: rows".into(),
+            got: 2,
+            min: 3,
+            max: u64::from(u32::MAX)
+        }
+    );
+    let wide = Tensor::zeros(e, &[3, 5], DType::F32).unwrap();
+    assert!(matches!(
+        rope::forward(&v, &wide, &wide, &d),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let t16 = Tensor::zeros(e, &[3, 4], DType::F16).unwrap();
+    assert!(matches!(
+        rope::forward(&v, &t, &t16, &d),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let ti = Tensor::from_slice(e, &[0i32; 12], &[3, 4]).unwrap();
+    assert!(matches!(
+        rope::forward(&v, &ti, &ti, &d),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    assert!(matches!(
+        rope::forward(&v.reshape(&[24]).unwrap(), &t, &t, &d),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Cotangent of the wrong shape.
+    let (_, saved) = rope::forward(&v, &t, &t, &d).unwrap();
+    assert!(matches!(
+        rope::backward(&saved, &t),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // q/k: position id out of range (negative and too large), wrong position shape or dtype,
+    // table shorter than seq, k of another batch, mRoPE sections.
+    let q = Tensor::zeros(e, &[2, 3, 4, 8], DType::BF16).unwrap();
+    let k = Tensor::zeros(e, &[2, 3, 1, 8], DType::BF16).unwrap();
+    let c = Tensor::zeros(e, &[4, 4], DType::F32).unwrap();
+    let qd = RopeQkOptions::default();
+    let pos = |ids: &[i32], shape: &[usize]| Tensor::from_slice(e, ids, shape).unwrap();
+    assert_eq!(
+        rope::qk_forward(
+            &q,
+            &k,
+            &c,
+            &c,
+            Some(&pos(&[0, 1, 2, 3, 4, 0], &[2, 3])),
+            &qd
+        )
+        .unwrap_err(),
+        Error::OutOfBounds {
+            what: "rope: position id".into(),
+            got: 4,
+            min: 0,
+            max: 3
+        }
+    );
+    assert!(matches!(
+        rope::qk_forward(&q, &k, &c, &c, Some(&pos(&[0, -1, 2], &[3])), &qd),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        rope::qk_forward(&q, &k, &c, &c, Some(&pos(&[0, 1], &[2])), &qd),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let fpos = Tensor::zeros(e, &[3], DType::F32).unwrap();
+    assert!(matches!(
+        rope::qk_forward(&q, &k, &c, &c, Some(&fpos), &qd),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let c2 = Tensor::zeros(e, &[2, 4], DType::F32).unwrap();
+    assert!(matches!(
+        rope::qk_forward(&q, &k, &c2, &c2, None, &qd),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let k_bad = Tensor::zeros(e, &[1, 3, 1, 8], DType::BF16).unwrap();
+    assert!(matches!(
+        rope::qk_forward(&q, &k_bad, &c, &c, None, &qd),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let k32 = Tensor::zeros(e, &[2, 3, 1, 8], DType::F32).unwrap();
+    assert!(matches!(
+        rope::qk_forward(&q, &k32, &c, &c, None, &qd),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let m = RopeQkOptions {
+        mrope_section: Some([1, 1, 1]),
+        ..qd
+    };
+    let p3 = pos(&[0; 9], &[3, 3]);
+    assert!(matches!(
+        rope::qk_forward(&q, &k, &c, &c, Some(&p3), &m),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let m = RopeQkOptions {
+        mrope_section: Some([2, 1, 1]),
+        ..qd
+    };
+    assert!(matches!(
+        rope::qk_forward(&q, &k, &c, &c, None, &m),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(rope::qk_forward(&q, &k, &c, &c, Some(&p3), &m).is_ok());
+    // Llama 4: freqs not [rows, half, 2]; the wrong backward for a saved context.
+    assert!(matches!(
+        rope::llama4_forward(&q, &k, &c, None, &qd),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let (_, saved) = rope::qk_forward(&q, &k, &c, &c, None, &qd).unwrap();
+    assert!(rope::llama4_backward(&saved, &q, &k).is_err());
+    assert!(rope::qk_backward(&saved, &k, &k).is_err());
+}
+
+#[test]
+fn tensors_of_another_engine_are_rejected() {
+    let e = engine();
+    let other = common::private_engine();
+    let v = Tensor::zeros(e, &[2, 4], DType::F32).unwrap();
+    let t = Tensor::zeros(e, &[2, 2], DType::F32).unwrap();
+    let t_other = Tensor::zeros(&other, &[2, 2], DType::F32).unwrap();
+    let d = RopeOptions::default();
+    assert!(matches!(
+        rope::forward(&v, &t_other, &t, &d),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let (_, saved) = rope::forward(&v, &t, &t, &d).unwrap();
+    let dy_other = Tensor::zeros(&other, &[2, 4], DType::F32).unwrap();
+    assert!(matches!(
+        rope::backward(&saved, &dy_other),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let q = Tensor::zeros(e, &[1, 2, 1, 4], DType::F32).unwrap();
+    let k_other = Tensor::zeros(&other, &[1, 2, 1, 4], DType::F32).unwrap();
+    let qd = RopeQkOptions::default();
+    assert!(matches!(
+        rope::qk_forward(&q, &k_other, &t, &t, None, &qd),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let pos_other = Tensor::from_slice(&other, &[0i32, 1], &[2]).unwrap();
+    assert!(matches!(
+        rope::qk_forward(&q, &q, &t, &t, Some(&pos_other), &qd),
+        Err(Error::EngineMismatch { .. })
+    ));
+}

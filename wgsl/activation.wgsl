@@ -1,0 +1,431 @@
+// Elementwise activations, unary (`act(m_g·gate)·m_d`) and gated (`act(m_g·gate)·up·m_d`),
+// forward and backward, FP32 math whatever the storage dtype.
+//
+// Each pair of output elements (2j, 2j+1) belongs to one invocation (which handles UNROLL
+// pairs, WG apart): a 16-bit output word holds exactly that pair and f32 outputs take one
+// word each, so no two invocations write one word for any element count. The packed layout
+// reads gate and up from one [rows, 2·width] tensor (gate = first half of each row, up =
+// second half) and writes its F32 gradient in the same layout; each invocation then owns the
+// gradient words of its own elements.
+
+override KIND: u32 = 0u;     // Activation::code()
+override DT_G: u32 = 0u;     // gate (or packed input) dtype
+override DT_U: u32 = 0u;     // up dtype
+override DT_Y: u32 = 0u;     // output dtype (forward) / cotangent dtype (backward)
+override PACKED: u32 = 0u;   // 1: gate and up are halves of each row of one tensor
+const WG: u32 = 256u;
+const UNROLL: u32 = 4u; // pairs per invocation, WG apart (coalesced, four loads in flight)
+
+const K_SILU: u32 = 0u;
+const K_SIGMOID: u32 = 1u;
+const K_GELU_TANH: u32 = 2u;
+const K_GELU: u32 = 3u;
+const K_QUICK_GELU: u32 = 4u;
+const K_RELU: u32 = 5u;
+const K_RELU_SQUARED: u32 = 6u;
+const K_TANH: u32 = 7u;
+
+struct Params {
+    count: u32,       // output elements
+    pairs: u32,       // ceil(count / 2)
+    width: u32,       // packed: output row width (gate half width); else unused
+    gate_mult: f32,   // m_g: the activation sees m_g·gate
+    down_mult: f32,   // m_d: the output is scaled by m_d
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> gate: array<u32>;
+@group(0) @binding(2) var<storage, read> up: array<u32>;
+@group(0) @binding(3) var<storage, read> dy: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;
+@group(0) @binding(5) var<storage, read_write> dgate: array<u32>;
+@group(0) @binding(6) var<storage, read_write> dup: array<u32>;
+
+// ---- math ----
+
+// (σ(x), σ(−x)) = (σ(x), 1 − σ(x)) without cancellation: both from e = exp(−|x|) ≤ 1.
+fn sigmoid2(x: f32) -> vec2<f32> {
+    let e = exp(-abs(x));
+    let big = 1.0 / (1.0 + e);
+    let small = e * big;
+    if (x >= 0.0) {
+        return vec2(big, small);
+    }
+    return vec2(small, big);
+}
+
+fn tanh_safe(x: f32) -> f32 {
+    // |x| ≥ 9.01 rounds to ±1 in f32; clamping keeps exp-based tanh implementations
+    // away from inf / inf.
+    return tanh(clamp(x, -10.0, 10.0));
+}
+
+// erfc(z) for z ≥ 1: t·exp(−z² + P(t)), t = 1 / (1 + z/2), P a Chebyshev interpolant of
+// degree 9 fitted on z ∈ [1, 10] (relative error 6e-10 in exact arithmetic). z² is split as
+// zh² + (z − zh)(z + zh) with zh holding 12 significant bits, so zh² is exact and exp's
+// argument carries no rounding of order z²·2⁻²⁴.
+fn erfc_tail(z: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.5 * z);
+    var p = 0.2082216702401638;
+    p = p * t - 1.0246794751845298;
+    p = p * t + 1.9282951357929654;
+    p = p * t - 1.647192611753901;
+    p = p * t + 0.633472994938697;
+    p = p * t - 0.33792008980241844;
+    p = p * t + 0.13672546277438655;
+    p = p * t + 0.3678586160216114;
+    p = p * t + 1.000546982500873;
+    p = p * t - 1.2655303879990418;
+    let zh = bitcast<f32>(bitcast<u32>(z) & 0xfffff000u);
+    let zl = z - zh;
+    return t * exp(-zh * zh) * exp(-zl * (z + zh) + p);
+}
+
+// erf(z) for |z| < 1: Taylor series 2/√π Σ (−1)ⁿ z^(2n+1) / (n!(2n+1)), n ≤ 10 (truncation
+// below 2e-9 relative), Horner in z².
+fn erf_small(z: f32) -> f32 {
+    let s = z * z;
+    var p = 1.4807192815879218e-08;
+    p = p * s - 1.6365844691234924e-07;
+    p = p * s + 1.6462114365889246e-06;
+    p = p * s - 1.492565035840625e-05;
+    p = p * s + 0.00012055332981789664;
+    p = p * s - 0.0008548327023450852;
+    p = p * s + 0.005223977625442188;
+    p = p * s - 0.026866170645131252;
+    p = p * s + 0.11283791670955126;
+    p = p * s - 0.37612638903183754;
+    p = p * s + 1.1283791670955126;
+    return z * p;
+}
+
+fn erf_f32(z: f32) -> f32 {
+    let a = abs(z);
+    if (a < 1.0) {
+        return erf_small(z);
+    }
+    if (a >= 10.0) {
+        return sign(z);
+    }
+    return sign(z) * (1.0 - erfc_tail(a));
+}
+
+// Φ(x) = ½·erfc(−x/√2), the standard normal CDF, with relative accuracy in the lower tail.
+fn normal_cdf(x: f32) -> f32 {
+    let z = x * 0.70710678118654752;
+    if (z <= -1.0) {
+        if (z <= -10.0) {
+            return 0.0;
+        }
+        return 0.5 * erfc_tail(-z);
+    }
+    return 0.5 * (1.0 + erf_f32(z));
+}
+
+const SQRT_2_OVER_PI: f32 = 0.7978845608028654;
+const GELU_C: f32 = 0.044715;
+const INV_SQRT_2PI: f32 = 0.3989422804014327;
+
+// act(x) and act'(x).
+fn act(x: f32) -> vec2<f32> {
+    switch KIND {
+        case K_SILU: {
+            let s = sigmoid2(x);
+            return vec2(x * s.x, s.x * (1.0 + x * s.y));
+        }
+        case K_SIGMOID: {
+            let s = sigmoid2(x);
+            return vec2(s.x, s.x * s.y);
+        }
+        case K_GELU_TANH: {
+            // ½x(1 + tanh(u)) = x·σ(2u): no cancellation for negative x.
+            let u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
+            let s = sigmoid2(2.0 * u);
+            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x);
+            return vec2(x * s.x, s.x + 2.0 * x * s.x * s.y * du);
+        }
+        case K_GELU: {
+            let cdf = normal_cdf(x);
+            let pdf = INV_SQRT_2PI * exp(-0.5 * x * x);
+            return vec2(x * cdf, cdf + x * pdf);
+        }
+        case K_QUICK_GELU: {
+            let s = sigmoid2(1.702 * x);
+            return vec2(x * s.x, s.x + 1.702 * x * s.x * s.y);
+        }
+        case K_RELU: {
+            if (x > 0.0) {
+                return vec2(x, 1.0);
+            }
+            return vec2(0.0, 0.0);
+        }
+        case K_RELU_SQUARED: {
+            if (x > 0.0) {
+                return vec2(x * x, 2.0 * x);
+            }
+            return vec2(0.0, 0.0);
+        }
+        default: { // K_TANH
+            // tanh' = 1 − tanh² = 4e/(1 + e)², e = exp(−2|x|): no cancellation in the tails.
+            let e = exp(-2.0 * abs(x));
+            let d = 4.0 * e / ((1.0 + e) * (1.0 + e));
+            return vec2(tanh_safe(x), d);
+        }
+    }
+}
+
+// ---- storage access ----
+
+fn load_gate(i: u32, dt: u32) -> f32 {
+    if (dt == DT_F32) {
+        return bitcast<f32>(gate[i]);
+    }
+    return half_from_word(gate[i >> 1u], i, dt);
+}
+
+fn load_up(i: u32, dt: u32) -> f32 {
+    if (dt == DT_F32) {
+        return bitcast<f32>(up[i]);
+    }
+    return half_from_word(up[i >> 1u], i, dt);
+}
+
+fn load_dy(i: u32) -> f32 {
+    if (DT_Y == DT_F32) {
+        return bitcast<f32>(dy[i]);
+    }
+    return half_from_word(dy[i >> 1u], i, DT_Y);
+}
+
+// Elements (i, i + 1) of a tensor in the separate layout, i even: one word for 16-bit storage
+// (its padding half reads as 0), two for f32 (the second only when it exists).
+fn load_gate2(i: u32, has_second: bool) -> vec2<f32> {
+    if (DT_G == DT_F32) {
+        var b = 0.0;
+        if (has_second) {
+            b = bitcast<f32>(gate[i + 1u]);
+        }
+        return vec2(bitcast<f32>(gate[i]), b);
+    }
+    let w = gate[i >> 1u];
+    return vec2(half_from_word(w, 0u, DT_G), half_from_word(w, 1u, DT_G));
+}
+
+fn load_up2(i: u32, has_second: bool) -> vec2<f32> {
+    if (DT_U == DT_F32) {
+        var b = 0.0;
+        if (has_second) {
+            b = bitcast<f32>(up[i + 1u]);
+        }
+        return vec2(bitcast<f32>(up[i]), b);
+    }
+    let w = up[i >> 1u];
+    return vec2(half_from_word(w, 0u, DT_U), half_from_word(w, 1u, DT_U));
+}
+
+fn load_dy2(i: u32, has_second: bool) -> vec2<f32> {
+    if (DT_Y == DT_F32) {
+        var b = 0.0;
+        if (has_second) {
+            b = bitcast<f32>(dy[i + 1u]);
+        }
+        return vec2(bitcast<f32>(dy[i]), b);
+    }
+    let w = dy[i >> 1u];
+    return vec2(half_from_word(w, 0u, DT_Y), half_from_word(w, 1u, DT_Y));
+}
+
+// Storage index of output element i's gate; its up is `width` further in packed layout.
+// Packed layout: storage index of the gate of output elements i and i + 1 (one division per
+// pair; the up of each is `width` further). Element i + 1 starts the next row when i ends one.
+fn packed_gate_indices(i: u32) -> vec2<u32> {
+    let r = i / params.width;
+    let c = i - r * params.width;
+    let first = i + r * params.width;
+    var second = first + 1u;
+    if (c + 1u == params.width) {
+        second = second + params.width;
+    }
+    return vec2(first, second);
+}
+
+fn store_pair(pair: u32, a: f32, b: f32, has_second: bool) {
+    let i = pair * 2u;
+    if (DT_Y == DT_F32) {
+        out[i] = bitcast<u32>(a);
+        if (has_second) {
+            out[i + 1u] = bitcast<u32>(b);
+        }
+    } else if (has_second) {
+        out[pair] = pack_halves(a, b, DT_Y);
+    } else {
+        out[pair] = half_bits(a, DT_Y);
+    }
+}
+
+fn pair_of(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return group_index(wid, nwg) * WG + lid;
+}
+
+// ---- entry points ----
+
+fn forward_unary_pair(pair: u32) {
+    let i = pair * 2u;
+    let has_second = i + 1u < params.count;
+    let g = load_gate2(i, has_second) * params.gate_mult;
+    let a = act(g.x).x * params.down_mult;
+    let b = act(g.y).x * params.down_mult;
+    store_pair(pair, a, b, has_second);
+}
+
+@compute @workgroup_size(WG)
+fn forward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            forward_unary_pair(pair);
+        }
+    }
+}
+
+// Gated forward of the element whose gate is at storage index gi and up at ui.
+fn gated_value(gi: u32, ui: u32) -> f32 {
+    let g = load_gate(gi, DT_G);
+    var u: f32;
+    if (PACKED == 1u) {
+        u = load_gate(ui, DT_G);
+    } else {
+        u = load_up(ui, DT_U);
+    }
+    return act(params.gate_mult * g).x * u * params.down_mult;
+}
+
+fn forward_gated_pair(pair: u32) {
+    let i = pair * 2u;
+    let has_second = i + 1u < params.count;
+    var a: f32;
+    var b = 0.0;
+    if (PACKED == 1u) {
+        let gi = packed_gate_indices(i);
+        a = gated_value(gi.x, gi.x + params.width);
+        if (has_second) {
+            b = gated_value(gi.y, gi.y + params.width);
+        }
+    } else {
+        let g = load_gate2(i, has_second) * params.gate_mult;
+        let u = load_up2(i, has_second);
+        a = act(g.x).x * u.x * params.down_mult;
+        b = act(g.y).x * u.y * params.down_mult;
+    }
+    store_pair(pair, a, b, has_second);
+}
+
+@compute @workgroup_size(WG)
+fn forward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            forward_gated_pair(pair);
+        }
+    }
+}
+
+fn backward_unary_pair(pair: u32) {
+    let i = pair * 2u;
+    let has_second = i + 1u < params.count;
+    let g = load_gate2(i, has_second) * params.gate_mult;
+    let dys = load_dy2(i, has_second) * (params.down_mult * params.gate_mult);
+    dgate[i] = bitcast<u32>(dys.x * act(g.x).y);
+    if (has_second) {
+        dgate[i + 1u] = bitcast<u32>(dys.y * act(g.y).y);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            backward_unary_pair(pair);
+        }
+    }
+}
+
+fn backward_gated_pair(pair: u32) {
+    let i = pair * 2u;
+    let has_second = i + 1u < params.count;
+    let g = load_gate2(i, has_second) * params.gate_mult;
+    let u = load_up2(i, has_second);
+    let dys = load_dy2(i, has_second) * params.down_mult;
+    let a0 = act(g.x);
+    dgate[i] = bitcast<u32>(dys.x * u.x * a0.y * params.gate_mult);
+    dup[i] = bitcast<u32>(dys.x * a0.x);
+    if (has_second) {
+        let a1 = act(g.y);
+        dgate[i + 1u] = bitcast<u32>(dys.y * u.y * a1.y * params.gate_mult);
+        dup[i + 1u] = bitcast<u32>(dys.y * a1.x);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            backward_gated_pair(pair);
+        }
+    }
+}
+
+// Packed layout: the F32 gradient [rows, 2·width] has the input's layout; dgate holds both
+// halves (this invocation's gate and up elements).
+fn backward_packed_pair(pair: u32) {
+    let first = pair * 2u;
+    let idx = packed_gate_indices(first);
+    let n = min(2u, params.count - first);
+    for (var k = 0u; k < n; k = k + 1u) {
+        let i = first + k;
+        var gi = idx.x;
+        if (k == 1u) {
+            gi = idx.y;
+        }
+        let ui = gi + params.width;
+        let g = load_gate(gi, DT_G);
+        let u = load_gate(ui, DT_G);
+        let a = act(params.gate_mult * g);
+        let dys = load_dy(i) * params.down_mult;
+        dgate[gi] = bitcast<u32>(dys * u * a.y * params.gate_mult);
+        dgate[ui] = bitcast<u32>(dys * a.x);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    for (var k = 0u; k < UNROLL; k = k + 1u) {
+        let pair = base + k * WG;
+        if (pair < params.pairs) {
+            backward_packed_pair(pair);
+        }
+    }
+}
+
+// erf of each element (F32 out): wgrad's erf exposed for testing and reuse.
+@compute @workgroup_size(WG)
+fn erf_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = pair_of(wid, nwg, lid);
+    if (i >= params.count) {
+        return;
+    }
+    out[i] = bitcast<u32>(erf_f32(load_gate(i, DT_G)));
+}

@@ -1,0 +1,505 @@
+// Rotary position embeddings, forward and backward, for every variant wgrad offers:
+// per-row tables, shared tables with integer positions (HF position_ids), several heads per
+// token in [batch, seq, heads, dim] or [batch, heads, seq, dim], Llama 4's complex tables and
+// Qwen2-VL's multi-axis sections. FP32 math whatever the storage dtype.
+//
+// Pairs: split-half rotates (c, c + half), interleaved rotates (2i, 2i + 1), for frequency
+// index i < half = rot / 2. The rotation of pair i of value row R is
+//     (x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin),
+// with (cos, sin) = table row p of frequency i, p = the row's position. Columns ≥ rot copy.
+//
+// `forward` and `backward_values` (any shape) give one invocation a pair of elements (2j, 2j + 1) of the
+// flat values tensor and compute both independently, so every invocation owns its output word
+// whatever the row width's parity. `table_grad` gives one invocation one table entry (p, i)
+// and sums, in a fixed order (tokens ascending, then q heads, then k heads), the
+// contributions of every value row whose position is p: no atomics, reruns are bit-identical.
+
+override DT_V: u32 = 0u;        // values dtype (q and k)
+override DT_T: u32 = 0u;        // table dtype
+override DT_Y: u32 = 0u;        // forward: output dtype; backward: cotangent dtype
+override INTERLEAVED: u32 = 0u; // 1: adjacent pairs
+override LAYOUT: u32 = 0u;      // 0: [batch, seq, heads, dim]; 1: [batch, heads, seq, dim]
+override POSITIONS: u32 = 0u;   // 0: position = seq index; 1: read from `positions`
+override COMPLEX: u32 = 0u;     // 1: one table [rows, half, 2] of (cos, sin) pairs
+const WG: u32 = 256u;
+
+struct Params {
+    count: u32,       // elements of the values tensor of this launch
+    pairs: u32,       // ceil(count / 2), or table entries for table_grad
+    dim: u32,         // last axis of the values
+    rot: u32,         // rotary_dim (even, ≤ dim)
+    half: u32,        // rot / 2
+    heads: u32,       // heads of this launch (table_grad: q heads)
+    heads_k: u32,     // table_grad: k heads (0: no k)
+    seq: u32,
+    batch: u32,
+    table_rows: u32,
+    pos_batched: u32, // 1: positions per (batch, seq); 0: per seq index, shared by the batch
+    pos_axis_stride: u32, // elements per position axis (mRoPE: 3 axes)
+    sec0: u32,        // frequencies i < sec0 use position axis 0, i < sec1 axis 1, else 2
+    sec1: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> values: array<u32>;
+@group(0) @binding(2) var<storage, read> grads: array<u32>;
+@group(0) @binding(3) var<storage, read> values_k: array<u32>;
+@group(0) @binding(4) var<storage, read> grads_k: array<u32>;
+@group(0) @binding(5) var<storage, read> positions: array<u32>;
+@group(0) @binding(6) var<storage, read> cos_table: array<u32>;
+@group(0) @binding(7) var<storage, read> sin_table: array<u32>;
+@group(0) @binding(8) var<storage, read_write> out: array<u32>;
+@group(0) @binding(9) var<storage, read_write> dcos: array<u32>;
+@group(0) @binding(10) var<storage, read_write> dsin: array<u32>;
+
+fn load_value(i: u32) -> f32 {
+    if (DT_V == DT_F32) {
+        return bitcast<f32>(values[i]);
+    }
+    return half_from_word(values[i >> 1u], i, DT_V);
+}
+
+fn load_value_k(i: u32) -> f32 {
+    if (DT_V == DT_F32) {
+        return bitcast<f32>(values_k[i]);
+    }
+    return half_from_word(values_k[i >> 1u], i, DT_V);
+}
+
+fn load_grad(i: u32) -> f32 {
+    if (DT_Y == DT_F32) {
+        return bitcast<f32>(grads[i]);
+    }
+    return half_from_word(grads[i >> 1u], i, DT_Y);
+}
+
+fn load_grad_k(i: u32) -> f32 {
+    if (DT_Y == DT_F32) {
+        return bitcast<f32>(grads_k[i]);
+    }
+    return half_from_word(grads_k[i >> 1u], i, DT_Y);
+}
+
+fn load_table(cos_side: bool, i: u32) -> f32 {
+    if (cos_side) {
+        if (DT_T == DT_F32) {
+            return bitcast<f32>(cos_table[i]);
+        }
+        return half_from_word(cos_table[i >> 1u], i, DT_T);
+    }
+    if (DT_T == DT_F32) {
+        return bitcast<f32>(sin_table[i]);
+    }
+    return half_from_word(sin_table[i >> 1u], i, DT_T);
+}
+
+// Position axis of frequency i (0 unless mRoPE sections are set).
+fn axis_of(i: u32) -> u32 {
+    if (i < params.sec0) {
+        return 0u;
+    }
+    if (i < params.sec1) {
+        return 1u;
+    }
+    return 2u;
+}
+
+// Table row of token (b, s) for frequency i; `table_rows` (never matched) when out of range.
+fn position_of(b: u32, s: u32, i: u32) -> u32 {
+    var p = s;
+    if (POSITIONS == 1u) {
+        var idx = s;
+        if (params.pos_batched == 1u) {
+            idx = b * params.seq + s;
+        }
+        p = positions[axis_of(i) * params.pos_axis_stride + idx]; // i32 bits: negative → huge
+    }
+    return min(p, params.table_rows);
+}
+
+// (cos, sin) of table row p, frequency i; (0, 0) past the table.
+fn coefficients(p: u32, i: u32) -> vec2<f32> {
+    if (p >= params.table_rows) {
+        return vec2(0.0, 0.0);
+    }
+    let e = p * params.half + i;
+    if (COMPLEX == 1u) {
+        return vec2(load_table(true, 2u * e), load_table(true, 2u * e + 1u));
+    }
+    return vec2(load_table(true, e), load_table(false, e));
+}
+
+// (batch, seq) of value row r with `heads` heads.
+fn token_of(r: u32, heads: u32) -> vec2<u32> {
+    if (LAYOUT == 0u) {
+        let t = r / heads;
+        return vec2(t / params.seq, t % params.seq);
+    }
+    return vec2(r / (heads * params.seq), r % params.seq);
+}
+
+// Value row of (batch b, seq s, head h) with `heads` heads.
+fn row_of(b: u32, s: u32, h: u32, heads: u32) -> u32 {
+    if (LAYOUT == 0u) {
+        return (b * params.seq + s) * heads + h;
+    }
+    return (b * heads + h) * params.seq + s;
+}
+
+// Columns of pair i: (first, second).
+fn pair_columns(i: u32) -> vec2<u32> {
+    if (INTERLEAVED == 1u) {
+        return vec2(2u * i, 2u * i + 1u);
+    }
+    return vec2(i, i + params.half);
+}
+
+// Pair index of column c < rot and whether c is the pair's second member.
+fn pair_of_column(c: u32) -> vec2<u32> {
+    if (INTERLEAVED == 1u) {
+        return vec2(c / 2u, c & 1u);
+    }
+    if (c < params.half) {
+        return vec2(c, 0u);
+    }
+    return vec2(c - params.half, 1u);
+}
+
+// Forward value of flat element e.
+fn rotated(e: u32) -> f32 {
+    let r = e / params.dim;
+    let c = e - r * params.dim;
+    let x = load_value(e);
+    if (c >= params.rot) {
+        return x;
+    }
+    let pc = pair_of_column(c);
+    let cols = pair_columns(pc.x);
+    let base = r * params.dim;
+    let bs = token_of(r, params.heads);
+    let cs = coefficients(position_of(bs.x, bs.y, pc.x), pc.x);
+    if (pc.y == 0u) {
+        return x * cs.x - load_value(base + cols.y) * cs.y;
+    }
+    return x * cs.x + load_value(base + cols.x) * cs.y;
+}
+
+// Gradient of flat element e: the transpose of the rotation applied to the cotangent.
+fn unrotated(e: u32) -> f32 {
+    let r = e / params.dim;
+    let c = e - r * params.dim;
+    let g = load_grad(e);
+    if (c >= params.rot) {
+        return g;
+    }
+    let pc = pair_of_column(c);
+    let cols = pair_columns(pc.x);
+    let base = r * params.dim;
+    let bs = token_of(r, params.heads);
+    let cs = coefficients(position_of(bs.x, bs.y, pc.x), pc.x);
+    if (pc.y == 0u) {
+        return g * cs.x + load_grad(base + cols.y) * cs.y;
+    }
+    return g * cs.x - load_grad(base + cols.x) * cs.y;
+}
+
+fn store(pair: u32, a: f32, b: f32, has_second: bool) {
+    let i = pair * 2u;
+    if (DT_Y == DT_F32) {
+        out[i] = bitcast<u32>(a);
+        if (has_second) {
+            out[i + 1u] = bitcast<u32>(b);
+        }
+    } else if (has_second) {
+        out[pair] = pack_halves(a, b, DT_Y);
+    } else {
+        out[pair] = half_bits(a, DT_Y);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let pair = group_index(wid, nwg) * WG + lid;
+    if (pair >= params.pairs) {
+        return;
+    }
+    let e = pair * 2u;
+    let has_second = e + 1u < params.count;
+    let a = rotated(e);
+    var b = 0.0;
+    if (has_second) {
+        b = rotated(e + 1u);
+    }
+    store(pair, a, b, has_second);
+}
+
+// dvalues, F32: `out` is written one word per element (DT_Y is the cotangent's dtype here).
+@compute @workgroup_size(WG)
+fn backward_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let pair = group_index(wid, nwg) * WG + lid;
+    if (pair >= params.pairs) {
+        return;
+    }
+    let e = pair * 2u;
+    out[e] = bitcast<u32>(unrotated(e));
+    if (e + 1u < params.count) {
+        out[e + 1u] = bitcast<u32>(unrotated(e + 1u));
+    }
+}
+
+// Contribution of value row r (q side when `is_q`) to the gradients of its pair i's
+// coefficients: (∂/∂cos, ∂/∂sin) = (g1·x1 + g2·x2, g2·x1 − g1·x2).
+fn row_table_grad(is_q: bool, r: u32, i: u32) -> vec2<f32> {
+    let cols = pair_columns(i);
+    let a = r * params.dim + cols.x;
+    let b = r * params.dim + cols.y;
+    var x1: f32;
+    var x2: f32;
+    var g1: f32;
+    var g2: f32;
+    if (is_q) {
+        x1 = load_value(a);
+        x2 = load_value(b);
+        g1 = load_grad(a);
+        g2 = load_grad(b);
+    } else {
+        x1 = load_value_k(a);
+        x2 = load_value_k(b);
+        g1 = load_grad_k(a);
+        g2 = load_grad_k(b);
+    }
+    return vec2(g1 * x1 + g2 * x2, g2 * x1 - g1 * x2);
+}
+
+fn token_table_grad(b: u32, s: u32, i: u32) -> vec2<f32> {
+    var acc = vec2(0.0, 0.0);
+    for (var h = 0u; h < params.heads; h = h + 1u) {
+        acc = acc + row_table_grad(true, row_of(b, s, h, params.heads), i);
+    }
+    for (var h = 0u; h < params.heads_k; h = h + 1u) {
+        acc = acc + row_table_grad(false, row_of(b, s, h, params.heads_k), i);
+    }
+    return acc;
+}
+
+// Gradient of table entry (p, i) = flat entry `entry`, summed in a fixed order.
+fn entry_grad(entry: u32) -> vec2<f32> {
+    let p = entry / params.half;
+    let i = entry - p * params.half;
+    var acc = vec2(0.0, 0.0);
+    if (POSITIONS == 0u) {
+        if (p < params.seq) {
+            for (var b = 0u; b < params.batch; b = b + 1u) {
+                acc = acc + token_table_grad(b, p, i);
+            }
+        }
+        return acc;
+    }
+    for (var b = 0u; b < params.batch; b = b + 1u) {
+        for (var s = 0u; s < params.seq; s = s + 1u) {
+            if (position_of(b, s, i) == p) {
+                acc = acc + token_table_grad(b, s, i);
+            }
+        }
+    }
+    return acc;
+}
+
+@compute @workgroup_size(WG)
+fn table_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let entry = group_index(wid, nwg) * WG + lid;
+    if (entry >= params.pairs) {
+        return;
+    }
+    let g = entry_grad(entry);
+    dcos[entry] = bitcast<u32>(g.x);
+    dsin[entry] = bitcast<u32>(g.y);
+}
+
+// Llama 4: the gradient of the complex table [rows, half, 2] in its own layout.
+@compute @workgroup_size(WG)
+fn table_grad_complex(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let entry = group_index(wid, nwg) * WG + lid;
+    if (entry >= params.pairs) {
+        return;
+    }
+    let g = entry_grad(entry);
+    dcos[2u * entry] = bitcast<u32>(g.x);
+    dcos[2u * entry + 1u] = bitcast<u32>(g.y);
+}
+
+// ---- unit kernels: rows of even width with rotary_dim a multiple of 4 ----
+// A row is cut into units: rot/4 rotary units, each two frequency pairs (split-half: columns
+// 2m, 2m+1 and their partners 2m+half, 2m+half+1; interleaved: columns 4m..4m+3), then
+// (dim − rot)/2 suffix units of two columns. Every unit is made of whole 16-bit words (rows
+// start on word boundaries since dim is even, and half is even), so one invocation per unit
+// owns its output words; an element is read once, and the row/token arithmetic is done once
+// per unit rather than per element.
+
+fn load_value2(e: u32) -> vec2<f32> {
+    if (DT_V == DT_F32) {
+        return vec2(bitcast<f32>(values[e]), bitcast<f32>(values[e + 1u]));
+    }
+    let w = values[e >> 1u];
+    return vec2(half_from_word(w, 0u, DT_V), half_from_word(w, 1u, DT_V));
+}
+
+fn load_grad2(e: u32) -> vec2<f32> {
+    if (DT_Y == DT_F32) {
+        return vec2(bitcast<f32>(grads[e]), bitcast<f32>(grads[e + 1u]));
+    }
+    let w = grads[e >> 1u];
+    return vec2(half_from_word(w, 0u, DT_Y), half_from_word(w, 1u, DT_Y));
+}
+
+// Store elements e, e + 1 (e even) of the output in dtype `dt`.
+fn store2(e: u32, v: vec2<f32>, dt: u32) {
+    if (dt == DT_F32) {
+        out[e] = bitcast<u32>(v.x);
+        out[e + 1u] = bitcast<u32>(v.y);
+    } else {
+        out[e >> 1u] = pack_halves(v.x, v.y, dt);
+    }
+}
+
+// Rotary unit u (< half/2) of the row starting at `base`, with the coefficients of its pairs
+// 2u and 2u + 1: split-half units rotate columns (2u, 2u+1) with their partners (2u+half,
+// 2u+half+1); interleaved units hold pairs (4u, 4u+1) and (4u+2, 4u+3). Suffix units
+// (u ≥ half/2) copy two columns.
+fn apply_forward(base: u32, u: u32, c0: vec2<f32>, c1: vec2<f32>) {
+    if (u >= params.half / 2u) {
+        let e = base + params.rot + 2u * (u - params.half / 2u);
+        store2(e, load_value2(e), DT_Y);
+        return;
+    }
+    if (INTERLEAVED == 1u) {
+        let e = base + 4u * u;
+        let p = load_value2(e);
+        let q = load_value2(e + 2u);
+        store2(e, vec2(p.x * c0.x - p.y * c0.y, p.y * c0.x + p.x * c0.y), DT_Y);
+        store2(e + 2u, vec2(q.x * c1.x - q.y * c1.y, q.y * c1.x + q.x * c1.y), DT_Y);
+        return;
+    }
+    let cs = vec2(c0.x, c1.x);
+    let sn = vec2(c0.y, c1.y);
+    let ea = base + 2u * u;
+    let eb = ea + params.half;
+    let x1 = load_value2(ea);
+    let x2 = load_value2(eb);
+    store2(ea, x1 * cs - x2 * sn, DT_Y);
+    store2(eb, x2 * cs + x1 * sn, DT_Y);
+}
+
+// The transpose of the rotation on the cotangent, F32 out; same units as `apply_forward`.
+fn apply_backward(base: u32, u: u32, c0: vec2<f32>, c1: vec2<f32>) {
+    if (u >= params.half / 2u) {
+        let e = base + params.rot + 2u * (u - params.half / 2u);
+        store2(e, load_grad2(e), DT_F32);
+        return;
+    }
+    if (INTERLEAVED == 1u) {
+        let e = base + 4u * u;
+        let p = load_grad2(e);
+        let q = load_grad2(e + 2u);
+        store2(e, vec2(p.x * c0.x + p.y * c0.y, p.y * c0.x - p.x * c0.y), DT_F32);
+        store2(e + 2u, vec2(q.x * c1.x + q.y * c1.y, q.y * c1.x - q.x * c1.y), DT_F32);
+        return;
+    }
+    let cs = vec2(c0.x, c1.x);
+    let sn = vec2(c0.y, c1.y);
+    let ea = base + 2u * u;
+    let eb = ea + params.half;
+    let g1 = load_grad2(ea);
+    let g2 = load_grad2(eb);
+    store2(ea, g1 * cs + g2 * sn, DT_F32);
+    store2(eb, g2 * cs - g1 * sn, DT_F32);
+}
+
+// Coefficients of unit u's pairs for token (b, s); unused for suffix units.
+fn unit_coefficients(b: u32, s: u32, u: u32) -> array<vec2<f32>, 2> {
+    if (u >= params.half / 2u) {
+        return array<vec2<f32>, 2>(vec2(0.0, 0.0), vec2(0.0, 0.0));
+    }
+    let i = 2u * u;
+    return array<vec2<f32>, 2>(
+        coefficients(position_of(b, s, i), i),
+        coefficients(position_of(b, s, i + 1u), i + 1u),
+    );
+}
+
+fn units_per_row() -> u32 {
+    return params.half / 2u + (params.dim - params.rot) / 2u;
+}
+
+@compute @workgroup_size(WG)
+fn forward_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.pairs) {
+        return;
+    }
+    let units = units_per_row();
+    let r = t / units;
+    let u = t - r * units;
+    let bs = token_of(r, params.heads);
+    let c = unit_coefficients(bs.x, bs.y, u);
+    apply_forward(r * params.dim, u, c[0], c[1]);
+}
+
+@compute @workgroup_size(WG)
+fn backward_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.pairs) {
+        return;
+    }
+    let units = units_per_row();
+    let r = t / units;
+    let u = t - r * units;
+    let bs = token_of(r, params.heads);
+    let c = unit_coefficients(bs.x, bs.y, u);
+    apply_backward(r * params.dim, u, c[0], c[1]);
+}
+
+// ---- token kernels: the unit kernels' work, one workgroup per token ----
+// When the units per row divide WG, lane `lid` keeps one unit m = lid % units of every row
+// (head) h ≡ lid / units of the token: the token's position and m's coefficients are read
+// once per lane and reused for all its heads, and no per-unit division is left.
+
+@compute @workgroup_size(WG)
+fn forward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg);
+    if (t >= params.pairs) {
+        return;
+    }
+    let units = units_per_row();
+    let m = lid % units;
+    let b = t / params.seq;
+    let s = t - b * params.seq;
+    let c = unit_coefficients(b, s, m);
+    for (var h = lid / units; h < params.heads; h = h + WG / units) {
+        apply_forward(row_of(b, s, h, params.heads) * params.dim, m, c[0], c[1]);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg);
+    if (t >= params.pairs) {
+        return;
+    }
+    let units = units_per_row();
+    let m = lid % units;
+    let b = t / params.seq;
+    let s = t - b * params.seq;
+    let c = unit_coefficients(b, s, m);
+    for (var h = lid / units; h < params.heads; h = h + WG / units) {
+        apply_backward(row_of(b, s, h, params.heads) * params.dim, m, c[0], c[1]);
+    }
+}
