@@ -328,12 +328,17 @@ fn sum_columns_respects_the_workspace_bound() {
     let x = common::tensor_from_f64(&engine, &vec![1.0; rows * cols], &[rows, cols], DType::F32);
     engine.set_workspace_bound(needed - 1);
     match wgrad::reduce::sum_columns(&x) {
-        Err(wgrad::Error::WorkspaceExceeded { needed: n, bound, .. }) => {
+        Err(wgrad::Error::WorkspaceExceeded {
+            needed: n, bound, ..
+        }) => {
             assert_eq!((n, bound), (needed, needed - 1))
         }
         other => panic!("expected WorkspaceExceeded, got {other:?}"),
     }
     engine.set_workspace_bound(needed);
-    let sums = wgrad::reduce::sum_columns(&x).unwrap().to_vec::<f32>().unwrap();
+    let sums = wgrad::reduce::sum_columns(&x)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     assert!(sums.iter().all(|&s| s == rows as f32));
 }

@@ -1,0 +1,713 @@
+// Losses and normalizers over the last axis: softmax, log-softmax, sparsemax, cross-entropy
+// (integer and soft targets) and the divergences KL, JSD and TVD, forward and backward.
+//
+// One workgroup per row for everything that needs a row statistic. Lane t takes columns
+// t, t + WG, ... in order, keeping an online maximum and a sum of exponentials relative to it;
+// lanes meet in the fixed-order trees of wgsl/common/reduce.wgsl, so no row is ever held in
+// workgroup memory and any width works. Cross-row sums (sum/mean reductions) are written as
+// per-row partial matrices and finished on the host side with the fixed-order column sums of
+// the reduce family, then by the *_finish entries. No atomics.
+//
+// Floating inputs are bound as u32 words (F32, or two F16/BF16 halves per word); gradients and
+// loss values are F32.
+
+override DT: u32 = 0u;    // dtype of x (logits / input / student)
+override TDT: u32 = 0u;   // dtype of the second floating input (dy, target distribution)
+override ODT: u32 = 0u;   // dtype of the row output of softmax / log_softmax / sparsemax
+override MODE: u32 = 0u;  // softmax: 0 softmax, 1 log-softmax; divergences: 0 KL, 1 JSD, 2 TVD
+const WG: u32 = 256u;
+
+// Columns of the per-row matrix of the cross-entropy forward ([rows, CE_COLS], F32).
+const CE_COLS: u32 = 8u;
+const CE_LOSS: u32 = 0u;    // cross-entropy part of the row loss (weighted, smoothed)
+const CE_Z: u32 = 1u;       // z-loss part
+const CE_WEIGHT: u32 = 2u;  // weight of the target class (1 without weights, 0 if ignored)
+const CE_VALID: u32 = 3u;   // 1 for a counted row, 0 for an ignored one
+const CE_CORRECT: u32 = 4u; // 1 when the argmax equals the target
+const CE_MAX: u32 = 5u;     // row maximum of the (softcapped) logits
+const CE_LOGDEN: u32 = 6u;  // log Σ exp(z − max)
+const CE_WSUM: u32 = 7u;    // Σ_c w_c (smoothing) or Σ_c t_c (soft targets)
+
+const F_WEIGHT: u32 = 1u;    // class weights bound
+const F_LABELS: u32 = 2u;    // divergences: label rows with ignore_index are skipped
+const F_LOG_TARGET: u32 = 4u;// KL: target given as log-probabilities
+const F_COT_ROW: u32 = 8u;   // cotangent per row (cross-entropy, reduction none)
+const F_COT_ELEM: u32 = 16u; // cotangent per element (divergences, reduction none)
+const F_MEAN: u32 = 32u;     // finish: mean reduction
+const F_BATCHMEAN: u32 = 64u;// divergence finish: divide by counted rows
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    flags: u32,
+    ignore_index: i32,
+    a: f32,  // cross-entropy: label smoothing ε; JSD: β
+    b: f32,  // cross-entropy: z-loss coefficient
+    c: f32,  // cross-entropy: softcap (0 = off)
+    d: f32,  // unused
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<u32>;
+@group(0) @binding(2) var<storage, read_write> y_out: array<u32>;
+@group(0) @binding(3) var<storage, read_write> stats_out: array<f32>;
+@group(0) @binding(4) var<storage, read> stats_in: array<f32>;
+@group(0) @binding(5) var<storage, read> second: array<u32>;
+@group(0) @binding(6) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(7) var<storage, read> labels: array<i32>;
+@group(0) @binding(8) var<storage, read> weights: array<f32>;
+@group(0) @binding(9) var<storage, read_write> pred: array<i32>;
+@group(0) @binding(10) var<storage, read> final_in: array<f32>;
+@group(0) @binding(11) var<storage, read> cot: array<f32>;
+@group(0) @binding(12) var<storage, read_write> out_f32: array<f32>;
+@group(0) @binding(13) var<storage, read_write> out2_f32: array<f32>;
+
+var<workgroup> wg_best: array<f32, WG>;
+var<workgroup> wg_index: array<u32, WG>;
+var<workgroup> wg_uniform: f32;
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}
+
+fn ld_x(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(x[i]);
+    }
+    return half_from_word(x[i >> 1u], i, DT);
+}
+
+fn ld_second(i: u32) -> f32 {
+    if (TDT == DT_F32) {
+        return bitcast<f32>(second[i]);
+    }
+    return half_from_word(second[i >> 1u], i, TDT);
+}
+
+// Online (max, Σ exp(z − max)) update of one lane; −∞ entries add nothing.
+fn online(state: vec2<f32>, z: f32) -> vec2<f32> {
+    if (z > state.x) {
+        return vec2<f32>(z, state.y * exp(state.x - z) + 1.0);
+    }
+    if (z == neg_inf()) {
+        return state;
+    }
+    return vec2<f32>(state.x, state.y + exp(z - state.x));
+}
+
+// Row maximum and log denominator from the lanes' online states (uniform control flow).
+fn row_stats(state: vec2<f32>, lid: u32) -> vec2<f32> {
+    let m = workgroup_max(state.x, lid);
+    var part = 0.0;
+    if (state.y > 0.0) {
+        part = state.y * exp(state.x - m);
+    }
+    let s = workgroup_sum(part, lid);
+    return vec2<f32>(m, log(s));
+}
+
+// Argmax over the lanes' (best value, lowest index) pairs: ties go to the lower index.
+fn workgroup_argmax(v: f32, index: u32, lid: u32) -> u32 {
+    wg_best[lid] = v;
+    wg_index[lid] = index;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            let ov = wg_best[lid + stride];
+            let oi = wg_index[lid + stride];
+            let mv = wg_best[lid];
+            let mi = wg_index[lid];
+            if (ov > mv || (ov == mv && oi < mi) || (mv != mv && ov == ov)) {
+                wg_best[lid] = ov;
+                wg_index[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let best = wg_index[0];
+    workgroupBarrier();
+    return best;
+}
+
+// A value every lane sees as uniform (lane 0's), through workgroup memory.
+fn broadcast(v: f32, lid: u32) -> f32 {
+    if (lid == 0u) {
+        wg_uniform = v;
+    }
+    return workgroupUniformLoad(&wg_uniform);
+}
+
+fn softmax_value(v: f32, m: f32, logden: f32) -> f32 {
+    if (MODE == 1u) {
+        return (v - m) - logden;
+    }
+    return exp((v - m) - logden);
+}
+
+// ---- softmax / log-softmax --------------------------------------------------------------
+
+// y = softmax(x) or log_softmax(x) per row; stats_out[2r] = row max, [2r + 1] = log Σ exp(x − max).
+@compute @workgroup_size(WG)
+fn softmax_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var st = vec2<f32>(neg_inf(), 0.0);
+    for (var c = lid; c < cols; c = c + WG) {
+        st = online(st, ld_x(base + c));
+    }
+    let rs = row_stats(st, lid);
+    if (lid == 0u) {
+        stats_out[2u * row] = rs.x;
+        stats_out[2u * row + 1u] = rs.y;
+    }
+    if (ODT == DT_F32) {
+        for (var c = lid; c < cols; c = c + WG) {
+            y_out[base + c] = bitcast<u32>(softmax_value(ld_x(base + c), rs.x, rs.y));
+        }
+    } else {
+        // 16-bit output: the host guarantees an even width, so rows start on word boundaries.
+        let pairs = cols / 2u;
+        let wbase = base / 2u;
+        for (var p = lid; p < pairs; p = p + WG) {
+            let lo = softmax_value(ld_x(base + 2u * p), rs.x, rs.y);
+            let hi = softmax_value(ld_x(base + 2u * p + 1u), rs.x, rs.y);
+            y_out[wbase + p] = pack_halves(lo, hi, ODT);
+        }
+    }
+}
+
+// dx from x, the saved statistics and dy (TDT): probabilities are recomputed in FP32.
+// softmax: dx = p (dy − Σ dy p); log-softmax: dx = dy − p Σ dy.
+@compute @workgroup_size(WG)
+fn softmax_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let m = stats_in[2u * row];
+    let logden = stats_in[2u * row + 1u];
+    var acc = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let g = ld_second(base + c);
+        if (MODE == 1u) {
+            acc = acc + g;
+        } else {
+            acc = acc + g * exp((ld_x(base + c) - m) - logden);
+        }
+    }
+    let total = workgroup_sum(acc, lid);
+    for (var c = lid; c < cols; c = c + WG) {
+        let p = exp((ld_x(base + c) - m) - logden);
+        let g = ld_second(base + c);
+        if (MODE == 1u) {
+            dx[base + c] = g - p * total;
+        } else {
+            dx[base + c] = p * (g - total);
+        }
+    }
+}
+
+// ---- sparsemax --------------------------------------------------------------------------
+
+// y = max(x − τ, 0) with Σ y = 1. With x' = x − max, τ' is found by Michelot's fixed point:
+// τ' = (Σ_{x' > τ'} x' − 1) / |{x' > τ'}|, starting from every column; the support shrinks
+// every round until it stops changing. stats_out[2r] = row max, [2r + 1] = τ'.
+@compute @workgroup_size(WG)
+fn sparsemax_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var best = neg_inf();
+    for (var c = lid; c < cols; c = c + WG) {
+        best = max(best, ld_x(base + c));
+    }
+    let m = workgroup_max(best, lid);
+    var s = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        s = s + (ld_x(base + c) - m);
+    }
+    var tau = broadcast((workgroup_sum(s, lid) - 1.0) / f32(cols), lid);
+    var support = f32(cols);
+    loop {
+        var ls = 0.0;
+        var lk = 0.0;
+        for (var c = lid; c < cols; c = c + WG) {
+            let v = ld_x(base + c) - m;
+            if (v > tau) {
+                ls = ls + v;
+                lk = lk + 1.0;
+            }
+        }
+        let total = workgroup_sum(ls, lid);
+        let k = broadcast(workgroup_sum(lk, lid), lid);
+        if (k >= support || k == 0.0) {
+            break;
+        }
+        support = k;
+        tau = broadcast((total - 1.0) / k, lid);
+    }
+    if (lid == 0u) {
+        stats_out[2u * row] = m;
+        stats_out[2u * row + 1u] = tau;
+    }
+    if (ODT == DT_F32) {
+        for (var c = lid; c < cols; c = c + WG) {
+            y_out[base + c] = bitcast<u32>(max((ld_x(base + c) - m) - tau, 0.0));
+        }
+    } else {
+        let pairs = cols / 2u;
+        let wbase = base / 2u;
+        for (var p = lid; p < pairs; p = p + WG) {
+            let lo = max((ld_x(base + 2u * p) - m) - tau, 0.0);
+            let hi = max((ld_x(base + 2u * p + 1u) - m) - tau, 0.0);
+            y_out[wbase + p] = pack_halves(lo, hi, ODT);
+        }
+    }
+}
+
+// dx_i = dy_i − mean_{support} dy on the support {x' > τ'}, 0 elsewhere.
+@compute @workgroup_size(WG)
+fn sparsemax_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let m = stats_in[2u * row];
+    let tau = stats_in[2u * row + 1u];
+    var ls = 0.0;
+    var lk = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        if (ld_x(base + c) - m > tau) {
+            ls = ls + ld_second(base + c);
+            lk = lk + 1.0;
+        }
+    }
+    let total = workgroup_sum(ls, lid);
+    let k = workgroup_sum(lk, lid);
+    var mean = 0.0;
+    if (k > 0.0) {
+        mean = total / k;
+    }
+    for (var c = lid; c < cols; c = c + WG) {
+        var g = 0.0;
+        if (ld_x(base + c) - m > tau) {
+            g = ld_second(base + c) - mean;
+        }
+        dx[base + c] = g;
+    }
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------
+
+fn softcapped(v: f32) -> f32 {
+    if (params.c > 0.0) {
+        return params.c * tanh(v / params.c);
+    }
+    return v;
+}
+
+fn class_weight(c: u32) -> f32 {
+    if ((params.flags & F_WEIGHT) != 0u) {
+        return weights[c];
+    }
+    return 1.0;
+}
+
+// Whether the row's target counts: not ignore_index and inside [0, cols) (out-of-range targets
+// are rejected on the host unless the caller turned the check off; then they count as ignored).
+fn target_valid(t: i32) -> bool {
+    return t != params.ignore_index && t >= 0 && u32(t) < params.cols;
+}
+
+// Per-row cross-entropy with integer targets into stats_out ([rows, CE_COLS], see above) and
+// the argmax of the raw logits into pred (ties to the lowest index; −1 for an ignored row).
+// loss = (1 − ε) w_y (lse − z_y) + ε/C Σ_c w_c (lse − z_c), z = softcap(x), lse = max + logden,
+// each difference taken against the row maximum so that a large common shift cancels exactly.
+@compute @workgroup_size(WG)
+fn ce_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let eps = params.a;
+    let reference = softcapped(ld_x(base));
+    var st = vec2<f32>(neg_inf(), 0.0);
+    var best = neg_inf();
+    var best_index = 0u;
+    var wz = 0.0;   // Σ w_c (z_c − reference)
+    var wsum = 0.0; // Σ w_c
+    for (var c = lid; c < cols; c = c + WG) {
+        let raw = ld_x(base + c);
+        let z = softcapped(raw);
+        st = online(st, z);
+        if (raw > best) {
+            best = raw;
+            best_index = c;
+        }
+        if (eps > 0.0) {
+            let w = class_weight(c);
+            wz = wz + w * (z - reference);
+            wsum = wsum + w;
+        }
+    }
+    let rs = row_stats(st, lid);
+    let sum_wz = workgroup_sum(wz, lid);
+    let sum_w = workgroup_sum(wsum, lid);
+    let arg = workgroup_argmax(best, best_index, lid);
+    if (lid == 0u) {
+        let t = labels[row];
+        let o = row * CE_COLS;
+        var loss = 0.0;
+        var zl = 0.0;
+        var wy = 0.0;
+        var valid = 0.0;
+        var correct = 0.0;
+        if (target_valid(t)) {
+            let ti = u32(t);
+            let zy = softcapped(ld_x(base + ti));
+            wy = class_weight(ti);
+            valid = 1.0;
+            loss = (1.0 - eps) * wy * ((rs.x - zy) + rs.y);
+            if (eps > 0.0) {
+                let spread = sum_w * (rs.x - reference) - sum_wz;
+                loss = loss + eps / f32(cols) * (spread + sum_w * rs.y);
+            }
+            let lse = rs.x + rs.y;
+            zl = params.b * lse * lse;
+            if (arg == ti) {
+                correct = 1.0;
+            }
+            pred[row] = i32(arg);
+        } else {
+            pred[row] = -1;
+        }
+        stats_out[o + CE_LOSS] = loss;
+        stats_out[o + CE_Z] = zl;
+        stats_out[o + CE_WEIGHT] = wy;
+        stats_out[o + CE_VALID] = valid;
+        stats_out[o + CE_CORRECT] = correct;
+        stats_out[o + CE_MAX] = rs.x;
+        stats_out[o + CE_LOGDEN] = rs.y;
+        stats_out[o + CE_WSUM] = sum_w;
+    }
+}
+
+// Cross-entropy with a target distribution t (TDT): loss = Σ_c t_c (lse − x_c).
+@compute @workgroup_size(WG)
+fn ce_soft_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let reference = ld_x(base);
+    var st = vec2<f32>(neg_inf(), 0.0);
+    var tz = 0.0;
+    var tsum = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let z = ld_x(base + c);
+        let t = ld_second(base + c);
+        st = online(st, z);
+        tz = tz + t * (z - reference);
+        tsum = tsum + t;
+    }
+    let rs = row_stats(st, lid);
+    let sum_tz = workgroup_sum(tz, lid);
+    let sum_t = workgroup_sum(tsum, lid);
+    if (lid == 0u) {
+        let o = row * CE_COLS;
+        stats_out[o + CE_LOSS] = (sum_t * (rs.x - reference) - sum_tz) + sum_t * rs.y;
+        stats_out[o + CE_Z] = 0.0;
+        stats_out[o + CE_WEIGHT] = 1.0;
+        stats_out[o + CE_VALID] = 1.0;
+        stats_out[o + CE_CORRECT] = 0.0;
+        stats_out[o + CE_MAX] = rs.x;
+        stats_out[o + CE_LOGDEN] = rs.y;
+        stats_out[o + CE_WSUM] = sum_t;
+    }
+}
+
+// From the column sums of the per-row matrix (stats_in, CE_COLS values) to
+// out_f32 = [loss, z-loss, accuracy, ce scale, z scale, counted rows, 0, 0].
+// Mean divides the cross-entropy part by Σ w_y (with weights) or the counted rows, and the
+// z-loss part by the counted rows; a zero denominator gives zero (all rows ignored).
+@compute @workgroup_size(1)
+fn ce_finish() {
+    let ce = stats_in[CE_LOSS];
+    let zl = stats_in[CE_Z];
+    let wy = stats_in[CE_WEIGHT];
+    let n = stats_in[CE_VALID];
+    let correct = stats_in[CE_CORRECT];
+    var loss = ce + zl;
+    var z = zl;
+    var scale_ce = 1.0;
+    var scale_z = 1.0;
+    if ((params.flags & F_MEAN) != 0u) {
+        var den = n;
+        if ((params.flags & F_WEIGHT) != 0u) {
+            den = wy;
+        }
+        var ce_mean = 0.0;
+        scale_ce = 0.0;
+        if (den != 0.0) {
+            ce_mean = ce / den;
+            scale_ce = 1.0 / den;
+        }
+        z = 0.0;
+        scale_z = 0.0;
+        if (n != 0.0) {
+            z = zl / n;
+            scale_z = 1.0 / n;
+        }
+        loss = ce_mean + z;
+    }
+    var accuracy = 0.0;
+    if (n != 0.0) {
+        accuracy = correct / n;
+    }
+    out_f32[0] = loss;
+    out_f32[1] = z;
+    out_f32[2] = accuracy;
+    out_f32[3] = scale_ce;
+    out_f32[4] = scale_z;
+    out_f32[5] = n;
+    out_f32[6] = 0.0;
+    out_f32[7] = 0.0;
+}
+
+// Reduction none: the per-row loss (cross-entropy + z-loss) and z-loss columns as [rows] each.
+@compute @workgroup_size(WG)
+fn ce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg) * WG + lid;
+    if (r >= params.rows) {
+        return;
+    }
+    out_f32[r] = stats_in[r * CE_COLS + CE_LOSS] + stats_in[r * CE_COLS + CE_Z];
+    out2_f32[r] = stats_in[r * CE_COLS + CE_Z];
+}
+
+fn row_cotangent(row: u32) -> f32 {
+    if ((params.flags & F_COT_ROW) != 0u) {
+        return cot[row];
+    }
+    return cot[0];
+}
+
+// dlogits of the integer-target cross-entropy, recomputing p = exp(z − max − logden).
+@compute @workgroup_size(WG)
+fn ce_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let o = row * CE_COLS;
+    let t = labels[row];
+    if (!target_valid(t)) {
+        for (var c = lid; c < cols; c = c + WG) {
+            dx[base + c] = 0.0;
+        }
+        return;
+    }
+    let ti = u32(t);
+    let eps = params.a;
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let wy = stats_in[o + CE_WEIGHT];
+    let wsum = stats_in[o + CE_WSUM];
+    let g = row_cotangent(row);
+    let f_ce = g * final_in[3];
+    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
+    let spread_w = eps / f32(cols);
+    for (var c = lid; c < cols; c = c + WG) {
+        let raw = ld_x(base + c);
+        let z = softcapped(raw);
+        let p = exp((z - m) - logden);
+        var onehot = 0.0;
+        if (c == ti) {
+            onehot = 1.0;
+        }
+        var d = (1.0 - eps) * wy * (p - onehot);
+        if (eps > 0.0) {
+            d = d + spread_w * (wsum * p - class_weight(c));
+        }
+        d = d * f_ce + p * f_z;
+        if (params.c > 0.0) {
+            let th = z / params.c;
+            d = d * (1.0 - th * th);
+        }
+        dx[base + c] = d;
+    }
+}
+
+// dlogits of the soft-target cross-entropy: (Σ t) p − t.
+@compute @workgroup_size(WG)
+fn ce_soft_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let o = row * CE_COLS;
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let tsum = stats_in[o + CE_WSUM];
+    let f = row_cotangent(row) * final_in[3];
+    for (var c = lid; c < cols; c = c + WG) {
+        let p = exp((ld_x(base + c) - m) - logden);
+        dx[base + c] = (tsum * p - ld_second(base + c)) * f;
+    }
+}
+
+// ---- divergences: KL (MODE 0), JSD (MODE 1), TVD (MODE 2) --------------------------------
+
+// (loss, d loss / d x) of one element; x is the input (KL: log-probabilities; JSD: student
+// log-probabilities; TVD: probabilities), t the target in the matching form.
+fn divergence(xv: f32, t: f32) -> vec2<f32> {
+    if (MODE == 0u) {
+        if ((params.flags & F_LOG_TARGET) != 0u) {
+            let pt = exp(t);
+            return vec2<f32>(pt * (t - xv), -pt);
+        }
+        var xlogx = 0.0;
+        if (t != 0.0) {
+            xlogx = t * log(t);
+        }
+        return vec2<f32>(xlogx - t * xv, -t);
+    }
+    if (MODE == 1u) {
+        let beta = params.a;
+        if (beta == 0.0) {
+            let p = exp(t);
+            return vec2<f32>(p * (t - xv), -p);
+        }
+        if (beta == 1.0) {
+            let q = exp(xv);
+            let l = q * (xv - t);
+            return vec2<f32>(l, l + q);
+        }
+        let q = exp(xv);
+        let p = exp(t);
+        let mix = beta * p + (1.0 - beta) * q;
+        let log_mix = log(mix);
+        let l = beta * p * (t - log_mix) + (1.0 - beta) * q * (xv - log_mix);
+        return vec2<f32>(l, (1.0 - beta) * q * (xv - log_mix));
+    }
+    let diff = xv - t;
+    return vec2<f32>(0.5 * abs(diff), 0.5 * sign(diff));
+}
+
+fn row_counted(row: u32) -> bool {
+    if ((params.flags & F_LABELS) != 0u) {
+        return labels[row] != params.ignore_index;
+    }
+    return true;
+}
+
+// stats_out[2r] = Σ_c loss (0 for a skipped row), [2r + 1] = 1 for a counted row.
+@compute @workgroup_size(WG)
+fn div_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var acc = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        acc = acc + divergence(ld_x(base + c), ld_second(base + c)).x;
+    }
+    let total = workgroup_sum(acc, lid);
+    if (lid == 0u) {
+        if (row_counted(row)) {
+            stats_out[2u * row] = total;
+            stats_out[2u * row + 1u] = 1.0;
+        } else {
+            stats_out[2u * row] = 0.0;
+            stats_out[2u * row + 1u] = 0.0;
+        }
+    }
+}
+
+// Reduction none: the elementwise loss (0 on skipped rows).
+@compute @workgroup_size(WG)
+fn div_elems(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.rows * params.cols) {
+        return;
+    }
+    var l = 0.0;
+    if (row_counted(i / params.cols)) {
+        l = divergence(ld_x(i), ld_second(i)).x;
+    }
+    out_f32[i] = l;
+}
+
+// out_f32 = [loss, scale]: sum → Σ; mean → Σ / (counted rows · cols); batchmean → Σ / counted
+// rows; a zero denominator gives zero loss and zero scale.
+@compute @workgroup_size(1)
+fn div_finish() {
+    let total = stats_in[0];
+    let n = stats_in[1];
+    var den = 1.0;
+    if ((params.flags & F_MEAN) != 0u) {
+        den = n * f32(params.cols);
+    }
+    if ((params.flags & F_BATCHMEAN) != 0u) {
+        den = n;
+    }
+    var loss = 0.0;
+    var scale = 0.0;
+    if (den != 0.0) {
+        loss = total / den;
+        scale = 1.0 / den;
+    }
+    out_f32[0] = loss;
+    out_f32[1] = scale;
+}
+
+// d loss / d x, times the cotangent (per element for none, else the scalar) and the scale.
+@compute @workgroup_size(WG)
+fn div_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.rows * params.cols) {
+        return;
+    }
+    var g = 0.0;
+    if (row_counted(i / params.cols)) {
+        var ct = cot[0];
+        if ((params.flags & F_COT_ELEM) != 0u) {
+            ct = cot[i];
+        }
+        g = divergence(ld_x(i), ld_second(i)).y * ct * final_in[1];
+    }
+    dx[i] = g;
+}
