@@ -1338,3 +1338,32 @@ fn softmax_and_sparsemax_bad_inputs() {
         Err(Error::OutOfBounds { .. })
     ));
 }
+
+#[test]
+fn cross_entropy_softcap_is_accurate_for_small_logits() {
+    // tanh near 0 must keep its relative precision (the z-loss of tiny logits depends on it).
+    let cfg = CrossEntropyConfig {
+        softcap: Some(30.0),
+        z_loss: 1e-4,
+        ..Default::default()
+    };
+    for (rows, cols) in [(1, 1), (4, 3)] {
+        let targets = targets_for(7, rows, cols, -100, 0);
+        for reduction in [Reduction::Mean, Reduction::None] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                ..cfg.clone()
+            };
+            ce_case(
+                "softcap small",
+                rows,
+                cols,
+                DType::F32,
+                &cfg,
+                &targets,
+                120,
+                0.1,
+            );
+        }
+    }
+}
