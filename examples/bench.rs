@@ -76,7 +76,154 @@ fn operators(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
         Op::new("sum_columns", "f32", vec![x], |i| {
             Ok(vec![reduce::sum_columns(&i[0])?])
         }),
-    ])
+    ]
+    .into_iter()
+    .chain(loss_operators(engine, shape[1] < 8192)?)
+    .collect())
+}
+
+/// Rows of `cols` columns that fit one binding for the F32 gradient, at most `rows`.
+fn fitting_rows(engine: &Engine, rows: usize, cols: usize) -> usize {
+    let max_rows = (engine.max_binding_bytes() / (cols as u64 * 4)) as usize;
+    rows.min(max_rows).max(1)
+}
+
+/// Logits-like data of `shape` in `dtype`: ordinary values in [-8, 8).
+fn logits(engine: &Engine, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let len: usize = shape.iter().product();
+    let data: Vec<f32> = (0..len)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) % 4096) as f32 - 2048.0) / 256.0)
+        .collect();
+    cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+}
+
+/// The loss family on the shapes (cross-entropy at B·T = 8·2048 rows of 131,072 and
+/// 128,256 classes, as many rows as fit one binding for the F32 gradient; softmax and the
+/// others at 4096×32,000), or small ones with `--quick`. Forward and backward separately,
+/// plus cross-entropy forward+backward. Targets are not read back (`check_targets: false`:
+/// the check synchronizes, which a timed section must not do).
+fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::loss::{self, CrossEntropyOptions, DivReduction};
+    let (ce_rows, wide_rows, wide_cols) = if quick {
+        (64, 256, 4000)
+    } else {
+        (8 * 2048, 4096, 32000)
+    };
+    let vocabularies: &[usize] = if quick { &[8192] } else { &[131_072, 128_256] };
+    let mut ops = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let dname: &'static str = dtype.name();
+        for &cols in vocabularies {
+            let rows = fitting_rows(engine, ce_rows, cols);
+            let x = logits(engine, &[rows, cols], dtype)?;
+            let targets: Vec<i32> = (0..rows).map(|r| ((r * 7919) % cols) as i32).collect();
+            let t = Tensor::from_slice(engine, &targets, &[rows])?;
+            let opts = CrossEntropyOptions {
+                check_targets: false,
+                ..Default::default()
+            };
+            let (_, saved) = loss::cross_entropy(&x, &t, &opts)?;
+            let o = opts.clone();
+            ops.push(Op::new(
+                "cross_entropy",
+                dname,
+                vec![x.clone(), t.clone()],
+                move |i| {
+                    let (out, saved) = loss::cross_entropy(&i[0], &i[1], &o)?;
+                    Ok(vec![
+                        out.loss,
+                        out.z_loss,
+                        out.accuracy,
+                        out.predicted.expect("integer targets"),
+                        saved.rows_matrix().clone(),
+                    ])
+                },
+            ));
+            let m = saved.rows_matrix().clone();
+            ops.push(Op::new(
+                "cross_entropy_backward",
+                dname,
+                vec![x.clone(), t.clone(), m],
+                move |_| Ok(vec![loss::cross_entropy_backward(&saved, None)?]),
+            ));
+            let o = opts.clone();
+            ops.push(Op::new(
+                "cross_entropy_fwd_bwd",
+                dname,
+                vec![x, t],
+                move |i| {
+                    let (out, saved) = loss::cross_entropy(&i[0], &i[1], &o)?;
+                    Ok(vec![out.loss, loss::cross_entropy_backward(&saved, None)?])
+                },
+            ));
+        }
+        let rows = fitting_rows(engine, wide_rows, wide_cols);
+        let x = logits(engine, &[rows, wide_cols], dtype)?;
+        let dy = logits(engine, &[rows, wide_cols], DType::F32)?;
+        let (_, saved) = loss::softmax(&x)?;
+        ops.push(Op::new("softmax", dname, vec![x.clone()], |i| {
+            let (y, saved) = loss::softmax(&i[0])?;
+            Ok(vec![y, saved.stats().clone()])
+        }));
+        let stats = saved.stats().clone();
+        ops.push(Op::new(
+            "softmax_backward",
+            dname,
+            vec![x.clone(), stats, dy.clone()],
+            move |i| Ok(vec![loss::softmax_backward(&saved, &i[2])?]),
+        ));
+        let (_, saved) = loss::log_softmax(&x)?;
+        ops.push(Op::new("log_softmax", dname, vec![x.clone()], |i| {
+            let (y, saved) = loss::log_softmax(&i[0])?;
+            Ok(vec![y, saved.stats().clone()])
+        }));
+        let stats = saved.stats().clone();
+        ops.push(Op::new(
+            "log_softmax_backward",
+            dname,
+            vec![x.clone(), stats, dy.clone()],
+            move |i| Ok(vec![loss::softmax_backward(&saved, &i[2])?]),
+        ));
+        if dtype == DType::F32 {
+            let (_, saved) = loss::sparsemax(&x)?;
+            ops.push(Op::new("sparsemax", dname, vec![x.clone()], |i| {
+                let (y, saved) = loss::sparsemax(&i[0])?;
+                Ok(vec![y, saved.stats().clone()])
+            }));
+            let stats = saved.stats().clone();
+            ops.push(Op::new(
+                "sparsemax_backward",
+                dname,
+                vec![x.clone(), stats, dy.clone()],
+                move |i| Ok(vec![loss::sparsemax_backward(&saved, &i[2])?]),
+            ));
+        }
+        // Divergences on log-probabilities (KL, JSD) and probabilities (TVD).
+        let (lx, _) = loss::log_softmax(&x)?;
+        let (lt, _) = loss::log_softmax(&cast::cast(&dy, dtype)?)?;
+        let (px, _) = loss::softmax(&x)?;
+        let (pt, _) = loss::softmax(&cast::cast(&dy, dtype)?)?;
+        let divergences: [(&'static str, &'static str, Tensor, Tensor); 3] = [
+            ("kl_div", "kl_div_backward", lx.clone(), lt.clone()),
+            ("jsd", "jsd_backward", lx, lt),
+            ("tvd", "tvd_backward", px, pt),
+        ];
+        for (fwd, bwd, a, b) in divergences {
+            let run = move |i: &[Tensor]| match fwd {
+                "kl_div" => loss::kl_div(&i[0], &i[1], true, DivReduction::BatchMean),
+                "jsd" => loss::jsd(&i[0], &i[1], 0.5, None, -100),
+                _ => loss::tvd(&i[0], &i[1], DivReduction::BatchMean, None, -100),
+            };
+            let (_, saved) = run(&[a.clone(), b.clone()])?;
+            ops.push(Op::new(fwd, dname, vec![a.clone(), b.clone()], move |i| {
+                Ok(vec![run(i)?.0])
+            }));
+            ops.push(Op::new(bwd, dname, vec![a, b], move |_| {
+                Ok(vec![loss::divergence_backward(&saved, None)?])
+            }));
+        }
+    }
+    Ok(ops)
 }
 
 struct Args {
