@@ -1367,3 +1367,39 @@ fn cross_entropy_softcap_is_accurate_for_small_logits() {
         }
     }
 }
+
+#[test]
+fn more_than_65535_rows_fold_the_launch() {
+    // One workgroup per row: past 65,535 rows the launch folds into two dimensions. (Kept to
+    // one forward and one backward: lavapipe runs 65k workgroups slowly.)
+    let (rows, cols) = (65_537, 3);
+    let targets = targets_for(130, rows, cols, -100, 7);
+    let cfg = CrossEntropyConfig {
+        z_loss: 1e-3,
+        ..Default::default()
+    };
+    let (x, xs) = upload(
+        &data(131, rows * cols, -3.0, 3.0),
+        &[rows, cols],
+        DType::F32,
+    );
+    let t = i32_tensor(&targets, &[rows]);
+    let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+    let want = reference::cross_entropy(&xs, &targets, rows, cols, &cfg);
+    assert_close(
+        "many rows loss",
+        &out.loss.to_f64().unwrap(),
+        &want.loss,
+        F32,
+    );
+    assert_eq!(
+        out.predicted.unwrap().to_vec::<i32>().unwrap(),
+        want.predicted
+    );
+    let dx = cross_entropy_backward(&saved, None)
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    let want_dx = reference::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &[1.0]);
+    assert_close("many rows dx", &dx, &want_dx, F32);
+}
