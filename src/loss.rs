@@ -128,6 +128,13 @@ fn classes_at_least_one(what: &str, cols: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether rows of `cols` elements of `dtype` are whole vec4<u32> chunks (4 F32 or 8 16-bit
+/// elements), so the vectorized entry points apply.
+fn vectorized(dtype: DType, cols: usize) -> bool {
+    let chunk = if dtype == DType::F32 { 4 } else { 8 };
+    cols > 0 && cols.is_multiple_of(chunk)
+}
+
 fn check_engine(engine: &Engine, tensors: &[(&Tensor, &str)]) -> Result<()> {
     for (t, what) in tensors {
         t.check_engine(engine, what)?;
@@ -149,18 +156,31 @@ fn row_output(
     let odt = if direct { x.dtype() } else { DType::F32 };
     let out = Tensor::empty(engine, x.shape(), odt, entry)?;
     let stats = Tensor::empty(engine, &[rows, 2], DType::F32, entry)?;
-    engine.launch(
-        &KERNEL,
-        entry,
-        &constants(x.dtype(), DType::F32, odt, mode),
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            ..Default::default()
-        },
-        &[x.buffer(), out.buffer(), stats.buffer()],
-        rows as u64,
-    )?;
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        ..Default::default()
+    };
+    let consts = constants(x.dtype(), DType::F32, odt, mode);
+    if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
+        engine.launch(
+            &KERNEL,
+            "softmax_fwd_v",
+            &consts,
+            &params,
+            &[stats.buffer(), x.buffer(), out.buffer()],
+            rows as u64,
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            entry,
+            &consts,
+            &params,
+            &[x.buffer(), out.buffer(), stats.buffer()],
+            rows as u64,
+        )?;
+    }
     let out = if direct {
         out
     } else {
@@ -225,18 +245,31 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
     same_shape("softmax_backward: dy", x, dy)?;
     let (rows, cols) = rows_cols(x);
     let dx = Tensor::empty(engine, x.shape(), DType::F32, "softmax_backward")?;
-    engine.launch(
-        &KERNEL,
-        "softmax_bwd",
-        &constants(x.dtype(), dy.dtype(), DType::F32, u32::from(saved.log)),
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            ..Default::default()
-        },
-        &[x.buffer(), saved.stats.buffer(), dy.buffer(), dx.buffer()],
-        rows as u64,
-    )?;
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        ..Default::default()
+    };
+    let consts = constants(x.dtype(), dy.dtype(), DType::F32, u32::from(saved.log));
+    if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
+        engine.launch(
+            &KERNEL,
+            "softmax_bwd_v",
+            &consts,
+            &params,
+            &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],
+            rows as u64,
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "softmax_bwd",
+            &consts,
+            &params,
+            &[x.buffer(), saved.stats.buffer(), dy.buffer(), dx.buffer()],
+            rows as u64,
+        )?;
+    }
     Ok(dx)
 }
 
@@ -528,20 +561,38 @@ pub fn cross_entropy(
         "cross_entropy predicted",
     )?;
     let weight_buffer = options.weight.as_ref().unwrap_or(logits).buffer();
-    engine.launch(
-        &KERNEL,
-        "ce_fwd",
-        &constants(logits.dtype(), DType::F32, DType::F32, 0),
-        &params,
-        &[
-            logits.buffer(),
-            mat.buffer(),
-            targets.buffer(),
-            weight_buffer,
-            predicted.buffer(),
-        ],
-        rows as u64,
-    )?;
+    let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+    if vectorized(logits.dtype(), cols) {
+        engine.launch(
+            &KERNEL,
+            "ce_fwd_v",
+            &consts,
+            &params,
+            &[
+                mat.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                predicted.buffer(),
+                logits.buffer(),
+            ],
+            rows as u64,
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "ce_fwd",
+            &consts,
+            &params,
+            &[
+                logits.buffer(),
+                mat.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                predicted.buffer(),
+            ],
+            rows as u64,
+        )?;
+    }
     let saved = CrossEntropySaved {
         logits: logits.clone(),
         targets: Some(targets.clone()),
@@ -703,22 +754,42 @@ pub fn cross_entropy_backward(
     } else {
         let targets = saved.targets.as_ref().expect("integer targets");
         let weight_buffer = saved.weight.as_ref().unwrap_or(logits).buffer();
-        engine.launch(
-            &KERNEL,
-            "ce_bwd",
-            &constants(logits.dtype(), DType::F32, DType::F32, 0),
-            &params,
-            &[
-                logits.buffer(),
-                saved.rows_matrix.buffer(),
-                dx.buffer(),
-                targets.buffer(),
-                weight_buffer,
-                saved.finish.buffer(),
-                cot.buffer(),
-            ],
-            rows as u64,
-        )?;
+        let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+        if vectorized(logits.dtype(), cols) {
+            engine.launch(
+                &KERNEL,
+                "ce_bwd_v",
+                &consts,
+                &params,
+                &[
+                    saved.rows_matrix.buffer(),
+                    targets.buffer(),
+                    weight_buffer,
+                    saved.finish.buffer(),
+                    cot.buffer(),
+                    logits.buffer(),
+                    dx.buffer(),
+                ],
+                rows as u64,
+            )?;
+        } else {
+            engine.launch(
+                &KERNEL,
+                "ce_bwd",
+                &consts,
+                &params,
+                &[
+                    logits.buffer(),
+                    saved.rows_matrix.buffer(),
+                    dx.buffer(),
+                    targets.buffer(),
+                    weight_buffer,
+                    saved.finish.buffer(),
+                    cot.buffer(),
+                ],
+                rows as u64,
+            )?;
+        }
     }
     Ok(dx)
 }

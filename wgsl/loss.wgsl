@@ -724,3 +724,318 @@ fn div_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     dx[i] = g;
 }
+
+// ---- vectorized row kernels ----------------------------------------------------------------
+// The same softmax, log-softmax and cross-entropy kernels reading whole vec4<u32> chunks: 4
+// F32 or 8 F16/BF16 elements per load (more bytes in flight per lane). The host picks them
+// when every row is a whole number of chunks (columns a multiple of 4, or of 8 for 16-bit
+// storage; the same dtype for x and dy); the per-lane order is chunk by chunk, lanes still
+// meet in the fixed trees, so results are deterministic (and differ from the scalar entries
+// only by rounding).
+
+@group(0) @binding(14) var<storage, read> x4: array<vec4<u32>>;
+@group(0) @binding(15) var<storage, read_write> y4: array<vec4<u32>>;
+@group(0) @binding(16) var<storage, read> second4: array<vec4<u32>>;
+@group(0) @binding(17) var<storage, read_write> dx4: array<vec4<f32>>;
+
+// Elements per vec4<u32> chunk of dtype `dt`.
+fn chunk_width(dt: u32) -> u32 {
+    if (dt == DT_F32) {
+        return 4u;
+    }
+    return 8u;
+}
+
+// Elements 0..4 of a chunk of dtype `dt`.
+fn chunk_lo(w: vec4<u32>, dt: u32) -> vec4<f32> {
+    if (dt == DT_F32) {
+        return bitcast<vec4<f32>>(w);
+    }
+    return vec4<f32>(half_from_word(w.x, 0u, dt), half_from_word(w.x, 1u, dt),
+                     half_from_word(w.y, 0u, dt), half_from_word(w.y, 1u, dt));
+}
+
+// Elements 4..8 of a 16-bit chunk.
+fn chunk_hi(w: vec4<u32>, dt: u32) -> vec4<f32> {
+    return vec4<f32>(half_from_word(w.z, 0u, dt), half_from_word(w.z, 1u, dt),
+                     half_from_word(w.w, 0u, dt), half_from_word(w.w, 1u, dt));
+}
+
+fn pack_chunk(a: vec4<f32>, b: vec4<f32>, dt: u32) -> vec4<u32> {
+    return vec4<u32>(pack_halves(a.x, a.y, dt), pack_halves(a.z, a.w, dt),
+                     pack_halves(b.x, b.y, dt), pack_halves(b.z, b.w, dt));
+}
+
+// Online (max, Σ exp(z − max)) update with four values at once.
+fn online4(state: vec2<f32>, z: vec4<f32>) -> vec2<f32> {
+    let m = max(state.x, max(max(z.x, z.y), max(z.z, z.w)));
+    if (m == neg_inf()) {
+        return state;
+    }
+    let e = exp(z - vec4<f32>(m));
+    return vec2<f32>(m, state.y * exp(state.x - m) + ((e.x + e.y) + (e.z + e.w)));
+}
+
+fn softmax4(v: vec4<f32>, m: f32, logden: f32) -> vec4<f32> {
+    if (MODE == 1u) {
+        return (v - vec4<f32>(m)) - vec4<f32>(logden);
+    }
+    return exp((v - vec4<f32>(m)) - vec4<f32>(logden));
+}
+
+@compute @workgroup_size(WG)
+fn softmax_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    var st = vec2<f32>(neg_inf(), 0.0);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        st = online4(st, chunk_lo(w, DT));
+        if (DT != DT_F32) {
+            st = online4(st, chunk_hi(w, DT));
+        }
+    }
+    let rs = row_stats(st, lid);
+    if (lid == 0u) {
+        stats_out[2u * row] = rs.x;
+        stats_out[2u * row + 1u] = rs.y;
+    }
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let a = softmax4(chunk_lo(w, DT), rs.x, rs.y);
+        if (DT == DT_F32) {
+            y4[vbase + v] = bitcast<vec4<u32>>(a);
+        } else {
+            y4[vbase + v] = pack_chunk(a, softmax4(chunk_hi(w, DT), rs.x, rs.y), DT);
+        }
+    }
+}
+
+// Softmax / log-softmax backward contribution of four elements to the row sum.
+fn softmax_bwd_acc(xv: vec4<f32>, g: vec4<f32>, m: f32, logden: f32) -> f32 {
+    if (MODE == 1u) {
+        return (g.x + g.y) + (g.z + g.w);
+    }
+    let p = exp((xv - vec4<f32>(m)) - vec4<f32>(logden));
+    let q = p * g;
+    return (q.x + q.y) + (q.z + q.w);
+}
+
+fn softmax_bwd_value(xv: vec4<f32>, g: vec4<f32>, m: f32, logden: f32, total: f32) -> vec4<f32> {
+    let p = exp((xv - vec4<f32>(m)) - vec4<f32>(logden));
+    if (MODE == 1u) {
+        return g - p * total;
+    }
+    return p * (g - vec4<f32>(total));
+}
+
+// x and dy share the dtype DT.
+@compute @workgroup_size(WG)
+fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    let m = stats_in[2u * row];
+    let logden = stats_in[2u * row + 1u];
+    var acc = 0.0;
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let g = second4[vbase + v];
+        acc = acc + softmax_bwd_acc(chunk_lo(w, DT), chunk_lo(g, DT), m, logden);
+        if (DT != DT_F32) {
+            acc = acc + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
+        }
+    }
+    let total = workgroup_sum(acc, lid);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let g = second4[vbase + v];
+        let a = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
+        if (DT == DT_F32) {
+            dx4[vbase + v] = a;
+        } else {
+            dx4[2u * (vbase + v)] = a;
+            dx4[2u * (vbase + v) + 1u] = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+        }
+    }
+}
+
+fn softcapped4(v: vec4<f32>) -> vec4<f32> {
+    if (params.c > 0.0) {
+        return vec4<f32>(softcapped(v.x), softcapped(v.y), softcapped(v.z), softcapped(v.w));
+    }
+    return v;
+}
+
+// Per-lane cross-entropy accumulators of the vectorized forward.
+struct CeLane {
+    st: vec2<f32>,
+    best: f32,
+    best_index: u32,
+    wz: f32,
+    wsum: f32,
+}
+
+fn ce_lane4(lane: CeLane, raw: vec4<f32>, first: u32, reference: f32) -> CeLane {
+    var l = lane;
+    let z = softcapped4(raw);
+    l.st = online4(l.st, z);
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        if (raw[j] > l.best) {
+            l.best = raw[j];
+            l.best_index = first + j;
+        }
+    }
+    if (params.a > 0.0) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let w = class_weight(first + j);
+            l.wz = l.wz + w * (z[j] - reference);
+            l.wsum = l.wsum + w;
+        }
+    }
+    return l;
+}
+
+@compute @workgroup_size(WG)
+fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let cw = chunk_width(DT);
+    let nv = cols / cw;
+    let vbase = row * nv;
+    let eps = params.a;
+    let reference = softcapped(chunk_lo(x4[vbase], DT).x);
+    var lane = CeLane(vec2<f32>(neg_inf(), 0.0), neg_inf(), 0u, 0.0, 0.0);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        lane = ce_lane4(lane, chunk_lo(w, DT), v * cw, reference);
+        if (DT != DT_F32) {
+            lane = ce_lane4(lane, chunk_hi(w, DT), v * cw + 4u, reference);
+        }
+    }
+    let rs = row_stats(lane.st, lid);
+    let sum_wz = workgroup_sum(lane.wz, lid);
+    let sum_w = workgroup_sum(lane.wsum, lid);
+    let arg = workgroup_argmax(lane.best, lane.best_index, lid);
+    if (lid == 0u) {
+        let t = labels[row];
+        let o = row * CE_COLS;
+        var loss = 0.0;
+        var zl = 0.0;
+        var wy = 0.0;
+        var valid = 0.0;
+        var correct = 0.0;
+        if (target_valid(t)) {
+            let ti = u32(t);
+            let chunk = x4[vbase + ti / cw];
+            let k = ti % cw;
+            var raw_y = 0.0;
+            if (k < 4u) {
+                raw_y = chunk_lo(chunk, DT)[k];
+            } else {
+                raw_y = chunk_hi(chunk, DT)[k - 4u];
+            }
+            let zy = softcapped(raw_y);
+            wy = class_weight(ti);
+            valid = 1.0;
+            loss = (1.0 - eps) * wy * ((rs.x - zy) + rs.y);
+            if (eps > 0.0) {
+                let spread = sum_w * (rs.x - reference) - sum_wz;
+                loss = loss + eps / f32(cols) * (spread + sum_w * rs.y);
+            }
+            let lse = rs.x + rs.y;
+            zl = params.b * lse * lse;
+            if (arg == ti) {
+                correct = 1.0;
+            }
+            pred[row] = i32(arg);
+        } else {
+            pred[row] = -1;
+        }
+        stats_out[o + CE_LOSS] = loss;
+        stats_out[o + CE_Z] = zl;
+        stats_out[o + CE_WEIGHT] = wy;
+        stats_out[o + CE_VALID] = valid;
+        stats_out[o + CE_CORRECT] = correct;
+        stats_out[o + CE_MAX] = rs.x;
+        stats_out[o + CE_LOGDEN] = rs.y;
+        stats_out[o + CE_WSUM] = sum_w;
+    }
+}
+
+// Four gradient values of the cross-entropy backward (see ce_bwd).
+fn ce_grad4(raw: vec4<f32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32, wsum: f32,
+            f_ce: f32, f_z: f32) -> vec4<f32> {
+    let eps = params.a;
+    let z = softcapped4(raw);
+    let p = exp((z - vec4<f32>(m)) - vec4<f32>(logden));
+    var d = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        var onehot = 0.0;
+        if (first + j == ti) {
+            onehot = 1.0;
+        }
+        var g = (1.0 - eps) * wy * (p[j] - onehot);
+        if (eps > 0.0) {
+            g = g + eps / f32(params.cols) * (wsum * p[j] - class_weight(first + j));
+        }
+        g = g * f_ce + p[j] * f_z;
+        if (params.c > 0.0) {
+            let th = z[j] / params.c;
+            g = g * (1.0 - th * th);
+        }
+        d[j] = g;
+    }
+    return d;
+}
+
+@compute @workgroup_size(WG)
+fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cw = chunk_width(DT);
+    let nv = params.cols / cw;
+    let vbase = row * nv;
+    let o = row * CE_COLS;
+    let t = labels[row];
+    let f4 = cw / 4u; // F32 vec4s of dx per chunk
+    if (!target_valid(t)) {
+        for (var v = lid; v < nv * f4; v = v + WG) {
+            dx4[vbase * f4 + v] = vec4<f32>(0.0);
+        }
+        return;
+    }
+    let ti = u32(t);
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let wy = stats_in[o + CE_WEIGHT];
+    let wsum = stats_in[o + CE_WSUM];
+    let g = row_cotangent(row);
+    let f_ce = g * final_in[3];
+    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let first = v * cw;
+        dx4[(vbase + v) * f4] = ce_grad4(chunk_lo(w, DT), first, ti, m, logden, wy, wsum, f_ce, f_z);
+        if (DT != DT_F32) {
+            dx4[(vbase + v) * f4 + 1u] =
+                ce_grad4(chunk_hi(w, DT), first + 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+        }
+    }
+}
