@@ -122,6 +122,24 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 check_targets: false,
                 ..Default::default()
             };
+            // Peak memory of one forward+backward above what is live before it (logits and
+            // targets), from the engine's statistics.
+            engine.synchronize()?;
+            engine.reset_peak();
+            let before = engine.memory().live_bytes;
+            {
+                let (_, s) = loss::cross_entropy(&x, &t, &opts)?;
+                let dx = loss::cross_entropy_backward(&s, None)?;
+                engine.synchronize()?;
+                drop(dx);
+            }
+            eprintln!(
+                "  cross_entropy fwd+bwd {dname} {rows}x{cols}: peak {:.1} MiB above the inputs \
+                 (logits {:.1} MiB, dlogits {:.1} MiB)",
+                (engine.memory().peak_bytes - before) as f64 / 1048576.0,
+                x.byte_len() as f64 / 1048576.0,
+                (rows * cols * 4) as f64 / 1048576.0
+            );
             let (_, saved) = loss::cross_entropy(&x, &t, &opts)?;
             let o = opts.clone();
             ops.push(Op::new(

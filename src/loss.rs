@@ -9,8 +9,10 @@
 //!
 //! How it runs: one workgroup of 256 lanes per row; lane `t` takes columns `t, t+256, ...` with
 //! an online maximum and sum of exponentials, and lanes meet in fixed-order trees, so a row of
-//! any width (tested to 262,144 classes) is two passes over the logits and never sits in
-//! workgroup memory. Forwards save the row maximum and the log denominator as two values (a
+//! any width (tested to 262,144 classes) is one or two passes over the logits and never sits
+//! in workgroup memory. When a row is a whole number of `vec4<u32>` chunks (columns a multiple
+//! of 4 for F32, of 8 for F16/BF16), softmax, log-softmax and cross-entropy read whole chunks
+//! (`*_v` entry points); otherwise element by element. Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
 //! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
@@ -448,8 +450,8 @@ pub fn divergence_workspace_bytes(rows: usize) -> u64 {
 /// Errors: non-float logits or non-I32 targets (`UnsupportedDType`), a targets or weight shape
 /// that does not match (`ShapeMismatch`), zero classes (`OutOfBounds`), ε outside [0, 1], a
 /// negative or non-finite z-loss, a softcap not > 0 (`InvalidValue`), a target outside
-/// `[0, classes)` other than `ignore_index` (`OutOfBounds`, only with `check_targets`, which
-/// synchronizes), a weight that is not F32, scratch over the workspace bound
+/// `[0, classes)` other than `ignore_index` (`OutOfBounds` past the end, `InvalidValue` when
+/// negative; only with `check_targets`, which synchronizes), a weight that is not F32, scratch over the workspace bound
 /// (`WorkspaceExceeded`), tensors past the binding limit (`LimitExceeded`).
 pub fn cross_entropy(
     logits: &Tensor,
