@@ -1403,3 +1403,34 @@ fn more_than_65535_rows_fold_the_launch() {
     let want_dx = reference::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &[1.0]);
     assert_close("many rows dx", &dx, &want_dx, F32);
 }
+
+#[test]
+fn a_gradient_past_the_binding_limit_is_a_typed_error() {
+    // BF16 logits that fit one binding whose F32 gradient does not: the backward refuses
+    // before launching. Sized from this device's limit (128 MiB on lavapipe); on devices
+    // with a much larger limit the case would need gigabytes, so it runs where it is cheap.
+    let e = engine();
+    let limit = e.max_binding_bytes();
+    if limit > 512 << 20 {
+        eprintln!("binding limit {limit} bytes: the case would need too much memory, skipped");
+        return;
+    }
+    let cols = 65_536;
+    let rows = (limit / 4 / cols as u64 + 1) as usize;
+    let x = Tensor::zeros(e, &[rows, cols], DType::BF16).unwrap();
+    let t = i32_tensor(&vec![0; rows], &[rows]);
+    let (out, saved) = cross_entropy(&x, &t, &CrossEntropyOptions::default()).unwrap();
+    let l = out.loss.to_f64().unwrap()[0];
+    assert!(
+        (l - (cols as f64).ln()).abs() < 1e-4,
+        "uniform logits: loss {l}"
+    );
+    match cross_entropy_backward(&saved, None) {
+        Err(Error::LimitExceeded {
+            bytes, limit: l, ..
+        }) => {
+            assert_eq!((bytes, l), ((rows * cols * 4) as u64, limit))
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+}
