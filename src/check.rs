@@ -199,8 +199,8 @@ fn check_copy(engine: &Engine) -> Result<Vec<Case>> {
 // ---- loss family ----------------------------------------------------------------------------
 
 /// Rows × columns the loss checks run on: tiny, ragged (odd widths take the F32-then-narrow
-/// path for 16-bit outputs), and more columns than lanes.
-const LOSS_SHAPES: [(usize, usize); 3] = [(1, 1), (5, 37), (3, 700)];
+/// path for 16-bit outputs), more columns than lanes, and whole vec4 chunks in every dtype.
+const LOSS_SHAPES: [(usize, usize); 4] = [(1, 1), (5, 37), (3, 700), (2, 64)];
 
 fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
     use crate::loss;

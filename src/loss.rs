@@ -923,27 +923,51 @@ fn divergence_forward(
         a: beta,
         ..Default::default()
     };
+    let vector = target.dtype() == input.dtype() && vectorized(input.dtype(), cols);
+    let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
     let (loss, finish) = if reduction == DivReduction::None {
         let out = Tensor::empty(engine, input.shape(), DType::F32, what)?;
-        engine.launch(
-            &KERNEL,
-            "div_elems",
-            &consts,
-            &params,
-            &[input.buffer(), target.buffer(), labels_buffer, out.buffer()],
-            (input.len() as u64).div_ceil(WG),
-        )?;
+        if vector {
+            engine.launch(
+                &KERNEL,
+                "div_elems_v",
+                &consts,
+                &params,
+                &[labels_buffer, input.buffer(), target.buffer(), out.buffer()],
+                (input.len() as u64 / chunk).div_ceil(WG),
+            )?;
+        } else {
+            engine.launch(
+                &KERNEL,
+                "div_elems",
+                &consts,
+                &params,
+                &[input.buffer(), target.buffer(), labels_buffer, out.buffer()],
+                (input.len() as u64).div_ceil(WG),
+            )?;
+        }
         (out, Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?)
     } else {
         let mat = Tensor::empty(engine, &[rows, 2], DType::F32, what)?;
-        engine.launch(
-            &KERNEL,
-            "div_rows",
-            &consts,
-            &params,
-            &[input.buffer(), mat.buffer(), target.buffer(), labels_buffer],
-            rows as u64,
-        )?;
+        if vector {
+            engine.launch(
+                &KERNEL,
+                "div_rows_v",
+                &consts,
+                &params,
+                &[mat.buffer(), labels_buffer, input.buffer(), target.buffer()],
+                rows as u64,
+            )?;
+        } else {
+            engine.launch(
+                &KERNEL,
+                "div_rows",
+                &consts,
+                &params,
+                &[input.buffer(), mat.buffer(), target.buffer(), labels_buffer],
+                rows as u64,
+            )?;
+        }
         let sums = sum_columns(&mat)?;
         let finish = Tensor::empty(engine, &[2], DType::F32, what)?;
         params.flags |= match reduction {
@@ -1089,27 +1113,48 @@ pub fn divergence_backward(saved: &DivergenceSaved, cotangent: Option<&Tensor>) 
     };
     let dx = Tensor::empty(engine, input.shape(), DType::F32, "divergence_backward")?;
     let labels_buffer = saved.labels.as_ref().unwrap_or(input).buffer();
-    engine.launch(
-        &KERNEL,
-        "div_bwd",
-        &constants(input.dtype(), saved.target.dtype(), DType::F32, saved.mode),
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            flags,
-            ignore_index: saved.params.ignore_index,
-            a: saved.params.beta,
-            ..Default::default()
-        },
-        &[
-            input.buffer(),
-            saved.target.buffer(),
-            dx.buffer(),
-            labels_buffer,
-            saved.finish.buffer(),
-            cot.buffer(),
-        ],
-        (input.len() as u64).div_ceil(WG),
-    )?;
+    let consts = constants(input.dtype(), saved.target.dtype(), DType::F32, saved.mode);
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        flags,
+        ignore_index: saved.params.ignore_index,
+        a: saved.params.beta,
+        ..Default::default()
+    };
+    if saved.target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+        let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
+        engine.launch(
+            &KERNEL,
+            "div_bwd_v",
+            &consts,
+            &params,
+            &[
+                labels_buffer,
+                saved.finish.buffer(),
+                cot.buffer(),
+                input.buffer(),
+                saved.target.buffer(),
+                dx.buffer(),
+            ],
+            (input.len() as u64 / chunk).div_ceil(WG),
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "div_bwd",
+            &consts,
+            &params,
+            &[
+                input.buffer(),
+                saved.target.buffer(),
+                dx.buffer(),
+                labels_buffer,
+                saved.finish.buffer(),
+                cot.buffer(),
+            ],
+            (input.len() as u64).div_ceil(WG),
+        )?;
+    }
     Ok(dx)
 }

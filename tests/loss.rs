@@ -1024,7 +1024,7 @@ const DIV_REDUCTIONS: [DivReduction; 4] = [
 
 #[test]
 fn kl_div_matches_the_reference() {
-    for &(rows, cols) in &[(1usize, 1usize), (3, 7), (5, 300)] {
+    for &(rows, cols) in &[(1usize, 1usize), (3, 7), (5, 300), (4, 64)] {
         let x = log_probs(300, rows, cols);
         let lp = log_probs(301, rows, cols);
         let p: Vec<f64> = lp.iter().map(|v| v.exp()).collect();
@@ -1064,7 +1064,14 @@ fn kl_div_matches_the_reference() {
 
 #[test]
 fn jsd_matches_the_reference_for_beta_0_half_and_1() {
-    let (rows, cols) = (6, 129);
+    // 128 columns: whole vec4 chunks in every dtype; 129: element by element.
+    for cols in [128, 129] {
+        jsd_case(cols);
+    }
+}
+
+fn jsd_case(cols: usize) {
+    let rows = 6;
     let x = log_probs(310, rows, cols);
     let t = log_probs(311, rows, cols);
     let labels = [3, -100, 0, 5, -100, 1];
@@ -1133,7 +1140,13 @@ fn jsd_matches_the_reference_for_beta_0_half_and_1() {
 
 #[test]
 fn tvd_matches_the_reference() {
-    let (rows, cols) = (5, 77);
+    for cols in [77, 80] {
+        tvd_case(cols);
+    }
+}
+
+fn tvd_case(cols: usize) {
+    let rows = 5;
     let p: Vec<f64> = reference::softmax(&data(320, rows * cols, -2.0, 2.0), rows, cols);
     let mut q: Vec<f64> = reference::softmax(&data(321, rows * cols, -2.0, 2.0), rows, cols);
     q[3] = p[3]; // a tie: zero gradient there

@@ -1039,3 +1039,100 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         }
     }
 }
+
+// Vectorized divergences: x and the target share the dtype DT; rows are whole chunks.
+fn divergence_loss4(a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let l = vec4<f32>(divergence(a.x, b.x).x, divergence(a.y, b.y).x,
+                      divergence(a.z, b.z).x, divergence(a.w, b.w).x);
+    return (l.x + l.y) + (l.z + l.w);
+}
+
+@compute @workgroup_size(WG)
+fn div_rows_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    var acc = 0.0;
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let g = second4[vbase + v];
+        acc = acc + divergence_loss4(chunk_lo(w, DT), chunk_lo(g, DT));
+        if (DT != DT_F32) {
+            acc = acc + divergence_loss4(chunk_hi(w, DT), chunk_hi(g, DT));
+        }
+    }
+    let total = workgroup_sum(acc, lid);
+    if (lid == 0u) {
+        if (row_counted(row)) {
+            stats_out[2u * row] = total;
+            stats_out[2u * row + 1u] = 1.0;
+        } else {
+            stats_out[2u * row] = 0.0;
+            stats_out[2u * row + 1u] = 0.0;
+        }
+    }
+}
+
+// The elementwise loss of four elements starting at element `first` (0 on skipped rows).
+fn divergence_loss_out4(a: vec4<f32>, b: vec4<f32>, first: u32) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    if (row_counted(first / params.cols)) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            out[j] = divergence(a[j], b[j]).x;
+        }
+    }
+    return out;
+}
+
+// The gradient of four elements times the cotangent and the scale.
+fn divergence_grad_out4(a: vec4<f32>, b: vec4<f32>, first: u32) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    if (row_counted(first / params.cols)) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            var ct = cot[0];
+            if ((params.flags & F_COT_ELEM) != 0u) {
+                ct = cot[first + j];
+            }
+            out[j] = divergence(a[j], b[j]).y * ct * final_in[1];
+        }
+    }
+    return out;
+}
+
+// One chunk per invocation: the elementwise loss (reduction none) into dx4.
+@compute @workgroup_size(WG)
+fn div_elems_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    let cw = chunk_width(DT);
+    if (i >= (params.rows * params.cols) / cw) {
+        return;
+    }
+    let w = x4[i];
+    let g = second4[i];
+    dx4[i * (cw / 4u)] = divergence_loss_out4(chunk_lo(w, DT), chunk_lo(g, DT), i * cw);
+    if (DT != DT_F32) {
+        dx4[i * 2u + 1u] = divergence_loss_out4(chunk_hi(w, DT), chunk_hi(g, DT), i * cw + 4u);
+    }
+}
+
+// One chunk per invocation: the gradient into dx4.
+@compute @workgroup_size(WG)
+fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    let cw = chunk_width(DT);
+    if (i >= (params.rows * params.cols) / cw) {
+        return;
+    }
+    let w = x4[i];
+    let g = second4[i];
+    dx4[i * (cw / 4u)] = divergence_grad_out4(chunk_lo(w, DT), chunk_lo(g, DT), i * cw);
+    if (DT != DT_F32) {
+        dx4[i * 2u + 1u] = divergence_grad_out4(chunk_hi(w, DT), chunk_hi(g, DT), i * cw + 4u);
+    }
+}
