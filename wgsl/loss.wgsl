@@ -767,13 +767,20 @@ fn pack_chunk(a: vec4<f32>, b: vec4<f32>, dt: u32) -> vec4<u32> {
 }
 
 // Online (max, Σ exp(z − max)) update with four values at once.
+// The running sum is rescaled only when the maximum grows (one exp per element otherwise).
 fn online4(state: vec2<f32>, z: vec4<f32>) -> vec2<f32> {
-    let m = max(state.x, max(max(z.x, z.y), max(z.z, z.w)));
+    let cm = max(max(z.x, z.y), max(z.z, z.w));
+    var m = state.x;
+    var s = state.y;
+    if (cm > m) {
+        s = s * exp(m - cm);
+        m = cm;
+    }
     if (m == neg_inf()) {
         return state;
     }
     let e = exp(z - vec4<f32>(m));
-    return vec2<f32>(m, state.y * exp(state.x - m) + ((e.x + e.y) + (e.z + e.w)));
+    return vec2<f32>(m, s + ((e.x + e.y) + (e.z + e.w)));
 }
 
 fn softmax4(v: vec4<f32>, m: f32, logden: f32) -> vec4<f32> {
@@ -976,28 +983,27 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
-// Four gradient values of the cross-entropy backward (see ce_bwd).
+// Four gradient values of the cross-entropy backward (see ce_bwd), in vector form:
+// p·((1 − ε)·w_y·f_ce + f_z) − [c = y]·(1 − ε)·w_y·f_ce + ε/C·f_ce·(W·p − w_c), times the
+// softcap derivative.
 fn ce_grad4(raw: vec4<f32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32, wsum: f32,
             f_ce: f32, f_z: f32) -> vec4<f32> {
     let eps = params.a;
     let z = softcapped4(raw);
     let p = exp((z - vec4<f32>(m)) - vec4<f32>(logden));
-    var d = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j = j + 1u) {
-        var onehot = 0.0;
-        if (first + j == ti) {
-            onehot = 1.0;
-        }
-        var g = (1.0 - eps) * wy * (p[j] - onehot);
-        if (eps > 0.0) {
-            g = g + eps / f32(params.cols) * (wsum * p[j] - class_weight(first + j));
-        }
-        g = g * f_ce + p[j] * f_z;
-        if (params.c > 0.0) {
-            let th = z[j] / params.c;
-            g = g * (1.0 - th * th);
-        }
-        d[j] = g;
+    let target_scale = (1.0 - eps) * wy * f_ce;
+    var d = p * (target_scale + f_z);
+    if (ti >= first && ti < first + 4u) {
+        d[ti - first] = d[ti - first] - target_scale;
+    }
+    if (eps > 0.0) {
+        let w = vec4<f32>(class_weight(first), class_weight(first + 1u),
+                          class_weight(first + 2u), class_weight(first + 3u));
+        d = d + (eps / f32(params.cols) * f_ce) * (wsum * p - w);
+    }
+    if (params.c > 0.0) {
+        let th = z / params.c;
+        d = d * (vec4<f32>(1.0) - th * th);
     }
     return d;
 }
