@@ -1447,3 +1447,50 @@ fn a_gradient_past_the_binding_limit_is_a_typed_error() {
         other => panic!("expected LimitExceeded, got {other:?}"),
     }
 }
+
+#[test]
+fn masked_minus_infinity_logits_get_zero_probability() {
+    // −∞ entries (masked classes) contribute nothing and get zero gradient, in both the
+    // element-by-element (7 columns) and the chunked (8 columns) entries.
+    for cols in [7usize, 8] {
+        let rows = 3;
+        let mut v = data(140, rows * cols, -2.0, 2.0);
+        for r in 0..rows {
+            v[r * cols + 2] = f64::NEG_INFINITY;
+            v[r * cols + cols - 1] = f64::NEG_INFINITY;
+        }
+        let (x, xs) = upload(&v, &[rows, cols], DType::F32);
+        let (y, saved) = loss::softmax(&x).unwrap();
+        let got = y.to_f64().unwrap();
+        assert_close(
+            "masked softmax",
+            &got,
+            &reference::softmax(&xs, rows, cols),
+            F32,
+        );
+        assert_eq!(got[2], 0.0);
+        let dys = data(141, rows * cols, -1.0, 1.0);
+        let dx = loss::softmax_backward(&saved, &f32_tensor(&dys, &[rows, cols])).unwrap();
+        let want =
+            reference::softmax_backward(&xs, &common::stored(&dys, DType::F32), rows, cols, false);
+        assert_close("masked softmax dx", &dx.to_f64().unwrap(), &want, F32);
+        let (ly, _) = loss::log_softmax(&x).unwrap();
+        assert_eq!(ly.to_f64().unwrap()[2], f64::NEG_INFINITY);
+        let targets = [0, 1, 3];
+        let cfg = CrossEntropyConfig {
+            reduction: Reduction::None,
+            z_loss: 1e-3,
+            ..Default::default()
+        };
+        let t = i32_tensor(&targets, &[rows]);
+        let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+        let want = reference::cross_entropy(&xs, &targets, rows, cols, &cfg);
+        assert_close("masked ce", &out.loss.to_f64().unwrap(), &want.loss, F32);
+        let dx = cross_entropy_backward(&saved, None)
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        let want = reference::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &[1.0; 3]);
+        assert_close("masked ce dx", &dx, &want, F32);
+    }
+}
