@@ -12,7 +12,9 @@
 //! any width (tested to 262,144 classes) is one or two passes over the logits and never sits
 //! in workgroup memory. When a row is a whole number of `vec4<u32>` chunks (columns a multiple
 //! of 4 for F32, of 8 for F16/BF16), softmax, log-softmax and cross-entropy read whole chunks
-//! (`*_v` entry points); otherwise element by element. Forwards save the row maximum and the log denominator as two values (a
+//! (`*_v` entry points); otherwise element by element. The softmax forward of such rows with
+//! 8·256 to 32·256 chunks (8,193–32,768 F32 or 16,385–65,536 16-bit columns) holds the row
+//! in registers and reads it once (`softmax_fwd_r`). Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
 //! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
@@ -42,6 +44,8 @@ pub static KERNEL: Kernel = Kernel {
 
 const WG: u64 = 256;
 const CE_COLS: usize = 8;
+/// Chunks per lane of the register-resident softmax forward (`RK` in the WGSL).
+const REGISTER_CHUNKS: u64 = 32;
 
 const F_WEIGHT: u32 = 1;
 const F_LABELS: u32 = 2;
@@ -165,9 +169,16 @@ fn row_output(
     };
     let consts = constants(x.dtype(), DType::F32, odt, mode);
     if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
+        // Rows of 8·WG to RK·WG chunks stay in registers (one read); others take two passes.
+        let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+        let name = if chunks > 8 * WG && chunks <= REGISTER_CHUNKS * WG {
+            "softmax_fwd_r"
+        } else {
+            "softmax_fwd_v"
+        };
         engine.launch(
             &KERNEL,
-            "softmax_fwd_v",
+            name,
             &consts,
             &params,
             &[stats.buffer(), x.buffer(), out.buffer()],

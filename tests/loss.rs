@@ -1494,3 +1494,56 @@ fn masked_minus_infinity_logits_get_zero_probability() {
         assert_close("masked ce dx", &dx, &want, F32);
     }
 }
+
+#[test]
+fn register_resident_softmax_rows() {
+    // Rows of more than 8·256 and at most 32·256 vec4 chunks are read once into registers:
+    // 32,000 (the benchmark width), 20,000 and the largest (32,768 F32, 65,536 16-bit), each
+    // against the reference and the two-pass entry's statistics.
+    // (Each dtype and mode is one large pipeline that lavapipe compiles slowly: three here.)
+    for (dtype, cols, log) in [
+        (DType::F32, 32_000, false),
+        (DType::F32, 32_768, false),
+        (DType::BF16, 20_000, true),
+        (DType::F16, 65_536, false),
+    ] {
+        let rows = 2;
+        {
+            let what = format!("{dtype} [{rows}, {cols}] log={log}");
+            let mut v = data(150 + cols as u64, rows * cols, -6.0, 6.0);
+            v[cols + 17] = f64::NEG_INFINITY;
+            let (x, xs) = upload(&v, &[rows, cols], dtype);
+            let (y, saved) = if log {
+                loss::log_softmax(&x).unwrap()
+            } else {
+                loss::softmax(&x).unwrap()
+            };
+            let want = if log {
+                reference::log_softmax(&xs, rows, cols)
+            } else {
+                reference::softmax(&xs, rows, cols)
+            };
+            assert_close(
+                &what,
+                &y.to_f64().unwrap(),
+                &want,
+                Tolerance::for_dtype(dtype),
+            );
+            let stats = saved.stats().to_f64().unwrap();
+            for r in 0..rows {
+                let (m, l) = reference::row_stats(&xs[r * cols..(r + 1) * cols]);
+                assert_eq!(stats[2 * r], m, "{what}: max");
+                assert!(
+                    (stats[2 * r + 1] - l).abs() <= 1e-5,
+                    "{what}: log denominator"
+                );
+            }
+            let (y2, _) = if log {
+                loss::log_softmax(&x).unwrap()
+            } else {
+                loss::softmax(&x).unwrap()
+            };
+            assert_eq!(y.to_f64().unwrap(), y2.to_f64().unwrap(), "{what}: rerun");
+        }
+    }
+}

@@ -1142,3 +1142,256 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         dx4[i * 2u + 1u] = divergence_grad_out4(chunk_hi(w, DT), chunk_hi(g, DT), i * cw + 4u);
     }
 }
+
+// ---- register-resident softmax forward ---------------------------------------------------
+// For rows of up to RK·WG chunks (32,768 F32 or 65,536 F16/BF16 columns), each lane keeps
+// its RK chunks in registers, so the row is read once: maximum, then Σ exp(x − max), then
+// the output, all from registers. Straight-line code (no indexed private array, which some
+// compilers move to slow local memory); the statements repeat for chunks 0..RK, lane `lid`
+// holding chunks lid, lid + WG, ... of the row. The host picks it for vectorized rows wider
+// than 8·WG chunks (narrower rows run the two-pass entry at better occupancy).
+const RK: u32 = 32u;
+
+fn chunk_max(w: vec4<u32>) -> f32 {
+    let a = chunk_lo(w, DT);
+    var m = max(max(a.x, a.y), max(a.z, a.w));
+    if (DT != DT_F32) {
+        let b = chunk_hi(w, DT);
+        m = max(m, max(max(b.x, b.y), max(b.z, b.w)));
+    }
+    return m;
+}
+
+fn chunk_expsum(w: vec4<u32>, m: f32) -> f32 {
+    let a = exp(chunk_lo(w, DT) - vec4<f32>(m));
+    var s = (a.x + a.y) + (a.z + a.w);
+    if (DT != DT_F32) {
+        let b = exp(chunk_hi(w, DT) - vec4<f32>(m));
+        s = s + ((b.x + b.y) + (b.z + b.w));
+    }
+    return s;
+}
+
+fn chunk_store(i: u32, w: vec4<u32>, m: f32, logden: f32) {
+    let a = softmax4(chunk_lo(w, DT), m, logden);
+    if (DT == DT_F32) {
+        y4[i] = bitcast<vec4<u32>>(a);
+    } else {
+        y4[i] = pack_chunk(a, softmax4(chunk_hi(w, DT), m, logden), DT);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    let zero = vec4<u32>(0u);
+    let i0 = lid + 0u * WG;
+    var c0 = zero;
+    if (i0 < nv) { c0 = x4[vbase + i0]; }
+    let i1 = lid + 1u * WG;
+    var c1 = zero;
+    if (i1 < nv) { c1 = x4[vbase + i1]; }
+    let i2 = lid + 2u * WG;
+    var c2 = zero;
+    if (i2 < nv) { c2 = x4[vbase + i2]; }
+    let i3 = lid + 3u * WG;
+    var c3 = zero;
+    if (i3 < nv) { c3 = x4[vbase + i3]; }
+    let i4 = lid + 4u * WG;
+    var c4 = zero;
+    if (i4 < nv) { c4 = x4[vbase + i4]; }
+    let i5 = lid + 5u * WG;
+    var c5 = zero;
+    if (i5 < nv) { c5 = x4[vbase + i5]; }
+    let i6 = lid + 6u * WG;
+    var c6 = zero;
+    if (i6 < nv) { c6 = x4[vbase + i6]; }
+    let i7 = lid + 7u * WG;
+    var c7 = zero;
+    if (i7 < nv) { c7 = x4[vbase + i7]; }
+    let i8 = lid + 8u * WG;
+    var c8 = zero;
+    if (i8 < nv) { c8 = x4[vbase + i8]; }
+    let i9 = lid + 9u * WG;
+    var c9 = zero;
+    if (i9 < nv) { c9 = x4[vbase + i9]; }
+    let i10 = lid + 10u * WG;
+    var c10 = zero;
+    if (i10 < nv) { c10 = x4[vbase + i10]; }
+    let i11 = lid + 11u * WG;
+    var c11 = zero;
+    if (i11 < nv) { c11 = x4[vbase + i11]; }
+    let i12 = lid + 12u * WG;
+    var c12 = zero;
+    if (i12 < nv) { c12 = x4[vbase + i12]; }
+    let i13 = lid + 13u * WG;
+    var c13 = zero;
+    if (i13 < nv) { c13 = x4[vbase + i13]; }
+    let i14 = lid + 14u * WG;
+    var c14 = zero;
+    if (i14 < nv) { c14 = x4[vbase + i14]; }
+    let i15 = lid + 15u * WG;
+    var c15 = zero;
+    if (i15 < nv) { c15 = x4[vbase + i15]; }
+    let i16 = lid + 16u * WG;
+    var c16 = zero;
+    if (i16 < nv) { c16 = x4[vbase + i16]; }
+    let i17 = lid + 17u * WG;
+    var c17 = zero;
+    if (i17 < nv) { c17 = x4[vbase + i17]; }
+    let i18 = lid + 18u * WG;
+    var c18 = zero;
+    if (i18 < nv) { c18 = x4[vbase + i18]; }
+    let i19 = lid + 19u * WG;
+    var c19 = zero;
+    if (i19 < nv) { c19 = x4[vbase + i19]; }
+    let i20 = lid + 20u * WG;
+    var c20 = zero;
+    if (i20 < nv) { c20 = x4[vbase + i20]; }
+    let i21 = lid + 21u * WG;
+    var c21 = zero;
+    if (i21 < nv) { c21 = x4[vbase + i21]; }
+    let i22 = lid + 22u * WG;
+    var c22 = zero;
+    if (i22 < nv) { c22 = x4[vbase + i22]; }
+    let i23 = lid + 23u * WG;
+    var c23 = zero;
+    if (i23 < nv) { c23 = x4[vbase + i23]; }
+    let i24 = lid + 24u * WG;
+    var c24 = zero;
+    if (i24 < nv) { c24 = x4[vbase + i24]; }
+    let i25 = lid + 25u * WG;
+    var c25 = zero;
+    if (i25 < nv) { c25 = x4[vbase + i25]; }
+    let i26 = lid + 26u * WG;
+    var c26 = zero;
+    if (i26 < nv) { c26 = x4[vbase + i26]; }
+    let i27 = lid + 27u * WG;
+    var c27 = zero;
+    if (i27 < nv) { c27 = x4[vbase + i27]; }
+    let i28 = lid + 28u * WG;
+    var c28 = zero;
+    if (i28 < nv) { c28 = x4[vbase + i28]; }
+    let i29 = lid + 29u * WG;
+    var c29 = zero;
+    if (i29 < nv) { c29 = x4[vbase + i29]; }
+    let i30 = lid + 30u * WG;
+    var c30 = zero;
+    if (i30 < nv) { c30 = x4[vbase + i30]; }
+    let i31 = lid + 31u * WG;
+    var c31 = zero;
+    if (i31 < nv) { c31 = x4[vbase + i31]; }
+    var m = neg_inf();
+    if (i0 < nv) { m = max(m, chunk_max(c0)); }
+    if (i1 < nv) { m = max(m, chunk_max(c1)); }
+    if (i2 < nv) { m = max(m, chunk_max(c2)); }
+    if (i3 < nv) { m = max(m, chunk_max(c3)); }
+    if (i4 < nv) { m = max(m, chunk_max(c4)); }
+    if (i5 < nv) { m = max(m, chunk_max(c5)); }
+    if (i6 < nv) { m = max(m, chunk_max(c6)); }
+    if (i7 < nv) { m = max(m, chunk_max(c7)); }
+    if (i8 < nv) { m = max(m, chunk_max(c8)); }
+    if (i9 < nv) { m = max(m, chunk_max(c9)); }
+    if (i10 < nv) { m = max(m, chunk_max(c10)); }
+    if (i11 < nv) { m = max(m, chunk_max(c11)); }
+    if (i12 < nv) { m = max(m, chunk_max(c12)); }
+    if (i13 < nv) { m = max(m, chunk_max(c13)); }
+    if (i14 < nv) { m = max(m, chunk_max(c14)); }
+    if (i15 < nv) { m = max(m, chunk_max(c15)); }
+    if (i16 < nv) { m = max(m, chunk_max(c16)); }
+    if (i17 < nv) { m = max(m, chunk_max(c17)); }
+    if (i18 < nv) { m = max(m, chunk_max(c18)); }
+    if (i19 < nv) { m = max(m, chunk_max(c19)); }
+    if (i20 < nv) { m = max(m, chunk_max(c20)); }
+    if (i21 < nv) { m = max(m, chunk_max(c21)); }
+    if (i22 < nv) { m = max(m, chunk_max(c22)); }
+    if (i23 < nv) { m = max(m, chunk_max(c23)); }
+    if (i24 < nv) { m = max(m, chunk_max(c24)); }
+    if (i25 < nv) { m = max(m, chunk_max(c25)); }
+    if (i26 < nv) { m = max(m, chunk_max(c26)); }
+    if (i27 < nv) { m = max(m, chunk_max(c27)); }
+    if (i28 < nv) { m = max(m, chunk_max(c28)); }
+    if (i29 < nv) { m = max(m, chunk_max(c29)); }
+    if (i30 < nv) { m = max(m, chunk_max(c30)); }
+    if (i31 < nv) { m = max(m, chunk_max(c31)); }
+    let row_max = workgroup_max(m, lid);
+    var s = 0.0;
+    if (i0 < nv) { s = s + chunk_expsum(c0, row_max); }
+    if (i1 < nv) { s = s + chunk_expsum(c1, row_max); }
+    if (i2 < nv) { s = s + chunk_expsum(c2, row_max); }
+    if (i3 < nv) { s = s + chunk_expsum(c3, row_max); }
+    if (i4 < nv) { s = s + chunk_expsum(c4, row_max); }
+    if (i5 < nv) { s = s + chunk_expsum(c5, row_max); }
+    if (i6 < nv) { s = s + chunk_expsum(c6, row_max); }
+    if (i7 < nv) { s = s + chunk_expsum(c7, row_max); }
+    if (i8 < nv) { s = s + chunk_expsum(c8, row_max); }
+    if (i9 < nv) { s = s + chunk_expsum(c9, row_max); }
+    if (i10 < nv) { s = s + chunk_expsum(c10, row_max); }
+    if (i11 < nv) { s = s + chunk_expsum(c11, row_max); }
+    if (i12 < nv) { s = s + chunk_expsum(c12, row_max); }
+    if (i13 < nv) { s = s + chunk_expsum(c13, row_max); }
+    if (i14 < nv) { s = s + chunk_expsum(c14, row_max); }
+    if (i15 < nv) { s = s + chunk_expsum(c15, row_max); }
+    if (i16 < nv) { s = s + chunk_expsum(c16, row_max); }
+    if (i17 < nv) { s = s + chunk_expsum(c17, row_max); }
+    if (i18 < nv) { s = s + chunk_expsum(c18, row_max); }
+    if (i19 < nv) { s = s + chunk_expsum(c19, row_max); }
+    if (i20 < nv) { s = s + chunk_expsum(c20, row_max); }
+    if (i21 < nv) { s = s + chunk_expsum(c21, row_max); }
+    if (i22 < nv) { s = s + chunk_expsum(c22, row_max); }
+    if (i23 < nv) { s = s + chunk_expsum(c23, row_max); }
+    if (i24 < nv) { s = s + chunk_expsum(c24, row_max); }
+    if (i25 < nv) { s = s + chunk_expsum(c25, row_max); }
+    if (i26 < nv) { s = s + chunk_expsum(c26, row_max); }
+    if (i27 < nv) { s = s + chunk_expsum(c27, row_max); }
+    if (i28 < nv) { s = s + chunk_expsum(c28, row_max); }
+    if (i29 < nv) { s = s + chunk_expsum(c29, row_max); }
+    if (i30 < nv) { s = s + chunk_expsum(c30, row_max); }
+    if (i31 < nv) { s = s + chunk_expsum(c31, row_max); }
+    if (row_max == neg_inf()) {
+        s = 0.0;
+    }
+    let logden = log(workgroup_sum(s, lid));
+    if (lid == 0u) {
+        stats_out[2u * row] = row_max;
+        stats_out[2u * row + 1u] = logden;
+    }
+    if (i0 < nv) { chunk_store(vbase + i0, c0, row_max, logden); }
+    if (i1 < nv) { chunk_store(vbase + i1, c1, row_max, logden); }
+    if (i2 < nv) { chunk_store(vbase + i2, c2, row_max, logden); }
+    if (i3 < nv) { chunk_store(vbase + i3, c3, row_max, logden); }
+    if (i4 < nv) { chunk_store(vbase + i4, c4, row_max, logden); }
+    if (i5 < nv) { chunk_store(vbase + i5, c5, row_max, logden); }
+    if (i6 < nv) { chunk_store(vbase + i6, c6, row_max, logden); }
+    if (i7 < nv) { chunk_store(vbase + i7, c7, row_max, logden); }
+    if (i8 < nv) { chunk_store(vbase + i8, c8, row_max, logden); }
+    if (i9 < nv) { chunk_store(vbase + i9, c9, row_max, logden); }
+    if (i10 < nv) { chunk_store(vbase + i10, c10, row_max, logden); }
+    if (i11 < nv) { chunk_store(vbase + i11, c11, row_max, logden); }
+    if (i12 < nv) { chunk_store(vbase + i12, c12, row_max, logden); }
+    if (i13 < nv) { chunk_store(vbase + i13, c13, row_max, logden); }
+    if (i14 < nv) { chunk_store(vbase + i14, c14, row_max, logden); }
+    if (i15 < nv) { chunk_store(vbase + i15, c15, row_max, logden); }
+    if (i16 < nv) { chunk_store(vbase + i16, c16, row_max, logden); }
+    if (i17 < nv) { chunk_store(vbase + i17, c17, row_max, logden); }
+    if (i18 < nv) { chunk_store(vbase + i18, c18, row_max, logden); }
+    if (i19 < nv) { chunk_store(vbase + i19, c19, row_max, logden); }
+    if (i20 < nv) { chunk_store(vbase + i20, c20, row_max, logden); }
+    if (i21 < nv) { chunk_store(vbase + i21, c21, row_max, logden); }
+    if (i22 < nv) { chunk_store(vbase + i22, c22, row_max, logden); }
+    if (i23 < nv) { chunk_store(vbase + i23, c23, row_max, logden); }
+    if (i24 < nv) { chunk_store(vbase + i24, c24, row_max, logden); }
+    if (i25 < nv) { chunk_store(vbase + i25, c25, row_max, logden); }
+    if (i26 < nv) { chunk_store(vbase + i26, c26, row_max, logden); }
+    if (i27 < nv) { chunk_store(vbase + i27, c27, row_max, logden); }
+    if (i28 < nv) { chunk_store(vbase + i28, c28, row_max, logden); }
+    if (i29 < nv) { chunk_store(vbase + i29, c29, row_max, logden); }
+    if (i30 < nv) { chunk_store(vbase + i30, c30, row_max, logden); }
+    if (i31 < nv) { chunk_store(vbase + i31, c31, row_max, logden); }
+}
