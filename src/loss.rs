@@ -434,8 +434,8 @@ pub struct CrossEntropySaved {
 
 impl CrossEntropySaved {
     /// Per-row statistics `[rows, 8]` F32: cross-entropy part, z-loss part, target weight,
-    /// counted (1/0), correct (1/0), row maximum, log denominator, and `Σ_c w_c` (smoothing)
-    /// or `Σ_c t_c` (soft targets). Maximum and log denominator are kept separately.
+    /// counted (1/0), correct (1/0), row maximum, log denominator, and `Σ_c w_c` (with label
+    /// smoothing; 0 without) or `Σ_c t_c` (soft targets). Maximum and log denominator are kept separately.
     pub fn rows_matrix(&self) -> &Tensor {
         &self.rows_matrix
     }

@@ -382,8 +382,12 @@ fn ce_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         }
     }
     let rs = row_stats(st, lid);
-    let sum_wz = workgroup_sum(wz, lid);
-    let sum_w = workgroup_sum(wsum, lid);
+    var sum_wz = 0.0;
+    var sum_w = 0.0;
+    if (eps > 0.0) { // uniform: a parameter
+        sum_wz = workgroup_sum(wz, lid);
+        sum_w = workgroup_sum(wsum, lid);
+    }
     let arg = workgroup_argmax(best, best_index, lid);
     if (lid == 0u) {
         let t = labels[row];
@@ -934,8 +938,12 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         }
     }
     let rs = row_stats(lane.st, lid);
-    let sum_wz = workgroup_sum(lane.wz, lid);
-    let sum_w = workgroup_sum(lane.wsum, lid);
+    var sum_wz = 0.0;
+    var sum_w = 0.0;
+    if (eps > 0.0) { // uniform: a parameter
+        sum_wz = workgroup_sum(lane.wz, lid);
+        sum_w = workgroup_sum(lane.wsum, lid);
+    }
     let arg = workgroup_argmax(lane.best, lane.best_index, lid);
     if (lid == 0u) {
         let t = labels[row];
