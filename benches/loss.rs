@@ -93,8 +93,8 @@ fn losses(c: &mut Criterion) {
         }
         for shape in ROW_SHAPES {
             let x = logits(&engine, &shape, dtype).expect("input");
-            let dy = logits(&engine, &shape, DType::F32).expect("cotangent");
-            let grad_bytes = dy.byte_len();
+            let dy = logits(&engine, &shape, dtype).expect("cotangent");
+            let grad_bytes = (shape[0] * shape[1] * 4) as u64;
             let (_, s_soft) = loss::softmax(&x).expect("softmax");
             let (_, s_log) = loss::log_softmax(&x).expect("log_softmax");
             let (_, s_sparse) = loss::sparsemax(&x).expect("sparsemax");
@@ -111,7 +111,7 @@ fn losses(c: &mut Criterion) {
                 &engine,
                 &format!("softmax_backward_{d}"),
                 &shape,
-                x.byte_len() + 2 * grad_bytes,
+                x.byte_len() + dy.byte_len() + grad_bytes,
                 || loss::softmax_backward(&s_soft, &dy).map(drop),
             );
             time(
@@ -127,7 +127,7 @@ fn losses(c: &mut Criterion) {
                 &engine,
                 &format!("log_softmax_backward_{d}"),
                 &shape,
-                x.byte_len() + 2 * grad_bytes,
+                x.byte_len() + dy.byte_len() + grad_bytes,
                 || loss::softmax_backward(&s_log, &dy).map(drop),
             );
             time(
@@ -143,7 +143,7 @@ fn losses(c: &mut Criterion) {
                 &engine,
                 &format!("sparsemax_backward_{d}"),
                 &shape,
-                x.byte_len() + 2 * grad_bytes,
+                x.byte_len() + dy.byte_len() + grad_bytes,
                 || loss::sparsemax_backward(&s_sparse, &dy).map(drop),
             );
             let (lx, _) = loss::log_softmax(&x).expect("log-probabilities");

@@ -177,7 +177,8 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         }
         let rows = fitting_rows(engine, wide_rows, wide_cols);
         let x = logits(engine, &[rows, wide_cols], dtype)?;
-        let dy = logits(engine, &[rows, wide_cols], DType::F32)?;
+        // Cotangents in the input's dtype, as a model in that dtype would pass them.
+        let dy = logits(engine, &[rows, wide_cols], dtype)?;
         let (_, saved) = loss::softmax(&x)?;
         ops.push(Op::new("softmax", dname, vec![x.clone()], |i| {
             let (y, saved) = loss::softmax(&i[0])?;

@@ -14,7 +14,8 @@
 //! of 4 for F32, of 8 for F16/BF16), softmax, log-softmax and cross-entropy read whole chunks
 //! (`*_v` entry points); otherwise element by element. The softmax forward of such rows with
 //! 8·256 to 32·256 chunks (8,193–32,768 F32 or 16,385–65,536 16-bit columns) holds the row
-//! in registers and reads it once (`softmax_fwd_r`). Forwards save the row maximum and the log denominator as two values (a
+//! in registers and reads it once (`softmax_fwd_r`); the backward does the same with x and
+//! dy (same dtype) for 8·256 to 16·256 chunks (`softmax_bwd_r`). Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
 //! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
@@ -46,6 +47,8 @@ const WG: u64 = 256;
 const CE_COLS: usize = 8;
 /// Chunks per lane of the register-resident softmax forward (`RK` in the WGSL).
 const REGISTER_CHUNKS: u64 = 32;
+/// Chunks per lane of x and of dy in the register-resident softmax backward (`RB`).
+const REGISTER_BACKWARD_CHUNKS: u64 = 16;
 
 const F_WEIGHT: u32 = 1;
 const F_LABELS: u32 = 2;
@@ -265,9 +268,16 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
     };
     let consts = constants(x.dtype(), dy.dtype(), DType::F32, u32::from(saved.log));
     if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
+        // Rows of 8·WG to RB·WG chunks: x and dy held in registers, each read once.
+        let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+        let name = if chunks > 8 * WG && chunks <= REGISTER_BACKWARD_CHUNKS * WG {
+            "softmax_bwd_r"
+        } else {
+            "softmax_bwd_v"
+        };
         engine.launch(
             &KERNEL,
-            "softmax_bwd_v",
+            name,
             &consts,
             &params,
             &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],

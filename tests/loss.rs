@@ -1497,13 +1497,14 @@ fn masked_minus_infinity_logits_get_zero_probability() {
 
 #[test]
 fn register_resident_softmax_rows() {
-    // Rows of more than 8·256 and at most 32·256 vec4 chunks are read once into registers:
-    // 32,000 (the benchmark width), 20,000 and the largest (32,768 F32, 65,536 16-bit), each
-    // against the reference and the two-pass entry's statistics.
-    // (Each dtype and mode is one large pipeline that lavapipe compiles slowly: three here.)
+    // Forward: rows of more than 8·256 and at most 32·256 vec4 chunks are read once into
+    // registers: 32,000 (the benchmark width), 12,000, 20,000 and the largest (65,536
+    // 16-bit columns). Backward with dy in x's dtype: up to 16·256 chunks (12,000 F32 and
+    // 20,000 BF16 columns here; the others take the two-pass entry). Each dtype and mode is
+    // one large pipeline that lavapipe compiles slowly, so the cases are few.
     for (dtype, cols, log) in [
         (DType::F32, 32_000, false),
-        (DType::F32, 32_768, false),
+        (DType::F32, 12_000, true),
         (DType::BF16, 20_000, true),
         (DType::F16, 65_536, false),
     ] {
@@ -1544,6 +1545,11 @@ fn register_resident_softmax_rows() {
                 loss::softmax(&x).unwrap()
             };
             assert_eq!(y.to_f64().unwrap(), y2.to_f64().unwrap(), "{what}: rerun");
+            // Backward with dy in x's dtype: register-resident up to 16·256 chunks.
+            let (dy, dys) = upload(&data(160, rows * cols, -1.0, 1.0), &[rows, cols], dtype);
+            let dx = loss::softmax_backward(&saved, &dy).unwrap();
+            let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
+            assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want, F32);
         }
     }
 }

@@ -1403,3 +1403,186 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (i30 < nv) { chunk_store(vbase + i30, c30, row_max, logden); }
     if (i31 < nv) { chunk_store(vbase + i31, c31, row_max, logden); }
 }
+
+// Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
+// RB·WG chunks (16,384 F32 or 32,768 F16/BF16 columns) are read once into registers, the row
+// sum is taken from them, then dx is written. Same straight-line pattern as softmax_fwd_r.
+const RB: u32 = 16u;
+
+fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
+    var acc = softmax_bwd_acc(chunk_lo(w, DT), chunk_lo(g, DT), m, logden);
+    if (DT != DT_F32) {
+        acc = acc + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
+    }
+    return acc;
+}
+
+fn chunk_bwd_store(i: u32, w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32, total: f32) {
+    let a = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
+    if (DT == DT_F32) {
+        dx4[i] = a;
+    } else {
+        dx4[2u * i] = a;
+        dx4[2u * i + 1u] = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    let m = stats_in[2u * row];
+    let logden = stats_in[2u * row + 1u];
+    let zero = vec4<u32>(0u);
+    let i0 = lid + 0u * WG;
+    var c0 = zero;
+    var g0 = zero;
+    if (i0 < nv) {
+        c0 = x4[vbase + i0];
+        g0 = second4[vbase + i0];
+    }
+    let i1 = lid + 1u * WG;
+    var c1 = zero;
+    var g1 = zero;
+    if (i1 < nv) {
+        c1 = x4[vbase + i1];
+        g1 = second4[vbase + i1];
+    }
+    let i2 = lid + 2u * WG;
+    var c2 = zero;
+    var g2 = zero;
+    if (i2 < nv) {
+        c2 = x4[vbase + i2];
+        g2 = second4[vbase + i2];
+    }
+    let i3 = lid + 3u * WG;
+    var c3 = zero;
+    var g3 = zero;
+    if (i3 < nv) {
+        c3 = x4[vbase + i3];
+        g3 = second4[vbase + i3];
+    }
+    let i4 = lid + 4u * WG;
+    var c4 = zero;
+    var g4 = zero;
+    if (i4 < nv) {
+        c4 = x4[vbase + i4];
+        g4 = second4[vbase + i4];
+    }
+    let i5 = lid + 5u * WG;
+    var c5 = zero;
+    var g5 = zero;
+    if (i5 < nv) {
+        c5 = x4[vbase + i5];
+        g5 = second4[vbase + i5];
+    }
+    let i6 = lid + 6u * WG;
+    var c6 = zero;
+    var g6 = zero;
+    if (i6 < nv) {
+        c6 = x4[vbase + i6];
+        g6 = second4[vbase + i6];
+    }
+    let i7 = lid + 7u * WG;
+    var c7 = zero;
+    var g7 = zero;
+    if (i7 < nv) {
+        c7 = x4[vbase + i7];
+        g7 = second4[vbase + i7];
+    }
+    let i8 = lid + 8u * WG;
+    var c8 = zero;
+    var g8 = zero;
+    if (i8 < nv) {
+        c8 = x4[vbase + i8];
+        g8 = second4[vbase + i8];
+    }
+    let i9 = lid + 9u * WG;
+    var c9 = zero;
+    var g9 = zero;
+    if (i9 < nv) {
+        c9 = x4[vbase + i9];
+        g9 = second4[vbase + i9];
+    }
+    let i10 = lid + 10u * WG;
+    var c10 = zero;
+    var g10 = zero;
+    if (i10 < nv) {
+        c10 = x4[vbase + i10];
+        g10 = second4[vbase + i10];
+    }
+    let i11 = lid + 11u * WG;
+    var c11 = zero;
+    var g11 = zero;
+    if (i11 < nv) {
+        c11 = x4[vbase + i11];
+        g11 = second4[vbase + i11];
+    }
+    let i12 = lid + 12u * WG;
+    var c12 = zero;
+    var g12 = zero;
+    if (i12 < nv) {
+        c12 = x4[vbase + i12];
+        g12 = second4[vbase + i12];
+    }
+    let i13 = lid + 13u * WG;
+    var c13 = zero;
+    var g13 = zero;
+    if (i13 < nv) {
+        c13 = x4[vbase + i13];
+        g13 = second4[vbase + i13];
+    }
+    let i14 = lid + 14u * WG;
+    var c14 = zero;
+    var g14 = zero;
+    if (i14 < nv) {
+        c14 = x4[vbase + i14];
+        g14 = second4[vbase + i14];
+    }
+    let i15 = lid + 15u * WG;
+    var c15 = zero;
+    var g15 = zero;
+    if (i15 < nv) {
+        c15 = x4[vbase + i15];
+        g15 = second4[vbase + i15];
+    }
+    var acc = 0.0;
+    if (i0 < nv) { acc = acc + chunk_bwd_acc(c0, g0, m, logden); }
+    if (i1 < nv) { acc = acc + chunk_bwd_acc(c1, g1, m, logden); }
+    if (i2 < nv) { acc = acc + chunk_bwd_acc(c2, g2, m, logden); }
+    if (i3 < nv) { acc = acc + chunk_bwd_acc(c3, g3, m, logden); }
+    if (i4 < nv) { acc = acc + chunk_bwd_acc(c4, g4, m, logden); }
+    if (i5 < nv) { acc = acc + chunk_bwd_acc(c5, g5, m, logden); }
+    if (i6 < nv) { acc = acc + chunk_bwd_acc(c6, g6, m, logden); }
+    if (i7 < nv) { acc = acc + chunk_bwd_acc(c7, g7, m, logden); }
+    if (i8 < nv) { acc = acc + chunk_bwd_acc(c8, g8, m, logden); }
+    if (i9 < nv) { acc = acc + chunk_bwd_acc(c9, g9, m, logden); }
+    if (i10 < nv) { acc = acc + chunk_bwd_acc(c10, g10, m, logden); }
+    if (i11 < nv) { acc = acc + chunk_bwd_acc(c11, g11, m, logden); }
+    if (i12 < nv) { acc = acc + chunk_bwd_acc(c12, g12, m, logden); }
+    if (i13 < nv) { acc = acc + chunk_bwd_acc(c13, g13, m, logden); }
+    if (i14 < nv) { acc = acc + chunk_bwd_acc(c14, g14, m, logden); }
+    if (i15 < nv) { acc = acc + chunk_bwd_acc(c15, g15, m, logden); }
+    let total = workgroup_sum(acc, lid);
+    if (i0 < nv) { chunk_bwd_store(vbase + i0, c0, g0, m, logden, total); }
+    if (i1 < nv) { chunk_bwd_store(vbase + i1, c1, g1, m, logden, total); }
+    if (i2 < nv) { chunk_bwd_store(vbase + i2, c2, g2, m, logden, total); }
+    if (i3 < nv) { chunk_bwd_store(vbase + i3, c3, g3, m, logden, total); }
+    if (i4 < nv) { chunk_bwd_store(vbase + i4, c4, g4, m, logden, total); }
+    if (i5 < nv) { chunk_bwd_store(vbase + i5, c5, g5, m, logden, total); }
+    if (i6 < nv) { chunk_bwd_store(vbase + i6, c6, g6, m, logden, total); }
+    if (i7 < nv) { chunk_bwd_store(vbase + i7, c7, g7, m, logden, total); }
+    if (i8 < nv) { chunk_bwd_store(vbase + i8, c8, g8, m, logden, total); }
+    if (i9 < nv) { chunk_bwd_store(vbase + i9, c9, g9, m, logden, total); }
+    if (i10 < nv) { chunk_bwd_store(vbase + i10, c10, g10, m, logden, total); }
+    if (i11 < nv) { chunk_bwd_store(vbase + i11, c11, g11, m, logden, total); }
+    if (i12 < nv) { chunk_bwd_store(vbase + i12, c12, g12, m, logden, total); }
+    if (i13 < nv) { chunk_bwd_store(vbase + i13, c13, g13, m, logden, total); }
+    if (i14 < nv) { chunk_bwd_store(vbase + i14, c14, g14, m, logden, total); }
+    if (i15 < nv) { chunk_bwd_store(vbase + i15, c15, g15, m, logden, total); }
+}
