@@ -290,7 +290,9 @@ fn input_shape(engine: &Engine, side: usize) -> Vec<usize> {
 }
 
 fn run(args: &Args) -> Result<Report> {
-    let engine = Engine::new()?;
+    // A pool as large as the device's memory: an op's outputs reuse the previous run's buffers
+    // instead of fresh ones, which wgpu would zero-fill on first use inside the timed section.
+    let engine = Engine::builder().pool_limit(u64::MAX).build()?;
     println!("engine: {}", engine.info());
     let (copy_wanted, side, warmup, iters) = if args.quick {
         (8u64 << 20, 1024, 1, 5)
@@ -313,6 +315,7 @@ fn run(args: &Args) -> Result<Report> {
     let families: Vec<Family> = vec![
         Box::new(|| operators(&engine, &shape)),
         Box::new(|| pointwise_operators(&engine, args.quick)),
+        Box::new(|| loss_operators(&engine, args.quick)),
     ];
     for op in families.iter().flat_map(|family| match family() {
         Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -561,6 +564,169 @@ fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
                 Ok(vec![g.source, g.alpha, g.gamma, g.beta.expect("dbeta")])
             },
         ));
+    }
+    Ok(ops)
+}
+
+/// Rows of `cols` columns that fit one binding for the F32 gradient, at most `rows`.
+fn fitting_rows(engine: &Engine, rows: usize, cols: usize) -> usize {
+    let max_rows = (engine.max_binding_bytes() / (cols as u64 * 4)) as usize;
+    rows.min(max_rows).max(1)
+}
+
+/// Logits-like data of `shape` in `dtype`: ordinary values in [-8, 8).
+fn logits(engine: &Engine, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let len: usize = shape.iter().product();
+    let data: Vec<f32> = (0..len)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) % 4096) as f32 - 2048.0) / 256.0)
+        .collect();
+    cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+}
+
+/// The loss family on the issue's shapes (cross-entropy at B·T = 8·2048 rows of 131,072 and
+/// 128,256 classes, as many rows as fit one binding for the F32 gradient; softmax and the
+/// others at 4096×32,000), or small ones with `--quick`. Forward and backward separately,
+/// plus cross-entropy forward+backward. Targets are not read back (`check_targets: false`:
+/// the check synchronizes, which a timed section must not do).
+fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::loss::{self, CrossEntropyOptions, DivReduction};
+    let (ce_rows, wide_rows, wide_cols) = if quick {
+        (64, 256, 4000)
+    } else {
+        (8 * 2048, 4096, 32000)
+    };
+    let vocabularies: &[usize] = if quick { &[8192] } else { &[131_072, 128_256] };
+    let mut ops = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let dname: &'static str = dtype.name();
+        for &cols in vocabularies {
+            let rows = fitting_rows(engine, ce_rows, cols);
+            let x = logits(engine, &[rows, cols], dtype)?;
+            let targets: Vec<i32> = (0..rows).map(|r| ((r * 7919) % cols) as i32).collect();
+            let t = Tensor::from_slice(engine, &targets, &[rows])?;
+            let opts = CrossEntropyOptions {
+                check_targets: false,
+                ..Default::default()
+            };
+            // Peak memory of one forward+backward above what is live before it (logits and
+            // targets), from the engine's statistics.
+            engine.synchronize()?;
+            engine.reset_peak();
+            let before = engine.memory().live_bytes;
+            {
+                let (_, s) = loss::cross_entropy(&x, &t, &opts)?;
+                let dx = loss::cross_entropy_backward(&s, None)?;
+                engine.synchronize()?;
+                drop(dx);
+            }
+            eprintln!(
+                "  cross_entropy fwd+bwd {dname} {rows}x{cols}: peak {:.1} MiB above the inputs \
+                 (logits {:.1} MiB, dlogits {:.1} MiB)",
+                (engine.memory().peak_bytes - before) as f64 / 1048576.0,
+                x.byte_len() as f64 / 1048576.0,
+                (rows * cols * 4) as f64 / 1048576.0
+            );
+            let (_, saved) = loss::cross_entropy(&x, &t, &opts)?;
+            let o = opts.clone();
+            ops.push(Op::new(
+                "cross_entropy",
+                dname,
+                vec![x.clone(), t.clone()],
+                move |i| {
+                    let (out, saved) = loss::cross_entropy(&i[0], &i[1], &o)?;
+                    Ok(vec![
+                        out.loss,
+                        out.z_loss,
+                        out.accuracy,
+                        out.predicted.expect("integer targets"),
+                        saved.rows_matrix().clone(),
+                    ])
+                },
+            ));
+            let m = saved.rows_matrix().clone();
+            ops.push(Op::new(
+                "cross_entropy_backward",
+                dname,
+                vec![x.clone(), t.clone(), m],
+                move |_| Ok(vec![loss::cross_entropy_backward(&saved, None)?]),
+            ));
+            let o = opts.clone();
+            ops.push(Op::new(
+                "cross_entropy_fwd_bwd",
+                dname,
+                vec![x, t],
+                move |i| {
+                    let (out, saved) = loss::cross_entropy(&i[0], &i[1], &o)?;
+                    Ok(vec![out.loss, loss::cross_entropy_backward(&saved, None)?])
+                },
+            ));
+        }
+        let rows = fitting_rows(engine, wide_rows, wide_cols);
+        let x = logits(engine, &[rows, wide_cols], dtype)?;
+        // Cotangents in the input's dtype, as a model in that dtype would pass them.
+        let dy = logits(engine, &[rows, wide_cols], dtype)?;
+        let (_, saved) = loss::softmax(&x)?;
+        ops.push(Op::new("softmax", dname, vec![x.clone()], |i| {
+            let (y, saved) = loss::softmax(&i[0])?;
+            Ok(vec![y, saved.stats().clone()])
+        }));
+        let stats = saved.stats().clone();
+        ops.push(Op::new(
+            "softmax_backward",
+            dname,
+            vec![x.clone(), stats, dy.clone()],
+            move |i| Ok(vec![loss::softmax_backward(&saved, &i[2])?]),
+        ));
+        let (_, saved) = loss::log_softmax(&x)?;
+        ops.push(Op::new("log_softmax", dname, vec![x.clone()], |i| {
+            let (y, saved) = loss::log_softmax(&i[0])?;
+            Ok(vec![y, saved.stats().clone()])
+        }));
+        let stats = saved.stats().clone();
+        ops.push(Op::new(
+            "log_softmax_backward",
+            dname,
+            vec![x.clone(), stats, dy.clone()],
+            move |i| Ok(vec![loss::softmax_backward(&saved, &i[2])?]),
+        ));
+        if dtype == DType::F32 {
+            let (_, saved) = loss::sparsemax(&x)?;
+            ops.push(Op::new("sparsemax", dname, vec![x.clone()], |i| {
+                let (y, saved) = loss::sparsemax(&i[0])?;
+                Ok(vec![y, saved.stats().clone()])
+            }));
+            let stats = saved.stats().clone();
+            ops.push(Op::new(
+                "sparsemax_backward",
+                dname,
+                vec![x.clone(), stats, dy.clone()],
+                move |i| Ok(vec![loss::sparsemax_backward(&saved, &i[2])?]),
+            ));
+        }
+        // Divergences on log-probabilities (KL, JSD) and probabilities (TVD).
+        let (lx, _) = loss::log_softmax(&x)?;
+        let (lt, _) = loss::log_softmax(&cast::cast(&dy, dtype)?)?;
+        let (px, _) = loss::softmax(&x)?;
+        let (pt, _) = loss::softmax(&cast::cast(&dy, dtype)?)?;
+        let divergences: [(&'static str, &'static str, Tensor, Tensor); 3] = [
+            ("kl_div", "kl_div_backward", lx.clone(), lt.clone()),
+            ("jsd", "jsd_backward", lx, lt),
+            ("tvd", "tvd_backward", px, pt),
+        ];
+        for (fwd, bwd, a, b) in divergences {
+            let run = move |i: &[Tensor]| match fwd {
+                "kl_div" => loss::kl_div(&i[0], &i[1], true, DivReduction::BatchMean),
+                "jsd" => loss::jsd(&i[0], &i[1], 0.5, None, -100),
+                _ => loss::tvd(&i[0], &i[1], DivReduction::BatchMean, None, -100),
+            };
+            let (_, saved) = run(&[a.clone(), b.clone()])?;
+            ops.push(Op::new(fwd, dname, vec![a.clone(), b.clone()], move |i| {
+                Ok(vec![run(i)?.0])
+            }));
+            ops.push(Op::new(bwd, dname, vec![a, b], move |_| {
+                Ok(vec![loss::divergence_backward(&saved, None)?])
+            }));
+        }
     }
     Ok(ops)
 }

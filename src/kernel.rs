@@ -74,6 +74,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::norm::KERNEL,
         &crate::activation::KERNEL,
         &crate::rope::KERNEL,
+        &crate::loss::KERNEL,
     ];
     REGISTRY
 }

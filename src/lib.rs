@@ -25,6 +25,7 @@ pub mod engine;
 pub mod error;
 pub mod gradcheck;
 pub mod kernel;
+pub mod loss;
 pub mod msl;
 pub mod norm;
 pub mod reduce;

@@ -3,6 +3,7 @@
 //! storage dtype. The `check` example prints it; a test makes sure every registered kernel is
 //! covered by some check.
 
+mod loss;
 mod norm;
 mod pointwise;
 
@@ -60,6 +61,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .into_iter()
     .chain(norm::operators())
     .chain(pointwise::operators())
+    .chain(loss::operators())
     .collect()
 }
 

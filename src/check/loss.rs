@@ -1,0 +1,440 @@
+//! Checks of the loss family (`crate::loss`).
+
+use super::*;
+
+/// This family's operator checks, in report order.
+pub(super) fn operators() -> Vec<OperatorCheck> {
+    vec![
+        OperatorCheck {
+            name: "softmax",
+            kernels: &["loss"],
+            run: |e| check_softmax(e, false),
+        },
+        OperatorCheck {
+            name: "log_softmax",
+            kernels: &["loss"],
+            run: |e| check_softmax(e, true),
+        },
+        OperatorCheck {
+            name: "sparsemax",
+            kernels: &["loss"],
+            run: check_sparsemax,
+        },
+        OperatorCheck {
+            name: "cross_entropy",
+            kernels: &["loss", "reduce"],
+            run: check_cross_entropy,
+        },
+        OperatorCheck {
+            name: "cross_entropy_soft",
+            kernels: &["loss", "reduce"],
+            run: check_cross_entropy_soft,
+        },
+        OperatorCheck {
+            name: "kl_div",
+            kernels: &["loss", "reduce"],
+            run: |e| check_divergence(e, LossDivergence::Kl),
+        },
+        OperatorCheck {
+            name: "jsd",
+            kernels: &["loss", "reduce"],
+            run: |e| check_divergence(e, LossDivergence::Jsd),
+        },
+        OperatorCheck {
+            name: "tvd",
+            kernels: &["loss", "reduce"],
+            run: |e| check_divergence(e, LossDivergence::Tvd),
+        },
+    ]
+}
+
+// ---- loss family ----------------------------------------------------------------------------
+
+/// Rows × columns the loss checks run on: tiny, ragged (odd widths take the F32-then-narrow
+/// path for 16-bit outputs), more columns than lanes, and whole vec4 chunks in every dtype.
+const LOSS_SHAPES: [(usize, usize); 4] = [(1, 1), (5, 37), (3, 700), (2, 64)];
+
+fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
+    use crate::loss;
+    use crate::reference::loss as r;
+    let mut rng = Rng::new(40);
+    let mut cases = Vec::new();
+    for (rows, cols) in LOSS_SHAPES {
+        for dtype in DType::FLOATS {
+            let (x, xs) = tensor_from_f64(
+                engine,
+                &rng.vec(rows * cols, -4.0, 4.0),
+                &[rows, cols],
+                dtype,
+            )?;
+            let (dy, dys) = tensor_from_f64(
+                engine,
+                &rng.vec(rows * cols, -1.0, 1.0),
+                &[rows, cols],
+                DType::F32,
+            )?;
+            let (y, saved) = if log {
+                loss::log_softmax(&x)?
+            } else {
+                loss::softmax(&x)?
+            };
+            let want = if log {
+                r::log_softmax(&xs, rows, cols)
+            } else {
+                r::softmax(&xs, rows, cols)
+            };
+            cases.push(case(
+                format!("{rows}x{cols} {dtype} y"),
+                &y.to_f64()?,
+                &want,
+                Tolerance::for_dtype(dtype),
+            ));
+            let dx = loss::softmax_backward(&saved, &dy)?;
+            let want = r::softmax_backward(&xs, &dys, rows, cols, log);
+            cases.push(case(
+                format!("{rows}x{cols} {dtype} dx"),
+                &dx.to_f64()?,
+                &want,
+                Tolerance::for_dtype(DType::F32),
+            ));
+        }
+    }
+    Ok(cases)
+}
+
+fn check_sparsemax(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::loss;
+    use crate::reference::loss as r;
+    let mut rng = Rng::new(41);
+    let mut cases = Vec::new();
+    for (rows, cols) in LOSS_SHAPES {
+        for dtype in DType::FLOATS {
+            let (x, xs) = tensor_from_f64(
+                engine,
+                &rng.vec(rows * cols, -2.0, 2.0),
+                &[rows, cols],
+                dtype,
+            )?;
+            let (dy, dys) = tensor_from_f64(
+                engine,
+                &rng.vec(rows * cols, -1.0, 1.0),
+                &[rows, cols],
+                DType::F32,
+            )?;
+            let (y, saved) = loss::sparsemax(&x)?;
+            cases.push(case(
+                format!("{rows}x{cols} {dtype} y"),
+                &y.to_f64()?,
+                &r::sparsemax(&xs, rows, cols),
+                Tolerance::for_dtype(dtype),
+            ));
+            let dx = loss::sparsemax_backward(&saved, &dy)?;
+            let want = r::sparsemax_backward(&xs, &dys, rows, cols);
+            cases.push(case(
+                format!("{rows}x{cols} {dtype} dx"),
+                &dx.to_f64()?,
+                &want,
+                Tolerance::for_dtype(DType::F32),
+            ));
+        }
+    }
+    Ok(cases)
+}
+
+fn check_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::loss::{self, CrossEntropyOptions, Reduction};
+    use crate::reference::loss::{self as r, CrossEntropyConfig};
+    let mut rng = Rng::new(42);
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(1, 1), (7, 100), (3, 700)] {
+        for dtype in DType::FLOATS {
+            // Liger's "all options" case, plus the plain one; a quarter of the rows ignored.
+            let weight = stored_values(&rng.vec(cols, 0.2, 1.5), DType::F32);
+            let configs = [
+                ("plain", CrossEntropyConfig::default()),
+                (
+                    "all options",
+                    CrossEntropyConfig {
+                        ignore_index: 42,
+                        label_smoothing: f64::from(0.1f32),
+                        z_loss: f64::from(1e-4f32),
+                        softcap: Some(30.0),
+                        weight: Some(weight.clone()),
+                        reduction: Reduction::Mean,
+                    },
+                ),
+            ];
+            for (name, cfg) in configs {
+                for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+                    let cfg = CrossEntropyConfig {
+                        reduction,
+                        ..cfg.clone()
+                    };
+                    let targets: Vec<i32> = (0..rows)
+                        .map(|i| {
+                            if i % 4 == 1 {
+                                cfg.ignore_index
+                            } else {
+                                (rng.next_u32() as usize % cols) as i32
+                            }
+                        })
+                        .collect();
+                    let (x, xs) = tensor_from_f64(
+                        engine,
+                        &rng.vec(rows * cols, -6.0, 6.0),
+                        &[rows, cols],
+                        dtype,
+                    )?;
+                    let t = Tensor::from_slice(engine, &targets, &[rows])?;
+                    let options = CrossEntropyOptions {
+                        ignore_index: cfg.ignore_index,
+                        label_smoothing: cfg.label_smoothing as f32,
+                        z_loss: cfg.z_loss as f32,
+                        softcap: cfg.softcap.map(|c| c as f32),
+                        weight: match &cfg.weight {
+                            Some(w) => Some(tensor_from_f64(engine, w, &[cols], DType::F32)?.0),
+                            None => None,
+                        },
+                        reduction,
+                        check_targets: true,
+                    };
+                    let (out, saved) = loss::cross_entropy(&x, &t, &options)?;
+                    let want = r::cross_entropy(&xs, &targets, rows, cols, &cfg);
+                    let label = format!("{name} {reduction:?} {rows}x{cols} {dtype}");
+                    cases.push(case(
+                        format!("{label} loss"),
+                        &out.loss.to_f64()?,
+                        &want.loss,
+                        f32_tol,
+                    ));
+                    cases.push(case(
+                        format!("{label} z_loss"),
+                        &out.z_loss.to_f64()?,
+                        &want.z_loss,
+                        f32_tol,
+                    ));
+                    cases.push(case(
+                        format!("{label} accuracy"),
+                        &out.accuracy.to_f64()?,
+                        &[want.accuracy],
+                        f32_tol,
+                    ));
+                    if let Some(p) = &out.predicted {
+                        let got: Vec<f64> = p.to_vec::<i32>()?.into_iter().map(f64::from).collect();
+                        let want: Vec<f64> = want.predicted.iter().map(|&v| f64::from(v)).collect();
+                        cases.push(case(
+                            format!("{label} predicted"),
+                            &got,
+                            &want,
+                            Tolerance::EXACT,
+                        ));
+                    }
+                    let n = if reduction == Reduction::None {
+                        rows
+                    } else {
+                        1
+                    };
+                    let g = stored_values(&rng.vec(n, -2.0, 2.0), DType::F32);
+                    let shape: &[usize] = if reduction == Reduction::None {
+                        &[rows]
+                    } else {
+                        &[]
+                    };
+                    let (gt, _) = tensor_from_f64(engine, &g, shape, DType::F32)?;
+                    let dx = loss::cross_entropy_backward(&saved, Some(&gt))?;
+                    let want = r::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &g);
+                    cases.push(case(format!("{label} dx"), &dx.to_f64()?, &want, f32_tol));
+                }
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn check_cross_entropy_soft(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::loss::{self, Reduction};
+    use crate::reference::loss as r;
+    let mut rng = Rng::new(43);
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for (rows, cols) in LOSS_SHAPES {
+        for dtype in DType::FLOATS {
+            let (x, xs) = tensor_from_f64(
+                engine,
+                &rng.vec(rows * cols, -5.0, 5.0),
+                &[rows, cols],
+                dtype,
+            )?;
+            let probs = r::softmax(&rng.vec(rows * cols, -2.0, 2.0), rows, cols);
+            let (t, ts) = tensor_from_f64(engine, &probs, &[rows, cols], dtype)?;
+            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+                let (out, saved) = loss::cross_entropy_soft(&x, &t, reduction)?;
+                let want = r::cross_entropy_soft(&xs, &ts, rows, cols, reduction);
+                let label = format!("{reduction:?} {rows}x{cols} {dtype}");
+                cases.push(case(
+                    format!("{label} loss"),
+                    &out.loss.to_f64()?,
+                    &want,
+                    f32_tol,
+                ));
+                let dx = loss::cross_entropy_backward(&saved, None)?;
+                let want = r::cross_entropy_soft_backward(
+                    &xs,
+                    &ts,
+                    rows,
+                    cols,
+                    reduction,
+                    &vec![1.0; want.len()],
+                );
+                cases.push(case(format!("{label} dx"), &dx.to_f64()?, &want, f32_tol));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// (label, kind, input, target, with labels, reduction) of one divergence check.
+type DivergenceRun = (
+    String,
+    crate::reference::loss::Divergence,
+    Vec<f64>,
+    Vec<f64>,
+    bool,
+    crate::loss::DivReduction,
+);
+
+#[derive(Clone, Copy)]
+enum LossDivergence {
+    Kl,
+    Jsd,
+    Tvd,
+}
+
+fn check_divergence(engine: &Engine, which: LossDivergence) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::loss::{self, DivReduction};
+    use crate::reference::loss::{self as r, Divergence};
+    let mut rng = Rng::new(44);
+    let mut cases = Vec::new();
+    for (rows, cols) in LOSS_SHAPES {
+        for dtype in DType::FLOATS {
+            let lx = r::log_softmax(&rng.vec(rows * cols, -3.0, 3.0), rows, cols);
+            let lt = r::log_softmax(&rng.vec(rows * cols, -3.0, 3.0), rows, cols);
+            let labels: Vec<i32> = (0..rows)
+                .map(|i| if i % 2 == 1 { -100 } else { 0 })
+                .collect();
+            let lab = Tensor::from_slice(engine, &labels, &[rows])?;
+            let runs: Vec<DivergenceRun> = match which {
+                LossDivergence::Kl => [
+                    DivReduction::None,
+                    DivReduction::Sum,
+                    DivReduction::Mean,
+                    DivReduction::BatchMean,
+                ]
+                .into_iter()
+                .flat_map(|red| {
+                    let p: Vec<f64> = lt.iter().map(|v| v.exp()).collect();
+                    [
+                        (
+                            format!("{red:?}"),
+                            Divergence::Kl { log_target: false },
+                            lx.clone(),
+                            p,
+                            false,
+                            red,
+                        ),
+                        (
+                            format!("{red:?} log_target"),
+                            Divergence::Kl { log_target: true },
+                            lx.clone(),
+                            lt.clone(),
+                            false,
+                            red,
+                        ),
+                    ]
+                })
+                .collect(),
+                LossDivergence::Jsd => [0.0, 0.5, 1.0]
+                    .into_iter()
+                    .map(|beta| {
+                        (
+                            format!("beta {beta} labels"),
+                            Divergence::Jsd { beta },
+                            lx.clone(),
+                            lt.clone(),
+                            true,
+                            DivReduction::BatchMean,
+                        )
+                    })
+                    .collect(),
+                LossDivergence::Tvd => {
+                    let p: Vec<f64> = lx.iter().map(|v| v.exp()).collect();
+                    let q: Vec<f64> = lt.iter().map(|v| v.exp()).collect();
+                    [
+                        DivReduction::None,
+                        DivReduction::Sum,
+                        DivReduction::Mean,
+                        DivReduction::BatchMean,
+                    ]
+                    .into_iter()
+                    .map(|red| {
+                        (
+                            format!("{red:?} labels"),
+                            Divergence::Tvd,
+                            p.clone(),
+                            q.clone(),
+                            true,
+                            red,
+                        )
+                    })
+                    .collect()
+                }
+            };
+            for (name, kind, xv, tv, use_labels, reduction) in runs {
+                let (x, xs) = tensor_from_f64(engine, &xv, &[rows, cols], dtype)?;
+                let (t, ts) = tensor_from_f64(engine, &tv, &[rows, cols], dtype)?;
+                let l = use_labels.then_some(&lab);
+                let (loss_value, saved) = match kind {
+                    Divergence::Kl { log_target } => loss::kl_div(&x, &t, log_target, reduction)?,
+                    Divergence::Jsd { beta } => loss::jsd(&x, &t, beta as f32, l, -100)?,
+                    Divergence::Tvd => loss::tvd(&x, &t, reduction, l, -100)?,
+                };
+                let lref = use_labels.then_some(&labels[..]);
+                let want = r::divergence(kind, &xs, &ts, rows, cols, lref, -100, reduction);
+                // Row sums of `cols` terms in FP32: the absolute budget grows with the row.
+                let tol = Tolerance {
+                    abs: 1e-5 * (1.0 + cols as f64 / 256.0),
+                    ..Tolerance::for_dtype(DType::F32)
+                };
+                let label = format!("{name} {rows}x{cols} {dtype}");
+                cases.push(case(
+                    format!("{label} loss"),
+                    &loss_value.to_f64()?,
+                    &want,
+                    tol,
+                ));
+                let dx = loss::divergence_backward(&saved, None)?;
+                let want = r::divergence_backward(
+                    kind,
+                    &xs,
+                    &ts,
+                    rows,
+                    cols,
+                    lref,
+                    -100,
+                    reduction,
+                    &vec![1.0; want.len()],
+                );
+                cases.push(case(
+                    format!("{label} dx"),
+                    &dx.to_f64()?,
+                    &want,
+                    Tolerance::for_dtype(DType::F32),
+                ));
+            }
+        }
+    }
+    Ok(cases)
+}

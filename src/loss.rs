@@ -1,0 +1,1182 @@
+//! Losses and normalizers over the last axis, forward and backward: [`softmax`],
+//! [`log_softmax`], [`sparsemax`], [`cross_entropy`] (integer targets, with ignore_index, label
+//! smoothing, z-loss, logit softcap and class weights), [`cross_entropy_soft`] (probability
+//! targets), [`kl_div`], [`jsd`] and [`tvd`].
+//!
+//! Shapes: the last axis is the class axis, leading axes flatten to rows. Inputs are F32, F16
+//! or BF16 storage; every statistic, loss and gradient is computed and returned in F32. The
+//! row outputs of softmax, log-softmax and sparsemax have the input's dtype.
+//!
+//! How it runs: one workgroup of 256 lanes per row; lane `t` takes columns `t, t+256, ...` with
+//! an online maximum and sum of exponentials, and lanes meet in fixed-order trees, so a row of
+//! any width (tested to 262,144 classes) is one or two passes over the logits and never sits
+//! in workgroup memory. When a row is a whole number of `vec4<u32>` chunks (columns a multiple
+//! of 4 for F32, of 8 for F16/BF16), softmax, log-softmax and cross-entropy read whole chunks
+//! (`*_v` entry points); otherwise element by element. The softmax forward of such rows with
+//! 8·256 to 32·256 chunks (8,193–32,768 F32 or 16,385–65,536 16-bit columns) holds the row
+//! in registers and reads it once (`softmax_fwd_r`); the backward does the same with x and
+//! dy (same dtype) for 8·256 to 16·256 chunks (`softmax_bwd_r`). Forwards save the row maximum and the log denominator as two values (a
+//! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
+//! probabilities from the saved input and statistics, so no probability matrix is ever stored.
+//! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
+//! then a one-thread finish kernel; no atomics, reruns are bit-identical.
+//!
+//! Bounds: any number of columns ≥ 1 (cross-entropy, sparsemax, divergences; softmax also
+//! accepts 0) and of rows, as long as every tensor (the F32 gradient included) fits one storage
+//! binding, else `Error::LimitExceeded`; row counts are exact up to 2²⁴ counted rows (they
+//! are summed in F32). Scratch beyond the outputs: the per-row matrix of the cross-entropy
+//! (`32·rows` bytes plus its column-sum partials) and of the divergences (`8·rows`), see
+//! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`].
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Constants, Kernel};
+use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
+use crate::{DType, Engine, Error, Result, Tensor};
+
+/// `wgsl/loss.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "loss",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        include_str!("../wgsl/loss.wgsl"),
+    ],
+};
+
+const WG: u64 = 256;
+const CE_COLS: usize = 8;
+/// Chunks per lane of the register-resident softmax forward (`RK` in the WGSL).
+const REGISTER_CHUNKS: u64 = 32;
+/// Chunks per lane of x and of dy in the register-resident softmax backward (`RB`).
+const REGISTER_BACKWARD_CHUNKS: u64 = 16;
+
+const F_WEIGHT: u32 = 1;
+const F_LABELS: u32 = 2;
+const F_LOG_TARGET: u32 = 4;
+const F_COT_ROW: u32 = 8;
+const F_COT_ELEM: u32 = 16;
+const F_MEAN: u32 = 32;
+const F_BATCHMEAN: u32 = 64;
+
+#[derive(encase::ShaderType, Default)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    flags: u32,
+    ignore_index: i32,
+    a: f32,
+    b: f32,
+    c: f32,
+    d: f32,
+}
+
+fn constants(dt: DType, tdt: DType, odt: DType, mode: u32) -> Constants {
+    vec![
+        ("DT", f64::from(dt.code())),
+        ("TDT", f64::from(tdt.code())),
+        ("ODT", f64::from(odt.code())),
+        ("MODE", f64::from(mode)),
+    ]
+}
+
+fn float_input(x: &Tensor, what: &str) -> Result<()> {
+    if x.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, x.dtype(), &DType::FLOATS))
+    }
+}
+
+fn u32_extent(what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::bounds(what, n as u64, 0, u64::from(u32::MAX)))
+}
+
+fn finite(what: &str, v: f64, rule: &str, ok: bool) -> Result<()> {
+    if ok && v.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: what.into(),
+            got: v,
+            rule: rule.into(),
+        })
+    }
+}
+
+/// (rows, cols) of a float input with every extent checked against the kernels' u32 indices.
+fn matrix(x: &Tensor, what: &str) -> Result<(usize, usize)> {
+    float_input(x, what)?;
+    let (rows, cols) = rows_cols(x);
+    u32_extent(&format!("{what}: rows"), rows)?;
+    u32_extent(&format!("{what}: columns"), cols)?;
+    u32_extent(&format!("{what}: elements"), x.len())?;
+    Ok((rows, cols))
+}
+
+fn leading(x: &Tensor) -> &[usize] {
+    &x.shape()[..x.shape().len().saturating_sub(1)]
+}
+
+fn same_shape(what: &str, expected: &Tensor, got: &Tensor) -> Result<()> {
+    if expected.shape() == got.shape() {
+        Ok(())
+    } else {
+        Err(Error::shape(what, expected.shape(), got.shape()))
+    }
+}
+
+fn classes_at_least_one(what: &str, cols: usize) -> Result<()> {
+    if cols == 0 {
+        return Err(Error::bounds(
+            format!("{what}: classes"),
+            0,
+            1,
+            u64::from(u32::MAX),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether rows of `cols` elements of `dtype` are whole vec4<u32> chunks (4 F32 or 8 16-bit
+/// elements), so the vectorized entry points apply.
+fn vectorized(dtype: DType, cols: usize) -> bool {
+    let chunk = if dtype == DType::F32 { 4 } else { 8 };
+    cols > 0 && cols.is_multiple_of(chunk)
+}
+
+fn check_engine(engine: &Engine, tensors: &[(&Tensor, &str)]) -> Result<()> {
+    for (t, what) in tensors {
+        t.check_engine(engine, what)?;
+    }
+    Ok(())
+}
+
+/// A row output of `x`'s shape and dtype, written by `entry` (directly, or through an F32
+/// temporary narrowed by `cast` when a 16-bit row does not start on a word boundary).
+fn row_output(
+    x: &Tensor,
+    entry: &str,
+    mode: u32,
+    rows: usize,
+    cols: usize,
+) -> Result<(Tensor, Tensor)> {
+    let engine = x.engine();
+    let direct = x.dtype() == DType::F32 || cols.is_multiple_of(2);
+    let odt = if direct { x.dtype() } else { DType::F32 };
+    let out = Tensor::empty(engine, x.shape(), odt, entry)?;
+    let stats = Tensor::empty(engine, &[rows, 2], DType::F32, entry)?;
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        ..Default::default()
+    };
+    let consts = constants(x.dtype(), DType::F32, odt, mode);
+    if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
+        // Rows of 8·WG to RK·WG chunks stay in registers (one read); others take two passes.
+        let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+        let name = if chunks > 8 * WG && chunks <= REGISTER_CHUNKS * WG {
+            "softmax_fwd_r"
+        } else {
+            "softmax_fwd_v"
+        };
+        engine.launch(
+            &KERNEL,
+            name,
+            &consts,
+            &params,
+            &[stats.buffer(), x.buffer(), out.buffer()],
+            rows as u64,
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            entry,
+            &consts,
+            &params,
+            &[x.buffer(), out.buffer(), stats.buffer()],
+            rows as u64,
+        )?;
+    }
+    let out = if direct {
+        out
+    } else {
+        crate::cast::cast(&out, x.dtype())?
+    };
+    Ok((out, stats))
+}
+
+// ---- softmax / log-softmax ------------------------------------------------------------------
+
+/// What [`softmax`] and [`log_softmax`] keep for their backward.
+#[derive(Debug, Clone)]
+pub struct SoftmaxSaved {
+    input: Tensor,
+    stats: Tensor,
+    log: bool,
+}
+
+impl SoftmaxSaved {
+    /// `[rows, 2]` F32: per row the maximum and the log denominator `log Σ exp(x − max)`,
+    /// kept as two values.
+    pub fn stats(&self) -> &Tensor {
+        &self.stats
+    }
+}
+
+fn softmax_forward(x: &Tensor, log: bool) -> Result<(Tensor, SoftmaxSaved)> {
+    let what = if log { "log_softmax" } else { "softmax" };
+    let (rows, cols) = matrix(x, what)?;
+    let (out, stats) = row_output(x, "softmax_fwd", u32::from(log), rows, cols)?;
+    Ok((
+        out,
+        SoftmaxSaved {
+            input: x.clone(),
+            stats,
+            log,
+        },
+    ))
+}
+
+/// `softmax(x)` over the last axis, in `x`'s dtype, with the saved context for
+/// [`softmax_backward`]. Rows are shifted by their maximum; a row of −∞ gives NaN (as PyTorch).
+/// Errors: a non-float `x`, extents past the binding limit.
+pub fn softmax(x: &Tensor) -> Result<(Tensor, SoftmaxSaved)> {
+    softmax_forward(x, false)
+}
+
+/// `log_softmax(x) = (x − max) − log Σ exp(x − max)` over the last axis, in `x`'s dtype.
+pub fn log_softmax(x: &Tensor) -> Result<(Tensor, SoftmaxSaved)> {
+    softmax_forward(x, true)
+}
+
+/// Gradient of [`softmax`] or [`log_softmax`] with respect to `x` (F32, `x`'s shape) for the
+/// cotangent `dy` (any float dtype, the output's shape). Probabilities are recomputed in FP32
+/// from the saved input and statistics (not from the rounded output): softmax
+/// `dx = p (dy − Σ dy p)`, log-softmax `dx = dy − p Σ dy`.
+pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
+    let x = &saved.input;
+    let engine = x.engine();
+    check_engine(engine, &[(dy, "softmax_backward: dy")])?;
+    float_input(dy, "softmax_backward: dy")?;
+    same_shape("softmax_backward: dy", x, dy)?;
+    let (rows, cols) = rows_cols(x);
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "softmax_backward")?;
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        ..Default::default()
+    };
+    let consts = constants(x.dtype(), dy.dtype(), DType::F32, u32::from(saved.log));
+    if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
+        // Rows of 8·WG to RB·WG chunks: x and dy held in registers, each read once.
+        let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+        let name = if chunks > 8 * WG && chunks <= REGISTER_BACKWARD_CHUNKS * WG {
+            "softmax_bwd_r"
+        } else {
+            "softmax_bwd_v"
+        };
+        engine.launch(
+            &KERNEL,
+            name,
+            &consts,
+            &params,
+            &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],
+            rows as u64,
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "softmax_bwd",
+            &consts,
+            &params,
+            &[x.buffer(), saved.stats.buffer(), dy.buffer(), dx.buffer()],
+            rows as u64,
+        )?;
+    }
+    Ok(dx)
+}
+
+// ---- sparsemax --------------------------------------------------------------------------
+
+/// What [`sparsemax`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct SparsemaxSaved {
+    input: Tensor,
+    stats: Tensor,
+}
+
+impl SparsemaxSaved {
+    /// `[rows, 2]` F32: per row the maximum `m` and the threshold `τ'` relative to it
+    /// (`y = max(x − m − τ', 0)`; the support is `{x − m > τ'}`).
+    pub fn stats(&self) -> &Tensor {
+        &self.stats
+    }
+}
+
+/// `sparsemax(x)` over the last axis (Martins & Astudillo 2016): the Euclidean projection of
+/// each row onto the probability simplex, `y = max(x − τ, 0)` with `Σ y = 1`, in `x`'s dtype.
+/// τ is found exactly by Michelot's fixed point: each round is one pass over the row and the
+/// support only shrinks, so it ends; typical rows take 5–15 rounds (13 for 262,144 uniform
+/// values), the worst case one round per support element. Elements equal to τ are outside the support. Errors: a non-float `x`, zero
+/// columns (`OutOfBounds`), extents past the binding limit.
+pub fn sparsemax(x: &Tensor) -> Result<(Tensor, SparsemaxSaved)> {
+    let (rows, cols) = matrix(x, "sparsemax")?;
+    if rows > 0 {
+        classes_at_least_one("sparsemax", cols)?;
+    }
+    let (out, stats) = row_output(x, "sparsemax_fwd", 0, rows, cols)?;
+    Ok((
+        out,
+        SparsemaxSaved {
+            input: x.clone(),
+            stats,
+        },
+    ))
+}
+
+/// Gradient of [`sparsemax`] (F32): on the support `dx = dy − mean_support(dy)`, else 0.
+pub fn sparsemax_backward(saved: &SparsemaxSaved, dy: &Tensor) -> Result<Tensor> {
+    let x = &saved.input;
+    let engine = x.engine();
+    check_engine(engine, &[(dy, "sparsemax_backward: dy")])?;
+    float_input(dy, "sparsemax_backward: dy")?;
+    same_shape("sparsemax_backward: dy", x, dy)?;
+    let (rows, cols) = rows_cols(x);
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "sparsemax_backward")?;
+    engine.launch(
+        &KERNEL,
+        "sparsemax_bwd",
+        &constants(x.dtype(), dy.dtype(), DType::F32, 0),
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            ..Default::default()
+        },
+        &[x.buffer(), saved.stats.buffer(), dy.buffer(), dx.buffer()],
+        rows as u64,
+    )?;
+    Ok(dx)
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------
+
+/// How per-row losses combine (cross-entropy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// Per-row losses, shape = the logits' leading axes.
+    None,
+    /// Sum over counted rows (a scalar, shape `[]`).
+    Sum,
+    /// Mean (a scalar): see [`CrossEntropyOptions`] for the denominators.
+    #[default]
+    Mean,
+}
+
+/// Options of [`cross_entropy`]; `Default` is PyTorch's and Liger's defaults.
+#[derive(Debug, Clone)]
+pub struct CrossEntropyOptions {
+    /// Targets equal to this are skipped: zero loss, zero gradient, not counted (default −100).
+    pub ignore_index: i32,
+    /// Uniform label smoothing ε in [0, 1]: the target distribution is
+    /// `(1 − ε)·onehot + ε/classes` (default 0).
+    pub label_smoothing: f32,
+    /// z-loss coefficient ≥ 0: adds `coef·lse²` to each counted row (default 0; Liger's
+    /// `lse_square_scale`).
+    pub z_loss: f32,
+    /// Logit softcap > 0: logits become `cap·tanh(x/cap)` before the loss (default none).
+    pub softcap: Option<f32>,
+    /// Per-class weights, F32 `[classes]` (default none). As PyTorch: the row loss is scaled
+    /// by `w_target`, smoothing terms by `w_c`, and the mean divides by `Σ w_target` over
+    /// counted rows.
+    pub weight: Option<Tensor>,
+    /// Reduction (default mean). Mean divides the cross-entropy part by the number of counted
+    /// rows (or by `Σ w_target` with weights) and the z-loss part by the counted rows; with no
+    /// counted row (or a zero weight sum) the loss and the gradient are zero.
+    pub reduction: Reduction,
+    /// Read the targets back to the host and reject any outside `[0, classes)` other than
+    /// `ignore_index` with `Error::OutOfBounds` (default true). **This synchronizes**: it
+    /// submits pending work and waits for it. With `false` nothing is read back and such rows
+    /// are treated as ignored by the kernels (they are never used as an index).
+    pub check_targets: bool,
+}
+
+impl Default for CrossEntropyOptions {
+    fn default() -> Self {
+        CrossEntropyOptions {
+            ignore_index: -100,
+            label_smoothing: 0.0,
+            z_loss: 0.0,
+            softcap: None,
+            weight: None,
+            reduction: Reduction::Mean,
+            check_targets: true,
+        }
+    }
+}
+
+/// Outputs of [`cross_entropy`] and [`cross_entropy_soft`] (all F32 except `predicted`).
+#[derive(Debug, Clone)]
+pub struct CrossEntropyOutput {
+    /// The loss: `[]` for sum/mean, the leading shape for none (cross-entropy + z-loss).
+    pub loss: Tensor,
+    /// The z-loss term, reduced like the loss (zeros when the coefficient is 0).
+    pub z_loss: Tensor,
+    /// Fraction of counted rows whose argmax equals the target, `[]` (0 with no counted
+    /// row; 0 for soft targets).
+    pub accuracy: Tensor,
+    /// Argmax of the raw logits per row (ties to the lowest index), I32, leading shape; −1 on
+    /// ignored rows. Soft targets: absent.
+    pub predicted: Option<Tensor>,
+}
+
+/// What [`cross_entropy`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct CrossEntropySaved {
+    logits: Tensor,
+    targets: Option<Tensor>,
+    soft: Option<Tensor>,
+    weight: Option<Tensor>,
+    rows_matrix: Tensor,
+    finish: Tensor,
+    params: (u32, i32, f32, f32, f32),
+    reduction: Reduction,
+}
+
+impl CrossEntropySaved {
+    /// Per-row statistics `[rows, 8]` F32: cross-entropy part, z-loss part, target weight,
+    /// counted (1/0), correct (1/0), row maximum, log denominator, and `Σ_c w_c` (with label
+    /// smoothing; 0 without) or `Σ_c t_c` (soft targets). Maximum and log denominator are kept separately.
+    pub fn rows_matrix(&self) -> &Tensor {
+        &self.rows_matrix
+    }
+}
+
+/// Scratch bytes [`cross_entropy`] allocates for `rows` rows beyond its outputs: the per-row
+/// matrix, its column-sum partials and the 8-value finish buffer.
+pub fn cross_entropy_workspace_bytes(rows: usize) -> u64 {
+    (rows * CE_COLS * 4) as u64 + sum_columns_workspace_bytes(rows, CE_COLS) + 64
+}
+
+/// Scratch bytes [`kl_div`], [`jsd`] and [`tvd`] allocate for `rows` rows: the per-row
+/// `[rows, 2]` matrix, its column-sum partials and the 2-value finish buffer.
+pub fn divergence_workspace_bytes(rows: usize) -> u64 {
+    (rows * 8) as u64 + sum_columns_workspace_bytes(rows, 2) + 16
+}
+
+/// Cross-entropy of `logits` (`[..., classes]`, F32/F16/BF16) against integer `targets` (I32,
+/// the logits' leading shape), with the options of [`CrossEntropyOptions`]:
+///
+/// `loss_r = (1 − ε)·w_y·(lse − z_y) + ε/C·Σ_c w_c·(lse − z_c) + coef·lse²`, where `z` are the
+/// (softcapped) logits, `lse = max + log Σ exp(z − max)` and `y` the target.
+///
+/// Errors: non-float logits or non-I32 targets (`UnsupportedDType`), a targets or weight shape
+/// that does not match (`ShapeMismatch`), zero classes (`OutOfBounds`), ε outside [0, 1], a
+/// negative or non-finite z-loss, a softcap not > 0 (`InvalidValue`), a target outside
+/// `[0, classes)` other than `ignore_index` (`OutOfBounds` past the end, `InvalidValue` when
+/// negative; only with `check_targets`, which synchronizes), a weight that is not F32, scratch over the workspace bound
+/// (`WorkspaceExceeded`), tensors past the binding limit (`LimitExceeded`).
+pub fn cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    options: &CrossEntropyOptions,
+) -> Result<(CrossEntropyOutput, CrossEntropySaved)> {
+    let (rows, cols) = matrix(logits, "cross_entropy: logits")?;
+    let engine = logits.engine();
+    check_engine(engine, &[(targets, "cross_entropy: targets")])?;
+    if targets.dtype() != DType::I32 {
+        return Err(Error::dtype(
+            "cross_entropy: targets",
+            targets.dtype(),
+            &[DType::I32],
+        ));
+    }
+    if targets.shape() != leading(logits) {
+        return Err(Error::shape(
+            "cross_entropy: targets",
+            leading(logits),
+            targets.shape(),
+        ));
+    }
+    classes_at_least_one("cross_entropy", cols)?;
+    let eps = options.label_smoothing;
+    finite(
+        "cross_entropy: label_smoothing",
+        f64::from(eps),
+        "must be in [0, 1]",
+        (0.0..=1.0).contains(&eps),
+    )?;
+    finite(
+        "cross_entropy: z_loss",
+        f64::from(options.z_loss),
+        "must be finite and ≥ 0",
+        options.z_loss >= 0.0,
+    )?;
+    let cap = match options.softcap {
+        Some(c) => {
+            finite(
+                "cross_entropy: softcap",
+                f64::from(c),
+                "must be finite and > 0",
+                c > 0.0,
+            )?;
+            c
+        }
+        None => 0.0,
+    };
+    if let Some(w) = &options.weight {
+        check_engine(engine, &[(w, "cross_entropy: weight")])?;
+        if w.dtype() != DType::F32 {
+            return Err(Error::dtype(
+                "cross_entropy: weight",
+                w.dtype(),
+                &[DType::F32],
+            ));
+        }
+        if w.shape() != [cols] {
+            return Err(Error::shape("cross_entropy: weight", &[cols], w.shape()));
+        }
+    }
+    engine.check_workspace("cross_entropy", cross_entropy_workspace_bytes(rows))?;
+    if options.check_targets && rows > 0 {
+        let t = targets.to_vec::<i32>()?;
+        let bad = t
+            .iter()
+            .enumerate()
+            .find(|&(_, &v)| v != options.ignore_index && (v < 0 || v as i64 >= cols as i64));
+        if let Some((row, &v)) = bad {
+            let what = format!(
+                "cross_entropy: targets[{row}] (ignore_index {} also allowed)",
+                options.ignore_index
+            );
+            if v < 0 {
+                return Err(Error::InvalidValue {
+                    what,
+                    got: f64::from(v),
+                    rule: format!("must be in [0, {cols}) or ignore_index"),
+                });
+            }
+            return Err(Error::OutOfBounds {
+                what,
+                got: v as u64,
+                min: 0,
+                max: cols as u64 - 1,
+            });
+        }
+    }
+    let mut flags = 0;
+    if options.weight.is_some() {
+        flags |= F_WEIGHT;
+    }
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        flags,
+        ignore_index: options.ignore_index,
+        a: eps,
+        b: options.z_loss,
+        c: cap,
+        d: 0.0,
+    };
+    let mat = Tensor::empty(engine, &[rows, CE_COLS], DType::F32, "cross_entropy rows")?;
+    let predicted = Tensor::empty(
+        engine,
+        targets.shape(),
+        DType::I32,
+        "cross_entropy predicted",
+    )?;
+    let weight_buffer = options.weight.as_ref().unwrap_or(logits).buffer();
+    let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+    if vectorized(logits.dtype(), cols) {
+        engine.launch(
+            &KERNEL,
+            "ce_fwd_v",
+            &consts,
+            &params,
+            &[
+                mat.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                predicted.buffer(),
+                logits.buffer(),
+            ],
+            rows as u64,
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "ce_fwd",
+            &consts,
+            &params,
+            &[
+                logits.buffer(),
+                mat.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                predicted.buffer(),
+            ],
+            rows as u64,
+        )?;
+    }
+    let saved = CrossEntropySaved {
+        logits: logits.clone(),
+        targets: Some(targets.clone()),
+        soft: None,
+        weight: options.weight.clone(),
+        rows_matrix: mat,
+        finish: Tensor::zeros(engine, &[1], DType::F32)?,
+        params: (flags, options.ignore_index, eps, options.z_loss, cap),
+        reduction: options.reduction,
+    };
+    let (output, saved) = ce_finish(saved, rows)?;
+    Ok((
+        CrossEntropyOutput {
+            predicted: Some(predicted),
+            ..output
+        },
+        saved,
+    ))
+}
+
+fn ce_finish(
+    mut saved: CrossEntropySaved,
+    rows: usize,
+) -> Result<(CrossEntropyOutput, CrossEntropySaved)> {
+    let engine = saved.logits.engine().clone();
+    let mut flags = saved.params.0;
+    if saved.reduction == Reduction::Mean {
+        flags |= F_MEAN;
+    }
+    let sums = sum_columns(&saved.rows_matrix)?;
+    let finish = Tensor::empty(&engine, &[8], DType::F32, "cross_entropy finish")?;
+    engine.launch(
+        &KERNEL,
+        "ce_finish",
+        &constants(DType::F32, DType::F32, DType::F32, 0),
+        &Params {
+            flags,
+            ..Default::default()
+        },
+        &[sums.buffer(), finish.buffer()],
+        1,
+    )?;
+    let accuracy = slice_scalar(&engine, &finish, 2)?;
+    let (loss, z_loss) = if saved.reduction == Reduction::None {
+        let lead = leading(&saved.logits).to_vec();
+        let loss = Tensor::empty(&engine, &lead, DType::F32, "cross_entropy loss")?;
+        let z = Tensor::empty(&engine, &lead, DType::F32, "cross_entropy z_loss")?;
+        engine.launch(
+            &KERNEL,
+            "ce_rows",
+            &constants(DType::F32, DType::F32, DType::F32, 0),
+            &Params {
+                rows: rows as u32,
+                ..Default::default()
+            },
+            &[saved.rows_matrix.buffer(), loss.buffer(), z.buffer()],
+            (rows as u64).div_ceil(WG),
+        )?;
+        (loss, z)
+    } else {
+        (
+            slice_scalar(&engine, &finish, 0)?,
+            slice_scalar(&engine, &finish, 1)?,
+        )
+    };
+    saved.finish = finish;
+    Ok((
+        CrossEntropyOutput {
+            loss,
+            z_loss,
+            accuracy,
+            predicted: None,
+        },
+        saved,
+    ))
+}
+
+/// A scalar `[]` F32 tensor holding element `index` of an F32 vector (a GPU copy).
+fn slice_scalar(engine: &Engine, v: &Tensor, index: u64) -> Result<Tensor> {
+    let out = Tensor::empty(engine, &[], DType::F32, "loss scalar")?;
+    engine.record(|enc| enc.copy_buffer_to_buffer(v.buffer(), index * 4, out.buffer(), 0, 4));
+    Ok(out)
+}
+
+/// Gradient of [`cross_entropy`] or [`cross_entropy_soft`] with respect to the logits (F32,
+/// the logits' shape). `cotangent`: `None` for a unit cotangent, or an F32 tensor of the
+/// loss's shape (`[]` or `[1]` for sum/mean, the leading shape for none). Targets, weights and
+/// options are those of the forward.
+pub fn cross_entropy_backward(
+    saved: &CrossEntropySaved,
+    cotangent: Option<&Tensor>,
+) -> Result<Tensor> {
+    let logits = &saved.logits;
+    let engine = logits.engine();
+    let (rows, cols) = rows_cols(logits);
+    let unit;
+    let mut flags = saved.params.0;
+    let cot = match cotangent {
+        None => {
+            unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+            &unit
+        }
+        Some(c) => {
+            check_engine(engine, &[(c, "cross_entropy_backward: cotangent")])?;
+            if c.dtype() != DType::F32 {
+                return Err(Error::dtype(
+                    "cross_entropy_backward: cotangent",
+                    c.dtype(),
+                    &[DType::F32],
+                ));
+            }
+            if saved.reduction == Reduction::None {
+                if c.shape() != leading(logits) {
+                    return Err(Error::shape(
+                        "cross_entropy_backward: cotangent",
+                        leading(logits),
+                        c.shape(),
+                    ));
+                }
+                flags |= F_COT_ROW;
+            } else if c.len() != 1 || c.shape().len() > 1 {
+                return Err(Error::shape(
+                    "cross_entropy_backward: cotangent",
+                    &[],
+                    c.shape(),
+                ));
+            }
+            c
+        }
+    };
+    let (_, ignore_index, eps, z, cap) = saved.params;
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        flags,
+        ignore_index,
+        a: eps,
+        b: z,
+        c: cap,
+        d: 0.0,
+    };
+    let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
+    if let Some(soft) = &saved.soft {
+        engine.launch(
+            &KERNEL,
+            "ce_soft_bwd",
+            &constants(logits.dtype(), soft.dtype(), DType::F32, 0),
+            &params,
+            &[
+                logits.buffer(),
+                saved.rows_matrix.buffer(),
+                soft.buffer(),
+                dx.buffer(),
+                saved.finish.buffer(),
+                cot.buffer(),
+            ],
+            rows as u64,
+        )?;
+    } else {
+        let targets = saved.targets.as_ref().expect("integer targets");
+        let weight_buffer = saved.weight.as_ref().unwrap_or(logits).buffer();
+        let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+        if vectorized(logits.dtype(), cols) {
+            engine.launch(
+                &KERNEL,
+                "ce_bwd_v",
+                &consts,
+                &params,
+                &[
+                    saved.rows_matrix.buffer(),
+                    targets.buffer(),
+                    weight_buffer,
+                    saved.finish.buffer(),
+                    cot.buffer(),
+                    logits.buffer(),
+                    dx.buffer(),
+                ],
+                rows as u64,
+            )?;
+        } else {
+            engine.launch(
+                &KERNEL,
+                "ce_bwd",
+                &consts,
+                &params,
+                &[
+                    logits.buffer(),
+                    saved.rows_matrix.buffer(),
+                    dx.buffer(),
+                    targets.buffer(),
+                    weight_buffer,
+                    saved.finish.buffer(),
+                    cot.buffer(),
+                ],
+                rows as u64,
+            )?;
+        }
+    }
+    Ok(dx)
+}
+
+/// Cross-entropy against a target distribution `targets` (any float dtype, the logits'
+/// shape): `loss_r = Σ_c t_c (lse − x_c)`, reduced as `reduction` (mean over rows). The
+/// targets are used as given (not normalized). Backward: [`cross_entropy_backward`],
+/// `dx = (Σ t)·p − t`. `accuracy` is zero and `predicted` absent.
+pub fn cross_entropy_soft(
+    logits: &Tensor,
+    targets: &Tensor,
+    reduction: Reduction,
+) -> Result<(CrossEntropyOutput, CrossEntropySaved)> {
+    let (rows, cols) = matrix(logits, "cross_entropy_soft: logits")?;
+    let engine = logits.engine();
+    check_engine(engine, &[(targets, "cross_entropy_soft: targets")])?;
+    float_input(targets, "cross_entropy_soft: targets")?;
+    same_shape("cross_entropy_soft: targets", logits, targets)?;
+    classes_at_least_one("cross_entropy_soft", cols)?;
+    engine.check_workspace("cross_entropy_soft", cross_entropy_workspace_bytes(rows))?;
+    let mat = Tensor::empty(engine, &[rows, CE_COLS], DType::F32, "cross_entropy rows")?;
+    engine.launch(
+        &KERNEL,
+        "ce_soft_fwd",
+        &constants(logits.dtype(), targets.dtype(), DType::F32, 0),
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            ..Default::default()
+        },
+        &[logits.buffer(), mat.buffer(), targets.buffer()],
+        rows as u64,
+    )?;
+    let saved = CrossEntropySaved {
+        logits: logits.clone(),
+        targets: None,
+        soft: Some(targets.clone()),
+        weight: None,
+        rows_matrix: mat,
+        finish: Tensor::zeros(engine, &[1], DType::F32)?,
+        params: (0, 0, 0.0, 0.0, 0.0),
+        reduction,
+    };
+    ce_finish(saved, rows)
+}
+
+// ---- divergences ---------------------------------------------------------------------------
+
+/// How the divergences combine their elementwise losses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DivReduction {
+    /// Elementwise losses, the input's shape (F32; zero on skipped rows).
+    None,
+    /// Sum of every element (a scalar `[]`).
+    Sum,
+    /// Sum divided by the number of elements of the counted rows.
+    Mean,
+    /// Sum divided by the number of counted rows (Liger's default).
+    #[default]
+    BatchMean,
+}
+
+/// What [`kl_div`], [`jsd`] and [`tvd`] keep for their backward (inputs and the scale).
+#[derive(Debug, Clone)]
+pub struct DivergenceSaved {
+    input: Tensor,
+    target: Tensor,
+    labels: Option<Tensor>,
+    finish: Tensor,
+    mode: u32,
+    params: Params2,
+    reduction: DivReduction,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Params2 {
+    flags: u32,
+    ignore_index: i32,
+    beta: f32,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn divergence_forward(
+    what: &str,
+    mode: u32,
+    input: &Tensor,
+    target: &Tensor,
+    labels: Option<&Tensor>,
+    ignore_index: i32,
+    beta: f32,
+    log_target: bool,
+    reduction: DivReduction,
+) -> Result<(Tensor, DivergenceSaved)> {
+    let (rows, cols) = matrix(input, &format!("{what}: input"))?;
+    let engine = input.engine();
+    check_engine(engine, &[(target, "target")])?;
+    float_input(target, &format!("{what}: target"))?;
+    same_shape(&format!("{what}: target"), input, target)?;
+    let mut flags = 0;
+    if log_target {
+        flags |= F_LOG_TARGET;
+    }
+    if let Some(l) = labels {
+        check_engine(engine, &[(l, "labels")])?;
+        if l.dtype() != DType::I32 {
+            return Err(Error::dtype(
+                format!("{what}: labels"),
+                l.dtype(),
+                &[DType::I32],
+            ));
+        }
+        if l.shape() != leading(input) {
+            return Err(Error::shape(
+                format!("{what}: labels"),
+                leading(input),
+                l.shape(),
+            ));
+        }
+        flags |= F_LABELS;
+    }
+    engine.check_workspace(what, divergence_workspace_bytes(rows))?;
+    let consts = constants(input.dtype(), target.dtype(), DType::F32, mode);
+    let labels_buffer = labels.unwrap_or(input).buffer();
+    let mut params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        flags,
+        ignore_index,
+        a: beta,
+        ..Default::default()
+    };
+    let vector = target.dtype() == input.dtype() && vectorized(input.dtype(), cols);
+    let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
+    let (loss, finish) = if reduction == DivReduction::None {
+        let out = Tensor::empty(engine, input.shape(), DType::F32, what)?;
+        if vector {
+            engine.launch(
+                &KERNEL,
+                "div_elems_v",
+                &consts,
+                &params,
+                &[labels_buffer, input.buffer(), target.buffer(), out.buffer()],
+                (input.len() as u64 / chunk).div_ceil(WG),
+            )?;
+        } else {
+            engine.launch(
+                &KERNEL,
+                "div_elems",
+                &consts,
+                &params,
+                &[input.buffer(), target.buffer(), labels_buffer, out.buffer()],
+                (input.len() as u64).div_ceil(WG),
+            )?;
+        }
+        (out, Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?)
+    } else {
+        let mat = Tensor::empty(engine, &[rows, 2], DType::F32, what)?;
+        if vector {
+            engine.launch(
+                &KERNEL,
+                "div_rows_v",
+                &consts,
+                &params,
+                &[mat.buffer(), labels_buffer, input.buffer(), target.buffer()],
+                rows as u64,
+            )?;
+        } else {
+            engine.launch(
+                &KERNEL,
+                "div_rows",
+                &consts,
+                &params,
+                &[input.buffer(), mat.buffer(), target.buffer(), labels_buffer],
+                rows as u64,
+            )?;
+        }
+        let sums = sum_columns(&mat)?;
+        let finish = Tensor::empty(engine, &[2], DType::F32, what)?;
+        params.flags |= match reduction {
+            DivReduction::Mean => F_MEAN,
+            DivReduction::BatchMean => F_BATCHMEAN,
+            _ => 0,
+        };
+        engine.launch(
+            &KERNEL,
+            "div_finish",
+            &consts,
+            &params,
+            &[sums.buffer(), finish.buffer()],
+            1,
+        )?;
+        (slice_scalar(engine, &finish, 0)?, finish)
+    };
+    Ok((
+        loss,
+        DivergenceSaved {
+            input: input.clone(),
+            target: target.clone(),
+            labels: labels.cloned(),
+            finish,
+            mode,
+            params: Params2 {
+                flags,
+                ignore_index,
+                beta,
+            },
+            reduction,
+        },
+    ))
+}
+
+/// Kullback–Leibler divergence as PyTorch's `kl_div(input, target)`: `input` holds
+/// log-probabilities; elementwise `t·(log t − input)` (0 where `t = 0`), or with `log_target`
+/// `exp(t)·(t − input)`. Reductions: none, sum, mean (over elements), batchmean (over rows).
+/// The target is frozen: the backward gives the input's gradient only.
+pub fn kl_div(
+    input: &Tensor,
+    target: &Tensor,
+    log_target: bool,
+    reduction: DivReduction,
+) -> Result<(Tensor, DivergenceSaved)> {
+    divergence_forward(
+        "kl_div", 0, input, target, None, 0, 0.0, log_target, reduction,
+    )
+}
+
+/// Generalized Jensen–Shannon divergence as Liger's: `input` = student log-probabilities
+/// (log Q), `target` = teacher log-probabilities (log P), `M = β·P + (1 − β)·Q`,
+/// elementwise `β·P·(log P − log M) + (1 − β)·Q·(log Q − log M)`; β = 0 is the forward KL
+/// `P·(log P − log Q)` and β = 1 the reverse KL `Q·(log Q − log P)`. Rows whose `labels`
+/// entry equals `ignore_index` are skipped; the loss is the sum divided by the counted rows
+/// (Liger's batchmean; zero when none counts). Errors as [`kl_div`], plus β outside [0, 1]
+/// (`InvalidValue`) and labels that are not I32 of the leading shape.
+pub fn jsd(
+    input: &Tensor,
+    target: &Tensor,
+    beta: f32,
+    labels: Option<&Tensor>,
+    ignore_index: i32,
+) -> Result<(Tensor, DivergenceSaved)> {
+    finite(
+        "jsd: beta",
+        f64::from(beta),
+        "must be in [0, 1]",
+        (0.0..=1.0).contains(&beta),
+    )?;
+    divergence_forward(
+        "jsd",
+        1,
+        input,
+        target,
+        labels,
+        ignore_index,
+        beta,
+        false,
+        DivReduction::BatchMean,
+    )
+}
+
+/// Total variation distance as Liger's: `input` = P and `target` = Q (probabilities),
+/// elementwise `½·|P − Q|`, gradient `½·sign(P − Q)` (0 where equal). Rows whose `labels`
+/// entry equals `ignore_index` are skipped and not counted (mean: counted rows × columns;
+/// batchmean: counted rows).
+pub fn tvd(
+    input: &Tensor,
+    target: &Tensor,
+    reduction: DivReduction,
+    labels: Option<&Tensor>,
+    ignore_index: i32,
+) -> Result<(Tensor, DivergenceSaved)> {
+    divergence_forward(
+        "tvd",
+        2,
+        input,
+        target,
+        labels,
+        ignore_index,
+        0.0,
+        false,
+        reduction,
+    )
+}
+
+/// Gradient of [`kl_div`], [`jsd`] or [`tvd`] with respect to the input (F32, the input's
+/// shape). `cotangent`: `None` for a unit cotangent, or F32 of the loss's shape (`[]`/`[1]`
+/// when reduced, the input's shape for none).
+pub fn divergence_backward(saved: &DivergenceSaved, cotangent: Option<&Tensor>) -> Result<Tensor> {
+    let input = &saved.input;
+    let engine = input.engine();
+    let (rows, cols) = rows_cols(input);
+    let mut flags = saved.params.flags;
+    let unit;
+    let cot = match cotangent {
+        None => {
+            unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+            &unit
+        }
+        Some(c) => {
+            check_engine(engine, &[(c, "divergence_backward: cotangent")])?;
+            if c.dtype() != DType::F32 {
+                return Err(Error::dtype(
+                    "divergence_backward: cotangent",
+                    c.dtype(),
+                    &[DType::F32],
+                ));
+            }
+            if saved.reduction == DivReduction::None {
+                same_shape("divergence_backward: cotangent", input, c)?;
+                flags |= F_COT_ELEM;
+            } else if c.len() != 1 || c.shape().len() > 1 {
+                return Err(Error::shape(
+                    "divergence_backward: cotangent",
+                    &[],
+                    c.shape(),
+                ));
+            }
+            c
+        }
+    };
+    let dx = Tensor::empty(engine, input.shape(), DType::F32, "divergence_backward")?;
+    let labels_buffer = saved.labels.as_ref().unwrap_or(input).buffer();
+    let consts = constants(input.dtype(), saved.target.dtype(), DType::F32, saved.mode);
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        flags,
+        ignore_index: saved.params.ignore_index,
+        a: saved.params.beta,
+        ..Default::default()
+    };
+    if saved.target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+        let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
+        engine.launch(
+            &KERNEL,
+            "div_bwd_v",
+            &consts,
+            &params,
+            &[
+                labels_buffer,
+                saved.finish.buffer(),
+                cot.buffer(),
+                input.buffer(),
+                saved.target.buffer(),
+                dx.buffer(),
+            ],
+            (input.len() as u64 / chunk).div_ceil(WG),
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "div_bwd",
+            &consts,
+            &params,
+            &[
+                input.buffer(),
+                saved.target.buffer(),
+                dx.buffer(),
+                labels_buffer,
+                saved.finish.buffer(),
+                cot.buffer(),
+            ],
+            (input.len() as u64).div_ceil(WG),
+        )?;
+    }
+    Ok(dx)
+}

@@ -1,0 +1,1555 @@
+//! The loss family (`wgrad::loss`) against the f64 references of `wgrad::reference::loss`:
+//! softmax, log-softmax, sparsemax, cross-entropy (every option alone and all together, every
+//! reduction, explicit cotangents), soft-target cross-entropy, KL, JSD and TVD, in every
+//! storage dtype, on ragged, tiny and empty shapes; the reference backwards against finite
+//! differences; bit-identical reruns; a 262,144-class row; Liger's CE shape scaled down;
+//! large common logit shifts; and every documented bad input's error.
+//!
+//! Tolerance: `Tolerance::for_dtype` of the compared output (gradients and losses are F32).
+//! References are computed from the values actually stored, so the budget covers FP32 math.
+
+mod common;
+
+use common::{Rng, engine, tensor_from_f64};
+use wgrad::gradcheck::{Comparison, Tolerance, check_vjp, compare};
+use wgrad::loss::{
+    self, CrossEntropyOptions, DivReduction, Reduction, cross_entropy, cross_entropy_backward,
+};
+use wgrad::reference::loss as reference;
+use wgrad::reference::loss::{CrossEntropyConfig, Divergence};
+use wgrad::{DType, Error, Tensor};
+
+const F32: Tolerance = Tolerance::for_dtype(DType::F32);
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
+    let c = compare(got, want, tol);
+    assert!(c.passed, "{what}: {c}");
+    c
+}
+
+fn data(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    Rng::new(seed).vec(n, lo, hi)
+}
+
+fn upload(data: &[f64], shape: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
+    let t = tensor_from_f64(engine(), data, shape, dtype);
+    let stored = common::stored(data, dtype);
+    (t, stored)
+}
+
+fn f32_tensor(data: &[f64], shape: &[usize]) -> Tensor {
+    tensor_from_f64(engine(), data, shape, DType::F32)
+}
+
+fn i32_tensor(data: &[i32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(engine(), data, shape).unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    common::f32_bits(t)
+}
+
+const SHAPES: [(usize, usize); 7] = [
+    (1, 1),
+    (3, 7),
+    (5, 300),
+    (2, 513),
+    (4, 1000),
+    (1, 2),
+    (9, 64),
+];
+
+// ---- softmax / log-softmax ----------------------------------------------------------------
+
+#[test]
+fn softmax_and_log_softmax_match_the_reference() {
+    for log in [false, true] {
+        for dtype in DType::FLOATS {
+            for (k, &(rows, cols)) in SHAPES.iter().enumerate() {
+                let what = format!("log={log} {dtype} [{rows}, {cols}]");
+                let (x, xs) = upload(
+                    &data(k as u64, rows * cols, -4.0, 4.0),
+                    &[rows, cols],
+                    dtype,
+                );
+                let (y, saved) = if log {
+                    loss::log_softmax(&x).unwrap()
+                } else {
+                    loss::softmax(&x).unwrap()
+                };
+                assert_eq!((y.shape(), y.dtype()), (x.shape(), dtype), "{what}");
+                let want = if log {
+                    reference::log_softmax(&xs, rows, cols)
+                } else {
+                    reference::softmax(&xs, rows, cols)
+                };
+                assert_close(
+                    &what,
+                    &y.to_f64().unwrap(),
+                    &want,
+                    Tolerance::for_dtype(dtype),
+                );
+                // Statistics: max and log denominator, separately.
+                let stats = saved.stats().to_f64().unwrap();
+                for r in 0..rows {
+                    let (m, l) = reference::row_stats(&xs[r * cols..(r + 1) * cols]);
+                    assert_eq!(stats[2 * r], m, "{what}: max of row {r}");
+                    assert!(
+                        (stats[2 * r + 1] - l).abs() <= 1e-6,
+                        "{what}: log denominator"
+                    );
+                }
+                for dy_dtype in [DType::F32, dtype] {
+                    let (dy, dys) = upload(
+                        &data(k as u64 + 50, rows * cols, -1.0, 1.0),
+                        &[rows, cols],
+                        dy_dtype,
+                    );
+                    let dx = loss::softmax_backward(&saved, &dy).unwrap();
+                    assert_eq!(dx.dtype(), DType::F32);
+                    let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
+                    assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want, F32);
+                    // Reruns are bit-identical.
+                    let again = loss::softmax_backward(&saved, &dy).unwrap();
+                    assert_eq!(bits(&dx), bits(&again), "{what}: rerun of the backward");
+                }
+                let (y2, _) = if log {
+                    loss::log_softmax(&x).unwrap()
+                } else {
+                    loss::softmax(&x).unwrap()
+                };
+                assert_eq!(y.to_f64().unwrap(), y2.to_f64().unwrap(), "{what}: rerun");
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_reference_backwards_match_finite_differences() {
+    let (rows, cols) = (3, 5);
+    let x = data(1, rows * cols, -2.0, 2.0);
+    let g = data(2, rows * cols, -1.0, 1.0);
+    for log in [false, true] {
+        let f = |p: &[f64]| {
+            if log {
+                reference::log_softmax(p, rows, cols)
+            } else {
+                reference::softmax(p, rows, cols)
+            }
+        };
+        let analytic = reference::softmax_backward(&x, &g, rows, cols, log);
+        let c = check_vjp(f, &x, &g, &analytic);
+        assert!(c.passed, "log={log}: {c}");
+    }
+}
+
+#[test]
+fn softmax_keeps_leading_axes_and_empty_shapes() {
+    let (x, xs) = upload(&data(3, 2 * 3 * 10, -1.0, 1.0), &[2, 3, 10], DType::F32);
+    let (y, _) = loss::softmax(&x).unwrap();
+    assert_eq!(y.shape(), &[2, 3, 10]);
+    assert_close(
+        "[2,3,10]",
+        &y.to_f64().unwrap(),
+        &reference::softmax(&xs, 6, 10),
+        F32,
+    );
+    for dtype in DType::FLOATS {
+        for shape in [[0usize, 5], [3, 0], [0, 0]] {
+            let x = Tensor::zeros(engine(), &shape, dtype).unwrap();
+            let (y, saved) = loss::log_softmax(&x).unwrap();
+            assert_eq!(y.shape(), &shape);
+            assert_eq!(y.len(), 0);
+            let dy = Tensor::zeros(engine(), &shape, DType::F32).unwrap();
+            let dx = loss::softmax_backward(&saved, &dy).unwrap();
+            assert_eq!(dx.shape(), &shape);
+        }
+    }
+}
+
+#[test]
+fn log_softmax_survives_a_large_common_shift() {
+    // Shifted by 1e4, f32 logits keep their differences exactly (Sterbenz), and so does the
+    // result: max and log denominator are kept apart.
+    let (rows, cols) = (4, 100);
+    let base = data(4, rows * cols, -3.0, 3.0);
+    let shifted: Vec<f64> = base.iter().map(|v| v + 1e4).collect();
+    let (x, xs) = upload(&shifted, &[rows, cols], DType::F32);
+    let (y, _) = loss::log_softmax(&x).unwrap();
+    assert_close(
+        "log_softmax +1e4",
+        &y.to_f64().unwrap(),
+        &reference::log_softmax(&xs, rows, cols),
+        F32,
+    );
+}
+
+// ---- sparsemax ------------------------------------------------------------------------------
+
+#[test]
+fn sparsemax_matches_the_reference() {
+    for dtype in DType::FLOATS {
+        for (k, &(rows, cols)) in SHAPES.iter().enumerate() {
+            let what = format!("{dtype} [{rows}, {cols}]");
+            let (x, xs) = upload(
+                &data(k as u64 + 9, rows * cols, -2.0, 2.0),
+                &[rows, cols],
+                dtype,
+            );
+            let (y, saved) = loss::sparsemax(&x).unwrap();
+            assert_eq!((y.shape(), y.dtype()), (x.shape(), dtype));
+            let want = reference::sparsemax(&xs, rows, cols);
+            assert_close(
+                &what,
+                &y.to_f64().unwrap(),
+                &want,
+                Tolerance::for_dtype(dtype),
+            );
+            let (dy, dys) = upload(
+                &data(k as u64 + 90, rows * cols, -1.0, 1.0),
+                &[rows, cols],
+                DType::F32,
+            );
+            let dx = loss::sparsemax_backward(&saved, &dy).unwrap();
+            let want = reference::sparsemax_backward(&xs, &dys, rows, cols);
+            assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want, F32);
+            let again = loss::sparsemax_backward(&saved, &dy).unwrap();
+            assert_eq!(bits(&dx), bits(&again), "{what}: rerun");
+        }
+    }
+}
+
+#[test]
+fn sparsemax_ties() {
+    // Tied maxima share the mass; an element exactly at the threshold is outside the support
+    // (output 0, gradient 0); an all-equal row is uniform.
+    let rows: Vec<Vec<f64>> = vec![
+        vec![2.0, 2.0, 0.0, -1.0],
+        vec![1.0, 0.0, -3.0, -3.0],
+        vec![0.5, 0.5, 0.5, 0.5],
+        vec![3.0, 1.0, 3.0, 1.0],
+        vec![0.25, 0.0, -0.25, 0.25],
+    ];
+    let cols = 4;
+    let flat: Vec<f64> = rows.concat();
+    let (x, xs) = upload(&flat, &[rows.len(), cols], DType::F32);
+    let (y, saved) = loss::sparsemax(&x).unwrap();
+    let got = y.to_f64().unwrap();
+    let want = reference::sparsemax(&xs, rows.len(), cols);
+    assert_close("ties", &got, &want, F32);
+    assert_eq!(&got[0..4], &[0.5, 0.5, 0.0, 0.0]);
+    assert_eq!(&got[4..8], &[1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(&got[8..12], &[0.25; 4]);
+    assert_eq!(&got[12..16], &[0.5, 0.0, 0.5, 0.0]);
+    let dys = data(11, flat.len(), -1.0, 1.0);
+    let dy = f32_tensor(&dys, &[rows.len(), cols]);
+    let dx = loss::sparsemax_backward(&saved, &dy)
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    let want =
+        reference::sparsemax_backward(&xs, &common::stored(&dys, DType::F32), rows.len(), cols);
+    assert_close("ties dx", &dx, &want, F32);
+    assert_eq!(
+        &dx[4..8],
+        &[0.0; 4],
+        "the single-element support has zero gradient"
+    );
+}
+
+#[test]
+fn sparsemax_reference_backward_matches_finite_differences() {
+    let (rows, cols) = (3, 6);
+    let x = data(12, rows * cols, -1.0, 1.0);
+    let g = data(13, rows * cols, -1.0, 1.0);
+    let analytic = reference::sparsemax_backward(&x, &g, rows, cols);
+    let c = check_vjp(|p| reference::sparsemax(p, rows, cols), &x, &g, &analytic);
+    assert!(c.passed, "{c}");
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------
+
+fn options_for(cfg: &CrossEntropyConfig) -> CrossEntropyOptions {
+    CrossEntropyOptions {
+        ignore_index: cfg.ignore_index,
+        label_smoothing: cfg.label_smoothing as f32,
+        z_loss: cfg.z_loss as f32,
+        softcap: cfg.softcap.map(|c| c as f32),
+        weight: cfg.weight.as_ref().map(|w| f32_tensor(w, &[w.len()])),
+        reduction: cfg.reduction,
+        check_targets: true,
+    }
+}
+
+fn targets_for(
+    seed: u64,
+    rows: usize,
+    cols: usize,
+    ignore_index: i32,
+    ignored_every: usize,
+) -> Vec<i32> {
+    let mut rng = Rng::new(seed);
+    (0..rows)
+        .map(|r| {
+            if ignored_every > 0 && r % ignored_every == 1 {
+                ignore_index
+            } else {
+                (rng.next_u32() as usize % cols) as i32
+            }
+        })
+        .collect()
+}
+
+/// Runs the GPU cross-entropy with `cfg` and compares every output and the gradient (unit and
+/// explicit cotangents) with the reference. Weights and ε are stored as f32 on both sides.
+#[allow(clippy::too_many_arguments)]
+fn ce_case(
+    what: &str,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    cfg: &CrossEntropyConfig,
+    targets: &[i32],
+    seed: u64,
+    spread: f64,
+) {
+    let mut cfg = cfg.clone();
+    cfg.weight = cfg.weight.map(|w| common::stored(&w, DType::F32));
+    cfg.label_smoothing = cfg.label_smoothing as f32 as f64;
+    cfg.z_loss = cfg.z_loss as f32 as f64;
+    cfg.softcap = cfg.softcap.map(|c| c as f32 as f64);
+    let what = format!("{what} {dtype} [{rows}, {cols}] {:?}", cfg.reduction);
+    let (x, xs) = upload(
+        &data(seed, rows * cols, -spread, spread),
+        &[rows, cols],
+        dtype,
+    );
+    let t = i32_tensor(targets, &[rows]);
+    let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+    let want = reference::cross_entropy(&xs, targets, rows, cols, &cfg);
+    let scalar = cfg.reduction != Reduction::None;
+    let expect_shape: &[usize] = if scalar { &[] } else { &[rows] };
+    assert_eq!(out.loss.shape(), expect_shape, "{what}");
+    assert_eq!(out.z_loss.shape(), expect_shape, "{what}");
+    assert_close(
+        &format!("{what} loss"),
+        &out.loss.to_f64().unwrap(),
+        &want.loss,
+        F32,
+    );
+    assert_close(
+        &format!("{what} z_loss"),
+        &out.z_loss.to_f64().unwrap(),
+        &want.z_loss,
+        F32,
+    );
+    assert_close(
+        &format!("{what} accuracy"),
+        &out.accuracy.to_f64().unwrap(),
+        &[want.accuracy],
+        F32,
+    );
+    let predicted = out.predicted.as_ref().unwrap();
+    assert_eq!(
+        predicted.to_vec::<i32>().unwrap(),
+        want.predicted,
+        "{what} predicted"
+    );
+    // Unit cotangent.
+    let ones = vec![1.0; if scalar { 1 } else { rows }];
+    let dx = cross_entropy_backward(&saved, None).unwrap();
+    assert_eq!((dx.shape(), dx.dtype()), (x.shape(), DType::F32));
+    let want_dx = reference::cross_entropy_backward(&xs, targets, rows, cols, &cfg, &ones);
+    assert_close(
+        &format!("{what} dx (unit)"),
+        &dx.to_f64().unwrap(),
+        &want_dx,
+        F32,
+    );
+    // Explicit cotangent of the loss's shape.
+    let g = data(seed + 1, ones.len(), -2.0, 2.0);
+    let gs = common::stored(&g, DType::F32);
+    let gt = f32_tensor(&g, expect_shape);
+    let dx2 = cross_entropy_backward(&saved, Some(&gt)).unwrap();
+    let want_dx2 = reference::cross_entropy_backward(&xs, targets, rows, cols, &cfg, &gs);
+    assert_close(
+        &format!("{what} dx (cotangent)"),
+        &dx2.to_f64().unwrap(),
+        &want_dx2,
+        F32,
+    );
+    // Reruns are bit-identical.
+    let (out2, saved2) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+    assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+    assert_eq!(
+        bits(&dx2),
+        bits(&cross_entropy_backward(&saved2, Some(&gt)).unwrap()),
+        "{what}: gradient rerun"
+    );
+}
+
+fn all_options(classes: usize) -> CrossEntropyConfig {
+    CrossEntropyConfig {
+        ignore_index: 42,
+        label_smoothing: 0.1,
+        z_loss: 1e-4,
+        softcap: Some(30.0),
+        weight: Some(data(77, classes, 0.2, 1.5)),
+        reduction: Reduction::Mean,
+    }
+}
+
+#[test]
+fn cross_entropy_each_option_alone_and_all_together() {
+    let (rows, cols) = (13, 100);
+    let base = CrossEntropyConfig::default();
+    let options: Vec<(&str, CrossEntropyConfig)> = vec![
+        ("plain", base.clone()),
+        (
+            "ignore_index 42",
+            CrossEntropyConfig {
+                ignore_index: 42,
+                ..base.clone()
+            },
+        ),
+        (
+            "smoothing 0.1",
+            CrossEntropyConfig {
+                label_smoothing: 0.1,
+                ..base.clone()
+            },
+        ),
+        (
+            "z-loss 1e-4",
+            CrossEntropyConfig {
+                z_loss: 1e-4,
+                ..base.clone()
+            },
+        ),
+        (
+            "softcap 3",
+            CrossEntropyConfig {
+                softcap: Some(3.0),
+                ..base.clone()
+            },
+        ),
+        (
+            "weights",
+            CrossEntropyConfig {
+                weight: Some(data(5, cols, 0.1, 2.0)),
+                ..base.clone()
+            },
+        ),
+        ("all options", all_options(cols)),
+    ];
+    for (name, cfg) in &options {
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                ..cfg.clone()
+            };
+            for dtype in DType::FLOATS {
+                let targets = targets_for(3, rows, cols, cfg.ignore_index, 4);
+                ce_case(name, rows, cols, dtype, &cfg, &targets, 21, 6.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_ragged_and_wide_rows() {
+    let cfg = all_options(1000);
+    for &(rows, cols) in &[(1usize, 1usize), (2, 3), (5, 257), (3, 1000)] {
+        let mut cfg = cfg.clone();
+        cfg.weight = Some(data(8, cols, 0.2, 1.5));
+        let targets = targets_for(rows as u64, rows, cols, 42, 0);
+        for dtype in DType::FLOATS {
+            ce_case("ragged", rows, cols, dtype, &cfg, &targets, 31, 10.0);
+            ce_case(
+                "ragged plain",
+                rows,
+                cols,
+                dtype,
+                &CrossEntropyConfig::default(),
+                &targets,
+                32,
+                10.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_all_ignored_is_zero_with_zero_gradient() {
+    let (rows, cols) = (6, 50);
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        for weighted in [false, true] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                z_loss: 1e-3,
+                label_smoothing: 0.2,
+                weight: weighted.then(|| vec![1.0; cols]),
+                ..Default::default()
+            };
+            let targets = vec![-100; rows];
+            let x = f32_tensor(&data(40, rows * cols, -5.0, 5.0), &[rows, cols]);
+            let t = i32_tensor(&targets, &[rows]);
+            let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+            assert!(
+                out.loss.to_f64().unwrap().iter().all(|&v| v == 0.0),
+                "{reduction:?}"
+            );
+            assert!(out.z_loss.to_f64().unwrap().iter().all(|&v| v == 0.0));
+            assert_eq!(out.accuracy.to_f64().unwrap(), vec![0.0]);
+            assert_eq!(
+                out.predicted.unwrap().to_vec::<i32>().unwrap(),
+                vec![-1; rows]
+            );
+            let dx = cross_entropy_backward(&saved, None)
+                .unwrap()
+                .to_f64()
+                .unwrap();
+            assert!(dx.iter().all(|&v| v == 0.0), "{reduction:?}: gradient");
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_zero_rows() {
+    let x = Tensor::zeros(engine(), &[0, 7], DType::BF16).unwrap();
+    let t = i32_tensor(&[], &[0]);
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let opts = CrossEntropyOptions {
+            reduction,
+            ..Default::default()
+        };
+        let (out, saved) = cross_entropy(&x, &t, &opts).unwrap();
+        let loss = out.loss.to_f64().unwrap();
+        if reduction == Reduction::None {
+            assert!(loss.is_empty());
+        } else {
+            assert_eq!(loss, vec![0.0]);
+        }
+        let dx = cross_entropy_backward(&saved, None).unwrap();
+        assert_eq!(dx.shape(), &[0, 7]);
+    }
+}
+
+#[test]
+fn cross_entropy_predicted_ties_go_to_the_lowest_index() {
+    let x = f32_tensor(
+        &[
+            1.0, 3.0, 3.0, 0.0, 5.0, 5.0, 5.0, 5.0, -1.0, -2.0, -1.0, -3.0,
+        ],
+        &[3, 4],
+    );
+    let t = i32_tensor(&[2, 0, 0], &[3]);
+    let (out, _) = cross_entropy(&x, &t, &CrossEntropyOptions::default()).unwrap();
+    assert_eq!(
+        out.predicted.unwrap().to_vec::<i32>().unwrap(),
+        vec![1, 0, 0]
+    );
+    let acc = out.accuracy.to_f64().unwrap()[0];
+    assert!((acc - 2.0 / 3.0).abs() < 1e-7);
+}
+
+#[test]
+fn cross_entropy_keeps_small_loss_differences_under_a_1e4_shift() {
+    // Two rows differ only in one logit by 1/64; shifted by 1e4 (exactly representable
+    // differences in f32), the loss of each row and their difference must stay f32-accurate:
+    // recombining max and log denominator before subtracting would lose ~1e-3.
+    let cols = 200;
+    let mut base = data(50, cols, -2.0, 2.0);
+    for v in base.iter_mut() {
+        *v = (*v * 64.0).round() / 64.0;
+    }
+    let mut second = base.clone();
+    second[7] += 1.0 / 64.0;
+    for shift in [0.0, 1e4, -1e4] {
+        let flat: Vec<f64> = base.iter().chain(&second).map(|v| v + shift).collect();
+        let (x, xs) = upload(&flat, &[2, cols], DType::F32);
+        assert_eq!(xs, flat, "the shifted logits are exact in f32");
+        let cfg = CrossEntropyConfig {
+            reduction: Reduction::None,
+            ..Default::default()
+        };
+        let targets = [7, 7];
+        let t = i32_tensor(&targets, &[2]);
+        let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+        let got = out.loss.to_f64().unwrap();
+        let want = reference::cross_entropy(&xs, &targets, 2, cols, &cfg).loss;
+        assert_close(&format!("shift {shift}"), &got, &want, F32);
+        let d = got[0] - got[1];
+        assert!(
+            ((want[0] - want[1]) - d).abs() < 2e-6,
+            "shift {shift}: difference {d} vs {}",
+            want[0] - want[1]
+        );
+        let dx = cross_entropy_backward(&saved, None)
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        let want_dx = reference::cross_entropy_backward(&xs, &targets, 2, cols, &cfg, &[1.0, 1.0]);
+        assert_close(&format!("shift {shift} dx"), &dx, &want_dx, F32);
+    }
+}
+
+#[test]
+fn cross_entropy_reference_backward_matches_finite_differences() {
+    let (rows, cols) = (4, 6);
+    let x = data(60, rows * cols, -2.0, 2.0);
+    let targets = [1, 42, 5, 0];
+    let mut cfg = all_options(cols);
+    cfg.softcap = Some(2.5);
+    cfg.z_loss = 0.05;
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        cfg.reduction = reduction;
+        let g = data(
+            61,
+            if reduction == Reduction::None {
+                rows
+            } else {
+                1
+            },
+            -1.0,
+            1.0,
+        );
+        let analytic = reference::cross_entropy_backward(&x, &targets, rows, cols, &cfg, &g);
+        let c = check_vjp(
+            |p| reference::cross_entropy(p, &targets, rows, cols, &cfg).loss,
+            &x,
+            &g,
+            &analytic,
+        );
+        assert!(c.passed, "{reduction:?}: {c}");
+    }
+}
+
+#[test]
+fn cross_entropy_with_262144_classes() {
+    let (rows, cols) = (2, 262_144);
+    let targets = [5, 262_143];
+    for cfg in [CrossEntropyConfig::default(), {
+        let mut c = all_options(cols);
+        c.ignore_index = -100;
+        c
+    }] {
+        ce_case(
+            "262144 classes",
+            rows,
+            cols,
+            DType::F32,
+            &cfg,
+            &targets,
+            70,
+            8.0,
+        );
+    }
+    let (x, xs) = upload(&data(71, cols, -8.0, 8.0), &[1, cols], DType::BF16);
+    let (y, saved) = loss::softmax(&x).unwrap();
+    assert_close(
+        "softmax 262144",
+        &y.to_f64().unwrap(),
+        &reference::softmax(&xs, 1, cols),
+        Tolerance::for_dtype(DType::BF16),
+    );
+    let dys = data(72, cols, -1.0, 1.0);
+    let dx = loss::softmax_backward(&saved, &f32_tensor(&dys, &[1, cols])).unwrap();
+    assert_close(
+        "softmax 262144 dx",
+        &dx.to_f64().unwrap(),
+        &reference::softmax_backward(&xs, &common::stored(&dys, DType::F32), 1, cols, false),
+        F32,
+    );
+}
+
+#[test]
+fn cross_entropy_liger_shape_scaled_down() {
+    // Liger tests (3, 423, 32000); scaled for a CPU adapter: 3·47 rows of 32,000 classes,
+    // about a fifth of the targets ignored, bf16 logits, all options.
+    let (rows, cols) = (3 * 47, 32_000);
+    let mut cfg = all_options(cols);
+    cfg.weight = Some(data(80, cols, 0.2, 1.5));
+    let targets = targets_for(81, rows, cols, 42, 5);
+    ce_case(
+        "liger shape",
+        rows,
+        cols,
+        DType::BF16,
+        &cfg,
+        &targets,
+        82,
+        10.0,
+    );
+}
+
+#[test]
+fn cross_entropy_bad_targets() {
+    let x = f32_tensor(&data(90, 3 * 5, -1.0, 1.0), &[3, 5]);
+    for (bad, row) in [(5, 1usize), (100, 2)] {
+        let mut t = vec![0, 1, 2];
+        t[row] = bad;
+        match cross_entropy(&x, &i32_tensor(&t, &[3]), &CrossEntropyOptions::default()) {
+            Err(Error::OutOfBounds {
+                got,
+                min,
+                max,
+                what,
+            }) => {
+                assert_eq!((got, min, max), (bad as u64, 0, 4));
+                assert!(what.contains(&format!("targets[{row}]")), "{what}");
+            }
+            other => panic!("expected OutOfBounds, got {other:?}"),
+        }
+    }
+    match cross_entropy(
+        &x,
+        &i32_tensor(&[0, -3, 1], &[3]),
+        &CrossEntropyOptions::default(),
+    ) {
+        Err(Error::InvalidValue { got, .. }) => assert_eq!(got, -3.0),
+        other => panic!("expected InvalidValue, got {other:?}"),
+    }
+    // ignore_index is allowed whatever its value.
+    let opts = CrossEntropyOptions {
+        ignore_index: 9,
+        ..Default::default()
+    };
+    assert!(cross_entropy(&x, &i32_tensor(&[9, 0, 9], &[3]), &opts).is_ok());
+    // Without the check, out-of-range rows count as ignored.
+    let opts = CrossEntropyOptions {
+        check_targets: false,
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let (out, saved) = cross_entropy(&x, &i32_tensor(&[7, 1, -4], &[3]), &opts).unwrap();
+    let loss = out.loss.to_f64().unwrap();
+    assert_eq!((loss[0], loss[2]), (0.0, 0.0));
+    assert!(loss[1] > 0.0);
+    let dx = cross_entropy_backward(&saved, None)
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    assert!(dx[..5].iter().chain(&dx[10..]).all(|&v| v == 0.0));
+}
+
+#[test]
+fn cross_entropy_bad_inputs() {
+    let e = engine();
+    let x = f32_tensor(&data(91, 4 * 6, -1.0, 1.0), &[4, 6]);
+    let t = i32_tensor(&[0, 1, 2, 3], &[4]);
+    let d = CrossEntropyOptions::default();
+    let xi = Tensor::from_slice(e, &[1i32; 24], &[4, 6]).unwrap();
+    assert!(matches!(
+        cross_entropy(&xi, &t, &d),
+        Err(Error::UnsupportedDType {
+            got: DType::I32,
+            ..
+        })
+    ));
+    let tf = f32_tensor(&[0.0; 4], &[4]);
+    assert!(matches!(
+        cross_entropy(&x, &tf, &d),
+        Err(Error::UnsupportedDType {
+            got: DType::F32,
+            ..
+        })
+    ));
+    match cross_entropy(&x, &i32_tensor(&[0, 1, 2], &[3]), &d) {
+        Err(Error::ShapeMismatch { expected, got, .. }) => {
+            assert_eq!((expected, got), (vec![4], vec![3]))
+        }
+        other => panic!("expected ShapeMismatch, got {other:?}"),
+    }
+    let z = Tensor::zeros(e, &[4, 0], DType::F32).unwrap();
+    assert!(matches!(
+        cross_entropy(&z, &t, &d),
+        Err(Error::OutOfBounds { got: 0, min: 1, .. })
+    ));
+    for (eps, z_loss, cap) in [
+        (-0.1, 0.0, None),
+        (1.5, 0.0, None),
+        (f32::NAN, 0.0, None),
+        (0.0, -1.0, None),
+        (0.0, f32::INFINITY, None),
+        (0.0, 0.0, Some(0.0)),
+        (0.0, 0.0, Some(-2.0)),
+    ] {
+        let o = CrossEntropyOptions {
+            label_smoothing: eps,
+            z_loss,
+            softcap: cap,
+            ..Default::default()
+        };
+        assert!(
+            matches!(cross_entropy(&x, &t, &o), Err(Error::InvalidValue { .. })),
+            "{eps} {z_loss} {cap:?}"
+        );
+    }
+    let o = CrossEntropyOptions {
+        weight: Some(f32_tensor(&[1.0; 5], &[5])),
+        ..Default::default()
+    };
+    match cross_entropy(&x, &t, &o) {
+        Err(Error::ShapeMismatch { expected, got, .. }) => {
+            assert_eq!((expected, got), (vec![6], vec![5]))
+        }
+        other => panic!("expected ShapeMismatch, got {other:?}"),
+    }
+    let o = CrossEntropyOptions {
+        weight: Some(tensor_from_f64(e, &[1.0; 6], &[6], DType::BF16)),
+        ..Default::default()
+    };
+    assert!(matches!(
+        cross_entropy(&x, &t, &o),
+        Err(Error::UnsupportedDType {
+            got: DType::BF16,
+            ..
+        })
+    ));
+    // Cotangents of the wrong shape or dtype.
+    let (_, saved) = cross_entropy(&x, &t, &d).unwrap();
+    assert!(matches!(
+        cross_entropy_backward(&saved, Some(&f32_tensor(&[1.0; 4], &[4]))),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        cross_entropy_backward(&saved, Some(&tensor_from_f64(e, &[1.0], &[], DType::F16))),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    assert!(cross_entropy_backward(&saved, Some(&f32_tensor(&[1.0], &[1]))).is_ok());
+    let o = CrossEntropyOptions {
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let (_, saved) = cross_entropy(&x, &t, &o).unwrap();
+    assert!(matches!(
+        cross_entropy_backward(&saved, Some(&f32_tensor(&[1.0], &[]))),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Another engine's tensor.
+    let other = common::private_engine();
+    let t_other = Tensor::from_slice(&other, &[0i32, 1, 2, 3], &[4]).unwrap();
+    assert!(matches!(
+        cross_entropy(&x, &t_other, &d),
+        Err(Error::EngineMismatch { .. })
+    ));
+}
+
+#[test]
+fn cross_entropy_respects_the_workspace_bound() {
+    let engine = common::private_engine();
+    let rows = 300;
+    let needed = loss::cross_entropy_workspace_bytes(rows);
+    let x = tensor_from_f64(&engine, &vec![0.5; rows * 3], &[rows, 3], DType::F32);
+    let t = Tensor::from_slice(&engine, &vec![1i32; rows], &[rows]).unwrap();
+    engine.set_workspace_bound(needed - 1);
+    match cross_entropy(&x, &t, &CrossEntropyOptions::default()) {
+        Err(Error::WorkspaceExceeded {
+            needed: n, bound, ..
+        }) => assert_eq!((n, bound), (needed, needed - 1)),
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+    engine.set_workspace_bound(needed);
+    let (out, _) = cross_entropy(&x, &t, &CrossEntropyOptions::default()).unwrap();
+    let l = out.loss.to_vec::<f32>().unwrap()[0];
+    assert!((f64::from(l) - 3f64.ln()).abs() < 1e-6);
+}
+
+// ---- soft-target cross-entropy ----------------------------------------------------------
+
+#[test]
+fn cross_entropy_soft_matches_the_reference() {
+    for dtype in DType::FLOATS {
+        for &(rows, cols) in &[(1usize, 1usize), (3, 7), (6, 300)] {
+            let raw = data(100 + cols as u64, rows * cols, 0.0, 1.0);
+            let mut tdata = raw.clone();
+            for r in 0..rows {
+                let s: f64 = raw[r * cols..(r + 1) * cols].iter().sum();
+                for c in 0..cols {
+                    tdata[r * cols + c] /= s;
+                }
+            }
+            let (x, xs) = upload(&data(101, rows * cols, -5.0, 5.0), &[rows, cols], dtype);
+            let (t, ts) = upload(&tdata, &[rows, cols], dtype);
+            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+                let what = format!("{dtype} [{rows}, {cols}] {reduction:?}");
+                let (out, saved) = loss::cross_entropy_soft(&x, &t, reduction).unwrap();
+                let want = reference::cross_entropy_soft(&xs, &ts, rows, cols, reduction);
+                assert_close(&what, &out.loss.to_f64().unwrap(), &want, F32);
+                assert!(out.predicted.is_none());
+                let g = data(102, want.len(), -2.0, 2.0);
+                let shape: &[usize] = if reduction == Reduction::None {
+                    &[rows]
+                } else {
+                    &[]
+                };
+                let dx = cross_entropy_backward(&saved, Some(&f32_tensor(&g, shape))).unwrap();
+                let want_dx = reference::cross_entropy_soft_backward(
+                    &xs,
+                    &ts,
+                    rows,
+                    cols,
+                    reduction,
+                    &common::stored(&g, DType::F32),
+                );
+                assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want_dx, F32);
+                let dx1 = cross_entropy_backward(&saved, None).unwrap();
+                let ones = vec![1.0; want.len()];
+                let want_dx1 =
+                    reference::cross_entropy_soft_backward(&xs, &ts, rows, cols, reduction, &ones);
+                assert_close(
+                    &format!("{what} dx unit"),
+                    &dx1.to_f64().unwrap(),
+                    &want_dx1,
+                    F32,
+                );
+            }
+        }
+    }
+    // Finite differences of the reference.
+    let (rows, cols) = (2, 5);
+    let x = data(103, rows * cols, -1.0, 1.0);
+    let t = data(104, rows * cols, 0.0, 0.4);
+    for reduction in [Reduction::Mean, Reduction::None] {
+        let g = data(
+            105,
+            if reduction == Reduction::None {
+                rows
+            } else {
+                1
+            },
+            -1.0,
+            1.0,
+        );
+        let analytic = reference::cross_entropy_soft_backward(&x, &t, rows, cols, reduction, &g);
+        let c = check_vjp(
+            |p| reference::cross_entropy_soft(p, &t, rows, cols, reduction),
+            &x,
+            &g,
+            &analytic,
+        );
+        assert!(c.passed, "{c}");
+    }
+    // Shape and dtype errors.
+    let x = f32_tensor(&[0.0; 6], &[2, 3]);
+    assert!(matches!(
+        loss::cross_entropy_soft(&x, &f32_tensor(&[0.0; 3], &[1, 3]), Reduction::Mean),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let ti = Tensor::from_slice(engine(), &[0i32; 6], &[2, 3]).unwrap();
+    assert!(matches!(
+        loss::cross_entropy_soft(&x, &ti, Reduction::Mean),
+        Err(Error::UnsupportedDType { .. })
+    ));
+}
+
+// ---- divergences --------------------------------------------------------------------------
+
+/// Log-probabilities of random rows (what KL's input and JSD's inputs are).
+fn log_probs(seed: u64, rows: usize, cols: usize) -> Vec<f64> {
+    reference::log_softmax(&data(seed, rows * cols, -3.0, 3.0), rows, cols)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn divergence_case(
+    what: &str,
+    kind: Divergence,
+    x: &[f64],
+    t: &[f64],
+    rows: usize,
+    cols: usize,
+    labels: Option<&[i32]>,
+    reduction: DivReduction,
+    dtype: DType,
+) {
+    let what = format!("{what} {dtype} [{rows}, {cols}] {reduction:?}");
+    let (xt, xs) = upload(x, &[rows, cols], dtype);
+    let (tt, ts) = upload(t, &[rows, cols], dtype);
+    let lt = labels.map(|l| i32_tensor(l, &[rows]));
+    let run = || match kind {
+        Divergence::Kl { log_target } => loss::kl_div(&xt, &tt, log_target, reduction),
+        Divergence::Jsd { beta } => loss::jsd(&xt, &tt, beta as f32, lt.as_ref(), -100),
+        Divergence::Tvd => loss::tvd(&xt, &tt, reduction, lt.as_ref(), -100),
+    };
+    let (l, saved) = run().unwrap();
+    let want = reference::divergence(kind, &xs, &ts, rows, cols, labels, -100, reduction);
+    let shape: Vec<usize> = if reduction == DivReduction::None {
+        vec![rows, cols]
+    } else {
+        vec![]
+    };
+    assert_eq!(l.shape(), &shape[..], "{what}");
+    // Sums of `cols` elementwise terms per row: FP32 accumulation, scale the absolute budget
+    // with the row length.
+    let tol = Tolerance {
+        abs: 1e-5 * (1.0 + cols as f64 / 256.0),
+        ..F32
+    };
+    assert_close(&format!("{what} loss"), &l.to_f64().unwrap(), &want, tol);
+    let g = data(200, want.len(), -2.0, 2.0);
+    let dx = loss::divergence_backward(&saved, Some(&f32_tensor(&g, &shape))).unwrap();
+    let want_dx = reference::divergence_backward(
+        kind,
+        &xs,
+        &ts,
+        rows,
+        cols,
+        labels,
+        -100,
+        reduction,
+        &common::stored(&g, DType::F32),
+    );
+    assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want_dx, F32);
+    let dx1 = loss::divergence_backward(&saved, None).unwrap();
+    let ones = vec![1.0; want.len()];
+    let want_dx1 =
+        reference::divergence_backward(kind, &xs, &ts, rows, cols, labels, -100, reduction, &ones);
+    assert_close(
+        &format!("{what} dx unit"),
+        &dx1.to_f64().unwrap(),
+        &want_dx1,
+        F32,
+    );
+    let (l2, _) = run().unwrap();
+    assert_eq!(bits(&l), bits(&l2), "{what}: rerun");
+}
+
+const DIV_REDUCTIONS: [DivReduction; 4] = [
+    DivReduction::None,
+    DivReduction::Sum,
+    DivReduction::Mean,
+    DivReduction::BatchMean,
+];
+
+#[test]
+fn kl_div_matches_the_reference() {
+    for &(rows, cols) in &[(1usize, 1usize), (3, 7), (5, 300), (4, 64)] {
+        let x = log_probs(300, rows, cols);
+        let lp = log_probs(301, rows, cols);
+        let p: Vec<f64> = lp.iter().map(|v| v.exp()).collect();
+        for dtype in DType::FLOATS {
+            for reduction in DIV_REDUCTIONS {
+                divergence_case(
+                    "kl",
+                    Divergence::Kl { log_target: false },
+                    &x,
+                    &p,
+                    rows,
+                    cols,
+                    None,
+                    reduction,
+                    dtype,
+                );
+                divergence_case(
+                    "kl log_target",
+                    Divergence::Kl { log_target: true },
+                    &x,
+                    &lp,
+                    rows,
+                    cols,
+                    None,
+                    reduction,
+                    dtype,
+                );
+            }
+        }
+    }
+    // A zero target contributes nothing (xlogy).
+    let x = f32_tensor(&[-1.0, -2.0], &[1, 2]);
+    let t = f32_tensor(&[0.0, 1.0], &[1, 2]);
+    let (l, _) = loss::kl_div(&x, &t, false, DivReduction::Sum).unwrap();
+    assert_eq!(l.to_f64().unwrap(), vec![2.0]);
+}
+
+#[test]
+fn jsd_matches_the_reference_for_beta_0_half_and_1() {
+    // 128 columns: whole vec4 chunks in every dtype; 129: element by element.
+    for cols in [128, 129] {
+        jsd_case(cols);
+    }
+}
+
+fn jsd_case(cols: usize) {
+    let rows = 6;
+    let x = log_probs(310, rows, cols);
+    let t = log_probs(311, rows, cols);
+    let labels = [3, -100, 0, 5, -100, 1];
+    for beta in [0.0, 0.5, 1.0, 0.2] {
+        for dtype in DType::FLOATS {
+            divergence_case(
+                "jsd",
+                Divergence::Jsd { beta },
+                &x,
+                &t,
+                rows,
+                cols,
+                None,
+                DivReduction::BatchMean,
+                dtype,
+            );
+            divergence_case(
+                "jsd labels",
+                Divergence::Jsd { beta },
+                &x,
+                &t,
+                rows,
+                cols,
+                Some(&labels),
+                DivReduction::BatchMean,
+                dtype,
+            );
+        }
+    }
+    // β = 0 is the forward KL(P‖Q) with P the teacher, β = 1 the reverse KL(Q‖P).
+    let xs = common::stored(&x, DType::F32);
+    let ts = common::stored(&t, DType::F32);
+    let xt = f32_tensor(&x, &[rows, cols]);
+    let tt = f32_tensor(&t, &[rows, cols]);
+    let (l0, _) = loss::jsd(&xt, &tt, 0.0, None, -100).unwrap();
+    let (k0, _) = loss::kl_div(&xt, &tt, true, DivReduction::BatchMean).unwrap();
+    assert_close(
+        "β=0 is KL(P‖Q)",
+        &l0.to_f64().unwrap(),
+        &k0.to_f64().unwrap(),
+        F32,
+    );
+    let (l1, _) = loss::jsd(&xt, &tt, 1.0, None, -100).unwrap();
+    let (k1, _) = loss::kl_div(&tt, &xt, true, DivReduction::BatchMean).unwrap();
+    assert_close(
+        "β=1 is KL(Q‖P)",
+        &l1.to_f64().unwrap(),
+        &k1.to_f64().unwrap(),
+        F32,
+    );
+    let _ = (xs, ts);
+    // All rows ignored: zero loss and zero gradient.
+    let all = [-100; 6];
+    let lt = i32_tensor(&all, &[rows]);
+    let (l, saved) = loss::jsd(&xt, &tt, 0.5, Some(&lt), -100).unwrap();
+    assert_eq!(l.to_f64().unwrap(), vec![0.0]);
+    assert!(
+        loss::divergence_backward(&saved, None)
+            .unwrap()
+            .to_f64()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0.0)
+    );
+}
+
+#[test]
+fn tvd_matches_the_reference() {
+    for cols in [77, 80] {
+        tvd_case(cols);
+    }
+}
+
+fn tvd_case(cols: usize) {
+    let rows = 5;
+    let p: Vec<f64> = reference::softmax(&data(320, rows * cols, -2.0, 2.0), rows, cols);
+    let mut q: Vec<f64> = reference::softmax(&data(321, rows * cols, -2.0, 2.0), rows, cols);
+    q[3] = p[3]; // a tie: zero gradient there
+    let labels = [0, -100, 2, 2, -100];
+    for dtype in DType::FLOATS {
+        for reduction in DIV_REDUCTIONS {
+            divergence_case(
+                "tvd",
+                Divergence::Tvd,
+                &p,
+                &q,
+                rows,
+                cols,
+                None,
+                reduction,
+                dtype,
+            );
+            divergence_case(
+                "tvd labels",
+                Divergence::Tvd,
+                &p,
+                &q,
+                rows,
+                cols,
+                Some(&labels),
+                reduction,
+                dtype,
+            );
+        }
+    }
+}
+
+#[test]
+fn divergence_reference_backwards_match_finite_differences() {
+    let (rows, cols) = (3, 5);
+    let x = log_probs(330, rows, cols);
+    let lt = log_probs(331, rows, cols);
+    let p: Vec<f64> = lt.iter().map(|v| v.exp()).collect();
+    let labels = [1, -100, 2];
+    let kinds: [(Divergence, &[f64]); 5] = [
+        (Divergence::Kl { log_target: false }, &p),
+        (Divergence::Kl { log_target: true }, &lt),
+        (Divergence::Jsd { beta: 0.0 }, &lt),
+        (Divergence::Jsd { beta: 0.5 }, &lt),
+        (Divergence::Jsd { beta: 1.0 }, &lt),
+    ];
+    for (kind, t) in kinds {
+        for reduction in DIV_REDUCTIONS {
+            let n = if reduction == DivReduction::None {
+                rows * cols
+            } else {
+                1
+            };
+            let g = data(332, n, -1.0, 1.0);
+            let analytic = reference::divergence_backward(
+                kind,
+                &x,
+                t,
+                rows,
+                cols,
+                Some(&labels),
+                -100,
+                reduction,
+                &g,
+            );
+            let c = check_vjp(
+                |q| reference::divergence(kind, q, t, rows, cols, Some(&labels), -100, reduction),
+                &x,
+                &g,
+                &analytic,
+            );
+            assert!(c.passed, "{kind:?} {reduction:?}: {c}");
+        }
+    }
+    // TVD away from ties (|x − t| > step).
+    let q: Vec<f64> = p.iter().map(|v| v + 0.01).collect();
+    let g = [0.7];
+    let analytic = reference::divergence_backward(
+        Divergence::Tvd,
+        &p,
+        &q,
+        rows,
+        cols,
+        None,
+        -100,
+        DivReduction::BatchMean,
+        &g,
+    );
+    let c = check_vjp(
+        |v| {
+            reference::divergence(
+                Divergence::Tvd,
+                v,
+                &q,
+                rows,
+                cols,
+                None,
+                -100,
+                DivReduction::BatchMean,
+            )
+        },
+        &p,
+        &g,
+        &analytic,
+    );
+    assert!(c.passed, "tvd: {c}");
+}
+
+#[test]
+fn divergence_bad_inputs() {
+    let e = engine();
+    let x = f32_tensor(&[0.1; 6], &[2, 3]);
+    assert!(matches!(
+        loss::kl_div(&x, &f32_tensor(&[0.1; 3], &[3]), false, DivReduction::Sum),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let xi = Tensor::from_slice(e, &[1u32; 6], &[2, 3]).unwrap();
+    assert!(matches!(
+        loss::kl_div(&xi, &x, false, DivReduction::Sum),
+        Err(Error::UnsupportedDType {
+            got: DType::U32,
+            ..
+        })
+    ));
+    assert!(matches!(
+        loss::tvd(&x, &xi, DivReduction::Sum, None, -100),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    for beta in [-0.1f32, 1.01, f32::NAN] {
+        assert!(
+            matches!(
+                loss::jsd(&x, &x, beta, None, -100),
+                Err(Error::InvalidValue { .. })
+            ),
+            "{beta}"
+        );
+    }
+    let bad_labels = i32_tensor(&[1, 2, 3], &[3]);
+    assert!(matches!(
+        loss::jsd(&x, &x, 0.5, Some(&bad_labels), -100),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let f_labels = f32_tensor(&[1.0, 2.0], &[2]);
+    assert!(matches!(
+        loss::tvd(&x, &x, DivReduction::Sum, Some(&f_labels), -100),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let (_, saved) = loss::tvd(&x, &x, DivReduction::None, None, -100).unwrap();
+    assert!(matches!(
+        loss::divergence_backward(&saved, Some(&f32_tensor(&[1.0], &[]))),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let (_, saved) = loss::kl_div(&x, &x, true, DivReduction::Mean).unwrap();
+    assert!(matches!(
+        loss::divergence_backward(&saved, Some(&f32_tensor(&[1.0; 6], &[2, 3]))),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Workspace bound.
+    let engine = common::private_engine();
+    let rows = 100;
+    let needed = loss::divergence_workspace_bytes(rows);
+    let xp = tensor_from_f64(&engine, &vec![0.5; rows * 2], &[rows, 2], DType::F32);
+    engine.set_workspace_bound(needed - 1);
+    assert!(matches!(
+        loss::tvd(&xp, &xp, DivReduction::Sum, None, -100),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+    engine.set_workspace_bound(needed);
+    assert!(loss::tvd(&xp, &xp, DivReduction::Sum, None, -100).is_ok());
+}
+
+#[test]
+fn softmax_and_sparsemax_bad_inputs() {
+    let e = engine();
+    let xi = Tensor::from_slice(e, &[1i32; 6], &[2, 3]).unwrap();
+    assert!(matches!(
+        loss::softmax(&xi),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    assert!(matches!(
+        loss::sparsemax(&xi),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let x = f32_tensor(&[0.1; 6], &[2, 3]);
+    let (_, saved) = loss::softmax(&x).unwrap();
+    assert!(matches!(
+        loss::softmax_backward(&saved, &f32_tensor(&[0.1; 6], &[3, 2])),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        loss::softmax_backward(&saved, &xi),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let (_, saved) = loss::sparsemax(&x).unwrap();
+    assert!(matches!(
+        loss::sparsemax_backward(&saved, &f32_tensor(&[0.1; 3], &[1, 3])),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let z = Tensor::zeros(e, &[2, 0], DType::F32).unwrap();
+    assert!(matches!(
+        loss::sparsemax(&z),
+        Err(Error::OutOfBounds { .. })
+    ));
+}
+
+#[test]
+fn cross_entropy_softcap_is_accurate_for_small_logits() {
+    // tanh near 0 must keep its relative precision (the z-loss of tiny logits depends on it).
+    let cfg = CrossEntropyConfig {
+        softcap: Some(30.0),
+        z_loss: 1e-4,
+        ..Default::default()
+    };
+    for (rows, cols) in [(64, 1), (4, 3)] {
+        let targets = targets_for(7, rows, cols, -100, 0);
+        for reduction in [Reduction::Mean, Reduction::None] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                ..cfg.clone()
+            };
+            ce_case(
+                "softcap small",
+                rows,
+                cols,
+                DType::F32,
+                &cfg,
+                &targets,
+                120,
+                0.1,
+            );
+        }
+    }
+}
+
+#[test]
+fn more_than_65535_rows_fold_the_launch() {
+    // One workgroup per row: past 65,535 rows the launch folds into two dimensions. (Kept to
+    // one forward and one backward: lavapipe runs 65k workgroups slowly.)
+    let (rows, cols) = (65_537, 3);
+    let targets = targets_for(130, rows, cols, -100, 7);
+    let cfg = CrossEntropyConfig {
+        z_loss: 1e-3,
+        ..Default::default()
+    };
+    let (x, xs) = upload(
+        &data(131, rows * cols, -3.0, 3.0),
+        &[rows, cols],
+        DType::F32,
+    );
+    let t = i32_tensor(&targets, &[rows]);
+    let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+    let want = reference::cross_entropy(&xs, &targets, rows, cols, &cfg);
+    assert_close(
+        "many rows loss",
+        &out.loss.to_f64().unwrap(),
+        &want.loss,
+        F32,
+    );
+    assert_eq!(
+        out.predicted.unwrap().to_vec::<i32>().unwrap(),
+        want.predicted
+    );
+    let dx = cross_entropy_backward(&saved, None)
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    let want_dx = reference::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &[1.0]);
+    assert_close("many rows dx", &dx, &want_dx, F32);
+}
+
+#[test]
+fn a_gradient_past_the_binding_limit_is_a_typed_error() {
+    // BF16 logits that fit one binding whose F32 gradient does not: the backward refuses
+    // before launching. Sized from this device's limit (128 MiB on lavapipe); on devices
+    // with a much larger limit the case would need gigabytes, so it runs where it is cheap.
+    let e = engine();
+    let limit = e.max_binding_bytes();
+    if limit > 512 << 20 {
+        eprintln!("binding limit {limit} bytes: the case would need too much memory, skipped");
+        return;
+    }
+    let cols = 65_536;
+    let rows = (limit / 4 / cols as u64 + 1) as usize;
+    let x = Tensor::zeros(e, &[rows, cols], DType::BF16).unwrap();
+    let t = i32_tensor(&vec![0; rows], &[rows]);
+    let (out, saved) = cross_entropy(&x, &t, &CrossEntropyOptions::default()).unwrap();
+    let l = out.loss.to_f64().unwrap()[0];
+    assert!(
+        (l - (cols as f64).ln()).abs() < 1e-4,
+        "uniform logits: loss {l}"
+    );
+    match cross_entropy_backward(&saved, None) {
+        Err(Error::LimitExceeded {
+            bytes, limit: l, ..
+        }) => {
+            assert_eq!((bytes, l), ((rows * cols * 4) as u64, limit))
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+}
+
+#[test]
+fn masked_minus_infinity_logits_get_zero_probability() {
+    // −∞ entries (masked classes) contribute nothing and get zero gradient, in both the
+    // element-by-element (7 columns) and the chunked (8 columns) entries.
+    for cols in [7usize, 8] {
+        let rows = 3;
+        let mut v = data(140, rows * cols, -2.0, 2.0);
+        for r in 0..rows {
+            v[r * cols + 2] = f64::NEG_INFINITY;
+            v[r * cols + cols - 1] = f64::NEG_INFINITY;
+        }
+        let (x, xs) = upload(&v, &[rows, cols], DType::F32);
+        let (y, saved) = loss::softmax(&x).unwrap();
+        let got = y.to_f64().unwrap();
+        assert_close(
+            "masked softmax",
+            &got,
+            &reference::softmax(&xs, rows, cols),
+            F32,
+        );
+        assert_eq!(got[2], 0.0);
+        let dys = data(141, rows * cols, -1.0, 1.0);
+        let dx = loss::softmax_backward(&saved, &f32_tensor(&dys, &[rows, cols])).unwrap();
+        let want =
+            reference::softmax_backward(&xs, &common::stored(&dys, DType::F32), rows, cols, false);
+        assert_close("masked softmax dx", &dx.to_f64().unwrap(), &want, F32);
+        let (ly, _) = loss::log_softmax(&x).unwrap();
+        assert_eq!(ly.to_f64().unwrap()[2], f64::NEG_INFINITY);
+        let targets = [0, 1, 3];
+        let cfg = CrossEntropyConfig {
+            reduction: Reduction::None,
+            z_loss: 1e-3,
+            ..Default::default()
+        };
+        let t = i32_tensor(&targets, &[rows]);
+        let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+        let want = reference::cross_entropy(&xs, &targets, rows, cols, &cfg);
+        assert_close("masked ce", &out.loss.to_f64().unwrap(), &want.loss, F32);
+        let dx = cross_entropy_backward(&saved, None)
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        let want = reference::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &[1.0; 3]);
+        assert_close("masked ce dx", &dx, &want, F32);
+    }
+}
+
+#[test]
+fn register_resident_softmax_rows() {
+    // Forward: rows of more than 8·256 and at most 32·256 vec4 chunks are read once into
+    // registers: 32,000 (the benchmark width), 12,000, 20,000 and the largest (65,536
+    // 16-bit columns). Backward with dy in x's dtype: up to 16·256 chunks (12,000 F32 and
+    // 20,000 BF16 columns here; the others take the two-pass entry). Each dtype and mode is
+    // one large pipeline that lavapipe compiles slowly, so the cases are few.
+    for (dtype, cols, log) in [
+        (DType::F32, 32_000, false),
+        (DType::F32, 12_000, true),
+        (DType::BF16, 20_000, true),
+        (DType::F16, 65_536, false),
+    ] {
+        let rows = 2;
+        {
+            let what = format!("{dtype} [{rows}, {cols}] log={log}");
+            let mut v = data(150 + cols as u64, rows * cols, -6.0, 6.0);
+            v[cols + 17] = f64::NEG_INFINITY;
+            let (x, xs) = upload(&v, &[rows, cols], dtype);
+            let (y, saved) = if log {
+                loss::log_softmax(&x).unwrap()
+            } else {
+                loss::softmax(&x).unwrap()
+            };
+            let want = if log {
+                reference::log_softmax(&xs, rows, cols)
+            } else {
+                reference::softmax(&xs, rows, cols)
+            };
+            assert_close(
+                &what,
+                &y.to_f64().unwrap(),
+                &want,
+                Tolerance::for_dtype(dtype),
+            );
+            let stats = saved.stats().to_f64().unwrap();
+            for r in 0..rows {
+                let (m, l) = reference::row_stats(&xs[r * cols..(r + 1) * cols]);
+                assert_eq!(stats[2 * r], m, "{what}: max");
+                assert!(
+                    (stats[2 * r + 1] - l).abs() <= 1e-5,
+                    "{what}: log denominator"
+                );
+            }
+            let (y2, _) = if log {
+                loss::log_softmax(&x).unwrap()
+            } else {
+                loss::softmax(&x).unwrap()
+            };
+            assert_eq!(y.to_f64().unwrap(), y2.to_f64().unwrap(), "{what}: rerun");
+            // Backward with dy in x's dtype: register-resident up to 16·256 chunks.
+            let (dy, dys) = upload(&data(160, rows * cols, -1.0, 1.0), &[rows, cols], dtype);
+            let dx = loss::softmax_backward(&saved, &dy).unwrap();
+            let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
+            assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want, F32);
+        }
+    }
+}

@@ -1,0 +1,1588 @@
+// Losses and normalizers over the last axis: softmax, log-softmax, sparsemax, cross-entropy
+// (integer and soft targets) and the divergences KL, JSD and TVD, forward and backward.
+//
+// One workgroup per row for everything that needs a row statistic. Lane t takes columns
+// t, t + WG, ... in order, keeping an online maximum and a sum of exponentials relative to it;
+// lanes meet in the fixed-order trees of wgsl/common/reduce.wgsl, so no row is ever held in
+// workgroup memory and any width works. Cross-row sums (sum/mean reductions) are written as
+// per-row partial matrices and finished on the host side with the fixed-order column sums of
+// the reduce family, then by the *_finish entries. No atomics.
+//
+// Floating inputs are bound as u32 words (F32, or two F16/BF16 halves per word); gradients and
+// loss values are F32.
+
+override DT: u32 = 0u;    // dtype of x (logits / input / student)
+override TDT: u32 = 0u;   // dtype of the second floating input (dy, target distribution)
+override ODT: u32 = 0u;   // dtype of the row output of softmax / log_softmax / sparsemax
+override MODE: u32 = 0u;  // softmax: 0 softmax, 1 log-softmax; divergences: 0 KL, 1 JSD, 2 TVD
+const WG: u32 = 256u;
+
+// Columns of the per-row matrix of the cross-entropy forward ([rows, CE_COLS], F32).
+const CE_COLS: u32 = 8u;
+const CE_LOSS: u32 = 0u;    // cross-entropy part of the row loss (weighted, smoothed)
+const CE_Z: u32 = 1u;       // z-loss part
+const CE_WEIGHT: u32 = 2u;  // weight of the target class (1 without weights, 0 if ignored)
+const CE_VALID: u32 = 3u;   // 1 for a counted row, 0 for an ignored one
+const CE_CORRECT: u32 = 4u; // 1 when the argmax equals the target
+const CE_MAX: u32 = 5u;     // row maximum of the (softcapped) logits
+const CE_LOGDEN: u32 = 6u;  // log Σ exp(z − max)
+const CE_WSUM: u32 = 7u;    // Σ_c w_c (smoothing) or Σ_c t_c (soft targets)
+
+const F_WEIGHT: u32 = 1u;    // class weights bound
+const F_LABELS: u32 = 2u;    // divergences: label rows with ignore_index are skipped
+const F_LOG_TARGET: u32 = 4u;// KL: target given as log-probabilities
+const F_COT_ROW: u32 = 8u;   // cotangent per row (cross-entropy, reduction none)
+const F_COT_ELEM: u32 = 16u; // cotangent per element (divergences, reduction none)
+const F_MEAN: u32 = 32u;     // finish: mean reduction
+const F_BATCHMEAN: u32 = 64u;// divergence finish: divide by counted rows
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    flags: u32,
+    ignore_index: i32,
+    a: f32,  // cross-entropy: label smoothing ε; JSD: β
+    b: f32,  // cross-entropy: z-loss coefficient
+    c: f32,  // cross-entropy: softcap (0 = off)
+    d: f32,  // unused
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<u32>;
+@group(0) @binding(2) var<storage, read_write> y_out: array<u32>;
+@group(0) @binding(3) var<storage, read_write> stats_out: array<f32>;
+@group(0) @binding(4) var<storage, read> stats_in: array<f32>;
+@group(0) @binding(5) var<storage, read> second: array<u32>;
+@group(0) @binding(6) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(7) var<storage, read> labels: array<i32>;
+@group(0) @binding(8) var<storage, read> weights: array<f32>;
+@group(0) @binding(9) var<storage, read_write> pred: array<i32>;
+@group(0) @binding(10) var<storage, read> final_in: array<f32>;
+@group(0) @binding(11) var<storage, read> cot: array<f32>;
+@group(0) @binding(12) var<storage, read_write> out_f32: array<f32>;
+@group(0) @binding(13) var<storage, read_write> out2_f32: array<f32>;
+
+var<workgroup> wg_best: array<f32, WG>;
+var<workgroup> wg_index: array<u32, WG>;
+var<workgroup> wg_uniform: f32;
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}
+
+fn ld_x(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(x[i]);
+    }
+    return half_from_word(x[i >> 1u], i, DT);
+}
+
+fn ld_second(i: u32) -> f32 {
+    if (TDT == DT_F32) {
+        return bitcast<f32>(second[i]);
+    }
+    return half_from_word(second[i >> 1u], i, TDT);
+}
+
+// Online (max, Σ exp(z − max)) update of one lane; −∞ entries add nothing.
+fn online(state: vec2<f32>, z: f32) -> vec2<f32> {
+    if (z > state.x) {
+        return vec2<f32>(z, state.y * exp(state.x - z) + 1.0);
+    }
+    if (z == neg_inf()) {
+        return state;
+    }
+    return vec2<f32>(state.x, state.y + exp(z - state.x));
+}
+
+// Row maximum and log denominator from the lanes' online states (uniform control flow).
+fn row_stats(state: vec2<f32>, lid: u32) -> vec2<f32> {
+    let m = workgroup_max(state.x, lid);
+    var part = 0.0;
+    if (state.y > 0.0) {
+        part = state.y * exp(state.x - m);
+    }
+    let s = workgroup_sum(part, lid);
+    return vec2<f32>(m, log(s));
+}
+
+// Argmax over the lanes' (best value, lowest index) pairs: ties go to the lower index.
+fn workgroup_argmax(v: f32, index: u32, lid: u32) -> u32 {
+    wg_best[lid] = v;
+    wg_index[lid] = index;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            let ov = wg_best[lid + stride];
+            let oi = wg_index[lid + stride];
+            let mv = wg_best[lid];
+            let mi = wg_index[lid];
+            if (ov > mv || (ov == mv && oi < mi) || (mv != mv && ov == ov)) {
+                wg_best[lid] = ov;
+                wg_index[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let best = wg_index[0];
+    workgroupBarrier();
+    return best;
+}
+
+// A value every lane sees as uniform (lane 0's), through workgroup memory.
+fn broadcast(v: f32, lid: u32) -> f32 {
+    if (lid == 0u) {
+        wg_uniform = v;
+    }
+    return workgroupUniformLoad(&wg_uniform);
+}
+
+fn softmax_value(v: f32, m: f32, logden: f32) -> f32 {
+    if (MODE == 1u) {
+        return (v - m) - logden;
+    }
+    return exp((v - m) - logden);
+}
+
+// ---- softmax / log-softmax --------------------------------------------------------------
+
+// y = softmax(x) or log_softmax(x) per row; stats_out[2r] = row max, [2r + 1] = log Σ exp(x − max).
+@compute @workgroup_size(WG)
+fn softmax_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var st = vec2<f32>(neg_inf(), 0.0);
+    for (var c = lid; c < cols; c = c + WG) {
+        st = online(st, ld_x(base + c));
+    }
+    let rs = row_stats(st, lid);
+    if (lid == 0u) {
+        stats_out[2u * row] = rs.x;
+        stats_out[2u * row + 1u] = rs.y;
+    }
+    if (ODT == DT_F32) {
+        for (var c = lid; c < cols; c = c + WG) {
+            y_out[base + c] = bitcast<u32>(softmax_value(ld_x(base + c), rs.x, rs.y));
+        }
+    } else {
+        // 16-bit output: the host guarantees an even width, so rows start on word boundaries.
+        let pairs = cols / 2u;
+        let wbase = base / 2u;
+        for (var p = lid; p < pairs; p = p + WG) {
+            let lo = softmax_value(ld_x(base + 2u * p), rs.x, rs.y);
+            let hi = softmax_value(ld_x(base + 2u * p + 1u), rs.x, rs.y);
+            y_out[wbase + p] = pack_halves(lo, hi, ODT);
+        }
+    }
+}
+
+// dx from x, the saved statistics and dy (TDT): probabilities are recomputed in FP32.
+// softmax: dx = p (dy − Σ dy p); log-softmax: dx = dy − p Σ dy.
+@compute @workgroup_size(WG)
+fn softmax_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let m = stats_in[2u * row];
+    let logden = stats_in[2u * row + 1u];
+    var acc = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let g = ld_second(base + c);
+        if (MODE == 1u) {
+            acc = acc + g;
+        } else {
+            acc = acc + g * exp((ld_x(base + c) - m) - logden);
+        }
+    }
+    let total = workgroup_sum(acc, lid);
+    for (var c = lid; c < cols; c = c + WG) {
+        let p = exp((ld_x(base + c) - m) - logden);
+        let g = ld_second(base + c);
+        if (MODE == 1u) {
+            dx[base + c] = g - p * total;
+        } else {
+            dx[base + c] = p * (g - total);
+        }
+    }
+}
+
+// ---- sparsemax --------------------------------------------------------------------------
+
+// y = max(x − τ, 0) with Σ y = 1. With x' = x − max, τ' is found by Michelot's fixed point:
+// τ' = (Σ_{x' > τ'} x' − 1) / |{x' > τ'}|, starting from every column; the support shrinks
+// every round until it stops changing. stats_out[2r] = row max, [2r + 1] = τ'.
+@compute @workgroup_size(WG)
+fn sparsemax_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var best = neg_inf();
+    for (var c = lid; c < cols; c = c + WG) {
+        best = max(best, ld_x(base + c));
+    }
+    let m = workgroup_max(best, lid);
+    var s = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        s = s + (ld_x(base + c) - m);
+    }
+    var tau = broadcast((workgroup_sum(s, lid) - 1.0) / f32(cols), lid);
+    var support = f32(cols);
+    loop {
+        var ls = 0.0;
+        var lk = 0.0;
+        for (var c = lid; c < cols; c = c + WG) {
+            let v = ld_x(base + c) - m;
+            if (v > tau) {
+                ls = ls + v;
+                lk = lk + 1.0;
+            }
+        }
+        let total = workgroup_sum(ls, lid);
+        let k = broadcast(workgroup_sum(lk, lid), lid);
+        if (k >= support || k == 0.0) {
+            break;
+        }
+        support = k;
+        tau = broadcast((total - 1.0) / k, lid);
+    }
+    if (lid == 0u) {
+        stats_out[2u * row] = m;
+        stats_out[2u * row + 1u] = tau;
+    }
+    if (ODT == DT_F32) {
+        for (var c = lid; c < cols; c = c + WG) {
+            y_out[base + c] = bitcast<u32>(max((ld_x(base + c) - m) - tau, 0.0));
+        }
+    } else {
+        let pairs = cols / 2u;
+        let wbase = base / 2u;
+        for (var p = lid; p < pairs; p = p + WG) {
+            let lo = max((ld_x(base + 2u * p) - m) - tau, 0.0);
+            let hi = max((ld_x(base + 2u * p + 1u) - m) - tau, 0.0);
+            y_out[wbase + p] = pack_halves(lo, hi, ODT);
+        }
+    }
+}
+
+// dx_i = dy_i − mean_{support} dy on the support {x' > τ'}, 0 elsewhere.
+@compute @workgroup_size(WG)
+fn sparsemax_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let m = stats_in[2u * row];
+    let tau = stats_in[2u * row + 1u];
+    var ls = 0.0;
+    var lk = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        if (ld_x(base + c) - m > tau) {
+            ls = ls + ld_second(base + c);
+            lk = lk + 1.0;
+        }
+    }
+    let total = workgroup_sum(ls, lid);
+    let k = workgroup_sum(lk, lid);
+    var mean = 0.0;
+    if (k > 0.0) {
+        mean = total / k;
+    }
+    for (var c = lid; c < cols; c = c + WG) {
+        var g = 0.0;
+        if (ld_x(base + c) - m > tau) {
+            g = ld_second(base + c) - mean;
+        }
+        dx[base + c] = g;
+    }
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------
+
+// tanh to a few ulps whatever the driver's tanh does near 0 (some compute it as
+// (e^2u − 1)/(e^2u + 1), which loses relative precision for small u): a series below 1/8,
+// else from exp(−2|u|) (no overflow).
+fn tanh_accurate(u: f32) -> f32 {
+    let a = abs(u);
+    if (a < 0.125) {
+        let u2 = u * u;
+        return u * (1.0 + u2 * (-1.0 / 3.0 + u2 * (2.0 / 15.0 + u2 * (-17.0 / 315.0))));
+    }
+    let e = exp(-2.0 * a);
+    return sign(u) * ((1.0 - e) / (1.0 + e));
+}
+
+fn softcapped(v: f32) -> f32 {
+    if (params.c > 0.0) {
+        return params.c * tanh_accurate(v / params.c);
+    }
+    return v;
+}
+
+fn class_weight(c: u32) -> f32 {
+    if ((params.flags & F_WEIGHT) != 0u) {
+        return weights[c];
+    }
+    return 1.0;
+}
+
+// Whether the row's target counts: not ignore_index and inside [0, cols) (out-of-range targets
+// are rejected on the host unless the caller turned the check off; then they count as ignored).
+fn target_valid(t: i32) -> bool {
+    return t != params.ignore_index && t >= 0 && u32(t) < params.cols;
+}
+
+// Per-row cross-entropy with integer targets into stats_out ([rows, CE_COLS], see above) and
+// the argmax of the raw logits into pred (ties to the lowest index; −1 for an ignored row).
+// loss = (1 − ε) w_y (lse − z_y) + ε/C Σ_c w_c (lse − z_c), z = softcap(x), lse = max + logden,
+// each difference taken against the row maximum so that a large common shift cancels exactly.
+@compute @workgroup_size(WG)
+fn ce_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let eps = params.a;
+    let reference = softcapped(ld_x(base));
+    var st = vec2<f32>(neg_inf(), 0.0);
+    var best = neg_inf();
+    var best_index = 0u;
+    var wz = 0.0;   // Σ w_c (z_c − reference)
+    var wsum = 0.0; // Σ w_c
+    for (var c = lid; c < cols; c = c + WG) {
+        let raw = ld_x(base + c);
+        let z = softcapped(raw);
+        st = online(st, z);
+        if (raw > best) {
+            best = raw;
+            best_index = c;
+        }
+        if (eps > 0.0) {
+            let w = class_weight(c);
+            wz = wz + w * (z - reference);
+            wsum = wsum + w;
+        }
+    }
+    let rs = row_stats(st, lid);
+    var sum_wz = 0.0;
+    var sum_w = 0.0;
+    if (eps > 0.0) { // uniform: a parameter
+        sum_wz = workgroup_sum(wz, lid);
+        sum_w = workgroup_sum(wsum, lid);
+    }
+    let arg = workgroup_argmax(best, best_index, lid);
+    if (lid == 0u) {
+        let t = labels[row];
+        let o = row * CE_COLS;
+        var loss = 0.0;
+        var zl = 0.0;
+        var wy = 0.0;
+        var valid = 0.0;
+        var correct = 0.0;
+        if (target_valid(t)) {
+            let ti = u32(t);
+            let zy = softcapped(ld_x(base + ti));
+            wy = class_weight(ti);
+            valid = 1.0;
+            loss = (1.0 - eps) * wy * ((rs.x - zy) + rs.y);
+            if (eps > 0.0) {
+                let spread = sum_w * (rs.x - reference) - sum_wz;
+                loss = loss + eps / f32(cols) * (spread + sum_w * rs.y);
+            }
+            let lse = rs.x + rs.y;
+            zl = params.b * lse * lse;
+            if (arg == ti) {
+                correct = 1.0;
+            }
+            pred[row] = i32(arg);
+        } else {
+            pred[row] = -1;
+        }
+        stats_out[o + CE_LOSS] = loss;
+        stats_out[o + CE_Z] = zl;
+        stats_out[o + CE_WEIGHT] = wy;
+        stats_out[o + CE_VALID] = valid;
+        stats_out[o + CE_CORRECT] = correct;
+        stats_out[o + CE_MAX] = rs.x;
+        stats_out[o + CE_LOGDEN] = rs.y;
+        stats_out[o + CE_WSUM] = sum_w;
+    }
+}
+
+// Cross-entropy with a target distribution t (TDT): loss = Σ_c t_c (lse − x_c).
+@compute @workgroup_size(WG)
+fn ce_soft_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let reference = ld_x(base);
+    var st = vec2<f32>(neg_inf(), 0.0);
+    var tz = 0.0;
+    var tsum = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let z = ld_x(base + c);
+        let t = ld_second(base + c);
+        st = online(st, z);
+        tz = tz + t * (z - reference);
+        tsum = tsum + t;
+    }
+    let rs = row_stats(st, lid);
+    let sum_tz = workgroup_sum(tz, lid);
+    let sum_t = workgroup_sum(tsum, lid);
+    if (lid == 0u) {
+        let o = row * CE_COLS;
+        stats_out[o + CE_LOSS] = (sum_t * (rs.x - reference) - sum_tz) + sum_t * rs.y;
+        stats_out[o + CE_Z] = 0.0;
+        stats_out[o + CE_WEIGHT] = 1.0;
+        stats_out[o + CE_VALID] = 1.0;
+        stats_out[o + CE_CORRECT] = 0.0;
+        stats_out[o + CE_MAX] = rs.x;
+        stats_out[o + CE_LOGDEN] = rs.y;
+        stats_out[o + CE_WSUM] = sum_t;
+    }
+}
+
+// From the column sums of the per-row matrix (stats_in, CE_COLS values) to
+// out_f32 = [loss, z-loss, accuracy, ce scale, z scale, counted rows, 0, 0].
+// Mean divides the cross-entropy part by Σ w_y (with weights) or the counted rows, and the
+// z-loss part by the counted rows; a zero denominator gives zero (all rows ignored).
+@compute @workgroup_size(1)
+fn ce_finish() {
+    let ce = stats_in[CE_LOSS];
+    let zl = stats_in[CE_Z];
+    let wy = stats_in[CE_WEIGHT];
+    let n = stats_in[CE_VALID];
+    let correct = stats_in[CE_CORRECT];
+    var loss = ce + zl;
+    var z = zl;
+    var scale_ce = 1.0;
+    var scale_z = 1.0;
+    if ((params.flags & F_MEAN) != 0u) {
+        var den = n;
+        if ((params.flags & F_WEIGHT) != 0u) {
+            den = wy;
+        }
+        var ce_mean = 0.0;
+        scale_ce = 0.0;
+        if (den != 0.0) {
+            ce_mean = ce / den;
+            scale_ce = 1.0 / den;
+        }
+        z = 0.0;
+        scale_z = 0.0;
+        if (n != 0.0) {
+            z = zl / n;
+            scale_z = 1.0 / n;
+        }
+        loss = ce_mean + z;
+    }
+    var accuracy = 0.0;
+    if (n != 0.0) {
+        accuracy = correct / n;
+    }
+    out_f32[0] = loss;
+    out_f32[1] = z;
+    out_f32[2] = accuracy;
+    out_f32[3] = scale_ce;
+    out_f32[4] = scale_z;
+    out_f32[5] = n;
+    out_f32[6] = 0.0;
+    out_f32[7] = 0.0;
+}
+
+// Reduction none: the per-row loss (cross-entropy + z-loss) and z-loss columns as [rows] each.
+@compute @workgroup_size(WG)
+fn ce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg) * WG + lid;
+    if (r >= params.rows) {
+        return;
+    }
+    out_f32[r] = stats_in[r * CE_COLS + CE_LOSS] + stats_in[r * CE_COLS + CE_Z];
+    out2_f32[r] = stats_in[r * CE_COLS + CE_Z];
+}
+
+fn row_cotangent(row: u32) -> f32 {
+    if ((params.flags & F_COT_ROW) != 0u) {
+        return cot[row];
+    }
+    return cot[0];
+}
+
+// dlogits of the integer-target cross-entropy, recomputing p = exp(z − max − logden).
+@compute @workgroup_size(WG)
+fn ce_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let o = row * CE_COLS;
+    let t = labels[row];
+    if (!target_valid(t)) {
+        for (var c = lid; c < cols; c = c + WG) {
+            dx[base + c] = 0.0;
+        }
+        return;
+    }
+    let ti = u32(t);
+    let eps = params.a;
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let wy = stats_in[o + CE_WEIGHT];
+    let wsum = stats_in[o + CE_WSUM];
+    let g = row_cotangent(row);
+    let f_ce = g * final_in[3];
+    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
+    let spread_w = eps / f32(cols);
+    for (var c = lid; c < cols; c = c + WG) {
+        let raw = ld_x(base + c);
+        let z = softcapped(raw);
+        let p = exp((z - m) - logden);
+        var onehot = 0.0;
+        if (c == ti) {
+            onehot = 1.0;
+        }
+        var d = (1.0 - eps) * wy * (p - onehot);
+        if (eps > 0.0) {
+            d = d + spread_w * (wsum * p - class_weight(c));
+        }
+        d = d * f_ce + p * f_z;
+        if (params.c > 0.0) {
+            let th = z / params.c;
+            d = d * (1.0 - th * th);
+        }
+        dx[base + c] = d;
+    }
+}
+
+// dlogits of the soft-target cross-entropy: (Σ t) p − t.
+@compute @workgroup_size(WG)
+fn ce_soft_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let o = row * CE_COLS;
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let tsum = stats_in[o + CE_WSUM];
+    let f = row_cotangent(row) * final_in[3];
+    for (var c = lid; c < cols; c = c + WG) {
+        let p = exp((ld_x(base + c) - m) - logden);
+        dx[base + c] = (tsum * p - ld_second(base + c)) * f;
+    }
+}
+
+// ---- divergences: KL (MODE 0), JSD (MODE 1), TVD (MODE 2) --------------------------------
+
+// (loss, d loss / d x) of one element; x is the input (KL: log-probabilities; JSD: student
+// log-probabilities; TVD: probabilities), t the target in the matching form.
+fn divergence(xv: f32, t: f32) -> vec2<f32> {
+    if (MODE == 0u) {
+        if ((params.flags & F_LOG_TARGET) != 0u) {
+            let pt = exp(t);
+            return vec2<f32>(pt * (t - xv), -pt);
+        }
+        var xlogx = 0.0;
+        if (t != 0.0) {
+            xlogx = t * log(t);
+        }
+        return vec2<f32>(xlogx - t * xv, -t);
+    }
+    if (MODE == 1u) {
+        let beta = params.a;
+        if (beta == 0.0) {
+            let p = exp(t);
+            return vec2<f32>(p * (t - xv), -p);
+        }
+        if (beta == 1.0) {
+            let q = exp(xv);
+            let l = q * (xv - t);
+            return vec2<f32>(l, l + q);
+        }
+        let q = exp(xv);
+        let p = exp(t);
+        let mix = beta * p + (1.0 - beta) * q;
+        let log_mix = log(mix);
+        let l = beta * p * (t - log_mix) + (1.0 - beta) * q * (xv - log_mix);
+        return vec2<f32>(l, (1.0 - beta) * q * (xv - log_mix));
+    }
+    let diff = xv - t;
+    return vec2<f32>(0.5 * abs(diff), 0.5 * sign(diff));
+}
+
+fn row_counted(row: u32) -> bool {
+    if ((params.flags & F_LABELS) != 0u) {
+        return labels[row] != params.ignore_index;
+    }
+    return true;
+}
+
+// stats_out[2r] = Σ_c loss (0 for a skipped row), [2r + 1] = 1 for a counted row.
+@compute @workgroup_size(WG)
+fn div_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    var acc = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        acc = acc + divergence(ld_x(base + c), ld_second(base + c)).x;
+    }
+    let total = workgroup_sum(acc, lid);
+    if (lid == 0u) {
+        if (row_counted(row)) {
+            stats_out[2u * row] = total;
+            stats_out[2u * row + 1u] = 1.0;
+        } else {
+            stats_out[2u * row] = 0.0;
+            stats_out[2u * row + 1u] = 0.0;
+        }
+    }
+}
+
+// Reduction none: the elementwise loss (0 on skipped rows).
+@compute @workgroup_size(WG)
+fn div_elems(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.rows * params.cols) {
+        return;
+    }
+    var l = 0.0;
+    if (row_counted(i / params.cols)) {
+        l = divergence(ld_x(i), ld_second(i)).x;
+    }
+    out_f32[i] = l;
+}
+
+// out_f32 = [loss, scale]: sum → Σ; mean → Σ / (counted rows · cols); batchmean → Σ / counted
+// rows; a zero denominator gives zero loss and zero scale.
+@compute @workgroup_size(1)
+fn div_finish() {
+    let total = stats_in[0];
+    let n = stats_in[1];
+    var den = 1.0;
+    if ((params.flags & F_MEAN) != 0u) {
+        den = n * f32(params.cols);
+    }
+    if ((params.flags & F_BATCHMEAN) != 0u) {
+        den = n;
+    }
+    var loss = 0.0;
+    var scale = 0.0;
+    if (den != 0.0) {
+        loss = total / den;
+        scale = 1.0 / den;
+    }
+    out_f32[0] = loss;
+    out_f32[1] = scale;
+}
+
+// d loss / d x, times the cotangent (per element for none, else the scalar) and the scale.
+@compute @workgroup_size(WG)
+fn div_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.rows * params.cols) {
+        return;
+    }
+    var g = 0.0;
+    if (row_counted(i / params.cols)) {
+        var ct = cot[0];
+        if ((params.flags & F_COT_ELEM) != 0u) {
+            ct = cot[i];
+        }
+        g = divergence(ld_x(i), ld_second(i)).y * ct * final_in[1];
+    }
+    dx[i] = g;
+}
+
+// ---- vectorized row kernels ----------------------------------------------------------------
+// The same softmax, log-softmax and cross-entropy kernels reading whole vec4<u32> chunks: 4
+// F32 or 8 F16/BF16 elements per load (more bytes in flight per lane). The host picks them
+// when every row is a whole number of chunks (columns a multiple of 4, or of 8 for 16-bit
+// storage; the same dtype for x and dy); the per-lane order is chunk by chunk, lanes still
+// meet in the fixed trees, so results are deterministic (and differ from the scalar entries
+// only by rounding).
+
+@group(0) @binding(14) var<storage, read> x4: array<vec4<u32>>;
+@group(0) @binding(15) var<storage, read_write> y4: array<vec4<u32>>;
+@group(0) @binding(16) var<storage, read> second4: array<vec4<u32>>;
+@group(0) @binding(17) var<storage, read_write> dx4: array<vec4<f32>>;
+
+// Elements per vec4<u32> chunk of dtype `dt`.
+fn chunk_width(dt: u32) -> u32 {
+    if (dt == DT_F32) {
+        return 4u;
+    }
+    return 8u;
+}
+
+// Elements 0..4 of a chunk of dtype `dt`.
+fn chunk_lo(w: vec4<u32>, dt: u32) -> vec4<f32> {
+    if (dt == DT_F32) {
+        return bitcast<vec4<f32>>(w);
+    }
+    return vec4<f32>(half_from_word(w.x, 0u, dt), half_from_word(w.x, 1u, dt),
+                     half_from_word(w.y, 0u, dt), half_from_word(w.y, 1u, dt));
+}
+
+// Elements 4..8 of a 16-bit chunk.
+fn chunk_hi(w: vec4<u32>, dt: u32) -> vec4<f32> {
+    return vec4<f32>(half_from_word(w.z, 0u, dt), half_from_word(w.z, 1u, dt),
+                     half_from_word(w.w, 0u, dt), half_from_word(w.w, 1u, dt));
+}
+
+fn pack_chunk(a: vec4<f32>, b: vec4<f32>, dt: u32) -> vec4<u32> {
+    return vec4<u32>(pack_halves(a.x, a.y, dt), pack_halves(a.z, a.w, dt),
+                     pack_halves(b.x, b.y, dt), pack_halves(b.z, b.w, dt));
+}
+
+// Online (max, Σ exp(z − max)) update with four values at once.
+// The running sum is rescaled only when the maximum grows (one exp per element otherwise).
+fn online4(state: vec2<f32>, z: vec4<f32>) -> vec2<f32> {
+    let cm = max(max(z.x, z.y), max(z.z, z.w));
+    var m = state.x;
+    var s = state.y;
+    if (cm > m) {
+        s = s * exp(m - cm);
+        m = cm;
+    }
+    if (m == neg_inf()) {
+        return state;
+    }
+    let e = exp(z - vec4<f32>(m));
+    return vec2<f32>(m, s + ((e.x + e.y) + (e.z + e.w)));
+}
+
+fn softmax4(v: vec4<f32>, m: f32, logden: f32) -> vec4<f32> {
+    if (MODE == 1u) {
+        return (v - vec4<f32>(m)) - vec4<f32>(logden);
+    }
+    return exp((v - vec4<f32>(m)) - vec4<f32>(logden));
+}
+
+@compute @workgroup_size(WG)
+fn softmax_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    var st = vec2<f32>(neg_inf(), 0.0);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        st = online4(st, chunk_lo(w, DT));
+        if (DT != DT_F32) {
+            st = online4(st, chunk_hi(w, DT));
+        }
+    }
+    let rs = row_stats(st, lid);
+    if (lid == 0u) {
+        stats_out[2u * row] = rs.x;
+        stats_out[2u * row + 1u] = rs.y;
+    }
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let a = softmax4(chunk_lo(w, DT), rs.x, rs.y);
+        if (DT == DT_F32) {
+            y4[vbase + v] = bitcast<vec4<u32>>(a);
+        } else {
+            y4[vbase + v] = pack_chunk(a, softmax4(chunk_hi(w, DT), rs.x, rs.y), DT);
+        }
+    }
+}
+
+// Softmax / log-softmax backward contribution of four elements to the row sum.
+fn softmax_bwd_acc(xv: vec4<f32>, g: vec4<f32>, m: f32, logden: f32) -> f32 {
+    if (MODE == 1u) {
+        return (g.x + g.y) + (g.z + g.w);
+    }
+    let p = exp((xv - vec4<f32>(m)) - vec4<f32>(logden));
+    let q = p * g;
+    return (q.x + q.y) + (q.z + q.w);
+}
+
+fn softmax_bwd_value(xv: vec4<f32>, g: vec4<f32>, m: f32, logden: f32, total: f32) -> vec4<f32> {
+    let p = exp((xv - vec4<f32>(m)) - vec4<f32>(logden));
+    if (MODE == 1u) {
+        return g - p * total;
+    }
+    return p * (g - vec4<f32>(total));
+}
+
+// x and dy share the dtype DT.
+@compute @workgroup_size(WG)
+fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    let m = stats_in[2u * row];
+    let logden = stats_in[2u * row + 1u];
+    var acc = 0.0;
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let g = second4[vbase + v];
+        acc = acc + softmax_bwd_acc(chunk_lo(w, DT), chunk_lo(g, DT), m, logden);
+        if (DT != DT_F32) {
+            acc = acc + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
+        }
+    }
+    let total = workgroup_sum(acc, lid);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let g = second4[vbase + v];
+        let a = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
+        if (DT == DT_F32) {
+            dx4[vbase + v] = a;
+        } else {
+            dx4[2u * (vbase + v)] = a;
+            dx4[2u * (vbase + v) + 1u] = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+        }
+    }
+}
+
+fn softcapped4(v: vec4<f32>) -> vec4<f32> {
+    if (params.c > 0.0) {
+        return vec4<f32>(softcapped(v.x), softcapped(v.y), softcapped(v.z), softcapped(v.w));
+    }
+    return v;
+}
+
+// Per-lane cross-entropy accumulators of the vectorized forward.
+struct CeLane {
+    st: vec2<f32>,
+    best: f32,
+    best_index: u32,
+    wz: f32,
+    wsum: f32,
+}
+
+fn ce_lane4(lane: CeLane, raw: vec4<f32>, first: u32, reference: f32) -> CeLane {
+    var l = lane;
+    let z = softcapped4(raw);
+    l.st = online4(l.st, z);
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        if (raw[j] > l.best) {
+            l.best = raw[j];
+            l.best_index = first + j;
+        }
+    }
+    if (params.a > 0.0) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let w = class_weight(first + j);
+            l.wz = l.wz + w * (z[j] - reference);
+            l.wsum = l.wsum + w;
+        }
+    }
+    return l;
+}
+
+@compute @workgroup_size(WG)
+fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let cw = chunk_width(DT);
+    let nv = cols / cw;
+    let vbase = row * nv;
+    let eps = params.a;
+    let reference = softcapped(chunk_lo(x4[vbase], DT).x);
+    var lane = CeLane(vec2<f32>(neg_inf(), 0.0), neg_inf(), 0u, 0.0, 0.0);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        lane = ce_lane4(lane, chunk_lo(w, DT), v * cw, reference);
+        if (DT != DT_F32) {
+            lane = ce_lane4(lane, chunk_hi(w, DT), v * cw + 4u, reference);
+        }
+    }
+    let rs = row_stats(lane.st, lid);
+    var sum_wz = 0.0;
+    var sum_w = 0.0;
+    if (eps > 0.0) { // uniform: a parameter
+        sum_wz = workgroup_sum(lane.wz, lid);
+        sum_w = workgroup_sum(lane.wsum, lid);
+    }
+    let arg = workgroup_argmax(lane.best, lane.best_index, lid);
+    if (lid == 0u) {
+        let t = labels[row];
+        let o = row * CE_COLS;
+        var loss = 0.0;
+        var zl = 0.0;
+        var wy = 0.0;
+        var valid = 0.0;
+        var correct = 0.0;
+        if (target_valid(t)) {
+            let ti = u32(t);
+            let chunk = x4[vbase + ti / cw];
+            let k = ti % cw;
+            var raw_y = 0.0;
+            if (k < 4u) {
+                raw_y = chunk_lo(chunk, DT)[k];
+            } else {
+                raw_y = chunk_hi(chunk, DT)[k - 4u];
+            }
+            let zy = softcapped(raw_y);
+            wy = class_weight(ti);
+            valid = 1.0;
+            loss = (1.0 - eps) * wy * ((rs.x - zy) + rs.y);
+            if (eps > 0.0) {
+                let spread = sum_w * (rs.x - reference) - sum_wz;
+                loss = loss + eps / f32(cols) * (spread + sum_w * rs.y);
+            }
+            let lse = rs.x + rs.y;
+            zl = params.b * lse * lse;
+            if (arg == ti) {
+                correct = 1.0;
+            }
+            pred[row] = i32(arg);
+        } else {
+            pred[row] = -1;
+        }
+        stats_out[o + CE_LOSS] = loss;
+        stats_out[o + CE_Z] = zl;
+        stats_out[o + CE_WEIGHT] = wy;
+        stats_out[o + CE_VALID] = valid;
+        stats_out[o + CE_CORRECT] = correct;
+        stats_out[o + CE_MAX] = rs.x;
+        stats_out[o + CE_LOGDEN] = rs.y;
+        stats_out[o + CE_WSUM] = sum_w;
+    }
+}
+
+// Four gradient values of the cross-entropy backward (see ce_bwd), in vector form:
+// p·((1 − ε)·w_y·f_ce + f_z) − [c = y]·(1 − ε)·w_y·f_ce + ε/C·f_ce·(W·p − w_c), times the
+// softcap derivative.
+fn ce_grad4(raw: vec4<f32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32, wsum: f32,
+            f_ce: f32, f_z: f32) -> vec4<f32> {
+    let eps = params.a;
+    let z = softcapped4(raw);
+    let p = exp((z - vec4<f32>(m)) - vec4<f32>(logden));
+    let target_scale = (1.0 - eps) * wy * f_ce;
+    var d = p * (target_scale + f_z);
+    if (ti >= first && ti < first + 4u) {
+        d[ti - first] = d[ti - first] - target_scale;
+    }
+    if (eps > 0.0) {
+        let w = vec4<f32>(class_weight(first), class_weight(first + 1u),
+                          class_weight(first + 2u), class_weight(first + 3u));
+        d = d + (eps / f32(params.cols) * f_ce) * (wsum * p - w);
+    }
+    if (params.c > 0.0) {
+        let th = z / params.c;
+        d = d * (vec4<f32>(1.0) - th * th);
+    }
+    return d;
+}
+
+@compute @workgroup_size(WG)
+fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cw = chunk_width(DT);
+    let nv = params.cols / cw;
+    let vbase = row * nv;
+    let o = row * CE_COLS;
+    let t = labels[row];
+    let f4 = cw / 4u; // F32 vec4s of dx per chunk
+    if (!target_valid(t)) {
+        for (var v = lid; v < nv * f4; v = v + WG) {
+            dx4[vbase * f4 + v] = vec4<f32>(0.0);
+        }
+        return;
+    }
+    let ti = u32(t);
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let wy = stats_in[o + CE_WEIGHT];
+    let wsum = stats_in[o + CE_WSUM];
+    let g = row_cotangent(row);
+    let f_ce = g * final_in[3];
+    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let first = v * cw;
+        dx4[(vbase + v) * f4] = ce_grad4(chunk_lo(w, DT), first, ti, m, logden, wy, wsum, f_ce, f_z);
+        if (DT != DT_F32) {
+            dx4[(vbase + v) * f4 + 1u] =
+                ce_grad4(chunk_hi(w, DT), first + 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+        }
+    }
+}
+
+// Vectorized divergences: x and the target share the dtype DT; rows are whole chunks.
+fn divergence_loss4(a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let l = vec4<f32>(divergence(a.x, b.x).x, divergence(a.y, b.y).x,
+                      divergence(a.z, b.z).x, divergence(a.w, b.w).x);
+    return (l.x + l.y) + (l.z + l.w);
+}
+
+@compute @workgroup_size(WG)
+fn div_rows_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    var acc = 0.0;
+    for (var v = lid; v < nv; v = v + WG) {
+        let w = x4[vbase + v];
+        let g = second4[vbase + v];
+        acc = acc + divergence_loss4(chunk_lo(w, DT), chunk_lo(g, DT));
+        if (DT != DT_F32) {
+            acc = acc + divergence_loss4(chunk_hi(w, DT), chunk_hi(g, DT));
+        }
+    }
+    let total = workgroup_sum(acc, lid);
+    if (lid == 0u) {
+        if (row_counted(row)) {
+            stats_out[2u * row] = total;
+            stats_out[2u * row + 1u] = 1.0;
+        } else {
+            stats_out[2u * row] = 0.0;
+            stats_out[2u * row + 1u] = 0.0;
+        }
+    }
+}
+
+// The elementwise loss of four elements starting at element `first` (0 on skipped rows).
+fn divergence_loss_out4(a: vec4<f32>, b: vec4<f32>, first: u32) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    if (row_counted(first / params.cols)) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            out[j] = divergence(a[j], b[j]).x;
+        }
+    }
+    return out;
+}
+
+// The gradient of four elements times the cotangent and the scale.
+fn divergence_grad_out4(a: vec4<f32>, b: vec4<f32>, first: u32) -> vec4<f32> {
+    var out = vec4<f32>(0.0);
+    if (row_counted(first / params.cols)) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            var ct = cot[0];
+            if ((params.flags & F_COT_ELEM) != 0u) {
+                ct = cot[first + j];
+            }
+            out[j] = divergence(a[j], b[j]).y * ct * final_in[1];
+        }
+    }
+    return out;
+}
+
+// One chunk per invocation: the elementwise loss (reduction none) into dx4.
+@compute @workgroup_size(WG)
+fn div_elems_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    let cw = chunk_width(DT);
+    if (i >= (params.rows * params.cols) / cw) {
+        return;
+    }
+    let w = x4[i];
+    let g = second4[i];
+    dx4[i * (cw / 4u)] = divergence_loss_out4(chunk_lo(w, DT), chunk_lo(g, DT), i * cw);
+    if (DT != DT_F32) {
+        dx4[i * 2u + 1u] = divergence_loss_out4(chunk_hi(w, DT), chunk_hi(g, DT), i * cw + 4u);
+    }
+}
+
+// One chunk per invocation: the gradient into dx4.
+@compute @workgroup_size(WG)
+fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    let cw = chunk_width(DT);
+    if (i >= (params.rows * params.cols) / cw) {
+        return;
+    }
+    let w = x4[i];
+    let g = second4[i];
+    dx4[i * (cw / 4u)] = divergence_grad_out4(chunk_lo(w, DT), chunk_lo(g, DT), i * cw);
+    if (DT != DT_F32) {
+        dx4[i * 2u + 1u] = divergence_grad_out4(chunk_hi(w, DT), chunk_hi(g, DT), i * cw + 4u);
+    }
+}
+
+// ---- register-resident softmax forward ---------------------------------------------------
+// For rows of up to RK·WG chunks (32,768 F32 or 65,536 F16/BF16 columns), each lane keeps
+// its RK chunks in registers, so the row is read once: maximum, then Σ exp(x − max), then
+// the output, all from registers. Straight-line code (no indexed private array, which some
+// compilers move to slow local memory); the statements repeat for chunks 0..RK, lane `lid`
+// holding chunks lid, lid + WG, ... of the row. The host picks it for vectorized rows wider
+// than 8·WG chunks (narrower rows run the two-pass entry at better occupancy).
+const RK: u32 = 32u;
+
+fn chunk_max(w: vec4<u32>) -> f32 {
+    let a = chunk_lo(w, DT);
+    var m = max(max(a.x, a.y), max(a.z, a.w));
+    if (DT != DT_F32) {
+        let b = chunk_hi(w, DT);
+        m = max(m, max(max(b.x, b.y), max(b.z, b.w)));
+    }
+    return m;
+}
+
+fn chunk_expsum(w: vec4<u32>, m: f32) -> f32 {
+    let a = exp(chunk_lo(w, DT) - vec4<f32>(m));
+    var s = (a.x + a.y) + (a.z + a.w);
+    if (DT != DT_F32) {
+        let b = exp(chunk_hi(w, DT) - vec4<f32>(m));
+        s = s + ((b.x + b.y) + (b.z + b.w));
+    }
+    return s;
+}
+
+fn chunk_store(i: u32, w: vec4<u32>, m: f32, logden: f32) {
+    let a = softmax4(chunk_lo(w, DT), m, logden);
+    if (DT == DT_F32) {
+        y4[i] = bitcast<vec4<u32>>(a);
+    } else {
+        y4[i] = pack_chunk(a, softmax4(chunk_hi(w, DT), m, logden), DT);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    let zero = vec4<u32>(0u);
+    let i0 = lid + 0u * WG;
+    var c0 = zero;
+    if (i0 < nv) { c0 = x4[vbase + i0]; }
+    let i1 = lid + 1u * WG;
+    var c1 = zero;
+    if (i1 < nv) { c1 = x4[vbase + i1]; }
+    let i2 = lid + 2u * WG;
+    var c2 = zero;
+    if (i2 < nv) { c2 = x4[vbase + i2]; }
+    let i3 = lid + 3u * WG;
+    var c3 = zero;
+    if (i3 < nv) { c3 = x4[vbase + i3]; }
+    let i4 = lid + 4u * WG;
+    var c4 = zero;
+    if (i4 < nv) { c4 = x4[vbase + i4]; }
+    let i5 = lid + 5u * WG;
+    var c5 = zero;
+    if (i5 < nv) { c5 = x4[vbase + i5]; }
+    let i6 = lid + 6u * WG;
+    var c6 = zero;
+    if (i6 < nv) { c6 = x4[vbase + i6]; }
+    let i7 = lid + 7u * WG;
+    var c7 = zero;
+    if (i7 < nv) { c7 = x4[vbase + i7]; }
+    let i8 = lid + 8u * WG;
+    var c8 = zero;
+    if (i8 < nv) { c8 = x4[vbase + i8]; }
+    let i9 = lid + 9u * WG;
+    var c9 = zero;
+    if (i9 < nv) { c9 = x4[vbase + i9]; }
+    let i10 = lid + 10u * WG;
+    var c10 = zero;
+    if (i10 < nv) { c10 = x4[vbase + i10]; }
+    let i11 = lid + 11u * WG;
+    var c11 = zero;
+    if (i11 < nv) { c11 = x4[vbase + i11]; }
+    let i12 = lid + 12u * WG;
+    var c12 = zero;
+    if (i12 < nv) { c12 = x4[vbase + i12]; }
+    let i13 = lid + 13u * WG;
+    var c13 = zero;
+    if (i13 < nv) { c13 = x4[vbase + i13]; }
+    let i14 = lid + 14u * WG;
+    var c14 = zero;
+    if (i14 < nv) { c14 = x4[vbase + i14]; }
+    let i15 = lid + 15u * WG;
+    var c15 = zero;
+    if (i15 < nv) { c15 = x4[vbase + i15]; }
+    let i16 = lid + 16u * WG;
+    var c16 = zero;
+    if (i16 < nv) { c16 = x4[vbase + i16]; }
+    let i17 = lid + 17u * WG;
+    var c17 = zero;
+    if (i17 < nv) { c17 = x4[vbase + i17]; }
+    let i18 = lid + 18u * WG;
+    var c18 = zero;
+    if (i18 < nv) { c18 = x4[vbase + i18]; }
+    let i19 = lid + 19u * WG;
+    var c19 = zero;
+    if (i19 < nv) { c19 = x4[vbase + i19]; }
+    let i20 = lid + 20u * WG;
+    var c20 = zero;
+    if (i20 < nv) { c20 = x4[vbase + i20]; }
+    let i21 = lid + 21u * WG;
+    var c21 = zero;
+    if (i21 < nv) { c21 = x4[vbase + i21]; }
+    let i22 = lid + 22u * WG;
+    var c22 = zero;
+    if (i22 < nv) { c22 = x4[vbase + i22]; }
+    let i23 = lid + 23u * WG;
+    var c23 = zero;
+    if (i23 < nv) { c23 = x4[vbase + i23]; }
+    let i24 = lid + 24u * WG;
+    var c24 = zero;
+    if (i24 < nv) { c24 = x4[vbase + i24]; }
+    let i25 = lid + 25u * WG;
+    var c25 = zero;
+    if (i25 < nv) { c25 = x4[vbase + i25]; }
+    let i26 = lid + 26u * WG;
+    var c26 = zero;
+    if (i26 < nv) { c26 = x4[vbase + i26]; }
+    let i27 = lid + 27u * WG;
+    var c27 = zero;
+    if (i27 < nv) { c27 = x4[vbase + i27]; }
+    let i28 = lid + 28u * WG;
+    var c28 = zero;
+    if (i28 < nv) { c28 = x4[vbase + i28]; }
+    let i29 = lid + 29u * WG;
+    var c29 = zero;
+    if (i29 < nv) { c29 = x4[vbase + i29]; }
+    let i30 = lid + 30u * WG;
+    var c30 = zero;
+    if (i30 < nv) { c30 = x4[vbase + i30]; }
+    let i31 = lid + 31u * WG;
+    var c31 = zero;
+    if (i31 < nv) { c31 = x4[vbase + i31]; }
+    var m = neg_inf();
+    if (i0 < nv) { m = max(m, chunk_max(c0)); }
+    if (i1 < nv) { m = max(m, chunk_max(c1)); }
+    if (i2 < nv) { m = max(m, chunk_max(c2)); }
+    if (i3 < nv) { m = max(m, chunk_max(c3)); }
+    if (i4 < nv) { m = max(m, chunk_max(c4)); }
+    if (i5 < nv) { m = max(m, chunk_max(c5)); }
+    if (i6 < nv) { m = max(m, chunk_max(c6)); }
+    if (i7 < nv) { m = max(m, chunk_max(c7)); }
+    if (i8 < nv) { m = max(m, chunk_max(c8)); }
+    if (i9 < nv) { m = max(m, chunk_max(c9)); }
+    if (i10 < nv) { m = max(m, chunk_max(c10)); }
+    if (i11 < nv) { m = max(m, chunk_max(c11)); }
+    if (i12 < nv) { m = max(m, chunk_max(c12)); }
+    if (i13 < nv) { m = max(m, chunk_max(c13)); }
+    if (i14 < nv) { m = max(m, chunk_max(c14)); }
+    if (i15 < nv) { m = max(m, chunk_max(c15)); }
+    if (i16 < nv) { m = max(m, chunk_max(c16)); }
+    if (i17 < nv) { m = max(m, chunk_max(c17)); }
+    if (i18 < nv) { m = max(m, chunk_max(c18)); }
+    if (i19 < nv) { m = max(m, chunk_max(c19)); }
+    if (i20 < nv) { m = max(m, chunk_max(c20)); }
+    if (i21 < nv) { m = max(m, chunk_max(c21)); }
+    if (i22 < nv) { m = max(m, chunk_max(c22)); }
+    if (i23 < nv) { m = max(m, chunk_max(c23)); }
+    if (i24 < nv) { m = max(m, chunk_max(c24)); }
+    if (i25 < nv) { m = max(m, chunk_max(c25)); }
+    if (i26 < nv) { m = max(m, chunk_max(c26)); }
+    if (i27 < nv) { m = max(m, chunk_max(c27)); }
+    if (i28 < nv) { m = max(m, chunk_max(c28)); }
+    if (i29 < nv) { m = max(m, chunk_max(c29)); }
+    if (i30 < nv) { m = max(m, chunk_max(c30)); }
+    if (i31 < nv) { m = max(m, chunk_max(c31)); }
+    let row_max = workgroup_max(m, lid);
+    var s = 0.0;
+    if (i0 < nv) { s = s + chunk_expsum(c0, row_max); }
+    if (i1 < nv) { s = s + chunk_expsum(c1, row_max); }
+    if (i2 < nv) { s = s + chunk_expsum(c2, row_max); }
+    if (i3 < nv) { s = s + chunk_expsum(c3, row_max); }
+    if (i4 < nv) { s = s + chunk_expsum(c4, row_max); }
+    if (i5 < nv) { s = s + chunk_expsum(c5, row_max); }
+    if (i6 < nv) { s = s + chunk_expsum(c6, row_max); }
+    if (i7 < nv) { s = s + chunk_expsum(c7, row_max); }
+    if (i8 < nv) { s = s + chunk_expsum(c8, row_max); }
+    if (i9 < nv) { s = s + chunk_expsum(c9, row_max); }
+    if (i10 < nv) { s = s + chunk_expsum(c10, row_max); }
+    if (i11 < nv) { s = s + chunk_expsum(c11, row_max); }
+    if (i12 < nv) { s = s + chunk_expsum(c12, row_max); }
+    if (i13 < nv) { s = s + chunk_expsum(c13, row_max); }
+    if (i14 < nv) { s = s + chunk_expsum(c14, row_max); }
+    if (i15 < nv) { s = s + chunk_expsum(c15, row_max); }
+    if (i16 < nv) { s = s + chunk_expsum(c16, row_max); }
+    if (i17 < nv) { s = s + chunk_expsum(c17, row_max); }
+    if (i18 < nv) { s = s + chunk_expsum(c18, row_max); }
+    if (i19 < nv) { s = s + chunk_expsum(c19, row_max); }
+    if (i20 < nv) { s = s + chunk_expsum(c20, row_max); }
+    if (i21 < nv) { s = s + chunk_expsum(c21, row_max); }
+    if (i22 < nv) { s = s + chunk_expsum(c22, row_max); }
+    if (i23 < nv) { s = s + chunk_expsum(c23, row_max); }
+    if (i24 < nv) { s = s + chunk_expsum(c24, row_max); }
+    if (i25 < nv) { s = s + chunk_expsum(c25, row_max); }
+    if (i26 < nv) { s = s + chunk_expsum(c26, row_max); }
+    if (i27 < nv) { s = s + chunk_expsum(c27, row_max); }
+    if (i28 < nv) { s = s + chunk_expsum(c28, row_max); }
+    if (i29 < nv) { s = s + chunk_expsum(c29, row_max); }
+    if (i30 < nv) { s = s + chunk_expsum(c30, row_max); }
+    if (i31 < nv) { s = s + chunk_expsum(c31, row_max); }
+    if (row_max == neg_inf()) {
+        s = 0.0;
+    }
+    let logden = log(workgroup_sum(s, lid));
+    if (lid == 0u) {
+        stats_out[2u * row] = row_max;
+        stats_out[2u * row + 1u] = logden;
+    }
+    if (i0 < nv) { chunk_store(vbase + i0, c0, row_max, logden); }
+    if (i1 < nv) { chunk_store(vbase + i1, c1, row_max, logden); }
+    if (i2 < nv) { chunk_store(vbase + i2, c2, row_max, logden); }
+    if (i3 < nv) { chunk_store(vbase + i3, c3, row_max, logden); }
+    if (i4 < nv) { chunk_store(vbase + i4, c4, row_max, logden); }
+    if (i5 < nv) { chunk_store(vbase + i5, c5, row_max, logden); }
+    if (i6 < nv) { chunk_store(vbase + i6, c6, row_max, logden); }
+    if (i7 < nv) { chunk_store(vbase + i7, c7, row_max, logden); }
+    if (i8 < nv) { chunk_store(vbase + i8, c8, row_max, logden); }
+    if (i9 < nv) { chunk_store(vbase + i9, c9, row_max, logden); }
+    if (i10 < nv) { chunk_store(vbase + i10, c10, row_max, logden); }
+    if (i11 < nv) { chunk_store(vbase + i11, c11, row_max, logden); }
+    if (i12 < nv) { chunk_store(vbase + i12, c12, row_max, logden); }
+    if (i13 < nv) { chunk_store(vbase + i13, c13, row_max, logden); }
+    if (i14 < nv) { chunk_store(vbase + i14, c14, row_max, logden); }
+    if (i15 < nv) { chunk_store(vbase + i15, c15, row_max, logden); }
+    if (i16 < nv) { chunk_store(vbase + i16, c16, row_max, logden); }
+    if (i17 < nv) { chunk_store(vbase + i17, c17, row_max, logden); }
+    if (i18 < nv) { chunk_store(vbase + i18, c18, row_max, logden); }
+    if (i19 < nv) { chunk_store(vbase + i19, c19, row_max, logden); }
+    if (i20 < nv) { chunk_store(vbase + i20, c20, row_max, logden); }
+    if (i21 < nv) { chunk_store(vbase + i21, c21, row_max, logden); }
+    if (i22 < nv) { chunk_store(vbase + i22, c22, row_max, logden); }
+    if (i23 < nv) { chunk_store(vbase + i23, c23, row_max, logden); }
+    if (i24 < nv) { chunk_store(vbase + i24, c24, row_max, logden); }
+    if (i25 < nv) { chunk_store(vbase + i25, c25, row_max, logden); }
+    if (i26 < nv) { chunk_store(vbase + i26, c26, row_max, logden); }
+    if (i27 < nv) { chunk_store(vbase + i27, c27, row_max, logden); }
+    if (i28 < nv) { chunk_store(vbase + i28, c28, row_max, logden); }
+    if (i29 < nv) { chunk_store(vbase + i29, c29, row_max, logden); }
+    if (i30 < nv) { chunk_store(vbase + i30, c30, row_max, logden); }
+    if (i31 < nv) { chunk_store(vbase + i31, c31, row_max, logden); }
+}
+
+// Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
+// RB·WG chunks (16,384 F32 or 32,768 F16/BF16 columns) are read once into registers, the row
+// sum is taken from them, then dx is written. Same straight-line pattern as softmax_fwd_r.
+const RB: u32 = 16u;
+
+fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
+    var acc = softmax_bwd_acc(chunk_lo(w, DT), chunk_lo(g, DT), m, logden);
+    if (DT != DT_F32) {
+        acc = acc + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
+    }
+    return acc;
+}
+
+fn chunk_bwd_store(i: u32, w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32, total: f32) {
+    let a = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
+    if (DT == DT_F32) {
+        dx4[i] = a;
+    } else {
+        dx4[2u * i] = a;
+        dx4[2u * i + 1u] = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let nv = params.cols / chunk_width(DT);
+    let vbase = row * nv;
+    let m = stats_in[2u * row];
+    let logden = stats_in[2u * row + 1u];
+    let zero = vec4<u32>(0u);
+    let i0 = lid + 0u * WG;
+    var c0 = zero;
+    var g0 = zero;
+    if (i0 < nv) {
+        c0 = x4[vbase + i0];
+        g0 = second4[vbase + i0];
+    }
+    let i1 = lid + 1u * WG;
+    var c1 = zero;
+    var g1 = zero;
+    if (i1 < nv) {
+        c1 = x4[vbase + i1];
+        g1 = second4[vbase + i1];
+    }
+    let i2 = lid + 2u * WG;
+    var c2 = zero;
+    var g2 = zero;
+    if (i2 < nv) {
+        c2 = x4[vbase + i2];
+        g2 = second4[vbase + i2];
+    }
+    let i3 = lid + 3u * WG;
+    var c3 = zero;
+    var g3 = zero;
+    if (i3 < nv) {
+        c3 = x4[vbase + i3];
+        g3 = second4[vbase + i3];
+    }
+    let i4 = lid + 4u * WG;
+    var c4 = zero;
+    var g4 = zero;
+    if (i4 < nv) {
+        c4 = x4[vbase + i4];
+        g4 = second4[vbase + i4];
+    }
+    let i5 = lid + 5u * WG;
+    var c5 = zero;
+    var g5 = zero;
+    if (i5 < nv) {
+        c5 = x4[vbase + i5];
+        g5 = second4[vbase + i5];
+    }
+    let i6 = lid + 6u * WG;
+    var c6 = zero;
+    var g6 = zero;
+    if (i6 < nv) {
+        c6 = x4[vbase + i6];
+        g6 = second4[vbase + i6];
+    }
+    let i7 = lid + 7u * WG;
+    var c7 = zero;
+    var g7 = zero;
+    if (i7 < nv) {
+        c7 = x4[vbase + i7];
+        g7 = second4[vbase + i7];
+    }
+    let i8 = lid + 8u * WG;
+    var c8 = zero;
+    var g8 = zero;
+    if (i8 < nv) {
+        c8 = x4[vbase + i8];
+        g8 = second4[vbase + i8];
+    }
+    let i9 = lid + 9u * WG;
+    var c9 = zero;
+    var g9 = zero;
+    if (i9 < nv) {
+        c9 = x4[vbase + i9];
+        g9 = second4[vbase + i9];
+    }
+    let i10 = lid + 10u * WG;
+    var c10 = zero;
+    var g10 = zero;
+    if (i10 < nv) {
+        c10 = x4[vbase + i10];
+        g10 = second4[vbase + i10];
+    }
+    let i11 = lid + 11u * WG;
+    var c11 = zero;
+    var g11 = zero;
+    if (i11 < nv) {
+        c11 = x4[vbase + i11];
+        g11 = second4[vbase + i11];
+    }
+    let i12 = lid + 12u * WG;
+    var c12 = zero;
+    var g12 = zero;
+    if (i12 < nv) {
+        c12 = x4[vbase + i12];
+        g12 = second4[vbase + i12];
+    }
+    let i13 = lid + 13u * WG;
+    var c13 = zero;
+    var g13 = zero;
+    if (i13 < nv) {
+        c13 = x4[vbase + i13];
+        g13 = second4[vbase + i13];
+    }
+    let i14 = lid + 14u * WG;
+    var c14 = zero;
+    var g14 = zero;
+    if (i14 < nv) {
+        c14 = x4[vbase + i14];
+        g14 = second4[vbase + i14];
+    }
+    let i15 = lid + 15u * WG;
+    var c15 = zero;
+    var g15 = zero;
+    if (i15 < nv) {
+        c15 = x4[vbase + i15];
+        g15 = second4[vbase + i15];
+    }
+    var acc = 0.0;
+    if (i0 < nv) { acc = acc + chunk_bwd_acc(c0, g0, m, logden); }
+    if (i1 < nv) { acc = acc + chunk_bwd_acc(c1, g1, m, logden); }
+    if (i2 < nv) { acc = acc + chunk_bwd_acc(c2, g2, m, logden); }
+    if (i3 < nv) { acc = acc + chunk_bwd_acc(c3, g3, m, logden); }
+    if (i4 < nv) { acc = acc + chunk_bwd_acc(c4, g4, m, logden); }
+    if (i5 < nv) { acc = acc + chunk_bwd_acc(c5, g5, m, logden); }
+    if (i6 < nv) { acc = acc + chunk_bwd_acc(c6, g6, m, logden); }
+    if (i7 < nv) { acc = acc + chunk_bwd_acc(c7, g7, m, logden); }
+    if (i8 < nv) { acc = acc + chunk_bwd_acc(c8, g8, m, logden); }
+    if (i9 < nv) { acc = acc + chunk_bwd_acc(c9, g9, m, logden); }
+    if (i10 < nv) { acc = acc + chunk_bwd_acc(c10, g10, m, logden); }
+    if (i11 < nv) { acc = acc + chunk_bwd_acc(c11, g11, m, logden); }
+    if (i12 < nv) { acc = acc + chunk_bwd_acc(c12, g12, m, logden); }
+    if (i13 < nv) { acc = acc + chunk_bwd_acc(c13, g13, m, logden); }
+    if (i14 < nv) { acc = acc + chunk_bwd_acc(c14, g14, m, logden); }
+    if (i15 < nv) { acc = acc + chunk_bwd_acc(c15, g15, m, logden); }
+    let total = workgroup_sum(acc, lid);
+    if (i0 < nv) { chunk_bwd_store(vbase + i0, c0, g0, m, logden, total); }
+    if (i1 < nv) { chunk_bwd_store(vbase + i1, c1, g1, m, logden, total); }
+    if (i2 < nv) { chunk_bwd_store(vbase + i2, c2, g2, m, logden, total); }
+    if (i3 < nv) { chunk_bwd_store(vbase + i3, c3, g3, m, logden, total); }
+    if (i4 < nv) { chunk_bwd_store(vbase + i4, c4, g4, m, logden, total); }
+    if (i5 < nv) { chunk_bwd_store(vbase + i5, c5, g5, m, logden, total); }
+    if (i6 < nv) { chunk_bwd_store(vbase + i6, c6, g6, m, logden, total); }
+    if (i7 < nv) { chunk_bwd_store(vbase + i7, c7, g7, m, logden, total); }
+    if (i8 < nv) { chunk_bwd_store(vbase + i8, c8, g8, m, logden, total); }
+    if (i9 < nv) { chunk_bwd_store(vbase + i9, c9, g9, m, logden, total); }
+    if (i10 < nv) { chunk_bwd_store(vbase + i10, c10, g10, m, logden, total); }
+    if (i11 < nv) { chunk_bwd_store(vbase + i11, c11, g11, m, logden, total); }
+    if (i12 < nv) { chunk_bwd_store(vbase + i12, c12, g12, m, logden, total); }
+    if (i13 < nv) { chunk_bwd_store(vbase + i13, c13, g13, m, logden, total); }
+    if (i14 < nv) { chunk_bwd_store(vbase + i14, c14, g14, m, logden, total); }
+    if (i15 < nv) { chunk_bwd_store(vbase + i15, c15, g15, m, logden, total); }
+}
