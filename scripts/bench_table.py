@@ -10,6 +10,18 @@ import sys
 DT = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 
+def split_name(name):
+    """(op, mode) of a bench row name: "rms_norm fwd", "swiglu_bwd", "softmax_backward",
+    "cross_entropy_fwd_bwd" (mode "full"), or a bare forward op."""
+    if " " in name:
+        op, mode = name.split(None, 1)
+        return op, mode
+    for suffix, mode in (("_fwd_bwd", "full"), ("_backward", "bwd"), ("_bwd", "bwd"), ("_fwd", "fwd")):
+        if name.endswith(suffix):
+            return name[: -len(suffix)], mode
+    return name, "fwd"
+
+
 def main():
     bench = json.load(open(sys.argv[1]))
     peers = []
@@ -19,8 +31,7 @@ def main():
     print("| op | shape | dtype | median | GB/s | % copy | Liger % copy | best PyTorch % copy |")
     print("|---|---|---|---|---|---|---|---|")
     for r in bench["rows"]:
-        parts = r["name"].split()
-        op, mode = parts[0], (parts[1] if len(parts) > 1 else "fwd")
+        op, mode = split_name(r["name"])
         match = [p for p in peers if p["op"] == op and p["shape"] == r["shape"]
                  and p["dtype"] == DT.get(r["dtype"], r["dtype"]) and p["mode"] == mode]
         liger = [p["pct_copy"] for p in match if p["provider"] == "liger" and p["pct_copy"]]
