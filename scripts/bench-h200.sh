@@ -2,7 +2,8 @@
 # Run wgrad's bench and the peer script on an H200 machine that has the NVIDIA driver, PyTorch
 # and Triton but no Vulkan loader (see the team's GPU notes). Expects in the working tree:
 #   .gl/*.deb                          Vulkan loader packages (apt-get download libvulkan1 ...)
-#   target/release/examples/bench      built on the build machine
+#   target/release/examples/bench      built on the build machine (and, optionally,
+#   target/release/examples/check      the gradient-check report, run first)
 #   .whl/*.whl, .peers/peers.py        optional: Liger-Kernel wheel and the peer script
 # Writes bench.json, bench.txt, peers.jsonl, peers.txt into $OUT (default ./out).
 set -uo pipefail
@@ -10,6 +11,10 @@ OUT=${OUT:-out}; mkdir -p "$OUT"; export OUT
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp WGPU_BACKEND=vulkan
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+if [ -x target/release/examples/check ]; then
+  timeout "${CHECK_TIMEOUT:-200}" ./target/release/examples/check > "$OUT/check.txt" 2>&1
+  echo "check exit $?: $(tail -1 "$OUT/check.txt")"
+fi
 timeout "${BENCH_TIMEOUT:-300}" ./target/release/examples/bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | tail -60
 if [ -f .peers/peers.py ] && [ -n "${SECTIONS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
