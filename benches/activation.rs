@@ -2,8 +2,9 @@
 //! forward and backward), timed on the GPU with `bench::gpu_time_iters`. Small shapes and a
 //! short measurement keep it quick on lavapipe; `examples/bench.rs` has the large shapes.
 
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use std::time::Duration;
 use wgrad::activation::{self, Activation, ActivationOptions};
 use wgrad::{DType, Engine, Result, Tensor, bench, cast};
 
@@ -18,12 +19,8 @@ fn input(engine: &Engine, shape: &[usize], dtype: DType, seed: usize) -> Result<
 }
 
 fn run(c: &mut Criterion) {
-    let engine = match Engine::new() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("no engine, skipping activation benches: {e}");
-            return;
-        }
+    let Some(engine) = common::engine("activation") else {
+        return;
     };
     let opts = ActivationOptions::default();
     for (name, kind) in [
@@ -48,36 +45,22 @@ fn run(c: &mut Criterion) {
                 bench::prewarm(&engine, 0.05).expect("prewarm");
                 group.throughput(Throughput::Bytes(fwd_bytes));
                 group.bench_function(BenchmarkId::new("forward", &text), |b| {
-                    b.iter_custom(|iters| {
-                        bench::gpu_time_iters(&engine, iters, || {
-                            activation::forward(kind, &gate, Some(&up), &opts).map(drop)
-                        })
-                        .expect("timed run")
+                    common::time_gpu(b, &engine, || {
+                        activation::forward(kind, &gate, Some(&up), &opts).map(drop)
                     })
                 });
                 group.bench_function(BenchmarkId::new("forward_packed", &text), |b| {
-                    b.iter_custom(|iters| {
-                        bench::gpu_time_iters(&engine, iters, || {
-                            activation::packed_forward(kind, &packed, &opts).map(drop)
-                        })
-                        .expect("timed run")
+                    common::time_gpu(b, &engine, || {
+                        activation::packed_forward(kind, &packed, &opts).map(drop)
                     })
                 });
                 group.throughput(Throughput::Bytes(bwd_bytes));
                 group.bench_function(BenchmarkId::new("backward", &text), |b| {
-                    b.iter_custom(|iters| {
-                        bench::gpu_time_iters(&engine, iters, || {
-                            activation::backward(&saved, &dy).map(drop)
-                        })
-                        .expect("timed run")
-                    })
+                    common::time_gpu(b, &engine, || activation::backward(&saved, &dy).map(drop))
                 });
                 group.bench_function(BenchmarkId::new("backward_packed", &text), |b| {
-                    b.iter_custom(|iters| {
-                        bench::gpu_time_iters(&engine, iters, || {
-                            activation::backward(&saved_packed, &dy).map(drop)
-                        })
-                        .expect("timed run")
+                    common::time_gpu(b, &engine, || {
+                        activation::backward(&saved_packed, &dy).map(drop)
                     })
                 });
             }
@@ -86,16 +69,9 @@ fn run(c: &mut Criterion) {
     }
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(10)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = common::config();
     targets = run
 }
 criterion_main!(benches);

@@ -3,8 +3,9 @@
 //! forward and backward, and the divergences, on small shapes with a short measurement so
 //! `cargo bench --bench loss` stays quick on lavapipe. The `bench` example has the large shapes.
 
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use std::time::Duration;
 use wgrad::bench;
 use wgrad::loss::{self, CrossEntropyOptions, DivReduction};
 use wgrad::{DType, Engine, Result, Tensor, cast};
@@ -34,20 +35,15 @@ fn time(
     g.throughput(Throughput::Bytes(bytes));
     bench::prewarm(engine, 0.05).expect("prewarm");
     g.bench_function(BenchmarkId::from_parameter(bench::shape_text(shape)), |b| {
-        b.iter_custom(|iters| bench::gpu_time_iters(engine, iters, &mut f).expect("timed run"))
+        common::time_gpu(b, engine, &mut f)
     });
     g.finish();
 }
 
 fn losses(c: &mut Criterion) {
-    let engine = match Engine::new() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("no engine, skipping wgrad loss benches: {e}");
-            return;
-        }
+    let Some(engine) = common::engine("loss") else {
+        return;
     };
-    eprintln!("engine: {}", engine.info());
     // Targets are not read back inside timed sections (the check synchronizes).
     let opts = CrossEntropyOptions {
         check_targets: false,
@@ -190,16 +186,9 @@ fn losses(c: &mut Criterion) {
     }
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_millis(500))
-        .sample_size(10)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = common::config();
     targets = losses
 }
 criterion_main!(benches);

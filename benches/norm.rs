@@ -4,8 +4,9 @@
 //! small and medium shapes with a short measurement time (quick on lavapipe). The `bench`
 //! example has the large-shape, bandwidth-vs-copy figures.
 
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use std::time::Duration;
 use wgrad::bench;
 use wgrad::{DType, Engine, Result, Tensor, cast, norm};
 
@@ -150,14 +151,9 @@ fn operators(
 }
 
 fn norms(c: &mut Criterion) {
-    let engine = match Engine::new() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("no engine, skipping norm benches: {e}");
-            return;
-        }
+    let Some(engine) = common::engine("norm") else {
+        return;
     };
-    eprintln!("engine: {}", engine.info());
     for dtype in [DType::F32, DType::BF16] {
         for shape in SHAPES {
             for (name, inputs, run) in operators(&engine, &shape, dtype).expect("bench inputs") {
@@ -170,12 +166,7 @@ fn norms(c: &mut Criterion) {
                 group.bench_with_input(
                     BenchmarkId::from_parameter(bench::shape_text(&shape)),
                     &inputs,
-                    |b, inputs| {
-                        b.iter_custom(|iters| {
-                            bench::gpu_time_iters(&engine, iters, || run(inputs).map(drop))
-                                .expect("timed run")
-                        })
-                    },
+                    |b, inputs| common::time_gpu(b, &engine, || run(inputs).map(drop)),
                 );
                 group.finish();
             }
@@ -183,16 +174,9 @@ fn norms(c: &mut Criterion) {
     }
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(10)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = common::config();
     targets = norms
 }
 criterion_main!(benches);

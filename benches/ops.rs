@@ -4,8 +4,9 @@
 //! a short measurement time keep `cargo bench` quick even on lavapipe; the `bench` example is
 //! the large-shape, bandwidth-vs-copy report.
 
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use std::time::Duration;
 use wgrad::bench;
 use wgrad::{DType, Engine, Result, Tensor, cast, reduce};
 
@@ -35,14 +36,9 @@ fn input(engine: &Engine, shape: &[usize], dtype: DType) -> Result<Tensor> {
 }
 
 fn ops(c: &mut Criterion) {
-    let engine = match Engine::new() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("no engine, skipping wgrad benches: {e}");
-            return;
-        }
+    let Some(engine) = common::engine("wgrad") else {
+        return;
     };
-    eprintln!("engine: {}", engine.info());
     for (name, dtype, op) in operators() {
         let mut group = c.benchmark_group(name);
         for shape in SHAPES {
@@ -54,28 +50,16 @@ fn ops(c: &mut Criterion) {
             group.bench_with_input(
                 BenchmarkId::from_parameter(bench::shape_text(&shape)),
                 &x,
-                |b, x| {
-                    b.iter_custom(|iters| {
-                        bench::gpu_time_iters(&engine, iters, || op(x).map(drop))
-                            .expect("timed run")
-                    })
-                },
+                |b, x| common::time_gpu(b, &engine, || op(x).map(drop)),
             );
         }
         group.finish();
     }
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(10)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = common::config();
     targets = ops
 }
 criterion_main!(benches);

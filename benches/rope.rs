@@ -2,8 +2,9 @@
 //! forward and backward (with and without table gradients), timed on the GPU with
 //! `bench::gpu_time_iters`. Small shapes for lavapipe; `examples/bench.rs` has Liger's shapes.
 
+mod common;
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use std::time::Duration;
 use wgrad::rope::{self, RopeQkOptions, RopeScaling};
 use wgrad::{DType, Engine, Result, Tensor, bench, cast};
 
@@ -19,12 +20,8 @@ fn input(engine: &Engine, shape: &[usize], dtype: DType, seed: usize) -> Result<
 }
 
 fn run(c: &mut Criterion) {
-    let engine = match Engine::new() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("no engine, skipping rope benches: {e}");
-            return;
-        }
+    let Some(engine) = common::engine("rope") else {
+        return;
     };
     for dtype in [DType::F32, DType::BF16] {
         let mut group = c.benchmark_group(format!("rope_qk_{dtype}"));
@@ -49,30 +46,21 @@ fn run(c: &mut Criterion) {
             bench::prewarm(&engine, 0.05).expect("prewarm");
             group.throughput(Throughput::Bytes(2 * qk + tables));
             group.bench_function(BenchmarkId::new("forward", &text), |bch| {
-                bch.iter_custom(|iters| {
-                    bench::gpu_time_iters(&engine, iters, || {
-                        rope::qk_forward(&q, &k, &cos, &sin, None, &opts).map(drop)
-                    })
-                    .expect("timed run")
+                common::time_gpu(bch, &engine, || {
+                    rope::qk_forward(&q, &k, &cos, &sin, None, &opts).map(drop)
                 })
             });
             let f32_out = 4 * (q.len() + k.len()) as u64;
             group.throughput(Throughput::Bytes(qk + tables + f32_out));
             group.bench_function(BenchmarkId::new("backward", &text), |bch| {
-                bch.iter_custom(|iters| {
-                    bench::gpu_time_iters(&engine, iters, || {
-                        rope::qk_backward(&saved, &dq, &dk).map(drop)
-                    })
-                    .expect("timed run")
+                common::time_gpu(bch, &engine, || {
+                    rope::qk_backward(&saved, &dq, &dk).map(drop)
                 })
             });
             group.throughput(Throughput::Bytes(2 * qk + tables + f32_out + 2 * tables));
             group.bench_function(BenchmarkId::new("backward_table_grads", &text), |bch| {
-                bch.iter_custom(|iters| {
-                    bench::gpu_time_iters(&engine, iters, || {
-                        rope::qk_backward(&saved_tables, &dq, &dk).map(drop)
-                    })
-                    .expect("timed run")
+                common::time_gpu(bch, &engine, || {
+                    rope::qk_backward(&saved_tables, &dq, &dk).map(drop)
                 })
             });
         }
@@ -80,16 +68,9 @@ fn run(c: &mut Criterion) {
     }
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-        .sample_size(10)
-}
-
 criterion_group! {
     name = benches;
-    config = config();
+    config = common::config();
     targets = run
 }
 criterion_main!(benches);
