@@ -1,0 +1,323 @@
+// Gated delta recurrence (Gated DeltaNet: one decay per head; KDA core: one per key channel).
+// Per token and value head, with a = exp(log_decay):
+//   D = diag(a)·S_prev;  e = v − Dᵀk;  S = D + β·k·eᵀ;  o = scale·Sᵀq.
+// The state column j (K values) belongs to one invocation throughout, so the recurrence needs
+// no atomics; every sum runs in a fixed order (ascending index, or the workgroup tree).
+//
+// q, k, v: storage dtype DT (F32/F16/BF16 as u32 words), addressed as views
+//   offset + (b·T + t)·row_stride + head·dim + i.
+// beta [B,T,Hv], log_decay [B,T,Hv] or [B,T,Hv,K], states [B,Hv,K,V]: F32.
+// Checkpoints [B,Hv,NC,K,V]: checkpoint c is the state before token c·C.
+
+override DT: u32 = 0u;
+override KD: u32 = 128u;          // key dim K (16..=256)
+override PER_CHANNEL: u32 = 0u;   // 1: log_decay [B,T,Hv,K]
+const WG: u32 = 256u;             // backward workgroup (K, V ≤ 256: one lane per row / column)
+const FWD_WG: u32 = 64u;          // forward: one lane per value column of a slice
+const MAXD: u32 = 256u;
+
+struct Params {
+    batch: u32,
+    time: u32,
+    key_heads: u32,
+    value_heads: u32,
+    vdim: u32,
+    group: u32,        // Hv / Hk
+    interval: u32,     // C, tokens per checkpoint segment
+    checkpoints: u32,  // NC = ceil(T / C)
+    q_off: u32,
+    q_stride: u32,
+    k_off: u32,
+    k_stride: u32,
+    v_off: u32,
+    v_stride: u32,
+    scale: f32,
+    flags: u32,        // bit 0: initial state / output cotangent present
+    sub: u32,          // backward: value head within the group handled by this launch
+    units: u32,        // workgroups doing work
+    slices: u32,       // forward: value-column slices per head
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> q_in: array<u32>;
+@group(0) @binding(2) var<storage, read> k_in: array<u32>;
+@group(0) @binding(3) var<storage, read> v_in: array<u32>;
+@group(0) @binding(4) var<storage, read> beta_in: array<f32>;
+@group(0) @binding(5) var<storage, read> gate_in: array<f32>;
+@group(0) @binding(6) var<storage, read> init_in: array<f32>;
+@group(0) @binding(7) var<storage, read_write> out_buf: array<f32>;
+@group(0) @binding(8) var<storage, read_write> final_buf: array<f32>;
+@group(0) @binding(9) var<storage, read_write> ckpt_buf: array<f32>;
+@group(0) @binding(10) var<storage, read> dout_in: array<f32>;
+@group(0) @binding(11) var<storage, read_write> states_buf: array<f32>;
+@group(0) @binding(12) var<storage, read_write> ds_buf: array<f32>;
+@group(0) @binding(13) var<storage, read_write> dq_buf: array<f32>;
+@group(0) @binding(14) var<storage, read_write> dk_buf: array<f32>;
+@group(0) @binding(15) var<storage, read_write> dv_buf: array<f32>;
+@group(0) @binding(16) var<storage, read_write> dbeta_buf: array<f32>;
+@group(0) @binding(17) var<storage, read_write> dg_buf: array<f32>;
+
+var<workgroup> sh_q: array<f32, MAXD>;
+var<workgroup> sh_k: array<f32, MAXD>;
+var<workgroup> sh_a: array<f32, MAXD>;
+var<workgroup> sh_e: array<f32, MAXD>;
+var<workgroup> sh_dp: array<f32, MAXD>;
+var<workgroup> sh_do: array<f32, MAXD>;
+
+fn load_q(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(q_in[i]);
+    }
+    return half_from_word(q_in[i >> 1u], i, DT);
+}
+
+fn load_k(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(k_in[i]);
+    }
+    return half_from_word(k_in[i >> 1u], i, DT);
+}
+
+fn load_v(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(v_in[i]);
+    }
+    return half_from_word(v_in[i >> 1u], i, DT);
+}
+
+// Element index of (row = b·T + t, head, i) in a view.
+fn q_index(row: u32, head: u32, i: u32) -> u32 {
+    return params.q_off + row * params.q_stride + head * KD + i;
+}
+
+fn k_index(row: u32, head: u32, i: u32) -> u32 {
+    return params.k_off + row * params.k_stride + head * KD + i;
+}
+
+fn v_index(row: u32, head: u32, j: u32) -> u32 {
+    return params.v_off + row * params.v_stride + head * params.vdim + j;
+}
+
+fn decay(row: u32, hv: u32, i: u32) -> f32 {
+    let r = row * params.value_heads + hv;
+    if (PER_CHANNEL == 1u) {
+        return exp(gate_in[r * KD + i]);
+    }
+    return exp(gate_in[r]);
+}
+
+// Load k (and q when `with_q`) of key head hk and the decay of value head hv at token row into
+// workgroup memory, lanes striding by `lanes`. Call from uniform control flow.
+fn stage_token(row: u32, hk: u32, hv: u32, lid: u32, lanes: u32, with_q: bool) {
+    workgroupBarrier();
+    for (var i = lid; i < KD; i = i + lanes) {
+        sh_k[i] = load_k(k_index(row, hk, i));
+        if (with_q) {
+            sh_q[i] = load_q(q_index(row, hk, i));
+        }
+        sh_a[i] = decay(row, hv, i);
+    }
+    workgroupBarrier();
+}
+
+// One workgroup per (b, value head, slice of FWD_WG value columns); lane j keeps its state
+// column in registers.
+@compute @workgroup_size(FWD_WG)
+fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let unit = group_index(wid, nwg);
+    if (unit >= params.units) {
+        return;
+    }
+    let vd = params.vdim;
+    let bh = unit / params.slices;
+    let col = (unit % params.slices) * FWD_WG + lid;
+    let hv = bh % params.value_heads;
+    let b = bh / params.value_heads;
+    let hk = hv / params.group;
+    let col_live = col < vd;
+    let sbase = bh * KD * vd;
+    var s: array<f32, MAXD>;
+    for (var i = 0u; i < KD; i = i + 1u) {
+        var x = 0.0;
+        if (col_live && (params.flags & 1u) != 0u) {
+            x = init_in[sbase + i * vd + col];
+        }
+        s[i] = x;
+    }
+    for (var t = 0u; t < params.time; t = t + 1u) {
+        let row = b * params.time + t;
+        if (col_live && t % params.interval == 0u) {
+            let cbase = (bh * params.checkpoints + t / params.interval) * KD * vd;
+            for (var i = 0u; i < KD; i = i + 1u) {
+                ckpt_buf[cbase + i * vd + col] = s[i];
+            }
+        }
+        stage_token(row, hk, hv, lid, FWD_WG, true);
+        if (col_live) {
+            let beta = beta_in[row * params.value_heads + hv];
+            var p = 0.0;
+            for (var i = 0u; i < KD; i = i + 1u) {
+                s[i] = sh_a[i] * s[i];
+                p = p + s[i] * sh_k[i];
+            }
+            let be = beta * (load_v(v_index(row, hv, col)) - p);
+            var o = 0.0;
+            for (var i = 0u; i < KD; i = i + 1u) {
+                s[i] = s[i] + sh_k[i] * be;
+                o = o + s[i] * sh_q[i];
+            }
+            out_buf[(row * params.value_heads + hv) * vd + col] = params.scale * o;
+        }
+    }
+    if (col_live) {
+        for (var i = 0u; i < KD; i = i + 1u) {
+            final_buf[sbase + i * vd + col] = s[i];
+        }
+    }
+}
+
+// All barriers of the backward: storage (state scratch, dS) and workgroup memory.
+fn sync() {
+    storageBarrier();
+    workgroupBarrier();
+}
+
+// One workgroup per (b, key head) for value head hk·group + sub; launches for sub = 0, 1, ...
+// run in order, so dq and dk add the value heads of a group in a fixed order.
+// Segments are walked last to first: the segment's states are recomputed from its checkpoint
+// into `states_buf` (slot m = state before token seg·C + m), then its tokens walked in
+// reverse. Phase A (lane j = value column): error, dS += scale·q·dOᵀ, dv, dβ terms.
+// Phase B (lane i = key row): dq, dk, dlog_decay, dS_prev = diag(a)·(dS + k·dpᵀ).
+@compute @workgroup_size(WG)
+fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let unit = group_index(wid, nwg);
+    if (unit >= params.units) {
+        return;
+    }
+    let vd = params.vdim;
+    let hk = unit % params.key_heads;
+    let b = unit / params.key_heads;
+    let hv = hk * params.group + params.sub;
+    let bh = b * params.value_heads + hv;
+    let kv = KD * vd;
+    let sbase = bh * kv;               // dS (ds_buf) and checkpoints
+    let wbase = unit * params.interval * kv; // this workgroup's segment states
+    let col = lid;
+    let col_on = col < vd;
+    let row_on = lid < KD;
+    let has_dout = (params.flags & 1u) != 0u;
+    var s: array<f32, MAXD>;
+    for (var seg = params.checkpoints; seg > 0u; seg = seg - 1u) {
+        let first = (seg - 1u) * params.interval;
+        let len = min(params.interval, params.time - first);
+        // Recompute the segment's states.
+        if (col_on) {
+            let cbase = (bh * params.checkpoints + seg - 1u) * kv;
+            for (var i = 0u; i < KD; i = i + 1u) {
+                s[i] = ckpt_buf[cbase + i * vd + col];
+                states_buf[wbase + i * vd + col] = s[i];
+            }
+        }
+        for (var m = 0u; m + 1u < len; m = m + 1u) {
+            let row = b * params.time + first + m;
+            stage_token(row, hk, hv, lid, WG, false);
+            if (col_on) {
+                let beta = beta_in[row * params.value_heads + hv];
+                var p = 0.0;
+                for (var i = 0u; i < KD; i = i + 1u) {
+                    s[i] = sh_a[i] * s[i];
+                    p = p + s[i] * sh_k[i];
+                }
+                let be = beta * (load_v(v_index(row, hv, col)) - p);
+                let obase = wbase + (m + 1u) * kv;
+                for (var i = 0u; i < KD; i = i + 1u) {
+                    s[i] = s[i] + sh_k[i] * be;
+                    states_buf[obase + i * vd + col] = s[i];
+                }
+            }
+        }
+        sync();
+        // Walk the segment's tokens in reverse.
+        for (var m = len; m > 0u; m = m - 1u) {
+            let row = b * params.time + first + m - 1u;
+            let pbase = wbase + (m - 1u) * kv;  // S_prev
+            stage_token(row, hk, hv, lid, WG, true);
+            let beta = beta_in[row * params.value_heads + hv];
+            let vrow = row * params.value_heads + hv;
+            // Phase A: lane = value column.
+            var dbeta_part = 0.0;
+            if (col_on) {
+                var p = 0.0;
+                for (var i = 0u; i < KD; i = i + 1u) {
+                    p = p + (sh_a[i] * states_buf[pbase + i * vd + col]) * sh_k[i];
+                }
+                let e = load_v(v_index(row, hv, col)) - p;
+                var dout = 0.0;
+                if (has_dout) {
+                    dout = dout_in[vrow * vd + col];
+                }
+                let sd = params.scale * dout;
+                var kds = 0.0;
+                for (var i = 0u; i < KD; i = i + 1u) {
+                    let idx = sbase + i * vd + col;
+                    let g = ds_buf[idx] + sh_q[i] * sd;
+                    ds_buf[idx] = g;
+                    kds = kds + g * sh_k[i];
+                }
+                let de = beta * kds;
+                dv_buf[vrow * vd + col] = de;
+                sh_e[col] = e;
+                sh_dp[col] = -de;
+                sh_do[col] = dout;
+                dbeta_part = kds * e;
+            }
+            let dbeta = workgroup_sum(dbeta_part, lid);
+            sync();
+            // Phase B: lane = key row.
+            var dg_row = 0.0;
+            if (row_on) {
+                let i = lid;
+                let a = sh_a[i];
+                let k = sh_k[i];
+                var dq = 0.0;
+                var dk = 0.0;
+                for (var j = 0u; j < vd; j = j + 1u) {
+                    let dcy = a * states_buf[pbase + i * vd + j];
+                    let st = dcy + k * (beta * sh_e[j]);
+                    dq = dq + st * sh_do[j];
+                    let idx = sbase + i * vd + j;
+                    let g = ds_buf[idx];
+                    dk = dk + (beta * g * sh_e[j] + dcy * sh_dp[j]);
+                    let dd = g + k * sh_dp[j];
+                    dg_row = dg_row + dd * dcy;
+                    ds_buf[idx] = a * dd;
+                }
+                dq = params.scale * dq;
+                let qi = (row * params.key_heads + hk) * KD + i;
+                if (params.sub == 0u) {
+                    dq_buf[qi] = dq;
+                    dk_buf[qi] = dk;
+                } else {
+                    dq_buf[qi] = dq_buf[qi] + dq;
+                    dk_buf[qi] = dk_buf[qi] + dk;
+                }
+                if (PER_CHANNEL == 1u) {
+                    dg_buf[vrow * KD + i] = dg_row;
+                }
+            }
+            if (PER_CHANNEL == 0u) {
+                let dg = workgroup_sum(dg_row, lid);
+                if (lid == 0u) {
+                    dg_buf[vrow] = dg;
+                }
+            }
+            if (lid == 0u) {
+                dbeta_buf[vrow] = dbeta;
+            }
+            sync();
+        }
+    }
+}
