@@ -518,9 +518,6 @@ fn chaining_through_the_initial_state() {
     let data = make_data(&c);
     let x = upload(&c, data);
     let s = &x.stored;
-    let split = |v: &[f64], per_token: usize| -> (Vec<f64>, Vec<f64>) {
-        (v[..t1 * per_token].to_vec(), v[t1 * per_token..].to_vec())
-    };
     let gd = if c.per_channel { c.hv * c.kd } else { c.hv };
     let t = |v: &[f64], shape: &[usize]| common::tensor_from_f64(e, v, shape, DType::F32);
     let part =
@@ -597,7 +594,6 @@ fn chaining_through_the_initial_state() {
         s.init.as_deref(),
     );
     assert!(compare(&ow.output.to_f64().unwrap(), &r.output, f32tol).passed);
-    let _ = split;
 }
 
 #[test]
