@@ -18,7 +18,7 @@
 //! F32, narrowed with [`crate::cast::cast`]); gradients are F32. Bounds: K and V in 16..=256,
 //! T ≥ 1, B, Hk ≥ 1.
 //!
-//! **Forward**: one workgroup per (batch, value head, slice of 64 value columns); a lane keeps
+//! **Forward**: one workgroup per (batch, value head, slice of 32 value columns); a lane keeps
 //! its state column in registers and walks the tokens in order. It saves the state every
 //! `C` tokens (the checkpoints, `[B, Hv, ⌈T/C⌉, K, V]` F32, held by [`GatedDeltaSaved`]);
 //! `C = ⌈√T⌉` by default, so the saved states are O(√T·K·V) per sequence-head;
@@ -49,7 +49,7 @@ pub static KERNEL: Kernel = Kernel {
 };
 
 /// Value columns per forward workgroup.
-const FWD_WG: usize = 64;
+const FWD_WG: usize = 32;
 /// Smallest and largest K and V.
 pub const MIN_HEAD_DIM: usize = 16;
 /// Largest K and V.

@@ -13,7 +13,7 @@ override DT: u32 = 0u;
 override KD: u32 = 128u;          // key dim K (16..=256)
 override PER_CHANNEL: u32 = 0u;   // 1: log_decay [B,T,Hv,K]
 const WG: u32 = 256u;             // backward workgroup (K, V ≤ 256: one lane per row / column)
-const FWD_WG: u32 = 64u;          // forward: one lane per value column of a slice
+const FWD_WG: u32 = 32u;          // forward: one lane per value column of a slice
 const MAXD: u32 = 256u;
 
 struct Params {
@@ -184,12 +184,22 @@ fn sync() {
     workgroupBarrier();
 }
 
+// Partial sums of lanes sharing one column (phase A) or one row (phase B), combined in lane
+// order.
+var<workgroup> sh_pa: array<f32, WG>;
+var<workgroup> sh_pk: array<f32, WG>;
+var<workgroup> sh_b1: array<f32, WG>;
+var<workgroup> sh_b2: array<f32, WG>;
+var<workgroup> sh_b3: array<f32, WG>;
+
 // One workgroup per (b, key head) for value head hk·group + sub; launches for sub = 0, 1, ...
 // run in order, so dq and dk add the value heads of a group in a fixed order.
 // Segments are walked last to first: the segment's states are recomputed from its checkpoint
 // into `states_buf` (slot m = state before token seg·C + m), then its tokens walked in
-// reverse. Phase A (lane j = value column): error, dS += scale·q·dOᵀ, dv, dβ terms.
-// Phase B (lane i = key row): dq, dk, dlog_decay, dS_prev = diag(a)·(dS + k·dpᵀ).
+// reverse. Phase A (column work: error, dS += scale·q·dOᵀ, dv, dβ terms): lane = (column j,
+// part r), part r taking a contiguous chunk of the key rows. Phase B (row work: dq, dk,
+// dlog_decay, dS_prev = diag(a)·(dS + k·dpᵀ)): lane = (row i, part r), part r taking a chunk of
+// the columns. Parts are summed in part order.
 @compute @workgroup_size(WG)
 fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -203,39 +213,58 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let hv = hk * params.group + params.sub;
     let bh = b * params.value_heads + hv;
     let kv = KD * vd;
-    let sbase = bh * kv;               // dS (ds_buf) and checkpoints
+    let sbase = bh * kv;                     // dS (ds_buf)
     let wbase = unit * params.interval * kv; // this workgroup's segment states
-    let col = lid;
-    let col_on = col < vd;
-    let row_on = lid < KD;
     let has_dout = (params.flags & 1u) != 0u;
-    var s: array<f32, MAXD>;
+    // Phase A lanes: column ja, part ra of parts_a, key rows [ia0, ia1).
+    let parts_a = WG / vd;
+    let ja = lid % vd;
+    let ra = lid / vd;
+    let on_a = ra < parts_a;
+    let chunk_a = (KD + parts_a - 1u) / parts_a;
+    let ia0 = min(ra * chunk_a, KD);
+    let ia1 = min(ia0 + chunk_a, KD);
+    // Phase B lanes: row ib, part rb of parts_b, columns [jb0, jb1).
+    let parts_b = WG / KD;
+    let ib = lid % KD;
+    let rb = lid / KD;
+    let on_b = rb < parts_b;
+    let chunk_b = (vd + parts_b - 1u) / parts_b;
+    let jb0 = min(rb * chunk_b, vd);
+    let jb1 = min(jb0 + chunk_b, vd);
     for (var seg = params.checkpoints; seg > 0u; seg = seg - 1u) {
         let first = (seg - 1u) * params.interval;
         let len = min(params.interval, params.time - first);
-        // Recompute the segment's states.
-        if (col_on) {
+        // Recompute the segment's states (each lane reads and writes only its own chunk).
+        if (on_a) {
             let cbase = (bh * params.checkpoints + seg - 1u) * kv;
-            for (var i = 0u; i < KD; i = i + 1u) {
-                s[i] = ckpt_buf[cbase + i * vd + col];
-                states_buf[wbase + i * vd + col] = s[i];
+            for (var i = ia0; i < ia1; i = i + 1u) {
+                states_buf[wbase + i * vd + ja] = ckpt_buf[cbase + i * vd + ja];
             }
         }
         for (var m = 0u; m + 1u < len; m = m + 1u) {
             let row = b * params.time + first + m;
             stage_token(row, hk, hv, lid, WG, false);
-            if (col_on) {
-                let beta = beta_in[row * params.value_heads + hv];
+            let ibase = wbase + m * kv;
+            if (on_a) {
                 var p = 0.0;
-                for (var i = 0u; i < KD; i = i + 1u) {
-                    s[i] = sh_a[i] * s[i];
-                    p = p + s[i] * sh_k[i];
+                for (var i = ia0; i < ia1; i = i + 1u) {
+                    p = p + (sh_a[i] * states_buf[ibase + i * vd + ja]) * sh_k[i];
                 }
-                let be = beta * (load_v(v_index(row, hv, col)) - p);
-                let obase = wbase + (m + 1u) * kv;
-                for (var i = 0u; i < KD; i = i + 1u) {
-                    s[i] = s[i] + sh_k[i] * be;
-                    states_buf[obase + i * vd + col] = s[i];
+                sh_pa[lid] = p;
+            }
+            workgroupBarrier();
+            if (on_a) {
+                var p = 0.0;
+                for (var r = 0u; r < parts_a; r = r + 1u) {
+                    p = p + sh_pa[r * vd + ja];
+                }
+                let beta = beta_in[row * params.value_heads + hv];
+                let be = beta * (load_v(v_index(row, hv, ja)) - p);
+                let obase = ibase + kv;
+                for (var i = ia0; i < ia1; i = i + 1u) {
+                    let idx = i * vd + ja;
+                    states_buf[obase + idx] = sh_a[i] * states_buf[ibase + idx] + sh_k[i] * be;
                 }
             }
         }
@@ -247,56 +276,86 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             stage_token(row, hk, hv, lid, WG, true);
             let beta = beta_in[row * params.value_heads + hv];
             let vrow = row * params.value_heads + hv;
-            // Phase A: lane = value column.
-            var dbeta_part = 0.0;
-            if (col_on) {
+            // Phase A.
+            if (on_a) {
                 var p = 0.0;
-                for (var i = 0u; i < KD; i = i + 1u) {
-                    p = p + (sh_a[i] * states_buf[pbase + i * vd + col]) * sh_k[i];
+                for (var i = ia0; i < ia1; i = i + 1u) {
+                    p = p + (sh_a[i] * states_buf[pbase + i * vd + ja]) * sh_k[i];
                 }
-                let e = load_v(v_index(row, hv, col)) - p;
-                var dout = 0.0;
+                sh_pa[lid] = p;
+            }
+            workgroupBarrier();
+            var e = 0.0;
+            var dout = 0.0;
+            if (on_a) {
+                var p = 0.0;
+                for (var r = 0u; r < parts_a; r = r + 1u) {
+                    p = p + sh_pa[r * vd + ja];
+                }
+                e = load_v(v_index(row, hv, ja)) - p;
                 if (has_dout) {
-                    dout = dout_in[vrow * vd + col];
+                    dout = dout_in[vrow * vd + ja];
                 }
                 let sd = params.scale * dout;
                 var kds = 0.0;
-                for (var i = 0u; i < KD; i = i + 1u) {
-                    let idx = sbase + i * vd + col;
+                for (var i = ia0; i < ia1; i = i + 1u) {
+                    let idx = sbase + i * vd + ja;
                     let g = ds_buf[idx] + sh_q[i] * sd;
                     ds_buf[idx] = g;
                     kds = kds + g * sh_k[i];
                 }
+                sh_pk[lid] = kds;
+            }
+            workgroupBarrier();
+            var dbeta_part = 0.0;
+            if (on_a && ra == 0u) {
+                var kds = 0.0;
+                for (var r = 0u; r < parts_a; r = r + 1u) {
+                    kds = kds + sh_pk[r * vd + ja];
+                }
                 let de = beta * kds;
-                dv_buf[vrow * vd + col] = de;
-                sh_e[col] = e;
-                sh_dp[col] = -de;
-                sh_do[col] = dout;
+                dv_buf[vrow * vd + ja] = de;
+                sh_e[ja] = e;
+                sh_dp[ja] = -de;
+                sh_do[ja] = dout;
                 dbeta_part = kds * e;
             }
             let dbeta = workgroup_sum(dbeta_part, lid);
             sync();
-            // Phase B: lane = key row.
-            var dg_row = 0.0;
-            if (row_on) {
-                let i = lid;
-                let a = sh_a[i];
-                let k = sh_k[i];
+            // Phase B.
+            if (on_b) {
+                let a = sh_a[ib];
+                let k = sh_k[ib];
                 var dq = 0.0;
                 var dk = 0.0;
-                for (var j = 0u; j < vd; j = j + 1u) {
-                    let dcy = a * states_buf[pbase + i * vd + j];
+                var dg = 0.0;
+                for (var j = jb0; j < jb1; j = j + 1u) {
+                    let dcy = a * states_buf[pbase + ib * vd + j];
                     let st = dcy + k * (beta * sh_e[j]);
                     dq = dq + st * sh_do[j];
-                    let idx = sbase + i * vd + j;
+                    let idx = sbase + ib * vd + j;
                     let g = ds_buf[idx];
                     dk = dk + (beta * g * sh_e[j] + dcy * sh_dp[j]);
                     let dd = g + k * sh_dp[j];
-                    dg_row = dg_row + dd * dcy;
+                    dg = dg + dd * dcy;
                     ds_buf[idx] = a * dd;
                 }
+                sh_b1[lid] = dq;
+                sh_b2[lid] = dk;
+                sh_b3[lid] = dg;
+            }
+            workgroupBarrier();
+            var dg_row = 0.0;
+            if (on_b && rb == 0u) {
+                var dq = 0.0;
+                var dk = 0.0;
+                for (var r = 0u; r < parts_b; r = r + 1u) {
+                    dq = dq + sh_b1[r * KD + ib];
+                    dk = dk + sh_b2[r * KD + ib];
+                    dg_row = dg_row + sh_b3[r * KD + ib];
+                }
                 dq = params.scale * dq;
-                let qi = (row * params.key_heads + hk) * KD + i;
+                let qi = (row * params.key_heads + hk) * KD + ib;
                 if (params.sub == 0u) {
                     dq_buf[qi] = dq;
                     dk_buf[qi] = dk;
@@ -305,7 +364,7 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                     dk_buf[qi] = dk_buf[qi] + dk;
                 }
                 if (PER_CHANNEL == 1u) {
-                    dg_buf[vrow * KD + i] = dg_row;
+                    dg_buf[vrow * KD + ib] = dg_row;
                 }
             }
             if (PER_CHANNEL == 0u) {
