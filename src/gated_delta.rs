@@ -29,6 +29,8 @@
 //! head in a fixed order (no atomics; reruns are bit-identical). Segments are walked last to
 //! first: the segment's states are recomputed from its checkpoint into the workspace (C states
 //! per workgroup: [`gated_delta_workspace_bytes`]), then its tokens are walked in reverse.
+//! Within a workgroup the column work (error, dv, dβ) and the row work (dq, dk, dlog_decay,
+//! dS_prev) are each split over all 256 lanes, partial sums combined in lane order.
 //! `dS`, the running state gradient, lives in the `initial_state` gradient's buffer.
 //!
 //! The kernels bind up to 14 storage buffers per entry point: an adapter with fewer
@@ -113,7 +115,10 @@ pub fn gated_delta_saved_bytes(shape: &GatedDeltaShape, options: &GatedDeltaOpti
 }
 
 /// Scratch bytes [`gated_delta_backward`] allocates beyond its outputs: the recomputed states
-/// of one segment per workgroup of a launch (`B·Hk·C·K·V` F32).
+/// of one segment per workgroup of a launch, `B·Hk·C·K·V` F32 when that fits the engine's
+/// workspace bound. Otherwise the backward launches fewer workgroups at a time (as many
+/// `C·K·V·4`-byte units as fit, same results bit for bit) and fails with
+/// `Error::WorkspaceExceeded` only when one unit does not fit.
 pub fn gated_delta_workspace_bytes(shape: &GatedDeltaShape, options: &GatedDeltaOptions) -> u64 {
     let c = shape.interval(options);
     (shape.batch * shape.key_heads * c) as u64 * shape.state_elems() * 4
@@ -301,7 +306,7 @@ struct Params {
     sub: u32,
     units: u32,
     slices: u32,
-    pad: u32,
+    unit_base: u32,
 }
 
 fn to_u32(what: &str, x: u64) -> Result<u32> {
@@ -513,7 +518,7 @@ pub fn gated_delta_forward<'a>(
         sub: 0,
         units: to_u32(&what("workgroups"), units as u64)?,
         slices: slices as u32,
-        pad: 0,
+        unit_base: 0,
     };
     // An absent initial state binds beta (never read: flag off).
     let init = initial_state.unwrap_or(beta);
@@ -564,7 +569,9 @@ pub fn gated_delta_forward<'a>(
 /// cotangent `[B, Hv, K, V]` (both F32; either may be absent = zero).
 ///
 /// Errors: a cotangent of the wrong shape (`ShapeMismatch`) or dtype (`UnsupportedDType`) or
-/// engine (`EngineMismatch`); scratch past the workspace bound (`WorkspaceExceeded`, see
+/// engine (`EngineMismatch`); one workgroup's scratch (`C·K·V·4` bytes) past the workspace
+/// bound (`WorkspaceExceeded`; a bound below the full [`gated_delta_workspace_bytes`] only
+/// makes the launches smaller), see
 /// [`gated_delta_workspace_bytes`]); a buffer past one binding (`LimitExceeded`).
 pub fn gated_delta_backward(
     saved: &GatedDeltaSaved,
@@ -591,11 +598,13 @@ pub fn gated_delta_backward(
         expect_f32("gated_delta_backward: d_final_state", g)?;
         expect_shape("gated_delta_backward: d_final_state", g, &[bsz, hv, kd, vd])?;
     }
-    let options = GatedDeltaOptions {
-        checkpoint_interval: Some(saved.interval),
-        ..GatedDeltaOptions::default()
-    };
-    let workspace = gated_delta_workspace_bytes(&s, &options);
+    // Workgroups per launch: all B·Hk units when their states fit the workspace bound, else as
+    // many as fit (launches run in order; results are the same bits either way).
+    let per_unit = saved.interval as u64 * s.state_elems() * 4;
+    let total_units = bsz * hk;
+    let fit = (engine.workspace_bound() / per_unit).min(total_units as u64) as usize;
+    let launch_units = fit.max(1);
+    let workspace = launch_units as u64 * per_unit;
     engine.check_workspace("gated_delta_backward", workspace)?;
     to_u32("gated_delta_backward: workspace elements", workspace / 4)?;
 
@@ -619,11 +628,15 @@ pub fn gated_delta_backward(
         "gated_delta backward states",
     )?;
     let group = hv / hk;
-    let units = bsz * hk;
     // An absent output cotangent binds beta (never read: flag off).
     let dout = d_output.unwrap_or(&saved.beta);
     let constants = constants(saved.q.dtype(), kd, saved.per_channel);
-    for sub in 0..group {
+    for (sub, unit_base) in (0..group).flat_map(|sub| {
+        (0..total_units)
+            .step_by(launch_units)
+            .map(move |base| (sub, base))
+    }) {
+        let units = launch_units.min(total_units - unit_base);
         let params = Params {
             batch: bsz as u32,
             time: time as u32,
@@ -644,7 +657,7 @@ pub fn gated_delta_backward(
             sub: sub as u32,
             units: units as u32,
             slices: 0,
-            pad: 0,
+            unit_base: unit_base as u32,
         };
         engine.launch(
             &KERNEL,

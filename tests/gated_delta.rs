@@ -943,3 +943,67 @@ fn bad_inputs_are_typed_errors() {
     ));
     assert!(bwd(None, None).is_ok());
 }
+
+#[test]
+fn small_workspace_bound_splits_launches_with_the_same_bits() {
+    // B·Hk = 4 units of C·K·V·4 bytes; a bound of one unit runs them one launch at a time.
+    let c = Case {
+        b: 2,
+        t: 7,
+        hk: 2,
+        hv: 4,
+        kd: 16,
+        vd: 32,
+        per_channel: true,
+        seed: 21,
+        ..BASE
+    };
+    let data = make_data(&c);
+    let e = private_engine();
+    let t = |v: &[f64], s: &[usize]| common::tensor_from_f64(&e, v, s, DType::F32);
+    let q = t(&data.q, &[2, 7, 2, 16]);
+    let k = t(&data.k, &[2, 7, 2, 16]);
+    let v = t(&data.v, &[2, 7, 4, 32]);
+    let beta = t(&data.beta, &[2, 7, 4]);
+    let g = t(&data.g, &[2, 7, 4, 16]);
+    let d_out = t(data.d_out.as_ref().unwrap(), &[2, 7, 4, 32]);
+    let opts = GatedDeltaOptions::default();
+    let run = || {
+        let (_, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts).unwrap();
+        let gr = gated_delta_backward(&saved, Some(&d_out), None).unwrap();
+        [
+            gr.query,
+            gr.key,
+            gr.value,
+            gr.beta,
+            gr.log_decay,
+            gr.initial_state,
+        ]
+        .iter()
+        .map(common::f32_bits)
+        .collect::<Vec<_>>()
+    };
+    let full = run();
+    let shape = GatedDeltaShape {
+        batch: 2,
+        time: 7,
+        key_heads: 2,
+        value_heads: 4,
+        key_dim: 16,
+        value_dim: 32,
+    };
+    let unit = 3 * 16 * 32 * 4;
+    assert_eq!(gated_delta_workspace_bytes(&shape, &opts), 4 * unit);
+    for bound in [unit, 3 * unit, unit + 1] {
+        e.set_workspace_bound(bound);
+        assert!(run() == full, "bound {bound}: results differ");
+    }
+    e.set_workspace_bound(unit - 1);
+    let (_, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts).unwrap();
+    match gated_delta_backward(&saved, None, None) {
+        Err(Error::WorkspaceExceeded { needed, bound, .. }) => {
+            assert_eq!((needed, bound), (unit, unit - 1))
+        }
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+}

@@ -36,7 +36,7 @@ struct Params {
     sub: u32,          // backward: value head within the group handled by this launch
     units: u32,        // workgroups doing work
     slices: u32,       // forward: value-column slices per head
-    pad: u32,
+    unit_base: u32,    // backward: first (b, key head) unit of this launch
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -203,10 +203,11 @@ var<workgroup> sh_b3: array<f32, WG>;
 @compute @workgroup_size(WG)
 fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
-    let unit = group_index(wid, nwg);
-    if (unit >= params.units) {
+    let local = group_index(wid, nwg);
+    if (local >= params.units) {
         return;
     }
+    let unit = params.unit_base + local;
     let vd = params.vdim;
     let hk = unit % params.key_heads;
     let b = unit / params.key_heads;
@@ -214,7 +215,7 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let bh = b * params.value_heads + hv;
     let kv = KD * vd;
     let sbase = bh * kv;                     // dS (ds_buf)
-    let wbase = unit * params.interval * kv; // this workgroup's segment states
+    let wbase = local * params.interval * kv; // this workgroup's segment states
     let has_dout = (params.flags & 1u) != 0u;
     // Phase A lanes: column ja, part ra of parts_a, key rows [ia0, ia1).
     let parts_a = WG / vd;
