@@ -18,8 +18,9 @@
 //! F32, narrowed with [`crate::cast::cast`]); gradients are F32. Bounds: K and V in 16..=256,
 //! T ≥ 1, B, Hk ≥ 1.
 //!
-//! **Forward**: one workgroup per (batch, value head, slice of 32 value columns); a lane keeps
-//! its state column in registers and walks the tokens in order. It saves the state every
+//! **Forward**: one workgroup per (batch, value head, slice of 32 value columns); each column's
+//! K state rows are split over 8 lanes that keep them in registers and walk the tokens in
+//! order, their dot products combined in lane order. It saves the state every
 //! `C` tokens (the checkpoints, `[B, Hv, ⌈T/C⌉, K, V]` F32, held by [`GatedDeltaSaved`]);
 //! `C = ⌈√T⌉` by default, so the saved states are O(√T·K·V) per sequence-head;
 //! [`GatedDeltaOptions::save_states`] keeps every state (`C = 1`).
@@ -51,7 +52,7 @@ pub static KERNEL: Kernel = Kernel {
 };
 
 /// Value columns per forward workgroup.
-const FWD_WG: usize = 32;
+const FWD_COLS: usize = 32;
 /// Smallest and largest K and V.
 pub const MIN_HEAD_DIM: usize = 16;
 /// Largest K and V.
@@ -496,7 +497,7 @@ pub fn gated_delta_forward<'a>(
         DType::F32,
         "gated_delta checkpoints",
     )?;
-    let slices = vd.div_ceil(FWD_WG);
+    let slices = vd.div_ceil(FWD_COLS);
     let units = bsz * hv * slices;
     let params = Params {
         batch: bsz as u32,

@@ -13,7 +13,9 @@ override DT: u32 = 0u;
 override KD: u32 = 128u;          // key dim K (16..=256)
 override PER_CHANNEL: u32 = 0u;   // 1: log_decay [B,T,Hv,K]
 const WG: u32 = 256u;             // backward workgroup (K, V ≤ 256: one lane per row / column)
-const FWD_WG: u32 = 32u;          // forward: one lane per value column of a slice
+const FWD_COLS: u32 = 32u;        // forward: value columns per workgroup
+const FWD_PARTS: u32 = 8u;        // forward: lanes per column (WG / FWD_COLS)
+const FWD_CHUNK: u32 = 32u;       // forward: most state rows per lane (MAXD / FWD_PARTS)
 const MAXD: u32 = 256u;
 
 struct Params {
@@ -121,9 +123,10 @@ fn stage_token(row: u32, hk: u32, hv: u32, lid: u32, lanes: u32, with_q: bool) {
     workgroupBarrier();
 }
 
-// One workgroup per (b, value head, slice of FWD_WG value columns); lane j keeps its state
-// column in registers.
-@compute @workgroup_size(FWD_WG)
+// One workgroup per (b, value head, slice of FWD_COLS value columns). Lane (column j, part r)
+// keeps rows [r·chunk, (r+1)·chunk) of state column j in registers (chunk = ⌈K/FWD_PARTS⌉);
+// the parts' dot products are combined in part order through workgroup memory.
+@compute @workgroup_size(WG)
 fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
     let unit = group_index(wid, nwg);
@@ -132,48 +135,68 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let vd = params.vdim;
     let bh = unit / params.slices;
-    let col = (unit % params.slices) * FWD_WG + lid;
+    let j = lid % FWD_COLS;
+    let r = lid / FWD_COLS;
+    let col = (unit % params.slices) * FWD_COLS + j;
     let hv = bh % params.value_heads;
     let b = bh / params.value_heads;
     let hk = hv / params.group;
     let col_live = col < vd;
+    let chunk = (KD + FWD_PARTS - 1u) / FWD_PARTS;
+    let i0 = min(r * chunk, KD);
+    let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
-    var s: array<f32, MAXD>;
-    for (var i = 0u; i < KD; i = i + 1u) {
+    var s: array<f32, FWD_CHUNK>;
+    for (var c = 0u; c < n; c = c + 1u) {
         var x = 0.0;
         if (col_live && (params.flags & 1u) != 0u) {
-            x = init_in[sbase + i * vd + col];
+            x = init_in[sbase + (i0 + c) * vd + col];
         }
-        s[i] = x;
+        s[c] = x;
     }
     for (var t = 0u; t < params.time; t = t + 1u) {
         let row = b * params.time + t;
         if (col_live && t % params.interval == 0u) {
             let cbase = (bh * params.checkpoints + t / params.interval) * KD * vd;
-            for (var i = 0u; i < KD; i = i + 1u) {
-                ckpt_buf[cbase + i * vd + col] = s[i];
+            for (var c = 0u; c < n; c = c + 1u) {
+                ckpt_buf[cbase + (i0 + c) * vd + col] = s[c];
             }
         }
-        stage_token(row, hk, hv, lid, FWD_WG, true);
+        stage_token(row, hk, hv, lid, WG, true);
+        var p = 0.0;
+        for (var c = 0u; c < n; c = c + 1u) {
+            s[c] = sh_a[i0 + c] * s[c];
+            p = p + s[c] * sh_k[i0 + c];
+        }
+        sh_pa[lid] = p;
+        workgroupBarrier();
+        var pt = 0.0;
+        for (var part = 0u; part < FWD_PARTS; part = part + 1u) {
+            pt = pt + sh_pa[part * FWD_COLS + j];
+        }
+        var v = 0.0;
         if (col_live) {
-            let beta = beta_in[row * params.value_heads + hv];
-            var p = 0.0;
-            for (var i = 0u; i < KD; i = i + 1u) {
-                s[i] = sh_a[i] * s[i];
-                p = p + s[i] * sh_k[i];
+            v = load_v(v_index(row, hv, col));
+        }
+        let be = beta_in[row * params.value_heads + hv] * (v - pt);
+        var o = 0.0;
+        for (var c = 0u; c < n; c = c + 1u) {
+            s[c] = s[c] + sh_k[i0 + c] * be;
+            o = o + s[c] * sh_q[i0 + c];
+        }
+        sh_pk[lid] = o;
+        workgroupBarrier();
+        if (col_live && r == 0u) {
+            var ot = 0.0;
+            for (var part = 0u; part < FWD_PARTS; part = part + 1u) {
+                ot = ot + sh_pk[part * FWD_COLS + j];
             }
-            let be = beta * (load_v(v_index(row, hv, col)) - p);
-            var o = 0.0;
-            for (var i = 0u; i < KD; i = i + 1u) {
-                s[i] = s[i] + sh_k[i] * be;
-                o = o + s[i] * sh_q[i];
-            }
-            out_buf[(row * params.value_heads + hv) * vd + col] = params.scale * o;
+            out_buf[(row * params.value_heads + hv) * vd + col] = params.scale * ot;
         }
     }
     if (col_live) {
-        for (var i = 0u; i < KD; i = i + 1u) {
-            final_buf[sbase + i * vd + col] = s[i];
+        for (var c = 0u; c < n; c = c + 1u) {
+            final_buf[sbase + (i0 + c) * vd + col] = s[c];
         }
     }
 }
