@@ -125,7 +125,8 @@ fn stage_token(row: u32, hk: u32, hv: u32, lid: u32, lanes: u32, with_q: bool) {
 
 // One workgroup per (b, value head, slice of FWD_COLS value columns). Lane (column j, part r)
 // keeps rows [r·chunk, (r+1)·chunk) of state column j in registers (chunk = ⌈K/FWD_PARTS⌉);
-// the parts' dot products are combined in part order through workgroup memory.
+// the parts' dot products are combined in part order through workgroup memory. Loops run a
+// constant `chunk` times (guarded by the lane's row count) so drivers can keep `s` in registers.
 @compute @workgroup_size(WG)
 fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
@@ -147,26 +148,32 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
     var s: array<f32, FWD_CHUNK>;
-    for (var c = 0u; c < n; c = c + 1u) {
-        var x = 0.0;
-        if (col_live && (params.flags & 1u) != 0u) {
-            x = init_in[sbase + (i0 + c) * vd + col];
+    for (var c = 0u; c < chunk; c = c + 1u) {
+        if (c < n) {
+            var x = 0.0;
+            if (col_live && (params.flags & 1u) != 0u) {
+                x = init_in[sbase + (i0 + c) * vd + col];
+            }
+            s[c] = x;
         }
-        s[c] = x;
     }
     for (var t = 0u; t < params.time; t = t + 1u) {
         let row = b * params.time + t;
         if (col_live && t % params.interval == 0u) {
             let cbase = (bh * params.checkpoints + t / params.interval) * KD * vd;
-            for (var c = 0u; c < n; c = c + 1u) {
-                ckpt_buf[cbase + (i0 + c) * vd + col] = s[c];
+            for (var c = 0u; c < chunk; c = c + 1u) {
+                if (c < n) {
+                    ckpt_buf[cbase + (i0 + c) * vd + col] = s[c];
+                }
             }
         }
         stage_token(row, hk, hv, lid, WG, true);
         var p = 0.0;
-        for (var c = 0u; c < n; c = c + 1u) {
-            s[c] = sh_a[i0 + c] * s[c];
-            p = p + s[c] * sh_k[i0 + c];
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                s[c] = sh_a[i0 + c] * s[c];
+                p = p + s[c] * sh_k[i0 + c];
+            }
         }
         sh_pa[lid] = p;
         workgroupBarrier();
@@ -180,9 +187,11 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         }
         let be = beta_in[row * params.value_heads + hv] * (v - pt);
         var o = 0.0;
-        for (var c = 0u; c < n; c = c + 1u) {
-            s[c] = s[c] + sh_k[i0 + c] * be;
-            o = o + s[c] * sh_q[i0 + c];
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                s[c] = s[c] + sh_k[i0 + c] * be;
+                o = o + s[c] * sh_q[i0 + c];
+            }
         }
         sh_pk[lid] = o;
         workgroupBarrier();
@@ -195,8 +204,10 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         }
     }
     if (col_live) {
-        for (var c = 0u; c < n; c = c + 1u) {
-            final_buf[sbase + (i0 + c) * vd + col] = s[c];
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                final_buf[sbase + (i0 + c) * vd + col] = s[c];
+            }
         }
     }
 }
