@@ -37,7 +37,7 @@
 //! The kernels bind up to 14 storage buffers per entry point: an adapter with fewer
 //! (`max_storage_buffers_per_shader_stage`) gets `Error::InsufficientLimit`.
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Constants, Kernel};
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Constants, Kernel};
 use crate::{DType, Engine, Error, Result, Tensor, cast};
 
 /// `wgsl/gated_delta.wgsl`.
@@ -46,7 +46,6 @@ pub static KERNEL: Kernel = Kernel {
     parts: &[
         COMMON_DTYPE,
         COMMON_LAUNCH,
-        COMMON_REDUCE,
         include_str!("../wgsl/gated_delta.wgsl"),
     ],
 };

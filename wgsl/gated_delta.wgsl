@@ -2,7 +2,7 @@
 // Per token and value head, with a = exp(log_decay):
 //   D = diag(a)·S_prev;  e = v − Dᵀk;  S = D + β·k·eᵀ;  o = scale·Sᵀq.
 // The state column j (K values) belongs to one invocation throughout, so the recurrence needs
-// no atomics; every sum runs in a fixed order (ascending index, or the workgroup tree).
+// no atomics; every sum runs in a fixed order (ascending index, parts in lane order).
 //
 // q, k, v: storage dtype DT (F32/F16/BF16 as u32 words), addressed as views
 //   offset + (b·T + t)·row_stride + head·dim + i.
@@ -12,7 +12,7 @@
 override DT: u32 = 0u;
 override KD: u32 = 128u;          // key dim K (16..=256)
 override PER_CHANNEL: u32 = 0u;   // 1: log_decay [B,T,Hv,K]
-const WG: u32 = 256u;             // backward workgroup (K, V ≤ 256: one lane per row / column)
+const WG: u32 = 256u;             // lanes per workgroup (forward and backward)
 const FWD_COLS: u32 = 32u;        // forward: value columns per workgroup
 const FWD_PARTS: u32 = 8u;        // forward: lanes per column (WG / FWD_COLS)
 const FWD_CHUNK: u32 = 32u;       // forward: most state rows per lane (MAXD / FWD_PARTS)
@@ -225,6 +225,10 @@ var<workgroup> sh_pk: array<f32, WG>;
 var<workgroup> sh_b1: array<f32, WG>;
 var<workgroup> sh_b2: array<f32, WG>;
 var<workgroup> sh_b3: array<f32, WG>;
+var<workgroup> sh_db: array<f32, WG>;
+const SUM_LANES: u32 = 16u;
+var<workgroup> sh_db2: array<f32, SUM_LANES>;
+var<workgroup> sh_dg2: array<f32, SUM_LANES>;
 
 // One workgroup per (b, key head) for value head hk·group + sub; launches for sub = 0, 1, ...
 // run in order, so dq and dk add the value heads of a group in a fixed order.
@@ -342,7 +346,6 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 sh_pk[lid] = kds;
             }
             workgroupBarrier();
-            var dbeta_part = 0.0;
             if (on_a && ra == 0u) {
                 var kds = 0.0;
                 for (var r = 0u; r < parts_a; r = r + 1u) {
@@ -353,9 +356,8 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 sh_e[ja] = e;
                 sh_dp[ja] = -de;
                 sh_do[ja] = dout;
-                dbeta_part = kds * e;
+                sh_db[ja] = kds * e;
             }
-            let dbeta = workgroup_sum(dbeta_part, lid);
             sync();
             // Phase B.
             if (on_b) {
@@ -380,10 +382,10 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 sh_b3[lid] = dg;
             }
             workgroupBarrier();
-            var dg_row = 0.0;
             if (on_b && rb == 0u) {
                 var dq = 0.0;
                 var dk = 0.0;
+                var dg_row = 0.0;
                 for (var r = 0u; r < parts_b; r = r + 1u) {
                     dq = dq + sh_b1[r * KD + ib];
                     dk = dk + sh_b2[r * KD + ib];
@@ -401,15 +403,37 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 if (PER_CHANNEL == 1u) {
                     dg_buf[vrow * KD + ib] = dg_row;
                 }
+                sh_pa[ib] = dg_row;
             }
-            if (PER_CHANNEL == 0u) {
-                let dg = workgroup_sum(dg_row, lid);
-                if (lid == 0u) {
-                    dg_buf[vrow] = dg;
+            workgroupBarrier();
+            // dβ = Σ_j sh_db[j] and the scalar dlog_decay = Σ_i sh_pa[i]: 16 lanes sum
+            // consecutive chunks, lane 0 sums the 16 chunk sums.
+            if (lid < SUM_LANES) {
+                let cv = (vd + SUM_LANES - 1u) / SUM_LANES;
+                var x = 0.0;
+                for (var j = min(lid * cv, vd); j < min(lid * cv + cv, vd); j = j + 1u) {
+                    x = x + sh_db[j];
                 }
+                sh_db2[lid] = x;
+                let ck = (KD + SUM_LANES - 1u) / SUM_LANES;
+                var y = 0.0;
+                for (var i = min(lid * ck, KD); i < min(lid * ck + ck, KD); i = i + 1u) {
+                    y = y + sh_pa[i];
+                }
+                sh_dg2[lid] = y;
             }
+            workgroupBarrier();
             if (lid == 0u) {
-                dbeta_buf[vrow] = dbeta;
+                var x = 0.0;
+                var y = 0.0;
+                for (var l = 0u; l < SUM_LANES; l = l + 1u) {
+                    x = x + sh_db2[l];
+                    y = y + sh_dg2[l];
+                }
+                dbeta_buf[vrow] = x;
+                if (PER_CHANNEL == 0u) {
+                    dg_buf[vrow] = y;
+                }
             }
             sync();
         }
