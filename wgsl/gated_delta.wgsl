@@ -1,8 +1,9 @@
 // Gated delta recurrence (Gated DeltaNet: one decay per head; KDA core: one per key channel).
 // Per token and value head, with a = exp(log_decay):
 //   D = diag(a)·S_prev;  e = v − Dᵀk;  S = D + β·k·eᵀ;  o = scale·Sᵀq.
-// The state column j (K values) belongs to one invocation throughout, so the recurrence needs
-// no atomics; every sum runs in a fixed order (ascending index, parts in lane order).
+// Every state element is written by exactly one invocation in each phase (barriers between
+// phases), so nothing needs atomics; every sum runs in a fixed order (ascending index within a
+// lane's chunk, then the chunks in lane order), so reruns give the same bits.
 //
 // q, k, v: storage dtype DT (F32/F16/BF16 as u32 words), addressed as views
 //   offset + (b·T + t)·row_stride + head·dim + i.
