@@ -306,12 +306,16 @@ fn check_case(c: &Case) -> GpuResult {
 
 #[test]
 fn head_sizes_scalar_and_per_channel_decay() {
+    // The model head sizes, plus unequal and odd sizes (rows not a multiple of the forward's
+    // 8 lanes per column, columns not a multiple of its 32-column slices).
     for (kd, vd, t) in [
         (16, 16, 7),
         (32, 32, 6),
         (64, 64, 5),
         (128, 128, 3),
         (16, 48, 9),
+        (20, 24, 5),
+        (100, 17, 3),
     ] {
         for per_channel in [false, true] {
             check_case(&Case {
