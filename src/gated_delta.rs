@@ -603,7 +603,8 @@ pub fn gated_delta_backward(
     let per_unit = saved.interval as u64 * s.state_elems() * 4;
     let total_units = bsz * hk;
     let fit = (engine.workspace_bound() / per_unit).min(total_units as u64) as usize;
-    let launch_units = fit.max(1);
+    // Launches of equal size (e.g. 24 + 24 rather than 44 + 4 when 44 of 48 fit).
+    let launch_units = total_units.div_ceil(total_units.div_ceil(fit.max(1)));
     let workspace = launch_units as u64 * per_unit;
     engine.check_workspace("gated_delta_backward", workspace)?;
     to_u32("gated_delta_backward: workspace elements", workspace / 4)?;
