@@ -82,8 +82,9 @@ fn operators(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
 
 /// Gated delta recurrence: forward alone and forward + backward (scalar decay, output
 /// cotangent only), F32 and BF16 q/k/v, at B1 T8192 Hk16 Hv48 K=V=128 and B4 T2048 H16
-/// K=V=128 (`--quick`: B1 T64 Hk2 Hv6 K=V=32). Inputs are v, q, k, beta, log_decay, d_output
-/// (the shape column is v's); the name carries Hk. Prints each shape's peak engine memory
+/// K=V=128 (`--quick`: B1 T64 Hk2 Hv6 K=V=32). Inputs are v, q, k, beta, log_decay (and
+/// d_output for forward + backward; the shape column is v's); the name carries Hk. Bytes moved
+/// count the saved checkpoints as a forward output. Prints each shape's peak engine memory
 /// beyond the inputs for forward and forward + backward.
 fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     let shapes: &[[usize; 6]] = if quick {
@@ -151,10 +152,14 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             ops.push(Op::new(
                 name("gated_delta_fwd"),
                 dt,
-                inputs.clone(),
+                inputs[..5].to_vec(),
                 move |i| {
-                    let (out, _) = fwd(i)?;
-                    Ok(vec![out.output, out.final_state])
+                    let (out, saved) = fwd(i)?;
+                    Ok(vec![
+                        out.output,
+                        out.final_state,
+                        saved.checkpoints().clone(),
+                    ])
                 },
             ));
             ops.push(Op::new(name("gated_delta_fwd_bwd"), dt, inputs, move |i| {
