@@ -378,6 +378,17 @@ fn long_sequence_with_partial_segments() {
         seed: 70,
         ..BASE
     });
+    // T = 300 (C = 18, a partial last segment of 12) at K = V = 64, three value heads on one
+    // key head, per-channel decay: the tolerance holds over long recurrences.
+    check_case(&Case {
+        t: 300,
+        hv: 3,
+        kd: 64,
+        vd: 64,
+        per_channel: true,
+        seed: 300,
+        ..BASE
+    });
 }
 
 #[test]
