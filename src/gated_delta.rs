@@ -114,14 +114,70 @@ pub fn gated_delta_saved_bytes(shape: &GatedDeltaShape, options: &GatedDeltaOpti
     (shape.batch * shape.value_heads * shape.time.div_ceil(c)) as u64 * shape.state_elems() * 4
 }
 
-/// Scratch bytes [`gated_delta_backward`] allocates beyond its outputs: the recomputed states
-/// of one segment per workgroup of a launch, `B·Hk·C·K·V` F32 when that fits the engine's
-/// workspace bound. Otherwise the backward launches fewer workgroups at a time (as many
-/// `C·K·V·4`-byte units as fit, same results bit for bit) and fails with
-/// `Error::WorkspaceExceeded` only when one unit does not fit.
+/// How the backward runs for a shape and checkpoint interval `C`: sub-segments of `c2 = ⌈√C⌉`
+/// tokens; per workgroup `⌈C/c2⌉ + c2` scratch states; with head broadcast (Hv > Hk) one launch
+/// per segment over all B·Hv value heads plus per-value-head dq/dk partials `[B, C, Hv, K]`
+/// (×2), else launches over the B·Hk units walking all segments.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    sub_interval: usize,
+    subs: usize,
+    per_unit: u64,
+    partial_elems: u64,
+    per_segment: bool,
+    total_units: usize,
+}
+
+impl Plan {
+    fn new(shape: &GatedDeltaShape, interval: usize) -> Plan {
+        let sub_interval = ((interval as f64).sqrt().ceil() as usize).clamp(1, interval.max(1));
+        let subs = interval.div_ceil(sub_interval);
+        let per_segment = shape.value_heads > shape.key_heads;
+        Plan {
+            sub_interval,
+            subs,
+            per_unit: (subs + sub_interval) as u64 * shape.state_elems() * 4,
+            partial_elems: if per_segment {
+                (shape.batch * interval * shape.value_heads * shape.key_dim) as u64
+            } else {
+                0
+            },
+            per_segment,
+            total_units: shape.batch
+                * if per_segment {
+                    shape.value_heads
+                } else {
+                    shape.key_heads
+                },
+        }
+    }
+
+    fn partial_bytes(&self) -> u64 {
+        2 * self.partial_elems * 4
+    }
+
+    /// Workgroups per launch under `bound`: all units when they fit, else equal launches of
+    /// as many as fit (at least one).
+    fn launch_units(&self, bound: u64) -> usize {
+        let room = bound.saturating_sub(self.partial_bytes());
+        let fit = ((room / self.per_unit) as usize).clamp(1, self.total_units.max(1));
+        self.total_units.div_ceil(self.total_units.div_ceil(fit))
+    }
+
+    fn workspace(&self, units: usize) -> u64 {
+        self.partial_bytes() + units as u64 * self.per_unit
+    }
+}
+
+/// Scratch bytes [`gated_delta_backward`] allocates beyond its outputs when every workgroup
+/// runs at once: per workgroup `⌈C/c2⌉ + c2` recomputed states (`c2 = ⌈√C⌉`, `C` the checkpoint
+/// interval) of `K·V` F32, for `B·Hk` workgroups, or with head broadcast (Hv > Hk) `B·Hv`
+/// workgroups plus the per-value-head dq/dk partials of one segment (`2·B·C·Hv·K` F32). Under a
+/// smaller workspace bound the backward launches fewer workgroups at a time (same results bit
+/// for bit) and fails with `Error::WorkspaceExceeded` only when one workgroup does not fit.
 pub fn gated_delta_workspace_bytes(shape: &GatedDeltaShape, options: &GatedDeltaOptions) -> u64 {
-    let c = shape.interval(options);
-    (shape.batch * shape.key_heads * c) as u64 * shape.state_elems() * 4
+    let plan = Plan::new(shape, shape.interval(options));
+    plan.workspace(plan.total_units)
 }
 
 /// Scratch bytes [`gated_delta_forward`] allocates beyond its outputs and checkpoints: the F32
@@ -307,6 +363,10 @@ struct Params {
     units: u32,
     slices: u32,
     unit_base: u32,
+    seg: u32,
+    sub_interval: u32,
+    subs: u32,
+    mode: u32,
 }
 
 fn to_u32(what: &str, x: u64) -> Result<u32> {
@@ -519,6 +579,10 @@ pub fn gated_delta_forward<'a>(
         units: to_u32(&what("workgroups"), units as u64)?,
         slices: slices as u32,
         unit_base: 0,
+        seg: 0,
+        sub_interval: 1,
+        subs: 1,
+        mode: 0,
     };
     // An absent initial state binds beta (never read: flag off).
     let init = initial_state.unwrap_or(beta);
@@ -598,14 +662,9 @@ pub fn gated_delta_backward(
         expect_f32("gated_delta_backward: d_final_state", g)?;
         expect_shape("gated_delta_backward: d_final_state", g, &[bsz, hv, kd, vd])?;
     }
-    // Workgroups per launch: all B·Hk units when their states fit the workspace bound, else as
-    // many as fit (launches run in order; results are the same bits either way).
-    let per_unit = saved.interval as u64 * s.state_elems() * 4;
-    let total_units = bsz * hk;
-    let fit = (engine.workspace_bound() / per_unit).min(total_units as u64) as usize;
-    // Launches of equal size (e.g. 24 + 24 rather than 44 + 4 when 44 of 48 fit).
-    let launch_units = total_units.div_ceil(total_units.div_ceil(fit.max(1)));
-    let workspace = launch_units as u64 * per_unit;
+    let plan = Plan::new(&s, saved.interval);
+    let launch_units = plan.launch_units(engine.workspace_bound());
+    let workspace = plan.workspace(launch_units);
     engine.check_workspace("gated_delta_backward", workspace)?;
     to_u32("gated_delta_backward: workspace elements", workspace / 4)?;
 
@@ -624,47 +683,60 @@ pub fn gated_delta_backward(
         }
         None => engine.zero(dstate.buffer(), dstate.byte_len()),
     }
-    let states = f32t(
-        &[(workspace / 4).max(1) as usize],
-        "gated_delta backward states",
-    )?;
+    let states_elems = (launch_units as u64 * plan.per_unit / 4) as usize;
+    let states = f32t(&[states_elems], "gated_delta backward states")?;
+    let partial_len = (plan.partial_elems as usize).max(1);
+    let (pdq, pdk) = if plan.per_segment {
+        (
+            Some(f32t(&[partial_len], "gated_delta dq partials")?),
+            Some(f32t(&[partial_len], "gated_delta dk partials")?),
+        )
+    } else {
+        (None, None)
+    };
     let group = hv / hk;
+    let checkpoints = time.div_ceil(saved.interval);
     // An absent output cotangent binds beta (never read: flag off).
     let dout = d_output.unwrap_or(&saved.beta);
     let constants = constants(saved.q.dtype(), kd, saved.per_channel);
-    for (sub, unit_base) in (0..group).flat_map(|sub| {
-        (0..total_units)
+    let params = |sub: usize, seg: usize, unit_base: usize, units: usize, mode: u32| Params {
+        batch: bsz as u32,
+        time: time as u32,
+        key_heads: hk as u32,
+        value_heads: hv as u32,
+        vdim: vd as u32,
+        group: group as u32,
+        interval: saved.interval as u32,
+        checkpoints: checkpoints as u32,
+        q_off: saved.q_layout.offset as u32,
+        q_stride: saved.q_layout.row_stride as u32,
+        k_off: saved.k_layout.offset as u32,
+        k_stride: saved.k_layout.row_stride as u32,
+        v_off: saved.v_layout.offset as u32,
+        v_stride: saved.v_layout.row_stride as u32,
+        scale: saved.scale,
+        flags: u32::from(d_output.is_some()),
+        sub: sub as u32,
+        units: units as u32,
+        slices: 0,
+        unit_base: unit_base as u32,
+        seg: seg as u32,
+        sub_interval: plan.sub_interval as u32,
+        subs: plan.subs as u32,
+        mode,
+    };
+    let total = plan.total_units;
+    let chunks = || {
+        (0..total)
             .step_by(launch_units)
-            .map(move |base| (sub, base))
-    }) {
-        let units = launch_units.min(total_units - unit_base);
-        let params = Params {
-            batch: bsz as u32,
-            time: time as u32,
-            key_heads: hk as u32,
-            value_heads: hv as u32,
-            vdim: vd as u32,
-            group: group as u32,
-            interval: saved.interval as u32,
-            checkpoints: time.div_ceil(saved.interval) as u32,
-            q_off: saved.q_layout.offset as u32,
-            q_stride: saved.q_layout.row_stride as u32,
-            k_off: saved.k_layout.offset as u32,
-            k_stride: saved.k_layout.row_stride as u32,
-            v_off: saved.v_layout.offset as u32,
-            v_stride: saved.v_layout.row_stride as u32,
-            scale: saved.scale,
-            flags: u32::from(d_output.is_some()),
-            sub: sub as u32,
-            units: units as u32,
-            slices: 0,
-            unit_base: unit_base as u32,
-        };
+            .map(move |base| (base, launch_units.min(total - base)))
+    };
+    let backward = |p: &Params, dq_target: &Tensor, dk_target: &Tensor, units: usize| {
         engine.launch(
             &KERNEL,
             "backward",
             &constants,
-            &params,
+            p,
             &[
                 saved.q.buffer(),
                 saved.k.buffer(),
@@ -675,14 +747,40 @@ pub fn gated_delta_backward(
                 dout.buffer(),
                 states.buffer(),
                 dstate.buffer(),
-                dq.buffer(),
-                dk.buffer(),
+                dq_target.buffer(),
+                dk_target.buffer(),
                 dv.buffer(),
                 dbeta.buffer(),
                 dg.buffer(),
             ],
             units as u64,
-        )?;
+        )
+    };
+    match (&pdq, &pdk) {
+        (Some(pdq), Some(pdk)) => {
+            for seg in (0..checkpoints).rev() {
+                for (base, units) in chunks() {
+                    backward(&params(0, seg, base, units, 1), pdq, pdk, units)?;
+                }
+                let len = saved.interval.min(time - seg * saved.interval);
+                let threads = bsz * len * hk * kd;
+                engine.launch(
+                    &KERNEL,
+                    "sum_heads",
+                    &constants,
+                    &params(0, seg, 0, threads, 1),
+                    &[dq.buffer(), dk.buffer(), pdq.buffer(), pdk.buffer()],
+                    (threads as u64).div_ceil(256),
+                )?;
+            }
+        }
+        _ => {
+            for sub in 0..group {
+                for (base, units) in chunks() {
+                    backward(&params(sub, 0, base, units, 0), &dq, &dk, units)?;
+                }
+            }
+        }
     }
     Ok(GatedDeltaGradients {
         query: dq,

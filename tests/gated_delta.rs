@@ -713,7 +713,12 @@ fn memory_queries() {
     let opts = GatedDeltaOptions::default();
     assert_eq!(shape.interval(&opts), 91);
     let state = 128 * 128 * 4u64;
-    assert_eq!(gated_delta_workspace_bytes(&shape, &opts), 16 * 91 * state);
+    // 48 workgroups × (10 sub-checkpoints + 10 sub-segment states) + dq/dk partials of one
+    // segment (2 × 91 × 48 × 128 F32).
+    assert_eq!(
+        gated_delta_workspace_bytes(&shape, &opts),
+        48 * 20 * state + 2 * 91 * 48 * 128 * 4
+    );
     assert_eq!(gated_delta_saved_bytes(&shape, &opts), 48 * 91 * state);
     eprintln!(
         "T=8192 Hk=16 Hv=48 K=V=128: backward workspace {:.1} MiB, saved checkpoints {:.1} MiB",
@@ -742,7 +747,8 @@ fn workspace_bound_is_enforced() {
     let (_, saved) =
         gated_delta_forward(&q, &k, &v, &beta, &g, None, &GatedDeltaOptions::default()).unwrap();
     let needed = gated_delta_workspace_bytes(&saved.shape(), &GatedDeltaOptions::default());
-    assert_eq!(needed, 3 * 16 * 16 * 4);
+    // C = 3, sub-segments of 2: 2 sub-checkpoints + 2 states.
+    assert_eq!(needed, 4 * 16 * 16 * 4);
     e.set_workspace_bound(needed - 1);
     match gated_delta_backward(&saved, None, None) {
         Err(Error::WorkspaceExceeded {
@@ -961,7 +967,7 @@ fn bad_inputs_are_typed_errors() {
 
 #[test]
 fn small_workspace_bound_splits_launches_with_the_same_bits() {
-    // B·Hk = 4 units of C·K·V·4 bytes; a bound of one unit runs them one launch at a time.
+    // A bound of one workgroup's scratch runs the workgroups one launch at a time.
     let c = Case {
         b: 2,
         t: 7,
@@ -1007,17 +1013,23 @@ fn small_workspace_bound_splits_launches_with_the_same_bits() {
         key_dim: 16,
         value_dim: 32,
     };
-    let unit = 3 * 16 * 32 * 4;
-    assert_eq!(gated_delta_workspace_bytes(&shape, &opts), 4 * unit);
-    for bound in [unit, 3 * unit, unit + 1] {
+    // C = 3, sub-segments of 2: 4 states per workgroup; 8 workgroups (B·Hv); dq/dk partials
+    // of one segment 2 × B·C·Hv·K F32.
+    let unit = 4 * 16 * 32 * 4;
+    let partials = 2 * 2 * 3 * 4 * 16 * 4;
+    assert_eq!(
+        gated_delta_workspace_bytes(&shape, &opts),
+        partials + 8 * unit
+    );
+    for bound in [partials + unit, partials + 3 * unit, partials + unit + 1] {
         e.set_workspace_bound(bound);
         assert!(run() == full, "bound {bound}: results differ");
     }
-    e.set_workspace_bound(unit - 1);
+    e.set_workspace_bound(partials + unit - 1);
     let (_, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts).unwrap();
     match gated_delta_backward(&saved, None, None) {
         Err(Error::WorkspaceExceeded { needed, bound, .. }) => {
-            assert_eq!((needed, bound), (unit, unit - 1))
+            assert_eq!((needed, bound), (partials + unit, partials + unit - 1))
         }
         other => panic!("expected WorkspaceExceeded, got {other:?}"),
     }
