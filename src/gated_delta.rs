@@ -25,16 +25,18 @@
 //! `C = ⌈√T⌉` by default, so the saved states are O(√T·K·V) per sequence-head;
 //! [`GatedDeltaOptions::save_states`] keeps every state (`C = 1`).
 //!
-//! **Backward**: one workgroup per (batch, key head) and launch; launch `r` handles value head
-//! `hk·(Hv/Hk) + r`, launches run in order, so dq and dk add the value heads sharing a key
-//! head in a fixed order (no atomics; reruns are bit-identical). Segments are walked last to
-//! first: the segment's states are recomputed from its checkpoint into the workspace (C states
-//! per workgroup: [`gated_delta_workspace_bytes`]), then its tokens are walked in reverse.
-//! Within a workgroup the column work (error, dv, dβ) and the row work (dq, dk, dlog_decay,
-//! dS_prev) are each split over all 256 lanes, partial sums combined in lane order.
-//! `dS`, the running state gradient, lives in the `initial_state` gradient's buffer.
+//! **Backward**: segments are walked last to first, each recomputed in two levels from its
+//! checkpoint: every `c2 = ⌈√C⌉`-th state first, then each sub-segment's states (so a workgroup
+//! keeps `⌈C/c2⌉ + c2` states in the workspace, [`gated_delta_workspace_bytes`]), whose tokens
+//! are walked in reverse. Without head broadcast one workgroup per (batch, head) walks all
+//! segments in one launch. With head broadcast (Hv > Hk) each segment is one launch over all
+//! (batch, value head) workgroups writing per-value-head dq/dk partials, then a launch adding
+//! each key head's partials in value-head order: no atomics, reruns are bit-identical. Within a
+//! workgroup the column work (error, dv, dβ) and the row work (dq, dk, dlog_decay, dS_prev)
+//! are each split over all 256 lanes, partial sums combined in lane order. `dS`, the running
+//! state gradient, lives in the `initial_state` gradient's buffer.
 //!
-//! The kernels bind up to 14 storage buffers per entry point: an adapter with fewer
+//! The backward entry point binds 14 storage buffers: an adapter with fewer
 //! (`max_storage_buffers_per_shader_stage`) gets `Error::InsufficientLimit`.
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Constants, Kernel};
