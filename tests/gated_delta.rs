@@ -366,8 +366,25 @@ fn partial_segments_and_save_states() {
             ..BASE
         });
     }
-    // T = 1 (one segment of one token).
+    // With head broadcast (one launch per segment): every state kept, and one long segment
+    // (C = T = 23, sub-segments of 5 with a partial last one of 3).
+    for (interval, save_states) in [(None, true), (Some(23), false)] {
+        check_case(&Case {
+            t: 23,
+            hv: 2,
+            interval,
+            save_states,
+            seed: 12,
+            ..BASE
+        });
+    }
+    // T = 1 (one segment of one token), with and without head broadcast.
     check_case(&Case { t: 1, ..BASE });
+    check_case(&Case {
+        t: 1,
+        hv: 3,
+        ..BASE
+    });
 }
 
 #[test]
