@@ -16,6 +16,7 @@
 
 use std::process::ExitCode;
 use wgrad::bench::{self, Report};
+use wgrad::gated_delta::{GatedDeltaOptions, gated_delta_backward, gated_delta_forward};
 use wgrad::{DType, Engine, Result, Tensor, cast, norm, reduce};
 
 /// Records an operator once on its inputs and returns its outputs.
@@ -316,6 +317,7 @@ fn run(args: &Args) -> Result<Report> {
         Box::new(|| operators(&engine, &shape)),
         Box::new(|| pointwise_operators(&engine, args.quick)),
         Box::new(|| loss_operators(&engine, args.quick)),
+        Box::new(|| gated_delta_ops(&engine, args.quick)),
     ];
     for op in families.iter().flat_map(|family| match family() {
         Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -725,6 +727,107 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             }));
             ops.push(Op::new(bwd, dname, vec![a, b], move |_| {
                 Ok(vec![loss::divergence_backward(&saved, None)?])
+            }));
+        }
+    }
+    Ok(ops)
+}
+
+/// Gated delta recurrence: forward alone and forward + backward (scalar decay, output
+/// cotangent only), F32 and BF16 q/k/v, at B1 T8192 Hk16 Hv48 K=V=128 and B4 T2048 H16
+/// K=V=128 (`--quick`: B1 T64 Hk2 Hv6 K=V=32). Inputs are v, q, k, beta, log_decay (and
+/// d_output for forward + backward; the shape column is v's); the name carries Hk. Bytes moved
+/// count the saved checkpoints as a forward output. Prints each shape's peak engine memory
+/// beyond the inputs for forward and forward + backward.
+fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    let shapes: &[[usize; 6]] = if quick {
+        &[[1, 64, 2, 6, 32, 32]]
+    } else {
+        &[[1, 8192, 16, 48, 128, 128], [4, 2048, 16, 16, 128, 128]]
+    };
+    let mut ops = Vec::new();
+    for &[b, t, hk, hv, kd, vd] in shapes {
+        for dtype in [DType::F32, DType::BF16] {
+            let filled = |shape: &[usize], f: &dyn Fn(usize) -> f32| -> Result<Tensor> {
+                let data: Vec<f32> = (0..shape.iter().product()).map(f).collect();
+                Tensor::from_slice(engine, &data, shape)
+            };
+            let ks = 1.0 / (kd as f32).sqrt();
+            let q = cast::cast(
+                &filled(&[b, t, hk, kd], &|i| ((i % 13) as f32 - 6.0) / 8.0)?,
+                dtype,
+            )?;
+            let k = cast::cast(
+                &filled(&[b, t, hk, kd], &|i| if i % 3 == 0 { -ks } else { ks })?,
+                dtype,
+            )?;
+            let v = cast::cast(
+                &filled(&[b, t, hv, vd], &|i| ((i % 11) as f32 - 5.0) / 8.0)?,
+                dtype,
+            )?;
+            let beta = filled(&[b, t, hv], &|_| 0.5)?;
+            let g = filled(&[b, t, hv], &|_| -0.1)?;
+            let d_out = filled(&[b, t, hv, vd], &|i| ((i % 7) as f32 - 3.0) / 4.0)?;
+            let inputs = vec![v, q, k, beta, g, d_out];
+            let fwd = |i: &[Tensor]| {
+                gated_delta_forward(
+                    &i[1],
+                    &i[2],
+                    &i[0],
+                    &i[3],
+                    &i[4],
+                    None,
+                    &GatedDeltaOptions::default(),
+                )
+            };
+            // Peak memory beyond the inputs.
+            engine.synchronize()?;
+            let base = engine.memory().live_bytes;
+            engine.reset_peak();
+            drop(fwd(&inputs)?);
+            engine.synchronize()?;
+            let peak_fwd = engine.memory().peak_bytes - base;
+            engine.reset_peak();
+            let (_, saved) = fwd(&inputs)?;
+            drop(gated_delta_backward(&saved, Some(&inputs[5]), None)?);
+            drop(saved);
+            engine.synchronize()?;
+            let peak_full = engine.memory().peak_bytes - base;
+            println!(
+                "gated_delta {dtype} B{b} T{t} Hk{hk} Hv{hv} K{kd} V{vd}: peak memory beyond inputs: forward {:.1} MiB, forward+backward {:.1} MiB",
+                peak_fwd as f64 / 1048576.0,
+                peak_full as f64 / 1048576.0
+            );
+            let dt: &'static str = dtype.name();
+            let name = |what: &str| -> &'static str {
+                Box::leak(format!("{what} Hk{hk}").into_boxed_str())
+            };
+            ops.push(Op::new(
+                name("gated_delta_fwd"),
+                dt,
+                inputs[..5].to_vec(),
+                move |i| {
+                    let (out, saved) = fwd(i)?;
+                    Ok(vec![
+                        out.output,
+                        out.final_state,
+                        saved.checkpoints().clone(),
+                    ])
+                },
+            ));
+            ops.push(Op::new(name("gated_delta_fwd_bwd"), dt, inputs, move |i| {
+                let (out, saved) = fwd(i)?;
+                let g = gated_delta_backward(&saved, Some(&i[5]), None)?;
+                Ok(vec![
+                    out.output,
+                    out.final_state,
+                    g.query,
+                    g.key,
+                    g.value,
+                    g.beta,
+                    g.log_decay,
+                    g.initial_state,
+                ])
             }));
         }
     }

@@ -75,6 +75,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::activation::KERNEL,
         &crate::rope::KERNEL,
         &crate::loss::KERNEL,
+        &crate::gated_delta::KERNEL,
     ];
     REGISTRY
 }

@@ -23,6 +23,7 @@ pub mod check;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod gated_delta;
 pub mod gradcheck;
 pub mod kernel;
 pub mod loss;

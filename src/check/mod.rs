@@ -3,6 +3,7 @@
 //! storage dtype. The `check` example prints it; a test makes sure every registered kernel is
 //! covered by some check.
 
+mod gated_delta;
 mod loss;
 mod norm;
 mod pointwise;
@@ -62,6 +63,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(norm::operators())
     .chain(pointwise::operators())
     .chain(loss::operators())
+    .chain(gated_delta::operators())
     .collect()
 }
 
