@@ -67,10 +67,11 @@ impl Kernel {
 /// Every kernel wgrad ships. Tests (strict MSL for each), the `check` example and the benches
 /// walk this list, so a kernel that is not here is not shipped.
 pub fn registry() -> &'static [&'static Kernel] {
-    static REGISTRY: [&Kernel; 3] = [
+    static REGISTRY: [&Kernel; 4] = [
         &crate::cast::KERNEL,
         &crate::reduce::KERNEL,
         &crate::bench::COPY_KERNEL,
+        &crate::attention::KERNEL,
     ];
     &REGISTRY
 }

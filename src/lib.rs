@@ -16,6 +16,7 @@
 //! # Ok::<(), wgrad::Error>(())
 //! ```
 
+pub mod attention;
 pub mod bench;
 pub mod cast;
 pub mod check;

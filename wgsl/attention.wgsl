@@ -1,0 +1,545 @@
+// Stable softmax attention: a tiled forward with online softmax and a deterministic backward
+// in three passes (row deltas, dK/dV per key block, dQ per query block). No atomics and no
+// quadratic buffer: every score tile lives in workgroup memory only.
+//
+// Shapes (elements; strides come from the host, so [B,H,S,D] and [B,S,H,D] read alike):
+//   query, output, d_output, d_query   [batch, q_heads, q_len, HD] at the query strides
+//   key, value, d_key, d_value          [batch, kv_heads, k_len, HD] at the key strides
+//   mask (optional)                     one u32 per (query, key), nonzero = visible,
+//                                       batch and head strides 0 when broadcast
+//   row_max, log_den                    [batch, q_heads, q_len], contiguous
+//   row_info (backward scratch)         [batch, q_heads, q_len, 4]: row_max, log_den, delta, 0
+//
+// Numerics: scores s = q·k stay raw (unscaled); a row keeps its raw maximum m and the sum
+// l = Σ exp(scale·(s − m)) (the raw maximum is subtracted before the scale is applied), and
+// saves m and log(l) separately. Probabilities in the backward are exp(scale·(s − m) − log l).
+// dQ and dK are accumulated unscaled and multiplied by the scale once at the end. A query row
+// with no visible key has output 0, m = log l = −∞ and zero gradients.
+//
+// Work split: 256 invocations = 16 rows × 16 lanes. In the score phase lane (r, t) computes
+// the score of row r against column t of the 16×16 tile; in the accumulation phase it owns the
+// column pairs (32·c + 2t, 32·c + 2t + 1) of its row for each 32-column chunk c, so a 16-bit
+// output word always belongs to one invocation. Head dims are multiples of 8 up to 256
+// (8 chunks, 16 accumulators per invocation).
+
+override DT: u32 = 0u;   // storage dtype of query, key and value
+override DTO: u32 = 0u;  // storage dtype of d_output
+override HD: u32 = 64u;  // head dim
+
+const WG: u32 = 256u;
+const TILE: u32 = 16u;   // query rows and keys per tile
+const CW: u32 = 32u;     // head-dim columns per staged chunk
+const ACC: u32 = 16u;    // accumulators per invocation: 2 per chunk, HD ≤ 256
+
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    q_len: u32,
+    k_len: u32,
+    group: u32,      // q_heads / kv_heads
+    q_blocks: u32,   // ceil(q_len / TILE)
+    k_blocks: u32,   // ceil(k_len / TILE)
+    q_sb: u32,       // query-layout strides: batch, head, sequence (head dim is contiguous)
+    q_sh: u32,
+    q_ss: u32,
+    k_sb: u32,       // key-layout strides
+    k_sh: u32,
+    k_ss: u32,
+    m_sb: u32,       // mask strides: batch, head, query (key is contiguous)
+    m_sh: u32,
+    m_sq: u32,
+    has_mask: u32,
+    offset: i32,     // diagonal: query i is aligned with key i + offset
+    lo: i32,         // visible iff lo ≤ key − query − offset ≤ hi
+    hi: i32,
+    scale: f32,
+    rows: u32,       // batch · q_heads · q_len (delta pass)
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> query: array<u32>;
+@group(0) @binding(2) var<storage, read> key: array<u32>;
+@group(0) @binding(3) var<storage, read> value: array<u32>;
+@group(0) @binding(4) var<storage, read> mask: array<u32>;
+@group(0) @binding(5) var<storage, read> d_output: array<u32>;
+@group(0) @binding(6) var<storage, read> saved_output: array<f32>;
+@group(0) @binding(7) var<storage, read> row_info: array<f32>;
+@group(0) @binding(8) var<storage, read_write> output: array<u32>;
+@group(0) @binding(9) var<storage, read_write> output_f32: array<f32>;
+@group(0) @binding(10) var<storage, read_write> row_max: array<f32>;
+@group(0) @binding(11) var<storage, read_write> log_den: array<f32>;
+@group(0) @binding(12) var<storage, read_write> grad_a: array<f32>;
+@group(0) @binding(13) var<storage, read_write> grad_b: array<f32>;
+@group(0) @binding(14) var<storage, read_write> info_out: array<f32>;
+
+var<workgroup> tile_a: array<f32, 512>;   // [TILE][CW] chunk of query rows
+var<workgroup> tile_b: array<f32, 512>;   // [TILE][CW] chunk of key rows
+var<workgroup> tile_c: array<f32, 512>;   // [TILE][CW] chunk of d_output rows
+var<workgroup> tile_d: array<f32, 512>;   // [TILE][CW] chunk of value rows
+var<workgroup> tile_p: array<f32, 256>;   // [TILE][TILE] probabilities (or raw scores)
+var<workgroup> tile_s: array<f32, 256>;   // [TILE][TILE] score gradients
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}
+
+fn load_q(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(query[i]);
+    }
+    return half_from_word(query[i >> 1u], i, DT);
+}
+
+fn load_k(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(key[i]);
+    }
+    return half_from_word(key[i >> 1u], i, DT);
+}
+
+fn load_v(i: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(value[i]);
+    }
+    return half_from_word(value[i >> 1u], i, DT);
+}
+
+fn load_do(i: u32) -> f32 {
+    if (DTO == DT_F32) {
+        return bitcast<f32>(d_output[i]);
+    }
+    return half_from_word(d_output[i >> 1u], i, DTO);
+}
+
+// Whether the band (causal / window) lets some query in [q_first, q_last] see some key in
+// [k_first, k_last]. Uniform per workgroup, so a skipped tile skips its barriers everywhere.
+fn block_visible(q_first: u32, q_last: u32, k_first: u32, k_last: u32) -> bool {
+    let rel_min = i32(k_first) - i32(q_last) - params.offset;
+    let rel_max = i32(k_last) - i32(q_first) - params.offset;
+    return rel_max >= params.lo && rel_min <= params.hi;
+}
+
+// Whether query qi of (batch b, query head h) sees key kj (both in range).
+fn visible(b: u32, h: u32, qi: u32, kj: u32) -> bool {
+    let rel = i32(kj) - i32(qi) - params.offset;
+    if (rel < params.lo || rel > params.hi) {
+        return false;
+    }
+    if (params.has_mask != 0u) {
+        return mask[b * params.m_sb + h * params.m_sh + qi * params.m_sq + kj] != 0u;
+    }
+    return true;
+}
+
+fn chunks() -> u32 {
+    return (HD + CW - 1u) / CW;
+}
+
+// Columns of chunk ch that lie inside the head dim.
+fn chunk_width(ch: u32) -> u32 {
+    return min(CW, HD - ch * CW);
+}
+
+// Stage chunk ch of TILE rows starting at q0 (query layout) into tile_a, and of TILE rows
+// starting at k0 (key layout) into tile_b; rows past the end and columns past the head dim
+// read as 0.
+fn stage_qk(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
+    for (var e = lid; e < TILE * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var qv = 0.0;
+        var kv = 0.0;
+        if (col < HD) {
+            if (q0 + rr < params.q_len) {
+                qv = load_q(q_base + (q0 + rr) * params.q_ss + col);
+            }
+            if (k0 + rr < params.k_len) {
+                kv = load_k(k_base + (k0 + rr) * params.k_ss + col);
+            }
+        }
+        tile_a[e] = qv;
+        tile_b[e] = kv;
+    }
+}
+
+// The same chunk of d_output (query layout) into tile_c and of value (key layout) into tile_d.
+fn stage_grad(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
+    for (var e = lid; e < TILE * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var gv = 0.0;
+        var vv = 0.0;
+        if (col < HD) {
+            if (q0 + rr < params.q_len) {
+                gv = load_do(q_base + (q0 + rr) * params.q_ss + col);
+            }
+            if (k0 + rr < params.k_len) {
+                vv = load_v(k_base + (k0 + rr) * params.k_ss + col);
+            }
+        }
+        tile_c[e] = gv;
+        tile_d[e] = vv;
+    }
+}
+
+// One workgroup per (batch, query head, block of TILE query rows).
+@compute @workgroup_size(256)
+fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    if (g >= params.batch * params.q_heads * params.q_blocks) {
+        return;
+    }
+    let qb = g % params.q_blocks;
+    let bh = g / params.q_blocks;
+    let h = bh % params.q_heads;
+    let b = bh / params.q_heads;
+    let kvh = h / params.group;
+    let r = lid / TILE;
+    let t = lid % TILE;
+    let q0 = qb * TILE;
+    let q_last = min(q0 + TILE, params.q_len) - 1u;
+    let qi = q0 + r;
+    let q_base = b * params.q_sb + h * params.q_sh;
+    let k_base = b * params.k_sb + kvh * params.k_sh;
+    let nch = chunks();
+
+    var acc: array<f32, ACC>;
+    var m = neg_inf();
+    var l = 0.0;
+    for (var kb = 0u; kb < params.k_blocks; kb = kb + 1u) {
+        let k0 = kb * TILE;
+        if (!block_visible(q0, q_last, k0, min(k0 + TILE, params.k_len) - 1u)) {
+            continue;
+        }
+        // Raw score of row r against key k0 + t, chunk by chunk in column order.
+        var s = 0.0;
+        for (var ch = 0u; ch < nch; ch = ch + 1u) {
+            stage_qk(lid, ch, q_base, q0, k_base, k0);
+            workgroupBarrier();
+            let w = chunk_width(ch);
+            for (var c = 0u; c < w; c = c + 1u) {
+                s = s + tile_a[r * CW + c] * tile_b[t * CW + c];
+            }
+            workgroupBarrier();
+        }
+        let kj = k0 + t;
+        let vis = qi < params.q_len && kj < params.k_len && visible(b, h, qi, kj);
+        tile_p[lid] = select(neg_inf(), s, vis);
+        workgroupBarrier();
+        // Every lane of a row takes the same maximum and sum in the same order.
+        var m_new = m;
+        for (var j = 0u; j < TILE; j = j + 1u) {
+            m_new = max(m_new, tile_p[r * TILE + j]);
+        }
+        var p = 0.0;
+        if (vis) {
+            p = exp(params.scale * (s - m_new));
+        }
+        var alpha = 1.0;
+        if (m_new > m) {
+            if (m == neg_inf()) {
+                alpha = 0.0;
+            } else {
+                alpha = exp(params.scale * (m - m_new));
+            }
+        }
+        workgroupBarrier();
+        tile_p[lid] = p;
+        workgroupBarrier();
+        var psum = 0.0;
+        for (var j = 0u; j < TILE; j = j + 1u) {
+            psum = psum + tile_p[r * TILE + j];
+        }
+        l = l * alpha + psum;
+        m = m_new;
+        for (var a = 0u; a < ACC; a = a + 1u) {
+            acc[a] = acc[a] * alpha;
+        }
+        // acc += P · V, chunk by chunk; lane t owns columns 2t and 2t + 1 of each chunk.
+        for (var ch = 0u; ch < nch; ch = ch + 1u) {
+            for (var e = lid; e < TILE * CW; e = e + WG) {
+                let jj = e / CW;
+                let col = ch * CW + e % CW;
+                var vv = 0.0;
+                if (col < HD && k0 + jj < params.k_len) {
+                    vv = load_v(k_base + (k0 + jj) * params.k_ss + col);
+                }
+                tile_d[e] = vv;
+            }
+            workgroupBarrier();
+            if (2u * t < chunk_width(ch)) {
+                var a0 = acc[2u * ch];
+                var a1 = acc[2u * ch + 1u];
+                for (var j = 0u; j < TILE; j = j + 1u) {
+                    let pj = tile_p[r * TILE + j];
+                    a0 = a0 + pj * tile_d[j * CW + 2u * t];
+                    a1 = a1 + pj * tile_d[j * CW + 2u * t + 1u];
+                }
+                acc[2u * ch] = a0;
+                acc[2u * ch + 1u] = a1;
+            }
+            workgroupBarrier();
+        }
+    }
+
+    if (qi >= params.q_len) {
+        return;
+    }
+    var inv = 0.0;
+    if (l > 0.0) {
+        inv = 1.0 / l;
+    }
+    let o_base = q_base + qi * params.q_ss;
+    for (var ch = 0u; ch < nch; ch = ch + 1u) {
+        let col = ch * CW + 2u * t;
+        if (col < HD) {
+            let o0 = acc[2u * ch] * inv;
+            let o1 = acc[2u * ch + 1u] * inv;
+            let idx = o_base + col;
+            output_f32[idx] = o0;
+            output_f32[idx + 1u] = o1;
+            if (DT == DT_F32) {
+                output[idx] = bitcast<u32>(o0);
+                output[idx + 1u] = bitcast<u32>(o1);
+            } else {
+                output[idx >> 1u] = pack_halves(o0, o1, DT);
+            }
+        }
+    }
+    if (t == 0u) {
+        let row = (b * params.q_heads + h) * params.q_len + qi;
+        row_max[row] = m;
+        if (l > 0.0) {
+            log_den[row] = log(l);
+        } else {
+            log_den[row] = neg_inf();
+        }
+    }
+}
+
+// Row statistics for the backward: info_out[row] = (row_max, log_den, delta, 0) with
+// delta = Σ_d d_output · saved_output (the unrounded F32 output), in column order.
+@compute @workgroup_size(256)
+fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg) * WG + lid;
+    if (row >= params.rows) {
+        return;
+    }
+    let qi = row % params.q_len;
+    let bh = row / params.q_len;
+    let h = bh % params.q_heads;
+    let b = bh / params.q_heads;
+    let base = b * params.q_sb + h * params.q_sh + qi * params.q_ss;
+    var delta = 0.0;
+    for (var c = 0u; c < HD; c = c + 1u) {
+        delta = delta + load_do(base + c) * saved_output[base + c];
+    }
+    info_out[4u * row] = row_max[row];
+    info_out[4u * row + 1u] = log_den[row];
+    info_out[4u * row + 2u] = delta;
+    info_out[4u * row + 3u] = 0.0;
+}
+
+// Score, probability and score gradient of (query qi, key kj) from the staged chunks of the
+// score phase: s and dp are the caller's running dot products.
+fn score_grad(b: u32, h: u32, qi: u32, kj: u32, s: f32, dp: f32) -> vec2<f32> {
+    if (qi >= params.q_len || kj >= params.k_len || !visible(b, h, qi, kj)) {
+        return vec2<f32>(0.0, 0.0);
+    }
+    let row = (b * params.q_heads + h) * params.q_len + qi;
+    let m = row_info[4u * row];
+    let log_l = row_info[4u * row + 1u];
+    let delta = row_info[4u * row + 2u];
+    let p = exp(params.scale * (s - m) - log_l);
+    return vec2<f32>(p, p * (dp - delta));
+}
+
+// One workgroup per (batch, key/value head, block of TILE keys): owns those rows of d_key and
+// d_value and sums over the query heads of its group, then over query blocks, then over the
+// rows of a block, always in that order. Lane (j, t): key row j; score phase against query
+// row t of the tile, accumulation phase columns 2t, 2t + 1 of each chunk.
+@compute @workgroup_size(256)
+fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    if (g >= params.batch * params.kv_heads * params.k_blocks) {
+        return;
+    }
+    let kb = g % params.k_blocks;
+    let bh = g / params.k_blocks;
+    let kvh = bh % params.kv_heads;
+    let b = bh / params.kv_heads;
+    let j = lid / TILE;
+    let t = lid % TILE;
+    let k0 = kb * TILE;
+    let k_last = min(k0 + TILE, params.k_len) - 1u;
+    let kj = k0 + j;
+    let k_base = b * params.k_sb + kvh * params.k_sh;
+    let nch = chunks();
+
+    var dk: array<f32, ACC>;
+    var dv: array<f32, ACC>;
+    for (var gi = 0u; gi < params.group; gi = gi + 1u) {
+        let h = kvh * params.group + gi;
+        let q_base = b * params.q_sb + h * params.q_sh;
+        for (var qb = 0u; qb < params.q_blocks; qb = qb + 1u) {
+            let q0 = qb * TILE;
+            if (!block_visible(q0, min(q0 + TILE, params.q_len) - 1u, k0, k_last)) {
+                continue;
+            }
+            var s = 0.0;
+            var dp = 0.0;
+            for (var ch = 0u; ch < nch; ch = ch + 1u) {
+                stage_qk(lid, ch, q_base, q0, k_base, k0);
+                stage_grad(lid, ch, q_base, q0, k_base, k0);
+                workgroupBarrier();
+                let w = chunk_width(ch);
+                for (var c = 0u; c < w; c = c + 1u) {
+                    s = s + tile_a[t * CW + c] * tile_b[j * CW + c];
+                    dp = dp + tile_c[t * CW + c] * tile_d[j * CW + c];
+                }
+                workgroupBarrier();
+            }
+            let pd = score_grad(b, h, q0 + t, kj, s, dp);
+            tile_p[t * TILE + j] = pd.x;
+            tile_s[t * TILE + j] = pd.y;
+            workgroupBarrier();
+            for (var ch = 0u; ch < nch; ch = ch + 1u) {
+                for (var e = lid; e < TILE * CW; e = e + WG) {
+                    let rr = e / CW;
+                    let col = ch * CW + e % CW;
+                    var qv = 0.0;
+                    var gv = 0.0;
+                    if (col < HD && q0 + rr < params.q_len) {
+                        let qi = q_base + (q0 + rr) * params.q_ss + col;
+                        qv = load_q(qi);
+                        gv = load_do(qi);
+                    }
+                    tile_a[e] = qv;
+                    tile_c[e] = gv;
+                }
+                workgroupBarrier();
+                if (2u * t < chunk_width(ch)) {
+                    var k_0 = dk[2u * ch];
+                    var k_1 = dk[2u * ch + 1u];
+                    var v_0 = dv[2u * ch];
+                    var v_1 = dv[2u * ch + 1u];
+                    for (var i = 0u; i < TILE; i = i + 1u) {
+                        let p = tile_p[i * TILE + j];
+                        let ds = tile_s[i * TILE + j];
+                        v_0 = v_0 + p * tile_c[i * CW + 2u * t];
+                        v_1 = v_1 + p * tile_c[i * CW + 2u * t + 1u];
+                        k_0 = k_0 + ds * tile_a[i * CW + 2u * t];
+                        k_1 = k_1 + ds * tile_a[i * CW + 2u * t + 1u];
+                    }
+                    dk[2u * ch] = k_0;
+                    dk[2u * ch + 1u] = k_1;
+                    dv[2u * ch] = v_0;
+                    dv[2u * ch + 1u] = v_1;
+                }
+                workgroupBarrier();
+            }
+        }
+    }
+    if (kj >= params.k_len) {
+        return;
+    }
+    let base = k_base + kj * params.k_ss;
+    for (var ch = 0u; ch < nch; ch = ch + 1u) {
+        let col = ch * CW + 2u * t;
+        if (col < HD) {
+            grad_a[base + col] = dk[2u * ch] * params.scale;
+            grad_a[base + col + 1u] = dk[2u * ch + 1u] * params.scale;
+            grad_b[base + col] = dv[2u * ch];
+            grad_b[base + col + 1u] = dv[2u * ch + 1u];
+        }
+    }
+}
+
+// One workgroup per (batch, query head, block of TILE query rows): owns those rows of d_query
+// and sums over key blocks, then keys of a block, in order. Lane (r, t): query row r; score
+// phase against key t of the tile, accumulation phase columns 2t, 2t + 1 of each chunk.
+@compute @workgroup_size(256)
+fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    if (g >= params.batch * params.q_heads * params.q_blocks) {
+        return;
+    }
+    let qb = g % params.q_blocks;
+    let bh = g / params.q_blocks;
+    let h = bh % params.q_heads;
+    let b = bh / params.q_heads;
+    let kvh = h / params.group;
+    let r = lid / TILE;
+    let t = lid % TILE;
+    let q0 = qb * TILE;
+    let q_last = min(q0 + TILE, params.q_len) - 1u;
+    let qi = q0 + r;
+    let q_base = b * params.q_sb + h * params.q_sh;
+    let k_base = b * params.k_sb + kvh * params.k_sh;
+    let nch = chunks();
+
+    var dq: array<f32, ACC>;
+    for (var kb = 0u; kb < params.k_blocks; kb = kb + 1u) {
+        let k0 = kb * TILE;
+        if (!block_visible(q0, q_last, k0, min(k0 + TILE, params.k_len) - 1u)) {
+            continue;
+        }
+        var s = 0.0;
+        var dp = 0.0;
+        for (var ch = 0u; ch < nch; ch = ch + 1u) {
+            stage_qk(lid, ch, q_base, q0, k_base, k0);
+            stage_grad(lid, ch, q_base, q0, k_base, k0);
+            workgroupBarrier();
+            let w = chunk_width(ch);
+            for (var c = 0u; c < w; c = c + 1u) {
+                s = s + tile_a[r * CW + c] * tile_b[t * CW + c];
+                dp = dp + tile_c[r * CW + c] * tile_d[t * CW + c];
+            }
+            workgroupBarrier();
+        }
+        let pd = score_grad(b, h, qi, k0 + t, s, dp);
+        tile_s[lid] = pd.y;
+        workgroupBarrier();
+        for (var ch = 0u; ch < nch; ch = ch + 1u) {
+            for (var e = lid; e < TILE * CW; e = e + WG) {
+                let jj = e / CW;
+                let col = ch * CW + e % CW;
+                var kv = 0.0;
+                if (col < HD && k0 + jj < params.k_len) {
+                    kv = load_k(k_base + (k0 + jj) * params.k_ss + col);
+                }
+                tile_b[e] = kv;
+            }
+            workgroupBarrier();
+            if (2u * t < chunk_width(ch)) {
+                var a0 = dq[2u * ch];
+                var a1 = dq[2u * ch + 1u];
+                for (var jj = 0u; jj < TILE; jj = jj + 1u) {
+                    let ds = tile_s[r * TILE + jj];
+                    a0 = a0 + ds * tile_b[jj * CW + 2u * t];
+                    a1 = a1 + ds * tile_b[jj * CW + 2u * t + 1u];
+                }
+                dq[2u * ch] = a0;
+                dq[2u * ch + 1u] = a1;
+            }
+            workgroupBarrier();
+        }
+    }
+    if (qi >= params.q_len) {
+        return;
+    }
+    let base = q_base + qi * params.q_ss;
+    for (var ch = 0u; ch < nch; ch = ch + 1u) {
+        let col = ch * CW + 2u * t;
+        if (col < HD) {
+            grad_a[base + col] = dq[2u * ch] * params.scale;
+            grad_a[base + col + 1u] = dq[2u * ch + 1u] * params.scale;
+        }
+    }
+}
