@@ -53,7 +53,7 @@
 //! # Schedule and determinism
 //!
 //! Tiles of 16 query rows × 16 keys, head-dim chunks of 32 columns staged in workgroup memory
-//! (10 KiB per workgroup), 256 invocations. Forward: one workgroup per (batch, query head,
+//! (at most 10.5 KiB per workgroup, rows padded against bank conflicts), 256 invocations. Forward: one workgroup per (batch, query head,
 //! 16-row query block), online softmax over the key blocks the band lets it see. Backward:
 //! a row pass (`D` next to the saved statistics), a pass with one workgroup per (batch,
 //! key/value head, 16-key block) that owns those rows of dK and dV and sums over the query

@@ -29,6 +29,7 @@ override HD: u32 = 64u;  // head dim
 const WG: u32 = 256u;
 const TILE: u32 = 16u;   // query rows and keys per tile
 const CW: u32 = 32u;     // head-dim columns per staged chunk
+const CS: u32 = 33u;     // row stride of a staged chunk (padded: no bank conflicts by row)
 const ACC: u32 = 16u;    // accumulators per invocation: 2 per chunk, HD ≤ 256
 
 struct Params {
@@ -74,10 +75,10 @@ struct Params {
 @group(0) @binding(13) var<storage, read_write> grad_b: array<f32>;
 @group(0) @binding(14) var<storage, read_write> info_out: array<f32>;
 
-var<workgroup> tile_a: array<f32, 512>;   // [TILE][CW] chunk of query rows
-var<workgroup> tile_b: array<f32, 512>;   // [TILE][CW] chunk of key rows
-var<workgroup> tile_c: array<f32, 512>;   // [TILE][CW] chunk of d_output rows
-var<workgroup> tile_d: array<f32, 512>;   // [TILE][CW] chunk of value rows
+var<workgroup> tile_a: array<f32, 528>;   // [TILE][CS] chunk of query rows
+var<workgroup> tile_b: array<f32, 528>;   // [TILE][CS] chunk of key rows
+var<workgroup> tile_c: array<f32, 528>;   // [TILE][CS] chunk of d_output rows
+var<workgroup> tile_d: array<f32, 528>;   // [TILE][CS] chunk of value rows
 var<workgroup> tile_p: array<f32, 256>;   // [TILE][TILE] probabilities (or raw scores)
 var<workgroup> tile_s: array<f32, 256>;   // [TILE][TILE] score gradients
 
@@ -159,8 +160,8 @@ fn stage_qk(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
                 kv = load_k(k_base + (k0 + rr) * params.k_ss + col);
             }
         }
-        tile_a[e] = qv;
-        tile_b[e] = kv;
+        tile_a[rr * CS + e % CW] = qv;
+        tile_b[rr * CS + e % CW] = kv;
     }
 }
 
@@ -179,8 +180,8 @@ fn stage_grad(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
                 vv = load_v(k_base + (k0 + rr) * params.k_ss + col);
             }
         }
-        tile_c[e] = gv;
-        tile_d[e] = vv;
+        tile_c[rr * CS + e % CW] = gv;
+        tile_d[rr * CS + e % CW] = vv;
     }
 }
 
@@ -221,7 +222,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
             workgroupBarrier();
             let w = chunk_width(ch);
             for (var c = 0u; c < w; c = c + 1u) {
-                s = s + tile_a[r * CW + c] * tile_b[t * CW + c];
+                s = s + tile_a[r * CS + c] * tile_b[t * CS + c];
             }
             workgroupBarrier();
         }
@@ -267,7 +268,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
                 if (col < HD && k0 + jj < params.k_len) {
                     vv = load_v(k_base + (k0 + jj) * params.k_ss + col);
                 }
-                tile_d[e] = vv;
+                tile_d[jj * CS + e % CW] = vv;
             }
             workgroupBarrier();
             if (2u * t < chunk_width(ch)) {
@@ -275,8 +276,8 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
                 var a1 = acc[2u * ch + 1u];
                 for (var j = 0u; j < TILE; j = j + 1u) {
                     let pj = tile_p[r * TILE + j];
-                    a0 = a0 + pj * tile_d[j * CW + 2u * t];
-                    a1 = a1 + pj * tile_d[j * CW + 2u * t + 1u];
+                    a0 = a0 + pj * tile_d[j * CS + 2u * t];
+                    a1 = a1 + pj * tile_d[j * CS + 2u * t + 1u];
                 }
                 acc[2u * ch] = a0;
                 acc[2u * ch + 1u] = a1;
@@ -399,8 +400,8 @@ fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                 workgroupBarrier();
                 let w = chunk_width(ch);
                 for (var c = 0u; c < w; c = c + 1u) {
-                    s = s + tile_a[t * CW + c] * tile_b[j * CW + c];
-                    dp = dp + tile_c[t * CW + c] * tile_d[j * CW + c];
+                    s = s + tile_a[t * CS + c] * tile_b[j * CS + c];
+                    dp = dp + tile_c[t * CS + c] * tile_d[j * CS + c];
                 }
                 workgroupBarrier();
             }
@@ -419,8 +420,8 @@ fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                         qv = load_q(qi);
                         gv = load_do(qi);
                     }
-                    tile_a[e] = qv;
-                    tile_c[e] = gv;
+                    tile_a[rr * CS + e % CW] = qv;
+                    tile_c[rr * CS + e % CW] = gv;
                 }
                 workgroupBarrier();
                 if (2u * t < chunk_width(ch)) {
@@ -431,10 +432,10 @@ fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                     for (var i = 0u; i < TILE; i = i + 1u) {
                         let p = tile_p[i * TILE + j];
                         let ds = tile_s[i * TILE + j];
-                        v_0 = v_0 + p * tile_c[i * CW + 2u * t];
-                        v_1 = v_1 + p * tile_c[i * CW + 2u * t + 1u];
-                        k_0 = k_0 + ds * tile_a[i * CW + 2u * t];
-                        k_1 = k_1 + ds * tile_a[i * CW + 2u * t + 1u];
+                        v_0 = v_0 + p * tile_c[i * CS + 2u * t];
+                        v_1 = v_1 + p * tile_c[i * CS + 2u * t + 1u];
+                        k_0 = k_0 + ds * tile_a[i * CS + 2u * t];
+                        k_1 = k_1 + ds * tile_a[i * CS + 2u * t + 1u];
                     }
                     dk[2u * ch] = k_0;
                     dk[2u * ch + 1u] = k_1;
@@ -498,8 +499,8 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             workgroupBarrier();
             let w = chunk_width(ch);
             for (var c = 0u; c < w; c = c + 1u) {
-                s = s + tile_a[r * CW + c] * tile_b[t * CW + c];
-                dp = dp + tile_c[r * CW + c] * tile_d[t * CW + c];
+                s = s + tile_a[r * CS + c] * tile_b[t * CS + c];
+                dp = dp + tile_c[r * CS + c] * tile_d[t * CS + c];
             }
             workgroupBarrier();
         }
@@ -514,7 +515,7 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 if (col < HD && k0 + jj < params.k_len) {
                     kv = load_k(k_base + (k0 + jj) * params.k_ss + col);
                 }
-                tile_b[e] = kv;
+                tile_b[jj * CS + e % CW] = kv;
             }
             workgroupBarrier();
             if (2u * t < chunk_width(ch)) {
@@ -522,8 +523,8 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 var a1 = dq[2u * ch + 1u];
                 for (var jj = 0u; jj < TILE; jj = jj + 1u) {
                     let ds = tile_s[r * TILE + jj];
-                    a0 = a0 + ds * tile_b[jj * CW + 2u * t];
-                    a1 = a1 + ds * tile_b[jj * CW + 2u * t + 1u];
+                    a0 = a0 + ds * tile_b[jj * CS + 2u * t];
+                    a1 = a1 + ds * tile_b[jj * CS + 2u * t + 1u];
                 }
                 dq[2u * ch] = a0;
                 dq[2u * ch + 1u] = a1;
