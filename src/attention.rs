@@ -52,9 +52,10 @@
 //!
 //! # Schedule and determinism
 //!
-//! Tiles of 16 query rows × 16 keys, head-dim chunks of 32 columns staged in workgroup memory
-//! (at most 10.5 KiB per workgroup, rows padded against bank conflicts), 256 invocations. Forward: one workgroup per (batch, query head,
-//! 16-row query block), online softmax over the key blocks the band lets it see. Backward:
+//! 256 invocations per workgroup; head-dim chunks of 32 columns staged in workgroup memory
+//! (rows padded against bank conflicts; at most 12.5 KiB per workgroup). Forward: one
+//! workgroup per (batch, query head, 16-row query block), online softmax over tiles of 32 keys
+//! (skipping those the causal/window band hides entirely). Backward (16 × 16 tiles):
 //! a row pass (`D` next to the saved statistics), a pass with one workgroup per (batch,
 //! key/value head, 16-key block) that owns those rows of dK and dV and sums over the query
 //! heads of its group, then query blocks, then rows in that fixed order, and a pass with one

@@ -17,7 +17,8 @@
 // with no visible key has output 0, m = log l = −∞ and zero gradients.
 //
 // Work split: 256 invocations = 16 rows × 16 lanes. In the score phase lane (r, t) computes
-// the score of row r against column t of the 16×16 tile; in the accumulation phase it owns the
+// the score of row r against column t of the 16×16 tile (the forward: columns t and t + 16 of
+// a 16×32 tile); in the accumulation phase it owns the
 // column pairs (32·c + 2t, 32·c + 2t + 1) of its row for each 32-column chunk c, so a 16-bit
 // output word always belongs to one invocation. Head dims are multiples of 8 up to 256
 // (8 chunks, 16 accumulators per invocation).
@@ -185,7 +186,36 @@ fn stage_grad(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
     }
 }
 
-// One workgroup per (batch, query head, block of TILE query rows).
+// Forward tiles: the query block's chunk in tile_a, FK keys at a time in fwd_k / fwd_v.
+const FK: u32 = 32u;
+var<workgroup> fwd_k: array<f32, 1056>;   // [FK][CS] chunk of key rows
+var<workgroup> fwd_v: array<f32, 1056>;   // [FK][CS] chunk of value rows
+var<workgroup> fwd_p: array<f32, 512>;    // [TILE][FK] raw scores, then probabilities
+
+// Stage chunk ch of the query block (TILE rows from q0) into tile_a and of FK key rows from
+// k0 into fwd_k; rows past the end and columns past the head dim read as 0.
+fn stage_forward(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
+    for (var e = lid; e < FK * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var kv = 0.0;
+        if (col < HD && k0 + rr < params.k_len) {
+            kv = load_k(k_base + (k0 + rr) * params.k_ss + col);
+        }
+        fwd_k[rr * CS + e % CW] = kv;
+        if (e < TILE * CW) {
+            var qv = 0.0;
+            if (col < HD && q0 + rr < params.q_len) {
+                qv = load_q(q_base + (q0 + rr) * params.q_ss + col);
+            }
+            tile_a[rr * CS + e % CW] = qv;
+        }
+    }
+}
+
+// One workgroup per (batch, query head, block of TILE query rows). Lane (r, t): query row r;
+// score phase against keys t and t + 16 of the FK-key tile, accumulation phase columns 2t and
+// 2t + 1 of each chunk.
 @compute @workgroup_size(256)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
@@ -206,38 +236,51 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     let q_base = b * params.q_sb + h * params.q_sh;
     let k_base = b * params.k_sb + kvh * params.k_sh;
     let nch = chunks();
+    let k_tiles = (params.k_len + FK - 1u) / FK;
 
     var acc: array<f32, ACC>;
     var m = neg_inf();
     var l = 0.0;
-    for (var kb = 0u; kb < params.k_blocks; kb = kb + 1u) {
-        let k0 = kb * TILE;
-        if (!block_visible(q0, q_last, k0, min(k0 + TILE, params.k_len) - 1u)) {
+    for (var kb = 0u; kb < k_tiles; kb = kb + 1u) {
+        let k0 = kb * FK;
+        if (!block_visible(q0, q_last, k0, min(k0 + FK, params.k_len) - 1u)) {
             continue;
         }
-        // Raw score of row r against key k0 + t, chunk by chunk in column order.
-        var s = 0.0;
+        // Raw scores of row r against keys k0 + t and k0 + t + 16, chunk by chunk in column
+        // order.
+        var s0 = 0.0;
+        var s1 = 0.0;
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_qk(lid, ch, q_base, q0, k_base, k0);
+            stage_forward(lid, ch, q_base, q0, k_base, k0);
             workgroupBarrier();
             let w = chunk_width(ch);
             for (var c = 0u; c < w; c = c + 1u) {
-                s = s + tile_a[r * CS + c] * tile_b[t * CS + c];
+                let qv = tile_a[r * CS + c];
+                s0 = s0 + qv * fwd_k[t * CS + c];
+                s1 = s1 + qv * fwd_k[(t + TILE) * CS + c];
             }
             workgroupBarrier();
         }
-        let kj = k0 + t;
-        let vis = qi < params.q_len && kj < params.k_len && visible(b, h, qi, kj);
-        tile_p[lid] = select(neg_inf(), s, vis);
+        let in_row = qi < params.q_len;
+        let kj0 = k0 + t;
+        let kj1 = kj0 + TILE;
+        let vis0 = in_row && kj0 < params.k_len && visible(b, h, qi, kj0);
+        let vis1 = in_row && kj1 < params.k_len && visible(b, h, qi, kj1);
+        fwd_p[r * FK + t] = select(neg_inf(), s0, vis0);
+        fwd_p[r * FK + t + TILE] = select(neg_inf(), s1, vis1);
         workgroupBarrier();
         // Every lane of a row takes the same maximum and sum in the same order.
         var m_new = m;
-        for (var j = 0u; j < TILE; j = j + 1u) {
-            m_new = max(m_new, tile_p[r * TILE + j]);
+        for (var j = 0u; j < FK; j = j + 1u) {
+            m_new = max(m_new, fwd_p[r * FK + j]);
         }
-        var p = 0.0;
-        if (vis) {
-            p = exp(params.scale * (s - m_new));
+        var p0 = 0.0;
+        var p1 = 0.0;
+        if (vis0) {
+            p0 = exp(params.scale * (s0 - m_new));
+        }
+        if (vis1) {
+            p1 = exp(params.scale * (s1 - m_new));
         }
         var alpha = 1.0;
         if (m_new > m) {
@@ -248,11 +291,12 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
             }
         }
         workgroupBarrier();
-        tile_p[lid] = p;
+        fwd_p[r * FK + t] = p0;
+        fwd_p[r * FK + t + TILE] = p1;
         workgroupBarrier();
         var psum = 0.0;
-        for (var j = 0u; j < TILE; j = j + 1u) {
-            psum = psum + tile_p[r * TILE + j];
+        for (var j = 0u; j < FK; j = j + 1u) {
+            psum = psum + fwd_p[r * FK + j];
         }
         l = l * alpha + psum;
         m = m_new;
@@ -261,23 +305,23 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         }
         // acc += P · V, chunk by chunk; lane t owns columns 2t and 2t + 1 of each chunk.
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            for (var e = lid; e < TILE * CW; e = e + WG) {
+            for (var e = lid; e < FK * CW; e = e + WG) {
                 let jj = e / CW;
                 let col = ch * CW + e % CW;
                 var vv = 0.0;
                 if (col < HD && k0 + jj < params.k_len) {
                     vv = load_v(k_base + (k0 + jj) * params.k_ss + col);
                 }
-                tile_d[jj * CS + e % CW] = vv;
+                fwd_v[jj * CS + e % CW] = vv;
             }
             workgroupBarrier();
             if (2u * t < chunk_width(ch)) {
                 var a0 = acc[2u * ch];
                 var a1 = acc[2u * ch + 1u];
-                for (var j = 0u; j < TILE; j = j + 1u) {
-                    let pj = tile_p[r * TILE + j];
-                    a0 = a0 + pj * tile_d[j * CS + 2u * t];
-                    a1 = a1 + pj * tile_d[j * CS + 2u * t + 1u];
+                for (var j = 0u; j < FK; j = j + 1u) {
+                    let pj = fwd_p[r * FK + j];
+                    a0 = a0 + pj * fwd_v[j * CS + 2u * t];
+                    a1 = a1 + pj * fwd_v[j * CS + 2u * t + 1u];
                 }
                 acc[2u * ch] = a0;
                 acc[2u * ch + 1u] = a1;
