@@ -883,3 +883,24 @@ fn bad_inputs_give_typed_errors() {
         Err(Error::EngineMismatch { .. })
     ));
 }
+
+#[test]
+fn outputs_past_the_binding_limit_are_refused() {
+    // An F16 query whose F32 saved output needs more than one storage binding.
+    let e = private_engine();
+    let max = e.max_binding_bytes();
+    if max > 256 << 20 {
+        eprintln!("skipped: a {max}-byte binding limit needs too large a query here");
+        return;
+    }
+    let rows = (max / 4 / 128 + 1) as usize;
+    let q = Tensor::zeros(&e, &[1, 1, rows, 128], DType::F16).unwrap();
+    let k = Tensor::zeros(&e, &[1, 1, 8, 128], DType::F16).unwrap();
+    match attention_forward(&q, &k, &k, &AttentionOptions::default()) {
+        Err(Error::LimitExceeded { bytes, limit, .. }) => {
+            assert_eq!(limit, max);
+            assert_eq!(bytes, rows as u64 * 128 * 4);
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+}
