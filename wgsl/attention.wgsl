@@ -505,9 +505,31 @@ fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     }
 }
 
+// The same chunk of d_output (TILE query rows from q0) into tile_c and of value (FK key rows
+// from k0) into fwd_v.
+fn stage_forward_grad(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
+    for (var e = lid; e < FK * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var vv = 0.0;
+        if (col < HD && k0 + rr < params.k_len) {
+            vv = load_v(k_base + (k0 + rr) * params.k_ss + col);
+        }
+        fwd_v[rr * CS + e % CW] = vv;
+        if (e < TILE * CW) {
+            var gv = 0.0;
+            if (col < HD && q0 + rr < params.q_len) {
+                gv = load_do(q_base + (q0 + rr) * params.q_ss + col);
+            }
+            tile_c[rr * CS + e % CW] = gv;
+        }
+    }
+}
+
 // One workgroup per (batch, query head, block of TILE query rows): owns those rows of d_query
-// and sums over key blocks, then keys of a block, in order. Lane (r, t): query row r; score
-// phase against key t of the tile, accumulation phase columns 2t, 2t + 1 of each chunk.
+// and sums over key tiles (FK keys), then keys of a tile, in order. Lane (r, t): query row r;
+// score phase against keys t and t + 16 of the tile, accumulation phase columns 2t, 2t + 1 of
+// each chunk.
 @compute @workgroup_size(256)
 fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -528,47 +550,56 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let q_base = b * params.q_sb + h * params.q_sh;
     let k_base = b * params.k_sb + kvh * params.k_sh;
     let nch = chunks();
+    let k_tiles = (params.k_len + FK - 1u) / FK;
 
     var dq: array<f32, ACC>;
-    for (var kb = 0u; kb < params.k_blocks; kb = kb + 1u) {
-        let k0 = kb * TILE;
-        if (!block_visible(q0, q_last, k0, min(k0 + TILE, params.k_len) - 1u)) {
+    for (var kb = 0u; kb < k_tiles; kb = kb + 1u) {
+        let k0 = kb * FK;
+        if (!block_visible(q0, q_last, k0, min(k0 + FK, params.k_len) - 1u)) {
             continue;
         }
-        var s = 0.0;
-        var dp = 0.0;
+        var s0 = 0.0;
+        var s1 = 0.0;
+        var dp0 = 0.0;
+        var dp1 = 0.0;
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_qk(lid, ch, q_base, q0, k_base, k0);
-            stage_grad(lid, ch, q_base, q0, k_base, k0);
+            stage_forward(lid, ch, q_base, q0, k_base, k0);
+            stage_forward_grad(lid, ch, q_base, q0, k_base, k0);
             workgroupBarrier();
             let w = chunk_width(ch);
             for (var c = 0u; c < w; c = c + 1u) {
-                s = s + tile_a[r * CS + c] * tile_b[t * CS + c];
-                dp = dp + tile_c[r * CS + c] * tile_d[t * CS + c];
+                let qv = tile_a[r * CS + c];
+                let gv = tile_c[r * CS + c];
+                s0 = s0 + qv * fwd_k[t * CS + c];
+                s1 = s1 + qv * fwd_k[(t + TILE) * CS + c];
+                dp0 = dp0 + gv * fwd_v[t * CS + c];
+                dp1 = dp1 + gv * fwd_v[(t + TILE) * CS + c];
             }
             workgroupBarrier();
         }
-        let pd = score_grad(b, h, qi, k0 + t, s, dp);
-        tile_s[lid] = pd.y;
+        let pd0 = score_grad(b, h, qi, k0 + t, s0, dp0);
+        let pd1 = score_grad(b, h, qi, k0 + t + TILE, s1, dp1);
+        fwd_p[r * FK + t] = pd0.y;
+        fwd_p[r * FK + t + TILE] = pd1.y;
         workgroupBarrier();
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            for (var e = lid; e < TILE * CW; e = e + WG) {
+            for (var e = lid; e < FK * CW; e = e + WG) {
                 let jj = e / CW;
                 let col = ch * CW + e % CW;
                 var kv = 0.0;
                 if (col < HD && k0 + jj < params.k_len) {
                     kv = load_k(k_base + (k0 + jj) * params.k_ss + col);
                 }
-                tile_b[jj * CS + e % CW] = kv;
+                fwd_k[jj * CS + e % CW] = kv;
             }
             workgroupBarrier();
             if (2u * t < chunk_width(ch)) {
                 var a0 = dq[2u * ch];
                 var a1 = dq[2u * ch + 1u];
-                for (var jj = 0u; jj < TILE; jj = jj + 1u) {
-                    let ds = tile_s[r * TILE + jj];
-                    a0 = a0 + ds * tile_b[jj * CS + 2u * t];
-                    a1 = a1 + ds * tile_b[jj * CS + 2u * t + 1u];
+                for (var jj = 0u; jj < FK; jj = jj + 1u) {
+                    let ds = fwd_p[r * FK + jj];
+                    a0 = a0 + ds * fwd_k[jj * CS + 2u * t];
+                    a1 = a1 + ds * fwd_k[jj * CS + 2u * t + 1u];
                 }
                 dq[2u * ch] = a0;
                 dq[2u * ch + 1u] = a1;
