@@ -53,12 +53,12 @@
 //! # Schedule and determinism
 //!
 //! 256 invocations per workgroup; head-dim chunks of 32 columns staged in workgroup memory
-//! (rows padded against bank conflicts; at most 12.5 KiB per workgroup). Forward: one
+//! (rows padded against bank conflicts; at most 14.4 KiB per workgroup). Forward: one
 //! workgroup per (batch, query head, 16-row query block), online softmax over tiles of 32 keys
 //! (skipping those the causal/window band hides entirely). Backward: a row pass (`D` next to
 //! the saved statistics), a pass with one workgroup per (batch, key/value head, 16-key block)
-//! that owns those rows of dK and dV and sums over the query heads of its group, then 16-row
-//! query blocks, then rows, in that fixed order, and a pass with one workgroup per 16-row
+//! that owns those rows of dK and dV and sums over the query heads of its group, then tiles
+//! of 32 queries, then rows, in that fixed order, and a pass with one workgroup per 16-row
 //! query block that owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are bit-identical.
 //! Nothing quadratic is stored; saved state is the inputs, the F32 output and two
 //! `[batch, q_heads, q_len]` statistics. The backward's scratch is [`attention_workspace_bytes`]

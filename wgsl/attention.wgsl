@@ -16,12 +16,13 @@
 // dQ and dK are accumulated unscaled and multiplied by the scale once at the end. A query row
 // with no visible key has output 0, m = log l = −∞ and zero gradients.
 //
-// Work split: 256 invocations = 16 rows × 16 lanes. In the score phase lane (r, t) computes
-// the score of row r against column t of the 16×16 tile (the forward: columns t and t + 16 of
-// a 16×32 tile); in the accumulation phase it owns the
-// column pairs (32·c + 2t, 32·c + 2t + 1) of its row for each 32-column chunk c, so a 16-bit
-// output word always belongs to one invocation. Head dims are multiples of 8 up to 256
-// (8 chunks, 16 accumulators per invocation).
+// Work split: 256 invocations = 16 rows × 16 lanes; tiles are 16 rows × 32 columns (forward
+// and dQ: 16 queries × 32 keys; dK/dV: 16 keys × 32 queries). In the score phase lane (r, t)
+// computes the scores of its row r against columns t and t + 16 of the tile; in the
+// accumulation phase it owns the column pairs (32·c + 2t, 32·c + 2t + 1) of its row for each
+// 32-column head-dim chunk c, so a 16-bit output word always belongs to one invocation. Head
+// dims are multiples of 8 up to 256 (8 chunks, 16 accumulators per invocation). Staged rows
+// are padded to 33 floats so that lanes reading different rows hit different banks.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
@@ -77,11 +78,8 @@ struct Params {
 @group(0) @binding(14) var<storage, read_write> info_out: array<f32>;
 
 var<workgroup> tile_a: array<f32, 528>;   // [TILE][CS] chunk of query rows
-var<workgroup> tile_b: array<f32, 528>;   // [TILE][CS] chunk of key rows
+var<workgroup> tile_b: array<f32, 528>;   // [TILE][CS] chunk of key or value rows
 var<workgroup> tile_c: array<f32, 528>;   // [TILE][CS] chunk of d_output rows
-var<workgroup> tile_d: array<f32, 528>;   // [TILE][CS] chunk of value rows
-var<workgroup> tile_p: array<f32, 256>;   // [TILE][TILE] probabilities (or raw scores)
-var<workgroup> tile_s: array<f32, 256>;   // [TILE][TILE] score gradients
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
@@ -142,48 +140,6 @@ fn chunks() -> u32 {
 // Columns of chunk ch that lie inside the head dim.
 fn chunk_width(ch: u32) -> u32 {
     return min(CW, HD - ch * CW);
-}
-
-// Stage chunk ch of TILE rows starting at q0 (query layout) into tile_a, and of TILE rows
-// starting at k0 (key layout) into tile_b; rows past the end and columns past the head dim
-// read as 0.
-fn stage_qk(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
-    for (var e = lid; e < TILE * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var qv = 0.0;
-        var kv = 0.0;
-        if (col < HD) {
-            if (q0 + rr < params.q_len) {
-                qv = load_q(q_base + (q0 + rr) * params.q_ss + col);
-            }
-            if (k0 + rr < params.k_len) {
-                kv = load_k(k_base + (k0 + rr) * params.k_ss + col);
-            }
-        }
-        tile_a[rr * CS + e % CW] = qv;
-        tile_b[rr * CS + e % CW] = kv;
-    }
-}
-
-// The same chunk of d_output (query layout) into tile_c and of value (key layout) into tile_d.
-fn stage_grad(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
-    for (var e = lid; e < TILE * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var gv = 0.0;
-        var vv = 0.0;
-        if (col < HD) {
-            if (q0 + rr < params.q_len) {
-                gv = load_do(q_base + (q0 + rr) * params.q_ss + col);
-            }
-            if (k0 + rr < params.k_len) {
-                vv = load_v(k_base + (k0 + rr) * params.k_ss + col);
-            }
-        }
-        tile_c[rr * CS + e % CW] = gv;
-        tile_d[rr * CS + e % CW] = vv;
-    }
 }
 
 // Forward tiles: the query block's chunk in tile_a, FK keys at a time in fwd_k / fwd_v.
@@ -403,10 +359,53 @@ fn score_grad(b: u32, h: u32, qi: u32, kj: u32, s: f32, dp: f32) -> vec2<f32> {
     return vec2<f32>(p, p * (dp - delta));
 }
 
+// dK/dV tiles: FQ query rows at a time in bwd_q (query or d_output chunk), the key block's
+// chunk of key or value rows in tile_b.
+const FQ: u32 = 32u;
+var<workgroup> bwd_q: array<f32, 1056>;   // [FQ][CS]
+var<workgroup> bwd_p: array<f32, 512>;    // [FQ][TILE] probabilities
+var<workgroup> bwd_s: array<f32, 512>;    // [FQ][TILE] score gradients
+
+// Stage chunk ch of FQ rows from q0 of query (or of d_output, with `grad`) into bwd_q.
+fn stage_query_rows(lid: u32, ch: u32, q_base: u32, q0: u32, grad: bool) {
+    for (var e = lid; e < FQ * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var x = 0.0;
+        if (col < HD && q0 + rr < params.q_len) {
+            let i = q_base + (q0 + rr) * params.q_ss + col;
+            if (grad) {
+                x = load_do(i);
+            } else {
+                x = load_q(i);
+            }
+        }
+        bwd_q[rr * CS + e % CW] = x;
+    }
+}
+
+// Stage chunk ch of TILE rows from k0 of key (or of value, with `values`) into tile_b.
+fn stage_key_rows(lid: u32, ch: u32, k_base: u32, k0: u32, values: bool) {
+    for (var e = lid; e < TILE * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var x = 0.0;
+        if (col < HD && k0 + rr < params.k_len) {
+            let i = k_base + (k0 + rr) * params.k_ss + col;
+            if (values) {
+                x = load_v(i);
+            } else {
+                x = load_k(i);
+            }
+        }
+        tile_b[rr * CS + e % CW] = x;
+    }
+}
+
 // One workgroup per (batch, key/value head, block of TILE keys): owns those rows of d_key and
-// d_value and sums over the query heads of its group, then over query blocks, then over the
-// rows of a block, always in that order. Lane (j, t): key row j; score phase against query
-// row t of the tile, accumulation phase columns 2t, 2t + 1 of each chunk.
+// d_value and sums over the query heads of its group, then over tiles of FQ queries, then
+// over the rows of a tile, always in that order. Lane (j, t): key row j; score phase against
+// query rows t and t + 16 of the tile, accumulation phase columns 2t, 2t + 1 of each chunk.
 @compute @workgroup_size(256)
 fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
@@ -425,66 +424,84 @@ fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let kj = k0 + j;
     let k_base = b * params.k_sb + kvh * params.k_sh;
     let nch = chunks();
+    let q_tiles = (params.q_len + FQ - 1u) / FQ;
 
     var dk: array<f32, ACC>;
     var dv: array<f32, ACC>;
     for (var gi = 0u; gi < params.group; gi = gi + 1u) {
         let h = kvh * params.group + gi;
         let q_base = b * params.q_sb + h * params.q_sh;
-        for (var qb = 0u; qb < params.q_blocks; qb = qb + 1u) {
-            let q0 = qb * TILE;
-            if (!block_visible(q0, min(q0 + TILE, params.q_len) - 1u, k0, k_last)) {
+        for (var qb = 0u; qb < q_tiles; qb = qb + 1u) {
+            let q0 = qb * FQ;
+            if (!block_visible(q0, min(q0 + FQ, params.q_len) - 1u, k0, k_last)) {
                 continue;
             }
-            var s = 0.0;
-            var dp = 0.0;
+            // Scores of key j against query rows t and t + 16, then the same for dO·v.
+            var s0 = 0.0;
+            var s1 = 0.0;
             for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_qk(lid, ch, q_base, q0, k_base, k0);
-                stage_grad(lid, ch, q_base, q0, k_base, k0);
+                stage_query_rows(lid, ch, q_base, q0, false);
+                stage_key_rows(lid, ch, k_base, k0, false);
                 workgroupBarrier();
                 let w = chunk_width(ch);
                 for (var c = 0u; c < w; c = c + 1u) {
-                    s = s + tile_a[t * CS + c] * tile_b[j * CS + c];
-                    dp = dp + tile_c[t * CS + c] * tile_d[j * CS + c];
+                    let kv = tile_b[j * CS + c];
+                    s0 = s0 + bwd_q[t * CS + c] * kv;
+                    s1 = s1 + bwd_q[(t + TILE) * CS + c] * kv;
                 }
                 workgroupBarrier();
             }
-            let pd = score_grad(b, h, q0 + t, kj, s, dp);
-            tile_p[t * TILE + j] = pd.x;
-            tile_s[t * TILE + j] = pd.y;
-            workgroupBarrier();
+            var dp0 = 0.0;
+            var dp1 = 0.0;
             for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                for (var e = lid; e < TILE * CW; e = e + WG) {
-                    let rr = e / CW;
-                    let col = ch * CW + e % CW;
-                    var qv = 0.0;
-                    var gv = 0.0;
-                    if (col < HD && q0 + rr < params.q_len) {
-                        let qi = q_base + (q0 + rr) * params.q_ss + col;
-                        qv = load_q(qi);
-                        gv = load_do(qi);
-                    }
-                    tile_a[rr * CS + e % CW] = qv;
-                    tile_c[rr * CS + e % CW] = gv;
+                stage_query_rows(lid, ch, q_base, q0, true);
+                stage_key_rows(lid, ch, k_base, k0, true);
+                workgroupBarrier();
+                let w = chunk_width(ch);
+                for (var c = 0u; c < w; c = c + 1u) {
+                    let vv = tile_b[j * CS + c];
+                    dp0 = dp0 + bwd_q[t * CS + c] * vv;
+                    dp1 = dp1 + bwd_q[(t + TILE) * CS + c] * vv;
                 }
+                workgroupBarrier();
+            }
+            let pd0 = score_grad(b, h, q0 + t, kj, s0, dp0);
+            let pd1 = score_grad(b, h, q0 + t + TILE, kj, s1, dp1);
+            bwd_p[t * TILE + j] = pd0.x;
+            bwd_s[t * TILE + j] = pd0.y;
+            bwd_p[(t + TILE) * TILE + j] = pd1.x;
+            bwd_s[(t + TILE) * TILE + j] = pd1.y;
+            workgroupBarrier();
+            // dV += Pᵀ dO, then dK += dSᵀ Q, chunk by chunk.
+            for (var ch = 0u; ch < nch; ch = ch + 1u) {
+                stage_query_rows(lid, ch, q_base, q0, true);
+                workgroupBarrier();
+                if (2u * t < chunk_width(ch)) {
+                    var v_0 = dv[2u * ch];
+                    var v_1 = dv[2u * ch + 1u];
+                    for (var i = 0u; i < FQ; i = i + 1u) {
+                        let p = bwd_p[i * TILE + j];
+                        v_0 = v_0 + p * bwd_q[i * CS + 2u * t];
+                        v_1 = v_1 + p * bwd_q[i * CS + 2u * t + 1u];
+                    }
+                    dv[2u * ch] = v_0;
+                    dv[2u * ch + 1u] = v_1;
+                }
+                workgroupBarrier();
+            }
+            for (var ch = 0u; ch < nch; ch = ch + 1u) {
+                stage_query_rows(lid, ch, q_base, q0, false);
                 workgroupBarrier();
                 if (2u * t < chunk_width(ch)) {
                     var k_0 = dk[2u * ch];
                     var k_1 = dk[2u * ch + 1u];
-                    var v_0 = dv[2u * ch];
-                    var v_1 = dv[2u * ch + 1u];
-                    for (var i = 0u; i < TILE; i = i + 1u) {
-                        let p = tile_p[i * TILE + j];
-                        let ds = tile_s[i * TILE + j];
-                        v_0 = v_0 + p * tile_c[i * CS + 2u * t];
-                        v_1 = v_1 + p * tile_c[i * CS + 2u * t + 1u];
-                        k_0 = k_0 + ds * tile_a[i * CS + 2u * t];
-                        k_1 = k_1 + ds * tile_a[i * CS + 2u * t + 1u];
+                    for (var i = 0u; i < FQ; i = i + 1u) {
+                        let ds = bwd_s[i * TILE + j];
+                        k_0 = k_0 + ds * bwd_q[i * CS + 2u * t];
+                        k_1 = k_1 + ds * bwd_q[i * CS + 2u * t + 1u];
                     }
                     dk[2u * ch] = k_0;
                     dk[2u * ch + 1u] = k_1;
-                    dv[2u * ch] = v_0;
-                    dv[2u * ch + 1u] = v_1;
                 }
                 workgroupBarrier();
             }
