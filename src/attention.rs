@@ -54,8 +54,9 @@
 //!
 //! 256 invocations per workgroup; head-dim chunks of 32 columns staged in workgroup memory
 //! (rows padded against bank conflicts; at most 14.4 KiB per workgroup). Forward: one
-//! workgroup per (batch, query head, 16-row query block), online softmax over tiles of 32 keys
-//! (skipping those the causal/window band hides entirely). Backward: a row pass (`D` next to
+//! workgroup per (batch, query head, 32-row query block), online softmax over tiles of 32
+//! keys (skipping those the causal/window band hides entirely), each invocation computing a
+//! 2 × 2 block of scores and 2 rows × 2 columns of the output. Backward: a row pass (`D` next to
 //! the saved statistics), a pass with one workgroup per (batch, key/value head, 16-key block)
 //! that owns those rows of dK and dV and sums over the query heads of its group, then tiles
 //! of 32 queries, then rows, in that fixed order, and a pass with one workgroup per 16-row
@@ -489,7 +490,7 @@ pub fn attention_forward(
             row_max.buffer(),
             log_denominator.buffer(),
         ],
-        (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
+        (plan.batch * plan.q_heads * plan.q_len.div_ceil(2 * TILE)) as u64,
     )?;
     let saved = AttentionSaved {
         query: query.clone(),

@@ -16,8 +16,8 @@
 // dQ and dK are accumulated unscaled and multiplied by the scale once at the end. A query row
 // with no visible key has output 0, m = log l = −∞ and zero gradients.
 //
-// Work split: 256 invocations = 16 rows × 16 lanes; tiles are 16 rows × 32 columns (forward
-// and dQ: 16 queries × 32 keys; dK/dV: 16 keys × 32 queries). In the score phase lane (r, t)
+// Work split: 256 invocations = 16 rows × 16 lanes; tiles are 16 rows × 32 columns (dQ: 16
+// queries × 32 keys; dK/dV: 16 keys × 32 queries; the forward: 32 × 32, two rows per lane). In the score phase lane (r, t)
 // computes the scores of its row r against columns t and t + 16 of the tile; in the
 // accumulation phase it owns the column pairs (32·c + 2t, 32·c + 2t + 1) of its row for each
 // 32-column head-dim chunk c, so a 16-bit output word always belongs to one invocation. Head
@@ -169,123 +169,193 @@ fn stage_forward(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) 
     }
 }
 
-// One workgroup per (batch, query head, block of TILE query rows). Lane (r, t): query row r;
-// score phase against keys t and t + 16 of the FK-key tile, accumulation phase columns 2t and
-// 2t + 1 of each chunk.
+// Forward tiles: 2·TILE query rows × FK keys; the key chunk array holds the value chunk
+// once the scores are done.
+var<workgroup> fwd_q: array<f32, 1056>;   // [2·TILE][CS] chunk of query rows
+var<workgroup> fwd_s: array<f32, 1024>;   // [2·TILE][FK] raw scores, then probabilities
+
+// Stage chunk ch of 2·TILE query rows from q0 into fwd_q and of FK rows from k0 of key (or
+// of value, with `values`) into fwd_k; rows past the end and columns past the head dim read
+// as 0.
+fn stage_forward_wide(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32, values: bool) {
+    for (var e = lid; e < FK * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var x = 0.0;
+        if (col < HD && k0 + rr < params.k_len) {
+            let i = k_base + (k0 + rr) * params.k_ss + col;
+            if (values) {
+                x = load_v(i);
+            } else {
+                x = load_k(i);
+            }
+        }
+        fwd_k[rr * CS + e % CW] = x;
+        if (!values) {
+            var qv = 0.0;
+            if (col < HD && q0 + rr < params.q_len) {
+                qv = load_q(q_base + (q0 + rr) * params.q_ss + col);
+            }
+            fwd_q[rr * CS + e % CW] = qv;
+        }
+    }
+}
+
+// Online-softmax update of one query row from its FK raw scores in fwd_s (−∞ = hidden):
+// returns (new maximum, rescale factor of the old accumulators).
+fn row_update(row: u32, m: f32) -> vec2<f32> {
+    var m_new = m;
+    for (var j = 0u; j < FK; j = j + 1u) {
+        m_new = max(m_new, fwd_s[row * FK + j]);
+    }
+    var alpha = 1.0;
+    if (m_new > m) {
+        if (m == neg_inf()) {
+            alpha = 0.0;
+        } else {
+            alpha = exp(params.scale * (m - m_new));
+        }
+    }
+    return vec2<f32>(m_new, alpha);
+}
+
+fn prob(vis: bool, s: f32, m: f32) -> f32 {
+    if (vis) {
+        return exp(params.scale * (s - m));
+    }
+    return 0.0;
+}
+
+// One workgroup per (batch, query head, block of 2·TILE query rows). Lane (r, t) owns query
+// rows r and r + 16: score phase against keys t and t + 16 of each FK-key tile (a 2×2 block,
+// four loads per four products), accumulation phase columns 2t and 2t + 1 of each chunk for
+// both rows.
 @compute @workgroup_size(256)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
+    let q_tiles = (params.q_len + 2u * TILE - 1u) / (2u * TILE);
     let g = group_index(wid, nwg);
-    if (g >= params.batch * params.q_heads * params.q_blocks) {
+    if (g >= params.batch * params.q_heads * q_tiles) {
         return;
     }
-    let qb = g % params.q_blocks;
-    let bh = g / params.q_blocks;
+    let qb = g % q_tiles;
+    let bh = g / q_tiles;
     let h = bh % params.q_heads;
     let b = bh / params.q_heads;
     let kvh = h / params.group;
     let r = lid / TILE;
     let t = lid % TILE;
-    let q0 = qb * TILE;
-    let q_last = min(q0 + TILE, params.q_len) - 1u;
-    let qi = q0 + r;
+    let q0 = qb * 2u * TILE;
+    let q_last = min(q0 + 2u * TILE, params.q_len) - 1u;
+    let qa = q0 + r;
+    let qc = qa + TILE;
     let q_base = b * params.q_sb + h * params.q_sh;
     let k_base = b * params.k_sb + kvh * params.k_sh;
     let nch = chunks();
     let k_tiles = (params.k_len + FK - 1u) / FK;
 
-    var acc: array<f32, ACC>;
-    var m = neg_inf();
-    var l = 0.0;
+    var acc_a: array<f32, ACC>;
+    var acc_c: array<f32, ACC>;
+    var m_a = neg_inf();
+    var m_c = neg_inf();
+    var l_a = 0.0;
+    var l_c = 0.0;
     for (var kb = 0u; kb < k_tiles; kb = kb + 1u) {
         let k0 = kb * FK;
         if (!block_visible(q0, q_last, k0, min(k0 + FK, params.k_len) - 1u)) {
             continue;
         }
-        // Raw scores of row r against keys k0 + t and k0 + t + 16, chunk by chunk in column
-        // order.
-        var s0 = 0.0;
-        var s1 = 0.0;
+        // Raw scores of rows r, r + 16 against keys t, t + 16, chunk by chunk in column order.
+        var s00 = 0.0;
+        var s01 = 0.0;
+        var s10 = 0.0;
+        var s11 = 0.0;
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_forward(lid, ch, q_base, q0, k_base, k0);
+            stage_forward_wide(lid, ch, q_base, q0, k_base, k0, false);
             workgroupBarrier();
             let w = chunk_width(ch);
             for (var c = 0u; c < w; c = c + 1u) {
-                let qv = tile_a[r * CS + c];
-                s0 = s0 + qv * fwd_k[t * CS + c];
-                s1 = s1 + qv * fwd_k[(t + TILE) * CS + c];
+                let x0 = fwd_q[r * CS + c];
+                let x1 = fwd_q[(r + TILE) * CS + c];
+                let y0 = fwd_k[t * CS + c];
+                let y1 = fwd_k[(t + TILE) * CS + c];
+                s00 = s00 + x0 * y0;
+                s01 = s01 + x0 * y1;
+                s10 = s10 + x1 * y0;
+                s11 = s11 + x1 * y1;
             }
             workgroupBarrier();
         }
-        let in_row = qi < params.q_len;
         let kj0 = k0 + t;
         let kj1 = kj0 + TILE;
-        let vis0 = in_row && kj0 < params.k_len && visible(b, h, qi, kj0);
-        let vis1 = in_row && kj1 < params.k_len && visible(b, h, qi, kj1);
-        fwd_p[r * FK + t] = select(neg_inf(), s0, vis0);
-        fwd_p[r * FK + t + TILE] = select(neg_inf(), s1, vis1);
+        let in0 = kj0 < params.k_len;
+        let in1 = kj1 < params.k_len;
+        let va0 = qa < params.q_len && in0 && visible(b, h, qa, kj0);
+        let va1 = qa < params.q_len && in1 && visible(b, h, qa, kj1);
+        let vc0 = qc < params.q_len && in0 && visible(b, h, qc, kj0);
+        let vc1 = qc < params.q_len && in1 && visible(b, h, qc, kj1);
+        fwd_s[r * FK + t] = select(neg_inf(), s00, va0);
+        fwd_s[r * FK + t + TILE] = select(neg_inf(), s01, va1);
+        fwd_s[(r + TILE) * FK + t] = select(neg_inf(), s10, vc0);
+        fwd_s[(r + TILE) * FK + t + TILE] = select(neg_inf(), s11, vc1);
         workgroupBarrier();
         // Every lane of a row takes the same maximum and sum in the same order.
-        var m_new = m;
-        for (var j = 0u; j < FK; j = j + 1u) {
-            m_new = max(m_new, fwd_p[r * FK + j]);
-        }
-        var p0 = 0.0;
-        var p1 = 0.0;
-        if (vis0) {
-            p0 = exp(params.scale * (s0 - m_new));
-        }
-        if (vis1) {
-            p1 = exp(params.scale * (s1 - m_new));
-        }
-        var alpha = 1.0;
-        if (m_new > m) {
-            if (m == neg_inf()) {
-                alpha = 0.0;
-            } else {
-                alpha = exp(params.scale * (m - m_new));
-            }
-        }
+        let ua = row_update(r, m_a);
+        let uc = row_update(r + TILE, m_c);
         workgroupBarrier();
-        fwd_p[r * FK + t] = p0;
-        fwd_p[r * FK + t + TILE] = p1;
+        fwd_s[r * FK + t] = prob(va0, s00, ua.x);
+        fwd_s[r * FK + t + TILE] = prob(va1, s01, ua.x);
+        fwd_s[(r + TILE) * FK + t] = prob(vc0, s10, uc.x);
+        fwd_s[(r + TILE) * FK + t + TILE] = prob(vc1, s11, uc.x);
         workgroupBarrier();
-        var psum = 0.0;
+        var sum_a = 0.0;
+        var sum_c = 0.0;
         for (var j = 0u; j < FK; j = j + 1u) {
-            psum = psum + fwd_p[r * FK + j];
+            sum_a = sum_a + fwd_s[r * FK + j];
+            sum_c = sum_c + fwd_s[(r + TILE) * FK + j];
         }
-        l = l * alpha + psum;
-        m = m_new;
+        l_a = l_a * ua.y + sum_a;
+        l_c = l_c * uc.y + sum_c;
+        m_a = ua.x;
+        m_c = uc.x;
         for (var a = 0u; a < ACC; a = a + 1u) {
-            acc[a] = acc[a] * alpha;
+            acc_a[a] = acc_a[a] * ua.y;
+            acc_c[a] = acc_c[a] * uc.y;
         }
-        // acc += P · V, chunk by chunk; lane t owns columns 2t and 2t + 1 of each chunk.
+        // acc += P · V, chunk by chunk (the value chunk replaces the key chunk).
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            for (var e = lid; e < FK * CW; e = e + WG) {
-                let jj = e / CW;
-                let col = ch * CW + e % CW;
-                var vv = 0.0;
-                if (col < HD && k0 + jj < params.k_len) {
-                    vv = load_v(k_base + (k0 + jj) * params.k_ss + col);
-                }
-                fwd_v[jj * CS + e % CW] = vv;
-            }
+            stage_forward_wide(lid, ch, q_base, q0, k_base, k0, true);
             workgroupBarrier();
             if (2u * t < chunk_width(ch)) {
-                var a0 = acc[2u * ch];
-                var a1 = acc[2u * ch + 1u];
+                var a0 = acc_a[2u * ch];
+                var a1 = acc_a[2u * ch + 1u];
+                var c0 = acc_c[2u * ch];
+                var c1 = acc_c[2u * ch + 1u];
                 for (var j = 0u; j < FK; j = j + 1u) {
-                    let pj = fwd_p[r * FK + j];
-                    a0 = a0 + pj * fwd_v[j * CS + 2u * t];
-                    a1 = a1 + pj * fwd_v[j * CS + 2u * t + 1u];
+                    let pa = fwd_s[r * FK + j];
+                    let pc = fwd_s[(r + TILE) * FK + j];
+                    let v0 = fwd_k[j * CS + 2u * t];
+                    let v1 = fwd_k[j * CS + 2u * t + 1u];
+                    a0 = a0 + pa * v0;
+                    a1 = a1 + pa * v1;
+                    c0 = c0 + pc * v0;
+                    c1 = c1 + pc * v1;
                 }
-                acc[2u * ch] = a0;
-                acc[2u * ch + 1u] = a1;
+                acc_a[2u * ch] = a0;
+                acc_a[2u * ch + 1u] = a1;
+                acc_c[2u * ch] = c0;
+                acc_c[2u * ch + 1u] = c1;
             }
             workgroupBarrier();
         }
     }
+    write_row(b, h, qa, t, q_base, nch, acc_a, m_a, l_a);
+    write_row(b, h, qc, t, q_base, nch, acc_c, m_c, l_c);
+}
 
+// Output (both dtypes) and statistics of query row qi from lane t's accumulators.
+fn write_row(b: u32, h: u32, qi: u32, t: u32, q_base: u32, nch: u32, acc: array<f32, ACC>,
+             m: f32, l: f32) {
     if (qi >= params.q_len) {
         return;
     }
