@@ -53,14 +53,14 @@
 //! # Schedule and determinism
 //!
 //! 256 invocations per workgroup; head-dim chunks of 32 columns staged in workgroup memory
-//! (rows padded against bank conflicts; at most 14.4 KiB per workgroup). Forward: one
+//! (rows padded against bank conflicts; at most 12.5 KiB per workgroup). Forward: one
 //! workgroup per (batch, query head, 32-row query block), online softmax over tiles of 32
 //! keys (skipping those the causal/window band hides entirely), each invocation computing a
 //! 2 × 2 block of scores and 2 rows × 2 columns of the output. Backward: a row pass (`D` next to
 //! the saved statistics), a pass with one workgroup per (batch, key/value head, 16-key block)
 //! that owns those rows of dK and dV and sums over the query heads of its group, then tiles
-//! of 32 queries, then rows, in that fixed order, and a pass with one workgroup per 16-row
-//! query block that owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are bit-identical.
+//! of 32 queries, then rows, in that fixed order, and a pass with one workgroup per 32-row
+//! query block (2 × 2 blocks per invocation, like the forward) that owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are bit-identical.
 //! Nothing quadratic is stored; saved state is the inputs, the F32 output and two
 //! `[batch, q_heads, q_len]` statistics. The backward's scratch is [`attention_workspace_bytes`]
 //! (16 bytes per query row), checked against the engine's workspace bound.
@@ -583,7 +583,7 @@ pub fn attention_backward(saved: &AttentionSaved, d_output: &Tensor) -> Result<A
             row_info.buffer(),
             d_query.buffer(),
         ],
-        (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
+        (plan.batch * plan.q_heads * plan.q_len.div_ceil(2 * TILE)) as u64,
     )?;
     Ok(AttentionGradients {
         query: d_query,

@@ -16,8 +16,8 @@
 // dQ and dK are accumulated unscaled and multiplied by the scale once at the end. A query row
 // with no visible key has output 0, m = log l = −∞ and zero gradients.
 //
-// Work split: 256 invocations = 16 rows × 16 lanes; tiles are 16 rows × 32 columns (dQ: 16
-// queries × 32 keys; dK/dV: 16 keys × 32 queries; the forward: 32 × 32, two rows per lane). In the score phase lane (r, t)
+// Work split: 256 invocations = 16 rows × 16 lanes; tiles are 32 queries × 32 keys in the
+// forward and dQ (two rows per lane), 16 keys × 32 queries in dK/dV. In the score phase lane (r, t)
 // computes the scores of its row r against columns t and t + 16 of the tile; in the
 // accumulation phase it owns the column pairs (32·c + 2t, 32·c + 2t + 1) of its row for each
 // 32-column head-dim chunk c, so a 16-bit output word always belongs to one invocation. Head
@@ -77,9 +77,7 @@ struct Params {
 @group(0) @binding(13) var<storage, read_write> grad_b: array<f32>;
 @group(0) @binding(14) var<storage, read_write> info_out: array<f32>;
 
-var<workgroup> tile_a: array<f32, 528>;   // [TILE][CS] chunk of query rows
-var<workgroup> tile_b: array<f32, 528>;   // [TILE][CS] chunk of key or value rows
-var<workgroup> tile_c: array<f32, 528>;   // [TILE][CS] chunk of d_output rows
+var<workgroup> tile_b: array<f32, 528>;   // [TILE][CS] chunk of key or value rows (dK/dV)
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
@@ -142,42 +140,42 @@ fn chunk_width(ch: u32) -> u32 {
     return min(CW, HD - ch * CW);
 }
 
-// Forward tiles: the query block's chunk in tile_a, FK keys at a time in fwd_k / fwd_v.
+// Forward and dQ tiles: 2·TILE query rows × FK keys; the key chunk array holds the value
+// chunk once the scores are done.
 const FK: u32 = 32u;
-var<workgroup> fwd_k: array<f32, 1056>;   // [FK][CS] chunk of key rows
-var<workgroup> fwd_v: array<f32, 1056>;   // [FK][CS] chunk of value rows
-var<workgroup> fwd_p: array<f32, 512>;    // [TILE][FK] raw scores, then probabilities
-
-// Stage chunk ch of the query block (TILE rows from q0) into tile_a and of FK key rows from
-// k0 into fwd_k; rows past the end and columns past the head dim read as 0.
-fn stage_forward(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
-    for (var e = lid; e < FK * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var kv = 0.0;
-        if (col < HD && k0 + rr < params.k_len) {
-            kv = load_k(k_base + (k0 + rr) * params.k_ss + col);
-        }
-        fwd_k[rr * CS + e % CW] = kv;
-        if (e < TILE * CW) {
-            var qv = 0.0;
-            if (col < HD && q0 + rr < params.q_len) {
-                qv = load_q(q_base + (q0 + rr) * params.q_ss + col);
-            }
-            tile_a[rr * CS + e % CW] = qv;
-        }
-    }
-}
-
-// Forward tiles: 2·TILE query rows × FK keys; the key chunk array holds the value chunk
-// once the scores are done.
+var<workgroup> fwd_k: array<f32, 1056>;   // [FK][CS] chunk of key or value rows
 var<workgroup> fwd_q: array<f32, 1056>;   // [2·TILE][CS] chunk of query rows
 var<workgroup> fwd_s: array<f32, 1024>;   // [2·TILE][FK] raw scores, then probabilities
 
-// Stage chunk ch of 2·TILE query rows from q0 into fwd_q and of FK rows from k0 of key (or
-// of value, with `values`) into fwd_k; rows past the end and columns past the head dim read
-// as 0.
-fn stage_forward_wide(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32, values: bool) {
+// Stage chunk ch of 2·TILE query rows from q0 into fwd_q; rows past the end and columns past
+// the head dim read as 0.
+fn stage_query_wide(lid: u32, ch: u32, q_base: u32, q0: u32) {
+    for (var e = lid; e < 2u * TILE * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var x = 0.0;
+        if (col < HD && q0 + rr < params.q_len) {
+            x = load_q(q_base + (q0 + rr) * params.q_ss + col);
+        }
+        fwd_q[rr * CS + e % CW] = x;
+    }
+}
+
+// The same for d_output (dQ pass only: the forward binds no d_output).
+fn stage_d_output_wide(lid: u32, ch: u32, q_base: u32, q0: u32) {
+    for (var e = lid; e < 2u * TILE * CW; e = e + WG) {
+        let rr = e / CW;
+        let col = ch * CW + e % CW;
+        var x = 0.0;
+        if (col < HD && q0 + rr < params.q_len) {
+            x = load_do(q_base + (q0 + rr) * params.q_ss + col);
+        }
+        fwd_q[rr * CS + e % CW] = x;
+    }
+}
+
+// Stage chunk ch of FK rows from k0 of key (or of value, with `values`) into fwd_k.
+fn stage_kv_wide(lid: u32, ch: u32, k_base: u32, k0: u32, values: bool) {
     for (var e = lid; e < FK * CW; e = e + WG) {
         let rr = e / CW;
         let col = ch * CW + e % CW;
@@ -191,14 +189,25 @@ fn stage_forward_wide(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: 
             }
         }
         fwd_k[rr * CS + e % CW] = x;
-        if (!values) {
-            var qv = 0.0;
-            if (col < HD && q0 + rr < params.q_len) {
-                qv = load_q(q_base + (q0 + rr) * params.q_ss + col);
-            }
-            fwd_q[rr * CS + e % CW] = qv;
-        }
     }
+}
+
+// Scores (or dO·v) of rows r, r + 16 of fwd_q against rows t, t + 16 of fwd_k over one staged
+// chunk, added to `acc` in column order.
+fn block_dots(r: u32, t: u32, ch: u32, acc: vec4<f32>) -> vec4<f32> {
+    var s = acc;
+    let w = chunk_width(ch);
+    for (var c = 0u; c < w; c = c + 1u) {
+        let x0 = fwd_q[r * CS + c];
+        let x1 = fwd_q[(r + TILE) * CS + c];
+        let y0 = fwd_k[t * CS + c];
+        let y1 = fwd_k[(t + TILE) * CS + c];
+        s.x = s.x + x0 * y0;
+        s.y = s.y + x0 * y1;
+        s.z = s.z + x1 * y0;
+        s.w = s.w + x1 * y1;
+    }
+    return s;
 }
 
 // Online-softmax update of one query row from its FK raw scores in fwd_s (−∞ = hidden):
@@ -266,26 +275,18 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
             continue;
         }
         // Raw scores of rows r, r + 16 against keys t, t + 16, chunk by chunk in column order.
-        var s00 = 0.0;
-        var s01 = 0.0;
-        var s10 = 0.0;
-        var s11 = 0.0;
+        var sc = vec4<f32>(0.0);
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_forward_wide(lid, ch, q_base, q0, k_base, k0, false);
+            stage_query_wide(lid, ch, q_base, q0);
+            stage_kv_wide(lid, ch, k_base, k0, false);
             workgroupBarrier();
-            let w = chunk_width(ch);
-            for (var c = 0u; c < w; c = c + 1u) {
-                let x0 = fwd_q[r * CS + c];
-                let x1 = fwd_q[(r + TILE) * CS + c];
-                let y0 = fwd_k[t * CS + c];
-                let y1 = fwd_k[(t + TILE) * CS + c];
-                s00 = s00 + x0 * y0;
-                s01 = s01 + x0 * y1;
-                s10 = s10 + x1 * y0;
-                s11 = s11 + x1 * y1;
-            }
+            sc = block_dots(r, t, ch, sc);
             workgroupBarrier();
         }
+        let s00 = sc.x;
+        let s01 = sc.y;
+        let s10 = sc.z;
+        let s11 = sc.w;
         let kj0 = k0 + t;
         let kj1 = kj0 + TILE;
         let in0 = kj0 < params.k_len;
@@ -324,7 +325,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         }
         // acc += P · V, chunk by chunk (the value chunk replaces the key chunk).
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_forward_wide(lid, ch, q_base, q0, k_base, k0, true);
+            stage_kv_wide(lid, ch, k_base, k0, true);
             workgroupBarrier();
             if (2u * t < chunk_width(ch)) {
                 var a0 = acc_a[2u * ch];
@@ -592,108 +593,95 @@ fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     }
 }
 
-// The same chunk of d_output (TILE query rows from q0) into tile_c and of value (FK key rows
-// from k0) into fwd_v.
-fn stage_forward_grad(lid: u32, ch: u32, q_base: u32, q0: u32, k_base: u32, k0: u32) {
-    for (var e = lid; e < FK * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var vv = 0.0;
-        if (col < HD && k0 + rr < params.k_len) {
-            vv = load_v(k_base + (k0 + rr) * params.k_ss + col);
-        }
-        fwd_v[rr * CS + e % CW] = vv;
-        if (e < TILE * CW) {
-            var gv = 0.0;
-            if (col < HD && q0 + rr < params.q_len) {
-                gv = load_do(q_base + (q0 + rr) * params.q_ss + col);
-            }
-            tile_c[rr * CS + e % CW] = gv;
-        }
-    }
-}
-
-// One workgroup per (batch, query head, block of TILE query rows): owns those rows of d_query
-// and sums over key tiles (FK keys), then keys of a tile, in order. Lane (r, t): query row r;
-// score phase against keys t and t + 16 of the tile, accumulation phase columns 2t, 2t + 1 of
-// each chunk.
+// One workgroup per (batch, query head, block of 2·TILE query rows): owns those rows of
+// d_query and sums over key tiles (FK keys), then keys of a tile, in order. Lane (r, t):
+// query rows r and r + 16; score phase against keys t and t + 16 of the tile, accumulation
+// phase columns 2t, 2t + 1 of each chunk.
 @compute @workgroup_size(256)
 fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
+    let q_tiles = (params.q_len + 2u * TILE - 1u) / (2u * TILE);
     let g = group_index(wid, nwg);
-    if (g >= params.batch * params.q_heads * params.q_blocks) {
+    if (g >= params.batch * params.q_heads * q_tiles) {
         return;
     }
-    let qb = g % params.q_blocks;
-    let bh = g / params.q_blocks;
+    let qb = g % q_tiles;
+    let bh = g / q_tiles;
     let h = bh % params.q_heads;
     let b = bh / params.q_heads;
     let kvh = h / params.group;
     let r = lid / TILE;
     let t = lid % TILE;
-    let q0 = qb * TILE;
-    let q_last = min(q0 + TILE, params.q_len) - 1u;
-    let qi = q0 + r;
+    let q0 = qb * 2u * TILE;
+    let q_last = min(q0 + 2u * TILE, params.q_len) - 1u;
+    let qa = q0 + r;
+    let qc = qa + TILE;
     let q_base = b * params.q_sb + h * params.q_sh;
     let k_base = b * params.k_sb + kvh * params.k_sh;
     let nch = chunks();
     let k_tiles = (params.k_len + FK - 1u) / FK;
 
-    var dq: array<f32, ACC>;
+    var dq_a: array<f32, ACC>;
+    var dq_c: array<f32, ACC>;
     for (var kb = 0u; kb < k_tiles; kb = kb + 1u) {
         let k0 = kb * FK;
         if (!block_visible(q0, q_last, k0, min(k0 + FK, params.k_len) - 1u)) {
             continue;
         }
-        var s0 = 0.0;
-        var s1 = 0.0;
-        var dp0 = 0.0;
-        var dp1 = 0.0;
+        var sc = vec4<f32>(0.0);
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_forward(lid, ch, q_base, q0, k_base, k0);
-            stage_forward_grad(lid, ch, q_base, q0, k_base, k0);
+            stage_query_wide(lid, ch, q_base, q0);
+            stage_kv_wide(lid, ch, k_base, k0, false);
             workgroupBarrier();
-            let w = chunk_width(ch);
-            for (var c = 0u; c < w; c = c + 1u) {
-                let qv = tile_a[r * CS + c];
-                let gv = tile_c[r * CS + c];
-                s0 = s0 + qv * fwd_k[t * CS + c];
-                s1 = s1 + qv * fwd_k[(t + TILE) * CS + c];
-                dp0 = dp0 + gv * fwd_v[t * CS + c];
-                dp1 = dp1 + gv * fwd_v[(t + TILE) * CS + c];
-            }
+            sc = block_dots(r, t, ch, sc);
             workgroupBarrier();
         }
-        let pd0 = score_grad(b, h, qi, k0 + t, s0, dp0);
-        let pd1 = score_grad(b, h, qi, k0 + t + TILE, s1, dp1);
-        fwd_p[r * FK + t] = pd0.y;
-        fwd_p[r * FK + t + TILE] = pd1.y;
+        var dp = vec4<f32>(0.0);
+        for (var ch = 0u; ch < nch; ch = ch + 1u) {
+            stage_d_output_wide(lid, ch, q_base, q0);
+            stage_kv_wide(lid, ch, k_base, k0, true);
+            workgroupBarrier();
+            dp = block_dots(r, t, ch, dp);
+            workgroupBarrier();
+        }
+        let kj0 = k0 + t;
+        let kj1 = kj0 + TILE;
+        fwd_s[r * FK + t] = score_grad(b, h, qa, kj0, sc.x, dp.x).y;
+        fwd_s[r * FK + t + TILE] = score_grad(b, h, qa, kj1, sc.y, dp.y).y;
+        fwd_s[(r + TILE) * FK + t] = score_grad(b, h, qc, kj0, sc.z, dp.z).y;
+        fwd_s[(r + TILE) * FK + t + TILE] = score_grad(b, h, qc, kj1, sc.w, dp.w).y;
         workgroupBarrier();
         for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            for (var e = lid; e < FK * CW; e = e + WG) {
-                let jj = e / CW;
-                let col = ch * CW + e % CW;
-                var kv = 0.0;
-                if (col < HD && k0 + jj < params.k_len) {
-                    kv = load_k(k_base + (k0 + jj) * params.k_ss + col);
-                }
-                fwd_k[jj * CS + e % CW] = kv;
-            }
+            stage_kv_wide(lid, ch, k_base, k0, false);
             workgroupBarrier();
             if (2u * t < chunk_width(ch)) {
-                var a0 = dq[2u * ch];
-                var a1 = dq[2u * ch + 1u];
-                for (var jj = 0u; jj < FK; jj = jj + 1u) {
-                    let ds = fwd_p[r * FK + jj];
-                    a0 = a0 + ds * fwd_k[jj * CS + 2u * t];
-                    a1 = a1 + ds * fwd_k[jj * CS + 2u * t + 1u];
+                var a0 = dq_a[2u * ch];
+                var a1 = dq_a[2u * ch + 1u];
+                var c0 = dq_c[2u * ch];
+                var c1 = dq_c[2u * ch + 1u];
+                for (var j = 0u; j < FK; j = j + 1u) {
+                    let da = fwd_s[r * FK + j];
+                    let dc = fwd_s[(r + TILE) * FK + j];
+                    let k_0 = fwd_k[j * CS + 2u * t];
+                    let k_1 = fwd_k[j * CS + 2u * t + 1u];
+                    a0 = a0 + da * k_0;
+                    a1 = a1 + da * k_1;
+                    c0 = c0 + dc * k_0;
+                    c1 = c1 + dc * k_1;
                 }
-                dq[2u * ch] = a0;
-                dq[2u * ch + 1u] = a1;
+                dq_a[2u * ch] = a0;
+                dq_a[2u * ch + 1u] = a1;
+                dq_c[2u * ch] = c0;
+                dq_c[2u * ch + 1u] = c1;
             }
             workgroupBarrier();
         }
     }
+    write_dq(qa, t, q_base, nch, dq_a);
+    write_dq(qc, t, q_base, nch, dq_c);
+}
+
+fn write_dq(qi: u32, t: u32, q_base: u32, nch: u32, dq: array<f32, ACC>) {
     if (qi >= params.q_len) {
         return;
     }
