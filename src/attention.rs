@@ -52,15 +52,16 @@
 //!
 //! # Schedule and determinism
 //!
-//! 256 invocations per workgroup; head-dim chunks of 32 columns staged in workgroup memory
-//! (rows padded against bank conflicts; at most 12.5 KiB per workgroup). Forward: one
-//! workgroup per (batch, query head, 32-row query block), online softmax over tiles of 32
-//! keys (skipping those the causal/window band hides entirely), each invocation computing a
-//! 2 × 2 block of scores and 2 rows × 2 columns of the output. Backward: a row pass (`D` next to
-//! the saved statistics), a pass with one workgroup per (batch, key/value head, 16-key block)
-//! that owns those rows of dK and dV and sums over the query heads of its group, then tiles
-//! of 32 queries, then rows, in that fixed order, and a pass with one workgroup per 32-row
-//! query block (2 × 2 blocks per invocation, like the forward) that owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are bit-identical.
+//! Every pass works on 32 × 32 tiles with 256 invocations, each computing a 2 × 2 block of
+//! scores and 2 rows × 2 columns of its accumulators; head-dim chunks of 32 columns are staged
+//! in workgroup memory (rows padded against bank conflicts; 12.5 KiB per workgroup). Tiles
+//! the causal/window band hides entirely are skipped. Forward: one workgroup per (batch, query
+//! head, 32-query block), online softmax over 32-key tiles. Backward: a row pass (`D` next to
+//! the saved statistics); a pass with one workgroup per (batch, key/value head, 32-key block)
+//! that owns those rows of dK and dV and sums over the query heads of its group, then 32-query
+//! tiles, then rows, in that fixed order; a pass with one workgroup per 32-query block that
+//! owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are
+//! bit-identical.
 //! Nothing quadratic is stored; saved state is the inputs, the F32 output and two
 //! `[batch, q_heads, q_len]` statistics. The backward's scratch is [`attention_workspace_bytes`]
 //! (16 bytes per query row), checked against the engine's workspace bound.
@@ -78,8 +79,8 @@ pub static KERNEL: Kernel = Kernel {
     ],
 };
 
-/// Query rows (and keys) per tile.
-pub const TILE: usize = 16;
+/// Query rows and keys per tile (one workgroup owns a tile's rows).
+pub const TILE: usize = 32;
 /// Largest head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest query or key length.
@@ -196,8 +197,6 @@ struct Params {
     q_len: u32,
     k_len: u32,
     group: u32,
-    q_blocks: u32,
-    k_blocks: u32,
     q_sb: u32,
     q_sh: u32,
     q_ss: u32,
@@ -228,8 +227,6 @@ impl Plan {
             q_len: self.q_len as u32,
             k_len: self.k_len as u32,
             group: (self.q_heads / self.kv_heads.max(1)) as u32,
-            q_blocks: self.q_len.div_ceil(TILE) as u32,
-            k_blocks: self.k_len.div_ceil(TILE) as u32,
             q_sb,
             q_sh,
             q_ss,
@@ -490,7 +487,7 @@ pub fn attention_forward(
             row_max.buffer(),
             log_denominator.buffer(),
         ],
-        (plan.batch * plan.q_heads * plan.q_len.div_ceil(2 * TILE)) as u64,
+        (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
     )?;
     let saved = AttentionSaved {
         query: query.clone(),
@@ -583,7 +580,7 @@ pub fn attention_backward(saved: &AttentionSaved, d_output: &Tensor) -> Result<A
             row_info.buffer(),
             d_query.buffer(),
         ],
-        (plan.batch * plan.q_heads * plan.q_len.div_ceil(2 * TILE)) as u64,
+        (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
     )?;
     Ok(AttentionGradients {
         query: d_query,

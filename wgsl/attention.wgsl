@@ -29,7 +29,7 @@ override DTO: u32 = 0u;  // storage dtype of d_output
 override HD: u32 = 64u;  // head dim
 
 const WG: u32 = 256u;
-const TILE: u32 = 16u;   // query rows and keys per tile
+const TILE: u32 = 16u;   // lanes per row; tiles are 2·TILE rows and FK = 2·TILE columns
 const CW: u32 = 32u;     // head-dim columns per staged chunk
 const CS: u32 = 33u;     // row stride of a staged chunk (padded: no bank conflicts by row)
 const ACC: u32 = 16u;    // accumulators per invocation: 2 per chunk, HD ≤ 256
@@ -41,8 +41,6 @@ struct Params {
     q_len: u32,
     k_len: u32,
     group: u32,      // q_heads / kv_heads
-    q_blocks: u32,   // ceil(q_len / TILE)
-    k_blocks: u32,   // ceil(k_len / TILE)
     q_sb: u32,       // query-layout strides: batch, head, sequence (head dim is contiguous)
     q_sh: u32,
     q_ss: u32,
@@ -77,7 +75,6 @@ struct Params {
 @group(0) @binding(13) var<storage, read_write> grad_b: array<f32>;
 @group(0) @binding(14) var<storage, read_write> info_out: array<f32>;
 
-var<workgroup> tile_b: array<f32, 528>;   // [TILE][CS] chunk of key or value rows (dK/dV)
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
@@ -140,12 +137,12 @@ fn chunk_width(ch: u32) -> u32 {
     return min(CW, HD - ch * CW);
 }
 
-// Forward and dQ tiles: 2·TILE query rows × FK keys; the key chunk array holds the value
+// Tiles of 2·TILE query rows × FK keys (every pass); the key chunk array holds the value
 // chunk once the scores are done.
 const FK: u32 = 32u;
 var<workgroup> fwd_k: array<f32, 1056>;   // [FK][CS] chunk of key or value rows
 var<workgroup> fwd_q: array<f32, 1056>;   // [2·TILE][CS] chunk of query rows
-var<workgroup> fwd_s: array<f32, 1024>;   // [2·TILE][FK] raw scores, then probabilities
+var<workgroup> fwd_s: array<f32, 1024>;   // [2·TILE][FK] scores, probabilities or their gradients
 
 // Stage chunk ch of 2·TILE query rows from q0 into fwd_q; rows past the end and columns past
 // the head dim read as 0.
@@ -430,154 +427,136 @@ fn score_grad(b: u32, h: u32, qi: u32, kj: u32, s: f32, dp: f32) -> vec2<f32> {
     return vec2<f32>(p, p * (dp - delta));
 }
 
-// dK/dV tiles: FQ query rows at a time in bwd_q (query or d_output chunk), the key block's
-// chunk of key or value rows in tile_b.
-const FQ: u32 = 32u;
-var<workgroup> bwd_q: array<f32, 1056>;   // [FQ][CS]
-var<workgroup> bwd_p: array<f32, 512>;    // [FQ][TILE] probabilities
-var<workgroup> bwd_s: array<f32, 512>;    // [FQ][TILE] score gradients
-
-// Stage chunk ch of FQ rows from q0 of query (or of d_output, with `grad`) into bwd_q.
-fn stage_query_rows(lid: u32, ch: u32, q_base: u32, q0: u32, grad: bool) {
-    for (var e = lid; e < FQ * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var x = 0.0;
-        if (col < HD && q0 + rr < params.q_len) {
-            let i = q_base + (q0 + rr) * params.q_ss + col;
-            if (grad) {
-                x = load_do(i);
-            } else {
-                x = load_q(i);
-            }
-        }
-        bwd_q[rr * CS + e % CW] = x;
-    }
-}
-
-// Stage chunk ch of TILE rows from k0 of key (or of value, with `values`) into tile_b.
-fn stage_key_rows(lid: u32, ch: u32, k_base: u32, k0: u32, values: bool) {
-    for (var e = lid; e < TILE * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var x = 0.0;
-        if (col < HD && k0 + rr < params.k_len) {
-            let i = k_base + (k0 + rr) * params.k_ss + col;
-            if (values) {
-                x = load_v(i);
-            } else {
-                x = load_k(i);
-            }
-        }
-        tile_b[rr * CS + e % CW] = x;
-    }
-}
-
-// One workgroup per (batch, key/value head, block of TILE keys): owns those rows of d_key and
-// d_value and sums over the query heads of its group, then over tiles of FQ queries, then
-// over the rows of a tile, always in that order. Lane (j, t): key row j; score phase against
-// query rows t and t + 16 of the tile, accumulation phase columns 2t, 2t + 1 of each chunk.
+// One workgroup per (batch, key/value head, block of 2·TILE keys): owns those rows of d_key and
+// d_value and sums over the query heads of its group, then over tiles of 2·TILE queries, then
+// over the rows of a tile, always in that order. Lane (j, t): key rows j and j + 16; score
+// phase against query rows t and t + 16 of the tile, accumulation phase columns 2t, 2t + 1
+// of each chunk. fwd_q holds query-side chunks (query or d_output), fwd_k key-side chunks
+// (key or value), fwd_s the probabilities and then the score gradients, key-major.
 @compute @workgroup_size(256)
 fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
+    let k_tiles = (params.k_len + 2u * TILE - 1u) / (2u * TILE);
     let g = group_index(wid, nwg);
-    if (g >= params.batch * params.kv_heads * params.k_blocks) {
+    if (g >= params.batch * params.kv_heads * k_tiles) {
         return;
     }
-    let kb = g % params.k_blocks;
-    let bh = g / params.k_blocks;
+    let kb = g % k_tiles;
+    let bh = g / k_tiles;
     let kvh = bh % params.kv_heads;
     let b = bh / params.kv_heads;
     let j = lid / TILE;
     let t = lid % TILE;
-    let k0 = kb * TILE;
-    let k_last = min(k0 + TILE, params.k_len) - 1u;
-    let kj = k0 + j;
+    let k0 = kb * 2u * TILE;
+    let k_last = min(k0 + 2u * TILE, params.k_len) - 1u;
+    let ka = k0 + j;
+    let kc = ka + TILE;
     let k_base = b * params.k_sb + kvh * params.k_sh;
     let nch = chunks();
-    let q_tiles = (params.q_len + FQ - 1u) / FQ;
+    let q_tiles = (params.q_len + 2u * TILE - 1u) / (2u * TILE);
 
-    var dk: array<f32, ACC>;
-    var dv: array<f32, ACC>;
+    var dk_a: array<f32, ACC>;
+    var dk_c: array<f32, ACC>;
+    var dv_a: array<f32, ACC>;
+    var dv_c: array<f32, ACC>;
     for (var gi = 0u; gi < params.group; gi = gi + 1u) {
         let h = kvh * params.group + gi;
         let q_base = b * params.q_sb + h * params.q_sh;
         for (var qb = 0u; qb < q_tiles; qb = qb + 1u) {
-            let q0 = qb * FQ;
-            if (!block_visible(q0, min(q0 + FQ, params.q_len) - 1u, k0, k_last)) {
+            let q0 = qb * 2u * TILE;
+            if (!block_visible(q0, min(q0 + 2u * TILE, params.q_len) - 1u, k0, k_last)) {
                 continue;
             }
-            // Scores of key j against query rows t and t + 16, then the same for dO·v.
-            var s0 = 0.0;
-            var s1 = 0.0;
+            // (query t, key j), (t, j + 16), (t + 16, j), (t + 16, j + 16).
+            var sc = vec4<f32>(0.0);
             for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_query_rows(lid, ch, q_base, q0, false);
-                stage_key_rows(lid, ch, k_base, k0, false);
+                stage_query_wide(lid, ch, q_base, q0);
+                stage_kv_wide(lid, ch, k_base, k0, false);
                 workgroupBarrier();
-                let w = chunk_width(ch);
-                for (var c = 0u; c < w; c = c + 1u) {
-                    let kv = tile_b[j * CS + c];
-                    s0 = s0 + bwd_q[t * CS + c] * kv;
-                    s1 = s1 + bwd_q[(t + TILE) * CS + c] * kv;
-                }
+                sc = block_dots(t, j, ch, sc);
                 workgroupBarrier();
             }
-            var dp0 = 0.0;
-            var dp1 = 0.0;
+            var dp = vec4<f32>(0.0);
             for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_query_rows(lid, ch, q_base, q0, true);
-                stage_key_rows(lid, ch, k_base, k0, true);
+                stage_d_output_wide(lid, ch, q_base, q0);
+                stage_kv_wide(lid, ch, k_base, k0, true);
                 workgroupBarrier();
-                let w = chunk_width(ch);
-                for (var c = 0u; c < w; c = c + 1u) {
-                    let vv = tile_b[j * CS + c];
-                    dp0 = dp0 + bwd_q[t * CS + c] * vv;
-                    dp1 = dp1 + bwd_q[(t + TILE) * CS + c] * vv;
-                }
+                dp = block_dots(t, j, ch, dp);
                 workgroupBarrier();
             }
-            let pd0 = score_grad(b, h, q0 + t, kj, s0, dp0);
-            let pd1 = score_grad(b, h, q0 + t + TILE, kj, s1, dp1);
-            bwd_p[t * TILE + j] = pd0.x;
-            bwd_s[t * TILE + j] = pd0.y;
-            bwd_p[(t + TILE) * TILE + j] = pd1.x;
-            bwd_s[(t + TILE) * TILE + j] = pd1.y;
-            workgroupBarrier();
-            // dV += Pᵀ dO, then dK += dSᵀ Q, chunk by chunk.
+            let qt = q0 + t;
+            let qu = qt + TILE;
+            let g00 = score_grad(b, h, qt, ka, sc.x, dp.x);
+            let g01 = score_grad(b, h, qt, kc, sc.y, dp.y);
+            let g10 = score_grad(b, h, qu, ka, sc.z, dp.z);
+            let g11 = score_grad(b, h, qu, kc, sc.w, dp.w);
+            // dV += Pᵀ dO.
+            fwd_s[j * FK + t] = g00.x;
+            fwd_s[(j + TILE) * FK + t] = g01.x;
+            fwd_s[j * FK + t + TILE] = g10.x;
+            fwd_s[(j + TILE) * FK + t + TILE] = g11.x;
             for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_query_rows(lid, ch, q_base, q0, true);
+                stage_d_output_wide(lid, ch, q_base, q0);
                 workgroupBarrier();
                 if (2u * t < chunk_width(ch)) {
-                    var v_0 = dv[2u * ch];
-                    var v_1 = dv[2u * ch + 1u];
-                    for (var i = 0u; i < FQ; i = i + 1u) {
-                        let p = bwd_p[i * TILE + j];
-                        v_0 = v_0 + p * bwd_q[i * CS + 2u * t];
-                        v_1 = v_1 + p * bwd_q[i * CS + 2u * t + 1u];
+                    var a0 = dv_a[2u * ch];
+                    var a1 = dv_a[2u * ch + 1u];
+                    var c0 = dv_c[2u * ch];
+                    var c1 = dv_c[2u * ch + 1u];
+                    for (var i = 0u; i < FK; i = i + 1u) {
+                        let pa = fwd_s[j * FK + i];
+                        let pc = fwd_s[(j + TILE) * FK + i];
+                        let x0 = fwd_q[i * CS + 2u * t];
+                        let x1 = fwd_q[i * CS + 2u * t + 1u];
+                        a0 = a0 + pa * x0;
+                        a1 = a1 + pa * x1;
+                        c0 = c0 + pc * x0;
+                        c1 = c1 + pc * x1;
                     }
-                    dv[2u * ch] = v_0;
-                    dv[2u * ch + 1u] = v_1;
+                    dv_a[2u * ch] = a0;
+                    dv_a[2u * ch + 1u] = a1;
+                    dv_c[2u * ch] = c0;
+                    dv_c[2u * ch + 1u] = c1;
                 }
                 workgroupBarrier();
             }
+            // dK += dSᵀ Q (scaled at the end).
+            fwd_s[j * FK + t] = g00.y;
+            fwd_s[(j + TILE) * FK + t] = g01.y;
+            fwd_s[j * FK + t + TILE] = g10.y;
+            fwd_s[(j + TILE) * FK + t + TILE] = g11.y;
             for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_query_rows(lid, ch, q_base, q0, false);
+                stage_query_wide(lid, ch, q_base, q0);
                 workgroupBarrier();
                 if (2u * t < chunk_width(ch)) {
-                    var k_0 = dk[2u * ch];
-                    var k_1 = dk[2u * ch + 1u];
-                    for (var i = 0u; i < FQ; i = i + 1u) {
-                        let ds = bwd_s[i * TILE + j];
-                        k_0 = k_0 + ds * bwd_q[i * CS + 2u * t];
-                        k_1 = k_1 + ds * bwd_q[i * CS + 2u * t + 1u];
+                    var a0 = dk_a[2u * ch];
+                    var a1 = dk_a[2u * ch + 1u];
+                    var c0 = dk_c[2u * ch];
+                    var c1 = dk_c[2u * ch + 1u];
+                    for (var i = 0u; i < FK; i = i + 1u) {
+                        let da = fwd_s[j * FK + i];
+                        let dc = fwd_s[(j + TILE) * FK + i];
+                        let x0 = fwd_q[i * CS + 2u * t];
+                        let x1 = fwd_q[i * CS + 2u * t + 1u];
+                        a0 = a0 + da * x0;
+                        a1 = a1 + da * x1;
+                        c0 = c0 + dc * x0;
+                        c1 = c1 + dc * x1;
                     }
-                    dk[2u * ch] = k_0;
-                    dk[2u * ch + 1u] = k_1;
+                    dk_a[2u * ch] = a0;
+                    dk_a[2u * ch + 1u] = a1;
+                    dk_c[2u * ch] = c0;
+                    dk_c[2u * ch + 1u] = c1;
                 }
                 workgroupBarrier();
             }
         }
     }
+    write_dkdv(ka, t, k_base, nch, dk_a, dv_a);
+    write_dkdv(kc, t, k_base, nch, dk_c, dv_c);
+}
+
+fn write_dkdv(kj: u32, t: u32, k_base: u32, nch: u32, dk: array<f32, ACC>, dv: array<f32, ACC>) {
     if (kj >= params.k_len) {
         return;
     }
