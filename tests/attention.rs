@@ -3,7 +3,7 @@
 //! row statistics and dq/dk/dv for F32, F16 and BF16 storage; grouped heads 1/2/4; causal with
 //! the default (bottom-right) and top-left offsets, query_len < key_len and > key_len; masks
 //! with fully masked rows in every broadcast shape; sliding windows; lengths 1/17/65/200 (not
-//! multiples of the 16-row tile); head dims 8/32/72/128/256; a 1e4 common score offset; the
+//! multiples of the 32-row tile); head dims 8/32/72/128/256; a 1e4 common score offset; the
 //! [B,S,H,D] layout; bit-identical reruns; finite differences of the reference backward;
 //! workspace bound; empty shapes; every documented bad input's error.
 //!
