@@ -323,6 +323,12 @@ fn grouped_query_ratios_1_2_4() {
         s.seed = 20 + kv as u64;
         check(&format!("4 query heads on {kv}"), &s);
     }
+    // Several query and key tiles, causal (tiles skipped), with the cotangent in F16.
+    let mut s = Setup::new(dims(1, 4, 1, 40, 70, 16));
+    s.causal = true;
+    s.grad_dtype = DType::F16;
+    s.seed = 25;
+    check("4 query heads on 1, causal, 40 x 70", &s);
 }
 
 #[test]
