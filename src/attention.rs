@@ -135,7 +135,8 @@ pub struct AttentionSaved {
 }
 
 impl AttentionSaved {
-    /// The unrounded output, F32, in the query's shape and layout.
+    /// The unrounded output, F32, in the query's shape and layout (for an F32 query, the same
+    /// tensor as the returned output: no second copy is kept).
     pub fn output_f32(&self) -> &Tensor {
         &self.output_f32
     }
@@ -212,7 +213,7 @@ struct Params {
     hi: i32,
     scale: f32,
     rows: u32,
-    pad: u32,
+    same_output: u32,
 }
 
 impl Plan {
@@ -242,7 +243,7 @@ impl Plan {
             hi: self.hi,
             scale: self.scale,
             rows: self.rows() as u32,
-            pad: 0,
+            same_output: u32::from(self.dtype == DType::F32),
         }
     }
 
@@ -468,7 +469,20 @@ pub fn attention_forward(
     let engine = query.engine();
     let stats_shape = [plan.batch, plan.q_heads, plan.q_len];
     let output = Tensor::empty(engine, query.shape(), plan.dtype, "attention output")?;
-    let output_f32 = Tensor::empty(engine, query.shape(), DType::F32, "attention saved output")?;
+    // An F32 output is the saved output itself (tensors are immutable): the kernel writes it
+    // once and the unused binding gets a one-word placeholder.
+    let output_f32 = if plan.dtype == DType::F32 {
+        output.clone()
+    } else {
+        Tensor::empty(engine, query.shape(), DType::F32, "attention saved output")?
+    };
+    let placeholder;
+    let output_f32_binding = if plan.dtype == DType::F32 {
+        placeholder = Tensor::empty(engine, &[1], DType::F32, "attention placeholder")?;
+        placeholder.buffer()
+    } else {
+        output_f32.buffer()
+    };
     let row_max = Tensor::empty(engine, &stats_shape, DType::F32, "attention row max")?;
     let log_denominator = Tensor::empty(engine, &stats_shape, DType::F32, "attention log den")?;
     let mask_buffer = options.mask.as_ref().unwrap_or(query).buffer();
@@ -483,7 +497,7 @@ pub fn attention_forward(
             value.buffer(),
             mask_buffer,
             output.buffer(),
-            output_f32.buffer(),
+            output_f32_binding,
             row_max.buffer(),
             log_denominator.buffer(),
         ],

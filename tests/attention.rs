@@ -910,3 +910,30 @@ fn outputs_past_the_binding_limit_are_refused() {
         other => panic!("expected LimitExceeded, got {other:?}"),
     }
 }
+
+#[test]
+fn saved_state_is_the_output_and_two_row_statistics() {
+    // Nothing quadratic is kept: a forward leaves the output, the F32 output (the same tensor
+    // for an F32 query) and 2 × 4 bytes per query row alive.
+    let e = private_engine();
+    let (q_len, k_len, d) = (64, 96, 32);
+    for dtype in [DType::F32, DType::BF16] {
+        let q = Tensor::zeros(&e, &[1, 2, q_len, d], dtype).unwrap();
+        let k = Tensor::zeros(&e, &[1, 1, k_len, d], dtype).unwrap();
+        e.synchronize().unwrap();
+        let before = e.memory().live_bytes;
+        let (out, saved) = attention_forward(&q, &k, &k, &AttentionOptions::default()).unwrap();
+        let grew = e.memory().live_bytes - before;
+        let f32_bytes = (2 * q_len * d * 4) as u64;
+        let stats = 2 * (2 * q_len * 4) as u64;
+        let expected = match dtype {
+            DType::F32 => f32_bytes + stats,
+            _ => f32_bytes / 2 + f32_bytes + stats,
+        };
+        assert_eq!(grew, expected, "{dtype}");
+        assert_eq!(saved.output_f32().dtype(), DType::F32);
+        if dtype == DType::F32 {
+            assert_eq!(common::f32_bits(&out), common::f32_bits(saved.output_f32()));
+        }
+    }
+}

@@ -56,7 +56,7 @@ struct Params {
     hi: i32,
     scale: f32,
     rows: u32,       // batch · q_heads · q_len (delta pass)
-    pad: u32,
+    same_output: u32, // F32 query: the output is the saved output, output_f32 is not written
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -368,8 +368,10 @@ fn write_row(b: u32, h: u32, qi: u32, t: u32, q_base: u32, nch: u32, acc: array<
             let o0 = acc[2u * ch] * inv;
             let o1 = acc[2u * ch + 1u] * inv;
             let idx = o_base + col;
-            output_f32[idx] = o0;
-            output_f32[idx + 1u] = o1;
+            if (params.same_output == 0u) {
+                output_f32[idx] = o0;
+                output_f32[idx + 1u] = o1;
+            }
             if (DT == DT_F32) {
                 output[idx] = bitcast<u32>(o0);
                 output[idx + 1u] = bitcast<u32>(o1);
