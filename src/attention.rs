@@ -561,7 +561,7 @@ pub fn attention_backward(saved: &AttentionSaved, d_output: &Tensor) -> Result<A
             saved.log_denominator.buffer(),
             row_info.buffer(),
         ],
-        (plan.rows() as u64).div_ceil(256),
+        (plan.rows() as u64).div_ceil(16),
     )?;
     engine.launch(
         &KERNEL,

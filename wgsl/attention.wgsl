@@ -392,27 +392,43 @@ fn write_row(b: u32, h: u32, qi: u32, t: u32, q_base: u32, nch: u32, acc: array<
 }
 
 // Row statistics for the backward: info_out[row] = (row_max, log_den, delta, 0) with
-// delta = Σ_d d_output · saved_output (the unrounded F32 output), in column order.
+// delta = Σ_d d_output · saved_output (the unrounded F32 output). One workgroup per TILE rows,
+// TILE lanes per row: lane t sums columns t, t + TILE, ... in order (coalesced reads), then
+// lane 0 adds the TILE partial sums in lane order.
+var<workgroup> delta_parts: array<f32, 256>;
+
 @compute @workgroup_size(256)
 fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg) * WG + lid;
-    if (row >= params.rows) {
+    let first = group_index(wid, nwg) * TILE;
+    if (first >= params.rows) {
         return;
     }
-    let qi = row % params.q_len;
-    let bh = row / params.q_len;
-    let h = bh % params.q_heads;
-    let b = bh / params.q_heads;
-    let base = b * params.q_sb + h * params.q_sh + qi * params.q_ss;
-    var delta = 0.0;
-    for (var c = 0u; c < HD; c = c + 1u) {
-        delta = delta + load_do(base + c) * saved_output[base + c];
+    let row = first + lid / TILE;
+    let t = lid % TILE;
+    var part = 0.0;
+    if (row < params.rows) {
+        let qi = row % params.q_len;
+        let bh = row / params.q_len;
+        let h = bh % params.q_heads;
+        let b = bh / params.q_heads;
+        let base = b * params.q_sb + h * params.q_sh + qi * params.q_ss;
+        for (var c = t; c < HD; c = c + TILE) {
+            part = part + load_do(base + c) * saved_output[base + c];
+        }
     }
-    info_out[4u * row] = row_max[row];
-    info_out[4u * row + 1u] = log_den[row];
-    info_out[4u * row + 2u] = delta;
-    info_out[4u * row + 3u] = 0.0;
+    delta_parts[lid] = part;
+    workgroupBarrier();
+    if (t == 0u && row < params.rows) {
+        var delta = 0.0;
+        for (var i = 0u; i < TILE; i = i + 1u) {
+            delta = delta + delta_parts[lid + i];
+        }
+        info_out[4u * row] = row_max[row];
+        info_out[4u * row + 1u] = log_den[row];
+        info_out[4u * row + 2u] = delta;
+        info_out[4u * row + 3u] = 0.0;
+    }
 }
 
 // Score, probability and score gradient of (query qi, key kj) from the staged chunks of the
