@@ -16,13 +16,14 @@
 // dQ and dK are accumulated unscaled and multiplied by the scale once at the end. A query row
 // with no visible key has output 0, m = log l = −∞ and zero gradients.
 //
-// Work split: 256 invocations = 16 rows × 16 lanes; tiles are 32 queries × 32 keys in the
-// forward and dQ (two rows per lane), 16 keys × 32 queries in dK/dV. In the score phase lane (r, t)
-// computes the scores of its row r against columns t and t + 16 of the tile; in the
-// accumulation phase it owns the column pairs (32·c + 2t, 32·c + 2t + 1) of its row for each
-// 32-column head-dim chunk c, so a 16-bit output word always belongs to one invocation. Head
-// dims are multiples of 8 up to 256 (8 chunks, 16 accumulators per invocation). Staged rows
-// are padded to 33 floats so that lanes reading different rows hit different banks.
+// Work split: 256 invocations = 16 row lanes × 16 column lanes; every pass works on tiles of
+// 32 rows × 32 columns (forward, dQ: queries × keys; dK/dV: keys × queries). Lane (r, t)
+// owns rows r and r + 16: in the score phase it computes their scores against columns t and
+// t + 16 of the tile (a 2 × 2 block); in the accumulation phase it owns the column pairs
+// (32·c + 2t, 32·c + 2t + 1) of both rows for each 32-column head-dim chunk c, so a 16-bit
+// output word always belongs to one invocation. Head dims are multiples of 8 up to 256
+// (8 chunks, 16 accumulators per row and invocation). Staged rows are padded to 33 floats so
+// that lanes reading different rows hit different banks.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
