@@ -318,6 +318,7 @@ fn run(args: &Args) -> Result<Report> {
         Box::new(|| pointwise_operators(&engine, args.quick)),
         Box::new(|| loss_operators(&engine, args.quick)),
         Box::new(|| gated_delta_ops(&engine, args.quick)),
+        Box::new(|| attention_ops(&engine, args.quick)),
     ];
     for op in families.iter().flat_map(|family| match family() {
         Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -832,4 +833,84 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         }
     }
     Ok(ops)
+}
+
+/// Attention at B4 H32 S2048 D128 and B1 H16 S8192 D128 (`--quick`: small), causal F32/BF16 and
+/// full F32, forward and forward+backward.
+fn attention_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    Ok(vec![
+        attention_op(engine, quick, 0, DType::F32, true, false)?,
+        attention_op(engine, quick, 0, DType::F32, true, true)?,
+        attention_op(engine, quick, 0, DType::BF16, true, false)?,
+        attention_op(engine, quick, 0, DType::BF16, true, true)?,
+        attention_op(engine, quick, 0, DType::F32, false, false)?,
+        attention_op(engine, quick, 0, DType::F32, false, true)?,
+        attention_op(engine, quick, 1, DType::F32, true, false)?,
+        attention_op(engine, quick, 1, DType::F32, true, true)?,
+        attention_op(engine, quick, 1, DType::BF16, true, false)?,
+        attention_op(engine, quick, 1, DType::BF16, true, true)?,
+        attention_op(engine, quick, 1, DType::F32, false, false)?,
+        attention_op(engine, quick, 1, DType::F32, false, true)?,
+    ])
+}
+
+/// Attention shapes `[batch, heads, seq, head_dim]` of the bench: B4 H32 S2048 D128 and
+/// B1 H16 S8192 D128 (`--quick`: B1 H2 S128 D64 and B1 H1 S256 D64).
+const ATTENTION_SHAPES: [[usize; 4]; 2] = [[4, 32, 2048, 128], [1, 16, 8192, 128]];
+const ATTENTION_QUICK_SHAPES: [[usize; 4]; 2] = [[1, 2, 128, 64], [1, 1, 256, 64]];
+
+/// One attention row: forward (`backward` false) or forward + backward, causal or full, on
+/// query = key = value-shaped inputs of `dtype`. Time per run is in the table; FLOPs per run
+/// are `wgrad::attention::attention_flops` (×3.5 with the backward), printed to stderr.
+fn attention_op(
+    engine: &Engine,
+    quick: bool,
+    which: usize,
+    dtype: DType,
+    causal: bool,
+    backward: bool,
+) -> Result<Op> {
+    use wgrad::attention::{
+        AttentionOptions, attention_backward, attention_flops, attention_forward,
+    };
+    let shape = if quick {
+        ATTENTION_QUICK_SHAPES[which]
+    } else {
+        ATTENTION_SHAPES[which]
+    };
+    let len: usize = shape.iter().product();
+    let make = |seed: usize| -> Result<Tensor> {
+        let data: Vec<f32> = (0..len)
+            .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 128.0)
+            .collect();
+        cast::cast(&Tensor::from_slice(engine, &data, &shape)?, dtype)
+    };
+    let inputs = vec![make(1)?, make(2)?, make(3)?, make(4)?];
+    let flops = attention_flops(shape[0], shape[1], shape[2], shape[2], shape[3], causal)
+        * if backward { 3.5 } else { 1.0 };
+    let name = if backward {
+        "attention_fwd_bwd"
+    } else {
+        "attention_fwd"
+    };
+    let label = match (dtype, causal) {
+        (DType::BF16, true) => "bf16 causal",
+        (DType::BF16, false) => "bf16 full",
+        (_, true) => "f32 causal",
+        (_, false) => "f32 full",
+    };
+    eprintln!("  {name} {label} {shape:?}: {:.3e} FLOP per run", flops);
+    Ok(Op::new(name, label, inputs, move |i| {
+        let options = AttentionOptions {
+            causal,
+            ..Default::default()
+        };
+        let (out, saved) = attention_forward(&i[0], &i[1], &i[2], &options)?;
+        if backward {
+            let g = attention_backward(&saved, &i[3])?;
+            Ok(vec![out, g.query, g.key, g.value])
+        } else {
+            Ok(vec![out, saved.output_f32().clone()])
+        }
+    }))
 }

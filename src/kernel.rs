@@ -76,6 +76,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::rope::KERNEL,
         &crate::loss::KERNEL,
         &crate::gated_delta::KERNEL,
+        &crate::attention::KERNEL,
     ];
     REGISTRY
 }

@@ -17,6 +17,7 @@
 //! ```
 
 pub mod activation;
+pub mod attention;
 pub mod bench;
 pub mod cast;
 pub mod check;

@@ -3,6 +3,7 @@
 //! storage dtype. The `check` example prints it; a test makes sure every registered kernel is
 //! covered by some check.
 
+mod attention;
 mod gated_delta;
 mod loss;
 mod norm;
@@ -64,6 +65,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(pointwise::operators())
     .chain(loss::operators())
     .chain(gated_delta::operators())
+    .chain(attention::operators())
     .collect()
 }
 

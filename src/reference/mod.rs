@@ -3,6 +3,7 @@
 //! the benches, and public so users can reuse them.
 
 pub mod activation;
+pub mod attention;
 pub mod gated_delta;
 pub mod loss;
 pub mod norm;

@@ -1,0 +1,640 @@
+//! Stable softmax attention: a tiled forward with online softmax and a deterministic,
+//! atomic-free backward.
+//!
+//! `output[b, h, i] = Σ_j softmax_j(scale · q_i·k_j) · v_j` over the keys `j` that query `i`
+//! sees, with grouped-query heads (query head `h` reads key/value head `h / (q_heads /
+//! kv_heads)`).
+//!
+//! # Shapes and layouts
+//!
+//! [`AttentionLayout::BatchHeadSeq`] (the default): query `[batch, q_heads, q_len, head_dim]`,
+//! key and value `[batch, kv_heads, k_len, head_dim]`. [`AttentionLayout::BatchSeqHead`]:
+//! query `[batch, q_len, q_heads, head_dim]`, key and value `[batch, k_len, kv_heads,
+//! head_dim]`, read in place through strides (no copy). The output, the saved F32 output and
+//! the gradients have the shapes and layout of the tensors they belong to; the saved row
+//! statistics are `[batch, q_heads, q_len]` in either layout.
+//!
+//! * `q_heads` a multiple of `kv_heads` (≥ 1); head dims every multiple of 8 from 8 to 256;
+//!   query and key lengths independent, each at most 2²⁴ (zero allowed).
+//! * Query, key and value share one storage dtype (F32, F16 or BF16); the cotangent may have
+//!   any float dtype. The output has the query's dtype; the saved output, the statistics and
+//!   every gradient are F32.
+//!
+//! # Which keys a query sees
+//!
+//! Query `i` is aligned with key `i + offset`, where `offset` is
+//! [`AttentionOptions::causal_offset`] (default `k_len − q_len`: the queries are the last
+//! `q_len` positions of the key sequence, as with a cache; `0` is top-left alignment). With
+//! `rel = j − i − offset`, key `j` is visible when all of these hold:
+//! * `causal`: `rel ≤ 0`;
+//! * sliding window: `rel ≥ −window_left` and `rel ≤ window_right` (each side optional);
+//! * mask: `mask[i, j] ≠ 0` (boolean / u8 semantics, *not* an additive bias).
+//!
+//! A query with no visible key gets output 0, row maximum and log denominator −∞, and
+//! contributes nothing to any gradient (its own gradients are 0).
+//!
+//! # Masks
+//!
+//! A mask is a U32 (or I32) tensor with **one 32-bit element per (query, key)**, nonzero =
+//! visible, of shape `[q_len, k_len]` (broadcast over batch and heads) or
+//! `[mb, mh, q_len, k_len]` with `mb` ∈ {1, batch} and `mh` ∈ {1, q_heads} (broadcast along
+//! the axes of size 1). [`mask_from_bools`] and [`mask_from_u8`] build one from host data.
+//!
+//! # Numerics
+//!
+//! Scores stay raw (unscaled) in FP32; each row keeps its raw maximum `m` and
+//! `l = Σ exp(scale·(s − m))`, subtracting the raw maximum before the scale is applied, and the
+//! forward saves `m` and `log l` separately (so a large common score offset costs nothing).
+//! Accumulation is FP32 and the saved output is the unrounded FP32 output. The backward uses
+//! `P = exp(scale·(s − m) − log l)`, `D = rowsum(dO ∘ O)`, `dS = P ∘ (dO·Vᵀ − D)` and applies
+//! the scale to dQ and dK once after accumulation. The scale defaults to `1/sqrt(head_dim)` and
+//! must be finite and positive.
+//!
+//! # Schedule and determinism
+//!
+//! Every pass works on 32 × 32 tiles with 256 invocations, each computing a 2 × 2 block of
+//! scores and 2 rows × 2 columns of its accumulators; head-dim chunks of 32 columns are staged
+//! in workgroup memory (rows padded against bank conflicts; 12.5 KiB per workgroup). Tiles
+//! the causal/window band hides entirely are skipped. Forward: one workgroup per (batch, query
+//! head, 32-query block), online softmax over 32-key tiles. Backward: a row pass (`D` next to
+//! the saved statistics); a pass with one workgroup per (batch, key/value head, 32-key block)
+//! that owns those rows of dK and dV and sums over the query heads of its group, then 32-query
+//! tiles, then rows, in that fixed order; a pass with one workgroup per 32-query block that
+//! owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are
+//! bit-identical.
+//! Nothing quadratic is stored; saved state is the inputs, the F32 output and two
+//! `[batch, q_heads, q_len]` statistics. The backward's scratch is [`attention_workspace_bytes`]
+//! (16 bytes per query row), checked against the engine's workspace bound.
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Constants, Kernel};
+use crate::{DType, Engine, Error, Result, Tensor};
+
+/// `wgsl/attention.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "attention",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        include_str!("../wgsl/attention.wgsl"),
+    ],
+};
+
+/// Query rows and keys per tile (one workgroup owns a tile's rows).
+pub const TILE: usize = 32;
+/// Largest head dim.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Largest query or key length.
+pub const MAX_LEN: usize = 1 << 24;
+/// Window extents and offsets at or past this are unbounded.
+const UNBOUNDED: i64 = 1 << 30;
+
+/// Memory layout of query, key and value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionLayout {
+    /// `[batch, heads, sequence, head_dim]`.
+    #[default]
+    BatchHeadSeq,
+    /// `[batch, sequence, heads, head_dim]`, read through strides.
+    BatchSeqHead,
+}
+
+/// Options of [`attention_forward`]. `Default` is full (non-causal) attention, scale
+/// `1/sqrt(head_dim)`, `[batch, heads, sequence, head_dim]`.
+#[derive(Debug, Clone, Default)]
+pub struct AttentionOptions {
+    /// Key `j` is hidden from query `i` when `j > i + offset`.
+    pub causal: bool,
+    /// The diagonal used by `causal` and the window: query `i` is aligned with key
+    /// `i + offset`. `None` (default) = `k_len − q_len`; `Some(0)` = top-left. At most 2²⁴ in
+    /// magnitude.
+    pub causal_offset: Option<i64>,
+    /// Score scale; `None` (default) = `1/sqrt(head_dim)`. Finite and positive.
+    pub scale: Option<f64>,
+    /// Boolean mask, one U32/I32 element per (query, key), nonzero = visible; see the module
+    /// documentation for the accepted shapes.
+    pub mask: Option<Tensor>,
+    /// Sliding window: keys more than this many positions left of the diagonal are hidden.
+    pub window_left: Option<usize>,
+    /// Sliding window: keys more than this many positions right of the diagonal are hidden.
+    pub window_right: Option<usize>,
+    /// Layout of query, key and value (and of the output and gradients).
+    pub layout: AttentionLayout,
+}
+
+/// What the backward needs: the inputs, the unrounded F32 output and the row statistics.
+#[derive(Debug, Clone)]
+pub struct AttentionSaved {
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Option<Tensor>,
+    output_f32: Tensor,
+    row_max: Tensor,
+    log_denominator: Tensor,
+    plan: Plan,
+}
+
+impl AttentionSaved {
+    /// The unrounded output, F32, in the query's shape and layout (for an F32 query, the same
+    /// tensor as the returned output: no second copy is kept).
+    pub fn output_f32(&self) -> &Tensor {
+        &self.output_f32
+    }
+    /// Raw (unscaled) maximum score of each query row, `[batch, q_heads, q_len]`, F32
+    /// (−∞ for a row that sees no key).
+    pub fn row_max(&self) -> &Tensor {
+        &self.row_max
+    }
+    /// `log Σ_j exp(scale·(s_j − row_max))` of each query row, `[batch, q_heads, q_len]`, F32
+    /// (−∞ for a row that sees no key).
+    pub fn log_denominator(&self) -> &Tensor {
+        &self.log_denominator
+    }
+    /// The scale that was applied.
+    pub fn scale(&self) -> f32 {
+        self.plan.scale
+    }
+    /// The diagonal offset that was used (resolved default).
+    pub fn causal_offset(&self) -> i64 {
+        i64::from(self.plan.offset)
+    }
+}
+
+/// Gradients of [`attention_backward`], F32, in the shapes and layout of the inputs.
+#[derive(Debug, Clone)]
+pub struct AttentionGradients {
+    /// d loss / d query.
+    pub query: Tensor,
+    /// d loss / d key (summed over the query heads sharing each key/value head).
+    pub key: Tensor,
+    /// d loss / d value (summed likewise).
+    pub value: Tensor,
+}
+
+/// Resolved shape, strides and visibility of one call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Plan {
+    batch: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    q_len: usize,
+    k_len: usize,
+    head_dim: usize,
+    q_strides: [usize; 3],
+    k_strides: [usize; 3],
+    m_strides: [usize; 3],
+    offset: i32,
+    lo: i32,
+    hi: i32,
+    scale: f32,
+    dtype: DType,
+}
+
+#[derive(encase::ShaderType)]
+struct Params {
+    batch: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    q_len: u32,
+    k_len: u32,
+    group: u32,
+    q_sb: u32,
+    q_sh: u32,
+    q_ss: u32,
+    k_sb: u32,
+    k_sh: u32,
+    k_ss: u32,
+    m_sb: u32,
+    m_sh: u32,
+    m_sq: u32,
+    has_mask: u32,
+    offset: i32,
+    lo: i32,
+    hi: i32,
+    scale: f32,
+    rows: u32,
+    same_output: u32,
+}
+
+impl Plan {
+    fn params(&self, has_mask: bool) -> Params {
+        let [q_sb, q_sh, q_ss] = self.q_strides.map(|s| s as u32);
+        let [k_sb, k_sh, k_ss] = self.k_strides.map(|s| s as u32);
+        let [m_sb, m_sh, m_sq] = self.m_strides.map(|s| s as u32);
+        Params {
+            batch: self.batch as u32,
+            q_heads: self.q_heads as u32,
+            kv_heads: self.kv_heads as u32,
+            q_len: self.q_len as u32,
+            k_len: self.k_len as u32,
+            group: (self.q_heads / self.kv_heads.max(1)) as u32,
+            q_sb,
+            q_sh,
+            q_ss,
+            k_sb,
+            k_sh,
+            k_ss,
+            m_sb,
+            m_sh,
+            m_sq,
+            has_mask: u32::from(has_mask),
+            offset: self.offset,
+            lo: self.lo,
+            hi: self.hi,
+            scale: self.scale,
+            rows: self.rows() as u32,
+            same_output: u32::from(self.dtype == DType::F32),
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.batch * self.q_heads * self.q_len
+    }
+
+    fn constants(&self, d_output: DType) -> Constants {
+        vec![
+            ("DT", f64::from(self.dtype.code())),
+            ("DTO", f64::from(d_output.code())),
+            ("HD", self.head_dim as f64),
+        ]
+    }
+}
+
+/// Strides (batch, head, sequence) of a 4-axis tensor in `layout`, and its
+/// (batch, heads, sequence, head_dim).
+fn dims(shape: &[usize], layout: AttentionLayout) -> ([usize; 4], [usize; 3]) {
+    let [a, b, c, d] = [shape[0], shape[1], shape[2], shape[3]];
+    match layout {
+        AttentionLayout::BatchHeadSeq => ([a, b, c, d], [b * c * d, c * d, d]),
+        AttentionLayout::BatchSeqHead => ([a, c, b, d], [b * c * d, d, c * d]),
+    }
+}
+
+fn float_dtype(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+    }
+}
+
+fn rank4(t: &Tensor, what: &str) -> Result<()> {
+    if t.shape().len() == 4 {
+        return Ok(());
+    }
+    // Only the rank is wrong: the expected shape has four (free) axes.
+    Err(Error::ShapeMismatch {
+        what: format!("{what}: rank (a 4-axis tensor)"),
+        expected: vec![0; 4],
+        got: t.shape().to_vec(),
+    })
+}
+
+/// Check every input of a forward and resolve its plan.
+fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions) -> Result<Plan> {
+    let engine = query.engine();
+    key.check_engine(engine, "attention: key")?;
+    value.check_engine(engine, "attention: value")?;
+    float_dtype(query, "attention: query")?;
+    if key.dtype() != query.dtype() {
+        return Err(Error::dtype(
+            "attention: key",
+            key.dtype(),
+            &[query.dtype()],
+        ));
+    }
+    if value.dtype() != query.dtype() {
+        return Err(Error::dtype(
+            "attention: value",
+            value.dtype(),
+            &[query.dtype()],
+        ));
+    }
+    let layout = options.layout;
+    rank4(query, "attention: query")?;
+    rank4(key, "attention: key")?;
+    if value.shape() != key.shape() {
+        return Err(Error::shape("attention: value", key.shape(), value.shape()));
+    }
+    let ([batch, q_heads, q_len, head_dim], q_strides) = dims(query.shape(), layout);
+    let ([k_batch, kv_heads, k_len, k_dim], k_strides) = dims(key.shape(), layout);
+    if k_batch != batch || k_dim != head_dim {
+        let mut expected = key.shape().to_vec();
+        expected[0] = batch;
+        expected[3] = head_dim;
+        return Err(Error::shape("attention: key", &expected, key.shape()));
+    }
+    if !(8..=MAX_HEAD_DIM).contains(&head_dim) {
+        return Err(Error::bounds(
+            "attention: head_dim",
+            head_dim as u64,
+            8,
+            MAX_HEAD_DIM as u64,
+        ));
+    }
+    if head_dim % 8 != 0 {
+        return Err(Error::InvalidValue {
+            what: "attention: head_dim".into(),
+            got: head_dim as f64,
+            rule: "a multiple of 8 from 8 to 256".into(),
+        });
+    }
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        return Err(Error::InvalidValue {
+            what: "attention: query heads".into(),
+            got: q_heads as f64,
+            rule: format!("a multiple of the key/value heads ({kv_heads})"),
+        });
+    }
+    for (what, len) in [("attention: q_len", q_len), ("attention: k_len", k_len)] {
+        if len > MAX_LEN {
+            return Err(Error::bounds(what, len as u64, 0, MAX_LEN as u64));
+        }
+    }
+    for (what, t) in [("attention: query", query), ("attention: key", key)] {
+        if t.len() as u64 > u64::from(u32::MAX) {
+            return Err(Error::bounds(
+                format!("{what}: elements"),
+                t.len() as u64,
+                0,
+                u64::from(u32::MAX),
+            ));
+        }
+    }
+    let offset = options.causal_offset.unwrap_or(k_len as i64 - q_len as i64);
+    if offset.unsigned_abs() > MAX_LEN as u64 {
+        return Err(Error::InvalidValue {
+            what: "attention: causal_offset".into(),
+            got: offset as f64,
+            rule: format!("at most {MAX_LEN} in magnitude"),
+        });
+    }
+    let scale = options.scale.unwrap_or(1.0 / (head_dim as f64).sqrt());
+    if !(scale.is_finite() && scale > 0.0 && (scale as f32).is_normal()) {
+        return Err(Error::InvalidValue {
+            what: "attention: scale".into(),
+            got: scale,
+            rule: "finite, positive and a normal f32".into(),
+        });
+    }
+    let clamp = |w: Option<usize>| w.map_or(UNBOUNDED, |w| (w as i64).min(UNBOUNDED));
+    let lo = -clamp(options.window_left);
+    let mut hi = clamp(options.window_right);
+    if options.causal {
+        hi = hi.min(0);
+    }
+    let mut m_strides = [0; 3];
+    if let Some(mask) = &options.mask {
+        mask.check_engine(engine, "attention: mask")?;
+        if !matches!(mask.dtype(), DType::U32 | DType::I32) {
+            return Err(Error::dtype(
+                "attention: mask",
+                mask.dtype(),
+                &[DType::U32, DType::I32],
+            ));
+        }
+        let s = mask.shape();
+        let ok = match s.len() {
+            2 => s == [q_len, k_len],
+            4 => {
+                (s[0] == 1 || s[0] == batch)
+                    && (s[1] == 1 || s[1] == q_heads)
+                    && s[2] == q_len
+                    && s[3] == k_len
+            }
+            _ => false,
+        };
+        if !ok {
+            let expected = if s.len() == 4 {
+                vec![
+                    s[0].min(batch).max(1),
+                    s[1].min(q_heads).max(1),
+                    q_len,
+                    k_len,
+                ]
+            } else {
+                vec![q_len, k_len]
+            };
+            return Err(Error::shape("attention: mask", &expected, s));
+        }
+        if mask.len() as u64 > u64::from(u32::MAX) {
+            return Err(Error::bounds(
+                "attention: mask elements",
+                mask.len() as u64,
+                0,
+                u64::from(u32::MAX),
+            ));
+        }
+        let (mb, mh) = if s.len() == 4 { (s[0], s[1]) } else { (1, 1) };
+        let plane = q_len * k_len;
+        m_strides = [
+            if mb == 1 { 0 } else { mh * plane },
+            if mh == 1 { 0 } else { plane },
+            k_len,
+        ];
+    }
+    Ok(Plan {
+        batch,
+        q_heads,
+        kv_heads,
+        q_len,
+        k_len,
+        head_dim,
+        q_strides,
+        k_strides,
+        m_strides,
+        offset: offset as i32,
+        lo: lo as i32,
+        hi: hi as i32,
+        scale: scale as f32,
+        dtype: query.dtype(),
+    })
+}
+
+/// Forward attention. Returns the output (query's dtype, shape and layout) and what the
+/// backward needs. Errors, all before anything is launched: tensors of other engines
+/// (`EngineMismatch`); a non-float query or a key/value of another dtype, a mask that is not
+/// U32/I32 (`UnsupportedDType`); ranks, batch or head dim that differ, a value shaped unlike
+/// the key, a mask of another shape (`ShapeMismatch`); a head dim outside 8..=256 or a length
+/// past 2²⁴ (`OutOfBounds`); a head dim not a multiple of 8, query heads not a multiple of
+/// key/value heads, a bad scale or offset (`InvalidValue`); outputs past the binding limit
+/// (`LimitExceeded`).
+pub fn attention_forward(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    options: &AttentionOptions,
+) -> Result<(Tensor, AttentionSaved)> {
+    let plan = plan(query, key, value, options)?;
+    let engine = query.engine();
+    let stats_shape = [plan.batch, plan.q_heads, plan.q_len];
+    let output = Tensor::empty(engine, query.shape(), plan.dtype, "attention output")?;
+    // An F32 output is the saved output itself (tensors are immutable): the kernel writes it
+    // once and the unused binding gets a one-word placeholder.
+    let output_f32 = if plan.dtype == DType::F32 {
+        output.clone()
+    } else {
+        Tensor::empty(engine, query.shape(), DType::F32, "attention saved output")?
+    };
+    let placeholder;
+    let output_f32_binding = if plan.dtype == DType::F32 {
+        placeholder = Tensor::empty(engine, &[1], DType::F32, "attention placeholder")?;
+        placeholder.buffer()
+    } else {
+        output_f32.buffer()
+    };
+    let row_max = Tensor::empty(engine, &stats_shape, DType::F32, "attention row max")?;
+    let log_denominator = Tensor::empty(engine, &stats_shape, DType::F32, "attention log den")?;
+    let mask_buffer = options.mask.as_ref().unwrap_or(query).buffer();
+    engine.launch(
+        &KERNEL,
+        "attention_forward",
+        &plan.constants(DType::F32),
+        &plan.params(options.mask.is_some()),
+        &[
+            query.buffer(),
+            key.buffer(),
+            value.buffer(),
+            mask_buffer,
+            output.buffer(),
+            output_f32_binding,
+            row_max.buffer(),
+            log_denominator.buffer(),
+        ],
+        (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
+    )?;
+    let saved = AttentionSaved {
+        query: query.clone(),
+        key: key.clone(),
+        value: value.clone(),
+        mask: options.mask.clone(),
+        output_f32,
+        row_max,
+        log_denominator,
+        plan,
+    };
+    Ok((output, saved))
+}
+
+/// Scratch bytes [`attention_backward`] allocates beyond its gradients (16 bytes per query
+/// row: the row statistics and `D = rowsum(dO ∘ O)`); the forward allocates none.
+pub fn attention_workspace_bytes(batch: usize, q_heads: usize, q_len: usize) -> u64 {
+    16 * (batch as u64) * (q_heads as u64) * (q_len as u64)
+}
+
+/// Backward attention: gradients of the loss with respect to query, key and value, given the
+/// cotangent of the output (`d_output`: the query's shape, any float dtype). Errors: another
+/// engine (`EngineMismatch`), a non-float cotangent (`UnsupportedDType`), another shape
+/// (`ShapeMismatch`), scratch past the engine's workspace bound (`WorkspaceExceeded`).
+pub fn attention_backward(saved: &AttentionSaved, d_output: &Tensor) -> Result<AttentionGradients> {
+    let engine: &Engine = saved.query.engine();
+    d_output.check_engine(engine, "attention_backward: d_output")?;
+    float_dtype(d_output, "attention_backward: d_output")?;
+    if d_output.shape() != saved.query.shape() {
+        return Err(Error::shape(
+            "attention_backward: d_output",
+            saved.query.shape(),
+            d_output.shape(),
+        ));
+    }
+    let plan = &saved.plan;
+    engine.check_workspace(
+        "attention_backward",
+        attention_workspace_bytes(plan.batch, plan.q_heads, plan.q_len),
+    )?;
+    let d_query = Tensor::empty(engine, saved.query.shape(), DType::F32, "attention d_query")?;
+    let d_key = Tensor::empty(engine, saved.key.shape(), DType::F32, "attention d_key")?;
+    let d_value = Tensor::empty(engine, saved.key.shape(), DType::F32, "attention d_value")?;
+    let row_info = Tensor::empty(engine, &[plan.rows(), 4], DType::F32, "attention row info")?;
+    let constants = plan.constants(d_output.dtype());
+    let params = plan.params(saved.mask.is_some());
+    let mask_buffer = saved.mask.as_ref().unwrap_or(&saved.query).buffer();
+    engine.launch(
+        &KERNEL,
+        "attention_delta",
+        &constants,
+        &params,
+        &[
+            d_output.buffer(),
+            saved.output_f32.buffer(),
+            saved.row_max.buffer(),
+            saved.log_denominator.buffer(),
+            row_info.buffer(),
+        ],
+        (plan.rows() as u64).div_ceil(16),
+    )?;
+    engine.launch(
+        &KERNEL,
+        "attention_dkdv",
+        &constants,
+        &params,
+        &[
+            saved.query.buffer(),
+            saved.key.buffer(),
+            saved.value.buffer(),
+            mask_buffer,
+            d_output.buffer(),
+            row_info.buffer(),
+            d_key.buffer(),
+            d_value.buffer(),
+        ],
+        (plan.batch * plan.kv_heads * plan.k_len.div_ceil(TILE)) as u64,
+    )?;
+    engine.launch(
+        &KERNEL,
+        "attention_dq",
+        &constants,
+        &params,
+        &[
+            saved.query.buffer(),
+            saved.key.buffer(),
+            saved.value.buffer(),
+            mask_buffer,
+            d_output.buffer(),
+            row_info.buffer(),
+            d_query.buffer(),
+        ],
+        (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
+    )?;
+    Ok(AttentionGradients {
+        query: d_query,
+        key: d_key,
+        value: d_value,
+    })
+}
+
+/// A mask tensor (U32, one element per entry, 1 = visible) from booleans; `shape` as
+/// [`AttentionOptions::mask`] accepts.
+pub fn mask_from_bools(engine: &Engine, visible: &[bool], shape: &[usize]) -> Result<Tensor> {
+    let words: Vec<u32> = visible.iter().map(|&v| u32::from(v)).collect();
+    Tensor::from_slice(engine, &words, shape)
+}
+
+/// A mask tensor (U32, one element per entry) from u8 values, nonzero = visible.
+pub fn mask_from_u8(engine: &Engine, visible: &[u8], shape: &[usize]) -> Result<Tensor> {
+    let words: Vec<u32> = visible.iter().map(|&v| u32::from(v != 0)).collect();
+    Tensor::from_slice(engine, &words, shape)
+}
+
+/// Floating-point operations of one forward (`4·d` per visible (query, key) pair of every
+/// query head: two matrix products), counting every pair as visible when `causal` is false
+/// and about half of them (the exact count for square causal attention) when it is true. The
+/// backward does 2.5× the forward's work (five products instead of two).
+pub fn attention_flops(
+    batch: usize,
+    q_heads: usize,
+    q_len: usize,
+    k_len: usize,
+    head_dim: usize,
+    causal: bool,
+) -> f64 {
+    let pairs = if causal {
+        // Default offset: query i sees keys 0..=i + k_len − q_len.
+        (0..q_len)
+            .map(|i| (i + k_len + 1).saturating_sub(q_len).min(k_len) as f64)
+            .sum::<f64>()
+    } else {
+        (q_len * k_len) as f64
+    };
+    4.0 * (batch * q_heads) as f64 * pairs * head_dim as f64
+}

@@ -1,0 +1,70 @@
+//! Checks of the attention family (`crate::attention`).
+
+use super::*;
+
+/// This family's operator checks, in report order.
+pub(super) fn operators() -> Vec<OperatorCheck> {
+    vec![OperatorCheck {
+        name: "attention",
+        kernels: &["attention"],
+        run: check_attention,
+    }]
+}
+
+/// Attention forward (output, saved F32 output) and backward (dq, dk, dv) against the f64
+/// reference in every storage dtype: grouped heads (4 query heads on 2), causal with the
+/// default offset and query_len < key_len, a ragged length, head dim 40.
+fn check_attention(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::attention::{AttentionOptions, attention_backward, attention_forward};
+    use reference::attention::{Dims, Visibility};
+    let dims = Dims {
+        batch: 2,
+        q_heads: 4,
+        kv_heads: 2,
+        q_len: 13,
+        k_len: 21,
+        head_dim: 40,
+    };
+    let q_shape = [dims.batch, dims.q_heads, dims.q_len, dims.head_dim];
+    let k_shape = [dims.batch, dims.kv_heads, dims.k_len, dims.head_dim];
+    let q_len: usize = q_shape.iter().product();
+    let k_len: usize = k_shape.iter().product();
+    let vis = Visibility {
+        causal: true,
+        ..Visibility::full(&dims)
+    };
+    let options = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let mut rng = Rng::new(4);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let (q, qs) = tensor_from_f64(engine, &rng.vec(q_len, -1.0, 1.0), &q_shape, dtype)?;
+        let (k, ks) = tensor_from_f64(engine, &rng.vec(k_len, -1.0, 1.0), &k_shape, dtype)?;
+        let (v, vs) = tensor_from_f64(engine, &rng.vec(k_len, -1.0, 1.0), &k_shape, dtype)?;
+        let (go, gos) = tensor_from_f64(engine, &rng.vec(q_len, -1.0, 1.0), &q_shape, dtype)?;
+        let (out, saved) = attention_forward(&q, &k, &v, &options)?;
+        let grads = attention_backward(&saved, &go)?;
+        let want = reference::attention::forward(&qs, &ks, &vs, &dims, &vis);
+        let (dq, dk, dv) = reference::attention::backward(&qs, &ks, &vs, &gos, &dims, &vis);
+        let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} causal");
+        let f32_tol = Tolerance::for_dtype(DType::F32);
+        cases.push(case(
+            label("output"),
+            &out.to_f64()?,
+            &want.output,
+            Tolerance::for_dtype(dtype),
+        ));
+        cases.push(case(
+            label("output_f32"),
+            &saved.output_f32().to_f64()?,
+            &want.output,
+            f32_tol,
+        ));
+        cases.push(case(label("dq"), &grads.query.to_f64()?, &dq, f32_tol));
+        cases.push(case(label("dk"), &grads.key.to_f64()?, &dk, f32_tol));
+        cases.push(case(label("dv"), &grads.value.to_f64()?, &dv, f32_tol));
+    }
+    Ok(cases)
+}

@@ -1,0 +1,939 @@
+//! Attention (`wgrad::attention`) against the f64 reference of `wgrad::reference::attention`,
+//! which materializes every score matrix (so shapes stay small): output, saved F32 output,
+//! row statistics and dq/dk/dv for F32, F16 and BF16 storage; grouped heads 1/2/4; causal with
+//! the default (bottom-right) and top-left offsets, query_len < key_len and > key_len; masks
+//! with fully masked rows in every broadcast shape; sliding windows; lengths 1/17/65/200 (not
+//! multiples of the 32-row tile); head dims 8/32/72/128/256; a 1e4 common score offset; the
+//! [B,S,H,D] layout; bit-identical reruns; finite differences of the reference backward;
+//! workspace bound; empty shapes; every documented bad input's error.
+//!
+//! Tolerance: `Tolerance::for_dtype` of the compared output (the output in its storage dtype,
+//! everything else F32), unscaled: the references use the stored (rounded) inputs, so only
+//! FP32 arithmetic and the output's own rounding are left.
+
+mod common;
+
+use common::{Rng, engine, private_engine};
+use wgrad::attention::{
+    AttentionLayout, AttentionOptions, attention_backward, attention_flops, attention_forward,
+    attention_workspace_bytes, mask_from_bools, mask_from_u8,
+};
+use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::reference::attention::{self as reference, Dims, Visibility};
+use wgrad::{DType, Error, Tensor};
+
+/// One configuration: sizes, visibility, dtypes, layout, data seed.
+#[derive(Clone)]
+struct Setup {
+    dims: Dims,
+    causal: bool,
+    offset: Option<i64>,
+    window_left: Option<usize>,
+    window_right: Option<usize>,
+    /// (visible, mask batch, mask heads, upload as 2 axes).
+    mask: Option<(Vec<bool>, usize, usize, bool)>,
+    scale: Option<f64>,
+    dtype: DType,
+    grad_dtype: DType,
+    layout: AttentionLayout,
+    seed: u64,
+}
+
+fn dims(
+    batch: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    q_len: usize,
+    k_len: usize,
+    d: usize,
+) -> Dims {
+    Dims {
+        batch,
+        q_heads,
+        kv_heads,
+        q_len,
+        k_len,
+        head_dim: d,
+    }
+}
+
+impl Setup {
+    fn new(dims: Dims) -> Setup {
+        Setup {
+            dims,
+            causal: false,
+            offset: None,
+            window_left: None,
+            window_right: None,
+            mask: None,
+            scale: None,
+            dtype: DType::F32,
+            grad_dtype: DType::F32,
+            layout: AttentionLayout::BatchHeadSeq,
+            seed: 1,
+        }
+    }
+
+    fn visibility(&self) -> Visibility {
+        let d = &self.dims;
+        Visibility {
+            causal: self.causal,
+            offset: self.offset.unwrap_or(d.k_len as i64 - d.q_len as i64),
+            window_left: self.window_left,
+            window_right: self.window_right,
+            mask: self
+                .mask
+                .as_ref()
+                .map(|(m, mb, mh, _)| (m.clone(), *mb, *mh)),
+            scale: self.scale.unwrap_or(1.0 / (d.head_dim as f64).sqrt()),
+        }
+    }
+
+    fn options(&self) -> AttentionOptions {
+        let d = &self.dims;
+        AttentionOptions {
+            causal: self.causal,
+            causal_offset: self.offset,
+            scale: self.scale,
+            mask: self.mask.as_ref().map(|(m, mb, mh, two)| {
+                let shape = if *two {
+                    vec![d.q_len, d.k_len]
+                } else {
+                    vec![*mb, *mh, d.q_len, d.k_len]
+                };
+                mask_from_bools(engine(), m, &shape).unwrap()
+            }),
+            window_left: self.window_left,
+            window_right: self.window_right,
+            layout: self.layout,
+        }
+    }
+
+    fn q_count(&self) -> usize {
+        let d = &self.dims;
+        d.batch * d.q_heads * d.q_len * d.head_dim
+    }
+
+    fn k_count(&self) -> usize {
+        let d = &self.dims;
+        d.batch * d.kv_heads * d.k_len * d.head_dim
+    }
+
+    /// q, k, v, d_output in [B,H,S,D], uniform in [-1, 1).
+    fn data(&self) -> [Vec<f64>; 4] {
+        let mut rng = Rng::new(self.seed);
+        [
+            rng.vec(self.q_count(), -1.0, 1.0),
+            rng.vec(self.k_count(), -1.0, 1.0),
+            rng.vec(self.k_count(), -1.0, 1.0),
+            rng.vec(self.q_count(), -1.0, 1.0),
+        ]
+    }
+}
+
+/// [B,H,S,D] → [B,S,H,D] (`back` false) or the reverse (`back` true).
+fn permute(x: &[f64], b: usize, h: usize, s: usize, d: usize, back: bool) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..s {
+                for c in 0..d {
+                    let bhsd = ((bi * h + hi) * s + si) * d + c;
+                    let bshd = ((bi * s + si) * h + hi) * d + c;
+                    if back {
+                        out[bhsd] = x[bshd];
+                    } else {
+                        out[bshd] = x[bhsd];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Everything a run produced, in [B,H,S,D] order, plus the values the inputs hold.
+struct Run {
+    stored: [Vec<f64>; 4],
+    output: Vec<f64>,
+    output_f32: Vec<f64>,
+    row_max: Vec<f64>,
+    log_den: Vec<f64>,
+    dq: Vec<f64>,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+    bits: Vec<Vec<u32>>,
+}
+
+fn upload(s: &Setup, x: &[f64], heads: usize, len: usize, dtype: DType) -> (Tensor, Vec<f64>) {
+    let d = &s.dims;
+    let stored = common::stored(x, dtype);
+    let t = match s.layout {
+        AttentionLayout::BatchHeadSeq => {
+            common::tensor_from_f64(engine(), x, &[d.batch, heads, len, d.head_dim], dtype)
+        }
+        AttentionLayout::BatchSeqHead => common::tensor_from_f64(
+            engine(),
+            &permute(x, d.batch, heads, len, d.head_dim, false),
+            &[d.batch, len, heads, d.head_dim],
+            dtype,
+        ),
+    };
+    (t, stored)
+}
+
+fn download(s: &Setup, t: &Tensor, heads: usize, len: usize) -> Vec<f64> {
+    let d = &s.dims;
+    let x = t.to_f64().unwrap();
+    match s.layout {
+        AttentionLayout::BatchHeadSeq => x,
+        AttentionLayout::BatchSeqHead => permute(&x, d.batch, heads, len, d.head_dim, true),
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    match t.dtype() {
+        DType::F32 => common::f32_bits(t),
+        DType::F16 => t
+            .to_vec::<half::f16>()
+            .unwrap()
+            .iter()
+            .map(|h| u32::from(h.to_bits()))
+            .collect(),
+        _ => t
+            .to_vec::<half::bf16>()
+            .unwrap()
+            .iter()
+            .map(|h| u32::from(h.to_bits()))
+            .collect(),
+    }
+}
+
+fn run_with(s: &Setup, data: &[Vec<f64>; 4]) -> Run {
+    let d = &s.dims;
+    let (q, qs) = upload(s, &data[0], d.q_heads, d.q_len, s.dtype);
+    let (k, ks) = upload(s, &data[1], d.kv_heads, d.k_len, s.dtype);
+    let (v, vs) = upload(s, &data[2], d.kv_heads, d.k_len, s.dtype);
+    let (go, gos) = upload(s, &data[3], d.q_heads, d.q_len, s.grad_dtype);
+    let (out, saved) = attention_forward(&q, &k, &v, &s.options()).unwrap();
+    assert_eq!(out.shape(), q.shape());
+    assert_eq!(out.dtype(), s.dtype);
+    assert_eq!(saved.row_max().shape(), &[d.batch, d.q_heads, d.q_len]);
+    let grads = attention_backward(&saved, &go).unwrap();
+    assert_eq!(grads.query.shape(), q.shape());
+    assert_eq!(grads.key.shape(), k.shape());
+    assert_eq!(grads.value.shape(), v.shape());
+    assert_eq!(grads.query.dtype(), DType::F32);
+    let all = [
+        &out,
+        saved.output_f32(),
+        saved.row_max(),
+        saved.log_denominator(),
+        &grads.query,
+        &grads.key,
+        &grads.value,
+    ];
+    Run {
+        stored: [qs, ks, vs, gos],
+        output: download(s, &out, d.q_heads, d.q_len),
+        output_f32: download(s, saved.output_f32(), d.q_heads, d.q_len),
+        row_max: saved.row_max().to_f64().unwrap(),
+        log_den: saved.log_denominator().to_f64().unwrap(),
+        dq: download(s, &grads.query, d.q_heads, d.q_len),
+        dk: download(s, &grads.key, d.kv_heads, d.k_len),
+        dv: download(s, &grads.value, d.kv_heads, d.k_len),
+        bits: all.iter().map(|t| bits(t)).collect(),
+    }
+}
+
+fn run(s: &Setup) -> Run {
+    run_with(s, &s.data())
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
+    let c = compare(got, want, tol);
+    assert!(c.passed, "{what}: {c}");
+}
+
+/// Run `s` and compare every result with the reference.
+fn check_with(what: &str, s: &Setup, data: &[Vec<f64>; 4]) -> Run {
+    let r = run_with(s, data);
+    let vis = s.visibility();
+    let [q, k, v, go] = &r.stored;
+    let want = reference::forward(q, k, v, &s.dims, &vis);
+    let (dq, dk, dv) = reference::backward(q, k, v, go, &s.dims, &vis);
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    assert_close(
+        &format!("{what}: output"),
+        &r.output,
+        &want.output,
+        Tolerance::for_dtype(s.dtype),
+    );
+    assert_close(
+        &format!("{what}: output_f32"),
+        &r.output_f32,
+        &want.output,
+        f32_tol,
+    );
+    assert_close(
+        &format!("{what}: row_max"),
+        &r.row_max,
+        &want.row_max,
+        f32_tol,
+    );
+    assert_close(
+        &format!("{what}: log_den"),
+        &r.log_den,
+        &want.log_denominator,
+        f32_tol,
+    );
+    assert_close(&format!("{what}: dq"), &r.dq, &dq, f32_tol);
+    assert_close(&format!("{what}: dk"), &r.dk, &dk, f32_tol);
+    assert_close(&format!("{what}: dv"), &r.dv, &dv, f32_tol);
+    r
+}
+
+fn check(what: &str, s: &Setup) -> Run {
+    check_with(what, s, &s.data())
+}
+
+#[test]
+fn every_dtype_matches_the_reference() {
+    for dtype in DType::FLOATS {
+        let mut s = Setup::new(dims(2, 4, 2, 17, 33, 24));
+        s.causal = true;
+        s.dtype = dtype;
+        s.grad_dtype = dtype;
+        s.seed = 10 + u64::from(dtype.code());
+        check(&format!("{dtype} causal"), &s);
+    }
+    // A cotangent of another dtype than the inputs.
+    let mut s = Setup::new(dims(1, 2, 1, 9, 20, 24));
+    s.grad_dtype = DType::BF16;
+    check("f32 inputs, bf16 cotangent", &s);
+    let mut s = Setup::new(dims(1, 2, 1, 9, 20, 24));
+    s.dtype = DType::F16;
+    check("f16 inputs, f32 cotangent", &s);
+}
+
+#[test]
+fn grouped_query_ratios_1_2_4() {
+    for kv in [4, 2, 1] {
+        let mut s = Setup::new(dims(2, 4, kv, 19, 23, 16));
+        s.seed = 20 + kv as u64;
+        check(&format!("4 query heads on {kv}"), &s);
+    }
+    // Several query and key tiles, causal (tiles skipped), with the cotangent in F16.
+    let mut s = Setup::new(dims(1, 4, 1, 40, 70, 16));
+    s.causal = true;
+    s.grad_dtype = DType::F16;
+    s.seed = 25;
+    check("4 query heads on 1, causal, 40 x 70", &s);
+}
+
+#[test]
+fn causal_offsets_both_conventions() {
+    // Bottom-right (default: k_len − q_len) and top-left (0), query_len < key_len.
+    for offset in [None, Some(0), Some(3)] {
+        let mut s = Setup::new(dims(1, 2, 2, 5, 17, 16));
+        s.causal = true;
+        s.offset = offset;
+        s.seed = 30;
+        check(&format!("causal offset {offset:?}"), &s);
+    }
+    // The saved offset is the resolved default.
+    let s = Setup::new(dims(1, 1, 1, 5, 17, 16));
+    let data = s.data();
+    let (q, _) = upload(&s, &data[0], 1, 5, DType::F32);
+    let (k, _) = upload(&s, &data[1], 1, 17, DType::F32);
+    let (_, saved) = attention_forward(&q, &k, &k, &AttentionOptions::default()).unwrap();
+    assert_eq!(saved.causal_offset(), 12);
+    assert_eq!(saved.scale(), 0.25);
+}
+
+#[test]
+fn causal_with_more_queries_than_keys_zeroes_hidden_rows() {
+    // Default offset 4 − 21 = −17: queries 0..17 see no key at all.
+    let mut s = Setup::new(dims(1, 2, 1, 21, 4, 16));
+    s.causal = true;
+    s.seed = 31;
+    let r = check("q_len 21 > k_len 4", &s);
+    let d = 16;
+    for h in 0..2 {
+        for i in 0..21 {
+            let row = h * 21 + i;
+            let hidden = i < 17;
+            let out = &r.output[row * d..(row + 1) * d];
+            let dq = &r.dq[row * d..(row + 1) * d];
+            if hidden {
+                assert!(
+                    out.iter().chain(dq).all(|&x| x == 0.0),
+                    "row {row} not zero"
+                );
+                assert_eq!(r.row_max[row], f64::NEG_INFINITY);
+                assert_eq!(r.log_den[row], f64::NEG_INFINITY);
+            } else {
+                assert!(out.iter().any(|&x| x != 0.0), "row {row} is zero");
+            }
+        }
+    }
+}
+
+/// A mask with some rows fully hidden, plus random holes.
+fn mask_values(
+    seed: u64,
+    planes: usize,
+    q_len: usize,
+    k_len: usize,
+    hidden_rows: &[usize],
+) -> Vec<bool> {
+    let mut rng = Rng::new(seed);
+    let mut m: Vec<bool> = (0..planes * q_len * k_len)
+        .map(|_| rng.next_f64() < 0.6)
+        .collect();
+    for p in 0..planes {
+        for &i in hidden_rows {
+            for j in 0..k_len {
+                m[(p * q_len + i) * k_len + j] = false;
+            }
+        }
+    }
+    m
+}
+
+#[test]
+fn masks_broadcast_and_fully_masked_rows_give_zeros() {
+    let (b, h, q_len, k_len) = (2, 2, 18, 20);
+    for (mb, mh, two) in [
+        (1, 1, true),
+        (1, 1, false),
+        (b, 1, false),
+        (1, h, false),
+        (b, h, false),
+    ] {
+        let mut s = Setup::new(dims(b, h, 1, q_len, k_len, 16));
+        s.mask = Some((
+            mask_values(40, mb * mh, q_len, k_len, &[0, 7, 17]),
+            mb,
+            mh,
+            two,
+        ));
+        s.seed = 41;
+        let r = check(&format!("mask [{mb}, {mh}] two-axis {two}"), &s);
+        for row in (0..b * h).flat_map(|p| [0, 7, 17].map(|i| p * q_len + i)) {
+            assert!(r.output[row * 16..(row + 1) * 16].iter().all(|&x| x == 0.0));
+            assert!(r.dq[row * 16..(row + 1) * 16].iter().all(|&x| x == 0.0));
+        }
+    }
+    // A key hidden from every query gets zero dk and dv.
+    let mut m = vec![true; 5 * 7];
+    for i in 0..5 {
+        m[i * 7 + 3] = false;
+    }
+    let mut s = Setup::new(dims(1, 1, 1, 5, 7, 8));
+    s.mask = Some((m, 1, 1, true));
+    let r = check("hidden key", &s);
+    assert!(
+        r.dk[3 * 8..4 * 8]
+            .iter()
+            .chain(&r.dv[3 * 8..4 * 8])
+            .all(|&x| x == 0.0)
+    );
+    // Mask combined with causal and a window.
+    let mut s = Setup::new(dims(1, 2, 1, 17, 17, 16));
+    s.mask = Some((mask_values(42, 1, 17, 17, &[3]), 1, 1, true));
+    s.causal = true;
+    s.window_left = Some(6);
+    check("mask + causal + window", &s);
+}
+
+#[test]
+fn u8_and_i32_masks_mean_nonzero_is_visible() {
+    let e = engine();
+    let s = Setup::new(dims(1, 1, 1, 4, 6, 8));
+    let data = s.data();
+    let (q, _) = upload(&s, &data[0], 1, 4, DType::F32);
+    let (k, _) = upload(&s, &data[1], 1, 6, DType::F32);
+    let (v, _) = upload(&s, &data[2], 1, 6, DType::F32);
+    let raw: Vec<u8> = (0..24).map(|i| [0u8, 1, 255, 7][i % 4]).collect();
+    let as_u8 = mask_from_u8(e, &raw, &[4, 6]).unwrap();
+    let as_i32 = Tensor::from_slice(
+        e,
+        &raw.iter().map(|&x| -i32::from(x)).collect::<Vec<_>>(),
+        &[4, 6],
+    )
+    .unwrap();
+    let as_bool =
+        mask_from_bools(e, &raw.iter().map(|&x| x != 0).collect::<Vec<_>>(), &[4, 6]).unwrap();
+    let outputs: Vec<Vec<u32>> = [as_u8, as_i32, as_bool]
+        .into_iter()
+        .map(|m| {
+            let options = AttentionOptions {
+                mask: Some(m),
+                ..Default::default()
+            };
+            common::f32_bits(&attention_forward(&q, &k, &v, &options).unwrap().0)
+        })
+        .collect();
+    assert_eq!(outputs[0], outputs[1]);
+    assert_eq!(outputs[0], outputs[2]);
+}
+
+#[test]
+fn sliding_windows() {
+    for (left, right, causal) in [
+        (Some(3), Some(2), false),
+        (Some(4), None, true),
+        (None, Some(1), false),
+        (Some(0), Some(0), false),
+    ] {
+        let mut s = Setup::new(dims(1, 2, 1, 20, 37, 16));
+        s.window_left = left;
+        s.window_right = right;
+        s.causal = causal;
+        s.seed = 50;
+        check(&format!("window {left:?} {right:?} causal {causal}"), &s);
+    }
+    // Top-left aligned window.
+    let mut s = Setup::new(dims(1, 1, 1, 33, 20, 16));
+    s.window_left = Some(2);
+    s.window_right = Some(5);
+    s.offset = Some(0);
+    check("window, offset 0", &s);
+}
+
+#[test]
+fn lengths_that_are_not_tile_multiples() {
+    for (q_len, k_len) in [(1, 1), (1, 17), (17, 65), (65, 200), (200, 1), (200, 200)] {
+        let mut s = Setup::new(dims(1, 1, 1, q_len, k_len, 16));
+        s.seed = 60 + q_len as u64;
+        check(&format!("q_len {q_len} k_len {k_len}"), &s);
+    }
+    let mut s = Setup::new(dims(1, 2, 1, 200, 200, 16));
+    s.causal = true;
+    s.dtype = DType::BF16;
+    s.grad_dtype = DType::BF16;
+    check("200 causal bf16", &s);
+}
+
+#[test]
+fn head_dims_8_to_256() {
+    for d in [8, 32, 72, 128, 256] {
+        let mut s = Setup::new(dims(1, 2, 1, 5, 18, d));
+        s.causal = true;
+        s.seed = 70 + d as u64;
+        check(&format!("head dim {d}"), &s);
+    }
+    let mut s = Setup::new(dims(1, 1, 1, 3, 17, 256));
+    s.dtype = DType::BF16;
+    s.grad_dtype = DType::BF16;
+    check("head dim 256 bf16", &s);
+}
+
+#[test]
+fn explicit_scale() {
+    let mut s = Setup::new(dims(1, 2, 2, 9, 13, 16));
+    s.scale = Some(0.9);
+    s.causal = true;
+    check("scale 0.9", &s);
+}
+
+#[test]
+fn a_1e4_score_offset_keeps_the_result() {
+    // Entries on a 1/32 grid make every score exact in FP32 even with the offset, so the
+    // offset can only change the result through the softmax's own arithmetic: component 0 of
+    // every query is 100 and of every key 100 (score + 1e4) or 0 (no offset).
+    let base = Setup::new(dims(1, 2, 1, 12, 19, 32));
+    let mut rng = Rng::new(80);
+    let mut grid = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| (rng.uniform(-32.0, 32.0)).round() / 32.0)
+            .collect()
+    };
+    let mut q = grid(base.q_count());
+    let k0 = grid(base.k_count());
+    let v = grid(base.k_count());
+    let go = grid(base.q_count());
+    for row in q.chunks_mut(32) {
+        row[0] = 100.0;
+    }
+    let mut k_shift = k0.clone();
+    let mut k_plain = k0;
+    for (a, b) in k_shift.chunks_mut(32).zip(k_plain.chunks_mut(32)) {
+        a[0] = 100.0;
+        b[0] = 0.0;
+    }
+    for dtype in [DType::F32, DType::BF16] {
+        let mut s = base.clone();
+        s.dtype = dtype;
+        s.causal = true;
+        let shifted = check_with(
+            "1e4 offset",
+            &s,
+            &[q.clone(), k_shift.clone(), v.clone(), go.clone()],
+        );
+        let plain = run_with(&s, &[q.clone(), k_plain.clone(), v.clone(), go.clone()]);
+        let f32_tol = Tolerance::for_dtype(DType::F32);
+        assert_close(
+            "offset: output",
+            &shifted.output,
+            &plain.output,
+            Tolerance::for_dtype(dtype),
+        );
+        assert_close(
+            "offset: output_f32",
+            &shifted.output_f32,
+            &plain.output_f32,
+            f32_tol,
+        );
+        assert_close("offset: dv", &shifted.dv, &plain.dv, f32_tol);
+        assert_close("offset: dk", &shifted.dk, &plain.dk, f32_tol);
+        // The raw maximum carries the offset; the log denominator does not change.
+        for (a, b) in shifted.row_max.iter().zip(&plain.row_max) {
+            assert_eq!(*a, *b + 1e4);
+        }
+        assert_close("offset: log_den", &shifted.log_den, &plain.log_den, f32_tol);
+    }
+}
+
+#[test]
+fn batch_seq_head_layout_reads_in_place() {
+    for dtype in [DType::F32, DType::F16] {
+        let mut s = Setup::new(dims(2, 4, 2, 17, 21, 24));
+        s.causal = true;
+        s.dtype = dtype;
+        s.grad_dtype = dtype;
+        s.seed = 90;
+        let a = check(
+            &format!("bshd {dtype}"),
+            &Setup {
+                layout: AttentionLayout::BatchSeqHead,
+                ..s.clone()
+            },
+        );
+        // Same arithmetic in the same order: identical values to the [B,H,S,D] run.
+        let b = run(&s);
+        assert_eq!(a.output, b.output);
+        assert_eq!(a.output_f32, b.output_f32);
+        assert_eq!(a.row_max, b.row_max);
+        assert_eq!(a.dq, b.dq);
+        assert_eq!(a.dk, b.dk);
+        assert_eq!(a.dv, b.dv);
+    }
+    // With a mask.
+    let mut s = Setup::new(dims(2, 2, 1, 9, 11, 16));
+    s.mask = Some((mask_values(91, 2, 9, 11, &[4]), 2, 1, false));
+    s.layout = AttentionLayout::BatchSeqHead;
+    check("bshd masked", &s);
+}
+
+#[test]
+fn reruns_are_bit_identical() {
+    for dtype in [DType::F32, DType::BF16] {
+        let mut s = Setup::new(dims(2, 4, 1, 40, 45, 24));
+        s.causal = true;
+        s.dtype = dtype;
+        s.grad_dtype = dtype;
+        s.window_left = Some(30);
+        let first = run(&s);
+        let second = run(&s);
+        assert_eq!(first.bits, second.bits, "{dtype}");
+    }
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let d = dims(1, 2, 1, 3, 5, 8);
+    let mut s = Setup::new(d);
+    s.causal = true;
+    s.window_left = Some(3);
+    s.mask = Some((mask_values(100, 1, 3, 5, &[]), 1, 1, true));
+    let vis = s.visibility();
+    for vis in [vis, Visibility::full(&d)] {
+        let [q, k, v, go] = s.data();
+        let (dq, dk, dv) = reference::backward(&q, &k, &v, &go, &d, &vis);
+        let c = check_vjp(
+            |x| reference::forward(x, &k, &v, &d, &vis).output,
+            &q,
+            &go,
+            &dq,
+        );
+        assert!(c.passed, "dq: {c}");
+        let c = check_vjp(
+            |x| reference::forward(&q, x, &v, &d, &vis).output,
+            &k,
+            &go,
+            &dk,
+        );
+        assert!(c.passed, "dk: {c}");
+        let c = check_vjp(
+            |x| reference::forward(&q, &k, x, &d, &vis).output,
+            &v,
+            &go,
+            &dv,
+        );
+        assert!(c.passed, "dv: {c}");
+    }
+}
+
+#[test]
+fn empty_lengths() {
+    // No keys: every row sees nothing.
+    let s = Setup::new(dims(1, 2, 1, 5, 0, 8));
+    let r = check("k_len 0", &s);
+    assert!(r.output.iter().chain(&r.dq).all(|&x| x == 0.0));
+    // No queries: zero key/value gradients.
+    let s = Setup::new(dims(1, 2, 1, 0, 6, 8));
+    let r = check("q_len 0", &s);
+    assert!(r.dk.iter().chain(&r.dv).all(|&x| x == 0.0));
+    check("batch 0", &Setup::new(dims(0, 2, 1, 3, 6, 8)));
+}
+
+#[test]
+fn workspace_query_and_bound() {
+    assert_eq!(attention_workspace_bytes(2, 4, 10), 2 * 4 * 10 * 16);
+    let e = private_engine();
+    let q = Tensor::zeros(&e, &[1, 2, 10, 8], DType::F32).unwrap();
+    let k = Tensor::zeros(&e, &[1, 1, 7, 8], DType::F32).unwrap();
+    let (_, saved) = attention_forward(&q, &k, &k, &AttentionOptions::default()).unwrap();
+    e.set_workspace_bound(attention_workspace_bytes(1, 2, 10) - 1);
+    match attention_backward(&saved, &q) {
+        Err(Error::WorkspaceExceeded { needed, bound, .. }) => {
+            assert_eq!((needed, bound), (320, 319));
+        }
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+    e.set_workspace_bound(320);
+    assert!(attention_backward(&saved, &q).is_ok());
+}
+
+#[test]
+fn flop_count() {
+    assert_eq!(
+        attention_flops(2, 3, 4, 5, 8, false),
+        4.0 * 6.0 * 20.0 * 8.0
+    );
+    // Square causal: 1 + 2 + 3 + 4 pairs per head.
+    assert_eq!(attention_flops(1, 1, 4, 4, 8, true), 4.0 * 10.0 * 8.0);
+    // Suffix queries see k_len − q_len + i + 1 keys.
+    assert_eq!(attention_flops(1, 1, 2, 5, 8, true), 4.0 * 9.0 * 8.0);
+}
+
+fn zeros(shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::zeros(engine(), shape, dtype).unwrap()
+}
+
+fn forward_err(q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions) -> Error {
+    attention_forward(q, k, v, options).expect_err("bad input accepted")
+}
+
+#[test]
+fn bad_inputs_give_typed_errors() {
+    let f = DType::F32;
+    let q = zeros(&[1, 4, 5, 16], f);
+    let k = zeros(&[1, 2, 6, 16], f);
+    let none = AttentionOptions::default();
+    // Query heads not a multiple of key/value heads.
+    let k3 = zeros(&[1, 3, 6, 16], f);
+    assert!(
+        matches!(forward_err(&q, &k3, &k3, &none), Error::InvalidValue { got, .. } if got == 4.0)
+    );
+    // Head dims: not a multiple of 8, too small, too large.
+    let q12 = zeros(&[1, 2, 5, 12], f);
+    let k12 = zeros(&[1, 2, 6, 12], f);
+    assert!(
+        matches!(forward_err(&q12, &k12, &k12, &none), Error::InvalidValue { got, .. } if got == 12.0)
+    );
+    let q264 = zeros(&[1, 1, 2, 264], f);
+    let k264 = zeros(&[1, 1, 2, 264], f);
+    assert!(matches!(
+        forward_err(&q264, &k264, &k264, &none),
+        Error::OutOfBounds {
+            got: 264,
+            min: 8,
+            max: 256,
+            ..
+        }
+    ));
+    let q0 = zeros(&[1, 1, 2, 0], f);
+    assert!(matches!(
+        forward_err(&q0, &q0, &q0, &none),
+        Error::OutOfBounds { got: 0, .. }
+    ));
+    // Mask shape wrong: transposed, wrong batch, wrong rank.
+    for shape in [
+        vec![6, 5],
+        vec![2, 1, 5, 6],
+        vec![1, 3, 5, 6],
+        vec![5, 6, 1],
+    ] {
+        let n: usize = shape.iter().product();
+        let m = mask_from_bools(engine(), &vec![true; n], &shape).unwrap();
+        let options = AttentionOptions {
+            mask: Some(m),
+            ..Default::default()
+        };
+        assert!(
+            matches!(forward_err(&q, &k, &k, &options), Error::ShapeMismatch { ref got, .. } if *got == shape),
+            "mask {shape:?}"
+        );
+    }
+    // Mask dtype.
+    let options = AttentionOptions {
+        mask: Some(zeros(&[5, 6], f)),
+        ..Default::default()
+    };
+    assert!(matches!(
+        forward_err(&q, &k, &k, &options),
+        Error::UnsupportedDType {
+            got: DType::F32,
+            ..
+        }
+    ));
+    // Dtypes: integer query, key of another dtype.
+    let qi = Tensor::from_slice(engine(), &vec![0u32; 4 * 5 * 16], &[1, 4, 5, 16]).unwrap();
+    assert!(matches!(
+        forward_err(&qi, &k, &k, &none),
+        Error::UnsupportedDType {
+            got: DType::U32,
+            ..
+        }
+    ));
+    let kb = zeros(&[1, 2, 6, 16], DType::BF16);
+    assert!(matches!(
+        forward_err(&q, &kb, &k, &none),
+        Error::UnsupportedDType {
+            got: DType::BF16,
+            ..
+        }
+    ));
+    assert!(matches!(
+        forward_err(&q, &k, &kb, &none),
+        Error::UnsupportedDType {
+            got: DType::BF16,
+            ..
+        }
+    ));
+    // Shapes: value unlike key, batch or head dim unlike the query's, rank.
+    let v7 = zeros(&[1, 2, 7, 16], f);
+    assert!(matches!(
+        forward_err(&q, &k, &v7, &none),
+        Error::ShapeMismatch { .. }
+    ));
+    let k_b2 = zeros(&[2, 2, 6, 16], f);
+    assert!(matches!(
+        forward_err(&q, &k_b2, &k_b2, &none),
+        Error::ShapeMismatch { .. }
+    ));
+    let k_d8 = zeros(&[1, 2, 6, 8], f);
+    assert!(matches!(
+        forward_err(&q, &k_d8, &k_d8, &none),
+        Error::ShapeMismatch { .. }
+    ));
+    let q3 = zeros(&[4, 5, 16], f);
+    assert!(matches!(
+        forward_err(&q3, &k, &k, &none),
+        Error::ShapeMismatch { .. }
+    ));
+    // [B,S,H,D]: the same tensors now have 5 query heads on 6 key heads.
+    let bshd = AttentionOptions {
+        layout: AttentionLayout::BatchSeqHead,
+        ..Default::default()
+    };
+    assert!(
+        matches!(forward_err(&q, &k, &k, &bshd), Error::InvalidValue { got, .. } if got == 5.0)
+    );
+    // Scale and offset.
+    for scale in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-60] {
+        let options = AttentionOptions {
+            scale: Some(scale),
+            ..Default::default()
+        };
+        assert!(
+            matches!(
+                forward_err(&q, &k, &k, &options),
+                Error::InvalidValue { .. }
+            ),
+            "scale {scale}"
+        );
+    }
+    let options = AttentionOptions {
+        causal_offset: Some(1 << 40),
+        ..Default::default()
+    };
+    assert!(matches!(
+        forward_err(&q, &k, &k, &options),
+        Error::InvalidValue { .. }
+    ));
+    // Another engine.
+    let other = private_engine();
+    let k_other = Tensor::zeros(&other, &[1, 2, 6, 16], f).unwrap();
+    assert!(matches!(
+        forward_err(&q, &k_other, &k, &none),
+        Error::EngineMismatch { .. }
+    ));
+    // Backward: cotangent shape, dtype, engine.
+    let (_, saved) = attention_forward(&q, &k, &k, &none).unwrap();
+    let wrong = zeros(&[1, 4, 6, 16], f);
+    assert!(matches!(
+        attention_backward(&saved, &wrong),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        attention_backward(&saved, &qi),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let go_other = Tensor::zeros(&other, &[1, 4, 5, 16], f).unwrap();
+    assert!(matches!(
+        attention_backward(&saved, &go_other),
+        Err(Error::EngineMismatch { .. })
+    ));
+}
+
+#[test]
+fn outputs_past_the_binding_limit_are_refused() {
+    // An F16 query whose F32 saved output needs more than one storage binding.
+    let e = private_engine();
+    let max = e.max_binding_bytes();
+    if max > 256 << 20 {
+        eprintln!("skipped: a {max}-byte binding limit needs too large a query here");
+        return;
+    }
+    let rows = (max / 4 / 128 + 1) as usize;
+    let q = Tensor::zeros(&e, &[1, 1, rows, 128], DType::F16).unwrap();
+    let k = Tensor::zeros(&e, &[1, 1, 8, 128], DType::F16).unwrap();
+    match attention_forward(&q, &k, &k, &AttentionOptions::default()) {
+        Err(Error::LimitExceeded { bytes, limit, .. }) => {
+            assert_eq!(limit, max);
+            assert_eq!(bytes, rows as u64 * 128 * 4);
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+}
+
+#[test]
+fn saved_state_is_the_output_and_two_row_statistics() {
+    // Nothing quadratic is kept: a forward leaves the output, the F32 output (the same tensor
+    // for an F32 query) and 2 × 4 bytes per query row alive.
+    let e = private_engine();
+    let (q_len, k_len, d) = (64, 96, 32);
+    for dtype in [DType::F32, DType::BF16] {
+        let q = Tensor::zeros(&e, &[1, 2, q_len, d], dtype).unwrap();
+        let k = Tensor::zeros(&e, &[1, 1, k_len, d], dtype).unwrap();
+        e.synchronize().unwrap();
+        let before = e.memory().live_bytes;
+        let (out, saved) = attention_forward(&q, &k, &k, &AttentionOptions::default()).unwrap();
+        let grew = e.memory().live_bytes - before;
+        let f32_bytes = (2 * q_len * d * 4) as u64;
+        let stats = 2 * (2 * q_len * 4) as u64;
+        let expected = match dtype {
+            DType::F32 => f32_bytes + stats,
+            _ => f32_bytes / 2 + f32_bytes + stats,
+        };
+        assert_eq!(grew, expected, "{dtype}");
+        assert_eq!(saved.output_f32().dtype(), DType::F32);
+        if dtype == DType::F32 {
+            assert_eq!(common::f32_bits(&out), common::f32_bits(saved.output_f32()));
+        }
+    }
+}
