@@ -22,3 +22,6 @@ if [ -f .peers/peers.py ] && [ -n "${SECTIONS:-}" ]; then
   timeout "${PEERS_TIMEOUT:-240}" python3 .peers/peers.py > "$OUT/peers.txt" 2>&1
   tail -40 "$OUT/peers.txt"
 fi
+if [ -n "${TORCH_GDN:-}" ]; then
+  timeout "${TORCH_GDN_TIMEOUT:-200}" python3 scripts/peer_gated_delta_torch.py 2>&1 | tee "$OUT/peers_gdn_torch.txt" | tail -8
+fi
