@@ -728,33 +728,7 @@ fn finish(
     per_group: usize,
     cols: usize,
 ) -> Result<Tensor> {
-    let out = Tensor::empty(
-        engine,
-        &[groups, cols],
-        DType::F32,
-        "norm parameter gradient",
-    )?;
-    let total = groups * cols;
-    engine.launch(
-        &KERNEL,
-        "finish_partials",
-        &vec![],
-        &Params {
-            rows: 0,
-            cols: cols as u32,
-            rows_per_batch: 0,
-            blocks_per_batch: per_group as u32,
-            total: total as u32,
-            stride: stride as u32,
-            base: (slot * stride) as u32,
-            eps: 0.0,
-            offset: 0.0,
-            ..Params::default()
-        },
-        &[partials.buffer(), out.buffer()],
-        (total as u64).div_ceil(WG),
-    )?;
-    Ok(out)
+    crate::reduce::sum_partial_groups(engine, partials, slot * stride, groups, per_group, cols)
 }
 
 fn check_stats(t: &Tensor, engine: &Engine, len: usize, what: &str) -> Result<()> {

@@ -33,6 +33,7 @@ struct Params {
     cols: u32,
     blocks: u32,
     total: u32,
+    base: u32,
 }
 
 /// (rows, cols) of a tensor read as a matrix whose last axis is the columns.
@@ -70,6 +71,7 @@ fn per_row(x: &Tensor, entry: &str) -> Result<Tensor> {
             cols: cols as u32,
             blocks: 0,
             total: 0,
+            base: 0,
         },
         &[x.buffer(), out.buffer()],
         rows as u64,
@@ -106,6 +108,7 @@ pub fn sum_columns(x: &Tensor) -> Result<Tensor> {
             cols: cols as u32,
             blocks: blocks as u32,
             total: total as u32,
+            base: 0,
         },
         &[x.buffer(), partials.buffer()],
         (total as u64).div_ceil(WG),
@@ -121,6 +124,23 @@ pub fn sum_columns_workspace_bytes(rows: usize, cols: usize) -> u64 {
 /// Column sums of an F32 partials matrix `[blocks, cols]`, blocks summed in order: the second
 /// pass of every cross-workgroup reduction (parameter gradients, loss sums).
 pub fn sum_partials(engine: &Engine, partials: &Tensor) -> Result<Tensor> {
+    let (rows, cols) = rows_cols(partials);
+    let out = sum_partial_groups(engine, partials, 0, 1, rows, cols)?;
+    out.reshape(&[cols])
+}
+
+/// Grouped column sums of F32 partials stored from element `base` of `partials` as
+/// `[groups · per_group, cols]`: `out[g, c] = Σ_{j < per_group} p[g·per_group + j, c]`, summed
+/// in block order; shape `[groups, cols]`. Families that keep several partial slots (or
+/// per-batch runs of blocks) in one buffer finish them with this.
+pub fn sum_partial_groups(
+    engine: &Engine,
+    partials: &Tensor,
+    base: usize,
+    groups: usize,
+    per_group: usize,
+    cols: usize,
+) -> Result<Tensor> {
     partials.check_engine(engine, "sum_partials")?;
     if partials.dtype() != DType::F32 {
         return Err(Error::dtype(
@@ -129,20 +149,30 @@ pub fn sum_partials(engine: &Engine, partials: &Tensor) -> Result<Tensor> {
             &[DType::F32],
         ));
     }
-    let (rows, cols) = rows_cols(partials);
-    let out = Tensor::empty(engine, &[cols], DType::F32, "sum_partials")?;
+    let needed = base + groups * per_group * cols;
+    if needed > partials.len() {
+        return Err(Error::bounds(
+            "sum_partials: partial elements read",
+            needed as u64,
+            0,
+            partials.len() as u64,
+        ));
+    }
+    let total = groups * cols;
+    let out = Tensor::empty(engine, &[groups, cols], DType::F32, "sum_partials")?;
     engine.launch(
         &KERNEL,
         "column_finish",
         &vec![("DT", 0.0)],
         &Params {
-            rows: rows as u32,
+            rows: 0,
             cols: cols as u32,
-            blocks: 0,
-            total: cols as u32,
+            blocks: per_group as u32,
+            total: total as u32,
+            base: base as u32,
         },
         &[partials.buffer(), out.buffer()],
-        (cols as u64).div_ceil(WG),
+        (total as u64).div_ceil(WG),
     )?;
     Ok(out)
 }

@@ -13,8 +13,9 @@
 // * backward_columns: one invocation per (row block, column). It walks the block's rows in
 //   order, writes dx = inv * (dn - c1 - n * c2) (+ the residual-sum cotangent), and writes
 //   the block's parameter partials (slot 0: weight, 1: bias or shift, 2: scale).
-// * finish_partials: out[g, c] = sum over the g-th run of `per_group` consecutive blocks, in
-//   block order (groups = 1: parameter gradients; groups = batches: scale/shift gradients).
+// * the partials are finished by the shared `column_finish` (`reduce::sum_partial_groups`):
+//   runs of consecutive blocks summed in block order (one run for parameter gradients, one
+//   per batch for scale/shift gradients).
 //
 // The order of every addition depends only on the shape, so reruns give identical bits.
 
@@ -79,8 +80,6 @@ struct Params {
 @group(0) @binding(13) var<storage, read> rowinfo: array<f32>;
 @group(0) @binding(14) var<storage, read_write> dx: array<f32>;
 @group(0) @binding(15) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(16) var<storage, read> part_in: array<f32>;
-@group(0) @binding(17) var<storage, read_write> fin_out: array<f32>;
 
 fn ld_x(i: u32) -> f32 {
     if (DX == DT_F32) {
@@ -363,26 +362,6 @@ fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     if (KIND == KIND_MOD) {
         partials[2u * params.stride + t] = ps;
     }
-}
-
-// fin_out[g * cols + c] = sum over j < per_group of part_in[base + (g * per_group + j) * cols + c],
-// j ascending.
-@compute @workgroup_size(WG)
-fn finish_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    let t = group_index(wid, nwg) * WG + lid;
-    if (t >= params.total) {
-        return;
-    }
-    let cols = params.cols;
-    let g = t / cols;
-    let c = t % cols;
-    let per_group = params.blocks_per_batch;
-    var acc = 0.0;
-    for (var j = 0u; j < per_group; j = j + 1u) {
-        acc = acc + part_in[params.base + (g * per_group + j) * cols + c];
-    }
-    fin_out[t] = acc;
 }
 
 // ---- GroupNorm parameter partials ----

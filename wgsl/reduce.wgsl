@@ -10,8 +10,9 @@ const BLOCK_ROWS: u32 = 64u;
 struct Params {
     rows: u32,
     cols: u32,
-    blocks: u32,  // column_partials: ceil(rows / BLOCK_ROWS)
+    blocks: u32,  // column_partials: ceil(rows / BLOCK_ROWS); column_finish: rows per group
     total: u32,   // column passes: threads needed
+    base: u32,    // column_finish: first word of the partials
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -78,17 +79,21 @@ fn column_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     dest[t] = acc;
 }
 
-// dest[col] = sum over rows of source[row, col] (source F32 partials), in row order.
+// Groups of per-block partials (source F32 `[groups * per_group, cols]` from word `base` on):
+// dest[g, col] = sum of the g-th run of `per_group` = params.blocks rows, in row order.
+// params.total = groups * cols.
 @compute @workgroup_size(WG)
 fn column_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-    let col = group_index(wid, nwg) * WG + lid;
-    if (col >= params.cols) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
         return;
     }
+    let cols = params.cols;
+    let first = params.base + (t / cols) * params.blocks * cols + t % cols;
     var acc = 0.0;
-    for (var r = 0u; r < params.rows; r = r + 1u) {
-        acc = acc + bitcast<f32>(source[r * params.cols + col]);
+    for (var r = 0u; r < params.blocks; r = r + 1u) {
+        acc = acc + bitcast<f32>(source[first + r * cols]);
     }
-    dest[col] = acc;
+    dest[t] = acc;
 }
