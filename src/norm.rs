@@ -434,8 +434,6 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
     } else {
         None
     };
-    let mean_dummy = dummy(engine, "norm mean (unused)")?;
-    let sum_dummy = dummy(engine, "norm sum (unused)")?;
     let constants: Constants = vec![
         ("KIND", f.kind.code()),
         ("DX", f64::from(dtype.code())),
@@ -471,6 +469,8 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         )?;
         return Ok((y, sum, inverse, mean));
     }
+    let mean_dummy = dummy(engine, "norm mean (unused)")?;
+    let sum_dummy = dummy(engine, "norm sum (unused)")?;
     engine.launch(
         &KERNEL,
         "forward_rows",
