@@ -124,3 +124,205 @@ fn reference_backward_matches_finite_differences() {
         assert!(c.passed, "{name}: {c}");
     }
 }
+
+#[test]
+fn a_second_step_gives_identical_bits() {
+    let config = tiny();
+    let model = upload(&config, &parameters(&config, 21));
+    let (batch, seq) = (2, 5);
+    let tokens = ids(6, batch * seq, config.vocab);
+    let targets = ids(7, batch * seq, config.vocab);
+    let run = || {
+        let b = Batch::new(engine(), &tokens, &targets, batch, seq, config.vocab).unwrap();
+        let (loss, tape) = model.forward(&b).unwrap();
+        let grads = model.backward(&tape).unwrap();
+        let mut bits = common::f32_bits(&loss);
+        for g in &grads {
+            bits.extend(common::f32_bits(g));
+        }
+        bits
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn shorter_sequences_and_logits_match_the_reference() {
+    // seq 1 and a ragged seq below seq_len; logits of the inference path.
+    let config = tiny();
+    let host = parameters(&config, 31);
+    let model = upload(&config, &host);
+    let p64 = widen(&host);
+    for (batch, seq) in [(1, 1), (3, 5)] {
+        let tokens = ids(8 + seq as u64, batch * seq, config.vocab);
+        let targets = ids(9 + seq as u64, batch * seq, config.vocab);
+        let fwd = reference::forward(&config, &p64, &tokens, &targets, batch).unwrap();
+        let logits = model.logits(&tokens, batch).unwrap();
+        assert_eq!(logits.shape(), [batch * seq, config.vocab]);
+        let c = compare(
+            &logits.to_f64().unwrap(),
+            &fwd.logits,
+            Tolerance::for_dtype(DType::F32),
+        );
+        assert!(c.passed, "logits batch {batch} seq {seq}: {c}");
+        let b = Batch::new(engine(), &tokens, &targets, batch, seq, config.vocab).unwrap();
+        let (loss, tape) = model.forward(&b).unwrap();
+        let c = compare(
+            &loss.to_f64().unwrap(),
+            &[fwd.loss],
+            Tolerance::for_dtype(DType::F32),
+        );
+        assert!(c.passed, "loss batch {batch} seq {seq}: {c}");
+        let want = reference::backward(&config, &p64, &fwd).unwrap();
+        for ((g, w), (name, _)) in model
+            .backward(&tape)
+            .unwrap()
+            .iter()
+            .zip(&want)
+            .zip(config.parameter_shapes())
+        {
+            let c = compare(&g.to_f64().unwrap(), w, Tolerance::for_dtype(DType::F32));
+            assert!(c.passed, "{name} batch {batch} seq {seq}: {c}");
+        }
+    }
+}
+
+#[test]
+fn ignored_targets_count_nowhere() {
+    // Targets of −100 drop out of the mean and of every gradient.
+    let config = tiny();
+    let host = parameters(&config, 41);
+    let model = upload(&config, &host);
+    let (batch, seq) = (2, 4);
+    let tokens = ids(10, batch * seq, config.vocab);
+    let mut targets = ids(11, batch * seq, config.vocab);
+    targets[1] = -100;
+    targets[6] = -100;
+    let b = Batch::new(engine(), &tokens, &targets, batch, seq, config.vocab).unwrap();
+    let (loss, tape) = model.forward(&b).unwrap();
+    let p64 = widen(&host);
+    let fwd = reference::forward(&config, &p64, &tokens, &targets, batch).unwrap();
+    let want = reference::backward(&config, &p64, &fwd).unwrap();
+    let tol = Tolerance::for_dtype(DType::F32);
+    assert!(compare(&loss.to_f64().unwrap(), &[fwd.loss], tol).passed);
+    for (g, w) in model.backward(&tape).unwrap().iter().zip(&want) {
+        let c = compare(&g.to_f64().unwrap(), w, tol);
+        assert!(c.passed, "{c}");
+    }
+}
+
+#[test]
+fn bad_configs_batches_and_parameters_are_typed_errors() {
+    let e = engine();
+    let bad = |c: ModelConfig| Model::new(e, c).unwrap_err();
+    let t = tiny();
+    for c in [
+        ModelConfig { vocab: 0, ..t },
+        ModelConfig { layers: 0, ..t },
+        ModelConfig { d_model: 0, ..t },
+        ModelConfig { heads: 0, ..t },
+        ModelConfig { head_dim: 4, ..t },
+        ModelConfig { head_dim: 264, ..t },
+        ModelConfig { ffn: 0, ..t },
+        ModelConfig { seq_len: 0, ..t },
+    ] {
+        assert!(matches!(bad(c), Error::OutOfBounds { .. }), "{c:?}");
+    }
+    for c in [
+        ModelConfig { head_dim: 12, ..t },
+        ModelConfig { rope_base: 1.0, ..t },
+        ModelConfig { rope_base: f64::NAN, ..t },
+        ModelConfig { eps: 0.0, ..t },
+        ModelConfig { eps: f32::INFINITY, ..t },
+    ] {
+        assert!(matches!(bad(c), Error::InvalidValue { .. }), "{c:?}");
+    }
+
+    let v = t.vocab;
+    let ok = ids(1, 8, v);
+    assert!(matches!(
+        Batch::new(e, &ok, &ok, 0, 8, v).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
+    assert!(matches!(
+        Batch::new(e, &ok, &ok, 2, 3, v).unwrap_err(),
+        Error::LengthMismatch { .. }
+    ));
+    let mut high = ok.clone();
+    high[3] = v as i32;
+    assert!(matches!(
+        Batch::new(e, &high, &ok, 1, 8, v).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
+    assert!(matches!(
+        Batch::new(e, &ok, &high, 1, 8, v).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
+    let mut negative = ok.clone();
+    negative[0] = -100; // ignored as a target, not a token
+    assert!(Batch::new(e, &ok, &negative, 1, 8, v).is_ok());
+    assert!(matches!(
+        Batch::new(e, &negative, &ok, 1, 8, v).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
+
+    let model = Model::new(e, t).unwrap();
+    // Longer than seq_len.
+    let long = ids(2, 9, v);
+    let b = Batch::new(e, &long, &long, 1, 9, v).unwrap();
+    assert!(matches!(model.forward(&b).unwrap_err(), Error::OutOfBounds { .. }));
+    assert!(matches!(model.logits(&long, 1).unwrap_err(), Error::OutOfBounds { .. }));
+    // A batch built for a larger vocabulary.
+    let wide = ids(3, 8, 2 * v);
+    let b = Batch::new(e, &wide, &wide, 1, 8, 2 * v).unwrap();
+    assert!(matches!(model.forward(&b).unwrap_err(), Error::OutOfBounds { .. }));
+    assert!(matches!(model.logits(&ok, 3).unwrap_err(), Error::LengthMismatch { .. }));
+
+    // Parameters: count, shape, dtype, engine.
+    let params: Vec<Tensor> = model.parameters().into_iter().cloned().collect();
+    let mut fewer = params.clone();
+    fewer.pop();
+    assert!(matches!(
+        Model::from_parameters(e, t, fewer).unwrap_err(),
+        Error::LengthMismatch { .. }
+    ));
+    let mut reshaped = params.clone();
+    reshaped[7] = reshaped[7].reshape(&[t.d_model, t.ffn]).unwrap(); // gate is [ffn, d_model]
+    assert!(matches!(
+        Model::from_parameters(e, t, reshaped).unwrap_err(),
+        Error::ShapeMismatch { .. }
+    ));
+    let mut half = params.clone();
+    half[1] = wgrad::cast::cast(&half[1], DType::BF16).unwrap();
+    assert!(matches!(
+        Model::from_parameters(e, t, half).unwrap_err(),
+        Error::UnsupportedDType { .. }
+    ));
+    let other = common::private_engine();
+    let mut foreign = params;
+    foreign[0] = Tensor::zeros(&other, &[t.vocab, t.d_model], DType::F32).unwrap();
+    assert!(matches!(
+        Model::from_parameters(e, t, foreign).unwrap_err(),
+        Error::EngineMismatch { .. }
+    ));
+}
+
+#[test]
+fn vocabulary_and_windows() {
+    let text = b"abracadabra";
+    let vocab = Vocabulary::from_text(text);
+    assert_eq!(vocab.len(), 5);
+    let ids = vocab.encode(text).unwrap();
+    assert_eq!(ids[..4], [0, 1, 4, 0]);
+    assert_eq!(vocab.decode(&ids), text);
+    assert!(matches!(vocab.encode(b"z").unwrap_err(), Error::OutOfBounds { .. }));
+    let (x, y) = sample_windows(&ids, 3, 4, &mut Rng::new(1)).unwrap();
+    assert_eq!((x.len(), y.len()), (12, 12));
+    for r in 0..3 {
+        // Targets are the inputs shifted by one inside the stream.
+        assert_eq!(x[r * 4 + 1..r * 4 + 4], y[r * 4..r * 4 + 3]);
+    }
+    assert!(matches!(
+        sample_windows(&ids, 1, 11, &mut Rng::new(1)).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
+}
