@@ -122,6 +122,17 @@ pub fn matmul_flops(batch: usize, m: usize, n: usize, k: usize) -> f64 {
     2.0 * batch as f64 * m as f64 * n as f64 * k as f64
 }
 
+/// The comparison budget of an output (or gradient) element summed over `terms` FP32
+/// products of magnitude ≤ 1 against the f64 reference: the F32 policy of
+/// [`crate::gradcheck`] with its absolute part grown to `2e-7·terms`.
+pub fn matmul_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
+    let f32_tol = crate::gradcheck::Tolerance::for_dtype(DType::F32);
+    crate::gradcheck::Tolerance {
+        abs: f32_tol.abs.max(2e-7 * terms as f64),
+        ..f32_tol
+    }
+}
+
 /// One operand of [`gemm`]: `tensor` read from element `offset`, batch `b` from
 /// `offset + b·batch_stride` (0: shared by every batch). Not transposed: `[m, k]` (A) or
 /// `[k, n]` (B) rows; transposed: `[k, m]` (A) or `[n, k]` (B) rows; rows contiguous.

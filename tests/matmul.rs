@@ -17,15 +17,9 @@ fn data(seed: u64, n: usize) -> Vec<f64> {
     Rng::new(seed).vec(n, -1.0, 1.0)
 }
 
-/// Budget of an FP32 sum of `k` products of magnitude ≤ 1 (each output, and each gradient
-/// element summed over up to `k` terms): the F32 policy with its absolute part grown with
-/// the number of terms.
+/// Budget of sums of `k` FP32 products (see `matmul_tolerance`).
 fn tol_for(k: usize) -> Tolerance {
-    let f32_tol = Tolerance::for_dtype(DType::F32);
-    Tolerance {
-        abs: f32_tol.abs.max(2e-7 * k as f64),
-        ..f32_tol
-    }
+    matmul::matmul_tolerance(k)
 }
 
 fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
