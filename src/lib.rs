@@ -28,6 +28,7 @@ pub mod gated_delta;
 pub mod gradcheck;
 pub mod kernel;
 pub mod loss;
+pub mod matmul;
 pub mod model;
 pub mod msl;
 pub mod norm;

@@ -44,6 +44,7 @@ use crate::attention::{self, AttentionLayout, AttentionOptions, AttentionSaved};
 use crate::activation::{self, ActivationSaved};
 use crate::gradcheck::Rng;
 use crate::loss::{self, CrossEntropyOptions, CrossEntropySaved};
+use crate::matmul::{self, Gemm, GemmOperand, MatmulOptions};
 use crate::norm::{self, RmsNormOptions};
 use crate::rope::{self, RopeLayout, RopeQkOptions, RopeSaved};
 use crate::{DType, Engine, Error, Result, Tensor};
@@ -327,12 +328,9 @@ impl Batch {
     }
 }
 
-// ---- dense products and the embedding --------------------------------------------------
-//
-// Host implementations: they read their inputs back (synchronizing), compute in f64 and
-// upload the F32 result. Deterministic; small models only.
+// ---- projections and the embedding ------------------------------------------------------
 
-/// What [`linear`] keeps: its input and weight.
+/// What [`linear`] keeps: its input and weight (handles; tensors are immutable).
 #[derive(Debug, Clone)]
 pub struct LinearSaved {
     /// `x` `[rows, in]`.
@@ -341,14 +339,16 @@ pub struct LinearSaved {
     pub weight: Tensor,
 }
 
-/// `y = x·Wᵀ`, `x` `[rows, in]`, `W` `[out, in]` → `[rows, out]` F32.
+/// `y = x·Wᵀ`, `x` `[rows, in]`, `W` `[out, in]` → `[rows, out]` F32 ([`matmul::matmul`]
+/// with a transposed right operand).
 fn linear(x: &Tensor, w: &Tensor) -> Result<(Tensor, LinearSaved)> {
-    let (rows, inputs) = (x.shape()[0], x.shape()[1]);
-    let outputs = w.shape()[0];
-    let y = crate::reference::model::linear(&x.to_f64()?, &w.to_f64()?, rows, inputs, outputs);
-    let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
+    let options = MatmulOptions {
+        transpose_b: true,
+        ..MatmulOptions::default()
+    };
+    let (y, _) = matmul::matmul(x, w, None, &options)?;
     Ok((
-        Tensor::from_slice(x.engine(), &y, &[rows, outputs])?,
+        y,
         LinearSaved {
             input: x.clone(),
             weight: w.clone(),
@@ -356,31 +356,70 @@ fn linear(x: &Tensor, w: &Tensor) -> Result<(Tensor, LinearSaved)> {
     ))
 }
 
-/// Backward of several [`linear`] calls that share their input: `(Σ_i dy_i·W_i, [dy_iᵀ·x])`.
+/// Backward of several [`linear`] calls that share their input `x` `[rows, in]`:
+/// `(dx = Σ_i dy_i·W_i, [dW_i = dy_iᵀ·x])`, all F32. The sum over the projections is
+/// accumulated in place by [`matmul::gemm`] in the order given (no separate add).
 fn linear_backward(saved: &[&LinearSaved], dys: &[&Tensor]) -> Result<(Tensor, Vec<Tensor>)> {
     let x = &saved[0].input;
+    let engine = x.engine();
     let (rows, inputs) = (x.shape()[0], x.shape()[1]);
-    let xv = x.to_f64()?;
-    let mut dx = vec![0.0; rows * inputs];
-    let mut dws = Vec::with_capacity(saved.len());
-    for (s, dy) in saved.iter().zip(dys) {
-        let outputs = s.weight.shape()[0];
-        let (dxi, dw) = crate::reference::model::linear_backward(
-            &xv,
-            &s.weight.to_f64()?,
-            &dy.to_f64()?,
-            rows,
-            inputs,
-            outputs,
-        );
-        for (a, b) in dx.iter_mut().zip(&dxi) {
-            *a += b;
+    fn operand(tensor: &Tensor, transposed: bool) -> GemmOperand<'_> {
+        GemmOperand {
+            tensor,
+            offset: 0,
+            transposed,
+            batch_stride: 0,
         }
-        let dw: Vec<f32> = dw.iter().map(|&v| v as f32).collect();
-        dws.push(Tensor::from_slice(x.engine(), &dw, &[outputs, inputs])?);
     }
-    let dx: Vec<f32> = dx.iter().map(|&v| v as f32).collect();
-    Ok((Tensor::from_slice(x.engine(), &dx, &[rows, inputs])?, dws))
+    /// `out (+)= a·b`, `[m, k] @ [k, n]`.
+    fn product<'a>(
+        a: GemmOperand<'a>,
+        b: GemmOperand<'a>,
+        out: &'a Tensor,
+        (m, n, k): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Gemm<'a> {
+        Gemm {
+            a,
+            b,
+            out,
+            out_offset: 0,
+            out_batch_stride: m * n,
+            m,
+            n,
+            k,
+            batch: 1,
+            bias: None,
+            accumulate,
+            activation: None,
+            pre_activation: None,
+            alpha: 1.0,
+        }
+    }
+    let dx = Tensor::empty(engine, &[rows, inputs], DType::F32, "linear input gradient")?;
+    let mut dws = Vec::with_capacity(saved.len());
+    for (i, (s, dy)) in saved.iter().zip(dys).enumerate() {
+        let outputs = s.weight.shape()[0];
+        // dx (+)= dy·W: [rows, out] @ [out, in].
+        matmul::gemm(&product(
+            operand(dy, false),
+            operand(&s.weight, false),
+            &dx,
+            (rows, inputs, outputs),
+            i > 0,
+        ))?;
+        // dW = dyᵀ·x: dy stored [rows, out] read transposed, @ x [rows, in].
+        let dw = Tensor::empty(engine, &[outputs, inputs], DType::F32, "linear weight gradient")?;
+        matmul::gemm(&product(
+            operand(dy, true),
+            operand(x, false),
+            &dw,
+            (outputs, inputs, rows),
+            false,
+        ))?;
+        dws.push(dw);
+    }
+    Ok((dx, dws))
 }
 
 /// What [`embed`] keeps: the ids and the table's shape.

@@ -6,6 +6,7 @@
 mod attention;
 mod gated_delta;
 mod loss;
+mod matmul;
 mod norm;
 mod pointwise;
 
@@ -66,6 +67,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(loss::operators())
     .chain(gated_delta::operators())
     .chain(attention::operators())
+    .chain(matmul::operators())
     .collect()
 }
 

@@ -6,6 +6,7 @@ pub mod activation;
 pub mod attention;
 pub mod gated_delta;
 pub mod loss;
+pub mod matmul;
 pub mod model;
 pub mod norm;
 pub mod reduce;

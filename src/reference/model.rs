@@ -1,15 +1,14 @@
 //! The decoder-only transformer of [`crate::model`] in f64 on the CPU: forward and analytic
-//! backward, assembled from the other references of this module (norm, RoPE, attention,
-//! activation, cross-entropy) plus the two trivial pieces they do not cover (a row gather for
-//! the embedding and a dense `x·Wᵀ` product). Written to be read; small shapes only (attention
-//! materializes every score matrix).
+//! backward, assembled from the other references of this module (matmul, norm, RoPE,
+//! attention, activation, cross-entropy) plus a row gather for the embedding. Written to be
+//! read; small shapes only (attention materializes every score matrix).
 //!
 //! Parameters are `Vec<f64>` in the model's fixed order ([`ModelConfig::parameter_shapes`]);
 //! activations are row-major with one row per token, `N = batch·seq` rows.
 
 use crate::model::{BLOCK_PARAMETERS, ModelConfig};
 use crate::norm::CastingMode;
-use crate::reference::{activation, attention, loss, norm, rope};
+use crate::reference::{activation, attention, loss, matmul, norm, rope};
 use crate::{DType, Result};
 
 /// One block's parameters, borrowed from the flat list (shapes as in
@@ -103,17 +102,18 @@ pub fn rope_tables(config: &ModelConfig) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((cos, sin))
 }
 
+/// The product `x · Wᵀ` as a [`matmul::Problem`]: `x` `[rows, inputs]`, `W` stored
+/// `[outputs, inputs]` (transposed operand).
+fn projection(rows: usize, inputs: usize, outputs: usize) -> matmul::Problem {
+    matmul::Problem {
+        transpose_b: true,
+        ..matmul::Problem::new(rows, outputs, inputs)
+    }
+}
+
 /// `y = x · Wᵀ`: `x` `[rows, inputs]`, `w` `[outputs, inputs]` → `[rows, outputs]`.
 pub fn linear(x: &[f64], w: &[f64], rows: usize, inputs: usize, outputs: usize) -> Vec<f64> {
-    let mut y = vec![0.0; rows * outputs];
-    for r in 0..rows {
-        for o in 0..outputs {
-            y[r * outputs + o] = (0..inputs)
-                .map(|i| x[r * inputs + i] * w[o * inputs + i])
-                .sum();
-        }
-    }
-    y
+    matmul::forward(&projection(rows, inputs, outputs), x, w, None)
 }
 
 /// Backward of [`linear`]: `(dx = dy · W, dW = dyᵀ · x)`.
@@ -125,17 +125,7 @@ pub fn linear_backward(
     inputs: usize,
     outputs: usize,
 ) -> (Vec<f64>, Vec<f64>) {
-    let mut dx = vec![0.0; rows * inputs];
-    let mut dw = vec![0.0; outputs * inputs];
-    for r in 0..rows {
-        for o in 0..outputs {
-            let g = dy[r * outputs + o];
-            for i in 0..inputs {
-                dx[r * inputs + i] += g * w[o * inputs + i];
-                dw[o * inputs + i] += g * x[r * inputs + i];
-            }
-        }
-    }
+    let (dx, dw, _) = matmul::backward(&projection(rows, inputs, outputs), x, w, None, dy);
     (dx, dw)
 }
 
