@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 use wgrad::gradcheck::Rng;
-use wgrad::model::{Batch, Model, ModelConfig, Vocabulary, sample_windows};
+use wgrad::model::{AdamWSettings, Batch, HostAdamW, Model, ModelConfig, Vocabulary, sample_windows};
 use wgrad::{Engine, Tensor};
 
 const CORPUS: &[u8] = include_bytes!("../data/sonnets.txt");
@@ -118,50 +118,6 @@ fn learning_rate(peak: f64, step: usize, steps: usize) -> f64 {
     }
     let t = (step - warm) as f64 / (steps - warm).max(1) as f64;
     peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()))
-}
-
-/// AdamW (β 0.9 / 0.95, ε 1e-8, weight decay 0.1 on matrices) with global-norm clipping at
-/// 1.0, on the host.
-struct HostAdamW {
-    m: Vec<Vec<f64>>,
-    v: Vec<Vec<f64>>,
-    t: i32,
-}
-
-impl HostAdamW {
-    fn new(model: &Model) -> HostAdamW {
-        let zeros: Vec<Vec<f64>> = model.parameters().iter().map(|p| vec![0.0; p.len()]).collect();
-        HostAdamW {
-            m: zeros.clone(),
-            v: zeros,
-            t: 0,
-        }
-    }
-
-    fn step(&mut self, model: &mut Model, grads: &[Tensor], lr: f64) -> wgrad::Result<f64> {
-        let (b1, b2, eps, wd) = (0.9, 0.95, 1e-8, 0.1);
-        self.t += 1;
-        let g: Vec<Vec<f64>> = grads.iter().map(|g| g.to_f64()).collect::<Result<_, _>>()?;
-        let norm = g.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
-        let clip = if norm > 1.0 { 1.0 / norm } else { 1.0 };
-        let mut updated = Vec::with_capacity(g.len());
-        for (i, p) in model.parameters().into_iter().enumerate() {
-            let mut w = p.to_f64()?;
-            let decay = if p.shape().len() > 1 { wd } else { 0.0 };
-            for j in 0..w.len() {
-                let gj = g[i][j] * clip;
-                self.m[i][j] = b1 * self.m[i][j] + (1.0 - b1) * gj;
-                self.v[i][j] = b2 * self.v[i][j] + (1.0 - b2) * gj * gj;
-                let mh = self.m[i][j] / (1.0 - b1.powi(self.t));
-                let vh = self.v[i][j] / (1.0 - b2.powi(self.t));
-                w[j] -= lr * (mh / (vh.sqrt() + eps) + decay * w[j]);
-            }
-            let w: Vec<f32> = w.iter().map(|&x| x as f32).collect();
-            updated.push(Tensor::from_slice(model.engine(), &w, p.shape())?);
-        }
-        model.set_parameters(updated)?;
-        Ok(norm)
-    }
 }
 
 fn write_csv(path: &Path, records: &[Record]) -> std::io::Result<()> {
@@ -323,7 +279,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     std::fs::create_dir_all(&args.out)?;
 
-    let mut optimizer = HostAdamW::new(&model);
+    let mut optimizer = HostAdamW::new(&model, AdamWSettings::default());
     let mut rng = Rng::new(args.seed ^ 0x5eed);
     let bar = ProgressBar::new(args.steps as u64);
     bar.set_style(

@@ -935,6 +935,94 @@ pub fn check_parameters(
     Ok(())
 }
 
+// ---- optimizer ------------------------------------------------------------------------------
+
+/// Settings of [`HostAdamW`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWSettings {
+    /// First-moment decay β₁ (default 0.9).
+    pub beta1: f64,
+    /// Second-moment decay β₂ (default 0.95).
+    pub beta2: f64,
+    /// Denominator ε (default 1e-8).
+    pub eps: f64,
+    /// Decoupled weight decay, applied to matrices only (default 0.1).
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (default 1.0; `None`: no clipping).
+    pub clip: Option<f64>,
+}
+
+impl Default for AdamWSettings {
+    fn default() -> Self {
+        AdamWSettings {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            clip: Some(1.0),
+        }
+    }
+}
+
+/// AdamW on the host: reads the gradients and parameters back, updates FP64 moments and
+/// FP32 parameters, uploads the new parameters. Deterministic; small models only.
+#[derive(Debug, Clone)]
+pub struct HostAdamW {
+    settings: AdamWSettings,
+    m: Vec<Vec<f64>>,
+    v: Vec<Vec<f64>>,
+    t: i32,
+}
+
+impl HostAdamW {
+    /// Zero moments for `model`'s parameters.
+    pub fn new(model: &Model, settings: AdamWSettings) -> HostAdamW {
+        let zeros: Vec<Vec<f64>> = model
+            .parameters()
+            .iter()
+            .map(|p| vec![0.0; p.len()])
+            .collect();
+        HostAdamW {
+            settings,
+            m: zeros.clone(),
+            v: zeros,
+            t: 0,
+        }
+    }
+
+    /// One step with learning rate `lr`: clip the gradients to the global norm, update the
+    /// moments, `w −= lr·(m̂/(√v̂ + ε) + λ·w)`. Returns the gradient norm before clipping.
+    /// Errors: gradients that do not match the parameters (count, shape, dtype, engine).
+    pub fn step(&mut self, model: &mut Model, grads: &[Tensor], lr: f64) -> Result<f64> {
+        check_parameters(model.engine(), model.config(), grads, "gradient")?;
+        let s = self.settings;
+        self.t += 1;
+        let g: Vec<Vec<f64>> = grads.iter().map(|g| g.to_f64()).collect::<Result<_>>()?;
+        let norm = g.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+        let scale = match s.clip {
+            Some(c) if norm > c => c / norm,
+            _ => 1.0,
+        };
+        let mut updated = Vec::with_capacity(g.len());
+        for (i, p) in model.parameters().into_iter().enumerate() {
+            let mut w = p.to_f64()?;
+            let decay = if p.shape().len() > 1 { s.weight_decay } else { 0.0 };
+            for j in 0..w.len() {
+                let gj = g[i][j] * scale;
+                self.m[i][j] = s.beta1 * self.m[i][j] + (1.0 - s.beta1) * gj;
+                self.v[i][j] = s.beta2 * self.v[i][j] + (1.0 - s.beta2) * gj * gj;
+                let mh = self.m[i][j] / (1.0 - s.beta1.powi(self.t));
+                let vh = self.v[i][j] / (1.0 - s.beta2.powi(self.t));
+                w[j] -= lr * (mh / (vh.sqrt() + s.eps) + decay * w[j]);
+            }
+            let w: Vec<f32> = w.iter().map(|&x| x as f32).collect();
+            updated.push(Tensor::from_slice(model.engine(), &w, p.shape())?);
+        }
+        model.set_parameters(updated)?;
+        Ok(norm)
+    }
+}
+
 // ---- text --------------------------------------------------------------------------------
 
 /// A character (byte) vocabulary: the distinct bytes of a text, sorted; token id = index.

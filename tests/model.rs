@@ -7,7 +7,9 @@ mod common;
 
 use common::{Rng, engine};
 use wgrad::gradcheck::{Tolerance, compare, numerical_gradient};
-use wgrad::model::{Batch, Model, ModelConfig, Vocabulary, sample_windows};
+use wgrad::model::{
+    AdamWSettings, Batch, HostAdamW, Model, ModelConfig, Vocabulary, sample_windows,
+};
 use wgrad::reference::model as reference;
 use wgrad::{DType, Error, Tensor};
 
@@ -325,4 +327,53 @@ fn vocabulary_and_windows() {
         sample_windows(&ids, 1, 11, &mut Rng::new(1)).unwrap_err(),
         Error::OutOfBounds { .. }
     ));
+}
+
+/// Loss of each of `steps` AdamW steps (constant learning rate) on windows of a repeated
+/// sentence, from a fresh model with `seed`.
+fn train_curve(seed: u64, steps: usize) -> Vec<f32> {
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(12);
+    let vocab = Vocabulary::from_text(text.as_bytes());
+    let stream = vocab.encode(text.as_bytes()).unwrap();
+    let config = ModelConfig {
+        vocab: vocab.len(),
+        layers: 2,
+        d_model: 32,
+        heads: 2,
+        head_dim: 16,
+        ffn: 64,
+        seq_len: 16,
+        seed,
+        ..ModelConfig::default()
+    };
+    let e = engine();
+    let mut model = Model::new(e, config).unwrap();
+    let mut optimizer = HostAdamW::new(&model, AdamWSettings::default());
+    let mut rng = Rng::new(seed + 1);
+    let (batch, seq) = (4, 16);
+    (0..steps)
+        .map(|_| {
+            let (x, y) = sample_windows(&stream, batch, seq, &mut rng).unwrap();
+            let b = Batch::new(e, &x, &y, batch, seq, config.vocab).unwrap();
+            let (loss, tape) = model.forward(&b).unwrap();
+            let grads = model.backward(&tape).unwrap();
+            optimizer.step(&mut model, &grads, 1e-2).unwrap();
+            loss.to_vec::<f32>().unwrap()[0]
+        })
+        .collect()
+}
+
+#[test]
+fn adamw_steps_lower_the_loss_and_reruns_match_bit_for_bit() {
+    let steps = 30;
+    let curve = train_curve(3, steps);
+    let start = curve[0];
+    let end = curve[steps - 5..].iter().sum::<f32>() / 5.0;
+    assert!(
+        end < 0.3 * start,
+        "loss {start} -> {end} (mean of the last 5 steps): not below 30% of the start; {curve:?}"
+    );
+    let again = train_curve(3, steps);
+    let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&curve), bits(&again), "two runs with one seed");
 }
