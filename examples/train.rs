@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 use wgrad::gradcheck::Rng;
 use wgrad::model::{AdamWSettings, Batch, HostAdamW, Model, ModelConfig, Vocabulary, sample_windows};
-use wgrad::{Engine, Tensor};
+use wgrad::Engine;
 
 const CORPUS: &[u8] = include_bytes!("../data/sonnets.txt");
 
@@ -42,10 +42,10 @@ impl Default for Args {
             d_model: 64,
             heads: 4,
             ffn: 192,
-            seq: 64,
+            seq: 32,
             batch: 8,
-            steps: 300,
-            lr: 3e-3,
+            steps: 64,
+            lr: 1e-2,
             seed: 0,
             out: PathBuf::from("out/train"),
         }
@@ -146,6 +146,8 @@ fn write_svg(path: &Path, records: &[Record], title: &str) -> Result<(), Box<dyn
         .configure_mesh()
         .x_desc("step")
         .y_desc("loss (nats per character)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
         .draw()?;
     chart
         .draw_series(LineSeries::new(
@@ -154,21 +156,22 @@ fn write_svg(path: &Path, records: &[Record], title: &str) -> Result<(), Box<dyn
         ))?
         .label("batch loss")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.mix(0.35)));
-    // Mean over a trailing window of 20 steps.
+    // Mean over a trailing window of 10 steps.
     let smoothed: Vec<(f64, f64)> = records
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            let w = &records[i.saturating_sub(19)..=i];
+            let w = &records[i.saturating_sub(9)..=i];
             (r.step as f64, w.iter().map(|r| r.loss).sum::<f64>() / w.len() as f64)
         })
         .collect();
     chart
         .draw_series(LineSeries::new(smoothed, BLUE.stroke_width(2)))?
-        .label("mean of the last 20 steps")
+        .label("mean of the last 10 steps")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
@@ -196,45 +199,59 @@ fn evaluate(
     Ok(total / batches as f64)
 }
 
-/// Continue `prompt` by `count` characters: greedy (`temperature` 0) or sampled from
-/// `softmax(logits / temperature)`; the model sees the last `seq_len` characters.
+/// Continue each prompt by `count` characters, all rows in one forward per character:
+/// greedy where the temperature is 0, else sampled from `softmax(logits / temperature)`.
+/// Every row sees its last `L` characters, `L` = the shortest row's length (at most
+/// `seq_len`).
 fn generate(
     model: &Model,
     vocab: &Vocabulary,
-    prompt: &str,
+    prompts: &[(&str, f64)],
     count: usize,
-    temperature: f64,
     rng: &mut Rng,
-) -> wgrad::Result<String> {
-    let mut ids = vocab.encode(prompt.as_bytes())?;
-    let window = model.config().seq_len;
+) -> wgrad::Result<Vec<String>> {
+    let mut rows: Vec<Vec<i32>> = prompts
+        .iter()
+        .map(|(p, _)| vocab.encode(p.as_bytes()))
+        .collect::<wgrad::Result<_>>()?;
     let v = model.config().vocab;
     for _ in 0..count {
-        let context = &ids[ids.len().saturating_sub(window)..];
-        let logits = model.logits(context, 1)?.to_vec::<f32>()?;
-        let last = &logits[(context.len() - 1) * v..];
-        let next = if temperature <= 0.0 {
-            (0..v).fold(0, |best, i| if last[i] > last[best] { i } else { best })
-        } else {
-            let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let weights: Vec<f64> = last
-                .iter()
-                .map(|&z| ((f64::from(z) - f64::from(max)) / temperature).exp())
-                .collect();
-            let mut u = rng.next_f64() * weights.iter().sum::<f64>();
-            let mut pick = v - 1;
-            for (i, w) in weights.iter().enumerate() {
-                if u < *w {
-                    pick = i;
-                    break;
+        let shortest = rows.iter().map(Vec::len).min().unwrap_or(1);
+        let len = shortest.min(model.config().seq_len);
+        let context: Vec<i32> = rows
+            .iter()
+            .flat_map(|r| r[r.len() - len..].iter().copied())
+            .collect();
+        let logits = model.logits(&context, rows.len())?.to_vec::<f32>()?;
+        for (r, row) in rows.iter_mut().enumerate() {
+            let last = &logits[((r + 1) * len - 1) * v..(r + 1) * len * v];
+            let temperature = prompts[r].1;
+            let next = if temperature <= 0.0 {
+                (0..v).fold(0, |best, i| if last[i] > last[best] { i } else { best })
+            } else {
+                let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f64> = last
+                    .iter()
+                    .map(|&z| (f64::from(z - max) / temperature).exp())
+                    .collect();
+                let mut u = rng.next_f64() * weights.iter().sum::<f64>();
+                let mut pick = v - 1;
+                for (i, w) in weights.iter().enumerate() {
+                    if u < *w {
+                        pick = i;
+                        break;
+                    }
+                    u -= w;
                 }
-                u -= w;
-            }
-            pick
-        };
-        ids.push(next as i32);
+                pick
+            };
+            row.push(next as i32);
+        }
     }
-    Ok(String::from_utf8_lossy(&vocab.decode(&ids)).into_owned())
+    Ok(rows
+        .iter()
+        .map(|r| String::from_utf8_lossy(&vocab.decode(r)).into_owned())
+        .collect())
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -346,21 +363,21 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("wrote {} and {}", csv.display(), svg.display());
     println!("samples:");
-    let mut sample_rng = Rng::new(args.seed ^ 0xabc);
-    for (prompt, temperature) in [
+    let prompts = [
         ("Shall I compare thee", 0.0),
-        ("When I do count", 0.0),
-        ("Love is", 0.8),
-        ("O, ", 0.8),
-    ] {
-        let text = generate(&model, &vocab, prompt, 80, temperature, &mut sample_rng)?;
-        let line = text.replace('\n', " / ");
-        let how = if temperature == 0.0 {
+        ("When I do count the ", 0.0),
+        ("Love is not love wh", 0.8),
+        ("Then can I drown an", 0.8),
+    ];
+    let mut sample_rng = Rng::new(args.seed ^ 0xabc);
+    let texts = generate(&model, &vocab, &prompts, 72, &mut sample_rng)?;
+    for ((_, temperature), text) in prompts.iter().zip(texts) {
+        let how = if *temperature == 0.0 {
             "greedy".to_string()
         } else {
             format!("T={temperature}")
         };
-        println!("  [{how:>6}] {line}");
+        println!("  [{how:>6}] {}", text.replace('\n', " / "));
     }
     Ok(())
 }
