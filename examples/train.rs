@@ -15,9 +15,11 @@ use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-use wgrad::gradcheck::Rng;
-use wgrad::model::{AdamWSettings, Batch, HostAdamW, Model, ModelConfig, Vocabulary, sample_windows};
 use wgrad::Engine;
+use wgrad::gradcheck::Rng;
+use wgrad::model::{
+    AdamWSettings, Batch, HostAdamW, Model, ModelConfig, Vocabulary, sample_windows,
+};
 
 const CORPUS: &[u8] = include_bytes!("../data/sonnets.txt");
 
@@ -131,7 +133,11 @@ fn write_csv(path: &Path, records: &[Record]) -> std::io::Result<()> {
     std::fs::write(path, s)
 }
 
-fn write_svg(path: &Path, records: &[Record], title: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn write_svg(
+    path: &Path,
+    records: &[Record],
+    title: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let max_loss = records.iter().map(|r| r.loss).fold(0.0, f64::max);
@@ -162,7 +168,10 @@ fn write_svg(path: &Path, records: &[Record], title: &str) -> Result<(), Box<dyn
         .enumerate()
         .map(|(i, r)| {
             let w = &records[i.saturating_sub(9)..=i];
-            (r.step as f64, w.iter().map(|r| r.loss).sum::<f64>() / w.len() as f64)
+            (
+                r.step as f64,
+                w.iter().map(|r| r.loss).sum::<f64>() / w.len() as f64,
+            )
         })
         .collect();
     chart
@@ -300,8 +309,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Rng::new(args.seed ^ 0x5eed);
     let bar = ProgressBar::new(args.steps as u64);
     bar.set_style(
-        ProgressStyle::with_template("{bar:30.cyan/blue} step {pos}/{len} {msg} [{elapsed_precise}]")?
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{bar:30.cyan/blue} step {pos}/{len} {msg} [{elapsed_precise}]",
+        )?
+        .progress_chars("=> "),
     );
     let tokens_per_step = (args.batch * args.seq) as f64;
     let start = Instant::now();
@@ -314,11 +325,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let (loss, tape) = model.forward(&batch)?;
         let grads = model.backward(&tape)?;
         drop(tape);
-        optimizer.step(
-            &mut model,
-            &grads,
-            learning_rate(args.lr, step, args.steps),
-        )?;
+        optimizer.step(&mut model, &grads, learning_rate(args.lr, step, args.steps))?;
         let loss = loss.to_f64()?[0];
         let dt = t0.elapsed().as_secs_f64();
         records.push(Record {

@@ -40,8 +40,8 @@
 //! two runs of the same step give identical bits. The f64 reference of the whole model is
 //! [`crate::reference::model`].
 
-use crate::attention::{self, AttentionLayout, AttentionOptions, AttentionSaved};
 use crate::activation::{self, ActivationSaved};
+use crate::attention::{self, AttentionLayout, AttentionOptions, AttentionSaved};
 use crate::gradcheck::Rng;
 use crate::loss::{self, CrossEntropyOptions, CrossEntropySaved};
 use crate::matmul::{self, Gemm, GemmOperand, MatmulOptions};
@@ -212,9 +212,7 @@ impl ModelConfig {
                     } else {
                         1.0 / (shape[1] as f64).sqrt()
                     };
-                    (0..n)
-                        .map(|_| rng.uniform(-bound, bound) as f32)
-                        .collect()
+                    (0..n).map(|_| rng.uniform(-bound, bound) as f32).collect()
                 }
             })
             .collect()
@@ -409,7 +407,12 @@ fn linear_backward(saved: &[&LinearSaved], dys: &[&Tensor]) -> Result<(Tensor, V
             i > 0,
         ))?;
         // dW = dyᵀ·x: dy stored [rows, out] read transposed, @ x [rows, in].
-        let dw = Tensor::empty(engine, &[outputs, inputs], DType::F32, "linear weight gradient")?;
+        let dw = Tensor::empty(
+            engine,
+            &[outputs, inputs],
+            DType::F32,
+            "linear weight gradient",
+        )?;
         matmul::gemm(&product(
             operand(dy, true),
             operand(x, false),
@@ -648,19 +651,20 @@ impl Model {
     ) -> Result<(Tensor, EmbeddingSaved, norm::Saved, Vec<BlockTape>)> {
         let c = &self.config;
         if seq > c.seq_len {
-            return Err(Error::bounds("model: sequence length", seq as u64, 1, c.seq_len as u64));
+            return Err(Error::bounds(
+                "model: sequence length",
+                seq as u64,
+                1,
+                c.seq_len as u64,
+            ));
         }
         let rows = batch * seq;
         let opts = self.norm_options();
         // h = embedding[tokens]; n = RMSNorm(h + 0).
         let (mut stream, embedding) = embed(&self.embedding, tokens)?;
         let zeros = Tensor::zeros(&self.engine, &[rows, c.d_model], DType::F32)?;
-        let (mut normed, _, first_norm) = norm::add_rms_norm(
-            &stream,
-            &zeros,
-            Some(&self.blocks[0].attention_norm),
-            &opts,
-        )?;
+        let (mut normed, _, first_norm) =
+            norm::add_rms_norm(&stream, &zeros, Some(&self.blocks[0].attention_norm), &opts)?;
         let mut tapes = Vec::with_capacity(c.layers);
         for (l, block) in self.blocks.iter().enumerate() {
             let (a, attention) = self.attention_half(block, &normed, batch, seq)?;
@@ -789,8 +793,12 @@ impl Model {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
-        batch.tokens.check_engine(&self.engine, "model: batch tokens")?;
-        batch.targets.check_engine(&self.engine, "model: batch targets")?;
+        batch
+            .tokens
+            .check_engine(&self.engine, "model: batch tokens")?;
+        batch
+            .targets
+            .check_engine(&self.engine, "model: batch targets")?;
         for &t in &batch.host_tokens {
             if t < 0 || t as usize >= self.config.vocab {
                 return Err(Error::bounds(
@@ -852,11 +860,7 @@ impl Model {
     }
 
     /// Backward of [`Model::attention_half`]: `(d input, [dWq, dWk, dWv, dWo])`.
-    fn attention_backward(
-        &self,
-        t: &AttentionTape,
-        da: &Tensor,
-    ) -> Result<(Tensor, [Tensor; 4])> {
+    fn attention_backward(&self, t: &AttentionTape, da: &Tensor) -> Result<(Tensor, [Tensor; 4])> {
         let (d_mixed, mut dw_out) = linear_backward(&[&t.output], &[da])?;
         let q_shape = t.heads_shape;
         let g = attention::attention_backward(&t.attention, &d_mixed.reshape(&q_shape)?)?;
@@ -929,7 +933,11 @@ pub fn check_parameters(
             return Err(Error::shape(format!("{what} {name}"), shape, p.shape()));
         }
         if p.dtype() != DType::F32 {
-            return Err(Error::dtype(format!("{what} {name}"), p.dtype(), &[DType::F32]));
+            return Err(Error::dtype(
+                format!("{what} {name}"),
+                p.dtype(),
+                &[DType::F32],
+            ));
         }
     }
     Ok(())
@@ -1006,7 +1014,11 @@ impl HostAdamW {
         let mut updated = Vec::with_capacity(g.len());
         for (i, p) in model.parameters().into_iter().enumerate() {
             let mut w = p.to_f64()?;
-            let decay = if p.shape().len() > 1 { s.weight_decay } else { 0.0 };
+            let decay = if p.shape().len() > 1 {
+                s.weight_decay
+            } else {
+                0.0
+            };
             for j in 0..w.len() {
                 let gj = g[i][j] * scale;
                 self.m[i][j] = s.beta1 * self.m[i][j] + (1.0 - s.beta1) * gj;
@@ -1068,7 +1080,12 @@ impl Vocabulary {
     /// The bytes of token ids (ids outside the vocabulary are skipped).
     pub fn decode(&self, ids: &[i32]) -> Vec<u8> {
         ids.iter()
-            .filter_map(|&i| usize::try_from(i).ok().and_then(|i| self.bytes.get(i)).copied())
+            .filter_map(|&i| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| self.bytes.get(i))
+                    .copied()
+            })
             .collect()
     }
 }

@@ -58,7 +58,9 @@ fn upload(config: &ModelConfig, host: &[Vec<f32>]) -> Model {
 
 fn ids(seed: u64, n: usize, vocab: usize) -> Vec<i32> {
     let mut rng = Rng::new(seed);
-    (0..n).map(|_| (rng.next_u64() % vocab as u64) as i32).collect()
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as i32)
+        .collect()
 }
 
 fn widen(host: &[Vec<f32>]) -> Vec<Vec<f64>> {
@@ -231,10 +233,19 @@ fn bad_configs_batches_and_parameters_are_typed_errors() {
     }
     for c in [
         ModelConfig { head_dim: 12, ..t },
-        ModelConfig { rope_base: 1.0, ..t },
-        ModelConfig { rope_base: f64::NAN, ..t },
+        ModelConfig {
+            rope_base: 1.0,
+            ..t
+        },
+        ModelConfig {
+            rope_base: f64::NAN,
+            ..t
+        },
         ModelConfig { eps: 0.0, ..t },
-        ModelConfig { eps: f32::INFINITY, ..t },
+        ModelConfig {
+            eps: f32::INFINITY,
+            ..t
+        },
     ] {
         assert!(matches!(bad(c), Error::InvalidValue { .. }), "{c:?}");
     }
@@ -271,13 +282,25 @@ fn bad_configs_batches_and_parameters_are_typed_errors() {
     // Longer than seq_len.
     let long = ids(2, 9, v);
     let b = Batch::new(e, &long, &long, 1, 9, v).unwrap();
-    assert!(matches!(model.forward(&b).unwrap_err(), Error::OutOfBounds { .. }));
-    assert!(matches!(model.logits(&long, 1).unwrap_err(), Error::OutOfBounds { .. }));
+    assert!(matches!(
+        model.forward(&b).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
+    assert!(matches!(
+        model.logits(&long, 1).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
     // A batch built for a larger vocabulary.
     let wide = ids(3, 8, 2 * v);
     let b = Batch::new(e, &wide, &wide, 1, 8, 2 * v).unwrap();
-    assert!(matches!(model.forward(&b).unwrap_err(), Error::OutOfBounds { .. }));
-    assert!(matches!(model.logits(&ok, 3).unwrap_err(), Error::LengthMismatch { .. }));
+    assert!(matches!(
+        model.forward(&b).unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
+    assert!(matches!(
+        model.logits(&ok, 3).unwrap_err(),
+        Error::LengthMismatch { .. }
+    ));
 
     // Parameters: count, shape, dtype, engine.
     let params: Vec<Tensor> = model.parameters().into_iter().cloned().collect();
@@ -316,7 +339,10 @@ fn vocabulary_and_windows() {
     let ids = vocab.encode(text).unwrap();
     assert_eq!(ids[..4], [0, 1, 4, 0]);
     assert_eq!(vocab.decode(&ids), text);
-    assert!(matches!(vocab.encode(b"z").unwrap_err(), Error::OutOfBounds { .. }));
+    assert!(matches!(
+        vocab.encode(b"z").unwrap_err(),
+        Error::OutOfBounds { .. }
+    ));
     let (x, y) = sample_windows(&ids, 3, 4, &mut Rng::new(1)).unwrap();
     assert_eq!((x.len(), y.len()), (12, 12));
     for r in 0..3 {

@@ -133,7 +133,11 @@ pub fn linear_backward(
 pub fn embedding(table: &[f64], tokens: &[i32], width: usize) -> Vec<f64> {
     tokens
         .iter()
-        .flat_map(|&t| table[t as usize * width..(t as usize + 1) * width].iter().copied())
+        .flat_map(|&t| {
+            table[t as usize * width..(t as usize + 1) * width]
+                .iter()
+                .copied()
+        })
         .collect()
 }
 
@@ -533,8 +537,14 @@ pub fn backward(
         &loss::CrossEntropyConfig::default(),
         &[1.0],
     );
-    let (mut d_normed, d_head) =
-        linear_backward(&fwd.final_normed, p.lm_head, &d_logits, s.rows, s.d, config.vocab);
+    let (mut d_normed, d_head) = linear_backward(
+        &fwd.final_normed,
+        p.lm_head,
+        &d_logits,
+        s.rows,
+        s.d,
+        config.vocab,
+    );
     grads[tail + 1] = d_head;
     // The final residual stream itself is not used: its cotangent starts at zero.
     let mut d_stream = vec![0.0; s.rows * s.d];
