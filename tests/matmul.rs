@@ -227,24 +227,32 @@ fn every_activation_epilogue_matches_reference() {
 
 #[test]
 fn every_storage_dtype_matches_reference() {
-    for (i, a) in DType::FLOATS.into_iter().enumerate() {
-        for (j, b) in DType::FLOATS.into_iter().enumerate() {
-            let dt = Dtypes {
-                a,
-                b,
-                bias: DType::FLOATS[(i + j) % 3],
-                dy: DType::FLOATS[(i + 2 * j) % 3],
-            };
-            // Odd extents and odd offsets of 16-bit rows (halves split across words).
-            let p = Problem {
-                batch: 2,
-                a_batched: true,
-                b_batched: i == j,
-                activation: (i == 1).then_some(Activation::Silu),
-                ..problem(7, 33, 13, j == 1, i == 2)
-            };
-            check_problem(&p, true, &dt, 400 + 3 * i as u64 + j as u64);
-        }
+    // Each operand (A, B, bias, dY) in every dtype across the rotations, then all BF16.
+    let f = DType::FLOATS;
+    let mut sets: Vec<Dtypes> = (0..3)
+        .map(|i| Dtypes {
+            a: f[i],
+            b: f[(i + 1) % 3],
+            bias: f[(i + 2) % 3],
+            dy: f[(i + 1) % 3],
+        })
+        .collect();
+    sets.push(Dtypes {
+        a: DType::BF16,
+        b: DType::BF16,
+        bias: DType::BF16,
+        dy: DType::BF16,
+    });
+    for (i, dt) in sets.iter().enumerate() {
+        // Odd extents: 16-bit rows start in the middle of words.
+        let p = Problem {
+            batch: 2,
+            a_batched: true,
+            b_batched: i % 2 == 0,
+            activation: (i == 1).then_some(Activation::Silu),
+            ..problem(7, 33, 13, i == 1 || i == 3, i >= 2)
+        };
+        check_problem(&p, true, dt, 400 + i as u64);
     }
 }
 

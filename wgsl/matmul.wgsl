@@ -3,7 +3,7 @@
 //   for each batch index b, row i < m, column j < n:
 //     v = alpha · Σ_{l < k} A_b(i, l) · B_b(l, j)  (+ bias[j])
 //     out[off_c + b·stride_c + i·n + j]  = act(v)   (pre-activation v stored when asked)
-//                                        += v       (ACCUMULATE; no activation then)
+//                                        += v       (accumulate; no activation then)
 //
 // A_b(i, l) is read at off_a + b·stride_a + i·k + l ([m, k] rows), or + l·m + i when TRANS_A
 // ([k, m] rows); B_b(l, j) at off_b + b·stride_b + l·n + j ([k, n]), or + j·k + l when TRANS_B
@@ -19,14 +19,12 @@
 // bit-identical and no two invocations write one output word. Edge tiles (ragged m, n, k)
 // read zeros past the ends and write nothing outside the product.
 
-override DT_A: u32 = 0u;         // dtype codes of A, B, bias
+// The operands' dtypes and layouts specialize the main loop; the epilogue's options are
+// uniform parameters (one pipeline serves every bias dtype, activation and accumulation).
+override DT_A: u32 = 0u;         // dtype codes of A and B
 override DT_B: u32 = 0u;
-override DT_BIAS: u32 = 0u;
 override TRANS_A: u32 = 0u;      // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;      // 1: B stored [n, k]
-override HAS_BIAS: u32 = 0u;     // 1: add bias[j]
-override ACCUMULATE: u32 = 0u;   // 1: out += v (F32)
-override ACT: u32 = 0u;          // 0: none; else Activation::code() + 1
 
 const WG: u32 = 256u;
 const BM: u32 = 128u;
@@ -53,6 +51,10 @@ struct Params {
     stride_b: u32,
     stride_c: u32,
     alpha: f32,
+    has_bias: u32,   // 1: add bias[j]
+    dt_bias: u32,    // the bias's dtype code
+    accumulate: u32, // 1: out += v (F32)
+    act: u32,        // 0: none; else Activation::code() + 1
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -84,10 +86,10 @@ fn load_b(i: u32) -> f32 {
 }
 
 fn load_bias(i: u32) -> f32 {
-    if (DT_BIAS == DT_F32) {
+    if (params.dt_bias == DT_F32) {
         return bitcast<f32>(bias[i]);
     }
-    return half_from_word(bias[i >> 1u], i, DT_BIAS);
+    return half_from_word(bias[i >> 1u], i, params.dt_bias);
 }
 
 // (row within the tile, k within the step) of this invocation's r-th A element; consecutive
@@ -201,7 +203,7 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32) {
 // The bias of this invocation's micro-tile columns (4·tx.. of the tile at col0).
 fn micro_bias(lid: u32, col0: u32) -> vec4<f32> {
     var bias_v = vec4(0.0);
-    if (HAS_BIAS == 1u) {
+    if (params.has_bias == 1u) {
         for (var c = 0u; c < TN; c = c + 1u) {
             let col = col0 + (lid % 16u) * TN + c;
             if (col < params.n) {
@@ -214,10 +216,10 @@ fn micro_bias(lid: u32, col0: u32) -> vec4<f32> {
 
 // out ← act(v), or out += v.
 fn store_out(idx: u32, v: f32) {
-    if (ACCUMULATE == 1u) {
+    if (params.accumulate == 1u) {
         out[idx] = bitcast<u32>(bitcast<f32>(out[idx]) + v);
-    } else if (ACT != 0u) {
-        out[idx] = bitcast<u32>(activation_eval(ACT - 1u, v).x);
+    } else if (params.act != 0u) {
+        out[idx] = bitcast<u32>(activation_eval(params.act - 1u, v).x);
     } else {
         out[idx] = bitcast<u32>(v);
     }
