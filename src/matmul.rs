@@ -19,7 +19,7 @@
 //! order by one invocation (no split-K), so reruns are bit-identical.
 //!
 //! Kernel (`wgsl/matmul.wgsl`): 128×64 output tile per workgroup of 256 invocations, 8×4
-//! micro-tile per invocation, K steps of 16 staged in 12.75 KiB of workgroup memory with the
+//! micro-tile per invocation, K steps of 16 staged in 12.5 KiB of workgroup memory with the
 //! next step prefetched into registers; edge tiles are bounds-checked in the kernel. The
 //! activation formulas are those of [`crate::activation`] (`wgsl/common/activation.wgsl`).
 //!
