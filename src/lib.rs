@@ -29,6 +29,7 @@ pub mod gradcheck;
 pub mod kernel;
 pub mod loss;
 pub mod matmul;
+pub mod mlp;
 pub mod model;
 pub mod msl;
 pub mod norm;

@@ -227,24 +227,32 @@ fn every_activation_epilogue_matches_reference() {
 
 #[test]
 fn every_storage_dtype_matches_reference() {
-    for (i, a) in DType::FLOATS.into_iter().enumerate() {
-        for (j, b) in DType::FLOATS.into_iter().enumerate() {
-            let dt = Dtypes {
-                a,
-                b,
-                bias: DType::FLOATS[(i + j) % 3],
-                dy: DType::FLOATS[(i + 2 * j) % 3],
-            };
-            // Odd extents and odd offsets of 16-bit rows (halves split across words).
-            let p = Problem {
-                batch: 2,
-                a_batched: true,
-                b_batched: i == j,
-                activation: (i == 1).then_some(Activation::Silu),
-                ..problem(7, 33, 13, j == 1, i == 2)
-            };
-            check_problem(&p, true, &dt, 400 + 3 * i as u64 + j as u64);
-        }
+    // Each operand (A, B, bias, dY) in every dtype across the rotations, then all BF16.
+    let f = DType::FLOATS;
+    let mut sets: Vec<Dtypes> = (0..3)
+        .map(|i| Dtypes {
+            a: f[i],
+            b: f[(i + 1) % 3],
+            bias: f[(i + 2) % 3],
+            dy: f[(i + 1) % 3],
+        })
+        .collect();
+    sets.push(Dtypes {
+        a: DType::BF16,
+        b: DType::BF16,
+        bias: DType::BF16,
+        dy: DType::BF16,
+    });
+    for (i, dt) in sets.iter().enumerate() {
+        // Odd extents: 16-bit rows start in the middle of words.
+        let p = Problem {
+            batch: 2,
+            a_batched: true,
+            b_batched: i % 2 == 0,
+            activation: (i == 1).then_some(Activation::Silu),
+            ..problem(7, 33, 13, i == 1 || i == 3, i >= 2)
+        };
+        check_problem(&p, true, dt, 400 + i as u64);
     }
 }
 
@@ -278,4 +286,406 @@ fn reference_backward_matches_finite_differences() {
         );
         assert!(c.passed, "{i} dbias: {c}");
     }
+}
+
+/// The expected output of a `gemm` call over host copies of its operands.
+#[allow(clippy::too_many_arguments)]
+fn gemm_reference(
+    a: &[f64],
+    a_op: (usize, bool, usize),
+    b: &[f64],
+    b_op: (usize, bool, usize),
+    out: &mut [f64],
+    out_op: (usize, usize),
+    (m, n, k, batch): (usize, usize, usize, usize),
+    bias: Option<&[f64]>,
+    accumulate: bool,
+    activation: Option<Activation>,
+    alpha: f64,
+) {
+    let p = Problem {
+        transpose_a: a_op.1,
+        transpose_b: b_op.1,
+        ..Problem::new(m, n, k)
+    };
+    for bi in 0..batch {
+        let a0 = a_op.0 + bi * a_op.2;
+        let b0 = b_op.0 + bi * b_op.2;
+        let pre = reference::pre_activation(&p, &a[a0..a0 + m * k], &b[b0..b0 + k * n], None);
+        for i in 0..m {
+            for j in 0..n {
+                let v = alpha * pre[i * n + j] + bias.map_or(0.0, |c| c[j]);
+                let o = &mut out[out_op.0 + bi * out_op.1 + i * n + j];
+                *o = if accumulate {
+                    *o + v
+                } else {
+                    activation.map_or(v, |kind| wgrad::reference::activation::act(kind, v))
+                };
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_offsets_accumulate_and_alpha() {
+    let e = engine();
+    let (m, n, k, batch) = (7, 33, 13, 3);
+    for (case, dtype) in DType::FLOATS.into_iter().enumerate() {
+        let (ta, tb) = (case == 1, case != 1);
+        // Odd element offsets and batch strides with gaps between the matrices.
+        let (a_off, a_stride) = (5, m * k + 3);
+        let (b_off, b_stride) = (3, k * n + 1);
+        let (c_off, c_stride) = (11, m * n + 7);
+        let a = stored(&data(600, a_off + batch * a_stride), dtype);
+        let b = stored(&data(601, b_off + batch * b_stride), dtype);
+        let bias = stored(&data(602, n), dtype);
+        let init = data(603, c_off + batch * c_stride + 4);
+        let at = tensor_from_f64(e, &a, &[a.len()], dtype);
+        let bt = tensor_from_f64(e, &b, &[b.len()], dtype);
+        let biast = tensor_from_f64(e, &bias, &[n], dtype);
+        for (accumulate, activation, alpha) in [
+            (false, None, 1.0f32),
+            (true, None, 0.5),
+            (false, Some(Activation::Silu), -1.25),
+        ] {
+            let out = tensor_from_f64(e, &init, &[init.len()], DType::F32);
+            let pre = Tensor::zeros(e, &[init.len()], DType::F32).unwrap();
+            let call = Gemm {
+                a: GemmOperand {
+                    tensor: &at,
+                    offset: a_off,
+                    transposed: ta,
+                    batch_stride: a_stride,
+                },
+                b: GemmOperand {
+                    tensor: &bt,
+                    offset: b_off,
+                    transposed: tb,
+                    batch_stride: b_stride,
+                },
+                out: &out,
+                out_offset: c_off,
+                out_batch_stride: c_stride,
+                m,
+                n,
+                k,
+                batch,
+                bias: Some(&biast),
+                accumulate,
+                activation,
+                pre_activation: activation.map(|_| &pre),
+                alpha,
+            };
+            gemm(&call).unwrap();
+            let mut want = init.clone();
+            gemm_reference(
+                &a,
+                (a_off, ta, a_stride),
+                &b,
+                (b_off, tb, b_stride),
+                &mut want,
+                (c_off, c_stride),
+                (m, n, k, batch),
+                Some(&bias),
+                accumulate,
+                activation,
+                f64::from(alpha),
+            );
+            let label = format!("{dtype} accumulate {accumulate} act {activation:?} alpha {alpha}");
+            // Elements outside the product (gaps, before and after) keep their values.
+            assert_close(&label, &out.to_f64().unwrap(), &want, tol_for(k));
+            if activation.is_some() {
+                let mut want_pre = vec![0.0; init.len()];
+                gemm_reference(
+                    &a,
+                    (a_off, ta, a_stride),
+                    &b,
+                    (b_off, tb, b_stride),
+                    &mut want_pre,
+                    (c_off, c_stride),
+                    (m, n, k, batch),
+                    Some(&bias),
+                    false,
+                    None,
+                    f64::from(alpha),
+                );
+                assert_close(
+                    &format!("{label} pre"),
+                    &pre.to_f64().unwrap(),
+                    &want_pre,
+                    tol_for(k),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_extents() {
+    let e = engine();
+    // K = 0: the product is zero, the output is act(bias) (or zeros); dA, dB are empty and
+    // dbias is the column sum of G.
+    let a = Tensor::zeros(e, &[5, 0], DType::F32).unwrap();
+    let b = Tensor::zeros(e, &[0, 3], DType::BF16).unwrap();
+    let bias_v = [0.5, -1.0, 2.0];
+    let bias = tensor_from_f64(e, &bias_v, &[3], DType::F32);
+    let options = MatmulOptions {
+        activation: Some(Activation::Relu),
+        ..Default::default()
+    };
+    let (y, saved) = mm(&a, &b, Some(&bias), &options).unwrap();
+    assert_eq!(y.shape(), &[5, 3]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), [0.5, 0.0, 2.0].repeat(5));
+    let (y0, _) = mm(&a, &b, None, &MatmulOptions::default()).unwrap();
+    assert_eq!(y0.to_vec::<f32>().unwrap(), vec![0.0; 15]);
+    let dy = tensor_from_f64(e, &[1.0; 15], &[5, 3], DType::F32);
+    let g = matmul_backward(&saved, &dy).unwrap();
+    assert_eq!(
+        (g.a.shape(), g.b.shape()),
+        (&[5usize, 0][..], &[0usize, 3][..])
+    );
+    assert_eq!(g.bias.unwrap().to_vec::<f32>().unwrap(), [5.0, 0.0, 5.0]);
+
+    // M = 0: empty output and dA, zero dB; N = 0: empty output and dB, zero dA.
+    let a = Tensor::zeros(e, &[2, 0, 4], DType::F32).unwrap();
+    let b = tensor_from_f64(e, &data(701, 12), &[4, 3], DType::F32);
+    let (y, saved) = mm(&a, &b, None, &MatmulOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[2, 0, 3]);
+    let g = matmul_backward(&saved, &Tensor::zeros(e, &[2, 0, 3], DType::F32).unwrap()).unwrap();
+    assert_eq!(g.a.shape(), &[2, 0, 4]);
+    assert_eq!(g.b.to_vec::<f32>().unwrap(), vec![0.0; 12]);
+    let a = tensor_from_f64(e, &data(702, 8), &[2, 4], DType::F16);
+    let b = Tensor::zeros(e, &[4, 0], DType::F32).unwrap();
+    let (y, saved) = mm(&a, &b, None, &MatmulOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[2, 0]);
+    let g = matmul_backward(&saved, &Tensor::zeros(e, &[2, 0], DType::F32).unwrap()).unwrap();
+    assert_eq!(g.a.to_vec::<f32>().unwrap(), vec![0.0; 8]);
+    assert_eq!(g.b.shape(), &[4, 0]);
+
+    // No batches (batch dimension 0) with a shared B: dB is zero.
+    for ta in [false, true] {
+        let a_shape = if ta { [0, 4, 3] } else { [0, 3, 4] };
+        let a = Tensor::zeros(e, &a_shape, DType::F32).unwrap();
+        let b = tensor_from_f64(e, &data(703, 20), &[4, 5], DType::F32);
+        let options = MatmulOptions {
+            transpose_a: ta,
+            ..Default::default()
+        };
+        let (y, saved) = mm(&a, &b, None, &options).unwrap();
+        assert_eq!(y.shape(), &[0, 3, 5]);
+        let dy = Tensor::zeros(e, y.shape(), DType::F32).unwrap();
+        let g = matmul_backward(&saved, &dy).unwrap();
+        assert_eq!(g.b.to_vec::<f32>().unwrap(), vec![0.0; 20]);
+    }
+}
+
+#[test]
+fn reruns_are_bit_identical() {
+    let e = engine();
+    let p = Problem {
+        batch: 3,
+        a_batched: true,
+        activation: Some(Activation::Gelu),
+        ..problem(70, 65, 129, false, true)
+    };
+    let (sa, sb) = shapes(&p);
+    let a = tensor_from_f64(e, &data(800, p.a_len()), &sa, DType::BF16);
+    let b = tensor_from_f64(e, &data(801, p.b_len()), &sb, DType::F32);
+    let bias = tensor_from_f64(e, &data(802, p.n), &[p.n], DType::F16);
+    let dy = tensor_from_f64(e, &data(803, p.out_len()), &[3, p.m, p.n], DType::F32);
+    let options = MatmulOptions {
+        transpose_b: true,
+        activation: p.activation,
+        ..Default::default()
+    };
+    let run = || {
+        let (y, saved) = mm(&a, &b, Some(&bias), &options).unwrap();
+        let g = matmul_backward(&saved, &dy).unwrap();
+        [
+            f32_bits(&y),
+            f32_bits(saved.pre_activation().unwrap()),
+            f32_bits(&g.a),
+            f32_bits(&g.b),
+            f32_bits(&g.bias.unwrap()),
+        ]
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let e = engine();
+    let f32s = |shape: &[usize]| Tensor::zeros(e, shape, DType::F32).unwrap();
+    let none = MatmulOptions::default();
+    // Inner-dimension mismatch: expected B's shape with the matching K.
+    let r = mm(&f32s(&[3, 4]), &f32s(&[5, 6]), None, &none);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, got, .. }) if expected == &[4, 6] && got == &[5, 6]),
+        "{r:?}"
+    );
+    let tb = MatmulOptions {
+        transpose_b: true,
+        ..none
+    };
+    let r = mm(&f32s(&[3, 4]), &f32s(&[6, 5]), None, &tb);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, .. }) if expected == &[6, 4]),
+        "{r:?}"
+    );
+    // Rank below 2.
+    assert!(matches!(
+        mm(&f32s(&[4]), &f32s(&[4, 2]), None, &none),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Batch mismatch.
+    let r = mm(&f32s(&[2, 3, 4]), &f32s(&[3, 4, 5]), None, &none);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, .. }) if expected == &[2, 4, 5]),
+        "{r:?}"
+    );
+    // Bias length.
+    let r = mm(&f32s(&[3, 4]), &f32s(&[4, 5]), Some(&f32s(&[4])), &none);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, .. }) if expected == &[5]),
+        "{r:?}"
+    );
+    // Integer operand.
+    let ints = Tensor::from_slice(e, &[1i32; 12], &[3, 4]).unwrap();
+    assert!(matches!(
+        mm(&ints, &f32s(&[4, 5]), None, &none),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    // Cotangent of another shape.
+    let (_, saved) = mm(&f32s(&[3, 4]), &f32s(&[4, 5]), None, &none).unwrap();
+    assert!(matches!(
+        matmul_backward(&saved, &f32s(&[3, 6])),
+        Err(Error::ShapeMismatch { .. })
+    ));
+
+    let a = f32s(&[12]);
+    let b = f32s(&[20]);
+    let out = f32s(&[15]);
+    let base = |out| Gemm {
+        a: GemmOperand {
+            tensor: &a,
+            offset: 0,
+            transposed: false,
+            batch_stride: 0,
+        },
+        b: GemmOperand {
+            tensor: &b,
+            offset: 0,
+            transposed: false,
+            batch_stride: 0,
+        },
+        out,
+        out_offset: 0,
+        out_batch_stride: 0,
+        m: 3,
+        n: 5,
+        k: 4,
+        batch: 1,
+        bias: None,
+        accumulate: false,
+        activation: None,
+        pre_activation: None,
+        alpha: 1.0,
+    };
+    gemm(&base(&out)).unwrap();
+    // Non-F32 out.
+    let half_out = Tensor::zeros(e, &[15], DType::F16).unwrap();
+    assert!(matches!(
+        gemm(&base(&half_out)),
+        Err(Error::UnsupportedDType {
+            got: DType::F16,
+            ..
+        })
+    ));
+    // Out too small.
+    let small = f32s(&[14]);
+    assert!(matches!(
+        gemm(&base(&small)),
+        Err(Error::OutOfBounds {
+            got: 15,
+            max: 14,
+            ..
+        })
+    ));
+    // Offsets past the end, and extents running past it.
+    let mut c = base(&out);
+    c.a.offset = 13;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 13,
+            max: 12,
+            ..
+        })
+    ));
+    let mut c = base(&out);
+    c.b.offset = 1;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 21,
+            max: 20,
+            ..
+        })
+    ));
+    let mut c = base(&out);
+    c.out_offset = 16;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 16,
+            max: 15,
+            ..
+        })
+    ));
+    let mut c = base(&out);
+    c.batch = 2;
+    c.a.batch_stride = 1;
+    c.out_batch_stride = 15;
+    assert!(matches!(gemm(&c), Err(Error::OutOfBounds { .. })));
+    // Overlapping batch outputs.
+    let big = f32s(&[30]);
+    let mut c = base(&big);
+    c.batch = 2;
+    c.out_batch_stride = 10;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 10,
+            min: 15,
+            ..
+        })
+    ));
+    // Activation with accumulate; pre-activation with accumulate.
+    let mut c = base(&out);
+    c.accumulate = true;
+    c.activation = Some(Activation::Relu);
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    let pre = f32s(&[15]);
+    let mut c = base(&out);
+    c.accumulate = true;
+    c.pre_activation = Some(&pre);
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    // Non-finite alpha.
+    let mut c = base(&out);
+    c.alpha = f32::NAN;
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    // Bias length, out aliasing an operand.
+    let bias = f32s(&[4]);
+    let mut c = base(&out);
+    c.bias = Some(&bias);
+    assert!(matches!(gemm(&c), Err(Error::ShapeMismatch { .. })));
+    let c = base(&b);
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    // Tensors of another engine.
+    let other = common::private_engine();
+    let foreign = Tensor::zeros(&other, &[4, 5], DType::F32).unwrap();
+    assert!(matches!(
+        mm(&f32s(&[3, 4]), &foreign, None, &none),
+        Err(Error::EngineMismatch { .. })
+    ));
 }

@@ -7,6 +7,7 @@ mod attention;
 mod gated_delta;
 mod loss;
 mod matmul;
+mod mlp;
 mod model;
 mod norm;
 mod pointwise;
@@ -69,6 +70,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(gated_delta::operators())
     .chain(attention::operators())
     .chain(matmul::operators())
+    .chain(mlp::operators())
     .chain(model::operators())
     .collect()
 }

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod gated_delta;
 pub mod loss;
 pub mod matmul;
+pub mod mlp;
 pub mod model;
 pub mod norm;
 pub mod reduce;

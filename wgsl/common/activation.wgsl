@@ -1,7 +1,8 @@
 // Scalar activation formulas shared by every kernel with an activation (the activation
 // family, the matmul epilogue): `activation_eval(kind, x)` returns (act(x), act'(x)) in FP32
-// for the code `kind` of `Activation::code()`. Kernels pass an override constant as `kind`,
-// so the switch folds away when the pipeline is specialized.
+// for the code `kind` of `Activation::code()`. The activation family passes an override
+// constant (the switch folds away when the pipeline is specialized); the matmul epilogue a
+// uniform parameter (one pipeline for every activation).
 
 const K_SILU: u32 = 0u;
 const K_SIGMOID: u32 = 1u;
