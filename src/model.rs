@@ -40,11 +40,11 @@
 //! two runs of the same step give identical bits. The f64 reference of the whole model is
 //! [`crate::reference::model`].
 
-use crate::activation::{self, ActivationSaved};
 use crate::attention::{self, AttentionLayout, AttentionOptions, AttentionSaved};
 use crate::gradcheck::Rng;
 use crate::loss::{self, CrossEntropyOptions, CrossEntropySaved};
 use crate::matmul::{self, Gemm, GemmOperand, MatmulOptions};
+use crate::mlp::{self, MlpOptions, MlpSaved};
 use crate::norm::{self, RmsNormOptions};
 use crate::rope::{self, RopeLayout, RopeQkOptions, RopeSaved};
 use crate::{DType, Engine, Error, Result, Tensor};
@@ -494,19 +494,6 @@ pub struct AttentionTape {
     pub heads_shape: [usize; 4],
 }
 
-/// What the MLP half of a block keeps for the backward.
-#[derive(Debug, Clone)]
-pub struct MlpTape {
-    /// Gate projection.
-    pub gate: LinearSaved,
-    /// Up projection.
-    pub up: LinearSaved,
-    /// `silu(gate)·up`.
-    pub swiglu: ActivationSaved,
-    /// Down projection.
-    pub down: LinearSaved,
-}
-
 /// One block's saved contexts, in forward order.
 #[derive(Debug, Clone)]
 pub struct BlockTape {
@@ -514,8 +501,9 @@ pub struct BlockTape {
     pub attention: AttentionTape,
     /// `h + a` fused with the MLP's RMSNorm.
     pub attention_residual: norm::Saved,
-    /// The MLP half.
-    pub mlp: MlpTape,
+    /// The SwiGLU MLP half ([`mlp::mlp`]: gate/up projections, `silu(gate)·up`, down
+    /// projection; the F32 gate and up products are saved).
+    pub mlp: MlpSaved,
     /// `h + m` fused with the next RMSNorm (the next block's or the final one).
     pub mlp_residual: norm::Saved,
 }
@@ -670,7 +658,13 @@ impl Model {
             let (a, attention) = self.attention_half(block, &normed, batch, seq)?;
             let (n, s, attention_residual) =
                 norm::add_rms_norm(&a, &stream, Some(&block.mlp_norm), &opts)?;
-            let (m, mlp) = mlp_half(block, &n)?;
+            let (m, mlp) = mlp::mlp(
+                &n,
+                &block.gate,
+                &block.up,
+                &block.down,
+                &MlpOptions::default(),
+            )?;
             let (n, s, mlp_residual) = norm::add_rms_norm(&m, &s, Some(self.norm_after(l)), &opts)?;
             (normed, stream) = (n, s);
             tapes.push(BlockTape {
@@ -831,7 +825,8 @@ impl Model {
             let g = norm::norm_backward(&t.mlp_residual, &d_normed, d_stream.as_ref())?;
             norm_after_grads.push(weight_grad(g.weight, "norm after block")?);
             let dm = g.source;
-            let (dx_mlp, [d_gate, d_up, d_down]) = mlp_backward(&t.mlp, &dm)?;
+            let g_mlp = mlp::mlp_backward(&t.mlp, &dm)?;
+            let (dx_mlp, d_gate, d_up, d_down) = (g_mlp.x, g_mlp.gate, g_mlp.up, g_mlp.down);
             let g = norm::norm_backward(&t.attention_residual, &dx_mlp, Some(&dm))?;
             let d_mlp_norm = weight_grad(g.weight, "mlp norm")?;
             let da = g.source;
@@ -876,35 +871,6 @@ impl Model {
         let [dwq, dwk, dwv]: [Tensor; 3] = dws.try_into().expect("three projections");
         Ok((dx, [dwq, dwk, dwv, dw_out.remove(0)]))
     }
-}
-
-/// The MLP half on the normalized stream `x` `[N, D]` → `[N, D]`.
-fn mlp_half(block: &Block, x: &Tensor) -> Result<(Tensor, MlpTape)> {
-    let (g, gate) = linear(x, &block.gate)?;
-    let (u, up) = linear(x, &block.up)?;
-    let (hidden, swiglu) = activation::swiglu(&g, &u)?;
-    let (m, down) = linear(&hidden, &block.down)?;
-    Ok((
-        m,
-        MlpTape {
-            gate,
-            up,
-            swiglu,
-            down,
-        },
-    ))
-}
-
-/// Backward of [`mlp_half`]: `(d input, [dW_gate, dW_up, dW_down])`.
-fn mlp_backward(t: &MlpTape, dm: &Tensor) -> Result<(Tensor, [Tensor; 3])> {
-    let (d_hidden, mut dw_down) = linear_backward(&[&t.down], &[dm])?;
-    let g = activation::backward(&t.swiglu, &d_hidden)?;
-    let d_up = g
-        .dup
-        .ok_or_else(|| Error::Device("swiglu backward: no up gradient".into()))?;
-    let (dx, dws) = linear_backward(&[&t.gate, &t.up], &[&g.dgate, &d_up])?;
-    let [dw_gate, dw_up]: [Tensor; 2] = dws.try_into().expect("two projections");
-    Ok((dx, [dw_gate, dw_up, dw_down.remove(0)]))
 }
 
 fn weight_grad(w: Option<Tensor>, what: &str) -> Result<Tensor> {
