@@ -42,11 +42,10 @@
 //! (three products per chunk). Setting `gradients_in_forward: false` gives scalar reductions
 //! the same recomputing backward (useful when a forward may not be followed by a backward).
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
 use crate::gemm_stub::{Gemm, GemmOperand, gemm};
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
 use crate::loss::{
-    self, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings,
-    Reduction,
+    self, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings, Reduction,
 };
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
@@ -200,7 +199,12 @@ impl Head {
     /// F32 `[rows, vocab]` logits of rows `r0..r0 + rows`, times `alpha` (bias unscaled).
     fn logits(&self, r0: usize, rows: usize) -> Result<Tensor> {
         let engine = self.input.engine();
-        let out = Tensor::empty(engine, &[rows, self.vocab], DType::F32, "fused_linear logits")?;
+        let out = Tensor::empty(
+            engine,
+            &[rows, self.vocab],
+            DType::F32,
+            "fused_linear logits",
+        )?;
         gemm(&Gemm {
             a: GemmOperand {
                 tensor: &self.input,
@@ -424,12 +428,7 @@ fn plan(
     let fits_binding = |c: usize| (c as u64) * (vocab as u64) * 4 <= binding;
     let chunk_rows = match chunking.chunk_rows {
         Some(0) => {
-            return Err(Error::bounds(
-                format!("{what}: chunk_rows"),
-                0,
-                1,
-                u64::MAX,
-            ));
+            return Err(Error::bounds(format!("{what}: chunk_rows"), 0, 1, u64::MAX));
         }
         Some(c) => {
             let c = c.min(rows.max(1));
@@ -632,7 +631,12 @@ pub fn fused_linear_cross_entropy(
         &options.chunking,
     )?;
     if ce.check_targets {
-        loss::check_target_range(&format!("{WHAT}: targets"), targets, ce.ignore_index, h.vocab)?;
+        loss::check_target_range(
+            &format!("{WHAT}: targets"),
+            targets,
+            ce.ignore_index,
+            h.vocab,
+        )?;
     }
     let eager = options.gradients_in_forward && ce.reduction != Reduction::None;
     let mat = Tensor::empty(engine, &[h.rows, 8], DType::F32, "fused_linear rows")?;

@@ -5,7 +5,11 @@ use crate::{Result, Tensor};
 
 pub static KERNEL: Kernel = Kernel {
     name: "gemm_stub",
-    parts: &[COMMON_DTYPE, COMMON_LAUNCH, include_str!("../wgsl/gemm_stub.wgsl")],
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        include_str!("../wgsl/gemm_stub.wgsl"),
+    ],
 };
 
 pub struct GemmOperand<'a> {
@@ -77,7 +81,12 @@ pub fn gemm(c: &Gemm) -> Result<()> {
             o_off: c.out_offset as u32,
             alpha: c.alpha,
         },
-        &[c.a.tensor.buffer(), c.b.tensor.buffer(), bias.buffer(), c.out.buffer()],
+        &[
+            c.a.tensor.buffer(),
+            c.b.tensor.buffer(),
+            bias.buffer(),
+            c.out.buffer(),
+        ],
         ((c.m * c.n) as u64).div_ceil(256),
     )
 }

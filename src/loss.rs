@@ -670,7 +670,7 @@ pub(crate) fn ce_rows_block(
 pub(crate) fn ce_count(targets: &Tensor, s: &CeSettings, cols: usize, mat: &Tensor) -> Result<()> {
     let rows = targets.len();
     let engine = targets.engine();
-    let weight_buffer = s.weight.as_ref().unwrap_or(mat).buffer();
+    let weight_buffer = s.weight.as_ref().unwrap_or(targets).buffer();
     engine.launch(
         &KERNEL,
         "ce_count",
@@ -1125,7 +1125,16 @@ pub(crate) fn div_count(
     s: &DivSettings,
     mat: &Tensor,
 ) -> Result<()> {
-    let labels_buffer = labels.unwrap_or(mat).buffer();
+    // Without labels the binding is unused; any read-only buffer other than `mat` will do.
+    let placeholder;
+    let labels = match labels {
+        Some(l) => l,
+        None => {
+            placeholder = Tensor::zeros(engine, &[1], DType::I32)?;
+            &placeholder
+        }
+    };
+    let labels_buffer = labels.buffer();
     engine.launch(
         &KERNEL,
         "div_count",

@@ -4,8 +4,7 @@
 //! `[vocab, hidden]`, logits `[rows, vocab]`.
 
 use crate::reference::loss::{
-    self as loss, CrossEntropyConfig, CrossEntropyResult, Divergence, log_softmax,
-    softmax_backward,
+    self as loss, CrossEntropyConfig, CrossEntropyResult, Divergence, log_softmax, softmax_backward,
 };
 
 /// `logits[r, v] = Σ_h x[r, h]·w[v, h] + bias[v]`.
