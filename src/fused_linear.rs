@@ -42,11 +42,11 @@
 //! (three products per chunk). Setting `gradients_in_forward: false` gives scalar reductions
 //! the same recomputing backward (useful when a forward may not be followed by a backward).
 
-use crate::gemm_stub::{Gemm, GemmOperand, gemm};
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
 use crate::loss::{
     self, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings, Reduction,
 };
+use crate::matmul::{Gemm, GemmOperand, gemm};
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
 

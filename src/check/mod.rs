@@ -7,6 +7,7 @@ mod attention;
 mod fused_linear;
 mod gated_delta;
 mod loss;
+mod matmul;
 mod norm;
 mod pointwise;
 
@@ -67,6 +68,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(loss::operators())
     .chain(gated_delta::operators())
     .chain(attention::operators())
+    .chain(matmul::operators())
     .chain(fused_linear::operators())
     .collect()
 }

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod fused_linear;
 pub mod gated_delta;
 pub mod loss;
+pub mod matmul;
 pub mod norm;
 pub mod reduce;
 pub mod rope;
