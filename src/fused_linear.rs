@@ -282,6 +282,17 @@ fn check_head(what: &str, engine: &Engine, h: &LinearHead) -> Result<Head> {
             u64::from(u32::MAX),
         ));
     }
+    // The products index every operand with 32-bit element offsets.
+    for (t, name) in [(h.input, "input"), (h.weight, "weight")] {
+        if t.len() as u64 > u64::from(u32::MAX) {
+            return Err(Error::bounds(
+                format!("{what}: {name} elements"),
+                t.len() as u64,
+                0,
+                u64::from(u32::MAX),
+            ));
+        }
+    }
     if let Some(b) = h.bias {
         b.check_engine(engine, &format!("{what}: bias"))?;
         float_tensor(&format!("{what}: bias"), b)?;
