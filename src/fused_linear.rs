@@ -196,7 +196,7 @@ impl Head {
         &self.input.shape()[..self.input.shape().len() - 1]
     }
 
-    /// F32 `[rows, vocab]` logits of rows `r0..r0 + rows`, times `alpha` (bias unscaled).
+    /// F32 `[rows, vocab]` logits of rows `r0..r0 + rows`.
     fn logits(&self, r0: usize, rows: usize) -> Result<Tensor> {
         let engine = self.input.engine();
         let out = Tensor::empty(

@@ -9,8 +9,8 @@
 //! input's error. The reference backwards are checked by finite differences.
 //!
 //! Tolerance: `Tolerance::for_dtype(F32)` for every loss and gradient (all F32; references use
-//! the stored 16-bit values), scaled ×4 for the weight and input gradients, which are sums of
-//! `rows` or `vocab` products of FP32 values.
+//! the stored 16-bit values); distillation loss values, row sums of `vocab` divergence terms,
+//! take the loss family's divergence budget `abs = 1e-5·(1 + vocab/256)`.
 
 mod common;
 
@@ -29,9 +29,10 @@ use wgrad::{DType, Engine, Error, Tensor};
 
 const F32: Tolerance = Tolerance::for_dtype(DType::F32);
 
-/// Gradients of the weight and the input sum `rows` or `vocab` products each.
+/// Gradients of the weight and the input (sums of `rows` or `vocab` products each) pass the
+/// plain F32 policy at these sizes.
 fn grad_tol() -> Tolerance {
-    F32.scaled(1.0)
+    F32
 }
 
 fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
