@@ -4,6 +4,7 @@
 //! covered by some check.
 
 mod attention;
+mod fused_linear;
 mod gated_delta;
 mod loss;
 mod matmul;
@@ -70,6 +71,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(attention::operators())
     .chain(matmul::operators())
     .chain(mlp::operators())
+    .chain(fused_linear::operators())
     .collect()
 }
 
