@@ -36,6 +36,8 @@ struct Op {
     /// Floating-point operations per run, when the operator is compute-bound (then the
     /// TFLOP/s of the median run is printed to stderr).
     flops: Option<f64>,
+    /// Also measure the peak engine memory of one run (beyond what is live before it).
+    peak: bool,
 }
 
 impl Op {
@@ -51,7 +53,13 @@ impl Op {
             inputs,
             run: Box::new(run),
             flops: None,
+            peak: false,
         }
+    }
+
+    /// The same operator with its peak memory measured and reported.
+    fn with_peak(self) -> Op {
+        Op { peak: true, ..self }
     }
 
     /// The same operator, with its floating-point operations per run.
@@ -332,6 +340,7 @@ fn run(args: &Args) -> Result<Report> {
         Box::new(|| attention_ops(&engine, args.quick)),
         Box::new(|| matmul_ops(&engine, args.quick)),
         Box::new(|| mlp_ops(&engine, args.quick)),
+        Box::new(|| fused_linear_ops(&engine, args.quick)),
     ];
     for op in families.iter().flat_map(|family| match family() {
         Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -345,12 +354,33 @@ fn run(args: &Args) -> Result<Report> {
         let outputs = (op.run)(&op.inputs)?;
         let bytes: u64 = op.inputs.iter().chain(&outputs).map(Tensor::byte_len).sum();
         drop(outputs);
+        // Peak memory of one more run beyond what is live (inputs, pooled buffers aside).
+        let peak = if op.peak {
+            engine.synchronize()?;
+            let base = engine.memory().live_bytes;
+            engine.reset_peak();
+            drop((op.run)(&op.inputs)?);
+            engine.synchronize()?;
+            Some(engine.memory().peak_bytes - base)
+        } else {
+            None
+        };
         bench::prewarm(&engine, args.prewarm_s)?;
         let stats = bench::measure(&engine, warmup, iters, || (op.run)(&op.inputs).map(drop))?;
-        let row = report.add(op.name, op.inputs[0].shape(), op.dtype, bytes, &stats);
+        report.add(op.name, op.inputs[0].shape(), op.dtype, bytes, &stats);
+        let row = report.rows.last_mut().expect("just added");
+        row.peak_bytes = peak;
         eprintln!(
-            "  {} {} {}: {:.2} GB/s",
-            row.name, row.dtype, row.shape, row.gb_per_s
+            "  {} {} {}: {:.2} GB/s, median {:.3} ms{}",
+            row.name,
+            row.dtype,
+            row.shape,
+            row.gb_per_s,
+            row.median_s * 1e3,
+            peak.map_or(String::new(), |p| format!(
+                ", peak {:.1} MiB beyond the inputs",
+                p as f64 / 1048576.0
+            ))
         );
         if let Some(flops) = op.flops {
             eprintln!(
@@ -1045,6 +1075,96 @@ fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             })
             .with_flops(6.0 * product),
         );
+    }
+    Ok(ops)
+}
+
+/// Fused linear cross-entropy forward + backward (mean over targets, a fifth ignored; the
+/// gradients of x, W and the bias come out of the forward, the backward returns them) at
+/// Liger's benchmark shape H 4096, V 128,256, BT 2,048 and 8,192, F32 and BF16 x/W/bias
+/// (`--quick`: H 128, V 2,048, BT 64 and 256), chunked by the default budget (the engine's
+/// workspace bound). Inputs are x, W, bias, targets (the shape column is x's). Each row also
+/// reports the peak engine memory of one run beyond the inputs; FLOPs per run
+/// (`6·BT·H·V`: logits, d input, d weight) are printed to stderr.
+fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::fused_linear::{
+        FusedLinearCrossEntropyOptions, LinearHead, fused_linear_cross_entropy,
+        fused_linear_cross_entropy_backward, plan_cross_entropy,
+    };
+    use wgrad::loss::CrossEntropyOptions;
+    let (hidden, vocab, rows): (usize, usize, &[usize]) = if quick {
+        (128, 2048, &[64, 256])
+    } else {
+        (4096, 128_256, &[2048, 8192])
+    };
+    let options = FusedLinearCrossEntropyOptions {
+        // Targets are not read back inside timed sections (the check synchronizes).
+        cross_entropy: CrossEntropyOptions {
+            check_targets: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut ops = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let scaled = |n: usize, scale: f32, seed: usize| -> Result<Tensor> {
+            let data: Vec<f32> = (0..n)
+                .map(|i| ((((i + seed) * 7919) % 2001) as f32 - 1000.0) / 1000.0 * scale)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, &[n])?, dtype)
+        };
+        let w =
+            scaled(vocab * hidden, 1.0 / (hidden as f32).sqrt(), 1)?.reshape(&[vocab, hidden])?;
+        let b = scaled(vocab, 0.1, 2)?;
+        for &bt in rows {
+            let x = scaled(bt * hidden, 1.0, 3)?.reshape(&[bt, hidden])?;
+            let targets: Vec<i32> = (0..bt)
+                .map(|r| {
+                    if r % 5 == 0 {
+                        -100
+                    } else {
+                        ((r * 7919) % vocab) as i32
+                    }
+                })
+                .collect();
+            let t = Tensor::from_slice(engine, &targets, &[bt])?;
+            let plan = plan_cross_entropy(engine, bt, hidden, vocab, true, &options.chunking)?;
+            eprintln!(
+                "  fused_linear_ce {} BT{bt} H{hidden} V{vocab}: {:.3e} FLOP per run, {} chunks of {} rows, workspace {:.1} MiB",
+                dtype.name(),
+                6.0 * (bt * hidden) as f64 * vocab as f64,
+                plan.chunks,
+                plan.chunk_rows,
+                plan.workspace_bytes as f64 / 1048576.0
+            );
+            let options = options.clone();
+            let name: &'static str =
+                Box::leak(format!("fused_linear_ce_fwd_bwd BT{bt}").into_boxed_str());
+            ops.push(
+                Op::new(
+                    name,
+                    dtype.name(),
+                    vec![x, w.clone(), b.clone(), t],
+                    move |i| {
+                        let head = LinearHead {
+                            input: &i[0],
+                            weight: &i[1],
+                            bias: Some(&i[2]),
+                        };
+                        let (out, saved) = fused_linear_cross_entropy(head, &i[3], &options)?;
+                        let g = fused_linear_cross_entropy_backward(&saved, None)?;
+                        Ok(vec![
+                            out.loss,
+                            g.input,
+                            g.weight,
+                            g.bias.expect("bias gradient"),
+                        ])
+                    },
+                )
+                .with_peak()
+                .with_flops(6.0 * (bt * hidden) as f64 * vocab as f64),
+            );
+        }
     }
     Ok(ops)
 }

@@ -347,6 +347,9 @@ pub struct Row {
     pub pct_of_copy: f64,
     /// How the runs were timed.
     pub source: TimingSource,
+    /// Peak engine memory of one run beyond what was live before it (`engine.memory()` after
+    /// `reset_peak`), for operations that measure it.
+    pub peak_bytes: Option<u64>,
 }
 
 impl Row {
@@ -372,6 +375,7 @@ impl Row {
             gb_per_s: bytes_per_s * 1e-9,
             pct_of_copy: 100.0 * bytes_per_s / copy_bytes_per_s,
             source: stats.source,
+            peak_bytes: None,
         }
     }
 }
@@ -501,9 +505,9 @@ impl Report {
     /// The table as text, one line per row under a header.
     pub fn table(&self) -> String {
         let header = [
-            "op", "shape", "dtype", "moved", "median", "min", "GB/s", "% copy", "timer",
+            "op", "shape", "dtype", "moved", "median", "min", "GB/s", "% copy", "timer", "peak",
         ];
-        let lines: Vec<[String; 9]> = self
+        let lines: Vec<[String; 10]> = self
             .rows
             .iter()
             .map(|r| {
@@ -517,6 +521,7 @@ impl Report {
                     format!("{:.2}", r.gb_per_s),
                     format!("{:.1}", r.pct_of_copy),
                     source_name(r.source).to_string(),
+                    r.peak_bytes.map_or("-".into(), human_bytes),
                 ]
             })
             .collect();
@@ -527,7 +532,9 @@ impl Report {
             }
         }
         // Text columns left-aligned, figures right-aligned.
-        let left = [true, true, true, false, false, false, false, false, true];
+        let left = [
+            true, true, true, false, false, false, false, false, true, false,
+        ];
         let mut out = String::new();
         let mut emit = |cells: &[String]| {
             let mut line = String::new();
@@ -591,7 +598,7 @@ impl Report {
                 s,
                 "    {{\"name\": {}, \"shape\": {}, \"dtype\": {}, \"bytes_moved\": {}, \
                  \"median_s\": {}, \"min_s\": {}, \"max_s\": {}, \"iters\": {}, \
-                 \"gb_per_s\": {}, \"pct_of_copy\": {}, \"timing\": {}}}",
+                 \"gb_per_s\": {}, \"pct_of_copy\": {}, \"timing\": {}, \"peak_bytes\": {}}}",
                 json_string(&r.name),
                 json_string(&r.shape),
                 json_string(&r.dtype),
@@ -603,6 +610,7 @@ impl Report {
                 json_number(r.gb_per_s),
                 json_number(r.pct_of_copy),
                 json_string(source_name(r.source)),
+                r.peak_bytes.map_or("null".into(), |b| b.to_string()),
             );
         }
         s.push_str(if self.rows.is_empty() {

@@ -81,6 +81,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
         &crate::matmul::KERNEL,
+        &crate::fused_linear::KERNEL,
     ];
     REGISTRY
 }

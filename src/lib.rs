@@ -24,6 +24,7 @@ pub mod check;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod fused_linear;
 pub mod gated_delta;
 pub mod gradcheck;
 pub mod kernel;

@@ -67,7 +67,9 @@ struct Params {
     a: f32,
     b: f32,
     c: f32,
-    d: f32,
+    /// First row of the per-row tensors (targets/labels, per-row statistics, predictions,
+    /// per-row cotangents) when a launch covers a block of rows of a larger batch.
+    row0: u32,
 }
 
 fn constants(dt: DType, tdt: DType, odt: DType, mode: u32) -> Constants {
@@ -435,11 +437,9 @@ pub struct CrossEntropySaved {
     logits: Tensor,
     targets: Option<Tensor>,
     soft: Option<Tensor>,
-    weight: Option<Tensor>,
     rows_matrix: Tensor,
     finish: Tensor,
-    params: (u32, i32, f32, f32, f32),
-    reduction: Reduction,
+    settings: CeSettings,
 }
 
 impl CrossEntropySaved {
@@ -463,6 +463,379 @@ pub fn divergence_workspace_bytes(rows: usize) -> u64 {
     (rows * 8) as u64 + sum_columns_workspace_bytes(rows, 2) + 16
 }
 
+/// Validated cross-entropy settings. [`cross_entropy`] and the fused linear losses (which run
+/// the same kernels block by block of rows, see `crate::fused_linear`) share them.
+#[derive(Debug, Clone)]
+pub(crate) struct CeSettings {
+    flags: u32,
+    ignore_index: i32,
+    eps: f32,
+    z_loss: f32,
+    cap: f32,
+    weight: Option<Tensor>,
+    pub(crate) reduction: Reduction,
+}
+
+impl CeSettings {
+    fn params(&self, rows: usize, cols: usize, row0: usize, flags: u32) -> Params {
+        Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            flags,
+            ignore_index: self.ignore_index,
+            a: self.eps,
+            b: self.z_loss,
+            c: self.cap,
+            row0: row0 as u32,
+        }
+    }
+
+    fn plain(reduction: Reduction) -> CeSettings {
+        CeSettings {
+            flags: 0,
+            ignore_index: 0,
+            eps: 0.0,
+            z_loss: 0.0,
+            cap: 0.0,
+            weight: None,
+            reduction,
+        }
+    }
+}
+
+/// Check the scalar options and the class weights of a cross-entropy over `cols` classes
+/// (`what` prefixes the errors).
+pub(crate) fn ce_settings(
+    what: &str,
+    engine: &Engine,
+    options: &CrossEntropyOptions,
+    cols: usize,
+) -> Result<CeSettings> {
+    let eps = options.label_smoothing;
+    finite(
+        &format!("{what}: label_smoothing"),
+        f64::from(eps),
+        "must be in [0, 1]",
+        (0.0..=1.0).contains(&eps),
+    )?;
+    finite(
+        &format!("{what}: z_loss"),
+        f64::from(options.z_loss),
+        "must be finite and ≥ 0",
+        options.z_loss >= 0.0,
+    )?;
+    let cap = match options.softcap {
+        Some(c) => {
+            finite(
+                &format!("{what}: softcap"),
+                f64::from(c),
+                "must be finite and > 0",
+                c > 0.0,
+            )?;
+            c
+        }
+        None => 0.0,
+    };
+    let mut flags = 0;
+    if let Some(w) = &options.weight {
+        w.check_engine(engine, &format!("{what}: weight"))?;
+        if w.dtype() != DType::F32 {
+            return Err(Error::dtype(
+                format!("{what}: weight"),
+                w.dtype(),
+                &[DType::F32],
+            ));
+        }
+        if w.shape() != [cols] {
+            return Err(Error::shape(format!("{what}: weight"), &[cols], w.shape()));
+        }
+        flags |= F_WEIGHT;
+    }
+    Ok(CeSettings {
+        flags,
+        ignore_index: options.ignore_index,
+        eps,
+        z_loss: options.z_loss,
+        cap,
+        weight: options.weight.clone(),
+        reduction: options.reduction,
+    })
+}
+
+/// Check that `targets` is an I32 tensor of shape `lead` on `engine`.
+pub(crate) fn check_target_tensor(
+    what: &str,
+    engine: &Engine,
+    targets: &Tensor,
+    lead: &[usize],
+) -> Result<()> {
+    targets.check_engine(engine, what)?;
+    if targets.dtype() != DType::I32 {
+        return Err(Error::dtype(what, targets.dtype(), &[DType::I32]));
+    }
+    if targets.shape() != lead {
+        return Err(Error::shape(what, lead, targets.shape()));
+    }
+    Ok(())
+}
+
+/// Read the targets back (**synchronizes**) and reject any outside `[0, cols)` other than
+/// `ignore_index`: `OutOfBounds` past the end, `InvalidValue` when negative.
+pub(crate) fn check_target_range(
+    what: &str,
+    targets: &Tensor,
+    ignore_index: i32,
+    cols: usize,
+) -> Result<()> {
+    if targets.is_empty() {
+        return Ok(());
+    }
+    let t = targets.to_vec::<i32>()?;
+    let bad = t
+        .iter()
+        .enumerate()
+        .find(|&(_, &v)| v != ignore_index && (v < 0 || v as i64 >= cols as i64));
+    if let Some((row, &v)) = bad {
+        let what = format!("{what}[{row}] (ignore_index {ignore_index} also allowed)");
+        if v < 0 {
+            return Err(Error::InvalidValue {
+                what,
+                got: f64::from(v),
+                rule: format!("must be in [0, {cols}) or ignore_index"),
+            });
+        }
+        return Err(Error::OutOfBounds {
+            what,
+            got: v as u64,
+            min: 0,
+            max: cols as u64 - 1,
+        });
+    }
+    Ok(())
+}
+
+/// Per-row cross-entropy statistics of a block of rows: `logits` holds rows
+/// `row0..row0 + rows` of the whole batch (`[rows, cols]`, any float dtype); `targets`,
+/// `mat` (`[all rows, 8]` F32) and `predicted` (I32) cover the whole batch and are read or
+/// written at rows `row0..`.
+pub(crate) fn ce_rows_block(
+    logits: &Tensor,
+    targets: &Tensor,
+    s: &CeSettings,
+    row0: usize,
+    mat: &Tensor,
+    predicted: &Tensor,
+) -> Result<()> {
+    let engine = logits.engine();
+    let (rows, cols) = rows_cols(logits);
+    let params = s.params(rows, cols, row0, s.flags);
+    let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
+    let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+    if vectorized(logits.dtype(), cols) {
+        engine.launch(
+            &KERNEL,
+            "ce_fwd_v",
+            &consts,
+            &params,
+            &[
+                mat.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                predicted.buffer(),
+                logits.buffer(),
+            ],
+            rows as u64,
+        )
+    } else {
+        engine.launch(
+            &KERNEL,
+            "ce_fwd",
+            &consts,
+            &params,
+            &[
+                logits.buffer(),
+                mat.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                predicted.buffer(),
+            ],
+            rows as u64,
+        )
+    }
+}
+
+/// Counting pass over every target: writes the target weight and the counted flag of each
+/// row into `mat` (`[rows, 8]`, the other columns 0), so that [`ce_finish_values`] gives the
+/// mean scales before any logits exist.
+pub(crate) fn ce_count(targets: &Tensor, s: &CeSettings, cols: usize, mat: &Tensor) -> Result<()> {
+    let rows = targets.len();
+    let engine = targets.engine();
+    let weight_buffer = s.weight.as_ref().unwrap_or(targets).buffer();
+    engine.launch(
+        &KERNEL,
+        "ce_count",
+        &constants(DType::F32, DType::F32, DType::F32, 0),
+        &s.params(rows, cols, 0, s.flags),
+        &[mat.buffer(), targets.buffer(), weight_buffer],
+        (rows as u64).div_ceil(WG),
+    )
+}
+
+/// The 8 finish values `[loss, z-loss, accuracy, ce scale, z scale, counted rows, 0, 0]` from
+/// the per-row matrix: fixed-order column sums, then `ce_finish`.
+pub(crate) fn ce_finish_values(engine: &Engine, mat: &Tensor, s: &CeSettings) -> Result<Tensor> {
+    let mut flags = s.flags;
+    if s.reduction == Reduction::Mean {
+        flags |= F_MEAN;
+    }
+    let sums = sum_columns(mat)?;
+    let finish = Tensor::empty(engine, &[8], DType::F32, "cross_entropy finish")?;
+    engine.launch(
+        &KERNEL,
+        "ce_finish",
+        &constants(DType::F32, DType::F32, DType::F32, 0),
+        &Params {
+            flags,
+            ..Default::default()
+        },
+        &[sums.buffer(), finish.buffer()],
+        1,
+    )?;
+    Ok(finish)
+}
+
+/// The loss outputs (without `predicted`) from the per-row matrix and its finish values:
+/// scalars for sum/mean, per-row tensors of shape `lead` for none.
+pub(crate) fn ce_outputs(
+    engine: &Engine,
+    mat: &Tensor,
+    finish: &Tensor,
+    reduction: Reduction,
+    lead: &[usize],
+) -> Result<CrossEntropyOutput> {
+    let rows: usize = lead.iter().product();
+    let accuracy = slice_scalar(engine, finish, 2)?;
+    let (loss, z_loss) = if reduction == Reduction::None {
+        let loss = Tensor::empty(engine, lead, DType::F32, "cross_entropy loss")?;
+        let z = Tensor::empty(engine, lead, DType::F32, "cross_entropy z_loss")?;
+        engine.launch(
+            &KERNEL,
+            "ce_rows",
+            &constants(DType::F32, DType::F32, DType::F32, 0),
+            &Params {
+                rows: rows as u32,
+                ..Default::default()
+            },
+            &[mat.buffer(), loss.buffer(), z.buffer()],
+            (rows as u64).div_ceil(WG),
+        )?;
+        (loss, z)
+    } else {
+        (
+            slice_scalar(engine, finish, 0)?,
+            slice_scalar(engine, finish, 1)?,
+        )
+    };
+    Ok(CrossEntropyOutput {
+        loss,
+        z_loss,
+        accuracy,
+        predicted: None,
+    })
+}
+
+/// Check a cross-entropy cotangent against the loss shape (`lead` for none, `[]`/`[1]`
+/// otherwise); `None` gives a unit cotangent. Returns the tensor and whether it is per row.
+pub(crate) fn ce_cotangent(
+    what: &str,
+    engine: &Engine,
+    cotangent: Option<&Tensor>,
+    reduction: Reduction,
+    lead: &[usize],
+) -> Result<(Tensor, bool)> {
+    match cotangent {
+        None => Ok((Tensor::from_slice(engine, &[1.0f32], &[1])?, false)),
+        Some(c) => {
+            c.check_engine(engine, what)?;
+            if c.dtype() != DType::F32 {
+                return Err(Error::dtype(what, c.dtype(), &[DType::F32]));
+            }
+            if reduction == Reduction::None {
+                if c.shape() != lead {
+                    return Err(Error::shape(what, lead, c.shape()));
+                }
+                Ok((c.clone(), true))
+            } else if c.len() != 1 || c.shape().len() > 1 {
+                Err(Error::shape(what, &[], c.shape()))
+            } else {
+                Ok((c.clone(), false))
+            }
+        }
+    }
+}
+
+/// dlogits (F32, `logits`' shape) of a block of rows `row0..row0 + rows` (see
+/// [`ce_rows_block`]): `mat` holds the per-row statistics of the whole batch, `finish` the
+/// scales (values 3 and 4), `cot` one value or one per row of the whole batch (`per_row`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ce_grad_block(
+    logits: &Tensor,
+    targets: &Tensor,
+    s: &CeSettings,
+    row0: usize,
+    mat: &Tensor,
+    finish: &Tensor,
+    cot: &Tensor,
+    per_row: bool,
+) -> Result<Tensor> {
+    let engine = logits.engine();
+    let (rows, cols) = rows_cols(logits);
+    let mut flags = s.flags;
+    if per_row {
+        flags |= F_COT_ROW;
+    }
+    let params = s.params(rows, cols, row0, flags);
+    let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
+    let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
+    let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+    if vectorized(logits.dtype(), cols) {
+        engine.launch(
+            &KERNEL,
+            "ce_bwd_v",
+            &consts,
+            &params,
+            &[
+                mat.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                finish.buffer(),
+                cot.buffer(),
+                logits.buffer(),
+                dx.buffer(),
+            ],
+            rows as u64,
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "ce_bwd",
+            &consts,
+            &params,
+            &[
+                logits.buffer(),
+                mat.buffer(),
+                dx.buffer(),
+                targets.buffer(),
+                weight_buffer,
+                finish.buffer(),
+                cot.buffer(),
+            ],
+            rows as u64,
+        )?;
+    }
+    Ok(dx)
+}
+
 /// Cross-entropy of `logits` (`[..., classes]`, F32/F16/BF16) against integer `targets` (I32,
 /// the logits' leading shape), with the options of [`CrossEntropyOptions`]:
 ///
@@ -482,101 +855,18 @@ pub fn cross_entropy(
 ) -> Result<(CrossEntropyOutput, CrossEntropySaved)> {
     let (rows, cols) = matrix(logits, "cross_entropy: logits")?;
     let engine = logits.engine();
-    check_engine(engine, &[(targets, "cross_entropy: targets")])?;
-    if targets.dtype() != DType::I32 {
-        return Err(Error::dtype(
-            "cross_entropy: targets",
-            targets.dtype(),
-            &[DType::I32],
-        ));
-    }
-    if targets.shape() != leading(logits) {
-        return Err(Error::shape(
-            "cross_entropy: targets",
-            leading(logits),
-            targets.shape(),
-        ));
-    }
+    check_target_tensor("cross_entropy: targets", engine, targets, leading(logits))?;
     classes_at_least_one("cross_entropy", cols)?;
-    let eps = options.label_smoothing;
-    finite(
-        "cross_entropy: label_smoothing",
-        f64::from(eps),
-        "must be in [0, 1]",
-        (0.0..=1.0).contains(&eps),
-    )?;
-    finite(
-        "cross_entropy: z_loss",
-        f64::from(options.z_loss),
-        "must be finite and ≥ 0",
-        options.z_loss >= 0.0,
-    )?;
-    let cap = match options.softcap {
-        Some(c) => {
-            finite(
-                "cross_entropy: softcap",
-                f64::from(c),
-                "must be finite and > 0",
-                c > 0.0,
-            )?;
-            c
-        }
-        None => 0.0,
-    };
-    if let Some(w) = &options.weight {
-        check_engine(engine, &[(w, "cross_entropy: weight")])?;
-        if w.dtype() != DType::F32 {
-            return Err(Error::dtype(
-                "cross_entropy: weight",
-                w.dtype(),
-                &[DType::F32],
-            ));
-        }
-        if w.shape() != [cols] {
-            return Err(Error::shape("cross_entropy: weight", &[cols], w.shape()));
-        }
-    }
+    let settings = ce_settings("cross_entropy", engine, options, cols)?;
     engine.check_workspace("cross_entropy", cross_entropy_workspace_bytes(rows))?;
-    if options.check_targets && rows > 0 {
-        let t = targets.to_vec::<i32>()?;
-        let bad = t
-            .iter()
-            .enumerate()
-            .find(|&(_, &v)| v != options.ignore_index && (v < 0 || v as i64 >= cols as i64));
-        if let Some((row, &v)) = bad {
-            let what = format!(
-                "cross_entropy: targets[{row}] (ignore_index {} also allowed)",
-                options.ignore_index
-            );
-            if v < 0 {
-                return Err(Error::InvalidValue {
-                    what,
-                    got: f64::from(v),
-                    rule: format!("must be in [0, {cols}) or ignore_index"),
-                });
-            }
-            return Err(Error::OutOfBounds {
-                what,
-                got: v as u64,
-                min: 0,
-                max: cols as u64 - 1,
-            });
-        }
+    if options.check_targets {
+        check_target_range(
+            "cross_entropy: targets",
+            targets,
+            options.ignore_index,
+            cols,
+        )?;
     }
-    let mut flags = 0;
-    if options.weight.is_some() {
-        flags |= F_WEIGHT;
-    }
-    let params = Params {
-        rows: rows as u32,
-        cols: cols as u32,
-        flags,
-        ignore_index: options.ignore_index,
-        a: eps,
-        b: options.z_loss,
-        c: cap,
-        d: 0.0,
-    };
     let mat = Tensor::empty(engine, &[rows, CE_COLS], DType::F32, "cross_entropy rows")?;
     let predicted = Tensor::empty(
         engine,
@@ -584,118 +874,27 @@ pub fn cross_entropy(
         DType::I32,
         "cross_entropy predicted",
     )?;
-    let weight_buffer = options.weight.as_ref().unwrap_or(logits).buffer();
-    let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
-    if vectorized(logits.dtype(), cols) {
-        engine.launch(
-            &KERNEL,
-            "ce_fwd_v",
-            &consts,
-            &params,
-            &[
-                mat.buffer(),
-                targets.buffer(),
-                weight_buffer,
-                predicted.buffer(),
-                logits.buffer(),
-            ],
-            rows as u64,
-        )?;
-    } else {
-        engine.launch(
-            &KERNEL,
-            "ce_fwd",
-            &consts,
-            &params,
-            &[
-                logits.buffer(),
-                mat.buffer(),
-                targets.buffer(),
-                weight_buffer,
-                predicted.buffer(),
-            ],
-            rows as u64,
-        )?;
-    }
-    let saved = CrossEntropySaved {
-        logits: logits.clone(),
-        targets: Some(targets.clone()),
-        soft: None,
-        weight: options.weight.clone(),
-        rows_matrix: mat,
-        finish: Tensor::zeros(engine, &[1], DType::F32)?,
-        params: (flags, options.ignore_index, eps, options.z_loss, cap),
-        reduction: options.reduction,
-    };
-    let (output, saved) = ce_finish(saved, rows)?;
+    ce_rows_block(logits, targets, &settings, 0, &mat, &predicted)?;
+    let finish = ce_finish_values(engine, &mat, &settings)?;
+    let output = ce_outputs(engine, &mat, &finish, settings.reduction, leading(logits))?;
     Ok((
         CrossEntropyOutput {
             predicted: Some(predicted),
             ..output
         },
-        saved,
-    ))
-}
-
-fn ce_finish(
-    mut saved: CrossEntropySaved,
-    rows: usize,
-) -> Result<(CrossEntropyOutput, CrossEntropySaved)> {
-    let engine = saved.logits.engine().clone();
-    let mut flags = saved.params.0;
-    if saved.reduction == Reduction::Mean {
-        flags |= F_MEAN;
-    }
-    let sums = sum_columns(&saved.rows_matrix)?;
-    let finish = Tensor::empty(&engine, &[8], DType::F32, "cross_entropy finish")?;
-    engine.launch(
-        &KERNEL,
-        "ce_finish",
-        &constants(DType::F32, DType::F32, DType::F32, 0),
-        &Params {
-            flags,
-            ..Default::default()
+        CrossEntropySaved {
+            logits: logits.clone(),
+            targets: Some(targets.clone()),
+            soft: None,
+            rows_matrix: mat,
+            finish,
+            settings,
         },
-        &[sums.buffer(), finish.buffer()],
-        1,
-    )?;
-    let accuracy = slice_scalar(&engine, &finish, 2)?;
-    let (loss, z_loss) = if saved.reduction == Reduction::None {
-        let lead = leading(&saved.logits).to_vec();
-        let loss = Tensor::empty(&engine, &lead, DType::F32, "cross_entropy loss")?;
-        let z = Tensor::empty(&engine, &lead, DType::F32, "cross_entropy z_loss")?;
-        engine.launch(
-            &KERNEL,
-            "ce_rows",
-            &constants(DType::F32, DType::F32, DType::F32, 0),
-            &Params {
-                rows: rows as u32,
-                ..Default::default()
-            },
-            &[saved.rows_matrix.buffer(), loss.buffer(), z.buffer()],
-            (rows as u64).div_ceil(WG),
-        )?;
-        (loss, z)
-    } else {
-        (
-            slice_scalar(&engine, &finish, 0)?,
-            slice_scalar(&engine, &finish, 1)?,
-        )
-    };
-    saved.finish = finish;
-    Ok((
-        CrossEntropyOutput {
-            loss,
-            z_loss,
-            accuracy,
-            predicted: None,
-        },
-        saved,
     ))
 }
 
 /// A scalar `[]` F32 tensor holding element `index` of an F32 vector (a GPU copy).
-fn slice_scalar(engine: &Engine, v: &Tensor, index: u64) -> Result<Tensor> {
+pub(crate) fn slice_scalar(engine: &Engine, v: &Tensor, index: u64) -> Result<Tensor> {
     let out = Tensor::empty(engine, &[], DType::F32, "loss scalar")?;
     engine.record(|enc| enc.copy_buffer_to_buffer(v.buffer(), index * 4, out.buffer(), 0, 4));
     Ok(out)
@@ -712,59 +911,24 @@ pub fn cross_entropy_backward(
     let logits = &saved.logits;
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
-    let unit;
-    let mut flags = saved.params.0;
-    let cot = match cotangent {
-        None => {
-            unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
-            &unit
-        }
-        Some(c) => {
-            check_engine(engine, &[(c, "cross_entropy_backward: cotangent")])?;
-            if c.dtype() != DType::F32 {
-                return Err(Error::dtype(
-                    "cross_entropy_backward: cotangent",
-                    c.dtype(),
-                    &[DType::F32],
-                ));
-            }
-            if saved.reduction == Reduction::None {
-                if c.shape() != leading(logits) {
-                    return Err(Error::shape(
-                        "cross_entropy_backward: cotangent",
-                        leading(logits),
-                        c.shape(),
-                    ));
-                }
-                flags |= F_COT_ROW;
-            } else if c.len() != 1 || c.shape().len() > 1 {
-                return Err(Error::shape(
-                    "cross_entropy_backward: cotangent",
-                    &[],
-                    c.shape(),
-                ));
-            }
-            c
-        }
-    };
-    let (_, ignore_index, eps, z, cap) = saved.params;
-    let params = Params {
-        rows: rows as u32,
-        cols: cols as u32,
-        flags,
-        ignore_index,
-        a: eps,
-        b: z,
-        c: cap,
-        d: 0.0,
-    };
-    let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
+    let (cot, per_row) = ce_cotangent(
+        "cross_entropy_backward: cotangent",
+        engine,
+        cotangent,
+        saved.settings.reduction,
+        leading(logits),
+    )?;
     if let Some(soft) = &saved.soft {
+        let mut flags = 0;
+        if per_row {
+            flags |= F_COT_ROW;
+        }
+        let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
         engine.launch(
             &KERNEL,
             "ce_soft_bwd",
             &constants(logits.dtype(), soft.dtype(), DType::F32, 0),
-            &params,
+            &saved.settings.params(rows, cols, 0, flags),
             &[
                 logits.buffer(),
                 saved.rows_matrix.buffer(),
@@ -775,47 +939,19 @@ pub fn cross_entropy_backward(
             ],
             rows as u64,
         )?;
-    } else {
-        let targets = saved.targets.as_ref().expect("integer targets");
-        let weight_buffer = saved.weight.as_ref().unwrap_or(logits).buffer();
-        let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
-        if vectorized(logits.dtype(), cols) {
-            engine.launch(
-                &KERNEL,
-                "ce_bwd_v",
-                &consts,
-                &params,
-                &[
-                    saved.rows_matrix.buffer(),
-                    targets.buffer(),
-                    weight_buffer,
-                    saved.finish.buffer(),
-                    cot.buffer(),
-                    logits.buffer(),
-                    dx.buffer(),
-                ],
-                rows as u64,
-            )?;
-        } else {
-            engine.launch(
-                &KERNEL,
-                "ce_bwd",
-                &consts,
-                &params,
-                &[
-                    logits.buffer(),
-                    saved.rows_matrix.buffer(),
-                    dx.buffer(),
-                    targets.buffer(),
-                    weight_buffer,
-                    saved.finish.buffer(),
-                    cot.buffer(),
-                ],
-                rows as u64,
-            )?;
-        }
+        return Ok(dx);
     }
-    Ok(dx)
+    let targets = saved.targets.as_ref().expect("integer targets");
+    ce_grad_block(
+        logits,
+        targets,
+        &saved.settings,
+        0,
+        &saved.rows_matrix,
+        &saved.finish,
+        &cot,
+        per_row,
+    )
 }
 
 /// Cross-entropy against a target distribution `targets` (any float dtype, the logits'
@@ -847,17 +983,20 @@ pub fn cross_entropy_soft(
         &[logits.buffer(), mat.buffer(), targets.buffer()],
         rows as u64,
     )?;
-    let saved = CrossEntropySaved {
-        logits: logits.clone(),
-        targets: None,
-        soft: Some(targets.clone()),
-        weight: None,
-        rows_matrix: mat,
-        finish: Tensor::zeros(engine, &[1], DType::F32)?,
-        params: (0, 0, 0.0, 0.0, 0.0),
-        reduction,
-    };
-    ce_finish(saved, rows)
+    let settings = CeSettings::plain(reduction);
+    let finish = ce_finish_values(engine, &mat, &settings)?;
+    let output = ce_outputs(engine, &mat, &finish, reduction, leading(logits))?;
+    Ok((
+        output,
+        CrossEntropySaved {
+            logits: logits.clone(),
+            targets: None,
+            soft: Some(targets.clone()),
+            rows_matrix: mat,
+            finish,
+            settings,
+        },
+    ))
 }
 
 // ---- divergences ---------------------------------------------------------------------------
@@ -883,16 +1022,226 @@ pub struct DivergenceSaved {
     target: Tensor,
     labels: Option<Tensor>,
     finish: Tensor,
-    mode: u32,
-    params: Params2,
-    reduction: DivReduction,
+    settings: DivSettings,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Params2 {
+/// Validated divergence settings. The divergences and the fused linear distillation losses
+/// (which run the same kernels block by block of rows) share them.
+#[derive(Debug, Clone)]
+pub(crate) struct DivSettings {
+    /// 0 KL, 1 JSD, 2 TVD.
+    mode: u32,
     flags: u32,
     ignore_index: i32,
     beta: f32,
+    pub(crate) reduction: DivReduction,
+}
+
+impl DivSettings {
+    /// Settings of divergence `mode` (0 KL, 1 JSD, 2 TVD) with labels (`labels`) or without.
+    pub(crate) fn new(
+        mode: u32,
+        log_target: bool,
+        labels: bool,
+        ignore_index: i32,
+        beta: f32,
+        reduction: DivReduction,
+    ) -> DivSettings {
+        let mut flags = 0;
+        if log_target {
+            flags |= F_LOG_TARGET;
+        }
+        if labels {
+            flags |= F_LABELS;
+        }
+        DivSettings {
+            mode,
+            flags,
+            ignore_index,
+            beta,
+            reduction,
+        }
+    }
+
+    fn params(&self, rows: usize, cols: usize, row0: usize, flags: u32) -> Params {
+        Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            flags,
+            ignore_index: self.ignore_index,
+            a: self.beta,
+            row0: row0 as u32,
+            ..Default::default()
+        }
+    }
+
+    fn constants(&self, input: &Tensor, target: &Tensor) -> Constants {
+        constants(input.dtype(), target.dtype(), DType::F32, self.mode)
+    }
+}
+
+/// Per-row divergence sums of a block of rows: `input` and `target` hold rows
+/// `row0..row0 + rows` of the whole batch; `labels` (whole batch, optional) and `mat`
+/// (`[all rows, 2]` F32: row sum, counted flag) are read and written at rows `row0..`.
+pub(crate) fn div_rows_block(
+    input: &Tensor,
+    target: &Tensor,
+    labels: Option<&Tensor>,
+    s: &DivSettings,
+    row0: usize,
+    mat: &Tensor,
+) -> Result<()> {
+    let engine = input.engine();
+    let (rows, cols) = rows_cols(input);
+    let labels_buffer = labels.unwrap_or(input).buffer();
+    let params = s.params(rows, cols, row0, s.flags);
+    if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+        engine.launch(
+            &KERNEL,
+            "div_rows_v",
+            &s.constants(input, target),
+            &params,
+            &[mat.buffer(), labels_buffer, input.buffer(), target.buffer()],
+            rows as u64,
+        )
+    } else {
+        engine.launch(
+            &KERNEL,
+            "div_rows",
+            &s.constants(input, target),
+            &params,
+            &[input.buffer(), mat.buffer(), target.buffer(), labels_buffer],
+            rows as u64,
+        )
+    }
+}
+
+/// Counting pass: `mat[r] = (0, counted)` for each of `rows` rows, so that
+/// [`div_finish_values`] gives the scale before any block runs.
+pub(crate) fn div_count(
+    engine: &Engine,
+    labels: Option<&Tensor>,
+    rows: usize,
+    s: &DivSettings,
+    mat: &Tensor,
+) -> Result<()> {
+    // Without labels the binding is unused; any read-only buffer other than `mat` will do.
+    let placeholder;
+    let labels = match labels {
+        Some(l) => l,
+        None => {
+            placeholder = Tensor::zeros(engine, &[1], DType::I32)?;
+            &placeholder
+        }
+    };
+    let labels_buffer = labels.buffer();
+    engine.launch(
+        &KERNEL,
+        "div_count",
+        &constants(DType::F32, DType::F32, DType::F32, s.mode),
+        &s.params(rows, 0, 0, s.flags),
+        &[mat.buffer(), labels_buffer],
+        (rows as u64).div_ceil(WG),
+    )
+}
+
+/// `[loss, scale]` from the per-row matrix `[rows, 2]` of a divergence over `cols` columns
+/// (fixed-order column sums, then `div_finish`).
+pub(crate) fn div_finish_values(
+    engine: &Engine,
+    mat: &Tensor,
+    s: &DivSettings,
+    cols: usize,
+) -> Result<Tensor> {
+    let sums = sum_columns(mat)?;
+    let finish = Tensor::empty(engine, &[2], DType::F32, "divergence finish")?;
+    let flags = s.flags
+        | match s.reduction {
+            DivReduction::Mean => F_MEAN,
+            DivReduction::BatchMean => F_BATCHMEAN,
+            _ => 0,
+        };
+    engine.launch(
+        &KERNEL,
+        "div_finish",
+        &constants(DType::F32, DType::F32, DType::F32, s.mode),
+        &s.params(0, cols, 0, flags),
+        &[sums.buffer(), finish.buffer()],
+        1,
+    )?;
+    Ok(finish)
+}
+
+/// d loss / d input (F32, `input`'s shape) of a block of rows `row0..` (see
+/// [`div_rows_block`]): `finish` holds the scale (value 1), `cot` one value or, with
+/// `per_element`, one per element of the block.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn div_grad_block(
+    input: &Tensor,
+    target: &Tensor,
+    labels: Option<&Tensor>,
+    s: &DivSettings,
+    row0: usize,
+    finish: &Tensor,
+    cot: &Tensor,
+    per_element: bool,
+) -> Result<Tensor> {
+    let engine = input.engine();
+    let (rows, cols) = rows_cols(input);
+    let mut flags = s.flags;
+    if per_element {
+        flags |= F_COT_ELEM;
+    }
+    let params = s.params(rows, cols, row0, flags);
+    let dx = Tensor::empty(engine, input.shape(), DType::F32, "divergence_backward")?;
+    let labels_buffer = labels.unwrap_or(input).buffer();
+    if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+        let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
+        engine.launch(
+            &KERNEL,
+            "div_bwd_v",
+            &s.constants(input, target),
+            &params,
+            &[
+                labels_buffer,
+                finish.buffer(),
+                cot.buffer(),
+                input.buffer(),
+                target.buffer(),
+                dx.buffer(),
+            ],
+            (input.len() as u64 / chunk).div_ceil(WG),
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "div_bwd",
+            &s.constants(input, target),
+            &params,
+            &[
+                input.buffer(),
+                target.buffer(),
+                dx.buffer(),
+                labels_buffer,
+                finish.buffer(),
+                cot.buffer(),
+            ],
+            (input.len() as u64).div_ceil(WG),
+        )?;
+    }
+    Ok(dx)
+}
+
+/// Check divergence labels: I32 of shape `lead`, on `engine`.
+pub(crate) fn check_labels(what: &str, engine: &Engine, l: &Tensor, lead: &[usize]) -> Result<()> {
+    l.check_engine(engine, what)?;
+    if l.dtype() != DType::I32 {
+        return Err(Error::dtype(what, l.dtype(), &[DType::I32]));
+    }
+    if l.shape() != lead {
+        return Err(Error::shape(what, lead, l.shape()));
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -912,44 +1261,25 @@ fn divergence_forward(
     check_engine(engine, &[(target, "target")])?;
     float_input(target, &format!("{what}: target"))?;
     same_shape(&format!("{what}: target"), input, target)?;
-    let mut flags = 0;
-    if log_target {
-        flags |= F_LOG_TARGET;
-    }
     if let Some(l) = labels {
-        check_engine(engine, &[(l, "labels")])?;
-        if l.dtype() != DType::I32 {
-            return Err(Error::dtype(
-                format!("{what}: labels"),
-                l.dtype(),
-                &[DType::I32],
-            ));
-        }
-        if l.shape() != leading(input) {
-            return Err(Error::shape(
-                format!("{what}: labels"),
-                leading(input),
-                l.shape(),
-            ));
-        }
-        flags |= F_LABELS;
+        check_labels(&format!("{what}: labels"), engine, l, leading(input))?;
     }
     engine.check_workspace(what, divergence_workspace_bytes(rows))?;
-    let consts = constants(input.dtype(), target.dtype(), DType::F32, mode);
-    let labels_buffer = labels.unwrap_or(input).buffer();
-    let mut params = Params {
-        rows: rows as u32,
-        cols: cols as u32,
-        flags,
+    let settings = DivSettings::new(
+        mode,
+        log_target,
+        labels.is_some(),
         ignore_index,
-        a: beta,
-        ..Default::default()
-    };
-    let vector = target.dtype() == input.dtype() && vectorized(input.dtype(), cols);
-    let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
+        beta,
+        reduction,
+    );
     let (loss, finish) = if reduction == DivReduction::None {
         let out = Tensor::empty(engine, input.shape(), DType::F32, what)?;
-        if vector {
+        let labels_buffer = labels.unwrap_or(input).buffer();
+        let params = settings.params(rows, cols, 0, settings.flags);
+        let consts = settings.constants(input, target);
+        if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+            let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
             engine.launch(
                 &KERNEL,
                 "div_elems_v",
@@ -971,40 +1301,8 @@ fn divergence_forward(
         (out, Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?)
     } else {
         let mat = Tensor::empty(engine, &[rows, 2], DType::F32, what)?;
-        if vector {
-            engine.launch(
-                &KERNEL,
-                "div_rows_v",
-                &consts,
-                &params,
-                &[mat.buffer(), labels_buffer, input.buffer(), target.buffer()],
-                rows as u64,
-            )?;
-        } else {
-            engine.launch(
-                &KERNEL,
-                "div_rows",
-                &consts,
-                &params,
-                &[input.buffer(), mat.buffer(), target.buffer(), labels_buffer],
-                rows as u64,
-            )?;
-        }
-        let sums = sum_columns(&mat)?;
-        let finish = Tensor::empty(engine, &[2], DType::F32, what)?;
-        params.flags |= match reduction {
-            DivReduction::Mean => F_MEAN,
-            DivReduction::BatchMean => F_BATCHMEAN,
-            _ => 0,
-        };
-        engine.launch(
-            &KERNEL,
-            "div_finish",
-            &consts,
-            &params,
-            &[sums.buffer(), finish.buffer()],
-            1,
-        )?;
+        div_rows_block(input, target, labels, &settings, 0, &mat)?;
+        let finish = div_finish_values(engine, &mat, &settings, cols)?;
         (slice_scalar(engine, &finish, 0)?, finish)
     };
     Ok((
@@ -1014,13 +1312,7 @@ fn divergence_forward(
             target: target.clone(),
             labels: labels.cloned(),
             finish,
-            mode,
-            params: Params2 {
-                flags,
-                ignore_index,
-                beta,
-            },
-            reduction,
+            settings,
         },
     ))
 }
@@ -1103,9 +1395,8 @@ pub fn tvd(
 pub fn divergence_backward(saved: &DivergenceSaved, cotangent: Option<&Tensor>) -> Result<Tensor> {
     let input = &saved.input;
     let engine = input.engine();
-    let (rows, cols) = rows_cols(input);
-    let mut flags = saved.params.flags;
     let unit;
+    let mut per_element = false;
     let cot = match cotangent {
         None => {
             unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
@@ -1120,9 +1411,9 @@ pub fn divergence_backward(saved: &DivergenceSaved, cotangent: Option<&Tensor>) 
                     &[DType::F32],
                 ));
             }
-            if saved.reduction == DivReduction::None {
+            if saved.settings.reduction == DivReduction::None {
                 same_shape("divergence_backward: cotangent", input, c)?;
-                flags |= F_COT_ELEM;
+                per_element = true;
             } else if c.len() != 1 || c.shape().len() > 1 {
                 return Err(Error::shape(
                     "divergence_backward: cotangent",
@@ -1133,50 +1424,14 @@ pub fn divergence_backward(saved: &DivergenceSaved, cotangent: Option<&Tensor>) 
             c
         }
     };
-    let dx = Tensor::empty(engine, input.shape(), DType::F32, "divergence_backward")?;
-    let labels_buffer = saved.labels.as_ref().unwrap_or(input).buffer();
-    let consts = constants(input.dtype(), saved.target.dtype(), DType::F32, saved.mode);
-    let params = Params {
-        rows: rows as u32,
-        cols: cols as u32,
-        flags,
-        ignore_index: saved.params.ignore_index,
-        a: saved.params.beta,
-        ..Default::default()
-    };
-    if saved.target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
-        let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
-        engine.launch(
-            &KERNEL,
-            "div_bwd_v",
-            &consts,
-            &params,
-            &[
-                labels_buffer,
-                saved.finish.buffer(),
-                cot.buffer(),
-                input.buffer(),
-                saved.target.buffer(),
-                dx.buffer(),
-            ],
-            (input.len() as u64 / chunk).div_ceil(WG),
-        )?;
-    } else {
-        engine.launch(
-            &KERNEL,
-            "div_bwd",
-            &consts,
-            &params,
-            &[
-                input.buffer(),
-                saved.target.buffer(),
-                dx.buffer(),
-                labels_buffer,
-                saved.finish.buffer(),
-                cot.buffer(),
-            ],
-            (input.len() as u64).div_ceil(WG),
-        )?;
-    }
-    Ok(dx)
+    div_grad_block(
+        input,
+        &saved.target,
+        saved.labels.as_ref(),
+        &saved.settings,
+        0,
+        &saved.finish,
+        cot,
+        per_element,
+    )
 }

@@ -44,7 +44,8 @@ struct Params {
     a: f32,  // cross-entropy: label smoothing ε; JSD: β
     b: f32,  // cross-entropy: z-loss coefficient
     c: f32,  // cross-entropy: softcap (0 = off)
-    d: f32,  // unused
+    row0: u32, // first row of the per-row tensors (targets/labels, per-row statistics,
+              // predictions, per-row cotangents) for a launch over a block of rows; 0 otherwise
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -390,8 +391,8 @@ fn ce_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     let arg = workgroup_argmax(best, best_index, lid);
     if (lid == 0u) {
-        let t = labels[row];
-        let o = row * CE_COLS;
+        let t = labels[params.row0 + row];
+        let o = (params.row0 + row) * CE_COLS;
         var loss = 0.0;
         var zl = 0.0;
         var wy = 0.0;
@@ -412,9 +413,9 @@ fn ce_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             if (arg == ti) {
                 correct = 1.0;
             }
-            pred[row] = i32(arg);
+            pred[params.row0 + row] = i32(arg);
         } else {
-            pred[row] = -1;
+            pred[params.row0 + row] = -1;
         }
         stats_out[o + CE_LOSS] = loss;
         stats_out[o + CE_Z] = zl;
@@ -452,7 +453,7 @@ fn ce_soft_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let sum_tz = workgroup_sum(tz, lid);
     let sum_t = workgroup_sum(tsum, lid);
     if (lid == 0u) {
-        let o = row * CE_COLS;
+        let o = (params.row0 + row) * CE_COLS;
         stats_out[o + CE_LOSS] = (sum_t * (rs.x - reference) - sum_tz) + sum_t * rs.y;
         stats_out[o + CE_Z] = 0.0;
         stats_out[o + CE_WEIGHT] = 1.0;
@@ -524,6 +525,32 @@ fn ce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     out2_f32[r] = stats_in[r * CE_COLS + CE_Z];
 }
 
+// Counting pass of a cross-entropy computed block by block (the fused linear losses): one
+// invocation per row writes the target weight and the counted flag into the per-row matrix
+// (every other column 0), so that ce_finish over its column sums gives the mean scales before
+// any block's logits exist.
+@compute @workgroup_size(WG)
+fn ce_count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg) * WG + lid;
+    if (r >= params.rows) {
+        return;
+    }
+    let t = labels[r];
+    var wy = 0.0;
+    var valid = 0.0;
+    if (target_valid(t)) {
+        wy = class_weight(u32(t));
+        valid = 1.0;
+    }
+    let o = r * CE_COLS;
+    for (var k = 0u; k < CE_COLS; k = k + 1u) {
+        stats_out[o + k] = 0.0;
+    }
+    stats_out[o + CE_WEIGHT] = wy;
+    stats_out[o + CE_VALID] = valid;
+}
+
 fn row_cotangent(row: u32) -> f32 {
     if ((params.flags & F_COT_ROW) != 0u) {
         return cot[row];
@@ -541,8 +568,8 @@ fn ce_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     let cols = params.cols;
     let base = row * cols;
-    let o = row * CE_COLS;
-    let t = labels[row];
+    let o = (params.row0 + row) * CE_COLS;
+    let t = labels[params.row0 + row];
     if (!target_valid(t)) {
         for (var c = lid; c < cols; c = c + WG) {
             dx[base + c] = 0.0;
@@ -555,7 +582,7 @@ fn ce_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let logden = stats_in[o + CE_LOGDEN];
     let wy = stats_in[o + CE_WEIGHT];
     let wsum = stats_in[o + CE_WSUM];
-    let g = row_cotangent(row);
+    let g = row_cotangent(params.row0 + row);
     let f_ce = g * final_in[3];
     let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
     let spread_w = eps / f32(cols);
@@ -590,11 +617,11 @@ fn ce_soft_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     let cols = params.cols;
     let base = row * cols;
-    let o = row * CE_COLS;
+    let o = (params.row0 + row) * CE_COLS;
     let m = stats_in[o + CE_MAX];
     let logden = stats_in[o + CE_LOGDEN];
     let tsum = stats_in[o + CE_WSUM];
-    let f = row_cotangent(row) * final_in[3];
+    let f = row_cotangent(params.row0 + row) * final_in[3];
     for (var c = lid; c < cols; c = c + WG) {
         let p = exp((ld_x(base + c) - m) - logden);
         dx[base + c] = (tsum * p - ld_second(base + c)) * f;
@@ -639,9 +666,10 @@ fn divergence(xv: f32, t: f32) -> vec2<f32> {
     return vec2<f32>(0.5 * abs(diff), 0.5 * sign(diff));
 }
 
+// Whether row `row` of the launch (label row0 + row) counts.
 fn row_counted(row: u32) -> bool {
     if ((params.flags & F_LABELS) != 0u) {
-        return labels[row] != params.ignore_index;
+        return labels[params.row0 + row] != params.ignore_index;
     }
     return true;
 }
@@ -663,11 +691,11 @@ fn div_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let total = workgroup_sum(acc, lid);
     if (lid == 0u) {
         if (row_counted(row)) {
-            stats_out[2u * row] = total;
-            stats_out[2u * row + 1u] = 1.0;
+            stats_out[2u * (params.row0 + row)] = total;
+            stats_out[2u * (params.row0 + row) + 1u] = 1.0;
         } else {
-            stats_out[2u * row] = 0.0;
-            stats_out[2u * row + 1u] = 0.0;
+            stats_out[2u * (params.row0 + row)] = 0.0;
+            stats_out[2u * (params.row0 + row) + 1u] = 0.0;
         }
     }
 }
@@ -685,6 +713,23 @@ fn div_elems(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         l = divergence(ld_x(i), ld_second(i)).x;
     }
     out_f32[i] = l;
+}
+
+// Counting pass of a divergence computed block by block: stats_out[2r] = 0, [2r + 1] = 1 for a
+// counted row, so that div_finish over the column sums gives the scale before any block runs.
+@compute @workgroup_size(WG)
+fn div_count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg) * WG + lid;
+    if (r >= params.rows) {
+        return;
+    }
+    var counted = 0.0;
+    if (row_counted(r)) {
+        counted = 1.0;
+    }
+    stats_out[2u * r] = 0.0;
+    stats_out[2u * r + 1u] = counted;
 }
 
 // out_f32 = [loss, scale]: sum → Σ; mean → Σ / (counted rows · cols); batchmean → Σ / counted
@@ -946,8 +991,8 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     let arg = workgroup_argmax(lane.best, lane.best_index, lid);
     if (lid == 0u) {
-        let t = labels[row];
-        let o = row * CE_COLS;
+        let t = labels[params.row0 + row];
+        let o = (params.row0 + row) * CE_COLS;
         var loss = 0.0;
         var zl = 0.0;
         var wy = 0.0;
@@ -976,9 +1021,9 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             if (arg == ti) {
                 correct = 1.0;
             }
-            pred[row] = i32(arg);
+            pred[params.row0 + row] = i32(arg);
         } else {
-            pred[row] = -1;
+            pred[params.row0 + row] = -1;
         }
         stats_out[o + CE_LOSS] = loss;
         stats_out[o + CE_Z] = zl;
@@ -1026,8 +1071,8 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let cw = chunk_width(DT);
     let nv = params.cols / cw;
     let vbase = row * nv;
-    let o = row * CE_COLS;
-    let t = labels[row];
+    let o = (params.row0 + row) * CE_COLS;
+    let t = labels[params.row0 + row];
     let f4 = cw / 4u; // F32 vec4s of dx per chunk
     if (!target_valid(t)) {
         for (var v = lid; v < nv * f4; v = v + WG) {
@@ -1040,7 +1085,7 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let logden = stats_in[o + CE_LOGDEN];
     let wy = stats_in[o + CE_WEIGHT];
     let wsum = stats_in[o + CE_WSUM];
-    let g = row_cotangent(row);
+    let g = row_cotangent(params.row0 + row);
     let f_ce = g * final_in[3];
     let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
     for (var v = lid; v < nv; v = v + WG) {
@@ -1082,11 +1127,11 @@ fn div_rows_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let total = workgroup_sum(acc, lid);
     if (lid == 0u) {
         if (row_counted(row)) {
-            stats_out[2u * row] = total;
-            stats_out[2u * row + 1u] = 1.0;
+            stats_out[2u * (params.row0 + row)] = total;
+            stats_out[2u * (params.row0 + row) + 1u] = 1.0;
         } else {
-            stats_out[2u * row] = 0.0;
-            stats_out[2u * row + 1u] = 0.0;
+            stats_out[2u * (params.row0 + row)] = 0.0;
+            stats_out[2u * (params.row0 + row) + 1u] = 0.0;
         }
     }
 }

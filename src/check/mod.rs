@@ -4,6 +4,7 @@
 //! covered by some check.
 
 mod attention;
+mod fused_linear;
 mod gated_delta;
 mod loss;
 mod matmul;
@@ -71,6 +72,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(attention::operators())
     .chain(matmul::operators())
     .chain(mlp::operators())
+    .chain(fused_linear::operators())
     .chain(model::operators())
     .collect()
 }

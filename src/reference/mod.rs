@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod fused_linear;
 pub mod gated_delta;
 pub mod loss;
 pub mod matmul;

@@ -1,0 +1,330 @@
+//! Checks of the fused linear family (`crate::fused_linear`).
+
+use super::*;
+
+/// This family's operator checks, in report order.
+pub(super) fn operators() -> Vec<OperatorCheck> {
+    vec![
+        OperatorCheck {
+            name: "fused_linear_cross_entropy",
+            kernels: &["fused_linear", "loss", "reduce"],
+            run: check_fused_linear_cross_entropy,
+        },
+        OperatorCheck {
+            name: "fused_linear_distillation",
+            kernels: &["fused_linear", "loss", "reduce"],
+            run: check_fused_linear_distillation,
+        },
+    ]
+}
+
+/// A linear head on the GPU and the values it holds.
+struct HeadData {
+    x: crate::Tensor,
+    w: crate::Tensor,
+    b: Option<crate::Tensor>,
+    xs: Vec<f64>,
+    ws: Vec<f64>,
+    bs: Option<Vec<f64>>,
+    hidden: usize,
+}
+
+impl HeadData {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        engine: &Engine,
+        rng: &mut Rng,
+        rows: usize,
+        hidden: usize,
+        vocab: usize,
+        bias: bool,
+        dtype: DType,
+    ) -> Result<HeadData> {
+        let (x, xs) = tensor_from_f64(
+            engine,
+            &rng.vec(rows * hidden, -1.0, 1.0),
+            &[rows, hidden],
+            dtype,
+        )?;
+        let (w, ws) = tensor_from_f64(
+            engine,
+            &rng.vec(vocab * hidden, -0.5, 0.5),
+            &[vocab, hidden],
+            dtype,
+        )?;
+        let (b, bs) = if bias {
+            let (b, bs) = tensor_from_f64(engine, &rng.vec(vocab, -0.5, 0.5), &[vocab], dtype)?;
+            (Some(b), Some(bs))
+        } else {
+            (None, None)
+        };
+        Ok(HeadData {
+            x,
+            w,
+            b,
+            xs,
+            ws,
+            bs,
+            hidden,
+        })
+    }
+
+    fn gpu(&self) -> crate::fused_linear::LinearHead<'_> {
+        crate::fused_linear::LinearHead {
+            input: &self.x,
+            weight: &self.w,
+            bias: self.b.as_ref(),
+        }
+    }
+
+    fn reference(&self) -> reference::fused_linear::Head<'_> {
+        reference::fused_linear::Head {
+            x: &self.xs,
+            w: &self.ws,
+            bias: self.bs.as_deref(),
+            hidden: self.hidden,
+        }
+    }
+}
+
+fn gradient_cases(
+    cases: &mut Vec<Case>,
+    label: &str,
+    got: &crate::fused_linear::FusedLinearGradients,
+    want: &reference::fused_linear::LinearGradients,
+) -> Result<()> {
+    let tol = Tolerance::for_dtype(DType::F32);
+    cases.push(case(
+        format!("{label} d input"),
+        &got.input.to_f64()?,
+        &want.input,
+        tol,
+    ));
+    cases.push(case(
+        format!("{label} d weight"),
+        &got.weight.to_f64()?,
+        &want.weight,
+        tol,
+    ));
+    if let Some(db) = &got.bias {
+        cases.push(case(
+            format!("{label} d bias"),
+            &db.to_f64()?,
+            &want.bias,
+            tol,
+        ));
+    }
+    Ok(())
+}
+
+/// Liger's ragged FLCE shape (B·T = 4·47 rows, H 31, V 123) in chunks of 50 rows, every
+/// storage dtype, plain and with every option (a quarter of the targets ignored), each
+/// reduction: loss, z-loss, accuracy and the gradients of x, W and the bias.
+fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::fused_linear::{
+        Chunking, FusedLinearCrossEntropyOptions, fused_linear_cross_entropy,
+        fused_linear_cross_entropy_backward,
+    };
+    use crate::loss::{CrossEntropyOptions, Reduction};
+    use crate::reference::loss::CrossEntropyConfig;
+    let (rows, hidden, vocab) = (4 * 47, 31, 123);
+    let mut rng = Rng::new(60);
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
+        let weight = stored_values(&rng.vec(vocab, 0.2, 1.5), DType::F32);
+        let configs = [
+            ("plain", CrossEntropyConfig::default()),
+            (
+                "all options",
+                CrossEntropyConfig {
+                    ignore_index: 5,
+                    label_smoothing: f64::from(0.1f32),
+                    z_loss: f64::from(1e-3f32),
+                    softcap: Some(3.0),
+                    weight: Some(weight.clone()),
+                    reduction: Reduction::Mean,
+                },
+            ),
+        ];
+        for (name, cfg) in configs {
+            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+                let cfg = CrossEntropyConfig {
+                    reduction,
+                    ..cfg.clone()
+                };
+                let targets: Vec<i32> = (0..rows)
+                    .map(|i| {
+                        if i % 4 == 1 {
+                            cfg.ignore_index
+                        } else {
+                            (rng.next_u32() as usize % vocab) as i32
+                        }
+                    })
+                    .collect();
+                let t = Tensor::from_slice(engine, &targets, &[rows])?;
+                let options = FusedLinearCrossEntropyOptions {
+                    cross_entropy: CrossEntropyOptions {
+                        ignore_index: cfg.ignore_index,
+                        label_smoothing: cfg.label_smoothing as f32,
+                        z_loss: cfg.z_loss as f32,
+                        softcap: cfg.softcap.map(|c| c as f32),
+                        weight: match &cfg.weight {
+                            Some(w) => Some(tensor_from_f64(engine, w, &[vocab], DType::F32)?.0),
+                            None => None,
+                        },
+                        reduction,
+                        check_targets: true,
+                    },
+                    chunking: Chunking {
+                        chunk_rows: Some(50),
+                        memory_budget: None,
+                    },
+                    gradients_in_forward: true,
+                };
+                let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
+                let want = reference::fused_linear::fused_linear_cross_entropy(
+                    head.reference(),
+                    &targets,
+                    rows,
+                    vocab,
+                    &cfg,
+                );
+                let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} {dtype}");
+                cases.push(case(
+                    format!("{label} loss"),
+                    &out.loss.to_f64()?,
+                    &want.loss,
+                    f32_tol,
+                ));
+                cases.push(case(
+                    format!("{label} z_loss"),
+                    &out.z_loss.to_f64()?,
+                    &want.z_loss,
+                    f32_tol,
+                ));
+                cases.push(case(
+                    format!("{label} accuracy"),
+                    &out.accuracy.to_f64()?,
+                    &[want.accuracy],
+                    f32_tol,
+                ));
+                let ones = vec![
+                    1.0;
+                    if reduction == Reduction::None {
+                        rows
+                    } else {
+                        1
+                    }
+                ];
+                let got = fused_linear_cross_entropy_backward(&saved, None)?;
+                let want = reference::fused_linear::fused_linear_cross_entropy_backward(
+                    head.reference(),
+                    &targets,
+                    rows,
+                    vocab,
+                    &cfg,
+                    &ones,
+                );
+                gradient_cases(&mut cases, &label, &got, &want)?;
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// Distillation with each soft term (JSD β = 0.5, KL, TVD) at temperature 2, with labels (a
+/// quarter ignored) and a hard-label term of weight 0.25, every storage dtype: the three loss
+/// values and the student's gradients.
+fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::fused_linear::{
+        Chunking, DistillationOptions, SoftLoss, fused_linear_distillation,
+        fused_linear_distillation_backward,
+    };
+    use reference::fused_linear::{DistillationConfig, SoftTerm};
+    let (rows, vocab) = (37, 96);
+    let mut rng = Rng::new(61);
+    let mut cases = Vec::new();
+    // Row sums of `vocab` terms: the divergence tolerance of the loss family.
+    let loss_tol = Tolerance {
+        abs: 1e-5 * (1.0 + vocab as f64 / 256.0),
+        ..Tolerance::for_dtype(DType::F32)
+    };
+    for dtype in DType::FLOATS {
+        let student = HeadData::new(engine, &mut rng, rows, 24, vocab, true, dtype)?;
+        let teacher = HeadData::new(engine, &mut rng, rows, 40, vocab, false, dtype)?;
+        let labels: Vec<i32> = (0..rows)
+            .map(|i| {
+                if i % 4 == 2 {
+                    -100
+                } else {
+                    (rng.next_u32() as usize % vocab) as i32
+                }
+            })
+            .collect();
+        let lt = Tensor::from_slice(engine, &labels, &[rows])?;
+        for (soft, term) in [
+            (SoftLoss::Jsd { beta: 0.5 }, SoftTerm::Jsd { beta: 0.5 }),
+            (SoftLoss::Kl, SoftTerm::Kl),
+            (SoftLoss::Tvd, SoftTerm::Tvd),
+        ] {
+            let options = DistillationOptions {
+                soft,
+                temperature: 2.0,
+                weight_hard: 0.25,
+                weight_soft: 0.75,
+                chunking: Chunking {
+                    chunk_rows: Some(16),
+                    memory_budget: None,
+                },
+                ..DistillationOptions::default()
+            };
+            let cfg = DistillationConfig {
+                soft: term,
+                temperature: 2.0,
+                weight_hard: 0.25,
+                weight_soft: 0.75,
+                ignore_index: -100,
+                batch_mean: true,
+            };
+            let (out, saved) =
+                fused_linear_distillation(student.gpu(), teacher.gpu(), Some(&lt), &options)?;
+            let want = reference::fused_linear::fused_linear_distillation(
+                student.reference(),
+                teacher.reference(),
+                Some(&labels),
+                rows,
+                vocab,
+                &cfg,
+            );
+            let label = format!("{soft:?} T2 hard 0.25 {rows}x24->{vocab} {dtype}");
+            for (what, got, want) in [
+                ("loss", &out.loss, want.loss),
+                ("hard", &out.hard_loss, want.hard),
+                ("soft", &out.soft_loss, want.soft),
+            ] {
+                cases.push(case(
+                    format!("{label} {what}"),
+                    &got.to_f64()?,
+                    &[want],
+                    loss_tol,
+                ));
+            }
+            let got = fused_linear_distillation_backward(&saved, None)?;
+            let want = reference::fused_linear::fused_linear_distillation_backward(
+                student.reference(),
+                teacher.reference(),
+                Some(&labels),
+                rows,
+                vocab,
+                &cfg,
+                1.0,
+            );
+            gradient_cases(&mut cases, &label, &got, &want)?;
+        }
+    }
+    Ok(cases)
+}

@@ -1,0 +1,1260 @@
+//! Fused linear losses: a linear head `logits = x·Wᵀ + b` followed by a loss over the
+//! vocabulary, computed chunk by chunk of rows so that the `[rows, vocab]` logits never exist
+//! at once: [`fused_linear_cross_entropy`] (every option of [`CrossEntropyOptions`]) and the
+//! distillation losses [`fused_linear_distillation`] with the shorthands
+//! [`fused_linear_jsd`], [`fused_linear_kl`] and [`fused_linear_tvd`] (a student head trained
+//! against a frozen teacher head, plus an optional hard-label cross-entropy term).
+//!
+//! Shapes: `x` is `[..., hidden]` (leading axes flatten to `rows`), `W` is `[vocab, hidden]`,
+//! the bias `[vocab]`; targets / labels are I32 of `x`'s leading shape. Storage F32, F16 or
+//! BF16 for `x`, `W` and the bias; the products accumulate in FP32 and every logit, loss and
+//! gradient is F32.
+//!
+//! How it runs: rows are cut into chunks of `chunk_rows` ([`ChunkPlan`]). For each chunk the
+//! matmul family's `gemm` writes the chunk's F32 logits, the loss family's kernels take them
+//! (per-row statistics go straight into one `[rows, …]` matrix for the whole batch, at the
+//! chunk's row offset), and the chunk's logit gradient goes back through two more products:
+//! `dx[chunk] = dlogits·W` (written at the chunk's rows) and `dW += dlogitsᵀ·x[chunk]`
+//! (`gemm` with `accumulate`, chunk after chunk, into one F32 buffer); the bias gradient is
+//! the column sums of `dlogits`, added in chunk order. Every sum has a fixed order, so reruns
+//! are bit-identical; results with different chunk sizes agree to FP32 rounding.
+//!
+//! Scratch is `O(chunk_rows × vocab)` plus `O(rows)`: about 8 bytes per logit of a chunk for
+//! the cross-entropy (logits and their gradient) and 20 for the distillation losses, and 32
+//! bytes per row for the per-row statistics. The chunk size is the largest that fits the
+//! memory budget (by default the engine's workspace bound), balanced so that chunks are of
+//! equal size; see [`plan_cross_entropy`], [`fused_linear_cross_entropy_workspace_bytes`] and
+//! their distillation counterparts.
+//!
+//! # Forward / backward split
+//!
+//! For a scalar loss (reductions sum and mean, and every distillation loss) the forward
+//! computes the gradients too, as if the cotangent were 1, and saves them; the backward then
+//! only multiplies them by the cotangent — on the GPU, since the cotangent is a one-element
+//! tensor — or returns them as they are when no cotangent is given. This needs one product
+//! less than recomputing and is what a training step wants. Mean reductions need the number
+//! of counted rows (or the target-weight sum) before any chunk's gradient can be scaled: a
+//! counting pass over the targets computes the scale on the GPU first, no readback.
+//!
+//! With reduction `none` the cotangent is one value per row and is unknown at forward time:
+//! the forward computes only the losses (one product per chunk) and saves the per-row
+//! statistics; the backward recomputes each chunk's logits and takes the gradients from there
+//! (three products per chunk). Setting `gradients_in_forward: false` gives scalar reductions
+//! the same recomputing backward (useful when a forward may not be followed by a backward).
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
+use crate::loss::{
+    self, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings, Reduction,
+};
+use crate::matmul::{Gemm, GemmOperand, gemm};
+use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
+use crate::{DType, Engine, Error, Result, Tensor};
+
+/// `wgsl/fused_linear.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "fused_linear",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        include_str!("../wgsl/fused_linear.wgsl"),
+    ],
+};
+
+const WG: u64 = 256;
+const F_Y: u32 = 1;
+const F_SCALE: u32 = 2;
+
+#[derive(encase::ShaderType)]
+struct Params {
+    n: u32,
+    flags: u32,
+    a: f32,
+    b: f32,
+}
+
+/// `(a·x + b·y)·s` elementwise into a fresh F32 tensor of `x`'s shape; `y` optional, `s` a
+/// one-element F32 tensor or 1.
+fn combine(
+    x: &Tensor,
+    a: f32,
+    y: Option<(&Tensor, f32)>,
+    scale: Option<&Tensor>,
+) -> Result<Tensor> {
+    let engine = x.engine();
+    let out = Tensor::empty(engine, x.shape(), DType::F32, "fused_linear combine")?;
+    let mut flags = 0;
+    if y.is_some() {
+        flags |= F_Y;
+    }
+    if scale.is_some() {
+        flags |= F_SCALE;
+    }
+    let (yt, b) = y.unwrap_or((x, 0.0));
+    let s = scale.unwrap_or(x);
+    engine.launch(
+        &KERNEL,
+        "combine",
+        &vec![
+            ("XT", f64::from(x.dtype().code())),
+            ("YT", f64::from(yt.dtype().code())),
+        ],
+        &Params {
+            n: x.len() as u32,
+            flags,
+            a,
+            b,
+        },
+        &[x.buffer(), yt.buffer(), s.buffer(), out.buffer()],
+        (x.len() as u64).div_ceil(WG),
+    )?;
+    Ok(out)
+}
+
+// ---- shared pieces ----------------------------------------------------------------------------
+
+/// One linear head: `logits = input·weightᵀ + bias`.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearHead<'a> {
+    /// `[..., hidden]`, F32/F16/BF16.
+    pub input: &'a Tensor,
+    /// `[vocab, hidden]`, F32/F16/BF16.
+    pub weight: &'a Tensor,
+    /// `[vocab]`, F32/F16/BF16 (optional).
+    pub bias: Option<&'a Tensor>,
+}
+
+/// How rows are cut into chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Chunking {
+    /// Rows per chunk; `None` (default) picks the largest that fits the budget (then evens
+    /// out the chunks). An explicit value is checked against the engine's workspace bound.
+    pub chunk_rows: Option<usize>,
+    /// Bytes of scratch the call may use; `None` (default) means the engine's workspace bound,
+    /// which is also the ceiling.
+    pub memory_budget: Option<u64>,
+}
+
+/// The chunking of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// Rows of the batch.
+    pub rows: usize,
+    /// Rows per chunk (the last chunk may be shorter; ≥ 1 even for an empty batch).
+    pub chunk_rows: usize,
+    /// Number of chunks (`rows / chunk_rows` rounded up).
+    pub chunks: usize,
+    /// Scratch bytes of the call at this chunk size (the `*_workspace_bytes` figure).
+    pub workspace_bytes: u64,
+}
+
+impl ChunkPlan {
+    /// `(first row, rows)` of each chunk, in order.
+    pub fn ranges(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.chunks).map(move |j| {
+            let r0 = j * self.chunk_rows;
+            (r0, self.chunk_rows.min(self.rows - r0))
+        })
+    }
+}
+
+/// Gradients of a fused linear loss, all F32 and FP32-accumulated.
+#[derive(Debug, Clone)]
+pub struct FusedLinearGradients {
+    /// d input, the input's shape.
+    pub input: Tensor,
+    /// d weight, `[vocab, hidden]`.
+    pub weight: Tensor,
+    /// d bias, `[vocab]` (when the head has a bias).
+    pub bias: Option<Tensor>,
+}
+
+/// A head's tensors, kept for the backward.
+#[derive(Debug, Clone)]
+struct Head {
+    input: Tensor,
+    weight: Tensor,
+    bias: Option<Tensor>,
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+}
+
+impl Head {
+    fn of(h: &LinearHead) -> Head {
+        let hidden = h.input.shape().last().copied().unwrap_or(0);
+        Head {
+            input: h.input.clone(),
+            weight: h.weight.clone(),
+            bias: h.bias.cloned(),
+            rows: h.input.len().checked_div(hidden).unwrap_or(0),
+            hidden,
+            vocab: h.weight.shape().first().copied().unwrap_or(0),
+        }
+    }
+
+    fn lead(&self) -> &[usize] {
+        &self.input.shape()[..self.input.shape().len() - 1]
+    }
+
+    /// F32 `[rows, vocab]` logits of rows `r0..r0 + rows`.
+    fn logits(&self, r0: usize, rows: usize) -> Result<Tensor> {
+        let engine = self.input.engine();
+        let out = Tensor::empty(
+            engine,
+            &[rows, self.vocab],
+            DType::F32,
+            "fused_linear logits",
+        )?;
+        gemm(&Gemm {
+            a: GemmOperand {
+                tensor: &self.input,
+                offset: r0 * self.hidden,
+                transposed: false,
+                batch_stride: 0,
+            },
+            b: GemmOperand {
+                tensor: &self.weight,
+                offset: 0,
+                transposed: true,
+                batch_stride: 0,
+            },
+            out: &out,
+            out_offset: 0,
+            out_batch_stride: 0,
+            m: rows,
+            n: self.vocab,
+            k: self.hidden,
+            batch: 1,
+            bias: self.bias.as_ref(),
+            accumulate: false,
+            activation: None,
+            pre_activation: None,
+            alpha: 1.0,
+        })?;
+        Ok(out)
+    }
+}
+
+fn float_tensor(what: &str, t: &Tensor) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+    }
+}
+
+/// Validate one head on `engine`: float tensors, `input [..., hidden]` with hidden ≥ 1,
+/// `weight [vocab, hidden]` with vocab ≥ 1, `bias [vocab]`.
+fn check_head(what: &str, engine: &Engine, h: &LinearHead) -> Result<Head> {
+    h.input.check_engine(engine, &format!("{what}: input"))?;
+    h.weight.check_engine(engine, &format!("{what}: weight"))?;
+    float_tensor(&format!("{what}: input"), h.input)?;
+    float_tensor(&format!("{what}: weight"), h.weight)?;
+    let Some(&hidden) = h.input.shape().last() else {
+        return Err(Error::shape(
+            format!("{what}: input (needs a hidden axis)"),
+            &[0],
+            h.input.shape(),
+        ));
+    };
+    if hidden == 0 {
+        return Err(Error::bounds(
+            format!("{what}: hidden size"),
+            0,
+            1,
+            u64::from(u32::MAX),
+        ));
+    }
+    let ws = h.weight.shape();
+    if ws.len() != 2 || ws[1] != hidden {
+        let vocab = ws.first().copied().unwrap_or(0);
+        return Err(Error::shape(
+            format!("{what}: weight (vocab × hidden)"),
+            &[vocab, hidden],
+            ws,
+        ));
+    }
+    if ws[0] == 0 {
+        return Err(Error::bounds(
+            format!("{what}: vocabulary size"),
+            0,
+            1,
+            u64::from(u32::MAX),
+        ));
+    }
+    // The products index every operand with 32-bit element offsets.
+    for (t, name) in [(h.input, "input"), (h.weight, "weight")] {
+        if t.len() as u64 > u64::from(u32::MAX) {
+            return Err(Error::bounds(
+                format!("{what}: {name} elements"),
+                t.len() as u64,
+                0,
+                u64::from(u32::MAX),
+            ));
+        }
+    }
+    if let Some(b) = h.bias {
+        b.check_engine(engine, &format!("{what}: bias"))?;
+        float_tensor(&format!("{what}: bias"), b)?;
+        if b.shape() != [ws[0]] {
+            return Err(Error::shape(format!("{what}: bias"), &[ws[0]], b.shape()));
+        }
+    }
+    Ok(Head::of(h))
+}
+
+/// F32 gradient buffers filled chunk by chunk.
+struct Accumulator {
+    dx: Tensor,
+    dw: Tensor,
+    bias: bool,
+    db: Option<Tensor>,
+    first: bool,
+}
+
+impl Accumulator {
+    /// Output buffers for `head` (allocated before anything is launched).
+    fn new(head: &Head) -> Result<Accumulator> {
+        let engine = head.input.engine();
+        let dx = Tensor::empty(engine, head.input.shape(), DType::F32, "d input")?;
+        let dw = if head.rows == 0 {
+            Tensor::zeros(engine, &[head.vocab, head.hidden], DType::F32)?
+        } else {
+            Tensor::empty(engine, &[head.vocab, head.hidden], DType::F32, "d weight")?
+        };
+        let bias = head.bias.is_some();
+        let db = if bias && head.rows == 0 {
+            Some(Tensor::zeros(engine, &[head.vocab], DType::F32)?)
+        } else {
+            None
+        };
+        Ok(Accumulator {
+            dx,
+            dw,
+            bias,
+            db,
+            first: true,
+        })
+    }
+
+    /// Take the logit gradient `dlogits` (`[rows, vocab]` F32) of rows `r0..` back through
+    /// the head: `dx[r0..] = dlogits·W`, `dW (+)= dlogitsᵀ·x[r0..]`, `db (+)= Σ_r dlogits`.
+    fn add_chunk(&mut self, head: &Head, r0: usize, dlogits: &Tensor) -> Result<()> {
+        let rows = dlogits.shape()[0];
+        gemm(&Gemm {
+            a: GemmOperand {
+                tensor: dlogits,
+                offset: 0,
+                transposed: false,
+                batch_stride: 0,
+            },
+            b: GemmOperand {
+                tensor: &head.weight,
+                offset: 0,
+                transposed: false,
+                batch_stride: 0,
+            },
+            out: &self.dx,
+            out_offset: r0 * head.hidden,
+            out_batch_stride: 0,
+            m: rows,
+            n: head.hidden,
+            k: head.vocab,
+            batch: 1,
+            bias: None,
+            accumulate: false,
+            activation: None,
+            pre_activation: None,
+            alpha: 1.0,
+        })?;
+        gemm(&Gemm {
+            a: GemmOperand {
+                tensor: dlogits,
+                offset: 0,
+                transposed: true,
+                batch_stride: 0,
+            },
+            b: GemmOperand {
+                tensor: &head.input,
+                offset: r0 * head.hidden,
+                transposed: false,
+                batch_stride: 0,
+            },
+            out: &self.dw,
+            out_offset: 0,
+            out_batch_stride: 0,
+            m: head.vocab,
+            n: head.hidden,
+            k: rows,
+            batch: 1,
+            bias: None,
+            accumulate: !self.first,
+            activation: None,
+            pre_activation: None,
+            alpha: 1.0,
+        })?;
+        if self.bias {
+            let sums = sum_columns(dlogits)?;
+            self.db = Some(match &self.db {
+                None => sums,
+                Some(db) => combine(db, 1.0, Some((&sums, 1.0)), None)?,
+            });
+        }
+        self.first = false;
+        Ok(())
+    }
+
+    fn finish(self) -> FusedLinearGradients {
+        FusedLinearGradients {
+            input: self.dx,
+            weight: self.dw,
+            bias: self.db,
+        }
+    }
+}
+
+/// Scratch of the chunk work beyond the `n_logits` F32 `[chunk_rows, vocab]` buffers: the
+/// bias gradient's column-sum partials and two `[vocab]` sums.
+fn bias_scratch(chunk_rows: usize, vocab: usize, bias: bool) -> u64 {
+    if bias {
+        sum_columns_workspace_bytes(chunk_rows, vocab) + 8 * vocab as u64
+    } else {
+        0
+    }
+}
+
+/// The largest chunk (evened out over the chunks) whose workspace fits `budget`, or the
+/// explicit chunk size checked against the bound.
+fn plan(
+    what: &str,
+    engine: &Engine,
+    rows: usize,
+    vocab: usize,
+    chunking: &Chunking,
+    workspace: impl Fn(usize) -> u64,
+) -> Result<ChunkPlan> {
+    let bound = engine.workspace_bound();
+    let budget = chunking.memory_budget.unwrap_or(bound).min(bound);
+    let binding = engine.max_binding_bytes();
+    let fits_binding = |c: usize| (c as u64) * (vocab as u64) * 4 <= binding;
+    let chunk_rows = match chunking.chunk_rows {
+        Some(0) => {
+            return Err(Error::bounds(format!("{what}: chunk_rows"), 0, 1, u64::MAX));
+        }
+        Some(c) => {
+            let c = c.min(rows.max(1));
+            if !fits_binding(c) {
+                return Err(Error::LimitExceeded {
+                    what: format!("{what}: logits of a chunk of {c} rows"),
+                    bytes: (c as u64) * (vocab as u64) * 4,
+                    limit: binding,
+                    limit_name: "max_storage_buffer_binding_size",
+                });
+            }
+            c
+        }
+        None => {
+            let most = rows.max(1);
+            let fits = |c: usize| fits_binding(c) && workspace(c) <= budget;
+            if !fits(1) {
+                return Err(Error::WorkspaceExceeded {
+                    what: format!("{what} (one row per chunk)"),
+                    needed: workspace(1),
+                    bound: budget,
+                });
+            }
+            // Largest c in [1, most] that fits (the workspace grows with c).
+            let (mut lo, mut hi) = (1, most);
+            while lo < hi {
+                let mid = lo + (hi - lo).div_ceil(2);
+                if fits(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            let chunks = most.div_ceil(lo);
+            most.div_ceil(chunks)
+        }
+    };
+    let needed = workspace(chunk_rows);
+    engine.check_workspace(what, needed)?;
+    Ok(ChunkPlan {
+        rows,
+        chunk_rows,
+        chunks: rows.div_ceil(chunk_rows),
+        workspace_bytes: needed,
+    })
+}
+
+/// Check a scalar-loss cotangent (`[]` or `[1]` F32) or make a unit one.
+fn scalar_cotangent(what: &str, engine: &Engine, c: Option<&Tensor>) -> Result<Tensor> {
+    let (t, _) = loss::ce_cotangent(what, engine, c, Reduction::Sum, &[])?;
+    Ok(t)
+}
+
+/// The saved gradients times a GPU-side cotangent (or as they are without one).
+fn scaled(g: &FusedLinearGradients, cot: Option<&Tensor>) -> Result<FusedLinearGradients> {
+    let Some(c) = cot else {
+        return Ok(g.clone());
+    };
+    Ok(FusedLinearGradients {
+        input: combine(&g.input, 1.0, None, Some(c))?,
+        weight: combine(&g.weight, 1.0, None, Some(c))?,
+        bias: g
+            .bias
+            .as_ref()
+            .map(|b| combine(b, 1.0, None, Some(c)))
+            .transpose()?,
+    })
+}
+
+/// An F32 `[8]` finish vector with unit scales (sum and none reductions need no count).
+fn unit_ce_scales(engine: &Engine) -> Result<Tensor> {
+    Tensor::from_slice(engine, &[0.0f32, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], &[8])
+}
+
+// ---- fused linear cross-entropy ------------------------------------------------------------
+
+/// Options of [`fused_linear_cross_entropy`].
+#[derive(Debug, Clone)]
+pub struct FusedLinearCrossEntropyOptions {
+    /// The cross-entropy options, with their meanings and defaults (ignore_index −100, label
+    /// smoothing, z-loss, softcap, class weights, reduction mean, target check).
+    pub cross_entropy: CrossEntropyOptions,
+    /// Chunk size or memory budget (default: from the engine's workspace bound).
+    pub chunking: Chunking,
+    /// Sum / mean: compute the gradients in the forward (default true; see the module docs).
+    /// Ignored for reduction none, whose backward always recomputes.
+    pub gradients_in_forward: bool,
+}
+
+impl Default for FusedLinearCrossEntropyOptions {
+    fn default() -> Self {
+        FusedLinearCrossEntropyOptions {
+            cross_entropy: CrossEntropyOptions::default(),
+            chunking: Chunking::default(),
+            gradients_in_forward: true,
+        }
+    }
+}
+
+/// What [`fused_linear_cross_entropy`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct FusedLinearCrossEntropySaved {
+    head: Head,
+    targets: Tensor,
+    settings: CeSettings,
+    rows_matrix: Tensor,
+    finish: Tensor,
+    plan: ChunkPlan,
+    gradients: Option<FusedLinearGradients>,
+}
+
+impl FusedLinearCrossEntropySaved {
+    /// The chunking used (the backward uses it again when it recomputes).
+    pub fn plan(&self) -> ChunkPlan {
+        self.plan
+    }
+
+    /// Per-row statistics `[rows, 8]` F32, as `CrossEntropySaved::rows_matrix`.
+    pub fn rows_matrix(&self) -> &Tensor {
+        &self.rows_matrix
+    }
+}
+
+/// Scratch bytes of [`fused_linear_cross_entropy`] (forward and backward) for `rows` rows, a
+/// vocabulary of `vocab`, `chunk_rows` rows per chunk and a bias or not: the per-row matrix
+/// of the cross-entropy and its column sums, two finish vectors, and per chunk the F32
+/// logits and logit gradient (`8·chunk_rows·vocab` bytes) plus, with a bias, its column-sum
+/// partials. `hidden` is part of the signature for products that need scratch of their own.
+pub fn fused_linear_cross_entropy_workspace_bytes(
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+    chunk_rows: usize,
+    bias: bool,
+) -> u64 {
+    let _ = hidden;
+    let c = chunk_rows.min(rows.max(1));
+    loss::cross_entropy_workspace_bytes(rows)
+        + 32
+        + 16
+        + 8 * (c as u64) * (vocab as u64)
+        + bias_scratch(c, vocab, bias)
+}
+
+/// The chunking [`fused_linear_cross_entropy`] would use for these shapes and options.
+/// Errors: `WorkspaceExceeded` when not even one row per chunk fits the budget (or an explicit
+/// chunk size exceeds the engine's bound), `LimitExceeded` when a chunk's logits would not fit
+/// one binding, `OutOfBounds` for `chunk_rows = Some(0)`.
+pub fn plan_cross_entropy(
+    engine: &Engine,
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+    bias: bool,
+    chunking: &Chunking,
+) -> Result<ChunkPlan> {
+    plan(
+        "fused_linear_cross_entropy",
+        engine,
+        rows,
+        vocab,
+        chunking,
+        |c| fused_linear_cross_entropy_workspace_bytes(rows, hidden, vocab, c, bias),
+    )
+}
+
+/// Cross-entropy of the logits `x·Wᵀ + b` against integer `targets`, computed chunk by chunk
+/// without materializing the logits: the same loss, options and outputs as
+/// `loss::cross_entropy` on the full logits (`predicted` included):
+///
+/// `loss_r = (1 − ε)·w_y·(lse − z_y) + ε/V·Σ_c w_c·(lse − z_c) + coef·lse²`, `z` the
+/// (softcapped) logits of row r, reduced as the options say.
+///
+/// The backward is [`fused_linear_cross_entropy_backward`]; for sum and mean the gradients
+/// are computed here already (see the module docs). Errors, all before anything is launched:
+/// non-float `x`, `W` or bias and non-I32 targets (`UnsupportedDType`); `W` not
+/// `[vocab, hidden]`, a bias not `[vocab]`, targets not of `x`'s leading shape
+/// (`ShapeMismatch`); zero hidden size or vocabulary, `chunk_rows = Some(0)`
+/// (`OutOfBounds`); every cross-entropy option error of `loss::cross_entropy` (the target
+/// check synchronizes); scratch over the budget or the workspace bound
+/// (`WorkspaceExceeded`); outputs or chunks past the binding limit (`LimitExceeded`);
+/// tensors of another engine (`EngineMismatch`).
+pub fn fused_linear_cross_entropy(
+    head: LinearHead,
+    targets: &Tensor,
+    options: &FusedLinearCrossEntropyOptions,
+) -> Result<(CrossEntropyOutput, FusedLinearCrossEntropySaved)> {
+    const WHAT: &str = "fused_linear_cross_entropy";
+    let engine = head.input.engine();
+    let h = check_head(WHAT, engine, &head)?;
+    loss::check_target_tensor(&format!("{WHAT}: targets"), engine, targets, h.lead())?;
+    let ce = &options.cross_entropy;
+    let settings = loss::ce_settings(WHAT, engine, ce, h.vocab)?;
+    let plan = plan_cross_entropy(
+        engine,
+        h.rows,
+        h.hidden,
+        h.vocab,
+        h.bias.is_some(),
+        &options.chunking,
+    )?;
+    if ce.check_targets {
+        loss::check_target_range(
+            &format!("{WHAT}: targets"),
+            targets,
+            ce.ignore_index,
+            h.vocab,
+        )?;
+    }
+    let eager = options.gradients_in_forward && ce.reduction != Reduction::None;
+    let mat = Tensor::empty(engine, &[h.rows, 8], DType::F32, "fused_linear rows")?;
+    let predicted = Tensor::empty(engine, h.lead(), DType::I32, "fused_linear predicted")?;
+    let mut acc = if eager {
+        Some(Accumulator::new(&h)?)
+    } else {
+        None
+    };
+    let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+    let scales = if eager && ce.reduction == Reduction::Mean {
+        // Counting pass: the mean's scales before any chunk's gradient.
+        loss::ce_count(targets, &settings, h.vocab, &mat)?;
+        loss::ce_finish_values(engine, &mat, &settings)?
+    } else {
+        unit_ce_scales(engine)?
+    };
+    for (r0, rows) in plan.ranges() {
+        let logits = h.logits(r0, rows)?;
+        loss::ce_rows_block(&logits, targets, &settings, r0, &mat, &predicted)?;
+        if let Some(acc) = acc.as_mut() {
+            let dlogits =
+                loss::ce_grad_block(&logits, targets, &settings, r0, &mat, &scales, &unit, false)?;
+            drop(logits);
+            acc.add_chunk(&h, r0, &dlogits)?;
+        }
+    }
+    let finish = loss::ce_finish_values(engine, &mat, &settings)?;
+    let output = loss::ce_outputs(engine, &mat, &finish, settings.reduction, h.lead())?;
+    Ok((
+        CrossEntropyOutput {
+            predicted: Some(predicted),
+            ..output
+        },
+        FusedLinearCrossEntropySaved {
+            head: h,
+            targets: targets.clone(),
+            settings,
+            rows_matrix: mat,
+            finish,
+            plan,
+            gradients: acc.map(Accumulator::finish),
+        },
+    ))
+}
+
+/// Gradients of [`fused_linear_cross_entropy`] with respect to `x`, `W` and the bias (F32).
+/// `cotangent`: `None` for a unit cotangent, or F32 of the loss's shape (`[]`/`[1]` for sum
+/// and mean, `x`'s leading shape for none). Sum / mean with gradients computed in the
+/// forward: the saved gradients times the cotangent (on the GPU); otherwise each chunk's
+/// logits are recomputed (same chunks, same bits) and taken back through the head.
+pub fn fused_linear_cross_entropy_backward(
+    saved: &FusedLinearCrossEntropySaved,
+    cotangent: Option<&Tensor>,
+) -> Result<FusedLinearGradients> {
+    const WHAT: &str = "fused_linear_cross_entropy_backward: cotangent";
+    let h = &saved.head;
+    let engine = h.input.engine();
+    let (cot, per_row) =
+        loss::ce_cotangent(WHAT, engine, cotangent, saved.settings.reduction, h.lead())?;
+    if let Some(g) = &saved.gradients {
+        return scaled(g, cotangent.map(|_| &cot));
+    }
+    engine.check_workspace(
+        "fused_linear_cross_entropy_backward",
+        saved.plan.workspace_bytes,
+    )?;
+    let mut acc = Accumulator::new(h)?;
+    for (r0, rows) in saved.plan.ranges() {
+        let logits = h.logits(r0, rows)?;
+        let dlogits = loss::ce_grad_block(
+            &logits,
+            &saved.targets,
+            &saved.settings,
+            r0,
+            &saved.rows_matrix,
+            &saved.finish,
+            &cot,
+            per_row,
+        )?;
+        drop(logits);
+        acc.add_chunk(h, r0, &dlogits)?;
+    }
+    Ok(acc.finish())
+}
+
+// ---- distillation --------------------------------------------------------------------------
+
+/// The soft term of a distillation loss, between the student's and the teacher's
+/// distributions at temperature T (`q = softmax(student/T)`, `p = softmax(teacher/T)`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SoftLoss {
+    /// Generalized JSD as `loss::jsd` on `log q` (input) and `log p` (target):
+    /// `β·Σ p·(log p − log m) + (1 − β)·Σ q·(log q − log m)`, `m = β·p + (1 − β)·q`;
+    /// β = 0 is the forward KL `KL(p‖q)`, β = 1 the reverse KL `KL(q‖p)`.
+    Jsd {
+        /// β in [0, 1].
+        beta: f32,
+    },
+    /// Forward KL `Σ p·(log p − log q)` (`loss::kl_div` with log targets).
+    Kl,
+    /// Total variation `½·Σ |q − p|` (`loss::tvd`).
+    Tvd,
+}
+
+/// How the distillation terms are reduced over rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DistillationReduction {
+    /// Sums over the counted rows.
+    Sum,
+    /// Sums divided by the number of counted rows (default; 0 when none counts).
+    #[default]
+    BatchMean,
+}
+
+/// Options of [`fused_linear_distillation`].
+#[derive(Debug, Clone)]
+pub struct DistillationOptions {
+    /// The soft term (default JSD with β = 0.5).
+    pub soft: SoftLoss,
+    /// Temperature T > 0 dividing both heads' logits in the soft term (default 1). The hard
+    /// term uses the raw student logits.
+    pub temperature: f32,
+    /// Weight of the hard-label cross-entropy term (default 0; needs labels when nonzero).
+    pub weight_hard: f32,
+    /// Weight of the soft term (default 1).
+    pub weight_soft: f32,
+    /// Rows whose label equals this are skipped by both terms and not counted (default −100).
+    pub ignore_index: i32,
+    /// Reduction over rows (default batch mean).
+    pub reduction: DistillationReduction,
+    /// With a hard term: read the labels back (**synchronizes**) and reject any outside
+    /// `[0, vocab)` other than `ignore_index` (default true). Unchecked out-of-range labels
+    /// are skipped by the hard term but counted by the soft term.
+    pub check_labels: bool,
+    /// Chunk size or memory budget (default: from the engine's workspace bound).
+    pub chunking: Chunking,
+    /// Compute the student gradients in the forward (default true; see the module docs).
+    pub gradients_in_forward: bool,
+}
+
+impl Default for DistillationOptions {
+    fn default() -> Self {
+        DistillationOptions {
+            soft: SoftLoss::Jsd { beta: 0.5 },
+            temperature: 1.0,
+            weight_hard: 0.0,
+            weight_soft: 1.0,
+            ignore_index: -100,
+            reduction: DistillationReduction::BatchMean,
+            check_labels: true,
+            chunking: Chunking::default(),
+            gradients_in_forward: true,
+        }
+    }
+}
+
+/// Outputs of [`fused_linear_distillation`] (F32 scalars `[]`).
+#[derive(Debug, Clone)]
+pub struct DistillationOutput {
+    /// `weight_hard·hard_loss + weight_soft·soft_loss`.
+    pub loss: Tensor,
+    /// The hard-label cross-entropy of the raw student logits, reduced (0 without a hard
+    /// term).
+    pub hard_loss: Tensor,
+    /// The soft term, reduced.
+    pub soft_loss: Tensor,
+}
+
+/// The hard term's state: settings, per-row matrix `[rows, 8]`, predictions (forward only)
+/// and the scales (`[8]`: the counting pass's, then the finished sums').
+#[derive(Debug, Clone)]
+struct HardTerm {
+    settings: CeSettings,
+    mat: Tensor,
+    scales: Tensor,
+}
+
+/// The soft term's state: settings, per-row matrix `[rows, 2]`, scales (`[2]`).
+#[derive(Debug, Clone)]
+struct SoftTerm {
+    settings: DivSettings,
+    mat: Tensor,
+    scales: Tensor,
+}
+
+/// What [`fused_linear_distillation`] keeps for its backward.
+#[derive(Debug, Clone)]
+pub struct DistillationSaved {
+    student: Head,
+    teacher: Head,
+    labels: Option<Tensor>,
+    options: DistillationOptions,
+    hard: Option<HardTerm>,
+    soft: SoftTerm,
+    plan: ChunkPlan,
+    gradients: Option<FusedLinearGradients>,
+}
+
+impl DistillationSaved {
+    /// The chunking used.
+    pub fn plan(&self) -> ChunkPlan {
+        self.plan
+    }
+}
+
+/// Logit buffers `[chunk_rows, vocab]` F32 a distillation chunk holds at most at once.
+const DISTILL_LOGIT_BUFFERS: u64 = 5;
+
+/// Scratch bytes of [`fused_linear_distillation`] (forward and backward): the per-row
+/// matrices of the soft term (`[rows, 2]`) and, with a hard term, of the cross-entropy
+/// (`[rows, 8]` and the predictions), their column sums and finish vectors, and per chunk up
+/// to five F32 `[chunk_rows, vocab]` buffers at once (student logits or their tempered copy,
+/// teacher distribution, student distribution, the soft-term gradient, the hard-term
+/// gradient) with the softmax statistics, plus the bias-gradient partials when the student
+/// has a bias.
+pub fn fused_linear_distillation_workspace_bytes(
+    rows: usize,
+    vocab: usize,
+    chunk_rows: usize,
+    hard: bool,
+    bias: bool,
+) -> u64 {
+    let c = chunk_rows.min(rows.max(1)) as u64;
+    let mut bytes = loss::divergence_workspace_bytes(rows) + 16 + 64;
+    if hard {
+        bytes += loss::cross_entropy_workspace_bytes(rows) + 32 + 4 * rows as u64;
+    }
+    bytes
+        + DISTILL_LOGIT_BUFFERS * 4 * c * vocab as u64
+        + 2 * 8 * c
+        + bias_scratch(c as usize, vocab, bias)
+}
+
+/// The chunking [`fused_linear_distillation`] would use (errors as [`plan_cross_entropy`]).
+pub fn plan_distillation(
+    engine: &Engine,
+    rows: usize,
+    vocab: usize,
+    hard: bool,
+    bias: bool,
+    chunking: &Chunking,
+) -> Result<ChunkPlan> {
+    plan(
+        "fused_linear_distillation",
+        engine,
+        rows,
+        vocab,
+        chunking,
+        |c| fused_linear_distillation_workspace_bytes(rows, vocab, c, hard, bias),
+    )
+}
+
+fn finite(what: &str, v: f32, rule: &str, ok: bool) -> Result<()> {
+    if ok && v.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: what.into(),
+            got: f64::from(v),
+            rule: rule.into(),
+        })
+    }
+}
+
+impl DistillationSaved {
+    /// One chunk of rows `r0..r0 + rows`: with `predicted`, the rows' loss terms go into the
+    /// per-row matrices (the forward); with `cot`, the student's logit gradient (times the
+    /// cotangent, with the terms' current scales) is returned.
+    fn chunk(
+        &self,
+        r0: usize,
+        rows: usize,
+        predicted: Option<&Tensor>,
+        cot: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let o = &self.options;
+        let t = o.temperature;
+        let labels = self.labels.as_ref();
+        let student = self.student.logits(r0, rows)?;
+        // The hard term, on the raw student logits.
+        let mut d_hard = None;
+        if let (Some(h), Some(labels)) = (&self.hard, labels) {
+            if let Some(predicted) = predicted {
+                loss::ce_rows_block(&student, labels, &h.settings, r0, &h.mat, predicted)?;
+            }
+            if let Some(cot) = cot {
+                d_hard = Some(loss::ce_grad_block(
+                    &student,
+                    labels,
+                    &h.settings,
+                    r0,
+                    &h.mat,
+                    &h.scales,
+                    cot,
+                    false,
+                )?);
+            }
+        }
+        // The soft term, on both heads' logits divided by T.
+        let tempered = |x: Tensor| -> Result<Tensor> {
+            if t == 1.0 {
+                Ok(x)
+            } else {
+                combine(&x, 1.0 / t, None, None)
+            }
+        };
+        let distribution = |x: &Tensor| {
+            if o.soft == SoftLoss::Tvd {
+                loss::softmax(x)
+            } else {
+                loss::log_softmax(x)
+            }
+        };
+        let student = tempered(student)?;
+        let (q, q_saved) = distribution(&student)?;
+        drop(student);
+        let teacher = tempered(self.teacher.logits(r0, rows)?)?;
+        let (p, _) = distribution(&teacher)?;
+        drop(teacher);
+        let soft = &self.soft;
+        if predicted.is_some() {
+            loss::div_rows_block(&q, &p, labels, &soft.settings, r0, &soft.mat)?;
+        }
+        let Some(cot) = cot else {
+            return Ok(None);
+        };
+        let g = loss::div_grad_block(&q, &p, labels, &soft.settings, r0, &soft.scales, cot, false)?;
+        drop((q, p));
+        let d_soft = loss::softmax_backward(&q_saved, &g)?;
+        drop((g, q_saved));
+        // d/d student = w_hard·d_hard + (w_soft / T)·d_soft.
+        let w_soft = o.weight_soft / t;
+        let dlogits = match &d_hard {
+            Some(dh) => combine(dh, o.weight_hard, Some((&d_soft, w_soft)), None)?,
+            None => combine(&d_soft, w_soft, None, None)?,
+        };
+        Ok(Some(dlogits))
+    }
+}
+
+/// Knowledge distillation through two linear heads, chunk by chunk: with
+/// `q = softmax(student/T)`, `p = softmax(teacher/T)` (T the temperature, student and
+/// teacher the heads' logits `x·Wᵀ + b`),
+///
+/// `loss = w_hard·CE(student, labels) + w_soft·D(q, p)`,
+///
+/// D the soft term of [`SoftLoss`] summed over the vocabulary, both terms summed over the
+/// counted rows (label ≠ `ignore_index`; every row without labels) and divided by their
+/// number for batch mean. The teacher is frozen: only the student gets gradients. Student and
+/// teacher may have different hidden sizes and dtypes, not different rows or vocabularies.
+/// `soft = Tvd` with labels and `weight_hard > 0` is the "CE + TVD" loss.
+///
+/// The gradients are computed here (see the module docs); the backward is
+/// [`fused_linear_distillation_backward`]. Errors: those of
+/// [`fused_linear_cross_entropy`] for each head and the labels, a teacher whose rows or
+/// vocabulary differ (`ShapeMismatch`), a temperature not > 0, β outside [0, 1], non-finite
+/// weights, `weight_hard ≠ 0` without labels (`InvalidValue`).
+pub fn fused_linear_distillation(
+    student: LinearHead,
+    teacher: LinearHead,
+    labels: Option<&Tensor>,
+    options: &DistillationOptions,
+) -> Result<(DistillationOutput, DistillationSaved)> {
+    const WHAT: &str = "fused_linear_distillation";
+    let engine = student.input.engine();
+    let s = check_head(&format!("{WHAT}: student"), engine, &student)?;
+    let t = check_head(&format!("{WHAT}: teacher"), engine, &teacher)?;
+    if t.lead() != s.lead() {
+        return Err(Error::shape(
+            format!("{WHAT}: teacher input rows"),
+            s.lead(),
+            t.lead(),
+        ));
+    }
+    if t.vocab != s.vocab {
+        return Err(Error::shape(
+            format!("{WHAT}: teacher weight (vocab × hidden)"),
+            &[s.vocab, t.hidden],
+            t.weight.shape(),
+        ));
+    }
+    if let Some(l) = labels {
+        loss::check_target_tensor(&format!("{WHAT}: labels"), engine, l, s.lead())?;
+    }
+    let o = options;
+    finite(
+        &format!("{WHAT}: temperature"),
+        o.temperature,
+        "must be finite and > 0",
+        o.temperature > 0.0,
+    )?;
+    finite(
+        &format!("{WHAT}: weight_hard"),
+        o.weight_hard,
+        "must be finite",
+        true,
+    )?;
+    finite(
+        &format!("{WHAT}: weight_soft"),
+        o.weight_soft,
+        "must be finite",
+        true,
+    )?;
+    if let SoftLoss::Jsd { beta } = o.soft {
+        finite(
+            &format!("{WHAT}: beta"),
+            beta,
+            "must be in [0, 1]",
+            (0.0..=1.0).contains(&beta),
+        )?;
+    }
+    let with_hard = o.weight_hard != 0.0;
+    if with_hard && labels.is_none() {
+        return Err(Error::InvalidValue {
+            what: format!("{WHAT}: weight_hard"),
+            got: f64::from(o.weight_hard),
+            rule: "a hard-label term needs labels (or weight_hard = 0)".into(),
+        });
+    }
+    let plan = plan_distillation(
+        engine,
+        s.rows,
+        s.vocab,
+        with_hard,
+        s.bias.is_some(),
+        &o.chunking,
+    )?;
+    if let (true, true, Some(l)) = (with_hard, o.check_labels, labels) {
+        loss::check_target_range(&format!("{WHAT}: labels"), l, o.ignore_index, s.vocab)?;
+    }
+    let batch_mean = o.reduction == DistillationReduction::BatchMean;
+    let (rows, vocab) = (s.rows, s.vocab);
+    // Outputs and per-row state, all allocated before anything is launched.
+    let hard = if with_hard {
+        let options = CrossEntropyOptions {
+            ignore_index: o.ignore_index,
+            reduction: if batch_mean {
+                Reduction::Mean
+            } else {
+                Reduction::Sum
+            },
+            check_targets: false,
+            ..CrossEntropyOptions::default()
+        };
+        Some(HardTerm {
+            settings: loss::ce_settings(WHAT, engine, &options, vocab)?,
+            mat: Tensor::empty(engine, &[rows, 8], DType::F32, "distillation hard rows")?,
+            scales: unit_ce_scales(engine)?,
+        })
+    } else {
+        None
+    };
+    let predicted = Tensor::empty(engine, &[rows], DType::I32, "distillation predicted")?;
+    let (mode, beta) = match o.soft {
+        SoftLoss::Kl => (0, 0.0),
+        SoftLoss::Jsd { beta } => (1, beta),
+        SoftLoss::Tvd => (2, 0.0),
+    };
+    let soft = SoftTerm {
+        settings: DivSettings::new(
+            mode,
+            o.soft == SoftLoss::Kl,
+            labels.is_some(),
+            o.ignore_index,
+            beta,
+            if batch_mean {
+                DivReduction::BatchMean
+            } else {
+                DivReduction::Sum
+            },
+        ),
+        mat: Tensor::empty(engine, &[rows, 2], DType::F32, "distillation soft rows")?,
+        scales: Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?,
+    };
+    let mut acc = if o.gradients_in_forward {
+        Some(Accumulator::new(&s)?)
+    } else {
+        None
+    };
+    let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+    let mut saved = DistillationSaved {
+        student: s,
+        teacher: t,
+        labels: labels.cloned(),
+        options: o.clone(),
+        hard,
+        soft,
+        plan,
+        gradients: None,
+    };
+    // Counting passes: the batch-mean scales before any chunk's gradient.
+    if acc.is_some() && batch_mean {
+        if let (Some(h), Some(l)) = (saved.hard.as_mut(), labels) {
+            loss::ce_count(l, &h.settings, vocab, &h.mat)?;
+            h.scales = loss::ce_finish_values(engine, &h.mat, &h.settings)?;
+        }
+        let soft = &mut saved.soft;
+        loss::div_count(engine, labels, rows, &soft.settings, &soft.mat)?;
+        soft.scales = loss::div_finish_values(engine, &soft.mat, &soft.settings, vocab)?;
+    }
+    for (r0, n) in saved.plan.ranges() {
+        let cot = acc.as_ref().map(|_| &unit);
+        let dlogits = saved.chunk(r0, n, Some(&predicted), cot)?;
+        if let (Some(acc), Some(d)) = (acc.as_mut(), dlogits) {
+            acc.add_chunk(&saved.student, r0, &d)?;
+        }
+    }
+    // Finish both terms; their scales (the same values as the counts') serve the backward.
+    let soft = &mut saved.soft;
+    soft.scales = loss::div_finish_values(engine, &soft.mat, &soft.settings, vocab)?;
+    let soft_loss = loss::slice_scalar(engine, &soft.scales, 0)?;
+    let hard_loss = match saved.hard.as_mut() {
+        Some(h) => {
+            h.scales = loss::ce_finish_values(engine, &h.mat, &h.settings)?;
+            loss::slice_scalar(engine, &h.scales, 0)?
+        }
+        None => Tensor::zeros(engine, &[], DType::F32)?,
+    };
+    let total = combine(
+        &soft_loss,
+        o.weight_soft,
+        Some((&hard_loss, o.weight_hard)),
+        None,
+    )?;
+    saved.gradients = acc.map(Accumulator::finish);
+    Ok((
+        DistillationOutput {
+            loss: total,
+            hard_loss,
+            soft_loss,
+        },
+        saved,
+    ))
+}
+
+/// Student gradients of [`fused_linear_distillation`] (F32) for a scalar `cotangent`
+/// (`[]`/`[1]` F32; `None` = 1): the saved gradients times the cotangent (on the GPU), or,
+/// with `gradients_in_forward: false`, recomputed chunk by chunk.
+pub fn fused_linear_distillation_backward(
+    saved: &DistillationSaved,
+    cotangent: Option<&Tensor>,
+) -> Result<FusedLinearGradients> {
+    let engine = saved.student.input.engine();
+    let cot = scalar_cotangent(
+        "fused_linear_distillation_backward: cotangent",
+        engine,
+        cotangent,
+    )?;
+    if let Some(g) = &saved.gradients {
+        return scaled(g, cotangent.map(|_| &cot));
+    }
+    engine.check_workspace(
+        "fused_linear_distillation_backward",
+        saved.plan.workspace_bytes,
+    )?;
+    let mut acc = Accumulator::new(&saved.student)?;
+    for (r0, rows) in saved.plan.ranges() {
+        let d = saved
+            .chunk(r0, rows, None, Some(&cot))?
+            .expect("gradients requested");
+        acc.add_chunk(&saved.student, r0, &d)?;
+    }
+    Ok(acc.finish())
+}
+
+/// [`fused_linear_distillation`] with the generalized JSD soft term of weight `beta` (Liger's
+/// fused linear JSD when `weight_hard = 0`).
+pub fn fused_linear_jsd(
+    student: LinearHead,
+    teacher: LinearHead,
+    labels: Option<&Tensor>,
+    beta: f32,
+    options: &DistillationOptions,
+) -> Result<(DistillationOutput, DistillationSaved)> {
+    let options = DistillationOptions {
+        soft: SoftLoss::Jsd { beta },
+        ..options.clone()
+    };
+    fused_linear_distillation(student, teacher, labels, &options)
+}
+
+/// [`fused_linear_distillation`] with the forward-KL soft term `KL(p_teacher ‖ q_student)`.
+pub fn fused_linear_kl(
+    student: LinearHead,
+    teacher: LinearHead,
+    labels: Option<&Tensor>,
+    options: &DistillationOptions,
+) -> Result<(DistillationOutput, DistillationSaved)> {
+    let options = DistillationOptions {
+        soft: SoftLoss::Kl,
+        ..options.clone()
+    };
+    fused_linear_distillation(student, teacher, labels, &options)
+}
+
+/// [`fused_linear_distillation`] with the total-variation soft term; with labels and
+/// `weight_hard > 0` this is the fused CE + TVD distillation loss.
+pub fn fused_linear_tvd(
+    student: LinearHead,
+    teacher: LinearHead,
+    labels: Option<&Tensor>,
+    options: &DistillationOptions,
+) -> Result<(DistillationOutput, DistillationSaved)> {
+    let options = DistillationOptions {
+        soft: SoftLoss::Tvd,
+        ..options.clone()
+    };
+    fused_linear_distillation(student, teacher, labels, &options)
+}

@@ -1,0 +1,272 @@
+//! Reference fused linear losses in f64: the logits are materialized in full (`x·Wᵀ + b`),
+//! then the loss references of [`crate::reference::loss`] apply, and the gradients go back
+//! through the product. Row-major throughout: `x` is `[rows, hidden]`, `w` is
+//! `[vocab, hidden]`, logits `[rows, vocab]`.
+
+use crate::reference::loss::{
+    self as loss, CrossEntropyConfig, CrossEntropyResult, Divergence, log_softmax, softmax_backward,
+};
+
+/// `logits[r, v] = Σ_h x[r, h]·w[v, h] + bias[v]`.
+pub fn linear(
+    x: &[f64],
+    w: &[f64],
+    bias: Option<&[f64]>,
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+) -> Vec<f64> {
+    let mut logits = vec![0.0; rows * vocab];
+    for r in 0..rows {
+        let xr = &x[r * hidden..(r + 1) * hidden];
+        for v in 0..vocab {
+            let wv = &w[v * hidden..(v + 1) * hidden];
+            let dot: f64 = xr.iter().zip(wv).map(|(a, b)| a * b).sum();
+            logits[r * vocab + v] = dot + bias.map_or(0.0, |b| b[v]);
+        }
+    }
+    logits
+}
+
+/// Gradients of a fused linear loss with respect to the input, the weight and the bias.
+#[derive(Debug, Clone)]
+pub struct LinearGradients {
+    /// `[rows, hidden]`.
+    pub input: Vec<f64>,
+    /// `[vocab, hidden]`.
+    pub weight: Vec<f64>,
+    /// `[vocab]`.
+    pub bias: Vec<f64>,
+}
+
+/// Back through [`linear`]: `dx = dlogits·W`, `dW = dlogitsᵀ·x`, `db = Σ_r dlogits[r, ·]`.
+pub fn linear_backward(
+    x: &[f64],
+    w: &[f64],
+    dlogits: &[f64],
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+) -> LinearGradients {
+    let mut dx = vec![0.0; rows * hidden];
+    let mut dw = vec![0.0; vocab * hidden];
+    let mut db = vec![0.0; vocab];
+    for r in 0..rows {
+        for v in 0..vocab {
+            let g = dlogits[r * vocab + v];
+            db[v] += g;
+            for h in 0..hidden {
+                dx[r * hidden + h] += g * w[v * hidden + h];
+                dw[v * hidden + h] += g * x[r * hidden + h];
+            }
+        }
+    }
+    LinearGradients {
+        input: dx,
+        weight: dw,
+        bias: db,
+    }
+}
+
+/// One linear head: input `[rows, hidden]`, weight `[vocab, hidden]`, optional bias.
+#[derive(Debug, Clone, Copy)]
+pub struct Head<'a> {
+    /// `[rows, hidden]`.
+    pub x: &'a [f64],
+    /// `[vocab, hidden]`.
+    pub w: &'a [f64],
+    /// `[vocab]`.
+    pub bias: Option<&'a [f64]>,
+    /// Hidden size.
+    pub hidden: usize,
+}
+
+impl Head<'_> {
+    fn logits(&self, rows: usize, vocab: usize) -> Vec<f64> {
+        linear(self.x, self.w, self.bias, rows, self.hidden, vocab)
+    }
+}
+
+/// Cross-entropy of `x·Wᵀ + b` against `targets` (every option of [`CrossEntropyConfig`]).
+pub fn fused_linear_cross_entropy(
+    head: Head,
+    targets: &[i32],
+    rows: usize,
+    vocab: usize,
+    cfg: &CrossEntropyConfig,
+) -> CrossEntropyResult {
+    let logits = head.logits(rows, vocab);
+    loss::cross_entropy(&logits, targets, rows, vocab, cfg)
+}
+
+/// Gradients of [`fused_linear_cross_entropy`] for `cotangent` (one value for sum/mean, one
+/// per row for none).
+pub fn fused_linear_cross_entropy_backward(
+    head: Head,
+    targets: &[i32],
+    rows: usize,
+    vocab: usize,
+    cfg: &CrossEntropyConfig,
+    cotangent: &[f64],
+) -> LinearGradients {
+    let logits = head.logits(rows, vocab);
+    let dlogits = loss::cross_entropy_backward(&logits, targets, rows, vocab, cfg, cotangent);
+    linear_backward(head.x, head.w, &dlogits, rows, head.hidden, vocab)
+}
+
+/// The soft (teacher-matching) term of a distillation loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SoftTerm {
+    /// Generalized JSD with weight β on log-softmax outputs (see [`Divergence::Jsd`]).
+    Jsd {
+        /// β in [0, 1].
+        beta: f64,
+    },
+    /// Forward KL `Σ p·(log p − log q)` (teacher p, student q).
+    Kl,
+    /// Total variation `½·Σ |q − p|` on softmax outputs.
+    Tvd,
+}
+
+/// Distillation configuration (the f64 mirror of `fused_linear::DistillationOptions`).
+#[derive(Debug, Clone)]
+pub struct DistillationConfig {
+    /// The soft term.
+    pub soft: SoftTerm,
+    /// Temperature T > 0 of the soft term (both heads' logits are divided by it).
+    pub temperature: f64,
+    /// Weight of the hard-label cross-entropy term.
+    pub weight_hard: f64,
+    /// Weight of the soft term.
+    pub weight_soft: f64,
+    /// Rows whose label equals this are skipped by both terms.
+    pub ignore_index: i32,
+    /// Divide both terms by the counted rows (`true`) or sum them (`false`).
+    pub batch_mean: bool,
+}
+
+/// Distillation losses: `loss = w_hard·hard + w_soft·soft`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DistillationResult {
+    /// The weighted total.
+    pub loss: f64,
+    /// Cross-entropy of the raw student logits against the labels (0 without labels).
+    pub hard: f64,
+    /// The soft term between `student/T` and `teacher/T`.
+    pub soft: f64,
+}
+
+fn divergence_of(term: SoftTerm) -> Divergence {
+    match term {
+        SoftTerm::Jsd { beta } => Divergence::Jsd { beta },
+        SoftTerm::Kl => Divergence::Kl { log_target: true },
+        SoftTerm::Tvd => Divergence::Tvd,
+    }
+}
+
+/// The soft term's input and target: log-softmax (JSD, KL) or softmax (TVD) of logits / T.
+fn soft_inputs(term: SoftTerm, logits: &[f64], rows: usize, vocab: usize, t: f64) -> Vec<f64> {
+    let scaled: Vec<f64> = logits.iter().map(|v| v / t).collect();
+    match term {
+        SoftTerm::Tvd => loss::softmax(&scaled, rows, vocab),
+        _ => log_softmax(&scaled, rows, vocab),
+    }
+}
+
+fn reductions(cfg: &DistillationConfig) -> (crate::loss::Reduction, crate::loss::DivReduction) {
+    if cfg.batch_mean {
+        (
+            crate::loss::Reduction::Mean,
+            crate::loss::DivReduction::BatchMean,
+        )
+    } else {
+        (crate::loss::Reduction::Sum, crate::loss::DivReduction::Sum)
+    }
+}
+
+fn hard_config(cfg: &DistillationConfig) -> CrossEntropyConfig {
+    CrossEntropyConfig {
+        ignore_index: cfg.ignore_index,
+        reduction: reductions(cfg).0,
+        ..CrossEntropyConfig::default()
+    }
+}
+
+/// Reference distillation loss: hard term `CE(student, labels)` (needs labels), soft term
+/// `D(softmax(student/T), softmax(teacher/T))` over the rows whose label is not
+/// `ignore_index` (all rows without labels).
+pub fn fused_linear_distillation(
+    student: Head,
+    teacher: Head,
+    labels: Option<&[i32]>,
+    rows: usize,
+    vocab: usize,
+    cfg: &DistillationConfig,
+) -> DistillationResult {
+    let s = student.logits(rows, vocab);
+    let t = teacher.logits(rows, vocab);
+    let hard = match labels {
+        Some(l) if cfg.weight_hard != 0.0 => {
+            loss::cross_entropy(&s, l, rows, vocab, &hard_config(cfg)).loss[0]
+        }
+        _ => 0.0,
+    };
+    let qs = soft_inputs(cfg.soft, &s, rows, vocab, cfg.temperature);
+    let pt = soft_inputs(cfg.soft, &t, rows, vocab, cfg.temperature);
+    let soft = loss::divergence(
+        divergence_of(cfg.soft),
+        &qs,
+        &pt,
+        rows,
+        vocab,
+        labels,
+        cfg.ignore_index,
+        reductions(cfg).1,
+    )[0];
+    DistillationResult {
+        loss: cfg.weight_hard * hard + cfg.weight_soft * soft,
+        hard,
+        soft,
+    }
+}
+
+/// Student gradients of [`fused_linear_distillation`]'s total loss times `cotangent` (the
+/// teacher is frozen).
+pub fn fused_linear_distillation_backward(
+    student: Head,
+    teacher: Head,
+    labels: Option<&[i32]>,
+    rows: usize,
+    vocab: usize,
+    cfg: &DistillationConfig,
+    cotangent: f64,
+) -> LinearGradients {
+    let s = student.logits(rows, vocab);
+    let t = teacher.logits(rows, vocab);
+    let mut dlogits = vec![0.0; rows * vocab];
+    if let (Some(l), true) = (labels, cfg.weight_hard != 0.0) {
+        let g = [cotangent * cfg.weight_hard];
+        dlogits = loss::cross_entropy_backward(&s, l, rows, vocab, &hard_config(cfg), &g);
+    }
+    // d soft / d (soft input), then back through (log-)softmax and the division by T.
+    let qs = soft_inputs(cfg.soft, &s, rows, vocab, cfg.temperature);
+    let pt = soft_inputs(cfg.soft, &t, rows, vocab, cfg.temperature);
+    let d_input = loss::divergence_backward(
+        divergence_of(cfg.soft),
+        &qs,
+        &pt,
+        rows,
+        vocab,
+        labels,
+        cfg.ignore_index,
+        reductions(cfg).1,
+        &[cotangent * cfg.weight_soft],
+    );
+    let scaled: Vec<f64> = s.iter().map(|v| v / cfg.temperature).collect();
+    let log = cfg.soft != SoftTerm::Tvd;
+    let d_scaled = softmax_backward(&scaled, &d_input, rows, vocab, log);
+    for (d, g) in dlogits.iter_mut().zip(&d_scaled) {
+        *d += g / cfg.temperature;
+    }
+    linear_backward(student.x, student.w, &dlogits, rows, student.hidden, vocab)
+}

@@ -1,0 +1,1495 @@
+//! The fused linear family (`wgrad::fused_linear`) against the f64 references of
+//! `wgrad::reference::fused_linear` (materialized logits, then the loss references):
+//! fused linear cross-entropy with every cross-entropy option alone and together (up to half
+//! of the targets ignored), every reduction, explicit cotangents, with and without a bias, in
+//! every storage dtype, on Liger's test shapes scaled for a software adapter; distillation
+//! with JSD (β = 0, 0.5, 1), KL and TVD soft terms, temperatures, labels and a hard-label
+//! term; several chunk sizes agreeing with each other, bit-identical reruns at a fixed chunk
+//! size, the peak memory staying at the chunk bound, empty batches, and every documented bad
+//! input's error. The reference backwards are checked by finite differences.
+//!
+//! Tolerance: `Tolerance::for_dtype(F32)` for every loss and gradient (all F32; references use
+//! the stored 16-bit values); distillation loss values, row sums of `vocab` divergence terms,
+//! take the loss family's divergence budget `abs = 1e-5·(1 + vocab/256)`.
+
+mod common;
+
+use common::{Rng, engine, tensor_from_f64};
+use wgrad::fused_linear::{
+    self as fl, Chunking, DistillationOptions, DistillationReduction,
+    FusedLinearCrossEntropyOptions, FusedLinearGradients, LinearHead, SoftLoss,
+    fused_linear_cross_entropy, fused_linear_cross_entropy_backward, fused_linear_distillation,
+    fused_linear_distillation_backward,
+};
+use wgrad::gradcheck::{Comparison, Tolerance, check_vjp, compare};
+use wgrad::loss::{CrossEntropyOptions, Reduction};
+use wgrad::reference::fused_linear::{self as reference, DistillationConfig, Head, SoftTerm};
+use wgrad::reference::loss::CrossEntropyConfig;
+use wgrad::{DType, Engine, Error, Tensor};
+
+const F32: Tolerance = Tolerance::for_dtype(DType::F32);
+
+/// Gradients of the weight and the input (sums of `rows` or `vocab` products each) pass the
+/// plain F32 policy at these sizes.
+fn grad_tol() -> Tolerance {
+    F32
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
+    let c = compare(got, want, tol);
+    assert!(c.passed, "{what}: {c}");
+    c
+}
+
+fn data(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    Rng::new(seed).vec(n, lo, hi)
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    common::f32_bits(t)
+}
+
+/// A head on the GPU and the values it holds.
+struct HeadData {
+    x: Tensor,
+    w: Tensor,
+    b: Option<Tensor>,
+    xs: Vec<f64>,
+    ws: Vec<f64>,
+    bs: Option<Vec<f64>>,
+    hidden: usize,
+}
+
+impl HeadData {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        e: &Engine,
+        seed: u64,
+        lead: &[usize],
+        hidden: usize,
+        vocab: usize,
+        bias: bool,
+        dtype: DType,
+        scale: f64,
+    ) -> HeadData {
+        let rows: usize = lead.iter().product();
+        let mut shape = lead.to_vec();
+        shape.push(hidden);
+        let xv = data(seed, rows * hidden, -1.0, 1.0);
+        let wv = data(seed + 1, vocab * hidden, -scale, scale);
+        let x = tensor_from_f64(e, &xv, &shape, dtype);
+        let w = tensor_from_f64(e, &wv, &[vocab, hidden], dtype);
+        let (b, bs) = if bias {
+            let bv = data(seed + 2, vocab, -0.5, 0.5);
+            (
+                Some(tensor_from_f64(e, &bv, &[vocab], dtype)),
+                Some(common::stored(&bv, dtype)),
+            )
+        } else {
+            (None, None)
+        };
+        HeadData {
+            x,
+            w,
+            b,
+            xs: common::stored(&xv, dtype),
+            ws: common::stored(&wv, dtype),
+            bs,
+            hidden,
+        }
+    }
+
+    fn gpu(&self) -> LinearHead<'_> {
+        LinearHead {
+            input: &self.x,
+            weight: &self.w,
+            bias: self.b.as_ref(),
+        }
+    }
+
+    fn reference(&self) -> Head<'_> {
+        Head {
+            x: &self.xs,
+            w: &self.ws,
+            bias: self.bs.as_deref(),
+            hidden: self.hidden,
+        }
+    }
+}
+
+/// Targets in [0, vocab) with every `ignored_every`-th row (and some random ones) set to
+/// `ignore_index`; `ignored_every = 2` ignores at least half.
+fn targets_for(
+    seed: u64,
+    rows: usize,
+    vocab: usize,
+    ignore_index: i32,
+    ignored_every: usize,
+) -> Vec<i32> {
+    let mut rng = Rng::new(seed);
+    (0..rows)
+        .map(|r| {
+            if ignored_every > 0 && r % ignored_every == 0 {
+                ignore_index
+            } else {
+                (rng.next_u32() as usize % vocab) as i32
+            }
+        })
+        .collect()
+}
+
+fn options_for(cfg: &CrossEntropyConfig) -> CrossEntropyOptions {
+    CrossEntropyOptions {
+        ignore_index: cfg.ignore_index,
+        label_smoothing: cfg.label_smoothing as f32,
+        z_loss: cfg.z_loss as f32,
+        softcap: cfg.softcap.map(|c| c as f32),
+        weight: cfg
+            .weight
+            .as_ref()
+            .map(|w| tensor_from_f64(engine(), w, &[w.len()], DType::F32)),
+        reduction: cfg.reduction,
+        check_targets: true,
+    }
+}
+
+/// The configuration's scalars as the GPU sees them (stored as f32).
+fn as_stored(cfg: &CrossEntropyConfig) -> CrossEntropyConfig {
+    CrossEntropyConfig {
+        weight: cfg.weight.as_ref().map(|w| common::stored(w, DType::F32)),
+        label_smoothing: cfg.label_smoothing as f32 as f64,
+        z_loss: cfg.z_loss as f32 as f64,
+        softcap: cfg.softcap.map(|c| c as f32 as f64),
+        ..cfg.clone()
+    }
+}
+
+fn flce_options(
+    cfg: &CrossEntropyConfig,
+    chunk_rows: Option<usize>,
+) -> FusedLinearCrossEntropyOptions {
+    FusedLinearCrossEntropyOptions {
+        cross_entropy: options_for(cfg),
+        chunking: Chunking {
+            chunk_rows,
+            memory_budget: None,
+        },
+        gradients_in_forward: true,
+    }
+}
+
+fn check_gradients(
+    what: &str,
+    got: &FusedLinearGradients,
+    want: &reference::LinearGradients,
+    head: &HeadData,
+) {
+    assert_eq!(got.input.shape(), head.x.shape(), "{what}");
+    assert_eq!(got.input.dtype(), DType::F32, "{what}");
+    assert_close(
+        &format!("{what} d input"),
+        &got.input.to_f64().unwrap(),
+        &want.input,
+        grad_tol(),
+    );
+    assert_close(
+        &format!("{what} d weight"),
+        &got.weight.to_f64().unwrap(),
+        &want.weight,
+        grad_tol(),
+    );
+    match (&got.bias, &head.b) {
+        (Some(db), Some(_)) => {
+            assert_close(
+                &format!("{what} d bias"),
+                &db.to_f64().unwrap(),
+                &want.bias,
+                grad_tol(),
+            );
+        }
+        (None, None) => {}
+        _ => panic!("{what}: bias gradient presence"),
+    }
+}
+
+/// Runs the fused linear cross-entropy with `cfg` and compares every output and every
+/// gradient (unit and explicit cotangents) with the reference; then a rerun must give the
+/// same bits.
+#[allow(clippy::too_many_arguments)]
+fn flce_case(
+    what: &str,
+    lead: &[usize],
+    hidden: usize,
+    vocab: usize,
+    bias: bool,
+    dtype: DType,
+    cfg: &CrossEntropyConfig,
+    targets: &[i32],
+    chunk_rows: Option<usize>,
+    seed: u64,
+) {
+    let rows: usize = lead.iter().product();
+    let what = format!(
+        "{what} {dtype} lead {lead:?} H{hidden} V{vocab} bias={bias} {:?} chunk {chunk_rows:?}",
+        cfg.reduction
+    );
+    let head = HeadData::new(engine(), seed, lead, hidden, vocab, bias, dtype, 0.5);
+    let t = Tensor::from_slice(engine(), targets, lead).unwrap();
+    let cfg = as_stored(cfg);
+    let options = flce_options(&cfg, chunk_rows);
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    let want = reference::fused_linear_cross_entropy(head.reference(), targets, rows, vocab, &cfg);
+    let scalar = cfg.reduction != Reduction::None;
+    let loss_shape: &[usize] = if scalar { &[] } else { lead };
+    assert_eq!(out.loss.shape(), loss_shape, "{what}");
+    assert_close(
+        &format!("{what} loss"),
+        &out.loss.to_f64().unwrap(),
+        &want.loss,
+        F32,
+    );
+    assert_close(
+        &format!("{what} z_loss"),
+        &out.z_loss.to_f64().unwrap(),
+        &want.z_loss,
+        F32,
+    );
+    assert_close(
+        &format!("{what} accuracy"),
+        &out.accuracy.to_f64().unwrap(),
+        &[want.accuracy],
+        F32,
+    );
+    // Argmax ties are improbable with random data; rounding can still flip a near tie, so
+    // allow a few rows to differ where the top two logits are within rounding.
+    let predicted = out.predicted.as_ref().unwrap().to_vec::<i32>().unwrap();
+    let differing = predicted
+        .iter()
+        .zip(&want.predicted)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(
+        differing <= rows / 50,
+        "{what}: {differing} predictions differ"
+    );
+    // Unit cotangent.
+    let ones = vec![1.0; if scalar { 1 } else { rows }];
+    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+    let want_g = reference::fused_linear_cross_entropy_backward(
+        head.reference(),
+        targets,
+        rows,
+        vocab,
+        &cfg,
+        &ones,
+    );
+    check_gradients(&format!("{what} (unit)"), &g, &want_g, &head);
+    // Explicit cotangent of the loss's shape.
+    let c = data(seed + 9, ones.len(), -2.0, 2.0);
+    let cs = common::stored(&c, DType::F32);
+    let ct = tensor_from_f64(engine(), &c, loss_shape, DType::F32);
+    let g2 = fused_linear_cross_entropy_backward(&saved, Some(&ct)).unwrap();
+    let want_g2 = reference::fused_linear_cross_entropy_backward(
+        head.reference(),
+        targets,
+        rows,
+        vocab,
+        &cfg,
+        &cs,
+    );
+    check_gradients(&format!("{what} (cotangent)"), &g2, &want_g2, &head);
+    // Reruns are bit-identical.
+    let (out2, saved2) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+    let g3 = fused_linear_cross_entropy_backward(&saved2, Some(&ct)).unwrap();
+    assert_eq!(bits(&g2.input), bits(&g3.input), "{what}: d input rerun");
+    assert_eq!(bits(&g2.weight), bits(&g3.weight), "{what}: d weight rerun");
+}
+
+fn all_options(vocab: usize) -> CrossEntropyConfig {
+    CrossEntropyConfig {
+        ignore_index: 7,
+        label_smoothing: 0.1,
+        z_loss: 1e-3,
+        softcap: Some(3.0),
+        weight: Some(data(77, vocab, 0.2, 1.5)),
+        reduction: Reduction::Mean,
+    }
+}
+
+// ---- references --------------------------------------------------------------------------
+
+#[test]
+fn reference_backwards_match_finite_differences() {
+    let (rows, hidden, vocab) = (4, 3, 5);
+    let x = data(1, rows * hidden, -1.0, 1.0);
+    let w = data(2, vocab * hidden, -1.0, 1.0);
+    let b = data(3, vocab, -0.5, 0.5);
+    let targets = [1, -100, 4, 0];
+    let cfg = CrossEntropyConfig {
+        label_smoothing: 0.1,
+        z_loss: 0.01,
+        softcap: Some(2.0),
+        weight: Some(data(4, vocab, 0.5, 1.5)),
+        ..CrossEntropyConfig::default()
+    };
+    // Parameters packed as [x, w, b]; the gradient of each piece by central differences.
+    let n = x.len() + w.len() + b.len();
+    let unpack = |p: &[f64]| {
+        (
+            p[..x.len()].to_vec(),
+            p[x.len()..x.len() + w.len()].to_vec(),
+            p[x.len() + w.len()..].to_vec(),
+        )
+    };
+    let packed: Vec<f64> = x.iter().chain(&w).chain(&b).copied().collect();
+    assert_eq!(packed.len(), n);
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let cfg = CrossEntropyConfig {
+            reduction,
+            ..cfg.clone()
+        };
+        let outputs = if reduction == Reduction::None {
+            rows
+        } else {
+            1
+        };
+        let cot = data(5, outputs, -1.0, 1.0);
+        let f = |p: &[f64]| {
+            let (x, w, b) = unpack(p);
+            let head = Head {
+                x: &x,
+                w: &w,
+                bias: Some(&b),
+                hidden,
+            };
+            reference::fused_linear_cross_entropy(head, &targets, rows, vocab, &cfg).loss
+        };
+        let head = Head {
+            x: &x,
+            w: &w,
+            bias: Some(&b),
+            hidden,
+        };
+        let g =
+            reference::fused_linear_cross_entropy_backward(head, &targets, rows, vocab, &cfg, &cot);
+        let analytic: Vec<f64> = g
+            .input
+            .iter()
+            .chain(&g.weight)
+            .chain(&g.bias)
+            .copied()
+            .collect();
+        let c = check_vjp(f, &packed, &cot, &analytic);
+        assert!(c.passed, "{reduction:?}: {c}");
+    }
+    // Distillation, every soft term, with a hard term and a temperature.
+    let xt = data(6, rows * 2, -1.0, 1.0);
+    let wt = data(7, vocab * 2, -1.0, 1.0);
+    let labels = [2, -100, 0, 3];
+    for soft in [
+        SoftTerm::Jsd { beta: 0.0 },
+        SoftTerm::Jsd { beta: 0.3 },
+        SoftTerm::Jsd { beta: 1.0 },
+        SoftTerm::Kl,
+        SoftTerm::Tvd,
+    ] {
+        for batch_mean in [true, false] {
+            let cfg = DistillationConfig {
+                soft,
+                temperature: 1.7,
+                weight_hard: 0.4,
+                weight_soft: 0.9,
+                ignore_index: -100,
+                batch_mean,
+            };
+            let teacher = Head {
+                x: &xt,
+                w: &wt,
+                bias: None,
+                hidden: 2,
+            };
+            let f = |p: &[f64]| {
+                let (x, w, b) = unpack(p);
+                let student = Head {
+                    x: &x,
+                    w: &w,
+                    bias: Some(&b),
+                    hidden,
+                };
+                vec![
+                    reference::fused_linear_distillation(
+                        student,
+                        teacher,
+                        Some(&labels),
+                        rows,
+                        vocab,
+                        &cfg,
+                    )
+                    .loss,
+                ]
+            };
+            let student = Head {
+                x: &x,
+                w: &w,
+                bias: Some(&b),
+                hidden,
+            };
+            let g = reference::fused_linear_distillation_backward(
+                student,
+                teacher,
+                Some(&labels),
+                rows,
+                vocab,
+                &cfg,
+                0.7,
+            );
+            let analytic: Vec<f64> = g
+                .input
+                .iter()
+                .chain(&g.weight)
+                .chain(&g.bias)
+                .copied()
+                .collect();
+            let c = check_vjp(f, &packed, &[0.7], &analytic);
+            assert!(c.passed, "{soft:?} batch_mean={batch_mean}: {c}");
+        }
+    }
+}
+
+// ---- fused linear cross-entropy ---------------------------------------------------------
+
+#[test]
+fn flce_each_option_alone_and_all_together() {
+    // Liger's ragged shape (B, T, H, V) = (4, 47, 31, 123), as is.
+    let (lead, hidden, vocab) = ([4usize, 47], 31, 123);
+    let rows = 4 * 47;
+    let base = CrossEntropyConfig::default();
+    let all = all_options(vocab);
+    let cases: Vec<(&str, CrossEntropyConfig, usize)> = vec![
+        ("plain", base.clone(), 0),
+        (
+            "ignore_index, half ignored",
+            CrossEntropyConfig {
+                ignore_index: 7,
+                ..base.clone()
+            },
+            2,
+        ),
+        (
+            "smoothing",
+            CrossEntropyConfig {
+                label_smoothing: 0.1,
+                ..base.clone()
+            },
+            5,
+        ),
+        (
+            "z-loss",
+            CrossEntropyConfig {
+                z_loss: 1e-3,
+                ..base.clone()
+            },
+            5,
+        ),
+        (
+            "softcap",
+            CrossEntropyConfig {
+                softcap: Some(3.0),
+                ..base.clone()
+            },
+            5,
+        ),
+        (
+            "class weights",
+            CrossEntropyConfig {
+                weight: Some(data(78, vocab, 0.2, 1.5)),
+                ..base.clone()
+            },
+            3,
+        ),
+        ("all", all.clone(), 2),
+    ];
+    for (k, (what, cfg, ignored_every)) in cases.iter().enumerate() {
+        let targets = targets_for(k as u64, rows, vocab, cfg.ignore_index, *ignored_every);
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                ..cfg.clone()
+            };
+            flce_case(
+                what,
+                &lead,
+                hidden,
+                vocab,
+                k % 2 == 0,
+                DType::F32,
+                &cfg,
+                &targets,
+                Some(50),
+                10 + k as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn flce_every_storage_dtype() {
+    // An odd hidden size and chunk: 16-bit rows of x start inside a 32-bit word.
+    let (lead, hidden, vocab) = ([3usize, 21], 33, 96);
+    let rows = 63;
+    let cfg = all_options(vocab);
+    let targets = targets_for(3, rows, vocab, cfg.ignore_index, 3);
+    for dtype in DType::FLOATS {
+        for bias in [false, true] {
+            flce_case(
+                "all options",
+                &lead,
+                hidden,
+                vocab,
+                bias,
+                dtype,
+                &cfg,
+                &targets,
+                Some(5),
+                40,
+            );
+        }
+    }
+}
+
+#[test]
+fn flce_liger_large_shape_scaled_down() {
+    // Liger's (8, 128, 1024, 4096) reduced for a software adapter: (2, 32, 128, 1024), with
+    // the default chunking (the budget fits it in one chunk here) and four chunks.
+    let (lead, hidden, vocab) = ([2usize, 32], 128, 1024);
+    let cfg = CrossEntropyConfig {
+        ignore_index: -100,
+        ..CrossEntropyConfig::default()
+    };
+    let targets = targets_for(5, 64, vocab, -100, 4);
+    for chunk in [None, Some(16)] {
+        flce_case(
+            "liger scaled",
+            &lead,
+            hidden,
+            vocab,
+            true,
+            DType::BF16,
+            &cfg,
+            &targets,
+            chunk,
+            50,
+        );
+    }
+}
+
+#[test]
+fn flce_chunk_sizes_agree_and_reruns_are_bit_identical() {
+    let (rows, hidden, vocab) = (37, 24, 80);
+    let head = HeadData::new(engine(), 60, &[rows], hidden, vocab, true, DType::F32, 0.5);
+    let cfg = as_stored(&all_options(vocab));
+    let targets = targets_for(61, rows, vocab, cfg.ignore_index, 3);
+    let t = Tensor::from_slice(engine(), &targets, &[rows]).unwrap();
+    let run = |chunk: Option<usize>| {
+        let (out, saved) =
+            fused_linear_cross_entropy(head.gpu(), &t, &flce_options(&cfg, chunk)).unwrap();
+        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+        (saved.plan(), out, g)
+    };
+    let (plan, out_ref, g_ref) = run(None);
+    assert_eq!(
+        (plan.chunks, plan.chunk_rows),
+        (1, rows),
+        "default plan fits one chunk"
+    );
+    for chunk in [1, 2, 7, 16, 36, 37, 100] {
+        let (plan, out, g) = run(Some(chunk));
+        assert_eq!(plan.chunks, rows.div_ceil(chunk.min(rows)), "chunk {chunk}");
+        let what = format!("chunk {chunk}");
+        assert_close(
+            &format!("{what} loss"),
+            &out.loss.to_f64().unwrap(),
+            &out_ref.loss.to_f64().unwrap(),
+            F32,
+        );
+        assert_eq!(
+            out.predicted.as_ref().unwrap().to_vec::<i32>().unwrap(),
+            out_ref.predicted.as_ref().unwrap().to_vec::<i32>().unwrap(),
+            "{what}: predictions"
+        );
+        for (name, a, b) in [
+            ("d input", &g.input, &g_ref.input),
+            ("d weight", &g.weight, &g_ref.weight),
+            (
+                "d bias",
+                g.bias.as_ref().unwrap(),
+                g_ref.bias.as_ref().unwrap(),
+            ),
+        ] {
+            assert_close(
+                &format!("{what} {name}"),
+                &a.to_f64().unwrap(),
+                &b.to_f64().unwrap(),
+                grad_tol(),
+            );
+        }
+        // A fixed chunk size reruns to the same bits.
+        let (_, out2, g2) = run(Some(chunk));
+        assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+        assert_eq!(bits(&g.weight), bits(&g2.weight), "{what}: d weight rerun");
+        assert_eq!(
+            bits(g.bias.as_ref().unwrap()),
+            bits(g2.bias.as_ref().unwrap()),
+            "{what}: d bias rerun"
+        );
+        assert_eq!(bits(&g.input), bits(&g2.input), "{what}: d input rerun");
+    }
+}
+
+#[test]
+fn flce_recomputing_backward_matches_the_eager_one() {
+    let (rows, hidden, vocab) = (30, 16, 64);
+    let head = HeadData::new(engine(), 70, &[rows], hidden, vocab, true, DType::F16, 0.5);
+    let cfg = as_stored(&all_options(vocab));
+    let targets = targets_for(71, rows, vocab, cfg.ignore_index, 4);
+    let t = Tensor::from_slice(engine(), &targets, &[rows]).unwrap();
+    for reduction in [Reduction::Mean, Reduction::Sum] {
+        let cfg = CrossEntropyConfig {
+            reduction,
+            ..cfg.clone()
+        };
+        let eager = flce_options(&cfg, Some(8));
+        let lazy = FusedLinearCrossEntropyOptions {
+            gradients_in_forward: false,
+            ..eager.clone()
+        };
+        let (out_e, saved_e) = fused_linear_cross_entropy(head.gpu(), &t, &eager).unwrap();
+        let (out_l, saved_l) = fused_linear_cross_entropy(head.gpu(), &t, &lazy).unwrap();
+        assert_eq!(bits(&out_e.loss), bits(&out_l.loss), "{reduction:?}: loss");
+        // Unit cotangent: the same kernels on the same values, so the same bits.
+        let ge = fused_linear_cross_entropy_backward(&saved_e, None).unwrap();
+        let gl = fused_linear_cross_entropy_backward(&saved_l, None).unwrap();
+        assert_eq!(
+            bits(&ge.weight),
+            bits(&gl.weight),
+            "{reduction:?}: d weight"
+        );
+        assert_eq!(bits(&ge.input), bits(&gl.input), "{reduction:?}: d input");
+        // An explicit cotangent: scaled after (eager) or inside (recomputed); rounding differs.
+        let c = tensor_from_f64(engine(), &[-1.75], &[], DType::F32);
+        let ge = fused_linear_cross_entropy_backward(&saved_e, Some(&c)).unwrap();
+        let gl = fused_linear_cross_entropy_backward(&saved_l, Some(&c)).unwrap();
+        assert_close(
+            &format!("{reduction:?} d weight"),
+            &ge.weight.to_f64().unwrap(),
+            &gl.weight.to_f64().unwrap(),
+            F32,
+        );
+        let want = reference::fused_linear_cross_entropy_backward(
+            head.reference(),
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+            &[-1.75],
+        );
+        check_gradients(&format!("{reduction:?} recomputed"), &gl, &want, &head);
+    }
+}
+
+#[test]
+fn flce_all_ignored_and_empty_batches() {
+    let (rows, hidden, vocab) = (6, 8, 16);
+    let head = HeadData::new(engine(), 80, &[rows], hidden, vocab, true, DType::F32, 0.5);
+    let t = Tensor::from_slice(engine(), &[-100i32; 6], &[rows]).unwrap();
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let cfg = CrossEntropyConfig {
+            reduction,
+            ..CrossEntropyConfig::default()
+        };
+        let (out, saved) =
+            fused_linear_cross_entropy(head.gpu(), &t, &flce_options(&cfg, Some(4))).unwrap();
+        assert!(out.loss.to_f64().unwrap().iter().all(|&v| v == 0.0));
+        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+        assert!(g.input.to_f64().unwrap().iter().all(|&v| v == 0.0));
+        assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+        assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
+    }
+    // No rows at all: zero losses, empty d input, zero d weight and d bias.
+    let empty = HeadData::new(engine(), 81, &[0], hidden, vocab, true, DType::BF16, 0.5);
+    let t = Tensor::from_slice(engine(), &[0i32; 0], &[0]).unwrap();
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let cfg = CrossEntropyConfig {
+            reduction,
+            ..CrossEntropyConfig::default()
+        };
+        let (out, saved) =
+            fused_linear_cross_entropy(empty.gpu(), &t, &flce_options(&cfg, None)).unwrap();
+        let want_len = if reduction == Reduction::None { 0 } else { 1 };
+        let loss = out.loss.to_f64().unwrap();
+        assert_eq!(loss.len(), want_len);
+        assert!(loss.iter().all(|&v| v == 0.0));
+        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+        assert_eq!(g.input.shape(), &[0, hidden]);
+        assert_eq!(g.weight.shape(), &[vocab, hidden]);
+        assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+        assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
+    }
+}
+
+#[test]
+fn flce_peak_memory_stays_at_the_chunk_bound() {
+    // A private engine: the memory statistics are engine-wide.
+    let e = common::private_engine();
+    let (rows, hidden, vocab) = (512, 16, 1024);
+    let head = HeadData::new(&e, 90, &[rows], hidden, vocab, true, DType::F32, 0.3);
+    let targets = targets_for(91, rows, vocab, -100, 5);
+    let t = Tensor::from_slice(&e, &targets, &[rows]).unwrap();
+    e.synchronize().unwrap();
+    let logits_bytes = (rows * vocab * 4) as u64;
+    // A budget for chunks of about 32 rows: a sixteenth of the logits.
+    let per_chunk = fl::fused_linear_cross_entropy_workspace_bytes(rows, hidden, vocab, 32, true);
+    let options = FusedLinearCrossEntropyOptions {
+        chunking: Chunking {
+            chunk_rows: None,
+            memory_budget: Some(per_chunk),
+        },
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &options.chunking).unwrap();
+    assert_eq!((plan.chunk_rows, plan.chunks), (32, 16));
+    assert!(plan.workspace_bytes <= per_chunk);
+    let before = e.memory().live_bytes;
+    e.reset_peak();
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+    e.synchronize().unwrap();
+    let peak = e.memory().peak_bytes - before;
+    // Outputs: d input, d weight, d bias, the predictions and a few scalars.
+    let outputs = ((rows * hidden + vocab * hidden + vocab + rows) * 4) as u64 + 4096;
+    // The pool rounds each buffer up by at most 12.5%.
+    let bound = (outputs + plan.workspace_bytes) * 9 / 8;
+    assert!(
+        peak <= bound,
+        "peak {peak} bytes above outputs + workspace {bound}"
+    );
+    assert!(
+        peak < logits_bytes / 2,
+        "peak {peak} bytes: the [rows, vocab] logits ({logits_bytes} bytes) must never exist"
+    );
+    drop((out, saved, g));
+    // The engine's bound below one row per chunk: a typed error, nothing launched.
+    e.set_workspace_bound(
+        fl::fused_linear_cross_entropy_workspace_bytes(rows, hidden, vocab, 1, true) - 1,
+    );
+    assert!(matches!(
+        fused_linear_cross_entropy(head.gpu(), &t, &FusedLinearCrossEntropyOptions::default()),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+}
+
+#[test]
+fn flce_bad_inputs() {
+    let e = engine();
+    let head = HeadData::new(e, 100, &[4], 6, 10, true, DType::F32, 0.5);
+    let t = Tensor::from_slice(e, &[0i32, 1, 2, 3], &[4]).unwrap();
+    let d = FusedLinearCrossEntropyOptions::default();
+    let run = |h: LinearHead, t: &Tensor, o: &FusedLinearCrossEntropyOptions| {
+        fused_linear_cross_entropy(h, t, o).map(|_| ())
+    };
+    let f32t = |v: &[f64], shape: &[usize]| tensor_from_f64(e, v, shape, DType::F32);
+    // Dtypes.
+    let xi = Tensor::from_slice(e, &[1i32; 24], &[4, 6]).unwrap();
+    assert!(matches!(
+        run(
+            LinearHead {
+                input: &xi,
+                ..head.gpu()
+            },
+            &t,
+            &d
+        ),
+        Err(Error::UnsupportedDType {
+            got: DType::I32,
+            ..
+        })
+    ));
+    let wi = Tensor::from_slice(e, &[1i32; 60], &[10, 6]).unwrap();
+    assert!(matches!(
+        run(
+            LinearHead {
+                weight: &wi,
+                ..head.gpu()
+            },
+            &t,
+            &d
+        ),
+        Err(Error::UnsupportedDType {
+            got: DType::I32,
+            ..
+        })
+    ));
+    let bi = Tensor::from_slice(e, &[1i32; 10], &[10]).unwrap();
+    assert!(matches!(
+        run(
+            LinearHead {
+                bias: Some(&bi),
+                ..head.gpu()
+            },
+            &t,
+            &d
+        ),
+        Err(Error::UnsupportedDType {
+            got: DType::I32,
+            ..
+        })
+    ));
+    assert!(matches!(
+        run(head.gpu(), &f32t(&[0.0; 4], &[4]), &d),
+        Err(Error::UnsupportedDType {
+            got: DType::F32,
+            ..
+        })
+    ));
+    // Shapes.
+    let w_bad = f32t(&[0.0; 50], &[10, 5]);
+    match run(
+        LinearHead {
+            weight: &w_bad,
+            ..head.gpu()
+        },
+        &t,
+        &d,
+    ) {
+        Err(Error::ShapeMismatch { expected, got, .. }) => {
+            assert_eq!((expected, got), (vec![10, 6], vec![10, 5]))
+        }
+        other => panic!("expected ShapeMismatch, got {other:?}"),
+    }
+    let w_flat = f32t(&[0.0; 60], &[60]);
+    assert!(matches!(
+        run(
+            LinearHead {
+                weight: &w_flat,
+                ..head.gpu()
+            },
+            &t,
+            &d
+        ),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let b_bad = f32t(&[0.0; 9], &[9]);
+    assert!(matches!(
+        run(
+            LinearHead {
+                bias: Some(&b_bad),
+                ..head.gpu()
+            },
+            &t,
+            &d
+        ),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    match run(
+        head.gpu(),
+        &Tensor::from_slice(e, &[0i32; 3], &[3]).unwrap(),
+        &d,
+    ) {
+        Err(Error::ShapeMismatch { expected, got, .. }) => {
+            assert_eq!((expected, got), (vec![4], vec![3]))
+        }
+        other => panic!("expected ShapeMismatch, got {other:?}"),
+    }
+    let x0 = f32t(&[], &[4, 0]);
+    let w0 = f32t(&[], &[10, 0]);
+    assert!(matches!(
+        run(
+            LinearHead {
+                input: &x0,
+                weight: &w0,
+                bias: None
+            },
+            &t,
+            &d
+        ),
+        Err(Error::OutOfBounds { got: 0, min: 1, .. })
+    ));
+    let wv0 = f32t(&[], &[0, 6]);
+    assert!(matches!(
+        run(
+            LinearHead {
+                weight: &wv0,
+                bias: None,
+                ..head.gpu()
+            },
+            &t,
+            &d
+        ),
+        Err(Error::OutOfBounds { got: 0, min: 1, .. })
+    ));
+    // Options.
+    let o = FusedLinearCrossEntropyOptions {
+        chunking: Chunking {
+            chunk_rows: Some(0),
+            memory_budget: None,
+        },
+        ..d.clone()
+    };
+    assert!(matches!(
+        run(head.gpu(), &t, &o),
+        Err(Error::OutOfBounds { got: 0, .. })
+    ));
+    let o = FusedLinearCrossEntropyOptions {
+        chunking: Chunking {
+            chunk_rows: None,
+            memory_budget: Some(100),
+        },
+        ..d.clone()
+    };
+    assert!(matches!(
+        run(head.gpu(), &t, &o),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+    for (eps, z_loss, cap) in [(1.5, 0.0, None), (0.0, -1.0, None), (0.0, 0.0, Some(0.0))] {
+        let o = FusedLinearCrossEntropyOptions {
+            cross_entropy: CrossEntropyOptions {
+                label_smoothing: eps,
+                z_loss,
+                softcap: cap,
+                ..Default::default()
+            },
+            ..d.clone()
+        };
+        assert!(
+            matches!(run(head.gpu(), &t, &o), Err(Error::InvalidValue { .. })),
+            "{eps} {z_loss} {cap:?}"
+        );
+    }
+    let o = FusedLinearCrossEntropyOptions {
+        cross_entropy: CrossEntropyOptions {
+            weight: Some(f32t(&[1.0; 9], &[9])),
+            ..Default::default()
+        },
+        ..d.clone()
+    };
+    assert!(matches!(
+        run(head.gpu(), &t, &o),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Targets out of range.
+    match run(
+        head.gpu(),
+        &Tensor::from_slice(e, &[0i32, 10, 2, 3], &[4]).unwrap(),
+        &d,
+    ) {
+        Err(Error::OutOfBounds {
+            got: 10,
+            max: 9,
+            what,
+            ..
+        }) => {
+            assert!(what.contains("targets[1]"), "{what}")
+        }
+        other => panic!("expected OutOfBounds, got {other:?}"),
+    }
+    assert!(matches!(
+        run(
+            head.gpu(),
+            &Tensor::from_slice(e, &[0i32, 1, -5, 3], &[4]).unwrap(),
+            &d
+        ),
+        Err(Error::InvalidValue { .. })
+    ));
+    // Cotangents.
+    let (_, saved) = fused_linear_cross_entropy(head.gpu(), &t, &d).unwrap();
+    assert!(matches!(
+        fused_linear_cross_entropy_backward(&saved, Some(&f32t(&[1.0; 4], &[4]))),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        fused_linear_cross_entropy_backward(
+            &saved,
+            Some(&tensor_from_f64(e, &[1.0], &[], DType::BF16))
+        ),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let none = FusedLinearCrossEntropyOptions {
+        cross_entropy: CrossEntropyOptions {
+            reduction: Reduction::None,
+            ..Default::default()
+        },
+        ..d.clone()
+    };
+    let (_, saved) = fused_linear_cross_entropy(head.gpu(), &t, &none).unwrap();
+    assert!(matches!(
+        fused_linear_cross_entropy_backward(&saved, Some(&f32t(&[1.0], &[]))),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Another engine's tensor.
+    let other = common::private_engine();
+    let t_other = Tensor::from_slice(&other, &[0i32, 1, 2, 3], &[4]).unwrap();
+    assert!(matches!(
+        run(head.gpu(), &t_other, &d),
+        Err(Error::EngineMismatch { .. })
+    ));
+}
+
+// ---- distillation -------------------------------------------------------------------------
+
+fn soft_term(s: SoftLoss) -> SoftTerm {
+    match s {
+        SoftLoss::Jsd { beta } => SoftTerm::Jsd {
+            beta: f64::from(beta),
+        },
+        SoftLoss::Kl => SoftTerm::Kl,
+        SoftLoss::Tvd => SoftTerm::Tvd,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn distill_case(
+    what: &str,
+    rows: usize,
+    hidden: (usize, usize),
+    vocab: usize,
+    dtype: DType,
+    labels: Option<&[i32]>,
+    options: &DistillationOptions,
+    seed: u64,
+) {
+    let what = format!(
+        "{what} {dtype} rows {rows} H{hidden:?} V{vocab} {:?}",
+        options.soft
+    );
+    let student = HeadData::new(engine(), seed, &[rows], hidden.0, vocab, true, dtype, 0.6);
+    let teacher = HeadData::new(
+        engine(),
+        seed + 5,
+        &[rows],
+        hidden.1,
+        vocab,
+        false,
+        dtype,
+        0.9,
+    );
+    let lt = labels.map(|l| Tensor::from_slice(engine(), l, &[rows]).unwrap());
+    let (out, saved) =
+        fused_linear_distillation(student.gpu(), teacher.gpu(), lt.as_ref(), options).unwrap();
+    let cfg = DistillationConfig {
+        soft: soft_term(options.soft),
+        temperature: f64::from(options.temperature),
+        weight_hard: f64::from(options.weight_hard),
+        weight_soft: f64::from(options.weight_soft),
+        ignore_index: options.ignore_index,
+        batch_mean: options.reduction == DistillationReduction::BatchMean,
+    };
+    let want = reference::fused_linear_distillation(
+        student.reference(),
+        teacher.reference(),
+        labels,
+        rows,
+        vocab,
+        &cfg,
+    );
+    // Divergences are row sums of `vocab` terms (the loss family's divergence tolerance).
+    let div_tol = Tolerance {
+        abs: 1e-5 * (1.0 + vocab as f64 / 256.0),
+        ..F32
+    };
+    for (name, t, w) in [
+        ("loss", &out.loss, want.loss),
+        ("hard", &out.hard_loss, want.hard),
+        ("soft", &out.soft_loss, want.soft),
+    ] {
+        assert_eq!(t.shape(), &[] as &[usize], "{what} {name}");
+        assert_close(
+            &format!("{what} {name}"),
+            &t.to_f64().unwrap(),
+            &[w],
+            div_tol,
+        );
+    }
+    let want_g = reference::fused_linear_distillation_backward(
+        student.reference(),
+        teacher.reference(),
+        labels,
+        rows,
+        vocab,
+        &cfg,
+        1.0,
+    );
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    check_gradients(&format!("{what} (unit)"), &g, &want_g, &student);
+    let c = tensor_from_f64(engine(), &[0.625], &[1], DType::F32);
+    let g2 = fused_linear_distillation_backward(&saved, Some(&c)).unwrap();
+    let want_g2 = reference::fused_linear_distillation_backward(
+        student.reference(),
+        teacher.reference(),
+        labels,
+        rows,
+        vocab,
+        &cfg,
+        0.625,
+    );
+    check_gradients(&format!("{what} (cotangent)"), &g2, &want_g2, &student);
+    // Rerun: same bits.
+    let (out2, saved2) =
+        fused_linear_distillation(student.gpu(), teacher.gpu(), lt.as_ref(), options).unwrap();
+    assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+    let g3 = fused_linear_distillation_backward(&saved2, None).unwrap();
+    assert_eq!(bits(&g.weight), bits(&g3.weight), "{what}: d weight rerun");
+    assert_eq!(bits(&g.input), bits(&g3.input), "{what}: d input rerun");
+}
+
+fn distill_options(soft: SoftLoss, chunk_rows: usize) -> DistillationOptions {
+    DistillationOptions {
+        soft,
+        chunking: Chunking {
+            chunk_rows: Some(chunk_rows),
+            memory_budget: None,
+        },
+        ..DistillationOptions::default()
+    }
+}
+
+#[test]
+fn distillation_soft_terms_match_the_reference() {
+    let (rows, vocab) = (45, 72);
+    let labels = targets_for(110, rows, vocab, -100, 3);
+    for (k, soft) in [
+        SoftLoss::Jsd { beta: 0.0 },
+        SoftLoss::Jsd { beta: 0.5 },
+        SoftLoss::Jsd { beta: 1.0 },
+        SoftLoss::Kl,
+        SoftLoss::Tvd,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Soft term alone, without labels, at T = 1.
+        distill_case(
+            "soft only",
+            rows,
+            (24, 40),
+            vocab,
+            DType::F32,
+            None,
+            &distill_options(soft, 16),
+            120 + k as u64,
+        );
+        // With labels (a third ignored), a temperature and a hard term, summed.
+        let options = DistillationOptions {
+            temperature: 2.5,
+            weight_hard: 0.3,
+            weight_soft: 0.7,
+            reduction: if k % 2 == 0 {
+                DistillationReduction::BatchMean
+            } else {
+                DistillationReduction::Sum
+            },
+            ..distill_options(soft, 10)
+        };
+        distill_case(
+            "hard + soft",
+            rows,
+            (24, 40),
+            vocab,
+            DType::F32,
+            Some(&labels),
+            &options,
+            130 + k as u64,
+        );
+    }
+}
+
+#[test]
+fn distillation_every_storage_dtype_and_shorthands() {
+    let (rows, vocab) = (20, 64);
+    let labels = targets_for(140, rows, vocab, -100, 4);
+    for dtype in [DType::F16, DType::BF16] {
+        let options = DistillationOptions {
+            temperature: 2.0,
+            weight_hard: 0.5,
+            weight_soft: 0.5,
+            ..distill_options(SoftLoss::Tvd, 7)
+        };
+        distill_case(
+            "CE + TVD",
+            rows,
+            (32, 16),
+            vocab,
+            dtype,
+            Some(&labels),
+            &options,
+            150,
+        );
+        distill_case(
+            "JSD",
+            rows,
+            (32, 16),
+            vocab,
+            dtype,
+            Some(&labels),
+            &distill_options(SoftLoss::Jsd { beta: 0.5 }, 64),
+            151,
+        );
+    }
+    // The shorthands set the soft term and nothing else.
+    let s = HeadData::new(engine(), 160, &[rows], 8, vocab, false, DType::F32, 0.5);
+    let t = HeadData::new(engine(), 161, &[rows], 8, vocab, false, DType::F32, 0.5);
+    let base = DistillationOptions {
+        soft: SoftLoss::Tvd,
+        ..distill_options(SoftLoss::Tvd, 5)
+    };
+    let loss_of = |r: wgrad::Result<(fl::DistillationOutput, fl::DistillationSaved)>| {
+        bits(&r.unwrap().0.loss)
+    };
+    let full = |soft| {
+        loss_of(fused_linear_distillation(
+            s.gpu(),
+            t.gpu(),
+            None,
+            &DistillationOptions {
+                soft,
+                ..base.clone()
+            },
+        ))
+    };
+    assert_eq!(
+        loss_of(fl::fused_linear_jsd(s.gpu(), t.gpu(), None, 0.25, &base)),
+        full(SoftLoss::Jsd { beta: 0.25 })
+    );
+    assert_eq!(
+        loss_of(fl::fused_linear_kl(s.gpu(), t.gpu(), None, &base)),
+        full(SoftLoss::Kl)
+    );
+    let jsd_base = DistillationOptions {
+        soft: SoftLoss::Kl,
+        ..base.clone()
+    };
+    assert_eq!(
+        loss_of(fl::fused_linear_tvd(s.gpu(), t.gpu(), None, &jsd_base)),
+        full(SoftLoss::Tvd)
+    );
+}
+
+#[test]
+fn distillation_chunk_sizes_agree_and_recompute_matches() {
+    let (rows, vocab) = (33, 48);
+    let labels = targets_for(170, rows, vocab, -100, 2);
+    let lt = Tensor::from_slice(engine(), &labels, &[rows]).unwrap();
+    let s = HeadData::new(engine(), 171, &[rows], 12, vocab, true, DType::F32, 0.5);
+    let t = HeadData::new(engine(), 172, &[rows], 20, vocab, true, DType::F32, 0.5);
+    let base = DistillationOptions {
+        soft: SoftLoss::Jsd { beta: 0.3 },
+        temperature: 1.5,
+        weight_hard: 0.25,
+        ..DistillationOptions::default()
+    };
+    let run = |options: &DistillationOptions| {
+        let (out, saved) = fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), options).unwrap();
+        let g = fused_linear_distillation_backward(&saved, None).unwrap();
+        (out, g)
+    };
+    let (out_ref, g_ref) = run(&base);
+    for chunk in [1, 5, 32, 33] {
+        let options = DistillationOptions {
+            chunking: Chunking {
+                chunk_rows: Some(chunk),
+                memory_budget: None,
+            },
+            ..base.clone()
+        };
+        let (out, g) = run(&options);
+        let what = format!("chunk {chunk}");
+        assert_close(
+            &format!("{what} loss"),
+            &out.loss.to_f64().unwrap(),
+            &out_ref.loss.to_f64().unwrap(),
+            F32,
+        );
+        assert_close(
+            &format!("{what} d weight"),
+            &g.weight.to_f64().unwrap(),
+            &g_ref.weight.to_f64().unwrap(),
+            grad_tol(),
+        );
+        assert_close(
+            &format!("{what} d input"),
+            &g.input.to_f64().unwrap(),
+            &g_ref.input.to_f64().unwrap(),
+            grad_tol(),
+        );
+        // Recomputing in the backward: the same kernels, the same bits.
+        let lazy = DistillationOptions {
+            gradients_in_forward: false,
+            ..options.clone()
+        };
+        let (out_l, g_l) = run(&lazy);
+        assert_eq!(bits(&out.loss), bits(&out_l.loss), "{what}: lazy loss");
+        assert_eq!(bits(&g.weight), bits(&g_l.weight), "{what}: lazy d weight");
+        assert_eq!(
+            bits(g.bias.as_ref().unwrap()),
+            bits(g_l.bias.as_ref().unwrap()),
+            "{what}: lazy d bias"
+        );
+    }
+}
+
+#[test]
+fn distillation_peak_memory_stays_at_the_chunk_bound() {
+    let e = common::private_engine();
+    let (rows, vocab) = (256, 1024);
+    let s = HeadData::new(&e, 180, &[rows], 16, vocab, false, DType::F32, 0.3);
+    let t = HeadData::new(&e, 181, &[rows], 16, vocab, false, DType::F32, 0.3);
+    let labels = targets_for(182, rows, vocab, -100, 4);
+    let lt = Tensor::from_slice(&e, &labels, &[rows]).unwrap();
+    e.synchronize().unwrap();
+    let budget = fl::fused_linear_distillation_workspace_bytes(rows, vocab, 16, true, false);
+    let options = DistillationOptions {
+        soft: SoftLoss::Kl,
+        temperature: 2.0,
+        weight_hard: 0.5,
+        chunking: Chunking {
+            chunk_rows: None,
+            memory_budget: Some(budget),
+        },
+        ..DistillationOptions::default()
+    };
+    let before = e.memory().live_bytes;
+    e.reset_peak();
+    let (out, saved) = fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), &options).unwrap();
+    assert_eq!(saved.plan().chunk_rows, 16);
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    e.synchronize().unwrap();
+    let peak = e.memory().peak_bytes - before;
+    let outputs = ((rows * 16 + vocab * 16) * 4) as u64 + 4096;
+    let bound = (outputs + saved.plan().workspace_bytes) * 9 / 8;
+    assert!(peak <= bound, "peak {peak} above {bound}");
+    assert!(peak < (rows * vocab * 4) as u64 / 2, "peak {peak}");
+    drop((out, g));
+}
+
+#[test]
+fn distillation_empty_batch_and_all_ignored() {
+    let vocab = 16;
+    let s = HeadData::new(engine(), 190, &[0], 4, vocab, true, DType::F32, 0.5);
+    let t = HeadData::new(engine(), 191, &[0], 6, vocab, false, DType::F32, 0.5);
+    let (out, saved) =
+        fused_linear_distillation(s.gpu(), t.gpu(), None, &DistillationOptions::default()).unwrap();
+    assert_eq!(out.loss.to_f64().unwrap(), vec![0.0]);
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    assert_eq!(g.input.shape(), &[0, 4]);
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    let rows = 5;
+    let s = HeadData::new(engine(), 192, &[rows], 4, vocab, true, DType::F32, 0.5);
+    let t = HeadData::new(engine(), 193, &[rows], 6, vocab, false, DType::F32, 0.5);
+    let lt = Tensor::from_slice(engine(), &[-100i32; 5], &[rows]).unwrap();
+    let options = DistillationOptions {
+        weight_hard: 1.0,
+        ..DistillationOptions::default()
+    };
+    let (out, saved) = fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), &options).unwrap();
+    assert_eq!(out.loss.to_f64().unwrap(), vec![0.0]);
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    assert!(g.input.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn distillation_bad_inputs() {
+    let e = engine();
+    let (rows, vocab) = (4, 10);
+    let s = HeadData::new(e, 200, &[rows], 6, vocab, false, DType::F32, 0.5);
+    let t = HeadData::new(e, 201, &[rows], 3, vocab, false, DType::F32, 0.5);
+    let lt = Tensor::from_slice(e, &[0i32, 1, 2, 3], &[rows]).unwrap();
+    let d = DistillationOptions::default();
+    let run = |s: LinearHead, t: LinearHead, l: Option<&Tensor>, o: &DistillationOptions| {
+        fused_linear_distillation(s, t, l, o).map(|_| ())
+    };
+    // Teacher rows or vocabulary differ.
+    let t_rows = HeadData::new(e, 202, &[5], 3, vocab, false, DType::F32, 0.5);
+    assert!(matches!(
+        run(s.gpu(), t_rows.gpu(), None, &d),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let t_vocab = HeadData::new(e, 203, &[rows], 3, vocab + 1, false, DType::F32, 0.5);
+    assert!(matches!(
+        run(s.gpu(), t_vocab.gpu(), None, &d),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Scalars.
+    for o in [
+        DistillationOptions {
+            temperature: 0.0,
+            ..d.clone()
+        },
+        DistillationOptions {
+            temperature: f32::NAN,
+            ..d.clone()
+        },
+        DistillationOptions {
+            soft: SoftLoss::Jsd { beta: 1.5 },
+            ..d.clone()
+        },
+        DistillationOptions {
+            weight_soft: f32::INFINITY,
+            ..d.clone()
+        },
+        DistillationOptions {
+            weight_hard: 0.5,
+            ..d.clone()
+        }, // a hard term without labels
+    ] {
+        assert!(
+            matches!(
+                run(s.gpu(), t.gpu(), None, &o),
+                Err(Error::InvalidValue { .. })
+            ),
+            "{o:?}"
+        );
+    }
+    // Labels: dtype, shape, range (with a hard term).
+    let lf = tensor_from_f64(e, &[0.0; 4], &[4], DType::F32);
+    assert!(matches!(
+        run(s.gpu(), t.gpu(), Some(&lf), &d),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let l3 = Tensor::from_slice(e, &[0i32; 3], &[3]).unwrap();
+    assert!(matches!(
+        run(s.gpu(), t.gpu(), Some(&l3), &d),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let hard = DistillationOptions {
+        weight_hard: 0.5,
+        ..d.clone()
+    };
+    let l_bad = Tensor::from_slice(e, &[0i32, 10, 2, 3], &[4]).unwrap();
+    assert!(matches!(
+        run(s.gpu(), t.gpu(), Some(&l_bad), &hard),
+        Err(Error::OutOfBounds { got: 10, .. })
+    ));
+    assert!(run(s.gpu(), t.gpu(), Some(&lt), &hard).is_ok());
+    // Bad cotangent.
+    let (_, saved) = fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), &hard).unwrap();
+    assert!(matches!(
+        fused_linear_distillation_backward(
+            &saved,
+            Some(&tensor_from_f64(e, &[1.0; 2], &[2], DType::F32))
+        ),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Budget too small.
+    let o = DistillationOptions {
+        chunking: Chunking {
+            chunk_rows: None,
+            memory_budget: Some(64),
+        },
+        ..d.clone()
+    };
+    assert!(matches!(
+        run(s.gpu(), t.gpu(), None, &o),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+}
