@@ -24,6 +24,9 @@
 //! Every residual add is fused with the RMSNorm that follows it ([`norm::add_rms_norm`]), so
 //! the model needs no separate elementwise add; the first norm adds a zero residual so that
 //! its backward also sums the residual stream's gradient into the embedding's.
+//! The LM head and the loss run as one chunked
+//! [`fused_linear::fused_linear_cross_entropy`]: the `[N, V]` logits never exist whole
+//! ([`Model::logits`], for sampling, does materialize them).
 //!
 //! # Parameters
 //!
@@ -41,8 +44,11 @@
 //! [`crate::reference::model`].
 
 use crate::attention::{self, AttentionLayout, AttentionOptions, AttentionSaved};
+use crate::fused_linear::{
+    self, FusedLinearCrossEntropyOptions, FusedLinearCrossEntropySaved, LinearHead,
+};
 use crate::gradcheck::Rng;
-use crate::loss::{self, CrossEntropyOptions, CrossEntropySaved};
+use crate::loss::CrossEntropyOptions;
 use crate::matmul::{self, Gemm, GemmOperand, MatmulOptions};
 use crate::mlp::{self, MlpOptions, MlpSaved};
 use crate::norm::{self, RmsNormOptions};
@@ -517,10 +523,8 @@ pub struct Tape {
     pub first_norm: norm::Saved,
     /// One entry per block.
     pub blocks: Vec<BlockTape>,
-    /// The LM head.
-    pub head: LinearSaved,
-    /// The loss.
-    pub loss: CrossEntropySaved,
+    /// The LM head and the loss, fused (the logits are never materialized whole).
+    pub head: FusedLinearCrossEntropySaved,
 }
 
 impl Model {
@@ -728,22 +732,29 @@ impl Model {
     }
 
     /// Loss and tape of one batch: shapes as in the module documentation; the loss is an F32
-    /// scalar `[]` (mean over the counted targets). Nothing is read back (the host
-    /// implementations of the dense products excepted). Errors: a batch longer than
+    /// scalar `[]` (mean over the counted targets), the LM head and the loss one chunked
+    /// [`fused_linear::fused_linear_cross_entropy`] (which also computes the head's gradients
+    /// for the backward). Nothing is read back (the host embedding excepted). Errors: a batch longer than
     /// `seq_len` or with ids outside the vocabulary (`OutOfBounds`), a batch of another engine
     /// (`EngineMismatch`), and the errors of the operators.
     pub fn forward(&self, batch: &Batch) -> Result<(Tensor, Tape)> {
         self.check_batch(batch)?;
         let (normed, embedding, first_norm, blocks) =
             self.trunk(&batch.host_tokens, batch.batch, batch.seq)?;
-        let (logits, head) = linear(&normed, &self.lm_head)?;
         let rows = batch.batch * batch.seq;
-        let (out, loss) = loss::cross_entropy(
-            &logits,
+        let (out, head) = fused_linear::fused_linear_cross_entropy(
+            LinearHead {
+                input: &normed,
+                weight: &self.lm_head,
+                bias: None,
+            },
             &batch.targets.reshape(&[rows])?,
-            &CrossEntropyOptions {
-                check_targets: false,
-                ..CrossEntropyOptions::default()
+            &FusedLinearCrossEntropyOptions {
+                cross_entropy: CrossEntropyOptions {
+                    check_targets: false,
+                    ..CrossEntropyOptions::default()
+                },
+                ..FusedLinearCrossEntropyOptions::default()
             },
         )?;
         Ok((
@@ -753,7 +764,6 @@ impl Model {
                 first_norm,
                 blocks,
                 head,
-                loss,
             },
         ))
     }
@@ -813,8 +823,8 @@ impl Model {
     /// `residual_output_gradient` of each add+RMSNorm backward, so no separate add is run.
     pub fn backward(&self, tape: &Tape) -> Result<Vec<Tensor>> {
         let c = &self.config;
-        let d_logits = loss::cross_entropy_backward(&tape.loss, None)?;
-        let (mut d_normed, head_grads) = linear_backward(&[&tape.head], &[&d_logits])?;
+        let head = fused_linear::fused_linear_cross_entropy_backward(&tape.head, None)?;
+        let mut d_normed = head.input;
         let mut d_stream: Option<Tensor> = None;
         // Gradients per block in parameter order, filled from the last block back.
         let mut block_grads: Vec<Vec<Tensor>> = Vec::with_capacity(c.layers);
@@ -850,7 +860,7 @@ impl Model {
             attention_norm = Some(norm_after_grads[l].clone());
         }
         grads.push(attention_norm.expect("the final norm's gradient"));
-        grads.extend(head_grads);
+        grads.push(head.weight);
         Ok(grads)
     }
 
