@@ -319,6 +319,7 @@ fn run(args: &Args) -> Result<Report> {
         Box::new(|| loss_operators(&engine, args.quick)),
         Box::new(|| gated_delta_ops(&engine, args.quick)),
         Box::new(|| attention_ops(&engine, args.quick)),
+        Box::new(|| embedding_ops(&engine, args.quick)),
     ];
     for op in families.iter().flat_map(|family| match family() {
         Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -913,4 +914,53 @@ fn attention_op(
             Ok(vec![out, saved.output_f32().clone()])
         }
     }))
+}
+
+/// Embedding at a Llama-3 vocabulary (V = 128,256 rows of width 1,024, or as many rows as fit
+/// one binding for the F32 gradient) and B·T = 16,384 positions (`--quick`: V = 8,192,
+/// D = 256, 1,024 positions), F32 and BF16 tables; forward and backward separately. Indices
+/// are spread over the vocabulary (`p·7919 mod V`) and not read back (`check_indices: false`).
+/// Bytes moved: the forward's inputs are the indices and a tensor of the gathered rows' size
+/// (the bytes read from the table, which is not read in full); the backward reads the
+/// indices and the cotangent and writes the F32 `[V, D]` gradient (the sort's scratch is not
+/// counted).
+fn embedding_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::embedding::{EmbeddingOptions, embedding, embedding_backward};
+    let (rows, dim, n) = if quick {
+        (8192, 256, 1024)
+    } else {
+        (128_256, 1024, 16_384)
+    };
+    let rows = fitting_rows(engine, rows, dim);
+    let options = EmbeddingOptions {
+        check_indices: false,
+        ..Default::default()
+    };
+    let ids: Vec<i32> = (0..n).map(|p| ((p * 7919) % rows) as i32).collect();
+    let indices = Tensor::from_slice(engine, &ids, &[n])?;
+    let mut ops = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let dname: &'static str = dtype.name();
+        let data: Vec<f32> = (0..rows * dim)
+            .map(|i| ((i % 251) as f32 - 125.0) / 32.0)
+            .collect();
+        let table = cast::cast(&Tensor::from_slice(engine, &data, &[rows, dim])?, dtype)?;
+        drop(data);
+        let (rows_read, saved) = embedding(&table, &indices, &options)?;
+        let dy = wgrad::bench::copy(&rows_read)?;
+        eprintln!("  embedding {dname}: table [{rows}, {dim}], {n} positions");
+        ops.push(Op::new(
+            "embedding_fwd",
+            dname,
+            vec![indices.clone(), rows_read],
+            move |i| Ok(vec![embedding(&table, &i[0], &options)?.0]),
+        ));
+        ops.push(Op::new(
+            "embedding_bwd",
+            dname,
+            vec![dy, indices.clone()],
+            move |i| Ok(vec![embedding_backward(&saved, &i[0])?]),
+        ));
+    }
+    Ok(ops)
 }

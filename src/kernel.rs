@@ -77,6 +77,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::loss::KERNEL,
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
+        &crate::embedding::KERNEL,
     ];
     REGISTRY
 }

@@ -4,6 +4,7 @@
 //! covered by some check.
 
 mod attention;
+mod embedding;
 mod gated_delta;
 mod loss;
 mod norm;
@@ -66,6 +67,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(loss::operators())
     .chain(gated_delta::operators())
     .chain(attention::operators())
+    .chain(embedding::operators())
     .collect()
 }
 

@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod embedding;
 pub mod gated_delta;
 pub mod loss;
 pub mod norm;
