@@ -320,6 +320,7 @@ fn run(args: &Args) -> Result<Report> {
         Box::new(|| gated_delta_ops(&engine, args.quick)),
         Box::new(|| attention_ops(&engine, args.quick)),
         Box::new(|| embedding_ops(&engine, args.quick)),
+        Box::new(|| optim_ops(&engine, args.quick)),
     ];
     for op in families.iter().flat_map(|family| match family() {
         Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -961,6 +962,105 @@ fn embedding_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             vec![dy, indices.clone()],
             move |i| Ok(vec![embedding_backward(&saved, &i[0])?]),
         ));
+    }
+    Ok(ops)
+}
+
+/// Optimizer steps and the gradient norm over one parameter tensor of 64M elements
+/// (`--quick`: 1M): AdamW with F32 parameters and gradients; AdamW with BF16 parameters (FP32
+/// masters, the BF16 copy written in the same pass) and BF16 gradients; AdamW clipped (the
+/// norm computed then the clipped step, as a training loop runs them); SGD with momentum;
+/// plain SGD; `grad_norm` of F32 and BF16 gradients. Each run is a real step (the state
+/// evolves between runs). Bytes moved: each operand read once and each updated tensor written
+/// once (the inputs are the gradient, then the tensors the step reads; the outputs those it
+/// writes; the clipped row reads the gradient twice).
+fn optim_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use std::cell::RefCell;
+    use wgrad::optim::{AdamW, AdamWOptions, Clip, Sgd, SgdOptions, grad_norm};
+    let n = if quick { 1 << 20 } else { 1 << 26 };
+    let filled = |dtype: DType, seed: usize| -> Result<Tensor> {
+        let data: Vec<f32> = (0..n)
+            .map(|i| (((i + seed) % 251) as f32 - 125.0) / 128.0)
+            .collect();
+        cast::cast(&Tensor::from_slice(engine, &data, &[n])?, dtype)
+    };
+    let g32 = filled(DType::F32, 1)?;
+    let g16 = filled(DType::BF16, 2)?;
+    let mut ops = Vec::new();
+
+    let adam_state = |opt: &AdamW| -> Vec<Tensor> {
+        vec![
+            opt.params()[0].clone(),
+            opt.first_moments()[0].clone(),
+            opt.second_moments()[0].clone(),
+        ]
+    };
+    let opt = AdamW::new(&[filled(DType::F32, 3)?], AdamWOptions::default())?;
+    let mut inputs = vec![g32.clone()];
+    inputs.extend(adam_state(&opt));
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("adamw_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        Ok(adam_state(&opt))
+    }));
+
+    let opt = AdamW::new(&[filled(DType::BF16, 4)?], AdamWOptions::default())?;
+    let mut inputs = vec![g16.clone()];
+    inputs.extend(adam_state(&opt));
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("adamw_step", "bf16 copy", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        let mut out = adam_state(&opt);
+        out.extend(opt.model_copies()[0].clone());
+        Ok(out)
+    }));
+
+    let opt = AdamW::new(&[filled(DType::F32, 5)?], AdamWOptions::default())?;
+    let mut inputs = vec![g32.clone(), g32.clone()];
+    inputs.extend(adam_state(&opt));
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("adamw_clip_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        let clip = Clip::from_grads(&[&i[0]], 1.0)?;
+        opt.step(&[&i[0]], Some(&clip))?;
+        Ok(adam_state(&opt))
+    }));
+
+    let momentum = SgdOptions {
+        momentum: 0.9,
+        ..SgdOptions::default()
+    };
+    let opt = Sgd::new(&[filled(DType::F32, 6)?], momentum)?;
+    let inputs = vec![
+        g32.clone(),
+        opt.params()[0].clone(),
+        opt.momentum_buffers()[0].clone(),
+    ];
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("sgd_momentum_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        Ok(vec![
+            opt.params()[0].clone(),
+            opt.momentum_buffers()[0].clone(),
+        ])
+    }));
+
+    let opt = Sgd::new(&[filled(DType::F32, 7)?], SgdOptions::default())?;
+    let inputs = vec![g32.clone(), opt.params()[0].clone()];
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("sgd_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        Ok(vec![opt.params()[0].clone()])
+    }));
+
+    for (g, label) in [(g32, "f32"), (g16, "bf16")] {
+        ops.push(Op::new("grad_norm", label, vec![g], |i| {
+            Ok(vec![grad_norm(&[&i[0]])?])
+        }));
     }
     Ok(ops)
 }

@@ -78,6 +78,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
         &crate::embedding::KERNEL,
+        &crate::optim::KERNEL,
     ];
     REGISTRY
 }

@@ -31,6 +31,7 @@ pub mod kernel;
 pub mod loss;
 pub mod msl;
 pub mod norm;
+pub mod optim;
 pub mod reduce;
 pub mod reference;
 pub mod rope;

@@ -8,6 +8,7 @@ mod embedding;
 mod gated_delta;
 mod loss;
 mod norm;
+mod optim;
 mod pointwise;
 
 use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
@@ -68,6 +69,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(gated_delta::operators())
     .chain(attention::operators())
     .chain(embedding::operators())
+    .chain(optim::operators())
     .collect()
 }
 

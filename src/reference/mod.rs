@@ -8,5 +8,6 @@ pub mod embedding;
 pub mod gated_delta;
 pub mod loss;
 pub mod norm;
+pub mod optim;
 pub mod reduce;
 pub mod rope;
