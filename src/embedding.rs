@@ -28,27 +28,28 @@
 //!
 //! 1. Each position `p` becomes a 64-bit key `(row, p)`; positions that give no gradient
 //!    (out of range, padding) get the row `0xffffffff`, and the key list is padded to a power
-//!    of two (at least 512) with such keys.
-//! 2. A bitonic sorting network orders the keys: blocks of 512 sorted in workgroup memory,
-//!    then merge steps (distances ≥ 512 in global memory, one launch each; shorter distances
+//!    of two (at least 2,048) with such keys.
+//! 2. A bitonic sorting network orders the keys: blocks of 2,048 sorted in workgroup memory,
+//!    then merge steps (distances ≥ 2,048 in global memory, one launch each; shorter distances
 //!    in workgroup memory, one launch per merge level). The position is part of the key, so
 //!    keys are distinct and the sorted order is unique: equal rows end up in ascending
 //!    position order whatever the network's schedule.
 //! 3. A `[V]` table of run starts (cleared to 0) receives, for each row that has keys, one
 //!    plus the index of its first key (written by that key's invocation: one writer each).
-//! 4. One invocation per element `(v, c)` of `dtable` reads its row's run start and adds
-//!    `dy[p, c]` for the row's positions in key order (ascending `p`), writing each element
-//!    once; a row without positions writes 0.
+//! 4. One invocation per element `(v, c)` of `dtable` (per four consecutive columns when `D`
+//!    is a multiple of 4) reads its row's run start and adds `dy[p, c]` for the row's
+//!    positions in key order (ascending `p`), writing each element once; a row without
+//!    positions writes 0.
 //!
-//! Launches: `1 + Σ_{K=10}^{m} (K − 8)` for the sort of `2^m` padded keys (1 up to 512
-//! positions, 21 for 16,384), each reading and writing `8·2^m` bytes; then a clear and two
-//! launches. The scratch is the key list and the run starts, `8·max(512, 2^⌈log₂ N⌉) + 4·V`
+//! Launches: `1 + Σ_{K=12}^{m} (K − 10)` for the sort of `2^m` padded keys (1 up to 2,048
+//! positions, 10 for 16,384), each reading and writing `8·2^m` bytes; then a clear and two
+//! launches. The scratch is the key list and the run starts, `8·max(2048, 2^⌈log₂ N⌉) + 4·V`
 //! bytes ([`embedding_workspace_bytes`]; 641 KiB for V = 128,256 and N = 16,384), checked
 //! against the engine's workspace bound. The gradient pass writes `V·D` F32 values and reads
-//! each position's cotangent row once per column; a row referenced by many positions is summed
-//! sequentially (work ∝ its position count, one invocation per column), slower than a tree
-//! but in the documented order.
-
+//! each position's cotangent row once; a row referenced by many positions is summed
+//! sequentially (work ∝ its position count, one invocation per column or four), slower than a
+//! tree but in the documented order.
+//!
 //! # Bounds and dtypes
 //!
 //! Table `[V, D]` F32, F16 or BF16, `V < 2³¹`, at most 2³¹ − 1 elements; indices I32 or U32,
@@ -73,7 +74,7 @@ const WG: u64 = 256;
 /// Output words per invocation of the gather (`UNROLL` in the kernel).
 const UNROLL: u64 = 4;
 /// Keys sorted per workgroup in the local stages (`SORT_BLOCK` in the kernel).
-const SORT_BLOCK: usize = 512;
+const SORT_BLOCK: usize = 2048;
 /// Row value of keys that give no gradient (`NO_ROW` in the kernel).
 const NO_ROW: u32 = u32::MAX;
 /// Largest element count of the table, the output and the cotangent.
@@ -167,7 +168,7 @@ fn padded_keys(positions: usize) -> usize {
 }
 
 /// Scratch bytes [`embedding_backward`] allocates for a table of `rows` rows and `positions`
-/// index positions: the sort keys, 8 bytes each for `max(512, 2^⌈log₂ positions⌉)` keys, and
+/// index positions: the sort keys, 8 bytes each for `max(2048, 2^⌈log₂ positions⌉)` keys, and
 /// the `[rows]` U32 run starts (0 without positions).
 pub fn embedding_workspace_bytes(rows: usize, positions: usize) -> u64 {
     if positions == 0 {
@@ -274,23 +275,44 @@ pub fn embedding(
     let mut shape = indices.shape().to_vec();
     shape.push(dim);
     let out = Tensor::empty(engine, &shape, table.dtype(), "embedding output")?;
-    let words = if table.dtype() == DType::F32 {
-        count
-    } else {
-        count.div_ceil(2)
+    let dt = vec![("DT", f64::from(table.dtype().code()))];
+    let base = Params {
+        count: count as u32,
+        ..Params::new(rows, dim, positions, options.padding_index)
     };
-    engine.launch(
-        &KERNEL,
-        "gather",
-        &vec![("DT", f64::from(table.dtype().code()))],
-        &Params {
-            count: count as u32,
-            words: words as u32,
-            ..Params::new(rows, dim, positions, options.padding_index)
-        },
-        &[table.buffer(), indices.buffer(), out.buffer()],
-        (words as u64).div_ceil(WG * UNROLL),
-    )?;
+    // Whole vec4 rows (4 F32 or 8 16-bit elements per vec4): one vec4 per copy.
+    let per_vec = if table.dtype() == DType::F32 { 4 } else { 8 };
+    if dim.is_multiple_of(per_vec) {
+        let vecs = count / per_vec;
+        engine.launch(
+            &KERNEL,
+            "gather_vec4",
+            &dt,
+            &Params {
+                words: vecs as u32,
+                ..base
+            },
+            &[indices.buffer(), table.buffer(), out.buffer()],
+            (vecs as u64).div_ceil(WG * UNROLL),
+        )?;
+    } else {
+        let words = if table.dtype() == DType::F32 {
+            count
+        } else {
+            count.div_ceil(2)
+        };
+        engine.launch(
+            &KERNEL,
+            "gather",
+            &dt,
+            &Params {
+                words: words as u32,
+                ..base
+            },
+            &[table.buffer(), indices.buffer(), out.buffer()],
+            (words as u64).div_ceil(WG * UNROLL),
+        )?;
+    }
     Ok((
         out,
         EmbeddingSaved {
@@ -352,14 +374,37 @@ pub fn embedding_backward(saved: &EmbeddingSaved, dy: &Tensor) -> Result<Tensor>
         (positions as u64).div_ceil(WG),
     )?;
     let dtable = Tensor::empty(engine, &[rows, dim], DType::F32, "embedding dtable")?;
-    engine.launch(
-        &KERNEL,
-        "table_grad",
-        &vec![("DT", f64::from(dy.dtype().code()))],
-        &params,
-        &[dy.buffer(), keys.buffer(), dtable.buffer(), starts.buffer()],
-        (count as u64).div_ceil(WG),
-    )?;
+    let dt = vec![("DT", f64::from(dy.dtype().code()))];
+    if dim.is_multiple_of(4) {
+        let threads = count / 4;
+        engine.launch(
+            &KERNEL,
+            "table_grad_vec4",
+            &dt,
+            &Params {
+                count: threads as u32,
+                ..params
+            },
+            // The cotangent is bound twice: as words (16-bit) and as vec4s (F32).
+            &[
+                dy.buffer(),
+                keys.buffer(),
+                starts.buffer(),
+                dtable.buffer(),
+                dy.buffer(),
+            ],
+            (threads as u64).div_ceil(WG),
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "table_grad",
+            &dt,
+            &params,
+            &[dy.buffer(), keys.buffer(), dtable.buffer(), starts.buffer()],
+            (count as u64).div_ceil(WG),
+        )?;
+    }
     Ok(dtable)
 }
 

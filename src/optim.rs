@@ -36,8 +36,9 @@
 //! `b ← μ·b + (1 − τ)·g`, and `g ← b` (or `g + μ·b` with Nesterov); then `p ← p − lr·g`.
 //!
 //! Gradient norm: `‖(g_1, …, g_k)‖₂ = sqrt(Σ_i Σ_j g_ij²)` in FP32, per-block partial sums of
-//! squares (blocks of 4,096 elements: a fixed per-invocation order, then a pairwise workgroup
-//! tree) finished by one workgroup in block order; two runs give the same bits. Squares of
+//! squares (blocks of 8,192 elements: four running sums per invocation in a fixed order, then a
+//! pairwise workgroup tree) finished by one workgroup in the same way; the order depends on
+//! the shapes only, so two runs give the same bits. Squares of
 //! values past ~1.8e19 overflow to an infinite norm.
 //!
 //! A non-finite gradient gives non-finite weights (with clipping too, as in PyTorch: its norm
@@ -62,7 +63,7 @@ const WG: u64 = 256;
 /// Element pairs per invocation of a step (`UNROLL` in the kernel).
 const UNROLL: u64 = 4;
 /// Gradient elements per partial of [`grad_norm`] (`WG · NORM_CHUNK` in the kernel).
-pub const NORM_BLOCK: usize = 4096;
+pub const NORM_BLOCK: usize = 8192;
 /// Largest element count of a parameter or gradient.
 const MAX_ELEMENTS: u64 = (1 << 31) - 1;
 
@@ -627,7 +628,7 @@ impl Sgd {
 }
 
 /// Scratch bytes [`grad_norm`] allocates for gradients of these element counts: one F32
-/// partial per started block of 4,096 elements ([`NORM_BLOCK`]) of each tensor.
+/// partial per started block of 8,192 elements ([`NORM_BLOCK`]) of each tensor.
 pub fn grad_norm_workspace_bytes(lens: &[usize]) -> u64 {
     4 * lens
         .iter()

@@ -97,6 +97,9 @@ fn forward_copies_rows_bit_for_bit_in_every_dtype() {
             (4, 1, vec![2, 3, 2]),
             (9, 33, vec![7]),
             (1, 5, vec![4]),
+            (6, 8, vec![5]),
+            (3, 16, vec![2, 2]),
+            (5, 12, vec![3]),
         ]
         .iter()
         .enumerate()
@@ -222,6 +225,7 @@ fn backward_every_index_repeated() {
 fn backward_all_positions_one_index() {
     let idx = vec![3i64; 777];
     check_backward("one index", 5, 9, &idx, None);
+    check_backward("one index D=12", 5, 12, &idx, None);
 }
 
 #[test]
@@ -255,8 +259,8 @@ fn backward_single_row_table() {
 
 #[test]
 fn backward_long_sorts_with_global_merge_steps() {
-    // 3,001 positions: 4,096 padded keys, so merge levels 1,024, 2,048 and 4,096 run with
-    // global steps; a skewed distribution (a third of the positions on row 0) and unused rows.
+    // 3,001 positions: 4,096 padded keys, so merge level 4,096 runs a global step; a skewed
+    // distribution (a third of the positions on row 0) and unused rows.
     let mut rng = Rng::new(40);
     let idx: Vec<i64> = (0..3001)
         .map(|p| {
@@ -268,11 +272,13 @@ fn backward_long_sorts_with_global_merge_steps() {
         })
         .collect();
     check_backward("N=3001", 1000, 5, &idx, Some(7));
-    // A sorted and a reverse-sorted index list, just past one local block.
-    let up: Vec<i64> = (0..513).map(|p| (p / 3) as i64).collect();
-    check_backward("ascending", 200, 3, &up, None);
+    // A sorted and a reverse-sorted index list, just past one local block; widths that take
+    // the four-column path.
+    let up: Vec<i64> = (0..2049).map(|p| (p / 3) as i64).collect();
+    check_backward("ascending", 700, 3, &up, None);
+    check_backward("ascending D=8", 700, 8, &up, None);
     let down: Vec<i64> = up.iter().rev().copied().collect();
-    check_backward("descending", 200, 3, &down, None);
+    check_backward("descending", 700, 4, &down, None);
 }
 
 #[test]
@@ -390,28 +396,28 @@ fn reruns_are_bit_identical() {
 
 #[test]
 fn workspace_is_the_padded_key_list_and_run_starts() {
-    assert_eq!(embedding_workspace_bytes(4, 1), 8 * 512 + 16);
-    assert_eq!(embedding_workspace_bytes(4, 512), 8 * 512 + 16);
-    assert_eq!(embedding_workspace_bytes(4, 513), 8 * 1024 + 16);
+    assert_eq!(embedding_workspace_bytes(4, 1), 8 * 2048 + 16);
+    assert_eq!(embedding_workspace_bytes(4, 2048), 8 * 2048 + 16);
+    assert_eq!(embedding_workspace_bytes(4, 2049), 8 * 4096 + 16);
     assert_eq!(
         embedding_workspace_bytes(128_256, 16_384),
         8 * 16_384 + 4 * 128_256
     );
     let e = common::private_engine();
     let tt = Tensor::zeros(&e, &[4, 2], DType::F32).unwrap();
-    let it = Tensor::from_slice(&e, &vec![1i32; 600], &[600]).unwrap();
+    let it = Tensor::from_slice(&e, &vec![1i32; 2100], &[2100]).unwrap();
     let (_, saved) = embedding(&tt, &it, &EmbeddingOptions::default()).unwrap();
-    let dy = Tensor::zeros(&e, &[600, 2], DType::F32).unwrap();
-    e.set_workspace_bound(8 * 1024 + 15);
+    let dy = Tensor::zeros(&e, &[2100, 2], DType::F32).unwrap();
+    e.set_workspace_bound(8 * 4096 + 15);
     assert_eq!(
         embedding_backward(&saved, &dy).unwrap_err(),
         Error::WorkspaceExceeded {
             what: "embedding_backward".into(),
-            needed: 8 * 1024 + 16,
-            bound: 8 * 1024 + 15
+            needed: 8 * 4096 + 16,
+            bound: 8 * 4096 + 15
         }
     );
-    e.set_workspace_bound(8 * 1024 + 16);
+    e.set_workspace_bound(8 * 4096 + 16);
     assert!(embedding_backward(&saved, &dy).is_ok());
 }
 

@@ -14,7 +14,7 @@ mod common;
 use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::gradcheck::{Tolerance, compare};
 use wgrad::optim::{
-    AdamW, AdamWOptions, Clip, Sgd, SgdOptions, grad_norm, grad_norm_workspace_bytes,
+    AdamW, AdamWOptions, Clip, NORM_BLOCK, Sgd, SgdOptions, grad_norm, grad_norm_workspace_bytes,
 };
 use wgrad::reference::optim as reference;
 use wgrad::{DType, Error, Tensor};
@@ -500,7 +500,8 @@ fn grad_norm_matches_reference_over_ragged_lists() {
         grad_norm(&[&empty]).unwrap().to_vec::<f32>().unwrap(),
         [0.0]
     );
-    assert_eq!(grad_norm_workspace_bytes(&[1, 4096, 4097, 0]), 4 * 4);
+    let b = NORM_BLOCK;
+    assert_eq!(grad_norm_workspace_bytes(&[1, b, b + 1, 0, 3 * b]), 4 * 7);
 }
 
 #[test]
@@ -735,7 +736,7 @@ fn bad_inputs_are_typed_errors() {
     ));
     // The workspace bound applies to the norm's partials.
     let e2 = common::private_engine();
-    let big = Tensor::zeros(&e2, &[3 * 4096], DType::F32).unwrap();
+    let big = Tensor::zeros(&e2, &[2 * NORM_BLOCK + 1], DType::F32).unwrap();
     e2.set_workspace_bound(11);
     assert_eq!(
         grad_norm(&[&big]).unwrap_err(),

@@ -19,17 +19,21 @@
 //    each entry has one writer. Rows without keys keep the 0 the host cleared them to.
 // 4. `table_grad`: one invocation per table element (row, column) adds the cotangents of the
 //    row's positions in ascending position order (four loads in flight, the additions still
-//    one after another). Rows with no position get 0.
+//    one after another). Rows with no position get 0. `table_grad_vec4` does the same for
+//    four consecutive columns at once when the width is a multiple of 4.
+//
+// The forward copies whole vec4s (`gather_vec4`) when rows are whole vec4s.
 
 override DT: u32 = 0u;       // forward: table dtype; table_grad: cotangent dtype
 const WG: u32 = 256u;
 const UNROLL: u32 = 4u;       // gather: words per invocation, WG apart
-const SORT_BLOCK: u32 = 512u; // keys per workgroup in the local stages (two per invocation)
+const SORT_BLOCK: u32 = 2048u; // keys per workgroup in the local stages (eight per invocation)
+const PAIRS_PER: u32 = SORT_BLOCK / (2u * WG); // compare-exchanges per invocation and step
 const NO_ROW: u32 = 0xffffffffu;
 
 struct Params {
-    count: u32,      // gather: output elements; sort: padded key count; table_grad: rows·dim
-    words: u32,      // gather: output words
+    count: u32,      // gather: output elements; sort: padded key count; table_grad: threads
+    words: u32,      // gather: output words (gather_vec4: output vec4s)
     dim: u32,        // D
     rows: u32,       // V
     positions: u32,  // N
@@ -48,6 +52,10 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> dtable: array<u32>;
 @group(0) @binding(8) var<storage, read_write> starts: array<u32>;
 @group(0) @binding(9) var<storage, read> run_start: array<u32>;
+@group(0) @binding(11) var<storage, read> table4: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read_write> out4: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read_write> dtable4: array<vec4<f32>>;
+@group(0) @binding(14) var<storage, read> dy4: array<vec4<u32>>;
 
 var<workgroup> block_keys: array<vec2<u32>, SORT_BLOCK>;
 
@@ -102,6 +110,31 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
 }
 
+// Output vec4 v: 4 F32 or 8 16-bit elements of one row, copied as one vec4 (the width is a
+// multiple of the elements of a vec4, so rows start on vec4 boundaries).
+@compute @workgroup_size(WG)
+fn gather_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    var per_vec = 8u;
+    if (DT == DT_F32) {
+        per_vec = 4u;
+    }
+    let row_vecs = params.dim / per_vec;
+    for (var u = 0u; u < UNROLL; u = u + 1u) {
+        let v = base + u * WG;
+        if (v < params.words) {
+            let p = v / row_vecs;
+            let row = indices[p];
+            var x = vec4<u32>(0u);
+            if (row < params.rows) {
+                x = table4[row * row_vecs + (v - p * row_vecs)];
+            }
+            out4[v] = x;
+        }
+    }
+}
+
 // ---- backward: sort ----
 
 fn key_less(a: vec2<u32>, b: vec2<u32>) -> bool {
@@ -120,18 +153,22 @@ fn initial_key(i: u32) -> vec2<u32> {
 }
 
 // Bitonic steps at distances j0, j0/2, ..., 1 for runs of length k, on the block of keys in
-// workgroup memory whose first key has global index `base`. Invocation lid compares the pair
-// (a, a + j); the run's direction comes from the global index, as in `merge_global`.
+// workgroup memory whose first key has global index `base`. Invocation lid compares the pairs
+// (a, a + j) numbered lid + r·WG; the run's direction comes from the global index, as in
+// `merge_global`.
 fn local_steps(base: u32, lid: u32, k: u32, j0: u32) {
     for (var j = j0; j > 0u; j = j >> 1u) {
-        let a = (lid / j) * 2u * j + lid % j;
-        let b = a + j;
-        let ascending = ((base + a) & k) == 0u;
-        let x = block_keys[a];
-        let y = block_keys[b];
-        if (key_less(y, x) == ascending) {
-            block_keys[a] = y;
-            block_keys[b] = x;
+        for (var r = 0u; r < PAIRS_PER; r = r + 1u) {
+            let q = lid + r * WG;
+            let a = (q / j) * 2u * j + q % j;
+            let b = a + j;
+            let ascending = ((base + a) & k) == 0u;
+            let x = block_keys[a];
+            let y = block_keys[b];
+            if (key_less(y, x) == ascending) {
+                block_keys[a] = y;
+                block_keys[b] = x;
+            }
         }
         workgroupBarrier();
     }
@@ -144,14 +181,16 @@ fn sort_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     if (base >= params.count) {
         return;
     }
-    block_keys[lid] = initial_key(base + lid);
-    block_keys[lid + WG] = initial_key(base + lid + WG);
+    for (var r = 0u; r < SORT_BLOCK / WG; r = r + 1u) {
+        block_keys[lid + r * WG] = initial_key(base + lid + r * WG);
+    }
     workgroupBarrier();
     for (var k = 2u; k <= SORT_BLOCK; k = k << 1u) {
         local_steps(base, lid, k, k >> 1u);
     }
-    keys[base + lid] = block_keys[lid];
-    keys[base + lid + WG] = block_keys[lid + WG];
+    for (var r = 0u; r < SORT_BLOCK / WG; r = r + 1u) {
+        keys[base + lid + r * WG] = block_keys[lid + r * WG];
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -161,12 +200,14 @@ fn merge_blocks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     if (base >= params.count) {
         return;
     }
-    block_keys[lid] = keys[base + lid];
-    block_keys[lid + WG] = keys[base + lid + WG];
+    for (var r = 0u; r < SORT_BLOCK / WG; r = r + 1u) {
+        block_keys[lid + r * WG] = keys[base + lid + r * WG];
+    }
     workgroupBarrier();
     local_steps(base, lid, params.k, SORT_BLOCK >> 1u);
-    keys[base + lid] = block_keys[lid];
-    keys[base + lid + WG] = block_keys[lid + WG];
+    for (var r = 0u; r < SORT_BLOCK / WG; r = r + 1u) {
+        keys[base + lid + r * WG] = block_keys[lid + r * WG];
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -246,4 +287,53 @@ fn table_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         }
     }
     dtable[t] = bitcast<u32>(acc);
+}
+
+// Four consecutive cotangent elements from element e (a multiple of 4).
+fn load_dy4(e: u32) -> vec4<f32> {
+    if (DT == DT_F32) {
+        return bitcast<vec4<f32>>(dy4[e >> 2u]);
+    }
+    let lo = dy[e >> 1u];
+    let hi = dy[(e >> 1u) + 1u];
+    return vec4(half_from_word(lo, 0u, DT), half_from_word(lo, 1u, DT),
+                half_from_word(hi, 0u, DT), half_from_word(hi, 1u, DT));
+}
+
+// `table_grad` for widths that are multiples of 4: invocation t owns columns 4c .. 4c + 3 of
+// one row (t = row·D/4 + c) and writes them as one vec4; each column's sum is taken in the same
+// order as in `table_grad`, so the bits are the same.
+@compute @workgroup_size(WG)
+fn table_grad_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.count) {
+        return;
+    }
+    let d = params.dim;
+    let row_vecs = d / 4u;
+    let row = t / row_vecs;
+    let c = 4u * (t - row * row_vecs);
+    let first = run_start[row];
+    var acc = vec4<f32>(0.0);
+    if (first != 0u) {
+        let n = params.positions;
+        var i = first - 1u;
+        while (i + 3u < n && sorted[i + 3u].x == row) {
+            let v0 = load_dy4(sorted[i].y * d + c);
+            let v1 = load_dy4(sorted[i + 1u].y * d + c);
+            let v2 = load_dy4(sorted[i + 2u].y * d + c);
+            let v3 = load_dy4(sorted[i + 3u].y * d + c);
+            acc = acc + v0;
+            acc = acc + v1;
+            acc = acc + v2;
+            acc = acc + v3;
+            i = i + 4u;
+        }
+        while (i < n && sorted[i].x == row) {
+            acc = acc + load_dy4(sorted[i].y * d + c);
+            i = i + 1u;
+        }
+    }
+    dtable4[t] = acc;
 }

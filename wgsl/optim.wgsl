@@ -10,7 +10,7 @@ override DT_G: u32 = 0u;   // gradient dtype
 override DT_C: u32 = 1u;   // model copy dtype (F16 or BF16)
 const WG: u32 = 256u;
 const UNROLL: u32 = 4u;        // element pairs per invocation of a step
-const NORM_CHUNK: u32 = 16u;   // elements per invocation of norm_partials (block: WG·16)
+const NORM_CHUNK: u32 = 32u;   // elements per invocation of norm_partials (block: WG·32)
 
 struct Params {
     count: u32,       // elements of the parameter (norm_partials: of the gradient)
@@ -217,8 +217,34 @@ fn sgd_momentum_step_copy(@builtin(workgroup_id) wid: vec3<u32>,
 
 // ---- gradient norm ----
 
-// partials[base + block] = Σ g² over the block's WG·NORM_CHUNK elements: invocation lid adds
-// elements lid, lid + WG, ... of the block in order, then the workgroup tree.
+// g² of F32 element i (0 past the end).
+fn square_f32(i: u32) -> f32 {
+    if (i >= params.count) {
+        return 0.0;
+    }
+    let g = bitcast<f32>(grad[i]);
+    return g * g;
+}
+
+// Sum of g² of the two 16-bit elements of word w that exist.
+fn square_word(w: u32) -> f32 {
+    let i = 2u * w;
+    if (i >= params.count) {
+        return 0.0;
+    }
+    let word = grad[w];
+    let a = half_from_word(word, 0u, DT_G);
+    var s = a * a;
+    if (i + 1u < params.count) {
+        let b = half_from_word(word, 1u, DT_G);
+        s = s + b * b;
+    }
+    return s;
+}
+
+// partials[base + block] = Σ g² over the block's WG·NORM_CHUNK elements. Invocation lid takes
+// F32 elements lid + k·WG (16-bit: words, two elements each) of the block into four running
+// sums (k mod 4), combined as (s0 + s1) + (s2 + s3), then the workgroup tree: a fixed order.
 @compute @workgroup_size(WG)
 fn norm_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
@@ -227,29 +253,44 @@ fn norm_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (start >= params.count) {
         return;
     }
-    var acc = 0.0;
-    for (var k = 0u; k < NORM_CHUNK; k = k + 1u) {
-        let i = start + k * WG + lid;
-        if (i < params.count) {
-            let g = load_grad(i);
-            acc = acc + g * g;
+    var acc = vec4<f32>(0.0);
+    if (DT_G == DT_F32) {
+        for (var k = 0u; k < NORM_CHUNK; k = k + 4u) {
+            let i = start + k * WG + lid;
+            acc = acc + vec4(square_f32(i), square_f32(i + WG), square_f32(i + 2u * WG),
+                             square_f32(i + 3u * WG));
+        }
+    } else {
+        let first = start / 2u;
+        for (var k = 0u; k < NORM_CHUNK / 2u; k = k + 4u) {
+            let w = first + k * WG + lid;
+            acc = acc + vec4(square_word(w), square_word(w + WG), square_word(w + 2u * WG),
+                             square_word(w + 3u * WG));
         }
     }
-    let total = workgroup_sum(acc, lid);
+    let total = workgroup_sum((acc.x + acc.y) + (acc.z + acc.w), lid);
     if (lid == 0u) {
         partials[params.base + block] = total;
     }
 }
 
-// norm_out[0] = sqrt(Σ partials): invocation lid adds partials lid, lid + WG, ... in order,
-// then the workgroup tree. One workgroup.
+fn partial_at(b: u32) -> f32 {
+    if (b >= params.blocks) {
+        return 0.0;
+    }
+    return partials_in[b];
+}
+
+// norm_out[0] = sqrt(Σ partials): invocation lid takes partials lid + k·WG into four running
+// sums (k mod 4), then the workgroup tree. One workgroup.
 @compute @workgroup_size(WG)
 fn norm_finish(@builtin(local_invocation_index) lid: u32) {
-    var acc = 0.0;
-    for (var b = lid; b < params.blocks; b = b + WG) {
-        acc = acc + partials_in[b];
+    var acc = vec4<f32>(0.0);
+    for (var b = lid; b < params.blocks; b = b + 4u * WG) {
+        acc = acc + vec4(partial_at(b), partial_at(b + WG), partial_at(b + 2u * WG),
+                         partial_at(b + 3u * WG));
     }
-    let total = workgroup_sum(acc, lid);
+    let total = workgroup_sum((acc.x + acc.y) + (acc.z + acc.w), lid);
     if (lid == 0u) {
         norm_out[0] = sqrt(total);
     }

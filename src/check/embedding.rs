@@ -12,12 +12,13 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 }
 
 /// Forward (exact copy of the rows) and table gradient against the f64 reference in every
-/// storage dtype: V = 300, D = 37 (odd), 1,500 positions `[30, 50]` with repeats (a third on
-/// one row), a padding row, I32 and U32 indices.
+/// storage dtype: V = 300, D = 37 (odd: element-wise kernels) and 64 (whole vec4 rows),
+/// 1,500 positions `[30, 50]` with repeats (a third on one row), a padding row, I32 and U32
+/// indices.
 fn check_embedding(engine: &Engine) -> Result<Vec<Case>> {
     use crate::embedding::{EmbeddingOptions, embedding, embedding_backward};
     use reference::embedding as r;
-    let (rows, dim, shape) = (300usize, 37usize, [30usize, 50usize]);
+    let (rows, shape) = (300usize, [30usize, 50usize]);
     let n = shape[0] * shape[1];
     let mut rng = Rng::new(5);
     let idx: Vec<i64> = (0..n)
@@ -38,7 +39,10 @@ fn check_embedding(engine: &Engine) -> Result<Vec<Case>> {
         .max()
         .unwrap_or(0);
     let mut cases = Vec::new();
-    for dtype in DType::FLOATS {
+    for (dtype, dim) in DType::FLOATS
+        .into_iter()
+        .flat_map(|d| [(d, 37usize), (d, 64)])
+    {
         let indices = if dtype == DType::F16 {
             let v: Vec<u32> = idx.iter().map(|&x| x as u32).collect();
             crate::Tensor::from_slice(engine, &v, &shape)?
