@@ -11,6 +11,7 @@
 //! the copy bandwidth of this same run are printed as a table and written as JSON (default
 //! `$OUT/bench.json` when `OUT` is set, else `bench.json`). Every timed section follows a
 //! prewarm (default 0.3 s; `--prewarm 0` turns it off, to see what idle clocks cost).
+//! Compute-bound rows (matmul) also print their TFLOP/s to stderr.
 //!
 //! To add an operator, push one more [`Op`] in `operators`.
 
@@ -32,6 +33,9 @@ struct Op {
     inputs: Vec<Tensor>,
     /// Records the operator once and returns its outputs.
     run: Box<RunFn>,
+    /// Floating-point operations per run, when the operator is compute-bound (then the
+    /// TFLOP/s of the median run is printed to stderr).
+    flops: Option<f64>,
 }
 
 impl Op {
@@ -46,7 +50,14 @@ impl Op {
             dtype,
             inputs,
             run: Box::new(run),
+            flops: None,
         }
+    }
+
+    /// The same operator, with its floating-point operations per run.
+    fn with_flops(mut self, flops: f64) -> Op {
+        self.flops = Some(flops);
+        self
     }
 }
 
@@ -319,6 +330,8 @@ fn run(args: &Args) -> Result<Report> {
         Box::new(|| loss_operators(&engine, args.quick)),
         Box::new(|| gated_delta_ops(&engine, args.quick)),
         Box::new(|| attention_ops(&engine, args.quick)),
+        Box::new(|| matmul_ops(&engine, args.quick)),
+        Box::new(|| mlp_ops(&engine, args.quick)),
         Box::new(|| embedding_ops(&engine, args.quick)),
         Box::new(|| optim_ops(&engine, args.quick)),
     ];
@@ -341,6 +354,17 @@ fn run(args: &Args) -> Result<Report> {
             "  {} {} {}: {:.2} GB/s",
             row.name, row.dtype, row.shape, row.gb_per_s
         );
+        if let Some(flops) = op.flops {
+            eprintln!(
+                "  {} {} {}: {:.2} TFLOP/s ({:.3e} FLOP in {:.3} ms)",
+                row.name,
+                row.dtype,
+                row.shape,
+                flops / stats.median_s * 1e-12,
+                flops,
+                stats.median_s * 1e3
+            );
+        }
     }
     Ok(report)
 }
@@ -915,6 +939,116 @@ fn attention_op(
             Ok(vec![out, saved.output_f32().clone()])
         }
     }))
+}
+
+/// Matmul shapes (M, K, N) of the bench: 4096³ and 8192×4096×14336 (`--quick`: 256³ and
+/// 512×256×768).
+const MATMUL_SHAPES: [[usize; 3]; 2] = [[4096, 4096, 4096], [8192, 4096, 14336]];
+const MATMUL_QUICK_SHAPES: [[usize; 3]; 2] = [[256, 256, 256], [512, 256, 768]];
+
+/// Dense matmul as a linear layer, `x[M, K] · Wᵀ` with weights stored `[N, K]`, F32 and BF16
+/// inputs (F32 output), forward and backward (dx, dW) timed separately. FLOPs per run are
+/// `wgrad::matmul::matmul_flops` (×2 for the backward); TFLOP/s go to stderr.
+fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::matmul::{MatmulOptions, matmul, matmul_backward, matmul_flops};
+    let shapes = if quick {
+        MATMUL_QUICK_SHAPES
+    } else {
+        MATMUL_SHAPES
+    };
+    let options = MatmulOptions {
+        transpose_b: true,
+        ..Default::default()
+    };
+    let mut ops = Vec::new();
+    for [m, k, n] in shapes {
+        for dtype in [DType::F32, DType::BF16] {
+            let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
+                let len: usize = shape.iter().product();
+                let data: Vec<f32> = (0..len)
+                    .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 256.0)
+                    .collect();
+                cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+            };
+            let x = make(&[m, k], 1)?;
+            let w = make(&[n, k], 2)?;
+            let dy = make(&[m, n], 3)?;
+            let label = if dtype == DType::BF16 { "bf16" } else { "f32" };
+            let flops = matmul_flops(1, m, n, k);
+            eprintln!("  matmul {label} M{m} K{k} N{n}: {flops:.3e} FLOP per forward");
+            ops.push(
+                Op::new("matmul_fwd", label, vec![x.clone(), w.clone()], move |i| {
+                    let (y, _) = matmul(&i[0], &i[1], None, &options)?;
+                    Ok(vec![y])
+                })
+                .with_flops(flops),
+            );
+            let (_, saved) = matmul(&x, &w, None, &options)?;
+            ops.push(
+                Op::new("matmul_bwd", label, vec![x, w, dy], move |i| {
+                    let g = matmul_backward(&saved, &i[2])?;
+                    Ok(vec![g.a, g.b])
+                })
+                .with_flops(2.0 * flops),
+            );
+        }
+    }
+    Ok(ops)
+}
+
+/// The fused SwiGLU MLP at a Llama-3-8B layer (rows × hidden × intermediate = 4096 × 4096 ×
+/// 14336; `--quick`: 256 × 256 × 688), F32 and BF16 inputs: forward (three products) and
+/// backward with saved products (six products), TFLOP/s to stderr.
+fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::matmul::matmul_flops;
+    use wgrad::mlp::{MlpOptions, mlp, mlp_backward};
+    let [t, h, i] = if quick {
+        [256, 256, 688]
+    } else {
+        [4096, 4096, 14336]
+    };
+    let mut ops = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
+            let len: usize = shape.iter().product();
+            let data: Vec<f32> = (0..len)
+                .map(|v| (((v * 7 + seed * 13) % 257) as f32 - 128.0) / 2048.0)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        };
+        let x = make(&[t, h], 1)?;
+        let wg = make(&[i, h], 2)?;
+        let wu = make(&[i, h], 3)?;
+        let wd = make(&[h, i], 4)?;
+        let dy = make(&[t, h], 5)?;
+        let label = if dtype == DType::BF16 { "bf16" } else { "f32" };
+        let product = matmul_flops(1, t, i, h);
+        eprintln!(
+            "  swiglu_mlp {label} T{t} H{h} I{i}: {:.3e} FLOP per forward",
+            3.0 * product
+        );
+        ops.push(
+            Op::new(
+                "swiglu_mlp_fwd",
+                label,
+                vec![x.clone(), wg.clone(), wu.clone(), wd.clone()],
+                |v| {
+                    let (y, _) = mlp(&v[0], &v[1], &v[2], &v[3], &MlpOptions::default())?;
+                    Ok(vec![y])
+                },
+            )
+            .with_flops(3.0 * product),
+        );
+        let (_, saved) = mlp(&x, &wg, &wu, &wd, &MlpOptions::default())?;
+        ops.push(
+            Op::new("swiglu_mlp_bwd", label, vec![x, wg, wu, wd, dy], move |v| {
+                let g = mlp_backward(&saved, &v[4])?;
+                Ok(vec![g.x, g.gate, g.up, g.down])
+            })
+            .with_flops(6.0 * product),
+        );
+    }
+    Ok(ops)
 }
 
 /// Embedding at a Llama-3 vocabulary (V = 128,256 rows of width 1,024, or as many rows as fit

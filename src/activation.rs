@@ -18,17 +18,18 @@
 //!
 //! Accuracy: FP32 `exp`/`tanh` of the platform (Metal: `precise::`), and an erf of wgrad's own
 //! (Taylor series below 1, a fitted `erfc` tail above; a few f32 ulps, see
-//! `wgsl/activation.wgsl`).
+//! `wgsl/common/activation.wgsl`).
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
+use crate::kernel::{COMMON_ACTIVATION, COMMON_DTYPE, COMMON_LAUNCH, Kernel};
 use crate::{DType, Error, Result, Tensor};
 
-/// `wgsl/activation.wgsl`.
+/// `wgsl/activation.wgsl` (formulas in `wgsl/common/activation.wgsl`).
 pub static KERNEL: Kernel = Kernel {
     name: "activation",
     parts: &[
         COMMON_DTYPE,
         COMMON_LAUNCH,
+        COMMON_ACTIVATION,
         include_str!("../wgsl/activation.wgsl"),
     ],
 };
@@ -69,7 +70,7 @@ impl Activation {
         Activation::Tanh,
     ];
 
-    /// The code the kernel receives (`K_*` in `wgsl/activation.wgsl`).
+    /// The code the kernel receives (`K_*` in `wgsl/common/activation.wgsl`).
     pub const fn code(self) -> u32 {
         match self {
             Activation::Silu => 0,
@@ -137,6 +138,20 @@ impl ActivationSaved {
     /// The activation.
     pub fn kind(&self) -> Activation {
         self.kind
+    }
+}
+
+impl ActivationSaved {
+    /// The saved context of a unary forward of `kind` on `x` with default multipliers,
+    /// for callers that keep the pre-activation themselves (the matmul epilogue): its
+    /// [`backward`] gives `dy·act'(x)`.
+    pub(crate) fn unary(kind: Activation, x: &Tensor) -> ActivationSaved {
+        ActivationSaved {
+            kind,
+            options: ActivationOptions::default(),
+            inputs: Inputs::Unary(x.clone()),
+            out_shape: x.shape().to_vec(),
+        }
     }
 }
 

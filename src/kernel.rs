@@ -15,6 +15,9 @@ pub const COMMON_LAUNCH: &str = include_str!("../wgsl/common/launch.wgsl");
 /// Shared WGSL: fixed-order workgroup reductions (sum, max) over `WG` invocations.
 pub const COMMON_REDUCE: &str = include_str!("../wgsl/common/reduce.wgsl");
 
+/// Shared WGSL: the scalar activation formulas (`activation_eval(kind, x)` → (act, act′)).
+pub const COMMON_ACTIVATION: &str = include_str!("../wgsl/common/activation.wgsl");
+
 /// One WGSL module: a name and the parts it is assembled from, in order.
 #[derive(Debug)]
 pub struct Kernel {
@@ -77,6 +80,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::loss::KERNEL,
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
+        &crate::matmul::KERNEL,
         &crate::embedding::KERNEL,
         &crate::optim::KERNEL,
     ];

@@ -29,6 +29,8 @@ pub mod gated_delta;
 pub mod gradcheck;
 pub mod kernel;
 pub mod loss;
+pub mod matmul;
+pub mod mlp;
 pub mod msl;
 pub mod norm;
 pub mod optim;

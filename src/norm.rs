@@ -392,7 +392,7 @@ fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
     }
 }
 
-/// Chunks per lane of the RMSNorm register path.
+/// Chunks per lane of the RMSNorm and LayerNorm register paths.
 const REGISTER_CHUNKS: usize = 8;
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
@@ -446,13 +446,32 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         ("PAIRS", f64::from(u8::from(pairs))),
         ("OUT_SUM", f64::from(u8::from(with_sum))),
     ];
-    // RMSNorm rows that fit 8 chunks per lane (F32: ≤ 8,192 columns in fours; 16-bit:
-    // ≤ 16,384 columns in eights) take the register path: one read of the row.
+    // RMSNorm and LayerNorm rows that fit 8 chunks per lane (F32: ≤ 8,192 columns in fours;
+    // 16-bit: ≤ 16,384 columns in eights) take the register path: one read of the row.
     let chunk = if dtype == DType::F32 { 4 } else { 8 };
-    let registers = f.kind == NormKind::Rms
+    let registers = matches!(f.kind, NormKind::Rms | NormKind::Layer)
         && cols.is_multiple_of(chunk)
         && cols / chunk <= REGISTER_CHUNKS * WG as usize
         && cols > 0;
+    if registers && f.kind == NormKind::Layer {
+        engine.launch(
+            &KERNEL,
+            "layer_forward_registers",
+            &constants,
+            &forward_params(&f, rows, cols),
+            &[
+                f.aux2.unwrap_or(x).buffer(),
+                f.weight.unwrap_or(x).buffer(),
+                inverse.buffer(),
+                mean.as_ref().unwrap_or(&inverse).buffer(),
+                sum.as_ref().unwrap_or(&inverse).buffer(),
+                x.buffer(),
+                y.buffer(),
+            ],
+            rows as u64,
+        )?;
+        return Ok((y, sum, inverse, mean));
+    }
     if registers {
         engine.launch(
             &KERNEL,

@@ -747,3 +747,132 @@ fn rms_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     store_chunk(w6, lid + 6u * WG, n, base, inv);
     store_chunk(w7, lid + 7u * WG, n, base, inv);
 }
+
+// ---- LayerNorm forward, register path -------------------------------------------------------
+// The same one-read scheme for LayerNorm: the chunks stay in registers through three passes
+// (sum of differences from the row's first value, centered squares, output). The mean is kept
+// as `mean` plus the correction `corr`, as in `forward_rows`.
+
+fn word_delta(word: u32, pivot: f32) -> f32 {
+    return (half_from_word(word, 0u, DX) - pivot) + (half_from_word(word, 1u, DX) - pivot);
+}
+
+// Sum of (value − pivot) over chunk q of the row (0 for a chunk past the row's end).
+fn chunk_delta(w: vec4<u32>, q: u32, n: u32, pivot: f32) -> f32 {
+    if (q >= n) {
+        return 0.0;
+    }
+    if (DX == DT_F32) {
+        let v = bitcast<vec4<f32>>(w) - vec4<f32>(pivot);
+        return (v.x + v.y) + (v.z + v.w);
+    }
+    return (word_delta(w.x, pivot) + word_delta(w.y, pivot)) + (word_delta(w.z, pivot) + word_delta(w.w, pivot));
+}
+
+fn centered_square(v: f32, mean: f32, corr: f32) -> f32 {
+    let d = (v - mean) - corr;
+    return d * d;
+}
+
+fn word_centered(word: u32, mean: f32, corr: f32) -> f32 {
+    return centered_square(half_from_word(word, 0u, DX), mean, corr)
+        + centered_square(half_from_word(word, 1u, DX), mean, corr);
+}
+
+// Sum of centered squares over chunk q (0 past the row's end).
+fn chunk_centered(w: vec4<u32>, q: u32, n: u32, mean: f32, corr: f32) -> f32 {
+    if (q >= n) {
+        return 0.0;
+    }
+    if (DX == DT_F32) {
+        let v = bitcast<vec4<f32>>(w);
+        return (centered_square(v.x, mean, corr) + centered_square(v.y, mean, corr))
+            + (centered_square(v.z, mean, corr) + centered_square(v.w, mean, corr));
+    }
+    return (word_centered(w.x, mean, corr) + word_centered(w.y, mean, corr))
+        + (word_centered(w.z, mean, corr) + word_centered(w.w, mean, corr));
+}
+
+fn layer_value(v: f32, c: u32, mean: f32, corr: f32, inv: f32) -> f32 {
+    var b = 0.0;
+    if (HAS_B) {
+        b = ld_aux2(c);
+    }
+    return (((v - mean) - corr) * inv) * weight_factor(c) + b;
+}
+
+fn layer_word(word: u32, c: u32, mean: f32, corr: f32, inv: f32) -> u32 {
+    return pack_halves(layer_value(half_from_word(word, 0u, DX), c, mean, corr, inv),
+                       layer_value(half_from_word(word, 1u, DX), c + 1u, mean, corr, inv), DX);
+}
+
+fn layer_chunk(w: vec4<u32>, c0: u32, mean: f32, corr: f32, inv: f32) -> vec4<u32> {
+    if (DX == DT_F32) {
+        let v = bitcast<vec4<f32>>(w);
+        return vec4<u32>(
+            bitcast<u32>(layer_value(v.x, c0, mean, corr, inv)),
+            bitcast<u32>(layer_value(v.y, c0 + 1u, mean, corr, inv)),
+            bitcast<u32>(layer_value(v.z, c0 + 2u, mean, corr, inv)),
+            bitcast<u32>(layer_value(v.w, c0 + 3u, mean, corr, inv)));
+    }
+    return vec4<u32>(
+        layer_word(w.x, c0, mean, corr, inv),
+        layer_word(w.y, c0 + 2u, mean, corr, inv),
+        layer_word(w.z, c0 + 4u, mean, corr, inv),
+        layer_word(w.w, c0 + 6u, mean, corr, inv));
+}
+
+fn layer_store(w: vec4<u32>, q: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32) {
+    if (q < n) {
+        y4[base + q] = layer_chunk(w, q * chunk_len(), mean, corr, inv);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let base = row * n;
+    let w0 = load_chunk(lid, n, base);
+    let w1 = load_chunk(lid + WG, n, base);
+    let w2 = load_chunk(lid + 2u * WG, n, base);
+    let w3 = load_chunk(lid + 3u * WG, n, base);
+    let w4 = load_chunk(lid + 4u * WG, n, base);
+    let w5 = load_chunk(lid + 5u * WG, n, base);
+    let w6 = load_chunk(lid + 6u * WG, n, base);
+    let w7 = load_chunk(lid + 7u * WG, n, base);
+    let first = x4[base].x;
+    var pivot = bitcast<f32>(first);
+    if (DX != DT_F32) {
+        pivot = half_from_word(first, 0u, DX);
+    }
+    let deltas = ((chunk_delta(w0, lid, n, pivot) + chunk_delta(w1, lid + WG, n, pivot))
+        + (chunk_delta(w2, lid + 2u * WG, n, pivot) + chunk_delta(w3, lid + 3u * WG, n, pivot)))
+        + ((chunk_delta(w4, lid + 4u * WG, n, pivot) + chunk_delta(w5, lid + 5u * WG, n, pivot))
+        + (chunk_delta(w6, lid + 6u * WG, n, pivot) + chunk_delta(w7, lid + 7u * WG, n, pivot)));
+    let delta = workgroup_sum(deltas, lid) / f32(params.cols);
+    let mean = pivot + delta;
+    let corr = (pivot - mean) + delta;
+    let squares = ((chunk_centered(w0, lid, n, mean, corr) + chunk_centered(w1, lid + WG, n, mean, corr))
+        + (chunk_centered(w2, lid + 2u * WG, n, mean, corr) + chunk_centered(w3, lid + 3u * WG, n, mean, corr)))
+        + ((chunk_centered(w4, lid + 4u * WG, n, mean, corr) + chunk_centered(w5, lid + 5u * WG, n, mean, corr))
+        + (chunk_centered(w6, lid + 6u * WG, n, mean, corr) + chunk_centered(w7, lid + 7u * WG, n, mean, corr)));
+    let inv = 1.0 / sqrt(workgroup_sum(squares, lid) / f32(params.cols) + params.eps);
+    if (lid == 0u) {
+        inv_out[row] = inv;
+        mean_out[row] = mean;
+        sum_out[row] = bitcast<u32>(corr);
+    }
+    layer_store(w0, lid, n, base, mean, corr, inv);
+    layer_store(w1, lid + WG, n, base, mean, corr, inv);
+    layer_store(w2, lid + 2u * WG, n, base, mean, corr, inv);
+    layer_store(w3, lid + 3u * WG, n, base, mean, corr, inv);
+    layer_store(w4, lid + 4u * WG, n, base, mean, corr, inv);
+    layer_store(w5, lid + 5u * WG, n, base, mean, corr, inv);
+    layer_store(w6, lid + 6u * WG, n, base, mean, corr, inv);
+    layer_store(w7, lid + 7u * WG, n, base, mean, corr, inv);
+}

@@ -7,6 +7,8 @@ mod attention;
 mod embedding;
 mod gated_delta;
 mod loss;
+mod matmul;
+mod mlp;
 mod norm;
 mod optim;
 mod pointwise;
@@ -68,6 +70,8 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(loss::operators())
     .chain(gated_delta::operators())
     .chain(attention::operators())
+    .chain(matmul::operators())
+    .chain(mlp::operators())
     .chain(embedding::operators())
     .chain(optim::operators())
     .collect()

@@ -7,6 +7,8 @@ pub mod attention;
 pub mod embedding;
 pub mod gated_delta;
 pub mod loss;
+pub mod matmul;
+pub mod mlp;
 pub mod norm;
 pub mod optim;
 pub mod reduce;

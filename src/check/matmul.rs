@@ -1,0 +1,110 @@
+//! Checks of the dense matmul family (`crate::matmul`).
+
+use super::*;
+
+/// This family's operator checks, in report order.
+pub(super) fn operators() -> Vec<OperatorCheck> {
+    vec![OperatorCheck {
+        name: "matmul",
+        kernels: &["matmul", "activation", "reduce"],
+        run: check_matmul,
+    }]
+}
+
+/// Matmul forward and backward (dA, dB, dbias) against the f64 reference in every storage
+/// dtype: ragged extents (edge tiles in M, N and K), weights stored `[N, K]` (transposed B)
+/// shared by 2 batches, a bias and the tanh-GELU epilogue; then a plain product with a
+/// transposed batched A and no bias.
+fn check_matmul(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::activation::Activation;
+    use crate::matmul::{MatmulOptions, matmul, matmul_backward, matmul_tolerance};
+    use reference::matmul::Problem;
+    let mut rng = Rng::new(5);
+    let mut cases = Vec::new();
+    let problems = [
+        Problem {
+            batch: 2,
+            a_batched: true,
+            transpose_b: true,
+            activation: Some(Activation::GeluTanh),
+            ..Problem::new(37, 70, 45)
+        },
+        Problem {
+            batch: 2,
+            a_batched: true,
+            b_batched: true,
+            transpose_a: true,
+            ..Problem::new(130, 9, 33)
+        },
+    ];
+    for (i, p) in problems.iter().enumerate() {
+        let with_bias = i == 0;
+        let mut a_shape = if p.transpose_a {
+            vec![p.k, p.m]
+        } else {
+            vec![p.m, p.k]
+        };
+        let mut b_shape = if p.transpose_b {
+            vec![p.n, p.k]
+        } else {
+            vec![p.k, p.n]
+        };
+        if p.a_batched {
+            a_shape.insert(0, p.batch);
+        }
+        if p.b_batched {
+            b_shape.insert(0, p.batch);
+        }
+        let out_shape = [p.batch, p.m, p.n];
+        for dtype in DType::FLOATS {
+            let (a, a_s) =
+                tensor_from_f64(engine, &rng.vec(p.a_len(), -1.0, 1.0), &a_shape, dtype)?;
+            let (b, b_s) =
+                tensor_from_f64(engine, &rng.vec(p.b_len(), -1.0, 1.0), &b_shape, dtype)?;
+            let (bias, bias_s) = tensor_from_f64(engine, &rng.vec(p.n, -1.0, 1.0), &[p.n], dtype)?;
+            let (dy, dy_s) =
+                tensor_from_f64(engine, &rng.vec(p.out_len(), -1.0, 1.0), &out_shape, dtype)?;
+            let options = MatmulOptions {
+                transpose_a: p.transpose_a,
+                transpose_b: p.transpose_b,
+                activation: p.activation,
+            };
+            let bias_ref = with_bias.then_some(bias_s.as_slice());
+            let (y, saved) = matmul(&a, &b, with_bias.then_some(&bias), &options)?;
+            let grads = matmul_backward(&saved, &dy)?;
+            let want = reference::matmul::forward(p, &a_s, &b_s, bias_ref);
+            let (da, db, dbias) = reference::matmul::backward(p, &a_s, &b_s, bias_ref, &dy_s);
+            let label = |what: &str| {
+                format!(
+                    "{what} {dtype} a {a_shape:?} b {b_shape:?}{}{}",
+                    if with_bias { " bias" } else { "" },
+                    p.activation
+                        .map_or(String::new(), |a| format!(" {}", a.name()))
+                )
+            };
+            let b_terms = if p.b_batched { p.m } else { p.batch * p.m };
+            cases.push(case(label("y"), &y.to_f64()?, &want, matmul_tolerance(p.k)));
+            cases.push(case(
+                label("dA"),
+                &grads.a.to_f64()?,
+                &da,
+                matmul_tolerance(p.n),
+            ));
+            cases.push(case(
+                label("dB"),
+                &grads.b.to_f64()?,
+                &db,
+                matmul_tolerance(b_terms),
+            ));
+            if let (Some(got), Some(want)) = (&grads.bias, &dbias) {
+                cases.push(case(
+                    label("dbias"),
+                    &got.to_f64()?,
+                    want,
+                    matmul_tolerance(p.batch * p.m),
+                ));
+            }
+        }
+    }
+    Ok(cases)
+}

@@ -1,0 +1,761 @@
+//! Dense matrix products: `Y = act(A·B + bias)` with FP32 accumulation, forward and backward.
+//!
+//! * [`matmul`]: `A[.., M, K] @ B[.., K, N] (+ bias[N])`, either operand optionally stored
+//!   transposed (`A` as `[.., K, M]`, `B` as `[.., N, K]`, e.g. weights `[N, K]` used without a
+//!   copy), leading batch dimensions on either operand (equal when both have them; an operand
+//!   without batch dimensions is shared by every batch), an optional [`Activation`] epilogue.
+//!   Output F32 `[batch.., M, N]`. With an activation the unrounded FP32 pre-activation
+//!   `A·B + bias` is saved for the backward.
+//! * [`matmul_backward`]: with `G = dY ⊙ act'(pre)` (`G = dY` without an activation),
+//!   `dA = G·Bᵀ`, `dB = Aᵀ·G`, `dbias = Σ_rows G`, all F32 and in each operand's stored layout
+//!   (`dA` of a transposed `A` is `[.., K, M]`). The gradient of a shared (broadcast) operand is
+//!   summed over the batches in a fixed order.
+//! * [`gemm`]: the low-level product into a caller-owned F32 tensor at element offsets, with
+//!   accumulation and scaling, on which the two above are built (and chunked operators).
+//!
+//! Storage F32, F16 or BF16 for `A`, `B`, bias and `dY` (each may differ): 16-bit operands are
+//! widened exactly to f32 when staged; every product term is an FP32 fused multiply-add and
+//! there is no reduced-precision mode. Each output element is summed over `k` in increasing
+//! order by one invocation (no split-K), so reruns are bit-identical.
+//!
+//! Kernel (`wgsl/matmul.wgsl`): 128×64 output tile per workgroup of 256 invocations, 8×4
+//! micro-tile per invocation, K steps of 16 staged in 12.5 KiB of workgroup memory with the
+//! next step prefetched into registers; edge tiles are bounds-checked in the kernel. The
+//! activation formulas are those of [`crate::activation`] (`wgsl/common/activation.wgsl`).
+//!
+//! Bounds: every tensor at most 2³²−1 elements (and one storage binding); at most 65,535²
+//! workgroups per launch (`⌈M/128⌉·⌈N/64⌉·batch`).
+
+use crate::activation::{self, Activation, ActivationSaved};
+use crate::kernel::{COMMON_ACTIVATION, COMMON_DTYPE, COMMON_LAUNCH, Kernel};
+use crate::{DType, Error, Result, Tensor, reduce};
+
+/// `wgsl/matmul.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "matmul",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_ACTIVATION,
+        include_str!("../wgsl/matmul.wgsl"),
+    ],
+};
+
+/// Output rows per workgroup (`BM` in the kernel).
+pub const TILE_M: usize = 128;
+/// Output columns per workgroup (`BN` in the kernel).
+pub const TILE_N: usize = 64;
+
+/// Options of [`matmul`]. Default: no transpose, no activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MatmulOptions {
+    /// `A` is stored `[.., K, M]` (its transpose is used).
+    pub transpose_a: bool,
+    /// `B` is stored `[.., N, K]` (its transpose is used; `x·Wᵀ` with weights `[N, K]`).
+    pub transpose_b: bool,
+    /// Epilogue `act(A·B + bias)`; the FP32 pre-activation is saved for the backward.
+    pub activation: Option<Activation>,
+}
+
+/// Extents of one product, derived from the operands' shapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Dims {
+    batch_shape: Vec<usize>,
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a_batched: bool,
+    b_batched: bool,
+}
+
+/// What [`matmul`] saves for [`matmul_backward`]: the operand handles (tensors are
+/// immutable), whether a bias was added, the FP32 pre-activation (with an activation) and
+/// the options.
+#[derive(Debug, Clone)]
+pub struct MatmulSaved {
+    a: Tensor,
+    b: Tensor,
+    has_bias: bool,
+    pre: Option<Tensor>,
+    options: MatmulOptions,
+    dims: Dims,
+}
+
+impl MatmulSaved {
+    /// The options of the forward.
+    pub fn options(&self) -> &MatmulOptions {
+        &self.options
+    }
+
+    /// The saved FP32 pre-activation `A·B + bias` (shape of the output), with an activation.
+    pub fn pre_activation(&self) -> Option<&Tensor> {
+        self.pre.as_ref()
+    }
+
+    /// The output shape `[batch.., M, N]` (also the cotangent's).
+    pub fn out_shape(&self) -> Vec<usize> {
+        let mut s = self.dims.batch_shape.clone();
+        s.extend([self.dims.m, self.dims.n]);
+        s
+    }
+
+    /// `(batch, M, N, K)`: the batch count (product of the batch dimensions) and the extents.
+    pub fn extents(&self) -> (usize, usize, usize, usize) {
+        (self.dims.batch, self.dims.m, self.dims.n, self.dims.k)
+    }
+}
+
+/// Gradients of [`matmul`], all F32, each in its operand's stored shape and layout.
+#[derive(Debug, Clone)]
+pub struct MatmulGradients {
+    /// `dA` (`[.., K, M]` for a transposed `A`).
+    pub a: Tensor,
+    /// `dB` (`[.., N, K]` for a transposed `B`); summed over the batches when `B` is shared.
+    pub b: Tensor,
+    /// `dbias` `[N]` (summed over every row of every batch), when a bias was given.
+    pub bias: Option<Tensor>,
+}
+
+/// Floating-point operations of a product: `2·batch·m·n·k`.
+pub fn matmul_flops(batch: usize, m: usize, n: usize, k: usize) -> f64 {
+    2.0 * batch as f64 * m as f64 * n as f64 * k as f64
+}
+
+/// The comparison budget of an output (or gradient) element summed over `terms` FP32
+/// products of magnitude ≤ 1 against the f64 reference: the F32 policy of
+/// [`crate::gradcheck`] with its absolute part grown to `2e-7·terms`.
+pub fn matmul_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
+    let f32_tol = crate::gradcheck::Tolerance::for_dtype(DType::F32);
+    crate::gradcheck::Tolerance {
+        abs: f32_tol.abs.max(2e-7 * terms as f64),
+        ..f32_tol
+    }
+}
+
+/// One operand of [`gemm`]: `tensor` read from element `offset`, batch `b` from
+/// `offset + b·batch_stride` (0: shared by every batch). Not transposed: `[m, k]` (A) or
+/// `[k, n]` (B) rows; transposed: `[k, m]` (A) or `[n, k]` (B) rows; rows contiguous.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmOperand<'a> {
+    /// The stored elements (F32, F16 or BF16).
+    pub tensor: &'a Tensor,
+    /// Element offset of batch 0.
+    pub offset: usize,
+    /// Stored as the transpose (see above).
+    pub transposed: bool,
+    /// Elements between consecutive batches (0: the same matrix for every batch).
+    pub batch_stride: usize,
+}
+
+/// A low-level product into a caller-owned F32 tensor (see [`gemm`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Gemm<'a> {
+    /// Left operand, logically `[m, k]`.
+    pub a: GemmOperand<'a>,
+    /// Right operand, logically `[k, n]`.
+    pub b: GemmOperand<'a>,
+    /// Output, F32; batch `b`'s `[m, n]` rows start at `out_offset + b·out_batch_stride`.
+    pub out: &'a Tensor,
+    /// Element offset of batch 0's output.
+    pub out_offset: usize,
+    /// Elements between consecutive batches' outputs (at least `m·n` when `batch > 1`).
+    pub out_batch_stride: usize,
+    /// Rows of the product.
+    pub m: usize,
+    /// Columns of the product.
+    pub n: usize,
+    /// Reduction length (0: the product is zero).
+    pub k: usize,
+    /// Number of batches.
+    pub batch: usize,
+    /// Optional bias `[n]` (F32, F16 or BF16), added to every row after the scaling.
+    pub bias: Option<&'a Tensor>,
+    /// `out += alpha·A·B (+ bias)` in FP32 instead of `out = ...`.
+    pub accumulate: bool,
+    /// Epilogue; not allowed together with `accumulate`.
+    pub activation: Option<Activation>,
+    /// Where to write the FP32 pre-activation (same indexing as `out`); not with `accumulate`.
+    pub pre_activation: Option<&'a Tensor>,
+    /// Product scale (1.0 normally); must be finite.
+    pub alpha: f32,
+}
+
+#[derive(encase::ShaderType)]
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    tiles_m: u32,
+    tiles_n: u32,
+    off_a: u32,
+    off_b: u32,
+    off_c: u32,
+    stride_a: u32,
+    stride_b: u32,
+    stride_c: u32,
+    alpha: f32,
+    has_bias: u32,
+    dt_bias: u32,
+    accumulate: u32,
+    act: u32,
+}
+
+fn check_float(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+    }
+}
+
+fn check_f32(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype() == DType::F32 {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &[DType::F32]))
+    }
+}
+
+/// Elements `offset .. offset + (batch − 1)·stride + per` must lie inside `len`, and `len`
+/// must be addressable with 32-bit indices.
+fn check_extent(
+    what: &str,
+    len: usize,
+    offset: usize,
+    batch: usize,
+    stride: usize,
+    per: usize,
+) -> Result<()> {
+    let max = u64::from(u32::MAX);
+    if len as u64 > max {
+        return Err(Error::bounds(
+            format!("{what}: elements"),
+            len as u64,
+            0,
+            max,
+        ));
+    }
+    if offset > len {
+        return Err(Error::bounds(
+            format!("{what}: offset"),
+            offset as u64,
+            0,
+            len as u64,
+        ));
+    }
+    if batch == 0 || per == 0 {
+        return Ok(());
+    }
+    let needed = (offset as u128) + (batch as u128 - 1) * (stride as u128) + per as u128;
+    if needed > len as u128 {
+        return Err(Error::bounds(
+            format!("{what}: last element used + 1"),
+            u64::try_from(needed).unwrap_or(u64::MAX),
+            0,
+            len as u64,
+        ));
+    }
+    Ok(())
+}
+
+fn invalid(what: &str, got: f64, rule: &str) -> Error {
+    Error::InvalidValue {
+        what: what.into(),
+        got,
+        rule: rule.into(),
+    }
+}
+
+/// The low-level product: for each batch index `b < batch`, row `i < m`, column `j < n`,
+///
+/// `out[out_offset + b·out_batch_stride + i·n + j] (= | +=) act(alpha·Σ_l A_b(i, l)·B_b(l, j) + bias[j])`
+///
+/// with `A_b`, `B_b` read as [`GemmOperand`] describes. Accumulation is FP32 in increasing `l`
+/// (`k = 0` gives `bias` or zeros); with `accumulate` the FP32 value is added to what `out`
+/// holds (no activation then). With `pre_activation` the FP32 value before the activation is
+/// written there too. Elements of `out` outside the product are left untouched. Recorded,
+/// not submitted; this is the one wgrad call that writes into a caller's tensor.
+///
+/// Errors (before anything is recorded): a non-float `a`/`b`/`bias` or a non-F32 `out` /
+/// `pre_activation` (`UnsupportedDType`); bias of another length than `n` (`ShapeMismatch`);
+/// an offset past a tensor's end or an extent that reads or writes past it, or a tensor of
+/// more than 2³²−1 elements (`OutOfBounds`); `out_batch_stride < m·n` with `batch > 1`
+/// (outputs of two batches would overlap, `OutOfBounds`); a non-finite `alpha`, an activation
+/// or pre-activation together with `accumulate`, or `out` / `pre_activation` sharing a buffer
+/// with another argument (`InvalidValue`); tensors of another engine (`EngineMismatch`).
+pub fn gemm(call: &Gemm) -> Result<()> {
+    let engine = call.out.engine();
+    for (t, what) in [(call.a.tensor, "gemm: a"), (call.b.tensor, "gemm: b")]
+        .into_iter()
+        .chain(call.bias.map(|t| (t, "gemm: bias")))
+        .chain(call.pre_activation.map(|t| (t, "gemm: pre_activation")))
+    {
+        t.check_engine(engine, what)?;
+    }
+    check_float(call.a.tensor, "gemm: a")?;
+    check_float(call.b.tensor, "gemm: b")?;
+    check_f32(call.out, "gemm: out")?;
+    if let Some(bias) = call.bias {
+        check_float(bias, "gemm: bias")?;
+        if bias.len() != call.n {
+            return Err(Error::shape("gemm: bias", &[call.n], bias.shape()));
+        }
+    }
+    if let Some(pre) = call.pre_activation {
+        check_f32(pre, "gemm: pre_activation")?;
+    }
+    if !call.alpha.is_finite() {
+        return Err(invalid(
+            "gemm: alpha",
+            f64::from(call.alpha),
+            "must be finite",
+        ));
+    }
+    if call.accumulate && call.activation.is_some() {
+        return Err(invalid(
+            "gemm: activation with accumulate",
+            1.0,
+            "an activation epilogue cannot accumulate into out",
+        ));
+    }
+    if call.accumulate && call.pre_activation.is_some() {
+        return Err(invalid(
+            "gemm: pre_activation with accumulate",
+            1.0,
+            "the pre-activation is only written by a non-accumulating product",
+        ));
+    }
+    let (m, n, k, batch) = (call.m, call.n, call.k, call.batch);
+    let mn = m.saturating_mul(n);
+    check_extent(
+        "gemm: a",
+        call.a.tensor.len(),
+        call.a.offset,
+        batch,
+        call.a.batch_stride,
+        m.saturating_mul(k),
+    )?;
+    check_extent(
+        "gemm: b",
+        call.b.tensor.len(),
+        call.b.offset,
+        batch,
+        call.b.batch_stride,
+        k.saturating_mul(n),
+    )?;
+    let outputs = std::iter::once((call.out, "gemm: out"))
+        .chain(call.pre_activation.map(|t| (t, "gemm: pre_activation")));
+    for (t, what) in outputs {
+        check_extent(
+            what,
+            t.len(),
+            call.out_offset,
+            batch,
+            call.out_batch_stride,
+            mn,
+        )?;
+    }
+    if batch > 1 && call.out_batch_stride < mn {
+        return Err(Error::bounds(
+            "gemm: out_batch_stride",
+            call.out_batch_stride as u64,
+            mn as u64,
+            u64::from(u32::MAX),
+        ));
+    }
+    let inputs = [Some(call.a.tensor), Some(call.b.tensor), call.bias];
+    for (written, what) in std::iter::once((call.out, "gemm: out"))
+        .chain(call.pre_activation.map(|t| (t, "gemm: pre_activation")))
+    {
+        let mut others = inputs.iter().flatten().copied().collect::<Vec<_>>();
+        if what != "gemm: out" {
+            others.push(call.out);
+        }
+        if others.iter().any(|t| t.buffer() == written.buffer()) {
+            return Err(invalid(
+                what,
+                0.0,
+                "must not share a buffer with another argument of the call",
+            ));
+        }
+    }
+    if m == 0 || n == 0 || batch == 0 {
+        return Ok(());
+    }
+    let tiles_m = m.div_ceil(TILE_M);
+    let tiles_n = n.div_ceil(TILE_N);
+    let groups = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
+    // Without a bias, A's buffer is bound in its place (never read).
+    let bias = call.bias.unwrap_or(call.a.tensor);
+    // Strides only matter from the second batch on, where the extent checks bound them.
+    let stride = |s: usize| if batch > 1 { s as u32 } else { 0 };
+    let params = Params {
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        batch: batch as u32,
+        tiles_m: tiles_m as u32,
+        tiles_n: tiles_n as u32,
+        off_a: call.a.offset as u32,
+        off_b: call.b.offset as u32,
+        off_c: call.out_offset as u32,
+        stride_a: stride(call.a.batch_stride),
+        stride_b: stride(call.b.batch_stride),
+        stride_c: stride(call.out_batch_stride),
+        alpha: call.alpha,
+        has_bias: u32::from(call.bias.is_some()),
+        dt_bias: bias.dtype().code(),
+        accumulate: u32::from(call.accumulate),
+        act: call.activation.map_or(0, |a| a.code() + 1),
+    };
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    let constants = vec![
+        ("DT_A", f64::from(call.a.tensor.dtype().code())),
+        ("DT_B", f64::from(call.b.tensor.dtype().code())),
+        ("TRANS_A", flag(call.a.transposed)),
+        ("TRANS_B", flag(call.b.transposed)),
+    ];
+    let mut buffers = vec![
+        call.a.tensor.buffer(),
+        call.b.tensor.buffer(),
+        bias.buffer(),
+        call.out.buffer(),
+    ];
+    let entry = match call.pre_activation {
+        Some(pre) => {
+            buffers.push(pre.buffer());
+            "gemm_pre"
+        }
+        None => "gemm",
+    };
+    engine.launch(&KERNEL, entry, &constants, &params, &buffers, groups)
+}
+
+/// Derive the product's extents from the operands' shapes.
+fn dims(a: &Tensor, b: &Tensor, o: &MatmulOptions) -> Result<Dims> {
+    let matrix = |t: &Tensor, what: &str| -> Result<()> {
+        if t.shape().len() < 2 {
+            let mut expected = vec![1; 2 - t.shape().len()];
+            expected.extend(t.shape());
+            return Err(Error::shape(
+                format!("{what} (a matrix: rank ≥ 2)"),
+                &expected,
+                t.shape(),
+            ));
+        }
+        Ok(())
+    };
+    matrix(a, "matmul: a")?;
+    matrix(b, "matmul: b")?;
+    let (ra, rb) = (a.shape().len(), b.shape().len());
+    let (a0, a1) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+    let (b0, b1) = (b.shape()[rb - 2], b.shape()[rb - 1]);
+    let (m, k) = if o.transpose_a { (a1, a0) } else { (a0, a1) };
+    let (kb, n) = if o.transpose_b { (b1, b0) } else { (b0, b1) };
+    if kb != k {
+        let mut expected = b.shape().to_vec();
+        expected[rb - if o.transpose_b { 1 } else { 2 }] = k;
+        return Err(Error::shape(
+            "matmul: b (inner dimension)",
+            &expected,
+            b.shape(),
+        ));
+    }
+    let (a_lead, b_lead) = (&a.shape()[..ra - 2], &b.shape()[..rb - 2]);
+    if !a_lead.is_empty() && !b_lead.is_empty() && a_lead != b_lead {
+        let mut expected = a_lead.to_vec();
+        expected.extend(&b.shape()[rb - 2..]);
+        return Err(Error::shape(
+            "matmul: b (batch dimensions)",
+            &expected,
+            b.shape(),
+        ));
+    }
+    let batch_shape = if a_lead.is_empty() { b_lead } else { a_lead }.to_vec();
+    Ok(Dims {
+        batch: batch_shape.iter().product(),
+        batch_shape,
+        m,
+        n,
+        k,
+        a_batched: !a_lead.is_empty(),
+        b_batched: !b_lead.is_empty(),
+    })
+}
+
+/// Forward: `Y = act(A·B + bias)`, F32 `[batch.., M, N]` (see the module docs for layouts
+/// and broadcasting).
+///
+/// Errors: an operand of rank < 2 or an inner-dimension mismatch (`ShapeMismatch`, expected
+/// `b`'s shape with the matching K); batch dimensions present on both operands but different
+/// (`ShapeMismatch`); a bias of another shape than `[N]` (`ShapeMismatch`); a non-float
+/// dtype (`UnsupportedDType`); tensors of another engine; extents beyond the bounds of
+/// [`gemm`] (`OutOfBounds`).
+pub fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    options: &MatmulOptions,
+) -> Result<(Tensor, MatmulSaved)> {
+    check_float(a, "matmul: a")?;
+    check_float(b, "matmul: b")?;
+    let engine = a.engine();
+    b.check_engine(engine, "matmul: b")?;
+    let dims = dims(a, b, options)?;
+    if let Some(bias) = bias {
+        check_float(bias, "matmul: bias")?;
+        bias.check_engine(engine, "matmul: bias")?;
+        if bias.shape() != [dims.n] {
+            return Err(Error::shape("matmul: bias", &[dims.n], bias.shape()));
+        }
+    }
+    let mut out_shape = dims.batch_shape.clone();
+    out_shape.extend([dims.m, dims.n]);
+    let out = Tensor::empty(engine, &out_shape, DType::F32, "matmul output")?;
+    let pre = match options.activation {
+        Some(_) => Some(Tensor::empty(
+            engine,
+            &out_shape,
+            DType::F32,
+            "matmul pre-activation",
+        )?),
+        None => None,
+    };
+    let (m, n, k) = (dims.m, dims.n, dims.k);
+    gemm(&Gemm {
+        a: GemmOperand {
+            tensor: a,
+            offset: 0,
+            transposed: options.transpose_a,
+            batch_stride: if dims.a_batched { m * k } else { 0 },
+        },
+        b: GemmOperand {
+            tensor: b,
+            offset: 0,
+            transposed: options.transpose_b,
+            batch_stride: if dims.b_batched { k * n } else { 0 },
+        },
+        out: &out,
+        out_offset: 0,
+        out_batch_stride: m * n,
+        m,
+        n,
+        k,
+        batch: dims.batch,
+        bias,
+        accumulate: false,
+        activation: options.activation,
+        pre_activation: pre.as_ref(),
+        alpha: 1.0,
+    })?;
+    Ok((
+        out,
+        MatmulSaved {
+            a: a.clone(),
+            b: b.clone(),
+            has_bias: bias.is_some(),
+            pre,
+            options: *options,
+            dims,
+        },
+    ))
+}
+
+/// Scratch bytes [`matmul_backward`] allocates beyond its gradients: the F32 `G = dY ⊙
+/// act'(pre)` with an activation, and the column partials of `dbias` with a bias.
+pub fn matmul_backward_workspace_bytes(saved: &MatmulSaved) -> u64 {
+    let d = &saved.dims;
+    let rows = d.batch * d.m;
+    let g = if saved.options.activation.is_some() {
+        (rows * d.n * 4) as u64
+    } else {
+        0
+    };
+    let bias = if saved.has_bias {
+        reduce::sum_columns_workspace_bytes(rows, d.n)
+    } else {
+        0
+    };
+    g + bias
+}
+
+/// A product summed over batches in batch order: batch 0 is written, each later batch added
+/// (one launch per batch). No batches: `out` is zero-filled.
+fn gemm_batch_sum(call: Gemm) -> Result<()> {
+    if call.batch == 0 {
+        let engine = call.out.engine();
+        engine.zero(call.out.buffer(), call.out.byte_len());
+        return Ok(());
+    }
+    for bi in 0..call.batch {
+        let mut one = call;
+        one.batch = 1;
+        one.a.offset += bi * call.a.batch_stride;
+        one.b.offset += bi * call.b.batch_stride;
+        one.accumulate = bi > 0;
+        gemm(&one)?;
+    }
+    Ok(())
+}
+
+/// Backward of [`matmul`]: `dy` of the output's shape (any float dtype). Returns F32
+/// `dA = G·Bᵀ`, `dB = Aᵀ·G` and `dbias = Σ_rows G` with `G = dy ⊙ act'(pre)` (`G = dy`
+/// without an activation), each in its operand's stored shape; a shared operand's gradient is
+/// summed over the batches in batch order.
+///
+/// Errors: `dy` of another shape (`ShapeMismatch`) or a non-float dtype; another engine;
+/// workspace beyond the engine's bound (`WorkspaceExceeded`, see
+/// [`matmul_backward_workspace_bytes`]).
+pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradients> {
+    check_float(dy, "matmul_backward: dy")?;
+    let engine = saved.a.engine();
+    dy.check_engine(engine, "matmul_backward: dy")?;
+    let out_shape = saved.out_shape();
+    if dy.shape() != out_shape.as_slice() {
+        return Err(Error::shape("matmul_backward: dy", &out_shape, dy.shape()));
+    }
+    engine.check_workspace("matmul_backward", matmul_backward_workspace_bytes(saved))?;
+    let d = &saved.dims;
+    let (m, n, k, batch) = (d.m, d.n, d.k, d.batch);
+    let (ta, tb) = (saved.options.transpose_a, saved.options.transpose_b);
+    let g = match (saved.options.activation, &saved.pre) {
+        (Some(kind), Some(pre)) => {
+            activation::backward(&ActivationSaved::unary(kind, pre), dy)?.dgate
+        }
+        _ => dy.clone(),
+    };
+    let (a, b) = (&saved.a, &saved.b);
+    let a_stride = if d.a_batched { m * k } else { 0 };
+    let b_stride = if d.b_batched { k * n } else { 0 };
+    let op = |tensor, transposed, batch_stride| GemmOperand {
+        tensor,
+        offset: 0,
+        transposed,
+        batch_stride,
+    };
+    let plain = |a_op, b_op, out, rows, cols, inner, count, out_stride| Gemm {
+        a: a_op,
+        b: b_op,
+        out,
+        out_offset: 0,
+        out_batch_stride: out_stride,
+        m: rows,
+        n: cols,
+        k: inner,
+        batch: count,
+        bias: None,
+        accumulate: false,
+        activation: None,
+        pre_activation: None,
+        alpha: 1.0,
+    };
+
+    // dA = G·Bᵀ ([M, K]); transposed A: dAᵀ = B·Gᵀ ([K, M]).
+    let da = Tensor::empty(engine, a.shape(), DType::F32, "matmul dA")?;
+    let da_call = if ta {
+        plain(
+            op(b, tb, b_stride),
+            op(&g, true, m * n),
+            &da,
+            k,
+            m,
+            n,
+            batch,
+            m * k,
+        )
+    } else {
+        plain(
+            op(&g, false, m * n),
+            op(b, !tb, b_stride),
+            &da,
+            m,
+            k,
+            n,
+            batch,
+            m * k,
+        )
+    };
+    if d.a_batched {
+        gemm(&da_call)?;
+    } else {
+        // A shared by the batches: its gradient is the batch sum, in batch order.
+        gemm_batch_sum(da_call)?;
+    }
+
+    // dB = Aᵀ·G ([K, N]); transposed B: dBᵀ = Gᵀ·A ([N, K]).
+    let db = Tensor::empty(engine, b.shape(), DType::F32, "matmul dB")?;
+    if d.b_batched || !d.a_batched {
+        let call = if tb {
+            plain(
+                op(&g, true, m * n),
+                op(a, ta, a_stride),
+                &db,
+                n,
+                k,
+                m,
+                batch,
+                k * n,
+            )
+        } else {
+            plain(
+                op(a, !ta, a_stride),
+                op(&g, false, m * n),
+                &db,
+                k,
+                n,
+                m,
+                batch,
+                k * n,
+            )
+        };
+        if d.b_batched {
+            gemm(&call)?;
+        } else {
+            gemm_batch_sum(call)?;
+        }
+    } else if !ta {
+        // B shared, A batched with [M, K] rows: the batches continue the reduction over rows,
+        // so the batch sum is one product over batch·M rows.
+        let rows = batch * m;
+        let call = if tb {
+            plain(op(&g, true, 0), op(a, false, 0), &db, n, k, rows, 1, 0)
+        } else {
+            plain(op(a, true, 0), op(&g, false, 0), &db, k, n, rows, 1, 0)
+        };
+        gemm(&call)?;
+    } else {
+        let call = if tb {
+            plain(
+                op(&g, true, m * n),
+                op(a, true, a_stride),
+                &db,
+                n,
+                k,
+                m,
+                batch,
+                0,
+            )
+        } else {
+            plain(
+                op(a, false, a_stride),
+                op(&g, false, m * n),
+                &db,
+                k,
+                n,
+                m,
+                batch,
+                0,
+            )
+        };
+        gemm_batch_sum(call)?;
+    }
+
+    let bias = if saved.has_bias {
+        Some(reduce::sum_columns(&g)?)
+    } else {
+        None
+    };
+    Ok(MatmulGradients { a: da, b: db, bias })
+}

@@ -1,0 +1,691 @@
+//! Dense matmul against the f64 reference of `wgrad::reference::matmul`: ragged M, N, K, both
+//! transposes, broadcast batches (either operand shared), bias, every activation epilogue
+//! (forward and gradients), every storage dtype, `gemm` with offsets / accumulate / alpha,
+//! empty extents, bit-identical reruns, finite differences of the reference backward, and
+//! each bad input's typed error.
+
+mod common;
+
+use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use wgrad::activation::Activation;
+use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::matmul::{self, Gemm, GemmOperand, MatmulOptions, gemm, matmul as mm, matmul_backward};
+use wgrad::reference::matmul::{self as reference, Problem};
+use wgrad::{DType, Error, Tensor};
+
+fn data(seed: u64, n: usize) -> Vec<f64> {
+    Rng::new(seed).vec(n, -1.0, 1.0)
+}
+
+/// Budget of sums of `k` FP32 products (see `matmul_tolerance`).
+fn tol_for(k: usize) -> Tolerance {
+    matmul::matmul_tolerance(k)
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
+    let c = compare(got, want, tol);
+    assert!(
+        c.passed,
+        "{what}: {c}; got {:?} want {:?}",
+        got.get(c.worst),
+        want.get(c.worst)
+    );
+}
+
+/// Shapes of A and B for a problem (batch dimensions `[batch]` where present).
+fn shapes(p: &Problem) -> (Vec<usize>, Vec<usize>) {
+    let mut a = if p.transpose_a {
+        vec![p.k, p.m]
+    } else {
+        vec![p.m, p.k]
+    };
+    let mut b = if p.transpose_b {
+        vec![p.n, p.k]
+    } else {
+        vec![p.k, p.n]
+    };
+    if p.a_batched {
+        a.insert(0, p.batch);
+    }
+    if p.b_batched {
+        b.insert(0, p.batch);
+    }
+    (a, b)
+}
+
+struct Dtypes {
+    a: DType,
+    b: DType,
+    bias: DType,
+    dy: DType,
+}
+
+const ALL_F32: Dtypes = Dtypes {
+    a: DType::F32,
+    b: DType::F32,
+    bias: DType::F32,
+    dy: DType::F32,
+};
+
+/// Run forward and backward on the GPU and compare everything with the reference.
+fn check_problem(p: &Problem, with_bias: bool, dt: &Dtypes, seed: u64) {
+    let e = engine();
+    let (sa, sb) = shapes(p);
+    let a = stored(&data(seed, p.a_len()), dt.a);
+    let b = stored(&data(seed + 1, p.b_len()), dt.b);
+    let bias = with_bias.then(|| stored(&data(seed + 2, p.n), dt.bias));
+    let dy = stored(&data(seed + 3, p.out_len()), dt.dy);
+    let at = tensor_from_f64(e, &a, &sa, dt.a);
+    let bt = tensor_from_f64(e, &b, &sb, dt.b);
+    let biast = bias
+        .as_ref()
+        .map(|c| tensor_from_f64(e, c, &[p.n], dt.bias));
+    let options = MatmulOptions {
+        transpose_a: p.transpose_a,
+        transpose_b: p.transpose_b,
+        activation: p.activation,
+    };
+    let label = format!(
+        "batch {} ({}{}) m {} n {} k {} ta {} tb {} act {:?} bias {} dtypes {}/{}/{}/{}",
+        p.batch,
+        if p.a_batched { "A" } else { "" },
+        if p.b_batched { "B" } else { "" },
+        p.m,
+        p.n,
+        p.k,
+        p.transpose_a,
+        p.transpose_b,
+        p.activation.map(|a| a.name()),
+        with_bias,
+        dt.a,
+        dt.b,
+        dt.bias,
+        dt.dy
+    );
+    let (y, saved) = mm(&at, &bt, biast.as_ref(), &options).unwrap();
+    assert_eq!(y.dtype(), DType::F32, "{label}");
+    let mut out_shape: Vec<usize> = if p.a_batched || p.b_batched {
+        vec![p.batch]
+    } else {
+        vec![]
+    };
+    out_shape.extend([p.m, p.n]);
+    assert_eq!(y.shape(), out_shape.as_slice(), "{label}");
+    let tol = tol_for(p.k);
+    let want = reference::forward(p, &a, &b, bias.as_deref());
+    assert_close(&format!("{label} y"), &y.to_f64().unwrap(), &want, tol);
+    if p.activation.is_some() {
+        let pre = reference::pre_activation(p, &a, &b, bias.as_deref());
+        assert_close(
+            &format!("{label} pre"),
+            &saved.pre_activation().unwrap().to_f64().unwrap(),
+            &pre,
+            tol,
+        );
+    } else {
+        assert!(saved.pre_activation().is_none());
+    }
+    let dyt = tensor_from_f64(e, &dy, &out_shape, dt.dy);
+    let grads = matmul_backward(&saved, &dyt).unwrap();
+    let (da, db, dbias) = reference::backward(p, &a, &b, bias.as_deref(), &dy);
+    assert_eq!(grads.a.shape(), sa.as_slice(), "{label}");
+    assert_eq!(grads.b.shape(), sb.as_slice(), "{label}");
+    assert_eq!(grads.a.dtype(), DType::F32);
+    assert_eq!(grads.b.dtype(), DType::F32);
+    // dA sums n terms; dB sums batch·m terms when B is shared, m otherwise.
+    let shared_b = if p.b_batched { 1 } else { p.batch };
+    let shared_a = if p.a_batched { 1 } else { p.batch };
+    assert_close(
+        &format!("{label} dA"),
+        &grads.a.to_f64().unwrap(),
+        &da,
+        tol_for(p.n * shared_a),
+    );
+    assert_close(
+        &format!("{label} dB"),
+        &grads.b.to_f64().unwrap(),
+        &db,
+        tol_for(p.m * shared_b),
+    );
+    match (grads.bias, dbias) {
+        (Some(got), Some(want)) => {
+            assert_eq!(got.shape(), &[p.n]);
+            assert_close(
+                &format!("{label} dbias"),
+                &got.to_f64().unwrap(),
+                &want,
+                tol_for(p.batch * p.m),
+            )
+        }
+        (None, None) => {}
+        _ => panic!("{label}: dbias presence"),
+    }
+}
+
+fn problem(m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Problem {
+    Problem {
+        transpose_a: ta,
+        transpose_b: tb,
+        ..Problem::new(m, n, k)
+    }
+}
+
+#[test]
+fn ragged_shapes_and_transposes_match_reference() {
+    // A representative sample of {1, 7, 33, 129}³ (edge tiles in every direction), each with
+    // all four transpose combinations.
+    let shapes = [
+        (1, 1, 1),
+        (7, 33, 129),
+        (33, 7, 1),
+        (129, 1, 33),
+        (1, 129, 7),
+        (129, 65, 7),
+        (33, 33, 33),
+    ];
+    for (s, &(m, n, k)) in shapes.iter().enumerate() {
+        for (t, (ta, tb)) in [(false, false), (true, false), (false, true), (true, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let p = problem(m, n, k, ta, tb);
+            check_problem(
+                &p,
+                (s + t) % 2 == 0,
+                &ALL_F32,
+                100 + 10 * s as u64 + t as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn broadcast_batches_match_reference() {
+    for (a_batched, b_batched) in [(true, false), (false, true), (true, true)] {
+        for (ta, tb) in [(false, false), (true, true), (false, true), (true, false)] {
+            let p = Problem {
+                batch: 3,
+                a_batched,
+                b_batched,
+                ..problem(7, 33, 9, ta, tb)
+            };
+            check_problem(&p, true, &ALL_F32, 200);
+        }
+    }
+}
+
+#[test]
+fn every_activation_epilogue_matches_reference() {
+    for (i, kind) in Activation::ALL.into_iter().enumerate() {
+        let p = Problem {
+            activation: Some(kind),
+            ..problem(33, 7, 129, i % 2 == 1, i % 3 == 1)
+        };
+        check_problem(&p, i % 2 == 0, &ALL_F32, 300 + i as u64);
+    }
+}
+
+#[test]
+fn every_storage_dtype_matches_reference() {
+    // Each operand (A, B, bias, dY) in every dtype across the rotations, then all BF16.
+    let f = DType::FLOATS;
+    let mut sets: Vec<Dtypes> = (0..3)
+        .map(|i| Dtypes {
+            a: f[i],
+            b: f[(i + 1) % 3],
+            bias: f[(i + 2) % 3],
+            dy: f[(i + 1) % 3],
+        })
+        .collect();
+    sets.push(Dtypes {
+        a: DType::BF16,
+        b: DType::BF16,
+        bias: DType::BF16,
+        dy: DType::BF16,
+    });
+    for (i, dt) in sets.iter().enumerate() {
+        // Odd extents: 16-bit rows start in the middle of words.
+        let p = Problem {
+            batch: 2,
+            a_batched: true,
+            b_batched: i % 2 == 0,
+            activation: (i == 1).then_some(Activation::Silu),
+            ..problem(7, 33, 13, i == 1 || i == 3, i >= 2)
+        };
+        check_problem(&p, true, dt, 400 + i as u64);
+    }
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    for (i, kind) in [None, Some(Activation::Silu), Some(Activation::Gelu)]
+        .into_iter()
+        .enumerate()
+    {
+        let p = Problem {
+            batch: 2,
+            a_batched: true,
+            b_batched: i == 1,
+            activation: kind,
+            ..problem(3, 4, 5, i == 1, i != 1)
+        };
+        let a = data(500 + i as u64, p.a_len());
+        let b = data(510 + i as u64, p.b_len());
+        let bias = data(520 + i as u64, p.n);
+        let dy = data(530 + i as u64, p.out_len());
+        let (da, db, dbias) = reference::backward(&p, &a, &b, Some(&bias), &dy);
+        let c = check_vjp(|x| reference::forward(&p, x, &b, Some(&bias)), &a, &dy, &da);
+        assert!(c.passed, "{i} dA: {c}");
+        let c = check_vjp(|x| reference::forward(&p, &a, x, Some(&bias)), &b, &dy, &db);
+        assert!(c.passed, "{i} dB: {c}");
+        let c = check_vjp(
+            |x| reference::forward(&p, &a, &b, Some(x)),
+            &bias,
+            &dy,
+            &dbias.unwrap(),
+        );
+        assert!(c.passed, "{i} dbias: {c}");
+    }
+}
+
+/// The expected output of a `gemm` call over host copies of its operands.
+#[allow(clippy::too_many_arguments)]
+fn gemm_reference(
+    a: &[f64],
+    a_op: (usize, bool, usize),
+    b: &[f64],
+    b_op: (usize, bool, usize),
+    out: &mut [f64],
+    out_op: (usize, usize),
+    (m, n, k, batch): (usize, usize, usize, usize),
+    bias: Option<&[f64]>,
+    accumulate: bool,
+    activation: Option<Activation>,
+    alpha: f64,
+) {
+    let p = Problem {
+        transpose_a: a_op.1,
+        transpose_b: b_op.1,
+        ..Problem::new(m, n, k)
+    };
+    for bi in 0..batch {
+        let a0 = a_op.0 + bi * a_op.2;
+        let b0 = b_op.0 + bi * b_op.2;
+        let pre = reference::pre_activation(&p, &a[a0..a0 + m * k], &b[b0..b0 + k * n], None);
+        for i in 0..m {
+            for j in 0..n {
+                let v = alpha * pre[i * n + j] + bias.map_or(0.0, |c| c[j]);
+                let o = &mut out[out_op.0 + bi * out_op.1 + i * n + j];
+                *o = if accumulate {
+                    *o + v
+                } else {
+                    activation.map_or(v, |kind| wgrad::reference::activation::act(kind, v))
+                };
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_offsets_accumulate_and_alpha() {
+    let e = engine();
+    let (m, n, k, batch) = (7, 33, 13, 3);
+    for (case, dtype) in DType::FLOATS.into_iter().enumerate() {
+        let (ta, tb) = (case == 1, case != 1);
+        // Odd element offsets and batch strides with gaps between the matrices.
+        let (a_off, a_stride) = (5, m * k + 3);
+        let (b_off, b_stride) = (3, k * n + 1);
+        let (c_off, c_stride) = (11, m * n + 7);
+        let a = stored(&data(600, a_off + batch * a_stride), dtype);
+        let b = stored(&data(601, b_off + batch * b_stride), dtype);
+        let bias = stored(&data(602, n), dtype);
+        let init = data(603, c_off + batch * c_stride + 4);
+        let at = tensor_from_f64(e, &a, &[a.len()], dtype);
+        let bt = tensor_from_f64(e, &b, &[b.len()], dtype);
+        let biast = tensor_from_f64(e, &bias, &[n], dtype);
+        for (accumulate, activation, alpha) in [
+            (false, None, 1.0f32),
+            (true, None, 0.5),
+            (false, Some(Activation::Silu), -1.25),
+        ] {
+            let out = tensor_from_f64(e, &init, &[init.len()], DType::F32);
+            let pre = Tensor::zeros(e, &[init.len()], DType::F32).unwrap();
+            let call = Gemm {
+                a: GemmOperand {
+                    tensor: &at,
+                    offset: a_off,
+                    transposed: ta,
+                    batch_stride: a_stride,
+                },
+                b: GemmOperand {
+                    tensor: &bt,
+                    offset: b_off,
+                    transposed: tb,
+                    batch_stride: b_stride,
+                },
+                out: &out,
+                out_offset: c_off,
+                out_batch_stride: c_stride,
+                m,
+                n,
+                k,
+                batch,
+                bias: Some(&biast),
+                accumulate,
+                activation,
+                pre_activation: activation.map(|_| &pre),
+                alpha,
+            };
+            gemm(&call).unwrap();
+            let mut want = init.clone();
+            gemm_reference(
+                &a,
+                (a_off, ta, a_stride),
+                &b,
+                (b_off, tb, b_stride),
+                &mut want,
+                (c_off, c_stride),
+                (m, n, k, batch),
+                Some(&bias),
+                accumulate,
+                activation,
+                f64::from(alpha),
+            );
+            let label = format!("{dtype} accumulate {accumulate} act {activation:?} alpha {alpha}");
+            // Elements outside the product (gaps, before and after) keep their values.
+            assert_close(&label, &out.to_f64().unwrap(), &want, tol_for(k));
+            if activation.is_some() {
+                let mut want_pre = vec![0.0; init.len()];
+                gemm_reference(
+                    &a,
+                    (a_off, ta, a_stride),
+                    &b,
+                    (b_off, tb, b_stride),
+                    &mut want_pre,
+                    (c_off, c_stride),
+                    (m, n, k, batch),
+                    Some(&bias),
+                    false,
+                    None,
+                    f64::from(alpha),
+                );
+                assert_close(
+                    &format!("{label} pre"),
+                    &pre.to_f64().unwrap(),
+                    &want_pre,
+                    tol_for(k),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_extents() {
+    let e = engine();
+    // K = 0: the product is zero, the output is act(bias) (or zeros); dA, dB are empty and
+    // dbias is the column sum of G.
+    let a = Tensor::zeros(e, &[5, 0], DType::F32).unwrap();
+    let b = Tensor::zeros(e, &[0, 3], DType::BF16).unwrap();
+    let bias_v = [0.5, -1.0, 2.0];
+    let bias = tensor_from_f64(e, &bias_v, &[3], DType::F32);
+    let options = MatmulOptions {
+        activation: Some(Activation::Relu),
+        ..Default::default()
+    };
+    let (y, saved) = mm(&a, &b, Some(&bias), &options).unwrap();
+    assert_eq!(y.shape(), &[5, 3]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), [0.5, 0.0, 2.0].repeat(5));
+    let (y0, _) = mm(&a, &b, None, &MatmulOptions::default()).unwrap();
+    assert_eq!(y0.to_vec::<f32>().unwrap(), vec![0.0; 15]);
+    let dy = tensor_from_f64(e, &[1.0; 15], &[5, 3], DType::F32);
+    let g = matmul_backward(&saved, &dy).unwrap();
+    assert_eq!(
+        (g.a.shape(), g.b.shape()),
+        (&[5usize, 0][..], &[0usize, 3][..])
+    );
+    assert_eq!(g.bias.unwrap().to_vec::<f32>().unwrap(), [5.0, 0.0, 5.0]);
+
+    // M = 0: empty output and dA, zero dB; N = 0: empty output and dB, zero dA.
+    let a = Tensor::zeros(e, &[2, 0, 4], DType::F32).unwrap();
+    let b = tensor_from_f64(e, &data(701, 12), &[4, 3], DType::F32);
+    let (y, saved) = mm(&a, &b, None, &MatmulOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[2, 0, 3]);
+    let g = matmul_backward(&saved, &Tensor::zeros(e, &[2, 0, 3], DType::F32).unwrap()).unwrap();
+    assert_eq!(g.a.shape(), &[2, 0, 4]);
+    assert_eq!(g.b.to_vec::<f32>().unwrap(), vec![0.0; 12]);
+    let a = tensor_from_f64(e, &data(702, 8), &[2, 4], DType::F16);
+    let b = Tensor::zeros(e, &[4, 0], DType::F32).unwrap();
+    let (y, saved) = mm(&a, &b, None, &MatmulOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[2, 0]);
+    let g = matmul_backward(&saved, &Tensor::zeros(e, &[2, 0], DType::F32).unwrap()).unwrap();
+    assert_eq!(g.a.to_vec::<f32>().unwrap(), vec![0.0; 8]);
+    assert_eq!(g.b.shape(), &[4, 0]);
+
+    // No batches (batch dimension 0) with a shared B: dB is zero.
+    for ta in [false, true] {
+        let a_shape = if ta { [0, 4, 3] } else { [0, 3, 4] };
+        let a = Tensor::zeros(e, &a_shape, DType::F32).unwrap();
+        let b = tensor_from_f64(e, &data(703, 20), &[4, 5], DType::F32);
+        let options = MatmulOptions {
+            transpose_a: ta,
+            ..Default::default()
+        };
+        let (y, saved) = mm(&a, &b, None, &options).unwrap();
+        assert_eq!(y.shape(), &[0, 3, 5]);
+        let dy = Tensor::zeros(e, y.shape(), DType::F32).unwrap();
+        let g = matmul_backward(&saved, &dy).unwrap();
+        assert_eq!(g.b.to_vec::<f32>().unwrap(), vec![0.0; 20]);
+    }
+}
+
+#[test]
+fn reruns_are_bit_identical() {
+    let e = engine();
+    let p = Problem {
+        batch: 3,
+        a_batched: true,
+        activation: Some(Activation::Gelu),
+        ..problem(70, 65, 129, false, true)
+    };
+    let (sa, sb) = shapes(&p);
+    let a = tensor_from_f64(e, &data(800, p.a_len()), &sa, DType::BF16);
+    let b = tensor_from_f64(e, &data(801, p.b_len()), &sb, DType::F32);
+    let bias = tensor_from_f64(e, &data(802, p.n), &[p.n], DType::F16);
+    let dy = tensor_from_f64(e, &data(803, p.out_len()), &[3, p.m, p.n], DType::F32);
+    let options = MatmulOptions {
+        transpose_b: true,
+        activation: p.activation,
+        ..Default::default()
+    };
+    let run = || {
+        let (y, saved) = mm(&a, &b, Some(&bias), &options).unwrap();
+        let g = matmul_backward(&saved, &dy).unwrap();
+        [
+            f32_bits(&y),
+            f32_bits(saved.pre_activation().unwrap()),
+            f32_bits(&g.a),
+            f32_bits(&g.b),
+            f32_bits(&g.bias.unwrap()),
+        ]
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let e = engine();
+    let f32s = |shape: &[usize]| Tensor::zeros(e, shape, DType::F32).unwrap();
+    let none = MatmulOptions::default();
+    // Inner-dimension mismatch: expected B's shape with the matching K.
+    let r = mm(&f32s(&[3, 4]), &f32s(&[5, 6]), None, &none);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, got, .. }) if expected == &[4, 6] && got == &[5, 6]),
+        "{r:?}"
+    );
+    let tb = MatmulOptions {
+        transpose_b: true,
+        ..none
+    };
+    let r = mm(&f32s(&[3, 4]), &f32s(&[6, 5]), None, &tb);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, .. }) if expected == &[6, 4]),
+        "{r:?}"
+    );
+    // Rank below 2.
+    assert!(matches!(
+        mm(&f32s(&[4]), &f32s(&[4, 2]), None, &none),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // Batch mismatch.
+    let r = mm(&f32s(&[2, 3, 4]), &f32s(&[3, 4, 5]), None, &none);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, .. }) if expected == &[2, 4, 5]),
+        "{r:?}"
+    );
+    // Bias length.
+    let r = mm(&f32s(&[3, 4]), &f32s(&[4, 5]), Some(&f32s(&[4])), &none);
+    assert!(
+        matches!(&r, Err(Error::ShapeMismatch { expected, .. }) if expected == &[5]),
+        "{r:?}"
+    );
+    // Integer operand.
+    let ints = Tensor::from_slice(e, &[1i32; 12], &[3, 4]).unwrap();
+    assert!(matches!(
+        mm(&ints, &f32s(&[4, 5]), None, &none),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    // Cotangent of another shape.
+    let (_, saved) = mm(&f32s(&[3, 4]), &f32s(&[4, 5]), None, &none).unwrap();
+    assert!(matches!(
+        matmul_backward(&saved, &f32s(&[3, 6])),
+        Err(Error::ShapeMismatch { .. })
+    ));
+
+    let a = f32s(&[12]);
+    let b = f32s(&[20]);
+    let out = f32s(&[15]);
+    let base = |out| Gemm {
+        a: GemmOperand {
+            tensor: &a,
+            offset: 0,
+            transposed: false,
+            batch_stride: 0,
+        },
+        b: GemmOperand {
+            tensor: &b,
+            offset: 0,
+            transposed: false,
+            batch_stride: 0,
+        },
+        out,
+        out_offset: 0,
+        out_batch_stride: 0,
+        m: 3,
+        n: 5,
+        k: 4,
+        batch: 1,
+        bias: None,
+        accumulate: false,
+        activation: None,
+        pre_activation: None,
+        alpha: 1.0,
+    };
+    gemm(&base(&out)).unwrap();
+    // Non-F32 out.
+    let half_out = Tensor::zeros(e, &[15], DType::F16).unwrap();
+    assert!(matches!(
+        gemm(&base(&half_out)),
+        Err(Error::UnsupportedDType {
+            got: DType::F16,
+            ..
+        })
+    ));
+    // Out too small.
+    let small = f32s(&[14]);
+    assert!(matches!(
+        gemm(&base(&small)),
+        Err(Error::OutOfBounds {
+            got: 15,
+            max: 14,
+            ..
+        })
+    ));
+    // Offsets past the end, and extents running past it.
+    let mut c = base(&out);
+    c.a.offset = 13;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 13,
+            max: 12,
+            ..
+        })
+    ));
+    let mut c = base(&out);
+    c.b.offset = 1;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 21,
+            max: 20,
+            ..
+        })
+    ));
+    let mut c = base(&out);
+    c.out_offset = 16;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 16,
+            max: 15,
+            ..
+        })
+    ));
+    let mut c = base(&out);
+    c.batch = 2;
+    c.a.batch_stride = 1;
+    c.out_batch_stride = 15;
+    assert!(matches!(gemm(&c), Err(Error::OutOfBounds { .. })));
+    // Overlapping batch outputs.
+    let big = f32s(&[30]);
+    let mut c = base(&big);
+    c.batch = 2;
+    c.out_batch_stride = 10;
+    assert!(matches!(
+        gemm(&c),
+        Err(Error::OutOfBounds {
+            got: 10,
+            min: 15,
+            ..
+        })
+    ));
+    // Activation with accumulate; pre-activation with accumulate.
+    let mut c = base(&out);
+    c.accumulate = true;
+    c.activation = Some(Activation::Relu);
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    let pre = f32s(&[15]);
+    let mut c = base(&out);
+    c.accumulate = true;
+    c.pre_activation = Some(&pre);
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    // Non-finite alpha.
+    let mut c = base(&out);
+    c.alpha = f32::NAN;
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    // Bias length, out aliasing an operand.
+    let bias = f32s(&[4]);
+    let mut c = base(&out);
+    c.bias = Some(&bias);
+    assert!(matches!(gemm(&c), Err(Error::ShapeMismatch { .. })));
+    let c = base(&b);
+    assert!(matches!(gemm(&c), Err(Error::InvalidValue { .. })));
+    // Tensors of another engine.
+    let other = common::private_engine();
+    let foreign = Tensor::zeros(&other, &[4, 5], DType::F32).unwrap();
+    assert!(matches!(
+        mm(&f32s(&[3, 4]), &foreign, None, &none),
+        Err(Error::EngineMismatch { .. })
+    ));
+}

@@ -1,0 +1,231 @@
+//! The gated MLP against the f64 reference of `wgrad::reference::mlp` in every storage dtype,
+//! both activations, saved and recomputed products; finite differences of the reference
+//! backward; ragged, tiny and empty shapes; bit-identical reruns; bad inputs.
+
+mod common;
+
+use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use wgrad::activation::Activation;
+use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::mlp::{MlpOptions, mlp, mlp_backward};
+use wgrad::reference::mlp::{self as reference, Extents};
+use wgrad::{DType, Error, Tensor};
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
+    let c = compare(got, want, tol);
+    assert!(
+        c.passed,
+        "{what}: {c}; got {:?} want {:?}",
+        got.get(c.worst),
+        want.get(c.worst)
+    );
+}
+
+struct Case {
+    x: Vec<f64>,
+    gate: Vec<f64>,
+    up: Vec<f64>,
+    down: Vec<f64>,
+    dy: Vec<f64>,
+    e: Extents,
+}
+
+fn case(seed: u64, e: Extents, dtype: DType) -> Case {
+    let mut rng = Rng::new(seed);
+    let scale = 1.0 / (e.h.max(1) as f64).sqrt();
+    let down_scale = 1.0 / (e.i.max(1) as f64).sqrt();
+    Case {
+        x: stored(&rng.vec(e.t * e.h, -1.0, 1.0), dtype),
+        gate: stored(&rng.vec(e.i * e.h, -2.0 * scale, 2.0 * scale), dtype),
+        up: stored(&rng.vec(e.i * e.h, -scale, scale), dtype),
+        down: stored(&rng.vec(e.h * e.i, -down_scale, down_scale), dtype),
+        dy: stored(&rng.vec(e.t * e.h, -1.0, 1.0), dtype),
+        e,
+    }
+}
+
+struct Uploaded {
+    x: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+    dy: Tensor,
+}
+
+fn upload(c: &Case, dtype: DType, lead: &[usize]) -> Uploaded {
+    let e = engine();
+    let mut x_shape = lead.to_vec();
+    x_shape.push(c.e.h);
+    Uploaded {
+        x: tensor_from_f64(e, &c.x, &x_shape, dtype),
+        gate: tensor_from_f64(e, &c.gate, &[c.e.i, c.e.h], dtype),
+        up: tensor_from_f64(e, &c.up, &[c.e.i, c.e.h], dtype),
+        down: tensor_from_f64(e, &c.down, &[c.e.h, c.e.i], dtype),
+        dy: tensor_from_f64(e, &c.dy, &x_shape, dtype),
+    }
+}
+
+#[test]
+fn forward_and_gradients_match_reference_in_every_dtype() {
+    let shapes = [
+        (vec![1usize], 1usize, 1usize),
+        (vec![7], 16, 24),
+        (vec![3, 11], 33, 17),
+        (vec![65], 8, 129),
+    ];
+    for kind in [Activation::Silu, Activation::GeluTanh] {
+        for dtype in DType::FLOATS {
+            for (n, (lead, h, i)) in shapes.iter().enumerate() {
+                let t = lead.iter().product();
+                let e = Extents { t, h: *h, i: *i };
+                let c = case(100 + n as u64, e, dtype);
+                let u = upload(&c, dtype, lead);
+                let label = format!("{} {dtype} t={t} h={h} i={i}", kind.name());
+                let want = reference::forward(kind, &c.x, &c.gate, &c.up, &c.down, e);
+                let grads = reference::backward(kind, &c.x, &c.gate, &c.up, &c.down, &c.dy, e);
+                for recompute in [false, true] {
+                    let options = MlpOptions {
+                        activation: kind,
+                        recompute,
+                    };
+                    let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &options).unwrap();
+                    assert_eq!(y.shape(), u.x.shape());
+                    assert_eq!(y.dtype(), DType::F32);
+                    let tol = Tolerance::for_dtype(DType::F32);
+                    assert_close(&format!("{label} y"), &y.to_f64().unwrap(), &want, tol);
+                    let g = mlp_backward(&saved, &u.dy).unwrap();
+                    assert_eq!(g.x.shape(), u.x.shape());
+                    assert_close(
+                        &format!("{label} dx"),
+                        &g.x.to_f64().unwrap(),
+                        &grads.x,
+                        tol,
+                    );
+                    assert_close(
+                        &format!("{label} dWg"),
+                        &g.gate.to_f64().unwrap(),
+                        &grads.gate,
+                        tol,
+                    );
+                    assert_close(
+                        &format!("{label} dWu"),
+                        &g.up.to_f64().unwrap(),
+                        &grads.up,
+                        tol,
+                    );
+                    assert_close(
+                        &format!("{label} dWd"),
+                        &g.down.to_f64().unwrap(),
+                        &grads.down,
+                        tol,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let e = Extents { t: 3, h: 4, i: 5 };
+    for kind in [Activation::Silu, Activation::GeluTanh] {
+        let c = case(7, e, DType::F32);
+        let g = reference::backward(kind, &c.x, &c.gate, &c.up, &c.down, &c.dy, e);
+        let f = |x: &[f64], gate: &[f64], up: &[f64], down: &[f64]| {
+            reference::forward(kind, x, gate, up, down, e)
+        };
+        let checks = [
+            (
+                "dx",
+                check_vjp(|p| f(p, &c.gate, &c.up, &c.down), &c.x, &c.dy, &g.x),
+            ),
+            (
+                "dWg",
+                check_vjp(|p| f(&c.x, p, &c.up, &c.down), &c.gate, &c.dy, &g.gate),
+            ),
+            (
+                "dWu",
+                check_vjp(|p| f(&c.x, &c.gate, p, &c.down), &c.up, &c.dy, &g.up),
+            ),
+            (
+                "dWd",
+                check_vjp(|p| f(&c.x, &c.gate, &c.up, p), &c.down, &c.dy, &g.down),
+            ),
+        ];
+        for (what, check) in checks {
+            assert!(check.passed, "{} {what}: {check}", kind.name());
+        }
+    }
+}
+
+#[test]
+fn reruns_and_recomputation_are_bit_identical() {
+    let e = Extents {
+        t: 37,
+        h: 24,
+        i: 40,
+    };
+    let c = case(3, e, DType::BF16);
+    let u = upload(&c, DType::BF16, &[e.t]);
+    let run = |recompute| {
+        let options = MlpOptions {
+            activation: Activation::Silu,
+            recompute,
+        };
+        let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &options).unwrap();
+        let g = mlp_backward(&saved, &u.dy).unwrap();
+        [y, g.x, g.gate, g.up, g.down].map(|t| f32_bits(&t))
+    };
+    let first = run(false);
+    assert_eq!(first, run(false));
+    assert_eq!(first, run(true));
+}
+
+#[test]
+fn empty_rows_give_empty_output_and_zero_weight_gradients() {
+    let e = Extents { t: 0, h: 6, i: 10 };
+    let c = case(5, e, DType::F32);
+    let u = upload(&c, DType::F32, &[0]);
+    let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &MlpOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[0, 6]);
+    let g = mlp_backward(&saved, &u.dy).unwrap();
+    assert_eq!(g.x.shape(), &[0, 6]);
+    for t in [&g.gate, &g.up, &g.down] {
+        assert!(t.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let e = Extents { t: 4, h: 6, i: 10 };
+    let c = case(9, e, DType::F32);
+    let u = upload(&c, DType::F32, &[e.t]);
+    let opts = MlpOptions::default();
+    let eng = engine();
+    let wrong_gate = Tensor::zeros(eng, &[10, 5], DType::F32).unwrap();
+    assert!(matches!(
+        mlp(&u.x, &wrong_gate, &u.up, &u.down, &opts),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let wrong_up = Tensor::zeros(eng, &[9, 6], DType::F32).unwrap();
+    assert!(matches!(
+        mlp(&u.x, &u.gate, &wrong_up, &u.down, &opts),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let wrong_down = Tensor::zeros(eng, &[10, 6], DType::F32).unwrap();
+    assert!(matches!(
+        mlp(&u.x, &u.gate, &u.up, &wrong_down, &opts),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let ints = Tensor::from_slice(eng, &[0i32; 24], &[4, 6]).unwrap();
+    assert!(matches!(
+        mlp(&ints, &u.gate, &u.up, &u.down, &opts),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let (_, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &opts).unwrap();
+    let wrong_dy = Tensor::zeros(eng, &[4, 7], DType::F32).unwrap();
+    assert!(matches!(
+        mlp_backward(&saved, &wrong_dy),
+        Err(Error::ShapeMismatch { .. })
+    ));
+}
