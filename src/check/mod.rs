@@ -4,12 +4,14 @@
 //! covered by some check.
 
 mod attention;
+mod embedding;
 mod fused_linear;
 mod gated_delta;
 mod loss;
 mod matmul;
 mod mlp;
 mod norm;
+mod optim;
 mod pointwise;
 
 use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
@@ -72,6 +74,8 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(matmul::operators())
     .chain(mlp::operators())
     .chain(fused_linear::operators())
+    .chain(embedding::operators())
+    .chain(optim::operators())
     .collect()
 }
 

@@ -4,11 +4,13 @@
 
 pub mod activation;
 pub mod attention;
+pub mod embedding;
 pub mod fused_linear;
 pub mod gated_delta;
 pub mod loss;
 pub mod matmul;
 pub mod mlp;
 pub mod norm;
+pub mod optim;
 pub mod reduce;
 pub mod rope;
