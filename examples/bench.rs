@@ -341,6 +341,8 @@ fn run(args: &Args) -> Result<Report> {
         Box::new(|| matmul_ops(&engine, args.quick)),
         Box::new(|| mlp_ops(&engine, args.quick)),
         Box::new(|| fused_linear_ops(&engine, args.quick)),
+        Box::new(|| embedding_ops(&engine, args.quick)),
+        Box::new(|| optim_ops(&engine, args.quick)),
     ];
     for op in families.iter().flat_map(|family| match family() {
         Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
@@ -1165,6 +1167,154 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 .with_flops(6.0 * (bt * hidden) as f64 * vocab as f64),
             );
         }
+    }
+    Ok(ops)
+}
+
+/// Embedding at a Llama-3 vocabulary (V = 128,256 rows of width 1,024, or as many rows as fit
+/// one binding for the F32 gradient) and B·T = 16,384 positions (`--quick`: V = 8,192,
+/// D = 256, 1,024 positions), F32 and BF16 tables; forward and backward separately. Indices
+/// are spread over the vocabulary (`p·7919 mod V`) and not read back (`check_indices: false`).
+/// Bytes moved: the forward's inputs are the indices and a tensor of the gathered rows' size
+/// (the bytes read from the table, which is not read in full); the backward reads the
+/// indices and the cotangent and writes the F32 `[V, D]` gradient (the sort's scratch is not
+/// counted).
+fn embedding_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::embedding::{EmbeddingOptions, embedding, embedding_backward};
+    let (rows, dim, n) = if quick {
+        (8192, 256, 1024)
+    } else {
+        (128_256, 1024, 16_384)
+    };
+    let rows = fitting_rows(engine, rows, dim);
+    let options = EmbeddingOptions {
+        check_indices: false,
+        ..Default::default()
+    };
+    let ids: Vec<i32> = (0..n).map(|p| ((p * 7919) % rows) as i32).collect();
+    let indices = Tensor::from_slice(engine, &ids, &[n])?;
+    let mut ops = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let dname: &'static str = dtype.name();
+        let data: Vec<f32> = (0..rows * dim)
+            .map(|i| ((i % 251) as f32 - 125.0) / 32.0)
+            .collect();
+        let table = cast::cast(&Tensor::from_slice(engine, &data, &[rows, dim])?, dtype)?;
+        drop(data);
+        let (rows_read, saved) = embedding(&table, &indices, &options)?;
+        let dy = wgrad::bench::copy(&rows_read)?;
+        eprintln!("  embedding {dname}: table [{rows}, {dim}], {n} positions");
+        ops.push(Op::new(
+            "embedding_fwd",
+            dname,
+            vec![indices.clone(), rows_read],
+            move |i| Ok(vec![embedding(&table, &i[0], &options)?.0]),
+        ));
+        ops.push(Op::new(
+            "embedding_bwd",
+            dname,
+            vec![dy, indices.clone()],
+            move |i| Ok(vec![embedding_backward(&saved, &i[0])?]),
+        ));
+    }
+    Ok(ops)
+}
+
+/// Optimizer steps and the gradient norm over one parameter tensor of 64M elements
+/// (`--quick`: 1M): AdamW with F32 parameters and gradients; AdamW with BF16 parameters (FP32
+/// masters, the BF16 copy written in the same pass) and BF16 gradients; AdamW clipped (the
+/// norm computed then the clipped step, as a training loop runs them); SGD with momentum;
+/// plain SGD; `grad_norm` of F32 and BF16 gradients. Each run is a real step (the state
+/// evolves between runs). Bytes moved: each operand read once and each updated tensor written
+/// once (the inputs are the gradient, then the tensors the step reads; the outputs those it
+/// writes; the clipped row reads the gradient twice).
+fn optim_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use std::cell::RefCell;
+    use wgrad::optim::{AdamW, AdamWOptions, Clip, Sgd, SgdOptions, grad_norm};
+    let n = if quick { 1 << 20 } else { 1 << 26 };
+    let filled = |dtype: DType, seed: usize| -> Result<Tensor> {
+        let data: Vec<f32> = (0..n)
+            .map(|i| (((i + seed) % 251) as f32 - 125.0) / 128.0)
+            .collect();
+        cast::cast(&Tensor::from_slice(engine, &data, &[n])?, dtype)
+    };
+    let g32 = filled(DType::F32, 1)?;
+    let g16 = filled(DType::BF16, 2)?;
+    let mut ops = Vec::new();
+
+    let adam_state = |opt: &AdamW| -> Vec<Tensor> {
+        vec![
+            opt.params()[0].clone(),
+            opt.first_moments()[0].clone(),
+            opt.second_moments()[0].clone(),
+        ]
+    };
+    let opt = AdamW::new(&[filled(DType::F32, 3)?], AdamWOptions::default())?;
+    let mut inputs = vec![g32.clone()];
+    inputs.extend(adam_state(&opt));
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("adamw_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        Ok(adam_state(&opt))
+    }));
+
+    let opt = AdamW::new(&[filled(DType::BF16, 4)?], AdamWOptions::default())?;
+    let mut inputs = vec![g16.clone()];
+    inputs.extend(adam_state(&opt));
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("adamw_step", "bf16 copy", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        let mut out = adam_state(&opt);
+        out.extend(opt.model_copies()[0].clone());
+        Ok(out)
+    }));
+
+    let opt = AdamW::new(&[filled(DType::F32, 5)?], AdamWOptions::default())?;
+    let mut inputs = vec![g32.clone(), g32.clone()];
+    inputs.extend(adam_state(&opt));
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("adamw_clip_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        let clip = Clip::from_grads(&[&i[0]], 1.0)?;
+        opt.step(&[&i[0]], Some(&clip))?;
+        Ok(adam_state(&opt))
+    }));
+
+    let momentum = SgdOptions {
+        momentum: 0.9,
+        ..SgdOptions::default()
+    };
+    let opt = Sgd::new(&[filled(DType::F32, 6)?], momentum)?;
+    let inputs = vec![
+        g32.clone(),
+        opt.params()[0].clone(),
+        opt.momentum_buffers()[0].clone(),
+    ];
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("sgd_momentum_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        Ok(vec![
+            opt.params()[0].clone(),
+            opt.momentum_buffers()[0].clone(),
+        ])
+    }));
+
+    let opt = Sgd::new(&[filled(DType::F32, 7)?], SgdOptions::default())?;
+    let inputs = vec![g32.clone(), opt.params()[0].clone()];
+    let opt = RefCell::new(opt);
+    ops.push(Op::new("sgd_step", "f32", inputs, move |i| {
+        let mut opt = opt.borrow_mut();
+        opt.step(&[&i[0]], None)?;
+        Ok(vec![opt.params()[0].clone()])
+    }));
+
+    for (g, label) in [(g32, "f32"), (g16, "bf16")] {
+        ops.push(Op::new("grad_norm", label, vec![g], |i| {
+            Ok(vec![grad_norm(&[&i[0]])?])
+        }));
     }
     Ok(ops)
 }

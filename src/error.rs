@@ -118,6 +118,15 @@ pub enum Error {
         /// What the compiler said.
         message: String,
     },
+    /// A tensor shares its buffer with another that the same call writes (an optimizer's
+    /// parameters, state and gradients must be distinct buffers).
+    #[error("{what} shares its buffer with {other}")]
+    Aliased {
+        /// Which argument.
+        what: String,
+        /// What it shares the buffer with.
+        other: String,
+    },
     /// `Engine::time` was called while another timed section was open on the engine.
     #[error("a timed section is already open on this engine")]
     TimingInProgress,

@@ -82,6 +82,8 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::attention::KERNEL,
         &crate::matmul::KERNEL,
         &crate::fused_linear::KERNEL,
+        &crate::embedding::KERNEL,
+        &crate::optim::KERNEL,
     ];
     REGISTRY
 }

@@ -1,8 +1,9 @@
 //! Tensors: a shared GPU buffer, a shape, a dtype and the engine they live on.
 //!
 //! Tensors are immutable through the public API: every op writes fresh outputs, so a forward's
-//! saved context (which holds tensor handles) cannot be changed before its backward. Cloning a
-//! tensor clones the handle, not the data.
+//! saved context (which holds tensor handles) cannot be changed before its backward. The one
+//! deliberate exception is an optimizer step ([`crate::optim`]), which updates the parameter
+//! tensors it was given in place. Cloning a tensor clones the handle, not the data.
 
 use crate::engine::{Engine, PooledBuffer};
 use crate::{DType, Element, Error, Result};

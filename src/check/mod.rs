@@ -4,6 +4,7 @@
 //! covered by some check.
 
 mod attention;
+mod embedding;
 mod fused_linear;
 mod gated_delta;
 mod loss;
@@ -11,6 +12,7 @@ mod matmul;
 mod mlp;
 mod model;
 mod norm;
+mod optim;
 mod pointwise;
 
 use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
@@ -73,6 +75,8 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(matmul::operators())
     .chain(mlp::operators())
     .chain(fused_linear::operators())
+    .chain(embedding::operators())
+    .chain(optim::operators())
     .chain(model::operators())
     .collect()
 }

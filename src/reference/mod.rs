@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod embedding;
 pub mod fused_linear;
 pub mod gated_delta;
 pub mod loss;
@@ -11,5 +12,6 @@ pub mod matmul;
 pub mod mlp;
 pub mod model;
 pub mod norm;
+pub mod optim;
 pub mod reduce;
 pub mod rope;

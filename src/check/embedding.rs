@@ -1,0 +1,80 @@
+//! Checks of the embedding family (`crate::embedding`).
+
+use super::*;
+
+/// This family's operator checks, in report order.
+pub(super) fn operators() -> Vec<OperatorCheck> {
+    vec![OperatorCheck {
+        name: "embedding",
+        kernels: &["embedding"],
+        run: check_embedding,
+    }]
+}
+
+/// Forward (exact copy of the rows) and table gradient against the f64 reference in every
+/// storage dtype: V = 300, D = 37 (odd: element-wise kernels) and 64 (whole vec4 rows),
+/// 1,500 positions `[30, 50]` with repeats (a third on one row), a padding row, I32 and U32
+/// indices.
+fn check_embedding(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::embedding::{EmbeddingOptions, embedding, embedding_backward};
+    use reference::embedding as r;
+    let (rows, shape) = (300usize, [30usize, 50usize]);
+    let n = shape[0] * shape[1];
+    let mut rng = Rng::new(5);
+    let idx: Vec<i64> = (0..n)
+        .map(|p| {
+            if p % 3 == 0 {
+                11
+            } else {
+                i64::from(rng.next_u32() % rows as u32)
+            }
+        })
+        .collect();
+    let options = EmbeddingOptions {
+        padding_index: Some(4),
+        check_indices: true,
+    };
+    let longest = (0..rows as i64)
+        .map(|v| idx.iter().filter(|&&x| x == v).count())
+        .max()
+        .unwrap_or(0);
+    let mut cases = Vec::new();
+    for (dtype, dim) in DType::FLOATS
+        .into_iter()
+        .flat_map(|d| [(d, 37usize), (d, 64)])
+    {
+        let indices = if dtype == DType::F16 {
+            let v: Vec<u32> = idx.iter().map(|&x| x as u32).collect();
+            crate::Tensor::from_slice(engine, &v, &shape)?
+        } else {
+            let v: Vec<i32> = idx.iter().map(|&x| x as i32).collect();
+            crate::Tensor::from_slice(engine, &v, &shape)?
+        };
+        let itype = indices.dtype();
+        let (table, ts) =
+            tensor_from_f64(engine, &rng.vec(rows * dim, -2.0, 2.0), &[rows, dim], dtype)?;
+        let (dy, dys) = tensor_from_f64(engine, &rng.vec(n * dim, -1.0, 1.0), &[n, dim], dtype)?;
+        let dy = dy.reshape(&[shape[0], shape[1], dim])?;
+        let (y, saved) = embedding(&table, &indices, &options)?;
+        let label = format!("{rows}x{dim} {dtype} indices {shape:?} {itype}");
+        cases.push(case(
+            format!("{label} y"),
+            &y.to_f64()?,
+            &r::forward(&ts, rows, dim, &idx),
+            Tolerance::EXACT,
+        ));
+        let g = embedding_backward(&saved, &dy)?;
+        // FP32 sums of up to `longest` terms of magnitude ≤ 1 (the reduction policy).
+        let tol = Tolerance {
+            abs: 1e-7 * longest as f64 + 1e-7,
+            ..Tolerance::for_dtype(DType::F32)
+        };
+        cases.push(case(
+            format!("{label} dtable"),
+            &g.to_f64()?,
+            &r::backward(&dys, rows, dim, &idx, options.padding_index),
+            tol,
+        ));
+    }
+    Ok(cases)
+}

@@ -1,0 +1,189 @@
+//! Checks of the optimizer family (`crate::optim`): AdamW and SGD steps against their f64
+//! references (several steps, clipping on the GPU), 16-bit model copies against the rounded
+//! masters, and the global gradient norm.
+
+use super::*;
+use crate::Tensor;
+use crate::optim::{AdamW, AdamWOptions, Clip, Sgd, SgdOptions, grad_norm};
+use reference::optim as r;
+
+/// This family's operator checks, in report order.
+pub(super) fn operators() -> Vec<OperatorCheck> {
+    vec![
+        OperatorCheck {
+            name: "adamw",
+            kernels: &["optim"],
+            run: check_adamw,
+        },
+        OperatorCheck {
+            name: "sgd",
+            kernels: &["optim"],
+            run: check_sgd,
+        },
+        OperatorCheck {
+            name: "grad_norm",
+            kernels: &["optim"],
+            run: check_grad_norm,
+        },
+    ]
+}
+
+/// Parameter shapes: odd lengths and a matrix.
+const SHAPES: [&[usize]; 3] = [&[7], &[1], &[31, 33]];
+const STEPS: usize = 3;
+
+/// Parameters of `dtype` and their stored values.
+fn params(engine: &Engine, rng: &mut Rng, dtype: DType) -> Result<(Vec<Tensor>, Vec<Vec<f64>>)> {
+    let mut tensors = Vec::new();
+    let mut values = Vec::new();
+    for s in SHAPES {
+        let n = s.iter().product();
+        let (t, v) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), s, dtype)?;
+        tensors.push(t);
+        values.push(v);
+    }
+    Ok((tensors, values))
+}
+
+/// The 16-bit model copy against the master rounded to `dtype` (exact).
+fn copy_case(label: String, master: &Tensor, copy: &Tensor) -> Result<Case> {
+    let want = stored_values(&master.to_f64()?, copy.dtype());
+    Ok(case(label, &copy.to_f64()?, &want, Tolerance::EXACT))
+}
+
+/// AdamW, 3 steps with clipping at max_norm 2 (active: the norms are near 18), for F32,
+/// F16 and BF16 parameters (the 16-bit ones through FP32 masters) and gradients of the same
+/// dtype: masters, both moments and model copies.
+fn check_adamw(engine: &Engine) -> Result<Vec<Case>> {
+    let mut rng = Rng::new(70);
+    let options = AdamWOptions {
+        lr: 0.01,
+        ..AdamWOptions::default()
+    };
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let (p, values) = params(engine, &mut rng, dtype)?;
+        let mut opt = AdamW::new(&p, options)?;
+        let mut want: Vec<r::AdamWState> = values.iter().map(|v| r::AdamWState::new(v)).collect();
+        for step in 1..=STEPS {
+            let (grads, gv) = params(engine, &mut rng, dtype)?;
+            let clip = Clip::from_grads(&grads, 2.0)?;
+            opt.step(&grads, Some(&clip))?;
+            let slices: Vec<&[f64]> = gv.iter().map(Vec::as_slice).collect();
+            let scale = r::clip_scale(r::grad_norm(&slices), 2.0);
+            for (s, g) in want.iter_mut().zip(&gv) {
+                r::adamw_step(s, g, scale, step as u64, &options);
+            }
+        }
+        for (k, s) in want.iter().enumerate() {
+            let label = format!("{dtype} {:?} after {STEPS} clipped steps", SHAPES[k]);
+            cases.push(case(
+                format!("{label} master"),
+                &opt.params()[k].to_f64()?,
+                &s.param,
+                f32_tol,
+            ));
+            cases.push(case(
+                format!("{label} m"),
+                &opt.first_moments()[k].to_f64()?,
+                &s.m,
+                f32_tol,
+            ));
+            cases.push(case(
+                format!("{label} v"),
+                &opt.second_moments()[k].to_f64()?,
+                &s.v,
+                f32_tol,
+            ));
+            if let Some(c) = &opt.model_copies()[k] {
+                cases.push(copy_case(
+                    format!("{label} model copy"),
+                    &opt.params()[k],
+                    c,
+                )?);
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// SGD with momentum 0.9, Nesterov and weight decay 0.01, 3 steps, every parameter dtype
+/// (F32 gradients): masters, momentum buffers and model copies.
+fn check_sgd(engine: &Engine) -> Result<Vec<Case>> {
+    let mut rng = Rng::new(71);
+    let options = SgdOptions {
+        lr: 0.1,
+        momentum: 0.9,
+        nesterov: true,
+        weight_decay: 0.01,
+        ..SgdOptions::default()
+    };
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let (p, values) = params(engine, &mut rng, dtype)?;
+        let mut opt = Sgd::new(&p, options)?;
+        let mut want: Vec<r::SgdState> = values
+            .iter()
+            .map(|v| r::SgdState {
+                param: v.clone(),
+                buffer: None,
+            })
+            .collect();
+        for _ in 0..STEPS {
+            let (grads, gv) = params(engine, &mut rng, DType::F32)?;
+            opt.step(&grads, None)?;
+            for (s, g) in want.iter_mut().zip(&gv) {
+                r::sgd_step(s, g, 1.0, &options);
+            }
+        }
+        for (k, s) in want.iter().enumerate() {
+            let label = format!("{dtype} {:?} after {STEPS} steps", SHAPES[k]);
+            cases.push(case(
+                format!("{label} master"),
+                &opt.params()[k].to_f64()?,
+                &s.param,
+                f32_tol,
+            ));
+            cases.push(case(
+                format!("{label} momentum"),
+                &opt.momentum_buffers()[k].to_f64()?,
+                s.buffer.as_deref().unwrap_or_default(),
+                f32_tol,
+            ));
+            if let Some(c) = &opt.model_copies()[k] {
+                cases.push(copy_case(
+                    format!("{label} model copy"),
+                    &opt.params()[k],
+                    c,
+                )?);
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// Global norm of gradients of 1, 7, 1,000 and 100,003 elements, each float dtype.
+fn check_grad_norm(engine: &Engine) -> Result<Vec<Case>> {
+    let mut rng = Rng::new(72);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let mut tensors = Vec::new();
+        let mut values = Vec::new();
+        for n in [1usize, 7, 1000, 100_003] {
+            let (t, v) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &[n], dtype)?;
+            tensors.push(t);
+            values.push(v);
+        }
+        let slices: Vec<&[f64]> = values.iter().map(Vec::as_slice).collect();
+        let got = grad_norm(&tensors)?.to_f64()?;
+        cases.push(case(
+            format!("[1, 7, 1000, 100003] {dtype}"),
+            &got,
+            &[r::grad_norm(&slices)],
+            Tolerance::for_dtype(DType::F32),
+        ));
+    }
+    Ok(cases)
+}

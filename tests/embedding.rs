@@ -1,0 +1,525 @@
+//! Embedding lookup against the f64 reference of `wgrad::reference::embedding`: the forward
+//! bit for bit in every table dtype (odd widths of 16-bit tables, special values), the table
+//! gradient in every cotangent dtype (every index repeated, all positions on one index,
+//! padding, out-of-range positions, V = 1, sorts long enough to need the global merge steps),
+//! and equal to a host f32 sum in ascending position order bit for bit; finite differences of
+//! the reference backward; empty and 0-D index tensors; bit-identical reruns; bad inputs.
+
+mod common;
+
+use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use wgrad::embedding::{
+    EmbeddingOptions, embedding, embedding_backward, embedding_workspace_bytes,
+};
+use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::reference::embedding as reference;
+use wgrad::{DType, Error, Tensor};
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
+    let c = compare(got, want, tol);
+    assert!(
+        c.passed,
+        "{what}: {c}; got {:?} want {:?}",
+        got.get(c.worst),
+        want.get(c.worst)
+    );
+}
+
+/// Raw storage bits of a float tensor, one entry per element.
+fn bits(t: &Tensor) -> Vec<u32> {
+    match t.dtype() {
+        DType::F32 => f32_bits(t),
+        DType::F16 => t
+            .to_vec::<half::f16>()
+            .unwrap()
+            .into_iter()
+            .map(|h| u32::from(h.to_bits()))
+            .collect(),
+        DType::BF16 => t
+            .to_vec::<half::bf16>()
+            .unwrap()
+            .into_iter()
+            .map(|h| u32::from(h.to_bits()))
+            .collect(),
+        other => panic!("not a float tensor: {other}"),
+    }
+}
+
+/// Table data with special values mixed in: ±0, ±∞, NaN, tiny and huge values.
+fn table_data(seed: u64, n: usize) -> Vec<f64> {
+    let mut v = Rng::new(seed).vec(n, -3.0, 3.0);
+    let specials = [
+        -0.0,
+        0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        1e-30,
+        6e-8,
+        3e38,
+    ];
+    for (i, s) in specials.iter().enumerate() {
+        if 3 * i + 1 < n {
+            v[3 * i + 1] = *s;
+        }
+    }
+    v
+}
+
+fn index_tensor(values: &[i64], shape: &[usize], dtype: DType) -> Tensor {
+    let e = engine();
+    match dtype {
+        DType::I32 => {
+            let v: Vec<i32> = values.iter().map(|&x| x as i32).collect();
+            Tensor::from_slice(e, &v, shape).unwrap()
+        }
+        _ => {
+            let v: Vec<u32> = values.iter().map(|&x| x as u32).collect();
+            Tensor::from_slice(e, &v, shape).unwrap()
+        }
+    }
+}
+
+fn unchecked() -> EmbeddingOptions {
+    EmbeddingOptions {
+        check_indices: false,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn forward_copies_rows_bit_for_bit_in_every_dtype() {
+    let e = engine();
+    for dtype in DType::FLOATS {
+        for (k, &(rows, dim, ref shape)) in [
+            (5usize, 4usize, vec![3usize, 5usize]),
+            (7, 3, vec![11]),
+            (4, 1, vec![2, 3, 2]),
+            (9, 33, vec![7]),
+            (1, 5, vec![4]),
+            (6, 8, vec![5]),
+            (3, 16, vec![2, 2]),
+            (5, 12, vec![3]),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let n: usize = shape.iter().product();
+            let table = table_data(10 + k as u64, rows * dim);
+            let tt = tensor_from_f64(e, &table, &[rows, dim], dtype);
+            let idx: Vec<i64> = (0..n)
+                .map(|p| ((p * 7 + k) % rows) as i64)
+                .collect::<Vec<_>>();
+            for idtype in [DType::I32, DType::U32] {
+                let it = index_tensor(&idx, shape, idtype);
+                let (y, saved) = embedding(&tt, &it, &EmbeddingOptions::default()).unwrap();
+                let mut want_shape = shape.clone();
+                want_shape.push(dim);
+                assert_eq!(y.shape(), want_shape.as_slice());
+                assert_eq!(y.dtype(), dtype);
+                assert_eq!(saved.table_shape(), [rows, dim]);
+                // Bit for bit: each output element is the stored table element.
+                let table_bits = bits(&tt);
+                let want: Vec<u32> = idx
+                    .iter()
+                    .flat_map(|&r| table_bits[r as usize * dim..(r as usize + 1) * dim].to_vec())
+                    .collect();
+                assert_eq!(bits(&y), want, "{dtype} {rows}x{dim} {shape:?} {idtype}");
+                // And the reference agrees (NaN matches NaN).
+                let want = reference::forward(&stored(&table, dtype), rows, dim, &idx);
+                assert_close(
+                    "forward vs reference",
+                    &y.to_f64().unwrap(),
+                    &want,
+                    Tolerance::EXACT,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn unchecked_out_of_range_indices_gather_zeros_and_give_no_gradient() {
+    let e = engine();
+    let (rows, dim) = (6, 5);
+    let idx: Vec<i64> = vec![0, 6, -1, 5, 1000, i32::MIN as i64, 2, 0];
+    for dtype in DType::FLOATS {
+        let table = table_data(20, rows * dim);
+        let tt = tensor_from_f64(e, &table, &[rows, dim], dtype);
+        let it = index_tensor(&idx, &[8], DType::I32);
+        let (y, saved) = embedding(&tt, &it, &unchecked()).unwrap();
+        let want = reference::forward(&stored(&table, dtype), rows, dim, &idx);
+        assert_close("y", &y.to_f64().unwrap(), &want, Tolerance::EXACT);
+        let dy = Rng::new(21).vec(8 * dim, -1.0, 1.0);
+        let dyt = tensor_from_f64(e, &dy, &[8, dim], DType::F32);
+        let g = embedding_backward(&saved, &dyt).unwrap();
+        let want = reference::backward(&stored(&dy, DType::F32), rows, dim, &idx, None);
+        assert_close(
+            "dtable",
+            &g.to_f64().unwrap(),
+            &want,
+            Tolerance::for_dtype(DType::F32),
+        );
+    }
+    // U32 indices past the table.
+    let it = index_tensor(&[1, 7, u32::MAX as i64], &[3], DType::U32);
+    let tt = tensor_from_f64(e, &[1.0; 6], &[3, 2], DType::F32);
+    let (y, _) = embedding(&tt, &it, &unchecked()).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+}
+
+/// The GPU gradient against the reference, and bit for bit against a host f32 sum taken in
+/// ascending position order (the documented order).
+fn check_backward(label: &str, rows: usize, dim: usize, idx: &[i64], padding: Option<usize>) {
+    let e = engine();
+    let n = idx.len();
+    let table = Rng::new(30).vec(rows * dim, -1.0, 1.0);
+    let tt = tensor_from_f64(e, &table, &[rows, dim], DType::F32);
+    let it = index_tensor(idx, &[n], DType::I32);
+    let options = EmbeddingOptions {
+        padding_index: padding,
+        check_indices: true,
+    };
+    let (_, saved) = embedding(&tt, &it, &options).unwrap();
+    for dtype in DType::FLOATS {
+        let dy = stored(&Rng::new(31).vec(n * dim, -1.0, 1.0), dtype);
+        let dyt = tensor_from_f64(e, &dy, &[n, dim], dtype);
+        let g = embedding_backward(&saved, &dyt).unwrap();
+        assert_eq!((g.dtype(), g.shape()), (DType::F32, &[rows, dim][..]));
+        let want = reference::backward(&dy, rows, dim, idx, padding);
+        // FP32 sums of up to `longest` terms of magnitude ≤ 1.
+        let longest = (0..rows)
+            .map(|r| idx.iter().filter(|&&v| v == r as i64).count())
+            .max()
+            .unwrap_or(0);
+        let tol = Tolerance {
+            abs: 1e-7 * longest as f64 + 1e-7,
+            ..Tolerance::for_dtype(DType::F32)
+        };
+        let got = g.to_f64().unwrap();
+        assert_close(&format!("{label} {dtype} dtable"), &got, &want, tol);
+        let mut host = vec![0.0f32; rows * dim];
+        for (p, &v) in idx.iter().enumerate() {
+            if padding == Some(v as usize) {
+                continue;
+            }
+            for c in 0..dim {
+                host[v as usize * dim + c] += dy[p * dim + c] as f32;
+            }
+        }
+        assert_eq!(
+            f32_bits(&g),
+            host.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{label} {dtype}: not the ascending-position f32 sum"
+        );
+    }
+}
+
+#[test]
+fn backward_every_index_repeated() {
+    let idx: Vec<i64> = (0..60).map(|p| (p * 7 % 10) as i64).collect();
+    check_backward("repeated", 10, 6, &idx, None);
+}
+
+#[test]
+fn backward_all_positions_one_index() {
+    let idx = vec![3i64; 777];
+    check_backward("one index", 5, 9, &idx, None);
+    check_backward("one index D=12", 5, 12, &idx, None);
+}
+
+#[test]
+fn backward_padding_row_gets_no_gradient() {
+    let idx: Vec<i64> = (0..40).map(|p| (p % 4) as i64).collect();
+    check_backward("padding", 6, 7, &idx, Some(2));
+    let e = engine();
+    let tt = tensor_from_f64(e, &[2.0, 3.0, 4.0, 5.0], &[2, 2], DType::F32);
+    let it = index_tensor(&[1, 0, 1], &[3], DType::I32);
+    let (y, saved) = embedding(
+        &tt,
+        &it,
+        &EmbeddingOptions {
+            padding_index: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The forward still gathers the padding row.
+    assert_eq!(y.to_vec::<f32>().unwrap(), [4.0, 5.0, 2.0, 3.0, 4.0, 5.0]);
+    let g =
+        embedding_backward(&saved, &tensor_from_f64(e, &[1.0; 6], &[3, 2], DType::F32)).unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), [1.0, 1.0, 0.0, 0.0]);
+}
+
+#[test]
+fn backward_single_row_table() {
+    check_backward("V=1", 1, 3, &[0, 0, 0, 0, 0], None);
+    check_backward("V=1 N=1", 1, 1, &[0], None);
+}
+
+#[test]
+fn backward_long_sorts_with_global_merge_steps() {
+    // 3,001 positions: 4,096 padded keys, so merge level 4,096 runs a global step; a skewed
+    // distribution (a third of the positions on row 0) and unused rows.
+    let mut rng = Rng::new(40);
+    let idx: Vec<i64> = (0..3001)
+        .map(|p| {
+            if p % 3 == 0 {
+                0
+            } else {
+                i64::from(rng.next_u32() % 700)
+            }
+        })
+        .collect();
+    check_backward("N=3001", 1000, 5, &idx, Some(7));
+    // A sorted and a reverse-sorted index list, just past one local block; widths that take
+    // the four-column path.
+    let up: Vec<i64> = (0..2049).map(|p| (p / 3) as i64).collect();
+    check_backward("ascending", 700, 3, &up, None);
+    check_backward("ascending D=8", 700, 8, &up, None);
+    let down: Vec<i64> = up.iter().rev().copied().collect();
+    check_backward("descending", 700, 4, &down, None);
+}
+
+#[test]
+fn odd_widths_of_16_bit_tables_and_cotangents() {
+    let e = engine();
+    for dtype in [DType::F16, DType::BF16] {
+        for (rows, dim, n) in [(3usize, 1usize, 5usize), (4, 3, 7), (5, 7, 3)] {
+            let table = table_data(50, rows * dim);
+            let tt = tensor_from_f64(e, &table, &[rows, dim], dtype);
+            let idx: Vec<i64> = (0..n).map(|p| ((p * 2 + 1) % rows) as i64).collect();
+            let it = index_tensor(&idx, &[n], DType::U32);
+            let (y, saved) = embedding(&tt, &it, &EmbeddingOptions::default()).unwrap();
+            let tb = bits(&tt);
+            let want: Vec<u32> = idx
+                .iter()
+                .flat_map(|&r| tb[r as usize * dim..(r as usize + 1) * dim].to_vec())
+                .collect();
+            assert_eq!(bits(&y), want, "{dtype} {rows}x{dim} n={n}");
+            let dy = stored(&Rng::new(51).vec(n * dim, -1.0, 1.0), dtype);
+            let g = embedding_backward(&saved, &tensor_from_f64(e, &dy, &[n, dim], dtype)).unwrap();
+            assert_close(
+                &format!("{dtype} {rows}x{dim} dtable"),
+                &g.to_f64().unwrap(),
+                &reference::backward(&dy, rows, dim, &idx, None),
+                Tolerance::for_dtype(DType::F32),
+            );
+        }
+    }
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let (rows, dim) = (6, 4);
+    let idx: Vec<i64> = vec![0, 5, 2, 2, 7, 5, 5, -1, 3];
+    let dy = Rng::new(60).vec(idx.len() * dim, -1.0, 1.0);
+    let table = Rng::new(61).vec(rows * dim, -1.0, 1.0);
+    for padding in [None, Some(5)] {
+        let analytic = reference::backward(&dy, rows, dim, &idx, padding);
+        // With padding, the padding row's entries are treated as constants: the forward
+        // used here zeroes their effect so that finite differences see no dependence.
+        let c = check_vjp(
+            |t| {
+                let mut t = t.to_vec();
+                if let Some(pad) = padding {
+                    for c in 0..dim {
+                        t[pad * dim + c] = table[pad * dim + c];
+                    }
+                }
+                reference::forward(&t, rows, dim, &idx)
+            },
+            &table,
+            &dy,
+            &analytic,
+        );
+        assert!(c.passed, "padding {padding:?}: {c}");
+    }
+}
+
+#[test]
+fn empty_and_scalar_index_tensors() {
+    let e = engine();
+    let tt = tensor_from_f64(e, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], DType::BF16);
+    for shape in [vec![0usize], vec![2, 0]] {
+        let it = Tensor::from_slice(e, &[] as &[i32], &shape).unwrap();
+        let (y, saved) = embedding(&tt, &it, &EmbeddingOptions::default()).unwrap();
+        let mut want = shape.clone();
+        want.push(2);
+        assert_eq!(y.shape(), want.as_slice());
+        assert_eq!(y.len(), 0);
+        let dy = Tensor::zeros(e, &want, DType::F32).unwrap();
+        let g = embedding_backward(&saved, &dy).unwrap();
+        assert_eq!(g.to_vec::<f32>().unwrap(), vec![0.0; 6]);
+    }
+    assert_eq!(embedding_workspace_bytes(3, 0), 0);
+    // 0-D indices: one position, output [D].
+    let it = Tensor::from_slice(e, &[2u32], &[]).unwrap();
+    let (y, saved) = embedding(&tt, &it, &EmbeddingOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[2]);
+    assert_eq!(y.to_f64().unwrap(), [5.0, 6.0]);
+    let g =
+        embedding_backward(&saved, &tensor_from_f64(e, &[1.0, -1.0], &[2], DType::F16)).unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), [0.0, 0.0, 0.0, 0.0, 1.0, -1.0]);
+    // Zero-width table.
+    let tz = Tensor::zeros(e, &[3, 0], DType::F32).unwrap();
+    let it = Tensor::from_slice(e, &[0i32, 2], &[2]).unwrap();
+    let (y, saved) = embedding(&tz, &it, &EmbeddingOptions::default()).unwrap();
+    assert_eq!(y.shape(), &[2, 0]);
+    let g = embedding_backward(&saved, &Tensor::zeros(e, &[2, 0], DType::F32).unwrap()).unwrap();
+    assert_eq!(g.shape(), &[3, 0]);
+}
+
+#[test]
+fn reruns_are_bit_identical() {
+    let e = engine();
+    let (rows, dim, n) = (300, 17, 2000);
+    let mut rng = Rng::new(70);
+    let idx: Vec<i64> = (0..n).map(|_| i64::from(rng.next_u32() % 50)).collect();
+    let tt = tensor_from_f64(e, &table_data(71, rows * dim), &[rows, dim], DType::BF16);
+    let it = index_tensor(&idx, &[n], DType::I32);
+    let dyt = tensor_from_f64(
+        e,
+        &Rng::new(72).vec(n * dim, -1.0, 1.0),
+        &[n, dim],
+        DType::F32,
+    );
+    let run = || {
+        let (y, saved) = embedding(&tt, &it, &EmbeddingOptions::default()).unwrap();
+        (
+            bits(&y),
+            f32_bits(&embedding_backward(&saved, &dyt).unwrap()),
+        )
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn workspace_is_the_padded_key_list_and_run_starts() {
+    assert_eq!(embedding_workspace_bytes(4, 1), 8 * 2048 + 16);
+    assert_eq!(embedding_workspace_bytes(4, 2048), 8 * 2048 + 16);
+    assert_eq!(embedding_workspace_bytes(4, 2049), 8 * 4096 + 16);
+    assert_eq!(
+        embedding_workspace_bytes(128_256, 16_384),
+        8 * 16_384 + 4 * 128_256
+    );
+    let e = common::private_engine();
+    let tt = Tensor::zeros(&e, &[4, 2], DType::F32).unwrap();
+    let it = Tensor::from_slice(&e, &vec![1i32; 2100], &[2100]).unwrap();
+    let (_, saved) = embedding(&tt, &it, &EmbeddingOptions::default()).unwrap();
+    let dy = Tensor::zeros(&e, &[2100, 2], DType::F32).unwrap();
+    e.set_workspace_bound(8 * 4096 + 15);
+    assert_eq!(
+        embedding_backward(&saved, &dy).unwrap_err(),
+        Error::WorkspaceExceeded {
+            what: "embedding_backward".into(),
+            needed: 8 * 4096 + 16,
+            bound: 8 * 4096 + 15
+        }
+    );
+    e.set_workspace_bound(8 * 4096 + 16);
+    assert!(embedding_backward(&saved, &dy).is_ok());
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let e = engine();
+    let table = Tensor::zeros(e, &[4, 3], DType::F32).unwrap();
+    let idx = Tensor::from_slice(e, &[0i32, 3], &[2]).unwrap();
+    let d = EmbeddingOptions::default();
+    // Table not 2-D.
+    for shape in [vec![12usize], vec![2, 2, 3], vec![]] {
+        let t = Tensor::zeros(e, &shape, DType::F32).unwrap();
+        assert!(
+            matches!(embedding(&t, &idx, &d), Err(Error::ShapeMismatch { .. })),
+            "{shape:?}"
+        );
+    }
+    // Integer table, float indices.
+    let it = Tensor::zeros(e, &[4, 3], DType::I32).unwrap();
+    assert!(matches!(
+        embedding(&it, &idx, &d),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    for dtype in DType::FLOATS {
+        let fi = Tensor::zeros(e, &[2], dtype).unwrap();
+        assert_eq!(
+            embedding(&table, &fi, &d).unwrap_err(),
+            Error::UnsupportedDType {
+                what: "embedding: indices".into(),
+                got: dtype,
+                accepted: vec![DType::I32, DType::U32]
+            }
+        );
+    }
+    // Padding index past the table.
+    assert_eq!(
+        embedding(
+            &table,
+            &idx,
+            &EmbeddingOptions {
+                padding_index: Some(4),
+                ..d
+            }
+        )
+        .unwrap_err(),
+        Error::OutOfBounds {
+            what: "embedding: padding_index".into(),
+            got: 4,
+            min: 0,
+            max: 3
+        }
+    );
+    // Checked indices: too large, negative.
+    let big = Tensor::from_slice(e, &[0u32, 4], &[2]).unwrap();
+    assert_eq!(
+        embedding(&table, &big, &d).unwrap_err(),
+        Error::OutOfBounds {
+            what: "embedding: indices[1]".into(),
+            got: 4,
+            min: 0,
+            max: 3
+        }
+    );
+    let neg = Tensor::from_slice(e, &[1i32, 2, -3], &[3]).unwrap();
+    assert!(matches!(
+        embedding(&table, &neg, &d),
+        Err(Error::InvalidValue { got, .. }) if got == -3.0
+    ));
+    // A zero-row table accepts no index (checked), gathers zeros unchecked.
+    let empty = Tensor::zeros(e, &[0, 3], DType::F32).unwrap();
+    assert!(matches!(
+        embedding(&empty, &idx, &d),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let (y, _) = embedding(&empty, &idx, &unchecked()).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0; 6]);
+    // Cotangent of the wrong shape or dtype.
+    let (_, saved) = embedding(&table, &idx, &d).unwrap();
+    let dy = Tensor::zeros(e, &[2, 4], DType::F32).unwrap();
+    assert_eq!(
+        embedding_backward(&saved, &dy).unwrap_err(),
+        Error::ShapeMismatch {
+            what: "embedding_backward: dy".into(),
+            expected: vec![2, 3],
+            got: vec![2, 4]
+        }
+    );
+    let dy = Tensor::zeros(e, &[2, 3], DType::U32).unwrap();
+    assert!(matches!(
+        embedding_backward(&saved, &dy),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    // Tensors of another engine.
+    let other = common::private_engine();
+    let oi = Tensor::from_slice(&other, &[0i32], &[1]).unwrap();
+    assert!(matches!(
+        embedding(&table, &oi, &d),
+        Err(Error::EngineMismatch { .. })
+    ));
+    let ody = Tensor::zeros(&other, &[2, 3], DType::F32).unwrap();
+    assert!(matches!(
+        embedding_backward(&saved, &ody),
+        Err(Error::EngineMismatch { .. })
+    ));
+}
