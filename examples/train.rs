@@ -18,7 +18,7 @@ use std::time::Instant;
 use wgrad::Engine;
 use wgrad::gradcheck::Rng;
 use wgrad::model::{
-    AdamWSettings, Batch, HostAdamW, Model, ModelConfig, Vocabulary, sample_windows,
+    AdamWSettings, Batch, Model, ModelAdamW, ModelConfig, Vocabulary, sample_windows,
 };
 
 const CORPUS: &[u8] = include_bytes!("../data/sonnets.txt");
@@ -281,7 +281,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         seed: args.seed,
         ..ModelConfig::default()
     };
-    let mut model = Model::new(&engine, config)?;
+    let model = Model::new(&engine, config)?;
     println!(
         "corpus: {} characters ({} for training, {} held out), vocabulary {}",
         stream.len(),
@@ -305,7 +305,13 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     std::fs::create_dir_all(&args.out)?;
 
-    let mut optimizer = HostAdamW::new(&model, AdamWSettings::default());
+    let mut optimizer = ModelAdamW::new(
+        &model,
+        AdamWSettings {
+            lr: args.lr as f32,
+            ..AdamWSettings::default()
+        },
+    )?;
     let mut rng = Rng::new(args.seed ^ 0x5eed);
     let bar = ProgressBar::new(args.steps as u64);
     bar.set_style(
@@ -325,7 +331,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let (loss, tape) = model.forward(&batch)?;
         let grads = model.backward(&tape)?;
         drop(tape);
-        optimizer.step(&mut model, &grads, learning_rate(args.lr, step, args.steps))?;
+        optimizer.set_lr(learning_rate(args.lr, step, args.steps) as f32)?;
+        optimizer.step(&grads)?;
         let loss = loss.to_f64()?[0];
         let dt = t0.elapsed().as_secs_f64();
         records.push(Record {

@@ -44,6 +44,7 @@
 //! [`crate::reference::model`].
 
 use crate::attention::{self, AttentionLayout, AttentionOptions, AttentionSaved};
+use crate::embedding::{self, EmbeddingOptions, EmbeddingSaved};
 use crate::fused_linear::{
     self, FusedLinearCrossEntropyOptions, FusedLinearCrossEntropySaved, LinearHead,
 };
@@ -52,6 +53,7 @@ use crate::loss::CrossEntropyOptions;
 use crate::matmul::{self, Gemm, GemmOperand, MatmulOptions};
 use crate::mlp::{self, MlpOptions, MlpSaved};
 use crate::norm::{self, RmsNormOptions};
+use crate::optim::{AdamW, AdamWOptions, Clip};
 use crate::rope::{self, RopeLayout, RopeQkOptions, RopeSaved};
 use crate::{DType, Engine, Error, Result, Tensor};
 
@@ -332,7 +334,7 @@ impl Batch {
     }
 }
 
-// ---- projections and the embedding ------------------------------------------------------
+// ---- projections ----------------------------------------------------------------------------
 
 /// What [`linear`] keeps: its input and weight (handles; tensors are immutable).
 #[derive(Debug, Clone)]
@@ -429,37 +431,6 @@ fn linear_backward(saved: &[&LinearSaved], dys: &[&Tensor]) -> Result<(Tensor, V
         dws.push(dw);
     }
     Ok((dx, dws))
-}
-
-/// What [`embed`] keeps: the ids and the table's shape.
-#[derive(Debug, Clone)]
-pub struct EmbeddingSaved {
-    /// Token ids, row-major.
-    pub tokens: Vec<i32>,
-    /// `[vocab, width]`.
-    pub table_shape: [usize; 2],
-}
-
-/// Rows of `table` `[V, D]` gathered by `tokens` → `[tokens, D]`.
-fn embed(table: &Tensor, tokens: &[i32]) -> Result<(Tensor, EmbeddingSaved)> {
-    let (vocab, width) = (table.shape()[0], table.shape()[1]);
-    let y = crate::reference::model::embedding(&table.to_f64()?, tokens, width);
-    let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
-    Ok((
-        Tensor::from_slice(table.engine(), &y, &[tokens.len(), width])?,
-        EmbeddingSaved {
-            tokens: tokens.to_vec(),
-            table_shape: [vocab, width],
-        },
-    ))
-}
-
-/// `dtable[t] = Σ_{r: tokens[r] = t} dy[r]`, F32 `[V, D]`.
-fn embed_backward(saved: &EmbeddingSaved, dy: &Tensor) -> Result<Tensor> {
-    let [vocab, width] = saved.table_shape;
-    let d = crate::reference::model::embedding_backward(&dy.to_f64()?, &saved.tokens, vocab, width);
-    let d: Vec<f32> = d.iter().map(|&v| v as f32).collect();
-    Tensor::from_slice(dy.engine(), &d, &[vocab, width])
 }
 
 // ---- the model ------------------------------------------------------------------------------
@@ -637,7 +608,7 @@ impl Model {
     /// first norm saved, block tapes)`.
     fn trunk(
         &self,
-        tokens: &[i32],
+        tokens: &Tensor,
         batch: usize,
         seq: usize,
     ) -> Result<(Tensor, EmbeddingSaved, norm::Saved, Vec<BlockTape>)> {
@@ -653,7 +624,15 @@ impl Model {
         let rows = batch * seq;
         let opts = self.norm_options();
         // h = embedding[tokens]; n = RMSNorm(h + 0).
-        let (mut stream, embedding) = embed(&self.embedding, tokens)?;
+        // The ids were checked on the host (`Batch::new`, `logits`): no read-back here.
+        let (mut stream, embedding) = embedding::embedding(
+            &self.embedding,
+            &tokens.reshape(&[rows])?,
+            &EmbeddingOptions {
+                check_indices: false,
+                ..EmbeddingOptions::default()
+            },
+        )?;
         let zeros = Tensor::zeros(&self.engine, &[rows, c.d_model], DType::F32)?;
         let (mut normed, _, first_norm) =
             norm::add_rms_norm(&stream, &zeros, Some(&self.blocks[0].attention_norm), &opts)?;
@@ -734,13 +713,13 @@ impl Model {
     /// Loss and tape of one batch: shapes as in the module documentation; the loss is an F32
     /// scalar `[]` (mean over the counted targets), the LM head and the loss one chunked
     /// [`fused_linear::fused_linear_cross_entropy`] (which also computes the head's gradients
-    /// for the backward). Nothing is read back (the host embedding excepted). Errors: a batch longer than
+    /// for the backward). Nothing is read back. Errors: a batch longer than
     /// `seq_len` or with ids outside the vocabulary (`OutOfBounds`), a batch of another engine
     /// (`EngineMismatch`), and the errors of the operators.
     pub fn forward(&self, batch: &Batch) -> Result<(Tensor, Tape)> {
         self.check_batch(batch)?;
         let (normed, embedding, first_norm, blocks) =
-            self.trunk(&batch.host_tokens, batch.batch, batch.seq)?;
+            self.trunk(&batch.tokens, batch.batch, batch.seq)?;
         let rows = batch.batch * batch.seq;
         let (out, head) = fused_linear::fused_linear_cross_entropy(
             LinearHead {
@@ -792,7 +771,8 @@ impl Model {
                 ));
             }
         }
-        let (normed, ..) = self.trunk(tokens, batch, seq)?;
+        let ids = Tensor::from_slice(&self.engine, tokens, &[batch, seq])?;
+        let (normed, ..) = self.trunk(&ids, batch, seq)?;
         Ok(linear(&normed, &self.lm_head)?.0)
     }
 
@@ -849,7 +829,7 @@ impl Model {
         norm_after_grads.reverse();
         let g = norm::norm_backward(&tape.first_norm, &d_normed, d_stream.as_ref())?;
         let d_first_norm = weight_grad(g.weight, "first norm")?;
-        let d_embedding = embed_backward(&tape.embedding, &g.source)?;
+        let d_embedding = embedding::embedding_backward(&tape.embedding, &g.source)?;
 
         let mut grads = Vec::with_capacity(1 + c.layers * BLOCK_PARAMETERS + 2);
         grads.push(d_embedding);
@@ -921,24 +901,27 @@ pub fn check_parameters(
 
 // ---- optimizer ------------------------------------------------------------------------------
 
-/// Settings of [`HostAdamW`].
+/// Settings of [`ModelAdamW`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWSettings {
+    /// Learning rate (default 1e-3); [`ModelAdamW::set_lr`] changes it between steps.
+    pub lr: f32,
     /// First-moment decay β₁ (default 0.9).
-    pub beta1: f64,
+    pub beta1: f32,
     /// Second-moment decay β₂ (default 0.95).
-    pub beta2: f64,
+    pub beta2: f32,
     /// Denominator ε (default 1e-8).
-    pub eps: f64,
-    /// Decoupled weight decay, applied to matrices only (default 0.1).
-    pub weight_decay: f64,
+    pub eps: f32,
+    /// Decoupled weight decay of the matrices (default 0.1); norm weights get none.
+    pub weight_decay: f32,
     /// Global gradient-norm clip (default 1.0; `None`: no clipping).
-    pub clip: Option<f64>,
+    pub clip: Option<f32>,
 }
 
 impl Default for AdamWSettings {
     fn default() -> Self {
         AdamWSettings {
+            lr: 1e-3,
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
@@ -948,66 +931,85 @@ impl Default for AdamWSettings {
     }
 }
 
-/// AdamW on the host: reads the gradients and parameters back, updates FP64 moments and
-/// FP32 parameters, uploads the new parameters. Deterministic; small models only.
-#[derive(Debug, Clone)]
-pub struct HostAdamW {
-    settings: AdamWSettings,
-    m: Vec<Vec<f64>>,
-    v: Vec<Vec<f64>>,
-    t: i32,
+/// [`optim::AdamW`](crate::optim::AdamW) over a model's parameters, updated in place on the
+/// GPU: two groups (the matrices with weight decay, the norm weights without) sharing one
+/// global-norm clip ([`Clip`]) computed on the GPU from all gradients. Nothing is read back.
+#[derive(Debug)]
+pub struct ModelAdamW {
+    matrices: AdamW,
+    vectors: AdamW,
+    /// Shape of parameter `i` (fixed order); matrices have two axes.
+    shapes: Vec<Vec<usize>>,
+    clip: Option<f32>,
 }
 
-impl HostAdamW {
-    /// Zero moments for `model`'s parameters.
-    pub fn new(model: &Model, settings: AdamWSettings) -> HostAdamW {
-        let zeros: Vec<Vec<f64>> = model
-            .parameters()
-            .iter()
-            .map(|p| vec![0.0; p.len()])
-            .collect();
-        HostAdamW {
-            settings,
-            m: zeros.clone(),
-            v: zeros,
-            t: 0,
-        }
+impl ModelAdamW {
+    /// An optimizer holding `model`'s parameter handles (the model sees every update).
+    /// Errors: settings outside their ranges (those of `AdamW::new`; a clip not finite or ≤ 0
+    /// fails at the first step).
+    pub fn new(model: &Model, settings: AdamWSettings) -> Result<ModelAdamW> {
+        let params = model.parameters();
+        let group = |matrix: bool| -> Vec<Tensor> {
+            params
+                .iter()
+                .filter(|p| (p.shape().len() > 1) == matrix)
+                .map(|p| (*p).clone())
+                .collect()
+        };
+        let options = |weight_decay| AdamWOptions {
+            lr: settings.lr,
+            beta1: settings.beta1,
+            beta2: settings.beta2,
+            eps: settings.eps,
+            weight_decay,
+        };
+        Ok(ModelAdamW {
+            matrices: AdamW::new(&group(true), options(settings.weight_decay))?,
+            vectors: AdamW::new(&group(false), options(0.0))?,
+            shapes: params.iter().map(|p| p.shape().to_vec()).collect(),
+            clip: settings.clip,
+        })
     }
 
-    /// One step with learning rate `lr`: clip the gradients to the global norm, update the
-    /// moments, `w −= lr·(m̂/(√v̂ + ε) + λ·w)`. Returns the gradient norm before clipping.
-    /// Errors: gradients that do not match the parameters (count, shape, dtype, engine).
-    pub fn step(&mut self, model: &mut Model, grads: &[Tensor], lr: f64) -> Result<f64> {
-        check_parameters(model.engine(), model.config(), grads, "gradient")?;
-        let s = self.settings;
-        self.t += 1;
-        let g: Vec<Vec<f64>> = grads.iter().map(|g| g.to_f64()).collect::<Result<_>>()?;
-        let norm = g.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
-        let scale = match s.clip {
-            Some(c) if norm > c => c / norm,
-            _ => 1.0,
-        };
-        let mut updated = Vec::with_capacity(g.len());
-        for (i, p) in model.parameters().into_iter().enumerate() {
-            let mut w = p.to_f64()?;
-            let decay = if p.shape().len() > 1 {
-                s.weight_decay
-            } else {
-                0.0
-            };
-            for j in 0..w.len() {
-                let gj = g[i][j] * scale;
-                self.m[i][j] = s.beta1 * self.m[i][j] + (1.0 - s.beta1) * gj;
-                self.v[i][j] = s.beta2 * self.v[i][j] + (1.0 - s.beta2) * gj * gj;
-                let mh = self.m[i][j] / (1.0 - s.beta1.powi(self.t));
-                let vh = self.v[i][j] / (1.0 - s.beta2.powi(self.t));
-                w[j] -= lr * (mh / (vh.sqrt() + s.eps) + decay * w[j]);
-            }
-            let w: Vec<f32> = w.iter().map(|&x| x as f32).collect();
-            updated.push(Tensor::from_slice(model.engine(), &w, p.shape())?);
+    /// Change the learning rate of both groups for the following steps.
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        self.matrices.set_lr(lr)?;
+        self.vectors.set_lr(lr)
+    }
+
+    /// One step with `grads` in the model's parameter order (as [`Model::backward`] returns
+    /// them). Returns the global gradient norm before clipping, a 1-element F32 tensor (not
+    /// read back). Errors, before anything is recorded: a count (`LengthMismatch`) or shapes
+    /// (`ShapeMismatch`) that do not match the parameters; then those of `AdamW::step`.
+    pub fn step(&mut self, grads: &[Tensor]) -> Result<Tensor> {
+        // Every gradient is checked before either group steps: no half-applied step.
+        if grads.len() != self.shapes.len() {
+            return Err(Error::LengthMismatch {
+                what: "model optimizer: gradients".into(),
+                shape: vec![self.shapes.len()],
+                expected: self.shapes.len(),
+                got: grads.len(),
+            });
         }
-        model.set_parameters(updated)?;
-        Ok(norm)
+        for (g, shape) in grads.iter().zip(&self.shapes) {
+            if g.shape() != shape.as_slice() {
+                return Err(Error::shape("model optimizer: gradient", shape, g.shape()));
+            }
+        }
+        let clip = Clip::from_grads(grads, self.clip.unwrap_or(f32::MAX))?;
+        let group = |matrix: bool| -> Vec<&Tensor> {
+            grads
+                .iter()
+                .zip(&self.shapes)
+                .filter(|&(_, shape)| (shape.len() > 1) == matrix)
+                .map(|(g, _)| g)
+                .collect()
+        };
+        let (gm, gv) = (group(true), group(false));
+        let clip_ref = self.clip.map(|_| &clip);
+        self.matrices.step(&gm, clip_ref)?;
+        self.vectors.step(&gv, clip_ref)?;
+        Ok(clip.norm)
     }
 }
 

@@ -8,7 +8,7 @@ mod common;
 use common::{Rng, engine};
 use wgrad::gradcheck::{Tolerance, compare, numerical_gradient};
 use wgrad::model::{
-    AdamWSettings, Batch, HostAdamW, Model, ModelConfig, Vocabulary, sample_windows,
+    AdamWSettings, Batch, Model, ModelAdamW, ModelConfig, Vocabulary, sample_windows,
 };
 use wgrad::reference::model as reference;
 use wgrad::{DType, Error, Tensor};
@@ -322,6 +322,33 @@ fn bad_configs_batches_and_parameters_are_typed_errors() {
         Model::from_parameters(e, t, half).unwrap_err(),
         Error::UnsupportedDType { .. }
     ));
+    // Optimizer: settings and gradient lists.
+    assert!(matches!(
+        ModelAdamW::new(
+            &model,
+            AdamWSettings {
+                lr: -1.0,
+                ..AdamWSettings::default()
+            }
+        )
+        .unwrap_err(),
+        Error::InvalidValue { .. }
+    ));
+    let mut optimizer = ModelAdamW::new(&model, AdamWSettings::default()).unwrap();
+    let zeros: Vec<Tensor> = params
+        .iter()
+        .map(|p| Tensor::zeros(e, p.shape(), DType::F32).unwrap())
+        .collect();
+    assert!(matches!(
+        optimizer.step(&zeros[1..]).unwrap_err(),
+        Error::LengthMismatch { .. }
+    ));
+    let mut swapped = zeros.clone();
+    swapped.swap(1, 2); // a [D] gradient where a [P, D] one belongs
+    assert!(matches!(
+        optimizer.step(&swapped).unwrap_err(),
+        Error::ShapeMismatch { .. }
+    ));
     let other = common::private_engine();
     let mut foreign = params;
     foreign[0] = Tensor::zeros(&other, &[t.vocab, t.d_model], DType::F32).unwrap();
@@ -373,8 +400,12 @@ fn train_curve(seed: u64, steps: usize) -> Vec<f32> {
         ..ModelConfig::default()
     };
     let e = engine();
-    let mut model = Model::new(e, config).unwrap();
-    let mut optimizer = HostAdamW::new(&model, AdamWSettings::default());
+    let model = Model::new(e, config).unwrap();
+    let settings = AdamWSettings {
+        lr: 1e-2,
+        ..AdamWSettings::default()
+    };
+    let mut optimizer = ModelAdamW::new(&model, settings).unwrap();
     let mut rng = Rng::new(seed + 1);
     let (batch, seq) = (4, 16);
     (0..steps)
@@ -383,7 +414,7 @@ fn train_curve(seed: u64, steps: usize) -> Vec<f32> {
             let b = Batch::new(e, &x, &y, batch, seq, config.vocab).unwrap();
             let (loss, tape) = model.forward(&b).unwrap();
             let grads = model.backward(&tape).unwrap();
-            optimizer.step(&mut model, &grads, 1e-2).unwrap();
+            optimizer.step(&grads).unwrap();
             loss.to_vec::<f32>().unwrap()[0]
         })
         .collect()

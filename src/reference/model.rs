@@ -1,14 +1,15 @@
 //! The decoder-only transformer of [`crate::model`] in f64 on the CPU: forward and analytic
-//! backward, assembled from the other references of this module (matmul, norm, RoPE,
-//! attention, activation, cross-entropy) plus a row gather for the embedding. Written to be
-//! read; small shapes only (attention materializes every score matrix).
+//! backward, assembled from the other references of this module (embedding, matmul, norm,
+//! RoPE, attention, gated MLP, cross-entropy). Written to be read; small shapes only
+//! (attention materializes every score matrix).
 //!
 //! Parameters are `Vec<f64>` in the model's fixed order ([`ModelConfig::parameter_shapes`]);
 //! activations are row-major with one row per token, `N = batch·seq` rows.
 
+use crate::activation::Activation;
 use crate::model::{BLOCK_PARAMETERS, ModelConfig};
 use crate::norm::CastingMode;
-use crate::reference::{activation, attention, loss, matmul, norm, rope};
+use crate::reference::{attention, embedding, loss, matmul, mlp, norm, rope};
 use crate::{DType, Result};
 
 /// One block's parameters, borrowed from the flat list (shapes as in
@@ -129,27 +130,18 @@ pub fn linear_backward(
     (dx, dw)
 }
 
-/// Embedding lookup: row `r` of the result is row `tokens[r]` of `table` `[vocab, width]`.
+/// Embedding lookup: row `r` of the result is row `tokens[r]` of `table` `[vocab, width]`
+/// ([`embedding::forward`]).
 pub fn embedding(table: &[f64], tokens: &[i32], width: usize) -> Vec<f64> {
-    tokens
-        .iter()
-        .flat_map(|&t| {
-            table[t as usize * width..(t as usize + 1) * width]
-                .iter()
-                .copied()
-        })
-        .collect()
+    let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+    embedding::forward(table, table.len() / width.max(1), width, &ids)
 }
 
-/// Backward of [`embedding`]: `dtable[t] = Σ_{r: tokens[r] = t} dy[r]`.
+/// Backward of [`embedding`]: `dtable[t] = Σ_{r: tokens[r] = t} dy[r]`
+/// ([`embedding::backward`]).
 pub fn embedding_backward(dy: &[f64], tokens: &[i32], vocab: usize, width: usize) -> Vec<f64> {
-    let mut dtable = vec![0.0; vocab * width];
-    for (r, &t) in tokens.iter().enumerate() {
-        for c in 0..width {
-            dtable[t as usize * width + c] += dy[r * width + c];
-        }
-    }
-    dtable
+    let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+    embedding::backward(dy, vocab, width, &ids, None)
 }
 
 /// Shapes of one forward.
@@ -232,15 +224,6 @@ struct AttentionCache {
     mixed: Vec<f64>,
 }
 
-/// What one block's MLP half keeps for the backward.
-#[derive(Debug, Clone)]
-struct MlpCache {
-    input: Vec<f64>,
-    gate: Vec<f64>,
-    up: Vec<f64>,
-    hidden: Vec<f64>,
-}
-
 /// What one block keeps: its two halves and the two add+RMSNorm calls after them (inputs
 /// `(branch output, residual stream before the add)`).
 #[derive(Debug, Clone)]
@@ -248,7 +231,7 @@ struct BlockCache {
     attention: AttentionCache,
     attention_out: Vec<f64>,
     stream_before_attention: Vec<f64>,
-    mlp: MlpCache,
+    mlp_input: Vec<f64>,
     mlp_out: Vec<f64>,
     stream_before_mlp: Vec<f64>,
 }
@@ -351,25 +334,13 @@ fn attention_half(
     (y, cache)
 }
 
-/// The MLP half: `down(silu(gate(x)) · up(x))`.
-fn mlp_half(x: &[f64], p: &BlockParameters, s: &Sizes) -> (Vec<f64>, MlpCache) {
-    let gate = linear(x, p.gate, s.rows, s.d, s.ffn);
-    let up = linear(x, p.up, s.rows, s.d, s.ffn);
-    let hidden = activation::forward(
-        crate::activation::Activation::Silu,
-        &gate,
-        Some(&up),
-        1.0,
-        1.0,
-    );
-    let y = linear(&hidden, p.down, s.rows, s.ffn, s.d);
-    let cache = MlpCache {
-        input: x.to_vec(),
-        gate,
-        up,
-        hidden,
-    };
-    (y, cache)
+/// Sizes of the MLP half for [`mlp`].
+fn mlp_extents(s: &Sizes) -> mlp::Extents {
+    mlp::Extents {
+        t: s.rows,
+        h: s.d,
+        i: s.ffn,
+    }
 }
 
 /// Forward: embedding → blocks → final RMSNorm → LM head → mean cross-entropy.
@@ -419,7 +390,16 @@ pub fn forward(
             s.d,
             eps,
         );
-        let (mlp_out, mlp) = mlp_half(&normed, block, &s);
+        // The MLP half: `down(silu(gate(x)) · up(x))`.
+        let mlp_out = mlp::forward(
+            Activation::Silu,
+            &normed,
+            block.gate,
+            block.up,
+            block.down,
+            mlp_extents(&s),
+        );
+        let mlp_input = normed;
         let next_norm = p
             .blocks
             .get(l + 1)
@@ -430,7 +410,7 @@ pub fn forward(
             attention,
             attention_out,
             stream_before_attention,
-            mlp,
+            mlp_input,
             mlp_out,
             stream_before_mlp,
         });
@@ -491,29 +471,6 @@ fn attention_half_backward(
     (dx, [d_wq, d_wk, d_wv, d_wo])
 }
 
-/// Backward of the MLP half: `(d input, [dW_gate, dW_up, dW_down])`.
-fn mlp_half_backward(
-    c: &MlpCache,
-    p: &BlockParameters,
-    s: &Sizes,
-    dy: &[f64],
-) -> (Vec<f64>, [Vec<f64>; 3]) {
-    let (d_hidden, d_down) = linear_backward(&c.hidden, p.down, dy, s.rows, s.ffn, s.d);
-    let (d_gate, d_up) = activation::backward(
-        crate::activation::Activation::Silu,
-        &c.gate,
-        Some(&c.up),
-        &d_hidden,
-        1.0,
-        1.0,
-    );
-    let d_up = d_up.unwrap_or_default();
-    let (mut dx, dw_gate) = linear_backward(&c.input, p.gate, &d_gate, s.rows, s.d, s.ffn);
-    let (dx_up, dw_up) = linear_backward(&c.input, p.up, &d_up, s.rows, s.d, s.ffn);
-    add_into(&mut dx, &dx_up);
-    (dx, [dw_gate, dw_up, d_down])
-}
-
 /// Analytic backward of [`forward`] for a unit cotangent of the loss: the gradient of every
 /// parameter, in the fixed order.
 pub fn backward(
@@ -571,10 +528,19 @@ pub fn backward(
         );
         grads[next_index] = g.weight;
         d_stream = g.source;
-        let (dx, [dw_gate, dw_up, dw_down]) = mlp_half_backward(&c.mlp, block, s, &d_stream);
-        grads[base + 6] = dw_gate;
-        grads[base + 7] = dw_up;
-        grads[base + 8] = dw_down;
+        let g_mlp = mlp::backward(
+            Activation::Silu,
+            &c.mlp_input,
+            block.gate,
+            block.up,
+            block.down,
+            &d_stream,
+            mlp_extents(s),
+        );
+        let dx = g_mlp.x;
+        grads[base + 6] = g_mlp.gate;
+        grads[base + 7] = g_mlp.up;
+        grads[base + 8] = g_mlp.down;
         // add+RMSNorm after attention (weight: this block's MLP norm).
         let g = norm::add_rms_norm_backward(
             &c.attention_out,
