@@ -945,9 +945,16 @@ pub struct ModelAdamW {
 
 impl ModelAdamW {
     /// An optimizer holding `model`'s parameter handles (the model sees every update).
-    /// Errors: settings outside their ranges (those of `AdamW::new`; a clip not finite or ≤ 0
-    /// fails at the first step).
+    /// Errors: settings outside their ranges (`InvalidValue`: those of `AdamW::new`, a clip
+    /// that is not finite and > 0).
     pub fn new(model: &Model, settings: AdamWSettings) -> Result<ModelAdamW> {
+        if let Some(c) = settings.clip.filter(|c| !c.is_finite() || *c <= 0.0) {
+            return Err(Error::InvalidValue {
+                what: "model optimizer: clip".into(),
+                got: f64::from(c),
+                rule: "must be finite and > 0".into(),
+            });
+        }
         let params = model.parameters();
         let group = |matrix: bool| -> Vec<Tensor> {
             params

@@ -334,6 +334,17 @@ fn bad_configs_batches_and_parameters_are_typed_errors() {
         .unwrap_err(),
         Error::InvalidValue { .. }
     ));
+    assert!(matches!(
+        ModelAdamW::new(
+            &model,
+            AdamWSettings {
+                clip: Some(0.0),
+                ..AdamWSettings::default()
+            }
+        )
+        .unwrap_err(),
+        Error::InvalidValue { .. }
+    ));
     let mut optimizer = ModelAdamW::new(&model, AdamWSettings::default()).unwrap();
     let zeros: Vec<Tensor> = params
         .iter()
