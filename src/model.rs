@@ -37,6 +37,23 @@
 //! `[out, in]` and applied as `x·Wᵀ`. [`Model::backward`] returns one F32 gradient per
 //! parameter in the same order.
 //!
+//! # A training step
+//!
+//! ```no_run
+//! use wgrad::model::{AdamWSettings, Batch, Model, ModelAdamW, ModelConfig};
+//! let engine = wgrad::Engine::new()?;
+//! let config = ModelConfig { vocab: 32, ..ModelConfig::default() };
+//! let model = Model::new(&engine, config)?;
+//! let mut optimizer = ModelAdamW::new(&model, AdamWSettings::default())?;
+//! let (tokens, targets) = (vec![1i32; 2 * 16], vec![2i32; 2 * 16]);
+//! let batch = Batch::new(&engine, &tokens, &targets, 2, 16, config.vocab)?;
+//! let (loss, tape) = model.forward(&batch)?;
+//! let grads = model.backward(&tape)?;
+//! optimizer.step(&grads)?; // rewrites the model's parameters in place, after the backward
+//! println!("loss {}", loss.to_vec::<f32>()?[0]); // the only read-back of the step
+//! # Ok::<(), wgrad::Error>(())
+//! ```
+//!
 //! # Numerics
 //!
 //! Activations and parameters are F32; every kernel accumulates in F32 with a fixed order, so
