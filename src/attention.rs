@@ -80,7 +80,7 @@ pub static KERNEL: Kernel = Kernel {
 };
 
 /// Query rows and keys per tile (one workgroup owns a tile's rows).
-pub const TILE: usize = 32;
+pub const TILE: usize = 64;
 /// Largest head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest query or key length.
