@@ -335,12 +335,6 @@ fn dot_slot(side: u32, lid: u32) -> u32 {
     return side * 272u + (lid % 16u) * 17u + lid / 16u;
 }
 
-// Accumulation staging: vec4 slots e = lid + 256·u of KS rows × RS vec4 (row e / RS,
-// columns 4·(e % RS) ..).
-fn stage_row(e: u32) -> u32 {
-    return e / RS;
-}
-
 // r += the staged 16-column step of rows × columns (one fma per term, columns in order).
 fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
     var r = s;
@@ -443,14 +437,19 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         if (!block_visible(q0, q_last, k0, min(k0 + BT, params.k_len) - 1u)) {
             continue;
         }
+        // The next step's slices are loaded into registers while this step is multiplied.
         var s = Blk();
+        var na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, lid % 16u);
+        var nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, lid % 16u);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            let col = d0 + lid % 16u;
-            xs[dot_slot(0u, lid)] = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u,
-                                                params.q_len, col);
-            xs[dot_slot(1u, lid)] = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u,
-                                                params.k_len, col);
+            xs[dot_slot(0u, lid)] = na;
+            xs[dot_slot(1u, lid)] = nb;
             workgroupBarrier();
+            if (d0 + 16u < HD) {
+                let col = d0 + 16u + lid % 16u;
+                na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, col);
+                nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, col);
+            }
             s = dots(s, tx, ty);
             workgroupBarrier();
         }
@@ -480,12 +479,20 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         o = acc_scale(o, alpha);
         put_tile(p, tx, ty);
         // o += P · V, KS keys per staged step.
+        // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
+        var n0 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + lid / RS, params.k_len, 4u * (lid % RS));
+        var n1 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + (lid + WG) / RS, params.k_len,
+                          4u * ((lid + WG) % RS));
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            for (var e = lid; e < KS * RS; e = e + WG) {
-                xs[e] = row4_fwd(KIND_V, k_base, params.k_ss, k0 + ks + e / RS, params.k_len,
-                                 4u * (e % RS));
-            }
+            xs[lid] = n0;
+            xs[lid + WG] = n1;
             workgroupBarrier();
+            if (ks + KS < BT) {
+                let r = k0 + ks + KS;
+                n0 = row4_fwd(KIND_V, k_base, params.k_ss, r + lid / RS, params.k_len, 4u * (lid % RS));
+                n1 = row4_fwd(KIND_V, k_base, params.k_ss, r + (lid + WG) / RS, params.k_len,
+                              4u * ((lid + WG) % RS));
+            }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
                 o = acc_step(o, ps[(ks + kr) * 17u + ty], kr * RS, tx);
             }
@@ -585,11 +592,17 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
               kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Blk {
     var s = Blk();
+    var na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, lid % 16u);
+    var nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, lid % 16u);
     for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-        let col = d0 + lid % 16u;
-        xs[dot_slot(0u, lid)] = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, col);
-        xs[dot_slot(1u, lid)] = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, col);
+        xs[dot_slot(0u, lid)] = na;
+        xs[dot_slot(1u, lid)] = nb;
         workgroupBarrier();
+        if (d0 + 16u < HD) {
+            let col = d0 + 16u + lid % 16u;
+            na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, col);
+            nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, col);
+        }
         s = dots(s, tx, ty);
         workgroupBarrier();
     }
@@ -600,11 +613,17 @@ fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u
 fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss: u32, r0: u32,
                   len: u32) -> Acc {
     var a = acc;
+    var n0 = row4_bwd(kind, base, ss, r0 + lid / RS, len, 4u * (lid % RS));
+    var n1 = row4_bwd(kind, base, ss, r0 + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
     for (var ks = 0u; ks < BT; ks = ks + KS) {
-        for (var e = lid; e < KS * RS; e = e + WG) {
-            xs[e] = row4_bwd(kind, base, ss, r0 + ks + e / RS, len, 4u * (e % RS));
-        }
+        xs[lid] = n0;
+        xs[lid + WG] = n1;
         workgroupBarrier();
+        if (ks + KS < BT) {
+            let r = r0 + ks + KS;
+            n0 = row4_bwd(kind, base, ss, r + lid / RS, len, 4u * (lid % RS));
+            n1 = row4_bwd(kind, base, ss, r + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
+        }
         for (var kr = 0u; kr < KS; kr = kr + 1u) {
             a = acc_step(a, ps[(ks + kr) * 17u + ty], kr * RS, tx);
         }
