@@ -16,14 +16,15 @@
 // dQ and dK are accumulated unscaled and multiplied by the scale once at the end. A query row
 // with no visible key has output 0, m = log l = −∞ and zero gradients.
 //
-// Work split: 256 invocations = 16 row lanes × 16 column lanes; every pass works on tiles of
-// 32 rows × 32 columns (forward, dQ: queries × keys; dK/dV: keys × queries). Lane (r, t)
-// owns rows r and r + 16: in the score phase it computes their scores against columns t and
-// t + 16 of the tile (a 2 × 2 block); in the accumulation phase it owns the column pairs
-// (32·c + 2t, 32·c + 2t + 1) of both rows for each 32-column head-dim chunk c, so a 16-bit
-// output word always belongs to one invocation. Head dims are multiples of 8 up to 256
-// (8 chunks, 16 accumulators per row and invocation). Staged rows are padded to 33 floats so
-// that lanes reading different rows hit different banks.
+// Work split: 256 invocations, (tx, ty) = (lid % 16, lid / 16), on tiles of 64 rows × 64
+// columns (forward, dQ: queries × keys; dK/dV: keys × queries). An invocation computes the
+// 4 × 4 scores of rows ty + 16·i and columns tx + 16·j, and accumulates rows ty + 16·i ×
+// columns 64·c + 4·tx .. + 3 of every 64-column head-dim chunk c: sixteen named vec4
+// registers at most (`Acc`), never an indexed private array (those go to slow local memory
+// on some drivers). Operands are staged in workgroup memory in 16-column steps for the score
+// products and 512-vec4 row groups for the accumulations, each loaded into registers one
+// step ahead; staging rows are padded (stride 17 vec4) so no two lanes of a quarter-warp
+// share a bank. Head dims are multiples of 8 up to 256.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
