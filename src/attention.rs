@@ -52,17 +52,16 @@
 //!
 //! # Schedule and determinism
 //!
-//! Every pass works on 64 × 64 tiles with 256 invocations, each computing a 4 × 4 block of
-//! scores and 4 rows × 4 columns of every 64-column head-dim chunk of its accumulators (named
-//! registers). Operands are staged in workgroup memory in 32-column steps for the score
-//! products and 1024-vec4 row groups for the accumulations, loaded one step ahead (swizzled
-//! against bank conflicts; 32 KiB per workgroup). Tiles the causal/window band hides entirely
-//! are skipped. Forward: one workgroup per (batch, query head, 64-query block), online softmax
-//! over 64-key tiles. Backward: a row pass (`D` next to the saved statistics); a pass with one
-//! workgroup per (batch, key/value head, 64-key block) that owns those rows of dK and dV and
-//! sums over the query heads of its group, then 64-query tiles, then rows, in that fixed
-//! order; a pass with one workgroup per 64-query block that owns its rows of dQ and sums over
-//! 64-key tiles, then keys, in order. No atomics: reruns are bit-identical.
+//! Every pass works on 32 × 32 tiles with 256 invocations, each computing a 2 × 2 block of
+//! scores and 2 rows × 2 columns of its accumulators; head-dim chunks of 32 columns are staged
+//! in workgroup memory (rows padded against bank conflicts; 12.5 KiB per workgroup). Tiles
+//! the causal/window band hides entirely are skipped. Forward: one workgroup per (batch, query
+//! head, 32-query block), online softmax over 32-key tiles. Backward: a row pass (`D` next to
+//! the saved statistics); a pass with one workgroup per (batch, key/value head, 32-key block)
+//! that owns those rows of dK and dV and sums over the query heads of its group, then 32-query
+//! tiles, then rows, in that fixed order; a pass with one workgroup per 32-query block that
+//! owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are
+//! bit-identical.
 //! Nothing quadratic is stored; saved state is the inputs, the F32 output and two
 //! `[batch, q_heads, q_len]` statistics. The backward's scratch is [`attention_workspace_bytes`]
 //! (16 bytes per query row), checked against the engine's workspace bound.
@@ -83,9 +82,9 @@ pub static KERNEL: Kernel = Kernel {
 /// Query rows and keys per tile (one workgroup owns a tile's rows).
 pub const TILE: usize = 64;
 /// Workgroup memory the attention kernels declare (bytes): a 64 × 64 probability tile and the
-/// operand staging (16 KiB each, swizzled against bank conflicts). Devices with less are
-/// refused (`LimitExceeded`) before anything is launched.
-pub const WORKGROUP_BYTES: u64 = (1024 + 1024) * 16;
+/// operand staging, both padded against bank conflicts. Devices with less are refused
+/// (`LimitExceeded`) before anything is launched.
+pub const WORKGROUP_BYTES: u64 = (1088 + 544) * 16;
 /// Largest head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest query or key length.

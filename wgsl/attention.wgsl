@@ -21,11 +21,10 @@
 // 4 × 4 scores of rows ty + 16·i and columns tx + 16·j, and accumulates rows ty + 16·i ×
 // columns 64·c + 4·tx .. + 3 of every 64-column head-dim chunk c: sixteen named vec4
 // registers at most (`Acc`), never an indexed private array (those go to slow local memory
-// on some drivers). Operands are staged in workgroup memory in SC-column steps (32) for the
-// score products and 1024-vec4 row groups for the accumulations, each loaded into registers
-// one step ahead (two barriers per step); staged columns and the probability tile are
-// swizzled (slot `r ^ (column % 16)`) so no two lanes of a quarter-warp share a bank. Head
-// dims are multiples of 8 up to 256.
+// on some drivers). Operands are staged in workgroup memory in 16-column steps for the score
+// products and 512-vec4 row groups for the accumulations, each loaded into registers one
+// step ahead; staging rows are padded (stride 17 vec4) so no two lanes of a quarter-warp
+// share a bank. Head dims are multiples of 8 up to 256.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
@@ -231,24 +230,12 @@ fn acc_get(a: Acc, i: u32, c: u32) -> vec4<f32> {
     }
 }
 
-// Workgroup memory (32 KiB): `xs` stages operand slices (two [SC columns][16] blocks of
-// vec4 rows at 0 and 512 for the score products, KS rows × RS vec4 for the accumulations, or
-// the row partials of the softmax); `ps` holds a 64 × 64 tile of probabilities or score
-// gradients, column-major by tile column: ps[ps_slot(col, ty)] = the 4 rows ty + 16·i of that
-// column.
-var<workgroup> xs: array<vec4<f32>, 1024>;
-var<workgroup> ps: array<vec4<f32>, 1024>;
-
-// Score-product columns per staged step (16 or 32; 2·SC·16 vec4 of `xs`).
-override SC: u32 = 32u;
-// Vec4 slots of `xs` each accumulation step stages (4 per invocation).
-const XV: u32 = 1024u;
-
-// Slot of (tile column col, row group r) in `ps`: swizzled so the 16 lanes writing one row
-// group hit distinct banks while a column's reads stay a broadcast.
-fn ps_slot(col: u32, r: u32) -> u32 {
-    return col * 16u + (r ^ (col & 15u));
-}
+// Workgroup memory (25.5 KiB): `xs` stages operand slices (two [16 columns][17] blocks of
+// vec4 rows for the score products, KS rows × RS vec4 for the accumulations, or the row
+// partials of the softmax); `ps` holds a 64 × 64 tile of probabilities or score gradients,
+// column-major by tile column: ps[col · 17 + ty] = the 4 rows ty + 16·i of that column.
+var<workgroup> xs: array<vec4<f32>, 544>;
+var<workgroup> ps: array<vec4<f32>, 1088>;
 
 // Scores (or dO·v) block of one invocation: component j of r_i is (row ty + 16·i,
 // column tx + 16·j) of the tile.
@@ -343,18 +330,18 @@ fn row4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> ve
     return v;
 }
 
-// Staging slot for the score products of step column c, rows r + 16·i (r < 16); `side` 0
-// holds the tile's rows, 1 its columns (swizzled like `ps_slot`).
-fn dot_slot(side: u32, c: u32, r: u32) -> u32 {
-    return side * 512u + c * 16u + (r ^ (c & 15u));
+// Staging slot of invocation lid for the score products: column lid % 16 of the step, rows
+// lid / 16 + 16·i; `side` 0 holds the tile's rows, 1 its columns.
+fn dot_slot(side: u32, lid: u32) -> u32 {
+    return side * 272u + (lid % 16u) * 17u + lid / 16u;
 }
 
-// r += the staged SC-column step of rows × columns (one fma per term, columns in order).
+// r += the staged 16-column step of rows × columns (one fma per term, columns in order).
 fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
     var r = s;
-    for (var dd = 0u; dd < SC; dd = dd + 1u) {
-        let a = xs[dot_slot(0u, dd, ty)];
-        let b = xs[dot_slot(1u, dd, tx)];
+    for (var dd = 0u; dd < 16u; dd = dd + 1u) {
+        let a = xs[dd * 17u + ty];
+        let b = xs[272u + dd * 17u + tx];
         r.r0 = fma(vec4<f32>(a.x), b, r.r0);
         r.r1 = fma(vec4<f32>(a.y), b, r.r1);
         r.r2 = fma(vec4<f32>(a.z), b, r.r2);
@@ -365,10 +352,10 @@ fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
 
 // Writes column j = tx + 16·jj of a block into ps (4 rows ty + 16·i as one vec4).
 fn put_tile(s: Blk, tx: u32, ty: u32) {
-    ps[ps_slot(tx, ty)] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
-    ps[ps_slot(tx + 16u, ty)] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
-    ps[ps_slot(tx + 32u, ty)] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
-    ps[ps_slot(tx + 48u, ty)] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
+    ps[tx * 17u + ty] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
+    ps[(tx + 16u) * 17u + ty] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
+    ps[(tx + 32u) * 17u + ty] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
+    ps[(tx + 48u) * 17u + ty] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
 }
 
 // Whether every (query, key) of the tile is in range and inside the band, with no mask:
@@ -404,7 +391,7 @@ const BT: u32 = 64u;
 // 64-column head-dim chunks; accumulator rows staged at RS vec4, KS rows per step.
 override NCH: u32 = (HD + 63u) / 64u;
 override RS: u32 = 16u * select(NCH, 4u, NCH == 3u);
-override KS: u32 = XV / RS;
+override KS: u32 = 512u / RS;
 
 // Row statistics (row_max, log_den, delta) of query qi of (b, h); zeros past the end.
 fn info(b: u32, h: u32, qi: u32) -> vec3<f32> {
@@ -453,32 +440,16 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         }
         // The next step's slices are loaded into registers while this step is multiplied.
         var s = Blk();
-        let c = lid % 16u;
-        let r = lid / 16u;
-        var na0 = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + r, params.q_len, c);
-        var nb0 = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + r, params.k_len, c);
-        var na1 = vec4<f32>(0.0);
-        var nb1 = vec4<f32>(0.0);
-        if (SC > 16u) {
-            na1 = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + r, params.q_len, c + 16u);
-            nb1 = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + r, params.k_len, c + 16u);
-        }
-        for (var d0 = 0u; d0 < HD; d0 = d0 + SC) {
-            xs[dot_slot(0u, c, r)] = na0;
-            xs[dot_slot(1u, c, r)] = nb0;
-            if (SC > 16u) {
-                xs[dot_slot(0u, c + 16u, r)] = na1;
-                xs[dot_slot(1u, c + 16u, r)] = nb1;
-            }
+        var na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, lid % 16u);
+        var nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, lid % 16u);
+        for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
+            xs[dot_slot(0u, lid)] = na;
+            xs[dot_slot(1u, lid)] = nb;
             workgroupBarrier();
-            if (d0 + SC < HD) {
-                let col = d0 + SC + c;
-                na0 = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + r, params.q_len, col);
-                nb0 = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + r, params.k_len, col);
-                if (SC > 16u) {
-                    na1 = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + r, params.q_len, col + 16u);
-                    nb1 = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + r, params.k_len, col + 16u);
-                }
+            if (d0 + 16u < HD) {
+                let col = d0 + 16u + lid % 16u;
+                na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, col);
+                nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, col);
             }
             s = dots(s, tx, ty);
             workgroupBarrier();
@@ -509,32 +480,22 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         o = acc_scale(o, alpha);
         put_tile(p, tx, ty);
         // o += P · V, KS keys per staged step.
-        // KS · RS = XV staged vec4: slots lid + 256·u (u < 4), prefetched one step ahead.
+        // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
         var n0 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + lid / RS, params.k_len, 4u * (lid % RS));
         var n1 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + (lid + WG) / RS, params.k_len,
                           4u * ((lid + WG) % RS));
-        var n2 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + (lid + 2u * WG) / RS, params.k_len,
-                          4u * ((lid + 2u * WG) % RS));
-        var n3 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + (lid + 3u * WG) / RS, params.k_len,
-                          4u * ((lid + 3u * WG) % RS));
         for (var ks = 0u; ks < BT; ks = ks + KS) {
             xs[lid] = n0;
             xs[lid + WG] = n1;
-            xs[lid + 2u * WG] = n2;
-            xs[lid + 3u * WG] = n3;
             workgroupBarrier();
             if (ks + KS < BT) {
                 let r = k0 + ks + KS;
                 n0 = row4_fwd(KIND_V, k_base, params.k_ss, r + lid / RS, params.k_len, 4u * (lid % RS));
                 n1 = row4_fwd(KIND_V, k_base, params.k_ss, r + (lid + WG) / RS, params.k_len,
                               4u * ((lid + WG) % RS));
-                n2 = row4_fwd(KIND_V, k_base, params.k_ss, r + (lid + 2u * WG) / RS, params.k_len,
-                              4u * ((lid + 2u * WG) % RS));
-                n3 = row4_fwd(KIND_V, k_base, params.k_ss, r + (lid + 3u * WG) / RS, params.k_len,
-                              4u * ((lid + 3u * WG) % RS));
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
-                o = acc_step(o, ps[ps_slot(ks + kr, ty)], kr * RS, tx);
+                o = acc_step(o, ps[(ks + kr) * 17u + ty], kr * RS, tx);
             }
             workgroupBarrier();
         }
@@ -632,32 +593,16 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
               kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Blk {
     var s = Blk();
-    let c = lid % 16u;
-    let r = lid / 16u;
-    var na0 = gather4_bwd(ka, a_base, a_ss, a0 + r, a_len, c);
-    var nb0 = gather4_bwd(kb, b_base, b_ss, b0 + r, b_len, c);
-    var na1 = vec4<f32>(0.0);
-    var nb1 = vec4<f32>(0.0);
-    if (SC > 16u) {
-        na1 = gather4_bwd(ka, a_base, a_ss, a0 + r, a_len, c + 16u);
-        nb1 = gather4_bwd(kb, b_base, b_ss, b0 + r, b_len, c + 16u);
-    }
-    for (var d0 = 0u; d0 < HD; d0 = d0 + SC) {
-        xs[dot_slot(0u, c, r)] = na0;
-        xs[dot_slot(1u, c, r)] = nb0;
-        if (SC > 16u) {
-            xs[dot_slot(0u, c + 16u, r)] = na1;
-            xs[dot_slot(1u, c + 16u, r)] = nb1;
-        }
+    var na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, lid % 16u);
+    var nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, lid % 16u);
+    for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
+        xs[dot_slot(0u, lid)] = na;
+        xs[dot_slot(1u, lid)] = nb;
         workgroupBarrier();
-        if (d0 + SC < HD) {
-            let col = d0 + SC + c;
-            na0 = gather4_bwd(ka, a_base, a_ss, a0 + r, a_len, col);
-            nb0 = gather4_bwd(kb, b_base, b_ss, b0 + r, b_len, col);
-            if (SC > 16u) {
-                na1 = gather4_bwd(ka, a_base, a_ss, a0 + r, a_len, col + 16u);
-                nb1 = gather4_bwd(kb, b_base, b_ss, b0 + r, b_len, col + 16u);
-            }
+        if (d0 + 16u < HD) {
+            let col = d0 + 16u + lid % 16u;
+            na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, col);
+            nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, col);
         }
         s = dots(s, tx, ty);
         workgroupBarrier();
@@ -671,23 +616,17 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
     var a = acc;
     var n0 = row4_bwd(kind, base, ss, r0 + lid / RS, len, 4u * (lid % RS));
     var n1 = row4_bwd(kind, base, ss, r0 + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
-    var n2 = row4_bwd(kind, base, ss, r0 + (lid + 2u * WG) / RS, len, 4u * ((lid + 2u * WG) % RS));
-    var n3 = row4_bwd(kind, base, ss, r0 + (lid + 3u * WG) / RS, len, 4u * ((lid + 3u * WG) % RS));
     for (var ks = 0u; ks < BT; ks = ks + KS) {
         xs[lid] = n0;
         xs[lid + WG] = n1;
-        xs[lid + 2u * WG] = n2;
-        xs[lid + 3u * WG] = n3;
         workgroupBarrier();
         if (ks + KS < BT) {
             let r = r0 + ks + KS;
             n0 = row4_bwd(kind, base, ss, r + lid / RS, len, 4u * (lid % RS));
             n1 = row4_bwd(kind, base, ss, r + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
-            n2 = row4_bwd(kind, base, ss, r + (lid + 2u * WG) / RS, len, 4u * ((lid + 2u * WG) % RS));
-            n3 = row4_bwd(kind, base, ss, r + (lid + 3u * WG) / RS, len, 4u * ((lid + 3u * WG) % RS));
         }
         for (var kr = 0u; kr < KS; kr = kr + 1u) {
-            a = acc_step(a, ps[ps_slot(ks + kr, ty)], kr * RS, tx);
+            a = acc_step(a, ps[(ks + kr) * 17u + ty], kr * RS, tx);
         }
         workgroupBarrier();
     }
