@@ -330,24 +330,82 @@ fn run(args: &Args) -> Result<Report> {
     );
 
     let shape = input_shape(&engine, side);
-    // Each family's inputs are made, timed and dropped before the next family's.
-    type Family<'a> = Box<dyn Fn() -> Result<Vec<Op>> + 'a>;
-    let families: Vec<Family> = vec![
-        Box::new(|| operators(&engine, &shape)),
-        Box::new(|| pointwise_operators(&engine, args.quick)),
-        Box::new(|| loss_operators(&engine, args.quick)),
-        Box::new(|| gated_delta_ops(&engine, args.quick)),
-        Box::new(|| attention_ops(&engine, args.quick)),
-        Box::new(|| matmul_ops(&engine, args.quick)),
-        Box::new(|| mlp_ops(&engine, args.quick)),
-        Box::new(|| fused_linear_ops(&engine, args.quick)),
-        Box::new(|| embedding_ops(&engine, args.quick)),
-        Box::new(|| optim_ops(&engine, args.quick)),
+    // Each family's inputs are made, timed and dropped before the next family's. A family
+    // is built only when an `--only` pattern can match one of its operator names (given by
+    // their prefixes), so filtered runs skip building large inputs they do not time.
+    type Build<'a> = Box<dyn Fn() -> Result<Vec<Op>> + 'a>;
+    let families: Vec<(&[&str], Build)> = vec![
+        (
+            &[
+                "cast",
+                "sum_rows",
+                "max_rows",
+                "sum_columns",
+                "rms_norm",
+                "layer_norm",
+                "add_rms_norm",
+                "modulated_rms_norm",
+                "group_norm",
+                "poly_norm",
+                "dyt",
+            ],
+            Box::new(|| operators(&engine, &shape)),
+        ),
+        (
+            &["swiglu", "geglu", "rope"],
+            Box::new(|| pointwise_operators(&engine, args.quick)),
+        ),
+        (
+            &[
+                "cross_entropy",
+                "softmax",
+                "log_softmax",
+                "sparsemax",
+                "kl_div",
+                "jsd",
+                "tvd",
+            ],
+            Box::new(|| loss_operators(&engine, args.quick)),
+        ),
+        (
+            &["gated_delta"],
+            Box::new(|| gated_delta_ops(&engine, args.quick)),
+        ),
+        (
+            &["attention"],
+            Box::new(|| attention_ops(&engine, args.quick)),
+        ),
+        (&["matmul"], Box::new(|| matmul_ops(&engine, args.quick))),
+        (&["swiglu_mlp"], Box::new(|| mlp_ops(&engine, args.quick))),
+        (
+            &["fused_linear"],
+            Box::new(|| fused_linear_ops(&engine, args.quick)),
+        ),
+        (
+            &["embedding"],
+            Box::new(|| embedding_ops(&engine, args.quick)),
+        ),
+        (
+            &["adamw", "sgd", "grad_norm"],
+            Box::new(|| optim_ops(&engine, args.quick)),
+        ),
     ];
-    for op in families.iter().flat_map(|family| match family() {
-        Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
-        Err(e) => vec![Err(e)],
-    }) {
+    let wanted = |prefixes: &[&str]| {
+        args.only.is_empty()
+            || args.only.iter().any(|p| {
+                prefixes
+                    .iter()
+                    .any(|t| t.starts_with(p.as_str()) || p.starts_with(t))
+            })
+    };
+    for op in families
+        .iter()
+        .filter(|(prefixes, _)| wanted(prefixes))
+        .flat_map(|(_, build)| match build() {
+            Ok(ops) => ops.into_iter().map(Ok).collect::<Vec<_>>(),
+            Err(e) => vec![Err(e)],
+        })
+    {
         let op = op?;
         if !args.only.is_empty() && !args.only.iter().any(|p| op.name.starts_with(p.as_str())) {
             continue;

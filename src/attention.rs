@@ -80,7 +80,11 @@ pub static KERNEL: Kernel = Kernel {
 };
 
 /// Query rows and keys per tile (one workgroup owns a tile's rows).
-pub const TILE: usize = 32;
+pub const TILE: usize = 64;
+/// Workgroup memory the attention kernels declare (bytes): a 64 × 64 probability tile and the
+/// operand staging, both padded against bank conflicts. Devices with less are refused
+/// (`LimitExceeded`) before anything is launched.
+pub const WORKGROUP_BYTES: u64 = (1088 + 544) * 16;
 /// Largest head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest query or key length.
@@ -295,6 +299,15 @@ fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions
     let engine = query.engine();
     key.check_engine(engine, "attention: key")?;
     value.check_engine(engine, "attention: value")?;
+    let wg_limit = u64::from(engine.info().limits.max_compute_workgroup_storage_size);
+    if wg_limit < WORKGROUP_BYTES {
+        return Err(Error::LimitExceeded {
+            what: "attention: workgroup memory".into(),
+            bytes: WORKGROUP_BYTES,
+            limit: wg_limit,
+            limit_name: "max_compute_workgroup_storage_size",
+        });
+    }
     float_dtype(query, "attention: query")?;
     if key.dtype() != query.dtype() {
         return Err(Error::dtype(
@@ -457,8 +470,8 @@ fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions
 /// U32/I32 (`UnsupportedDType`); ranks, batch or head dim that differ, a value shaped unlike
 /// the key, a mask of another shape (`ShapeMismatch`); a head dim outside 8..=256 or a length
 /// past 2²⁴ (`OutOfBounds`); a head dim not a multiple of 8, query heads not a multiple of
-/// key/value heads, a bad scale or offset (`InvalidValue`); outputs past the binding limit
-/// (`LimitExceeded`).
+/// key/value heads, a bad scale or offset (`InvalidValue`); outputs past the binding limit, or
+/// a device with less workgroup memory than [`WORKGROUP_BYTES`] (`LimitExceeded`).
 pub fn attention_forward(
     query: &Tensor,
     key: &Tensor,

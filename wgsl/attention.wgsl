@@ -16,24 +16,21 @@
 // dQ and dK are accumulated unscaled and multiplied by the scale once at the end. A query row
 // with no visible key has output 0, m = log l = −∞ and zero gradients.
 //
-// Work split: 256 invocations = 16 row lanes × 16 column lanes; every pass works on tiles of
-// 32 rows × 32 columns (forward, dQ: queries × keys; dK/dV: keys × queries). Lane (r, t)
-// owns rows r and r + 16: in the score phase it computes their scores against columns t and
-// t + 16 of the tile (a 2 × 2 block); in the accumulation phase it owns the column pairs
-// (32·c + 2t, 32·c + 2t + 1) of both rows for each 32-column head-dim chunk c, so a 16-bit
-// output word always belongs to one invocation. Head dims are multiples of 8 up to 256
-// (8 chunks, 16 accumulators per row and invocation). Staged rows are padded to 33 floats so
-// that lanes reading different rows hit different banks.
+// Work split: 256 invocations, (tx, ty) = (lid % 16, lid / 16), on tiles of 64 rows × 64
+// columns (forward, dQ: queries × keys; dK/dV: keys × queries). An invocation computes the
+// 4 × 4 scores of rows ty + 16·i and columns tx + 16·j, and accumulates rows ty + 16·i ×
+// columns 64·c + 4·tx .. + 3 of every 64-column head-dim chunk c: sixteen named vec4
+// registers at most (`Acc`), never an indexed private array (those go to slow local memory
+// on some drivers). Operands are staged in workgroup memory in 16-column steps for the score
+// products and 512-vec4 row groups for the accumulations, each loaded into registers one
+// step ahead; staging rows are padded (stride 17 vec4) so no two lanes of a quarter-warp
+// share a bank. Head dims are multiples of 8 up to 256.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
 override HD: u32 = 64u;  // head dim
 
 const WG: u32 = 256u;
-const TILE: u32 = 16u;   // lanes per row; tiles are 2·TILE rows and FK = 2·TILE columns
-const CW: u32 = 32u;     // head-dim columns per staged chunk
-const CS: u32 = 33u;     // row stride of a staged chunk (padded: no bank conflicts by row)
-const ACC: u32 = 16u;    // accumulators per invocation: 2 per chunk, HD ≤ 256
 
 struct Params {
     batch: u32,
@@ -129,118 +126,291 @@ fn visible(b: u32, h: u32, qi: u32, kj: u32) -> bool {
     return true;
 }
 
-fn chunks() -> u32 {
-    return (HD + CW - 1u) / CW;
+// Accumulator block of one invocation: rows ty + 16·i (i < 4) × columns 64·c + 4·tx .. + 3
+// (c < NCH), one named vec4 per (row, chunk): registers, never an indexed array.
+struct Acc {
+    a00: vec4<f32>,
+    a01: vec4<f32>,
+    a02: vec4<f32>,
+    a03: vec4<f32>,
+    a10: vec4<f32>,
+    a11: vec4<f32>,
+    a12: vec4<f32>,
+    a13: vec4<f32>,
+    a20: vec4<f32>,
+    a21: vec4<f32>,
+    a22: vec4<f32>,
+    a23: vec4<f32>,
+    a30: vec4<f32>,
+    a31: vec4<f32>,
+    a32: vec4<f32>,
+    a33: vec4<f32>,
 }
 
-// Columns of chunk ch that lie inside the head dim.
-fn chunk_width(ch: u32) -> u32 {
-    return min(CW, HD - ch * CW);
+// a with row i multiplied by f[i].
+fn acc_scale(a: Acc, f: vec4<f32>) -> Acc {
+    var r = a;
+    r.a00 = r.a00 * f.x;
+    r.a10 = r.a10 * f.y;
+    r.a20 = r.a20 * f.z;
+    r.a30 = r.a30 * f.w;
+    if (NCH > 1u) {
+        r.a01 = r.a01 * f.x;
+        r.a11 = r.a11 * f.y;
+        r.a21 = r.a21 * f.z;
+        r.a31 = r.a31 * f.w;
+    }
+    if (NCH > 2u) {
+        r.a02 = r.a02 * f.x;
+        r.a12 = r.a12 * f.y;
+        r.a22 = r.a22 * f.z;
+        r.a32 = r.a32 * f.w;
+    }
+    if (NCH > 3u) {
+        r.a03 = r.a03 * f.x;
+        r.a13 = r.a13 * f.y;
+        r.a23 = r.a23 * f.z;
+        r.a33 = r.a33 * f.w;
+    }
+    return r;
 }
 
-// Tiles of 2·TILE query rows × FK keys (every pass); the key chunk array holds the value
-// chunk once the scores are done.
-const FK: u32 = 32u;
-var<workgroup> fwd_k: array<f32, 1056>;   // [FK][CS] chunk of key or value rows
-var<workgroup> fwd_q: array<f32, 1056>;   // [2·TILE][CS] chunk of query rows
-var<workgroup> fwd_s: array<f32, 1024>;   // [2·TILE][FK] scores, probabilities or their gradients
+// a += p[i] · (staged row at vec4 offset `at`), for every row i and chunk: one fma per term.
+fn acc_step(a: Acc, p: vec4<f32>, at: u32, tx: u32) -> Acc {
+    var r = a;
+    let v0 = xs[at + 0u + tx];
+    r.a00 = fma(vec4<f32>(p.x), v0, r.a00);
+    r.a10 = fma(vec4<f32>(p.y), v0, r.a10);
+    r.a20 = fma(vec4<f32>(p.z), v0, r.a20);
+    r.a30 = fma(vec4<f32>(p.w), v0, r.a30);
+    if (NCH > 1u) {
+        let v1 = xs[at + 16u + tx];
+        r.a01 = fma(vec4<f32>(p.x), v1, r.a01);
+        r.a11 = fma(vec4<f32>(p.y), v1, r.a11);
+        r.a21 = fma(vec4<f32>(p.z), v1, r.a21);
+        r.a31 = fma(vec4<f32>(p.w), v1, r.a31);
+    }
+    if (NCH > 2u) {
+        let v2 = xs[at + 32u + tx];
+        r.a02 = fma(vec4<f32>(p.x), v2, r.a02);
+        r.a12 = fma(vec4<f32>(p.y), v2, r.a12);
+        r.a22 = fma(vec4<f32>(p.z), v2, r.a22);
+        r.a32 = fma(vec4<f32>(p.w), v2, r.a32);
+    }
+    if (NCH > 3u) {
+        let v3 = xs[at + 48u + tx];
+        r.a03 = fma(vec4<f32>(p.x), v3, r.a03);
+        r.a13 = fma(vec4<f32>(p.y), v3, r.a13);
+        r.a23 = fma(vec4<f32>(p.z), v3, r.a23);
+        r.a33 = fma(vec4<f32>(p.w), v3, r.a33);
+    }
+    return r;
+}
 
-// Stage chunk ch of 2·TILE query rows from q0 into fwd_q; rows past the end and columns past
-// the head dim read as 0.
-fn stage_query_wide(lid: u32, ch: u32, q_base: u32, q0: u32) {
-    for (var e = lid; e < 2u * TILE * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var x = 0.0;
-        if (col < HD && q0 + rr < params.q_len) {
-            x = load_q(q_base + (q0 + rr) * params.q_ss + col);
+// Row i, chunk c of a (epilogue only).
+fn acc_get(a: Acc, i: u32, c: u32) -> vec4<f32> {
+    switch (i * 4u + c) {
+        case 0u: { return a.a00; }
+        case 1u: { return a.a01; }
+        case 2u: { return a.a02; }
+        case 3u: { return a.a03; }
+        case 4u: { return a.a10; }
+        case 5u: { return a.a11; }
+        case 6u: { return a.a12; }
+        case 7u: { return a.a13; }
+        case 8u: { return a.a20; }
+        case 9u: { return a.a21; }
+        case 10u: { return a.a22; }
+        case 11u: { return a.a23; }
+        case 12u: { return a.a30; }
+        case 13u: { return a.a31; }
+        case 14u: { return a.a32; }
+        case 15u: { return a.a33; }
+        default: { return vec4<f32>(0.0); }
+    }
+}
+
+// Workgroup memory (25.5 KiB): `xs` stages operand slices (two [16 columns][17] blocks of
+// vec4 rows for the score products, KS rows × RS vec4 for the accumulations, or the row
+// partials of the softmax); `ps` holds a 64 × 64 tile of probabilities or score gradients,
+// column-major by tile column: ps[col · 17 + ty] = the 4 rows ty + 16·i of that column.
+var<workgroup> xs: array<vec4<f32>, 544>;
+var<workgroup> ps: array<vec4<f32>, 1088>;
+
+// Scores (or dO·v) block of one invocation: component j of r_i is (row ty + 16·i,
+// column tx + 16·j) of the tile.
+struct Blk {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+}
+
+const KIND_Q: u32 = 0u;
+const KIND_K: u32 = 1u;
+const KIND_V: u32 = 2u;
+const KIND_DO: u32 = 3u;
+
+fn fetch_fwd(kind: u32, i: u32) -> f32 {
+    if (kind == KIND_Q) {
+        return load_q(i);
+    }
+    if (kind == KIND_K) {
+        return load_k(i);
+    }
+    return load_v(i);
+}
+
+// The same with d_output (backward entry points only: the forward binds no d_output).
+fn fetch_bwd(kind: u32, i: u32) -> f32 {
+    if (kind == KIND_DO) {
+        return load_do(i);
+    }
+    return fetch_fwd(kind, i);
+}
+
+// Column `col` of rows r, r + 16, r + 32, r + 48 of a [len, HD] operand at `base` with row
+// stride `stride` (zero past len or HD).
+fn gather4_fwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (col < HD) {
+        if (r < len) {
+            v.x = fetch_fwd(kind, base + r * stride + col);
         }
-        fwd_q[rr * CS + e % CW] = x;
-    }
-}
-
-// The same for d_output (dQ pass only: the forward binds no d_output).
-fn stage_d_output_wide(lid: u32, ch: u32, q_base: u32, q0: u32) {
-    for (var e = lid; e < 2u * TILE * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var x = 0.0;
-        if (col < HD && q0 + rr < params.q_len) {
-            x = load_do(q_base + (q0 + rr) * params.q_ss + col);
+        if (r + 16u < len) {
+            v.y = fetch_fwd(kind, base + (r + 16u) * stride + col);
         }
-        fwd_q[rr * CS + e % CW] = x;
-    }
-}
-
-// Stage chunk ch of FK rows from k0 of key (or of value, with `values`) into fwd_k.
-fn stage_kv_wide(lid: u32, ch: u32, k_base: u32, k0: u32, values: bool) {
-    for (var e = lid; e < FK * CW; e = e + WG) {
-        let rr = e / CW;
-        let col = ch * CW + e % CW;
-        var x = 0.0;
-        if (col < HD && k0 + rr < params.k_len) {
-            let i = k_base + (k0 + rr) * params.k_ss + col;
-            if (values) {
-                x = load_v(i);
-            } else {
-                x = load_k(i);
-            }
+        if (r + 32u < len) {
+            v.z = fetch_fwd(kind, base + (r + 32u) * stride + col);
         }
-        fwd_k[rr * CS + e % CW] = x;
-    }
-}
-
-// Scores (or dO·v) of rows r, r + 16 of fwd_q against rows t, t + 16 of fwd_k over one staged
-// chunk, added to `acc` in column order.
-fn block_dots(r: u32, t: u32, ch: u32, acc: vec4<f32>) -> vec4<f32> {
-    var s = acc;
-    let w = chunk_width(ch);
-    for (var c = 0u; c < w; c = c + 1u) {
-        let x0 = fwd_q[r * CS + c];
-        let x1 = fwd_q[(r + TILE) * CS + c];
-        let y0 = fwd_k[t * CS + c];
-        let y1 = fwd_k[(t + TILE) * CS + c];
-        s.x = s.x + x0 * y0;
-        s.y = s.y + x0 * y1;
-        s.z = s.z + x1 * y0;
-        s.w = s.w + x1 * y1;
-    }
-    return s;
-}
-
-// Online-softmax update of one query row from its FK raw scores in fwd_s (−∞ = hidden):
-// returns (new maximum, rescale factor of the old accumulators).
-fn row_update(row: u32, m: f32) -> vec2<f32> {
-    var m_new = m;
-    for (var j = 0u; j < FK; j = j + 1u) {
-        m_new = max(m_new, fwd_s[row * FK + j]);
-    }
-    var alpha = 1.0;
-    if (m_new > m) {
-        if (m == neg_inf()) {
-            alpha = 0.0;
-        } else {
-            alpha = exp(params.scale * (m - m_new));
+        if (r + 48u < len) {
+            v.w = fetch_fwd(kind, base + (r + 48u) * stride + col);
         }
     }
-    return vec2<f32>(m_new, alpha);
+    return v;
 }
 
-fn prob(vis: bool, s: f32, m: f32) -> f32 {
-    if (vis) {
-        return exp(params.scale * (s - m));
+fn gather4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (col < HD) {
+        if (r < len) {
+            v.x = fetch_bwd(kind, base + r * stride + col);
+        }
+        if (r + 16u < len) {
+            v.y = fetch_bwd(kind, base + (r + 16u) * stride + col);
+        }
+        if (r + 32u < len) {
+            v.z = fetch_bwd(kind, base + (r + 32u) * stride + col);
+        }
+        if (r + 48u < len) {
+            v.w = fetch_bwd(kind, base + (r + 48u) * stride + col);
+        }
     }
-    return 0.0;
+    return v;
 }
 
-// One workgroup per (batch, query head, block of 2·TILE query rows). Lane (r, t) owns query
-// rows r and r + 16: score phase against keys t and t + 16 of each FK-key tile (a 2×2 block,
-// four loads per four products), accumulation phase columns 2t and 2t + 1 of each chunk for
-// both rows.
+// Columns col .. col + 3 of row r (zero past len or HD; HD is a multiple of 8).
+fn row4_fwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (r < len && col < HD) {
+        let i = base + r * stride + col;
+        v = vec4<f32>(fetch_fwd(kind, i), fetch_fwd(kind, i + 1u), fetch_fwd(kind, i + 2u),
+                      fetch_fwd(kind, i + 3u));
+    }
+    return v;
+}
+
+fn row4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (r < len && col < HD) {
+        let i = base + r * stride + col;
+        v = vec4<f32>(fetch_bwd(kind, i), fetch_bwd(kind, i + 1u), fetch_bwd(kind, i + 2u),
+                      fetch_bwd(kind, i + 3u));
+    }
+    return v;
+}
+
+// Staging slot of invocation lid for the score products: column lid % 16 of the step, rows
+// lid / 16 + 16·i; `side` 0 holds the tile's rows, 1 its columns.
+fn dot_slot(side: u32, lid: u32) -> u32 {
+    return side * 272u + (lid % 16u) * 17u + lid / 16u;
+}
+
+// r += the staged 16-column step of rows × columns (one fma per term, columns in order).
+fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
+    var r = s;
+    for (var dd = 0u; dd < 16u; dd = dd + 1u) {
+        let a = xs[dd * 17u + ty];
+        let b = xs[272u + dd * 17u + tx];
+        r.r0 = fma(vec4<f32>(a.x), b, r.r0);
+        r.r1 = fma(vec4<f32>(a.y), b, r.r1);
+        r.r2 = fma(vec4<f32>(a.z), b, r.r2);
+        r.r3 = fma(vec4<f32>(a.w), b, r.r3);
+    }
+    return r;
+}
+
+// Writes column j = tx + 16·jj of a block into ps (4 rows ty + 16·i as one vec4).
+fn put_tile(s: Blk, tx: u32, ty: u32) {
+    ps[tx * 17u + ty] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
+    ps[(tx + 16u) * 17u + ty] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
+    ps[(tx + 32u) * 17u + ty] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
+    ps[(tx + 48u) * 17u + ty] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
+}
+
+// Whether every (query, key) of the tile is in range and inside the band, with no mask:
+// then no per-element test is needed. Uniform per workgroup.
+fn block_full(q0: u32, k0: u32) -> bool {
+    if (params.has_mask != 0u || q0 + BT > params.q_len || k0 + BT > params.k_len) {
+        return false;
+    }
+    let rel_min = i32(k0) - i32(q0 + BT - 1u) - params.offset;
+    let rel_max = i32(k0 + BT - 1u) - i32(q0) - params.offset;
+    return rel_min >= params.lo && rel_max <= params.hi;
+}
+
+// Visibility of (query qi[j], key kj[j]) for four pairs (out of range = hidden).
+fn vis4(b: u32, h: u32, qi: vec4<u32>, kj: vec4<u32>) -> vec4<bool> {
+    return vec4<bool>(
+        qi.x < params.q_len && kj.x < params.k_len && visible(b, h, qi.x, kj.x),
+        qi.y < params.q_len && kj.y < params.k_len && visible(b, h, qi.y, kj.y),
+        qi.z < params.q_len && kj.z < params.k_len && visible(b, h, qi.z, kj.z),
+        qi.w < params.q_len && kj.w < params.k_len && visible(b, h, qi.w, kj.w));
+}
+
+fn max4(v: vec4<f32>) -> f32 {
+    return max(max(v.x, v.y), max(v.z, v.w));
+}
+
+fn sum4(v: vec4<f32>) -> f32 {
+    return ((v.x + v.y) + v.z) + v.w;
+}
+
+// Tile side (query rows and keys per tile; 256 invocations hold 4 × 4 scores each).
+const BT: u32 = 64u;
+// 64-column head-dim chunks; accumulator rows staged at RS vec4, KS rows per step.
+override NCH: u32 = (HD + 63u) / 64u;
+override RS: u32 = 16u * select(NCH, 4u, NCH == 3u);
+override KS: u32 = 512u / RS;
+
+// Row statistics (row_max, log_den, delta) of query qi of (b, h); zeros past the end.
+fn info(b: u32, h: u32, qi: u32) -> vec3<f32> {
+    if (qi >= params.q_len) {
+        return vec3<f32>(0.0);
+    }
+    let row = (b * params.q_heads + h) * params.q_len + qi;
+    return vec3<f32>(row_info[4u * row], row_info[4u * row + 1u], row_info[4u * row + 2u]);
+}
+
+// One workgroup per (batch, query head, block of BT query rows); online softmax over BT-key
+// tiles. Invocation (tx, ty) = (lid % 16, lid / 16): scores of rows ty + 16·i against keys
+// tx + 16·j (4 × 4), output rows ty + 16·i × columns 64·c + 4·tx .. + 3. Row maxima are
+// combined through workgroup memory (every lane of a row takes the same maximum); each lane
+// keeps the partial denominator of its own keys, summed over the lanes in order at the end.
 @compute @workgroup_size(256)
 fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let q_tiles = (params.q_len + 2u * TILE - 1u) / (2u * TILE);
+    let q_tiles = (params.q_len + BT - 1u) / BT;
     let g = group_index(wid, nwg);
     if (g >= params.batch * params.q_heads * q_tiles) {
         return;
@@ -250,163 +420,149 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     let h = bh % params.q_heads;
     let b = bh / params.q_heads;
     let kvh = h / params.group;
-    let r = lid / TILE;
-    let t = lid % TILE;
-    let q0 = qb * 2u * TILE;
-    let q_last = min(q0 + 2u * TILE, params.q_len) - 1u;
-    let qa = q0 + r;
-    let qc = qa + TILE;
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    let q0 = qb * BT;
+    let q_last = min(q0 + BT, params.q_len) - 1u;
     let q_base = b * params.q_sb + h * params.q_sh;
     let k_base = b * params.k_sb + kvh * params.k_sh;
-    let nch = chunks();
-    let k_tiles = (params.k_len + FK - 1u) / FK;
+    let k_tiles = (params.k_len + BT - 1u) / BT;
+    let rows = vec4<u32>(q0 + ty) + vec4<u32>(0u, 16u, 32u, 48u);
+    let ninf = vec4<f32>(neg_inf());
 
-    var acc_a: array<f32, ACC>;
-    var acc_c: array<f32, ACC>;
-    var m_a = neg_inf();
-    var m_c = neg_inf();
-    var l_a = 0.0;
-    var l_c = 0.0;
+    var o = Acc();
+    var m = ninf;
+    var l = vec4<f32>(0.0);
     for (var kb = 0u; kb < k_tiles; kb = kb + 1u) {
-        let k0 = kb * FK;
-        if (!block_visible(q0, q_last, k0, min(k0 + FK, params.k_len) - 1u)) {
+        let k0 = kb * BT;
+        if (!block_visible(q0, q_last, k0, min(k0 + BT, params.k_len) - 1u)) {
             continue;
         }
-        // Raw scores of rows r, r + 16 against keys t, t + 16, chunk by chunk in column order.
-        var sc = vec4<f32>(0.0);
-        for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_query_wide(lid, ch, q_base, q0);
-            stage_kv_wide(lid, ch, k_base, k0, false);
+        // The next step's slices are loaded into registers while this step is multiplied.
+        var s = Blk();
+        var na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, lid % 16u);
+        var nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, lid % 16u);
+        for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
+            xs[dot_slot(0u, lid)] = na;
+            xs[dot_slot(1u, lid)] = nb;
             workgroupBarrier();
-            sc = block_dots(r, t, ch, sc);
+            if (d0 + 16u < HD) {
+                let col = d0 + 16u + lid % 16u;
+                na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, col);
+                nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, col);
+            }
+            s = dots(s, tx, ty);
             workgroupBarrier();
         }
-        let s00 = sc.x;
-        let s01 = sc.y;
-        let s10 = sc.z;
-        let s11 = sc.w;
-        let kj0 = k0 + t;
-        let kj1 = kj0 + TILE;
-        let in0 = kj0 < params.k_len;
-        let in1 = kj1 < params.k_len;
-        let va0 = qa < params.q_len && in0 && visible(b, h, qa, kj0);
-        let va1 = qa < params.q_len && in1 && visible(b, h, qa, kj1);
-        let vc0 = qc < params.q_len && in0 && visible(b, h, qc, kj0);
-        let vc1 = qc < params.q_len && in1 && visible(b, h, qc, kj1);
-        fwd_s[r * FK + t] = select(neg_inf(), s00, va0);
-        fwd_s[r * FK + t + TILE] = select(neg_inf(), s01, va1);
-        fwd_s[(r + TILE) * FK + t] = select(neg_inf(), s10, vc0);
-        fwd_s[(r + TILE) * FK + t + TILE] = select(neg_inf(), s11, vc1);
-        workgroupBarrier();
-        // Every lane of a row takes the same maximum and sum in the same order.
-        let ua = row_update(r, m_a);
-        let uc = row_update(r + TILE, m_c);
-        workgroupBarrier();
-        fwd_s[r * FK + t] = prob(va0, s00, ua.x);
-        fwd_s[r * FK + t + TILE] = prob(va1, s01, ua.x);
-        fwd_s[(r + TILE) * FK + t] = prob(vc0, s10, uc.x);
-        fwd_s[(r + TILE) * FK + t + TILE] = prob(vc1, s11, uc.x);
-        workgroupBarrier();
-        var sum_a = 0.0;
-        var sum_c = 0.0;
-        for (var j = 0u; j < FK; j = j + 1u) {
-            sum_a = sum_a + fwd_s[r * FK + j];
-            sum_c = sum_c + fwd_s[(r + TILE) * FK + j];
+        if (!block_full(q0, k0)) {
+            let keys = vec4<u32>(k0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
+            s.r0 = select(ninf, s.r0, vis4(b, h, vec4<u32>(rows.x), keys));
+            s.r1 = select(ninf, s.r1, vis4(b, h, vec4<u32>(rows.y), keys));
+            s.r2 = select(ninf, s.r2, vis4(b, h, vec4<u32>(rows.z), keys));
+            s.r3 = select(ninf, s.r3, vis4(b, h, vec4<u32>(rows.w), keys));
         }
-        l_a = l_a * ua.y + sum_a;
-        l_c = l_c * uc.y + sum_c;
-        m_a = ua.x;
-        m_c = uc.x;
-        for (var a = 0u; a < ACC; a = a + 1u) {
-            acc_a[a] = acc_a[a] * ua.y;
-            acc_c[a] = acc_c[a] * uc.y;
+        xs[tx * 17u + ty] = vec4<f32>(max4(s.r0), max4(s.r1), max4(s.r2), max4(s.r3));
+        workgroupBarrier();
+        var m_new = m;
+        for (var t = 0u; t < 16u; t = t + 1u) {
+            m_new = max(m_new, xs[t * 17u + ty]);
         }
-        // acc += P · V, chunk by chunk (the value chunk replaces the key chunk).
-        for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_kv_wide(lid, ch, k_base, k0, true);
+        workgroupBarrier();
+        // A row's first visible tile: the old accumulators are zero (factor 0, no NaN).
+        let alpha = select(exp(params.scale * (m - m_new)), vec4<f32>(0.0), m == ninf);
+        var p = Blk();
+        p.r0 = select(exp(params.scale * (s.r0 - vec4<f32>(m_new.x))), vec4<f32>(0.0), s.r0 == ninf);
+        p.r1 = select(exp(params.scale * (s.r1 - vec4<f32>(m_new.y))), vec4<f32>(0.0), s.r1 == ninf);
+        p.r2 = select(exp(params.scale * (s.r2 - vec4<f32>(m_new.z))), vec4<f32>(0.0), s.r2 == ninf);
+        p.r3 = select(exp(params.scale * (s.r3 - vec4<f32>(m_new.w))), vec4<f32>(0.0), s.r3 == ninf);
+        l = l * alpha + vec4<f32>(sum4(p.r0), sum4(p.r1), sum4(p.r2), sum4(p.r3));
+        m = m_new;
+        o = acc_scale(o, alpha);
+        put_tile(p, tx, ty);
+        // o += P · V, KS keys per staged step.
+        // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
+        var n0 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + lid / RS, params.k_len, 4u * (lid % RS));
+        var n1 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + (lid + WG) / RS, params.k_len,
+                          4u * ((lid + WG) % RS));
+        for (var ks = 0u; ks < BT; ks = ks + KS) {
+            xs[lid] = n0;
+            xs[lid + WG] = n1;
             workgroupBarrier();
-            if (2u * t < chunk_width(ch)) {
-                var a0 = acc_a[2u * ch];
-                var a1 = acc_a[2u * ch + 1u];
-                var c0 = acc_c[2u * ch];
-                var c1 = acc_c[2u * ch + 1u];
-                for (var j = 0u; j < FK; j = j + 1u) {
-                    let pa = fwd_s[r * FK + j];
-                    let pc = fwd_s[(r + TILE) * FK + j];
-                    let v0 = fwd_k[j * CS + 2u * t];
-                    let v1 = fwd_k[j * CS + 2u * t + 1u];
-                    a0 = a0 + pa * v0;
-                    a1 = a1 + pa * v1;
-                    c0 = c0 + pc * v0;
-                    c1 = c1 + pc * v1;
+            if (ks + KS < BT) {
+                let r = k0 + ks + KS;
+                n0 = row4_fwd(KIND_V, k_base, params.k_ss, r + lid / RS, params.k_len, 4u * (lid % RS));
+                n1 = row4_fwd(KIND_V, k_base, params.k_ss, r + (lid + WG) / RS, params.k_len,
+                              4u * ((lid + WG) % RS));
+            }
+            for (var kr = 0u; kr < KS; kr = kr + 1u) {
+                o = acc_step(o, ps[(ks + kr) * 17u + ty], kr * RS, tx);
+            }
+            workgroupBarrier();
+        }
+    }
+    // Denominators: the lanes' partial sums of each row, in lane order.
+    xs[tx * 17u + ty] = l;
+    workgroupBarrier();
+    var den = vec4<f32>(0.0);
+    for (var t = 0u; t < 16u; t = t + 1u) {
+        den = den + xs[t * 17u + ty];
+    }
+    let inv = select(vec4<f32>(0.0), 1.0 / den, den > vec4<f32>(0.0));
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let qi = rows[i];
+        if (qi >= params.q_len) {
+            continue;
+        }
+        let o_base = q_base + qi * params.q_ss;
+        for (var c = 0u; c < NCH; c = c + 1u) {
+            let col = 64u * c + 4u * tx;
+            if (col < HD) {
+                let v = acc_get(o, i, c) * inv[i];
+                let idx = o_base + col;
+                if (params.same_output == 0u) {
+                    output_f32[idx] = v.x;
+                    output_f32[idx + 1u] = v.y;
+                    output_f32[idx + 2u] = v.z;
+                    output_f32[idx + 3u] = v.w;
                 }
-                acc_a[2u * ch] = a0;
-                acc_a[2u * ch + 1u] = a1;
-                acc_c[2u * ch] = c0;
-                acc_c[2u * ch + 1u] = c1;
+                if (DT == DT_F32) {
+                    output[idx] = bitcast<u32>(v.x);
+                    output[idx + 1u] = bitcast<u32>(v.y);
+                    output[idx + 2u] = bitcast<u32>(v.z);
+                    output[idx + 3u] = bitcast<u32>(v.w);
+                } else {
+                    output[idx >> 1u] = pack_halves(v.x, v.y, DT);
+                    output[(idx >> 1u) + 1u] = pack_halves(v.z, v.w, DT);
+                }
             }
-            workgroupBarrier();
         }
-    }
-    write_row(b, h, qa, t, q_base, nch, acc_a, m_a, l_a);
-    write_row(b, h, qc, t, q_base, nch, acc_c, m_c, l_c);
-}
-
-// Output (both dtypes) and statistics of query row qi from lane t's accumulators.
-fn write_row(b: u32, h: u32, qi: u32, t: u32, q_base: u32, nch: u32, acc: array<f32, ACC>,
-             m: f32, l: f32) {
-    if (qi >= params.q_len) {
-        return;
-    }
-    var inv = 0.0;
-    if (l > 0.0) {
-        inv = 1.0 / l;
-    }
-    let o_base = q_base + qi * params.q_ss;
-    for (var ch = 0u; ch < nch; ch = ch + 1u) {
-        let col = ch * CW + 2u * t;
-        if (col < HD) {
-            let o0 = acc[2u * ch] * inv;
-            let o1 = acc[2u * ch + 1u] * inv;
-            let idx = o_base + col;
-            if (params.same_output == 0u) {
-                output_f32[idx] = o0;
-                output_f32[idx + 1u] = o1;
-            }
-            if (DT == DT_F32) {
-                output[idx] = bitcast<u32>(o0);
-                output[idx + 1u] = bitcast<u32>(o1);
+        if (tx == 0u) {
+            let row = (b * params.q_heads + h) * params.q_len + qi;
+            row_max[row] = m[i];
+            if (den[i] > 0.0) {
+                log_den[row] = log(den[i]);
             } else {
-                output[idx >> 1u] = pack_halves(o0, o1, DT);
+                log_den[row] = neg_inf();
             }
-        }
-    }
-    if (t == 0u) {
-        let row = (b * params.q_heads + h) * params.q_len + qi;
-        row_max[row] = m;
-        if (l > 0.0) {
-            log_den[row] = log(l);
-        } else {
-            log_den[row] = neg_inf();
         }
     }
 }
 
 // Row statistics for the backward: info_out[row] = (row_max, log_den, delta, 0) with
-// delta = Σ_d d_output · saved_output (the unrounded F32 output). One workgroup per TILE rows,
-// TILE lanes per row: lane t sums columns t, t + TILE, ... in order (coalesced reads), then
-// lane 0 adds the TILE partial sums in lane order.
+// delta = Σ_d d_output · saved_output (the unrounded F32 output). One workgroup per 16 rows,
+// 16 lanes per row: lane t sums columns t, t + 16, ... in order (coalesced reads), then
+// lane 0 adds the 16 partial sums in lane order.
 var<workgroup> delta_parts: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let first = group_index(wid, nwg) * TILE;
+    let first = group_index(wid, nwg) * 16u;
     if (first >= params.rows) {
         return;
     }
-    let row = first + lid / TILE;
-    let t = lid % TILE;
+    let row = first + lid / 16u;
+    let t = lid % 16u;
     var part = 0.0;
     if (row < params.rows) {
         let qi = row % params.q_len;
@@ -414,7 +570,7 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         let h = bh % params.q_heads;
         let b = bh / params.q_heads;
         let base = b * params.q_sb + h * params.q_sh + qi * params.q_ss;
-        for (var c = t; c < HD; c = c + TILE) {
+        for (var c = t; c < HD; c = c + 16u) {
             part = part + load_do(base + c) * saved_output[base + c];
         }
     }
@@ -422,7 +578,7 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     workgroupBarrier();
     if (t == 0u && row < params.rows) {
         var delta = 0.0;
-        for (var i = 0u; i < TILE; i = i + 1u) {
+        for (var i = 0u; i < 16u; i = i + 1u) {
             delta = delta + delta_parts[lid + i];
         }
         info_out[4u * row] = row_max[row];
@@ -432,30 +588,97 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// Score, probability and score gradient of (query qi, key kj) from the staged chunks of the
-// score phase: s and dp are the caller's running dot products.
-fn score_grad(b: u32, h: u32, qi: u32, kj: u32, s: f32, dp: f32) -> vec2<f32> {
-    if (qi >= params.q_len || kj >= params.k_len || !visible(b, h, qi, kj)) {
-        return vec2<f32>(0.0, 0.0);
+// Products of the backward tile: s = A·Bᵀ and dp = C·Dᵀ over the head dim, A and C the
+// tile's rows, B and D its columns (kinds and bases given by the caller).
+fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
+              kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Blk {
+    var s = Blk();
+    var na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, lid % 16u);
+    var nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, lid % 16u);
+    for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
+        xs[dot_slot(0u, lid)] = na;
+        xs[dot_slot(1u, lid)] = nb;
+        workgroupBarrier();
+        if (d0 + 16u < HD) {
+            let col = d0 + 16u + lid % 16u;
+            na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, col);
+            nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, col);
+        }
+        s = dots(s, tx, ty);
+        workgroupBarrier();
     }
-    let row = (b * params.q_heads + h) * params.q_len + qi;
-    let m = row_info[4u * row];
-    let log_l = row_info[4u * row + 1u];
-    let delta = row_info[4u * row + 2u];
-    let p = exp(params.scale * (s - m) - log_l);
-    return vec2<f32>(p, p * (dp - delta));
+    return s;
 }
 
-// One workgroup per (batch, key/value head, block of 2·TILE keys): owns those rows of d_key and
-// d_value and sums over the query heads of its group, then over tiles of 2·TILE queries, then
-// over the rows of a tile, always in that order. Lane (j, t): key rows j and j + 16; score
-// phase against query rows t and t + 16 of the tile, accumulation phase columns 2t, 2t + 1
-// of each chunk. fwd_q holds query-side chunks (query or d_output), fwd_k key-side chunks
-// (key or value), fwd_s the probabilities and then the score gradients, key-major.
+// acc += ps-tile · (BT rows of `kind` from r0), KS rows per staged step.
+fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss: u32, r0: u32,
+                  len: u32) -> Acc {
+    var a = acc;
+    var n0 = row4_bwd(kind, base, ss, r0 + lid / RS, len, 4u * (lid % RS));
+    var n1 = row4_bwd(kind, base, ss, r0 + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
+    for (var ks = 0u; ks < BT; ks = ks + KS) {
+        xs[lid] = n0;
+        xs[lid + WG] = n1;
+        workgroupBarrier();
+        if (ks + KS < BT) {
+            let r = r0 + ks + KS;
+            n0 = row4_bwd(kind, base, ss, r + lid / RS, len, 4u * (lid % RS));
+            n1 = row4_bwd(kind, base, ss, r + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
+        }
+        for (var kr = 0u; kr < KS; kr = kr + 1u) {
+            a = acc_step(a, ps[(ks + kr) * 17u + ty], kr * RS, tx);
+        }
+        workgroupBarrier();
+    }
+    return a;
+}
+
+// Rows r0 + ty + 16·i (< len) of an accumulator times `f`, written to grad_a (d_query or
+// d_key) at base + row · ss; `write_acc_b` writes grad_b (d_value). Separate helpers: the dQ
+// pass binds no grad_b.
+fn write_acc_a(a: Acc, tx: u32, ty: u32, base: u32, ss: u32, r0: u32, len: u32, f: f32) {
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let r = r0 + ty + 16u * i;
+        for (var c = 0u; c < NCH; c = c + 1u) {
+            let col = 64u * c + 4u * tx;
+            if (r < len && col < HD) {
+                let v = acc_get(a, i, c) * f;
+                let idx = base + r * ss + col;
+                grad_a[idx] = v.x;
+                grad_a[idx + 1u] = v.y;
+                grad_a[idx + 2u] = v.z;
+                grad_a[idx + 3u] = v.w;
+            }
+        }
+    }
+}
+
+fn write_acc_b(a: Acc, tx: u32, ty: u32, base: u32, ss: u32, r0: u32, len: u32) {
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let r = r0 + ty + 16u * i;
+        for (var c = 0u; c < NCH; c = c + 1u) {
+            let col = 64u * c + 4u * tx;
+            if (r < len && col < HD) {
+                let v = acc_get(a, i, c);
+                let idx = base + r * ss + col;
+                grad_b[idx] = v.x;
+                grad_b[idx + 1u] = v.y;
+                grad_b[idx + 2u] = v.z;
+                grad_b[idx + 3u] = v.w;
+            }
+        }
+    }
+}
+
+// One workgroup per (batch, key/value head, block of BT keys): owns those rows of d_key and
+// d_value and sums over the query heads of its group, then over tiles of BT queries, then
+// over the queries of a tile, always in that order. Invocation (tx, ty): key rows ty + 16·i,
+// query columns tx + 16·j of the transposed tile; accumulators rows ty + 16·i × columns
+// 64·c + 4·tx ...
 @compute @workgroup_size(256)
 fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
-    let k_tiles = (params.k_len + 2u * TILE - 1u) / (2u * TILE);
+    let k_tiles = (params.k_len + BT - 1u) / BT;
     let g = group_index(wid, nwg);
     if (g >= params.batch * params.kv_heads * k_tiles) {
         return;
@@ -464,141 +687,71 @@ fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let bh = g / k_tiles;
     let kvh = bh % params.kv_heads;
     let b = bh / params.kv_heads;
-    let j = lid / TILE;
-    let t = lid % TILE;
-    let k0 = kb * 2u * TILE;
-    let k_last = min(k0 + 2u * TILE, params.k_len) - 1u;
-    let ka = k0 + j;
-    let kc = ka + TILE;
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    let k0 = kb * BT;
+    let k_last = min(k0 + BT, params.k_len) - 1u;
     let k_base = b * params.k_sb + kvh * params.k_sh;
-    let nch = chunks();
-    let q_tiles = (params.q_len + 2u * TILE - 1u) / (2u * TILE);
+    let q_tiles = (params.q_len + BT - 1u) / BT;
+    let keys = vec4<u32>(k0 + ty) + vec4<u32>(0u, 16u, 32u, 48u);
+    let zero = vec4<f32>(0.0);
 
-    var dk_a: array<f32, ACC>;
-    var dk_c: array<f32, ACC>;
-    var dv_a: array<f32, ACC>;
-    var dv_c: array<f32, ACC>;
+    var dk = Acc();
+    var dv = Acc();
     for (var gi = 0u; gi < params.group; gi = gi + 1u) {
         let h = kvh * params.group + gi;
         let q_base = b * params.q_sb + h * params.q_sh;
         for (var qb = 0u; qb < q_tiles; qb = qb + 1u) {
-            let q0 = qb * 2u * TILE;
-            if (!block_visible(q0, min(q0 + 2u * TILE, params.q_len) - 1u, k0, k_last)) {
+            let q0 = qb * BT;
+            if (!block_visible(q0, min(q0 + BT, params.q_len) - 1u, k0, k_last)) {
                 continue;
             }
-            // (query t, key j), (t, j + 16), (t + 16, j), (t + 16, j + 16).
-            var sc = vec4<f32>(0.0);
-            for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_query_wide(lid, ch, q_base, q0);
-                stage_kv_wide(lid, ch, k_base, k0, false);
-                workgroupBarrier();
-                sc = block_dots(t, j, ch, sc);
-                workgroupBarrier();
+            let st = bwd_scores(lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len,
+                                KIND_Q, q_base, params.q_ss, q0, params.q_len);
+            let dpt = bwd_scores(lid, tx, ty, KIND_V, k_base, params.k_ss, k0, params.k_len,
+                                 KIND_DO, q_base, params.q_ss, q0, params.q_len);
+            let qs = vec4<u32>(q0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
+            let i0 = info(b, h, qs.x);
+            let i1 = info(b, h, qs.y);
+            let i2 = info(b, h, qs.z);
+            let i3 = info(b, h, qs.w);
+            let qm = vec4<f32>(i0.x, i1.x, i2.x, i3.x);
+            let ql = vec4<f32>(i0.y, i1.y, i2.y, i3.y);
+            let qd = vec4<f32>(i0.z, i1.z, i2.z, i3.z);
+            var p = Blk();
+            p.r0 = exp(params.scale * (st.r0 - qm) - ql);
+            p.r1 = exp(params.scale * (st.r1 - qm) - ql);
+            p.r2 = exp(params.scale * (st.r2 - qm) - ql);
+            p.r3 = exp(params.scale * (st.r3 - qm) - ql);
+            if (!block_full(q0, k0)) {
+                p.r0 = select(zero, p.r0, vis4(b, h, qs, vec4<u32>(keys.x)));
+                p.r1 = select(zero, p.r1, vis4(b, h, qs, vec4<u32>(keys.y)));
+                p.r2 = select(zero, p.r2, vis4(b, h, qs, vec4<u32>(keys.z)));
+                p.r3 = select(zero, p.r3, vis4(b, h, qs, vec4<u32>(keys.w)));
             }
-            var dp = vec4<f32>(0.0);
-            for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_d_output_wide(lid, ch, q_base, q0);
-                stage_kv_wide(lid, ch, k_base, k0, true);
-                workgroupBarrier();
-                dp = block_dots(t, j, ch, dp);
-                workgroupBarrier();
-            }
-            let qt = q0 + t;
-            let qu = qt + TILE;
-            let g00 = score_grad(b, h, qt, ka, sc.x, dp.x);
-            let g01 = score_grad(b, h, qt, kc, sc.y, dp.y);
-            let g10 = score_grad(b, h, qu, ka, sc.z, dp.z);
-            let g11 = score_grad(b, h, qu, kc, sc.w, dp.w);
-            // dV += Pᵀ dO.
-            fwd_s[j * FK + t] = g00.x;
-            fwd_s[(j + TILE) * FK + t] = g01.x;
-            fwd_s[j * FK + t + TILE] = g10.x;
-            fwd_s[(j + TILE) * FK + t + TILE] = g11.x;
-            for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_d_output_wide(lid, ch, q_base, q0);
-                workgroupBarrier();
-                if (2u * t < chunk_width(ch)) {
-                    var a0 = dv_a[2u * ch];
-                    var a1 = dv_a[2u * ch + 1u];
-                    var c0 = dv_c[2u * ch];
-                    var c1 = dv_c[2u * ch + 1u];
-                    for (var i = 0u; i < FK; i = i + 1u) {
-                        let pa = fwd_s[j * FK + i];
-                        let pc = fwd_s[(j + TILE) * FK + i];
-                        let x0 = fwd_q[i * CS + 2u * t];
-                        let x1 = fwd_q[i * CS + 2u * t + 1u];
-                        a0 = a0 + pa * x0;
-                        a1 = a1 + pa * x1;
-                        c0 = c0 + pc * x0;
-                        c1 = c1 + pc * x1;
-                    }
-                    dv_a[2u * ch] = a0;
-                    dv_a[2u * ch + 1u] = a1;
-                    dv_c[2u * ch] = c0;
-                    dv_c[2u * ch + 1u] = c1;
-                }
-                workgroupBarrier();
-            }
-            // dK += dSᵀ Q (scaled at the end).
-            fwd_s[j * FK + t] = g00.y;
-            fwd_s[(j + TILE) * FK + t] = g01.y;
-            fwd_s[j * FK + t + TILE] = g10.y;
-            fwd_s[(j + TILE) * FK + t + TILE] = g11.y;
-            for (var ch = 0u; ch < nch; ch = ch + 1u) {
-                stage_query_wide(lid, ch, q_base, q0);
-                workgroupBarrier();
-                if (2u * t < chunk_width(ch)) {
-                    var a0 = dk_a[2u * ch];
-                    var a1 = dk_a[2u * ch + 1u];
-                    var c0 = dk_c[2u * ch];
-                    var c1 = dk_c[2u * ch + 1u];
-                    for (var i = 0u; i < FK; i = i + 1u) {
-                        let da = fwd_s[j * FK + i];
-                        let dc = fwd_s[(j + TILE) * FK + i];
-                        let x0 = fwd_q[i * CS + 2u * t];
-                        let x1 = fwd_q[i * CS + 2u * t + 1u];
-                        a0 = a0 + da * x0;
-                        a1 = a1 + da * x1;
-                        c0 = c0 + dc * x0;
-                        c1 = c1 + dc * x1;
-                    }
-                    dk_a[2u * ch] = a0;
-                    dk_a[2u * ch + 1u] = a1;
-                    dk_c[2u * ch] = c0;
-                    dk_c[2u * ch + 1u] = c1;
-                }
-                workgroupBarrier();
-            }
+            var ds = Blk();
+            ds.r0 = p.r0 * (dpt.r0 - qd);
+            ds.r1 = p.r1 * (dpt.r1 - qd);
+            ds.r2 = p.r2 * (dpt.r2 - qd);
+            ds.r3 = p.r3 * (dpt.r3 - qd);
+            // dV += Pᵀ dO, then dK += dSᵀ Q (scaled at the end).
+            put_tile(p, tx, ty);
+            dv = bwd_accumulate(dv, lid, tx, ty, KIND_DO, q_base, params.q_ss, q0, params.q_len);
+            put_tile(ds, tx, ty);
+            dk = bwd_accumulate(dk, lid, tx, ty, KIND_Q, q_base, params.q_ss, q0, params.q_len);
         }
     }
-    write_dkdv(ka, t, k_base, nch, dk_a, dv_a);
-    write_dkdv(kc, t, k_base, nch, dk_c, dv_c);
+    write_acc_a(dk, tx, ty, k_base, params.k_ss, k0, params.k_len, params.scale);
+    write_acc_b(dv, tx, ty, k_base, params.k_ss, k0, params.k_len);
 }
 
-fn write_dkdv(kj: u32, t: u32, k_base: u32, nch: u32, dk: array<f32, ACC>, dv: array<f32, ACC>) {
-    if (kj >= params.k_len) {
-        return;
-    }
-    let base = k_base + kj * params.k_ss;
-    for (var ch = 0u; ch < nch; ch = ch + 1u) {
-        let col = ch * CW + 2u * t;
-        if (col < HD) {
-            grad_a[base + col] = dk[2u * ch] * params.scale;
-            grad_a[base + col + 1u] = dk[2u * ch + 1u] * params.scale;
-            grad_b[base + col] = dv[2u * ch];
-            grad_b[base + col + 1u] = dv[2u * ch + 1u];
-        }
-    }
-}
-
-// One workgroup per (batch, query head, block of 2·TILE query rows): owns those rows of
-// d_query and sums over key tiles (FK keys), then keys of a tile, in order. Lane (r, t):
-// query rows r and r + 16; score phase against keys t and t + 16 of the tile, accumulation
-// phase columns 2t, 2t + 1 of each chunk.
+// One workgroup per (batch, query head, block of BT query rows): owns those rows of d_query
+// and sums over key tiles, then keys of a tile, in order. Invocation (tx, ty): query rows
+// ty + 16·i, keys tx + 16·j; accumulators rows ty + 16·i × columns 64·c + 4·tx ...
 @compute @workgroup_size(256)
 fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    let q_tiles = (params.q_len + 2u * TILE - 1u) / (2u * TILE);
+    let q_tiles = (params.q_len + BT - 1u) / BT;
     let g = group_index(wid, nwg);
     if (g >= params.batch * params.q_heads * q_tiles) {
         return;
@@ -608,87 +761,49 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let h = bh % params.q_heads;
     let b = bh / params.q_heads;
     let kvh = h / params.group;
-    let r = lid / TILE;
-    let t = lid % TILE;
-    let q0 = qb * 2u * TILE;
-    let q_last = min(q0 + 2u * TILE, params.q_len) - 1u;
-    let qa = q0 + r;
-    let qc = qa + TILE;
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    let q0 = qb * BT;
+    let q_last = min(q0 + BT, params.q_len) - 1u;
     let q_base = b * params.q_sb + h * params.q_sh;
     let k_base = b * params.k_sb + kvh * params.k_sh;
-    let nch = chunks();
-    let k_tiles = (params.k_len + FK - 1u) / FK;
+    let k_tiles = (params.k_len + BT - 1u) / BT;
+    let rows = vec4<u32>(q0 + ty) + vec4<u32>(0u, 16u, 32u, 48u);
+    let zero = vec4<f32>(0.0);
+    let i0 = info(b, h, rows.x);
+    let i1 = info(b, h, rows.y);
+    let i2 = info(b, h, rows.z);
+    let i3 = info(b, h, rows.w);
 
-    var dq_a: array<f32, ACC>;
-    var dq_c: array<f32, ACC>;
+    var dq = Acc();
     for (var kb = 0u; kb < k_tiles; kb = kb + 1u) {
-        let k0 = kb * FK;
-        if (!block_visible(q0, q_last, k0, min(k0 + FK, params.k_len) - 1u)) {
+        let k0 = kb * BT;
+        if (!block_visible(q0, q_last, k0, min(k0 + BT, params.k_len) - 1u)) {
             continue;
         }
-        var sc = vec4<f32>(0.0);
-        for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_query_wide(lid, ch, q_base, q0);
-            stage_kv_wide(lid, ch, k_base, k0, false);
-            workgroupBarrier();
-            sc = block_dots(r, t, ch, sc);
-            workgroupBarrier();
+        let s = bwd_scores(lid, tx, ty, KIND_Q, q_base, params.q_ss, q0, params.q_len,
+                           KIND_K, k_base, params.k_ss, k0, params.k_len);
+        let dp = bwd_scores(lid, tx, ty, KIND_DO, q_base, params.q_ss, q0, params.q_len,
+                            KIND_V, k_base, params.k_ss, k0, params.k_len);
+        var p = Blk();
+        p.r0 = exp(params.scale * (s.r0 - vec4<f32>(i0.x)) - vec4<f32>(i0.y));
+        p.r1 = exp(params.scale * (s.r1 - vec4<f32>(i1.x)) - vec4<f32>(i1.y));
+        p.r2 = exp(params.scale * (s.r2 - vec4<f32>(i2.x)) - vec4<f32>(i2.y));
+        p.r3 = exp(params.scale * (s.r3 - vec4<f32>(i3.x)) - vec4<f32>(i3.y));
+        if (!block_full(q0, k0)) {
+            let keys = vec4<u32>(k0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
+            p.r0 = select(zero, p.r0, vis4(b, h, vec4<u32>(rows.x), keys));
+            p.r1 = select(zero, p.r1, vis4(b, h, vec4<u32>(rows.y), keys));
+            p.r2 = select(zero, p.r2, vis4(b, h, vec4<u32>(rows.z), keys));
+            p.r3 = select(zero, p.r3, vis4(b, h, vec4<u32>(rows.w), keys));
         }
-        var dp = vec4<f32>(0.0);
-        for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_d_output_wide(lid, ch, q_base, q0);
-            stage_kv_wide(lid, ch, k_base, k0, true);
-            workgroupBarrier();
-            dp = block_dots(r, t, ch, dp);
-            workgroupBarrier();
-        }
-        let kj0 = k0 + t;
-        let kj1 = kj0 + TILE;
-        fwd_s[r * FK + t] = score_grad(b, h, qa, kj0, sc.x, dp.x).y;
-        fwd_s[r * FK + t + TILE] = score_grad(b, h, qa, kj1, sc.y, dp.y).y;
-        fwd_s[(r + TILE) * FK + t] = score_grad(b, h, qc, kj0, sc.z, dp.z).y;
-        fwd_s[(r + TILE) * FK + t + TILE] = score_grad(b, h, qc, kj1, sc.w, dp.w).y;
-        workgroupBarrier();
-        for (var ch = 0u; ch < nch; ch = ch + 1u) {
-            stage_kv_wide(lid, ch, k_base, k0, false);
-            workgroupBarrier();
-            if (2u * t < chunk_width(ch)) {
-                var a0 = dq_a[2u * ch];
-                var a1 = dq_a[2u * ch + 1u];
-                var c0 = dq_c[2u * ch];
-                var c1 = dq_c[2u * ch + 1u];
-                for (var j = 0u; j < FK; j = j + 1u) {
-                    let da = fwd_s[r * FK + j];
-                    let dc = fwd_s[(r + TILE) * FK + j];
-                    let k_0 = fwd_k[j * CS + 2u * t];
-                    let k_1 = fwd_k[j * CS + 2u * t + 1u];
-                    a0 = a0 + da * k_0;
-                    a1 = a1 + da * k_1;
-                    c0 = c0 + dc * k_0;
-                    c1 = c1 + dc * k_1;
-                }
-                dq_a[2u * ch] = a0;
-                dq_a[2u * ch + 1u] = a1;
-                dq_c[2u * ch] = c0;
-                dq_c[2u * ch + 1u] = c1;
-            }
-            workgroupBarrier();
-        }
+        var ds = Blk();
+        ds.r0 = p.r0 * (dp.r0 - vec4<f32>(i0.z));
+        ds.r1 = p.r1 * (dp.r1 - vec4<f32>(i1.z));
+        ds.r2 = p.r2 * (dp.r2 - vec4<f32>(i2.z));
+        ds.r3 = p.r3 * (dp.r3 - vec4<f32>(i3.z));
+        put_tile(ds, tx, ty);
+        dq = bwd_accumulate(dq, lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len);
     }
-    write_dq(qa, t, q_base, nch, dq_a);
-    write_dq(qc, t, q_base, nch, dq_c);
-}
-
-fn write_dq(qi: u32, t: u32, q_base: u32, nch: u32, dq: array<f32, ACC>) {
-    if (qi >= params.q_len) {
-        return;
-    }
-    let base = q_base + qi * params.q_ss;
-    for (var ch = 0u; ch < nch; ch = ch + 1u) {
-        let col = ch * CW + 2u * t;
-        if (col < HD) {
-            grad_a[base + col] = dq[2u * ch] * params.scale;
-            grad_a[base + col + 1u] = dq[2u * ch + 1u] * params.scale;
-        }
-    }
+    write_acc_a(dq, tx, ty, q_base, params.q_ss, q0, params.q_len, params.scale);
 }
