@@ -46,7 +46,7 @@ impl Default for Args {
             ffn: 192,
             seq: 32,
             batch: 8,
-            steps: 80,
+            steps: 64,
             lr: 1e-2,
             seed: 0,
             out: PathBuf::from("out/train"),
