@@ -14,14 +14,14 @@
 
 mod common;
 
-use common::{Rng, engine, tensor_from_f64};
+use common::{Rng, assert_close, engine, tensor_from_f64};
 use wgrad::fused_linear::{
     self as fl, Chunking, DistillationOptions, DistillationReduction,
     FusedLinearCrossEntropyOptions, FusedLinearGradients, LinearHead, SoftLoss,
     fused_linear_cross_entropy, fused_linear_cross_entropy_backward, fused_linear_distillation,
     fused_linear_distillation_backward,
 };
-use wgrad::gradcheck::{Comparison, Tolerance, check_vjp, compare};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::loss::{CrossEntropyOptions, Reduction};
 use wgrad::reference::fused_linear::{self as reference, DistillationConfig, Head, SoftTerm};
 use wgrad::reference::loss::CrossEntropyConfig;
@@ -33,12 +33,6 @@ const F32: Tolerance = Tolerance::for_dtype(DType::F32);
 /// plain F32 policy at these sizes.
 fn grad_tol() -> Tolerance {
     F32
-}
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
-    let c = compare(got, want, tol);
-    assert!(c.passed, "{what}: {c}");
-    c
 }
 
 fn data(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {

@@ -10,8 +10,8 @@
 
 mod common;
 
-use common::{Rng, engine, tensor_from_f64};
-use wgrad::gradcheck::{Comparison, Tolerance, check_vjp, compare};
+use common::{Rng, assert_close, engine, tensor_from_f64};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::loss::{
     self, CrossEntropyOptions, DivReduction, Reduction, cross_entropy, cross_entropy_backward,
 };
@@ -20,12 +20,6 @@ use wgrad::reference::loss::{CrossEntropyConfig, Divergence};
 use wgrad::{DType, Error, Tensor};
 
 const F32: Tolerance = Tolerance::for_dtype(DType::F32);
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
-    let c = compare(got, want, tol);
-    assert!(c.passed, "{what}: {c}");
-    c
-}
 
 fn data(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
     Rng::new(seed).vec(n, lo, hi)
