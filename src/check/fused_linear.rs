@@ -126,7 +126,7 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
         Chunking, FusedLinearCrossEntropyOptions, fused_linear_cross_entropy,
         fused_linear_cross_entropy_backward,
     };
-    use crate::loss::{CrossEntropyOptions, Reduction};
+    use crate::loss::Reduction;
     use crate::reference::loss::CrossEntropyConfig;
     let (rows, hidden, vocab) = (4 * 47, 31, 123);
     let mut rng = Rng::new(60);
@@ -155,29 +155,10 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                     reduction,
                     ..cfg.clone()
                 };
-                let targets: Vec<i32> = (0..rows)
-                    .map(|i| {
-                        if i % 4 == 1 {
-                            cfg.ignore_index
-                        } else {
-                            (rng.next_u32() as usize % vocab) as i32
-                        }
-                    })
-                    .collect();
+                let targets = ce_targets(&mut rng, rows, vocab, cfg.ignore_index);
                 let t = Tensor::from_slice(engine, &targets, &[rows])?;
                 let options = FusedLinearCrossEntropyOptions {
-                    cross_entropy: CrossEntropyOptions {
-                        ignore_index: cfg.ignore_index,
-                        label_smoothing: cfg.label_smoothing as f32,
-                        z_loss: cfg.z_loss as f32,
-                        softcap: cfg.softcap.map(|c| c as f32),
-                        weight: match &cfg.weight {
-                            Some(w) => Some(tensor_from_f64(engine, w, &[vocab], DType::F32)?.0),
-                            None => None,
-                        },
-                        reduction,
-                        check_targets: true,
-                    },
+                    cross_entropy: ce_options(engine, &cfg)?,
                     chunking: Chunking {
                         chunk_rows: Some(50),
                         memory_budget: None,
@@ -193,24 +174,7 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                     &cfg,
                 );
                 let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} {dtype}");
-                cases.push(case(
-                    format!("{label} loss"),
-                    &out.loss.to_f64()?,
-                    &want.loss,
-                    f32_tol,
-                ));
-                cases.push(case(
-                    format!("{label} z_loss"),
-                    &out.z_loss.to_f64()?,
-                    &want.z_loss,
-                    f32_tol,
-                ));
-                cases.push(case(
-                    format!("{label} accuracy"),
-                    &out.accuracy.to_f64()?,
-                    &[want.accuracy],
-                    f32_tol,
-                ));
+                ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
                 let ones = vec![
                     1.0;
                     if reduction == Reduction::None {

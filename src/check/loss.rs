@@ -143,7 +143,7 @@ fn check_sparsemax(engine: &Engine) -> Result<Vec<Case>> {
 
 fn check_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     use crate::Tensor;
-    use crate::loss::{self, CrossEntropyOptions, Reduction};
+    use crate::loss::{self, Reduction};
     use crate::reference::loss::{self as r, CrossEntropyConfig};
     let mut rng = Rng::new(42);
     let f32_tol = Tolerance::for_dtype(DType::F32);
@@ -172,15 +172,7 @@ fn check_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                         reduction,
                         ..cfg.clone()
                     };
-                    let targets: Vec<i32> = (0..rows)
-                        .map(|i| {
-                            if i % 4 == 1 {
-                                cfg.ignore_index
-                            } else {
-                                (rng.next_u32() as usize % cols) as i32
-                            }
-                        })
-                        .collect();
+                    let targets = ce_targets(&mut rng, rows, cols, cfg.ignore_index);
                     let (x, xs) = tensor_from_f64(
                         engine,
                         &rng.vec(rows * cols, -6.0, 6.0),
@@ -188,39 +180,11 @@ fn check_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                         dtype,
                     )?;
                     let t = Tensor::from_slice(engine, &targets, &[rows])?;
-                    let options = CrossEntropyOptions {
-                        ignore_index: cfg.ignore_index,
-                        label_smoothing: cfg.label_smoothing as f32,
-                        z_loss: cfg.z_loss as f32,
-                        softcap: cfg.softcap.map(|c| c as f32),
-                        weight: match &cfg.weight {
-                            Some(w) => Some(tensor_from_f64(engine, w, &[cols], DType::F32)?.0),
-                            None => None,
-                        },
-                        reduction,
-                        check_targets: true,
-                    };
+                    let options = ce_options(engine, &cfg)?;
                     let (out, saved) = loss::cross_entropy(&x, &t, &options)?;
                     let want = r::cross_entropy(&xs, &targets, rows, cols, &cfg);
                     let label = format!("{name} {reduction:?} {rows}x{cols} {dtype}");
-                    cases.push(case(
-                        format!("{label} loss"),
-                        &out.loss.to_f64()?,
-                        &want.loss,
-                        f32_tol,
-                    ));
-                    cases.push(case(
-                        format!("{label} z_loss"),
-                        &out.z_loss.to_f64()?,
-                        &want.z_loss,
-                        f32_tol,
-                    ));
-                    cases.push(case(
-                        format!("{label} accuracy"),
-                        &out.accuracy.to_f64()?,
-                        &[want.accuracy],
-                        f32_tol,
-                    ));
+                    ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
                     if let Some(p) = &out.predicted {
                         let got: Vec<f64> = p.to_vec::<i32>()?.into_iter().map(f64::from).collect();
                         let want: Vec<f64> = want.predicted.iter().map(|&v| f64::from(v)).collect();

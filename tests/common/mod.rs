@@ -5,6 +5,8 @@
 //! Each `tests/*.rs` file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
+pub mod cross_entropy;
+
 use std::sync::OnceLock;
 use wgrad::gradcheck::{Comparison, Tolerance, compare};
 use wgrad::{DType, Engine, Tensor};
