@@ -86,6 +86,44 @@ fn case(label: String, got: &[f64], want: &[f64], tol: Tolerance) -> Case {
     }
 }
 
+/// The plain cross-entropy configuration, then the "all options" one (label smoothing 0.1,
+/// `ignore_index`, z-loss, softcap and class weights in [0.2, 1.5) drawn from `rng`), each
+/// with every reduction, as (name, configuration) pairs.
+fn ce_configs(
+    rng: &mut Rng,
+    classes: usize,
+    ignore_index: i32,
+    z_loss: f32,
+    softcap: f64,
+) -> Vec<(&'static str, reference::loss::CrossEntropyConfig)> {
+    use crate::loss::Reduction;
+    use reference::loss::CrossEntropyConfig;
+    let all_options = CrossEntropyConfig {
+        ignore_index,
+        label_smoothing: f64::from(0.1f32),
+        z_loss: f64::from(z_loss),
+        softcap: Some(softcap),
+        weight: Some(stored_values(&rng.vec(classes, 0.2, 1.5), DType::F32)),
+        reduction: Reduction::Mean,
+    };
+    let mut configs = Vec::new();
+    for (name, cfg) in [
+        ("plain", CrossEntropyConfig::default()),
+        ("all options", all_options),
+    ] {
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            configs.push((
+                name,
+                CrossEntropyConfig {
+                    reduction,
+                    ..cfg.clone()
+                },
+            ));
+        }
+    }
+    configs
+}
+
 /// Hard cross-entropy targets in [0, classes), drawn from `rng`, with every fourth row
 /// (index 1 mod 4) set to `ignore_index`.
 fn ce_targets(rng: &mut Rng, rows: usize, classes: usize, ignore_index: i32) -> Vec<i32> {
