@@ -145,7 +145,7 @@ fn check_problem(p: &Problem, with_bias: bool, dt: &Dtypes, seed: u64) {
                 &got.to_f64().unwrap(),
                 &want,
                 tol_for(p.batch * p.m),
-            )
+            );
         }
         (None, None) => {}
         _ => panic!("{label}: dbias presence"),
