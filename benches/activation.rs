@@ -6,16 +6,12 @@ mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use wgrad::activation::{self, Activation, ActivationOptions};
-use wgrad::{DType, Engine, Result, Tensor, bench, cast};
+use wgrad::{DType, Engine, Result, Tensor, bench};
 
 const SHAPES: [[usize; 2]; 2] = [[256, 1024], [1024, 2048]];
 
 fn input(engine: &Engine, shape: &[usize], dtype: DType, seed: usize) -> Result<Tensor> {
-    let len: usize = shape.iter().product();
-    let data: Vec<f32> = (0..len)
-        .map(|i| (((i + seed) % 251) as f32 - 125.0) / 32.0)
-        .collect();
-    cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+    common::sawtooth(engine, shape, dtype, seed, 1, 32.0)
 }
 
 fn run(c: &mut Criterion) {

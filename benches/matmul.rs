@@ -7,17 +7,13 @@ mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use wgrad::matmul::{MatmulOptions, matmul, matmul_backward, matmul_flops};
-use wgrad::{DType, Engine, Result, Tensor, bench, cast};
+use wgrad::{DType, Engine, Result, Tensor, bench};
 
 /// (M, K, N).
 const SHAPES: [[usize; 3]; 2] = [[128, 128, 128], [256, 128, 384]];
 
 fn input(engine: &Engine, shape: &[usize], dtype: DType, seed: usize) -> Result<Tensor> {
-    let len: usize = shape.iter().product();
-    let data: Vec<f32> = (0..len)
-        .map(|i| (((i * 7 + seed) % 251) as f32 - 125.0) / 256.0)
-        .collect();
-    cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+    common::sawtooth(engine, shape, dtype, seed, 7, 256.0)
 }
 
 fn run(c: &mut Criterion) {

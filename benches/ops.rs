@@ -29,10 +29,7 @@ fn operators() -> Vec<(&'static str, DType, OpFn)> {
 }
 
 fn input(engine: &Engine, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    let len: usize = shape.iter().product();
-    let data: Vec<f32> = (0..len).map(|i| ((i % 251) as f32 - 125.0) / 8.0).collect();
-    let x = Tensor::from_slice(engine, &data, shape)?;
-    cast::cast(&x, dtype)
+    common::sawtooth(engine, shape, dtype, 0, 1, 8.0)
 }
 
 fn ops(c: &mut Criterion) {

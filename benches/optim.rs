@@ -8,15 +8,12 @@ mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use wgrad::optim::{AdamW, AdamWOptions, Sgd, SgdOptions, grad_norm};
-use wgrad::{DType, Engine, Result, Tensor, bench, cast};
+use wgrad::{DType, Engine, Result, Tensor, bench};
 
 const SIZES: [usize; 2] = [1 << 18, 1 << 20];
 
 fn input(engine: &Engine, n: usize, dtype: DType, seed: usize) -> Result<Tensor> {
-    let data: Vec<f32> = (0..n)
-        .map(|i| (((i + seed) % 251) as f32 - 125.0) / 128.0)
-        .collect();
-    cast::cast(&Tensor::from_slice(engine, &data, &[n])?, dtype)
+    common::sawtooth(engine, &[n], dtype, seed, 1, 128.0)
 }
 
 fn run(c: &mut Criterion) {

@@ -1214,6 +1214,21 @@ pub fn fused_linear_distillation_backward(
     Ok(acc.finish())
 }
 
+/// [`fused_linear_distillation`] with `options` but the soft term `soft`.
+fn distillation_with(
+    soft: SoftLoss,
+    student: LinearHead,
+    teacher: LinearHead,
+    labels: Option<&Tensor>,
+    options: &DistillationOptions,
+) -> Result<(DistillationOutput, DistillationSaved)> {
+    let options = DistillationOptions {
+        soft,
+        ..options.clone()
+    };
+    fused_linear_distillation(student, teacher, labels, &options)
+}
+
 /// [`fused_linear_distillation`] with the generalized JSD soft term of weight `beta` (Liger's
 /// fused linear JSD when `weight_hard = 0`).
 pub fn fused_linear_jsd(
@@ -1223,11 +1238,7 @@ pub fn fused_linear_jsd(
     beta: f32,
     options: &DistillationOptions,
 ) -> Result<(DistillationOutput, DistillationSaved)> {
-    let options = DistillationOptions {
-        soft: SoftLoss::Jsd { beta },
-        ..options.clone()
-    };
-    fused_linear_distillation(student, teacher, labels, &options)
+    distillation_with(SoftLoss::Jsd { beta }, student, teacher, labels, options)
 }
 
 /// [`fused_linear_distillation`] with the forward-KL soft term `KL(p_teacher ‖ q_student)`.
@@ -1237,11 +1248,7 @@ pub fn fused_linear_kl(
     labels: Option<&Tensor>,
     options: &DistillationOptions,
 ) -> Result<(DistillationOutput, DistillationSaved)> {
-    let options = DistillationOptions {
-        soft: SoftLoss::Kl,
-        ..options.clone()
-    };
-    fused_linear_distillation(student, teacher, labels, &options)
+    distillation_with(SoftLoss::Kl, student, teacher, labels, options)
 }
 
 /// [`fused_linear_distillation`] with the total-variation soft term; with labels and
@@ -1252,9 +1259,5 @@ pub fn fused_linear_tvd(
     labels: Option<&Tensor>,
     options: &DistillationOptions,
 ) -> Result<(DistillationOutput, DistillationSaved)> {
-    let options = DistillationOptions {
-        soft: SoftLoss::Tvd,
-        ..options.clone()
-    };
-    fused_linear_distillation(student, teacher, labels, &options)
+    distillation_with(SoftLoss::Tvd, student, teacher, labels, options)
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::activation::{self, Activation, ActivationOptions};
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::activation as reference;
@@ -13,16 +13,6 @@ use wgrad::{DType, Error, Tensor};
 
 fn data(seed: u64, n: usize, range: f64) -> Vec<f64> {
     Rng::new(seed).vec(n, -range, range)
-}
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
-    let c = compare(got, want, tol);
-    assert!(
-        c.passed,
-        "{what}: {c}; got {:?} want {:?}",
-        got.get(c.worst),
-        want.get(c.worst)
-    );
 }
 
 const OPTS: [ActivationOptions; 2] = [

@@ -7,23 +7,13 @@
 
 mod common;
 
-use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::embedding::{
     EmbeddingOptions, embedding, embedding_backward, embedding_workspace_bytes,
 };
-use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::reference::embedding as reference;
 use wgrad::{DType, Error, Tensor};
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
-    let c = compare(got, want, tol);
-    assert!(
-        c.passed,
-        "{what}: {c}; got {:?} want {:?}",
-        got.get(c.worst),
-        want.get(c.worst)
-    );
-}
 
 /// Raw storage bits of a float tensor, one entry per element.
 fn bits(t: &Tensor) -> Vec<u32> {

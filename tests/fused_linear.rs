@@ -14,14 +14,15 @@
 
 mod common;
 
-use common::{Rng, engine, tensor_from_f64};
+use common::cross_entropy::{as_stored, assert_ce_outputs, options_for};
+use common::{Rng, assert_close, engine, tensor_from_f64};
 use wgrad::fused_linear::{
     self as fl, Chunking, DistillationOptions, DistillationReduction,
     FusedLinearCrossEntropyOptions, FusedLinearGradients, LinearHead, SoftLoss,
     fused_linear_cross_entropy, fused_linear_cross_entropy_backward, fused_linear_distillation,
     fused_linear_distillation_backward,
 };
-use wgrad::gradcheck::{Comparison, Tolerance, check_vjp, compare};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::loss::{CrossEntropyOptions, Reduction};
 use wgrad::reference::fused_linear::{self as reference, DistillationConfig, Head, SoftTerm};
 use wgrad::reference::loss::CrossEntropyConfig;
@@ -33,12 +34,6 @@ const F32: Tolerance = Tolerance::for_dtype(DType::F32);
 /// plain F32 policy at these sizes.
 fn grad_tol() -> Tolerance {
     F32
-}
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
-    let c = compare(got, want, tol);
-    assert!(c.passed, "{what}: {c}");
-    c
 }
 
 fn data(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
@@ -138,32 +133,6 @@ fn targets_for(
         .collect()
 }
 
-fn options_for(cfg: &CrossEntropyConfig) -> CrossEntropyOptions {
-    CrossEntropyOptions {
-        ignore_index: cfg.ignore_index,
-        label_smoothing: cfg.label_smoothing as f32,
-        z_loss: cfg.z_loss as f32,
-        softcap: cfg.softcap.map(|c| c as f32),
-        weight: cfg
-            .weight
-            .as_ref()
-            .map(|w| tensor_from_f64(engine(), w, &[w.len()], DType::F32)),
-        reduction: cfg.reduction,
-        check_targets: true,
-    }
-}
-
-/// The configuration's scalars as the GPU sees them (stored as f32).
-fn as_stored(cfg: &CrossEntropyConfig) -> CrossEntropyConfig {
-    CrossEntropyConfig {
-        weight: cfg.weight.as_ref().map(|w| common::stored(w, DType::F32)),
-        label_smoothing: cfg.label_smoothing as f32 as f64,
-        z_loss: cfg.z_loss as f32 as f64,
-        softcap: cfg.softcap.map(|c| c as f32 as f64),
-        ..cfg.clone()
-    }
-}
-
 fn flce_options(
     cfg: &CrossEntropyConfig,
     chunk_rows: Option<usize>,
@@ -242,24 +211,7 @@ fn flce_case(
     let scalar = cfg.reduction != Reduction::None;
     let loss_shape: &[usize] = if scalar { &[] } else { lead };
     assert_eq!(out.loss.shape(), loss_shape, "{what}");
-    assert_close(
-        &format!("{what} loss"),
-        &out.loss.to_f64().unwrap(),
-        &want.loss,
-        F32,
-    );
-    assert_close(
-        &format!("{what} z_loss"),
-        &out.z_loss.to_f64().unwrap(),
-        &want.z_loss,
-        F32,
-    );
-    assert_close(
-        &format!("{what} accuracy"),
-        &out.accuracy.to_f64().unwrap(),
-        &[want.accuracy],
-        F32,
-    );
+    assert_ce_outputs(&what, &out, &want, F32);
     // Argmax ties are improbable with random data; rounding can still flip a near tie, so
     // allow a few rows to differ where the top two logits are within rounding.
     let predicted = out.predicted.as_ref().unwrap().to_vec::<i32>().unwrap();

@@ -10,8 +10,9 @@
 
 mod common;
 
-use common::{Rng, engine, tensor_from_f64};
-use wgrad::gradcheck::{Comparison, Tolerance, check_vjp, compare};
+use common::cross_entropy::{as_stored, assert_ce_outputs, options_for};
+use common::{Rng, assert_close, engine, tensor_from_f64};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::loss::{
     self, CrossEntropyOptions, DivReduction, Reduction, cross_entropy, cross_entropy_backward,
 };
@@ -20,12 +21,6 @@ use wgrad::reference::loss::{CrossEntropyConfig, Divergence};
 use wgrad::{DType, Error, Tensor};
 
 const F32: Tolerance = Tolerance::for_dtype(DType::F32);
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
-    let c = compare(got, want, tol);
-    assert!(c.passed, "{what}: {c}");
-    c
-}
 
 fn data(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
     Rng::new(seed).vec(n, lo, hi)
@@ -269,18 +264,6 @@ fn sparsemax_reference_backward_matches_finite_differences() {
 
 // ---- cross-entropy -----------------------------------------------------------------------
 
-fn options_for(cfg: &CrossEntropyConfig) -> CrossEntropyOptions {
-    CrossEntropyOptions {
-        ignore_index: cfg.ignore_index,
-        label_smoothing: cfg.label_smoothing as f32,
-        z_loss: cfg.z_loss as f32,
-        softcap: cfg.softcap.map(|c| c as f32),
-        weight: cfg.weight.as_ref().map(|w| f32_tensor(w, &[w.len()])),
-        reduction: cfg.reduction,
-        check_targets: true,
-    }
-}
-
 fn targets_for(
     seed: u64,
     rows: usize,
@@ -313,11 +296,7 @@ fn ce_case(
     seed: u64,
     spread: f64,
 ) {
-    let mut cfg = cfg.clone();
-    cfg.weight = cfg.weight.map(|w| common::stored(&w, DType::F32));
-    cfg.label_smoothing = cfg.label_smoothing as f32 as f64;
-    cfg.z_loss = cfg.z_loss as f32 as f64;
-    cfg.softcap = cfg.softcap.map(|c| c as f32 as f64);
+    let cfg = as_stored(cfg);
     let what = format!("{what} {dtype} [{rows}, {cols}] {:?}", cfg.reduction);
     let (x, xs) = upload(
         &data(seed, rows * cols, -spread, spread),
@@ -331,24 +310,7 @@ fn ce_case(
     let expect_shape: &[usize] = if scalar { &[] } else { &[rows] };
     assert_eq!(out.loss.shape(), expect_shape, "{what}");
     assert_eq!(out.z_loss.shape(), expect_shape, "{what}");
-    assert_close(
-        &format!("{what} loss"),
-        &out.loss.to_f64().unwrap(),
-        &want.loss,
-        F32,
-    );
-    assert_close(
-        &format!("{what} z_loss"),
-        &out.z_loss.to_f64().unwrap(),
-        &want.z_loss,
-        F32,
-    );
-    assert_close(
-        &format!("{what} accuracy"),
-        &out.accuracy.to_f64().unwrap(),
-        &[want.accuracy],
-        F32,
-    );
+    assert_ce_outputs(&what, &out, &want, F32);
     let predicted = out.predicted.as_ref().unwrap();
     assert_eq!(
         predicted.to_vec::<i32>().unwrap(),

@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::activation::Activation;
-use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::matmul::{self, Gemm, GemmOperand, MatmulOptions, gemm, matmul as mm, matmul_backward};
 use wgrad::reference::matmul::{self as reference, Problem};
 use wgrad::{DType, Error, Tensor};
@@ -20,16 +20,6 @@ fn data(seed: u64, n: usize) -> Vec<f64> {
 /// Budget of sums of `k` FP32 products (see `matmul_tolerance`).
 fn tol_for(k: usize) -> Tolerance {
     matmul::matmul_tolerance(k)
-}
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
-    let c = compare(got, want, tol);
-    assert!(
-        c.passed,
-        "{what}: {c}; got {:?} want {:?}",
-        got.get(c.worst),
-        want.get(c.worst)
-    );
 }
 
 /// Shapes of A and B for a problem (batch dimensions `[batch]` where present).
@@ -155,7 +145,7 @@ fn check_problem(p: &Problem, with_bias: bool, dt: &Dtypes, seed: u64) {
                 &got.to_f64().unwrap(),
                 &want,
                 tol_for(p.batch * p.m),
-            )
+            );
         }
         (None, None) => {}
         _ => panic!("{label}: dbias presence"),

@@ -4,22 +4,12 @@
 
 mod common;
 
-use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
+use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::activation::Activation;
-use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::mlp::{MlpOptions, mlp, mlp_backward};
 use wgrad::reference::mlp::{self as reference, Extents};
 use wgrad::{DType, Error, Tensor};
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
-    let c = compare(got, want, tol);
-    assert!(
-        c.passed,
-        "{what}: {c}; got {:?} want {:?}",
-        got.get(c.worst),
-        want.get(c.worst)
-    );
-}
 
 struct Case {
     x: Vec<f64>,

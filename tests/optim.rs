@@ -11,23 +11,13 @@
 
 mod common;
 
-use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
-use wgrad::gradcheck::{Tolerance, compare};
+use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
+use wgrad::gradcheck::Tolerance;
 use wgrad::optim::{
     AdamW, AdamWOptions, Clip, NORM_BLOCK, Sgd, SgdOptions, grad_norm, grad_norm_workspace_bytes,
 };
 use wgrad::reference::optim as reference;
 use wgrad::{DType, Error, Tensor};
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
-    let c = compare(got, want, tol);
-    assert!(
-        c.passed,
-        "{what}: {c}; got {:?} want {:?}",
-        got.get(c.worst),
-        want.get(c.worst)
-    );
-}
 
 const F32: Tolerance = Tolerance::for_dtype(DType::F32);
 

@@ -6,24 +6,14 @@
 
 mod common;
 
-use common::{Rng, engine, f32_bits, stored, tensor_from_f64};
-use wgrad::gradcheck::{Tolerance, check_vjp, compare};
+use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
+use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::reference::rope as reference;
 use wgrad::rope::{self, RopeLayout, RopeOptions, RopeQkOptions, RopeScaling};
 use wgrad::{DType, Error, Tensor};
 
 fn data(seed: u64, n: usize, range: f64) -> Vec<f64> {
     Rng::new(seed).vec(n, -range, range)
-}
-
-fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) {
-    let c = compare(got, want, tol);
-    assert!(
-        c.passed,
-        "{what}: {c}; got {:?} want {:?}",
-        got.get(c.worst),
-        want.get(c.worst)
-    );
 }
 
 const F32: Tolerance = Tolerance::for_dtype(DType::F32);

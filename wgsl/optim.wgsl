@@ -3,7 +3,8 @@
 // gradients (per-block partial sums of squares, then one fixed-order finish).
 //
 // Steps: each invocation owns element pairs (2j, 2j + 1), UNROLL pairs WG apart, so a 16-bit
-// model copy word (one pair) has one writer whatever the element count. Gradient clipping is
+// model copy word (one pair) has one writer whatever the element count. Elements past the
+// end are skipped inside the element functions. Gradient clipping is
 // a scale read from the norm tensor on the GPU: min(1, max_norm / (norm + 1e-6)).
 
 override DT_G: u32 = 0u;   // gradient dtype
@@ -59,11 +60,28 @@ fn clip_scale() -> f32 {
     return select(1.0, s, s < 1.0);
 }
 
+// First of the UNROLL element pairs (WG apart) that invocation lid of a step owns.
+fn first_pair(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return group_index(wid, nwg) * WG * UNROLL + lid;
+}
+
+// Model copy word of `pair` from its two new master values (`b` is 0 past the end, which
+// packs to a zero high half). Pairs past the end are not written.
+fn store_copy(pair: u32, a: f32, b: f32) {
+    if (pair < params.pairs) {
+        model_copy[pair] = pack_halves(a, b, DT_C);
+    }
+}
+
 // ---- AdamW ----
 
 // One element: decoupled decay p·(1 − lr·wd), moments, bias-corrected update (the operation
-// order of PyTorch's single-tensor AdamW). Returns the new master value.
+// order of PyTorch's single-tensor AdamW). Returns the new master value (0 past the end,
+// where nothing is written).
 fn adamw_element(i: u32, scale: f32) -> f32 {
+    if (i >= params.count) {
+        return 0.0;
+    }
     let g = load_grad(i) * scale;
     var p = master[i] * params.decay;
     let m = params.beta1 * exp_avg[i] + params.one_minus_beta1 * g;
@@ -79,43 +97,34 @@ fn adamw_element(i: u32, scale: f32) -> f32 {
 @compute @workgroup_size(WG)
 fn adamw_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
-    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    let first = first_pair(wid, nwg, lid);
     let scale = clip_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
-        let pair = base + u * WG;
-        if (pair < params.pairs) {
-            let i = 2u * pair;
-            adamw_element(i, scale);
-            if (i + 1u < params.count) {
-                adamw_element(i + 1u, scale);
-            }
-        }
+        let pair = first + u * WG;
+        adamw_element(2u * pair, scale);
+        adamw_element(2u * pair + 1u, scale);
     }
 }
 
 @compute @workgroup_size(WG)
 fn adamw_step_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    let first = first_pair(wid, nwg, lid);
     let scale = clip_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
-        let pair = base + u * WG;
-        if (pair < params.pairs) {
-            let i = 2u * pair;
-            let a = adamw_element(i, scale);
-            if (i + 1u < params.count) {
-                model_copy[pair] = pack_halves(a, adamw_element(i + 1u, scale), DT_C);
-            } else {
-                model_copy[pair] = half_bits(a, DT_C);
-            }
-        }
+        let pair = first + u * WG;
+        let a = adamw_element(2u * pair, scale);
+        store_copy(pair, a, adamw_element(2u * pair + 1u, scale));
     }
 }
 
 // ---- SGD ----
 
-// Weight decay added to the gradient, then p − lr·g.
+// Weight decay added to the gradient, then p − lr·g (0 past the end, nothing written).
 fn sgd_element(i: u32, scale: f32) -> f32 {
+    if (i >= params.count) {
+        return 0.0;
+    }
     var p = master[i];
     let g = load_grad(i) * scale + params.decay * p;
     p = p - params.lr * g;
@@ -124,8 +133,11 @@ fn sgd_element(i: u32, scale: f32) -> f32 {
 }
 
 // With momentum μ and dampening τ: b = g on the first step, else μ·b + (1 − τ)·g; the step
-// direction is b, or g + μ·b with Nesterov.
+// direction is b, or g + μ·b with Nesterov (0 past the end, nothing written).
 fn sgd_momentum_element(i: u32, scale: f32) -> f32 {
+    if (i >= params.count) {
+        return 0.0;
+    }
     var p = master[i];
     let g = load_grad(i) * scale + params.decay * p;
     var b = g;
@@ -145,53 +157,36 @@ fn sgd_momentum_element(i: u32, scale: f32) -> f32 {
 @compute @workgroup_size(WG)
 fn sgd_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
-    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    let first = first_pair(wid, nwg, lid);
     let scale = clip_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
-        let pair = base + u * WG;
-        if (pair < params.pairs) {
-            let i = 2u * pair;
-            sgd_element(i, scale);
-            if (i + 1u < params.count) {
-                sgd_element(i + 1u, scale);
-            }
-        }
+        let pair = first + u * WG;
+        sgd_element(2u * pair, scale);
+        sgd_element(2u * pair + 1u, scale);
     }
 }
 
 @compute @workgroup_size(WG)
 fn sgd_step_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    let first = first_pair(wid, nwg, lid);
     let scale = clip_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
-        let pair = base + u * WG;
-        if (pair < params.pairs) {
-            let i = 2u * pair;
-            let a = sgd_element(i, scale);
-            if (i + 1u < params.count) {
-                model_copy[pair] = pack_halves(a, sgd_element(i + 1u, scale), DT_C);
-            } else {
-                model_copy[pair] = half_bits(a, DT_C);
-            }
-        }
+        let pair = first + u * WG;
+        let a = sgd_element(2u * pair, scale);
+        store_copy(pair, a, sgd_element(2u * pair + 1u, scale));
     }
 }
 
 @compute @workgroup_size(WG)
 fn sgd_momentum_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    let first = first_pair(wid, nwg, lid);
     let scale = clip_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
-        let pair = base + u * WG;
-        if (pair < params.pairs) {
-            let i = 2u * pair;
-            sgd_momentum_element(i, scale);
-            if (i + 1u < params.count) {
-                sgd_momentum_element(i + 1u, scale);
-            }
-        }
+        let pair = first + u * WG;
+        sgd_momentum_element(2u * pair, scale);
+        sgd_momentum_element(2u * pair + 1u, scale);
     }
 }
 
@@ -199,19 +194,12 @@ fn sgd_momentum_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 fn sgd_momentum_step_copy(@builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
-    let base = group_index(wid, nwg) * WG * UNROLL + lid;
+    let first = first_pair(wid, nwg, lid);
     let scale = clip_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
-        let pair = base + u * WG;
-        if (pair < params.pairs) {
-            let i = 2u * pair;
-            let a = sgd_momentum_element(i, scale);
-            if (i + 1u < params.count) {
-                model_copy[pair] = pack_halves(a, sgd_momentum_element(i + 1u, scale), DT_C);
-            } else {
-                model_copy[pair] = half_bits(a, DT_C);
-            }
-        }
+        let pair = first + u * WG;
+        let a = sgd_momentum_element(2u * pair, scale);
+        store_copy(pair, a, sgd_momentum_element(2u * pair + 1u, scale));
     }
 }
 

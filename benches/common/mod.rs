@@ -5,7 +5,7 @@
 
 use criterion::{Bencher, Criterion};
 use std::time::Duration;
-use wgrad::{Engine, Result, bench};
+use wgrad::{DType, Engine, Result, Tensor, bench, cast};
 
 /// Short warm-up and measurement, few samples: `cargo bench` stays quick even on lavapipe.
 pub fn config() -> Criterion {
@@ -32,4 +32,22 @@ pub fn engine(what: &str) -> Option<Engine> {
 /// Measure `run` with GPU timestamps.
 pub fn time_gpu(b: &mut Bencher, engine: &Engine, mut run: impl FnMut() -> Result<()>) {
     b.iter_custom(|iters| bench::gpu_time_iters(engine, iters, &mut run).expect("timed run"));
+}
+
+/// A `shape` tensor of `dtype` (cast from F32) holding the sawtooth
+/// `((i·step + seed) mod 251 − 125) / scale` of the flat index `i`: deterministic, varied and
+/// cheap to build at any size.
+pub fn sawtooth(
+    engine: &Engine,
+    shape: &[usize],
+    dtype: DType,
+    seed: usize,
+    step: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    let len: usize = shape.iter().product();
+    let data: Vec<f32> = (0..len)
+        .map(|i| (((i * step + seed) % 251) as f32 - 125.0) / scale)
+        .collect();
+    cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
 }

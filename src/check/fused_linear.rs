@@ -126,110 +126,53 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
         Chunking, FusedLinearCrossEntropyOptions, fused_linear_cross_entropy,
         fused_linear_cross_entropy_backward,
     };
-    use crate::loss::{CrossEntropyOptions, Reduction};
-    use crate::reference::loss::CrossEntropyConfig;
+    use crate::loss::Reduction;
     let (rows, hidden, vocab) = (4 * 47, 31, 123);
     let mut rng = Rng::new(60);
     let f32_tol = Tolerance::for_dtype(DType::F32);
     let mut cases = Vec::new();
     for dtype in DType::FLOATS {
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
-        let weight = stored_values(&rng.vec(vocab, 0.2, 1.5), DType::F32);
-        let configs = [
-            ("plain", CrossEntropyConfig::default()),
-            (
-                "all options",
-                CrossEntropyConfig {
-                    ignore_index: 5,
-                    label_smoothing: f64::from(0.1f32),
-                    z_loss: f64::from(1e-3f32),
-                    softcap: Some(3.0),
-                    weight: Some(weight.clone()),
-                    reduction: Reduction::Mean,
+        for (name, cfg) in ce_configs(&mut rng, vocab, 5, 1e-3, 3.0) {
+            let reduction = cfg.reduction;
+            let targets = ce_targets(&mut rng, rows, vocab, cfg.ignore_index);
+            let t = Tensor::from_slice(engine, &targets, &[rows])?;
+            let options = FusedLinearCrossEntropyOptions {
+                cross_entropy: ce_options(engine, &cfg)?,
+                chunking: Chunking {
+                    chunk_rows: Some(50),
+                    memory_budget: None,
                 },
-            ),
-        ];
-        for (name, cfg) in configs {
-            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
-                let cfg = CrossEntropyConfig {
-                    reduction,
-                    ..cfg.clone()
-                };
-                let targets: Vec<i32> = (0..rows)
-                    .map(|i| {
-                        if i % 4 == 1 {
-                            cfg.ignore_index
-                        } else {
-                            (rng.next_u32() as usize % vocab) as i32
-                        }
-                    })
-                    .collect();
-                let t = Tensor::from_slice(engine, &targets, &[rows])?;
-                let options = FusedLinearCrossEntropyOptions {
-                    cross_entropy: CrossEntropyOptions {
-                        ignore_index: cfg.ignore_index,
-                        label_smoothing: cfg.label_smoothing as f32,
-                        z_loss: cfg.z_loss as f32,
-                        softcap: cfg.softcap.map(|c| c as f32),
-                        weight: match &cfg.weight {
-                            Some(w) => Some(tensor_from_f64(engine, w, &[vocab], DType::F32)?.0),
-                            None => None,
-                        },
-                        reduction,
-                        check_targets: true,
-                    },
-                    chunking: Chunking {
-                        chunk_rows: Some(50),
-                        memory_budget: None,
-                    },
-                    gradients_in_forward: true,
-                };
-                let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
-                let want = reference::fused_linear::fused_linear_cross_entropy(
-                    head.reference(),
-                    &targets,
-                    rows,
-                    vocab,
-                    &cfg,
-                );
-                let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} {dtype}");
-                cases.push(case(
-                    format!("{label} loss"),
-                    &out.loss.to_f64()?,
-                    &want.loss,
-                    f32_tol,
-                ));
-                cases.push(case(
-                    format!("{label} z_loss"),
-                    &out.z_loss.to_f64()?,
-                    &want.z_loss,
-                    f32_tol,
-                ));
-                cases.push(case(
-                    format!("{label} accuracy"),
-                    &out.accuracy.to_f64()?,
-                    &[want.accuracy],
-                    f32_tol,
-                ));
-                let ones = vec![
-                    1.0;
-                    if reduction == Reduction::None {
-                        rows
-                    } else {
-                        1
-                    }
-                ];
-                let got = fused_linear_cross_entropy_backward(&saved, None)?;
-                let want = reference::fused_linear::fused_linear_cross_entropy_backward(
-                    head.reference(),
-                    &targets,
-                    rows,
-                    vocab,
-                    &cfg,
-                    &ones,
-                );
-                gradient_cases(&mut cases, &label, &got, &want)?;
-            }
+                gradients_in_forward: true,
+            };
+            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
+            let want = reference::fused_linear::fused_linear_cross_entropy(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+            );
+            let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} {dtype}");
+            ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
+            let ones = vec![
+                1.0;
+                if reduction == Reduction::None {
+                    rows
+                } else {
+                    1
+                }
+            ];
+            let got = fused_linear_cross_entropy_backward(&saved, None)?;
+            let want = reference::fused_linear::fused_linear_cross_entropy_backward(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+                &ones,
+            );
+            gradient_cases(&mut cases, &label, &got, &want)?;
         }
     }
     Ok(cases)

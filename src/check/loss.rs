@@ -143,110 +143,54 @@ fn check_sparsemax(engine: &Engine) -> Result<Vec<Case>> {
 
 fn check_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     use crate::Tensor;
-    use crate::loss::{self, CrossEntropyOptions, Reduction};
-    use crate::reference::loss::{self as r, CrossEntropyConfig};
+    use crate::loss::{self, Reduction};
+    use crate::reference::loss as r;
     let mut rng = Rng::new(42);
     let f32_tol = Tolerance::for_dtype(DType::F32);
     let mut cases = Vec::new();
     for (rows, cols) in [(1, 1), (7, 100), (3, 700)] {
         for dtype in DType::FLOATS {
             // Liger's "all options" case, plus the plain one; a quarter of the rows ignored.
-            let weight = stored_values(&rng.vec(cols, 0.2, 1.5), DType::F32);
-            let configs = [
-                ("plain", CrossEntropyConfig::default()),
-                (
-                    "all options",
-                    CrossEntropyConfig {
-                        ignore_index: 42,
-                        label_smoothing: f64::from(0.1f32),
-                        z_loss: f64::from(1e-4f32),
-                        softcap: Some(30.0),
-                        weight: Some(weight.clone()),
-                        reduction: Reduction::Mean,
-                    },
-                ),
-            ];
-            for (name, cfg) in configs {
-                for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
-                    let cfg = CrossEntropyConfig {
-                        reduction,
-                        ..cfg.clone()
-                    };
-                    let targets: Vec<i32> = (0..rows)
-                        .map(|i| {
-                            if i % 4 == 1 {
-                                cfg.ignore_index
-                            } else {
-                                (rng.next_u32() as usize % cols) as i32
-                            }
-                        })
-                        .collect();
-                    let (x, xs) = tensor_from_f64(
-                        engine,
-                        &rng.vec(rows * cols, -6.0, 6.0),
-                        &[rows, cols],
-                        dtype,
-                    )?;
-                    let t = Tensor::from_slice(engine, &targets, &[rows])?;
-                    let options = CrossEntropyOptions {
-                        ignore_index: cfg.ignore_index,
-                        label_smoothing: cfg.label_smoothing as f32,
-                        z_loss: cfg.z_loss as f32,
-                        softcap: cfg.softcap.map(|c| c as f32),
-                        weight: match &cfg.weight {
-                            Some(w) => Some(tensor_from_f64(engine, w, &[cols], DType::F32)?.0),
-                            None => None,
-                        },
-                        reduction,
-                        check_targets: true,
-                    };
-                    let (out, saved) = loss::cross_entropy(&x, &t, &options)?;
-                    let want = r::cross_entropy(&xs, &targets, rows, cols, &cfg);
-                    let label = format!("{name} {reduction:?} {rows}x{cols} {dtype}");
+            for (name, cfg) in ce_configs(&mut rng, cols, 42, 1e-4, 30.0) {
+                let reduction = cfg.reduction;
+                let targets = ce_targets(&mut rng, rows, cols, cfg.ignore_index);
+                let (x, xs) = tensor_from_f64(
+                    engine,
+                    &rng.vec(rows * cols, -6.0, 6.0),
+                    &[rows, cols],
+                    dtype,
+                )?;
+                let t = Tensor::from_slice(engine, &targets, &[rows])?;
+                let options = ce_options(engine, &cfg)?;
+                let (out, saved) = loss::cross_entropy(&x, &t, &options)?;
+                let want = r::cross_entropy(&xs, &targets, rows, cols, &cfg);
+                let label = format!("{name} {reduction:?} {rows}x{cols} {dtype}");
+                ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
+                if let Some(p) = &out.predicted {
+                    let got: Vec<f64> = p.to_vec::<i32>()?.into_iter().map(f64::from).collect();
+                    let want: Vec<f64> = want.predicted.iter().map(|&v| f64::from(v)).collect();
                     cases.push(case(
-                        format!("{label} loss"),
-                        &out.loss.to_f64()?,
-                        &want.loss,
-                        f32_tol,
+                        format!("{label} predicted"),
+                        &got,
+                        &want,
+                        Tolerance::EXACT,
                     ));
-                    cases.push(case(
-                        format!("{label} z_loss"),
-                        &out.z_loss.to_f64()?,
-                        &want.z_loss,
-                        f32_tol,
-                    ));
-                    cases.push(case(
-                        format!("{label} accuracy"),
-                        &out.accuracy.to_f64()?,
-                        &[want.accuracy],
-                        f32_tol,
-                    ));
-                    if let Some(p) = &out.predicted {
-                        let got: Vec<f64> = p.to_vec::<i32>()?.into_iter().map(f64::from).collect();
-                        let want: Vec<f64> = want.predicted.iter().map(|&v| f64::from(v)).collect();
-                        cases.push(case(
-                            format!("{label} predicted"),
-                            &got,
-                            &want,
-                            Tolerance::EXACT,
-                        ));
-                    }
-                    let n = if reduction == Reduction::None {
-                        rows
-                    } else {
-                        1
-                    };
-                    let g = stored_values(&rng.vec(n, -2.0, 2.0), DType::F32);
-                    let shape: &[usize] = if reduction == Reduction::None {
-                        &[rows]
-                    } else {
-                        &[]
-                    };
-                    let (gt, _) = tensor_from_f64(engine, &g, shape, DType::F32)?;
-                    let dx = loss::cross_entropy_backward(&saved, Some(&gt))?;
-                    let want = r::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &g);
-                    cases.push(case(format!("{label} dx"), &dx.to_f64()?, &want, f32_tol));
                 }
+                let n = if reduction == Reduction::None {
+                    rows
+                } else {
+                    1
+                };
+                let g = stored_values(&rng.vec(n, -2.0, 2.0), DType::F32);
+                let shape: &[usize] = if reduction == Reduction::None {
+                    &[rows]
+                } else {
+                    &[]
+                };
+                let (gt, _) = tensor_from_f64(engine, &g, shape, DType::F32)?;
+                let dx = loss::cross_entropy_backward(&saved, Some(&gt))?;
+                let want = r::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &g);
+                cases.push(case(format!("{label} dx"), &dx.to_f64()?, &want, f32_tol));
             }
         }
     }

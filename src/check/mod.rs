@@ -88,6 +88,107 @@ fn case(label: String, got: &[f64], want: &[f64], tol: Tolerance) -> Case {
     }
 }
 
+/// The plain cross-entropy configuration, then the "all options" one (label smoothing 0.1,
+/// `ignore_index`, z-loss, softcap and class weights in [0.2, 1.5) drawn from `rng`), each
+/// with every reduction, as (name, configuration) pairs.
+fn ce_configs(
+    rng: &mut Rng,
+    classes: usize,
+    ignore_index: i32,
+    z_loss: f32,
+    softcap: f64,
+) -> Vec<(&'static str, reference::loss::CrossEntropyConfig)> {
+    use crate::loss::Reduction;
+    use reference::loss::CrossEntropyConfig;
+    let all_options = CrossEntropyConfig {
+        ignore_index,
+        label_smoothing: f64::from(0.1f32),
+        z_loss: f64::from(z_loss),
+        softcap: Some(softcap),
+        weight: Some(stored_values(&rng.vec(classes, 0.2, 1.5), DType::F32)),
+        reduction: Reduction::Mean,
+    };
+    let mut configs = Vec::new();
+    for (name, cfg) in [
+        ("plain", CrossEntropyConfig::default()),
+        ("all options", all_options),
+    ] {
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            configs.push((
+                name,
+                CrossEntropyConfig {
+                    reduction,
+                    ..cfg.clone()
+                },
+            ));
+        }
+    }
+    configs
+}
+
+/// Hard cross-entropy targets in [0, classes), drawn from `rng`, with every fourth row
+/// (index 1 mod 4) set to `ignore_index`.
+fn ce_targets(rng: &mut Rng, rows: usize, classes: usize, ignore_index: i32) -> Vec<i32> {
+    (0..rows)
+        .map(|i| {
+            if i % 4 == 1 {
+                ignore_index
+            } else {
+                (rng.next_u32() as usize % classes) as i32
+            }
+        })
+        .collect()
+}
+
+/// The GPU cross-entropy options of a reference configuration (class weights uploaded as
+/// F32, targets checked).
+fn ce_options(
+    engine: &Engine,
+    cfg: &reference::loss::CrossEntropyConfig,
+) -> Result<crate::loss::CrossEntropyOptions> {
+    Ok(crate::loss::CrossEntropyOptions {
+        ignore_index: cfg.ignore_index,
+        label_smoothing: cfg.label_smoothing as f32,
+        z_loss: cfg.z_loss as f32,
+        softcap: cfg.softcap.map(|c| c as f32),
+        weight: match &cfg.weight {
+            Some(w) => Some(tensor_from_f64(engine, w, &[w.len()], DType::F32)?.0),
+            None => None,
+        },
+        reduction: cfg.reduction,
+        check_targets: true,
+    })
+}
+
+/// The loss, z-loss and accuracy cases of a cross-entropy output against its reference.
+fn ce_output_cases(
+    cases: &mut Vec<Case>,
+    label: &str,
+    out: &crate::loss::CrossEntropyOutput,
+    want: &reference::loss::CrossEntropyResult,
+    tol: Tolerance,
+) -> Result<()> {
+    cases.push(case(
+        format!("{label} loss"),
+        &out.loss.to_f64()?,
+        &want.loss,
+        tol,
+    ));
+    cases.push(case(
+        format!("{label} z_loss"),
+        &out.z_loss.to_f64()?,
+        &want.z_loss,
+        tol,
+    ));
+    cases.push(case(
+        format!("{label} accuracy"),
+        &out.accuracy.to_f64()?,
+        &[want.accuracy],
+        tol,
+    ));
+    Ok(())
+}
+
 fn check_cast(engine: &Engine) -> Result<Vec<Case>> {
     let mut rng = Rng::new(1);
     let mut data = rng.vec(1001, -70000.0, 70000.0);

@@ -45,10 +45,33 @@ fn params(engine: &Engine, rng: &mut Rng, dtype: DType) -> Result<(Vec<Tensor>, 
     Ok((tensors, values))
 }
 
-/// The 16-bit model copy against the master rounded to `dtype` (exact).
-fn copy_case(label: String, master: &Tensor, copy: &Tensor) -> Result<Case> {
-    let want = stored_values(&master.to_f64()?, copy.dtype());
-    Ok(case(label, &copy.to_f64()?, &want, Tolerance::EXACT))
+/// The cases of one parameter after the steps: each `(name, tensor, reference)` of its state,
+/// the master first (FP32 tolerance), then the 16-bit model copy, if any, against the master
+/// rounded to the copy's dtype (exact).
+fn parameter_cases(
+    cases: &mut Vec<Case>,
+    label: &str,
+    states: &[(&str, &Tensor, &[f64])],
+    copy: Option<&Tensor>,
+) -> Result<()> {
+    for (name, got, want) in states {
+        cases.push(case(
+            format!("{label} {name}"),
+            &got.to_f64()?,
+            want,
+            Tolerance::for_dtype(DType::F32),
+        ));
+    }
+    if let Some(c) = copy {
+        let want = stored_values(&states[0].1.to_f64()?, c.dtype());
+        cases.push(case(
+            format!("{label} model copy"),
+            &c.to_f64()?,
+            &want,
+            Tolerance::EXACT,
+        ));
+    }
+    Ok(())
 }
 
 /// AdamW, 3 steps with clipping at max_norm 2 (active: the norms are near 18), for F32,
@@ -60,7 +83,6 @@ fn check_adamw(engine: &Engine) -> Result<Vec<Case>> {
         lr: 0.01,
         ..AdamWOptions::default()
     };
-    let f32_tol = Tolerance::for_dtype(DType::F32);
     let mut cases = Vec::new();
     for dtype in DType::FLOATS {
         let (p, values) = params(engine, &mut rng, dtype)?;
@@ -78,31 +100,12 @@ fn check_adamw(engine: &Engine) -> Result<Vec<Case>> {
         }
         for (k, s) in want.iter().enumerate() {
             let label = format!("{dtype} {:?} after {STEPS} clipped steps", SHAPES[k]);
-            cases.push(case(
-                format!("{label} master"),
-                &opt.params()[k].to_f64()?,
-                &s.param,
-                f32_tol,
-            ));
-            cases.push(case(
-                format!("{label} m"),
-                &opt.first_moments()[k].to_f64()?,
-                &s.m,
-                f32_tol,
-            ));
-            cases.push(case(
-                format!("{label} v"),
-                &opt.second_moments()[k].to_f64()?,
-                &s.v,
-                f32_tol,
-            ));
-            if let Some(c) = &opt.model_copies()[k] {
-                cases.push(copy_case(
-                    format!("{label} model copy"),
-                    &opt.params()[k],
-                    c,
-                )?);
-            }
+            let states: [(&str, &Tensor, &[f64]); 3] = [
+                ("master", &opt.params()[k], &s.param),
+                ("m", &opt.first_moments()[k], &s.m),
+                ("v", &opt.second_moments()[k], &s.v),
+            ];
+            parameter_cases(&mut cases, &label, &states, opt.model_copies()[k].as_ref())?;
         }
     }
     Ok(cases)
@@ -119,7 +122,6 @@ fn check_sgd(engine: &Engine) -> Result<Vec<Case>> {
         weight_decay: 0.01,
         ..SgdOptions::default()
     };
-    let f32_tol = Tolerance::for_dtype(DType::F32);
     let mut cases = Vec::new();
     for dtype in DType::FLOATS {
         let (p, values) = params(engine, &mut rng, dtype)?;
@@ -140,25 +142,15 @@ fn check_sgd(engine: &Engine) -> Result<Vec<Case>> {
         }
         for (k, s) in want.iter().enumerate() {
             let label = format!("{dtype} {:?} after {STEPS} steps", SHAPES[k]);
-            cases.push(case(
-                format!("{label} master"),
-                &opt.params()[k].to_f64()?,
-                &s.param,
-                f32_tol,
-            ));
-            cases.push(case(
-                format!("{label} momentum"),
-                &opt.momentum_buffers()[k].to_f64()?,
-                s.buffer.as_deref().unwrap_or_default(),
-                f32_tol,
-            ));
-            if let Some(c) = &opt.model_copies()[k] {
-                cases.push(copy_case(
-                    format!("{label} model copy"),
-                    &opt.params()[k],
-                    c,
-                )?);
-            }
+            let states: [(&str, &Tensor, &[f64]); 2] = [
+                ("master", &opt.params()[k], &s.param),
+                (
+                    "momentum",
+                    &opt.momentum_buffers()[k],
+                    s.buffer.as_deref().unwrap_or_default(),
+                ),
+            ];
+            parameter_cases(&mut cases, &label, &states, opt.model_copies()[k].as_ref())?;
         }
     }
     Ok(cases)

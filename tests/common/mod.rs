@@ -5,7 +5,10 @@
 //! Each `tests/*.rs` file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
+pub mod cross_entropy;
+
 use std::sync::OnceLock;
+use wgrad::gradcheck::{Comparison, Tolerance, compare};
 use wgrad::{DType, Engine, Tensor};
 
 pub use wgrad::gradcheck::{Rng, stored_values as stored};
@@ -56,4 +59,17 @@ pub fn f32_bits(t: &Tensor) -> Vec<u32> {
         .into_iter()
         .map(f32::to_bits)
         .collect()
+}
+
+/// Assert that `got` matches `want` within `tol`; the message names the worst element. Returns
+/// the comparison for tests that look further (its worst error, say).
+pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
+    let c = compare(got, want, tol);
+    assert!(
+        c.passed,
+        "{what}: {c}; got {:?} want {:?}",
+        got.get(c.worst),
+        want.get(c.worst)
+    );
+    c
 }
