@@ -206,30 +206,17 @@ impl Head {
             "fused_linear logits",
         )?;
         gemm(&Gemm {
-            a: GemmOperand {
-                tensor: &self.input,
-                offset: r0 * self.hidden,
-                transposed: false,
-                batch_stride: 0,
-            },
-            b: GemmOperand {
-                tensor: &self.weight,
-                offset: 0,
-                transposed: true,
-                batch_stride: 0,
-            },
-            out: &out,
-            out_offset: 0,
-            out_batch_stride: 0,
-            m: rows,
-            n: self.vocab,
-            k: self.hidden,
-            batch: 1,
             bias: self.bias.as_ref(),
-            accumulate: false,
-            activation: None,
-            pre_activation: None,
-            alpha: 1.0,
+            ..Gemm::plain(
+                GemmOperand {
+                    offset: r0 * self.hidden,
+                    ..GemmOperand::whole(&self.input, false)
+                },
+                GemmOperand::whole(&self.weight, true),
+                &out,
+                (rows, self.vocab, self.hidden),
+                false,
+            )
         })?;
         Ok(out)
     }
@@ -342,57 +329,25 @@ impl Accumulator {
     fn add_chunk(&mut self, head: &Head, r0: usize, dlogits: &Tensor) -> Result<()> {
         let rows = dlogits.shape()[0];
         gemm(&Gemm {
-            a: GemmOperand {
-                tensor: dlogits,
-                offset: 0,
-                transposed: false,
-                batch_stride: 0,
-            },
-            b: GemmOperand {
-                tensor: &head.weight,
-                offset: 0,
-                transposed: false,
-                batch_stride: 0,
-            },
-            out: &self.dx,
             out_offset: r0 * head.hidden,
-            out_batch_stride: 0,
-            m: rows,
-            n: head.hidden,
-            k: head.vocab,
-            batch: 1,
-            bias: None,
-            accumulate: false,
-            activation: None,
-            pre_activation: None,
-            alpha: 1.0,
+            ..Gemm::plain(
+                GemmOperand::whole(dlogits, false),
+                GemmOperand::whole(&head.weight, false),
+                &self.dx,
+                (rows, head.hidden, head.vocab),
+                false,
+            )
         })?;
-        gemm(&Gemm {
-            a: GemmOperand {
-                tensor: dlogits,
-                offset: 0,
-                transposed: true,
-                batch_stride: 0,
-            },
-            b: GemmOperand {
-                tensor: &head.input,
+        gemm(&Gemm::plain(
+            GemmOperand::whole(dlogits, true),
+            GemmOperand {
                 offset: r0 * head.hidden,
-                transposed: false,
-                batch_stride: 0,
+                ..GemmOperand::whole(&head.input, false)
             },
-            out: &self.dw,
-            out_offset: 0,
-            out_batch_stride: 0,
-            m: head.vocab,
-            n: head.hidden,
-            k: rows,
-            batch: 1,
-            bias: None,
-            accumulate: !self.first,
-            activation: None,
-            pre_activation: None,
-            alpha: 1.0,
-        })?;
+            &self.dw,
+            (head.vocab, head.hidden, rows),
+            !self.first,
+        ))?;
         if self.bias {
             let sums = sum_columns(dlogits)?;
             self.db = Some(match &self.db {

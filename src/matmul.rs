@@ -148,6 +148,18 @@ pub struct GemmOperand<'a> {
     pub batch_stride: usize,
 }
 
+impl<'a> GemmOperand<'a> {
+    /// The whole of `tensor` from element 0, one matrix for every batch.
+    pub fn whole(tensor: &'a Tensor, transposed: bool) -> GemmOperand<'a> {
+        GemmOperand {
+            tensor,
+            offset: 0,
+            transposed,
+            batch_stride: 0,
+        }
+    }
+}
+
 /// A low-level product into a caller-owned F32 tensor (see [`gemm`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Gemm<'a> {
@@ -179,6 +191,36 @@ pub struct Gemm<'a> {
     pub pre_activation: Option<&'a Tensor>,
     /// Product scale (1.0 normally); must be finite.
     pub alpha: f32,
+}
+
+impl<'a> Gemm<'a> {
+    /// One product `out (=|+=) op(A)·op(B)`, `[m, k] @ [k, n]`, written from element 0 of
+    /// `out`: one batch, no bias or epilogue, `alpha` 1. Other fields can be set with struct
+    /// update syntax (`Gemm { out_offset, ..Gemm::plain(..) }`).
+    pub fn plain(
+        a: GemmOperand<'a>,
+        b: GemmOperand<'a>,
+        out: &'a Tensor,
+        (m, n, k): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Gemm<'a> {
+        Gemm {
+            a,
+            b,
+            out,
+            out_offset: 0,
+            out_batch_stride: m * n,
+            m,
+            n,
+            k,
+            batch: 1,
+            bias: None,
+            accumulate,
+            activation: None,
+            pre_activation: None,
+            alpha: 1.0,
+        }
+    }
 }
 
 #[derive(encase::ShaderType)]
@@ -636,20 +678,9 @@ pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradien
         batch_stride,
     };
     let plain = |a_op, b_op, out, rows, cols, inner, count, out_stride| Gemm {
-        a: a_op,
-        b: b_op,
-        out,
-        out_offset: 0,
-        out_batch_stride: out_stride,
-        m: rows,
-        n: cols,
-        k: inner,
         batch: count,
-        bias: None,
-        accumulate: false,
-        activation: None,
-        pre_activation: None,
-        alpha: 1.0,
+        out_batch_stride: out_stride,
+        ..Gemm::plain(a_op, b_op, out, (rows, cols, inner), false)
     };
 
     // dA = G·Bᵀ ([M, K]); transposed A: dAᵀ = B·Gᵀ ([K, M]).

@@ -187,35 +187,11 @@ fn product_into(
     out: &Tensor,
     a: (&Tensor, bool),
     b: (&Tensor, bool),
-    (m, n, k): (usize, usize, usize),
+    extents: (usize, usize, usize),
     accumulate: bool,
 ) -> Result<()> {
-    matmul::gemm(&Gemm {
-        a: GemmOperand {
-            tensor: a.0,
-            offset: 0,
-            transposed: a.1,
-            batch_stride: 0,
-        },
-        b: GemmOperand {
-            tensor: b.0,
-            offset: 0,
-            transposed: b.1,
-            batch_stride: 0,
-        },
-        out,
-        out_offset: 0,
-        out_batch_stride: 0,
-        m,
-        n,
-        k,
-        batch: 1,
-        bias: None,
-        accumulate,
-        activation: None,
-        pre_activation: None,
-        alpha: 1.0,
-    })
+    let (a, b) = (GemmOperand::whole(a.0, a.1), GemmOperand::whole(b.0, b.1));
+    matmul::gemm(&Gemm::plain(a, b, out, extents, accumulate))
 }
 
 /// Backward: every gradient of [`mlp`] from `dy [.., H]` (any float dtype).

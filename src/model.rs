@@ -386,45 +386,13 @@ fn linear_backward(saved: &[&LinearSaved], dys: &[&Tensor]) -> Result<(Tensor, V
     let x = &saved[0].input;
     let engine = x.engine();
     let (rows, inputs) = (x.shape()[0], x.shape()[1]);
-    fn operand(tensor: &Tensor, transposed: bool) -> GemmOperand<'_> {
-        GemmOperand {
-            tensor,
-            offset: 0,
-            transposed,
-            batch_stride: 0,
-        }
-    }
-    /// `out (+)= a·b`, `[m, k] @ [k, n]`.
-    fn product<'a>(
-        a: GemmOperand<'a>,
-        b: GemmOperand<'a>,
-        out: &'a Tensor,
-        (m, n, k): (usize, usize, usize),
-        accumulate: bool,
-    ) -> Gemm<'a> {
-        Gemm {
-            a,
-            b,
-            out,
-            out_offset: 0,
-            out_batch_stride: m * n,
-            m,
-            n,
-            k,
-            batch: 1,
-            bias: None,
-            accumulate,
-            activation: None,
-            pre_activation: None,
-            alpha: 1.0,
-        }
-    }
+    let operand = GemmOperand::whole;
     let dx = Tensor::empty(engine, &[rows, inputs], DType::F32, "linear input gradient")?;
     let mut dws = Vec::with_capacity(saved.len());
     for (i, (s, dy)) in saved.iter().zip(dys).enumerate() {
         let outputs = s.weight.shape()[0];
         // dx (+)= dy·W: [rows, out] @ [out, in].
-        matmul::gemm(&product(
+        matmul::gemm(&Gemm::plain(
             operand(dy, false),
             operand(&s.weight, false),
             &dx,
@@ -438,7 +406,7 @@ fn linear_backward(saved: &[&LinearSaved], dys: &[&Tensor]) -> Result<(Tensor, V
             DType::F32,
             "linear weight gradient",
         )?;
-        matmul::gemm(&product(
+        matmul::gemm(&Gemm::plain(
             operand(dy, true),
             operand(x, false),
             &dw,
