@@ -105,3 +105,20 @@ fn half_bits(x: f32, dt: u32) -> u32 {
 fn pack_halves(lo: f32, hi: f32, dt: u32) -> u32 {
     return half_bits(lo, dt) | (half_bits(hi, dt) << 16u);
 }
+
+// Both elements of a 16-bit word, widened for arithmetic (element 2i in `.x`). Exact for every
+// finite value, subnormals included, and cheaper than `half_from_word`: BF16 is a shift or a
+// mask, F16 the hardware conversion. A NaN stays a NaN but keeps its payload unquieted, so use
+// this where the value feeds arithmetic or is narrowed again (`pack_halves` quiets it), and
+// `half_from_word` where the widened bits are stored as they are.
+fn widen2(word: u32, dt: u32) -> vec2<f32> {
+    if (dt == DT_BF16) {
+        return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+    }
+    return unpack2x16float(word);
+}
+
+// Two values narrowed to dtype `dt` and packed into one word (`.x` in the low half).
+fn narrow2(v: vec2<f32>, dt: u32) -> u32 {
+    return pack_halves(v.x, v.y, dt);
+}
