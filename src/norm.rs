@@ -379,7 +379,7 @@ pub fn backward_workspace_bytes(
     let slots = partial_slots(kind, has_weight, has_bias);
     let general = (rows * ROWINFO * 4 + slots * blocks * cols * 4) as u64;
     let register = if matches!(kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) {
-        let (_, blocks) = register_blocks(rows);
+        let (_, blocks) = register_blocks(rows, false);
         (slots.max(1) * blocks * cols * 4) as u64
     } else {
         0
@@ -388,10 +388,15 @@ pub fn backward_workspace_bytes(
 }
 
 /// Rows per block and blocks of the register backward: at most [`REGISTER_BLOCKS`] blocks of
-/// at least [`REGISTER_MIN_BLOCK_ROWS`] rows (the last may be shorter), a function of the row
-/// count only.
-fn register_blocks(rows: usize) -> (usize, usize) {
-    let block_rows = rows.div_ceil(REGISTER_BLOCKS).max(REGISTER_MIN_BLOCK_ROWS);
+/// at least [`REGISTER_MIN_BLOCK_ROWS`] rows (the last may be shorter; half as many blocks
+/// for workgroups of 1,024 lanes), a function of the shape only.
+fn register_blocks(rows: usize, wide: bool) -> (usize, usize) {
+    let most = if wide { REGISTER_BLOCKS / 2 } else { REGISTER_BLOCKS };
+    let most = std::env::var("WGRAD_NORM_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(most);
+    let block_rows = rows.div_ceil(most).max(REGISTER_MIN_BLOCK_ROWS);
     (block_rows, rows.div_ceil(block_rows))
 }
 
@@ -1012,7 +1017,8 @@ pub fn norm_backward(
         && same(saved.residual.as_ref())
         && same(residual_output_gradient)
     {
-        register_plan(engine, cols, xdt, false)
+        // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice.
+        register_plan(engine, cols, xdt, saved.kind != NormKind::Layer)
     } else {
         None
     };
@@ -1147,7 +1153,7 @@ fn register_backward(
 ) -> Result<NormGradients> {
     let engine = x.engine();
     let (rows, cols) = rows_cols(x);
-    let (block_rows, blocks) = register_blocks(rows);
+    let (block_rows, blocks) = register_blocks(rows, plan.wide);
     let stride = blocks * cols;
     if (slots.max(1) * stride) as u64 > u64::from(u32::MAX) {
         return Err(Error::bounds(
@@ -1176,6 +1182,7 @@ fn register_backward(
             f64::from(u8::from(residual_output_gradient.is_some())),
         ),
         ("CHUNKS", f64::from(plan.chunks)),
+        ("RELOAD", f64::from(u8::from(plan.wide))),
     ];
     let params = Params {
         rows: rows as u32,

@@ -650,9 +650,14 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // The backward takes `block_rows` consecutive rows per workgroup: per row it loads the row's
 // source and cotangent chunks once, computes the row constants, writes dx and adds the
 // parameter partials of its columns into registers (rows in order); at the end it writes the
-// block's partial rows, which `column_finish` sums in block order.
+// block's partial rows, which `column_finish` sums in block order. With RELOAD (rows wider
+// than the registers of one row, 1,024 lanes) it reads each row twice instead, the second
+// time mostly from cache.
 
 override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused registers fold away)
+// Backward: load the row's chunks again for dx (from cache) instead of keeping them in
+// registers across the row sum (rows too wide for the registers of the whole row).
+override RELOAD: bool = false;
 
 @group(0) @binding(18) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(19) var<storage, read_write> y4: array<vec4<u32>>;
@@ -1062,11 +1067,18 @@ fn rms_dot(s: Vals, d: Vals, k: u32, lid: u32, n: u32, inv: f32) -> f32 {
 
 // dx = inv · (dn − n · c2) (+ the residual-sum cotangent) of the lane's k-th chunk, and the
 // weight partial dy · n added to `acc`.
-fn rms_step(acc: ptr<function, Vals>, s: Vals, d: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32, c2: f32) {
+fn rms_step(acc: ptr<function, Vals>, s_held: Vals, d_held: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32,
+            c2: f32) {
     if (!has(k, lid, n)) {
         return;
     }
     let q = lid + k * WG;
+    var s = s_held;
+    var d = d_held;
+    if (RELOAD) {
+        s = rms_source(k, lid, n, base);
+        d = vals(dy4[base + q], DX);
+    }
     let nrm = vscale(s, inv);
     var g = vscale(vsub(vmul(d, wf_chunk(q)), vscale(nrm, c2)), inv);
     if (HAS_DRES) {
