@@ -60,6 +60,8 @@ pub static KERNEL_WIDE: Kernel = Kernel {
 
 /// Lanes of [`KERNEL_WIDE`]'s workgroups.
 const WIDE_WG: u64 = 1024;
+/// Columns of one `partials_finish` workgroup.
+const FINISH_COLUMNS: u64 = 32;
 
 const WG: u64 = 256;
 /// Rows per block of the backward's parameter partials.
@@ -1182,7 +1184,12 @@ fn register_backward(
             f64::from(u8::from(residual_output_gradient.is_some())),
         ),
         ("CHUNKS", f64::from(plan.chunks)),
-        ("RELOAD", f64::from(u8::from(plan.wide))),
+        (
+            "RELOAD",
+            f64::from(u8::from(
+                plan.wide || std::env::var("WGRAD_NORM_RELOAD").is_ok_and(|v| v == "1"),
+            )),
+        ),
     ];
     let params = Params {
         rows: rows as u32,
@@ -1235,7 +1242,23 @@ fn register_backward(
             blocks as u64,
         )?;
     }
-    let all = |slot| finish(engine, &partials, slot, stride, 1, blocks, cols)?.reshape(&[cols]);
+    let all = |slot: usize| -> Result<Tensor> {
+        let out = Tensor::empty(engine, &[cols], DType::F32, "norm parameter gradient")?;
+        engine.launch(
+            &KERNEL,
+            "partials_finish",
+            &Constants::new(),
+            &Params {
+                cols: cols as u32,
+                blocks_per_batch: blocks as u32,
+                base: (slot * stride) as u32,
+                ..Params::default()
+            },
+            &[out.buffer(), partials.buffer()],
+            (cols as u64).div_ceil(FINISH_COLUMNS),
+        )?;
+        Ok(out)
+    };
     let weight_grad = if weight.is_some() { Some(all(0)?) } else { None };
     let bias = if saved.kind == NormKind::Layer && saved.has_bias {
         Some(all(1)?)

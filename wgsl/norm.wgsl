@@ -644,7 +644,7 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // 16-bit values are widened with `widen2` (exact for every finite value).
 //
 // Sums: each lane adds its chunks in a fixed pairwise order, then `row_sum2` adds the lanes in
-// a fixed order, so reruns are bit-identical (not bit-equal to the general kernels, which add
+// a fixed tree, so reruns are bit-identical (not bit-equal to the general kernels, which add
 // in another order).
 //
 // The backward takes `block_rows` consecutive rows per workgroup: per row it loads the row's
@@ -672,29 +672,62 @@ override RELOAD: bool = false;
 @group(0) @binding(28) var<storage, read> mean_in: array<f32>;
 @group(0) @binding(29) var<storage, read> corr_in: array<f32>;
 
-// Fixed-order workgroup sum of pairs with two barriers: lanes 0..31 each add a run of
-// WG / 32 consecutive lanes' values in order, then every lane adds the 32 runs in order.
+// Fixed-order workgroup sum of pairs: a tree of fan-in 8 (each level: lane i adds values
+// 8i..8i+7 pairwise), one barrier a level (3 for 256 lanes, 4 for 1,024), then every lane adds
+// the last few values in order. The levels ping-pong between sum_b and sum_c so that a call
+// never overwrites what a slower lane may still read from the previous call.
 // Call from uniform control flow.
-const SUM_RUNS: u32 = 32u;
-var<workgroup> sum_lanes: array<vec2<f32>, WG>;
-var<workgroup> sum_runs: array<vec2<f32>, SUM_RUNS>;
+var<workgroup> sum_in: array<vec2<f32>, WG>;
+var<workgroup> sum_b: array<vec2<f32>, WG / 8u>;
+var<workgroup> sum_c: array<vec2<f32>, WG / 8u>;
+
+fn sum8_in(i: u32) -> vec2<f32> {
+    let f = 8u * i;
+    return ((sum_in[f] + sum_in[f + 1u]) + (sum_in[f + 2u] + sum_in[f + 3u]))
+        + ((sum_in[f + 4u] + sum_in[f + 5u]) + (sum_in[f + 6u] + sum_in[f + 7u]));
+}
+
+fn sum8_b(i: u32) -> vec2<f32> {
+    let f = 8u * i;
+    return ((sum_b[f] + sum_b[f + 1u]) + (sum_b[f + 2u] + sum_b[f + 3u]))
+        + ((sum_b[f + 4u] + sum_b[f + 5u]) + (sum_b[f + 6u] + sum_b[f + 7u]));
+}
+
+fn sum8_c(i: u32) -> vec2<f32> {
+    let f = 8u * i;
+    return ((sum_c[f] + sum_c[f + 1u]) + (sum_c[f + 2u] + sum_c[f + 3u]))
+        + ((sum_c[f + 4u] + sum_c[f + 5u]) + (sum_c[f + 6u] + sum_c[f + 7u]));
+}
 
 fn row_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    sum_lanes[lid] = v;
+    sum_in[lid] = v;
     workgroupBarrier();
-    if (lid < SUM_RUNS) {
-        let per = WG / SUM_RUNS;
-        let first = lid * per;
-        var acc = sum_lanes[first];
-        for (var i = 1u; i < per; i = i + 1u) {
-            acc = acc + sum_lanes[first + i];
-        }
-        sum_runs[lid] = acc;
+    // Level 1: sum_in -> sum_b; then sum_b -> sum_c -> sum_b ... while more than 8 remain.
+    var count = WG / 8u;
+    if (lid < count) {
+        sum_b[lid] = sum8_in(lid);
     }
     workgroupBarrier();
-    var total = sum_runs[0];
-    for (var i = 1u; i < SUM_RUNS; i = i + 1u) {
-        total = total + sum_runs[i];
+    var in_b = true;
+    while (count > 8u) {
+        count = count / 8u;
+        if (lid < count) {
+            if (in_b) {
+                sum_c[lid] = sum8_b(lid);
+            } else {
+                sum_b[lid] = sum8_c(lid);
+            }
+        }
+        workgroupBarrier();
+        in_b = !in_b;
+    }
+    var total = vec2<f32>();
+    for (var i = 0u; i < count; i = i + 1u) {
+        if (in_b) {
+            total = total + sum_b[i];
+        } else {
+            total = total + sum_c[i];
+        }
     }
     return total;
 }
@@ -724,9 +757,31 @@ fn vals(w: vec4<u32>, dt: u32) -> Vals {
     return Vals(vec4<f32>(widen2(w.x, dt), widen2(w.y, dt)), vec4<f32>(widen2(w.z, dt), widen2(w.w, dt)));
 }
 
+// BF16 rounding of four values without branches, bit for bit as `f32_to_bf16`: round to
+// nearest even, a NaN stays a NaN with its quiet bit set. `bf16_round` keeps the rounded
+// value in FP32 (the low half zero), `bf16_pack` packs the halves of (a, b) into two words.
+fn bf16_bits(v: vec4<f32>) -> vec4<u32> {
+    let b = bitcast<vec4<u32>>(v);
+    let r = (b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)))) & vec4<u32>(0xffff0000u);
+    let nan = (b & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    return select(r, (b | vec4<u32>(0x400000u)) & vec4<u32>(0xffff0000u), nan);
+}
+
+fn bf16_round(v: vec4<f32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bf16_bits(v));
+}
+
+fn bf16_pack(v: vec4<f32>) -> vec2<u32> {
+    let h = bf16_bits(v);
+    return vec2<u32>((h.x >> 16u) | h.y, (h.z >> 16u) | h.w);
+}
+
 fn pack(v: Vals, dt: u32) -> vec4<u32> {
     if (dt == DT_F32) {
         return bitcast<vec4<u32>>(v.lo);
+    }
+    if (dt == DT_BF16) {
+        return vec4<u32>(bf16_pack(v.lo), bf16_pack(v.hi));
     }
     return vec4<u32>(narrow2(v.lo.xy, dt), narrow2(v.lo.zw, dt), narrow2(v.hi.xy, dt), narrow2(v.hi.zw, dt));
 }
@@ -775,6 +830,9 @@ fn vtotal(a: Vals) -> f32 {
 fn vround(v: Vals) -> Vals {
     if (DX == DT_F32) {
         return v;
+    }
+    if (DX == DT_BF16) {
+        return Vals(bf16_round(v.lo), bf16_round(v.hi));
     }
     return vals(pack(v, DX), DX);
 }
@@ -1268,5 +1326,43 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
         put_part(b5, 1u, block, 5u, lid, n);
         put_part(b6, 1u, block, 6u, lid, n);
         put_part(b7, 1u, block, 7u, lid, n);
+    }
+}
+
+// ---- Register backward: parameter partials finish ----
+// out[c] = Σ over the blocks of partials[base + block · cols + c], in a fixed order: a
+// workgroup takes 8 column quads; its 32 segments of lanes each add a run of consecutive
+// blocks in order, then the first segment adds the 32 runs in order. params: cols (a multiple
+// of 4), blocks_per_batch = blocks, base = first word (a multiple of 4).
+const FIN_QUADS: u32 = 8u;
+const FIN_SEGMENTS: u32 = 32u;
+var<workgroup> fin: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn partials_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let quads = params.cols / 4u;
+    let v = lid % FIN_QUADS;
+    let segment = lid / FIN_QUADS;
+    let quad = group_index(wid, nwg) * FIN_QUADS + v;
+    let blocks = params.blocks_per_batch;
+    let per = (blocks + FIN_SEGMENTS - 1u) / FIN_SEGMENTS;
+    let first = min(segment * per, blocks);
+    let last = min(first + per, blocks);
+    var acc = vec4<f32>();
+    if (quad < quads) {
+        let at = params.base / 4u + quad;
+        for (var b = first; b < last; b = b + 1u) {
+            acc = acc + part4[at + b * quads];
+        }
+    }
+    fin[lid] = acc;
+    workgroupBarrier();
+    if (segment == 0u && quad < quads) {
+        var total = fin[v];
+        for (var s = 1u; s < FIN_SEGMENTS; s = s + 1u) {
+            total = total + fin[s * FIN_QUADS + v];
+        }
+        dx4[quad] = total;
     }
 }
