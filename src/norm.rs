@@ -1020,7 +1020,13 @@ pub fn norm_backward(
         && same(residual_output_gradient)
     {
         // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice.
-        register_plan(engine, cols, xdt, saved.kind != NormKind::Layer)
+        register_plan(
+            engine,
+            cols,
+            xdt,
+            saved.kind != NormKind::Layer
+                && std::env::var("WGRAD_NORM_WIDE_BWD").map_or(true, |v| v != "0"),
+        )
     } else {
         None
     };
@@ -1173,10 +1179,17 @@ fn register_backward(
         "norm partials",
     )?;
     let weight = saved.weight.as_ref();
+    // Prefetching the next row pays where the row's registers leave room for a second row.
+    let prefetch = match std::env::var("WGRAD_NORM_PREFETCH").ok().as_deref() {
+        Some("1") => !plan.wide,
+        Some("0") => false,
+        _ => !plan.wide && plan.chunks <= 4,
+    };
     let constants: Constants = vec![
         ("KIND", saved.kind.code()),
         ("DX", f64::from(x.dtype().code())),
         ("DW", code(weight)),
+        ("PREFETCH", f64::from(u8::from(prefetch))),
         ("HAS_W", f64::from(u8::from(weight.is_some()))),
         ("HAS_B", f64::from(u8::from(saved.has_bias))),
         (
