@@ -394,10 +394,6 @@ pub fn backward_workspace_bytes(
 /// for workgroups of 1,024 lanes), a function of the shape only.
 fn register_blocks(rows: usize, wide: bool) -> (usize, usize) {
     let most = if wide { REGISTER_BLOCKS / 2 } else { REGISTER_BLOCKS };
-    let most = std::env::var("WGRAD_NORM_BLOCKS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(most);
     let block_rows = rows.div_ceil(most).max(REGISTER_MIN_BLOCK_ROWS);
     (block_rows, rows.div_ceil(block_rows))
 }
@@ -465,9 +461,14 @@ fn wide_workgroups(engine: &Engine) -> bool {
 }
 
 /// The register path for rows of `cols` values of `dtype`: whole chunks, at most
-/// [`REGISTER_CHUNKS`] per lane of 256 (or, with `wide` and an adapter that allows it, of
-/// 1,024); the fewest chunks per lane (1, 2, 4 or 8) that cover the row.
-fn register_plan(engine: &Engine, cols: usize, dtype: DType, wide: bool) -> Option<RegisterPlan> {
+/// [`REGISTER_CHUNKS`] per lane of 256, else (on an adapter that allows it) at most
+/// `wide_chunks` per lane of 1,024; the fewest chunks per lane (1, 2, 4 or 8) that cover the row.
+fn register_plan(
+    engine: &Engine,
+    cols: usize,
+    dtype: DType,
+    wide_chunks: u32,
+) -> Option<RegisterPlan> {
     let len = if dtype == DType::F32 { 4 } else { 8 };
     if cols == 0 || !cols.is_multiple_of(len) {
         return None;
@@ -485,11 +486,13 @@ fn register_plan(engine: &Engine, cols: usize, dtype: DType, wide: bool) -> Opti
             chunks: c,
         });
     }
-    if wide && wide_workgroups(engine) {
-        return per_lane(WIDE_WG).map(|c| RegisterPlan {
-            wide: true,
-            chunks: c,
-        });
+    if wide_chunks > 0 && wide_workgroups(engine) {
+        return per_lane(WIDE_WG)
+            .filter(|&c| c <= wide_chunks)
+            .map(|c| RegisterPlan {
+                wide: true,
+                chunks: c,
+            });
     }
     None
 }
@@ -550,7 +553,7 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
     let same_residual = f.aux.is_none_or(|r| r.dtype() == dtype);
     let plan = if matches!(f.kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) && same_residual
     {
-        register_plan(engine, cols, dtype, true)
+        register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)
     } else {
         None
     };
@@ -1019,14 +1022,10 @@ pub fn norm_backward(
         && same(saved.residual.as_ref())
         && same(residual_output_gradient)
     {
-        // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice.
-        register_plan(
-            engine,
-            cols,
-            xdt,
-            saved.kind != NormKind::Layer
-                && std::env::var("WGRAD_NORM_WIDE_BWD").map_or(true, |v| v != "0"),
-        )
+        // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice,
+        // up to 4 chunks a lane (more would not fit the registers of 1,024 lanes).
+        let wide_chunks = if saved.kind == NormKind::Layer { 0 } else { 4 };
+        register_plan(engine, cols, xdt, wide_chunks)
     } else {
         None
     };
@@ -1179,17 +1178,10 @@ fn register_backward(
         "norm partials",
     )?;
     let weight = saved.weight.as_ref();
-    // Prefetching the next row pays where the row's registers leave room for a second row.
-    let prefetch = match std::env::var("WGRAD_NORM_PREFETCH").ok().as_deref() {
-        Some("1") => !plan.wide,
-        Some("0") => false,
-        _ => !plan.wide && plan.chunks <= 4,
-    };
     let constants: Constants = vec![
         ("KIND", saved.kind.code()),
         ("DX", f64::from(x.dtype().code())),
         ("DW", code(weight)),
-        ("PREFETCH", f64::from(u8::from(prefetch))),
         ("HAS_W", f64::from(u8::from(weight.is_some()))),
         ("HAS_B", f64::from(u8::from(saved.has_bias))),
         (
@@ -1197,12 +1189,7 @@ fn register_backward(
             f64::from(u8::from(residual_output_gradient.is_some())),
         ),
         ("CHUNKS", f64::from(plan.chunks)),
-        (
-            "RELOAD",
-            f64::from(u8::from(
-                plan.wide || std::env::var("WGRAD_NORM_RELOAD").is_ok_and(|v| v == "1"),
-            )),
-        ),
+        ("RELOAD", f64::from(u8::from(plan.wide))),
     ];
     let params = Params {
         rows: rows as u32,

@@ -164,33 +164,39 @@ fn rms_norm_casting_modes_offsets_and_mixed_dtypes() {
 #[test]
 fn rms_norm_register_path_limits() {
     // The register paths hold at most 8 chunks of 4 (F32) or 8 (16-bit) values per lane:
-    // 256 lanes (forward and one-read backward) up to 8,192 F32 / 16,384 16-bit columns, then
-    // 1,024 lanes (forward and the two-read backward) up to 32,768 / 65,536, then the general
-    // kernels. Each limit and the next width up; the weight in the source's dtype (read as
-    // chunks) and in F32.
-    for (xdt, cols) in [
+    // 256 lanes (forward and one-read backward) up to 8,192 F32 / 16,384 16-bit columns; then
+    // 1,024 lanes: the two-read backward up to 4 chunks a lane (16,384 / 32,768 columns), the
+    // forward up to 8 (32,768 / 65,536); then the general kernels. Each limit and the next
+    // width up; the weight alternately in the source's dtype (read as chunks) and in F32.
+    for (i, (xdt, cols)) in [
         (DType::F32, 8192),
         (DType::F32, 8196),
         (DType::BF16, 16384),
         (DType::F16, 16392),
+        (DType::F32, 16384),
+        (DType::F32, 16388),
+        (DType::BF16, 32768),
+        (DType::F16, 32776),
         (DType::F32, 32768),
         (DType::F32, 32772),
         (DType::BF16, 65536),
         (DType::F16, 65544),
-    ] {
-        for wdt in [xdt, DType::F32] {
-            run_rms(
-                &RmsCase {
-                    rows: 2,
-                    cols,
-                    x: xdt,
-                    weight: Some(wdt),
-                    dy: xdt,
-                    options: RmsNormOptions::default(),
-                },
-                cols as u64 + wdt.code() as u64,
-            );
-        }
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let wdt = if i % 2 == 0 { xdt } else { DType::F32 };
+        run_rms(
+            &RmsCase {
+                rows: 2,
+                cols,
+                x: xdt,
+                weight: Some(wdt),
+                dy: xdt,
+                options: RmsNormOptions::default(),
+            },
+            cols as u64 + wdt.code() as u64,
+        );
     }
 }
 
@@ -541,13 +547,14 @@ fn add_rms_norm_both_residual_seeds() {
         RmsNormOptions::default(),
         790,
     );
-    // The register paths' limits: 256 lanes, 1,024 lanes (forward and two-read backward),
-    // then the general kernels.
+    // The register paths' limits (see `rms_norm_register_path_limits`).
     for (xdt, cols) in [
         (DType::F32, 8192),
         (DType::F32, 8196),
         (DType::BF16, 16384),
-        (DType::F32, 32768),
+        (DType::F32, 16384),
+        (DType::F32, 16388),
+        (DType::BF16, 32768),
         (DType::F32, 32772),
         (DType::F16, 65536),
     ] {

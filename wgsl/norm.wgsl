@@ -658,9 +658,6 @@ override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused register
 // Backward: load the row's chunks again for dx (from cache) instead of keeping them in
 // registers across the row sum (rows too wide for the registers of the whole row).
 override RELOAD: bool = false;
-// Backward: load the next row's chunks before the current row's sums (software pipelining;
-// twice the registers for the row).
-override PREFETCH: bool = false;
 
 @group(0) @binding(18) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(19) var<storage, read_write> y4: array<vec4<u32>>;
@@ -1161,21 +1158,6 @@ fn rms_source(k: u32, lid: u32, n: u32, base: u32) -> Vals {
     return vals(x4[i], DX);
 }
 
-fn ld_r4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
-    if (has(k, lid, n)) {
-        return r4[base + lid + k * WG];
-    }
-    return vec4<u32>();
-}
-
-// The normalized source from the words of x (and of the residual, add+RMSNorm).
-fn src_vals(x: vec4<u32>, r: vec4<u32>) -> Vals {
-    if (KIND == KIND_ADD) {
-        return vadd(vals(x, DX), vals(r, DX));
-    }
-    return vals(x, DX);
-}
-
 @compute @workgroup_size(WG)
 fn rms_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
@@ -1194,159 +1176,25 @@ fn rms_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     var a5 = vzero();
     var a6 = vzero();
     var a7 = vzero();
-    // PREFETCH: the next row's words, loaded before this row's sums.
-    var px0 = vec4<u32>();
-    var px1 = vec4<u32>();
-    var px2 = vec4<u32>();
-    var px3 = vec4<u32>();
-    var px4 = vec4<u32>();
-    var px5 = vec4<u32>();
-    var px6 = vec4<u32>();
-    var px7 = vec4<u32>();
-    var pr0 = vec4<u32>();
-    var pr1 = vec4<u32>();
-    var pr2 = vec4<u32>();
-    var pr3 = vec4<u32>();
-    var pr4 = vec4<u32>();
-    var pr5 = vec4<u32>();
-    var pr6 = vec4<u32>();
-    var pr7 = vec4<u32>();
-    var pd0 = vec4<u32>();
-    var pd1 = vec4<u32>();
-    var pd2 = vec4<u32>();
-    var pd3 = vec4<u32>();
-    var pd4 = vec4<u32>();
-    var pd5 = vec4<u32>();
-    var pd6 = vec4<u32>();
-    var pd7 = vec4<u32>();
-    if (PREFETCH) {
-        let nb = first * n;
-        px0 = ld_x4(0u, lid, n, nb);
-        px1 = ld_x4(1u, lid, n, nb);
-        px2 = ld_x4(2u, lid, n, nb);
-        px3 = ld_x4(3u, lid, n, nb);
-        px4 = ld_x4(4u, lid, n, nb);
-        px5 = ld_x4(5u, lid, n, nb);
-        px6 = ld_x4(6u, lid, n, nb);
-        px7 = ld_x4(7u, lid, n, nb);
-        if (KIND == KIND_ADD) {
-            pr0 = ld_r4(0u, lid, n, nb);
-            pr1 = ld_r4(1u, lid, n, nb);
-            pr2 = ld_r4(2u, lid, n, nb);
-            pr3 = ld_r4(3u, lid, n, nb);
-            pr4 = ld_r4(4u, lid, n, nb);
-            pr5 = ld_r4(5u, lid, n, nb);
-            pr6 = ld_r4(6u, lid, n, nb);
-            pr7 = ld_r4(7u, lid, n, nb);
-        }
-        pd0 = ld_dy4(0u, lid, n, nb);
-        pd1 = ld_dy4(1u, lid, n, nb);
-        pd2 = ld_dy4(2u, lid, n, nb);
-        pd3 = ld_dy4(3u, lid, n, nb);
-        pd4 = ld_dy4(4u, lid, n, nb);
-        pd5 = ld_dy4(5u, lid, n, nb);
-        pd6 = ld_dy4(6u, lid, n, nb);
-        pd7 = ld_dy4(7u, lid, n, nb);
-    }
     for (var row = first; row < last; row = row + 1u) {
         let base = row * n;
         let inv = inv_in[row];
-        var x0 = px0;
-        var x1 = px1;
-        var x2 = px2;
-        var x3 = px3;
-        var x4 = px4;
-        var x5 = px5;
-        var x6 = px6;
-        var x7 = px7;
-        var r0 = pr0;
-        var r1 = pr1;
-        var r2 = pr2;
-        var r3 = pr3;
-        var r4 = pr4;
-        var r5 = pr5;
-        var r6 = pr6;
-        var r7 = pr7;
-        var g0 = pd0;
-        var g1 = pd1;
-        var g2 = pd2;
-        var g3 = pd3;
-        var g4 = pd4;
-        var g5 = pd5;
-        var g6 = pd6;
-        var g7 = pd7;
-        if (!PREFETCH) {
-            x0 = ld_x4(0u, lid, n, base);
-            x1 = ld_x4(1u, lid, n, base);
-            x2 = ld_x4(2u, lid, n, base);
-            x3 = ld_x4(3u, lid, n, base);
-            x4 = ld_x4(4u, lid, n, base);
-            x5 = ld_x4(5u, lid, n, base);
-            x6 = ld_x4(6u, lid, n, base);
-            x7 = ld_x4(7u, lid, n, base);
-            if (KIND == KIND_ADD) {
-                r0 = ld_r4(0u, lid, n, base);
-                r1 = ld_r4(1u, lid, n, base);
-                r2 = ld_r4(2u, lid, n, base);
-                r3 = ld_r4(3u, lid, n, base);
-                r4 = ld_r4(4u, lid, n, base);
-                r5 = ld_r4(5u, lid, n, base);
-                r6 = ld_r4(6u, lid, n, base);
-                r7 = ld_r4(7u, lid, n, base);
-            }
-            g0 = ld_dy4(0u, lid, n, base);
-            g1 = ld_dy4(1u, lid, n, base);
-            g2 = ld_dy4(2u, lid, n, base);
-            g3 = ld_dy4(3u, lid, n, base);
-            g4 = ld_dy4(4u, lid, n, base);
-            g5 = ld_dy4(5u, lid, n, base);
-            g6 = ld_dy4(6u, lid, n, base);
-            g7 = ld_dy4(7u, lid, n, base);
-        } else if (row + 1u < last) {
-            let nb = base + n;
-            px0 = ld_x4(0u, lid, n, nb);
-            px1 = ld_x4(1u, lid, n, nb);
-            px2 = ld_x4(2u, lid, n, nb);
-            px3 = ld_x4(3u, lid, n, nb);
-            px4 = ld_x4(4u, lid, n, nb);
-            px5 = ld_x4(5u, lid, n, nb);
-            px6 = ld_x4(6u, lid, n, nb);
-            px7 = ld_x4(7u, lid, n, nb);
-            if (KIND == KIND_ADD) {
-                pr0 = ld_r4(0u, lid, n, nb);
-                pr1 = ld_r4(1u, lid, n, nb);
-                pr2 = ld_r4(2u, lid, n, nb);
-                pr3 = ld_r4(3u, lid, n, nb);
-                pr4 = ld_r4(4u, lid, n, nb);
-                pr5 = ld_r4(5u, lid, n, nb);
-                pr6 = ld_r4(6u, lid, n, nb);
-                pr7 = ld_r4(7u, lid, n, nb);
-            }
-            pd0 = ld_dy4(0u, lid, n, nb);
-            pd1 = ld_dy4(1u, lid, n, nb);
-            pd2 = ld_dy4(2u, lid, n, nb);
-            pd3 = ld_dy4(3u, lid, n, nb);
-            pd4 = ld_dy4(4u, lid, n, nb);
-            pd5 = ld_dy4(5u, lid, n, nb);
-            pd6 = ld_dy4(6u, lid, n, nb);
-            pd7 = ld_dy4(7u, lid, n, nb);
-        }
-        let s0 = src_vals(x0, r0);
-        let s1 = src_vals(x1, r1);
-        let s2 = src_vals(x2, r2);
-        let s3 = src_vals(x3, r3);
-        let s4_ = src_vals(x4, r4);
-        let s5 = src_vals(x5, r5);
-        let s6 = src_vals(x6, r6);
-        let s7 = src_vals(x7, r7);
-        let d0 = vals(g0, DX);
-        let d1 = vals(g1, DX);
-        let d2 = vals(g2, DX);
-        let d3 = vals(g3, DX);
-        let d4 = vals(g4, DX);
-        let d5 = vals(g5, DX);
-        let d6 = vals(g6, DX);
-        let d7 = vals(g7, DX);
+        let s0 = rms_source(0u, lid, n, base);
+        let s1 = rms_source(1u, lid, n, base);
+        let s2 = rms_source(2u, lid, n, base);
+        let s3 = rms_source(3u, lid, n, base);
+        let s4_ = rms_source(4u, lid, n, base);
+        let s5 = rms_source(5u, lid, n, base);
+        let s6 = rms_source(6u, lid, n, base);
+        let s7 = rms_source(7u, lid, n, base);
+        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
         let t = ((rms_dot(s0, d0, 0u, lid, n, inv) + rms_dot(s1, d1, 1u, lid, n, inv))
             + (rms_dot(s2, d2, 2u, lid, n, inv) + rms_dot(s3, d3, 3u, lid, n, inv)))
             + ((rms_dot(s4_, d4, 4u, lid, n, inv) + rms_dot(s5, d5, 5u, lid, n, inv))
@@ -1424,107 +1272,27 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
     var b5 = vzero();
     var b6 = vzero();
     var b7 = vzero();
-    // PREFETCH: the next row's words, loaded before this row's sums.
-    var px0 = vec4<u32>();
-    var px1 = vec4<u32>();
-    var px2 = vec4<u32>();
-    var px3 = vec4<u32>();
-    var px4 = vec4<u32>();
-    var px5 = vec4<u32>();
-    var px6 = vec4<u32>();
-    var px7 = vec4<u32>();
-    var pd0 = vec4<u32>();
-    var pd1 = vec4<u32>();
-    var pd2 = vec4<u32>();
-    var pd3 = vec4<u32>();
-    var pd4 = vec4<u32>();
-    var pd5 = vec4<u32>();
-    var pd6 = vec4<u32>();
-    var pd7 = vec4<u32>();
-    if (PREFETCH) {
-        let nb = first * n;
-        px0 = ld_x4(0u, lid, n, nb);
-        px1 = ld_x4(1u, lid, n, nb);
-        px2 = ld_x4(2u, lid, n, nb);
-        px3 = ld_x4(3u, lid, n, nb);
-        px4 = ld_x4(4u, lid, n, nb);
-        px5 = ld_x4(5u, lid, n, nb);
-        px6 = ld_x4(6u, lid, n, nb);
-        px7 = ld_x4(7u, lid, n, nb);
-        pd0 = ld_dy4(0u, lid, n, nb);
-        pd1 = ld_dy4(1u, lid, n, nb);
-        pd2 = ld_dy4(2u, lid, n, nb);
-        pd3 = ld_dy4(3u, lid, n, nb);
-        pd4 = ld_dy4(4u, lid, n, nb);
-        pd5 = ld_dy4(5u, lid, n, nb);
-        pd6 = ld_dy4(6u, lid, n, nb);
-        pd7 = ld_dy4(7u, lid, n, nb);
-    }
     for (var row = first; row < last; row = row + 1u) {
         let base = row * n;
         let inv = inv_in[row];
         let mean = mean_in[row];
         let corr = corr_in[row];
-        var x0 = px0;
-        var x1 = px1;
-        var x2 = px2;
-        var x3 = px3;
-        var x4_ = px4;
-        var x5 = px5;
-        var x6 = px6;
-        var x7 = px7;
-        var g0 = pd0;
-        var g1 = pd1;
-        var g2 = pd2;
-        var g3 = pd3;
-        var g4 = pd4;
-        var g5 = pd5;
-        var g6 = pd6;
-        var g7 = pd7;
-        if (!PREFETCH) {
-            x0 = ld_x4(0u, lid, n, base);
-            x1 = ld_x4(1u, lid, n, base);
-            x2 = ld_x4(2u, lid, n, base);
-            x3 = ld_x4(3u, lid, n, base);
-            x4_ = ld_x4(4u, lid, n, base);
-            x5 = ld_x4(5u, lid, n, base);
-            x6 = ld_x4(6u, lid, n, base);
-            x7 = ld_x4(7u, lid, n, base);
-            g0 = ld_dy4(0u, lid, n, base);
-            g1 = ld_dy4(1u, lid, n, base);
-            g2 = ld_dy4(2u, lid, n, base);
-            g3 = ld_dy4(3u, lid, n, base);
-            g4 = ld_dy4(4u, lid, n, base);
-            g5 = ld_dy4(5u, lid, n, base);
-            g6 = ld_dy4(6u, lid, n, base);
-            g7 = ld_dy4(7u, lid, n, base);
-        } else if (row + 1u < last) {
-            let nb = base + n;
-            px0 = ld_x4(0u, lid, n, nb);
-            px1 = ld_x4(1u, lid, n, nb);
-            px2 = ld_x4(2u, lid, n, nb);
-            px3 = ld_x4(3u, lid, n, nb);
-            px4 = ld_x4(4u, lid, n, nb);
-            px5 = ld_x4(5u, lid, n, nb);
-            px6 = ld_x4(6u, lid, n, nb);
-            px7 = ld_x4(7u, lid, n, nb);
-            pd0 = ld_dy4(0u, lid, n, nb);
-            pd1 = ld_dy4(1u, lid, n, nb);
-            pd2 = ld_dy4(2u, lid, n, nb);
-            pd3 = ld_dy4(3u, lid, n, nb);
-            pd4 = ld_dy4(4u, lid, n, nb);
-            pd5 = ld_dy4(5u, lid, n, nb);
-            pd6 = ld_dy4(6u, lid, n, nb);
-            pd7 = ld_dy4(7u, lid, n, nb);
-        }
-        let d0 = vals(g0, DX);
-        let d1 = vals(g1, DX);
-        let d2 = vals(g2, DX);
-        let d3 = vals(g3, DX);
-        let d4 = vals(g4, DX);
-        let d5 = vals(g5, DX);
-        let d6 = vals(g6, DX);
-        let d7 = vals(g7, DX);
+        let x0 = ld_x4(0u, lid, n, base);
+        let x1 = ld_x4(1u, lid, n, base);
+        let x2 = ld_x4(2u, lid, n, base);
+        let x3 = ld_x4(3u, lid, n, base);
+        let x4_ = ld_x4(4u, lid, n, base);
+        let x5 = ld_x4(5u, lid, n, base);
+        let x6 = ld_x4(6u, lid, n, base);
+        let x7 = ld_x4(7u, lid, n, base);
+        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
         let t = ((ln_sums(x0, d0, 0u, lid, n, mean, corr, inv) + ln_sums(x1, d1, 1u, lid, n, mean, corr, inv))
             + (ln_sums(x2, d2, 2u, lid, n, mean, corr, inv) + ln_sums(x3, d3, 3u, lid, n, mean, corr, inv)))
             + ((ln_sums(x4_, d4, 4u, lid, n, mean, corr, inv) + ln_sums(x5, d5, 5u, lid, n, mean, corr, inv))
