@@ -16,14 +16,28 @@
 //!   modulation scale/shift of shape `[batches, columns]` with `batches` dividing the rows;
 //! * ε positive and finite in FP32 (default 1e-5), weight offset finite (`InvalidValue`).
 //!
-//! Kernels (`wgsl/norm.wgsl`): the forward takes one workgroup per row and reads the row in
-//! chunks of 256 columns (mean, squares, outputs), so any width works without keeping the row
-//! in workgroup memory. The backward takes one workgroup per row for the two row constants of
-//! the input gradient, then one invocation per (block of [`BLOCK_ROWS`] rows, column), which
-//! writes the input gradient and the block's FP32 parameter partials; the partials are summed
-//! in block order. No atomics: reruns are bit-identical. A 16-bit output of an odd width is
-//! computed into an FP32 temporary and narrowed with [`crate::cast::cast`], so no two
-//! invocations share a word.
+//! Kernels (`wgsl/norm.wgsl`):
+//! * Register paths (RMSNorm, LayerNorm, add+RMSNorm; rows of whole chunks of 4 F32 or 8
+//!   16-bit values, residual and cotangents in the source's dtype): a workgroup holds a row in
+//!   named registers, at most [`REGISTER_CHUNKS`] chunks a lane, and reads it once. The forward
+//!   takes 256 lanes up to 8,192 F32 / 16,384 16-bit columns, then 1,024 lanes
+//!   ([`KERNEL_WIDE`], where the adapter allows such workgroups) up to 32,768 / 65,536. The
+//!   backward splits the rows into at most [`REGISTER_BLOCKS`] blocks, one workgroup each: per
+//!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
+//!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
+//!   block order. 256 lanes up to 8,192 / 16,384 columns; for RMSNorm and add+RMSNorm 1,024
+//!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
+//! * General kernels (every operator, any width): the forward takes one workgroup per row and
+//!   reads the row in chunks of 256 columns (mean, squares, outputs). The backward takes one
+//!   workgroup per row for the two row constants of the input gradient, then one invocation
+//!   per (block of [`BLOCK_ROWS`] rows, column), which writes the input gradient and the
+//!   block's FP32 parameter partials; the partials are summed in block order.
+//!
+//! No atomics; every sum runs in an order fixed by the shape (and, for the register paths,
+//! by whether the adapter allows 1,024 lanes), so reruns are bit-identical; the register and
+//! general paths add in different orders, so their results may differ in the last bits. A
+//! 16-bit output of an odd width is computed into an FP32 temporary and narrowed with
+//! [`crate::cast::cast`], so no two invocations share a word.
 //!
 //! Backward differentiates the real-valued formula with the saved FP32 statistics: the
 //! rounding of the casting modes and of stored outputs is not differentiated.
@@ -393,7 +407,11 @@ pub fn backward_workspace_bytes(
 /// at least [`REGISTER_MIN_BLOCK_ROWS`] rows (the last may be shorter; half as many blocks
 /// for workgroups of 1,024 lanes), a function of the shape only.
 fn register_blocks(rows: usize, wide: bool) -> (usize, usize) {
-    let most = if wide { REGISTER_BLOCKS / 2 } else { REGISTER_BLOCKS };
+    let most = if wide {
+        REGISTER_BLOCKS / 2
+    } else {
+        REGISTER_BLOCKS
+    };
     let block_rows = rows.div_ceil(most).max(REGISTER_MIN_BLOCK_ROWS);
     (block_rows, rows.div_ceil(block_rows))
 }
@@ -434,7 +452,7 @@ fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
 }
 
 /// Most chunks per lane of the register paths (a chunk: 4 F32 or 8 16-bit values).
-const REGISTER_CHUNKS: usize = 8;
+pub const REGISTER_CHUNKS: usize = 8;
 /// The register backward splits the rows into at most this many blocks (one workgroup each).
 pub const REGISTER_BLOCKS: usize = 256;
 /// Fewest rows of a register backward block (so the partials stay at most a quarter of dx).
@@ -551,12 +569,12 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
     // RMSNorm, LayerNorm and add+RMSNorm rows of whole chunks that fit the lanes' registers
     // take the register path: one read of the row.
     let same_residual = f.aux.is_none_or(|r| r.dtype() == dtype);
-    let plan = if matches!(f.kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) && same_residual
-    {
-        register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)
-    } else {
-        None
-    };
+    let plan =
+        if matches!(f.kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) && same_residual {
+            register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)
+        } else {
+            None
+        };
     if let Some(plan) = plan {
         let mut constants = constants;
         constants.push(("CHUNKS", f64::from(plan.chunks)));
@@ -1017,8 +1035,10 @@ pub fn norm_backward(
     // take the register backward when the rows fit 256 lanes' registers.
     let xdt = x.dtype();
     let same = |t: Option<&Tensor>| t.is_none_or(|t| t.dtype() == xdt);
-    let plan = if matches!(saved.kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms)
-        && output_gradient.dtype() == xdt
+    let plan = if matches!(
+        saved.kind,
+        NormKind::Rms | NormKind::Layer | NormKind::AddRms
+    ) && output_gradient.dtype() == xdt
         && same(saved.residual.as_ref())
         && same(residual_output_gradient)
     {
@@ -1259,7 +1279,11 @@ fn register_backward(
         )?;
         Ok(out)
     };
-    let weight_grad = if weight.is_some() { Some(all(0)?) } else { None };
+    let weight_grad = if weight.is_some() {
+        Some(all(0)?)
+    } else {
+        None
+    };
     let bias = if saved.kind == NormKind::Layer && saved.has_bias {
         Some(all(1)?)
     } else {

@@ -220,7 +220,15 @@ fn register_backward_blocks_and_chunk_counts() {
                 seed,
             );
             run_layer(rows, cols, xdt, true, true, 0.0, seed + 50);
-            run_add(rows, cols, xdt, xdt, Some(xdt), RmsNormOptions::default(), seed + 100);
+            run_add(
+                rows,
+                cols,
+                xdt,
+                xdt,
+                Some(xdt),
+                RmsNormOptions::default(),
+                seed + 100,
+            );
         }
     }
 }
@@ -516,15 +524,7 @@ fn add_rms_norm_both_residual_seeds() {
         for xdt in DType::FLOATS {
             for dsum in [None, Some(DType::F16), Some(xdt)] {
                 seed += 1;
-                run_add(
-                    rows,
-                    cols,
-                    xdt,
-                    xdt,
-                    dsum,
-                    RmsNormOptions::default(),
-                    seed,
-                );
+                run_add(rows, cols, xdt, xdt, dsum, RmsNormOptions::default(), seed);
             }
         }
     }
@@ -536,7 +536,15 @@ fn add_rms_norm_both_residual_seeds() {
             ..RmsNormOptions::default()
         };
         run_add(21, 50, DType::BF16, DType::F32, Some(DType::F16), o, seed);
-        run_add(21, 48, DType::BF16, DType::BF16, Some(DType::BF16), o, seed + 10);
+        run_add(
+            21,
+            48,
+            DType::BF16,
+            DType::BF16,
+            Some(DType::BF16),
+            o,
+            seed + 10,
+        );
     }
     run_add(
         256,
@@ -559,7 +567,15 @@ fn add_rms_norm_both_residual_seeds() {
         (DType::F16, 65536),
     ] {
         seed += 1;
-        run_add(2, cols, xdt, xdt, Some(xdt), RmsNormOptions::default(), seed);
+        run_add(
+            2,
+            cols,
+            xdt,
+            xdt,
+            Some(xdt),
+            RmsNormOptions::default(),
+            seed,
+        );
     }
 }
 

@@ -17,6 +17,10 @@
 //   runs of consecutive blocks summed in block order (one run for parameter gradients, one
 //   per batch for scale/shift gradients).
 //
+// RMSNorm, LayerNorm and add+RMSNorm rows of whole 4/8-value chunks take the register paths
+// instead (see "Register paths" below): `*_forward_registers`, `*_backward_registers` and
+// `partials_finish`.
+//
 // The order of every addition depends only on the shape, so reruns give identical bits.
 
 const KIND_RMS: u32 = 0u;
@@ -650,8 +654,8 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // The backward takes `block_rows` consecutive rows per workgroup: per row it loads the row's
 // source and cotangent chunks once, computes the row constants, writes dx and adds the
 // parameter partials of its columns into registers (rows in order); at the end it writes the
-// block's partial rows, which `column_finish` sums in block order. With RELOAD (rows wider
-// than the registers of one row, 1,024 lanes) it reads each row twice instead, the second
+// block's partial rows, which `partials_finish` sums in block order. With RELOAD (1,024
+// lanes, rows too wide to keep x and dy in registers) it reads each row twice, the second
 // time mostly from cache.
 
 override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused registers fold away)
@@ -759,7 +763,8 @@ fn vals(w: vec4<u32>, dt: u32) -> Vals {
 
 // BF16 rounding of four values without branches, bit for bit as `f32_to_bf16`: round to
 // nearest even, a NaN stays a NaN with its quiet bit set. `bf16_round` keeps the rounded
-// value in FP32 (the low half zero), `bf16_pack` packs the halves of (a, b) into two words.
+// value in FP32 (the low half zero), `bf16_pack` packs the four into two words (x, y in the
+// first, x in the low half).
 fn bf16_bits(v: vec4<f32>) -> vec4<u32> {
     let b = bitcast<vec4<u32>>(v);
     let r = (b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)))) & vec4<u32>(0xffff0000u);
