@@ -169,6 +169,7 @@ fn check_backward(label: &str, rows: usize, dim: usize, idx: &[i64], padding: Op
     let options = EmbeddingOptions {
         padding_index: padding,
         check_indices: true,
+        ..EmbeddingOptions::default()
     };
     let (_, saved) = embedding(&tt, &it, &options).unwrap();
     for dtype in DType::FLOATS {

@@ -144,6 +144,7 @@ fn flce_options(
             memory_budget: None,
         },
         gradients_in_forward: true,
+        ..FusedLinearCrossEntropyOptions::default()
     }
 }
 

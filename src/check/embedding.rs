@@ -33,6 +33,7 @@ fn check_embedding(engine: &Engine) -> Result<Vec<Case>> {
     let options = EmbeddingOptions {
         padding_index: Some(4),
         check_indices: true,
+        ..EmbeddingOptions::default()
     };
     let longest = (0..rows as i64)
         .map(|v| idx.iter().filter(|&&x| x == v).count())

@@ -144,6 +144,7 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                     memory_budget: None,
                 },
                 gradients_in_forward: true,
+                ..FusedLinearCrossEntropyOptions::default()
             };
             let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
             let want = reference::fused_linear::fused_linear_cross_entropy(
