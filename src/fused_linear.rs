@@ -41,6 +41,21 @@
 //! statistics; the backward recomputes each chunk's logits and takes the gradients from there
 //! (three products per chunk). Setting `gradients_in_forward: false` gives scalar reductions
 //! the same recomputing backward (useful when a forward may not be followed by a backward).
+//! The same holds for an entropy cotangent (the forward's gradients cover the loss only) and
+//! for the distillation losses with `DistillationReduction::None` (per-row losses, one
+//! cotangent per row, each row's logit gradient multiplied by its cotangent).
+//!
+//! # Temperature and entropy (scaled fused linear cross-entropy)
+//!
+//! `FusedLinearCrossEntropyOptions::temperature` T divides the logits,
+//! `z = (x·Wᵀ + b)/T`, before every cross-entropy option (the softcap acts on `z`); the
+//! product takes `1/T` as its scale and the bias is divided once per call, so no extra pass
+//! over the logits runs. `return_entropy` adds the per-row entropy `H = −Σ_c p_c·log p_c`,
+//! `p = softmax(z)` (0 on rows the loss does not count), computed from the chunk's logits and
+//! the row statistics of the loss kernels. Its cotangent enters through
+//! [`fused_linear_cross_entropy_backward_with_entropy`]: `∂H/∂z_c = −p_c·(log p_c + H)`,
+//! added in place to the chunk's loss gradient, then (through the softcap) times `1/T` in the
+//! two products and the bias sums.
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Kernel};
 use crate::loss::{
