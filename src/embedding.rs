@@ -452,8 +452,8 @@ pub fn embedding(
 /// `embedding(.., max_norm)`: the looked-up rows and the table it leaves behind.
 ///
 /// Errors: those of [`embedding`] for the table, the indices and `check_indices` (which
-/// synchronizes; unchecked out-of-range indices reference no row); `max_norm` not finite and
-/// > 0 (`InvalidValue`); scratch over the workspace bound (`WorkspaceExceeded`,
+/// synchronizes; unchecked out-of-range indices reference no row); a `max_norm` that is not
+/// finite and positive (`InvalidValue`); scratch over the workspace bound (`WorkspaceExceeded`,
 /// [`embedding_renorm_workspace_bytes`]).
 pub fn embedding_renorm(
     table: &Tensor,

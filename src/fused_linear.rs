@@ -804,7 +804,13 @@ pub fn fused_linear_cross_entropy(
 
 /// Per-row entropy of a block of F32 logits (rows `r0..` of the batch) into `entropy`, from
 /// the row statistics in `mat`.
-fn entropy_rows(logits: &Tensor, mat: &Tensor, entropy: &Tensor, r0: usize, cap: f32) -> Result<()> {
+fn entropy_rows(
+    logits: &Tensor,
+    mat: &Tensor,
+    entropy: &Tensor,
+    r0: usize,
+    cap: f32,
+) -> Result<()> {
     let (rows, cols) = (logits.shape()[0], logits.shape()[1]);
     logits.engine().launch(
         &KERNEL,

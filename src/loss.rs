@@ -28,7 +28,9 @@
 //! (`32·rows` bytes plus its column-sum partials) and of the divergences (`8·rows`), see
 //! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`].
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Constants, Kernel};
+use crate::kernel::{
+    COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Constants, Kernel,
+};
 use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
 

@@ -589,7 +589,11 @@ fn max_norm_renormalizes_looked_up_rows_and_the_table_copy() {
             );
             // Gathering from the renormalized table gives the same rows (PyTorch's result).
             let (y2, _) = embedding(&renormed, &it, &EmbeddingOptions::default()).unwrap();
-            assert_eq!(bits(&y2), y_bits, "{label}: gather of the renormalized table");
+            assert_eq!(
+                bits(&y2),
+                y_bits,
+                "{label}: gather of the renormalized table"
+            );
             // The gradient is the plain gather's (with respect to the looked-up rows).
             let dyt = tensor_from_f64(
                 e,

@@ -1487,7 +1487,11 @@ fn reference_scaled_and_per_row_backwards_match_finite_differences() {
             ..CrossEntropyConfig::default()
         };
         let t = 0.7;
-        let n_loss = if reduction == Reduction::None { rows } else { 1 };
+        let n_loss = if reduction == Reduction::None {
+            rows
+        } else {
+            1
+        };
         let cot = data(304, n_loss, -1.0, 1.0);
         let ecot = data(305, rows, -1.0, 1.0);
         let f = |p: &[f64]| {
@@ -1751,8 +1755,8 @@ fn flce_temperature_chunk_sizes_agree() {
             ..flce_options(&cfg, chunk)
         };
         let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
-        let g = fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&ec))
-            .unwrap();
+        let g =
+            fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&ec)).unwrap();
         (out, g)
     };
     let (out_ref, g_ref) = run(None);
@@ -1932,7 +1936,13 @@ fn distillation_reduction_none_matches_the_reference() {
     let (lead, vocab) = ([2usize, 11], 37);
     let rows = 22;
     let labels: Vec<i32> = (0..rows)
-        .map(|r| if r % 4 == 1 { -100 } else { (r * 5 % vocab) as i32 })
+        .map(|r| {
+            if r % 4 == 1 {
+                -100
+            } else {
+                (r * 5 % vocab) as i32
+            }
+        })
         .collect();
     for (k, soft) in [SoftLoss::Jsd { beta: 0.3 }, SoftLoss::Kl, SoftLoss::Tvd]
         .into_iter()

@@ -334,20 +334,21 @@ fn check_fused_linear_cross_entropy_scaled(engine: &Engine) -> Result<Vec<Case>>
                     f32_tol,
                 ));
             }
-            let n_loss = if reduction == Reduction::None { rows } else { 1 };
+            let n_loss = if reduction == Reduction::None {
+                rows
+            } else {
+                1
+            };
             let loss_shape: &[usize] = if reduction == Reduction::None {
                 &[rows]
             } else {
                 &[]
             };
-            let (ct, cs) = tensor_from_f64(
-                engine,
-                &rng.vec(n_loss, -1.0, 1.0),
-                loss_shape,
-                DType::F32,
-            )?;
+            let (ct, cs) =
+                tensor_from_f64(engine, &rng.vec(n_loss, -1.0, 1.0), loss_shape, DType::F32)?;
             let (et, es) = tensor_from_f64(engine, &rng.vec(rows, -1.0, 1.0), &[rows], DType::F32)?;
-            let got = fused_linear_cross_entropy_backward_with_entropy(&saved, Some(&ct), Some(&et))?;
+            let got =
+                fused_linear_cross_entropy_backward_with_entropy(&saved, Some(&ct), Some(&et))?;
             let want = reference::fused_linear::fused_linear_cross_entropy_scaled_backward(
                 head.reference(),
                 &targets,
@@ -371,8 +372,8 @@ fn check_fused_linear_cross_entropy_scaled(engine: &Engine) -> Result<Vec<Case>>
 fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
     use crate::Tensor;
     use crate::fused_linear::{
-        Chunking, DistillationOptions, DistillationReduction, SoftLoss,
-        fused_linear_distillation, fused_linear_distillation_backward,
+        Chunking, DistillationOptions, DistillationReduction, SoftLoss, fused_linear_distillation,
+        fused_linear_distillation_backward,
     };
     use reference::fused_linear::{DistillationConfig, SoftTerm};
     let (rows, vocab) = (29, 64);
