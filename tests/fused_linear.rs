@@ -669,6 +669,19 @@ fn flce_all_ignored_and_empty_batches() {
         assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
         assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
     }
+    // With a temperature and the entropy: zero entropies, and an entropy cotangent gives
+    // zero gradients too.
+    let o = FusedLinearCrossEntropyOptions {
+        temperature: 0.5,
+        return_entropy: true,
+        ..flce_options(&CrossEntropyConfig::default(), Some(4))
+    };
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
+    assert_eq!(out.entropy.unwrap().to_f64().unwrap(), vec![0.0; rows]);
+    let ec = tensor_from_f64(engine(), &[1.0; 6], &[rows], DType::F32);
+    let g = fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&ec)).unwrap();
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    assert!(g.input.to_f64().unwrap().iter().all(|&v| v == 0.0));
     // No rows at all: zero losses, empty d input, zero d weight and d bias.
     let empty = HeadData::new(engine(), 81, &[0], hidden, vocab, true, DType::BF16, 0.5);
     let t = Tensor::from_slice(engine(), &[0i32; 0], &[0]).unwrap();
@@ -677,8 +690,13 @@ fn flce_all_ignored_and_empty_batches() {
             reduction,
             ..CrossEntropyConfig::default()
         };
-        let (out, saved) =
-            fused_linear_cross_entropy(empty.gpu(), &t, &flce_options(&cfg, None)).unwrap();
+        let options = FusedLinearCrossEntropyOptions {
+            temperature: 2.0,
+            return_entropy: true,
+            ..flce_options(&cfg, None)
+        };
+        let (out, saved) = fused_linear_cross_entropy(empty.gpu(), &t, &options).unwrap();
+        assert_eq!(out.entropy.as_ref().unwrap().shape(), &[0]);
         let want_len = if reduction == Reduction::None { 0 } else { 1 };
         let loss = out.loss.to_f64().unwrap();
         assert_eq!(loss.len(), want_len);
@@ -1347,6 +1365,25 @@ fn distillation_empty_batch_and_all_ignored() {
     assert_eq!(out.loss.to_f64().unwrap(), vec![0.0]);
     let g = fused_linear_distillation_backward(&saved, None).unwrap();
     assert!(g.input.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
+    // Reduction none: per-row zeros; an empty batch gives empty losses and zero gradients.
+    let none = DistillationOptions {
+        reduction: DistillationReduction::None,
+        ..options
+    };
+    let (out, saved) = fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), &none).unwrap();
+    assert_eq!(out.loss.to_f64().unwrap(), vec![0.0; rows]);
+    assert_eq!(out.hard_loss.to_f64().unwrap(), vec![0.0; rows]);
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    let s0 = HeadData::new(engine(), 194, &[0], 4, vocab, true, DType::F32, 0.5);
+    let t0 = HeadData::new(engine(), 195, &[0], 6, vocab, false, DType::F32, 0.5);
+    let l0 = Tensor::from_slice(engine(), &[] as &[i32], &[0]).unwrap();
+    let (out, saved) = fused_linear_distillation(s0.gpu(), t0.gpu(), Some(&l0), &none).unwrap();
+    assert_eq!(out.loss.shape(), &[0]);
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    assert_eq!(g.input.shape(), &[0, 4]);
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
     assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
 }
 
