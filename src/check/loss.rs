@@ -7,12 +7,12 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     vec![
         OperatorCheck {
             name: "softmax",
-            kernels: &["loss"],
+            kernels: &["loss", "loss_rows"],
             run: |e| check_softmax(e, false),
         },
         OperatorCheck {
             name: "log_softmax",
-            kernels: &["loss"],
+            kernels: &["loss", "loss_rows"],
             run: |e| check_softmax(e, true),
         },
         OperatorCheck {
