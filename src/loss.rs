@@ -1019,9 +1019,8 @@ pub fn cross_entropy_in_place(
     // Without class weights the binding is unused; the targets (read-only, like it) stand in,
     // as the logits are bound for writing.
     let weight_buffer = settings.weight.as_ref().unwrap_or(targets).buffer();
-    let wide = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
     engine.launch(
-        if wide { &ROWS_KERNEL } else { &KERNEL },
+        &KERNEL,
         "ce_fused_v",
         &constants(logits.dtype(), DType::F32, DType::F32, 0),
         &settings.params(rows, cols, 0, settings.flags),

@@ -97,14 +97,72 @@ fn online(state: vec2<f32>, z: f32) -> vec2<f32> {
     return vec2<f32>(state.x, state.y + exp(z - state.x));
 }
 
+// Fixed-order workgroup sum and maximum taking eight slots a step: WG/8 lanes each combine
+// eight slots, then WG/64, ... (4 barriers for 1024 lanes, 3 for 256, instead of the 10 or 8 of
+// the pairwise trees of reduce.wgsl). Lane l < m combines slots l, l + m, ..., l + 7m in that
+// order and writes slot l, which no other lane of the step reads, so one barrier a step
+// suffices; the order never depends on timing, so results are bit-reproducible. Uniform
+// control flow only.
+const RADIX: u32 = 8u;
+
+fn row_sum(v: f32, lid: u32) -> f32 {
+    wg_scratch[lid] = v;
+    workgroupBarrier();
+    var n = WG;
+    loop {
+        if (n == 1u) {
+            break;
+        }
+        let r = min(n, RADIX);
+        let m = n / r;
+        if (lid < m) {
+            var acc = wg_scratch[lid];
+            for (var j = 1u; j < r; j = j + 1u) {
+                acc = acc + wg_scratch[lid + j * m];
+            }
+            wg_scratch[lid] = acc;
+        }
+        workgroupBarrier();
+        n = m;
+    }
+    let total = wg_scratch[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn row_max(v: f32, lid: u32) -> f32 {
+    wg_scratch[lid] = v;
+    workgroupBarrier();
+    var n = WG;
+    loop {
+        if (n == 1u) {
+            break;
+        }
+        let r = min(n, RADIX);
+        let m = n / r;
+        if (lid < m) {
+            var best = wg_scratch[lid];
+            for (var j = 1u; j < r; j = j + 1u) {
+                best = max(best, wg_scratch[lid + j * m]);
+            }
+            wg_scratch[lid] = best;
+        }
+        workgroupBarrier();
+        n = m;
+    }
+    let best = wg_scratch[0];
+    workgroupBarrier();
+    return best;
+}
+
 // Row maximum and log denominator from the lanes' online states (uniform control flow).
 fn row_stats(state: vec2<f32>, lid: u32) -> vec2<f32> {
-    let m = workgroup_max(state.x, lid);
+    let m = row_max(state.x, lid);
     var part = 0.0;
     if (state.y > 0.0) {
         part = state.y * exp(state.x - m);
     }
-    let s = workgroup_sum(part, lid);
+    let s = row_sum(part, lid);
     return vec2<f32>(m, log(s));
 }
 
@@ -819,7 +877,11 @@ fn pack_chunk(a: vec4<f32>, b: vec4<f32>, dt: u32) -> vec4<u32> {
 // Online (max, Σ exp(z − max)) update with four values at once.
 // The running sum is rescaled only when the maximum grows (one exp per element otherwise).
 fn online4(state: vec2<f32>, z: vec4<f32>) -> vec2<f32> {
-    let cm = max(max(z.x, z.y), max(z.z, z.w));
+    return online4_max(state, z, max(max(z.x, z.y), max(z.z, z.w)));
+}
+
+// online4 given the chunk's maximum `cm`.
+fn online4_max(state: vec2<f32>, z: vec4<f32>, cm: f32) -> vec2<f32> {
     var m = state.x;
     var s = state.y;
     if (cm > m) {
@@ -912,7 +974,7 @@ fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             acc = acc + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
         }
     }
-    let total = workgroup_sum(acc, lid);
+    let total = row_sum(acc, lid);
     for (var v = lid; v < nv; v = v + WG) {
         let w = x4[vbase + v];
         let g = second4[vbase + v];
@@ -945,11 +1007,16 @@ struct CeLane {
 fn ce_lane4(lane: CeLane, raw: vec4<f32>, first: u32, reference: f32) -> CeLane {
     var l = lane;
     let z = softcapped4(raw);
-    l.st = online4(l.st, z);
     // Argmax by chunk: the chunk's largest raw value, at its first position, replaces the
     // lane's best only when strictly larger, which is the element-by-element scan's result
-    // (NaN never wins: max returns the other operand).
+    // (NaN never wins: max returns the other operand). Without a softcap it is also the
+    // chunk maximum of the online update.
     let rm = max(max(raw.x, raw.y), max(raw.z, raw.w));
+    var zm = rm;
+    if (params.c > 0.0) {
+        zm = max(max(z.x, z.y), max(z.z, z.w));
+    }
+    l.st = online4_max(l.st, z, zm);
     if (rm > l.best) {
         l.best = rm;
         var j = 3u;
@@ -1135,13 +1202,21 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let g = row_cotangent(params.row0 + row);
     let f_ce = g * final_in[3];
     let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
-    for (var v = lid; v < nv; v = v + WG) {
-        let w = x4[vbase + v];
-        let first = v * cw;
-        dx4[(vbase + v) * f4] = ce_grad4(chunk_lo(w, DT), first, ti, m, logden, wy, wsum, f_ce, f_z);
-        if (DT != DT_F32) {
-            dx4[(vbase + v) * f4 + 1u] =
-                ce_grad4(chunk_hi(w, DT), first + 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+    if (DT == DT_F32) {
+        for (var v = lid; v < nv; v = v + WG) {
+            dx4[vbase + v] =
+                ce_grad4(chunk_lo(x4[vbase + v], DT), v * 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+        }
+    } else {
+        // Lane by F32 vec4 of dx (half a chunk), so each store of the workgroup is contiguous;
+        // neighbouring lanes load the same chunk.
+        for (var o = lid; o < 2u * nv; o = o + WG) {
+            let w = x4[vbase + o / 2u];
+            var raw = chunk_lo(w, DT);
+            if ((o & 1u) == 1u) {
+                raw = chunk_hi(w, DT);
+            }
+            dx4[2u * vbase + o] = ce_grad4(raw, o * 4u, ti, m, logden, wy, wsum, f_ce, f_z);
         }
     }
 }
@@ -1514,80 +1589,80 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RK > 29u && i29 < nv) { m = max(m, chunk_max(c29)); }
     if (RK > 30u && i30 < nv) { m = max(m, chunk_max(c30)); }
     if (RK > 31u && i31 < nv) { m = max(m, chunk_max(c31)); }
-    let row_max = workgroup_max(m, lid);
+    let rmax = row_max(m, lid);
     var s = 0.0;
-    if (RK > 0u && i0 < nv) { s = s + chunk_expsum(c0, row_max); }
-    if (RK > 1u && i1 < nv) { s = s + chunk_expsum(c1, row_max); }
-    if (RK > 2u && i2 < nv) { s = s + chunk_expsum(c2, row_max); }
-    if (RK > 3u && i3 < nv) { s = s + chunk_expsum(c3, row_max); }
-    if (RK > 4u && i4 < nv) { s = s + chunk_expsum(c4, row_max); }
-    if (RK > 5u && i5 < nv) { s = s + chunk_expsum(c5, row_max); }
-    if (RK > 6u && i6 < nv) { s = s + chunk_expsum(c6, row_max); }
-    if (RK > 7u && i7 < nv) { s = s + chunk_expsum(c7, row_max); }
-    if (RK > 8u && i8 < nv) { s = s + chunk_expsum(c8, row_max); }
-    if (RK > 9u && i9 < nv) { s = s + chunk_expsum(c9, row_max); }
-    if (RK > 10u && i10 < nv) { s = s + chunk_expsum(c10, row_max); }
-    if (RK > 11u && i11 < nv) { s = s + chunk_expsum(c11, row_max); }
-    if (RK > 12u && i12 < nv) { s = s + chunk_expsum(c12, row_max); }
-    if (RK > 13u && i13 < nv) { s = s + chunk_expsum(c13, row_max); }
-    if (RK > 14u && i14 < nv) { s = s + chunk_expsum(c14, row_max); }
-    if (RK > 15u && i15 < nv) { s = s + chunk_expsum(c15, row_max); }
-    if (RK > 16u && i16 < nv) { s = s + chunk_expsum(c16, row_max); }
-    if (RK > 17u && i17 < nv) { s = s + chunk_expsum(c17, row_max); }
-    if (RK > 18u && i18 < nv) { s = s + chunk_expsum(c18, row_max); }
-    if (RK > 19u && i19 < nv) { s = s + chunk_expsum(c19, row_max); }
-    if (RK > 20u && i20 < nv) { s = s + chunk_expsum(c20, row_max); }
-    if (RK > 21u && i21 < nv) { s = s + chunk_expsum(c21, row_max); }
-    if (RK > 22u && i22 < nv) { s = s + chunk_expsum(c22, row_max); }
-    if (RK > 23u && i23 < nv) { s = s + chunk_expsum(c23, row_max); }
-    if (RK > 24u && i24 < nv) { s = s + chunk_expsum(c24, row_max); }
-    if (RK > 25u && i25 < nv) { s = s + chunk_expsum(c25, row_max); }
-    if (RK > 26u && i26 < nv) { s = s + chunk_expsum(c26, row_max); }
-    if (RK > 27u && i27 < nv) { s = s + chunk_expsum(c27, row_max); }
-    if (RK > 28u && i28 < nv) { s = s + chunk_expsum(c28, row_max); }
-    if (RK > 29u && i29 < nv) { s = s + chunk_expsum(c29, row_max); }
-    if (RK > 30u && i30 < nv) { s = s + chunk_expsum(c30, row_max); }
-    if (RK > 31u && i31 < nv) { s = s + chunk_expsum(c31, row_max); }
-    if (row_max == neg_inf()) {
+    if (RK > 0u && i0 < nv) { s = s + chunk_expsum(c0, rmax); }
+    if (RK > 1u && i1 < nv) { s = s + chunk_expsum(c1, rmax); }
+    if (RK > 2u && i2 < nv) { s = s + chunk_expsum(c2, rmax); }
+    if (RK > 3u && i3 < nv) { s = s + chunk_expsum(c3, rmax); }
+    if (RK > 4u && i4 < nv) { s = s + chunk_expsum(c4, rmax); }
+    if (RK > 5u && i5 < nv) { s = s + chunk_expsum(c5, rmax); }
+    if (RK > 6u && i6 < nv) { s = s + chunk_expsum(c6, rmax); }
+    if (RK > 7u && i7 < nv) { s = s + chunk_expsum(c7, rmax); }
+    if (RK > 8u && i8 < nv) { s = s + chunk_expsum(c8, rmax); }
+    if (RK > 9u && i9 < nv) { s = s + chunk_expsum(c9, rmax); }
+    if (RK > 10u && i10 < nv) { s = s + chunk_expsum(c10, rmax); }
+    if (RK > 11u && i11 < nv) { s = s + chunk_expsum(c11, rmax); }
+    if (RK > 12u && i12 < nv) { s = s + chunk_expsum(c12, rmax); }
+    if (RK > 13u && i13 < nv) { s = s + chunk_expsum(c13, rmax); }
+    if (RK > 14u && i14 < nv) { s = s + chunk_expsum(c14, rmax); }
+    if (RK > 15u && i15 < nv) { s = s + chunk_expsum(c15, rmax); }
+    if (RK > 16u && i16 < nv) { s = s + chunk_expsum(c16, rmax); }
+    if (RK > 17u && i17 < nv) { s = s + chunk_expsum(c17, rmax); }
+    if (RK > 18u && i18 < nv) { s = s + chunk_expsum(c18, rmax); }
+    if (RK > 19u && i19 < nv) { s = s + chunk_expsum(c19, rmax); }
+    if (RK > 20u && i20 < nv) { s = s + chunk_expsum(c20, rmax); }
+    if (RK > 21u && i21 < nv) { s = s + chunk_expsum(c21, rmax); }
+    if (RK > 22u && i22 < nv) { s = s + chunk_expsum(c22, rmax); }
+    if (RK > 23u && i23 < nv) { s = s + chunk_expsum(c23, rmax); }
+    if (RK > 24u && i24 < nv) { s = s + chunk_expsum(c24, rmax); }
+    if (RK > 25u && i25 < nv) { s = s + chunk_expsum(c25, rmax); }
+    if (RK > 26u && i26 < nv) { s = s + chunk_expsum(c26, rmax); }
+    if (RK > 27u && i27 < nv) { s = s + chunk_expsum(c27, rmax); }
+    if (RK > 28u && i28 < nv) { s = s + chunk_expsum(c28, rmax); }
+    if (RK > 29u && i29 < nv) { s = s + chunk_expsum(c29, rmax); }
+    if (RK > 30u && i30 < nv) { s = s + chunk_expsum(c30, rmax); }
+    if (RK > 31u && i31 < nv) { s = s + chunk_expsum(c31, rmax); }
+    if (rmax == neg_inf()) {
         s = 0.0;
     }
-    let logden = log(workgroup_sum(s, lid));
+    let logden = log(row_sum(s, lid));
     if (lid == 0u) {
-        stats_out[2u * row] = row_max;
+        stats_out[2u * row] = rmax;
         stats_out[2u * row + 1u] = logden;
     }
-    if (RK > 0u && i0 < nv) { chunk_store(vbase + i0, c0, row_max, logden); }
-    if (RK > 1u && i1 < nv) { chunk_store(vbase + i1, c1, row_max, logden); }
-    if (RK > 2u && i2 < nv) { chunk_store(vbase + i2, c2, row_max, logden); }
-    if (RK > 3u && i3 < nv) { chunk_store(vbase + i3, c3, row_max, logden); }
-    if (RK > 4u && i4 < nv) { chunk_store(vbase + i4, c4, row_max, logden); }
-    if (RK > 5u && i5 < nv) { chunk_store(vbase + i5, c5, row_max, logden); }
-    if (RK > 6u && i6 < nv) { chunk_store(vbase + i6, c6, row_max, logden); }
-    if (RK > 7u && i7 < nv) { chunk_store(vbase + i7, c7, row_max, logden); }
-    if (RK > 8u && i8 < nv) { chunk_store(vbase + i8, c8, row_max, logden); }
-    if (RK > 9u && i9 < nv) { chunk_store(vbase + i9, c9, row_max, logden); }
-    if (RK > 10u && i10 < nv) { chunk_store(vbase + i10, c10, row_max, logden); }
-    if (RK > 11u && i11 < nv) { chunk_store(vbase + i11, c11, row_max, logden); }
-    if (RK > 12u && i12 < nv) { chunk_store(vbase + i12, c12, row_max, logden); }
-    if (RK > 13u && i13 < nv) { chunk_store(vbase + i13, c13, row_max, logden); }
-    if (RK > 14u && i14 < nv) { chunk_store(vbase + i14, c14, row_max, logden); }
-    if (RK > 15u && i15 < nv) { chunk_store(vbase + i15, c15, row_max, logden); }
-    if (RK > 16u && i16 < nv) { chunk_store(vbase + i16, c16, row_max, logden); }
-    if (RK > 17u && i17 < nv) { chunk_store(vbase + i17, c17, row_max, logden); }
-    if (RK > 18u && i18 < nv) { chunk_store(vbase + i18, c18, row_max, logden); }
-    if (RK > 19u && i19 < nv) { chunk_store(vbase + i19, c19, row_max, logden); }
-    if (RK > 20u && i20 < nv) { chunk_store(vbase + i20, c20, row_max, logden); }
-    if (RK > 21u && i21 < nv) { chunk_store(vbase + i21, c21, row_max, logden); }
-    if (RK > 22u && i22 < nv) { chunk_store(vbase + i22, c22, row_max, logden); }
-    if (RK > 23u && i23 < nv) { chunk_store(vbase + i23, c23, row_max, logden); }
-    if (RK > 24u && i24 < nv) { chunk_store(vbase + i24, c24, row_max, logden); }
-    if (RK > 25u && i25 < nv) { chunk_store(vbase + i25, c25, row_max, logden); }
-    if (RK > 26u && i26 < nv) { chunk_store(vbase + i26, c26, row_max, logden); }
-    if (RK > 27u && i27 < nv) { chunk_store(vbase + i27, c27, row_max, logden); }
-    if (RK > 28u && i28 < nv) { chunk_store(vbase + i28, c28, row_max, logden); }
-    if (RK > 29u && i29 < nv) { chunk_store(vbase + i29, c29, row_max, logden); }
-    if (RK > 30u && i30 < nv) { chunk_store(vbase + i30, c30, row_max, logden); }
-    if (RK > 31u && i31 < nv) { chunk_store(vbase + i31, c31, row_max, logden); }
+    if (RK > 0u && i0 < nv) { chunk_store(vbase + i0, c0, rmax, logden); }
+    if (RK > 1u && i1 < nv) { chunk_store(vbase + i1, c1, rmax, logden); }
+    if (RK > 2u && i2 < nv) { chunk_store(vbase + i2, c2, rmax, logden); }
+    if (RK > 3u && i3 < nv) { chunk_store(vbase + i3, c3, rmax, logden); }
+    if (RK > 4u && i4 < nv) { chunk_store(vbase + i4, c4, rmax, logden); }
+    if (RK > 5u && i5 < nv) { chunk_store(vbase + i5, c5, rmax, logden); }
+    if (RK > 6u && i6 < nv) { chunk_store(vbase + i6, c6, rmax, logden); }
+    if (RK > 7u && i7 < nv) { chunk_store(vbase + i7, c7, rmax, logden); }
+    if (RK > 8u && i8 < nv) { chunk_store(vbase + i8, c8, rmax, logden); }
+    if (RK > 9u && i9 < nv) { chunk_store(vbase + i9, c9, rmax, logden); }
+    if (RK > 10u && i10 < nv) { chunk_store(vbase + i10, c10, rmax, logden); }
+    if (RK > 11u && i11 < nv) { chunk_store(vbase + i11, c11, rmax, logden); }
+    if (RK > 12u && i12 < nv) { chunk_store(vbase + i12, c12, rmax, logden); }
+    if (RK > 13u && i13 < nv) { chunk_store(vbase + i13, c13, rmax, logden); }
+    if (RK > 14u && i14 < nv) { chunk_store(vbase + i14, c14, rmax, logden); }
+    if (RK > 15u && i15 < nv) { chunk_store(vbase + i15, c15, rmax, logden); }
+    if (RK > 16u && i16 < nv) { chunk_store(vbase + i16, c16, rmax, logden); }
+    if (RK > 17u && i17 < nv) { chunk_store(vbase + i17, c17, rmax, logden); }
+    if (RK > 18u && i18 < nv) { chunk_store(vbase + i18, c18, rmax, logden); }
+    if (RK > 19u && i19 < nv) { chunk_store(vbase + i19, c19, rmax, logden); }
+    if (RK > 20u && i20 < nv) { chunk_store(vbase + i20, c20, rmax, logden); }
+    if (RK > 21u && i21 < nv) { chunk_store(vbase + i21, c21, rmax, logden); }
+    if (RK > 22u && i22 < nv) { chunk_store(vbase + i22, c22, rmax, logden); }
+    if (RK > 23u && i23 < nv) { chunk_store(vbase + i23, c23, rmax, logden); }
+    if (RK > 24u && i24 < nv) { chunk_store(vbase + i24, c24, rmax, logden); }
+    if (RK > 25u && i25 < nv) { chunk_store(vbase + i25, c25, rmax, logden); }
+    if (RK > 26u && i26 < nv) { chunk_store(vbase + i26, c26, rmax, logden); }
+    if (RK > 27u && i27 < nv) { chunk_store(vbase + i27, c27, rmax, logden); }
+    if (RK > 28u && i28 < nv) { chunk_store(vbase + i28, c28, rmax, logden); }
+    if (RK > 29u && i29 < nv) { chunk_store(vbase + i29, c29, rmax, logden); }
+    if (RK > 30u && i30 < nv) { chunk_store(vbase + i30, c30, rmax, logden); }
+    if (RK > 31u && i31 < nv) { chunk_store(vbase + i31, c31, rmax, logden); }
 }
 
 // Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
@@ -1755,7 +1830,7 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RB > 13u && i13 < nv) { acc = acc + chunk_bwd_acc(c13, g13, m, logden); }
     if (RB > 14u && i14 < nv) { acc = acc + chunk_bwd_acc(c14, g14, m, logden); }
     if (RB > 15u && i15 < nv) { acc = acc + chunk_bwd_acc(c15, g15, m, logden); }
-    let total = workgroup_sum(acc, lid);
+    let total = row_sum(acc, lid);
     if (RB > 0u && i0 < nv) { chunk_bwd_store(vbase + i0, c0, g0, m, logden, total); }
     if (RB > 1u && i1 < nv) { chunk_bwd_store(vbase + i1, c1, g1, m, logden, total); }
     if (RB > 2u && i2 < nv) { chunk_bwd_store(vbase + i2, c2, g2, m, logden, total); }
