@@ -322,11 +322,18 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
     if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
         // Wide rows: x and dy held in registers, each read once.
         let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+        // 16-bit rows are held by half chunks (`softmax_bwd_rh`, contiguous F32 stores):
+        // twice as many a lane, half the registers each.
         let (kernel, name, consts) = match register_row(engine, chunks, 2) {
             Some((kernel, per_lane)) => {
                 let mut consts = consts;
-                consts.push(("RB", per_lane as f64));
-                (kernel, "softmax_bwd_r", consts)
+                if x.dtype() == DType::F32 {
+                    consts.push(("RB", per_lane as f64));
+                    (kernel, "softmax_bwd_r", consts)
+                } else {
+                    consts.push(("RB", (2 * per_lane) as f64));
+                    (kernel, "softmax_bwd_rh", consts)
+                }
             }
             None => (&KERNEL, "softmax_bwd_v", consts),
         };
