@@ -322,18 +322,11 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
     if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
         // Wide rows: x and dy held in registers, each read once.
         let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
-        // 16-bit rows are held by half chunks (`softmax_bwd_rh`, contiguous F32 stores):
-        // twice as many a lane, half the registers each.
         let (kernel, name, consts) = match register_row(engine, chunks, 2) {
             Some((kernel, per_lane)) => {
                 let mut consts = consts;
-                if x.dtype() == DType::F32 {
-                    consts.push(("RB", per_lane as f64));
-                    (kernel, "softmax_bwd_r", consts)
-                } else {
-                    consts.push(("RB", (2 * per_lane) as f64));
-                    (kernel, "softmax_bwd_rh", consts)
-                }
+                consts.push(("RB", per_lane as f64));
+                (kernel, "softmax_bwd_r", consts)
             }
             None => (&KERNEL, "softmax_bwd_v", consts),
         };
@@ -995,9 +988,8 @@ pub fn cross_entropy_in_place(
         };
         let bytes = dx.byte_len();
         if bytes > 0 {
-            engine.record(|enc| {
-                enc.copy_buffer_to_buffer(dx.buffer(), 0, logits.buffer(), 0, bytes)
-            });
+            engine
+                .record(|enc| enc.copy_buffer_to_buffer(dx.buffer(), 0, logits.buffer(), 0, bytes));
         }
         return Ok(output);
     }
@@ -1026,8 +1018,9 @@ pub fn cross_entropy_in_place(
     // Without class weights the binding is unused; the targets (read-only, like it) stand in,
     // as the logits are bound for writing.
     let weight_buffer = settings.weight.as_ref().unwrap_or(targets).buffer();
+    let wide = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
     engine.launch(
-        &KERNEL,
+        if wide { &ROWS_KERNEL } else { &KERNEL },
         "ce_fused_v",
         &constants(logits.dtype(), DType::F32, DType::F32, 0),
         &settings.params(rows, cols, 0, settings.flags),

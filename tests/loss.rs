@@ -1605,7 +1605,9 @@ fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
                     assert_eq!(y.dtype(), dtype);
                     let grad = y.to_f64().unwrap();
                     assert!(
-                        grad.iter().zip(&want_dx).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        grad.iter()
+                            .zip(&want_dx)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{what}: gradient"
                     );
                     // Rerun on the same values: the same bits.
@@ -1698,6 +1700,10 @@ fn register_rows_and_in_place_on_a_256_lane_adapter() {
     let dx = cross_entropy_backward(&saved, None).unwrap();
     let y = tensor_from_f64(&e, &v, &[rows, cols], DType::F32);
     let got = loss::cross_entropy_in_place(&y, &t, &opts).unwrap();
-    assert_eq!(bits(&got.loss), bits(&want.loss), "256 lanes: in-place loss");
+    assert_eq!(
+        bits(&got.loss),
+        bits(&want.loss),
+        "256 lanes: in-place loss"
+    );
     assert_eq!(bits(&y), bits(&dx), "256 lanes: in-place gradient");
 }

@@ -97,72 +97,14 @@ fn online(state: vec2<f32>, z: f32) -> vec2<f32> {
     return vec2<f32>(state.x, state.y + exp(z - state.x));
 }
 
-// Fixed-order workgroup sum and maximum taking eight slots a step: WG/8 lanes each combine
-// eight slots, then WG/64, ... (4 barriers for 1024 lanes, 3 for 256, instead of the 10 or 8 of
-// the pairwise trees of reduce.wgsl). Lane l < m combines slots l, l + m, ..., l + 7m in that
-// order and writes slot l, which no other lane of the step reads, so one barrier a step
-// suffices; the order never depends on timing, so results are bit-reproducible. Uniform
-// control flow only.
-const RADIX: u32 = 8u;
-
-fn row_sum(v: f32, lid: u32) -> f32 {
-    wg_scratch[lid] = v;
-    workgroupBarrier();
-    var n = WG;
-    loop {
-        if (n == 1u) {
-            break;
-        }
-        let r = min(n, RADIX);
-        let m = n / r;
-        if (lid < m) {
-            var acc = wg_scratch[lid];
-            for (var j = 1u; j < r; j = j + 1u) {
-                acc = acc + wg_scratch[lid + j * m];
-            }
-            wg_scratch[lid] = acc;
-        }
-        workgroupBarrier();
-        n = m;
-    }
-    let total = wg_scratch[0];
-    workgroupBarrier();
-    return total;
-}
-
-fn row_max(v: f32, lid: u32) -> f32 {
-    wg_scratch[lid] = v;
-    workgroupBarrier();
-    var n = WG;
-    loop {
-        if (n == 1u) {
-            break;
-        }
-        let r = min(n, RADIX);
-        let m = n / r;
-        if (lid < m) {
-            var best = wg_scratch[lid];
-            for (var j = 1u; j < r; j = j + 1u) {
-                best = max(best, wg_scratch[lid + j * m]);
-            }
-            wg_scratch[lid] = best;
-        }
-        workgroupBarrier();
-        n = m;
-    }
-    let best = wg_scratch[0];
-    workgroupBarrier();
-    return best;
-}
-
 // Row maximum and log denominator from the lanes' online states (uniform control flow).
 fn row_stats(state: vec2<f32>, lid: u32) -> vec2<f32> {
-    let m = row_max(state.x, lid);
+    let m = workgroup_max(state.x, lid);
     var part = 0.0;
     if (state.y > 0.0) {
         part = state.y * exp(state.x - m);
     }
-    let s = row_sum(part, lid);
+    let s = workgroup_sum(part, lid);
     return vec2<f32>(m, log(s));
 }
 
@@ -974,7 +916,7 @@ fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             acc = acc + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
         }
     }
-    let total = row_sum(acc, lid);
+    let total = workgroup_sum(acc, lid);
     for (var v = lid; v < nv; v = v + WG) {
         let w = x4[vbase + v];
         let g = second4[vbase + v];
@@ -1589,7 +1531,7 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RK > 29u && i29 < nv) { m = max(m, chunk_max(c29)); }
     if (RK > 30u && i30 < nv) { m = max(m, chunk_max(c30)); }
     if (RK > 31u && i31 < nv) { m = max(m, chunk_max(c31)); }
-    let rmax = row_max(m, lid);
+    let rmax = workgroup_max(m, lid);
     var s = 0.0;
     if (RK > 0u && i0 < nv) { s = s + chunk_expsum(c0, rmax); }
     if (RK > 1u && i1 < nv) { s = s + chunk_expsum(c1, rmax); }
@@ -1626,7 +1568,7 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (rmax == neg_inf()) {
         s = 0.0;
     }
-    let logden = log(row_sum(s, lid));
+    let logden = log(workgroup_sum(s, lid));
     if (lid == 0u) {
         stats_out[2u * row] = rmax;
         stats_out[2u * row + 1u] = logden;
@@ -1668,8 +1610,7 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
 // RB·WG chunks are read once into registers, the row sum is taken from them, then dx is
 // written. Same straight-line pattern as softmax_fwd_r; RB (a power of two) is at most 8 with
-// 1024 lanes (64 registers of x and dy a lane), 16 with 256. F32 rows; 16-bit rows take
-// softmax_bwd_rh below, where RB counts half chunks (twice as many, half the size).
+// 1024 lanes (64 registers of x and dy a lane), 16 with 256.
 override RB: u32 = 16u;
 
 fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
@@ -1831,7 +1772,7 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RB > 13u && i13 < nv) { acc = acc + chunk_bwd_acc(c13, g13, m, logden); }
     if (RB > 14u && i14 < nv) { acc = acc + chunk_bwd_acc(c14, g14, m, logden); }
     if (RB > 15u && i15 < nv) { acc = acc + chunk_bwd_acc(c15, g15, m, logden); }
-    let total = row_sum(acc, lid);
+    let total = workgroup_sum(acc, lid);
     if (RB > 0u && i0 < nv) { chunk_bwd_store(vbase + i0, c0, g0, m, logden, total); }
     if (RB > 1u && i1 < nv) { chunk_bwd_store(vbase + i1, c1, g1, m, logden, total); }
     if (RB > 2u && i2 < nv) { chunk_bwd_store(vbase + i2, c2, g2, m, logden, total); }
@@ -1848,331 +1789,4 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RB > 13u && i13 < nv) { chunk_bwd_store(vbase + i13, c13, g13, m, logden, total); }
     if (RB > 14u && i14 < nv) { chunk_bwd_store(vbase + i14, c14, g14, m, logden, total); }
     if (RB > 15u && i15 < nv) { chunk_bwd_store(vbase + i15, c15, g15, m, logden, total); }
-}
-
-// The 16-bit register-resident backward by half chunks: lane `lid` holds half chunks h = lid,
-// lid + WG, ... (4 elements: two words of x and two of dy, the half of chunk h/2 it loads) and
-// writes dx's F32 vec4 h, so every store of the workgroup is contiguous (whole chunks a lane
-// would store two vec4s 32 bytes apart). Up to RB half chunks a lane (16 with 1024 lanes, 32
-// with 256); neighbouring lanes load the same chunk.
-fn half_chunk(w: vec4<u32>, h: u32) -> vec2<u32> {
-    if ((h & 1u) == 0u) {
-        return w.xy;
-    }
-    return w.zw;
-}
-
-fn half_bwd_acc(w: vec2<u32>, g: vec2<u32>, m: f32, logden: f32) -> f32 {
-    return softmax_bwd_acc(vec4<f32>(widen2(w.x, DT), widen2(w.y, DT)),
-                           vec4<f32>(widen2(g.x, DT), widen2(g.y, DT)), m, logden);
-}
-
-fn half_bwd_store(i: u32, w: vec2<u32>, g: vec2<u32>, m: f32, logden: f32, total: f32) {
-    dx4[i] = softmax_bwd_value(vec4<f32>(widen2(w.x, DT), widen2(w.y, DT)),
-                               vec4<f32>(widen2(g.x, DT), widen2(g.y, DT)), m, logden, total);
-}
-
-@compute @workgroup_size(WG)
-fn softmax_bwd_rh(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg);
-    if (row >= params.rows) {
-        return;
-    }
-    let nv = params.cols / 8u;
-    let nh = 2u * nv;
-    let vbase = row * nv;
-    let m = stats_in[2u * row];
-    let logden = stats_in[2u * row + 1u];
-    let zero = vec2<u32>(0u);
-    let i0 = lid + 0u * WG;
-    var c0 = zero;
-    var g0 = zero;
-    if (RB > 0u && i0 < nh) {
-        c0 = half_chunk(x4[vbase + i0 / 2u], i0);
-        g0 = half_chunk(second4[vbase + i0 / 2u], i0);
-    }
-    let i1 = lid + 1u * WG;
-    var c1 = zero;
-    var g1 = zero;
-    if (RB > 1u && i1 < nh) {
-        c1 = half_chunk(x4[vbase + i1 / 2u], i1);
-        g1 = half_chunk(second4[vbase + i1 / 2u], i1);
-    }
-    let i2 = lid + 2u * WG;
-    var c2 = zero;
-    var g2 = zero;
-    if (RB > 2u && i2 < nh) {
-        c2 = half_chunk(x4[vbase + i2 / 2u], i2);
-        g2 = half_chunk(second4[vbase + i2 / 2u], i2);
-    }
-    let i3 = lid + 3u * WG;
-    var c3 = zero;
-    var g3 = zero;
-    if (RB > 3u && i3 < nh) {
-        c3 = half_chunk(x4[vbase + i3 / 2u], i3);
-        g3 = half_chunk(second4[vbase + i3 / 2u], i3);
-    }
-    let i4 = lid + 4u * WG;
-    var c4 = zero;
-    var g4 = zero;
-    if (RB > 4u && i4 < nh) {
-        c4 = half_chunk(x4[vbase + i4 / 2u], i4);
-        g4 = half_chunk(second4[vbase + i4 / 2u], i4);
-    }
-    let i5 = lid + 5u * WG;
-    var c5 = zero;
-    var g5 = zero;
-    if (RB > 5u && i5 < nh) {
-        c5 = half_chunk(x4[vbase + i5 / 2u], i5);
-        g5 = half_chunk(second4[vbase + i5 / 2u], i5);
-    }
-    let i6 = lid + 6u * WG;
-    var c6 = zero;
-    var g6 = zero;
-    if (RB > 6u && i6 < nh) {
-        c6 = half_chunk(x4[vbase + i6 / 2u], i6);
-        g6 = half_chunk(second4[vbase + i6 / 2u], i6);
-    }
-    let i7 = lid + 7u * WG;
-    var c7 = zero;
-    var g7 = zero;
-    if (RB > 7u && i7 < nh) {
-        c7 = half_chunk(x4[vbase + i7 / 2u], i7);
-        g7 = half_chunk(second4[vbase + i7 / 2u], i7);
-    }
-    let i8 = lid + 8u * WG;
-    var c8 = zero;
-    var g8 = zero;
-    if (RB > 8u && i8 < nh) {
-        c8 = half_chunk(x4[vbase + i8 / 2u], i8);
-        g8 = half_chunk(second4[vbase + i8 / 2u], i8);
-    }
-    let i9 = lid + 9u * WG;
-    var c9 = zero;
-    var g9 = zero;
-    if (RB > 9u && i9 < nh) {
-        c9 = half_chunk(x4[vbase + i9 / 2u], i9);
-        g9 = half_chunk(second4[vbase + i9 / 2u], i9);
-    }
-    let i10 = lid + 10u * WG;
-    var c10 = zero;
-    var g10 = zero;
-    if (RB > 10u && i10 < nh) {
-        c10 = half_chunk(x4[vbase + i10 / 2u], i10);
-        g10 = half_chunk(second4[vbase + i10 / 2u], i10);
-    }
-    let i11 = lid + 11u * WG;
-    var c11 = zero;
-    var g11 = zero;
-    if (RB > 11u && i11 < nh) {
-        c11 = half_chunk(x4[vbase + i11 / 2u], i11);
-        g11 = half_chunk(second4[vbase + i11 / 2u], i11);
-    }
-    let i12 = lid + 12u * WG;
-    var c12 = zero;
-    var g12 = zero;
-    if (RB > 12u && i12 < nh) {
-        c12 = half_chunk(x4[vbase + i12 / 2u], i12);
-        g12 = half_chunk(second4[vbase + i12 / 2u], i12);
-    }
-    let i13 = lid + 13u * WG;
-    var c13 = zero;
-    var g13 = zero;
-    if (RB > 13u && i13 < nh) {
-        c13 = half_chunk(x4[vbase + i13 / 2u], i13);
-        g13 = half_chunk(second4[vbase + i13 / 2u], i13);
-    }
-    let i14 = lid + 14u * WG;
-    var c14 = zero;
-    var g14 = zero;
-    if (RB > 14u && i14 < nh) {
-        c14 = half_chunk(x4[vbase + i14 / 2u], i14);
-        g14 = half_chunk(second4[vbase + i14 / 2u], i14);
-    }
-    let i15 = lid + 15u * WG;
-    var c15 = zero;
-    var g15 = zero;
-    if (RB > 15u && i15 < nh) {
-        c15 = half_chunk(x4[vbase + i15 / 2u], i15);
-        g15 = half_chunk(second4[vbase + i15 / 2u], i15);
-    }
-    let i16 = lid + 16u * WG;
-    var c16 = zero;
-    var g16 = zero;
-    if (RB > 16u && i16 < nh) {
-        c16 = half_chunk(x4[vbase + i16 / 2u], i16);
-        g16 = half_chunk(second4[vbase + i16 / 2u], i16);
-    }
-    let i17 = lid + 17u * WG;
-    var c17 = zero;
-    var g17 = zero;
-    if (RB > 17u && i17 < nh) {
-        c17 = half_chunk(x4[vbase + i17 / 2u], i17);
-        g17 = half_chunk(second4[vbase + i17 / 2u], i17);
-    }
-    let i18 = lid + 18u * WG;
-    var c18 = zero;
-    var g18 = zero;
-    if (RB > 18u && i18 < nh) {
-        c18 = half_chunk(x4[vbase + i18 / 2u], i18);
-        g18 = half_chunk(second4[vbase + i18 / 2u], i18);
-    }
-    let i19 = lid + 19u * WG;
-    var c19 = zero;
-    var g19 = zero;
-    if (RB > 19u && i19 < nh) {
-        c19 = half_chunk(x4[vbase + i19 / 2u], i19);
-        g19 = half_chunk(second4[vbase + i19 / 2u], i19);
-    }
-    let i20 = lid + 20u * WG;
-    var c20 = zero;
-    var g20 = zero;
-    if (RB > 20u && i20 < nh) {
-        c20 = half_chunk(x4[vbase + i20 / 2u], i20);
-        g20 = half_chunk(second4[vbase + i20 / 2u], i20);
-    }
-    let i21 = lid + 21u * WG;
-    var c21 = zero;
-    var g21 = zero;
-    if (RB > 21u && i21 < nh) {
-        c21 = half_chunk(x4[vbase + i21 / 2u], i21);
-        g21 = half_chunk(second4[vbase + i21 / 2u], i21);
-    }
-    let i22 = lid + 22u * WG;
-    var c22 = zero;
-    var g22 = zero;
-    if (RB > 22u && i22 < nh) {
-        c22 = half_chunk(x4[vbase + i22 / 2u], i22);
-        g22 = half_chunk(second4[vbase + i22 / 2u], i22);
-    }
-    let i23 = lid + 23u * WG;
-    var c23 = zero;
-    var g23 = zero;
-    if (RB > 23u && i23 < nh) {
-        c23 = half_chunk(x4[vbase + i23 / 2u], i23);
-        g23 = half_chunk(second4[vbase + i23 / 2u], i23);
-    }
-    let i24 = lid + 24u * WG;
-    var c24 = zero;
-    var g24 = zero;
-    if (RB > 24u && i24 < nh) {
-        c24 = half_chunk(x4[vbase + i24 / 2u], i24);
-        g24 = half_chunk(second4[vbase + i24 / 2u], i24);
-    }
-    let i25 = lid + 25u * WG;
-    var c25 = zero;
-    var g25 = zero;
-    if (RB > 25u && i25 < nh) {
-        c25 = half_chunk(x4[vbase + i25 / 2u], i25);
-        g25 = half_chunk(second4[vbase + i25 / 2u], i25);
-    }
-    let i26 = lid + 26u * WG;
-    var c26 = zero;
-    var g26 = zero;
-    if (RB > 26u && i26 < nh) {
-        c26 = half_chunk(x4[vbase + i26 / 2u], i26);
-        g26 = half_chunk(second4[vbase + i26 / 2u], i26);
-    }
-    let i27 = lid + 27u * WG;
-    var c27 = zero;
-    var g27 = zero;
-    if (RB > 27u && i27 < nh) {
-        c27 = half_chunk(x4[vbase + i27 / 2u], i27);
-        g27 = half_chunk(second4[vbase + i27 / 2u], i27);
-    }
-    let i28 = lid + 28u * WG;
-    var c28 = zero;
-    var g28 = zero;
-    if (RB > 28u && i28 < nh) {
-        c28 = half_chunk(x4[vbase + i28 / 2u], i28);
-        g28 = half_chunk(second4[vbase + i28 / 2u], i28);
-    }
-    let i29 = lid + 29u * WG;
-    var c29 = zero;
-    var g29 = zero;
-    if (RB > 29u && i29 < nh) {
-        c29 = half_chunk(x4[vbase + i29 / 2u], i29);
-        g29 = half_chunk(second4[vbase + i29 / 2u], i29);
-    }
-    let i30 = lid + 30u * WG;
-    var c30 = zero;
-    var g30 = zero;
-    if (RB > 30u && i30 < nh) {
-        c30 = half_chunk(x4[vbase + i30 / 2u], i30);
-        g30 = half_chunk(second4[vbase + i30 / 2u], i30);
-    }
-    let i31 = lid + 31u * WG;
-    var c31 = zero;
-    var g31 = zero;
-    if (RB > 31u && i31 < nh) {
-        c31 = half_chunk(x4[vbase + i31 / 2u], i31);
-        g31 = half_chunk(second4[vbase + i31 / 2u], i31);
-    }
-    var acc = 0.0;
-    if (RB > 0u && i0 < nh) { acc = acc + half_bwd_acc(c0, g0, m, logden); }
-    if (RB > 1u && i1 < nh) { acc = acc + half_bwd_acc(c1, g1, m, logden); }
-    if (RB > 2u && i2 < nh) { acc = acc + half_bwd_acc(c2, g2, m, logden); }
-    if (RB > 3u && i3 < nh) { acc = acc + half_bwd_acc(c3, g3, m, logden); }
-    if (RB > 4u && i4 < nh) { acc = acc + half_bwd_acc(c4, g4, m, logden); }
-    if (RB > 5u && i5 < nh) { acc = acc + half_bwd_acc(c5, g5, m, logden); }
-    if (RB > 6u && i6 < nh) { acc = acc + half_bwd_acc(c6, g6, m, logden); }
-    if (RB > 7u && i7 < nh) { acc = acc + half_bwd_acc(c7, g7, m, logden); }
-    if (RB > 8u && i8 < nh) { acc = acc + half_bwd_acc(c8, g8, m, logden); }
-    if (RB > 9u && i9 < nh) { acc = acc + half_bwd_acc(c9, g9, m, logden); }
-    if (RB > 10u && i10 < nh) { acc = acc + half_bwd_acc(c10, g10, m, logden); }
-    if (RB > 11u && i11 < nh) { acc = acc + half_bwd_acc(c11, g11, m, logden); }
-    if (RB > 12u && i12 < nh) { acc = acc + half_bwd_acc(c12, g12, m, logden); }
-    if (RB > 13u && i13 < nh) { acc = acc + half_bwd_acc(c13, g13, m, logden); }
-    if (RB > 14u && i14 < nh) { acc = acc + half_bwd_acc(c14, g14, m, logden); }
-    if (RB > 15u && i15 < nh) { acc = acc + half_bwd_acc(c15, g15, m, logden); }
-    if (RB > 16u && i16 < nh) { acc = acc + half_bwd_acc(c16, g16, m, logden); }
-    if (RB > 17u && i17 < nh) { acc = acc + half_bwd_acc(c17, g17, m, logden); }
-    if (RB > 18u && i18 < nh) { acc = acc + half_bwd_acc(c18, g18, m, logden); }
-    if (RB > 19u && i19 < nh) { acc = acc + half_bwd_acc(c19, g19, m, logden); }
-    if (RB > 20u && i20 < nh) { acc = acc + half_bwd_acc(c20, g20, m, logden); }
-    if (RB > 21u && i21 < nh) { acc = acc + half_bwd_acc(c21, g21, m, logden); }
-    if (RB > 22u && i22 < nh) { acc = acc + half_bwd_acc(c22, g22, m, logden); }
-    if (RB > 23u && i23 < nh) { acc = acc + half_bwd_acc(c23, g23, m, logden); }
-    if (RB > 24u && i24 < nh) { acc = acc + half_bwd_acc(c24, g24, m, logden); }
-    if (RB > 25u && i25 < nh) { acc = acc + half_bwd_acc(c25, g25, m, logden); }
-    if (RB > 26u && i26 < nh) { acc = acc + half_bwd_acc(c26, g26, m, logden); }
-    if (RB > 27u && i27 < nh) { acc = acc + half_bwd_acc(c27, g27, m, logden); }
-    if (RB > 28u && i28 < nh) { acc = acc + half_bwd_acc(c28, g28, m, logden); }
-    if (RB > 29u && i29 < nh) { acc = acc + half_bwd_acc(c29, g29, m, logden); }
-    if (RB > 30u && i30 < nh) { acc = acc + half_bwd_acc(c30, g30, m, logden); }
-    if (RB > 31u && i31 < nh) { acc = acc + half_bwd_acc(c31, g31, m, logden); }
-    let total = row_sum(acc, lid);
-    if (RB > 0u && i0 < nh) { half_bwd_store(2u * vbase + i0, c0, g0, m, logden, total); }
-    if (RB > 1u && i1 < nh) { half_bwd_store(2u * vbase + i1, c1, g1, m, logden, total); }
-    if (RB > 2u && i2 < nh) { half_bwd_store(2u * vbase + i2, c2, g2, m, logden, total); }
-    if (RB > 3u && i3 < nh) { half_bwd_store(2u * vbase + i3, c3, g3, m, logden, total); }
-    if (RB > 4u && i4 < nh) { half_bwd_store(2u * vbase + i4, c4, g4, m, logden, total); }
-    if (RB > 5u && i5 < nh) { half_bwd_store(2u * vbase + i5, c5, g5, m, logden, total); }
-    if (RB > 6u && i6 < nh) { half_bwd_store(2u * vbase + i6, c6, g6, m, logden, total); }
-    if (RB > 7u && i7 < nh) { half_bwd_store(2u * vbase + i7, c7, g7, m, logden, total); }
-    if (RB > 8u && i8 < nh) { half_bwd_store(2u * vbase + i8, c8, g8, m, logden, total); }
-    if (RB > 9u && i9 < nh) { half_bwd_store(2u * vbase + i9, c9, g9, m, logden, total); }
-    if (RB > 10u && i10 < nh) { half_bwd_store(2u * vbase + i10, c10, g10, m, logden, total); }
-    if (RB > 11u && i11 < nh) { half_bwd_store(2u * vbase + i11, c11, g11, m, logden, total); }
-    if (RB > 12u && i12 < nh) { half_bwd_store(2u * vbase + i12, c12, g12, m, logden, total); }
-    if (RB > 13u && i13 < nh) { half_bwd_store(2u * vbase + i13, c13, g13, m, logden, total); }
-    if (RB > 14u && i14 < nh) { half_bwd_store(2u * vbase + i14, c14, g14, m, logden, total); }
-    if (RB > 15u && i15 < nh) { half_bwd_store(2u * vbase + i15, c15, g15, m, logden, total); }
-    if (RB > 16u && i16 < nh) { half_bwd_store(2u * vbase + i16, c16, g16, m, logden, total); }
-    if (RB > 17u && i17 < nh) { half_bwd_store(2u * vbase + i17, c17, g17, m, logden, total); }
-    if (RB > 18u && i18 < nh) { half_bwd_store(2u * vbase + i18, c18, g18, m, logden, total); }
-    if (RB > 19u && i19 < nh) { half_bwd_store(2u * vbase + i19, c19, g19, m, logden, total); }
-    if (RB > 20u && i20 < nh) { half_bwd_store(2u * vbase + i20, c20, g20, m, logden, total); }
-    if (RB > 21u && i21 < nh) { half_bwd_store(2u * vbase + i21, c21, g21, m, logden, total); }
-    if (RB > 22u && i22 < nh) { half_bwd_store(2u * vbase + i22, c22, g22, m, logden, total); }
-    if (RB > 23u && i23 < nh) { half_bwd_store(2u * vbase + i23, c23, g23, m, logden, total); }
-    if (RB > 24u && i24 < nh) { half_bwd_store(2u * vbase + i24, c24, g24, m, logden, total); }
-    if (RB > 25u && i25 < nh) { half_bwd_store(2u * vbase + i25, c25, g25, m, logden, total); }
-    if (RB > 26u && i26 < nh) { half_bwd_store(2u * vbase + i26, c26, g26, m, logden, total); }
-    if (RB > 27u && i27 < nh) { half_bwd_store(2u * vbase + i27, c27, g27, m, logden, total); }
-    if (RB > 28u && i28 < nh) { half_bwd_store(2u * vbase + i28, c28, g28, m, logden, total); }
-    if (RB > 29u && i29 < nh) { half_bwd_store(2u * vbase + i29, c29, g29, m, logden, total); }
-    if (RB > 30u && i30 < nh) { half_bwd_store(2u * vbase + i30, c30, g30, m, logden, total); }
-    if (RB > 31u && i31 < nh) { half_bwd_store(2u * vbase + i31, c31, g31, m, logden, total); }
 }
