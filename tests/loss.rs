@@ -1484,7 +1484,7 @@ fn register_resident_softmax_rows() {
     // read once into registers, forward and backward (dy in x's dtype): 1024 lanes with 8
     // chunks a lane at most where the adapter allows it, else 256 lanes. Widths: 32,000 (the
     // benchmark width), 2,049 chunks (just inside), 8,192 chunks (the largest) and 8,193
-    // (just outside: the two-pass entries), in each dtype. Each dtype, mode and chunk count is
+    // (just outside: the two-pass entries). Each dtype, mode and chunk count is
     // one large pipeline that lavapipe compiles slowly, so the cases are few.
     for (dtype, cols, log) in [
         (DType::F32, 32_000, false),
@@ -1494,6 +1494,7 @@ fn register_resident_softmax_rows() {
         (DType::BF16, 32_000, true),
         (DType::BF16, 16_392, false),
         (DType::F16, 65_536, false),
+        (DType::BF16, 65_544, false),
     ] {
         let rows = 2;
         {

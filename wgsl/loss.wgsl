@@ -917,16 +917,26 @@ fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
     }
     let total = workgroup_sum(acc, lid);
-    for (var v = lid; v < nv; v = v + WG) {
-        let w = x4[vbase + v];
-        let g = second4[vbase + v];
-        let a = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
-        if (DT == DT_F32) {
-            dx4[vbase + v] = a;
-        } else {
-            dx4[2u * (vbase + v)] = a;
-            dx4[2u * (vbase + v) + 1u] = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+    if (DT == DT_F32) {
+        for (var v = lid; v < nv; v = v + WG) {
+            let w = x4[vbase + v];
+            let g = second4[vbase + v];
+            dx4[vbase + v] = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
         }
+        return;
+    }
+    // 16-bit: lanes by F32 vec4 of dx (half a chunk), so each store of the workgroup is
+    // contiguous (as in ce_bwd_v); neighbouring lanes load the same chunks.
+    for (var o = lid; o < 2u * nv; o = o + WG) {
+        let w = x4[vbase + o / 2u];
+        let g = second4[vbase + o / 2u];
+        var xv = chunk_lo(w, DT);
+        var gv = chunk_lo(g, DT);
+        if ((o & 1u) == 1u) {
+            xv = chunk_hi(w, DT);
+            gv = chunk_hi(g, DT);
+        }
+        dx4[2u * vbase + o] = softmax_bwd_value(xv, gv, m, logden, total);
     }
 }
 
