@@ -49,8 +49,9 @@ pub static KERNEL: Kernel = Kernel {
 };
 
 /// `wgsl/loss.wgsl` with 1024-lane workgroups, for the register-resident softmax rows
-/// (`softmax_fwd_r`, `softmax_bwd_r`) on adapters that allow 1024 invocations: four times the
-/// lanes hold a row in a quarter of the registers a lane.
+/// (`softmax_fwd_r`, `softmax_bwd_r`: four times the lanes hold a row in a quarter of the
+/// registers a lane) and the in-place cross-entropy (`ce_fused_v`) on adapters that allow 1024
+/// invocations.
 pub static ROWS_KERNEL: Kernel = Kernel {
     name: "loss_rows",
     parts: &[
@@ -955,11 +956,13 @@ pub fn cross_entropy(
 ///
 /// How it runs: a counting pass over the targets gives the mean scales first, then one
 /// workgroup per row takes the row statistics (a read of the logits) and writes the gradient
-/// over them (a second read, from cache where the row still is, and a write), one launch for
-/// the logits instead of a forward and a backward. Rows of whole `vec4<u32>` chunks (classes a
-/// multiple of 4 for F32, of 8 for F16/BF16) take that path; other widths run the forward and
-/// the backward and then store the gradient over the logits (an F32 gradient is allocated
-/// meanwhile).
+/// over them (a second read and a write), one launch over the logits instead of a forward and
+/// a backward. Rows of whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for
+/// F16/BF16) take that path; other widths run the forward and the backward and then store the
+/// gradient over the logits (an F32 gradient is allocated meanwhile). It saves memory, not
+/// time: on an H200 it took 2.28 ms where [`cross_entropy`] + [`cross_entropy_backward`] took
+/// 1.66 ms (4,185 × 128,256 F32; the gradient pass reads and writes one binding, so a lane's
+/// loads wait behind its stores).
 ///
 /// Every other holder of `logits` (a clone, a saved context) sees the gradient afterwards; do
 /// not pass logits that are still needed. Errors: those of [`cross_entropy`].
