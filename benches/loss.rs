@@ -1,7 +1,8 @@
 //! Criterion benches of the loss family, timed on the GPU ([`bench::gpu_time_iters`] through
-//! `iter_custom`): cross-entropy forward, backward and both, softmax, log-softmax and sparsemax
-//! forward and backward, and the divergences, on small shapes with a short measurement so
-//! `cargo bench --bench loss` stays quick on lavapipe. The `bench` example has the large shapes.
+//! `iter_custom`): cross-entropy forward, backward, both and in place, softmax, log-softmax
+//! and sparsemax forward and backward, and the divergences, on small shapes with a short
+//! measurement so `cargo bench --bench loss` stays quick on lavapipe. The `bench` example has
+//! the large shapes.
 
 mod common;
 
@@ -85,6 +86,16 @@ fn losses(c: &mut Criterion) {
                     let (_, s) = loss::cross_entropy(&x, &t, &opts)?;
                     loss::cross_entropy_backward(&s, None).map(drop)
                 },
+            );
+            // Over a copy of the logits (each run overwrites its input with the gradient).
+            let xc = bench::copy(&x).expect("copy");
+            time(
+                c,
+                &engine,
+                &format!("cross_entropy_in_place_{d}"),
+                &shape,
+                2 * x.byte_len(),
+                || loss::cross_entropy_in_place(&xc, &t, &opts).map(drop),
             );
         }
         for shape in ROW_SHAPES {

@@ -771,10 +771,34 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             ops.push(Op::new(
                 "cross_entropy_fwd_bwd",
                 dname,
-                vec![x, t],
+                vec![x.clone(), t.clone()],
                 move |i| {
                     let (out, saved) = loss::cross_entropy(&i[0], &i[1], &o)?;
                     Ok(vec![out.loss, loss::cross_entropy_backward(&saved, None)?])
+                },
+            ));
+            // The gradient written over the logits (a copy of them: each run overwrites its
+            // input, which only changes the values the next run reads). Bytes: the logits
+            // read and the gradient written, in their dtype, as the peers count theirs.
+            let xc = wgrad::bench::copy(&x)?;
+            drop(x);
+            engine.synchronize()?;
+            engine.reset_peak();
+            let before = engine.memory().live_bytes;
+            drop(loss::cross_entropy_in_place(&xc, &t, &opts)?);
+            engine.synchronize()?;
+            eprintln!(
+                "  cross_entropy_in_place {dname} {rows}x{cols}: peak {:.2} MiB above the inputs",
+                (engine.memory().peak_bytes - before) as f64 / 1048576.0,
+            );
+            let o = opts.clone();
+            ops.push(Op::new(
+                "cross_entropy_in_place",
+                dname,
+                vec![xc, t],
+                move |i| {
+                    let out = loss::cross_entropy_in_place(&i[0], &i[1], &o)?;
+                    Ok(vec![out.loss, i[0].clone()])
                 },
             ));
         }

@@ -82,6 +82,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::activation::KERNEL,
         &crate::rope::KERNEL,
         &crate::loss::KERNEL,
+        &crate::loss::ROWS_KERNEL,
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
         &crate::matmul::KERNEL,

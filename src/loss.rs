@@ -12,10 +12,14 @@
 //! any width (tested to 262,144 classes) is one or two passes over the logits and never sits
 //! in workgroup memory. When a row is a whole number of `vec4<u32>` chunks (columns a multiple
 //! of 4 for F32, of 8 for F16/BF16), softmax, log-softmax and cross-entropy read whole chunks
-//! (`*_v` entry points); otherwise element by element. The softmax forward of such rows with
-//! 8·256 to 32·256 chunks (8,193–32,768 F32 or 16,385–65,536 16-bit columns) holds the row
-//! in registers and reads it once (`softmax_fwd_r`); the backward does the same with x and
-//! dy (same dtype) for 8·256 to 16·256 chunks (`softmax_bwd_r`). Forwards save the row maximum and the log denominator as two values (a
+//! (`*_v` entry points, 16-bit halves widened two at a time); otherwise element by element.
+//! Softmax rows of such chunks wider than 2,048 chunks and up to 8,192 (8,193–32,768 F32 or
+//! 16,385–65,536 16-bit columns) are held in registers and read once, forward
+//! (`softmax_fwd_r`) and backward with dy in x's dtype (`softmax_bwd_r`): one workgroup of
+//! 1024 lanes per row (at most 8 chunks of each row tensor a lane) where the adapter allows
+//! 1024 invocations, else 256 lanes (the backward then up to 4,096 chunks).
+//! [`cross_entropy_in_place`] computes the loss and writes the gradient over the logits in
+//! one launch over them. Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
 //! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
@@ -34,7 +38,7 @@ use crate::kernel::{
 use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
 
-/// `wgsl/loss.wgsl`.
+/// `wgsl/loss.wgsl` with 256-lane workgroups: every entry point.
 pub static KERNEL: Kernel = Kernel {
     name: "loss",
     parts: &[
@@ -42,16 +46,56 @@ pub static KERNEL: Kernel = Kernel {
         COMMON_LAUNCH,
         COMMON_REDUCE,
         COMMON_SOFTCAP,
+        "const WG: u32 = 256u;",
+        include_str!("../wgsl/loss.wgsl"),
+    ],
+};
+
+/// `wgsl/loss.wgsl` with 1024-lane workgroups, for the register-resident softmax rows
+/// (`softmax_fwd_r`, `softmax_bwd_r`: four times the lanes hold a row in a quarter of the
+/// registers a lane) and the in-place cross-entropy (`ce_fused_v`) on adapters that allow 1024
+/// invocations.
+pub static ROWS_KERNEL: Kernel = Kernel {
+    name: "loss_rows",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        COMMON_SOFTCAP,
+        "const WG: u32 = 1024u;",
         include_str!("../wgsl/loss.wgsl"),
     ],
 };
 
 const WG: u64 = 256;
+const ROWS_WG: u64 = 1024;
 const CE_COLS: usize = 8;
-/// Chunks per lane of the register-resident softmax forward (`RK` in the WGSL).
-const REGISTER_CHUNKS: u64 = 32;
-/// Chunks per lane of x and of dy in the register-resident softmax backward (`RB`).
-const REGISTER_BACKWARD_CHUNKS: u64 = 16;
+/// Most chunks a register-resident softmax row has: 8 a lane with 1024 lanes, 32 with 256
+/// (32,768 F32 or 65,536 F16/BF16 columns) in the forward; the backward holds x and dy, 8 of
+/// each a lane with 1024 lanes (the same rows), 16 with 256 (half the width).
+const REGISTER_ROW_CHUNKS: u64 = 8192;
+/// Rows of at most this many chunks run the two-pass entry (better occupancy than one row
+/// in the registers of a workgroup).
+const REGISTER_MIN_CHUNKS: u64 = 2048;
+
+/// The register-resident kernel and chunks per lane (`RK`/`RB`, a power of two) for a row of
+/// `chunks` vec4 chunks, holding `tensors` row tensors (1: forward, 2: backward); `None` when
+/// the row takes the two-pass entry.
+fn register_row(engine: &Engine, chunks: u64, tensors: u64) -> Option<(&'static Kernel, u64)> {
+    if chunks <= REGISTER_MIN_CHUNKS {
+        return None;
+    }
+    let wide = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
+    let (kernel, lanes, most) = if wide {
+        (&ROWS_KERNEL, ROWS_WG, REGISTER_ROW_CHUNKS)
+    } else {
+        (&KERNEL, WG, REGISTER_ROW_CHUNKS / tensors)
+    };
+    if chunks > most {
+        return None;
+    }
+    Some((kernel, chunks.div_ceil(lanes).next_power_of_two()))
+}
 
 const F_WEIGHT: u32 = 1;
 const F_LABELS: u32 = 2;
@@ -176,22 +220,30 @@ fn row_output(
         ..Default::default()
     };
     let consts = constants(x.dtype(), DType::F32, odt, mode);
+    let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
     if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
-        // Rows of 8·WG to RK·WG chunks stay in registers (one read); others take two passes.
-        let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
-        let name = if chunks > 8 * WG && chunks <= REGISTER_CHUNKS * WG {
-            "softmax_fwd_r"
+        // Wide rows stay in registers (one read); others take two passes.
+        if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
+            let mut consts = consts;
+            consts.push(("RK", per_lane as f64));
+            engine.launch(
+                kernel,
+                "softmax_fwd_r",
+                &consts,
+                &params,
+                &[stats.buffer(), x.buffer(), out.buffer()],
+                rows as u64,
+            )?;
         } else {
-            "softmax_fwd_v"
-        };
-        engine.launch(
-            &KERNEL,
-            name,
-            &consts,
-            &params,
-            &[stats.buffer(), x.buffer(), out.buffer()],
-            rows as u64,
-        )?;
+            engine.launch(
+                &KERNEL,
+                "softmax_fwd_v",
+                &consts,
+                &params,
+                &[stats.buffer(), x.buffer(), out.buffer()],
+                rows as u64,
+            )?;
+        }
     } else {
         engine.launch(
             &KERNEL,
@@ -273,15 +325,18 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
     };
     let consts = constants(x.dtype(), dy.dtype(), DType::F32, u32::from(saved.log));
     if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
-        // Rows of 8·WG to RB·WG chunks: x and dy held in registers, each read once.
+        // Wide rows: x and dy held in registers, each read once.
         let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
-        let name = if chunks > 8 * WG && chunks <= REGISTER_BACKWARD_CHUNKS * WG {
-            "softmax_bwd_r"
-        } else {
-            "softmax_bwd_v"
+        let (kernel, name, consts) = match register_row(engine, chunks, 2) {
+            Some((kernel, per_lane)) => {
+                let mut consts = consts;
+                consts.push(("RB", per_lane as f64));
+                (kernel, "softmax_bwd_r", consts)
+            }
+            None => (&KERNEL, "softmax_bwd_v", consts),
         };
         engine.launch(
-            &KERNEL,
+            kernel,
             name,
             &consts,
             &params,
@@ -898,6 +953,104 @@ pub fn cross_entropy(
             settings,
         },
     ))
+}
+
+/// Cross-entropy as [`cross_entropy`] that also writes the gradient over the logits: on
+/// return `logits` holds `d loss / d logits` for a unit cotangent (for reduction none, every
+/// row's cotangent 1), **in the logits' dtype** (the FP32 gradient rounded to F16/BF16 for
+/// 16-bit logits), and the returned outputs are those of [`cross_entropy`] (the same bits).
+/// Nothing of the size of the logits is allocated: scratch is the per-row matrix of
+/// [`cross_entropy_workspace_bytes`], `predicted` and a few scalars.
+///
+/// How it runs: a counting pass over the targets gives the mean scales first, then one
+/// workgroup per row takes the row statistics (a read of the logits) and writes the gradient
+/// over them (a second read and a write), one launch over the logits instead of a forward and
+/// a backward. Rows of whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for
+/// F16/BF16) take that path; other widths run the forward and the backward and then store the
+/// gradient over the logits (an F32 gradient is allocated meanwhile). It saves memory, not
+/// time: on an H200 it took 2.28 ms where [`cross_entropy`] + [`cross_entropy_backward`] took
+/// 1.66 ms (4,185 × 128,256 F32; the gradient pass reads and writes one binding, so a lane's
+/// loads wait behind its stores).
+///
+/// Every other holder of `logits` (a clone, a saved context) sees the gradient afterwards; do
+/// not pass logits that are still needed. Errors: those of [`cross_entropy`].
+pub fn cross_entropy_in_place(
+    logits: &Tensor,
+    targets: &Tensor,
+    options: &CrossEntropyOptions,
+) -> Result<CrossEntropyOutput> {
+    let (rows, cols) = matrix(logits, "cross_entropy_in_place: logits")?;
+    let engine = logits.engine();
+    check_target_tensor(
+        "cross_entropy_in_place: targets",
+        engine,
+        targets,
+        leading(logits),
+    )?;
+    classes_at_least_one("cross_entropy_in_place", cols)?;
+    if !vectorized(logits.dtype(), cols) {
+        let (output, saved) = cross_entropy(logits, targets, options)?;
+        let dx = cross_entropy_backward(&saved, None)?;
+        drop(saved);
+        let dx = if logits.dtype() == DType::F32 {
+            dx
+        } else {
+            crate::cast::cast(&dx, logits.dtype())?
+        };
+        let bytes = dx.byte_len();
+        if bytes > 0 {
+            engine
+                .record(|enc| enc.copy_buffer_to_buffer(dx.buffer(), 0, logits.buffer(), 0, bytes));
+        }
+        return Ok(output);
+    }
+    let settings = ce_settings("cross_entropy_in_place", engine, options, cols)?;
+    engine.check_workspace(
+        "cross_entropy_in_place",
+        cross_entropy_workspace_bytes(rows),
+    )?;
+    if options.check_targets {
+        check_target_range(
+            "cross_entropy_in_place: targets",
+            targets,
+            options.ignore_index,
+            cols,
+        )?;
+    }
+    let mat = Tensor::empty(engine, &[rows, CE_COLS], DType::F32, "cross_entropy rows")?;
+    let predicted = Tensor::empty(
+        engine,
+        targets.shape(),
+        DType::I32,
+        "cross_entropy predicted",
+    )?;
+    ce_count(targets, &settings, cols, &mat)?;
+    let scales = ce_finish_values(engine, &mat, &settings)?;
+    // Without class weights the binding is unused; the targets (read-only, like it) stand in,
+    // as the logits are bound for writing.
+    let weight_buffer = settings.weight.as_ref().unwrap_or(targets).buffer();
+    let wide = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
+    engine.launch(
+        if wide { &ROWS_KERNEL } else { &KERNEL },
+        "ce_fused_v",
+        &constants(logits.dtype(), DType::F32, DType::F32, 0),
+        &settings.params(rows, cols, 0, settings.flags),
+        &[
+            mat.buffer(),
+            targets.buffer(),
+            weight_buffer,
+            predicted.buffer(),
+            scales.buffer(),
+            logits.buffer(),
+        ],
+        rows as u64,
+    )?;
+    let finish = ce_finish_values(engine, &mat, &settings)?;
+    let output = ce_outputs(engine, &mat, &finish, settings.reduction, leading(logits))?;
+    Ok(CrossEntropyOutput {
+        predicted: Some(predicted),
+        ..output
+    })
 }
 
 /// A scalar `[]` F32 tensor holding element `index` of an F32 vector (a GPU copy).

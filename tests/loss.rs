@@ -513,6 +513,27 @@ fn cross_entropy_predicted_ties_go_to_the_lowest_index() {
     );
     let acc = out.accuracy.to_f64().unwrap()[0];
     assert!((acc - 2.0 / 3.0).abs() < 1e-7);
+    // Whole-chunk rows of 10,000 classes (four chunks loaded per step, then a remainder):
+    // ties across lanes and steps, inside one chunk, and at the last column.
+    let cols = 10_000;
+    for dtype in [DType::F32, DType::BF16] {
+        let mut v = data(190, 3 * cols, -1.0, 1.0);
+        for c in [4321, 1029, 9999] {
+            v[c] = 7.0;
+        }
+        for c in [2043, 2042, 6000] {
+            v[cols + c] = 7.0;
+        }
+        v[2 * cols + 9999] = 7.0;
+        let (x, _) = upload(&v, &[3, cols], dtype);
+        let t = i32_tensor(&[1029, 0, 9999], &[3]);
+        let (out, _) = cross_entropy(&x, &t, &CrossEntropyOptions::default()).unwrap();
+        assert_eq!(
+            out.predicted.unwrap().to_vec::<i32>().unwrap(),
+            vec![1029, 2042, 9999],
+            "{dtype}"
+        );
+    }
 }
 
 #[test]
@@ -1459,16 +1480,21 @@ fn masked_minus_infinity_logits_get_zero_probability() {
 
 #[test]
 fn register_resident_softmax_rows() {
-    // Forward: rows of more than 8·256 and at most 32·256 vec4 chunks are read once into
-    // registers: 32,000 (the benchmark width), 12,000, 20,000 and the largest (65,536
-    // 16-bit columns). Backward with dy in x's dtype: up to 16·256 chunks (12,000 F32 and
-    // 20,000 BF16 columns here; the others take the two-pass entry). Each dtype and mode is
+    // Rows of more than 2,048 and at most 8,192 vec4 chunks (4 F32 or 8 16-bit columns) are
+    // read once into registers, forward and backward (dy in x's dtype): 1024 lanes with 8
+    // chunks a lane at most where the adapter allows it, else 256 lanes. Widths: 32,000 (the
+    // benchmark width), 2,049 chunks (just inside), 8,192 chunks (the largest) and 8,193
+    // (just outside: the two-pass entries). Each dtype, mode and chunk count is
     // one large pipeline that lavapipe compiles slowly, so the cases are few.
     for (dtype, cols, log) in [
         (DType::F32, 32_000, false),
-        (DType::F32, 12_000, true),
-        (DType::BF16, 20_000, true),
+        (DType::F32, 8_196, true),
+        (DType::F32, 32_768, false),
+        (DType::F32, 32_772, true),
+        (DType::BF16, 32_000, true),
+        (DType::BF16, 16_392, false),
         (DType::F16, 65_536, false),
+        (DType::BF16, 65_544, false),
     ] {
         let rows = 2;
         {
@@ -1507,11 +1533,178 @@ fn register_resident_softmax_rows() {
                 loss::softmax(&x).unwrap()
             };
             assert_eq!(y.to_f64().unwrap(), y2.to_f64().unwrap(), "{what}: rerun");
-            // Backward with dy in x's dtype: register-resident up to 16·256 chunks.
+            // Backward with dy in x's dtype, register-resident for the same widths.
             let (dy, dys) = upload(&data(160, rows * cols, -1.0, 1.0), &[rows, cols], dtype);
             let dx = loss::softmax_backward(&saved, &dy).unwrap();
             let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
             assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want, F32);
+            let dx2 = loss::softmax_backward(&saved, &dy).unwrap();
+            assert_eq!(bits(&dx), bits(&dx2), "{what}: backward rerun");
         }
     }
+}
+
+#[test]
+fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
+    // Whole-chunk rows take the fused entry (8 classes: one chunk a lane at most; 40,000:
+    // four chunks loaded per step, then a remainder); ragged widths (7, 1,002) run the forward
+    // and the backward and store the gradient. The outputs have the bits of cross_entropy's
+    // and the logits then hold the bits of cross_entropy_backward's unit-cotangent gradient,
+    // narrowed to their dtype.
+    let cases: [(usize, usize, bool); 5] = [
+        (3, 8, true),
+        (6, 1000, true),
+        (2, 40_000, false),
+        (3, 7, true),
+        (4, 1002, false),
+    ];
+    for (rows, cols, every_reduction) in cases {
+        let reductions: &[Reduction] = if every_reduction {
+            &[Reduction::None, Reduction::Sum, Reduction::Mean]
+        } else {
+            &[Reduction::Mean]
+        };
+        for dtype in DType::FLOATS {
+            for &reduction in reductions {
+                for all in [false, true] {
+                    let mut cfg = if all {
+                        all_options(cols)
+                    } else {
+                        CrossEntropyConfig::default()
+                    };
+                    cfg.reduction = reduction;
+                    let cfg = as_stored(&cfg);
+                    let what = format!("in place {dtype} [{rows}, {cols}] {reduction:?} all={all}");
+                    let targets = targets_for(
+                        200 + cols as u64,
+                        rows,
+                        cols,
+                        cfg.ignore_index,
+                        if all { 3 } else { 0 },
+                    );
+                    let t = i32_tensor(&targets, &[rows]);
+                    let v = data(201 + rows as u64, rows * cols, -8.0, 8.0);
+                    let (x, _) = upload(&v, &[rows, cols], dtype);
+                    let opts = options_for(&cfg);
+                    let (want, saved) = cross_entropy(&x, &t, &opts).unwrap();
+                    let dx = cross_entropy_backward(&saved, None).unwrap();
+                    let want_dx = if dtype == DType::F32 {
+                        dx.to_f64().unwrap()
+                    } else {
+                        wgrad::cast::cast(&dx, dtype).unwrap().to_f64().unwrap()
+                    };
+                    let (y, _) = upload(&v, &[rows, cols], dtype);
+                    let got = loss::cross_entropy_in_place(&y, &t, &opts).unwrap();
+                    assert_eq!(bits(&got.loss), bits(&want.loss), "{what}: loss");
+                    assert_eq!(bits(&got.z_loss), bits(&want.z_loss), "{what}: z-loss");
+                    assert_eq!(bits(&got.accuracy), bits(&want.accuracy), "{what}");
+                    assert_eq!(
+                        got.predicted.unwrap().to_vec::<i32>().unwrap(),
+                        want.predicted.unwrap().to_vec::<i32>().unwrap(),
+                        "{what}: predicted"
+                    );
+                    assert_eq!(y.dtype(), dtype);
+                    let grad = y.to_f64().unwrap();
+                    assert!(
+                        grad.iter()
+                            .zip(&want_dx)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: gradient"
+                    );
+                    // Rerun on the same values: the same bits.
+                    let (z, _) = upload(&v, &[rows, cols], dtype);
+                    let again = loss::cross_entropy_in_place(&z, &t, &opts).unwrap();
+                    assert_eq!(bits(&again.loss), bits(&got.loss), "{what}: rerun");
+                    assert_eq!(z.to_f64().unwrap(), grad, "{what}: gradient rerun");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_in_place_bad_inputs_leave_the_logits() {
+    let v = data(210, 3 * 8, -1.0, 1.0);
+    let x = f32_tensor(&v, &[3, 8]);
+    let before = bits(&x);
+    let opts = CrossEntropyOptions::default();
+    match loss::cross_entropy_in_place(&x, &i32_tensor(&[0, 8, 1], &[3]), &opts) {
+        Err(Error::OutOfBounds { .. }) => {}
+        other => panic!("expected OutOfBounds, got {other:?}"),
+    }
+    let wrong = f32_tensor(&[0.0, 1.0, 2.0], &[3]);
+    match loss::cross_entropy_in_place(&x, &wrong, &opts) {
+        Err(Error::UnsupportedDType { .. }) => {}
+        other => panic!("expected UnsupportedDType, got {other:?}"),
+    }
+    match loss::cross_entropy_in_place(&x, &i32_tensor(&[0, 1], &[2]), &opts) {
+        Err(Error::ShapeMismatch { .. }) => {}
+        other => panic!("expected ShapeMismatch, got {other:?}"),
+    }
+    let bad = CrossEntropyOptions {
+        label_smoothing: 1.5,
+        ..Default::default()
+    };
+    match loss::cross_entropy_in_place(&x, &i32_tensor(&[0, 1, 2], &[3]), &bad) {
+        Err(Error::InvalidValue { .. }) => {}
+        other => panic!("expected InvalidValue, got {other:?}"),
+    }
+    assert_eq!(bits(&x), before);
+}
+
+#[test]
+fn register_rows_and_in_place_on_a_256_lane_adapter() {
+    // An app device with WebGPU's default limits (256 invocations a workgroup): the register
+    // rows and the in-place cross-entropy run the 256-lane module (F32 32,000 columns: 32
+    // chunks a lane forward, the two-pass backward; BF16: 16 chunks a lane both ways).
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN;
+    let instance = wgpu::Instance::new(desc);
+    let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN))
+        .into_iter()
+        .next()
+        .expect("a Vulkan adapter (lavapipe)");
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("256 lanes"),
+        required_limits: wgpu::Limits::default(),
+        ..Default::default()
+    }))
+    .expect("request_device");
+    let e = wgrad::Engine::from_wgpu(device, queue).unwrap();
+    assert_eq!(e.info().limits.max_compute_invocations_per_workgroup, 256);
+    let (rows, cols) = (2, 32_000);
+    for dtype in [DType::F32, DType::BF16] {
+        let what = format!("256 lanes {dtype}");
+        let v = data(220, rows * cols, -6.0, 6.0);
+        let x = tensor_from_f64(&e, &v, &[rows, cols], dtype);
+        let xs = common::stored(&v, dtype);
+        let (y, saved) = loss::softmax(&x).unwrap();
+        assert_close(
+            &what,
+            &y.to_f64().unwrap(),
+            &reference::softmax(&xs, rows, cols),
+            Tolerance::for_dtype(dtype),
+        );
+        let g = data(221, rows * cols, -1.0, 1.0);
+        let dy = tensor_from_f64(&e, &g, &[rows, cols], dtype);
+        let dx = loss::softmax_backward(&saved, &dy).unwrap();
+        let want = reference::softmax_backward(&xs, &common::stored(&g, dtype), rows, cols, false);
+        assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want, F32);
+    }
+    let (rows, cols) = (3, 2000);
+    let v = data(222, rows * cols, -4.0, 4.0);
+    let targets = [3, 1999, 0];
+    let x = tensor_from_f64(&e, &v, &[rows, cols], DType::F32);
+    let t = Tensor::from_slice(&e, &targets, &[rows]).unwrap();
+    let opts = CrossEntropyOptions::default();
+    let (want, saved) = cross_entropy(&x, &t, &opts).unwrap();
+    let dx = cross_entropy_backward(&saved, None).unwrap();
+    let y = tensor_from_f64(&e, &v, &[rows, cols], DType::F32);
+    let got = loss::cross_entropy_in_place(&y, &t, &opts).unwrap();
+    assert_eq!(
+        bits(&got.loss),
+        bits(&want.loss),
+        "256 lanes: in-place loss"
+    );
+    assert_eq!(bits(&y), bits(&dx), "256 lanes: in-place gradient");
 }

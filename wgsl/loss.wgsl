@@ -15,7 +15,8 @@ override DT: u32 = 0u;    // dtype of x (logits / input / student)
 override TDT: u32 = 0u;   // dtype of the second floating input (dy, target distribution)
 override ODT: u32 = 0u;   // dtype of the row output of softmax / log_softmax / sparsemax
 override MODE: u32 = 0u;  // softmax: 0 softmax, 1 log-softmax; divergences: 0 KL, 1 JSD, 2 TVD
-const WG: u32 = 256u;
+// WG, the workgroup size, is defined by the part before this file: 256 lanes (the `loss`
+// module) or 1024 (`loss_rows`, the register-resident row entries on adapters that allow it).
 
 // Columns of the per-row matrix of the cross-entropy forward ([rows, CE_COLS], F32).
 const CE_COLS: u32 = 8u;
@@ -783,19 +784,19 @@ fn chunk_width(dt: u32) -> u32 {
     return 8u;
 }
 
-// Elements 0..4 of a chunk of dtype `dt`.
+// Elements 0..4 of a chunk of dtype `dt`. 16-bit halves are widened with `widen2` (a shift
+// or mask for BF16, the hardware conversion for F16): every use feeds arithmetic or a
+// narrowing, so a NaN's unquieted payload never reaches an output as it is.
 fn chunk_lo(w: vec4<u32>, dt: u32) -> vec4<f32> {
     if (dt == DT_F32) {
         return bitcast<vec4<f32>>(w);
     }
-    return vec4<f32>(half_from_word(w.x, 0u, dt), half_from_word(w.x, 1u, dt),
-                     half_from_word(w.y, 0u, dt), half_from_word(w.y, 1u, dt));
+    return vec4<f32>(widen2(w.x, dt), widen2(w.y, dt));
 }
 
 // Elements 4..8 of a 16-bit chunk.
 fn chunk_hi(w: vec4<u32>, dt: u32) -> vec4<f32> {
-    return vec4<f32>(half_from_word(w.z, 0u, dt), half_from_word(w.z, 1u, dt),
-                     half_from_word(w.w, 0u, dt), half_from_word(w.w, 1u, dt));
+    return vec4<f32>(widen2(w.z, dt), widen2(w.w, dt));
 }
 
 fn pack_chunk(a: vec4<f32>, b: vec4<f32>, dt: u32) -> vec4<u32> {
@@ -806,7 +807,11 @@ fn pack_chunk(a: vec4<f32>, b: vec4<f32>, dt: u32) -> vec4<u32> {
 // Online (max, Σ exp(z − max)) update with four values at once.
 // The running sum is rescaled only when the maximum grows (one exp per element otherwise).
 fn online4(state: vec2<f32>, z: vec4<f32>) -> vec2<f32> {
-    let cm = max(max(z.x, z.y), max(z.z, z.w));
+    return online4_max(state, z, max(max(z.x, z.y), max(z.z, z.w)));
+}
+
+// online4 given the chunk's maximum `cm`.
+fn online4_max(state: vec2<f32>, z: vec4<f32>, cm: f32) -> vec2<f32> {
     var m = state.x;
     var s = state.y;
     if (cm > m) {
@@ -900,16 +905,26 @@ fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
     }
     let total = workgroup_sum(acc, lid);
-    for (var v = lid; v < nv; v = v + WG) {
-        let w = x4[vbase + v];
-        let g = second4[vbase + v];
-        let a = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
-        if (DT == DT_F32) {
-            dx4[vbase + v] = a;
-        } else {
-            dx4[2u * (vbase + v)] = a;
-            dx4[2u * (vbase + v) + 1u] = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+    if (DT == DT_F32) {
+        for (var v = lid; v < nv; v = v + WG) {
+            let w = x4[vbase + v];
+            let g = second4[vbase + v];
+            dx4[vbase + v] = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
         }
+        return;
+    }
+    // 16-bit: lanes by F32 vec4 of dx (half a chunk), so each store of the workgroup is
+    // contiguous (as in ce_bwd_v); neighbouring lanes load the same chunks.
+    for (var o = lid; o < 2u * nv; o = o + WG) {
+        let w = x4[vbase + o / 2u];
+        let g = second4[vbase + o / 2u];
+        var xv = chunk_lo(w, DT);
+        var gv = chunk_lo(g, DT);
+        if ((o & 1u) == 1u) {
+            xv = chunk_hi(w, DT);
+            gv = chunk_hi(g, DT);
+        }
+        dx4[2u * vbase + o] = softmax_bwd_value(xv, gv, m, logden, total);
     }
 }
 
@@ -932,12 +947,29 @@ struct CeLane {
 fn ce_lane4(lane: CeLane, raw: vec4<f32>, first: u32, reference: f32) -> CeLane {
     var l = lane;
     let z = softcapped4(raw);
-    l.st = online4(l.st, z);
-    for (var j = 0u; j < 4u; j = j + 1u) {
-        if (raw[j] > l.best) {
-            l.best = raw[j];
-            l.best_index = first + j;
+    // Argmax by chunk: the chunk's largest raw value, at its first position, replaces the
+    // lane's best only when strictly larger, which is the element-by-element scan's result
+    // (NaN never wins: max returns the other operand). Without a softcap it is also the
+    // chunk maximum of the online update.
+    let rm = max(max(raw.x, raw.y), max(raw.z, raw.w));
+    var zm = rm;
+    if (params.c > 0.0) {
+        zm = max(max(z.x, z.y), max(z.z, z.w));
+    }
+    l.st = online4_max(l.st, z, zm);
+    if (rm > l.best) {
+        l.best = rm;
+        var j = 3u;
+        if (raw.z == rm) {
+            j = 2u;
         }
+        if (raw.y == rm) {
+            j = 1u;
+        }
+        if (raw.x == rm) {
+            j = 0u;
+        }
+        l.best_index = first + j;
     }
     if (params.a > 0.0) {
         for (var j = 0u; j < 4u; j = j + 1u) {
@@ -949,6 +981,65 @@ fn ce_lane4(lane: CeLane, raw: vec4<f32>, first: u32, reference: f32) -> CeLane 
     return l;
 }
 
+// One chunk (4 or 8 elements) into the lane's accumulators.
+fn ce_lane_chunk(lane: CeLane, w: vec4<u32>, first: u32, reference: f32) -> CeLane {
+    var l = ce_lane4(lane, chunk_lo(w, DT), first, reference);
+    if (DT != DT_F32) {
+        l = ce_lane4(l, chunk_hi(w, DT), first + 4u, reference);
+    }
+    return l;
+}
+
+// Element `k` of a chunk of dtype DT.
+fn chunk_element(w: vec4<u32>, k: u32) -> f32 {
+    if (k < 4u) {
+        return chunk_lo(w, DT)[k];
+    }
+    return chunk_hi(w, DT)[k - 4u];
+}
+
+// Lane 0's part of the vectorized cross-entropy forwards: the per-row matrix and the argmax
+// of row `row` of the launch from the row statistics, the smoothing sums, the argmax and the
+// raw target logit `raw_y` (unused on an ignored row).
+fn ce_write_row(row: u32, rs: vec2<f32>, sum_wz: f32, sum_w: f32, arg: u32, raw_y: f32,
+                reference: f32) {
+    let eps = params.a;
+    let t = labels[params.row0 + row];
+    let o = (params.row0 + row) * CE_COLS;
+    var loss = 0.0;
+    var zl = 0.0;
+    var wy = 0.0;
+    var valid = 0.0;
+    var correct = 0.0;
+    if (target_valid(t)) {
+        let ti = u32(t);
+        let zy = softcapped(raw_y);
+        wy = class_weight(ti);
+        valid = 1.0;
+        loss = (1.0 - eps) * wy * ((rs.x - zy) + rs.y);
+        if (eps > 0.0) {
+            let spread = sum_w * (rs.x - reference) - sum_wz;
+            loss = loss + eps / f32(params.cols) * (spread + sum_w * rs.y);
+        }
+        let lse = rs.x + rs.y;
+        zl = params.b * lse * lse;
+        if (arg == ti) {
+            correct = 1.0;
+        }
+        pred[params.row0 + row] = i32(arg);
+    } else {
+        pred[params.row0 + row] = -1;
+    }
+    stats_out[o + CE_LOSS] = loss;
+    stats_out[o + CE_Z] = zl;
+    stats_out[o + CE_WEIGHT] = wy;
+    stats_out[o + CE_VALID] = valid;
+    stats_out[o + CE_CORRECT] = correct;
+    stats_out[o + CE_MAX] = rs.x;
+    stats_out[o + CE_LOGDEN] = rs.y;
+    stats_out[o + CE_WSUM] = sum_w;
+}
+
 @compute @workgroup_size(WG)
 fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -956,71 +1047,46 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if (row >= params.rows) {
         return;
     }
-    let cols = params.cols;
     let cw = chunk_width(DT);
-    let nv = cols / cw;
+    let nv = params.cols / cw;
     let vbase = row * nv;
-    let eps = params.a;
     let reference = softcapped(chunk_lo(x4[vbase], DT).x);
     var lane = CeLane(vec2<f32>(neg_inf(), 0.0), neg_inf(), 0u, 0.0, 0.0);
-    for (var v = lid; v < nv; v = v + WG) {
-        let w = x4[vbase + v];
-        lane = ce_lane4(lane, chunk_lo(w, DT), v * cw, reference);
-        if (DT != DT_F32) {
-            lane = ce_lane4(lane, chunk_hi(w, DT), v * cw + 4u, reference);
+    // Four chunks loaded per step (more bytes in flight), consumed in the lane's column order.
+    var v = lid;
+    loop {
+        if (v + 3u * WG >= nv) {
+            break;
         }
+        let w0 = x4[vbase + v];
+        let w1 = x4[vbase + v + WG];
+        let w2 = x4[vbase + v + 2u * WG];
+        let w3 = x4[vbase + v + 3u * WG];
+        lane = ce_lane_chunk(lane, w0, v * cw, reference);
+        lane = ce_lane_chunk(lane, w1, (v + WG) * cw, reference);
+        lane = ce_lane_chunk(lane, w2, (v + 2u * WG) * cw, reference);
+        lane = ce_lane_chunk(lane, w3, (v + 3u * WG) * cw, reference);
+        v = v + 4u * WG;
+    }
+    for (; v < nv; v = v + WG) {
+        lane = ce_lane_chunk(lane, x4[vbase + v], v * cw, reference);
     }
     let rs = row_stats(lane.st, lid);
     var sum_wz = 0.0;
     var sum_w = 0.0;
-    if (eps > 0.0) { // uniform: a parameter
+    if (params.a > 0.0) { // uniform: a parameter
         sum_wz = workgroup_sum(lane.wz, lid);
         sum_w = workgroup_sum(lane.wsum, lid);
     }
     let arg = workgroup_argmax(lane.best, lane.best_index, lid);
     if (lid == 0u) {
         let t = labels[params.row0 + row];
-        let o = (params.row0 + row) * CE_COLS;
-        var loss = 0.0;
-        var zl = 0.0;
-        var wy = 0.0;
-        var valid = 0.0;
-        var correct = 0.0;
+        var raw_y = 0.0;
         if (target_valid(t)) {
             let ti = u32(t);
-            let chunk = x4[vbase + ti / cw];
-            let k = ti % cw;
-            var raw_y = 0.0;
-            if (k < 4u) {
-                raw_y = chunk_lo(chunk, DT)[k];
-            } else {
-                raw_y = chunk_hi(chunk, DT)[k - 4u];
-            }
-            let zy = softcapped(raw_y);
-            wy = class_weight(ti);
-            valid = 1.0;
-            loss = (1.0 - eps) * wy * ((rs.x - zy) + rs.y);
-            if (eps > 0.0) {
-                let spread = sum_w * (rs.x - reference) - sum_wz;
-                loss = loss + eps / f32(cols) * (spread + sum_w * rs.y);
-            }
-            let lse = rs.x + rs.y;
-            zl = params.b * lse * lse;
-            if (arg == ti) {
-                correct = 1.0;
-            }
-            pred[params.row0 + row] = i32(arg);
-        } else {
-            pred[params.row0 + row] = -1;
+            raw_y = chunk_element(x4[vbase + ti / cw], ti % cw);
         }
-        stats_out[o + CE_LOSS] = loss;
-        stats_out[o + CE_Z] = zl;
-        stats_out[o + CE_WEIGHT] = wy;
-        stats_out[o + CE_VALID] = valid;
-        stats_out[o + CE_CORRECT] = correct;
-        stats_out[o + CE_MAX] = rs.x;
-        stats_out[o + CE_LOGDEN] = rs.y;
-        stats_out[o + CE_WSUM] = sum_w;
+        ce_write_row(row, rs, sum_wz, sum_w, arg, raw_y, reference);
     }
 }
 
@@ -1076,14 +1142,114 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let g = row_cotangent(params.row0 + row);
     let f_ce = g * final_in[3];
     let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
-    for (var v = lid; v < nv; v = v + WG) {
-        let w = x4[vbase + v];
-        let first = v * cw;
-        dx4[(vbase + v) * f4] = ce_grad4(chunk_lo(w, DT), first, ti, m, logden, wy, wsum, f_ce, f_z);
-        if (DT != DT_F32) {
-            dx4[(vbase + v) * f4 + 1u] =
-                ce_grad4(chunk_hi(w, DT), first + 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+    if (DT == DT_F32) {
+        for (var v = lid; v < nv; v = v + WG) {
+            dx4[vbase + v] =
+                ce_grad4(chunk_lo(x4[vbase + v], DT), v * 4u, ti, m, logden, wy, wsum, f_ce, f_z);
         }
+    } else {
+        // Lane by F32 vec4 of dx (half a chunk), so each store of the workgroup is contiguous;
+        // neighbouring lanes load the same chunk.
+        for (var o = lid; o < 2u * nv; o = o + WG) {
+            let w = x4[vbase + o / 2u];
+            var raw = chunk_lo(w, DT);
+            if ((o & 1u) == 1u) {
+                raw = chunk_hi(w, DT);
+            }
+            dx4[2u * vbase + o] = ce_grad4(raw, o * 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+        }
+    }
+}
+
+// ---- cross-entropy with the gradient written over the logits ------------------------------
+// One workgroup per row of whole chunks; y4 is the logits, read and then overwritten. Pass 1
+// takes the row statistics exactly as ce_fwd_v (same per-lane order, so the same bits) and
+// writes the per-row matrix and the argmax; pass 2 writes d loss / d logits for a unit
+// cotangent over the logits, in their dtype, with the scales of final_in (from the counting
+// pass, known before any logits are read) and the values ce_bwd_v computes. Each lane walks
+// its chunks backwards in pass 2: the most recently read are the likeliest still in cache.
+// The target's logit is read before the workgroup's first barrier, so before any lane writes.
+@compute @workgroup_size(WG)
+fn ce_fused_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cw = chunk_width(DT);
+    let nv = params.cols / cw;
+    let vbase = row * nv;
+    let reference = softcapped(chunk_lo(y4[vbase], DT).x);
+    var lane = CeLane(vec2<f32>(neg_inf(), 0.0), neg_inf(), 0u, 0.0, 0.0);
+    var v = lid;
+    loop {
+        if (v + 3u * WG >= nv) {
+            break;
+        }
+        let w0 = y4[vbase + v];
+        let w1 = y4[vbase + v + WG];
+        let w2 = y4[vbase + v + 2u * WG];
+        let w3 = y4[vbase + v + 3u * WG];
+        lane = ce_lane_chunk(lane, w0, v * cw, reference);
+        lane = ce_lane_chunk(lane, w1, (v + WG) * cw, reference);
+        lane = ce_lane_chunk(lane, w2, (v + 2u * WG) * cw, reference);
+        lane = ce_lane_chunk(lane, w3, (v + 3u * WG) * cw, reference);
+        v = v + 4u * WG;
+    }
+    for (; v < nv; v = v + WG) {
+        lane = ce_lane_chunk(lane, y4[vbase + v], v * cw, reference);
+    }
+    let t = labels[params.row0 + row];
+    let valid = target_valid(t);
+    var ti = 0u;
+    var raw_y = 0.0;
+    if (valid) {
+        ti = u32(t);
+        raw_y = chunk_element(y4[vbase + ti / cw], ti % cw);
+    }
+    let rs = row_stats(lane.st, lid);
+    var sum_wz = 0.0;
+    var sum_w = 0.0;
+    if (params.a > 0.0) { // uniform: a parameter
+        sum_wz = workgroup_sum(lane.wz, lid);
+        sum_w = workgroup_sum(lane.wsum, lid);
+    }
+    let arg = workgroup_argmax(lane.best, lane.best_index, lid);
+    if (lid == 0u) {
+        ce_write_row(row, rs, sum_wz, sum_w, arg, raw_y, reference);
+    }
+    if (lid >= nv) {
+        return;
+    }
+    let m = rs.x;
+    let logden = rs.y;
+    var wy = 0.0;
+    if (valid) {
+        wy = class_weight(ti);
+    }
+    let f_ce = final_in[3];
+    let f_z = final_in[4] * 2.0 * params.b * (m + logden);
+    v = lid + ((nv - 1u - lid) / WG) * WG; // this lane's last chunk
+    loop {
+        let w = y4[vbase + v];
+        let first = v * cw;
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        if (valid) {
+            a = ce_grad4(chunk_lo(w, DT), first, ti, m, logden, wy, sum_w, f_ce, f_z);
+            if (DT != DT_F32) {
+                b = ce_grad4(chunk_hi(w, DT), first + 4u, ti, m, logden, wy, sum_w, f_ce, f_z);
+            }
+        }
+        if (DT == DT_F32) {
+            y4[vbase + v] = bitcast<vec4<u32>>(a);
+        } else {
+            y4[vbase + v] = pack_chunk(a, b, DT);
+        }
+        if (v < WG) {
+            break;
+        }
+        v = v - WG;
     }
 }
 
@@ -1185,13 +1351,15 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 }
 
 // ---- register-resident softmax forward ---------------------------------------------------
-// For rows of up to RK·WG chunks (32,768 F32 or 65,536 F16/BF16 columns), each lane keeps
-// its RK chunks in registers, so the row is read once: maximum, then Σ exp(x − max), then
-// the output, all from registers. Straight-line code (no indexed private array, which some
-// compilers move to slow local memory); the statements repeat for chunks 0..RK, lane `lid`
-// holding chunks lid, lid + WG, ... of the row. The host picks it for vectorized rows wider
-// than 8·WG chunks (narrower rows run the two-pass entry at better occupancy).
-const RK: u32 = 32u;
+// For rows of up to RK·WG chunks, each lane keeps its RK chunks in registers, so the row is
+// read once: maximum, then Σ exp(x − max), then the output, all from registers. Straight-line
+// code (no indexed private array, which some compilers move to slow local memory); the
+// statements repeat for chunks 0..32, lane `lid` holding chunks lid, lid + WG, ... of the row,
+// and every statement for chunk k ≥ RK is behind `RK > k`, a constant once the pipeline is
+// specialized, so the compiler drops it and keeps only RK chunks live. The host sets RK to the
+// smallest power of two covering the row: with 1024 lanes (`loss_rows`) at most 8 chunks (32
+// registers) a lane, with 256 lanes at most 32.
+override RK: u32 = 32u;
 
 fn chunk_max(w: vec4<u32>) -> f32 {
     let a = chunk_lo(w, DT);
@@ -1234,213 +1402,214 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let zero = vec4<u32>(0u);
     let i0 = lid + 0u * WG;
     var c0 = zero;
-    if (i0 < nv) { c0 = x4[vbase + i0]; }
+    if (RK > 0u && i0 < nv) { c0 = x4[vbase + i0]; }
     let i1 = lid + 1u * WG;
     var c1 = zero;
-    if (i1 < nv) { c1 = x4[vbase + i1]; }
+    if (RK > 1u && i1 < nv) { c1 = x4[vbase + i1]; }
     let i2 = lid + 2u * WG;
     var c2 = zero;
-    if (i2 < nv) { c2 = x4[vbase + i2]; }
+    if (RK > 2u && i2 < nv) { c2 = x4[vbase + i2]; }
     let i3 = lid + 3u * WG;
     var c3 = zero;
-    if (i3 < nv) { c3 = x4[vbase + i3]; }
+    if (RK > 3u && i3 < nv) { c3 = x4[vbase + i3]; }
     let i4 = lid + 4u * WG;
     var c4 = zero;
-    if (i4 < nv) { c4 = x4[vbase + i4]; }
+    if (RK > 4u && i4 < nv) { c4 = x4[vbase + i4]; }
     let i5 = lid + 5u * WG;
     var c5 = zero;
-    if (i5 < nv) { c5 = x4[vbase + i5]; }
+    if (RK > 5u && i5 < nv) { c5 = x4[vbase + i5]; }
     let i6 = lid + 6u * WG;
     var c6 = zero;
-    if (i6 < nv) { c6 = x4[vbase + i6]; }
+    if (RK > 6u && i6 < nv) { c6 = x4[vbase + i6]; }
     let i7 = lid + 7u * WG;
     var c7 = zero;
-    if (i7 < nv) { c7 = x4[vbase + i7]; }
+    if (RK > 7u && i7 < nv) { c7 = x4[vbase + i7]; }
     let i8 = lid + 8u * WG;
     var c8 = zero;
-    if (i8 < nv) { c8 = x4[vbase + i8]; }
+    if (RK > 8u && i8 < nv) { c8 = x4[vbase + i8]; }
     let i9 = lid + 9u * WG;
     var c9 = zero;
-    if (i9 < nv) { c9 = x4[vbase + i9]; }
+    if (RK > 9u && i9 < nv) { c9 = x4[vbase + i9]; }
     let i10 = lid + 10u * WG;
     var c10 = zero;
-    if (i10 < nv) { c10 = x4[vbase + i10]; }
+    if (RK > 10u && i10 < nv) { c10 = x4[vbase + i10]; }
     let i11 = lid + 11u * WG;
     var c11 = zero;
-    if (i11 < nv) { c11 = x4[vbase + i11]; }
+    if (RK > 11u && i11 < nv) { c11 = x4[vbase + i11]; }
     let i12 = lid + 12u * WG;
     var c12 = zero;
-    if (i12 < nv) { c12 = x4[vbase + i12]; }
+    if (RK > 12u && i12 < nv) { c12 = x4[vbase + i12]; }
     let i13 = lid + 13u * WG;
     var c13 = zero;
-    if (i13 < nv) { c13 = x4[vbase + i13]; }
+    if (RK > 13u && i13 < nv) { c13 = x4[vbase + i13]; }
     let i14 = lid + 14u * WG;
     var c14 = zero;
-    if (i14 < nv) { c14 = x4[vbase + i14]; }
+    if (RK > 14u && i14 < nv) { c14 = x4[vbase + i14]; }
     let i15 = lid + 15u * WG;
     var c15 = zero;
-    if (i15 < nv) { c15 = x4[vbase + i15]; }
+    if (RK > 15u && i15 < nv) { c15 = x4[vbase + i15]; }
     let i16 = lid + 16u * WG;
     var c16 = zero;
-    if (i16 < nv) { c16 = x4[vbase + i16]; }
+    if (RK > 16u && i16 < nv) { c16 = x4[vbase + i16]; }
     let i17 = lid + 17u * WG;
     var c17 = zero;
-    if (i17 < nv) { c17 = x4[vbase + i17]; }
+    if (RK > 17u && i17 < nv) { c17 = x4[vbase + i17]; }
     let i18 = lid + 18u * WG;
     var c18 = zero;
-    if (i18 < nv) { c18 = x4[vbase + i18]; }
+    if (RK > 18u && i18 < nv) { c18 = x4[vbase + i18]; }
     let i19 = lid + 19u * WG;
     var c19 = zero;
-    if (i19 < nv) { c19 = x4[vbase + i19]; }
+    if (RK > 19u && i19 < nv) { c19 = x4[vbase + i19]; }
     let i20 = lid + 20u * WG;
     var c20 = zero;
-    if (i20 < nv) { c20 = x4[vbase + i20]; }
+    if (RK > 20u && i20 < nv) { c20 = x4[vbase + i20]; }
     let i21 = lid + 21u * WG;
     var c21 = zero;
-    if (i21 < nv) { c21 = x4[vbase + i21]; }
+    if (RK > 21u && i21 < nv) { c21 = x4[vbase + i21]; }
     let i22 = lid + 22u * WG;
     var c22 = zero;
-    if (i22 < nv) { c22 = x4[vbase + i22]; }
+    if (RK > 22u && i22 < nv) { c22 = x4[vbase + i22]; }
     let i23 = lid + 23u * WG;
     var c23 = zero;
-    if (i23 < nv) { c23 = x4[vbase + i23]; }
+    if (RK > 23u && i23 < nv) { c23 = x4[vbase + i23]; }
     let i24 = lid + 24u * WG;
     var c24 = zero;
-    if (i24 < nv) { c24 = x4[vbase + i24]; }
+    if (RK > 24u && i24 < nv) { c24 = x4[vbase + i24]; }
     let i25 = lid + 25u * WG;
     var c25 = zero;
-    if (i25 < nv) { c25 = x4[vbase + i25]; }
+    if (RK > 25u && i25 < nv) { c25 = x4[vbase + i25]; }
     let i26 = lid + 26u * WG;
     var c26 = zero;
-    if (i26 < nv) { c26 = x4[vbase + i26]; }
+    if (RK > 26u && i26 < nv) { c26 = x4[vbase + i26]; }
     let i27 = lid + 27u * WG;
     var c27 = zero;
-    if (i27 < nv) { c27 = x4[vbase + i27]; }
+    if (RK > 27u && i27 < nv) { c27 = x4[vbase + i27]; }
     let i28 = lid + 28u * WG;
     var c28 = zero;
-    if (i28 < nv) { c28 = x4[vbase + i28]; }
+    if (RK > 28u && i28 < nv) { c28 = x4[vbase + i28]; }
     let i29 = lid + 29u * WG;
     var c29 = zero;
-    if (i29 < nv) { c29 = x4[vbase + i29]; }
+    if (RK > 29u && i29 < nv) { c29 = x4[vbase + i29]; }
     let i30 = lid + 30u * WG;
     var c30 = zero;
-    if (i30 < nv) { c30 = x4[vbase + i30]; }
+    if (RK > 30u && i30 < nv) { c30 = x4[vbase + i30]; }
     let i31 = lid + 31u * WG;
     var c31 = zero;
-    if (i31 < nv) { c31 = x4[vbase + i31]; }
+    if (RK > 31u && i31 < nv) { c31 = x4[vbase + i31]; }
     var m = neg_inf();
-    if (i0 < nv) { m = max(m, chunk_max(c0)); }
-    if (i1 < nv) { m = max(m, chunk_max(c1)); }
-    if (i2 < nv) { m = max(m, chunk_max(c2)); }
-    if (i3 < nv) { m = max(m, chunk_max(c3)); }
-    if (i4 < nv) { m = max(m, chunk_max(c4)); }
-    if (i5 < nv) { m = max(m, chunk_max(c5)); }
-    if (i6 < nv) { m = max(m, chunk_max(c6)); }
-    if (i7 < nv) { m = max(m, chunk_max(c7)); }
-    if (i8 < nv) { m = max(m, chunk_max(c8)); }
-    if (i9 < nv) { m = max(m, chunk_max(c9)); }
-    if (i10 < nv) { m = max(m, chunk_max(c10)); }
-    if (i11 < nv) { m = max(m, chunk_max(c11)); }
-    if (i12 < nv) { m = max(m, chunk_max(c12)); }
-    if (i13 < nv) { m = max(m, chunk_max(c13)); }
-    if (i14 < nv) { m = max(m, chunk_max(c14)); }
-    if (i15 < nv) { m = max(m, chunk_max(c15)); }
-    if (i16 < nv) { m = max(m, chunk_max(c16)); }
-    if (i17 < nv) { m = max(m, chunk_max(c17)); }
-    if (i18 < nv) { m = max(m, chunk_max(c18)); }
-    if (i19 < nv) { m = max(m, chunk_max(c19)); }
-    if (i20 < nv) { m = max(m, chunk_max(c20)); }
-    if (i21 < nv) { m = max(m, chunk_max(c21)); }
-    if (i22 < nv) { m = max(m, chunk_max(c22)); }
-    if (i23 < nv) { m = max(m, chunk_max(c23)); }
-    if (i24 < nv) { m = max(m, chunk_max(c24)); }
-    if (i25 < nv) { m = max(m, chunk_max(c25)); }
-    if (i26 < nv) { m = max(m, chunk_max(c26)); }
-    if (i27 < nv) { m = max(m, chunk_max(c27)); }
-    if (i28 < nv) { m = max(m, chunk_max(c28)); }
-    if (i29 < nv) { m = max(m, chunk_max(c29)); }
-    if (i30 < nv) { m = max(m, chunk_max(c30)); }
-    if (i31 < nv) { m = max(m, chunk_max(c31)); }
-    let row_max = workgroup_max(m, lid);
+    if (RK > 0u && i0 < nv) { m = max(m, chunk_max(c0)); }
+    if (RK > 1u && i1 < nv) { m = max(m, chunk_max(c1)); }
+    if (RK > 2u && i2 < nv) { m = max(m, chunk_max(c2)); }
+    if (RK > 3u && i3 < nv) { m = max(m, chunk_max(c3)); }
+    if (RK > 4u && i4 < nv) { m = max(m, chunk_max(c4)); }
+    if (RK > 5u && i5 < nv) { m = max(m, chunk_max(c5)); }
+    if (RK > 6u && i6 < nv) { m = max(m, chunk_max(c6)); }
+    if (RK > 7u && i7 < nv) { m = max(m, chunk_max(c7)); }
+    if (RK > 8u && i8 < nv) { m = max(m, chunk_max(c8)); }
+    if (RK > 9u && i9 < nv) { m = max(m, chunk_max(c9)); }
+    if (RK > 10u && i10 < nv) { m = max(m, chunk_max(c10)); }
+    if (RK > 11u && i11 < nv) { m = max(m, chunk_max(c11)); }
+    if (RK > 12u && i12 < nv) { m = max(m, chunk_max(c12)); }
+    if (RK > 13u && i13 < nv) { m = max(m, chunk_max(c13)); }
+    if (RK > 14u && i14 < nv) { m = max(m, chunk_max(c14)); }
+    if (RK > 15u && i15 < nv) { m = max(m, chunk_max(c15)); }
+    if (RK > 16u && i16 < nv) { m = max(m, chunk_max(c16)); }
+    if (RK > 17u && i17 < nv) { m = max(m, chunk_max(c17)); }
+    if (RK > 18u && i18 < nv) { m = max(m, chunk_max(c18)); }
+    if (RK > 19u && i19 < nv) { m = max(m, chunk_max(c19)); }
+    if (RK > 20u && i20 < nv) { m = max(m, chunk_max(c20)); }
+    if (RK > 21u && i21 < nv) { m = max(m, chunk_max(c21)); }
+    if (RK > 22u && i22 < nv) { m = max(m, chunk_max(c22)); }
+    if (RK > 23u && i23 < nv) { m = max(m, chunk_max(c23)); }
+    if (RK > 24u && i24 < nv) { m = max(m, chunk_max(c24)); }
+    if (RK > 25u && i25 < nv) { m = max(m, chunk_max(c25)); }
+    if (RK > 26u && i26 < nv) { m = max(m, chunk_max(c26)); }
+    if (RK > 27u && i27 < nv) { m = max(m, chunk_max(c27)); }
+    if (RK > 28u && i28 < nv) { m = max(m, chunk_max(c28)); }
+    if (RK > 29u && i29 < nv) { m = max(m, chunk_max(c29)); }
+    if (RK > 30u && i30 < nv) { m = max(m, chunk_max(c30)); }
+    if (RK > 31u && i31 < nv) { m = max(m, chunk_max(c31)); }
+    let rmax = workgroup_max(m, lid);
     var s = 0.0;
-    if (i0 < nv) { s = s + chunk_expsum(c0, row_max); }
-    if (i1 < nv) { s = s + chunk_expsum(c1, row_max); }
-    if (i2 < nv) { s = s + chunk_expsum(c2, row_max); }
-    if (i3 < nv) { s = s + chunk_expsum(c3, row_max); }
-    if (i4 < nv) { s = s + chunk_expsum(c4, row_max); }
-    if (i5 < nv) { s = s + chunk_expsum(c5, row_max); }
-    if (i6 < nv) { s = s + chunk_expsum(c6, row_max); }
-    if (i7 < nv) { s = s + chunk_expsum(c7, row_max); }
-    if (i8 < nv) { s = s + chunk_expsum(c8, row_max); }
-    if (i9 < nv) { s = s + chunk_expsum(c9, row_max); }
-    if (i10 < nv) { s = s + chunk_expsum(c10, row_max); }
-    if (i11 < nv) { s = s + chunk_expsum(c11, row_max); }
-    if (i12 < nv) { s = s + chunk_expsum(c12, row_max); }
-    if (i13 < nv) { s = s + chunk_expsum(c13, row_max); }
-    if (i14 < nv) { s = s + chunk_expsum(c14, row_max); }
-    if (i15 < nv) { s = s + chunk_expsum(c15, row_max); }
-    if (i16 < nv) { s = s + chunk_expsum(c16, row_max); }
-    if (i17 < nv) { s = s + chunk_expsum(c17, row_max); }
-    if (i18 < nv) { s = s + chunk_expsum(c18, row_max); }
-    if (i19 < nv) { s = s + chunk_expsum(c19, row_max); }
-    if (i20 < nv) { s = s + chunk_expsum(c20, row_max); }
-    if (i21 < nv) { s = s + chunk_expsum(c21, row_max); }
-    if (i22 < nv) { s = s + chunk_expsum(c22, row_max); }
-    if (i23 < nv) { s = s + chunk_expsum(c23, row_max); }
-    if (i24 < nv) { s = s + chunk_expsum(c24, row_max); }
-    if (i25 < nv) { s = s + chunk_expsum(c25, row_max); }
-    if (i26 < nv) { s = s + chunk_expsum(c26, row_max); }
-    if (i27 < nv) { s = s + chunk_expsum(c27, row_max); }
-    if (i28 < nv) { s = s + chunk_expsum(c28, row_max); }
-    if (i29 < nv) { s = s + chunk_expsum(c29, row_max); }
-    if (i30 < nv) { s = s + chunk_expsum(c30, row_max); }
-    if (i31 < nv) { s = s + chunk_expsum(c31, row_max); }
-    if (row_max == neg_inf()) {
+    if (RK > 0u && i0 < nv) { s = s + chunk_expsum(c0, rmax); }
+    if (RK > 1u && i1 < nv) { s = s + chunk_expsum(c1, rmax); }
+    if (RK > 2u && i2 < nv) { s = s + chunk_expsum(c2, rmax); }
+    if (RK > 3u && i3 < nv) { s = s + chunk_expsum(c3, rmax); }
+    if (RK > 4u && i4 < nv) { s = s + chunk_expsum(c4, rmax); }
+    if (RK > 5u && i5 < nv) { s = s + chunk_expsum(c5, rmax); }
+    if (RK > 6u && i6 < nv) { s = s + chunk_expsum(c6, rmax); }
+    if (RK > 7u && i7 < nv) { s = s + chunk_expsum(c7, rmax); }
+    if (RK > 8u && i8 < nv) { s = s + chunk_expsum(c8, rmax); }
+    if (RK > 9u && i9 < nv) { s = s + chunk_expsum(c9, rmax); }
+    if (RK > 10u && i10 < nv) { s = s + chunk_expsum(c10, rmax); }
+    if (RK > 11u && i11 < nv) { s = s + chunk_expsum(c11, rmax); }
+    if (RK > 12u && i12 < nv) { s = s + chunk_expsum(c12, rmax); }
+    if (RK > 13u && i13 < nv) { s = s + chunk_expsum(c13, rmax); }
+    if (RK > 14u && i14 < nv) { s = s + chunk_expsum(c14, rmax); }
+    if (RK > 15u && i15 < nv) { s = s + chunk_expsum(c15, rmax); }
+    if (RK > 16u && i16 < nv) { s = s + chunk_expsum(c16, rmax); }
+    if (RK > 17u && i17 < nv) { s = s + chunk_expsum(c17, rmax); }
+    if (RK > 18u && i18 < nv) { s = s + chunk_expsum(c18, rmax); }
+    if (RK > 19u && i19 < nv) { s = s + chunk_expsum(c19, rmax); }
+    if (RK > 20u && i20 < nv) { s = s + chunk_expsum(c20, rmax); }
+    if (RK > 21u && i21 < nv) { s = s + chunk_expsum(c21, rmax); }
+    if (RK > 22u && i22 < nv) { s = s + chunk_expsum(c22, rmax); }
+    if (RK > 23u && i23 < nv) { s = s + chunk_expsum(c23, rmax); }
+    if (RK > 24u && i24 < nv) { s = s + chunk_expsum(c24, rmax); }
+    if (RK > 25u && i25 < nv) { s = s + chunk_expsum(c25, rmax); }
+    if (RK > 26u && i26 < nv) { s = s + chunk_expsum(c26, rmax); }
+    if (RK > 27u && i27 < nv) { s = s + chunk_expsum(c27, rmax); }
+    if (RK > 28u && i28 < nv) { s = s + chunk_expsum(c28, rmax); }
+    if (RK > 29u && i29 < nv) { s = s + chunk_expsum(c29, rmax); }
+    if (RK > 30u && i30 < nv) { s = s + chunk_expsum(c30, rmax); }
+    if (RK > 31u && i31 < nv) { s = s + chunk_expsum(c31, rmax); }
+    if (rmax == neg_inf()) {
         s = 0.0;
     }
     let logden = log(workgroup_sum(s, lid));
     if (lid == 0u) {
-        stats_out[2u * row] = row_max;
+        stats_out[2u * row] = rmax;
         stats_out[2u * row + 1u] = logden;
     }
-    if (i0 < nv) { chunk_store(vbase + i0, c0, row_max, logden); }
-    if (i1 < nv) { chunk_store(vbase + i1, c1, row_max, logden); }
-    if (i2 < nv) { chunk_store(vbase + i2, c2, row_max, logden); }
-    if (i3 < nv) { chunk_store(vbase + i3, c3, row_max, logden); }
-    if (i4 < nv) { chunk_store(vbase + i4, c4, row_max, logden); }
-    if (i5 < nv) { chunk_store(vbase + i5, c5, row_max, logden); }
-    if (i6 < nv) { chunk_store(vbase + i6, c6, row_max, logden); }
-    if (i7 < nv) { chunk_store(vbase + i7, c7, row_max, logden); }
-    if (i8 < nv) { chunk_store(vbase + i8, c8, row_max, logden); }
-    if (i9 < nv) { chunk_store(vbase + i9, c9, row_max, logden); }
-    if (i10 < nv) { chunk_store(vbase + i10, c10, row_max, logden); }
-    if (i11 < nv) { chunk_store(vbase + i11, c11, row_max, logden); }
-    if (i12 < nv) { chunk_store(vbase + i12, c12, row_max, logden); }
-    if (i13 < nv) { chunk_store(vbase + i13, c13, row_max, logden); }
-    if (i14 < nv) { chunk_store(vbase + i14, c14, row_max, logden); }
-    if (i15 < nv) { chunk_store(vbase + i15, c15, row_max, logden); }
-    if (i16 < nv) { chunk_store(vbase + i16, c16, row_max, logden); }
-    if (i17 < nv) { chunk_store(vbase + i17, c17, row_max, logden); }
-    if (i18 < nv) { chunk_store(vbase + i18, c18, row_max, logden); }
-    if (i19 < nv) { chunk_store(vbase + i19, c19, row_max, logden); }
-    if (i20 < nv) { chunk_store(vbase + i20, c20, row_max, logden); }
-    if (i21 < nv) { chunk_store(vbase + i21, c21, row_max, logden); }
-    if (i22 < nv) { chunk_store(vbase + i22, c22, row_max, logden); }
-    if (i23 < nv) { chunk_store(vbase + i23, c23, row_max, logden); }
-    if (i24 < nv) { chunk_store(vbase + i24, c24, row_max, logden); }
-    if (i25 < nv) { chunk_store(vbase + i25, c25, row_max, logden); }
-    if (i26 < nv) { chunk_store(vbase + i26, c26, row_max, logden); }
-    if (i27 < nv) { chunk_store(vbase + i27, c27, row_max, logden); }
-    if (i28 < nv) { chunk_store(vbase + i28, c28, row_max, logden); }
-    if (i29 < nv) { chunk_store(vbase + i29, c29, row_max, logden); }
-    if (i30 < nv) { chunk_store(vbase + i30, c30, row_max, logden); }
-    if (i31 < nv) { chunk_store(vbase + i31, c31, row_max, logden); }
+    if (RK > 0u && i0 < nv) { chunk_store(vbase + i0, c0, rmax, logden); }
+    if (RK > 1u && i1 < nv) { chunk_store(vbase + i1, c1, rmax, logden); }
+    if (RK > 2u && i2 < nv) { chunk_store(vbase + i2, c2, rmax, logden); }
+    if (RK > 3u && i3 < nv) { chunk_store(vbase + i3, c3, rmax, logden); }
+    if (RK > 4u && i4 < nv) { chunk_store(vbase + i4, c4, rmax, logden); }
+    if (RK > 5u && i5 < nv) { chunk_store(vbase + i5, c5, rmax, logden); }
+    if (RK > 6u && i6 < nv) { chunk_store(vbase + i6, c6, rmax, logden); }
+    if (RK > 7u && i7 < nv) { chunk_store(vbase + i7, c7, rmax, logden); }
+    if (RK > 8u && i8 < nv) { chunk_store(vbase + i8, c8, rmax, logden); }
+    if (RK > 9u && i9 < nv) { chunk_store(vbase + i9, c9, rmax, logden); }
+    if (RK > 10u && i10 < nv) { chunk_store(vbase + i10, c10, rmax, logden); }
+    if (RK > 11u && i11 < nv) { chunk_store(vbase + i11, c11, rmax, logden); }
+    if (RK > 12u && i12 < nv) { chunk_store(vbase + i12, c12, rmax, logden); }
+    if (RK > 13u && i13 < nv) { chunk_store(vbase + i13, c13, rmax, logden); }
+    if (RK > 14u && i14 < nv) { chunk_store(vbase + i14, c14, rmax, logden); }
+    if (RK > 15u && i15 < nv) { chunk_store(vbase + i15, c15, rmax, logden); }
+    if (RK > 16u && i16 < nv) { chunk_store(vbase + i16, c16, rmax, logden); }
+    if (RK > 17u && i17 < nv) { chunk_store(vbase + i17, c17, rmax, logden); }
+    if (RK > 18u && i18 < nv) { chunk_store(vbase + i18, c18, rmax, logden); }
+    if (RK > 19u && i19 < nv) { chunk_store(vbase + i19, c19, rmax, logden); }
+    if (RK > 20u && i20 < nv) { chunk_store(vbase + i20, c20, rmax, logden); }
+    if (RK > 21u && i21 < nv) { chunk_store(vbase + i21, c21, rmax, logden); }
+    if (RK > 22u && i22 < nv) { chunk_store(vbase + i22, c22, rmax, logden); }
+    if (RK > 23u && i23 < nv) { chunk_store(vbase + i23, c23, rmax, logden); }
+    if (RK > 24u && i24 < nv) { chunk_store(vbase + i24, c24, rmax, logden); }
+    if (RK > 25u && i25 < nv) { chunk_store(vbase + i25, c25, rmax, logden); }
+    if (RK > 26u && i26 < nv) { chunk_store(vbase + i26, c26, rmax, logden); }
+    if (RK > 27u && i27 < nv) { chunk_store(vbase + i27, c27, rmax, logden); }
+    if (RK > 28u && i28 < nv) { chunk_store(vbase + i28, c28, rmax, logden); }
+    if (RK > 29u && i29 < nv) { chunk_store(vbase + i29, c29, rmax, logden); }
+    if (RK > 30u && i30 < nv) { chunk_store(vbase + i30, c30, rmax, logden); }
+    if (RK > 31u && i31 < nv) { chunk_store(vbase + i31, c31, rmax, logden); }
 }
 
 // Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
-// RB·WG chunks (16,384 F32 or 32,768 F16/BF16 columns) are read once into registers, the row
-// sum is taken from them, then dx is written. Same straight-line pattern as softmax_fwd_r.
-const RB: u32 = 16u;
+// RB·WG chunks are read once into registers, the row sum is taken from them, then dx is
+// written. Same straight-line pattern as softmax_fwd_r; RB (a power of two) is at most 8 with
+// 1024 lanes (64 registers of x and dy a lane), 16 with 256.
+override RB: u32 = 16u;
 
 fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
     var acc = softmax_bwd_acc(chunk_lo(w, DT), chunk_lo(g, DT), m, logden);
@@ -1475,147 +1644,147 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let i0 = lid + 0u * WG;
     var c0 = zero;
     var g0 = zero;
-    if (i0 < nv) {
+    if (RB > 0u && i0 < nv) {
         c0 = x4[vbase + i0];
         g0 = second4[vbase + i0];
     }
     let i1 = lid + 1u * WG;
     var c1 = zero;
     var g1 = zero;
-    if (i1 < nv) {
+    if (RB > 1u && i1 < nv) {
         c1 = x4[vbase + i1];
         g1 = second4[vbase + i1];
     }
     let i2 = lid + 2u * WG;
     var c2 = zero;
     var g2 = zero;
-    if (i2 < nv) {
+    if (RB > 2u && i2 < nv) {
         c2 = x4[vbase + i2];
         g2 = second4[vbase + i2];
     }
     let i3 = lid + 3u * WG;
     var c3 = zero;
     var g3 = zero;
-    if (i3 < nv) {
+    if (RB > 3u && i3 < nv) {
         c3 = x4[vbase + i3];
         g3 = second4[vbase + i3];
     }
     let i4 = lid + 4u * WG;
     var c4 = zero;
     var g4 = zero;
-    if (i4 < nv) {
+    if (RB > 4u && i4 < nv) {
         c4 = x4[vbase + i4];
         g4 = second4[vbase + i4];
     }
     let i5 = lid + 5u * WG;
     var c5 = zero;
     var g5 = zero;
-    if (i5 < nv) {
+    if (RB > 5u && i5 < nv) {
         c5 = x4[vbase + i5];
         g5 = second4[vbase + i5];
     }
     let i6 = lid + 6u * WG;
     var c6 = zero;
     var g6 = zero;
-    if (i6 < nv) {
+    if (RB > 6u && i6 < nv) {
         c6 = x4[vbase + i6];
         g6 = second4[vbase + i6];
     }
     let i7 = lid + 7u * WG;
     var c7 = zero;
     var g7 = zero;
-    if (i7 < nv) {
+    if (RB > 7u && i7 < nv) {
         c7 = x4[vbase + i7];
         g7 = second4[vbase + i7];
     }
     let i8 = lid + 8u * WG;
     var c8 = zero;
     var g8 = zero;
-    if (i8 < nv) {
+    if (RB > 8u && i8 < nv) {
         c8 = x4[vbase + i8];
         g8 = second4[vbase + i8];
     }
     let i9 = lid + 9u * WG;
     var c9 = zero;
     var g9 = zero;
-    if (i9 < nv) {
+    if (RB > 9u && i9 < nv) {
         c9 = x4[vbase + i9];
         g9 = second4[vbase + i9];
     }
     let i10 = lid + 10u * WG;
     var c10 = zero;
     var g10 = zero;
-    if (i10 < nv) {
+    if (RB > 10u && i10 < nv) {
         c10 = x4[vbase + i10];
         g10 = second4[vbase + i10];
     }
     let i11 = lid + 11u * WG;
     var c11 = zero;
     var g11 = zero;
-    if (i11 < nv) {
+    if (RB > 11u && i11 < nv) {
         c11 = x4[vbase + i11];
         g11 = second4[vbase + i11];
     }
     let i12 = lid + 12u * WG;
     var c12 = zero;
     var g12 = zero;
-    if (i12 < nv) {
+    if (RB > 12u && i12 < nv) {
         c12 = x4[vbase + i12];
         g12 = second4[vbase + i12];
     }
     let i13 = lid + 13u * WG;
     var c13 = zero;
     var g13 = zero;
-    if (i13 < nv) {
+    if (RB > 13u && i13 < nv) {
         c13 = x4[vbase + i13];
         g13 = second4[vbase + i13];
     }
     let i14 = lid + 14u * WG;
     var c14 = zero;
     var g14 = zero;
-    if (i14 < nv) {
+    if (RB > 14u && i14 < nv) {
         c14 = x4[vbase + i14];
         g14 = second4[vbase + i14];
     }
     let i15 = lid + 15u * WG;
     var c15 = zero;
     var g15 = zero;
-    if (i15 < nv) {
+    if (RB > 15u && i15 < nv) {
         c15 = x4[vbase + i15];
         g15 = second4[vbase + i15];
     }
     var acc = 0.0;
-    if (i0 < nv) { acc = acc + chunk_bwd_acc(c0, g0, m, logden); }
-    if (i1 < nv) { acc = acc + chunk_bwd_acc(c1, g1, m, logden); }
-    if (i2 < nv) { acc = acc + chunk_bwd_acc(c2, g2, m, logden); }
-    if (i3 < nv) { acc = acc + chunk_bwd_acc(c3, g3, m, logden); }
-    if (i4 < nv) { acc = acc + chunk_bwd_acc(c4, g4, m, logden); }
-    if (i5 < nv) { acc = acc + chunk_bwd_acc(c5, g5, m, logden); }
-    if (i6 < nv) { acc = acc + chunk_bwd_acc(c6, g6, m, logden); }
-    if (i7 < nv) { acc = acc + chunk_bwd_acc(c7, g7, m, logden); }
-    if (i8 < nv) { acc = acc + chunk_bwd_acc(c8, g8, m, logden); }
-    if (i9 < nv) { acc = acc + chunk_bwd_acc(c9, g9, m, logden); }
-    if (i10 < nv) { acc = acc + chunk_bwd_acc(c10, g10, m, logden); }
-    if (i11 < nv) { acc = acc + chunk_bwd_acc(c11, g11, m, logden); }
-    if (i12 < nv) { acc = acc + chunk_bwd_acc(c12, g12, m, logden); }
-    if (i13 < nv) { acc = acc + chunk_bwd_acc(c13, g13, m, logden); }
-    if (i14 < nv) { acc = acc + chunk_bwd_acc(c14, g14, m, logden); }
-    if (i15 < nv) { acc = acc + chunk_bwd_acc(c15, g15, m, logden); }
+    if (RB > 0u && i0 < nv) { acc = acc + chunk_bwd_acc(c0, g0, m, logden); }
+    if (RB > 1u && i1 < nv) { acc = acc + chunk_bwd_acc(c1, g1, m, logden); }
+    if (RB > 2u && i2 < nv) { acc = acc + chunk_bwd_acc(c2, g2, m, logden); }
+    if (RB > 3u && i3 < nv) { acc = acc + chunk_bwd_acc(c3, g3, m, logden); }
+    if (RB > 4u && i4 < nv) { acc = acc + chunk_bwd_acc(c4, g4, m, logden); }
+    if (RB > 5u && i5 < nv) { acc = acc + chunk_bwd_acc(c5, g5, m, logden); }
+    if (RB > 6u && i6 < nv) { acc = acc + chunk_bwd_acc(c6, g6, m, logden); }
+    if (RB > 7u && i7 < nv) { acc = acc + chunk_bwd_acc(c7, g7, m, logden); }
+    if (RB > 8u && i8 < nv) { acc = acc + chunk_bwd_acc(c8, g8, m, logden); }
+    if (RB > 9u && i9 < nv) { acc = acc + chunk_bwd_acc(c9, g9, m, logden); }
+    if (RB > 10u && i10 < nv) { acc = acc + chunk_bwd_acc(c10, g10, m, logden); }
+    if (RB > 11u && i11 < nv) { acc = acc + chunk_bwd_acc(c11, g11, m, logden); }
+    if (RB > 12u && i12 < nv) { acc = acc + chunk_bwd_acc(c12, g12, m, logden); }
+    if (RB > 13u && i13 < nv) { acc = acc + chunk_bwd_acc(c13, g13, m, logden); }
+    if (RB > 14u && i14 < nv) { acc = acc + chunk_bwd_acc(c14, g14, m, logden); }
+    if (RB > 15u && i15 < nv) { acc = acc + chunk_bwd_acc(c15, g15, m, logden); }
     let total = workgroup_sum(acc, lid);
-    if (i0 < nv) { chunk_bwd_store(vbase + i0, c0, g0, m, logden, total); }
-    if (i1 < nv) { chunk_bwd_store(vbase + i1, c1, g1, m, logden, total); }
-    if (i2 < nv) { chunk_bwd_store(vbase + i2, c2, g2, m, logden, total); }
-    if (i3 < nv) { chunk_bwd_store(vbase + i3, c3, g3, m, logden, total); }
-    if (i4 < nv) { chunk_bwd_store(vbase + i4, c4, g4, m, logden, total); }
-    if (i5 < nv) { chunk_bwd_store(vbase + i5, c5, g5, m, logden, total); }
-    if (i6 < nv) { chunk_bwd_store(vbase + i6, c6, g6, m, logden, total); }
-    if (i7 < nv) { chunk_bwd_store(vbase + i7, c7, g7, m, logden, total); }
-    if (i8 < nv) { chunk_bwd_store(vbase + i8, c8, g8, m, logden, total); }
-    if (i9 < nv) { chunk_bwd_store(vbase + i9, c9, g9, m, logden, total); }
-    if (i10 < nv) { chunk_bwd_store(vbase + i10, c10, g10, m, logden, total); }
-    if (i11 < nv) { chunk_bwd_store(vbase + i11, c11, g11, m, logden, total); }
-    if (i12 < nv) { chunk_bwd_store(vbase + i12, c12, g12, m, logden, total); }
-    if (i13 < nv) { chunk_bwd_store(vbase + i13, c13, g13, m, logden, total); }
-    if (i14 < nv) { chunk_bwd_store(vbase + i14, c14, g14, m, logden, total); }
-    if (i15 < nv) { chunk_bwd_store(vbase + i15, c15, g15, m, logden, total); }
+    if (RB > 0u && i0 < nv) { chunk_bwd_store(vbase + i0, c0, g0, m, logden, total); }
+    if (RB > 1u && i1 < nv) { chunk_bwd_store(vbase + i1, c1, g1, m, logden, total); }
+    if (RB > 2u && i2 < nv) { chunk_bwd_store(vbase + i2, c2, g2, m, logden, total); }
+    if (RB > 3u && i3 < nv) { chunk_bwd_store(vbase + i3, c3, g3, m, logden, total); }
+    if (RB > 4u && i4 < nv) { chunk_bwd_store(vbase + i4, c4, g4, m, logden, total); }
+    if (RB > 5u && i5 < nv) { chunk_bwd_store(vbase + i5, c5, g5, m, logden, total); }
+    if (RB > 6u && i6 < nv) { chunk_bwd_store(vbase + i6, c6, g6, m, logden, total); }
+    if (RB > 7u && i7 < nv) { chunk_bwd_store(vbase + i7, c7, g7, m, logden, total); }
+    if (RB > 8u && i8 < nv) { chunk_bwd_store(vbase + i8, c8, g8, m, logden, total); }
+    if (RB > 9u && i9 < nv) { chunk_bwd_store(vbase + i9, c9, g9, m, logden, total); }
+    if (RB > 10u && i10 < nv) { chunk_bwd_store(vbase + i10, c10, g10, m, logden, total); }
+    if (RB > 11u && i11 < nv) { chunk_bwd_store(vbase + i11, c11, g11, m, logden, total); }
+    if (RB > 12u && i12 < nv) { chunk_bwd_store(vbase + i12, c12, g12, m, logden, total); }
+    if (RB > 13u && i13 < nv) { chunk_bwd_store(vbase + i13, c13, g13, m, logden, total); }
+    if (RB > 14u && i14 < nv) { chunk_bwd_store(vbase + i14, c14, g14, m, logden, total); }
+    if (RB > 15u && i15 < nv) { chunk_bwd_store(vbase + i15, c15, g15, m, logden, total); }
 }

@@ -7,12 +7,12 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     vec![
         OperatorCheck {
             name: "softmax",
-            kernels: &["loss"],
+            kernels: &["loss", "loss_rows"],
             run: |e| check_softmax(e, false),
         },
         OperatorCheck {
             name: "log_softmax",
-            kernels: &["loss"],
+            kernels: &["loss", "loss_rows"],
             run: |e| check_softmax(e, true),
         },
         OperatorCheck {
@@ -24,6 +24,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             name: "cross_entropy",
             kernels: &["loss", "reduce"],
             run: check_cross_entropy,
+        },
+        OperatorCheck {
+            name: "cross_entropy_in_place",
+            kernels: &["loss", "loss_rows", "reduce"],
+            run: check_cross_entropy_in_place,
         },
         OperatorCheck {
             name: "cross_entropy_soft",
@@ -98,6 +103,46 @@ fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
                 Tolerance::for_dtype(DType::F32),
             ));
         }
+    }
+    // Register-resident rows (more than 2,048 vec4 chunks), dy in x's dtype.
+    let (rows, cols) = (2, 12_000);
+    for dtype in [DType::F32, DType::BF16] {
+        let (x, xs) = tensor_from_f64(
+            engine,
+            &rng.vec(rows * cols, -4.0, 4.0),
+            &[rows, cols],
+            dtype,
+        )?;
+        let (dy, dys) = tensor_from_f64(
+            engine,
+            &rng.vec(rows * cols, -1.0, 1.0),
+            &[rows, cols],
+            dtype,
+        )?;
+        let (y, saved) = if log {
+            loss::log_softmax(&x)?
+        } else {
+            loss::softmax(&x)?
+        };
+        let want = if log {
+            r::log_softmax(&xs, rows, cols)
+        } else {
+            r::softmax(&xs, rows, cols)
+        };
+        cases.push(case(
+            format!("{rows}x{cols} {dtype} y (registers)"),
+            &y.to_f64()?,
+            &want,
+            Tolerance::for_dtype(dtype),
+        ));
+        let dx = loss::softmax_backward(&saved, &dy)?;
+        let want = r::softmax_backward(&xs, &dys, rows, cols, log);
+        cases.push(case(
+            format!("{rows}x{cols} {dtype} dx (registers)"),
+            &dx.to_f64()?,
+            &want,
+            Tolerance::for_dtype(DType::F32),
+        ));
     }
     Ok(cases)
 }
@@ -191,6 +236,51 @@ fn check_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                 let dx = loss::cross_entropy_backward(&saved, Some(&gt))?;
                 let want = r::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &g);
                 cases.push(case(format!("{label} dx"), &dx.to_f64()?, &want, f32_tol));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// The loss outputs, and the gradient the logits hold afterwards (unit cotangent, in the logits'
+/// dtype): whole-chunk rows (the fused entry) and ragged ones (forward, backward, store).
+fn check_cross_entropy_in_place(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::loss::{self, Reduction};
+    use crate::reference::loss as r;
+    let mut rng = Rng::new(44);
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(7, 100), (4, 1000)] {
+        for dtype in DType::FLOATS {
+            for (name, cfg) in ce_configs(&mut rng, cols, 42, 1e-4, 30.0) {
+                let reduction = cfg.reduction;
+                let targets = ce_targets(&mut rng, rows, cols, cfg.ignore_index);
+                let (x, xs) = tensor_from_f64(
+                    engine,
+                    &rng.vec(rows * cols, -6.0, 6.0),
+                    &[rows, cols],
+                    dtype,
+                )?;
+                let t = Tensor::from_slice(engine, &targets, &[rows])?;
+                let options = ce_options(engine, &cfg)?;
+                let out = loss::cross_entropy_in_place(&x, &t, &options)?;
+                let want = r::cross_entropy(&xs, &targets, rows, cols, &cfg);
+                let label = format!("{name} {reduction:?} {rows}x{cols} {dtype}");
+                ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
+                let n = if reduction == Reduction::None {
+                    rows
+                } else {
+                    1
+                };
+                let want =
+                    r::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &vec![1.0; n]);
+                cases.push(case(
+                    format!("{label} gradient in the logits"),
+                    &x.to_f64()?,
+                    &want,
+                    Tolerance::for_dtype(dtype),
+                ));
             }
         }
     }
