@@ -15,6 +15,9 @@
 //! Storage F32, F16 or BF16 for every input (each may differ); the output has the gate's
 //! dtype; math is FP32; gradients are F32. Any element count, odd and empty included (one
 //! storage binding per tensor). The backward recomputes the activation from the saved inputs.
+//! Counts that are multiples of 8 (packed: row widths) run chunk kernels with 16-byte loads
+//! and stores, one launch per pass; other counts a per-element kernel. Both compute each
+//! element with the same operations in the same order, so they give the same bits.
 //!
 //! Accuracy: FP32 `exp`/`tanh` of the platform (Metal: `precise::`), and an erf of wgrad's own
 //! (Taylor series below 1, a fitted `erfc` tail above; a few f32 ulps, see
@@ -240,6 +243,45 @@ fn groups(count: usize) -> u64 {
     (count.div_ceil(2) as u64).div_ceil(WG * UNROLL)
 }
 
+/// Elements of one chunk of the chunk kernels (`*_chunks` in the kernel): 16-byte loads and
+/// stores, `CHUNKS` chunks per invocation.
+const CHUNK: usize = 8;
+const CHUNKS: u64 = 2;
+
+/// The entry point and launch of an element-wise pass over `count` output elements (packed:
+/// rows of `width`): the chunk kernel when every row splits into whole chunks (`count`, or
+/// for the packed layout `width`, a multiple of 8), else the per-element kernel `general`.
+struct Pass {
+    entry: &'static str,
+    params: Params,
+    groups: u64,
+}
+
+fn pass(
+    general: &'static str,
+    chunked: &'static str,
+    count: usize,
+    width: Option<usize>,
+    o: &ActivationOptions,
+) -> Pass {
+    let split = width.unwrap_or(count);
+    if count > 0 && split.is_multiple_of(CHUNK) {
+        let chunks = count / CHUNK;
+        let mut p = params(count, width.unwrap_or(0) / CHUNK, o);
+        p.pairs = chunks as u32;
+        return Pass {
+            entry: chunked,
+            params: p,
+            groups: (chunks as u64).div_ceil(WG * CHUNKS),
+        };
+    }
+    Pass {
+        entry: general,
+        params: params(count, width.unwrap_or(0), o),
+        groups: groups(count),
+    }
+}
+
 /// Forward: unary `m_d·act(m_g·gate)` when `up` is `None`, gated `m_d·act(m_g·gate)·up`
 /// otherwise. Output: the gate's shape and dtype.
 ///
@@ -260,13 +302,20 @@ pub fn forward(
     let out = Tensor::empty(engine, gate.shape(), gate.dtype(), "activation output")?;
     let inputs = match up {
         None => {
+            let p = pass(
+                "forward_unary",
+                "forward_unary_chunks",
+                count,
+                None,
+                options,
+            );
             engine.launch(
                 &KERNEL,
-                "forward_unary",
+                p.entry,
                 &constants(kind, gate.dtype(), gate.dtype(), gate.dtype(), false),
-                &params(count, 0, options),
+                &p.params,
                 &[gate.buffer(), out.buffer()],
-                groups(count),
+                p.groups,
             )?;
             Inputs::Unary(gate.clone())
         }
@@ -276,13 +325,20 @@ pub fn forward(
             if up.shape() != gate.shape() {
                 return Err(Error::shape("activation: up", gate.shape(), up.shape()));
             }
+            let p = pass(
+                "forward_gated",
+                "forward_gated_chunks",
+                count,
+                None,
+                options,
+            );
             engine.launch(
                 &KERNEL,
-                "forward_gated",
+                p.entry,
                 &constants(kind, gate.dtype(), up.dtype(), gate.dtype(), false),
-                &params(count, 0, options),
+                &p.params,
                 &[gate.buffer(), up.buffer(), out.buffer()],
-                groups(count),
+                p.groups,
             )?;
             Inputs::Gated(gate.clone(), up.clone())
         }
@@ -327,13 +383,20 @@ pub fn packed_forward(
     let count = x.len() / 2;
     let engine = x.engine();
     let out = Tensor::empty(engine, &out_shape, x.dtype(), "activation output")?;
+    let p = pass(
+        "forward_gated",
+        "forward_gated_chunks",
+        count,
+        Some(width),
+        options,
+    );
     engine.launch(
         &KERNEL,
-        "forward_gated",
+        p.entry,
         &constants(kind, x.dtype(), x.dtype(), x.dtype(), true),
-        &params(count, width, options),
+        &p.params,
         &[x.buffer(), x.buffer(), out.buffer()],
-        groups(count),
+        p.groups,
     )?;
     Ok((
         out,
@@ -363,13 +426,14 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
             dy.check_engine(g.engine(), "activation: dy")?;
             let engine = g.engine();
             let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
+            let p = pass("backward_unary", "backward_unary_chunks", count, None, o);
             engine.launch(
                 &KERNEL,
-                "backward_unary",
+                p.entry,
                 &constants(saved.kind, g.dtype(), g.dtype(), dy.dtype(), false),
-                &params(count, 0, o),
+                &p.params,
                 &[g.buffer(), dy.buffer(), dgate.buffer()],
-                groups(count),
+                p.groups,
             )?;
             Ok(ActivationGrads { dgate, dup: None })
         }
@@ -378,11 +442,12 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
             let engine = g.engine();
             let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
             let dup = Tensor::empty(engine, g.shape(), DType::F32, "activation dup")?;
+            let p = pass("backward_gated", "backward_gated_chunks", count, None, o);
             engine.launch(
                 &KERNEL,
-                "backward_gated",
+                p.entry,
                 &constants(saved.kind, g.dtype(), u.dtype(), dy.dtype(), false),
-                &params(count, 0, o),
+                &p.params,
                 &[
                     g.buffer(),
                     u.buffer(),
@@ -390,7 +455,7 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
                     dgate.buffer(),
                     dup.buffer(),
                 ],
-                groups(count),
+                p.groups,
             )?;
             Ok(ActivationGrads {
                 dgate,
@@ -402,13 +467,20 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
             let engine = x.engine();
             let width = saved.out_shape.last().copied().unwrap_or(1);
             let dx = Tensor::empty(engine, x.shape(), DType::F32, "activation dx")?;
+            let p = pass(
+                "backward_packed",
+                "backward_packed_chunks",
+                count,
+                Some(width),
+                o,
+            );
             engine.launch(
                 &KERNEL,
-                "backward_packed",
+                p.entry,
                 &constants(saved.kind, x.dtype(), x.dtype(), dy.dtype(), true),
-                &params(count, width, o),
+                &p.params,
                 &[x.buffer(), dy.buffer(), dx.buffer()],
-                groups(count),
+                p.groups,
             )?;
             Ok(ActivationGrads {
                 dgate: dx,

@@ -33,6 +33,13 @@
 //! Storage F32/F16/BF16 for values, tables and cotangents (independently); output in the
 //! values' dtype; FP32 math; gradients F32.
 //!
+//! Kernels: rows whose width is a multiple of 8 with `rotary_dim` a multiple of 16 (plain
+//! tables; mRoPE sections on multiples of 8) run chunk kernels with 16-byte loads and stores,
+//! q and k in one launch, each invocation rotating one 16-element unit of up to 4 heads of a
+//! token with coefficients loaded once. Other shapes run unit, token or per-element kernels
+//! (one launch per tensor). Every kernel computes an element with the same operations, so
+//! they agree bit for bit.
+//!
 //! Position ids: with [`RopeQkOptions::check_positions`] (the default) the call reads the ids
 //! back to check their range, which **synchronizes** (submits the pending work and waits);
 //! an id outside `0..table_rows` is then `Error::OutOfBounds`. Without the check nothing
@@ -190,6 +197,28 @@ impl Plan {
         (entry, units, groups(units))
     }
 
+    /// Heads per invocation of the chunk kernels (`forward_chunks`, `backward_chunks`: q and
+    /// k in one launch, 16-byte loads and stores), or `None` where they do not apply. They
+    /// need plain tables (not Llama 4's), a row width that is a multiple of 8, `rotary_dim` a
+    /// multiple of 16 and mRoPE sections on multiples of 8, so that every chunk of 8
+    /// elements (and of 8 table frequencies) is 16-byte aligned and uses one position. The
+    /// heads per invocation (4, 2 or 1) divide both head counts.
+    fn chunk_heads(&self) -> Option<usize> {
+        let sections_ok = |s: usize| s == u32::MAX as usize || s.is_multiple_of(8);
+        if self.complex
+            || self.dim == 0
+            || !self.dim.is_multiple_of(8)
+            || !self.rot.is_multiple_of(16)
+            || !sections_ok(self.sections.0)
+            || !sections_ok(self.sections.1)
+        {
+            return None;
+        }
+        [4, 2, 1]
+            .into_iter()
+            .find(|g| self.heads_q.is_multiple_of(*g) && self.heads_k.is_multiple_of(*g))
+    }
+
     fn params(&self, heads: usize, heads_k: usize, count: usize, pairs: usize) -> Params {
         Params {
             count: count as u32,
@@ -332,6 +361,71 @@ fn check_table(
 
 fn groups(n: usize) -> u64 {
     (n as u64).div_ceil(WG)
+}
+
+/// Forward (`forward`) or values backward of q and, when given, k in one launch of the chunk
+/// kernels: outputs in the input's dtype (forward) or F32 (backward). `None` when the plan
+/// does not allow the chunk kernels.
+fn run_chunks(
+    plan: &Plan,
+    forward: bool,
+    q: &Tensor,
+    k: Option<&Tensor>,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Option<(Tensor, Option<Tensor>)>> {
+    let Some(per_lane) = plan.chunk_heads() else {
+        return Ok(None);
+    };
+    let engine = q.engine();
+    let out_dtype = if forward { q.dtype() } else { DType::F32 };
+    let label = if forward {
+        "rope output"
+    } else {
+        "rope dvalues"
+    };
+    let qo = Tensor::empty(engine, q.shape(), out_dtype, label)?;
+    let ko = match k {
+        Some(k) => Some(Tensor::empty(engine, k.shape(), out_dtype, label)?),
+        None => None,
+    };
+    // Without k the k side has no invocations; its output binding gets a placeholder.
+    let k_out = match &ko {
+        Some(t) => t.clone(),
+        None => Tensor::empty(engine, &[4], DType::F32, "rope unused")?,
+    };
+    let units = plan.rot / 16 + (plan.dim - plan.rot) / 8;
+    let lanes = |heads: usize| plan.batch * plan.seq * (heads / per_lane) * units;
+    let heads_k = if k.is_some() { plan.heads_k } else { 0 };
+    let work = lanes(plan.heads_q) + lanes(heads_k);
+    let mut constants = if forward {
+        plan.constants(q.dtype(), cos.dtype(), q.dtype())
+    } else {
+        plan.constants(DType::F32, cos.dtype(), q.dtype())
+    };
+    constants.push(("HEADS", per_lane as f64));
+    let pos = plan.positions.as_ref().unwrap_or(q);
+    engine.launch(
+        &KERNEL,
+        if forward {
+            "forward_chunks"
+        } else {
+            "backward_chunks"
+        },
+        &constants,
+        &plan.params(plan.heads_q, heads_k, q.len(), work),
+        &[
+            pos.buffer(),
+            q.buffer(),
+            k.unwrap_or(q).buffer(),
+            cos.buffer(),
+            sin.buffer(),
+            qo.buffer(),
+            k_out.buffer(),
+        ],
+        groups(work),
+    )?;
+    Ok(Some((qo, ko)))
 }
 
 fn run_forward(
@@ -517,7 +611,10 @@ pub fn forward(
         pos_axis_stride: 0,
         sections: (u32::MAX as usize, u32::MAX as usize),
     };
-    let out = run_forward(&plan, values, 1, cos, sin)?;
+    let out = match run_chunks(&plan, true, values, None, cos, sin)? {
+        Some((out, _)) => out,
+        None => run_forward(&plan, values, 1, cos, sin)?,
+    };
     Ok((
         out,
         RopeSaved {
@@ -545,7 +642,10 @@ fn check_cotangent(dy: &Tensor, like: &Tensor, what: &str) -> Result<()> {
 /// the values' get zeros). Errors: `dy` of another shape or a non-float dtype, another engine.
 pub fn backward(saved: &RopeSaved, dy: &Tensor) -> Result<RopeGrads> {
     check_cotangent(dy, &saved.q, "rope: dy")?;
-    let dvalues = run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?;
+    let dvalues = match run_chunks(&saved.plan, false, dy, None, &saved.cos, &saved.sin)? {
+        Some((d, _)) => d,
+        None => run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?,
+    };
     let (dcos, dsin) = if saved.table_grads {
         let (c, s) = run_table_grads(&saved.plan, &saved.q, dy, None)?;
         (Some(c), s)
@@ -750,8 +850,13 @@ pub fn qk_forward(
         ));
     }
     let plan = qk_plan(q, k, table_rows, half, positions, options, false)?;
-    let qo = run_forward(&plan, q, plan.heads_q, cos, sin)?;
-    let ko = run_forward(&plan, k, plan.heads_k, cos, sin)?;
+    let (qo, ko) = match run_chunks(&plan, true, q, Some(k), cos, sin)? {
+        Some((qo, Some(ko))) => (qo, ko),
+        _ => (
+            run_forward(&plan, q, plan.heads_q, cos, sin)?,
+            run_forward(&plan, k, plan.heads_k, cos, sin)?,
+        ),
+    };
     Ok((
         (qo, ko),
         RopeSaved {
@@ -786,8 +891,13 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
         ));
     }
     let p = &saved.plan;
-    let dqv = run_backward_values(p, dq, p.heads_q, &saved.cos, &saved.sin)?;
-    let dkv = run_backward_values(p, dk, p.heads_k, &saved.cos, &saved.sin)?;
+    let (dqv, dkv) = match run_chunks(p, false, dq, Some(dk), &saved.cos, &saved.sin)? {
+        Some((dqv, Some(dkv))) => (dqv, dkv),
+        _ => (
+            run_backward_values(p, dq, p.heads_q, &saved.cos, &saved.sin)?,
+            run_backward_values(p, dk, p.heads_k, &saved.cos, &saved.sin)?,
+        ),
+    };
     let tables = if saved.table_grads {
         Some(run_table_grads(p, &saved.q, dq, Some((k, dk)))?)
     } else {

@@ -378,6 +378,16 @@ fn qk_token_kernels() {
                     ..case
                 };
                 run_qk_case(&case, dtype, 36, None, None, false);
+                // Rows whose width is not a multiple of 8 (the chunk kernels above do not
+                // take them): 4 units per row, one workgroup per token for q.
+                let case = QkCase {
+                    hq: 32,
+                    hk: 2,
+                    dim: 10,
+                    rot: 4,
+                    ..case
+                };
+                run_qk_case(&case, dtype, 37, None, None, false);
             }
         }
     }
@@ -445,6 +455,20 @@ fn mrope_sections_select_position_axes() {
                 60,
                 Some((&ids[..12], vec![3, 4])),
                 Some([1, 3, 1]),
+                false,
+            );
+            // Sections on multiples of 8 run the chunk kernels.
+            let wide = QkCase {
+                dim: 32,
+                rot: 32,
+                ..case
+            };
+            run_qk_case(
+                &wide,
+                dtype,
+                55,
+                Some((&ids, vec![3, 2, 4])),
+                Some([8, 0, 8]),
                 false,
             );
             let case = QkCase { rot: 8, ..case };
@@ -597,6 +621,83 @@ fn host_tables_match_the_f64_formulas() {
         rope::tables(e, 2, 8, base, &RopeScaling::None, DType::I32),
         Err(Error::UnsupportedDType { .. })
     ));
+}
+
+/// The chunk kernels (row width a multiple of 8, rotary_dim a multiple of 16) against the
+/// unit and token kernels, which run on the same rows widened by a 2-column suffix: the
+/// rotated columns agree bit for bit, forward and backward, in every dtype, both layouts and
+/// pair conventions, with 1, 2 and 4 heads per invocation; a rerun gives the same bits.
+#[test]
+fn chunk_kernels_equal_unit_kernels_bit_for_bit() {
+    let e = engine();
+    let (b, s, d, rows) = (2usize, 5usize, 16usize, 7usize);
+    let pad = |v: &[f64]| -> Vec<f64> {
+        v.chunks(d)
+            .flat_map(|r| r.iter().copied().chain([0.5, -0.25]))
+            .collect()
+    };
+    let unpad =
+        |v: Vec<f64>| -> Vec<f64> { v.chunks(d + 2).flat_map(|r| r[..d].to_vec()).collect() };
+    let ids: Vec<i32> = vec![3, 0, 6, 6, 1, 2, 4, 5, 0, 1];
+    let pos = Tensor::from_slice(e, &ids, &[b, s]).unwrap();
+    use DType::{BF16, F16, F32};
+    use RopeLayout::{Bhsd, Bshd};
+    let cases = [
+        (3usize, 1usize, Bshd, F32, false),
+        (3, 1, Bhsd, BF16, true),
+        (4, 2, Bshd, F16, true),
+        (4, 2, Bhsd, F32, false),
+        (8, 4, Bshd, BF16, false),
+        (8, 4, Bhsd, F32, true),
+        (8, 4, Bhsd, F16, false),
+    ];
+    for (hq, hk, layout, dtype, interleaved) in cases {
+        let shape = |h: usize, w: usize| match layout {
+            RopeLayout::Bshd => vec![b, s, h, w],
+            RopeLayout::Bhsd => vec![b, h, s, w],
+        };
+        let seed = 70 + hq as u64;
+        let q = stored(&data(seed, b * s * hq * d, 2.0), dtype);
+        let k = stored(&data(seed + 1, b * s * hk * d, 2.0), dtype);
+        let dq = stored(&data(seed + 2, b * s * hq * d, 1.0), dtype);
+        let dk = stored(&data(seed + 3, b * s * hk * d, 1.0), dtype);
+        let c = tensor_from_f64(e, &data(seed + 4, rows * d / 2, 1.2), &[rows, d / 2], dtype);
+        let sn = tensor_from_f64(e, &data(seed + 5, rows * d / 2, 1.2), &[rows, d / 2], dtype);
+        let opts = RopeQkOptions {
+            rotary_dim: Some(d),
+            interleaved,
+            layout,
+            ..Default::default()
+        };
+        let run = |w: usize, f: &dyn Fn(&[f64]) -> Vec<f64>| -> Vec<Vec<f64>> {
+            let t = |v: &[f64], h: usize| tensor_from_f64(e, &f(v), &shape(h, w), dtype);
+            let ((qo, ko), saved) =
+                rope::qk_forward(&t(&q, hq), &t(&k, hk), &c, &sn, Some(&pos), &opts).unwrap();
+            let g = rope::qk_backward(&saved, &t(&dq, hq), &t(&dk, hk)).unwrap();
+            [qo, ko, g.dq, g.dk]
+                .iter()
+                .map(|x| x.to_f64().unwrap())
+                .collect()
+        };
+        let label = format!("hq {hq} hk {hk} {layout:?} {dtype} interleaved {interleaved}");
+        let bits = |v: &[Vec<f64>]| -> Vec<Vec<u64>> {
+            v.iter()
+                .map(|x| x.iter().map(|y| y.to_bits()).collect())
+                .collect()
+        };
+        let chunked = run(d, &|v| v.to_vec());
+        let units: Vec<Vec<f64>> = run(d + 2, &pad).into_iter().map(unpad).collect();
+        assert_eq!(
+            bits(&chunked),
+            bits(&units),
+            "{label}: chunk vs unit kernels"
+        );
+        assert_eq!(
+            bits(&chunked),
+            bits(&run(d, &|v| v.to_vec())),
+            "{label}: rerun"
+        );
+    }
 }
 
 #[test]

@@ -293,3 +293,264 @@ fn erf_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     out[i] = bitcast<u32>(erf_f32(load_gate(i, DT_G)));
 }
+
+// ---- chunk kernels: element counts (packed: row widths) that are multiples of 8 ----
+// A chunk is 8 consecutive elements: two vec4<u32> of F32 storage or one of 16-bit storage
+// (four words of two halves), so every load and store is 16 bytes. Each invocation takes
+// CHUNKS chunks WG apart, issues all their loads before any arithmetic (the chunk index is
+// clamped to the last chunk, so the loads need no branch) and stores the chunks that exist.
+// The arithmetic of each element is the per-element kernels' own, in the same order, so
+// both paths give the same bits.
+
+const CHUNKS: u32 = 2u;
+
+@group(0) @binding(7) var<storage, read> gate4: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read> up4: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> dy4: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read_write> out4: array<vec4<u32>>;
+@group(0) @binding(11) var<storage, read_write> dgate4: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read_write> dup4: array<vec4<u32>>;
+
+// Eight values in FP32: elements 0..3 in `lo`, 4..7 in `hi`.
+struct Chunk {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn widen_chunk(w: vec4<u32>, dt: u32) -> Chunk {
+    return Chunk(vec4(widen2(w.x, dt), widen2(w.y, dt)), vec4(widen2(w.z, dt), widen2(w.w, dt)));
+}
+
+fn narrow_chunk(c: Chunk, dt: u32) -> vec4<u32> {
+    return vec4(narrow2(c.lo.xy, dt), narrow2(c.lo.zw, dt), narrow2(c.hi.xy, dt),
+        narrow2(c.hi.zw, dt));
+}
+
+// Chunk c of gate (packed: of the packed input, which also holds up).
+fn gate_chunk(c: u32) -> Chunk {
+    if (DT_G == DT_F32) {
+        return Chunk(bitcast<vec4<f32>>(gate4[2u * c]), bitcast<vec4<f32>>(gate4[2u * c + 1u]));
+    }
+    return widen_chunk(gate4[c], DT_G);
+}
+
+fn up_chunk(c: u32) -> Chunk {
+    if (PACKED == 1u) {
+        return gate_chunk(c);
+    }
+    if (DT_U == DT_F32) {
+        return Chunk(bitcast<vec4<f32>>(up4[2u * c]), bitcast<vec4<f32>>(up4[2u * c + 1u]));
+    }
+    return widen_chunk(up4[c], DT_U);
+}
+
+fn dy_chunk(c: u32) -> Chunk {
+    if (DT_Y == DT_F32) {
+        return Chunk(bitcast<vec4<f32>>(dy4[2u * c]), bitcast<vec4<f32>>(dy4[2u * c + 1u]));
+    }
+    return widen_chunk(dy4[c], DT_Y);
+}
+
+fn store_out_chunk(c: u32, v: Chunk) {
+    if (DT_Y == DT_F32) {
+        out4[2u * c] = bitcast<vec4<u32>>(v.lo);
+        out4[2u * c + 1u] = bitcast<vec4<u32>>(v.hi);
+    } else {
+        out4[c] = narrow_chunk(v, DT_Y);
+    }
+}
+
+fn store_dgate_chunk(c: u32, v: Chunk) {
+    dgate4[2u * c] = bitcast<vec4<u32>>(v.lo);
+    dgate4[2u * c + 1u] = bitcast<vec4<u32>>(v.hi);
+}
+
+fn store_dup_chunk(c: u32, v: Chunk) {
+    dup4[2u * c] = bitcast<vec4<u32>>(v.lo);
+    dup4[2u * c + 1u] = bitcast<vec4<u32>>(v.hi);
+}
+
+// Gate chunk index of output chunk c: c itself, or in the packed layout c plus the up halves
+// of the rows before it (`width` counts chunks here); the up chunk is `width` further.
+fn gate_chunk_index(c: u32) -> u32 {
+    if (PACKED == 1u) {
+        return c + (c / params.width) * params.width;
+    }
+    return c;
+}
+
+fn up_chunk_index(gi: u32) -> u32 {
+    if (PACKED == 1u) {
+        return gi + params.width;
+    }
+    return gi;
+}
+
+// act(v)·m per element (unary forward; v already scaled by m_g).
+fn unary4(v: vec4<f32>, m: f32) -> vec4<f32> {
+    return vec4(act(v.x).x * m, act(v.y).x * m, act(v.z).x * m, act(v.w).x * m);
+}
+
+// act(g)·u·m per element (gated forward; g already scaled by m_g).
+fn gated4(g: vec4<f32>, u: vec4<f32>, m: f32) -> vec4<f32> {
+    return vec4(act(g.x).x * u.x * m, act(g.y).x * u.y * m, act(g.z).x * u.z * m,
+        act(g.w).x * u.w * m);
+}
+
+// dy·act'(g) per element (unary backward; dy already scaled by m_d·m_g).
+fn unary_grad4(g: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
+    return vec4(d.x * act(g.x).y, d.y * act(g.y).y, d.z * act(g.z).y, d.w * act(g.w).y);
+}
+
+// Gated backward of four elements (dy already scaled by m_d): (dgate, dup).
+struct Grads4 {
+    dg: vec4<f32>,
+    du: vec4<f32>,
+}
+
+fn gated_grad1(g: f32, u: f32, d: f32) -> vec2<f32> {
+    let a = act(g);
+    return vec2(d * u * a.y * params.gate_mult, d * a.x);
+}
+
+fn gated_grad4(g: vec4<f32>, u: vec4<f32>, d: vec4<f32>) -> Grads4 {
+    let x = gated_grad1(g.x, u.x, d.x);
+    let y = gated_grad1(g.y, u.y, d.y);
+    let z = gated_grad1(g.z, u.z, d.z);
+    let w = gated_grad1(g.w, u.w, d.w);
+    return Grads4(vec4(x.x, y.x, z.x, w.x), vec4(x.y, y.y, z.y, w.y));
+}
+
+// The chunks of one invocation: the first, and CHUNKS − 1 more WG apart (clamped to the last).
+fn first_chunk(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return group_index(wid, nwg) * WG * CHUNKS + lid;
+}
+
+@compute @workgroup_size(WG)
+fn forward_unary_chunks(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c0 = first_chunk(wid, nwg, lid);
+    let c1 = c0 + WG;
+    let last = params.pairs - 1u; // chunks here
+    let g0 = gate_chunk(min(c0, last));
+    let g1 = gate_chunk(min(c1, last));
+    let m = params.gate_mult;
+    let d = params.down_mult;
+    if (c0 <= last) {
+        store_out_chunk(c0, Chunk(unary4(g0.lo * m, d), unary4(g0.hi * m, d)));
+    }
+    if (c1 <= last) {
+        store_out_chunk(c1, Chunk(unary4(g1.lo * m, d), unary4(g1.hi * m, d)));
+    }
+}
+
+@compute @workgroup_size(WG)
+fn forward_gated_chunks(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c0 = first_chunk(wid, nwg, lid);
+    let c1 = c0 + WG;
+    let last = params.pairs - 1u;
+    let i0 = gate_chunk_index(min(c0, last));
+    let i1 = gate_chunk_index(min(c1, last));
+    let g0 = gate_chunk(i0);
+    let u0 = up_chunk(up_chunk_index(i0));
+    let g1 = gate_chunk(i1);
+    let u1 = up_chunk(up_chunk_index(i1));
+    let m = params.gate_mult;
+    let d = params.down_mult;
+    if (c0 <= last) {
+        store_out_chunk(c0, Chunk(gated4(g0.lo * m, u0.lo, d), gated4(g0.hi * m, u0.hi, d)));
+    }
+    if (c1 <= last) {
+        store_out_chunk(c1, Chunk(gated4(g1.lo * m, u1.lo, d), gated4(g1.hi * m, u1.hi, d)));
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_unary_chunks(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c0 = first_chunk(wid, nwg, lid);
+    let c1 = c0 + WG;
+    let last = params.pairs - 1u;
+    let g0 = gate_chunk(min(c0, last));
+    let d0 = dy_chunk(min(c0, last));
+    let g1 = gate_chunk(min(c1, last));
+    let d1 = dy_chunk(min(c1, last));
+    let m = params.gate_mult;
+    let s = params.down_mult * params.gate_mult;
+    if (c0 <= last) {
+        store_dgate_chunk(c0, Chunk(unary_grad4(g0.lo * m, d0.lo * s),
+            unary_grad4(g0.hi * m, d0.hi * s)));
+    }
+    if (c1 <= last) {
+        store_dgate_chunk(c1, Chunk(unary_grad4(g1.lo * m, d1.lo * s),
+            unary_grad4(g1.hi * m, d1.hi * s)));
+    }
+}
+
+// Gated backward of one chunk: (dgate, dup).
+struct ChunkGrads {
+    dg: Chunk,
+    du: Chunk,
+}
+
+fn gated_grads(g: Chunk, u: Chunk, dy: Chunk) -> ChunkGrads {
+    let m = params.gate_mult;
+    let d = params.down_mult;
+    let lo = gated_grad4(g.lo * m, u.lo, dy.lo * d);
+    let hi = gated_grad4(g.hi * m, u.hi, dy.hi * d);
+    return ChunkGrads(Chunk(lo.dg, hi.dg), Chunk(lo.du, hi.du));
+}
+
+@compute @workgroup_size(WG)
+fn backward_gated_chunks(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c0 = first_chunk(wid, nwg, lid);
+    let c1 = c0 + WG;
+    let last = params.pairs - 1u;
+    let k0 = min(c0, last);
+    let k1 = min(c1, last);
+    let g0 = gate_chunk(k0);
+    let u0 = up_chunk(k0);
+    let d0 = dy_chunk(k0);
+    let g1 = gate_chunk(k1);
+    let u1 = up_chunk(k1);
+    let d1 = dy_chunk(k1);
+    if (c0 <= last) {
+        let r = gated_grads(g0, u0, d0);
+        store_dgate_chunk(c0, r.dg);
+        store_dup_chunk(c0, r.du);
+    }
+    if (c1 <= last) {
+        let r = gated_grads(g1, u1, d1);
+        store_dgate_chunk(c1, r.dg);
+        store_dup_chunk(c1, r.du);
+    }
+}
+
+// Packed layout: both gradients go to dgate4, in the input's [gate ‖ up] layout.
+@compute @workgroup_size(WG)
+fn backward_packed_chunks(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c0 = first_chunk(wid, nwg, lid);
+    let c1 = c0 + WG;
+    let last = params.pairs - 1u;
+    let i0 = gate_chunk_index(min(c0, last));
+    let i1 = gate_chunk_index(min(c1, last));
+    let g0 = gate_chunk(i0);
+    let u0 = gate_chunk(i0 + params.width);
+    let d0 = dy_chunk(min(c0, last));
+    let g1 = gate_chunk(i1);
+    let u1 = gate_chunk(i1 + params.width);
+    let d1 = dy_chunk(min(c1, last));
+    if (c0 <= last) {
+        let r = gated_grads(g0, u0, d0);
+        store_dgate_chunk(i0, r.dg);
+        store_dgate_chunk(i0 + params.width, r.du);
+    }
+    if (c1 <= last) {
+        let r = gated_grads(g1, u1, d1);
+        store_dgate_chunk(i1, r.dg);
+        store_dgate_chunk(i1 + params.width, r.du);
+    }
+}

@@ -503,3 +503,273 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         apply_backward(row_of(b, s, h, params.heads) * params.dim, m, c[0], c[1]);
     }
 }
+
+// ---- chunk kernels: q and k in one launch, 16-byte loads and stores ----
+// For rows whose width is a multiple of 8 and rotary_dim a multiple of 16 (plain tables, mRoPE
+// sections on multiples of 8). A chunk is 8 consecutive elements: two vec4<u32> of F32
+// storage or one of 16-bit storage. A row is cut into rot/16 rotary units of 16 elements
+// (split-half: columns 8u..8u+7 and their partners 8u+half..; interleaved: columns
+// 16u..16u+15, 8 adjacent pairs), whose 8 frequencies 8u..8u+7 are one chunk of each table,
+// then (dim − rot)/8 suffix chunks, copied. One invocation takes one unit of HEADS heads of one
+// token: the token's coefficients are loaded once for all of them, and every head's loads
+// are issued before any arithmetic. Invocations [0, lanes_q) serve q, the rest k; consecutive
+// invocations take consecutive units, then the next head group (BSHD) or the next token (BHSD),
+// so a warp reads whole rows. Each element is computed as the other kernels compute it.
+
+override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
+
+@group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read> values_k4: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read> cos4: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read> sin4: array<vec4<u32>>;
+@group(0) @binding(15) var<storage, read_write> out4: array<vec4<u32>>;
+@group(0) @binding(16) var<storage, read_write> out_k4: array<vec4<u32>>;
+
+// Eight values in FP32: elements 0..3 in `lo`, 4..7 in `hi`.
+struct Chunk {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn widen_chunk(w: vec4<u32>, dt: u32) -> Chunk {
+    return Chunk(vec4(widen2(w.x, dt), widen2(w.y, dt)), vec4(widen2(w.z, dt), widen2(w.w, dt)));
+}
+
+// The exact widening (a NaN comes back quiet), for suffix chunks stored as they are.
+fn word_exact(w: u32, dt: u32) -> vec2<f32> {
+    return vec2(half_from_word(w, 0u, dt), half_from_word(w, 1u, dt));
+}
+
+fn widen_chunk_exact(w: vec4<u32>, dt: u32) -> Chunk {
+    return Chunk(vec4(word_exact(w.x, dt), word_exact(w.y, dt)),
+        vec4(word_exact(w.z, dt), word_exact(w.w, dt)));
+}
+
+// Chunk of 8 elements starting at element e (a multiple of 8) of the q or k input in dtype
+// dt; `exact` widens 16-bit storage with the exact conversion.
+fn input_chunk(is_k: bool, e: u32, dt: u32, exact: bool) -> Chunk {
+    if (dt == DT_F32) {
+        let v = e >> 2u;
+        if (is_k) {
+            return Chunk(bitcast<vec4<f32>>(values_k4[v]), bitcast<vec4<f32>>(values_k4[v + 1u]));
+        }
+        return Chunk(bitcast<vec4<f32>>(values4[v]), bitcast<vec4<f32>>(values4[v + 1u]));
+    }
+    var w: vec4<u32>;
+    if (is_k) {
+        w = values_k4[e >> 3u];
+    } else {
+        w = values4[e >> 3u];
+    }
+    if (exact) {
+        return widen_chunk_exact(w, dt);
+    }
+    return widen_chunk(w, dt);
+}
+
+fn table_chunk(cos_side: bool, e: u32) -> Chunk {
+    if (DT_T == DT_F32) {
+        let v = e >> 2u;
+        if (cos_side) {
+            return Chunk(bitcast<vec4<f32>>(cos4[v]), bitcast<vec4<f32>>(cos4[v + 1u]));
+        }
+        return Chunk(bitcast<vec4<f32>>(sin4[v]), bitcast<vec4<f32>>(sin4[v + 1u]));
+    }
+    if (cos_side) {
+        return widen_chunk(cos4[e >> 3u], DT_T);
+    }
+    return widen_chunk(sin4[e >> 3u], DT_T);
+}
+
+fn store_chunk(is_k: bool, e: u32, c: Chunk, dt: u32) {
+    if (dt == DT_F32) {
+        let v = e >> 2u;
+        if (is_k) {
+            out_k4[v] = bitcast<vec4<u32>>(c.lo);
+            out_k4[v + 1u] = bitcast<vec4<u32>>(c.hi);
+        } else {
+            out4[v] = bitcast<vec4<u32>>(c.lo);
+            out4[v + 1u] = bitcast<vec4<u32>>(c.hi);
+        }
+        return;
+    }
+    let w = vec4(narrow2(c.lo.xy, dt), narrow2(c.lo.zw, dt), narrow2(c.hi.xy, dt),
+        narrow2(c.hi.zw, dt));
+    if (is_k) {
+        out_k4[e >> 3u] = w;
+    } else {
+        out4[e >> 3u] = w;
+    }
+}
+
+// The two chunks of one head's unit: split-half (x1 chunk, partner chunk); interleaved
+// (columns 16u..16u+7, 16u+8..16u+15); suffix: (the chunk, unused).
+struct Unit {
+    a: Chunk,
+    b: Chunk,
+}
+
+// First element of the unit's chunks a and b in a row starting at `base`.
+fn unit_elements(base: u32, u: u32, rot_units: u32) -> vec2<u32> {
+    if (u >= rot_units) {
+        let e = base + params.rot + 8u * (u - rot_units);
+        return vec2(e, e);
+    }
+    if (INTERLEAVED == 1u) {
+        let e = base + 16u * u;
+        return vec2(e, e + 8u);
+    }
+    let e = base + 8u * u;
+    return vec2(e, e + params.half);
+}
+
+fn load_unit(is_k: bool, els: vec2<u32>, rotary: bool, dt: u32) -> Unit {
+    if (rotary) {
+        return Unit(input_chunk(is_k, els.x, dt, false), input_chunk(is_k, els.y, dt, false));
+    }
+    let a = input_chunk(is_k, els.x, dt, true);
+    return Unit(a, a);
+}
+
+// Rotate (forward) or rotate back (backward, the transpose) one unit with the coefficients
+// (c, s) of its 8 frequencies.
+fn interleaved4(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32> {
+    // p = (x1, x2, x1', x2') of two adjacent pairs with coefficients (c.x, s.x), (c.y, s.y).
+    if (fwd) {
+        return vec4(p.x * c.x - p.y * s.x, p.y * c.x + p.x * s.x,
+            p.z * c.y - p.w * s.y, p.w * c.y + p.z * s.y);
+    }
+    return vec4(p.x * c.x + p.y * s.x, p.y * c.x - p.x * s.x,
+        p.z * c.y + p.w * s.y, p.w * c.y - p.z * s.y);
+}
+
+fn rotate_unit(v: Unit, c: Chunk, s: Chunk, fwd: bool) -> Unit {
+    if (INTERLEAVED == 1u) {
+        return Unit(
+            Chunk(interleaved4(v.a.lo, c.lo.xy, s.lo.xy, fwd), interleaved4(v.a.hi, c.lo.zw, s.lo.zw, fwd)),
+            Chunk(interleaved4(v.b.lo, c.hi.xy, s.hi.xy, fwd), interleaved4(v.b.hi, c.hi.zw, s.hi.zw, fwd)));
+    }
+    if (fwd) {
+        return Unit(
+            Chunk(v.a.lo * c.lo - v.b.lo * s.lo, v.a.hi * c.hi - v.b.hi * s.hi),
+            Chunk(v.b.lo * c.lo + v.a.lo * s.lo, v.b.hi * c.hi + v.a.hi * s.hi));
+    }
+    return Unit(
+        Chunk(v.a.lo * c.lo + v.b.lo * s.lo, v.a.hi * c.hi + v.b.hi * s.hi),
+        Chunk(v.b.lo * c.lo - v.a.lo * s.lo, v.b.hi * c.hi - v.a.hi * s.hi));
+}
+
+fn store_unit(is_k: bool, els: vec2<u32>, v: Unit, rotary: bool, dt: u32) {
+    store_chunk(is_k, els.x, v.a, dt);
+    if (rotary) {
+        store_chunk(is_k, els.y, v.b, dt);
+    }
+}
+
+// Unit u of heads h0 .. h0 + HEADS − 1 of token (b, s) of q (or k) with `heads` heads.
+fn chunk_unit(is_k: bool, fwd: bool, b: u32, s: u32, h0: u32, heads: u32, u: u32) {
+    var src_dt = DT_Y;
+    var dst_dt = DT_F32;
+    if (fwd) {
+        src_dt = DT_V;
+        dst_dt = DT_Y;
+    }
+    let rot_units = params.half / 8u;
+    let rotary = u < rot_units;
+    // Coefficients of frequencies 8u .. 8u + 7 (chunks of the tables; zero past the table).
+    var c = Chunk(vec4(0.0), vec4(0.0));
+    var sn = c;
+    if (rotary) {
+        let i = 8u * u;
+        let p = position_of(b, s, i);
+        if (p < params.table_rows) {
+            c = table_chunk(true, p * params.half + i);
+            sn = table_chunk(false, p * params.half + i);
+        }
+    }
+    let e0 = unit_elements(row_of(b, s, h0, heads) * params.dim, u, rot_units);
+    var v0 = load_unit(is_k, e0, rotary, src_dt);
+    var e1 = e0;
+    var e2 = e0;
+    var e3 = e0;
+    var v1 = v0;
+    var v2 = v0;
+    var v3 = v0;
+    if (HEADS >= 2u) {
+        e1 = unit_elements(row_of(b, s, h0 + 1u, heads) * params.dim, u, rot_units);
+        v1 = load_unit(is_k, e1, rotary, src_dt);
+    }
+    if (HEADS >= 4u) {
+        e2 = unit_elements(row_of(b, s, h0 + 2u, heads) * params.dim, u, rot_units);
+        e3 = unit_elements(row_of(b, s, h0 + 3u, heads) * params.dim, u, rot_units);
+        v2 = load_unit(is_k, e2, rotary, src_dt);
+        v3 = load_unit(is_k, e3, rotary, src_dt);
+    }
+    if (rotary) {
+        v0 = rotate_unit(v0, c, sn, fwd);
+        if (HEADS >= 2u) {
+            v1 = rotate_unit(v1, c, sn, fwd);
+        }
+        if (HEADS >= 4u) {
+            v2 = rotate_unit(v2, c, sn, fwd);
+            v3 = rotate_unit(v3, c, sn, fwd);
+        }
+    }
+    store_unit(is_k, e0, v0, rotary, dst_dt);
+    if (HEADS >= 2u) {
+        store_unit(is_k, e1, v1, rotary, dst_dt);
+    }
+    if (HEADS >= 4u) {
+        store_unit(is_k, e2, v2, rotary, dst_dt);
+        store_unit(is_k, e3, v3, rotary, dst_dt);
+    }
+}
+
+// Invocation t's work within q (or k) with `heads` heads.
+fn chunk_lane(is_k: bool, fwd: bool, t: u32, heads: u32) {
+    let units = params.half / 8u + (params.dim - params.rot) / 8u;
+    let groups = heads / HEADS;
+    let u = t % units;
+    let rest = t / units;
+    var b: u32;
+    var s: u32;
+    var g: u32;
+    if (LAYOUT == 0u) {
+        // rest = (b·seq + s)·groups + g
+        g = rest % groups;
+        let token = rest / groups;
+        b = token / params.seq;
+        s = token % params.seq;
+    } else {
+        // rest = (b·groups + g)·seq + s
+        s = rest % params.seq;
+        let bg = rest / params.seq;
+        g = bg % groups;
+        b = bg / groups;
+    }
+    chunk_unit(is_k, fwd, b, s, g * HEADS, heads, u);
+}
+
+fn chunk_pass(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, fwd: bool) {
+    let t = group_index(wid, nwg) * WG + lid;
+    let units = params.half / 8u + (params.dim - params.rot) / 8u;
+    let tokens = params.batch * params.seq;
+    let lanes_q = tokens * (params.heads / HEADS) * units;
+    if (t < lanes_q) {
+        chunk_lane(false, fwd, t, params.heads);
+    } else if (t < params.pairs) {
+        chunk_lane(true, fwd, t - lanes_q, params.heads_k);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn forward_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    chunk_pass(wid, nwg, lid, true);
+}
+
+@compute @workgroup_size(WG)
+fn backward_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    chunk_pass(wid, nwg, lid, false);
+}
