@@ -225,13 +225,13 @@ fn all_outputs(
         .collect()
 }
 
-/// Counts that are multiples of 8 run the chunk kernels (16-byte loads and stores); one
+/// Counts that are multiples of 4 or 8 run the step kernels (16- or 8-byte loads and stores); one
 /// element more runs the per-element kernels. The shared elements come out bit for bit equal
 /// in every dtype, mixed ones included, for a single chunk (the invocation's second chunk
 /// absent) and for two workgroups, the second partial; the chunk results also match the
 /// reference.
 #[test]
-fn chunk_kernels_equal_per_element_kernels_bit_for_bit() {
+fn step_kernels_equal_per_element_kernels_bit_for_bit() {
     use DType::{BF16, F16, F32};
     let dtypes = [
         (F32, F32, F32),
@@ -246,7 +246,7 @@ fn chunk_kernels_equal_per_element_kernels_bit_for_bit() {
         let common = matches!(kind, Activation::Silu | Activation::GeluTanh);
         let used = if common { &dtypes[..] } else { &dtypes[..2] };
         for (k, &dts) in used.iter().enumerate() {
-            for n in [8usize, 4104] {
+            for n in [8usize, 12, 4104] {
                 let opts = OPTS[k % 2];
                 let g = stored(&data(100 + k as u64, n + 1, 6.0), dts.0);
                 let u = stored(&data(110 + k as u64, n + 1, 2.0), dts.1);
@@ -279,14 +279,17 @@ fn chunk_kernels_equal_per_element_kernels_bit_for_bit() {
     }
 }
 
-/// The packed layout's chunk kernels (width a multiple of 8) against the separate layout's
+/// The packed layout's step kernels (width a multiple of 4) against the separate layout's
 /// per-element kernels on the same halves (one element more), bit for bit.
 #[test]
-fn packed_chunk_kernels_equal_per_element_kernels_bit_for_bit() {
+fn packed_step_kernels_equal_per_element_kernels_bit_for_bit() {
     let e = engine();
     for kind in [Activation::Silu, Activation::GeluTanh, Activation::Gelu] {
         for dtype in DType::FLOATS {
-            for (k, &(rows, width)) in [(1usize, 8usize), (3, 16), (2, 2056)].iter().enumerate() {
+            for (k, &(rows, width)) in [(1usize, 8usize), (3, 16), (2, 12), (2, 2056)]
+                .iter()
+                .enumerate()
+            {
                 let opts = OPTS[k % 2];
                 let n = rows * width;
                 let x = stored(&data(130 + k as u64, 2 * n, 5.0), dtype);
@@ -613,7 +616,7 @@ fn reruns_are_bit_identical() {
         )
     };
     assert_eq!(run(), run());
-    // The chunk kernels (a multiple of 8 elements, several workgroups), BF16 storage.
+    // The step kernels (a multiple of 8 elements, several workgroups), BF16 storage.
     let n = 8 * 1100;
     let g = tensor_from_f64(e, &data(83, n, 5.0), &[n], DType::BF16);
     let u = tensor_from_f64(e, &data(84, n, 5.0), &[n], DType::BF16);
