@@ -33,12 +33,14 @@
 //! Storage F32/F16/BF16 for values, tables and cotangents (independently); output in the
 //! values' dtype; FP32 math; gradients F32.
 //!
-//! Kernels: rows whose width is a multiple of 8 with `rotary_dim` a multiple of 16 (plain
-//! tables; mRoPE sections on multiples of 8) run chunk kernels with 16-byte loads and stores,
-//! q and k in one launch, each invocation rotating one 16-element unit of up to 4 heads of a
-//! token with coefficients loaded once. Other shapes run unit, token or per-element kernels
-//! (one launch per tensor). Every kernel computes an element with the same operations, so
-//! they agree bit for bit.
+//! Kernels: rows whose width and rotary units are whole steps (4 elements: F32 values and
+//! every backward; 8: 16-bit values forward; split-half needs `rotary_dim/2`, interleaved
+//! `rotary_dim` a multiple of the step; plain tables; mRoPE sections on multiples of the
+//! step) run step kernels: 16-byte loads and stores (8-byte loads of 16-bit cotangents),
+//! every warp access contiguous, q and k in one launch, each invocation rotating one unit of
+//! up to 4 heads of a token with coefficients loaded once. Other shapes run unit, token or
+//! per-element kernels (one launch per tensor). Every kernel computes an element with the
+//! same operations, so they agree bit for bit.
 //!
 //! Position ids: with [`RopeQkOptions::check_positions`] (the default) the call reads the ids
 //! back to check their range, which **synchronizes** (submits the pending work and waits);
@@ -197,18 +199,25 @@ impl Plan {
         (entry, units, groups(units))
     }
 
-    /// Heads per invocation of the chunk kernels (`forward_chunks`, `backward_chunks`: q and
-    /// k in one launch, 16-byte loads and stores), or `None` where they do not apply. They
-    /// need plain tables (not Llama 4's), a row width that is a multiple of 8, `rotary_dim` a
-    /// multiple of 16 and mRoPE sections on multiples of 8, so that every chunk of 8
-    /// elements (and of 8 table frequencies) is 16-byte aligned and uses one position. The
-    /// heads per invocation (4, 2 or 1) divide both head counts.
-    fn chunk_heads(&self) -> Option<usize> {
-        let sections_ok = |s: usize| s == u32::MAX as usize || s.is_multiple_of(8);
+    /// Heads per invocation of the step kernels (`forward_steps`, `backward_steps`,
+    /// `backward_steps_half`: q and k in one launch, 16- or 8-byte accesses) for steps of
+    /// `step` elements, or `None` where they do not apply. They need plain tables (not Llama
+    /// 4's), a row width that is a multiple of `step`, rotary units of whole steps
+    /// (split-half: `rotary_dim/2`, interleaved: `rotary_dim` a multiple of `step`) and mRoPE
+    /// sections on multiples of `step`, so that every access is aligned and a unit uses one
+    /// position. The heads per invocation (4, 2 or 1) divide both head counts.
+    fn step_heads(&self, step: usize) -> Option<usize> {
+        let sections_ok = |s: usize| s == u32::MAX as usize || s.is_multiple_of(step);
+        let rotary = if self.interleaved {
+            self.rot
+        } else {
+            self.half()
+        };
         if self.complex
             || self.dim == 0
-            || !self.dim.is_multiple_of(8)
-            || !self.rot.is_multiple_of(16)
+            || !self.dim.is_multiple_of(step)
+            || !rotary.is_multiple_of(step)
+            || !self.rot.is_multiple_of(4)
             || !sections_ok(self.sections.0)
             || !sections_ok(self.sections.1)
         {
@@ -363,10 +372,10 @@ fn groups(n: usize) -> u64 {
     (n as u64).div_ceil(WG)
 }
 
-/// Forward (`forward`) or values backward of q and, when given, k in one launch of the chunk
-/// kernels: outputs in the input's dtype (forward) or F32 (backward). `None` when the plan
-/// does not allow the chunk kernels.
-fn run_chunks(
+/// Forward (`forward`) or values backward of q and, when given, k in one launch of a step
+/// kernel: outputs in the input's dtype (forward) or F32 (backward). `None` when the plan
+/// does not allow the step kernels.
+fn run_steps(
     plan: &Plan,
     forward: bool,
     q: &Tensor,
@@ -374,9 +383,17 @@ fn run_chunks(
     cos: &Tensor,
     sin: &Tensor,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
-    let Some(per_lane) = plan.chunk_heads() else {
+    // Forward: 8 elements per step of 16-bit values (one vec4 in, one out), else 4; the
+    // backward writes F32, so 4 (16-bit cotangents through their vec2 view).
+    let half_input = q.dtype().size() == 2;
+    let step = if forward && half_input { 8 } else { 4 };
+    let Some(per_lane) = plan.step_heads(step) else {
         return Ok(None);
     };
+    let small = |t: &Tensor| t.buffer().size() < 16;
+    if small(q) || k.is_some_and(small) {
+        return Ok(None);
+    }
     let engine = q.engine();
     let out_dtype = if forward { q.dtype() } else { DType::F32 };
     let label = if forward {
@@ -394,7 +411,12 @@ fn run_chunks(
         Some(t) => t.clone(),
         None => Tensor::empty(engine, &[4], DType::F32, "rope unused")?,
     };
-    let units = plan.rot / 16 + (plan.dim - plan.rot) / 8;
+    let rotary_units = if plan.interleaved {
+        plan.rot / step
+    } else {
+        plan.half() / step
+    };
+    let units = rotary_units + (plan.dim - plan.rot) / step;
     let lanes = |heads: usize| plan.batch * plan.seq * (heads / per_lane) * units;
     let heads_k = if k.is_some() { plan.heads_k } else { 0 };
     let work = lanes(plan.heads_q) + lanes(heads_k);
@@ -404,22 +426,24 @@ fn run_chunks(
         plan.constants(DType::F32, cos.dtype(), q.dtype())
     };
     constants.push(("HEADS", per_lane as f64));
+    constants.push(("STEP", step as f64));
+    let entry = match (forward, half_input) {
+        (true, _) => "forward_steps",
+        (false, false) => "backward_steps",
+        (false, true) => "backward_steps_half",
+    };
     let pos = plan.positions.as_ref().unwrap_or(q);
     engine.launch(
         &KERNEL,
-        if forward {
-            "forward_chunks"
-        } else {
-            "backward_chunks"
-        },
+        entry,
         &constants,
         &plan.params(plan.heads_q, heads_k, q.len(), work),
         &[
             pos.buffer(),
-            q.buffer(),
-            k.unwrap_or(q).buffer(),
             cos.buffer(),
             sin.buffer(),
+            q.buffer(),
+            k.unwrap_or(q).buffer(),
             qo.buffer(),
             k_out.buffer(),
         ],
@@ -611,7 +635,7 @@ pub fn forward(
         pos_axis_stride: 0,
         sections: (u32::MAX as usize, u32::MAX as usize),
     };
-    let out = match run_chunks(&plan, true, values, None, cos, sin)? {
+    let out = match run_steps(&plan, true, values, None, cos, sin)? {
         Some((out, _)) => out,
         None => run_forward(&plan, values, 1, cos, sin)?,
     };
@@ -642,7 +666,7 @@ fn check_cotangent(dy: &Tensor, like: &Tensor, what: &str) -> Result<()> {
 /// the values' get zeros). Errors: `dy` of another shape or a non-float dtype, another engine.
 pub fn backward(saved: &RopeSaved, dy: &Tensor) -> Result<RopeGrads> {
     check_cotangent(dy, &saved.q, "rope: dy")?;
-    let dvalues = match run_chunks(&saved.plan, false, dy, None, &saved.cos, &saved.sin)? {
+    let dvalues = match run_steps(&saved.plan, false, dy, None, &saved.cos, &saved.sin)? {
         Some((d, _)) => d,
         None => run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?,
     };
@@ -850,7 +874,7 @@ pub fn qk_forward(
         ));
     }
     let plan = qk_plan(q, k, table_rows, half, positions, options, false)?;
-    let (qo, ko) = match run_chunks(&plan, true, q, Some(k), cos, sin)? {
+    let (qo, ko) = match run_steps(&plan, true, q, Some(k), cos, sin)? {
         Some((qo, Some(ko))) => (qo, ko),
         _ => (
             run_forward(&plan, q, plan.heads_q, cos, sin)?,
@@ -891,7 +915,7 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
         ));
     }
     let p = &saved.plan;
-    let (dqv, dkv) = match run_chunks(p, false, dq, Some(dk), &saved.cos, &saved.sin)? {
+    let (dqv, dkv) = match run_steps(p, false, dq, Some(dk), &saved.cos, &saved.sin)? {
         Some((dqv, Some(dkv))) => (dqv, dkv),
         _ => (
             run_backward_values(p, dq, p.heads_q, &saved.cos, &saved.sin)?,

@@ -378,7 +378,7 @@ fn qk_token_kernels() {
                     ..case
                 };
                 run_qk_case(&case, dtype, 36, None, None, false);
-                // Rows whose width is not a multiple of 8 (the chunk kernels above do not
+                // Rows whose width is not a multiple of 4 (the step kernels above do not
                 // take them): 4 units per row, one workgroup per token for q.
                 let case = QkCase {
                     hq: 32,
@@ -457,7 +457,7 @@ fn mrope_sections_select_position_axes() {
                 Some([1, 3, 1]),
                 false,
             );
-            // Sections on multiples of 8 run the chunk kernels.
+            // Sections on multiples of the step run the step kernels.
             let wide = QkCase {
                 dim: 32,
                 rot: 32,
@@ -623,35 +623,41 @@ fn host_tables_match_the_f64_formulas() {
     ));
 }
 
-/// The chunk kernels (row width a multiple of 8, rotary_dim a multiple of 16) against the
-/// unit and token kernels, which run on the same rows widened by a 2-column suffix: the
-/// rotated columns agree bit for bit, forward and backward, in every dtype, both layouts and
-/// pair conventions, with 1, 2 and 4 heads per invocation; a rerun gives the same bits.
+/// The step kernels (row widths and rotary units of whole steps of 4 or 8 elements) against
+/// the unit and token kernels, which run on the same rows widened by a 2-column suffix: the
+/// rotated columns agree bit for bit, forward and backward, in every dtype (16-bit
+/// cotangents through their 8-byte view), both layouts and pair conventions, with 1, 2 and 4
+/// heads per invocation; a rerun gives the same bits.
 #[test]
-fn chunk_kernels_equal_unit_kernels_bit_for_bit() {
+fn step_kernels_equal_unit_kernels_bit_for_bit() {
     let e = engine();
-    let (b, s, d, rows) = (2usize, 5usize, 16usize, 7usize);
-    let pad = |v: &[f64]| -> Vec<f64> {
+    let (b, s, rows) = (2usize, 5usize, 7usize);
+    let pad = |v: &[f64], d: usize| -> Vec<f64> {
         v.chunks(d)
             .flat_map(|r| r.iter().copied().chain([0.5, -0.25]))
             .collect()
     };
-    let unpad =
-        |v: Vec<f64>| -> Vec<f64> { v.chunks(d + 2).flat_map(|r| r[..d].to_vec()).collect() };
+    let unpad = |v: Vec<f64>, d: usize| -> Vec<f64> {
+        v.chunks(d + 2).flat_map(|r| r[..d].to_vec()).collect()
+    };
     let ids: Vec<i32> = vec![3, 0, 6, 6, 1, 2, 4, 5, 0, 1];
     let pos = Tensor::from_slice(e, &ids, &[b, s]).unwrap();
     use DType::{BF16, F16, F32};
     use RopeLayout::{Bhsd, Bshd};
+    // (q heads, k heads, layout, dtype, interleaved, head dim)
     let cases = [
-        (3usize, 1usize, Bshd, F32, false),
-        (3, 1, Bhsd, BF16, true),
-        (4, 2, Bshd, F16, true),
-        (4, 2, Bhsd, F32, false),
-        (8, 4, Bshd, BF16, false),
-        (8, 4, Bhsd, F32, true),
-        (8, 4, Bhsd, F16, false),
+        (3usize, 1usize, Bshd, F32, false, 16usize),
+        (3, 1, Bhsd, BF16, true, 16),
+        (4, 2, Bshd, F16, true, 16),
+        (4, 2, Bhsd, F32, false, 16),
+        (8, 4, Bshd, BF16, false, 16),
+        (8, 4, Bhsd, F32, true, 16),
+        (8, 4, Bhsd, F16, false, 16),
+        (2, 1, Bshd, F32, true, 12),
+        (4, 2, Bhsd, BF16, true, 12),
+        (2, 2, Bshd, F16, false, 24),
     ];
-    for (hq, hk, layout, dtype, interleaved) in cases {
+    for (hq, hk, layout, dtype, interleaved, d) in cases {
         let shape = |h: usize, w: usize| match layout {
             RopeLayout::Bshd => vec![b, s, h, w],
             RopeLayout::Bhsd => vec![b, h, s, w],
@@ -685,15 +691,18 @@ fn chunk_kernels_equal_unit_kernels_bit_for_bit() {
                 .map(|x| x.iter().map(|y| y.to_bits()).collect())
                 .collect()
         };
-        let chunked = run(d, &|v| v.to_vec());
-        let units: Vec<Vec<f64>> = run(d + 2, &pad).into_iter().map(unpad).collect();
+        let stepped = run(d, &|v| v.to_vec());
+        let units: Vec<Vec<f64>> = run(d + 2, &|v| pad(v, d))
+            .into_iter()
+            .map(|v| unpad(v, d))
+            .collect();
         assert_eq!(
-            bits(&chunked),
+            bits(&stepped),
             bits(&units),
-            "{label}: chunk vs unit kernels"
+            "{label}: step vs unit kernels"
         );
         assert_eq!(
-            bits(&chunked),
+            bits(&stepped),
             bits(&run(d, &|v| v.to_vec())),
             "{label}: rerun"
         );

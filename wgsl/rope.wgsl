@@ -504,136 +504,150 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// ---- chunk kernels: q and k in one launch, 16-byte loads and stores ----
-// For rows whose width is a multiple of 8 and rotary_dim a multiple of 16 (plain tables, mRoPE
-// sections on multiples of 8). A chunk is 8 consecutive elements: two vec4<u32> of F32
-// storage or one of 16-bit storage. A row is cut into rot/16 rotary units of 16 elements
-// (split-half: columns 8u..8u+7 and their partners 8u+half..; interleaved: columns
-// 16u..16u+15, 8 adjacent pairs), whose 8 frequencies 8u..8u+7 are one chunk of each table,
-// then (dim − rot)/8 suffix chunks, copied. One invocation takes one unit of HEADS heads of one
-// token: the token's coefficients are loaded once for all of them, and every head's loads
-// are issued before any arithmetic. Invocations [0, lanes_q) serve q, the rest k; consecutive
-// invocations take consecutive units, then the next head group (BSHD) or the next token (BHSD),
-// so a warp reads whole rows. Each element is computed as the other kernels compute it.
+// ---- step kernels: q and k in one launch, every warp access contiguous ----
+// A step is STEP consecutive elements of a row: one vec4<u32> of F32 (STEP = 4) or of 16-bit
+// storage (STEP = 8), or for a 16-bit cotangent one vec2<u32> (STEP = 4, `backward_steps_half`,
+// whose F32 output takes one vec4 per step). A row is cut into units: rotary units
+// (split-half: the step at columns STEP·u and its partner step STEP·u + half; interleaved:
+// the step at columns STEP·u, STEP/2 adjacent pairs), then one unit per suffix step, copied.
+// One invocation takes one unit of HEADS heads of one token: the token's coefficients are
+// loaded once for all of them and every head's loads are issued before any arithmetic.
+// Invocations [0, lanes_q) serve q, the rest k; consecutive invocations take consecutive units,
+// then the next head group (BSHD) or the next token (BHSD), so a warp's accesses are
+// contiguous. Each element is computed as the other kernels compute it.
 
 override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
+override STEP: u32 = 4u;  // elements per step: 4 or 8 (16-bit values, forward)
 
 @group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
 @group(0) @binding(12) var<storage, read> values_k4: array<vec4<u32>>;
-@group(0) @binding(13) var<storage, read> cos4: array<vec4<u32>>;
-@group(0) @binding(14) var<storage, read> sin4: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read> values2: array<vec2<u32>>;
+@group(0) @binding(14) var<storage, read> values_k2: array<vec2<u32>>;
 @group(0) @binding(15) var<storage, read_write> out4: array<vec4<u32>>;
 @group(0) @binding(16) var<storage, read_write> out_k4: array<vec4<u32>>;
 
-// Eight values in FP32: elements 0..3 in `lo`, 4..7 in `hi`.
+// The values of one step in FP32: elements 0..3 in `lo`, 4..7 in `hi` (STEP = 8 only).
 struct Chunk {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
 
-fn widen_chunk(w: vec4<u32>, dt: u32) -> Chunk {
-    return Chunk(vec4(widen2(w.x, dt), widen2(w.y, dt)), vec4(widen2(w.z, dt), widen2(w.w, dt)));
-}
-
-// The exact widening (a NaN comes back quiet), for suffix chunks stored as they are.
-fn word_exact(w: u32, dt: u32) -> vec2<f32> {
-    return vec2(half_from_word(w, 0u, dt), half_from_word(w, 1u, dt));
-}
-
-fn widen_chunk_exact(w: vec4<u32>, dt: u32) -> Chunk {
-    return Chunk(vec4(word_exact(w.x, dt), word_exact(w.y, dt)),
-        vec4(word_exact(w.z, dt), word_exact(w.w, dt)));
-}
-
-// Chunk of 8 elements starting at element e (a multiple of 8) of the q or k input in dtype
-// dt; `exact` widens 16-bit storage with the exact conversion.
-fn input_chunk(is_k: bool, e: u32, dt: u32, exact: bool) -> Chunk {
-    if (dt == DT_F32) {
-        let v = e >> 2u;
-        if (is_k) {
-            return Chunk(bitcast<vec4<f32>>(values_k4[v]), bitcast<vec4<f32>>(values_k4[v + 1u]));
-        }
-        return Chunk(bitcast<vec4<f32>>(values4[v]), bitcast<vec4<f32>>(values4[v + 1u]));
-    }
-    var w: vec4<u32>;
-    if (is_k) {
-        w = values_k4[e >> 3u];
-    } else {
-        w = values4[e >> 3u];
-    }
-    if (exact) {
-        return widen_chunk_exact(w, dt);
-    }
-    return widen_chunk(w, dt);
-}
-
-fn table_chunk(cos_side: bool, e: u32) -> Chunk {
-    if (DT_T == DT_F32) {
-        let v = e >> 2u;
-        if (cos_side) {
-            return Chunk(bitcast<vec4<f32>>(cos4[v]), bitcast<vec4<f32>>(cos4[v + 1u]));
-        }
-        return Chunk(bitcast<vec4<f32>>(sin4[v]), bitcast<vec4<f32>>(sin4[v + 1u]));
-    }
-    if (cos_side) {
-        return widen_chunk(cos4[e >> 3u], DT_T);
-    }
-    return widen_chunk(sin4[e >> 3u], DT_T);
-}
-
-fn store_chunk(is_k: bool, e: u32, c: Chunk, dt: u32) {
-    if (dt == DT_F32) {
-        let v = e >> 2u;
-        if (is_k) {
-            out_k4[v] = bitcast<vec4<u32>>(c.lo);
-            out_k4[v + 1u] = bitcast<vec4<u32>>(c.hi);
-        } else {
-            out4[v] = bitcast<vec4<u32>>(c.lo);
-            out4[v + 1u] = bitcast<vec4<u32>>(c.hi);
-        }
-        return;
-    }
-    let w = vec4(narrow2(c.lo.xy, dt), narrow2(c.lo.zw, dt), narrow2(c.hi.xy, dt),
-        narrow2(c.hi.zw, dt));
-    if (is_k) {
-        out_k4[e >> 3u] = w;
-    } else {
-        out4[e >> 3u] = w;
-    }
-}
-
-// The two chunks of one head's unit: split-half (x1 chunk, partner chunk); interleaved
-// (columns 16u..16u+7, 16u+8..16u+15); suffix: (the chunk, unused).
+// A head's unit: step a and (split-half rotary units) its partner step b.
 struct Unit {
     a: Chunk,
     b: Chunk,
 }
 
-// First element of the unit's chunks a and b in a row starting at `base`.
-fn unit_elements(base: u32, u: u32, rot_units: u32) -> vec2<u32> {
-    if (u >= rot_units) {
-        let e = base + params.rot + 8u * (u - rot_units);
-        return vec2(e, e);
+// The exact widening (a NaN comes back quiet), for suffix steps stored as they are.
+fn word_exact(w: u32, dt: u32) -> vec2<f32> {
+    return vec2(half_from_word(w, 0u, dt), half_from_word(w, 1u, dt));
+}
+
+fn word_value(w: u32, dt: u32, exact: bool) -> vec2<f32> {
+    if (exact) {
+        return word_exact(w, dt);
     }
+    return widen2(w, dt);
+}
+
+// One step from a vec4 view (F32: 4 elements; 16-bit: 8).
+fn step_of4(w: vec4<u32>, dt: u32, exact: bool) -> Chunk {
+    if (dt == DT_F32) {
+        return Chunk(bitcast<vec4<f32>>(w), vec4(0.0));
+    }
+    return Chunk(vec4(word_value(w.x, dt, exact), word_value(w.y, dt, exact)),
+        vec4(word_value(w.z, dt, exact), word_value(w.w, dt, exact)));
+}
+
+// One step of 4 16-bit elements from a vec2 view.
+fn step_of2(w: vec2<u32>, dt: u32, exact: bool) -> Chunk {
+    return Chunk(vec4(word_value(w.x, dt, exact), word_value(w.y, dt, exact)), vec4(0.0));
+}
+
+// Step starting at element e of q (k) from the vec4 views, dtype dt.
+fn load4(is_k: bool, e: u32, dt: u32, exact: bool) -> Chunk {
+    let v = e / STEP;
+    if (is_k) {
+        return step_of4(values_k4[v], dt, exact);
+    }
+    return step_of4(values4[v], dt, exact);
+}
+
+fn load2(is_k: bool, e: u32, dt: u32, exact: bool) -> Chunk {
+    let v = e / STEP;
+    if (is_k) {
+        return step_of2(values_k2[v], dt, exact);
+    }
+    return step_of2(values2[v], dt, exact);
+}
+
+fn store_step(is_k: bool, e: u32, c: Chunk, dt: u32) {
+    let v = e / STEP;
+    var w: vec4<u32>;
+    if (dt == DT_F32) {
+        w = bitcast<vec4<u32>>(c.lo);
+    } else {
+        w = vec4(narrow2(c.lo.xy, dt), narrow2(c.lo.zw, dt), narrow2(c.hi.xy, dt),
+            narrow2(c.hi.zw, dt));
+    }
+    if (is_k) {
+        out_k4[v] = w;
+    } else {
+        out4[v] = w;
+    }
+}
+
+// Table values e .. e + n − 1 (n = 2, 4 or 8; e even), cos or sin side.
+fn table_word(cos_side: bool, i: u32) -> u32 {
+    if (cos_side) {
+        return cos_table[i];
+    }
+    return sin_table[i];
+}
+
+fn table_step(cos_side: bool, e: u32, n: u32) -> Chunk {
+    var c = Chunk(vec4(0.0), vec4(0.0));
+    if (DT_T == DT_F32) {
+        c.lo.x = bitcast<f32>(table_word(cos_side, e));
+        c.lo.y = bitcast<f32>(table_word(cos_side, e + 1u));
+        if (n >= 4u) {
+            c.lo.z = bitcast<f32>(table_word(cos_side, e + 2u));
+            c.lo.w = bitcast<f32>(table_word(cos_side, e + 3u));
+        }
+        if (n == 8u) {
+            c.hi = vec4(bitcast<f32>(table_word(cos_side, e + 4u)),
+                bitcast<f32>(table_word(cos_side, e + 5u)),
+                bitcast<f32>(table_word(cos_side, e + 6u)),
+                bitcast<f32>(table_word(cos_side, e + 7u)));
+        }
+        return c;
+    }
+    let w = e >> 1u;
+    let lo = widen2(table_word(cos_side, w), DT_T);
+    c.lo = vec4(lo, 0.0, 0.0);
+    if (n >= 4u) {
+        c.lo = vec4(lo, widen2(table_word(cos_side, w + 1u), DT_T));
+    }
+    if (n == 8u) {
+        c.hi = vec4(widen2(table_word(cos_side, w + 2u), DT_T),
+            widen2(table_word(cos_side, w + 3u), DT_T));
+    }
+    return c;
+}
+
+fn rot_units() -> u32 {
     if (INTERLEAVED == 1u) {
-        let e = base + 16u * u;
-        return vec2(e, e + 8u);
+        return params.rot / STEP;
     }
-    let e = base + 8u * u;
-    return vec2(e, e + params.half);
+    return params.half / STEP;
 }
 
-fn load_unit(is_k: bool, els: vec2<u32>, rotary: bool, dt: u32) -> Unit {
-    if (rotary) {
-        return Unit(input_chunk(is_k, els.x, dt, false), input_chunk(is_k, els.y, dt, false));
-    }
-    let a = input_chunk(is_k, els.x, dt, true);
-    return Unit(a, a);
+fn units_per_row_steps() -> u32 {
+    return rot_units() + (params.dim - params.rot) / STEP;
 }
 
-// Rotate (forward) or rotate back (backward, the transpose) one unit with the coefficients
-// (c, s) of its 8 frequencies.
-fn interleaved4(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32> {
+// (cos, sin) of an adjacent pair p = (x1, x2) in the transpose (backward) or not.
+fn turn_pairs(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32> {
     // p = (x1, x2, x1', x2') of two adjacent pairs with coefficients (c.x, s.x), (c.y, s.y).
     if (fwd) {
         return vec4(p.x * c.x - p.y * s.x, p.y * c.x + p.x * s.x,
@@ -643,133 +657,216 @@ fn interleaved4(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32
         p.z * c.y + p.w * s.y, p.w * c.y - p.z * s.y);
 }
 
-fn rotate_unit(v: Unit, c: Chunk, s: Chunk, fwd: bool) -> Unit {
+fn turn_halves(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, s: vec4<f32>, fwd: bool)
+        -> array<vec4<f32>, 2> {
+    if (fwd) {
+        return array<vec4<f32>, 2>(a * c - b * s, b * c + a * s);
+    }
+    return array<vec4<f32>, 2>(a * c + b * s, b * c - a * s);
+}
+
+fn rotate_step_unit(v: Unit, c: Chunk, s: Chunk, fwd: bool) -> Unit {
     if (INTERLEAVED == 1u) {
-        return Unit(
-            Chunk(interleaved4(v.a.lo, c.lo.xy, s.lo.xy, fwd), interleaved4(v.a.hi, c.lo.zw, s.lo.zw, fwd)),
-            Chunk(interleaved4(v.b.lo, c.hi.xy, s.hi.xy, fwd), interleaved4(v.b.hi, c.hi.zw, s.hi.zw, fwd)));
+        var hi = vec4(0.0);
+        if (STEP == 8u) {
+            hi = turn_pairs(v.a.hi, c.lo.zw, s.lo.zw, fwd);
+        }
+        return Unit(Chunk(turn_pairs(v.a.lo, c.lo.xy, s.lo.xy, fwd), hi), v.b);
     }
-    if (fwd) {
-        return Unit(
-            Chunk(v.a.lo * c.lo - v.b.lo * s.lo, v.a.hi * c.hi - v.b.hi * s.hi),
-            Chunk(v.b.lo * c.lo + v.a.lo * s.lo, v.b.hi * c.hi + v.a.hi * s.hi));
+    let lo = turn_halves(v.a.lo, v.b.lo, c.lo, s.lo, fwd);
+    var hi = array<vec4<f32>, 2>(vec4(0.0), vec4(0.0));
+    if (STEP == 8u) {
+        hi = turn_halves(v.a.hi, v.b.hi, c.hi, s.hi, fwd);
     }
-    return Unit(
-        Chunk(v.a.lo * c.lo + v.b.lo * s.lo, v.a.hi * c.hi + v.b.hi * s.hi),
-        Chunk(v.b.lo * c.lo - v.a.lo * s.lo, v.b.hi * c.hi - v.a.hi * s.hi));
+    return Unit(Chunk(lo[0], hi[0]), Chunk(lo[1], hi[1]));
 }
 
-fn store_unit(is_k: bool, els: vec2<u32>, v: Unit, rotary: bool, dt: u32) {
-    store_chunk(is_k, els.x, v.a, dt);
-    if (rotary) {
-        store_chunk(is_k, els.y, v.b, dt);
-    }
+// Everything an invocation needs before its loads: which tensor, the element of step a (and
+// b) of each of its heads, the unit's kind and coefficients.
+struct Work {
+    is_k: bool,
+    rotary: bool,
+    pair: bool,       // split-half rotary unit: two steps per head
+    first: vec2<u32>, // elements of steps a and b of the first head
+    stride: u32,      // elements from one head's row to the next head's
+    c: Chunk,
+    s: Chunk,
 }
 
-// Unit u of heads h0 .. h0 + HEADS − 1 of token (b, s) of q (or k) with `heads` heads.
-fn chunk_unit(is_k: bool, fwd: bool, b: u32, s: u32, h0: u32, heads: u32, u: u32) {
-    var src_dt = DT_Y;
-    var dst_dt = DT_F32;
-    if (fwd) {
-        src_dt = DT_V;
-        dst_dt = DT_Y;
-    }
-    let rot_units = params.half / 8u;
-    let rotary = u < rot_units;
-    // Coefficients of frequencies 8u .. 8u + 7 (chunks of the tables; zero past the table).
-    var c = Chunk(vec4(0.0), vec4(0.0));
-    var sn = c;
-    if (rotary) {
-        let i = 8u * u;
-        let p = position_of(b, s, i);
-        if (p < params.table_rows) {
-            c = table_chunk(true, p * params.half + i);
-            sn = table_chunk(false, p * params.half + i);
-        }
-    }
-    let e0 = unit_elements(row_of(b, s, h0, heads) * params.dim, u, rot_units);
-    var v0 = load_unit(is_k, e0, rotary, src_dt);
-    var e1 = e0;
-    var e2 = e0;
-    var e3 = e0;
-    var v1 = v0;
-    var v2 = v0;
-    var v3 = v0;
-    if (HEADS >= 2u) {
-        e1 = unit_elements(row_of(b, s, h0 + 1u, heads) * params.dim, u, rot_units);
-        v1 = load_unit(is_k, e1, rotary, src_dt);
-    }
-    if (HEADS >= 4u) {
-        e2 = unit_elements(row_of(b, s, h0 + 2u, heads) * params.dim, u, rot_units);
-        e3 = unit_elements(row_of(b, s, h0 + 3u, heads) * params.dim, u, rot_units);
-        v2 = load_unit(is_k, e2, rotary, src_dt);
-        v3 = load_unit(is_k, e3, rotary, src_dt);
-    }
-    if (rotary) {
-        v0 = rotate_unit(v0, c, sn, fwd);
-        if (HEADS >= 2u) {
-            v1 = rotate_unit(v1, c, sn, fwd);
-        }
-        if (HEADS >= 4u) {
-            v2 = rotate_unit(v2, c, sn, fwd);
-            v3 = rotate_unit(v3, c, sn, fwd);
-        }
-    }
-    store_unit(is_k, e0, v0, rotary, dst_dt);
-    if (HEADS >= 2u) {
-        store_unit(is_k, e1, v1, rotary, dst_dt);
-    }
-    if (HEADS >= 4u) {
-        store_unit(is_k, e2, v2, rotary, dst_dt);
-        store_unit(is_k, e3, v3, rotary, dst_dt);
-    }
+// Elements of steps a and b of head j of the invocation.
+fn elements(w: Work, j: u32) -> vec2<u32> {
+    return w.first + vec2(j * w.stride);
 }
 
-// Invocation t's work within q (or k) with `heads` heads.
-fn chunk_lane(is_k: bool, fwd: bool, t: u32, heads: u32) {
-    let units = params.half / 8u + (params.dim - params.rot) / 8u;
+fn work_of(t: u32, lanes_q: u32) -> Work {
+    let is_k = t >= lanes_q;
+    var heads = params.heads;
+    var i = t;
+    if (is_k) {
+        heads = params.heads_k;
+        i = t - lanes_q;
+    }
+    let units = units_per_row_steps();
     let groups = heads / HEADS;
-    let u = t % units;
-    let rest = t / units;
+    let u = i % units;
+    let rest = i / units;
     var b: u32;
     var s: u32;
     var g: u32;
     if (LAYOUT == 0u) {
-        // rest = (b·seq + s)·groups + g
         g = rest % groups;
         let token = rest / groups;
         b = token / params.seq;
         s = token % params.seq;
     } else {
-        // rest = (b·groups + g)·seq + s
         s = rest % params.seq;
         let bg = rest / params.seq;
         g = bg % groups;
         b = bg / groups;
     }
-    chunk_unit(is_k, fwd, b, s, g * HEADS, heads, u);
+    let ru = rot_units();
+    let rotary = u < ru;
+    var w: Work;
+    w.is_k = is_k;
+    w.rotary = rotary;
+    w.pair = rotary && INTERLEAVED == 0u;
+    w.c = Chunk(vec4(0.0), vec4(0.0));
+    w.s = w.c;
+    if (rotary) {
+        var i0 = STEP * u;
+        var n = STEP;
+        if (INTERLEAVED == 1u) {
+            i0 = (STEP / 2u) * u;
+            n = STEP / 2u;
+        }
+        let p = position_of(b, s, i0);
+        if (p < params.table_rows) {
+            w.c = table_step(true, p * params.half + i0, n);
+            w.s = table_step(false, p * params.half + i0, n);
+        }
+    }
+    let base = row_of(b, s, g * HEADS, heads) * params.dim;
+    if (rotary) {
+        w.first = vec2(base + STEP * u, base + STEP * u + params.half);
+    } else {
+        let e = base + params.rot + STEP * (u - ru);
+        w.first = vec2(e, e);
+    }
+    w.stride = params.dim;
+    if (LAYOUT == 1u) {
+        w.stride = params.seq * params.dim;
+    }
+    return w;
 }
 
-fn chunk_pass(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, fwd: bool) {
-    let t = group_index(wid, nwg) * WG + lid;
-    let units = params.half / 8u + (params.dim - params.rot) / 8u;
-    let tokens = params.batch * params.seq;
-    let lanes_q = tokens * (params.heads / HEADS) * units;
-    if (t < lanes_q) {
-        chunk_lane(false, fwd, t, params.heads);
-    } else if (t < params.pairs) {
-        chunk_lane(true, fwd, t - lanes_q, params.heads_k);
+fn lanes_q() -> u32 {
+    return params.batch * params.seq * (params.heads / HEADS) * units_per_row_steps();
+}
+
+fn load_unit4(w: Work, j: u32, dt: u32) -> Unit {
+    let e = elements(w, j);
+    let a = load4(w.is_k, e.x, dt, !w.rotary);
+    var b = a;
+    if (w.pair) {
+        b = load4(w.is_k, e.y, dt, false);
+    }
+    return Unit(a, b);
+}
+
+fn load_unit2(w: Work, j: u32, dt: u32) -> Unit {
+    let e = elements(w, j);
+    let a = load2(w.is_k, e.x, dt, !w.rotary);
+    var b = a;
+    if (w.pair) {
+        b = load2(w.is_k, e.y, dt, false);
+    }
+    return Unit(a, b);
+}
+
+fn finish_unit(w: Work, j: u32, v: Unit, fwd: bool, dt: u32) {
+    var r = v;
+    if (w.rotary) {
+        r = rotate_step_unit(v, w.c, w.s, fwd);
+    }
+    let e = elements(w, j);
+    store_step(w.is_k, e.x, r.a, dt);
+    if (w.pair) {
+        store_step(w.is_k, e.y, r.b, dt);
+    }
+}
+
+// The vec4 views: forward (values in DT_V, output DT_Y), or backward of an F32 cotangent.
+fn steps4(t: u32, fwd: bool) {
+    let lq = lanes_q();
+    if (t >= params.pairs) {
+        return;
+    }
+    let w = work_of(t, lq);
+    var src = DT_Y;
+    var dst = DT_F32;
+    if (fwd) {
+        src = DT_V;
+        dst = DT_Y;
+    }
+    let v0 = load_unit4(w, 0u, src);
+    var v1 = v0;
+    var v2 = v0;
+    var v3 = v0;
+    if (HEADS >= 2u) {
+        v1 = load_unit4(w, 1u, src);
+    }
+    if (HEADS == 4u) {
+        v2 = load_unit4(w, 2u, src);
+        v3 = load_unit4(w, 3u, src);
+    }
+    finish_unit(w, 0u, v0, fwd, dst);
+    if (HEADS >= 2u) {
+        finish_unit(w, 1u, v1, fwd, dst);
+    }
+    if (HEADS == 4u) {
+        finish_unit(w, 2u, v2, fwd, dst);
+        finish_unit(w, 3u, v3, fwd, dst);
     }
 }
 
 @compute @workgroup_size(WG)
-fn forward_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn forward_steps(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    chunk_pass(wid, nwg, lid, true);
+    steps4(group_index(wid, nwg) * WG + lid, true);
 }
 
 @compute @workgroup_size(WG)
-fn backward_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn backward_steps(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    chunk_pass(wid, nwg, lid, false);
+    steps4(group_index(wid, nwg) * WG + lid, false);
+}
+
+// Backward of a 16-bit cotangent (vec2 views, STEP = 4), F32 out.
+@compute @workgroup_size(WG)
+fn backward_steps_half(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.pairs) {
+        return;
+    }
+    let w = work_of(t, lanes_q());
+    let v0 = load_unit2(w, 0u, DT_Y);
+    var v1 = v0;
+    var v2 = v0;
+    var v3 = v0;
+    if (HEADS >= 2u) {
+        v1 = load_unit2(w, 1u, DT_Y);
+    }
+    if (HEADS == 4u) {
+        v2 = load_unit2(w, 2u, DT_Y);
+        v3 = load_unit2(w, 3u, DT_Y);
+    }
+    finish_unit(w, 0u, v0, false, DT_F32);
+    if (HEADS >= 2u) {
+        finish_unit(w, 1u, v1, false, DT_F32);
+    }
+    if (HEADS == 4u) {
+        finish_unit(w, 2u, v2, false, DT_F32);
+        finish_unit(w, 3u, v3, false, DT_F32);
+    }
 }
