@@ -623,11 +623,11 @@ fn host_tables_match_the_f64_formulas() {
     ));
 }
 
-/// The step kernels (row widths and rotary units of whole steps of 4 or 8 elements) against
-/// the unit and token kernels, which run on the same rows widened by a 2-column suffix: the
-/// rotated columns agree bit for bit, forward and backward, in every dtype (16-bit
-/// cotangents through their 8-byte view), both layouts and pair conventions, with 1, 2 and 4
-/// heads per invocation; a rerun gives the same bits.
+/// The step kernels (F32 rows whose width and rotary units are whole steps of 4 elements)
+/// against the unit and token kernels, which run on the same rows widened by a 2-column
+/// suffix: the rotated columns agree bit for bit, forward and backward, with F32 and 16-bit
+/// tables, both layouts and pair conventions, 1, 2 and 4 heads per invocation; a 16-bit
+/// cotangent (unit kernels) next to F32 values (step kernels); a rerun gives the same bits.
 #[test]
 fn step_kernels_equal_unit_kernels_bit_for_bit() {
     let e = engine();
@@ -644,31 +644,31 @@ fn step_kernels_equal_unit_kernels_bit_for_bit() {
     let pos = Tensor::from_slice(e, &ids, &[b, s]).unwrap();
     use DType::{BF16, F16, F32};
     use RopeLayout::{Bhsd, Bshd};
-    // (q heads, k heads, layout, dtype, interleaved, head dim)
+    // (q heads, k heads, layout, table dtype, cotangent dtype, interleaved, head dim)
     let cases = [
-        (3usize, 1usize, Bshd, F32, false, 16usize),
-        (3, 1, Bhsd, BF16, true, 16),
-        (4, 2, Bshd, F16, true, 16),
-        (4, 2, Bhsd, F32, false, 16),
-        (8, 4, Bshd, BF16, false, 16),
-        (8, 4, Bhsd, F32, true, 16),
-        (8, 4, Bhsd, F16, false, 16),
-        (2, 1, Bshd, F32, true, 12),
-        (4, 2, Bhsd, BF16, true, 12),
-        (2, 2, Bshd, F16, false, 24),
+        (3usize, 1usize, Bshd, F32, F32, false, 16usize),
+        (3, 1, Bhsd, BF16, F32, true, 16),
+        (4, 2, Bshd, F16, F32, true, 16),
+        (4, 2, Bhsd, F32, F32, false, 16),
+        (8, 4, Bshd, BF16, F32, false, 16),
+        (8, 4, Bhsd, F32, F32, true, 16),
+        (8, 4, Bhsd, F16, BF16, false, 16),
+        (2, 1, Bshd, F32, F32, true, 12),
+        (4, 2, Bhsd, BF16, F32, true, 8),
+        (2, 2, Bshd, F32, F32, false, 24),
     ];
-    for (hq, hk, layout, dtype, interleaved, d) in cases {
+    for (hq, hk, layout, table, grad, interleaved, d) in cases {
         let shape = |h: usize, w: usize| match layout {
             RopeLayout::Bshd => vec![b, s, h, w],
             RopeLayout::Bhsd => vec![b, h, s, w],
         };
         let seed = 70 + hq as u64;
-        let q = stored(&data(seed, b * s * hq * d, 2.0), dtype);
-        let k = stored(&data(seed + 1, b * s * hk * d, 2.0), dtype);
-        let dq = stored(&data(seed + 2, b * s * hq * d, 1.0), dtype);
-        let dk = stored(&data(seed + 3, b * s * hk * d, 1.0), dtype);
-        let c = tensor_from_f64(e, &data(seed + 4, rows * d / 2, 1.2), &[rows, d / 2], dtype);
-        let sn = tensor_from_f64(e, &data(seed + 5, rows * d / 2, 1.2), &[rows, d / 2], dtype);
+        let q = data(seed, b * s * hq * d, 2.0);
+        let k = data(seed + 1, b * s * hk * d, 2.0);
+        let dq = stored(&data(seed + 2, b * s * hq * d, 1.0), grad);
+        let dk = stored(&data(seed + 3, b * s * hk * d, 1.0), grad);
+        let c = tensor_from_f64(e, &data(seed + 4, rows * d / 2, 1.2), &[rows, d / 2], table);
+        let sn = tensor_from_f64(e, &data(seed + 5, rows * d / 2, 1.2), &[rows, d / 2], table);
         let opts = RopeQkOptions {
             rotary_dim: Some(d),
             interleaved,
@@ -676,16 +676,17 @@ fn step_kernels_equal_unit_kernels_bit_for_bit() {
             ..Default::default()
         };
         let run = |w: usize, f: &dyn Fn(&[f64]) -> Vec<f64>| -> Vec<Vec<f64>> {
-            let t = |v: &[f64], h: usize| tensor_from_f64(e, &f(v), &shape(h, w), dtype);
-            let ((qo, ko), saved) =
-                rope::qk_forward(&t(&q, hq), &t(&k, hk), &c, &sn, Some(&pos), &opts).unwrap();
-            let g = rope::qk_backward(&saved, &t(&dq, hq), &t(&dk, hk)).unwrap();
+            let t = |v: &[f64], h: usize, dt| tensor_from_f64(e, &f(v), &shape(h, w), dt);
+            let (qt, kt) = (t(&q, hq, DType::F32), t(&k, hk, DType::F32));
+            let ((qo, ko), saved) = rope::qk_forward(&qt, &kt, &c, &sn, Some(&pos), &opts).unwrap();
+            let g = rope::qk_backward(&saved, &t(&dq, hq, grad), &t(&dk, hk, grad)).unwrap();
             [qo, ko, g.dq, g.dk]
                 .iter()
                 .map(|x| x.to_f64().unwrap())
                 .collect()
         };
-        let label = format!("hq {hq} hk {hk} {layout:?} {dtype} interleaved {interleaved}");
+        let label =
+            format!("hq {hq} hk {hk} {layout:?} {table} {grad} interleaved {interleaved} d {d}");
         let bits = |v: &[Vec<f64>]| -> Vec<Vec<u64>> {
             v.iter()
                 .map(|x| x.iter().map(|y| y.to_bits()).collect())

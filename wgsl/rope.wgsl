@@ -504,100 +504,45 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// ---- step kernels: q and k in one launch, every warp access contiguous ----
-// A step is STEP consecutive elements of a row: one vec4<u32> of F32 (STEP = 4) or of 16-bit
-// storage (STEP = 8), or for a 16-bit cotangent one vec2<u32> (STEP = 4, `backward_steps_half`,
-// whose F32 output takes one vec4 per step). A row is cut into units: rotary units
-// (split-half: the step at columns STEP·u and its partner step STEP·u + half; interleaved:
-// the step at columns STEP·u, STEP/2 adjacent pairs), then one unit per suffix step, copied.
-// One invocation takes one unit of HEADS heads of one token: the token's coefficients are
-// loaded once for all of them and every head's loads are issued before any arithmetic.
-// Invocations [0, lanes_q) serve q, the rest k; consecutive invocations take consecutive units,
-// then the next head group (BSHD) or the next token (BHSD), so a warp's accesses are
-// contiguous. Each element is computed as the other kernels compute it.
+// ---- step kernels: F32 values, q and k in one launch, every warp access contiguous ----
+// A step is 4 consecutive F32 elements of a row, one vec4<u32>. A row is cut into units:
+// rotary units (split-half: the step at columns 4u and its partner step 4u + half;
+// interleaved: the step at columns 4u, two adjacent pairs), then one unit per suffix step,
+// copied. One invocation takes one unit of HEADS heads of one token: the token's
+// coefficients are loaded once for all of them and every head's loads are issued before any
+// arithmetic. Invocations [0, lanes_q) serve q, the rest k; consecutive invocations take
+// consecutive units, then the next head group (BSHD) or the next token (BHSD), so a warp's
+// accesses are contiguous. Each element is computed as the other kernels compute it.
 
 override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
-override STEP: u32 = 4u;  // elements per step: 4 or 8 (16-bit values, forward)
+const STEP: u32 = 4u;
 
 @group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
 @group(0) @binding(12) var<storage, read> values_k4: array<vec4<u32>>;
-@group(0) @binding(13) var<storage, read> values2: array<vec2<u32>>;
-@group(0) @binding(14) var<storage, read> values_k2: array<vec2<u32>>;
-@group(0) @binding(15) var<storage, read_write> out4: array<vec4<u32>>;
-@group(0) @binding(16) var<storage, read_write> out_k4: array<vec4<u32>>;
-
-// The values of one step in FP32: elements 0..3 in `lo`, 4..7 in `hi` (STEP = 8 only).
-struct Chunk {
-    lo: vec4<f32>,
-    hi: vec4<f32>,
-}
+@group(0) @binding(13) var<storage, read_write> out4: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read_write> out_k4: array<vec4<u32>>;
 
 // A head's unit: step a and (split-half rotary units) its partner step b.
 struct Unit {
-    a: Chunk,
-    b: Chunk,
+    a: vec4<f32>,
+    b: vec4<f32>,
 }
 
-// The exact widening (a NaN comes back quiet), for suffix steps stored as they are.
-fn word_exact(w: u32, dt: u32) -> vec2<f32> {
-    return vec2(half_from_word(w, 0u, dt), half_from_word(w, 1u, dt));
-}
-
-fn word_value(w: u32, dt: u32, exact: bool) -> vec2<f32> {
-    if (exact) {
-        return word_exact(w, dt);
-    }
-    return widen2(w, dt);
-}
-
-// One step from a vec4 view (F32: 4 elements; 16-bit: 8).
-fn step_of4(w: vec4<u32>, dt: u32, exact: bool) -> Chunk {
-    if (dt == DT_F32) {
-        return Chunk(bitcast<vec4<f32>>(w), vec4(0.0));
-    }
-    return Chunk(vec4(word_value(w.x, dt, exact), word_value(w.y, dt, exact)),
-        vec4(word_value(w.z, dt, exact), word_value(w.w, dt, exact)));
-}
-
-// One step of 4 16-bit elements from a vec2 view.
-fn step_of2(w: vec2<u32>, dt: u32, exact: bool) -> Chunk {
-    return Chunk(vec4(word_value(w.x, dt, exact), word_value(w.y, dt, exact)), vec4(0.0));
-}
-
-// Step starting at element e of q (k) from the vec4 views, dtype dt.
-fn load4(is_k: bool, e: u32, dt: u32, exact: bool) -> Chunk {
-    let v = e / STEP;
+fn load4(is_k: bool, e: u32) -> vec4<f32> {
     if (is_k) {
-        return step_of4(values_k4[v], dt, exact);
+        return bitcast<vec4<f32>>(values_k4[e / STEP]);
     }
-    return step_of4(values4[v], dt, exact);
+    return bitcast<vec4<f32>>(values4[e / STEP]);
 }
 
-fn load2(is_k: bool, e: u32, dt: u32, exact: bool) -> Chunk {
-    let v = e / STEP;
+fn store4(is_k: bool, e: u32, v: vec4<f32>) {
     if (is_k) {
-        return step_of2(values_k2[v], dt, exact);
-    }
-    return step_of2(values2[v], dt, exact);
-}
-
-fn store_step(is_k: bool, e: u32, c: Chunk, dt: u32) {
-    let v = e / STEP;
-    var w: vec4<u32>;
-    if (dt == DT_F32) {
-        w = bitcast<vec4<u32>>(c.lo);
+        out_k4[e / STEP] = bitcast<vec4<u32>>(v);
     } else {
-        w = vec4(narrow2(c.lo.xy, dt), narrow2(c.lo.zw, dt), narrow2(c.hi.xy, dt),
-            narrow2(c.hi.zw, dt));
-    }
-    if (is_k) {
-        out_k4[v] = w;
-    } else {
-        out4[v] = w;
+        out4[e / STEP] = bitcast<vec4<u32>>(v);
     }
 }
 
-// Table values e .. e + n − 1 (n = 2, 4 or 8; e even), cos or sin side.
 fn table_word(cos_side: bool, i: u32) -> u32 {
     if (cos_side) {
         return cos_table[i];
@@ -605,34 +550,22 @@ fn table_word(cos_side: bool, i: u32) -> u32 {
     return sin_table[i];
 }
 
-fn table_step(cos_side: bool, e: u32, n: u32) -> Chunk {
-    var c = Chunk(vec4(0.0), vec4(0.0));
+// Table values e .. e + n − 1 (n = 2 or 4; e even), cos or sin side.
+fn table_step(cos_side: bool, e: u32, n: u32) -> vec4<f32> {
     if (DT_T == DT_F32) {
-        c.lo.x = bitcast<f32>(table_word(cos_side, e));
-        c.lo.y = bitcast<f32>(table_word(cos_side, e + 1u));
-        if (n >= 4u) {
-            c.lo.z = bitcast<f32>(table_word(cos_side, e + 2u));
-            c.lo.w = bitcast<f32>(table_word(cos_side, e + 3u));
-        }
-        if (n == 8u) {
-            c.hi = vec4(bitcast<f32>(table_word(cos_side, e + 4u)),
-                bitcast<f32>(table_word(cos_side, e + 5u)),
-                bitcast<f32>(table_word(cos_side, e + 6u)),
-                bitcast<f32>(table_word(cos_side, e + 7u)));
+        var c = vec4(bitcast<f32>(table_word(cos_side, e)),
+            bitcast<f32>(table_word(cos_side, e + 1u)), 0.0, 0.0);
+        if (n == 4u) {
+            c.z = bitcast<f32>(table_word(cos_side, e + 2u));
+            c.w = bitcast<f32>(table_word(cos_side, e + 3u));
         }
         return c;
     }
-    let w = e >> 1u;
-    let lo = widen2(table_word(cos_side, w), DT_T);
-    c.lo = vec4(lo, 0.0, 0.0);
-    if (n >= 4u) {
-        c.lo = vec4(lo, widen2(table_word(cos_side, w + 1u), DT_T));
+    let lo = widen2(table_word(cos_side, e >> 1u), DT_T);
+    if (n == 4u) {
+        return vec4(lo, widen2(table_word(cos_side, (e >> 1u) + 1u), DT_T));
     }
-    if (n == 8u) {
-        c.hi = vec4(widen2(table_word(cos_side, w + 2u), DT_T),
-            widen2(table_word(cos_side, w + 3u), DT_T));
-    }
-    return c;
+    return vec4(lo, 0.0, 0.0);
 }
 
 fn rot_units() -> u32 {
@@ -642,13 +575,13 @@ fn rot_units() -> u32 {
     return params.half / STEP;
 }
 
-fn units_per_row_steps() -> u32 {
+fn step_units_per_row() -> u32 {
     return rot_units() + (params.dim - params.rot) / STEP;
 }
 
-// (cos, sin) of an adjacent pair p = (x1, x2) in the transpose (backward) or not.
+// Two adjacent pairs p = (x1, x2, x1', x2') with coefficients (c.x, s.x), (c.y, s.y), or
+// their transpose (backward).
 fn turn_pairs(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32> {
-    // p = (x1, x2, x1', x2') of two adjacent pairs with coefficients (c.x, s.x), (c.y, s.y).
     if (fwd) {
         return vec4(p.x * c.x - p.y * s.x, p.y * c.x + p.x * s.x,
             p.z * c.y - p.w * s.y, p.w * c.y + p.z * s.y);
@@ -657,56 +590,46 @@ fn turn_pairs(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32> 
         p.z * c.y + p.w * s.y, p.w * c.y - p.z * s.y);
 }
 
-fn turn_halves(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, s: vec4<f32>, fwd: bool)
-        -> array<vec4<f32>, 2> {
-    if (fwd) {
-        return array<vec4<f32>, 2>(a * c - b * s, b * c + a * s);
-    }
-    return array<vec4<f32>, 2>(a * c + b * s, b * c - a * s);
-}
-
-fn rotate_step_unit(v: Unit, c: Chunk, s: Chunk, fwd: bool) -> Unit {
+fn rotate_step_unit(v: Unit, c: vec4<f32>, s: vec4<f32>, fwd: bool) -> Unit {
     if (INTERLEAVED == 1u) {
-        var hi = vec4(0.0);
-        if (STEP == 8u) {
-            hi = turn_pairs(v.a.hi, c.lo.zw, s.lo.zw, fwd);
-        }
-        return Unit(Chunk(turn_pairs(v.a.lo, c.lo.xy, s.lo.xy, fwd), hi), v.b);
+        return Unit(turn_pairs(v.a, c.xy, s.xy, fwd), v.b);
     }
-    let lo = turn_halves(v.a.lo, v.b.lo, c.lo, s.lo, fwd);
-    var hi = array<vec4<f32>, 2>(vec4(0.0), vec4(0.0));
-    if (STEP == 8u) {
-        hi = turn_halves(v.a.hi, v.b.hi, c.hi, s.hi, fwd);
+    if (fwd) {
+        return Unit(v.a * c - v.b * s, v.b * c + v.a * s);
     }
-    return Unit(Chunk(lo[0], hi[0]), Chunk(lo[1], hi[1]));
+    return Unit(v.a * c + v.b * s, v.b * c - v.a * s);
 }
 
-// Everything an invocation needs before its loads: which tensor, the element of step a (and
-// b) of each of its heads, the unit's kind and coefficients.
+// Everything an invocation needs before its loads: which tensor, the elements of steps a and
+// b of its first head and the distance to the next head's, the unit's kind and coefficients.
 struct Work {
     is_k: bool,
     rotary: bool,
     pair: bool,       // split-half rotary unit: two steps per head
-    first: vec2<u32>, // elements of steps a and b of the first head
-    stride: u32,      // elements from one head's row to the next head's
-    c: Chunk,
-    s: Chunk,
+    first: vec2<u32>,
+    stride: u32,
+    c: vec4<f32>,
+    s: vec4<f32>,
 }
 
-// Elements of steps a and b of head j of the invocation.
 fn elements(w: Work, j: u32) -> vec2<u32> {
     return w.first + vec2(j * w.stride);
 }
 
-fn work_of(t: u32, lanes_q: u32) -> Work {
-    let is_k = t >= lanes_q;
+fn lanes_q() -> u32 {
+    return params.batch * params.seq * (params.heads / HEADS) * step_units_per_row();
+}
+
+fn work_of(t: u32) -> Work {
+    let lq = lanes_q();
+    let is_k = t >= lq;
     var heads = params.heads;
     var i = t;
     if (is_k) {
         heads = params.heads_k;
-        i = t - lanes_q;
+        i = t - lq;
     }
-    let units = units_per_row_steps();
+    let units = step_units_per_row();
     let groups = heads / HEADS;
     let u = i % units;
     let rest = i / units;
@@ -730,8 +653,8 @@ fn work_of(t: u32, lanes_q: u32) -> Work {
     w.is_k = is_k;
     w.rotary = rotary;
     w.pair = rotary && INTERLEAVED == 0u;
-    w.c = Chunk(vec4(0.0), vec4(0.0));
-    w.s = w.c;
+    w.c = vec4(0.0);
+    w.s = vec4(0.0);
     if (rotary) {
         var i0 = STEP * u;
         var n = STEP;
@@ -759,114 +682,62 @@ fn work_of(t: u32, lanes_q: u32) -> Work {
     return w;
 }
 
-fn lanes_q() -> u32 {
-    return params.batch * params.seq * (params.heads / HEADS) * units_per_row_steps();
-}
-
-fn load_unit4(w: Work, j: u32, dt: u32) -> Unit {
+fn load_unit(w: Work, j: u32) -> Unit {
     let e = elements(w, j);
-    let a = load4(w.is_k, e.x, dt, !w.rotary);
+    let a = load4(w.is_k, e.x);
     var b = a;
     if (w.pair) {
-        b = load4(w.is_k, e.y, dt, false);
+        b = load4(w.is_k, e.y);
     }
     return Unit(a, b);
 }
 
-fn load_unit2(w: Work, j: u32, dt: u32) -> Unit {
-    let e = elements(w, j);
-    let a = load2(w.is_k, e.x, dt, !w.rotary);
-    var b = a;
-    if (w.pair) {
-        b = load2(w.is_k, e.y, dt, false);
-    }
-    return Unit(a, b);
-}
-
-fn finish_unit(w: Work, j: u32, v: Unit, fwd: bool, dt: u32) {
+fn finish_unit(w: Work, j: u32, v: Unit, fwd: bool) {
     var r = v;
     if (w.rotary) {
         r = rotate_step_unit(v, w.c, w.s, fwd);
     }
     let e = elements(w, j);
-    store_step(w.is_k, e.x, r.a, dt);
+    store4(w.is_k, e.x, r.a);
     if (w.pair) {
-        store_step(w.is_k, e.y, r.b, dt);
+        store4(w.is_k, e.y, r.b);
     }
 }
 
-// The vec4 views: forward (values in DT_V, output DT_Y), or backward of an F32 cotangent.
-fn steps4(t: u32, fwd: bool) {
-    let lq = lanes_q();
+fn steps(t: u32, fwd: bool) {
     if (t >= params.pairs) {
         return;
     }
-    let w = work_of(t, lq);
-    var src = DT_Y;
-    var dst = DT_F32;
-    if (fwd) {
-        src = DT_V;
-        dst = DT_Y;
-    }
-    let v0 = load_unit4(w, 0u, src);
+    let w = work_of(t);
+    let v0 = load_unit(w, 0u);
     var v1 = v0;
     var v2 = v0;
     var v3 = v0;
     if (HEADS >= 2u) {
-        v1 = load_unit4(w, 1u, src);
+        v1 = load_unit(w, 1u);
     }
     if (HEADS == 4u) {
-        v2 = load_unit4(w, 2u, src);
-        v3 = load_unit4(w, 3u, src);
+        v2 = load_unit(w, 2u);
+        v3 = load_unit(w, 3u);
     }
-    finish_unit(w, 0u, v0, fwd, dst);
+    finish_unit(w, 0u, v0, fwd);
     if (HEADS >= 2u) {
-        finish_unit(w, 1u, v1, fwd, dst);
+        finish_unit(w, 1u, v1, fwd);
     }
     if (HEADS == 4u) {
-        finish_unit(w, 2u, v2, fwd, dst);
-        finish_unit(w, 3u, v3, fwd, dst);
+        finish_unit(w, 2u, v2, fwd);
+        finish_unit(w, 3u, v3, fwd);
     }
 }
 
 @compute @workgroup_size(WG)
 fn forward_steps(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    steps4(group_index(wid, nwg) * WG + lid, true);
+    steps(group_index(wid, nwg) * WG + lid, true);
 }
 
 @compute @workgroup_size(WG)
 fn backward_steps(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    steps4(group_index(wid, nwg) * WG + lid, false);
-}
-
-// Backward of a 16-bit cotangent (vec2 views, STEP = 4), F32 out.
-@compute @workgroup_size(WG)
-fn backward_steps_half(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = group_index(wid, nwg) * WG + lid;
-    if (t >= params.pairs) {
-        return;
-    }
-    let w = work_of(t, lanes_q());
-    let v0 = load_unit2(w, 0u, DT_Y);
-    var v1 = v0;
-    var v2 = v0;
-    var v3 = v0;
-    if (HEADS >= 2u) {
-        v1 = load_unit2(w, 1u, DT_Y);
-    }
-    if (HEADS == 4u) {
-        v2 = load_unit2(w, 2u, DT_Y);
-        v3 = load_unit2(w, 3u, DT_Y);
-    }
-    finish_unit(w, 0u, v0, false, DT_F32);
-    if (HEADS >= 2u) {
-        finish_unit(w, 1u, v1, false, DT_F32);
-    }
-    if (HEADS == 4u) {
-        finish_unit(w, 2u, v2, false, DT_F32);
-        finish_unit(w, 3u, v3, false, DT_F32);
-    }
+    steps(group_index(wid, nwg) * WG + lid, false);
 }
