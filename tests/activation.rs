@@ -225,11 +225,12 @@ fn all_outputs(
         .collect()
 }
 
-/// Counts that are multiples of 4 or 8 run the step kernels (16- or 8-byte loads and stores); one
-/// element more runs the per-element kernels. The shared elements come out bit for bit equal
-/// in every dtype, mixed ones included, for a single chunk (the invocation's second chunk
-/// absent) and for two workgroups, the second partial; the chunk results also match the
-/// reference.
+/// Counts that are multiples of 4 run the step kernels (16- or 8-byte loads and stores; steps
+/// of 8 when every tensor is 16-bit and the count allows); one element more runs the
+/// per-element kernels. The shared elements come out bit for bit equal in every dtype, mixed
+/// ones included, for one or two steps (the invocation's other steps absent), a count of 12
+/// (16-bit: steps of 4 through the 8-byte views) and two workgroups, the second partial; the
+/// step results also match the reference.
 #[test]
 fn step_kernels_equal_per_element_kernels_bit_for_bit() {
     use DType::{BF16, F16, F32};
@@ -252,11 +253,11 @@ fn step_kernels_equal_per_element_kernels_bit_for_bit() {
                 let u = stored(&data(110 + k as u64, n + 1, 2.0), dts.1);
                 let dy = stored(&data(120 + k as u64, n + 1, 1.0), dts.2);
                 let label = format!("{} {dts:?} n={n}", kind.name());
-                let chunked = all_outputs(kind, &opts, (&g, &u, &dy), dts, n, n);
+                let stepped = all_outputs(kind, &opts, (&g, &u, &dy), dts, n, n);
                 let general = all_outputs(kind, &opts, (&g, &u, &dy), dts, n + 1, n);
-                for (j, (a, b)) in chunked.iter().zip(&general).enumerate() {
+                for (j, (a, b)) in stepped.iter().zip(&general).enumerate() {
                     let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{label}: output {j} chunk vs per-element kernel");
+                    assert!(same, "{label}: output {j} step vs per-element kernel");
                 }
                 let (gm, dm) = (
                     f64::from(opts.gate_multiplier),
@@ -266,14 +267,14 @@ fn step_kernels_equal_per_element_kernels_bit_for_bit() {
                 let want = stored(&reference::forward(kind, g, Some(u), gm, dm), dts.0);
                 assert_close(
                     &format!("{label} gated y"),
-                    &chunked[2],
+                    &stepped[2],
                     &want,
                     Tolerance::for_dtype(dts.0),
                 );
                 let (dg, du) = reference::backward(kind, g, Some(u), dy, gm, dm);
                 let tol = Tolerance::for_dtype(DType::F32);
-                assert_close(&format!("{label} dgate"), &chunked[3], &dg, tol);
-                assert_close(&format!("{label} dup"), &chunked[4], &du.unwrap(), tol);
+                assert_close(&format!("{label} dgate"), &stepped[3], &dg, tol);
+                assert_close(&format!("{label} dup"), &stepped[4], &du.unwrap(), tol);
             }
         }
     }
