@@ -1,5 +1,5 @@
-//! Criterion benches of the embedding family (forward gather, table gradient with its sort),
-//! timed on the GPU with `bench::gpu_time_iters`. Small shapes for lavapipe;
+//! Criterion benches of the embedding family (forward gather, table gradient with its sort;
+//! the `max_norm` forward, `embedding_renorm` and the `scale_grad_by_freq` backward), timed on the GPU with `bench::gpu_time_iters`. Small shapes for lavapipe;
 //! `examples/bench.rs` has a Llama-3-sized vocabulary.
 
 mod common;
@@ -47,6 +47,34 @@ fn run(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new("backward", &text), |b| {
                 common::time_gpu(b, &engine, || {
                     embedding::embedding_backward(&saved, &dy).map(drop)
+                })
+            });
+            // max_norm: each row read twice (norm, then gather) plus the output.
+            let renorm = EmbeddingOptions {
+                max_norm: Some(1.0),
+                scale_grad_by_freq: true,
+                ..options
+            };
+            group.throughput(Throughput::Bytes(3 * y.byte_len() + indices.byte_len()));
+            group.bench_function(BenchmarkId::new("forward_max_norm", &text), |b| {
+                common::time_gpu(b, &engine, || {
+                    embedding::embedding(&table, &indices, &renorm).map(drop)
+                })
+            });
+            // The renormalized table: every row's norm and a copy of the table (plus the sort).
+            group.throughput(Throughput::Bytes(3 * table.byte_len()));
+            group.bench_function(BenchmarkId::new("renorm_table", &text), |b| {
+                common::time_gpu(b, &engine, || {
+                    embedding::embedding_renorm(&table, &indices, 1.0, false).map(drop)
+                })
+            });
+            let (_, saved_freq) = embedding::embedding(&table, &indices, &renorm).expect("fwd");
+            group.throughput(Throughput::Bytes(
+                indices.byte_len() + dy.byte_len() + 4 * (rows * dim) as u64,
+            ));
+            group.bench_function(BenchmarkId::new("backward_freq", &text), |b| {
+                common::time_gpu(b, &engine, || {
+                    embedding::embedding_backward(&saved_freq, &dy).map(drop)
                 })
             });
         }

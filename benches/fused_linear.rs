@@ -1,7 +1,9 @@
 //! Criterion benches of the fused linear losses, timed on the GPU ([`bench::gpu_time_iters`]
 //! through `iter_custom`): fused linear cross-entropy forward + backward (gradients come out of
 //! the forward; mean over targets, a fifth ignored) and JSD distillation forward + backward,
-//! F32 and BF16, on small shapes so `cargo bench --bench fused_linear` stays quick on
+//! F32 and BF16, and the scaled cross-entropy (temperature 0.7, entropy output, backward with
+//! an entropy cotangent, which recomputes the chunks: `8·rows·hidden·vocab` FLOPs), on small
+//! shapes so `cargo bench --bench fused_linear` stays quick on
 //! lavapipe. Throughput is in FLOPs (`6·rows·hidden·vocab` for the cross-entropy, `8·…` for
 //! the distillation, whose teacher head adds one product), so criterion's "elem/s" reads as
 //! FLOP/s. The `bench` example runs Liger's shape (H 4096, V 128,256, BT 2,048 and 8,192)
@@ -12,7 +14,8 @@ mod common;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use wgrad::fused_linear::{
     Chunking, DistillationOptions, FusedLinearCrossEntropyOptions, LinearHead,
-    fused_linear_cross_entropy, fused_linear_cross_entropy_backward, fused_linear_distillation,
+    fused_linear_cross_entropy, fused_linear_cross_entropy_backward,
+    fused_linear_cross_entropy_backward_with_entropy, fused_linear_distillation,
     fused_linear_distillation_backward,
 };
 use wgrad::loss::CrossEntropyOptions;
@@ -96,6 +99,33 @@ fn fused_linear(c: &mut Criterion) {
             );
         }
         ce.finish();
+        let scaled_options = FusedLinearCrossEntropyOptions {
+            temperature: 0.7,
+            return_entropy: true,
+            ..ce_options.clone()
+        };
+        let mut scaled = c.benchmark_group(format!("fused_linear_ce_scaled_fwd_bwd_{dtype}"));
+        for ([rows, hidden, vocab], x, w, _, _, t) in &inputs {
+            let head = LinearHead {
+                input: x,
+                weight: w,
+                bias: None,
+            };
+            let ecot = Tensor::from_slice(&engine, &vec![0.01f32; *rows], &[*rows]).expect("ecot");
+            scaled.throughput(Throughput::Elements((8 * rows * hidden * vocab) as u64));
+            bench::prewarm(&engine, 0.05).expect("prewarm");
+            scaled.bench_function(
+                BenchmarkId::from_parameter(bench::shape_text(&[*rows, *hidden, *vocab])),
+                |b| {
+                    common::time_gpu(b, &engine, || {
+                        let (_, saved) = fused_linear_cross_entropy(head, t, &scaled_options)?;
+                        fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&ecot))
+                            .map(drop)
+                    })
+                },
+            );
+        }
+        scaled.finish();
         let mut jsd = c.benchmark_group(format!("fused_linear_jsd_fwd_bwd_{dtype}"));
         for ([rows, hidden, vocab], x, w, xt, wt, t) in &inputs {
             let student = LinearHead {

@@ -13,6 +13,31 @@
 //! [`EmbeddingOptions::padding_index`] follows PyTorch: the forward still gathers the padding
 //! row (whatever it holds), and the padding row receives no gradient (its `dtable` row is 0).
 //!
+//! # max_norm
+//!
+//! [`EmbeddingOptions::max_norm`] follows PyTorch's `max_norm` with `norm_type` 2, made
+//! functional. PyTorch renormalizes the table in place (under `no_grad`) before the lookup:
+//! every row referenced by an index whose L2 norm `‖w_v‖₂` exceeds `max_norm` is replaced by
+//! `w_v·max_norm/(‖w_v‖₂ + 1e-7)`. Here no tensor is mutated: the forward returns the rows as
+//! they would be after that renormalization (`out[p] = s_v·table[v]`, `v = indices[p]`,
+//! `s_v = max_norm/(‖w_v‖₂ + 1e-7)` when `‖w_v‖₂ > max_norm`, else 1; the norm in FP32 over
+//! the stored values, the product rounded once to the table's dtype; rows with `s_v = 1`
+//! copied bit-exactly, the padding row included), and [`embedding_renorm`] returns the
+//! renormalized copy of the table that PyTorch would leave behind, for the caller to keep.
+//! The gradient is PyTorch's: that of gathering the (renormalized) rows, i.e. the scale is a
+//! constant and [`embedding_backward`] is unchanged — `dtable` is the gradient with respect
+//! to the looked-up rows, to be applied to the renormalized table. Scratch: one F32 scale per
+//! position ([`embedding_max_norm_workspace_bytes`]).
+//!
+//! # scale_grad_by_freq
+//!
+//! With [`EmbeddingOptions::scale_grad_by_freq`] (PyTorch's option of that name) the
+//! gradient of row `v` is divided by `n_v`, the number of positions whose index is `v`:
+//! `dtable[v, c] = (Σ_{p : indices[p] = v} dy[p, c]) / n_v`, the sum taken in ascending
+//! position order as below and then divided once. The counts come from the sorted keys of the
+//! backward (the length of each row's run), so the result stays deterministic. The padding
+//! row still gets 0; out-of-range positions (unchecked) are not counted.
+//!
 //! # Out-of-range indices
 //!
 //! As in `loss::cross_entropy` and `rope`: with [`EmbeddingOptions::check_indices`] (the
@@ -57,7 +82,7 @@
 //! and the cotangent at most 2³¹ − 1 elements. `D` may be odd with 16-bit tables (each
 //! invocation writes whole output words). The cotangent may be F32, F16 or BF16.
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
 use crate::{DType, Engine, Error, Result, Tensor};
 
 /// `wgsl/embedding.wgsl`.
@@ -66,6 +91,7 @@ pub static KERNEL: Kernel = Kernel {
     parts: &[
         COMMON_DTYPE,
         COMMON_LAUNCH,
+        COMMON_REDUCE,
         include_str!("../wgsl/embedding.wgsl"),
     ],
 };
@@ -81,7 +107,7 @@ const NO_ROW: u32 = u32::MAX;
 const MAX_ELEMENTS: u64 = (1 << 31) - 1;
 
 /// Options of [`embedding`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EmbeddingOptions {
     /// Padding row (default none): gathered by the forward like any row, but it receives no
     /// gradient (PyTorch's `padding_idx`). Must be `< V`.
@@ -90,6 +116,12 @@ pub struct EmbeddingOptions {
     /// synchronizes**. With `false`, out-of-range positions gather zeros and contribute no
     /// gradient.
     pub check_indices: bool,
+    /// Renormalize looked-up rows whose L2 norm exceeds this (default none; finite and > 0):
+    /// see the module documentation for the exact formula and the gradient contract.
+    pub max_norm: Option<f32>,
+    /// Divide each row's gradient by the number of positions that reference it (default
+    /// false; PyTorch's `scale_grad_by_freq`).
+    pub scale_grad_by_freq: bool,
 }
 
 impl Default for EmbeddingOptions {
@@ -97,6 +129,8 @@ impl Default for EmbeddingOptions {
         EmbeddingOptions {
             padding_index: None,
             check_indices: true,
+            max_norm: None,
+            scale_grad_by_freq: false,
         }
     }
 }
@@ -109,6 +143,7 @@ pub struct EmbeddingSaved {
     rows: usize,
     dim: usize,
     padding_index: Option<usize>,
+    scale_grad_by_freq: bool,
 }
 
 impl EmbeddingSaved {
@@ -126,6 +161,11 @@ impl EmbeddingSaved {
     pub fn padding_index(&self) -> Option<usize> {
         self.padding_index
     }
+
+    /// Whether the backward divides each row's gradient by its position count.
+    pub fn scale_grad_by_freq(&self) -> bool {
+        self.scale_grad_by_freq
+    }
 }
 
 #[derive(encase::ShaderType, Clone, Copy)]
@@ -138,7 +178,14 @@ struct Params {
     padding: u32,
     k: u32,
     j: u32,
+    flags: u32,
+    max_norm: f32,
 }
+
+/// `table_grad`: divide by the row's position count.
+const F_FREQ: u32 = 1;
+/// `row_scales`: one item per table row (else per position).
+const F_TABLE_ROWS: u32 = 2;
 
 impl Params {
     fn new(rows: usize, dim: usize, positions: usize, padding: Option<usize>) -> Params {
@@ -151,7 +198,37 @@ impl Params {
             padding: padding.map_or(NO_ROW, |p| p as u32),
             k: 0,
             j: 0,
+            flags: 0,
+            max_norm: 0.0,
         }
+    }
+}
+
+/// Scratch bytes of [`embedding`] with `max_norm` for `positions` positions: one F32 scale
+/// each.
+pub fn embedding_max_norm_workspace_bytes(positions: usize) -> u64 {
+    4 * positions as u64
+}
+
+/// Scratch bytes of [`embedding_renorm`]: the sort keys and run starts of
+/// [`embedding_workspace_bytes`] plus one F32 scale per table row.
+pub fn embedding_renorm_workspace_bytes(rows: usize, positions: usize) -> u64 {
+    if positions == 0 {
+        0
+    } else {
+        embedding_workspace_bytes(rows, positions) + 4 * rows as u64
+    }
+}
+
+fn check_max_norm(what: &str, max_norm: f32) -> Result<()> {
+    if max_norm.is_finite() && max_norm > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidValue {
+            what: format!("{what}: max_norm"),
+            got: f64::from(max_norm),
+            rule: "must be finite and > 0".into(),
+        })
     }
 }
 
@@ -269,6 +346,10 @@ pub fn embedding(
             rows.saturating_sub(1) as u64,
         ));
     }
+    if let Some(m) = options.max_norm {
+        check_max_norm("embedding", m)?;
+        engine.check_workspace("embedding", embedding_max_norm_workspace_bytes(positions))?;
+    }
     if options.check_indices && positions > 0 {
         check_index_values(indices, rows)?;
     }
@@ -280,6 +361,53 @@ pub fn embedding(
         count: count as u32,
         ..Params::new(rows, dim, positions, options.padding_index)
     };
+    let saved = EmbeddingSaved {
+        indices: indices.clone(),
+        rows,
+        dim,
+        padding_index: options.padding_index,
+        scale_grad_by_freq: options.scale_grad_by_freq,
+    };
+    if let Some(max_norm) = options.max_norm {
+        if count == 0 {
+            return Ok((out, saved));
+        }
+        let scales = Tensor::empty(engine, &[positions], DType::F32, "embedding row scales")?;
+        engine.launch(
+            &KERNEL,
+            "row_scales",
+            &dt,
+            &Params {
+                count: positions as u32,
+                max_norm,
+                ..base
+            },
+            &[table.buffer(), indices.buffer(), scales.buffer()],
+            positions as u64,
+        )?;
+        let words = if table.dtype() == DType::F32 {
+            count
+        } else {
+            count.div_ceil(2)
+        };
+        engine.launch(
+            &KERNEL,
+            "gather_scaled",
+            &dt,
+            &Params {
+                words: words as u32,
+                ..base
+            },
+            &[
+                table.buffer(),
+                indices.buffer(),
+                out.buffer(),
+                scales.buffer(),
+            ],
+            (words as u64).div_ceil(WG),
+        )?;
+        return Ok((out, saved));
+    }
     // Whole vec4 rows (4 F32 or 8 16-bit elements per vec4): one vec4 per copy.
     let per_vec = if table.dtype() == DType::F32 { 4 } else { 8 };
     if dim.is_multiple_of(per_vec) {
@@ -313,21 +441,126 @@ pub fn embedding(
             (words as u64).div_ceil(WG * UNROLL),
         )?;
     }
-    Ok((
-        out,
-        EmbeddingSaved {
+    Ok((out, saved))
+}
+
+/// The table after PyTorch's in-place `max_norm` renormalization, as a fresh tensor (same
+/// shape and dtype): every row referenced by some index in `indices` (the padding row
+/// included) whose L2 norm exceeds `max_norm` becomes `row·max_norm/(‖row‖₂ + 1e-7)` (FP32,
+/// rounded once to the table's dtype); every other row is copied bit-exactly. Together with
+/// [`embedding`] and the same `max_norm` this gives both results of PyTorch's
+/// `embedding(.., max_norm)`: the looked-up rows and the table it leaves behind.
+///
+/// Errors: those of [`embedding`] for the table, the indices and `check_indices` (which
+/// synchronizes; unchecked out-of-range indices reference no row); a `max_norm` that is not
+/// finite and positive (`InvalidValue`); scratch over the workspace bound (`WorkspaceExceeded`,
+/// [`embedding_renorm_workspace_bytes`]).
+pub fn embedding_renorm(
+    table: &Tensor,
+    indices: &Tensor,
+    max_norm: f32,
+    check_indices: bool,
+) -> Result<Tensor> {
+    let options = EmbeddingOptions {
+        check_indices: false,
+        ..EmbeddingOptions::default()
+    };
+    // The shape, dtype and bound checks of the forward (nothing is launched for 0 positions).
+    let empty_indices;
+    let probe = if indices.is_empty() {
+        indices
+    } else {
+        empty_indices = Tensor::zeros(table.engine(), &[0], indices.dtype())?;
+        &empty_indices
+    };
+    embedding(table, probe, &options)?;
+    let engine = table.engine();
+    indices.check_engine(engine, "embedding_renorm: indices")?;
+    check_max_norm("embedding_renorm", max_norm)?;
+    let (rows, dim) = (table.shape()[0], table.shape()[1]);
+    let positions = indices.len();
+    elements("embedding_renorm: positions", positions)?;
+    engine.check_workspace(
+        "embedding_renorm",
+        embedding_renorm_workspace_bytes(rows, positions),
+    )?;
+    if check_indices && positions > 0 {
+        check_index_values(indices, rows)?;
+    }
+    let out = Tensor::empty(engine, table.shape(), table.dtype(), "embedding_renorm")?;
+    let count = rows * dim;
+    if count == 0 {
+        return Ok(out);
+    }
+    let dt = vec![("DT", f64::from(table.dtype().code()))];
+    let base = Params {
+        count: count as u32,
+        max_norm,
+        ..Params::new(rows, dim, positions, None)
+    };
+    // Referenced rows: the run starts of the sorted keys (no padding exclusion).
+    let starts = Tensor::zeros(engine, &[rows], DType::U32)?;
+    if positions > 0 {
+        let saved = EmbeddingSaved {
             indices: indices.clone(),
             rows,
             dim,
-            padding_index: options.padding_index,
+            padding_index: None,
+            scale_grad_by_freq: false,
+        };
+        let keys = sort_keys(engine, &saved)?;
+        engine.launch(
+            &KERNEL,
+            "run_starts",
+            &vec![("DT", 0.0)],
+            &base,
+            &[keys.buffer(), starts.buffer()],
+            (positions as u64).div_ceil(WG),
+        )?;
+    }
+    let scales = Tensor::empty(engine, &[rows], DType::F32, "embedding_renorm scales")?;
+    engine.launch(
+        &KERNEL,
+        "row_scales",
+        &dt,
+        &Params {
+            count: rows as u32,
+            flags: F_TABLE_ROWS,
+            ..base
         },
-    ))
+        &[table.buffer(), indices.buffer(), scales.buffer()],
+        rows as u64,
+    )?;
+    let words = if table.dtype() == DType::F32 {
+        count
+    } else {
+        count.div_ceil(2)
+    };
+    engine.launch(
+        &KERNEL,
+        "renorm_table",
+        &dt,
+        &Params {
+            words: words as u32,
+            ..base
+        },
+        &[
+            table.buffer(),
+            out.buffer(),
+            starts.buffer(),
+            scales.buffer(),
+        ],
+        (words as u64).div_ceil(WG),
+    )?;
+    Ok(out)
 }
 
 /// Embedding backward: the table gradient `dtable [V, D]` (F32) from the cotangent `dy` of
 /// the forward's output (`[indices.shape.., D]`, F32/F16/BF16). Repeated indices accumulate
-/// in ascending position order; the padding row, unreferenced rows and out-of-range positions
-/// give zeros. Algorithm, launches and scratch: see the module documentation.
+/// in ascending position order (then divided by their count with `scale_grad_by_freq`); the
+/// padding row, unreferenced rows and out-of-range positions give zeros. With `max_norm` the
+/// gradient is the same (with respect to the looked-up, renormalized rows; see the module
+/// documentation). Algorithm, launches and scratch: see the module documentation.
 ///
 /// Errors: `dy` of another shape (`ShapeMismatch`) or not a float dtype (`UnsupportedDType`),
 /// of another engine (`EngineMismatch`); sort keys and run starts over the workspace bound
@@ -362,6 +595,7 @@ pub fn embedding_backward(saved: &EmbeddingSaved, dy: &Tensor) -> Result<Tensor>
     let keys = sort_keys(engine, saved)?;
     let params = Params {
         count: count as u32,
+        flags: if saved.scale_grad_by_freq { F_FREQ } else { 0 },
         ..Params::new(rows, dim, positions, saved.padding_index)
     };
     let starts = Tensor::zeros(engine, &[rows], DType::U32)?;

@@ -41,8 +41,23 @@
 //! statistics; the backward recomputes each chunk's logits and takes the gradients from there
 //! (three products per chunk). Setting `gradients_in_forward: false` gives scalar reductions
 //! the same recomputing backward (useful when a forward may not be followed by a backward).
+//! The same holds for an entropy cotangent (the forward's gradients cover the loss only) and
+//! for the distillation losses with `DistillationReduction::None` (per-row losses, one
+//! cotangent per row, each row's logit gradient multiplied by its cotangent).
+//!
+//! # Temperature and entropy (scaled fused linear cross-entropy)
+//!
+//! `FusedLinearCrossEntropyOptions::temperature` T divides the logits,
+//! `z = (x·Wᵀ + b)/T`, before every cross-entropy option (the softcap acts on `z`); the
+//! product takes `1/T` as its scale and the bias is divided once per call, so no extra pass
+//! over the logits runs. `return_entropy` adds the per-row entropy `H = −Σ_c p_c·log p_c`,
+//! `p = softmax(z)` (0 on rows the loss does not count), computed from the chunk's logits and
+//! the row statistics of the loss kernels. Its cotangent enters through
+//! [`fused_linear_cross_entropy_backward_with_entropy`]: `∂H/∂z_c = −p_c·(log p_c + H)`,
+//! added in place to the chunk's loss gradient, then (through the softcap) times `1/T` in the
+//! two products and the bias sums.
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Kernel};
 use crate::loss::{
     self, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings, Reduction,
 };
@@ -56,6 +71,8 @@ pub static KERNEL: Kernel = Kernel {
     parts: &[
         COMMON_DTYPE,
         COMMON_LAUNCH,
+        COMMON_REDUCE,
+        COMMON_SOFTCAP,
         include_str!("../wgsl/fused_linear.wgsl"),
     ],
 };
@@ -63,13 +80,33 @@ pub static KERNEL: Kernel = Kernel {
 const WG: u64 = 256;
 const F_Y: u32 = 1;
 const F_SCALE: u32 = 2;
+const F_ROW_SCALE: u32 = 4;
 
-#[derive(encase::ShaderType)]
+#[derive(encase::ShaderType, Default)]
 struct Params {
     n: u32,
     flags: u32,
     a: f32,
     b: f32,
+    cols: u32,
+    row0: u32,
+    cap: f32,
+    pad: u32,
+}
+
+/// The scale of [`combine`]'s output.
+#[derive(Clone, Copy)]
+enum Scale<'a> {
+    /// 1.
+    One,
+    /// A one-element F32 tensor (a scalar cotangent on the GPU).
+    Scalar(&'a Tensor),
+    /// One F32 value per row of the whole batch: `x` holds rows `row0..` of width `cols`.
+    Rows {
+        values: &'a Tensor,
+        row0: usize,
+        cols: usize,
+    },
 }
 
 /// `(a·x + b·y)·s` elementwise into a fresh F32 tensor of `x`'s shape; `y` optional, `s` a
@@ -80,17 +117,36 @@ fn combine(
     y: Option<(&Tensor, f32)>,
     scale: Option<&Tensor>,
 ) -> Result<Tensor> {
+    combine_scaled(x, a, y, scale.map_or(Scale::One, Scale::Scalar))
+}
+
+/// `(a·x + b·y)·s` with any [`Scale`].
+fn combine_scaled(x: &Tensor, a: f32, y: Option<(&Tensor, f32)>, scale: Scale) -> Result<Tensor> {
     let engine = x.engine();
     let out = Tensor::empty(engine, x.shape(), DType::F32, "fused_linear combine")?;
-    let mut flags = 0;
+    let mut params = Params {
+        n: x.len() as u32,
+        a,
+        ..Params::default()
+    };
     if y.is_some() {
-        flags |= F_Y;
-    }
-    if scale.is_some() {
-        flags |= F_SCALE;
+        params.flags |= F_Y;
     }
     let (yt, b) = y.unwrap_or((x, 0.0));
-    let s = scale.unwrap_or(x);
+    params.b = b;
+    let s = match scale {
+        Scale::One => x,
+        Scale::Scalar(s) => {
+            params.flags |= F_SCALE;
+            s
+        }
+        Scale::Rows { values, row0, cols } => {
+            params.flags |= F_ROW_SCALE;
+            params.row0 = row0 as u32;
+            params.cols = cols as u32;
+            values
+        }
+    };
     engine.launch(
         &KERNEL,
         "combine",
@@ -98,14 +154,31 @@ fn combine(
             ("XT", f64::from(x.dtype().code())),
             ("YT", f64::from(yt.dtype().code())),
         ],
-        &Params {
-            n: x.len() as u32,
-            flags,
-            a,
-            b,
-        },
+        &params,
         &[x.buffer(), yt.buffer(), s.buffer(), out.buffer()],
         (x.len() as u64).div_ceil(WG),
+    )?;
+    Ok(out)
+}
+
+/// Column `column` of the per-row matrix `mat` (`[rows, width]` F32) as an F32 tensor of
+/// shape `lead` (`rows` elements).
+fn take_column(mat: &Tensor, column: usize, lead: &[usize]) -> Result<Tensor> {
+    let engine = mat.engine();
+    let rows = mat.shape()[0];
+    let out = Tensor::empty(engine, lead, DType::F32, "fused_linear per-row losses")?;
+    engine.launch(
+        &KERNEL,
+        "take_column",
+        &vec![("XT", 0.0), ("YT", 0.0)],
+        &Params {
+            n: rows as u32,
+            cols: mat.shape()[1] as u32,
+            row0: column as u32,
+            ..Params::default()
+        },
+        &[out.buffer(), mat.buffer()],
+        (rows as u64).div_ceil(WG),
     )?;
     Ok(out)
 }
@@ -177,6 +250,10 @@ struct Head {
     rows: usize,
     hidden: usize,
     vocab: usize,
+    /// `1/T`: the logits are `(x·Wᵀ)·scale + bias·scale` (1 without a temperature).
+    scale: f32,
+    /// The bias the logits add: `bias·scale` (F32) when `scale ≠ 1`, else the bias itself.
+    logit_bias: Option<Tensor>,
 }
 
 impl Head {
@@ -189,7 +266,22 @@ impl Head {
             rows: h.input.len().checked_div(hidden).unwrap_or(0),
             hidden,
             vocab: h.weight.shape().first().copied().unwrap_or(0),
+            scale: 1.0,
+            logit_bias: h.bias.cloned(),
         }
+    }
+
+    /// The same head with its logits divided by `temperature` (the bias divided once, here).
+    fn tempered(mut self, temperature: f32) -> Result<Head> {
+        if temperature != 1.0 {
+            self.scale = 1.0 / temperature;
+            self.logit_bias = self
+                .bias
+                .as_ref()
+                .map(|b| combine(b, self.scale, None, None))
+                .transpose()?;
+        }
+        Ok(self)
     }
 
     fn lead(&self) -> &[usize] {
@@ -206,7 +298,8 @@ impl Head {
             "fused_linear logits",
         )?;
         gemm(&Gemm {
-            bias: self.bias.as_ref(),
+            bias: self.logit_bias.as_ref(),
+            alpha: self.scale,
             ..Gemm::plain(
                 GemmOperand {
                     offset: r0 * self.hidden,
@@ -297,6 +390,9 @@ struct Accumulator {
     bias: bool,
     db: Option<Tensor>,
     first: bool,
+    /// The head's logit scale `1/T`: the chunk gradients are with respect to the scaled
+    /// logits, so each product (and the bias sums) takes this factor.
+    scale: f32,
 }
 
 impl Accumulator {
@@ -321,15 +417,19 @@ impl Accumulator {
             bias,
             db,
             first: true,
+            scale: head.scale,
         })
     }
 
     /// Take the logit gradient `dlogits` (`[rows, vocab]` F32) of rows `r0..` back through
-    /// the head: `dx[r0..] = dlogits·W`, `dW (+)= dlogitsᵀ·x[r0..]`, `db (+)= Σ_r dlogits`.
+    /// the head: `dx[r0..] = s·dlogits·W`, `dW (+)= s·dlogitsᵀ·x[r0..]`,
+    /// `db (+)= s·Σ_r dlogits`, `s` the head's logit scale.
     fn add_chunk(&mut self, head: &Head, r0: usize, dlogits: &Tensor) -> Result<()> {
         let rows = dlogits.shape()[0];
+        let s = self.scale;
         gemm(&Gemm {
             out_offset: r0 * head.hidden,
+            alpha: s,
             ..Gemm::plain(
                 GemmOperand::whole(dlogits, false),
                 GemmOperand::whole(&head.weight, false),
@@ -338,21 +438,25 @@ impl Accumulator {
                 false,
             )
         })?;
-        gemm(&Gemm::plain(
-            GemmOperand::whole(dlogits, true),
-            GemmOperand {
-                offset: r0 * head.hidden,
-                ..GemmOperand::whole(&head.input, false)
-            },
-            &self.dw,
-            (head.vocab, head.hidden, rows),
-            !self.first,
-        ))?;
+        gemm(&Gemm {
+            alpha: s,
+            ..Gemm::plain(
+                GemmOperand::whole(dlogits, true),
+                GemmOperand {
+                    offset: r0 * head.hidden,
+                    ..GemmOperand::whole(&head.input, false)
+                },
+                &self.dw,
+                (head.vocab, head.hidden, rows),
+                !self.first,
+            )
+        })?;
         if self.bias {
             let sums = sum_columns(dlogits)?;
             self.db = Some(match &self.db {
-                None => sums,
-                Some(db) => combine(db, 1.0, Some((&sums, 1.0)), None)?,
+                None if s == 1.0 => sums,
+                None => combine(&sums, s, None, None)?,
+                Some(db) => combine(db, 1.0, Some((&sums, s)), None)?,
             });
         }
         self.first = false;
@@ -482,6 +586,15 @@ pub struct FusedLinearCrossEntropyOptions {
     /// Sum / mean: compute the gradients in the forward (default true; see the module docs).
     /// Ignored for reduction none, whose backward always recomputes.
     pub gradients_in_forward: bool,
+    /// Temperature T > 0 (default 1): the loss is taken on `z = (x·Wᵀ + b)/T`, every
+    /// cross-entropy option (softcap included, applied to `z`) and the entropy then acting on
+    /// these logits. The gradients include the `1/T` of the chain rule.
+    pub temperature: f32,
+    /// Also return the per-row entropy `H = −Σ_c p_c·log p_c` of `p = softmax(z)`
+    /// (`CrossEntropyOutput::entropy`, F32 of `x`'s leading shape; 0 on rows the loss does
+    /// not count), whose cotangent [`fused_linear_cross_entropy_backward_with_entropy`]
+    /// takes (default false).
+    pub return_entropy: bool,
 }
 
 impl Default for FusedLinearCrossEntropyOptions {
@@ -490,6 +603,8 @@ impl Default for FusedLinearCrossEntropyOptions {
             cross_entropy: CrossEntropyOptions::default(),
             chunking: Chunking::default(),
             gradients_in_forward: true,
+            temperature: 1.0,
+            return_entropy: false,
         }
     }
 }
@@ -504,6 +619,9 @@ pub struct FusedLinearCrossEntropySaved {
     finish: Tensor,
     plan: ChunkPlan,
     gradients: Option<FusedLinearGradients>,
+    /// The entropy output (with `return_entropy`) and the softcap (0 = off).
+    entropy: Option<Tensor>,
+    cap: f32,
 }
 
 impl FusedLinearCrossEntropySaved {
@@ -522,7 +640,7 @@ impl FusedLinearCrossEntropySaved {
 /// vocabulary of `vocab`, `chunk_rows` rows per chunk and a bias or not: the per-row matrix
 /// of the cross-entropy and its column sums, two finish vectors, and per chunk the F32
 /// logits and logit gradient (`8·chunk_rows·vocab` bytes) plus, with a bias, its column-sum
-/// partials. `hidden` is part of the signature for products that need scratch of their own.
+/// partials and the bias divided by the temperature (`4·vocab`). `hidden` is part of the signature for products that need scratch of their own.
 pub fn fused_linear_cross_entropy_workspace_bytes(
     rows: usize,
     hidden: usize,
@@ -532,11 +650,13 @@ pub fn fused_linear_cross_entropy_workspace_bytes(
 ) -> u64 {
     let _ = hidden;
     let c = chunk_rows.min(rows.max(1));
+    let tempered_bias = if bias { 4 * vocab as u64 } else { 0 };
     loss::cross_entropy_workspace_bytes(rows)
         + 32
         + 16
         + 8 * (c as u64) * (vocab as u64)
         + bias_scratch(c, vocab, bias)
+        + tempered_bias
 }
 
 /// The chunking [`fused_linear_cross_entropy`] would use for these shapes and options.
@@ -566,7 +686,15 @@ pub fn plan_cross_entropy(
 /// `loss::cross_entropy` on the full logits (`predicted` included):
 ///
 /// `loss_r = (1 − ε)·w_y·(lse − z_y) + ε/V·Σ_c w_c·(lse − z_c) + coef·lse²`, `z` the
-/// (softcapped) logits of row r, reduced as the options say.
+/// (softcapped) logits `(x·Wᵀ + b)/T` of row r (T the temperature, default 1), reduced as the
+/// options say.
+///
+/// With `return_entropy`, `entropy_r = −Σ_c p_c·log p_c`, `p = softmax(z)`, for every counted
+/// row (0 for a row whose target is `ignore_index` or, unchecked, out of range); its
+/// derivative `∂H/∂z_c = −p_c·(log p_c + H)` enters the backward through
+/// [`fused_linear_cross_entropy_backward_with_entropy`] (then times the softcap's derivative
+/// `1 − (z/cap)²` and `1/T`). This is the scaled fused linear cross-entropy with an entropy
+/// output (temperature plus entropy, as in RL policy losses).
 ///
 /// The backward is [`fused_linear_cross_entropy_backward`]; for sum and mean the gradients
 /// are computed here already (see the module docs). Errors, all before anything is launched:
@@ -574,7 +702,7 @@ pub fn plan_cross_entropy(
 /// `[vocab, hidden]`, a bias not `[vocab]`, targets not of `x`'s leading shape
 /// (`ShapeMismatch`); zero hidden size or vocabulary, `chunk_rows = Some(0)`
 /// (`OutOfBounds`); every cross-entropy option error of `loss::cross_entropy` (the target
-/// check synchronizes); scratch over the budget or the workspace bound
+/// check synchronizes); a temperature that is not finite and > 0 (`InvalidValue`); scratch over the budget or the workspace bound
 /// (`WorkspaceExceeded`); outputs or chunks past the binding limit (`LimitExceeded`);
 /// tensors of another engine (`EngineMismatch`).
 pub fn fused_linear_cross_entropy(
@@ -588,6 +716,13 @@ pub fn fused_linear_cross_entropy(
     loss::check_target_tensor(&format!("{WHAT}: targets"), engine, targets, h.lead())?;
     let ce = &options.cross_entropy;
     let settings = loss::ce_settings(WHAT, engine, ce, h.vocab)?;
+    let t = options.temperature;
+    finite(
+        &format!("{WHAT}: temperature"),
+        t,
+        "must be finite and > 0",
+        t > 0.0,
+    )?;
     let plan = plan_cross_entropy(
         engine,
         h.rows,
@@ -604,9 +739,21 @@ pub fn fused_linear_cross_entropy(
             h.vocab,
         )?;
     }
+    let h = h.tempered(t)?;
+    let cap = ce.softcap.unwrap_or(0.0);
     let eager = options.gradients_in_forward && ce.reduction != Reduction::None;
     let mat = Tensor::empty(engine, &[h.rows, 8], DType::F32, "fused_linear rows")?;
     let predicted = Tensor::empty(engine, h.lead(), DType::I32, "fused_linear predicted")?;
+    let entropy = if options.return_entropy {
+        Some(Tensor::empty(
+            engine,
+            h.lead(),
+            DType::F32,
+            "fused_linear entropy",
+        )?)
+    } else {
+        None
+    };
     let mut acc = if eager {
         Some(Accumulator::new(&h)?)
     } else {
@@ -623,6 +770,9 @@ pub fn fused_linear_cross_entropy(
     for (r0, rows) in plan.ranges() {
         let logits = h.logits(r0, rows)?;
         loss::ce_rows_block(&logits, targets, &settings, r0, &mat, &predicted)?;
+        if let Some(entropy) = &entropy {
+            entropy_rows(&logits, &mat, entropy, r0, cap)?;
+        }
         if let Some(acc) = acc.as_mut() {
             let dlogits =
                 loss::ce_grad_block(&logits, targets, &settings, r0, &mat, &scales, &unit, false)?;
@@ -635,6 +785,7 @@ pub fn fused_linear_cross_entropy(
     Ok((
         CrossEntropyOutput {
             predicted: Some(predicted),
+            entropy: entropy.clone(),
             ..output
         },
         FusedLinearCrossEntropySaved {
@@ -645,8 +796,69 @@ pub fn fused_linear_cross_entropy(
             finish,
             plan,
             gradients: acc.map(Accumulator::finish),
+            entropy,
+            cap,
         },
     ))
+}
+
+/// Per-row entropy of a block of F32 logits (rows `r0..` of the batch) into `entropy`, from
+/// the row statistics in `mat`.
+fn entropy_rows(
+    logits: &Tensor,
+    mat: &Tensor,
+    entropy: &Tensor,
+    r0: usize,
+    cap: f32,
+) -> Result<()> {
+    let (rows, cols) = (logits.shape()[0], logits.shape()[1]);
+    logits.engine().launch(
+        &KERNEL,
+        "entropy_rows",
+        &vec![("XT", 0.0), ("YT", 0.0)],
+        &Params {
+            n: rows as u32,
+            cols: cols as u32,
+            row0: r0 as u32,
+            cap,
+            ..Params::default()
+        },
+        &[logits.buffer(), entropy.buffer(), mat.buffer()],
+        rows as u64,
+    )
+}
+
+/// Add the entropy's logit gradient (cotangent `cot`, one value per row of the batch) to the
+/// block's `dlogits`, in place.
+fn entropy_grad(
+    logits: &Tensor,
+    dlogits: &Tensor,
+    saved: &FusedLinearCrossEntropySaved,
+    entropy: &Tensor,
+    cot: &Tensor,
+    r0: usize,
+) -> Result<()> {
+    let n = logits.len();
+    logits.engine().launch(
+        &KERNEL,
+        "entropy_grad",
+        &vec![("XT", 0.0), ("YT", 0.0)],
+        &Params {
+            n: n as u32,
+            cols: logits.shape()[1] as u32,
+            row0: r0 as u32,
+            cap: saved.cap,
+            ..Params::default()
+        },
+        &[
+            logits.buffer(),
+            cot.buffer(),
+            dlogits.buffer(),
+            saved.rows_matrix.buffer(),
+            entropy.buffer(),
+        ],
+        (n as u64).div_ceil(WG),
+    )
 }
 
 /// Gradients of [`fused_linear_cross_entropy`] with respect to `x`, `W` and the bias (F32).
@@ -658,12 +870,49 @@ pub fn fused_linear_cross_entropy_backward(
     saved: &FusedLinearCrossEntropySaved,
     cotangent: Option<&Tensor>,
 ) -> Result<FusedLinearGradients> {
+    fused_linear_cross_entropy_backward_with_entropy(saved, cotangent, None)
+}
+
+/// Gradients of [`fused_linear_cross_entropy`] for the cotangents of both of its
+/// differentiable outputs: the loss (`cotangent`, as in
+/// [`fused_linear_cross_entropy_backward`]) and the entropy (`entropy_cotangent`: `None` for
+/// zero, or F32 of `x`'s leading shape; needs a forward with `return_entropy`). The logit
+/// gradient of a row is
+///
+/// `dz_c = ḡ·∂loss_r/∂z_c + ĝ_r·(−p_c·(log p_c + H_r))`,
+///
+/// then through the softcap and `1/T` to `dx = dz·W/T`, `dW = dzᵀ·x/T`, `db = Σ_r dz/T`.
+/// With an entropy cotangent every chunk is recomputed (the gradients computed in the
+/// forward cover the loss only). Errors: those of [`fused_linear_cross_entropy_backward`];
+/// an entropy cotangent that is not F32 (`UnsupportedDType`) or not of the leading shape
+/// (`ShapeMismatch`), of another engine (`EngineMismatch`), or given for a forward without
+/// `return_entropy` (`InvalidValue`).
+pub fn fused_linear_cross_entropy_backward_with_entropy(
+    saved: &FusedLinearCrossEntropySaved,
+    cotangent: Option<&Tensor>,
+    entropy_cotangent: Option<&Tensor>,
+) -> Result<FusedLinearGradients> {
     const WHAT: &str = "fused_linear_cross_entropy_backward: cotangent";
     let h = &saved.head;
     let engine = h.input.engine();
     let (cot, per_row) =
         loss::ce_cotangent(WHAT, engine, cotangent, saved.settings.reduction, h.lead())?;
-    if let Some(g) = &saved.gradients {
+    let entropy = match entropy_cotangent {
+        None => None,
+        Some(c) => {
+            let what = "fused_linear_cross_entropy_backward: entropy cotangent";
+            let Some(entropy) = &saved.entropy else {
+                return Err(Error::InvalidValue {
+                    what: what.into(),
+                    got: 0.0,
+                    rule: "needs a forward with return_entropy".into(),
+                });
+            };
+            loss::ce_cotangent(what, engine, Some(c), Reduction::None, h.lead())?;
+            Some((entropy, c))
+        }
+    };
+    if let (Some(g), None) = (&saved.gradients, entropy) {
         return scaled(g, cotangent.map(|_| &cot));
     }
     engine.check_workspace(
@@ -683,6 +932,9 @@ pub fn fused_linear_cross_entropy_backward(
             &cot,
             per_row,
         )?;
+        if let Some((entropy, ecot)) = entropy {
+            entropy_grad(&logits, &dlogits, saved, entropy, ecot, r0)?;
+        }
         drop(logits);
         acc.add_chunk(h, r0, &dlogits)?;
     }
@@ -711,6 +963,9 @@ pub enum SoftLoss {
 /// How the distillation terms are reduced over rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DistillationReduction {
+    /// Per-row losses of `x`'s leading shape (0 on rows whose label is `ignore_index`); the
+    /// backward takes one cotangent per row and always recomputes the chunks.
+    None,
     /// Sums over the counted rows.
     Sum,
     /// Sums divided by the number of counted rows (default; 0 when none counts).
@@ -741,6 +996,7 @@ pub struct DistillationOptions {
     /// Chunk size or memory budget (default: from the engine's workspace bound).
     pub chunking: Chunking,
     /// Compute the student gradients in the forward (default true; see the module docs).
+    /// Ignored for reduction none, whose backward always recomputes.
     pub gradients_in_forward: bool,
 }
 
@@ -760,7 +1016,8 @@ impl Default for DistillationOptions {
     }
 }
 
-/// Outputs of [`fused_linear_distillation`] (F32 scalars `[]`).
+/// Outputs of [`fused_linear_distillation`]: F32 scalars `[]`, or per-row losses of `x`'s
+/// leading shape for reduction none.
 #[derive(Debug, Clone)]
 pub struct DistillationOutput {
     /// `weight_hard·hard_loss + weight_soft·soft_loss`.
@@ -871,13 +1128,16 @@ fn finite(what: &str, v: f32, rule: &str, ok: bool) -> Result<()> {
 impl DistillationSaved {
     /// One chunk of rows `r0..r0 + rows`: with `predicted`, the rows' loss terms go into the
     /// per-row matrices (the forward); with `cot`, the student's logit gradient (times the
-    /// cotangent, with the terms' current scales) is returned.
+    /// cotangent, with the terms' current scales) is returned. With `row_cot` (reduction
+    /// none: one cotangent per row of the batch) `cot` is a unit scalar and each row of the
+    /// gradient is multiplied by its row's cotangent at the end.
     fn chunk(
         &self,
         r0: usize,
         rows: usize,
         predicted: Option<&Tensor>,
         cot: Option<&Tensor>,
+        row_cot: Option<&Tensor>,
     ) -> Result<Option<Tensor>> {
         let o = &self.options;
         let t = o.temperature;
@@ -936,9 +1196,17 @@ impl DistillationSaved {
         drop((g, q_saved));
         // d/d student = w_hard·d_hard + (w_soft / T)·d_soft.
         let w_soft = o.weight_soft / t;
+        let scale = match row_cot {
+            Some(values) => Scale::Rows {
+                values,
+                row0: r0,
+                cols: self.student.vocab,
+            },
+            None => Scale::One,
+        };
         let dlogits = match &d_hard {
-            Some(dh) => combine(dh, o.weight_hard, Some((&d_soft, w_soft)), None)?,
-            None => combine(&d_soft, w_soft, None, None)?,
+            Some(dh) => combine_scaled(dh, o.weight_hard, Some((&d_soft, w_soft)), scale)?,
+            None => combine_scaled(&d_soft, w_soft, None, scale)?,
         };
         Ok(Some(dlogits))
     }
@@ -952,7 +1220,9 @@ impl DistillationSaved {
 ///
 /// D the soft term of [`SoftLoss`] summed over the vocabulary, both terms summed over the
 /// counted rows (label ≠ `ignore_index`; every row without labels) and divided by their
-/// number for batch mean. The teacher is frozen: only the student gets gradients. Student and
+/// number for batch mean; for reduction none, every output is per row:
+/// `loss_r = w_hard·CE_r + w_soft·D_r` (0 on uncounted rows), with one cotangent per row in
+/// the backward. The teacher is frozen: only the student gets gradients. Student and
 /// teacher may have different hidden sizes and dtypes, not different rows or vocabularies.
 /// `soft = Tvd` with labels and `weight_hard > 0` is the "CE + TVD" loss.
 ///
@@ -1035,6 +1305,7 @@ pub fn fused_linear_distillation(
         loss::check_target_range(&format!("{WHAT}: labels"), l, o.ignore_index, s.vocab)?;
     }
     let batch_mean = o.reduction == DistillationReduction::BatchMean;
+    let per_row = o.reduction == DistillationReduction::None;
     let (rows, vocab) = (s.rows, s.vocab);
     // Outputs and per-row state, all allocated before anything is launched.
     let hard = if with_hard {
@@ -1078,12 +1349,13 @@ pub fn fused_linear_distillation(
         mat: Tensor::empty(engine, &[rows, 2], DType::F32, "distillation soft rows")?,
         scales: Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?,
     };
-    let mut acc = if o.gradients_in_forward {
+    let mut acc = if o.gradients_in_forward && !per_row {
         Some(Accumulator::new(&s)?)
     } else {
         None
     };
     let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+    let lead = s.lead().to_vec();
     let mut saved = DistillationSaved {
         student: s,
         teacher: t,
@@ -1106,10 +1378,32 @@ pub fn fused_linear_distillation(
     }
     for (r0, n) in saved.plan.ranges() {
         let cot = acc.as_ref().map(|_| &unit);
-        let dlogits = saved.chunk(r0, n, Some(&predicted), cot)?;
+        let dlogits = saved.chunk(r0, n, Some(&predicted), cot, None)?;
         if let (Some(acc), Some(d)) = (acc.as_mut(), dlogits) {
             acc.add_chunk(&saved.student, r0, &d)?;
         }
+    }
+    if per_row {
+        // Per-row outputs; the unit scales of sum serve the backward.
+        let soft_loss = take_column(&saved.soft.mat, 0, &lead)?;
+        let hard_loss = match &saved.hard {
+            Some(h) => loss::ce_outputs(engine, &h.mat, &h.scales, Reduction::None, &lead)?.loss,
+            None => Tensor::zeros(engine, &lead, DType::F32)?,
+        };
+        let total = combine(
+            &soft_loss,
+            o.weight_soft,
+            Some((&hard_loss, o.weight_hard)),
+            None,
+        )?;
+        return Ok((
+            DistillationOutput {
+                loss: total,
+                hard_loss,
+                soft_loss,
+            },
+            saved,
+        ));
     }
     // Finish both terms; their scales (the same values as the counts') serve the backward.
     let soft = &mut saved.soft;
@@ -1139,19 +1433,38 @@ pub fn fused_linear_distillation(
     ))
 }
 
-/// Student gradients of [`fused_linear_distillation`] (F32) for a scalar `cotangent`
-/// (`[]`/`[1]` F32; `None` = 1): the saved gradients times the cotangent (on the GPU), or,
-/// with `gradients_in_forward: false`, recomputed chunk by chunk.
+/// Student gradients of [`fused_linear_distillation`] (F32) for `cotangent`: for sum and
+/// batch mean a scalar (`[]`/`[1]` F32; `None` = 1), the saved gradients times the cotangent
+/// (on the GPU), or, with `gradients_in_forward: false`, recomputed chunk by chunk; for
+/// reduction none one value per row (F32 of `x`'s leading shape; `None` = all ones), each
+/// chunk recomputed and each row's logit gradient multiplied by its cotangent. Errors: a
+/// cotangent that is not F32 (`UnsupportedDType`), not of the loss's shape
+/// (`ShapeMismatch`), of another engine (`EngineMismatch`); scratch over the workspace bound
+/// (`WorkspaceExceeded`).
 pub fn fused_linear_distillation_backward(
     saved: &DistillationSaved,
     cotangent: Option<&Tensor>,
 ) -> Result<FusedLinearGradients> {
     let engine = saved.student.input.engine();
-    let cot = scalar_cotangent(
-        "fused_linear_distillation_backward: cotangent",
-        engine,
-        cotangent,
-    )?;
+    const WHAT: &str = "fused_linear_distillation_backward: cotangent";
+    let per_row = saved.options.reduction == DistillationReduction::None;
+    let (cot, row_cot) = if per_row {
+        let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+        let rows = match cotangent {
+            Some(c) => {
+                loss::ce_cotangent(WHAT, engine, Some(c), Reduction::None, saved.student.lead())?;
+                c.clone()
+            }
+            None => Tensor::from_slice(
+                engine,
+                &vec![1.0f32; saved.student.rows],
+                saved.student.lead(),
+            )?,
+        };
+        (unit, Some(rows))
+    } else {
+        (scalar_cotangent(WHAT, engine, cotangent)?, None)
+    };
     if let Some(g) = &saved.gradients {
         return scaled(g, cotangent.map(|_| &cot));
     }
@@ -1162,7 +1475,7 @@ pub fn fused_linear_distillation_backward(
     let mut acc = Accumulator::new(&saved.student)?;
     for (r0, rows) in saved.plan.ranges() {
         let d = saved
-            .chunk(r0, rows, None, Some(&cot))?
+            .chunk(r0, rows, None, Some(&cot), row_cot.as_ref())?
             .expect("gradients requested");
         acc.add_chunk(&saved.student, r0, &d)?;
     }

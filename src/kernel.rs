@@ -15,6 +15,9 @@ pub const COMMON_LAUNCH: &str = include_str!("../wgsl/common/launch.wgsl");
 /// Shared WGSL: fixed-order workgroup reductions (sum, max) over `WG` invocations.
 pub const COMMON_REDUCE: &str = include_str!("../wgsl/common/reduce.wgsl");
 
+/// Shared WGSL: `tanh_accurate`, the tanh of the logit softcap (cross-entropy, fused linear).
+pub const COMMON_SOFTCAP: &str = include_str!("../wgsl/common/softcap.wgsl");
+
 /// Shared WGSL: the scalar activation formulas (`activation_eval(kind, x)` → (act, act′)).
 pub const COMMON_ACTIVATION: &str = include_str!("../wgsl/common/activation.wgsl");
 
@@ -75,6 +78,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::reduce::KERNEL,
         &crate::bench::COPY_KERNEL,
         &crate::norm::KERNEL,
+        &crate::norm::KERNEL_WIDE,
         &crate::activation::KERNEL,
         &crate::rope::KERNEL,
         &crate::loss::KERNEL,

@@ -28,7 +28,9 @@
 //! (`32·rows` bytes plus its column-sum partials) and of the divergences (`8·rows`), see
 //! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`].
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Constants, Kernel};
+use crate::kernel::{
+    COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Constants, Kernel,
+};
 use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
 
@@ -39,6 +41,7 @@ pub static KERNEL: Kernel = Kernel {
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_REDUCE,
+        COMMON_SOFTCAP,
         include_str!("../wgsl/loss.wgsl"),
     ],
 };
@@ -429,6 +432,9 @@ pub struct CrossEntropyOutput {
     /// Argmax of the raw logits per row (ties to the lowest index), I32, leading shape; −1 on
     /// ignored rows. Soft targets: absent.
     pub predicted: Option<Tensor>,
+    /// Per-row entropy of the softmax, F32 of the leading shape: only from
+    /// `fused_linear::fused_linear_cross_entropy` with `return_entropy` (absent otherwise).
+    pub entropy: Option<Tensor>,
 }
 
 /// What [`cross_entropy`] keeps for its backward.
@@ -741,6 +747,7 @@ pub(crate) fn ce_outputs(
         z_loss,
         accuracy,
         predicted: None,
+        entropy: None,
     })
 }
 

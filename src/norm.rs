@@ -16,14 +16,28 @@
 //!   modulation scale/shift of shape `[batches, columns]` with `batches` dividing the rows;
 //! * ε positive and finite in FP32 (default 1e-5), weight offset finite (`InvalidValue`).
 //!
-//! Kernels (`wgsl/norm.wgsl`): the forward takes one workgroup per row and reads the row in
-//! chunks of 256 columns (mean, squares, outputs), so any width works without keeping the row
-//! in workgroup memory. The backward takes one workgroup per row for the two row constants of
-//! the input gradient, then one invocation per (block of [`BLOCK_ROWS`] rows, column), which
-//! writes the input gradient and the block's FP32 parameter partials; the partials are summed
-//! in block order. No atomics: reruns are bit-identical. A 16-bit output of an odd width is
-//! computed into an FP32 temporary and narrowed with [`crate::cast::cast`], so no two
-//! invocations share a word.
+//! Kernels (`wgsl/norm.wgsl`):
+//! * Register paths (RMSNorm, LayerNorm, add+RMSNorm; rows of whole chunks of 4 F32 or 8
+//!   16-bit values, residual and cotangents in the source's dtype): a workgroup holds a row in
+//!   named registers, at most [`REGISTER_CHUNKS`] chunks a lane, and reads it once. The forward
+//!   takes 256 lanes up to 8,192 F32 / 16,384 16-bit columns, then 1,024 lanes
+//!   ([`KERNEL_WIDE`], where the adapter allows such workgroups) up to 32,768 / 65,536. The
+//!   backward splits the rows into at most [`REGISTER_BLOCKS`] blocks, one workgroup each: per
+//!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
+//!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
+//!   block order. 256 lanes up to 8,192 / 16,384 columns; for RMSNorm and add+RMSNorm 1,024
+//!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
+//! * General kernels (every operator, any width): the forward takes one workgroup per row and
+//!   reads the row in chunks of 256 columns (mean, squares, outputs). The backward takes one
+//!   workgroup per row for the two row constants of the input gradient, then one invocation
+//!   per (block of [`BLOCK_ROWS`] rows, column), which writes the input gradient and the
+//!   block's FP32 parameter partials; the partials are summed in block order.
+//!
+//! No atomics; every sum runs in an order fixed by the shape (and, for the register paths,
+//! by whether the adapter allows 1,024 lanes), so reruns are bit-identical; the register and
+//! general paths add in different orders, so their results may differ in the last bits. A
+//! 16-bit output of an odd width is computed into an FP32 temporary and narrowed with
+//! [`crate::cast::cast`], so no two invocations share a word.
 //!
 //! Backward differentiates the real-valued formula with the saved FP32 statistics: the
 //! rounding of the casting modes and of stored outputs is not differentiated.
@@ -31,16 +45,37 @@
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Constants, Kernel};
 use crate::{DType, Engine, Error, Result, Tensor, cast};
 
-/// `wgsl/norm.wgsl`.
+const NORM_WGSL: &str = include_str!("../wgsl/norm.wgsl");
+
+/// `wgsl/norm.wgsl` with workgroups of 256 invocations.
 pub static KERNEL: Kernel = Kernel {
     name: "norm",
     parts: &[
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_REDUCE,
-        include_str!("../wgsl/norm.wgsl"),
+        "const WG: u32 = 256u;",
+        NORM_WGSL,
     ],
 };
+
+/// `wgsl/norm.wgsl` with workgroups of 1,024 invocations: the register forwards of rows too
+/// wide for 256 lanes, on adapters that allow such workgroups.
+pub static KERNEL_WIDE: Kernel = Kernel {
+    name: "norm_wide",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        "const WG: u32 = 1024u;",
+        NORM_WGSL,
+    ],
+};
+
+/// Lanes of [`KERNEL_WIDE`]'s workgroups.
+const WIDE_WG: u64 = 1024;
+/// Columns of one `partials_finish` workgroup.
+const FINISH_COLUMNS: u64 = 32;
 
 const WG: u64 = 256;
 /// Rows per block of the backward's parameter partials.
@@ -215,6 +250,7 @@ struct Params {
     groups: u32,
     channels_per_group: u32,
     spatial: u32,
+    block_rows: u32,
 }
 
 pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
@@ -341,9 +377,11 @@ fn blocks_for(rows: usize, batches: usize) -> (usize, usize) {
     (per_batch, per_batch * batches)
 }
 
-/// Scratch bytes a normalization backward allocates: the per-row constants (32 bytes a row)
-/// and the FP32 parameter partials (`slots × blocks × cols`, blocks of [`BLOCK_ROWS`] rows
-/// within each modulation batch; `batches` = 1 except for [`modulated_rms_norm`]).
+/// Scratch bytes a normalization backward may allocate (an upper bound over its paths): the
+/// general path's per-row constants (32 bytes a row) and FP32 parameter partials
+/// (`slots × blocks × cols`, blocks of [`BLOCK_ROWS`] rows within each modulation batch;
+/// `batches` = 1 except for [`modulated_rms_norm`]), or the register path's partials
+/// (`slots × blocks × cols`, at most [`REGISTER_BLOCKS`] blocks), whichever is larger.
 pub fn backward_workspace_bytes(
     kind: NormKind,
     rows: usize,
@@ -355,7 +393,27 @@ pub fn backward_workspace_bytes(
     let batches = batches.max(1);
     let (_, blocks) = blocks_for(rows, batches);
     let slots = partial_slots(kind, has_weight, has_bias);
-    (rows * ROWINFO * 4 + slots * blocks * cols * 4) as u64
+    let general = (rows * ROWINFO * 4 + slots * blocks * cols * 4) as u64;
+    let register = if matches!(kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) {
+        let (_, blocks) = register_blocks(rows, false);
+        (slots.max(1) * blocks * cols * 4) as u64
+    } else {
+        0
+    };
+    general.max(register)
+}
+
+/// Rows per block and blocks of the register backward: at most [`REGISTER_BLOCKS`] blocks of
+/// at least [`REGISTER_MIN_BLOCK_ROWS`] rows (the last may be shorter; half as many blocks
+/// for workgroups of 1,024 lanes), a function of the shape only.
+fn register_blocks(rows: usize, wide: bool) -> (usize, usize) {
+    let most = if wide {
+        REGISTER_BLOCKS / 2
+    } else {
+        REGISTER_BLOCKS
+    };
+    let block_rows = rows.div_ceil(most).max(REGISTER_MIN_BLOCK_ROWS);
+    (block_rows, rows.div_ceil(block_rows))
 }
 
 fn dummy(engine: &Engine, what: &str) -> Result<Tensor> {
@@ -389,11 +447,73 @@ fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
         groups: f.layout.map_or(0, |l| l.groups as u32),
         channels_per_group: f.layout.map_or(0, |l| l.channels_per_group as u32),
         spatial: f.layout.map_or(1, |l| l.spatial as u32),
+        block_rows: 0,
     }
 }
 
-/// Chunks per lane of the RMSNorm and LayerNorm register paths.
-const REGISTER_CHUNKS: usize = 8;
+/// Most chunks per lane of the register paths (a chunk: 4 F32 or 8 16-bit values).
+pub const REGISTER_CHUNKS: usize = 8;
+/// The register backward splits the rows into at most this many blocks (one workgroup each).
+pub const REGISTER_BLOCKS: usize = 256;
+/// Fewest rows of a register backward block (so the partials stay at most a quarter of dx).
+pub const REGISTER_MIN_BLOCK_ROWS: usize = 4;
+
+/// How a register path runs: the workgroup size and the chunks each lane holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RegisterPlan {
+    wide: bool,
+    chunks: u32,
+}
+
+impl RegisterPlan {
+    fn kernel(self) -> &'static Kernel {
+        if self.wide { &KERNEL_WIDE } else { &KERNEL }
+    }
+}
+
+/// Whether the adapter runs [`KERNEL_WIDE`]'s workgroups of 1,024 invocations.
+fn wide_workgroups(engine: &Engine) -> bool {
+    let limits = &engine.info().limits;
+    u64::from(limits.max_compute_invocations_per_workgroup) >= WIDE_WG
+        && u64::from(limits.max_compute_workgroup_size_x) >= WIDE_WG
+}
+
+/// The register path for rows of `cols` values of `dtype`: whole chunks, at most
+/// [`REGISTER_CHUNKS`] per lane of 256, else (on an adapter that allows it) at most
+/// `wide_chunks` per lane of 1,024; the fewest chunks per lane (1, 2, 4 or 8) that cover the row.
+fn register_plan(
+    engine: &Engine,
+    cols: usize,
+    dtype: DType,
+    wide_chunks: u32,
+) -> Option<RegisterPlan> {
+    let len = if dtype == DType::F32 { 4 } else { 8 };
+    if cols == 0 || !cols.is_multiple_of(len) {
+        return None;
+    }
+    let chunks = cols / len;
+    let per_lane = |lanes: u64| {
+        [1u32, 2, 4, 8]
+            .into_iter()
+            .find(|&c| u64::from(c) * lanes >= chunks as u64)
+            .filter(|&c| c as usize <= REGISTER_CHUNKS)
+    };
+    if let Some(c) = per_lane(WG) {
+        return Some(RegisterPlan {
+            wide: false,
+            chunks: c,
+        });
+    }
+    if wide_chunks > 0 && wide_workgroups(engine) {
+        return per_lane(WIDE_WG)
+            .filter(|&c| c <= wide_chunks)
+            .map(|c| RegisterPlan {
+                wide: true,
+                chunks: c,
+            });
+    }
+    None
+}
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
 fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Tensor>)> {
@@ -446,44 +566,59 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         ("PAIRS", f64::from(u8::from(pairs))),
         ("OUT_SUM", f64::from(u8::from(with_sum))),
     ];
-    // RMSNorm and LayerNorm rows that fit 8 chunks per lane (F32: ≤ 8,192 columns in fours;
-    // 16-bit: ≤ 16,384 columns in eights) take the register path: one read of the row.
-    let chunk = if dtype == DType::F32 { 4 } else { 8 };
-    let registers = matches!(f.kind, NormKind::Rms | NormKind::Layer)
-        && cols.is_multiple_of(chunk)
-        && cols / chunk <= REGISTER_CHUNKS * WG as usize
-        && cols > 0;
-    if registers && f.kind == NormKind::Layer {
+    // RMSNorm, LayerNorm and add+RMSNorm rows of whole chunks that fit the lanes' registers
+    // take the register path: one read of the row.
+    let same_residual = f.aux.is_none_or(|r| r.dtype() == dtype);
+    let plan =
+        if matches!(f.kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) && same_residual {
+            register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)
+        } else {
+            None
+        };
+    if let Some(plan) = plan {
+        let mut constants = constants;
+        constants.push(("CHUNKS", f64::from(plan.chunks)));
+        let params = forward_params(&f, rows, cols);
+        let (entry, buffers): (&str, Vec<&wgpu::Buffer>) = match f.kind {
+            NormKind::Layer => (
+                "layer_forward_registers",
+                vec![
+                    inverse.buffer(),
+                    mean.as_ref().unwrap_or(&inverse).buffer(),
+                    sum.as_ref().unwrap_or(&inverse).buffer(),
+                    x.buffer(),
+                    y.buffer(),
+                    f.weight.unwrap_or(x).buffer(),
+                    f.aux2.unwrap_or(x).buffer(),
+                ],
+            ),
+            NormKind::AddRms => (
+                "add_forward_registers",
+                vec![
+                    inverse.buffer(),
+                    x.buffer(),
+                    y.buffer(),
+                    f.weight.unwrap_or(x).buffer(),
+                    f.aux.unwrap_or(x).buffer(),
+                    sum.as_ref().unwrap_or(&y).buffer(),
+                ],
+            ),
+            _ => (
+                "rms_forward_registers",
+                vec![
+                    inverse.buffer(),
+                    x.buffer(),
+                    y.buffer(),
+                    f.weight.unwrap_or(x).buffer(),
+                ],
+            ),
+        };
         engine.launch(
-            &KERNEL,
-            "layer_forward_registers",
+            plan.kernel(),
+            entry,
             &constants,
-            &forward_params(&f, rows, cols),
-            &[
-                f.aux2.unwrap_or(x).buffer(),
-                f.weight.unwrap_or(x).buffer(),
-                inverse.buffer(),
-                mean.as_ref().unwrap_or(&inverse).buffer(),
-                sum.as_ref().unwrap_or(&inverse).buffer(),
-                x.buffer(),
-                y.buffer(),
-            ],
-            rows as u64,
-        )?;
-        return Ok((y, sum, inverse, mean));
-    }
-    if registers {
-        engine.launch(
-            &KERNEL,
-            "rms_forward_registers",
-            &constants,
-            &forward_params(&f, rows, cols),
-            &[
-                f.weight.unwrap_or(x).buffer(),
-                inverse.buffer(),
-                x.buffer(),
-                y.buffer(),
-            ],
+            &params,
+            &buffers,
             rows as u64,
         )?;
         return Ok((y, sum, inverse, mean));
@@ -896,6 +1031,35 @@ pub fn norm_backward(
         ));
     }
     let dx = Tensor::empty(engine, x.shape(), DType::F32, "norm source gradient")?;
+    // RMSNorm, LayerNorm and add+RMSNorm with cotangents (and residual) of the source's dtype
+    // take the register backward when the rows fit 256 lanes' registers.
+    let xdt = x.dtype();
+    let same = |t: Option<&Tensor>| t.is_none_or(|t| t.dtype() == xdt);
+    let plan = if matches!(
+        saved.kind,
+        NormKind::Rms | NormKind::Layer | NormKind::AddRms
+    ) && output_gradient.dtype() == xdt
+        && same(saved.residual.as_ref())
+        && same(residual_output_gradient)
+    {
+        // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice,
+        // up to 4 chunks a lane (more would not fit the registers of 1,024 lanes).
+        let wide_chunks = if saved.kind == NormKind::Layer { 0 } else { 4 };
+        register_plan(engine, cols, xdt, wide_chunks)
+    } else {
+        None
+    };
+    if let Some(plan) = plan {
+        return register_backward(
+            saved,
+            x,
+            output_gradient,
+            residual_output_gradient,
+            dx,
+            plan,
+            slots,
+        );
+    }
     let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "norm row constants")?;
     let partials = Tensor::empty(
         engine,
@@ -938,6 +1102,7 @@ pub fn norm_backward(
         groups: saved.group.map_or(0, |l| l.groups as u32),
         channels_per_group: saved.group.map_or(0, |l| l.channels_per_group as u32),
         spatial: saved.group.map_or(1, |l| l.spatial as u32),
+        block_rows: 0,
     };
     engine.launch(
         &KERNEL,
@@ -998,6 +1163,140 @@ pub fn norm_backward(
         residual,
         scale,
         shift,
+    })
+}
+
+/// The register backward of RMSNorm, LayerNorm and add+RMSNorm (see `wgsl/norm.wgsl`): one
+/// workgroup per block of rows, one read of the source and cotangent, the blocks' parameter
+/// partials summed in block order.
+fn register_backward(
+    saved: &Saved,
+    x: &Tensor,
+    output_gradient: &Tensor,
+    residual_output_gradient: Option<&Tensor>,
+    dx: Tensor,
+    plan: RegisterPlan,
+    slots: usize,
+) -> Result<NormGradients> {
+    let engine = x.engine();
+    let (rows, cols) = rows_cols(x);
+    let (block_rows, blocks) = register_blocks(rows, plan.wide);
+    let stride = blocks * cols;
+    if (slots.max(1) * stride) as u64 > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            "norm_backward: partial words",
+            (slots * stride) as u64,
+            0,
+            u64::from(u32::MAX),
+        ));
+    }
+    // At least one vec4 so the binding is never empty.
+    let partials = Tensor::empty(
+        engine,
+        &[(slots.max(1) * stride).max(4)],
+        DType::F32,
+        "norm partials",
+    )?;
+    let weight = saved.weight.as_ref();
+    let constants: Constants = vec![
+        ("KIND", saved.kind.code()),
+        ("DX", f64::from(x.dtype().code())),
+        ("DW", code(weight)),
+        ("HAS_W", f64::from(u8::from(weight.is_some()))),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+        (
+            "HAS_DRES",
+            f64::from(u8::from(residual_output_gradient.is_some())),
+        ),
+        ("CHUNKS", f64::from(plan.chunks)),
+        ("RELOAD", f64::from(u8::from(plan.wide))),
+    ];
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        stride: stride as u32,
+        eps: saved.eps,
+        offset: saved.offset,
+        block_rows: block_rows as u32,
+        ..Params::default()
+    };
+    if saved.kind == NormKind::Layer {
+        let (Some(mean), Some(corr)) = (&saved.mean, &saved.mean_correction) else {
+            return Err(incomplete(
+                "a centered norm needs its mean and mean correction",
+            ));
+        };
+        engine.launch(
+            plan.kernel(),
+            "layer_backward_registers",
+            &constants,
+            &params,
+            &[
+                saved.inverse.buffer(),
+                x.buffer(),
+                weight.unwrap_or(x).buffer(),
+                output_gradient.buffer(),
+                dx.buffer(),
+                partials.buffer(),
+                mean.buffer(),
+                corr.buffer(),
+            ],
+            blocks as u64,
+        )?;
+    } else {
+        engine.launch(
+            plan.kernel(),
+            "rms_backward_registers",
+            &constants,
+            &params,
+            &[
+                saved.inverse.buffer(),
+                x.buffer(),
+                weight.unwrap_or(x).buffer(),
+                saved.residual.as_ref().unwrap_or(x).buffer(),
+                output_gradient.buffer(),
+                residual_output_gradient.unwrap_or(x).buffer(),
+                dx.buffer(),
+                partials.buffer(),
+            ],
+            blocks as u64,
+        )?;
+    }
+    let all = |slot: usize| -> Result<Tensor> {
+        let out = Tensor::empty(engine, &[cols], DType::F32, "norm parameter gradient")?;
+        engine.launch(
+            &KERNEL,
+            "partials_finish",
+            &Constants::new(),
+            &Params {
+                cols: cols as u32,
+                blocks_per_batch: blocks as u32,
+                base: (slot * stride) as u32,
+                ..Params::default()
+            },
+            &[out.buffer(), partials.buffer()],
+            (cols as u64).div_ceil(FINISH_COLUMNS),
+        )?;
+        Ok(out)
+    };
+    let weight_grad = if weight.is_some() {
+        Some(all(0)?)
+    } else {
+        None
+    };
+    let bias = if saved.kind == NormKind::Layer && saved.has_bias {
+        Some(all(1)?)
+    } else {
+        None
+    };
+    let residual = (saved.kind == NormKind::AddRms).then(|| dx.clone());
+    Ok(NormGradients {
+        source: dx,
+        weight: weight_grad,
+        bias,
+        residual,
+        scale: None,
+        shift: None,
     })
 }
 

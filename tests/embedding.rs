@@ -9,7 +9,8 @@ mod common;
 
 use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::embedding::{
-    EmbeddingOptions, embedding, embedding_backward, embedding_workspace_bytes,
+    EmbeddingOptions, embedding, embedding_backward, embedding_max_norm_workspace_bytes,
+    embedding_renorm, embedding_renorm_workspace_bytes, embedding_workspace_bytes,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::reference::embedding as reference;
@@ -169,6 +170,7 @@ fn check_backward(label: &str, rows: usize, dim: usize, idx: &[i64], padding: Op
     let options = EmbeddingOptions {
         padding_index: padding,
         check_indices: true,
+        ..EmbeddingOptions::default()
     };
     let (_, saved) = embedding(&tt, &it, &options).unwrap();
     for dtype in DType::FLOATS {
@@ -511,5 +513,281 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(
         embedding_backward(&saved, &ody),
         Err(Error::EngineMismatch { .. })
+    ));
+}
+
+// ---- max_norm and scale_grad_by_freq ------------------------------------------------------
+
+/// A table whose row norms are `factor·max_norm` with factors cycling through 0.3, 0.6, 1.5
+/// and 3 (well away from the threshold, whatever the storage rounding).
+fn table_with_norms(seed: u64, rows: usize, dim: usize, max_norm: f64) -> Vec<f64> {
+    let mut v = Rng::new(seed).vec(rows * dim, -1.0, 1.0);
+    for r in 0..rows {
+        let row = &mut v[r * dim..(r + 1) * dim];
+        let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let factor = [0.3, 0.6, 1.5, 3.0][r % 4];
+        for x in row.iter_mut() {
+            *x *= factor * max_norm / norm;
+        }
+    }
+    v
+}
+
+#[test]
+fn max_norm_renormalizes_looked_up_rows_and_the_table_copy() {
+    let e = engine();
+    let (rows, max_norm) = (40usize, 2.0f32);
+    let mn = f64::from(max_norm);
+    // Repeats, unreferenced rows (30..40), the padding row 3 referenced.
+    let idx: Vec<i64> = (0..90).map(|p| ((p * 7) % 30) as i64).collect();
+    let shape = [9usize, 10];
+    let options = EmbeddingOptions {
+        padding_index: Some(3),
+        max_norm: Some(max_norm),
+        ..EmbeddingOptions::default()
+    };
+    for (k, dtype) in DType::FLOATS.into_iter().enumerate() {
+        for dim in [37usize, 64] {
+            let label = format!("{dtype} {rows}x{dim}");
+            let table = table_with_norms(600 + k as u64, rows, dim, mn);
+            let ts = stored(&table, dtype);
+            let tt = tensor_from_f64(e, &table, &[rows, dim], dtype);
+            let idtype = if k % 2 == 0 { DType::I32 } else { DType::U32 };
+            let it = index_tensor(&idx, &shape, idtype);
+            let (y, saved) = embedding(&tt, &it, &options).unwrap();
+            assert_eq!(y.shape(), &[9, 10, dim]);
+            assert_eq!(y.dtype(), dtype);
+            let want = reference::forward_max_norm(&ts, rows, dim, &idx, mn);
+            assert_close(
+                &format!("{label} y"),
+                &y.to_f64().unwrap(),
+                &want,
+                Tolerance::for_dtype(dtype),
+            );
+            // Rows within max_norm are copied bit for bit.
+            let table_bits = bits(&tt);
+            let y_bits = bits(&y);
+            for (p, &v) in idx.iter().enumerate() {
+                let v = v as usize;
+                if v % 4 < 2 {
+                    assert_eq!(
+                        y_bits[p * dim..(p + 1) * dim],
+                        table_bits[v * dim..(v + 1) * dim],
+                        "{label}: row {v} copied"
+                    );
+                }
+            }
+            // The renormalized copy of the table.
+            let renormed = embedding_renorm(&tt, &it, max_norm, true).unwrap();
+            assert_eq!(renormed.shape(), &[rows, dim]);
+            assert_eq!(renormed.dtype(), dtype);
+            assert_close(
+                &format!("{label} renormalized table"),
+                &renormed.to_f64().unwrap(),
+                &reference::renorm(&ts, rows, dim, &idx, mn),
+                Tolerance::for_dtype(dtype),
+            );
+            // Gathering from the renormalized table gives the same rows (PyTorch's result).
+            let (y2, _) = embedding(&renormed, &it, &EmbeddingOptions::default()).unwrap();
+            assert_eq!(
+                bits(&y2),
+                y_bits,
+                "{label}: gather of the renormalized table"
+            );
+            // The gradient is the plain gather's (with respect to the looked-up rows).
+            let dyt = tensor_from_f64(
+                e,
+                &Rng::new(610).vec(90 * dim, -1.0, 1.0),
+                &[9, 10, dim],
+                DType::F32,
+            );
+            let plain = EmbeddingOptions {
+                max_norm: None,
+                ..options
+            };
+            let (_, saved_plain) = embedding(&tt, &it, &plain).unwrap();
+            assert_eq!(
+                f32_bits(&embedding_backward(&saved, &dyt).unwrap()),
+                f32_bits(&embedding_backward(&saved_plain, &dyt).unwrap()),
+                "{label}: max_norm gradient"
+            );
+            // Reruns: same bits.
+            let (y3, _) = embedding(&tt, &it, &options).unwrap();
+            assert_eq!(bits(&y3), y_bits, "{label}: rerun");
+            let renormed2 = embedding_renorm(&tt, &it, max_norm, true).unwrap();
+            assert_eq!(bits(&renormed2), bits(&renormed), "{label}: renorm rerun");
+        }
+    }
+}
+
+#[test]
+fn max_norm_with_out_of_range_and_empty_indices() {
+    let e = engine();
+    let (rows, dim, max_norm) = (6usize, 5usize, 1.0f32);
+    let table = table_with_norms(620, rows, dim, 1.0);
+    let tt = tensor_from_f64(e, &table, &[rows, dim], DType::F32);
+    // Unchecked out-of-range positions gather zeros and reference no row.
+    let idx = [2i64, 9, 3, -1];
+    let it = index_tensor(&idx, &[4], DType::I32);
+    let options = EmbeddingOptions {
+        max_norm: Some(max_norm),
+        ..unchecked()
+    };
+    let (y, _) = embedding(&tt, &it, &options).unwrap();
+    assert_close(
+        "out of range y",
+        &y.to_f64().unwrap(),
+        &reference::forward_max_norm(&table, rows, dim, &idx, 1.0),
+        Tolerance::for_dtype(DType::F32),
+    );
+    let renormed = embedding_renorm(&tt, &it, max_norm, false).unwrap();
+    assert_close(
+        "out of range renorm",
+        &renormed.to_f64().unwrap(),
+        &reference::renorm(&table, rows, dim, &idx, 1.0),
+        Tolerance::for_dtype(DType::F32),
+    );
+    // Checked: the same typed error as the forward.
+    assert!(matches!(
+        embedding_renorm(&tt, &it, max_norm, true),
+        Err(Error::OutOfBounds { .. })
+    ));
+    // No positions: an empty output; the table copied unchanged.
+    let empty = Tensor::from_slice(e, &[] as &[i32], &[0]).unwrap();
+    let (y, _) = embedding(&tt, &empty, &options).unwrap();
+    assert_eq!(y.shape(), &[0, dim]);
+    let copy = embedding_renorm(&tt, &empty, max_norm, true).unwrap();
+    assert_eq!(f32_bits(&copy), f32_bits(&tt));
+}
+
+#[test]
+fn scale_grad_by_freq_divides_each_row_by_its_count() {
+    let e = engine();
+    let rows = 12usize;
+    // Row 5 on a third of the positions, the padding row 2 referenced, rows 10 and 11 never.
+    let idx: Vec<i64> = (0..300)
+        .map(|p| if p % 3 == 0 { 5 } else { ((p * 7) % 10) as i64 })
+        .collect();
+    let n = idx.len();
+    let options = EmbeddingOptions {
+        padding_index: Some(2),
+        scale_grad_by_freq: true,
+        ..EmbeddingOptions::default()
+    };
+    for dim in [5usize, 8] {
+        let tt = tensor_from_f64(
+            e,
+            &Rng::new(630).vec(rows * dim, -1.0, 1.0),
+            &[rows, dim],
+            DType::F32,
+        );
+        let it = index_tensor(&idx, &[n], DType::I32);
+        let (_, saved) = embedding(&tt, &it, &options).unwrap();
+        assert!(saved.scale_grad_by_freq());
+        let longest = idx.iter().filter(|&&v| v == 5).count();
+        for dtype in DType::FLOATS {
+            let dy = stored(&Rng::new(631).vec(n * dim, -1.0, 1.0), dtype);
+            let dyt = tensor_from_f64(e, &dy, &[n, dim], dtype);
+            let g = embedding_backward(&saved, &dyt).unwrap();
+            let label = format!("D{dim} dy {dtype}");
+            assert_close(
+                &format!("{label} dtable"),
+                &g.to_f64().unwrap(),
+                &reference::backward_scaled_by_freq(&dy, rows, dim, &idx, Some(2)),
+                Tolerance {
+                    abs: 1e-7 * longest as f64 + 1e-7,
+                    ..Tolerance::for_dtype(DType::F32)
+                },
+            );
+            // Bit for bit: the f32 sum in ascending position order, divided once by the count.
+            let mut want = vec![0.0f32; rows * dim];
+            let mut counts = vec![0u32; rows];
+            for (p, &v) in idx.iter().enumerate() {
+                let v = v as usize;
+                counts[v] += 1;
+                if v == 2 {
+                    continue;
+                }
+                for c in 0..dim {
+                    want[v * dim + c] += dy[p * dim + c] as f32;
+                }
+            }
+            for v in 0..rows {
+                if counts[v] > 0 {
+                    for c in 0..dim {
+                        want[v * dim + c] /= counts[v] as f32;
+                    }
+                }
+            }
+            let want_bits: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(f32_bits(&g), want_bits, "{label}: host f32 order");
+            let g2 = embedding_backward(&saved, &dyt).unwrap();
+            assert_eq!(f32_bits(&g2), want_bits, "{label}: rerun");
+        }
+    }
+}
+
+#[test]
+fn max_norm_bad_inputs_and_workspace() {
+    let e = engine();
+    let table = Tensor::zeros(e, &[4, 3], DType::F32).unwrap();
+    let idx = Tensor::from_slice(e, &[0i32, 3], &[2]).unwrap();
+    for m in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+        let o = EmbeddingOptions {
+            max_norm: Some(m),
+            ..EmbeddingOptions::default()
+        };
+        assert!(
+            matches!(embedding(&table, &idx, &o), Err(Error::InvalidValue { .. })),
+            "max_norm {m}"
+        );
+        assert!(
+            matches!(
+                embedding_renorm(&table, &idx, m, true),
+                Err(Error::InvalidValue { .. })
+            ),
+            "renorm max_norm {m}"
+        );
+    }
+    // embedding_renorm takes the forward's table and index checks.
+    let t1 = Tensor::zeros(e, &[12], DType::F32).unwrap();
+    assert!(matches!(
+        embedding_renorm(&t1, &idx, 1.0, true),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let fi = Tensor::zeros(e, &[2], DType::F32).unwrap();
+    assert!(matches!(
+        embedding_renorm(&table, &fi, 1.0, true),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let other = common::private_engine();
+    let oi = Tensor::from_slice(&other, &[0i32], &[1]).unwrap();
+    assert!(matches!(
+        embedding_renorm(&table, &oi, 1.0, true),
+        Err(Error::EngineMismatch { .. })
+    ));
+    // Scratch: one scale per position (forward), keys + starts + scales (renorm).
+    assert_eq!(embedding_max_norm_workspace_bytes(10), 40);
+    assert_eq!(
+        embedding_renorm_workspace_bytes(4, 2),
+        embedding_workspace_bytes(4, 2) + 16
+    );
+    assert_eq!(embedding_renorm_workspace_bytes(4, 0), 0);
+    let p = common::private_engine();
+    let pt = Tensor::zeros(&p, &[4, 3], DType::F32).unwrap();
+    let pi = Tensor::from_slice(&p, &[0i32, 3], &[2]).unwrap();
+    p.set_workspace_bound(embedding_renorm_workspace_bytes(4, 2) - 1);
+    assert!(matches!(
+        embedding_renorm(&pt, &pi, 1.0, true),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+    p.set_workspace_bound(7);
+    let o = EmbeddingOptions {
+        max_norm: Some(1.0),
+        ..EmbeddingOptions::default()
+    };
+    assert!(matches!(
+        embedding(&pt, &pi, &o),
+        Err(Error::WorkspaceExceeded { .. })
     ));
 }

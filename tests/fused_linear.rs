@@ -144,6 +144,7 @@ fn flce_options(
             memory_budget: None,
         },
         gradients_in_forward: true,
+        ..FusedLinearCrossEntropyOptions::default()
     }
 }
 
@@ -668,6 +669,19 @@ fn flce_all_ignored_and_empty_batches() {
         assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
         assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
     }
+    // With a temperature and the entropy: zero entropies, and an entropy cotangent gives
+    // zero gradients too.
+    let o = FusedLinearCrossEntropyOptions {
+        temperature: 0.5,
+        return_entropy: true,
+        ..flce_options(&CrossEntropyConfig::default(), Some(4))
+    };
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
+    assert_eq!(out.entropy.unwrap().to_f64().unwrap(), vec![0.0; rows]);
+    let ec = tensor_from_f64(engine(), &[1.0; 6], &[rows], DType::F32);
+    let g = fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&ec)).unwrap();
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    assert!(g.input.to_f64().unwrap().iter().all(|&v| v == 0.0));
     // No rows at all: zero losses, empty d input, zero d weight and d bias.
     let empty = HeadData::new(engine(), 81, &[0], hidden, vocab, true, DType::BF16, 0.5);
     let t = Tensor::from_slice(engine(), &[0i32; 0], &[0]).unwrap();
@@ -676,8 +690,13 @@ fn flce_all_ignored_and_empty_batches() {
             reduction,
             ..CrossEntropyConfig::default()
         };
-        let (out, saved) =
-            fused_linear_cross_entropy(empty.gpu(), &t, &flce_options(&cfg, None)).unwrap();
+        let options = FusedLinearCrossEntropyOptions {
+            temperature: 2.0,
+            return_entropy: true,
+            ..flce_options(&cfg, None)
+        };
+        let (out, saved) = fused_linear_cross_entropy(empty.gpu(), &t, &options).unwrap();
+        assert_eq!(out.entropy.as_ref().unwrap().shape(), &[0]);
         let want_len = if reduction == Reduction::None { 0 } else { 1 };
         let loss = out.loss.to_f64().unwrap();
         assert_eq!(loss.len(), want_len);
@@ -1347,6 +1366,25 @@ fn distillation_empty_batch_and_all_ignored() {
     let g = fused_linear_distillation_backward(&saved, None).unwrap();
     assert!(g.input.to_f64().unwrap().iter().all(|&v| v == 0.0));
     assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
+    // Reduction none: per-row zeros; an empty batch gives empty losses and zero gradients.
+    let none = DistillationOptions {
+        reduction: DistillationReduction::None,
+        ..options
+    };
+    let (out, saved) = fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), &none).unwrap();
+    assert_eq!(out.loss.to_f64().unwrap(), vec![0.0; rows]);
+    assert_eq!(out.hard_loss.to_f64().unwrap(), vec![0.0; rows]);
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    let s0 = HeadData::new(engine(), 194, &[0], 4, vocab, true, DType::F32, 0.5);
+    let t0 = HeadData::new(engine(), 195, &[0], 6, vocab, false, DType::F32, 0.5);
+    let l0 = Tensor::from_slice(engine(), &[] as &[i32], &[0]).unwrap();
+    let (out, saved) = fused_linear_distillation(s0.gpu(), t0.gpu(), Some(&l0), &none).unwrap();
+    assert_eq!(out.loss.shape(), &[0]);
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    assert_eq!(g.input.shape(), &[0, 4]);
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
 }
 
 #[test]
@@ -1444,4 +1482,537 @@ fn distillation_bad_inputs() {
         run(s.gpu(), t.gpu(), None, &o),
         Err(Error::WorkspaceExceeded { .. })
     ));
+}
+
+// ---- scaled fused linear cross-entropy: temperature and entropy ---------------------------
+
+fn packed_gradients(g: &reference::LinearGradients) -> Vec<f64> {
+    g.input
+        .iter()
+        .chain(&g.weight)
+        .chain(&g.bias)
+        .copied()
+        .collect()
+}
+
+#[test]
+fn reference_scaled_and_per_row_backwards_match_finite_differences() {
+    let (rows, hidden, vocab) = (4, 3, 5);
+    let x = data(301, rows * hidden, -1.0, 1.0);
+    let w = data(302, vocab * hidden, -1.0, 1.0);
+    let b = data(303, vocab, -0.5, 0.5);
+    let packed: Vec<f64> = x.iter().chain(&w).chain(&b).copied().collect();
+    let unpack = |p: &[f64]| {
+        (
+            p[..x.len()].to_vec(),
+            p[x.len()..x.len() + w.len()].to_vec(),
+            p[x.len() + w.len()..].to_vec(),
+        )
+    };
+    let targets = [1, -100, 4, 0];
+    // Loss and entropy together: outputs [loss.., entropy..], cotangents for both.
+    for (softcap, reduction) in [
+        (None, Reduction::Mean),
+        (Some(2.0), Reduction::Sum),
+        (Some(1.5), Reduction::None),
+    ] {
+        let cfg = CrossEntropyConfig {
+            label_smoothing: 0.1,
+            z_loss: 0.01,
+            softcap,
+            reduction,
+            ..CrossEntropyConfig::default()
+        };
+        let t = 0.7;
+        let n_loss = if reduction == Reduction::None {
+            rows
+        } else {
+            1
+        };
+        let cot = data(304, n_loss, -1.0, 1.0);
+        let ecot = data(305, rows, -1.0, 1.0);
+        let f = |p: &[f64]| {
+            let (x, w, b) = unpack(p);
+            let head = Head {
+                x: &x,
+                w: &w,
+                bias: Some(&b),
+                hidden,
+            };
+            let (r, h) =
+                reference::fused_linear_cross_entropy_scaled(head, &targets, rows, vocab, &cfg, t);
+            r.loss.into_iter().chain(h).collect::<Vec<f64>>()
+        };
+        let head = Head {
+            x: &x,
+            w: &w,
+            bias: Some(&b),
+            hidden,
+        };
+        let g = reference::fused_linear_cross_entropy_scaled_backward(
+            head,
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+            t,
+            &cot,
+            Some(&ecot),
+        );
+        let all_cot: Vec<f64> = cot.iter().chain(&ecot).copied().collect();
+        let c = check_vjp(f, &packed, &all_cot, &packed_gradients(&g));
+        assert!(c.passed, "scaled {softcap:?} {reduction:?}: {c}");
+    }
+    // Distillation per row: one cotangent per row.
+    let xt = data(306, rows * 2, -1.0, 1.0);
+    let wt = data(307, vocab * 2, -1.0, 1.0);
+    let teacher = Head {
+        x: &xt,
+        w: &wt,
+        bias: None,
+        hidden: 2,
+    };
+    let labels = [2, -100, 0, 3];
+    let cot = data(308, rows, -1.0, 1.0);
+    for soft in [SoftTerm::Jsd { beta: 0.3 }, SoftTerm::Kl, SoftTerm::Tvd] {
+        let cfg = DistillationConfig {
+            soft,
+            temperature: 1.7,
+            weight_hard: 0.4,
+            weight_soft: 0.9,
+            ignore_index: -100,
+            batch_mean: false,
+        };
+        let f = |p: &[f64]| {
+            let (x, w, b) = unpack(p);
+            let student = Head {
+                x: &x,
+                w: &w,
+                bias: Some(&b),
+                hidden,
+            };
+            reference::fused_linear_distillation_rows(
+                student,
+                teacher,
+                Some(&labels),
+                rows,
+                vocab,
+                &cfg,
+            )
+            .iter()
+            .map(|r| r.loss)
+            .collect::<Vec<f64>>()
+        };
+        let student = Head {
+            x: &x,
+            w: &w,
+            bias: Some(&b),
+            hidden,
+        };
+        let g = reference::fused_linear_distillation_rows_backward(
+            student,
+            teacher,
+            Some(&labels),
+            rows,
+            vocab,
+            &cfg,
+            &cot,
+        );
+        let c = check_vjp(f, &packed, &cot, &packed_gradients(&g));
+        assert!(c.passed, "distillation rows {soft:?}: {c}");
+    }
+}
+
+/// The scaled FLCE (temperature `t`, entropy returned) against the reference: loss, z-loss,
+/// accuracy, entropy; gradients with a loss cotangent alone (the eager path for sum/mean),
+/// with both cotangents, and with the entropy cotangent alone (a zero loss cotangent); a
+/// rerun gives the same bits.
+#[allow(clippy::too_many_arguments)]
+fn scaled_case(
+    what: &str,
+    lead: &[usize],
+    hidden: usize,
+    vocab: usize,
+    bias: bool,
+    dtype: DType,
+    cfg: &CrossEntropyConfig,
+    t: f32,
+    chunk_rows: Option<usize>,
+    seed: u64,
+) {
+    let rows: usize = lead.iter().product();
+    let what = format!(
+        "{what} {dtype} T{t} lead {lead:?} H{hidden} V{vocab} bias={bias} {:?}",
+        cfg.reduction
+    );
+    let head = HeadData::new(engine(), seed, lead, hidden, vocab, bias, dtype, 0.7);
+    let targets = targets_for(seed + 1, rows, vocab, cfg.ignore_index, 3);
+    let tt = Tensor::from_slice(engine(), &targets, lead).unwrap();
+    let cfg = as_stored(cfg);
+    let options = FusedLinearCrossEntropyOptions {
+        temperature: t,
+        return_entropy: true,
+        ..flce_options(&cfg, chunk_rows)
+    };
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &tt, &options).unwrap();
+    let tf = f64::from(t);
+    let (want, want_h) = reference::fused_linear_cross_entropy_scaled(
+        head.reference(),
+        &targets,
+        rows,
+        vocab,
+        &cfg,
+        tf,
+    );
+    assert_ce_outputs(&what, &out, &want, F32);
+    let h = out.entropy.as_ref().expect("entropy requested");
+    assert_eq!(h.shape(), lead, "{what}: entropy shape");
+    assert_close(
+        &format!("{what} entropy"),
+        &h.to_f64().unwrap(),
+        &want_h,
+        F32,
+    );
+    let scalar = cfg.reduction != Reduction::None;
+    let loss_shape: &[usize] = if scalar { &[] } else { lead };
+    let n_loss = if scalar { 1 } else { rows };
+    let c = common::stored(&data(seed + 2, n_loss, -2.0, 2.0), DType::F32);
+    let ec = common::stored(&data(seed + 3, rows, -2.0, 2.0), DType::F32);
+    let ct = tensor_from_f64(engine(), &c, loss_shape, DType::F32);
+    let ect = tensor_from_f64(engine(), &ec, lead, DType::F32);
+    let want_g = |cot: &[f64], ecot: Option<&[f64]>| {
+        reference::fused_linear_cross_entropy_scaled_backward(
+            head.reference(),
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+            tf,
+            cot,
+            ecot,
+        )
+    };
+    // Loss cotangent only.
+    let g = fused_linear_cross_entropy_backward(&saved, Some(&ct)).unwrap();
+    check_gradients(&format!("{what} (loss)"), &g, &want_g(&c, None), &head);
+    // Both cotangents.
+    let g = fl::fused_linear_cross_entropy_backward_with_entropy(&saved, Some(&ct), Some(&ect))
+        .unwrap();
+    check_gradients(&format!("{what} (both)"), &g, &want_g(&c, Some(&ec)), &head);
+    // The entropy alone (zero loss cotangent).
+    let zeros = vec![0.0; n_loss];
+    let zt = tensor_from_f64(engine(), &zeros, loss_shape, DType::F32);
+    let g0 = fl::fused_linear_cross_entropy_backward_with_entropy(&saved, Some(&zt), Some(&ect))
+        .unwrap();
+    check_gradients(
+        &format!("{what} (entropy)"),
+        &g0,
+        &want_g(&zeros, Some(&ec)),
+        &head,
+    );
+    // Rerun: same bits.
+    let (out2, saved2) = fused_linear_cross_entropy(head.gpu(), &tt, &options).unwrap();
+    assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+    assert_eq!(
+        bits(h),
+        bits(out2.entropy.as_ref().unwrap()),
+        "{what}: entropy rerun"
+    );
+    let g2 = fl::fused_linear_cross_entropy_backward_with_entropy(&saved2, Some(&ct), Some(&ect))
+        .unwrap();
+    assert_eq!(bits(&g.input), bits(&g2.input), "{what}: d input rerun");
+    assert_eq!(bits(&g.weight), bits(&g2.weight), "{what}: d weight rerun");
+}
+
+#[test]
+fn flce_temperature_and_entropy_match_the_reference() {
+    let (lead, hidden, vocab) = ([3usize, 13], 17, 45);
+    let base = CrossEntropyConfig::default();
+    for (k, (what, cfg, t)) in [
+        ("plain", base.clone(), 1.0),
+        ("plain", base.clone(), 0.6),
+        ("all options", all_options(vocab), 1.7),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                ..cfg.clone()
+            };
+            scaled_case(
+                what,
+                &lead,
+                hidden,
+                vocab,
+                k != 1,
+                DType::F32,
+                &cfg,
+                t,
+                Some(7),
+                400 + 10 * k as u64,
+            );
+        }
+    }
+}
+
+#[test]
+fn flce_temperature_and_entropy_every_storage_dtype() {
+    let (lead, hidden, vocab) = ([19usize], 21, 40);
+    let cfg = all_options(vocab);
+    for dtype in DType::FLOATS {
+        scaled_case(
+            "all options",
+            &lead,
+            hidden,
+            vocab,
+            true,
+            dtype,
+            &cfg,
+            2.5,
+            Some(6),
+            450,
+        );
+    }
+}
+
+#[test]
+fn flce_temperature_chunk_sizes_agree() {
+    let (rows, hidden, vocab) = (23, 12, 50);
+    let head = HeadData::new(engine(), 460, &[rows], hidden, vocab, true, DType::F32, 0.7);
+    let cfg = as_stored(&all_options(vocab));
+    let targets = targets_for(461, rows, vocab, cfg.ignore_index, 4);
+    let t = Tensor::from_slice(engine(), &targets, &[rows]).unwrap();
+    let ec = tensor_from_f64(engine(), &data(462, rows, -1.0, 1.0), &[rows], DType::F32);
+    let run = |chunk: Option<usize>| {
+        let options = FusedLinearCrossEntropyOptions {
+            temperature: 0.8,
+            return_entropy: true,
+            ..flce_options(&cfg, chunk)
+        };
+        let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+        let g =
+            fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&ec)).unwrap();
+        (out, g)
+    };
+    let (out_ref, g_ref) = run(None);
+    for chunk in [1, 5, 23] {
+        let (out, g) = run(Some(chunk));
+        let what = format!("chunk {chunk}");
+        for (name, a, b) in [
+            ("loss", &out.loss, &out_ref.loss),
+            (
+                "entropy",
+                out.entropy.as_ref().unwrap(),
+                out_ref.entropy.as_ref().unwrap(),
+            ),
+            ("d input", &g.input, &g_ref.input),
+            ("d weight", &g.weight, &g_ref.weight),
+            (
+                "d bias",
+                g.bias.as_ref().unwrap(),
+                g_ref.bias.as_ref().unwrap(),
+            ),
+        ] {
+            assert_close(
+                &format!("{what} {name}"),
+                &a.to_f64().unwrap(),
+                &b.to_f64().unwrap(),
+                F32,
+            );
+        }
+    }
+}
+
+#[test]
+fn flce_temperature_and_entropy_bad_inputs() {
+    let e = engine();
+    let head = HeadData::new(e, 470, &[4], 6, 10, true, DType::F32, 0.5);
+    let t = Tensor::from_slice(e, &[0i32, 1, 2, 3], &[4]).unwrap();
+    for temperature in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let o = FusedLinearCrossEntropyOptions {
+            temperature,
+            ..FusedLinearCrossEntropyOptions::default()
+        };
+        assert!(
+            matches!(
+                fused_linear_cross_entropy(head.gpu(), &t, &o),
+                Err(Error::InvalidValue { .. })
+            ),
+            "temperature {temperature}"
+        );
+    }
+    // An entropy cotangent without the entropy output.
+    let (_, saved) =
+        fused_linear_cross_entropy(head.gpu(), &t, &FusedLinearCrossEntropyOptions::default())
+            .unwrap();
+    let ec = tensor_from_f64(e, &[1.0; 4], &[4], DType::F32);
+    assert!(matches!(
+        fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&ec)),
+        Err(Error::InvalidValue { .. })
+    ));
+    let o = FusedLinearCrossEntropyOptions {
+        return_entropy: true,
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
+    assert!(out.entropy.is_some());
+    // Wrong shape, wrong dtype.
+    let bad_shape = tensor_from_f64(e, &[1.0; 3], &[3], DType::F32);
+    assert!(matches!(
+        fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&bad_shape)),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let bad_dtype = tensor_from_f64(e, &[1.0; 4], &[4], DType::F16);
+    assert!(matches!(
+        fl::fused_linear_cross_entropy_backward_with_entropy(&saved, None, Some(&bad_dtype)),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    // Without return_entropy there is no entropy output.
+    let (out, _) =
+        fused_linear_cross_entropy(head.gpu(), &t, &FusedLinearCrossEntropyOptions::default())
+            .unwrap();
+    assert!(out.entropy.is_none());
+}
+
+// ---- distillation, reduction none ---------------------------------------------------------
+
+#[allow(clippy::too_many_arguments)]
+fn distill_rows_case(
+    what: &str,
+    lead: &[usize],
+    hidden: (usize, usize),
+    vocab: usize,
+    dtype: DType,
+    labels: Option<&[i32]>,
+    options: &DistillationOptions,
+    seed: u64,
+) {
+    let rows: usize = lead.iter().product();
+    let what = format!(
+        "{what} {dtype} lead {lead:?} H{hidden:?} V{vocab} {:?} none",
+        options.soft
+    );
+    let student = HeadData::new(engine(), seed, lead, hidden.0, vocab, true, dtype, 0.6);
+    let teacher = HeadData::new(engine(), seed + 5, lead, hidden.1, vocab, false, dtype, 0.9);
+    let lt = labels.map(|l| Tensor::from_slice(engine(), l, lead).unwrap());
+    let options = DistillationOptions {
+        reduction: DistillationReduction::None,
+        ..options.clone()
+    };
+    let (out, saved) =
+        fused_linear_distillation(student.gpu(), teacher.gpu(), lt.as_ref(), &options).unwrap();
+    let cfg = DistillationConfig {
+        soft: soft_term(options.soft),
+        temperature: f64::from(options.temperature),
+        weight_hard: f64::from(options.weight_hard),
+        weight_soft: f64::from(options.weight_soft),
+        ignore_index: options.ignore_index,
+        batch_mean: false,
+    };
+    let want = reference::fused_linear_distillation_rows(
+        student.reference(),
+        teacher.reference(),
+        labels,
+        rows,
+        vocab,
+        &cfg,
+    );
+    let div_tol = Tolerance {
+        abs: 1e-5 * (1.0 + vocab as f64 / 256.0),
+        ..F32
+    };
+    type Pick = fn(&reference::DistillationResult) -> f64;
+    let picks: [(&str, &Tensor, Pick); 3] = [
+        ("loss", &out.loss, |r| r.loss),
+        ("hard", &out.hard_loss, |r| r.hard),
+        ("soft", &out.soft_loss, |r| r.soft),
+    ];
+    for (name, t, pick) in picks {
+        assert_eq!(t.shape(), lead, "{what} {name}");
+        let w: Vec<f64> = want.iter().map(pick).collect();
+        assert_close(&format!("{what} {name}"), &t.to_f64().unwrap(), &w, div_tol);
+    }
+    // Unit cotangents (None) and explicit per-row ones.
+    let ones = vec![1.0; rows];
+    let g = fused_linear_distillation_backward(&saved, None).unwrap();
+    let want_g = |cot: &[f64]| {
+        reference::fused_linear_distillation_rows_backward(
+            student.reference(),
+            teacher.reference(),
+            labels,
+            rows,
+            vocab,
+            &cfg,
+            cot,
+        )
+    };
+    check_gradients(&format!("{what} (unit)"), &g, &want_g(&ones), &student);
+    let c = common::stored(&data(seed + 7, rows, -2.0, 2.0), DType::F32);
+    let ct = tensor_from_f64(engine(), &c, lead, DType::F32);
+    let g2 = fused_linear_distillation_backward(&saved, Some(&ct)).unwrap();
+    check_gradients(&format!("{what} (cotangent)"), &g2, &want_g(&c), &student);
+    // Rerun: same bits.
+    let (out2, saved2) =
+        fused_linear_distillation(student.gpu(), teacher.gpu(), lt.as_ref(), &options).unwrap();
+    assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+    let g3 = fused_linear_distillation_backward(&saved2, Some(&ct)).unwrap();
+    assert_eq!(bits(&g2.weight), bits(&g3.weight), "{what}: d weight rerun");
+    assert_eq!(bits(&g2.input), bits(&g3.input), "{what}: d input rerun");
+    // A scalar cotangent is the wrong shape for per-row losses.
+    let scalar = tensor_from_f64(engine(), &[1.0], &[], DType::F32);
+    assert!(matches!(
+        fused_linear_distillation_backward(&saved, Some(&scalar)),
+        Err(Error::ShapeMismatch { .. })
+    ));
+}
+
+#[test]
+fn distillation_reduction_none_matches_the_reference() {
+    let (lead, vocab) = ([2usize, 11], 37);
+    let rows = 22;
+    let labels: Vec<i32> = (0..rows)
+        .map(|r| {
+            if r % 4 == 1 {
+                -100
+            } else {
+                (r * 5 % vocab) as i32
+            }
+        })
+        .collect();
+    for (k, soft) in [SoftLoss::Jsd { beta: 0.3 }, SoftLoss::Kl, SoftLoss::Tvd]
+        .into_iter()
+        .enumerate()
+    {
+        let options = DistillationOptions {
+            temperature: 1.5,
+            weight_hard: 0.3,
+            weight_soft: 0.8,
+            ..distill_options(soft, 6)
+        };
+        distill_rows_case(
+            "hard + soft",
+            &lead,
+            (9, 14),
+            vocab,
+            DType::F32,
+            Some(&labels),
+            &options,
+            500 + k as u64,
+        );
+    }
+    // Without labels (every row counts), one storage dtype each.
+    for (k, dtype) in [DType::F16, DType::BF16].into_iter().enumerate() {
+        distill_rows_case(
+            "soft only",
+            &lead,
+            (9, 14),
+            vocab,
+            dtype,
+            None,
+            &distill_options(SoftLoss::Jsd { beta: 0.5 }, 5),
+            520 + k as u64,
+        );
+    }
 }

@@ -163,25 +163,73 @@ fn rms_norm_casting_modes_offsets_and_mixed_dtypes() {
 
 #[test]
 fn rms_norm_register_path_limits() {
-    // The register path holds at most 8 chunks of 4 (F32) or 8 (16-bit) values per lane of
-    // 256: its widest rows, and the next widths up, which take the general forward.
-    for (xdt, cols) in [
+    // The register paths hold at most 8 chunks of 4 (F32) or 8 (16-bit) values per lane:
+    // 256 lanes (forward and one-read backward) up to 8,192 F32 / 16,384 16-bit columns; then
+    // 1,024 lanes: the two-read backward up to 4 chunks a lane (16,384 / 32,768 columns), the
+    // forward up to 8 (32,768 / 65,536); then the general kernels. Each limit and the next
+    // width up; the weight alternately in the source's dtype (read as chunks) and in F32.
+    for (i, (xdt, cols)) in [
         (DType::F32, 8192),
         (DType::F32, 8196),
         (DType::BF16, 16384),
         (DType::F16, 16392),
-    ] {
+        (DType::F32, 16384),
+        (DType::F32, 16388),
+        (DType::BF16, 32768),
+        (DType::F16, 32776),
+        (DType::F32, 32768),
+        (DType::F32, 32772),
+        (DType::BF16, 65536),
+        (DType::F16, 65544),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let wdt = if i % 2 == 0 { xdt } else { DType::F32 };
         run_rms(
             &RmsCase {
-                rows: 3,
+                rows: 2,
                 cols,
                 x: xdt,
-                weight: Some(DType::F32),
+                weight: Some(wdt),
                 dy: xdt,
                 options: RmsNormOptions::default(),
             },
-            cols as u64,
+            cols as u64 + wdt.code() as u64,
         );
+    }
+}
+
+#[test]
+fn register_backward_blocks_and_chunk_counts() {
+    // Row counts that give blocks of several rows with a shorter last block (1,001 rows:
+    // 251 blocks of 4, the last of 1), and widths of 1, 2, 4 and 8 chunks per lane.
+    let mut seed = 5000;
+    for (rows, cols) in [(1001, 16), (1001, 24), (7, 1028), (5, 2056), (3, 4100)] {
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_rms(
+                &RmsCase {
+                    rows,
+                    cols,
+                    x: xdt,
+                    weight: Some(xdt),
+                    dy: xdt,
+                    options: RmsNormOptions::default(),
+                },
+                seed,
+            );
+            run_layer(rows, cols, xdt, true, true, 0.0, seed + 50);
+            run_add(
+                rows,
+                cols,
+                xdt,
+                xdt,
+                Some(xdt),
+                RmsNormOptions::default(),
+                seed + 100,
+            );
+        }
     }
 }
 
@@ -373,6 +421,10 @@ fn layer_norm_register_path_limits() {
         (DType::F32, 8196),
         (DType::BF16, 16384),
         (DType::F16, 16392),
+        (DType::F32, 32768),
+        (DType::F32, 32772),
+        (DType::BF16, 65536),
+        (DType::F16, 65544),
     ] {
         seed += 1;
         run_layer(3, cols, dt, true, true, 0.0, seed);
@@ -395,11 +447,11 @@ fn run_add(
     cols: usize,
     xdt: DType,
     rdt: DType,
-    with_dsum: bool,
+    dsum: Option<DType>,
     o: RmsNormOptions,
     seed: u64,
 ) {
-    let what = format!("add_rms_norm {rows}x{cols} x {xdt} r {rdt} dsum {with_dsum} {o:?}");
+    let what = format!("add_rms_norm {rows}x{cols} x {xdt} r {rdt} dsum {dsum:?} {o:?}");
     let mut rng = Rng::new(seed);
     let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
     let (r, rs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], rdt);
@@ -431,7 +483,7 @@ fn run_add(
         F32,
     );
     let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], xdt);
-    let ds = with_dsum.then(|| upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F16));
+    let ds = dsum.map(|dt| upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt));
     let g = norm::norm_backward(&saved, &dy, ds.as_ref().map(|d| &d.0)).unwrap();
     let want = reference::add_rms_norm_backward(
         &xs,
@@ -470,17 +522,9 @@ fn add_rms_norm_both_residual_seeds() {
     for cols in [1, 3, 7, 127, 4097] {
         let rows = if cols > 1000 { 2 } else { 35 };
         for xdt in DType::FLOATS {
-            for with_dsum in [false, true] {
+            for dsum in [None, Some(DType::F16), Some(xdt)] {
                 seed += 1;
-                run_add(
-                    rows,
-                    cols,
-                    xdt,
-                    xdt,
-                    with_dsum,
-                    RmsNormOptions::default(),
-                    seed,
-                );
+                run_add(rows, cols, xdt, xdt, dsum, RmsNormOptions::default(), seed);
             }
         }
     }
@@ -491,17 +535,48 @@ fn add_rms_norm_both_residual_seeds() {
             offset: 1.0,
             ..RmsNormOptions::default()
         };
-        run_add(21, 50, DType::BF16, DType::F32, true, o, seed);
+        run_add(21, 50, DType::BF16, DType::F32, Some(DType::F16), o, seed);
+        run_add(
+            21,
+            48,
+            DType::BF16,
+            DType::BF16,
+            Some(DType::BF16),
+            o,
+            seed + 10,
+        );
     }
     run_add(
         256,
         512,
         DType::BF16,
         DType::BF16,
-        true,
+        Some(DType::F16),
         RmsNormOptions::default(),
         790,
     );
+    // The register paths' limits (see `rms_norm_register_path_limits`).
+    for (xdt, cols) in [
+        (DType::F32, 8192),
+        (DType::F32, 8196),
+        (DType::BF16, 16384),
+        (DType::F32, 16384),
+        (DType::F32, 16388),
+        (DType::BF16, 32768),
+        (DType::F32, 32772),
+        (DType::F16, 65536),
+    ] {
+        seed += 1;
+        run_add(
+            2,
+            cols,
+            xdt,
+            xdt,
+            Some(xdt),
+            RmsNormOptions::default(),
+            seed,
+        );
+    }
 }
 
 fn run_modulated(rows: usize, cols: usize, batches: usize, xdt: DType, weight: bool, seed: u64) {
@@ -716,6 +791,49 @@ fn reruns_are_bit_identical() {
     let first = run();
     assert_eq!(first.len(), 5 + 1 + 1 + 2 + 1 + 2 + 1 + 3);
     assert!(first == run(), "second run differs");
+}
+
+#[test]
+fn register_path_reruns_are_bit_identical() {
+    // 256 lanes with blocks of 4 rows (300 rows, 64 columns) and 1,024 lanes (8,196 F32 /
+    // 16,392 16-bit columns: forward and, for the RMSNorm variants, the two-read backward).
+    for (rows, cols, dt) in [
+        (300, 64, DType::F32),
+        (300, 64, DType::BF16),
+        (3, 8196, DType::F32),
+        (3, 16392, DType::F16),
+    ] {
+        let mut rng = Rng::new(1100 + cols as u64);
+        let (x, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
+        let (r, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
+        let (w, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], dt);
+        let (b, _) = upload(&rng.vec(cols, -0.5, 0.5), &[cols], dt);
+        let (dy, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
+        let o = RmsNormOptions::default();
+        let run = || -> Vec<Vec<u64>> {
+            let mut out = Vec::new();
+            let (y1, s1) = norm::rms_norm(&x, Some(&w), &o).unwrap();
+            let (y2, s2) =
+                norm::layer_norm(&x, Some(&w), Some(&b), &LayerNormOptions::default()).unwrap();
+            let (y3, sum, s3) = norm::add_rms_norm(&x, &r, Some(&w), &o).unwrap();
+            for y in [&y1, &y2, &y3, &sum, &s1.inverse, &s2.inverse, &s3.inverse] {
+                out.push(bits(y));
+            }
+            for (s, d) in [(&s1, None), (&s2, None), (&s3, Some(&dy))] {
+                let g = norm::norm_backward(s, &dy, d).unwrap();
+                for t in [Some(&g.source), g.weight.as_ref(), g.bias.as_ref()]
+                    .into_iter()
+                    .flatten()
+                {
+                    out.push(bits(t));
+                }
+            }
+            out
+        };
+        let first = run();
+        assert_eq!(first.len(), 7 + 2 + 3 + 2);
+        assert!(first == run(), "{rows}x{cols} {dt}: second run differs");
+    }
 }
 
 #[test]

@@ -23,6 +23,16 @@
 //    four consecutive columns at once when the width is a multiple of 4.
 //
 // The forward copies whole vec4s (`gather_vec4`) when rows are whole vec4s.
+//
+// max_norm (PyTorch's renormalization, made functional): `row_scales` computes, per position
+// (or per table row), s = max_norm / (‖row‖₂ + 1e-7) when the row's L2 norm exceeds max_norm,
+// else 1 (one workgroup per row, FP32 sum of squares in a fixed-order tree); `gather_scaled`
+// gathers the rows times their position's scale (rows with s = 1 are copied bit-exactly) and
+// `renorm_table` writes a copy of the table with each referenced row (starts[row] ≠ 0, from the
+// sort of the backward) scaled.
+//
+// scale_grad_by_freq (F_FREQ): `table_grad` divides each row's sum by the number of positions
+// that reference the row (the length of its run of sorted keys).
 
 override DT: u32 = 0u;       // forward: table dtype; table_grad: cotangent dtype
 const WG: u32 = 256u;
@@ -30,6 +40,8 @@ const UNROLL: u32 = 4u;       // gather: words per invocation, WG apart
 const SORT_BLOCK: u32 = 2048u; // keys per workgroup in the local stages (eight per invocation)
 const PAIRS_PER: u32 = SORT_BLOCK / (2u * WG); // compare-exchanges per invocation and step
 const NO_ROW: u32 = 0xffffffffu;
+const F_FREQ: u32 = 1u;       // table_grad: divide by the row's position count
+const F_TABLE_ROWS: u32 = 2u; // row_scales: item n is table row n (else the row of position n)
 
 struct Params {
     count: u32,      // gather: output elements; sort: padded key count; table_grad: threads
@@ -40,6 +52,8 @@ struct Params {
     padding: u32,    // padding row, NO_ROW for none
     k: u32,          // bitonic: length of the runs being merged
     j: u32,          // bitonic: compare distance
+    flags: u32,
+    max_norm: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -56,6 +70,8 @@ struct Params {
 @group(0) @binding(12) var<storage, read_write> out4: array<vec4<u32>>;
 @group(0) @binding(13) var<storage, read_write> dtable4: array<vec4<f32>>;
 @group(0) @binding(14) var<storage, read> dy4: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read_write> scales: array<f32>;
+@group(0) @binding(15) var<storage, read> scale_in: array<f32>;
 
 var<workgroup> block_keys: array<vec2<u32>, SORT_BLOCK>;
 
@@ -133,6 +149,124 @@ fn gather_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             out4[v] = x;
         }
     }
+}
+
+// ---- max_norm ----
+
+fn table_value(t: u32) -> f32 {
+    if (DT == DT_F32) {
+        return bitcast<f32>(table[t]);
+    }
+    return half_from_word(table[t >> 1u], t, DT);
+}
+
+// scales[n] for item n < params.count: the renormalization factor of its row (1 for a row
+// within max_norm or an out-of-range index).
+@compute @workgroup_size(WG)
+fn row_scales(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let n = group_index(wid, nwg);
+    if (n >= params.count) {
+        return;
+    }
+    var row = n;
+    if ((params.flags & F_TABLE_ROWS) == 0u) {
+        row = indices[n];
+    }
+    if (row >= params.rows) {
+        if (lid == 0u) {
+            scales[n] = 1.0;
+        }
+        return;
+    }
+    let d = params.dim;
+    var acc = 0.0;
+    for (var c = lid; c < d; c = c + WG) {
+        let v = table_value(row * d + c);
+        acc = acc + v * v;
+    }
+    let norm = sqrt(workgroup_sum(acc, lid));
+    if (lid == 0u) {
+        var s = 1.0;
+        if (norm > params.max_norm) {
+            s = params.max_norm / (norm + 1e-7);
+        }
+        scales[n] = s;
+    }
+}
+
+// Storage bits of element t of the table times s (the stored bits when s = 1).
+fn scaled_bits(t: u32, s: f32) -> u32 {
+    if (DT == DT_F32) {
+        if (s == 1.0) {
+            return table[t];
+        }
+        return bitcast<u32>(bitcast<f32>(table[t]) * s);
+    }
+    let h = (table[t >> 1u] >> ((t & 1u) * 16u)) & 0xffffu;
+    if (s == 1.0) {
+        return h;
+    }
+    return half_bits(half_from_word(table[t >> 1u], t, DT) * s, DT);
+}
+
+// Output element e of the renormalized gather (0 out of range), as storage bits.
+fn gathered_scaled(e: u32) -> u32 {
+    let p = e / params.dim;
+    let row = indices[p];
+    if (row >= params.rows) {
+        return 0u;
+    }
+    return scaled_bits(row * params.dim + (e - p * params.dim), scale_in[p]);
+}
+
+@compute @workgroup_size(WG)
+fn gather_scaled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let w = group_index(wid, nwg) * WG + lid;
+    if (w >= params.words) {
+        return;
+    }
+    if (DT == DT_F32) {
+        out[w] = gathered_scaled(w);
+        return;
+    }
+    let e = 2u * w;
+    var word = gathered_scaled(e);
+    if (e + 1u < params.count) {
+        word = word | (gathered_scaled(e + 1u) << 16u);
+    }
+    out[w] = word;
+}
+
+// Word w of the renormalized copy of the table: rows with a run start (referenced by some
+// position) scaled by scale_in[row], every other row copied.
+fn renormed(t: u32) -> u32 {
+    let row = t / params.dim;
+    var s = 1.0;
+    if (run_start[row] != 0u) {
+        s = scale_in[row];
+    }
+    return scaled_bits(t, s);
+}
+
+@compute @workgroup_size(WG)
+fn renorm_table(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let w = group_index(wid, nwg) * WG + lid;
+    if (w >= params.words) {
+        return;
+    }
+    if (DT == DT_F32) {
+        out[w] = renormed(w);
+        return;
+    }
+    let e = 2u * w;
+    var word = renormed(e);
+    if (e + 1u < params.count) {
+        word = word | (renormed(e + 1u) << 16u);
+    }
+    out[w] = word;
 }
 
 // ---- backward: sort ----
@@ -285,6 +419,9 @@ fn table_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             acc = acc + load_dy(sorted[i].y * d + c);
             i = i + 1u;
         }
+        if ((params.flags & F_FREQ) != 0u) {
+            acc = acc / f32(i - (first - 1u));
+        }
     }
     dtable[t] = bitcast<u32>(acc);
 }
@@ -333,6 +470,9 @@ fn table_grad_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         while (i < n && sorted[i].x == row) {
             acc = acc + load_dy4(sorted[i].y * d + c);
             i = i + 1u;
+        }
+        if ((params.flags & F_FREQ) != 0u) {
+            acc = acc / f32(i - (first - 1u));
         }
     }
     dtable4[t] = acc;

@@ -1,12 +1,24 @@
-// Fused linear losses: the elementwise step between the products (matmul family) and the
-// loss kernels (loss family), which do all the rest.
+// Fused linear losses: the elementwise and per-row steps between the products (matmul family)
+// and the loss kernels (loss family), which do all the rest.
 //
-// combine: out[i] = (a·x[i] + b·y[i])·s, with y optional (F_Y) and s either 1 or a scalar
-// that lives on the GPU (F_SCALE: s = scale[0], e.g. a loss cotangent, so the host never
-// reads it back). x and y are F32, F16 or BF16 storage (XT, YT), out is F32. Used for the
-// temperature division of logits, the weighted sum of the hard and soft logit gradients, the
-// running bias-gradient sum across chunks (in chunk order) and the cotangent scaling of the
-// gradients computed in the forward.
+// combine: out[i] = (a·x[i] + b·y[i])·s, with y optional (F_Y) and s either 1, a scalar that
+// lives on the GPU (F_SCALE: s = scale[0], e.g. a loss cotangent, so the host never reads it
+// back) or one value per row (F_ROW_SCALE: s = scale[row0 + i / cols], a per-row cotangent of
+// a block of rows). x and y are F32, F16 or BF16 storage (XT, YT), out is F32. Used for the
+// division of bias and logits by a temperature, the weighted sum of the hard and soft logit
+// gradients, the running bias-gradient sum across chunks (in chunk order) and the cotangent
+// scaling of gradients.
+//
+// entropy_rows: the entropy H = −Σ_c p_c log p_c of softmax(z) for each row of a block of F32
+// logits, z the (softcapped) logits, p recomputed from the row maximum and log denominator the
+// cross-entropy forward stored in the per-row matrix (columns 5 and 6); rows that the
+// cross-entropy does not count (column 3 = 0) get 0. One workgroup per row, fixed-order tree.
+//
+// entropy_grad: adds the entropy's contribution g_r·dH/dz_c = −g_r·p_c·(log p_c + H_r) (times
+// the softcap's derivative) to a block's logit gradient, in place, g the per-row entropy
+// cotangent.
+//
+// take_column: out[r] = stats[r·cols + row0] (one column of a per-row matrix).
 
 override XT: u32 = 0u;
 override YT: u32 = 0u;
@@ -14,12 +26,23 @@ const WG: u32 = 256u;
 
 const F_Y: u32 = 1u;
 const F_SCALE: u32 = 2u;
+const F_ROW_SCALE: u32 = 4u;
+
+// Columns of the cross-entropy's per-row matrix (see wgsl/loss.wgsl).
+const CE_COLS: u32 = 8u;
+const CE_VALID: u32 = 3u;
+const CE_MAX: u32 = 5u;
+const CE_LOGDEN: u32 = 6u;
 
 struct Params {
-    n: u32,
+    n: u32,     // elements (combine, entropy_grad) or rows (entropy_rows, take_column)
     flags: u32,
     a: f32,
     b: f32,
+    cols: u32,  // row width (vocabulary, or the per-row matrix's width for take_column)
+    row0: u32,  // first row of the block in the whole batch (take_column: the column)
+    cap: f32,   // softcap, 0 = off
+    pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -27,6 +50,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read> y: array<u32>;
 @group(0) @binding(3) var<storage, read> scale: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> stats: array<f32>;
+@group(0) @binding(6) var<storage, read> entropy: array<f32>;
 
 fn ld_x(i: u32) -> f32 {
     if (XT == DT_F32) {
@@ -56,5 +81,78 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     if ((params.flags & F_SCALE) != 0u) {
         v = v * scale[0];
     }
+    if ((params.flags & F_ROW_SCALE) != 0u) {
+        v = v * scale[params.row0 + i / params.cols];
+    }
     out[i] = v;
+}
+
+fn capped(v: f32) -> f32 {
+    if (params.cap > 0.0) {
+        return params.cap * tanh_accurate(v / params.cap);
+    }
+    return v;
+}
+
+// out[row0 + r] = H of block row r (x: the block's F32 logits, stats: the whole batch's
+// per-row matrix).
+@compute @workgroup_size(WG)
+fn entropy_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.n) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let o = (params.row0 + row) * CE_COLS;
+    let m = stats[o + CE_MAX];
+    let logden = stats[o + CE_LOGDEN];
+    var acc = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let log_p = (capped(bitcast<f32>(x[base + c])) - m) - logden;
+        acc = acc - exp(log_p) * log_p;
+    }
+    let h = workgroup_sum(acc, lid);
+    if (lid == 0u) {
+        var v = 0.0;
+        if (stats[o + CE_VALID] != 0.0) {
+            v = h;
+        }
+        out[params.row0 + row] = v;
+    }
+}
+
+// out[i] += −g_r·p_c·(log p_c + H_r)·cap′ for element i = r·cols + c of the block (x: its F32
+// logits; scale: the whole batch's entropy cotangent; entropy: the whole batch's H).
+@compute @workgroup_size(WG)
+fn entropy_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.n) {
+        return;
+    }
+    let r = params.row0 + i / params.cols;
+    let o = r * CE_COLS;
+    if (stats[o + CE_VALID] == 0.0) {
+        return;
+    }
+    let z = capped(bitcast<f32>(x[i]));
+    let log_p = (z - stats[o + CE_MAX]) - stats[o + CE_LOGDEN];
+    var d = -scale[r] * exp(log_p) * (log_p + entropy[r]);
+    if (params.cap > 0.0) {
+        let th = z / params.cap;
+        d = d * (1.0 - th * th);
+    }
+    out[i] = out[i] + d;
+}
+
+@compute @workgroup_size(WG)
+fn take_column(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg) * WG + lid;
+    if (r >= params.n) {
+        return;
+    }
+    out[r] = stats[r * params.cols + params.row0];
 }

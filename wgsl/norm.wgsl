@@ -17,6 +17,10 @@
 //   runs of consecutive blocks summed in block order (one run for parameter gradients, one
 //   per batch for scale/shift gradients).
 //
+// RMSNorm, LayerNorm and add+RMSNorm rows of whole 4/8-value chunks take the register paths
+// instead (see "Register paths" below): `*_forward_registers`, `*_backward_registers` and
+// `partials_finish`.
+//
 // The order of every addition depends only on the shape, so reruns give identical bits.
 
 const KIND_RMS: u32 = 0u;
@@ -43,7 +47,7 @@ override CAST: u32 = 0u;
 override PAIRS: bool = false;  // outputs are 16-bit of an even width: lanes write word pairs
 override OUT_SUM: bool = false;
 
-const WG: u32 = 256u;
+// WG (the workgroup size, 256 or 1024) is defined by the kernel's first part (`src/norm.rs`).
 // Rows of one block of backward_columns (the host's BLOCK_ROWS).
 const BLOCK_ROWS: u32 = 32u;
 // Words of one row's constants in rowinfo (the host's ROWINFO).
@@ -62,6 +66,7 @@ struct Params {
     groups: u32,             // GroupNorm: groups per sample (rows = batch * groups)
     channels_per_group: u32, // GroupNorm
     spatial: u32,            // GroupNorm: elements per channel
+    block_rows: u32,         // register backward: rows per workgroup
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -634,15 +639,106 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     }
 }
 
-// ---- RMSNorm forward, register path ----
-// For RMSNorm rows of at most CHUNKS × WG chunks, a chunk being one vec4<u32> word group (4 F32
-// or 8 16-bit values), each lane loads its chunks of the row once into registers (straight-line
-// code, no indexed private array), so the row is read from memory exactly once. The sum of
-// squares adds each lane's chunks in a fixed pairwise order, then the workgroup tree: fixed,
-// so bit-reproducible, though not bit-equal to `forward_rows` (another order of additions).
+// ---- Register paths: RMSNorm, LayerNorm and add+RMSNorm ------------------------------------
+// Rows of whole chunks (a chunk is one vec4<u32>: 4 F32 or 8 16-bit values) of at most
+// CHUNKS × WG chunks: lane t owns the row's chunks t, t + WG, ..., t + (CHUNKS − 1)·WG and keeps
+// them in named registers (no indexed private array, which some compilers put in local
+// memory), so the row is read from memory once. Weights and biases are read as chunks of the
+// same columns (any float dtype; a dtype other than the source's is read value by value).
+// 16-bit values are widened with `widen2` (exact for every finite value).
+//
+// Sums: each lane adds its chunks in a fixed pairwise order, then `row_sum2` adds the lanes in
+// a fixed tree, so reruns are bit-identical (not bit-equal to the general kernels, which add
+// in another order).
+//
+// The backward takes `block_rows` consecutive rows per workgroup: per row it loads the row's
+// source and cotangent chunks once, computes the row constants, writes dx and adds the
+// parameter partials of its columns into registers (rows in order); at the end it writes the
+// block's partial rows, which `partials_finish` sums in block order. With RELOAD (1,024
+// lanes, rows too wide to keep x and dy in registers) it reads each row twice, the second
+// time mostly from cache.
+
+override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused registers fold away)
+// Backward: load the row's chunks again for dx (from cache) instead of keeping them in
+// registers across the row sum (rows too wide for the registers of the whole row).
+override RELOAD: bool = false;
 
 @group(0) @binding(18) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(19) var<storage, read_write> y4: array<vec4<u32>>;
+@group(0) @binding(20) var<storage, read> w4: array<vec4<u32>>;
+@group(0) @binding(21) var<storage, read> b4: array<vec4<u32>>;
+@group(0) @binding(22) var<storage, read> r4: array<vec4<u32>>;
+@group(0) @binding(23) var<storage, read_write> s4: array<vec4<u32>>;
+@group(0) @binding(24) var<storage, read> dy4: array<vec4<u32>>;
+@group(0) @binding(25) var<storage, read> dr4: array<vec4<u32>>;
+@group(0) @binding(26) var<storage, read_write> dx4: array<vec4<f32>>;
+@group(0) @binding(27) var<storage, read_write> part4: array<vec4<f32>>;
+@group(0) @binding(28) var<storage, read> mean_in: array<f32>;
+@group(0) @binding(29) var<storage, read> corr_in: array<f32>;
+
+// Fixed-order workgroup sum of pairs: a tree of fan-in 8 (each level: lane i adds values
+// 8i..8i+7 pairwise), one barrier a level (3 for 256 lanes, 4 for 1,024), then every lane adds
+// the last few values in order. The levels ping-pong between sum_b and sum_c so that a call
+// never overwrites what a slower lane may still read from the previous call.
+// Call from uniform control flow.
+var<workgroup> sum_in: array<vec2<f32>, WG>;
+var<workgroup> sum_b: array<vec2<f32>, WG / 8u>;
+var<workgroup> sum_c: array<vec2<f32>, WG / 8u>;
+
+fn sum8_in(i: u32) -> vec2<f32> {
+    let f = 8u * i;
+    return ((sum_in[f] + sum_in[f + 1u]) + (sum_in[f + 2u] + sum_in[f + 3u]))
+        + ((sum_in[f + 4u] + sum_in[f + 5u]) + (sum_in[f + 6u] + sum_in[f + 7u]));
+}
+
+fn sum8_b(i: u32) -> vec2<f32> {
+    let f = 8u * i;
+    return ((sum_b[f] + sum_b[f + 1u]) + (sum_b[f + 2u] + sum_b[f + 3u]))
+        + ((sum_b[f + 4u] + sum_b[f + 5u]) + (sum_b[f + 6u] + sum_b[f + 7u]));
+}
+
+fn sum8_c(i: u32) -> vec2<f32> {
+    let f = 8u * i;
+    return ((sum_c[f] + sum_c[f + 1u]) + (sum_c[f + 2u] + sum_c[f + 3u]))
+        + ((sum_c[f + 4u] + sum_c[f + 5u]) + (sum_c[f + 6u] + sum_c[f + 7u]));
+}
+
+fn row_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    sum_in[lid] = v;
+    workgroupBarrier();
+    // Level 1: sum_in -> sum_b; then sum_b -> sum_c -> sum_b ... while more than 8 remain.
+    var count = WG / 8u;
+    if (lid < count) {
+        sum_b[lid] = sum8_in(lid);
+    }
+    workgroupBarrier();
+    var in_b = true;
+    while (count > 8u) {
+        count = count / 8u;
+        if (lid < count) {
+            if (in_b) {
+                sum_c[lid] = sum8_b(lid);
+            } else {
+                sum_b[lid] = sum8_c(lid);
+            }
+        }
+        workgroupBarrier();
+        in_b = !in_b;
+    }
+    var total = vec2<f32>();
+    for (var i = 0u; i < count; i = i + 1u) {
+        if (in_b) {
+            total = total + sum_b[i];
+        } else {
+            total = total + sum_c[i];
+        }
+    }
+    return total;
+}
+
+fn row_sum(v: f32, lid: u32) -> f32 {
+    return row_sum2(vec2<f32>(v, 0.0), lid).x;
+}
 
 // Values per chunk: 4 (F32) or 8 (16-bit).
 fn chunk_len() -> u32 {
@@ -652,66 +748,198 @@ fn chunk_len() -> u32 {
     return 8u;
 }
 
-fn word_squares(word: u32) -> f32 {
-    let a = half_from_word(word, 0u, DX);
-    let b = half_from_word(word, 1u, DX);
-    return a * a + b * b;
+// The values of one chunk in FP32: `lo` (F32: the 4 values), `hi` (16-bit: values 4..7).
+struct Vals {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }
 
-fn chunk_squares(w: vec4<u32>) -> f32 {
+fn vals(w: vec4<u32>, dt: u32) -> Vals {
+    if (dt == DT_F32) {
+        return Vals(bitcast<vec4<f32>>(w), vec4<f32>());
+    }
+    return Vals(vec4<f32>(widen2(w.x, dt), widen2(w.y, dt)), vec4<f32>(widen2(w.z, dt), widen2(w.w, dt)));
+}
+
+// BF16 rounding of four values without branches, bit for bit as `f32_to_bf16`: round to
+// nearest even, a NaN stays a NaN with its quiet bit set. `bf16_round` keeps the rounded
+// value in FP32 (the low half zero), `bf16_pack` packs the four into two words (x, y in the
+// first, x in the low half).
+fn bf16_bits(v: vec4<f32>) -> vec4<u32> {
+    let b = bitcast<vec4<u32>>(v);
+    let r = (b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)))) & vec4<u32>(0xffff0000u);
+    let nan = (b & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    return select(r, (b | vec4<u32>(0x400000u)) & vec4<u32>(0xffff0000u), nan);
+}
+
+fn bf16_round(v: vec4<f32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bf16_bits(v));
+}
+
+fn bf16_pack(v: vec4<f32>) -> vec2<u32> {
+    let h = bf16_bits(v);
+    return vec2<u32>((h.x >> 16u) | h.y, (h.z >> 16u) | h.w);
+}
+
+fn pack(v: Vals, dt: u32) -> vec4<u32> {
+    if (dt == DT_F32) {
+        return bitcast<vec4<u32>>(v.lo);
+    }
+    if (dt == DT_BF16) {
+        return vec4<u32>(bf16_pack(v.lo), bf16_pack(v.hi));
+    }
+    return vec4<u32>(narrow2(v.lo.xy, dt), narrow2(v.lo.zw, dt), narrow2(v.hi.xy, dt), narrow2(v.hi.zw, dt));
+}
+
+fn vzero() -> Vals {
+    return Vals(vec4<f32>(), vec4<f32>());
+}
+
+fn vadd(a: Vals, b: Vals) -> Vals {
+    return Vals(a.lo + b.lo, a.hi + b.hi);
+}
+
+fn vsub(a: Vals, b: Vals) -> Vals {
+    return Vals(a.lo - b.lo, a.hi - b.hi);
+}
+
+fn vmul(a: Vals, b: Vals) -> Vals {
+    return Vals(a.lo * b.lo, a.hi * b.hi);
+}
+
+fn vscale(a: Vals, s: f32) -> Vals {
+    return Vals(a.lo * s, a.hi * s);
+}
+
+// (a − mean) − corr, the centering of `forward_rows`.
+fn vcenter(a: Vals, mean: f32, corr: f32) -> Vals {
+    return Vals((a.lo - mean) - corr, (a.hi - mean) - corr);
+}
+
+fn vdot(a: Vals, b: Vals) -> f32 {
     if (DX == DT_F32) {
-        let v = bitcast<vec4<f32>>(w);
-        return dot(v, v);
+        return dot(a.lo, b.lo);
     }
-    // Written out (no dynamic component index, which may force the chunk out of registers).
-    return (word_squares(w.x) + word_squares(w.y)) + (word_squares(w.z) + word_squares(w.w));
+    return dot(a.lo, b.lo) + dot(a.hi, b.hi);
 }
 
-fn rms_value(n: f32, c: u32) -> f32 {
-    let wf = weight_factor(c);
-    if (CAST == CAST_LLAMA) {
-        return round_src(n) * wf;
-    }
-    if (CAST == CAST_NONE) {
-        return round_src(n) * round_src(wf);
-    }
-    return n * wf;
-}
-
-// Output chunk for input chunk `w` whose first column is c0.
-fn chunk_out(w: vec4<u32>, c0: u32, inv: f32) -> vec4<u32> {
+fn vtotal(a: Vals) -> f32 {
+    let s = (a.lo.x + a.lo.y) + (a.lo.z + a.lo.w);
     if (DX == DT_F32) {
-        let v = bitcast<vec4<f32>>(w);
-        return vec4<u32>(
-            bitcast<u32>(rms_value(v.x * inv, c0)),
-            bitcast<u32>(rms_value(v.y * inv, c0 + 1u)),
-            bitcast<u32>(rms_value(v.z * inv, c0 + 2u)),
-            bitcast<u32>(rms_value(v.w * inv, c0 + 3u)));
+        return s;
     }
-    return vec4<u32>(
-        word_out(w.x, c0, inv),
-        word_out(w.y, c0 + 2u, inv),
-        word_out(w.z, c0 + 4u, inv),
-        word_out(w.w, c0 + 6u, inv));
+    return s + ((a.hi.x + a.hi.y) + (a.hi.z + a.hi.w));
 }
 
-// Output word for the 16-bit input word `word` whose first column is c.
-fn word_out(word: u32, c: u32, inv: f32) -> u32 {
-    let a = rms_value(half_from_word(word, 0u, DX) * inv, c);
-    let b = rms_value(half_from_word(word, 1u, DX) * inv, c + 1u);
-    return pack_halves(a, b, DX);
+// v rounded to the source dtype (the identity for F32).
+fn vround(v: Vals) -> Vals {
+    if (DX == DT_F32) {
+        return v;
+    }
+    if (DX == DT_BF16) {
+        return Vals(bf16_round(v.lo), bf16_round(v.hi));
+    }
+    return vals(pack(v, DX), DX);
 }
 
-fn load_chunk(q: u32, n: u32, base: u32) -> vec4<u32> {
-    if (q < n) {
-        return x4[base + q];
+// Weight value of column c (any float dtype) and the weight chunk of row chunk q.
+fn w_one(c: u32) -> f32 {
+    if (DW == DT_F32) {
+        let v = w4[c >> 2u];
+        return bitcast<f32>(v[c & 3u]);
+    }
+    let v = w4[c >> 3u];
+    return half_from_word(v[(c >> 1u) & 3u], c, DW);
+}
+
+fn w_chunk(q: u32) -> Vals {
+    if (DW == DX) {
+        return vals(w4[q], DW);
+    }
+    let c = q * chunk_len();
+    var v = Vals(vec4<f32>(w_one(c), w_one(c + 1u), w_one(c + 2u), w_one(c + 3u)), vec4<f32>());
+    if (DX != DT_F32) {
+        v.hi = vec4<f32>(w_one(c + 4u), w_one(c + 5u), w_one(c + 6u), w_one(c + 7u));
+    }
+    return v;
+}
+
+// Weight factor offset + w of row chunk q (1 without a weight).
+fn wf_chunk(q: u32) -> Vals {
+    if (!HAS_W) {
+        return Vals(vec4<f32>(1.0), vec4<f32>(1.0));
+    }
+    let w = w_chunk(q);
+    return Vals(w.lo + params.offset, w.hi + params.offset);
+}
+
+fn b_one(c: u32) -> f32 {
+    if (DB == DT_F32) {
+        let v = b4[c >> 2u];
+        return bitcast<f32>(v[c & 3u]);
+    }
+    let v = b4[c >> 3u];
+    return half_from_word(v[(c >> 1u) & 3u], c, DB);
+}
+
+// Bias chunk of row chunk q (0 without a bias).
+fn b_chunk(q: u32) -> Vals {
+    if (!HAS_B) {
+        return vzero();
+    }
+    if (DB == DX) {
+        return vals(b4[q], DB);
+    }
+    let c = q * chunk_len();
+    var v = Vals(vec4<f32>(b_one(c), b_one(c + 1u), b_one(c + 2u), b_one(c + 3u)), vec4<f32>());
+    if (DX != DT_F32) {
+        v.hi = vec4<f32>(b_one(c + 4u), b_one(c + 5u), b_one(c + 6u), b_one(c + 7u));
+    }
+    return v;
+}
+
+// Whether lane `lid` owns its k-th chunk (row chunk lid + k·WG) of a row of n chunks.
+fn has(k: u32, lid: u32, n: u32) -> bool {
+    return k < CHUNKS && lid + k * WG < n;
+}
+
+// The lane's k-th source / cotangent chunk of the row starting at chunk `base` (0 if absent).
+fn ld_x4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
+    if (has(k, lid, n)) {
+        return x4[base + lid + k * WG];
     }
     return vec4<u32>();
 }
 
-fn store_chunk(w: vec4<u32>, q: u32, n: u32, base: u32, inv: f32) {
-    if (q < n) {
-        y4[base + q] = chunk_out(w, q * chunk_len(), inv);
+fn ld_dy4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
+    if (has(k, lid, n)) {
+        return dy4[base + lid + k * WG];
+    }
+    return vec4<u32>();
+}
+
+fn sq(w: vec4<u32>) -> f32 {
+    let v = vals(w, DX);
+    return vdot(v, v);
+}
+
+// RMSNorm output chunk of the source values v (row chunk q), with the casting modes.
+fn rms_chunk(v: Vals, q: u32, inv: f32) -> vec4<u32> {
+    let n = vscale(v, inv);
+    let wf = wf_chunk(q);
+    if (CAST == CAST_LLAMA) {
+        return pack(vmul(vround(n), wf), DX);
+    }
+    if (CAST == CAST_NONE) {
+        return pack(vmul(vround(n), vround(wf)), DX);
+    }
+    return pack(vmul(n, wf), DX);
+}
+
+fn rms_put(v: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32) {
+    if (has(k, lid, n)) {
+        let q = lid + k * WG;
+        y4[base + q] = rms_chunk(v, q, inv);
     }
 }
 
@@ -722,109 +950,101 @@ fn rms_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     if (row >= params.rows) {
         return;
     }
-    let n = params.cols / chunk_len(); // chunks in the row (at most 8 × WG)
+    let n = params.cols / chunk_len();
     let base = row * n;
-    let w0 = load_chunk(lid, n, base);
-    let w1 = load_chunk(lid + WG, n, base);
-    let w2 = load_chunk(lid + 2u * WG, n, base);
-    let w3 = load_chunk(lid + 3u * WG, n, base);
-    let w4 = load_chunk(lid + 4u * WG, n, base);
-    let w5 = load_chunk(lid + 5u * WG, n, base);
-    let w6 = load_chunk(lid + 6u * WG, n, base);
-    let w7 = load_chunk(lid + 7u * WG, n, base);
-    let squares = ((chunk_squares(w0) + chunk_squares(w1)) + (chunk_squares(w2) + chunk_squares(w3)))
-        + ((chunk_squares(w4) + chunk_squares(w5)) + (chunk_squares(w6) + chunk_squares(w7)));
-    let inv = 1.0 / sqrt(workgroup_sum(squares, lid) / f32(params.cols) + params.eps);
+    let c0 = ld_x4(0u, lid, n, base);
+    let c1 = ld_x4(1u, lid, n, base);
+    let c2 = ld_x4(2u, lid, n, base);
+    let c3 = ld_x4(3u, lid, n, base);
+    let c4 = ld_x4(4u, lid, n, base);
+    let c5 = ld_x4(5u, lid, n, base);
+    let c6 = ld_x4(6u, lid, n, base);
+    let c7 = ld_x4(7u, lid, n, base);
+    let squares = ((sq(c0) + sq(c1)) + (sq(c2) + sq(c3))) + ((sq(c4) + sq(c5)) + (sq(c6) + sq(c7)));
+    let inv = 1.0 / sqrt(row_sum(squares, lid) / f32(params.cols) + params.eps);
     if (lid == 0u) {
         inv_out[row] = inv;
     }
-    store_chunk(w0, lid, n, base, inv);
-    store_chunk(w1, lid + WG, n, base, inv);
-    store_chunk(w2, lid + 2u * WG, n, base, inv);
-    store_chunk(w3, lid + 3u * WG, n, base, inv);
-    store_chunk(w4, lid + 4u * WG, n, base, inv);
-    store_chunk(w5, lid + 5u * WG, n, base, inv);
-    store_chunk(w6, lid + 6u * WG, n, base, inv);
-    store_chunk(w7, lid + 7u * WG, n, base, inv);
+    rms_put(vals(c0, DX), 0u, lid, n, base, inv);
+    rms_put(vals(c1, DX), 1u, lid, n, base, inv);
+    rms_put(vals(c2, DX), 2u, lid, n, base, inv);
+    rms_put(vals(c3, DX), 3u, lid, n, base, inv);
+    rms_put(vals(c4, DX), 4u, lid, n, base, inv);
+    rms_put(vals(c5, DX), 5u, lid, n, base, inv);
+    rms_put(vals(c6, DX), 6u, lid, n, base, inv);
+    rms_put(vals(c7, DX), 7u, lid, n, base, inv);
 }
 
-// ---- LayerNorm forward, register path -------------------------------------------------------
-// The same one-read scheme for LayerNorm: the chunks stay in registers through three passes
-// (sum of differences from the row's first value, centered squares, output). The mean is kept
-// as `mean` plus the correction `corr`, as in `forward_rows`.
-
-fn word_delta(word: u32, pivot: f32) -> f32 {
-    return (half_from_word(word, 0u, DX) - pivot) + (half_from_word(word, 1u, DX) - pivot);
+// x + residual of the lane's k-th chunk in FP32 (unrounded; the residual has the source's
+// dtype); writes the sum rounded to the source dtype.
+fn add_load(k: u32, lid: u32, n: u32, base: u32) -> Vals {
+    if (!has(k, lid, n)) {
+        return vzero();
+    }
+    let i = base + lid + k * WG;
+    let s = vadd(vals(x4[i], DX), vals(r4[i], DX));
+    s4[i] = pack(s, DX);
+    return s;
 }
 
-// Sum of (value − pivot) over chunk q of the row (0 for a chunk past the row's end).
-fn chunk_delta(w: vec4<u32>, q: u32, n: u32, pivot: f32) -> f32 {
-    if (q >= n) {
+@compute @workgroup_size(WG)
+fn add_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let base = row * n;
+    let s0 = add_load(0u, lid, n, base);
+    let s1 = add_load(1u, lid, n, base);
+    let s2 = add_load(2u, lid, n, base);
+    let s3 = add_load(3u, lid, n, base);
+    let s4_ = add_load(4u, lid, n, base);
+    let s5 = add_load(5u, lid, n, base);
+    let s6 = add_load(6u, lid, n, base);
+    let s7 = add_load(7u, lid, n, base);
+    let squares = ((vdot(s0, s0) + vdot(s1, s1)) + (vdot(s2, s2) + vdot(s3, s3)))
+        + ((vdot(s4_, s4_) + vdot(s5, s5)) + (vdot(s6, s6) + vdot(s7, s7)));
+    let inv = 1.0 / sqrt(row_sum(squares, lid) / f32(params.cols) + params.eps);
+    if (lid == 0u) {
+        inv_out[row] = inv;
+    }
+    rms_put(s0, 0u, lid, n, base, inv);
+    rms_put(s1, 1u, lid, n, base, inv);
+    rms_put(s2, 2u, lid, n, base, inv);
+    rms_put(s3, 3u, lid, n, base, inv);
+    rms_put(s4_, 4u, lid, n, base, inv);
+    rms_put(s5, 5u, lid, n, base, inv);
+    rms_put(s6, 6u, lid, n, base, inv);
+    rms_put(s7, 7u, lid, n, base, inv);
+}
+
+// LayerNorm: the chunks stay in registers through the sum of differences from the row's
+// first value, the centered squares and the outputs; the mean is kept as `mean` plus the
+// correction `corr`, as in `forward_rows`.
+
+fn ln_delta(w: vec4<u32>, k: u32, lid: u32, n: u32, pivot: f32) -> f32 {
+    if (!has(k, lid, n)) {
         return 0.0;
     }
-    if (DX == DT_F32) {
-        let v = bitcast<vec4<f32>>(w) - vec4<f32>(pivot);
-        return (v.x + v.y) + (v.z + v.w);
-    }
-    return (word_delta(w.x, pivot) + word_delta(w.y, pivot)) + (word_delta(w.z, pivot) + word_delta(w.w, pivot));
+    let v = vals(w, DX);
+    return vtotal(Vals(v.lo - pivot, v.hi - pivot));
 }
 
-fn centered_square(v: f32, mean: f32, corr: f32) -> f32 {
-    let d = (v - mean) - corr;
-    return d * d;
-}
-
-fn word_centered(word: u32, mean: f32, corr: f32) -> f32 {
-    return centered_square(half_from_word(word, 0u, DX), mean, corr)
-        + centered_square(half_from_word(word, 1u, DX), mean, corr);
-}
-
-// Sum of centered squares over chunk q (0 past the row's end).
-fn chunk_centered(w: vec4<u32>, q: u32, n: u32, mean: f32, corr: f32) -> f32 {
-    if (q >= n) {
+fn ln_sq(w: vec4<u32>, k: u32, lid: u32, n: u32, mean: f32, corr: f32) -> f32 {
+    if (!has(k, lid, n)) {
         return 0.0;
     }
-    if (DX == DT_F32) {
-        let v = bitcast<vec4<f32>>(w);
-        return (centered_square(v.x, mean, corr) + centered_square(v.y, mean, corr))
-            + (centered_square(v.z, mean, corr) + centered_square(v.w, mean, corr));
-    }
-    return (word_centered(w.x, mean, corr) + word_centered(w.y, mean, corr))
-        + (word_centered(w.z, mean, corr) + word_centered(w.w, mean, corr));
+    let d = vcenter(vals(w, DX), mean, corr);
+    return vdot(d, d);
 }
 
-fn layer_value(v: f32, c: u32, mean: f32, corr: f32, inv: f32) -> f32 {
-    var b = 0.0;
-    if (HAS_B) {
-        b = ld_aux2(c);
-    }
-    return (((v - mean) - corr) * inv) * weight_factor(c) + b;
-}
-
-fn layer_word(word: u32, c: u32, mean: f32, corr: f32, inv: f32) -> u32 {
-    return pack_halves(layer_value(half_from_word(word, 0u, DX), c, mean, corr, inv),
-                       layer_value(half_from_word(word, 1u, DX), c + 1u, mean, corr, inv), DX);
-}
-
-fn layer_chunk(w: vec4<u32>, c0: u32, mean: f32, corr: f32, inv: f32) -> vec4<u32> {
-    if (DX == DT_F32) {
-        let v = bitcast<vec4<f32>>(w);
-        return vec4<u32>(
-            bitcast<u32>(layer_value(v.x, c0, mean, corr, inv)),
-            bitcast<u32>(layer_value(v.y, c0 + 1u, mean, corr, inv)),
-            bitcast<u32>(layer_value(v.z, c0 + 2u, mean, corr, inv)),
-            bitcast<u32>(layer_value(v.w, c0 + 3u, mean, corr, inv)));
-    }
-    return vec4<u32>(
-        layer_word(w.x, c0, mean, corr, inv),
-        layer_word(w.y, c0 + 2u, mean, corr, inv),
-        layer_word(w.z, c0 + 4u, mean, corr, inv),
-        layer_word(w.w, c0 + 6u, mean, corr, inv));
-}
-
-fn layer_store(w: vec4<u32>, q: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32) {
-    if (q < n) {
-        y4[base + q] = layer_chunk(w, q * chunk_len(), mean, corr, inv);
+fn ln_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32) {
+    if (has(k, lid, n)) {
+        let q = lid + k * WG;
+        let nrm = vscale(vcenter(vals(w, DX), mean, corr), inv);
+        y4[base + q] = pack(vadd(vmul(nrm, wf_chunk(q)), b_chunk(q)), DX);
     }
 }
 
@@ -837,42 +1057,317 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let w0 = load_chunk(lid, n, base);
-    let w1 = load_chunk(lid + WG, n, base);
-    let w2 = load_chunk(lid + 2u * WG, n, base);
-    let w3 = load_chunk(lid + 3u * WG, n, base);
-    let w4 = load_chunk(lid + 4u * WG, n, base);
-    let w5 = load_chunk(lid + 5u * WG, n, base);
-    let w6 = load_chunk(lid + 6u * WG, n, base);
-    let w7 = load_chunk(lid + 7u * WG, n, base);
-    let first = x4[base].x;
-    var pivot = bitcast<f32>(first);
-    if (DX != DT_F32) {
-        pivot = half_from_word(first, 0u, DX);
-    }
-    let deltas = ((chunk_delta(w0, lid, n, pivot) + chunk_delta(w1, lid + WG, n, pivot))
-        + (chunk_delta(w2, lid + 2u * WG, n, pivot) + chunk_delta(w3, lid + 3u * WG, n, pivot)))
-        + ((chunk_delta(w4, lid + 4u * WG, n, pivot) + chunk_delta(w5, lid + 5u * WG, n, pivot))
-        + (chunk_delta(w6, lid + 6u * WG, n, pivot) + chunk_delta(w7, lid + 7u * WG, n, pivot)));
-    let delta = workgroup_sum(deltas, lid) / f32(params.cols);
+    let c0 = ld_x4(0u, lid, n, base);
+    let c1 = ld_x4(1u, lid, n, base);
+    let c2 = ld_x4(2u, lid, n, base);
+    let c3 = ld_x4(3u, lid, n, base);
+    let c4 = ld_x4(4u, lid, n, base);
+    let c5 = ld_x4(5u, lid, n, base);
+    let c6 = ld_x4(6u, lid, n, base);
+    let c7 = ld_x4(7u, lid, n, base);
+    let pivot = vals(x4[base], DX).lo.x;
+    let deltas = ((ln_delta(c0, 0u, lid, n, pivot) + ln_delta(c1, 1u, lid, n, pivot))
+        + (ln_delta(c2, 2u, lid, n, pivot) + ln_delta(c3, 3u, lid, n, pivot)))
+        + ((ln_delta(c4, 4u, lid, n, pivot) + ln_delta(c5, 5u, lid, n, pivot))
+        + (ln_delta(c6, 6u, lid, n, pivot) + ln_delta(c7, 7u, lid, n, pivot)));
+    let delta = row_sum(deltas, lid) / f32(params.cols);
     let mean = pivot + delta;
     let corr = (pivot - mean) + delta;
-    let squares = ((chunk_centered(w0, lid, n, mean, corr) + chunk_centered(w1, lid + WG, n, mean, corr))
-        + (chunk_centered(w2, lid + 2u * WG, n, mean, corr) + chunk_centered(w3, lid + 3u * WG, n, mean, corr)))
-        + ((chunk_centered(w4, lid + 4u * WG, n, mean, corr) + chunk_centered(w5, lid + 5u * WG, n, mean, corr))
-        + (chunk_centered(w6, lid + 6u * WG, n, mean, corr) + chunk_centered(w7, lid + 7u * WG, n, mean, corr)));
-    let inv = 1.0 / sqrt(workgroup_sum(squares, lid) / f32(params.cols) + params.eps);
+    let squares = ((ln_sq(c0, 0u, lid, n, mean, corr) + ln_sq(c1, 1u, lid, n, mean, corr))
+        + (ln_sq(c2, 2u, lid, n, mean, corr) + ln_sq(c3, 3u, lid, n, mean, corr)))
+        + ((ln_sq(c4, 4u, lid, n, mean, corr) + ln_sq(c5, 5u, lid, n, mean, corr))
+        + (ln_sq(c6, 6u, lid, n, mean, corr) + ln_sq(c7, 7u, lid, n, mean, corr)));
+    let inv = 1.0 / sqrt(row_sum(squares, lid) / f32(params.cols) + params.eps);
     if (lid == 0u) {
         inv_out[row] = inv;
         mean_out[row] = mean;
         sum_out[row] = bitcast<u32>(corr);
     }
-    layer_store(w0, lid, n, base, mean, corr, inv);
-    layer_store(w1, lid + WG, n, base, mean, corr, inv);
-    layer_store(w2, lid + 2u * WG, n, base, mean, corr, inv);
-    layer_store(w3, lid + 3u * WG, n, base, mean, corr, inv);
-    layer_store(w4, lid + 4u * WG, n, base, mean, corr, inv);
-    layer_store(w5, lid + 5u * WG, n, base, mean, corr, inv);
-    layer_store(w6, lid + 6u * WG, n, base, mean, corr, inv);
-    layer_store(w7, lid + 7u * WG, n, base, mean, corr, inv);
+    ln_put(c0, 0u, lid, n, base, mean, corr, inv);
+    ln_put(c1, 1u, lid, n, base, mean, corr, inv);
+    ln_put(c2, 2u, lid, n, base, mean, corr, inv);
+    ln_put(c3, 3u, lid, n, base, mean, corr, inv);
+    ln_put(c4, 4u, lid, n, base, mean, corr, inv);
+    ln_put(c5, 5u, lid, n, base, mean, corr, inv);
+    ln_put(c6, 6u, lid, n, base, mean, corr, inv);
+    ln_put(c7, 7u, lid, n, base, mean, corr, inv);
+}
+
+// ---- Register backward ----
+
+// dx of row chunk i (F32: one vec4, 16-bit: two).
+fn put_dx(g: Vals, i: u32) {
+    if (DX == DT_F32) {
+        dx4[i] = g.lo;
+    } else {
+        dx4[2u * i] = g.lo;
+        dx4[2u * i + 1u] = g.hi;
+    }
+}
+
+// The block's partials of slot `slot` for the lane's k-th chunk.
+fn put_part(acc: Vals, slot: u32, block: u32, k: u32, lid: u32, n: u32) {
+    if (!has(k, lid, n)) {
+        return;
+    }
+    let q = lid + k * WG;
+    let at = (slot * params.stride + block * params.cols) / 4u;
+    if (DX == DT_F32) {
+        part4[at + q] = acc.lo;
+    } else {
+        part4[at + 2u * q] = acc.lo;
+        part4[at + 2u * q + 1u] = acc.hi;
+    }
+}
+
+// Σ dn · n over the lane's k-th chunk (RMSNorm variants): s the normalized source, d the cotangent.
+fn rms_dot(s: Vals, d: Vals, k: u32, lid: u32, n: u32, inv: f32) -> f32 {
+    if (!has(k, lid, n)) {
+        return 0.0;
+    }
+    return vdot(vmul(d, wf_chunk(lid + k * WG)), vscale(s, inv));
+}
+
+// dx = inv · (dn − n · c2) (+ the residual-sum cotangent) of the lane's k-th chunk, and the
+// weight partial dy · n added to `acc`.
+fn rms_step(acc: ptr<function, Vals>, s_held: Vals, d_held: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32,
+            c2: f32) {
+    if (!has(k, lid, n)) {
+        return;
+    }
+    let q = lid + k * WG;
+    var s = s_held;
+    var d = d_held;
+    if (RELOAD) {
+        s = rms_source(k, lid, n, base);
+        d = vals(dy4[base + q], DX);
+    }
+    let nrm = vscale(s, inv);
+    var g = vscale(vsub(vmul(d, wf_chunk(q)), vscale(nrm, c2)), inv);
+    if (HAS_DRES) {
+        g = vadd(g, vals(dr4[base + q], DX));
+    }
+    put_dx(g, base + q);
+    *acc = vadd(*acc, vmul(d, nrm));
+}
+
+// The lane's k-th chunk of the normalized source: x (RMSNorm) or x + residual (add+RMSNorm).
+fn rms_source(k: u32, lid: u32, n: u32, base: u32) -> Vals {
+    if (!has(k, lid, n)) {
+        return vzero();
+    }
+    let i = base + lid + k * WG;
+    if (KIND == KIND_ADD) {
+        return vadd(vals(x4[i], DX), vals(r4[i], DX));
+    }
+    return vals(x4[i], DX);
+}
+
+@compute @workgroup_size(WG)
+fn rms_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let block = group_index(wid, nwg);
+    let first = block * params.block_rows;
+    if (first >= params.rows) {
+        return;
+    }
+    let last = min(first + params.block_rows, params.rows);
+    let n = params.cols / chunk_len();
+    var a0 = vzero();
+    var a1 = vzero();
+    var a2 = vzero();
+    var a3 = vzero();
+    var a4 = vzero();
+    var a5 = vzero();
+    var a6 = vzero();
+    var a7 = vzero();
+    for (var row = first; row < last; row = row + 1u) {
+        let base = row * n;
+        let inv = inv_in[row];
+        let s0 = rms_source(0u, lid, n, base);
+        let s1 = rms_source(1u, lid, n, base);
+        let s2 = rms_source(2u, lid, n, base);
+        let s3 = rms_source(3u, lid, n, base);
+        let s4_ = rms_source(4u, lid, n, base);
+        let s5 = rms_source(5u, lid, n, base);
+        let s6 = rms_source(6u, lid, n, base);
+        let s7 = rms_source(7u, lid, n, base);
+        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
+        let t = ((rms_dot(s0, d0, 0u, lid, n, inv) + rms_dot(s1, d1, 1u, lid, n, inv))
+            + (rms_dot(s2, d2, 2u, lid, n, inv) + rms_dot(s3, d3, 3u, lid, n, inv)))
+            + ((rms_dot(s4_, d4, 4u, lid, n, inv) + rms_dot(s5, d5, 5u, lid, n, inv))
+            + (rms_dot(s6, d6, 6u, lid, n, inv) + rms_dot(s7, d7, 7u, lid, n, inv)));
+        let c2 = row_sum(t, lid) / f32(params.cols);
+        rms_step(&a0, s0, d0, 0u, lid, n, base, inv, c2);
+        rms_step(&a1, s1, d1, 1u, lid, n, base, inv, c2);
+        rms_step(&a2, s2, d2, 2u, lid, n, base, inv, c2);
+        rms_step(&a3, s3, d3, 3u, lid, n, base, inv, c2);
+        rms_step(&a4, s4_, d4, 4u, lid, n, base, inv, c2);
+        rms_step(&a5, s5, d5, 5u, lid, n, base, inv, c2);
+        rms_step(&a6, s6, d6, 6u, lid, n, base, inv, c2);
+        rms_step(&a7, s7, d7, 7u, lid, n, base, inv, c2);
+    }
+    if (HAS_W) {
+        put_part(a0, 0u, block, 0u, lid, n);
+        put_part(a1, 0u, block, 1u, lid, n);
+        put_part(a2, 0u, block, 2u, lid, n);
+        put_part(a3, 0u, block, 3u, lid, n);
+        put_part(a4, 0u, block, 4u, lid, n);
+        put_part(a5, 0u, block, 5u, lid, n);
+        put_part(a6, 0u, block, 6u, lid, n);
+        put_part(a7, 0u, block, 7u, lid, n);
+    }
+}
+
+// LayerNorm: Σ dn and Σ dn · n over the lane's k-th chunk.
+fn ln_sums(x: vec4<u32>, d: Vals, k: u32, lid: u32, n: u32, mean: f32, corr: f32, inv: f32) -> vec2<f32> {
+    if (!has(k, lid, n)) {
+        return vec2<f32>();
+    }
+    let nrm = vscale(vcenter(vals(x, DX), mean, corr), inv);
+    let dn = vmul(d, wf_chunk(lid + k * WG));
+    return vec2<f32>(vtotal(dn), vdot(dn, nrm));
+}
+
+// dx = inv · ((dn − c1) − n · c2) of the lane's k-th chunk; dy · n added to `aw`, dy to `ab`.
+fn ln_step(aw: ptr<function, Vals>, ab: ptr<function, Vals>, x: vec4<u32>, d: Vals, k: u32, lid: u32, n: u32,
+           base: u32, mean: f32, corr: f32, inv: f32, c: vec2<f32>) {
+    if (!has(k, lid, n)) {
+        return;
+    }
+    let q = lid + k * WG;
+    let nrm = vscale(vcenter(vals(x, DX), mean, corr), inv);
+    let dn = vmul(d, wf_chunk(q));
+    let g = Vals((dn.lo - c.x) - nrm.lo * c.y, (dn.hi - c.x) - nrm.hi * c.y);
+    put_dx(vscale(g, inv), base + q);
+    *aw = vadd(*aw, vmul(d, nrm));
+    *ab = vadd(*ab, d);
+}
+
+@compute @workgroup_size(WG)
+fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
+    let block = group_index(wid, nwg);
+    let first = block * params.block_rows;
+    if (first >= params.rows) {
+        return;
+    }
+    let last = min(first + params.block_rows, params.rows);
+    let n = params.cols / chunk_len();
+    var a0 = vzero();
+    var a1 = vzero();
+    var a2 = vzero();
+    var a3 = vzero();
+    var a4 = vzero();
+    var a5 = vzero();
+    var a6 = vzero();
+    var a7 = vzero();
+    var b0 = vzero();
+    var b1 = vzero();
+    var b2 = vzero();
+    var b3 = vzero();
+    var b4_ = vzero();
+    var b5 = vzero();
+    var b6 = vzero();
+    var b7 = vzero();
+    for (var row = first; row < last; row = row + 1u) {
+        let base = row * n;
+        let inv = inv_in[row];
+        let mean = mean_in[row];
+        let corr = corr_in[row];
+        let x0 = ld_x4(0u, lid, n, base);
+        let x1 = ld_x4(1u, lid, n, base);
+        let x2 = ld_x4(2u, lid, n, base);
+        let x3 = ld_x4(3u, lid, n, base);
+        let x4_ = ld_x4(4u, lid, n, base);
+        let x5 = ld_x4(5u, lid, n, base);
+        let x6 = ld_x4(6u, lid, n, base);
+        let x7 = ld_x4(7u, lid, n, base);
+        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
+        let t = ((ln_sums(x0, d0, 0u, lid, n, mean, corr, inv) + ln_sums(x1, d1, 1u, lid, n, mean, corr, inv))
+            + (ln_sums(x2, d2, 2u, lid, n, mean, corr, inv) + ln_sums(x3, d3, 3u, lid, n, mean, corr, inv)))
+            + ((ln_sums(x4_, d4, 4u, lid, n, mean, corr, inv) + ln_sums(x5, d5, 5u, lid, n, mean, corr, inv))
+            + (ln_sums(x6, d6, 6u, lid, n, mean, corr, inv) + ln_sums(x7, d7, 7u, lid, n, mean, corr, inv)));
+        let c = row_sum2(t, lid) / f32(params.cols);
+        ln_step(&a0, &b0, x0, d0, 0u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a1, &b1, x1, d1, 1u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a2, &b2, x2, d2, 2u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a3, &b3, x3, d3, 3u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a4, &b4_, x4_, d4, 4u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a5, &b5, x5, d5, 5u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a6, &b6, x6, d6, 6u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a7, &b7, x7, d7, 7u, lid, n, base, mean, corr, inv, c);
+    }
+    if (HAS_W) {
+        put_part(a0, 0u, block, 0u, lid, n);
+        put_part(a1, 0u, block, 1u, lid, n);
+        put_part(a2, 0u, block, 2u, lid, n);
+        put_part(a3, 0u, block, 3u, lid, n);
+        put_part(a4, 0u, block, 4u, lid, n);
+        put_part(a5, 0u, block, 5u, lid, n);
+        put_part(a6, 0u, block, 6u, lid, n);
+        put_part(a7, 0u, block, 7u, lid, n);
+    }
+    if (HAS_B) {
+        put_part(b0, 1u, block, 0u, lid, n);
+        put_part(b1, 1u, block, 1u, lid, n);
+        put_part(b2, 1u, block, 2u, lid, n);
+        put_part(b3, 1u, block, 3u, lid, n);
+        put_part(b4_, 1u, block, 4u, lid, n);
+        put_part(b5, 1u, block, 5u, lid, n);
+        put_part(b6, 1u, block, 6u, lid, n);
+        put_part(b7, 1u, block, 7u, lid, n);
+    }
+}
+
+// ---- Register backward: parameter partials finish ----
+// out[c] = Σ over the blocks of partials[base + block · cols + c], in a fixed order: a
+// workgroup takes 8 column quads; its 32 segments of lanes each add a run of consecutive
+// blocks in order, then the first segment adds the 32 runs in order. params: cols (a multiple
+// of 4), blocks_per_batch = blocks, base = first word (a multiple of 4).
+const FIN_QUADS: u32 = 8u;
+const FIN_SEGMENTS: u32 = 32u;
+var<workgroup> fin: array<vec4<f32>, 256>;
+
+@compute @workgroup_size(256)
+fn partials_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let quads = params.cols / 4u;
+    let v = lid % FIN_QUADS;
+    let segment = lid / FIN_QUADS;
+    let quad = group_index(wid, nwg) * FIN_QUADS + v;
+    let blocks = params.blocks_per_batch;
+    let per = (blocks + FIN_SEGMENTS - 1u) / FIN_SEGMENTS;
+    let first = min(segment * per, blocks);
+    let last = min(first + per, blocks);
+    var acc = vec4<f32>();
+    if (quad < quads) {
+        let at = params.base / 4u + quad;
+        for (var b = first; b < last; b = b + 1u) {
+            acc = acc + part4[at + b * quads];
+        }
+    }
+    fin[lid] = acc;
+    workgroupBarrier();
+    if (segment == 0u && quad < quads) {
+        var total = fin[v];
+        for (var s = 1u; s < FIN_SEGMENTS; s = s + 1u) {
+            total = total + fin[s * FIN_QUADS + v];
+        }
+        dx4[quad] = total;
+    }
 }

@@ -4,11 +4,18 @@ use super::*;
 
 /// This family's operator checks, in report order.
 pub(super) fn operators() -> Vec<OperatorCheck> {
-    vec![OperatorCheck {
-        name: "embedding",
-        kernels: &["embedding"],
-        run: check_embedding,
-    }]
+    vec![
+        OperatorCheck {
+            name: "embedding",
+            kernels: &["embedding"],
+            run: check_embedding,
+        },
+        OperatorCheck {
+            name: "embedding_max_norm_freq",
+            kernels: &["embedding"],
+            run: check_embedding_max_norm_freq,
+        },
+    ]
 }
 
 /// Forward (exact copy of the rows) and table gradient against the f64 reference in every
@@ -33,6 +40,7 @@ fn check_embedding(engine: &Engine) -> Result<Vec<Case>> {
     let options = EmbeddingOptions {
         padding_index: Some(4),
         check_indices: true,
+        ..EmbeddingOptions::default()
     };
     let longest = (0..rows as i64)
         .map(|v| idx.iter().filter(|&&x| x == v).count())
@@ -74,6 +82,79 @@ fn check_embedding(engine: &Engine) -> Result<Vec<Case>> {
             &g.to_f64()?,
             &r::backward(&dys, rows, dim, &idx, options.padding_index),
             tol,
+        ));
+    }
+    Ok(cases)
+}
+
+/// `max_norm` (2.0; row norms of 0.3 to 3 times it) and `scale_grad_by_freq` in every
+/// storage dtype: V = 64, D = 37 and 64, 600 positions with repeats (a third on one row) and a
+/// padding row: the renormalized rows, the renormalized table copy ([`embedding_renorm`]) and
+/// the frequency-scaled table gradient against the f64 reference.
+///
+/// [`embedding_renorm`]: crate::embedding::embedding_renorm
+fn check_embedding_max_norm_freq(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::embedding::{EmbeddingOptions, embedding, embedding_backward, embedding_renorm};
+    use reference::embedding as r;
+    let (rows, n, max_norm) = (64usize, 600usize, 2.0f32);
+    let mut rng = Rng::new(6);
+    let idx: Vec<i64> = (0..n)
+        .map(|p| {
+            if p % 3 == 0 {
+                9
+            } else {
+                i64::from(rng.next_u32() % 48)
+            }
+        })
+        .collect();
+    let options = EmbeddingOptions {
+        padding_index: Some(4),
+        max_norm: Some(max_norm),
+        scale_grad_by_freq: true,
+        ..EmbeddingOptions::default()
+    };
+    let longest = idx.iter().filter(|&&x| x == 9).count();
+    let v: Vec<i32> = idx.iter().map(|&x| x as i32).collect();
+    let indices = crate::Tensor::from_slice(engine, &v, &[n])?;
+    let mut cases = Vec::new();
+    for (dtype, dim) in DType::FLOATS
+        .into_iter()
+        .flat_map(|d| [(d, 37usize), (d, 64)])
+    {
+        // Row norms 0.3, 0.6, 1.5, 3 times max_norm, far from the threshold.
+        let mut values = rng.vec(rows * dim, -1.0, 1.0);
+        for (k, row) in values.chunks_mut(dim).enumerate() {
+            let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let factor = [0.3, 0.6, 1.5, 3.0][k % 4] * f64::from(max_norm) / norm;
+            row.iter_mut().for_each(|x| *x *= factor);
+        }
+        let (table, ts) = tensor_from_f64(engine, &values, &[rows, dim], dtype)?;
+        let (dy, dys) = tensor_from_f64(engine, &rng.vec(n * dim, -1.0, 1.0), &[n, dim], dtype)?;
+        let (y, saved) = embedding(&table, &indices, &options)?;
+        let label = format!("{rows}x{dim} {dtype} max_norm 2 freq");
+        let mn = f64::from(max_norm);
+        cases.push(case(
+            format!("{label} y"),
+            &y.to_f64()?,
+            &r::forward_max_norm(&ts, rows, dim, &idx, mn),
+            Tolerance::for_dtype(dtype),
+        ));
+        let renormed = embedding_renorm(&table, &indices, max_norm, true)?;
+        cases.push(case(
+            format!("{label} renormalized table"),
+            &renormed.to_f64()?,
+            &r::renorm(&ts, rows, dim, &idx, mn),
+            Tolerance::for_dtype(dtype),
+        ));
+        let g = embedding_backward(&saved, &dy)?;
+        cases.push(case(
+            format!("{label} dtable"),
+            &g.to_f64()?,
+            &r::backward_scaled_by_freq(&dys, rows, dim, &idx, options.padding_index),
+            Tolerance {
+                abs: 1e-7 * longest as f64 + 1e-7,
+                ..Tolerance::for_dtype(DType::F32)
+            },
         ));
     }
     Ok(cases)

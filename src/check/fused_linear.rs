@@ -11,9 +11,19 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             run: check_fused_linear_cross_entropy,
         },
         OperatorCheck {
+            name: "fused_linear_cross_entropy_scaled",
+            kernels: &["fused_linear", "loss", "reduce"],
+            run: check_fused_linear_cross_entropy_scaled,
+        },
+        OperatorCheck {
             name: "fused_linear_distillation",
             kernels: &["fused_linear", "loss", "reduce"],
             run: check_fused_linear_distillation,
+        },
+        OperatorCheck {
+            name: "fused_linear_distillation_none",
+            kernels: &["fused_linear", "loss", "reduce"],
+            run: check_fused_linear_distillation_none,
         },
     ]
 }
@@ -144,6 +154,7 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                     memory_budget: None,
                 },
                 gradients_in_forward: true,
+                ..FusedLinearCrossEntropyOptions::default()
             };
             let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
             let want = reference::fused_linear::fused_linear_cross_entropy(
@@ -265,6 +276,179 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
                 vocab,
                 &cfg,
                 1.0,
+            );
+            gradient_cases(&mut cases, &label, &got, &want)?;
+        }
+    }
+    Ok(cases)
+}
+
+/// The scaled fused linear cross-entropy: temperature 1.7, the entropy output, plain and with
+/// every option (a quarter of the targets ignored), each reduction, every storage dtype
+/// (B·T = 60 rows, H 19, V 70, chunks of 16): loss, z-loss, accuracy, entropy, and the
+/// gradients of x, W and the bias for a loss cotangent and an entropy cotangent together.
+fn check_fused_linear_cross_entropy_scaled(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::fused_linear::{
+        Chunking, FusedLinearCrossEntropyOptions, fused_linear_cross_entropy,
+        fused_linear_cross_entropy_backward_with_entropy,
+    };
+    use crate::loss::Reduction;
+    let (rows, hidden, vocab) = (60, 19, 70);
+    let temperature = 1.7f32;
+    let mut rng = Rng::new(62);
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
+        for (name, cfg) in ce_configs(&mut rng, vocab, 5, 1e-3, 3.0) {
+            let reduction = cfg.reduction;
+            let targets = ce_targets(&mut rng, rows, vocab, cfg.ignore_index);
+            let t = Tensor::from_slice(engine, &targets, &[rows])?;
+            let options = FusedLinearCrossEntropyOptions {
+                cross_entropy: ce_options(engine, &cfg)?,
+                chunking: Chunking {
+                    chunk_rows: Some(16),
+                    memory_budget: None,
+                },
+                temperature,
+                return_entropy: true,
+                ..FusedLinearCrossEntropyOptions::default()
+            };
+            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
+            let (want, want_h) = reference::fused_linear::fused_linear_cross_entropy_scaled(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+                f64::from(temperature),
+            );
+            let label = format!("{name} {reduction:?} T1.7 {rows}x{hidden}->{vocab} {dtype}");
+            ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
+            if let Some(h) = &out.entropy {
+                cases.push(case(
+                    format!("{label} entropy"),
+                    &h.to_f64()?,
+                    &want_h,
+                    f32_tol,
+                ));
+            }
+            let n_loss = if reduction == Reduction::None {
+                rows
+            } else {
+                1
+            };
+            let loss_shape: &[usize] = if reduction == Reduction::None {
+                &[rows]
+            } else {
+                &[]
+            };
+            let (ct, cs) =
+                tensor_from_f64(engine, &rng.vec(n_loss, -1.0, 1.0), loss_shape, DType::F32)?;
+            let (et, es) = tensor_from_f64(engine, &rng.vec(rows, -1.0, 1.0), &[rows], DType::F32)?;
+            let got =
+                fused_linear_cross_entropy_backward_with_entropy(&saved, Some(&ct), Some(&et))?;
+            let want = reference::fused_linear::fused_linear_cross_entropy_scaled_backward(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+                f64::from(temperature),
+                &cs,
+                Some(&es),
+            );
+            gradient_cases(&mut cases, &label, &got, &want)?;
+        }
+    }
+    Ok(cases)
+}
+
+/// Distillation with reduction none (per-row losses and cotangents): each soft term at
+/// temperature 2 with a hard-label term of weight 0.25 and a quarter of the labels ignored,
+/// every storage dtype: the three per-row loss vectors and the student's gradients for random
+/// per-row cotangents.
+fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::fused_linear::{
+        Chunking, DistillationOptions, DistillationReduction, SoftLoss, fused_linear_distillation,
+        fused_linear_distillation_backward,
+    };
+    use reference::fused_linear::{DistillationConfig, SoftTerm};
+    let (rows, vocab) = (29, 64);
+    let mut rng = Rng::new(63);
+    let mut cases = Vec::new();
+    let loss_tol = Tolerance {
+        abs: 1e-5 * (1.0 + vocab as f64 / 256.0),
+        ..Tolerance::for_dtype(DType::F32)
+    };
+    for dtype in DType::FLOATS {
+        let student = HeadData::new(engine, &mut rng, rows, 24, vocab, true, dtype)?;
+        let teacher = HeadData::new(engine, &mut rng, rows, 40, vocab, false, dtype)?;
+        let labels = ce_targets(&mut rng, rows, vocab, -100);
+        let lt = Tensor::from_slice(engine, &labels, &[rows])?;
+        for (soft, term) in [
+            (SoftLoss::Jsd { beta: 0.5 }, SoftTerm::Jsd { beta: 0.5 }),
+            (SoftLoss::Kl, SoftTerm::Kl),
+            (SoftLoss::Tvd, SoftTerm::Tvd),
+        ] {
+            let options = DistillationOptions {
+                soft,
+                temperature: 2.0,
+                weight_hard: 0.25,
+                weight_soft: 0.75,
+                reduction: DistillationReduction::None,
+                chunking: Chunking {
+                    chunk_rows: Some(8),
+                    memory_budget: None,
+                },
+                ..DistillationOptions::default()
+            };
+            let cfg = DistillationConfig {
+                soft: term,
+                temperature: 2.0,
+                weight_hard: 0.25,
+                weight_soft: 0.75,
+                ignore_index: -100,
+                batch_mean: false,
+            };
+            let (out, saved) =
+                fused_linear_distillation(student.gpu(), teacher.gpu(), Some(&lt), &options)?;
+            let want = reference::fused_linear::fused_linear_distillation_rows(
+                student.reference(),
+                teacher.reference(),
+                Some(&labels),
+                rows,
+                vocab,
+                &cfg,
+            );
+            let label = format!("{soft:?} none T2 hard 0.25 {rows}x24->{vocab} {dtype}");
+            let loss: Vec<f64> = want.iter().map(|r| r.loss).collect();
+            let hard: Vec<f64> = want.iter().map(|r| r.hard).collect();
+            let soft_rows: Vec<f64> = want.iter().map(|r| r.soft).collect();
+            for (what, got, want) in [
+                ("loss", &out.loss, &loss),
+                ("hard", &out.hard_loss, &hard),
+                ("soft", &out.soft_loss, &soft_rows),
+            ] {
+                cases.push(case(
+                    format!("{label} {what}"),
+                    &got.to_f64()?,
+                    want,
+                    loss_tol,
+                ));
+            }
+            let (ct, cs) = tensor_from_f64(engine, &rng.vec(rows, -1.0, 1.0), &[rows], DType::F32)?;
+            let got = fused_linear_distillation_backward(&saved, Some(&ct))?;
+            let want = reference::fused_linear::fused_linear_distillation_rows_backward(
+                student.reference(),
+                teacher.reference(),
+                Some(&labels),
+                rows,
+                vocab,
+                &cfg,
+                &cs,
             );
             gradient_cases(&mut cases, &label, &got, &want)?;
         }

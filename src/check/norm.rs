@@ -48,12 +48,15 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 /// Shapes of the normalization checks: a ragged odd width (16-bit outputs through the FP32
 /// temporary) and an even one over several parameter blocks.
 const NORM_SHAPES: [(usize, usize); 2] = [(7, 127), (70, 64)];
+/// More shapes for the register paths of RMSNorm, LayerNorm and add+RMSNorm: blocks of several
+/// rows with 1 or 2 chunks a lane, and 8 chunks a lane of 256 (16-bit) or 4 of 1,024 (F32).
+const REGISTER_SHAPES: [(usize, usize); 2] = [(300, 2048), (3, 16384)];
 
 fn check_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{CastingMode, RmsNormOptions, norm_backward, rms_norm};
     let mut rng = Rng::new(40);
     let mut cases = Vec::new();
-    for (rows, cols) in NORM_SHAPES {
+    for (rows, cols) in NORM_SHAPES.into_iter().chain(REGISTER_SHAPES) {
         for dtype in DType::FLOATS {
             for (casting, offset) in [(CastingMode::Llama, 0.0), (CastingMode::Gemma, 1.0)] {
                 let tag = format!("{rows}x{cols} {dtype} {casting:?}");
@@ -123,7 +126,7 @@ fn check_layer_norm(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{LayerNormOptions, layer_norm, norm_backward};
     let mut rng = Rng::new(41);
     let mut cases = Vec::new();
-    for (rows, cols) in NORM_SHAPES {
+    for (rows, cols) in NORM_SHAPES.into_iter().chain(REGISTER_SHAPES) {
         for dtype in DType::FLOATS {
             let tag = format!("{rows}x{cols} {dtype}");
             let (x, xs) = tensor_from_f64(
@@ -172,7 +175,7 @@ fn check_add_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{CastingMode, RmsNormOptions, add_rms_norm, norm_backward};
     let mut rng = Rng::new(42);
     let mut cases = Vec::new();
-    for (rows, cols) in NORM_SHAPES {
+    for (rows, cols) in NORM_SHAPES.into_iter().chain(REGISTER_SHAPES) {
         for dtype in DType::FLOATS {
             let tag = format!("{rows}x{cols} {dtype}");
             let n = rows * cols;

@@ -43,3 +43,81 @@ pub fn backward(
     }
     dtable
 }
+
+/// The renormalization factor of a row under `max_norm` (L2): `max_norm/(‖row‖₂ + 1e-7)` when
+/// the norm exceeds `max_norm`, else 1.
+pub fn max_norm_scale(row: &[f64], max_norm: f64) -> f64 {
+    let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+    if norm > max_norm {
+        max_norm / (norm + 1e-7)
+    } else {
+        1.0
+    }
+}
+
+/// The forward with `max_norm`: each gathered row times its [`max_norm_scale`] (out-of-range
+/// positions give zeros).
+pub fn forward_max_norm(
+    table: &[f64],
+    rows: usize,
+    dim: usize,
+    indices: &[i64],
+    max_norm: f64,
+) -> Vec<f64> {
+    let mut out = forward(table, rows, dim, indices);
+    for (p, &index) in indices.iter().enumerate() {
+        if in_range(index, rows) {
+            let v = index as usize;
+            let s = max_norm_scale(&table[v * dim..(v + 1) * dim], max_norm);
+            for x in &mut out[p * dim..(p + 1) * dim] {
+                *x *= s;
+            }
+        }
+    }
+    out
+}
+
+/// The table after PyTorch's in-place renormalization: every row referenced by an in-range
+/// index scaled by its [`max_norm_scale`], the others unchanged.
+pub fn renorm(table: &[f64], rows: usize, dim: usize, indices: &[i64], max_norm: f64) -> Vec<f64> {
+    let mut out = table.to_vec();
+    let mut referenced = vec![false; rows];
+    for &index in indices {
+        if in_range(index, rows) {
+            referenced[index as usize] = true;
+        }
+    }
+    for (v, _) in referenced.iter().enumerate().filter(|(_, r)| **r) {
+        let s = max_norm_scale(&table[v * dim..(v + 1) * dim], max_norm);
+        for x in &mut out[v * dim..(v + 1) * dim] {
+            *x *= s;
+        }
+    }
+    out
+}
+
+/// [`backward`] with `scale_grad_by_freq`: row v's sum divided by the number of positions
+/// whose index is v.
+pub fn backward_scaled_by_freq(
+    dy: &[f64],
+    rows: usize,
+    dim: usize,
+    indices: &[i64],
+    padding_index: Option<usize>,
+) -> Vec<f64> {
+    let mut dtable = backward(dy, rows, dim, indices, padding_index);
+    let mut counts = vec![0usize; rows];
+    for &index in indices {
+        if in_range(index, rows) {
+            counts[index as usize] += 1;
+        }
+    }
+    for (v, &n) in counts.iter().enumerate() {
+        if n > 0 {
+            for x in &mut dtable[v * dim..(v + 1) * dim] {
+                *x /= n as f64;
+            }
+        }
+    }
+    dtable
+}

@@ -114,6 +114,98 @@ pub fn fused_linear_cross_entropy_backward(
     linear_backward(head.x, head.w, &dlogits, rows, head.hidden, vocab)
 }
 
+/// Whether row `r`'s target counts (not `ignore_index`, inside `[0, vocab)`).
+fn counted(target: i32, cfg: &CrossEntropyConfig, vocab: usize) -> bool {
+    target != cfg.ignore_index && target >= 0 && (target as usize) < vocab
+}
+
+/// The logits the scaled loss sees: `(x·Wᵀ + b)/T`.
+fn tempered_logits(head: Head, rows: usize, vocab: usize, temperature: f64) -> Vec<f64> {
+    head.logits(rows, vocab)
+        .into_iter()
+        .map(|v| v / temperature)
+        .collect()
+}
+
+/// `p = softmax(cap(z))` of each row of `z` (softcap `cap·tanh(z/cap)` when set).
+fn capped_softmax(z: &[f64], rows: usize, vocab: usize, cap: Option<f64>) -> Vec<f64> {
+    let capped: Vec<f64> = z
+        .iter()
+        .map(|&v| cap.map_or(v, |c| c * (v / c).tanh()))
+        .collect();
+    loss::softmax(&capped, rows, vocab)
+}
+
+/// Scaled fused linear cross-entropy: the loss of [`fused_linear_cross_entropy`] on the
+/// logits `z = (x·Wᵀ + b)/T`, and the per-row entropy `H_r = −Σ_c p_c·log p_c` of
+/// `p = softmax(z)` (softcapped when the configuration says so), 0 on rows that do not count.
+pub fn fused_linear_cross_entropy_scaled(
+    head: Head,
+    targets: &[i32],
+    rows: usize,
+    vocab: usize,
+    cfg: &CrossEntropyConfig,
+    temperature: f64,
+) -> (CrossEntropyResult, Vec<f64>) {
+    let z = tempered_logits(head, rows, vocab, temperature);
+    let result = loss::cross_entropy(&z, targets, rows, vocab, cfg);
+    let p = capped_softmax(&z, rows, vocab, cfg.softcap);
+    let entropy = (0..rows)
+        .map(|r| {
+            if !counted(targets[r], cfg, vocab) {
+                return 0.0;
+            }
+            -p[r * vocab..(r + 1) * vocab]
+                .iter()
+                .map(|&q| if q > 0.0 { q * q.ln() } else { 0.0 })
+                .sum::<f64>()
+        })
+        .collect();
+    (result, entropy)
+}
+
+/// Gradients of [`fused_linear_cross_entropy_scaled`] for the loss cotangent `cotangent` (one
+/// value for sum/mean, one per row for none) and the per-row entropy cotangent (optional):
+/// `dz = dloss/dz + ĝ_r·(−p_c·(log p_c + H_r))·(1 − tanh²(z/cap))`, then `dz/T` back through
+/// the product.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_linear_cross_entropy_scaled_backward(
+    head: Head,
+    targets: &[i32],
+    rows: usize,
+    vocab: usize,
+    cfg: &CrossEntropyConfig,
+    temperature: f64,
+    cotangent: &[f64],
+    entropy_cotangent: Option<&[f64]>,
+) -> LinearGradients {
+    let z = tempered_logits(head, rows, vocab, temperature);
+    let mut dz = loss::cross_entropy_backward(&z, targets, rows, vocab, cfg, cotangent);
+    if let Some(ge) = entropy_cotangent {
+        let p = capped_softmax(&z, rows, vocab, cfg.softcap);
+        let (_, entropy) =
+            fused_linear_cross_entropy_scaled(head, targets, rows, vocab, cfg, temperature);
+        for r in 0..rows {
+            if !counted(targets[r], cfg, vocab) {
+                continue;
+            }
+            for c in 0..vocab {
+                let i = r * vocab + c;
+                let pc = p[i];
+                let log_p = if pc > 0.0 { pc.ln() } else { 0.0 };
+                let mut d = -ge[r] * pc * (log_p + entropy[r]);
+                if let Some(cap) = cfg.softcap {
+                    let th = (z[i] / cap).tanh();
+                    d *= 1.0 - th * th;
+                }
+                dz[i] += d;
+            }
+        }
+    }
+    let dlogits: Vec<f64> = dz.iter().map(|d| d / temperature).collect();
+    linear_backward(head.x, head.w, &dlogits, rows, head.hidden, vocab)
+}
+
 /// The soft (teacher-matching) term of a distillation loss.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SoftTerm {
@@ -228,6 +320,86 @@ pub fn fused_linear_distillation(
         hard,
         soft,
     }
+}
+
+/// Head restricted to row `r`.
+fn row_head<'a>(h: Head<'a>, r: usize) -> Head<'a> {
+    Head {
+        x: &h.x[r * h.hidden..(r + 1) * h.hidden],
+        ..h
+    }
+}
+
+/// Per-row distillation losses (reduction none): row r's loss is the sum-reduced loss of row
+/// r alone (0 for a row whose label is `ignore_index`). `cfg.batch_mean` is ignored.
+pub fn fused_linear_distillation_rows(
+    student: Head,
+    teacher: Head,
+    labels: Option<&[i32]>,
+    rows: usize,
+    vocab: usize,
+    cfg: &DistillationConfig,
+) -> Vec<DistillationResult> {
+    let cfg = DistillationConfig {
+        batch_mean: false,
+        ..cfg.clone()
+    };
+    (0..rows)
+        .map(|r| {
+            fused_linear_distillation(
+                row_head(student, r),
+                row_head(teacher, r),
+                labels.map(|l| &l[r..r + 1]),
+                1,
+                vocab,
+                &cfg,
+            )
+        })
+        .collect()
+}
+
+/// Student gradients of [`fused_linear_distillation_rows`] for one cotangent per row: the
+/// rows' gradients of the sum-reduced loss, each times its cotangent (the input gradient of
+/// row r is row r's; the weight and bias gradients add up over the rows).
+#[allow(clippy::too_many_arguments)]
+pub fn fused_linear_distillation_rows_backward(
+    student: Head,
+    teacher: Head,
+    labels: Option<&[i32]>,
+    rows: usize,
+    vocab: usize,
+    cfg: &DistillationConfig,
+    cotangent: &[f64],
+) -> LinearGradients {
+    let cfg = DistillationConfig {
+        batch_mean: false,
+        ..cfg.clone()
+    };
+    let hidden = student.hidden;
+    let mut out = LinearGradients {
+        input: vec![0.0; rows * hidden],
+        weight: vec![0.0; student.w.len()],
+        bias: vec![0.0; vocab],
+    };
+    for r in 0..rows {
+        let g = fused_linear_distillation_backward(
+            row_head(student, r),
+            row_head(teacher, r),
+            labels.map(|l| &l[r..r + 1]),
+            1,
+            vocab,
+            &cfg,
+            cotangent[r],
+        );
+        out.input[r * hidden..(r + 1) * hidden].copy_from_slice(&g.input);
+        for (a, b) in out.weight.iter_mut().zip(&g.weight) {
+            *a += b;
+        }
+        for (a, b) in out.bias.iter_mut().zip(&g.bias) {
+            *a += b;
+        }
+    }
+    out
 }
 
 /// Student gradients of [`fused_linear_distillation`]'s total loss times `cotangent` (the
