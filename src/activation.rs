@@ -15,6 +15,11 @@
 //! Storage F32, F16 or BF16 for every input (each may differ); the output has the gate's
 //! dtype; math is FP32; gradients are F32. Any element count, odd and empty included (one
 //! storage binding per tensor). The backward recomputes the activation from the saved inputs.
+//! Counts that are multiples of 4 (packed: row widths) run step kernels: 16-byte loads and
+//! stores of F32 tensors, 16-byte (every tensor 16-bit, counts multiples of 8) or 8-byte
+//! ones of 16-bit tensors, one launch per pass; other counts a per-element kernel. Both
+//! compute each element with the same operations in the same order, so they give the same
+//! bits.
 //!
 //! Accuracy: FP32 `exp`/`tanh` of the platform (Metal: `precise::`), and an erf of wgrad's own
 //! (Taylor series below 1, a fitted `erfc` tail above; a few f32 ulps, see
@@ -240,6 +245,87 @@ fn groups(count: usize) -> u64 {
     (count.div_ceil(2) as u64).div_ceil(WG * UNROLL)
 }
 
+/// Elements per invocation of the step kernels (`*_steps` in the kernel).
+const STEP_ELEMENTS: u64 = 16;
+
+/// The entry point and launch of an element-wise pass over `count` output elements (packed:
+/// rows of `width`): a step kernel (16-byte or 8-byte loads and stores per step of `step`
+/// elements) when every row splits into whole steps, else the per-element kernel `general`.
+struct Pass {
+    entry: &'static str,
+    params: Params,
+    groups: u64,
+    /// Elements per step (8: every tensor 16-bit; 4), 0 for the per-element kernel.
+    step: usize,
+}
+
+/// `tensors`: every tensor the pass reads or writes (F32 gradients included).
+fn pass(
+    general: &'static str,
+    stepped: &'static str,
+    count: usize,
+    width: Option<usize>,
+    tensors: &[(&wgpu::Buffer, DType)],
+    o: &ActivationOptions,
+) -> Pass {
+    let split = width.unwrap_or(count);
+    let all_half = tensors.iter().all(|(_, d)| d.size() == 2);
+    // Every binding, including the 16-byte views, must hold at least one vec4.
+    let bindable = tensors.iter().all(|(b, _)| b.size() >= 16);
+    let step = [8usize, 4]
+        .into_iter()
+        .find(|&s| (s == 4 || all_half) && split.is_multiple_of(s));
+    match step {
+        Some(step) if count > 0 && bindable => {
+            let steps = count / step;
+            let mut p = params(count, width.unwrap_or(0) / step, o);
+            p.pairs = steps as u32;
+            let per_invocation = STEP_ELEMENTS / step as u64;
+            Pass {
+                entry: stepped,
+                params: p,
+                groups: (steps as u64).div_ceil(WG * per_invocation),
+                step,
+            }
+        }
+        _ => Pass {
+            entry: general,
+            params: params(count, width.unwrap_or(0), o),
+            groups: groups(count),
+            step: 0,
+        },
+    }
+}
+
+impl Pass {
+    /// The kernel's constants, with the step size.
+    fn constants(&self, mut c: crate::kernel::Constants) -> crate::kernel::Constants {
+        if self.step > 0 {
+            c.push(("STEP", self.step as f64));
+        }
+        c
+    }
+
+    /// The launch's buffers: each tensor once for the per-element kernel; for the step
+    /// kernels each of `views` twice (its 16-byte and 8-byte views), then the F32 gradients
+    /// `single` once.
+    fn buffers<'a>(
+        &self,
+        views: &[&'a wgpu::Buffer],
+        single: &[&'a wgpu::Buffer],
+    ) -> Vec<&'a wgpu::Buffer> {
+        let mut v = Vec::new();
+        for b in views {
+            v.push(*b);
+            if self.step > 0 {
+                v.push(*b);
+            }
+        }
+        v.extend_from_slice(single);
+        v
+    }
+}
+
 /// Forward: unary `m_d·act(m_g·gate)` when `up` is `None`, gated `m_d·act(m_g·gate)·up`
 /// otherwise. Output: the gate's shape and dtype.
 ///
@@ -260,13 +346,27 @@ pub fn forward(
     let out = Tensor::empty(engine, gate.shape(), gate.dtype(), "activation output")?;
     let inputs = match up {
         None => {
+            let p = pass(
+                "forward_unary",
+                "forward_unary_steps",
+                count,
+                None,
+                &[(gate.buffer(), gate.dtype()), (out.buffer(), out.dtype())],
+                options,
+            );
             engine.launch(
                 &KERNEL,
-                "forward_unary",
-                &constants(kind, gate.dtype(), gate.dtype(), gate.dtype(), false),
-                &params(count, 0, options),
-                &[gate.buffer(), out.buffer()],
-                groups(count),
+                p.entry,
+                &p.constants(constants(
+                    kind,
+                    gate.dtype(),
+                    gate.dtype(),
+                    gate.dtype(),
+                    false,
+                )),
+                &p.params,
+                &p.buffers(&[gate.buffer(), out.buffer()], &[]),
+                p.groups,
             )?;
             Inputs::Unary(gate.clone())
         }
@@ -276,13 +376,31 @@ pub fn forward(
             if up.shape() != gate.shape() {
                 return Err(Error::shape("activation: up", gate.shape(), up.shape()));
             }
+            let p = pass(
+                "forward_gated",
+                "forward_gated_steps",
+                count,
+                None,
+                &[
+                    (gate.buffer(), gate.dtype()),
+                    (up.buffer(), up.dtype()),
+                    (out.buffer(), out.dtype()),
+                ],
+                options,
+            );
             engine.launch(
                 &KERNEL,
-                "forward_gated",
-                &constants(kind, gate.dtype(), up.dtype(), gate.dtype(), false),
-                &params(count, 0, options),
-                &[gate.buffer(), up.buffer(), out.buffer()],
-                groups(count),
+                p.entry,
+                &p.constants(constants(
+                    kind,
+                    gate.dtype(),
+                    up.dtype(),
+                    gate.dtype(),
+                    false,
+                )),
+                &p.params,
+                &p.buffers(&[gate.buffer(), up.buffer(), out.buffer()], &[]),
+                p.groups,
             )?;
             Inputs::Gated(gate.clone(), up.clone())
         }
@@ -327,13 +445,21 @@ pub fn packed_forward(
     let count = x.len() / 2;
     let engine = x.engine();
     let out = Tensor::empty(engine, &out_shape, x.dtype(), "activation output")?;
+    let p = pass(
+        "forward_gated",
+        "forward_gated_steps",
+        count,
+        Some(width),
+        &[(x.buffer(), x.dtype()), (out.buffer(), out.dtype())],
+        options,
+    );
     engine.launch(
         &KERNEL,
-        "forward_gated",
-        &constants(kind, x.dtype(), x.dtype(), x.dtype(), true),
-        &params(count, width, options),
-        &[x.buffer(), x.buffer(), out.buffer()],
-        groups(count),
+        p.entry,
+        &p.constants(constants(kind, x.dtype(), x.dtype(), x.dtype(), true)),
+        &p.params,
+        &p.buffers(&[x.buffer(), x.buffer(), out.buffer()], &[]),
+        p.groups,
     )?;
     Ok((
         out,
@@ -363,13 +489,31 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
             dy.check_engine(g.engine(), "activation: dy")?;
             let engine = g.engine();
             let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
+            let p = pass(
+                "backward_unary",
+                "backward_unary_steps",
+                count,
+                None,
+                &[
+                    (g.buffer(), g.dtype()),
+                    (dy.buffer(), dy.dtype()),
+                    (dgate.buffer(), DType::F32),
+                ],
+                o,
+            );
             engine.launch(
                 &KERNEL,
-                "backward_unary",
-                &constants(saved.kind, g.dtype(), g.dtype(), dy.dtype(), false),
-                &params(count, 0, o),
-                &[g.buffer(), dy.buffer(), dgate.buffer()],
-                groups(count),
+                p.entry,
+                &p.constants(constants(
+                    saved.kind,
+                    g.dtype(),
+                    g.dtype(),
+                    dy.dtype(),
+                    false,
+                )),
+                &p.params,
+                &p.buffers(&[g.buffer(), dy.buffer()], &[dgate.buffer()]),
+                p.groups,
             )?;
             Ok(ActivationGrads { dgate, dup: None })
         }
@@ -378,19 +522,36 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
             let engine = g.engine();
             let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
             let dup = Tensor::empty(engine, g.shape(), DType::F32, "activation dup")?;
+            let p = pass(
+                "backward_gated",
+                "backward_gated_steps",
+                count,
+                None,
+                &[
+                    (g.buffer(), g.dtype()),
+                    (u.buffer(), u.dtype()),
+                    (dy.buffer(), dy.dtype()),
+                    (dgate.buffer(), DType::F32),
+                    (dup.buffer(), DType::F32),
+                ],
+                o,
+            );
             engine.launch(
                 &KERNEL,
-                "backward_gated",
-                &constants(saved.kind, g.dtype(), u.dtype(), dy.dtype(), false),
-                &params(count, 0, o),
-                &[
-                    g.buffer(),
-                    u.buffer(),
-                    dy.buffer(),
-                    dgate.buffer(),
-                    dup.buffer(),
-                ],
-                groups(count),
+                p.entry,
+                &p.constants(constants(
+                    saved.kind,
+                    g.dtype(),
+                    u.dtype(),
+                    dy.dtype(),
+                    false,
+                )),
+                &p.params,
+                &p.buffers(
+                    &[g.buffer(), u.buffer(), dy.buffer()],
+                    &[dgate.buffer(), dup.buffer()],
+                ),
+                p.groups,
             )?;
             Ok(ActivationGrads {
                 dgate,
@@ -402,13 +563,31 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
             let engine = x.engine();
             let width = saved.out_shape.last().copied().unwrap_or(1);
             let dx = Tensor::empty(engine, x.shape(), DType::F32, "activation dx")?;
+            let p = pass(
+                "backward_packed",
+                "backward_packed_steps",
+                count,
+                Some(width),
+                &[
+                    (x.buffer(), x.dtype()),
+                    (dy.buffer(), dy.dtype()),
+                    (dx.buffer(), DType::F32),
+                ],
+                o,
+            );
             engine.launch(
                 &KERNEL,
-                "backward_packed",
-                &constants(saved.kind, x.dtype(), x.dtype(), dy.dtype(), true),
-                &params(count, width, o),
-                &[x.buffer(), dy.buffer(), dx.buffer()],
-                groups(count),
+                p.entry,
+                &p.constants(constants(
+                    saved.kind,
+                    x.dtype(),
+                    x.dtype(),
+                    dy.dtype(),
+                    true,
+                )),
+                &p.params,
+                &p.buffers(&[x.buffer(), dy.buffer()], &[dx.buffer()]),
+                p.groups,
             )?;
             Ok(ActivationGrads {
                 dgate: dx,

@@ -33,6 +33,15 @@
 //! Storage F32/F16/BF16 for values, tables and cotangents (independently); output in the
 //! values' dtype; FP32 math; gradients F32.
 //!
+//! Kernels: F32 values (forward) and F32 cotangents (backward) whose row width and rotary
+//! units are whole steps of 4 (split-half: `rotary_dim/2`, interleaved: `rotary_dim` a
+//! multiple of 4; plain tables; mRoPE sections on multiples of 4) run step kernels: 16-byte
+//! loads and stores, every warp access contiguous, q and k in one launch, each invocation
+//! rotating one unit of up to 4 heads of a token with coefficients loaded once. Other
+//! shapes and 16-bit values or cotangents run unit, token or per-element kernels (one
+//! launch per tensor). Every kernel computes an element with the
+//! same operations, so they agree bit for bit.
+//!
 //! Position ids: with [`RopeQkOptions::check_positions`] (the default) the call reads the ids
 //! back to check their range, which **synchronizes** (submits the pending work and waits);
 //! an id outside `0..table_rows` is then `Error::OutOfBounds`. Without the check nothing
@@ -190,6 +199,35 @@ impl Plan {
         (entry, units, groups(units))
     }
 
+    /// Heads per invocation of the step kernels (`forward_steps`, `backward_steps`: F32
+    /// values or cotangents, q and k in one launch, 16-byte accesses) for steps of `step` = 4
+    /// elements, or `None` where they do not apply. They need plain tables (not Llama 4's), a
+    /// row width that is a multiple of 4, rotary units of whole steps (split-half:
+    /// `rotary_dim/2`, interleaved: `rotary_dim` a multiple of 4) and mRoPE sections on
+    /// multiples of 4, so that every access is aligned and a unit uses one position. The heads
+    /// per invocation (4, 2 or 1) divide both head counts.
+    fn step_heads(&self, step: usize) -> Option<usize> {
+        let sections_ok = |s: usize| s == u32::MAX as usize || s.is_multiple_of(step);
+        let rotary = if self.interleaved {
+            self.rot
+        } else {
+            self.half()
+        };
+        if self.complex
+            || self.dim == 0
+            || !self.dim.is_multiple_of(step)
+            || !rotary.is_multiple_of(step)
+            || !self.rot.is_multiple_of(4)
+            || !sections_ok(self.sections.0)
+            || !sections_ok(self.sections.1)
+        {
+            return None;
+        }
+        [4, 2, 1]
+            .into_iter()
+            .find(|g| self.heads_q.is_multiple_of(*g) && self.heads_k.is_multiple_of(*g))
+    }
+
     fn params(&self, heads: usize, heads_k: usize, count: usize, pairs: usize) -> Params {
         Params {
             count: count as u32,
@@ -332,6 +370,87 @@ fn check_table(
 
 fn groups(n: usize) -> u64 {
     (n as u64).div_ceil(WG)
+}
+
+/// Forward (`forward`) or values backward of F32 q and, when given, k in one launch of a
+/// step kernel: F32 outputs. `None` when the inputs or the plan do not allow the step
+/// kernels.
+fn run_steps(
+    plan: &Plan,
+    forward: bool,
+    q: &Tensor,
+    k: Option<&Tensor>,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Option<(Tensor, Option<Tensor>)>> {
+    // F32 inputs only: 16-bit values and cotangents measured no faster through step kernels
+    // on the H200 than through the unit and token kernels.
+    let step = 4;
+    if q.dtype() != DType::F32 || k.is_some_and(|k| k.dtype() != DType::F32) {
+        return Ok(None);
+    }
+    let Some(per_lane) = plan.step_heads(step) else {
+        return Ok(None);
+    };
+    let small = |t: &Tensor| t.buffer().size() < 16;
+    if small(q) || k.is_some_and(small) {
+        return Ok(None);
+    }
+    let engine = q.engine();
+    let out_dtype = if forward { q.dtype() } else { DType::F32 };
+    let label = if forward {
+        "rope output"
+    } else {
+        "rope dvalues"
+    };
+    let qo = Tensor::empty(engine, q.shape(), out_dtype, label)?;
+    let ko = match k {
+        Some(k) => Some(Tensor::empty(engine, k.shape(), out_dtype, label)?),
+        None => None,
+    };
+    // Without k the k side has no invocations; its output binding gets a placeholder.
+    let k_out = match &ko {
+        Some(t) => t.clone(),
+        None => Tensor::empty(engine, &[4], DType::F32, "rope unused")?,
+    };
+    let rotary_units = if plan.interleaved {
+        plan.rot / step
+    } else {
+        plan.half() / step
+    };
+    let units = rotary_units + (plan.dim - plan.rot) / step;
+    let lanes = |heads: usize| plan.batch * plan.seq * (heads / per_lane) * units;
+    let heads_k = if k.is_some() { plan.heads_k } else { 0 };
+    let work = lanes(plan.heads_q) + lanes(heads_k);
+    let mut constants = if forward {
+        plan.constants(q.dtype(), cos.dtype(), q.dtype())
+    } else {
+        plan.constants(DType::F32, cos.dtype(), q.dtype())
+    };
+    constants.push(("HEADS", per_lane as f64));
+    let entry = if forward {
+        "forward_steps"
+    } else {
+        "backward_steps"
+    };
+    let pos = plan.positions.as_ref().unwrap_or(q);
+    engine.launch(
+        &KERNEL,
+        entry,
+        &constants,
+        &plan.params(plan.heads_q, heads_k, q.len(), work),
+        &[
+            pos.buffer(),
+            cos.buffer(),
+            sin.buffer(),
+            q.buffer(),
+            k.unwrap_or(q).buffer(),
+            qo.buffer(),
+            k_out.buffer(),
+        ],
+        groups(work),
+    )?;
+    Ok(Some((qo, ko)))
 }
 
 fn run_forward(
@@ -517,7 +636,10 @@ pub fn forward(
         pos_axis_stride: 0,
         sections: (u32::MAX as usize, u32::MAX as usize),
     };
-    let out = run_forward(&plan, values, 1, cos, sin)?;
+    let out = match run_steps(&plan, true, values, None, cos, sin)? {
+        Some((out, _)) => out,
+        None => run_forward(&plan, values, 1, cos, sin)?,
+    };
     Ok((
         out,
         RopeSaved {
@@ -545,7 +667,10 @@ fn check_cotangent(dy: &Tensor, like: &Tensor, what: &str) -> Result<()> {
 /// the values' get zeros). Errors: `dy` of another shape or a non-float dtype, another engine.
 pub fn backward(saved: &RopeSaved, dy: &Tensor) -> Result<RopeGrads> {
     check_cotangent(dy, &saved.q, "rope: dy")?;
-    let dvalues = run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?;
+    let dvalues = match run_steps(&saved.plan, false, dy, None, &saved.cos, &saved.sin)? {
+        Some((d, _)) => d,
+        None => run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?,
+    };
     let (dcos, dsin) = if saved.table_grads {
         let (c, s) = run_table_grads(&saved.plan, &saved.q, dy, None)?;
         (Some(c), s)
@@ -750,8 +875,13 @@ pub fn qk_forward(
         ));
     }
     let plan = qk_plan(q, k, table_rows, half, positions, options, false)?;
-    let qo = run_forward(&plan, q, plan.heads_q, cos, sin)?;
-    let ko = run_forward(&plan, k, plan.heads_k, cos, sin)?;
+    let (qo, ko) = match run_steps(&plan, true, q, Some(k), cos, sin)? {
+        Some((qo, Some(ko))) => (qo, ko),
+        _ => (
+            run_forward(&plan, q, plan.heads_q, cos, sin)?,
+            run_forward(&plan, k, plan.heads_k, cos, sin)?,
+        ),
+    };
     Ok((
         (qo, ko),
         RopeSaved {
@@ -786,8 +916,13 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
         ));
     }
     let p = &saved.plan;
-    let dqv = run_backward_values(p, dq, p.heads_q, &saved.cos, &saved.sin)?;
-    let dkv = run_backward_values(p, dk, p.heads_k, &saved.cos, &saved.sin)?;
+    let (dqv, dkv) = match run_steps(p, false, dq, Some(dk), &saved.cos, &saved.sin)? {
+        Some((dqv, Some(dkv))) => (dqv, dkv),
+        _ => (
+            run_backward_values(p, dq, p.heads_q, &saved.cos, &saved.sin)?,
+            run_backward_values(p, dk, p.heads_k, &saved.cos, &saved.sin)?,
+        ),
+    };
     let tables = if saved.table_grads {
         Some(run_table_grads(p, &saved.q, dq, Some((k, dk)))?)
     } else {

@@ -142,9 +142,17 @@ fn packed_layout_matches_reference_including_odd_widths() {
         Activation::ReluSquared,
     ] {
         for dtype in DType::FLOATS {
-            for (k, &(rows, width)) in [(1usize, 1usize), (3, 5), (4, 7), (5, 64), (2, 301)]
-                .iter()
-                .enumerate()
+            for (k, &(rows, width)) in [
+                (1usize, 1usize),
+                (3, 5),
+                (4, 7),
+                (5, 64),
+                (2, 301),
+                (3, 8),
+                (2, 2056),
+            ]
+            .iter()
+            .enumerate()
             {
                 let opts = OPTS[k % 2];
                 let (gm, dm) = (
@@ -188,6 +196,124 @@ fn packed_layout_matches_reference_including_odd_widths() {
                     y.to_f64().unwrap(),
                     "{label}: packed vs separate"
                 );
+            }
+        }
+    }
+}
+
+/// Outputs of the unary and gated forwards and backwards on the first `n` values of `g`, `u`,
+/// `dy` (dtypes of gate, up and cotangent), each as f64, truncated to `keep` elements.
+fn all_outputs(
+    kind: Activation,
+    opts: &ActivationOptions,
+    (g, u, dy): (&[f64], &[f64], &[f64]),
+    dtypes: (DType, DType, DType),
+    n: usize,
+    keep: usize,
+) -> Vec<Vec<f64>> {
+    let e = engine();
+    let gt = tensor_from_f64(e, &g[..n], &[n], dtypes.0);
+    let ut = tensor_from_f64(e, &u[..n], &[n], dtypes.1);
+    let dyt = tensor_from_f64(e, &dy[..n], &[n], dtypes.2);
+    let (y1, s1) = activation::forward(kind, &gt, None, opts).unwrap();
+    let g1 = activation::backward(&s1, &dyt).unwrap();
+    let (y2, s2) = activation::forward(kind, &gt, Some(&ut), opts).unwrap();
+    let g2 = activation::backward(&s2, &dyt).unwrap();
+    [y1, g1.dgate, y2, g2.dgate, g2.dup.unwrap()]
+        .iter()
+        .map(|t| t.to_f64().unwrap()[..keep].to_vec())
+        .collect()
+}
+
+/// Counts that are multiples of 4 run the step kernels (16- or 8-byte loads and stores; steps
+/// of 8 when every tensor is 16-bit and the count allows); one element more runs the
+/// per-element kernels. The shared elements come out bit for bit equal in every dtype, mixed
+/// ones included, for one or two steps (the invocation's other steps absent), a count of 12
+/// (16-bit: steps of 4 through the 8-byte views) and two workgroups, the second partial; the
+/// step results also match the reference.
+#[test]
+fn step_kernels_equal_per_element_kernels_bit_for_bit() {
+    use DType::{BF16, F16, F32};
+    let dtypes = [
+        (F32, F32, F32),
+        (BF16, BF16, BF16),
+        (F16, F16, F16),
+        (F32, BF16, F16),
+        (BF16, F32, F32),
+    ];
+    for kind in Activation::ALL {
+        // Every activation in F32 and BF16; F16 and mixed dtypes with SwiGLU and GeGLU (each
+        // combination compiles its own pipelines).
+        let common = matches!(kind, Activation::Silu | Activation::GeluTanh);
+        let used = if common { &dtypes[..] } else { &dtypes[..2] };
+        for (k, &dts) in used.iter().enumerate() {
+            for n in [8usize, 12, 4104] {
+                let opts = OPTS[k % 2];
+                let g = stored(&data(100 + k as u64, n + 1, 6.0), dts.0);
+                let u = stored(&data(110 + k as u64, n + 1, 2.0), dts.1);
+                let dy = stored(&data(120 + k as u64, n + 1, 1.0), dts.2);
+                let label = format!("{} {dts:?} n={n}", kind.name());
+                let stepped = all_outputs(kind, &opts, (&g, &u, &dy), dts, n, n);
+                let general = all_outputs(kind, &opts, (&g, &u, &dy), dts, n + 1, n);
+                for (j, (a, b)) in stepped.iter().zip(&general).enumerate() {
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{label}: output {j} step vs per-element kernel");
+                }
+                let (gm, dm) = (
+                    f64::from(opts.gate_multiplier),
+                    f64::from(opts.down_multiplier),
+                );
+                let (g, u, dy) = (&g[..n], &u[..n], &dy[..n]);
+                let want = stored(&reference::forward(kind, g, Some(u), gm, dm), dts.0);
+                assert_close(
+                    &format!("{label} gated y"),
+                    &stepped[2],
+                    &want,
+                    Tolerance::for_dtype(dts.0),
+                );
+                let (dg, du) = reference::backward(kind, g, Some(u), dy, gm, dm);
+                let tol = Tolerance::for_dtype(DType::F32);
+                assert_close(&format!("{label} dgate"), &stepped[3], &dg, tol);
+                assert_close(&format!("{label} dup"), &stepped[4], &du.unwrap(), tol);
+            }
+        }
+    }
+}
+
+/// The packed layout's step kernels (width a multiple of 4) against the separate layout's
+/// per-element kernels on the same halves (one element more), bit for bit.
+#[test]
+fn packed_step_kernels_equal_per_element_kernels_bit_for_bit() {
+    let e = engine();
+    for kind in [Activation::Silu, Activation::GeluTanh, Activation::Gelu] {
+        for dtype in DType::FLOATS {
+            for (k, &(rows, width)) in [(1usize, 8usize), (3, 16), (2, 12), (2, 2056)]
+                .iter()
+                .enumerate()
+            {
+                let opts = OPTS[k % 2];
+                let n = rows * width;
+                let x = stored(&data(130 + k as u64, 2 * n, 5.0), dtype);
+                let dy = stored(&data(140 + k as u64, n + 1, 1.0), dtype);
+                let xt = tensor_from_f64(e, &x, &[rows, 2 * width], dtype);
+                let (y, saved) = activation::packed_forward(kind, &xt, &opts).unwrap();
+                let dyt = tensor_from_f64(e, &dy[..n], &[rows, width], dtype);
+                let dx = activation::backward(&saved, &dyt)
+                    .unwrap()
+                    .dgate
+                    .to_f64()
+                    .unwrap();
+                let (mut g, mut u) = reference::unpack(&x, width);
+                g.push(0.5);
+                u.push(-0.25);
+                let general =
+                    all_outputs(kind, &opts, (&g, &u, &dy), (dtype, dtype, dtype), n + 1, n);
+                let label = format!("packed {} {dtype} {rows}x{width}", kind.name());
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y.to_f64().unwrap()), bits(&general[2]), "{label} y");
+                let (dg, du) = reference::unpack(&dx, width);
+                assert_eq!(bits(&dg), bits(&general[3]), "{label} dgate");
+                assert_eq!(bits(&du), bits(&general[4]), "{label} dup");
             }
         }
     }
@@ -488,6 +614,35 @@ fn reruns_are_bit_identical() {
             f32_bits(&y),
             f32_bits(&gr.dgate),
             f32_bits(&gr.dup.unwrap()),
+        )
+    };
+    assert_eq!(run(), run());
+    // The step kernels (a multiple of 8 elements, several workgroups), BF16 storage.
+    let n = 8 * 1100;
+    let g = tensor_from_f64(e, &data(83, n, 5.0), &[n], DType::BF16);
+    let u = tensor_from_f64(e, &data(84, n, 5.0), &[n], DType::BF16);
+    let dy = tensor_from_f64(e, &data(85, n, 1.0), &[n], DType::BF16);
+    let x = tensor_from_f64(e, &data(86, 2 * n, 5.0), &[8, n / 4], DType::BF16);
+    let dyp = tensor_from_f64(e, &data(87, n, 1.0), &[8, n / 8], DType::BF16);
+    let run = || {
+        let (y, s) = activation::swiglu(&g, &u).unwrap();
+        let gr = activation::backward(&s, &dy).unwrap();
+        let (yp, sp) = activation::swiglu_packed(&x).unwrap();
+        let dx = activation::backward(&sp, &dyp).unwrap().dgate;
+        (
+            y.to_f64()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>(),
+            f32_bits(&gr.dgate),
+            f32_bits(&gr.dup.unwrap()),
+            yp.to_f64()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>(),
+            f32_bits(&dx),
         )
     };
     assert_eq!(run(), run());

@@ -378,6 +378,16 @@ fn qk_token_kernels() {
                     ..case
                 };
                 run_qk_case(&case, dtype, 36, None, None, false);
+                // Rows whose width is not a multiple of 4 (the step kernels above do not
+                // take them): 4 units per row, one workgroup per token for q.
+                let case = QkCase {
+                    hq: 32,
+                    hk: 2,
+                    dim: 10,
+                    rot: 4,
+                    ..case
+                };
+                run_qk_case(&case, dtype, 37, None, None, false);
             }
         }
     }
@@ -445,6 +455,20 @@ fn mrope_sections_select_position_axes() {
                 60,
                 Some((&ids[..12], vec![3, 4])),
                 Some([1, 3, 1]),
+                false,
+            );
+            // Sections on multiples of the step run the step kernels.
+            let wide = QkCase {
+                dim: 32,
+                rot: 32,
+                ..case
+            };
+            run_qk_case(
+                &wide,
+                dtype,
+                55,
+                Some((&ids, vec![3, 2, 4])),
+                Some([8, 0, 8]),
                 false,
             );
             let case = QkCase { rot: 8, ..case };
@@ -597,6 +621,93 @@ fn host_tables_match_the_f64_formulas() {
         rope::tables(e, 2, 8, base, &RopeScaling::None, DType::I32),
         Err(Error::UnsupportedDType { .. })
     ));
+}
+
+/// The step kernels (F32 rows whose width and rotary units are whole steps of 4 elements)
+/// against the unit and token kernels, which run on the same rows widened by a 2-column
+/// suffix: the rotated columns agree bit for bit, forward and backward, with F32 and 16-bit
+/// tables, both layouts and pair conventions, 1, 2 and 4 heads per invocation; a 16-bit
+/// cotangent (unit kernels) next to F32 values (step kernels); a rerun gives the same bits.
+#[test]
+fn step_kernels_equal_unit_kernels_bit_for_bit() {
+    let e = engine();
+    let (b, s, rows) = (2usize, 5usize, 7usize);
+    let pad = |v: &[f64], d: usize| -> Vec<f64> {
+        v.chunks(d)
+            .flat_map(|r| r.iter().copied().chain([0.5, -0.25]))
+            .collect()
+    };
+    let unpad = |v: Vec<f64>, d: usize| -> Vec<f64> {
+        v.chunks(d + 2).flat_map(|r| r[..d].to_vec()).collect()
+    };
+    let ids: Vec<i32> = vec![3, 0, 6, 6, 1, 2, 4, 5, 0, 1];
+    let pos = Tensor::from_slice(e, &ids, &[b, s]).unwrap();
+    use DType::{BF16, F16, F32};
+    use RopeLayout::{Bhsd, Bshd};
+    // (q heads, k heads, layout, table dtype, cotangent dtype, interleaved, head dim)
+    let cases = [
+        (3usize, 1usize, Bshd, F32, F32, false, 16usize),
+        (3, 1, Bhsd, BF16, F32, true, 16),
+        (4, 2, Bshd, F16, F32, true, 16),
+        (4, 2, Bhsd, F32, F32, false, 16),
+        (8, 4, Bshd, BF16, F32, false, 16),
+        (8, 4, Bhsd, F32, F32, true, 16),
+        (8, 4, Bhsd, F16, BF16, false, 16),
+        (2, 1, Bshd, F32, F32, true, 12),
+        (4, 2, Bhsd, BF16, F32, true, 8),
+        (2, 2, Bshd, F32, F32, false, 24),
+    ];
+    for (hq, hk, layout, table, grad, interleaved, d) in cases {
+        let shape = |h: usize, w: usize| match layout {
+            RopeLayout::Bshd => vec![b, s, h, w],
+            RopeLayout::Bhsd => vec![b, h, s, w],
+        };
+        let seed = 70 + hq as u64;
+        let q = data(seed, b * s * hq * d, 2.0);
+        let k = data(seed + 1, b * s * hk * d, 2.0);
+        let dq = stored(&data(seed + 2, b * s * hq * d, 1.0), grad);
+        let dk = stored(&data(seed + 3, b * s * hk * d, 1.0), grad);
+        let c = tensor_from_f64(e, &data(seed + 4, rows * d / 2, 1.2), &[rows, d / 2], table);
+        let sn = tensor_from_f64(e, &data(seed + 5, rows * d / 2, 1.2), &[rows, d / 2], table);
+        let opts = RopeQkOptions {
+            rotary_dim: Some(d),
+            interleaved,
+            layout,
+            ..Default::default()
+        };
+        let run = |w: usize, f: &dyn Fn(&[f64]) -> Vec<f64>| -> Vec<Vec<f64>> {
+            let t = |v: &[f64], h: usize, dt| tensor_from_f64(e, &f(v), &shape(h, w), dt);
+            let (qt, kt) = (t(&q, hq, DType::F32), t(&k, hk, DType::F32));
+            let ((qo, ko), saved) = rope::qk_forward(&qt, &kt, &c, &sn, Some(&pos), &opts).unwrap();
+            let g = rope::qk_backward(&saved, &t(&dq, hq, grad), &t(&dk, hk, grad)).unwrap();
+            [qo, ko, g.dq, g.dk]
+                .iter()
+                .map(|x| x.to_f64().unwrap())
+                .collect()
+        };
+        let label =
+            format!("hq {hq} hk {hk} {layout:?} {table} {grad} interleaved {interleaved} d {d}");
+        let bits = |v: &[Vec<f64>]| -> Vec<Vec<u64>> {
+            v.iter()
+                .map(|x| x.iter().map(|y| y.to_bits()).collect())
+                .collect()
+        };
+        let stepped = run(d, &|v| v.to_vec());
+        let units: Vec<Vec<f64>> = run(d + 2, &|v| pad(v, d))
+            .into_iter()
+            .map(|v| unpad(v, d))
+            .collect();
+        assert_eq!(
+            bits(&stepped),
+            bits(&units),
+            "{label}: step vs unit kernels"
+        );
+        assert_eq!(
+            bits(&stepped),
+            bits(&run(d, &|v| v.to_vec())),
+            "{label}: rerun"
+        );
+    }
 }
 
 #[test]

@@ -503,3 +503,241 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         apply_backward(row_of(b, s, h, params.heads) * params.dim, m, c[0], c[1]);
     }
 }
+
+// ---- step kernels: F32 values, q and k in one launch, every warp access contiguous ----
+// A step is 4 consecutive F32 elements of a row, one vec4<u32>. A row is cut into units:
+// rotary units (split-half: the step at columns 4u and its partner step 4u + half;
+// interleaved: the step at columns 4u, two adjacent pairs), then one unit per suffix step,
+// copied. One invocation takes one unit of HEADS heads of one token: the token's
+// coefficients are loaded once for all of them and every head's loads are issued before any
+// arithmetic. Invocations [0, lanes_q) serve q, the rest k; consecutive invocations take
+// consecutive units, then the next head group (BSHD) or the next token (BHSD), so a warp's
+// accesses are contiguous. Each element is computed as the other kernels compute it.
+
+override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
+const STEP: u32 = 4u;
+
+@group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read> values_k4: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read_write> out4: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read_write> out_k4: array<vec4<u32>>;
+
+// A head's unit: step a and (split-half rotary units) its partner step b.
+struct Unit {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+fn load4(is_k: bool, e: u32) -> vec4<f32> {
+    if (is_k) {
+        return bitcast<vec4<f32>>(values_k4[e / STEP]);
+    }
+    return bitcast<vec4<f32>>(values4[e / STEP]);
+}
+
+fn store4(is_k: bool, e: u32, v: vec4<f32>) {
+    if (is_k) {
+        out_k4[e / STEP] = bitcast<vec4<u32>>(v);
+    } else {
+        out4[e / STEP] = bitcast<vec4<u32>>(v);
+    }
+}
+
+fn table_word(cos_side: bool, i: u32) -> u32 {
+    if (cos_side) {
+        return cos_table[i];
+    }
+    return sin_table[i];
+}
+
+// Table values e .. e + n − 1 (n = 2 or 4; e even), cos or sin side.
+fn table_step(cos_side: bool, e: u32, n: u32) -> vec4<f32> {
+    if (DT_T == DT_F32) {
+        var c = vec4(bitcast<f32>(table_word(cos_side, e)),
+            bitcast<f32>(table_word(cos_side, e + 1u)), 0.0, 0.0);
+        if (n == 4u) {
+            c.z = bitcast<f32>(table_word(cos_side, e + 2u));
+            c.w = bitcast<f32>(table_word(cos_side, e + 3u));
+        }
+        return c;
+    }
+    let lo = widen2(table_word(cos_side, e >> 1u), DT_T);
+    if (n == 4u) {
+        return vec4(lo, widen2(table_word(cos_side, (e >> 1u) + 1u), DT_T));
+    }
+    return vec4(lo, 0.0, 0.0);
+}
+
+fn rot_units() -> u32 {
+    if (INTERLEAVED == 1u) {
+        return params.rot / STEP;
+    }
+    return params.half / STEP;
+}
+
+fn step_units_per_row() -> u32 {
+    return rot_units() + (params.dim - params.rot) / STEP;
+}
+
+// Two adjacent pairs p = (x1, x2, x1', x2') with coefficients (c.x, s.x), (c.y, s.y), or
+// their transpose (backward).
+fn turn_pairs(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32> {
+    if (fwd) {
+        return vec4(p.x * c.x - p.y * s.x, p.y * c.x + p.x * s.x,
+            p.z * c.y - p.w * s.y, p.w * c.y + p.z * s.y);
+    }
+    return vec4(p.x * c.x + p.y * s.x, p.y * c.x - p.x * s.x,
+        p.z * c.y + p.w * s.y, p.w * c.y - p.z * s.y);
+}
+
+fn rotate_step_unit(v: Unit, c: vec4<f32>, s: vec4<f32>, fwd: bool) -> Unit {
+    if (INTERLEAVED == 1u) {
+        return Unit(turn_pairs(v.a, c.xy, s.xy, fwd), v.b);
+    }
+    if (fwd) {
+        return Unit(v.a * c - v.b * s, v.b * c + v.a * s);
+    }
+    return Unit(v.a * c + v.b * s, v.b * c - v.a * s);
+}
+
+// Everything an invocation needs before its loads: which tensor, the elements of steps a and
+// b of its first head and the distance to the next head's, the unit's kind and coefficients.
+struct Work {
+    is_k: bool,
+    rotary: bool,
+    pair: bool,       // split-half rotary unit: two steps per head
+    first: vec2<u32>,
+    stride: u32,
+    c: vec4<f32>,
+    s: vec4<f32>,
+}
+
+fn elements(w: Work, j: u32) -> vec2<u32> {
+    return w.first + vec2(j * w.stride);
+}
+
+fn lanes_q() -> u32 {
+    return params.batch * params.seq * (params.heads / HEADS) * step_units_per_row();
+}
+
+fn work_of(t: u32) -> Work {
+    let lq = lanes_q();
+    let is_k = t >= lq;
+    var heads = params.heads;
+    var i = t;
+    if (is_k) {
+        heads = params.heads_k;
+        i = t - lq;
+    }
+    let units = step_units_per_row();
+    let groups = heads / HEADS;
+    let u = i % units;
+    let rest = i / units;
+    var b: u32;
+    var s: u32;
+    var g: u32;
+    if (LAYOUT == 0u) {
+        g = rest % groups;
+        let token = rest / groups;
+        b = token / params.seq;
+        s = token % params.seq;
+    } else {
+        s = rest % params.seq;
+        let bg = rest / params.seq;
+        g = bg % groups;
+        b = bg / groups;
+    }
+    let ru = rot_units();
+    let rotary = u < ru;
+    var w: Work;
+    w.is_k = is_k;
+    w.rotary = rotary;
+    w.pair = rotary && INTERLEAVED == 0u;
+    w.c = vec4(0.0);
+    w.s = vec4(0.0);
+    if (rotary) {
+        var i0 = STEP * u;
+        var n = STEP;
+        if (INTERLEAVED == 1u) {
+            i0 = (STEP / 2u) * u;
+            n = STEP / 2u;
+        }
+        let p = position_of(b, s, i0);
+        if (p < params.table_rows) {
+            w.c = table_step(true, p * params.half + i0, n);
+            w.s = table_step(false, p * params.half + i0, n);
+        }
+    }
+    let base = row_of(b, s, g * HEADS, heads) * params.dim;
+    if (rotary) {
+        w.first = vec2(base + STEP * u, base + STEP * u + params.half);
+    } else {
+        let e = base + params.rot + STEP * (u - ru);
+        w.first = vec2(e, e);
+    }
+    w.stride = params.dim;
+    if (LAYOUT == 1u) {
+        w.stride = params.seq * params.dim;
+    }
+    return w;
+}
+
+fn load_unit(w: Work, j: u32) -> Unit {
+    let e = elements(w, j);
+    let a = load4(w.is_k, e.x);
+    var b = a;
+    if (w.pair) {
+        b = load4(w.is_k, e.y);
+    }
+    return Unit(a, b);
+}
+
+fn finish_unit(w: Work, j: u32, v: Unit, fwd: bool) {
+    var r = v;
+    if (w.rotary) {
+        r = rotate_step_unit(v, w.c, w.s, fwd);
+    }
+    let e = elements(w, j);
+    store4(w.is_k, e.x, r.a);
+    if (w.pair) {
+        store4(w.is_k, e.y, r.b);
+    }
+}
+
+fn steps(t: u32, fwd: bool) {
+    if (t >= params.pairs) {
+        return;
+    }
+    let w = work_of(t);
+    let v0 = load_unit(w, 0u);
+    var v1 = v0;
+    var v2 = v0;
+    var v3 = v0;
+    if (HEADS >= 2u) {
+        v1 = load_unit(w, 1u);
+    }
+    if (HEADS == 4u) {
+        v2 = load_unit(w, 2u);
+        v3 = load_unit(w, 3u);
+    }
+    finish_unit(w, 0u, v0, fwd);
+    if (HEADS >= 2u) {
+        finish_unit(w, 1u, v1, fwd);
+    }
+    if (HEADS == 4u) {
+        finish_unit(w, 2u, v2, fwd);
+        finish_unit(w, 3u, v3, fwd);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn forward_steps(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    steps(group_index(wid, nwg) * WG + lid, true);
+}
+
+@compute @workgroup_size(WG)
+fn backward_steps(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    steps(group_index(wid, nwg) * WG + lid, false);
+}
