@@ -7,17 +7,17 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     vec![
         OperatorCheck {
             name: "rms_norm",
-            kernels: &["norm", "cast"],
+            kernels: &["norm", "norm_wide", "cast"],
             run: check_rms_norm,
         },
         OperatorCheck {
             name: "layer_norm",
-            kernels: &["norm", "cast"],
+            kernels: &["norm", "norm_wide", "cast"],
             run: check_layer_norm,
         },
         OperatorCheck {
             name: "add_rms_norm",
-            kernels: &["norm", "cast"],
+            kernels: &["norm", "norm_wide", "cast"],
             run: check_add_rms_norm,
         },
         OperatorCheck {
