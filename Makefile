@@ -32,6 +32,7 @@ fmt:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps
 
 ## Print the strict MSL of one kernel entry point: make msl KERNEL=reduce ENTRY=row_sum
 msl:

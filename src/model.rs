@@ -353,7 +353,7 @@ impl Batch {
 
 // ---- projections ----------------------------------------------------------------------------
 
-/// What [`linear`] keeps: its input and weight (handles; tensors are immutable).
+/// What `linear` keeps: its input and weight (handles; tensors are immutable).
 #[derive(Debug, Clone)]
 pub struct LinearSaved {
     /// `x` `[rows, in]`.

@@ -137,7 +137,7 @@ pub fn embedding(table: &[f64], tokens: &[i32], width: usize) -> Vec<f64> {
     embedding::forward(table, table.len() / width.max(1), width, &ids)
 }
 
-/// Backward of [`embedding`]: `dtable[t] = Σ_{r: tokens[r] = t} dy[r]`
+/// Backward of [`embedding()`]: `dtable[t] = Σ_{r: tokens[r] = t} dy[r]`
 /// ([`embedding::backward`]).
 pub fn embedding_backward(dy: &[f64], tokens: &[i32], vocab: usize, width: usize) -> Vec<f64> {
     let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();

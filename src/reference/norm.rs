@@ -454,8 +454,8 @@ pub fn group_norm(
         .collect()
 }
 
-/// GroupNorm backward: per (sample, group) row, dn = dy·w[ch],
-/// dx = inv·(dn − mean(dn) − n·mean(dn·n)); dw[ch] = Σ dy·n and db[ch] = Σ dy over samples
+/// GroupNorm backward: per (sample, group) row, dn = dy·w\[ch\],
+/// dx = inv·(dn − mean(dn) − n·mean(dn·n)); dw\[ch\] = Σ dy·n and db\[ch\] = Σ dy over samples
 /// and positions (`weight` and `bias` slots; `scale` empty).
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_backward(
