@@ -260,14 +260,6 @@ impl Plan {
             ("DT", f64::from(self.dtype.code())),
             ("DTO", f64::from(d_output.code())),
             ("HD", self.head_dim as f64),
-            (
-                "STAGE",
-                if std::env::var("WGRAD_ATTN_STAGE").as_deref() == Ok("old") {
-                    0.0
-                } else {
-                    1.0
-                },
-            ),
         ]
     }
 }

@@ -937,36 +937,3 @@ fn saved_state_is_the_output_and_two_row_statistics() {
         }
     }
 }
-
-#[test]
-fn staging_switch_is_bit_identical() {
-    let shapes = [
-        (dims(1, 2, 1, 130, 70, 128), true, AttentionLayout::BatchHeadSeq),
-        (dims(2, 4, 2, 65, 33, 72), true, AttentionLayout::BatchSeqHead),
-        (dims(1, 2, 2, 128, 128, 64), false, AttentionLayout::BatchHeadSeq),
-        (dims(1, 1, 1, 70, 70, 256), true, AttentionLayout::BatchSeqHead),
-        (dims(1, 2, 1, 17, 100, 8), false, AttentionLayout::BatchHeadSeq),
-    ];
-    let dtypes = [
-        (DType::F32, DType::F32),
-        (DType::BF16, DType::BF16),
-        (DType::F32, DType::BF16),
-        (DType::BF16, DType::F32),
-        (DType::BF16, DType::F16),
-    ];
-    for (d, causal, layout) in shapes {
-        for (dtype, grad_dtype) in dtypes {
-            let mut s = Setup::new(d.clone());
-            s.causal = causal;
-            s.layout = layout;
-            s.dtype = dtype;
-            s.grad_dtype = grad_dtype;
-            s.seed = 77;
-            unsafe { std::env::set_var("WGRAD_ATTN_STAGE", "old") };
-            let old = run(&s);
-            unsafe { std::env::set_var("WGRAD_ATTN_STAGE", "new") };
-            let new = run(&s);
-            assert_eq!(old.bits, new.bits, "{dtype} {grad_dtype} {}", d.head_dim);
-        }
-    }
-}

@@ -24,12 +24,13 @@
 // on some drivers). Operands are staged in workgroup memory in 16-column steps for the score
 // products and 512-vec4 row groups for the accumulations, each loaded into registers one
 // step ahead; staging rows are padded (stride 17 vec4) so no two lanes of a quarter-warp
-// share a bank. Head dims are multiples of 8 up to 256.
+// share a bank. Head dims are multiples of 8 up to 256. Staging reads sixteen bytes per lane
+// (one vec4<u32>: four F32 or eight 16-bit values of a row) in the forward and for 16-bit
+// operands of the backward; F32 backward operands are gathered element by element.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
 override HD: u32 = 64u;  // head dim
-override STAGE: u32 = 1u; // 1: 16-byte staging loads, 0: element gathers
 
 const WG: u32 = 256u;
 
@@ -276,25 +277,6 @@ fn fetch_bwd(kind: u32, i: u32) -> f32 {
 
 // Column `col` of rows r, r + 16, r + 32, r + 48 of a [len, HD] operand at `base` with row
 // stride `stride` (zero past len or HD).
-fn gather4_fwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (col < HD) {
-        if (r < len) {
-            v.x = fetch_fwd(kind, base + r * stride + col);
-        }
-        if (r + 16u < len) {
-            v.y = fetch_fwd(kind, base + (r + 16u) * stride + col);
-        }
-        if (r + 32u < len) {
-            v.z = fetch_fwd(kind, base + (r + 32u) * stride + col);
-        }
-        if (r + 48u < len) {
-            v.w = fetch_fwd(kind, base + (r + 48u) * stride + col);
-        }
-    }
-    return v;
-}
-
 fn gather4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     if (col < HD) {
@@ -315,16 +297,6 @@ fn gather4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) ->
 }
 
 // Columns col .. col + 3 of row r (zero past len or HD; HD is a multiple of 8).
-fn row4_fwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (r < len && col < HD) {
-        let i = base + r * stride + col;
-        v = vec4<f32>(fetch_fwd(kind, i), fetch_fwd(kind, i + 1u), fetch_fwd(kind, i + 2u),
-                      fetch_fwd(kind, i + 3u));
-    }
-    return v;
-}
-
 fn row4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     if (r < len && col < HD) {
@@ -335,7 +307,7 @@ fn row4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> ve
     return v;
 }
 
-// 16-byte staging (STAGE == 1). Operand rows are read sixteen bytes per lane (four F32
+// 16-byte staging. Operand rows are read sixteen bytes per lane (four F32
 // values or eight 16-bit values, one vec4<u32> load) and written transposed into the same
 // staging layouts as the element gathers above, so the products see the same values in the
 // same order. Every row start is a multiple of 8 elements (strides are multiples of HD).
@@ -409,32 +381,19 @@ fn step_load_fwd(l: u32, d0: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_le
     return n;
 }
 
-// The same for the backward products; the two sides' dtypes are both F32 or both 16-bit
-// (the caller uses the element gathers otherwise).
+// The same for the backward products when both sides are 16-bit (F32 backward products
+// keep the element gathers: the 16-byte staging measured slower there on the H200).
 fn step_load_bwd(l: u32, d0: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
                  kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Pair {
-    let rr = step_row(l);
+    let col = d0 + 8u * ((l / 4u) % 2u);
+    let side_b = l >= 128u;
+    let kind = select(ka, kb, side_b);
+    let base = select(a_base, b_base, side_b);
+    let ss = select(a_ss, b_ss, side_b);
+    let r = select(a0, b0, side_b) + step_row(l);
     var n = Pair();
-    if (kind_dt(ka) == DT_F32) {
-        let col = d0 + 4u * ((l / 4u) % 2u + 2u * (l / 128u));
-        if (col < HD) {
-            if (a0 + rr < a_len) {
-                n.a = bitcast<vec4<f32>>(raw_bwd(ka, (a_base + (a0 + rr) * a_ss + col) >> 2u));
-            }
-            if (b0 + rr < b_len) {
-                n.b = bitcast<vec4<f32>>(raw_bwd(kb, (b_base + (b0 + rr) * b_ss + col) >> 2u));
-            }
-        }
-    } else {
-        let col = d0 + 8u * ((l / 4u) % 2u);
-        let side_b = l >= 128u;
-        let kind = select(ka, kb, side_b);
-        let base = select(a_base, b_base, side_b);
-        let ss = select(a_ss, b_ss, side_b);
-        let r = select(a0, b0, side_b) + rr;
-        if (col < HD && r < select(a_len, b_len, side_b)) {
-            n = widen8(raw_bwd(kind, (base + r * ss + col) >> 3u), kind_dt(kind));
-        }
+    if (col < HD && r < select(a_len, b_len, side_b)) {
+        n = widen8(raw_bwd(kind, (base + r * ss + col) >> 3u), kind_dt(kind));
     }
     return n;
 }
@@ -489,25 +448,13 @@ fn rows_load_fwd(l: u32, kind: u32, base: u32, ss: u32, r0: u32, len: u32) -> Pa
     return n;
 }
 
+// The same for a 16-bit operand of the backward accumulations (F32 keeps the row gathers).
 fn rows_load_bwd(l: u32, kind: u32, base: u32, ss: u32, r0: u32, len: u32) -> Pair {
+    let r = r0 + (2u * l) / RS;
+    let c = 4u * ((2u * l) % RS);
     var n = Pair();
-    if (kind_dt(kind) == DT_F32) {
-        let ra = r0 + l / RS;
-        let ca = 4u * (l % RS);
-        if (ra < len && ca < HD) {
-            n.a = bitcast<vec4<f32>>(raw_bwd(kind, (base + ra * ss + ca) >> 2u));
-        }
-        let rb = r0 + (l + WG) / RS;
-        let cb = 4u * ((l + WG) % RS);
-        if (rb < len && cb < HD) {
-            n.b = bitcast<vec4<f32>>(raw_bwd(kind, (base + rb * ss + cb) >> 2u));
-        }
-    } else {
-        let r = r0 + (2u * l) / RS;
-        let c = 4u * ((2u * l) % RS);
-        if (r < len && c < HD) {
-            n = widen8(raw_bwd(kind, (base + r * ss + c) >> 3u), kind_dt(kind));
-        }
+    if (r < len && c < HD) {
+        n = widen8(raw_bwd(kind, (base + r * ss + c) >> 3u), kind_dt(kind));
     }
     return n;
 }
@@ -632,34 +579,17 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         }
         // The next step's slices are loaded into registers while this step is multiplied.
         var s = Blk();
-        if (STAGE == 1u) {
-            var n = step_load_fwd(lid, 0u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
-                                  KIND_K, k_base, params.k_ss, k0, params.k_len);
-            for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-                step_store(lid, n, DT == DT_F32);
-                workgroupBarrier();
-                if (d0 + 16u < HD) {
-                    n = step_load_fwd(lid, d0 + 16u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
-                                      KIND_K, k_base, params.k_ss, k0, params.k_len);
-                }
-                s = dots(s, tx, ty);
-                workgroupBarrier();
-            }
-        } else {
-        var na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, lid % 16u);
-        var nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, lid % 16u);
+        var n = step_load_fwd(lid, 0u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
+                              KIND_K, k_base, params.k_ss, k0, params.k_len);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            xs[dot_slot(0u, lid)] = na;
-            xs[dot_slot(1u, lid)] = nb;
+            step_store(lid, n, DT == DT_F32);
             workgroupBarrier();
             if (d0 + 16u < HD) {
-                let col = d0 + 16u + lid % 16u;
-                na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, col);
-                nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, col);
+                n = step_load_fwd(lid, d0 + 16u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
+                                  KIND_K, k_base, params.k_ss, k0, params.k_len);
             }
             s = dots(s, tx, ty);
             workgroupBarrier();
-        }
         }
         if (!block_full(q0, k0)) {
             let keys = vec4<u32>(k0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
@@ -688,36 +618,12 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         put_tile(p, tx, ty);
         // o += P · V, KS keys per staged step.
         // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
-        var n0 = vec4<f32>(0.0);
-        var n1 = vec4<f32>(0.0);
-        if (STAGE == 1u) {
-            let n = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0, params.k_len);
-            n0 = n.a;
-            n1 = n.b;
-        } else {
-            n0 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + lid / RS, params.k_len, 4u * (lid % RS));
-            n1 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + (lid + WG) / RS, params.k_len,
-                          4u * ((lid + WG) % RS));
-        }
+        var nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0, params.k_len);
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            if (STAGE == 1u) {
-                rows_store(lid, Pair(n0, n1), DT == DT_F32);
-            } else {
-                xs[lid] = n0;
-                xs[lid + WG] = n1;
-            }
+            rows_store(lid, nv, DT == DT_F32);
             workgroupBarrier();
             if (ks + KS < BT) {
-                let r = k0 + ks + KS;
-                if (STAGE == 1u) {
-                    let n = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, r, params.k_len);
-                    n0 = n.a;
-                    n1 = n.b;
-                } else {
-                n0 = row4_fwd(KIND_V, k_base, params.k_ss, r + lid / RS, params.k_len, 4u * (lid % RS));
-                n1 = row4_fwd(KIND_V, k_base, params.k_ss, r + (lid + WG) / RS, params.k_len,
-                              4u * ((lid + WG) % RS));
-                }
+                nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0 + ks + KS, params.k_len);
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
                 o = acc_step(o, ps[(ks + kr) * 17u + ty], kr * RS, tx);
@@ -818,11 +724,10 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
               kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Blk {
     var s = Blk();
-    let wide = kind_dt(ka) == DT_F32;
-    if (STAGE == 1u && wide == (kind_dt(kb) == DT_F32)) {
+    if (kind_dt(ka) != DT_F32 && kind_dt(kb) != DT_F32) {
         var n = step_load_bwd(lid, 0u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0, b_len);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            step_store(lid, n, wide);
+            step_store(lid, n, false);
             workgroupBarrier();
             if (d0 + 16u < HD) {
                 n = step_load_bwd(lid, d0 + 16u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0,
@@ -854,11 +759,10 @@ fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u
 fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss: u32, r0: u32,
                   len: u32) -> Acc {
     var a = acc;
-    if (STAGE == 1u) {
-        let wide = kind_dt(kind) == DT_F32;
+    if (kind_dt(kind) != DT_F32) {
         var n = rows_load_bwd(lid, kind, base, ss, r0, len);
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            rows_store(lid, n, wide);
+            rows_store(lid, n, false);
             workgroupBarrier();
             if (ks + KS < BT) {
                 n = rows_load_bwd(lid, kind, base, ss, r0 + ks + KS, len);
