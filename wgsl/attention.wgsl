@@ -24,7 +24,9 @@
 // on some drivers). Operands are staged in workgroup memory in 16-column steps for the score
 // products and 512-vec4 row groups for the accumulations, each loaded into registers one
 // step ahead; staging rows are padded (stride 17 vec4) so no two lanes of a quarter-warp
-// share a bank. Head dims are multiples of 8 up to 256.
+// share a bank. Head dims are multiples of 8 up to 256. Staging reads sixteen bytes per lane
+// (one vec4<u32>: four F32 or eight 16-bit values of a row) in the forward and for 16-bit
+// operands of the backward; F32 backward operands are gathered element by element.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
@@ -58,11 +60,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> query: array<u32>;
-@group(0) @binding(2) var<storage, read> key: array<u32>;
-@group(0) @binding(3) var<storage, read> value: array<u32>;
+@group(0) @binding(1) var<storage, read> query: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> key: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> value: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> mask: array<u32>;
-@group(0) @binding(5) var<storage, read> d_output: array<u32>;
+@group(0) @binding(5) var<storage, read> d_output: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> saved_output: array<f32>;
 @group(0) @binding(7) var<storage, read> row_info: array<f32>;
 @group(0) @binding(8) var<storage, read_write> output: array<u32>;
@@ -80,30 +82,34 @@ fn neg_inf() -> f32 {
 
 fn load_q(i: u32) -> f32 {
     if (DT == DT_F32) {
-        return bitcast<f32>(query[i]);
+        return bitcast<f32>(query[i >> 2u][i & 3u]);
     }
-    return half_from_word(query[i >> 1u], i, DT);
+    let w = i >> 1u;
+    return half_from_word(query[w >> 2u][w & 3u], i, DT);
 }
 
 fn load_k(i: u32) -> f32 {
     if (DT == DT_F32) {
-        return bitcast<f32>(key[i]);
+        return bitcast<f32>(key[i >> 2u][i & 3u]);
     }
-    return half_from_word(key[i >> 1u], i, DT);
+    let w = i >> 1u;
+    return half_from_word(key[w >> 2u][w & 3u], i, DT);
 }
 
 fn load_v(i: u32) -> f32 {
     if (DT == DT_F32) {
-        return bitcast<f32>(value[i]);
+        return bitcast<f32>(value[i >> 2u][i & 3u]);
     }
-    return half_from_word(value[i >> 1u], i, DT);
+    let w = i >> 1u;
+    return half_from_word(value[w >> 2u][w & 3u], i, DT);
 }
 
 fn load_do(i: u32) -> f32 {
     if (DTO == DT_F32) {
-        return bitcast<f32>(d_output[i]);
+        return bitcast<f32>(d_output[i >> 2u][i & 3u]);
     }
-    return half_from_word(d_output[i >> 1u], i, DTO);
+    let w = i >> 1u;
+    return half_from_word(d_output[w >> 2u][w & 3u], i, DTO);
 }
 
 // Whether the band (causal / window) lets some query in [q_first, q_last] see some key in
@@ -271,25 +277,6 @@ fn fetch_bwd(kind: u32, i: u32) -> f32 {
 
 // Column `col` of rows r, r + 16, r + 32, r + 48 of a [len, HD] operand at `base` with row
 // stride `stride` (zero past len or HD).
-fn gather4_fwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (col < HD) {
-        if (r < len) {
-            v.x = fetch_fwd(kind, base + r * stride + col);
-        }
-        if (r + 16u < len) {
-            v.y = fetch_fwd(kind, base + (r + 16u) * stride + col);
-        }
-        if (r + 32u < len) {
-            v.z = fetch_fwd(kind, base + (r + 32u) * stride + col);
-        }
-        if (r + 48u < len) {
-            v.w = fetch_fwd(kind, base + (r + 48u) * stride + col);
-        }
-    }
-    return v;
-}
-
 fn gather4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     if (col < HD) {
@@ -310,16 +297,6 @@ fn gather4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) ->
 }
 
 // Columns col .. col + 3 of row r (zero past len or HD; HD is a multiple of 8).
-fn row4_fwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (r < len && col < HD) {
-        let i = base + r * stride + col;
-        v = vec4<f32>(fetch_fwd(kind, i), fetch_fwd(kind, i + 1u), fetch_fwd(kind, i + 2u),
-                      fetch_fwd(kind, i + 3u));
-    }
-    return v;
-}
-
 fn row4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     if (r < len && col < HD) {
@@ -328,6 +305,168 @@ fn row4_bwd(kind: u32, base: u32, stride: u32, r: u32, len: u32, col: u32) -> ve
                       fetch_bwd(kind, i + 3u));
     }
     return v;
+}
+
+// 16-byte staging. Operand rows are read sixteen bytes per lane (four F32
+// values or eight 16-bit values, one vec4<u32> load) and written transposed into the same
+// staging layouts as the element gathers above, so the products see the same values in the
+// same order. Every row start is a multiple of 8 elements (strides are multiples of HD).
+struct Pair {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// Sixteen bytes at vec4 index `at` of q/k/v (forward) or q/k/v/dO (backward).
+fn raw_fwd(kind: u32, at: u32) -> vec4<u32> {
+    if (kind == KIND_Q) {
+        return query[at];
+    }
+    if (kind == KIND_K) {
+        return key[at];
+    }
+    return value[at];
+}
+
+fn raw_bwd(kind: u32, at: u32) -> vec4<u32> {
+    if (kind == KIND_DO) {
+        return d_output[at];
+    }
+    return raw_fwd(kind, at);
+}
+
+fn kind_dt(kind: u32) -> u32 {
+    return select(DT, DTO, kind == KIND_DO);
+}
+
+// Eight 16-bit values (four words) widened, elements in order.
+fn widen8(w: vec4<u32>, dt: u32) -> Pair {
+    return Pair(vec4<f32>(widen2(w.x, dt), widen2(w.y, dt)),
+                vec4<f32>(widen2(w.z, dt), widen2(w.w, dt)));
+}
+
+// Score-step staging, lane l: i = l % 4, r = (l / 8) % 16, row R = r + 16·i of the tile.
+// F32 (both sides): a = columns d0 + 4q .. + 3 of row R of the tile's rows, b = the same of
+// its columns, q = (l / 4) % 2 + 2·(l / 128). 16-bit (both sides): lanes l < 128 stage the
+// rows, the others the columns; a, b = columns d0 + 8q .. + 7 of row R, q = (l / 4) % 2.
+// Zeros past the length or HD (HD is a multiple of 8, so a load never straddles it).
+fn step_row(l: u32) -> u32 {
+    return (l / 8u) % 16u + 16u * (l % 4u);
+}
+
+fn step_load_fwd(l: u32, d0: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
+                 kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Pair {
+    let rr = step_row(l);
+    var n = Pair();
+    if (DT == DT_F32) {
+        let col = d0 + 4u * ((l / 4u) % 2u + 2u * (l / 128u));
+        if (col < HD) {
+            if (a0 + rr < a_len) {
+                n.a = bitcast<vec4<f32>>(raw_fwd(ka, (a_base + (a0 + rr) * a_ss + col) >> 2u));
+            }
+            if (b0 + rr < b_len) {
+                n.b = bitcast<vec4<f32>>(raw_fwd(kb, (b_base + (b0 + rr) * b_ss + col) >> 2u));
+            }
+        }
+    } else {
+        let col = d0 + 8u * ((l / 4u) % 2u);
+        let side_b = l >= 128u;
+        let kind = select(ka, kb, side_b);
+        let base = select(a_base, b_base, side_b);
+        let ss = select(a_ss, b_ss, side_b);
+        let r = select(a0, b0, side_b) + rr;
+        if (col < HD && r < select(a_len, b_len, side_b)) {
+            n = widen8(raw_fwd(kind, (base + r * ss + col) >> 3u), DT);
+        }
+    }
+    return n;
+}
+
+// The same for the backward products when both sides are 16-bit (F32 backward products
+// keep the element gathers: the 16-byte staging measured slower there on the H200).
+fn step_load_bwd(l: u32, d0: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
+                 kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Pair {
+    let col = d0 + 8u * ((l / 4u) % 2u);
+    let side_b = l >= 128u;
+    let kind = select(ka, kb, side_b);
+    let base = select(a_base, b_base, side_b);
+    let ss = select(a_ss, b_ss, side_b);
+    let r = select(a0, b0, side_b) + step_row(l);
+    var n = Pair();
+    if (col < HD && r < select(a_len, b_len, side_b)) {
+        n = widen8(raw_bwd(kind, (base + r * ss + col) >> 3u), kind_dt(kind));
+    }
+    return n;
+}
+
+// Writes a staged step into the dot_slot layout: component i of slot side·272 + col·17 + r.
+// The lane mapping above keeps the 32 scalar stores of a warp in distinct banks (F32) or
+// two to a bank (16-bit).
+fn step_store(l: u32, n: Pair, wide: bool) {
+    let i = l % 4u;
+    let r = (l / 8u) % 16u;
+    var s0 = 0u;
+    var s1 = 0u;
+    if (wide) {
+        s0 = 68u * ((l / 4u) % 2u + 2u * (l / 128u)) + r;
+        s1 = 272u + s0;
+    } else {
+        s0 = (l / 128u) * 272u + 136u * ((l / 4u) % 2u) + r;
+        s1 = s0 + 68u;
+    }
+    xs[s0][i] = n.a.x;
+    xs[s0 + 17u][i] = n.a.y;
+    xs[s0 + 34u][i] = n.a.z;
+    xs[s0 + 51u][i] = n.a.w;
+    xs[s1][i] = n.b.x;
+    xs[s1 + 17u][i] = n.b.y;
+    xs[s1 + 34u][i] = n.b.z;
+    xs[s1 + 51u][i] = n.b.w;
+}
+
+// Accumulation-step staging (KS rows × RS vec4 from row r0, row-major): F32 lanes load slots
+// l and l + 256 (a, b), 16-bit lanes the adjacent slots 2l and 2l + 1 (one 16-byte load).
+fn rows_load_fwd(l: u32, kind: u32, base: u32, ss: u32, r0: u32, len: u32) -> Pair {
+    var n = Pair();
+    if (DT == DT_F32) {
+        let ra = r0 + l / RS;
+        let ca = 4u * (l % RS);
+        if (ra < len && ca < HD) {
+            n.a = bitcast<vec4<f32>>(raw_fwd(kind, (base + ra * ss + ca) >> 2u));
+        }
+        let rb = r0 + (l + WG) / RS;
+        let cb = 4u * ((l + WG) % RS);
+        if (rb < len && cb < HD) {
+            n.b = bitcast<vec4<f32>>(raw_fwd(kind, (base + rb * ss + cb) >> 2u));
+        }
+    } else {
+        let r = r0 + (2u * l) / RS;
+        let c = 4u * ((2u * l) % RS);
+        if (r < len && c < HD) {
+            n = widen8(raw_fwd(kind, (base + r * ss + c) >> 3u), DT);
+        }
+    }
+    return n;
+}
+
+// The same for a 16-bit operand of the backward accumulations (F32 keeps the row gathers).
+fn rows_load_bwd(l: u32, kind: u32, base: u32, ss: u32, r0: u32, len: u32) -> Pair {
+    let r = r0 + (2u * l) / RS;
+    let c = 4u * ((2u * l) % RS);
+    var n = Pair();
+    if (r < len && c < HD) {
+        n = widen8(raw_bwd(kind, (base + r * ss + c) >> 3u), kind_dt(kind));
+    }
+    return n;
+}
+
+fn rows_store(l: u32, n: Pair, wide: bool) {
+    if (wide) {
+        xs[l] = n.a;
+        xs[l + WG] = n.b;
+    } else {
+        xs[2u * l] = n.a;
+        xs[2u * l + 1u] = n.b;
+    }
 }
 
 // Staging slot of invocation lid for the score products: column lid % 16 of the step, rows
@@ -440,16 +579,14 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         }
         // The next step's slices are loaded into registers while this step is multiplied.
         var s = Blk();
-        var na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, lid % 16u);
-        var nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, lid % 16u);
+        var n = step_load_fwd(lid, 0u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
+                              KIND_K, k_base, params.k_ss, k0, params.k_len);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            xs[dot_slot(0u, lid)] = na;
-            xs[dot_slot(1u, lid)] = nb;
+            step_store(lid, n, DT == DT_F32);
             workgroupBarrier();
             if (d0 + 16u < HD) {
-                let col = d0 + 16u + lid % 16u;
-                na = gather4_fwd(KIND_Q, q_base, params.q_ss, q0 + lid / 16u, params.q_len, col);
-                nb = gather4_fwd(KIND_K, k_base, params.k_ss, k0 + lid / 16u, params.k_len, col);
+                n = step_load_fwd(lid, d0 + 16u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
+                                  KIND_K, k_base, params.k_ss, k0, params.k_len);
             }
             s = dots(s, tx, ty);
             workgroupBarrier();
@@ -481,18 +618,12 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         put_tile(p, tx, ty);
         // o += P · V, KS keys per staged step.
         // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
-        var n0 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + lid / RS, params.k_len, 4u * (lid % RS));
-        var n1 = row4_fwd(KIND_V, k_base, params.k_ss, k0 + (lid + WG) / RS, params.k_len,
-                          4u * ((lid + WG) % RS));
+        var nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0, params.k_len);
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            xs[lid] = n0;
-            xs[lid + WG] = n1;
+            rows_store(lid, nv, DT == DT_F32);
             workgroupBarrier();
             if (ks + KS < BT) {
-                let r = k0 + ks + KS;
-                n0 = row4_fwd(KIND_V, k_base, params.k_ss, r + lid / RS, params.k_len, 4u * (lid % RS));
-                n1 = row4_fwd(KIND_V, k_base, params.k_ss, r + (lid + WG) / RS, params.k_len,
-                              4u * ((lid + WG) % RS));
+                nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0 + ks + KS, params.k_len);
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
                 o = acc_step(o, ps[(ks + kr) * 17u + ty], kr * RS, tx);
@@ -593,6 +724,20 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_len: u32,
               kb: u32, b_base: u32, b_ss: u32, b0: u32, b_len: u32) -> Blk {
     var s = Blk();
+    if (kind_dt(ka) != DT_F32 && kind_dt(kb) != DT_F32) {
+        var n = step_load_bwd(lid, 0u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0, b_len);
+        for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
+            step_store(lid, n, false);
+            workgroupBarrier();
+            if (d0 + 16u < HD) {
+                n = step_load_bwd(lid, d0 + 16u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0,
+                                  b_len);
+            }
+            s = dots(s, tx, ty);
+            workgroupBarrier();
+        }
+        return s;
+    }
     var na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, lid % 16u);
     var nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, lid % 16u);
     for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
@@ -614,6 +759,21 @@ fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u
 fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss: u32, r0: u32,
                   len: u32) -> Acc {
     var a = acc;
+    if (kind_dt(kind) != DT_F32) {
+        var n = rows_load_bwd(lid, kind, base, ss, r0, len);
+        for (var ks = 0u; ks < BT; ks = ks + KS) {
+            rows_store(lid, n, false);
+            workgroupBarrier();
+            if (ks + KS < BT) {
+                n = rows_load_bwd(lid, kind, base, ss, r0 + ks + KS, len);
+            }
+            for (var kr = 0u; kr < KS; kr = kr + 1u) {
+                a = acc_step(a, ps[(ks + kr) * 17u + ty], kr * RS, tx);
+            }
+            workgroupBarrier();
+        }
+        return a;
+    }
     var n0 = row4_bwd(kind, base, ss, r0 + lid / RS, len, 4u * (lid % RS));
     var n1 = row4_bwd(kind, base, ss, r0 + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
     for (var ks = 0u; ks < BT; ks = ks + KS) {
