@@ -53,8 +53,7 @@ pub static KERNEL: Kernel = Kernel {
 
 /// `wgsl/loss.wgsl` with 1024-lane workgroups, for the register-resident softmax rows
 /// (`softmax_fwd_r`, `softmax_bwd_r`: four times the lanes hold a row in a quarter of the
-/// registers a lane) and the in-place cross-entropy (`ce_fused_v`) on adapters that allow 1024
-/// invocations.
+/// registers a lane) on adapters that allow 1024 invocations.
 pub static ROWS_KERNEL: Kernel = Kernel {
     name: "loss_rows",
     parts: &[
@@ -967,10 +966,11 @@ pub fn cross_entropy(
 /// over them (a second read and a write), one launch over the logits instead of a forward and
 /// a backward. Rows of whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for
 /// F16/BF16) take that path; other widths run the forward and the backward and then store the
-/// gradient over the logits (an F32 gradient is allocated meanwhile). It saves memory, not
-/// time: on an H200 it took 2.28 ms where [`cross_entropy`] + [`cross_entropy_backward`] took
-/// 1.66 ms (4,185 × 128,256 F32; the gradient pass reads and writes one binding, so a lane's
-/// loads wait behind its stores).
+/// gradient over the logits (an F32 gradient is allocated meanwhile). The workgroup has the
+/// forward's 256 lanes, so each lane folds the same chunks in the same order and the statistics
+/// have the forward's bits on every adapter; both passes keep up to four chunks a lane in
+/// flight (the gradient pass loads four before storing any: a load after a store to the same
+/// binding waits for it).
 ///
 /// Every other holder of `logits` (a clone, a saved context) sees the gradient afterwards; do
 /// not pass logits that are still needed. Errors: those of [`cross_entropy`].
@@ -1029,9 +1029,9 @@ pub fn cross_entropy_in_place(
     // Without class weights the binding is unused; the targets (read-only, like it) stand in,
     // as the logits are bound for writing.
     let weight_buffer = settings.weight.as_ref().unwrap_or(targets).buffer();
-    let wide = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
+    // The forward's module (256 lanes): the same per-lane order, so the same bits.
     engine.launch(
-        if wide { &ROWS_KERNEL } else { &KERNEL },
+        &KERNEL,
         "ce_fused_v",
         &constants(logits.dtype(), DType::F32, DType::F32, 0),
         &settings.params(rows, cols, 0, settings.flags),

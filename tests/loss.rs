@@ -1546,15 +1546,17 @@ fn register_resident_softmax_rows() {
 
 #[test]
 fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
-    // Whole-chunk rows take the fused entry (8 classes: one chunk a lane at most; 40,000:
-    // four chunks loaded per step, then a remainder); ragged widths (7, 1,002) run the forward
-    // and the backward and store the gradient. The outputs have the bits of cross_entropy's
-    // and the logits then hold the bits of cross_entropy_backward's unit-cotangent gradient,
-    // narrowed to their dtype.
-    let cases: [(usize, usize, bool); 5] = [
+    // Whole-chunk rows take the fused entry, 256 lanes as the forward: lanes hold at most one
+    // chunk (8 and 1,000 classes) or, with four chunks loaded per step and a remainder loaded
+    // together, F32 / 16-bit 2–3 / 1–2 chunks (3,000), 27–28 / 13–14 (28,000) and 39–40 / 19–20
+    // (40,000): every remainder, with and without whole steps, in both passes. Ragged widths
+    // (7, 1,002) run the forward and the backward and store the gradient.
+    let cases: [(usize, usize, bool); 7] = [
         (3, 8, true),
         (6, 1000, true),
+        (2, 3000, false),
         (2, 40_000, false),
+        (2, 28_000, false),
         (3, 7, true),
         (4, 1002, false),
     ];

@@ -1161,13 +1161,28 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
+// The gradient of one chunk (elements first..first + cw) of a row with a valid target, packed
+// in the logits' dtype.
+fn ce_grad_chunk(w: vec4<u32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32, wsum: f32,
+                 f_ce: f32, f_z: f32) -> vec4<u32> {
+    let a = ce_grad4(chunk_lo(w, DT), first, ti, m, logden, wy, wsum, f_ce, f_z);
+    if (DT == DT_F32) {
+        return bitcast<vec4<u32>>(a);
+    }
+    let b = ce_grad4(chunk_hi(w, DT), first + 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+    return pack_chunk(a, b, DT);
+}
+
 // ---- cross-entropy with the gradient written over the logits ------------------------------
-// One workgroup per row of whole chunks; y4 is the logits, read and then overwritten. Pass 1
-// takes the row statistics exactly as ce_fwd_v (same per-lane order, so the same bits) and
-// writes the per-row matrix and the argmax; pass 2 writes d loss / d logits for a unit
-// cotangent over the logits, in their dtype, with the scales of final_in (from the counting
-// pass, known before any logits are read) and the values ce_bwd_v computes. Each lane walks
-// its chunks backwards in pass 2: the most recently read are the likeliest still in cache.
+// One workgroup per row of whole chunks, run with ce_fwd_v's lane count (the 256-lane module);
+// y4 is the logits, read and then overwritten. Pass 1 takes the row statistics exactly as
+// ce_fwd_v (same per-lane order, so the same bits) and writes the per-row matrix and the
+// argmax; pass 2 writes d loss / d logits for a unit cotangent over the logits, in their dtype,
+// with the scales of final_in (from the counting pass, known before any logits are read) and
+// the values ce_bwd_v computes. Each lane walks its chunks backwards in pass 2: the most
+// recently read are the likeliest still in cache. Both passes keep up to four chunks a lane in
+// flight: pass 1 loads four per step (and its last one to three together), pass 2 loads four
+// (or the last one to three) before storing any.
 // The target's logit is read before the workgroup's first barrier, so before any lane writes.
 @compute @workgroup_size(WG)
 fn ce_fused_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -1196,8 +1211,21 @@ fn ce_fused_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         lane = ce_lane_chunk(lane, w3, (v + 3u * WG) * cw, reference);
         v = v + 4u * WG;
     }
-    for (; v < nv; v = v + WG) {
-        lane = ce_lane_chunk(lane, y4[vbase + v], v * cw, reference);
+    // The last one to three chunks, loaded together and consumed in order.
+    if (v < nv) {
+        let r = (nv - 1u - v) / WG + 1u;
+        let v1 = v + WG * min(r - 1u, 1u);
+        let v2 = v + WG * min(r - 1u, 2u);
+        let w0 = y4[vbase + v];
+        let w1 = y4[vbase + v1];
+        let w2 = y4[vbase + v2];
+        lane = ce_lane_chunk(lane, w0, v * cw, reference);
+        if (r >= 2u) {
+            lane = ce_lane_chunk(lane, w1, v1 * cw, reference);
+        }
+        if (r == 3u) {
+            lane = ce_lane_chunk(lane, w2, v2 * cw, reference);
+        }
     }
     let t = labels[params.row0 + row];
     let valid = target_valid(t);
@@ -1229,27 +1257,52 @@ fn ce_fused_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     let f_ce = final_in[3];
     let f_z = final_in[4] * 2.0 * params.b * (m + logden);
-    v = lid + ((nv - 1u - lid) / WG) * WG; // this lane's last chunk
-    loop {
-        let w = y4[vbase + v];
-        let first = v * cw;
-        var a = vec4<f32>(0.0);
-        var b = vec4<f32>(0.0);
-        if (valid) {
-            a = ce_grad4(chunk_lo(w, DT), first, ti, m, logden, wy, sum_w, f_ce, f_z);
-            if (DT != DT_F32) {
-                b = ce_grad4(chunk_hi(w, DT), first + 4u, ti, m, logden, wy, sum_w, f_ce, f_z);
+    // This lane's chunks are lid + k·WG for k < r; they are taken from the last one down, four
+    // loaded before any of them is stored: the stores go to the binding the loads read, so a
+    // load placed after a store is issued only once that store is (one chunk in flight).
+    var r = (nv - 1u - lid) / WG + 1u;
+    if (!valid) { // uniform: the row's target
+        loop {
+            if (r == 0u) {
+                break;
             }
+            r = r - 1u;
+            y4[vbase + lid + r * WG] = vec4<u32>(0u);
         }
-        if (DT == DT_F32) {
-            y4[vbase + v] = bitcast<vec4<u32>>(a);
-        } else {
-            y4[vbase + v] = pack_chunk(a, b, DT);
-        }
-        if (v < WG) {
+        return;
+    }
+    loop {
+        if (r < 4u) {
             break;
         }
-        v = v - WG;
+        let v0 = lid + (r - 1u) * WG;
+        let w0 = y4[vbase + v0];
+        let w1 = y4[vbase + v0 - WG];
+        let w2 = y4[vbase + v0 - 2u * WG];
+        let w3 = y4[vbase + v0 - 3u * WG];
+        y4[vbase + v0] = ce_grad_chunk(w0, v0 * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
+        y4[vbase + v0 - WG] =
+            ce_grad_chunk(w1, (v0 - WG) * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
+        y4[vbase + v0 - 2u * WG] =
+            ce_grad_chunk(w2, (v0 - 2u * WG) * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
+        y4[vbase + v0 - 3u * WG] =
+            ce_grad_chunk(w3, (v0 - 3u * WG) * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
+        r = r - 4u;
+    }
+    // The last one to three chunks (the lane's first ones), loaded together as well.
+    if (r > 0u) {
+        let v1 = lid + WG * min(r - 1u, 1u);
+        let v2 = lid + WG * min(r - 1u, 2u);
+        let w0 = y4[vbase + lid];
+        let w1 = y4[vbase + v1];
+        let w2 = y4[vbase + v2];
+        if (r == 3u) {
+            y4[vbase + v2] = ce_grad_chunk(w2, v2 * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
+        }
+        if (r >= 2u) {
+            y4[vbase + v1] = ce_grad_chunk(w1, v1 * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
+        }
+        y4[vbase + lid] = ce_grad_chunk(w0, lid * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
     }
 }
 
