@@ -1008,16 +1008,6 @@ fn flce_bad_inputs() {
 
 // ---- distillation -------------------------------------------------------------------------
 
-fn soft_term(s: SoftLoss) -> SoftTerm {
-    match s {
-        SoftLoss::Jsd { beta } => SoftTerm::Jsd {
-            beta: f64::from(beta),
-        },
-        SoftLoss::Kl => SoftTerm::Kl,
-        SoftLoss::Tvd => SoftTerm::Tvd,
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn distill_case(
     what: &str,
@@ -1047,14 +1037,7 @@ fn distill_case(
     let lt = labels.map(|l| Tensor::from_slice(engine(), l, &[rows]).unwrap());
     let (out, saved) =
         fused_linear_distillation(student.gpu(), teacher.gpu(), lt.as_ref(), options).unwrap();
-    let cfg = DistillationConfig {
-        soft: soft_term(options.soft),
-        temperature: f64::from(options.temperature),
-        weight_hard: f64::from(options.weight_hard),
-        weight_soft: f64::from(options.weight_soft),
-        ignore_index: options.ignore_index,
-        batch_mean: options.reduction == DistillationReduction::BatchMean,
-    };
+    let cfg = DistillationConfig::of(options);
     let want = reference::fused_linear_distillation(
         student.reference(),
         teacher.reference(),
@@ -1903,14 +1886,7 @@ fn distill_rows_case(
     };
     let (out, saved) =
         fused_linear_distillation(student.gpu(), teacher.gpu(), lt.as_ref(), &options).unwrap();
-    let cfg = DistillationConfig {
-        soft: soft_term(options.soft),
-        temperature: f64::from(options.temperature),
-        weight_hard: f64::from(options.weight_hard),
-        weight_soft: f64::from(options.weight_soft),
-        ignore_index: options.ignore_index,
-        batch_mean: false,
-    };
+    let cfg = DistillationConfig::of(&options);
     let want = reference::fused_linear_distillation_rows(
         student.reference(),
         teacher.reference(),

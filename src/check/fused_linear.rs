@@ -198,7 +198,7 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
         Chunking, DistillationOptions, SoftLoss, fused_linear_distillation,
         fused_linear_distillation_backward,
     };
-    use reference::fused_linear::{DistillationConfig, SoftTerm};
+    use reference::fused_linear::DistillationConfig;
     let (rows, vocab) = (37, 96);
     let mut rng = Rng::new(61);
     let mut cases = Vec::new();
@@ -220,11 +220,7 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
             })
             .collect();
         let lt = Tensor::from_slice(engine, &labels, &[rows])?;
-        for (soft, term) in [
-            (SoftLoss::Jsd { beta: 0.5 }, SoftTerm::Jsd { beta: 0.5 }),
-            (SoftLoss::Kl, SoftTerm::Kl),
-            (SoftLoss::Tvd, SoftTerm::Tvd),
-        ] {
+        for soft in [SoftLoss::Jsd { beta: 0.5 }, SoftLoss::Kl, SoftLoss::Tvd] {
             let options = DistillationOptions {
                 soft,
                 temperature: 2.0,
@@ -236,14 +232,7 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
                 },
                 ..DistillationOptions::default()
             };
-            let cfg = DistillationConfig {
-                soft: term,
-                temperature: 2.0,
-                weight_hard: 0.25,
-                weight_soft: 0.75,
-                ignore_index: -100,
-                batch_mean: true,
-            };
+            let cfg = DistillationConfig::of(&options);
             let (out, saved) =
                 fused_linear_distillation(student.gpu(), teacher.gpu(), Some(&lt), &options)?;
             let want = reference::fused_linear::fused_linear_distillation(
@@ -375,7 +364,7 @@ fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
         Chunking, DistillationOptions, DistillationReduction, SoftLoss, fused_linear_distillation,
         fused_linear_distillation_backward,
     };
-    use reference::fused_linear::{DistillationConfig, SoftTerm};
+    use reference::fused_linear::DistillationConfig;
     let (rows, vocab) = (29, 64);
     let mut rng = Rng::new(63);
     let mut cases = Vec::new();
@@ -388,11 +377,7 @@ fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
         let teacher = HeadData::new(engine, &mut rng, rows, 40, vocab, false, dtype)?;
         let labels = ce_targets(&mut rng, rows, vocab, -100);
         let lt = Tensor::from_slice(engine, &labels, &[rows])?;
-        for (soft, term) in [
-            (SoftLoss::Jsd { beta: 0.5 }, SoftTerm::Jsd { beta: 0.5 }),
-            (SoftLoss::Kl, SoftTerm::Kl),
-            (SoftLoss::Tvd, SoftTerm::Tvd),
-        ] {
+        for soft in [SoftLoss::Jsd { beta: 0.5 }, SoftLoss::Kl, SoftLoss::Tvd] {
             let options = DistillationOptions {
                 soft,
                 temperature: 2.0,
@@ -405,14 +390,7 @@ fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
                 },
                 ..DistillationOptions::default()
             };
-            let cfg = DistillationConfig {
-                soft: term,
-                temperature: 2.0,
-                weight_hard: 0.25,
-                weight_soft: 0.75,
-                ignore_index: -100,
-                batch_mean: false,
-            };
+            let cfg = DistillationConfig::of(&options);
             let (out, saved) =
                 fused_linear_distillation(student.gpu(), teacher.gpu(), Some(&lt), &options)?;
             let want = reference::fused_linear::fused_linear_distillation_rows(

@@ -237,6 +237,28 @@ pub struct DistillationConfig {
     pub batch_mean: bool,
 }
 
+impl DistillationConfig {
+    /// The f64 mirror of `options` (`batch_mean` for the batch-mean reduction; the per-row
+    /// reference takes `none` as unscaled rows).
+    pub fn of(options: &crate::fused_linear::DistillationOptions) -> Self {
+        use crate::fused_linear::{DistillationReduction, SoftLoss};
+        Self {
+            soft: match options.soft {
+                SoftLoss::Jsd { beta } => SoftTerm::Jsd {
+                    beta: f64::from(beta),
+                },
+                SoftLoss::Kl => SoftTerm::Kl,
+                SoftLoss::Tvd => SoftTerm::Tvd,
+            },
+            temperature: f64::from(options.temperature),
+            weight_hard: f64::from(options.weight_hard),
+            weight_soft: f64::from(options.weight_soft),
+            ignore_index: options.ignore_index,
+            batch_mean: options.reduction == DistillationReduction::BatchMean,
+        }
+    }
+}
+
 /// Distillation losses: `loss = w_hard·hard + w_soft·soft`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DistillationResult {
