@@ -60,91 +60,87 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 const LOSS_SHAPES: [(usize, usize); 4] = [(1, 1), (5, 37), (3, 700), (2, 64)];
 
 fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
-    use crate::loss;
-    use crate::reference::loss as r;
     let mut rng = Rng::new(40);
     let mut cases = Vec::new();
     for (rows, cols) in LOSS_SHAPES {
         for dtype in DType::FLOATS {
-            let (x, xs) = tensor_from_f64(
+            softmax_cases(
                 engine,
-                &rng.vec(rows * cols, -4.0, 4.0),
-                &[rows, cols],
-                dtype,
+                &mut rng,
+                log,
+                (rows, cols),
+                (dtype, DType::F32),
+                "",
+                &mut cases,
             )?;
-            let (dy, dys) = tensor_from_f64(
-                engine,
-                &rng.vec(rows * cols, -1.0, 1.0),
-                &[rows, cols],
-                DType::F32,
-            )?;
-            let (y, saved) = if log {
-                loss::log_softmax(&x)?
-            } else {
-                loss::softmax(&x)?
-            };
-            let want = if log {
-                r::log_softmax(&xs, rows, cols)
-            } else {
-                r::softmax(&xs, rows, cols)
-            };
-            cases.push(case(
-                format!("{rows}x{cols} {dtype} y"),
-                &y.to_f64()?,
-                &want,
-                Tolerance::for_dtype(dtype),
-            ));
-            let dx = loss::softmax_backward(&saved, &dy)?;
-            let want = r::softmax_backward(&xs, &dys, rows, cols, log);
-            cases.push(case(
-                format!("{rows}x{cols} {dtype} dx"),
-                &dx.to_f64()?,
-                &want,
-                Tolerance::for_dtype(DType::F32),
-            ));
         }
     }
     // Register-resident rows (more than 2,048 vec4 chunks), dy in x's dtype.
-    let (rows, cols) = (2, 12_000);
     for dtype in [DType::F32, DType::BF16] {
-        let (x, xs) = tensor_from_f64(
+        let shape = (2, 12_000);
+        softmax_cases(
             engine,
-            &rng.vec(rows * cols, -4.0, 4.0),
-            &[rows, cols],
-            dtype,
+            &mut rng,
+            log,
+            shape,
+            (dtype, dtype),
+            " (registers)",
+            &mut cases,
         )?;
-        let (dy, dys) = tensor_from_f64(
-            engine,
-            &rng.vec(rows * cols, -1.0, 1.0),
-            &[rows, cols],
-            dtype,
-        )?;
-        let (y, saved) = if log {
-            loss::log_softmax(&x)?
-        } else {
-            loss::softmax(&x)?
-        };
-        let want = if log {
-            r::log_softmax(&xs, rows, cols)
-        } else {
-            r::softmax(&xs, rows, cols)
-        };
-        cases.push(case(
-            format!("{rows}x{cols} {dtype} y (registers)"),
-            &y.to_f64()?,
-            &want,
-            Tolerance::for_dtype(dtype),
-        ));
-        let dx = loss::softmax_backward(&saved, &dy)?;
-        let want = r::softmax_backward(&xs, &dys, rows, cols, log);
-        cases.push(case(
-            format!("{rows}x{cols} {dtype} dx (registers)"),
-            &dx.to_f64()?,
-            &want,
-            Tolerance::for_dtype(DType::F32),
-        ));
     }
     Ok(cases)
+}
+
+/// The (log-)softmax output and input gradient of one random `rows × cols` case, x in
+/// `dtypes.0` and dy in `dtypes.1`, against the f64 reference.
+fn softmax_cases(
+    engine: &Engine,
+    rng: &mut Rng,
+    log: bool,
+    (rows, cols): (usize, usize),
+    (dtype, dy_dtype): (DType, DType),
+    tag: &str,
+    cases: &mut Vec<Case>,
+) -> Result<()> {
+    use crate::loss;
+    use crate::reference::loss as r;
+    let (x, xs) = tensor_from_f64(
+        engine,
+        &rng.vec(rows * cols, -4.0, 4.0),
+        &[rows, cols],
+        dtype,
+    )?;
+    let (dy, dys) = tensor_from_f64(
+        engine,
+        &rng.vec(rows * cols, -1.0, 1.0),
+        &[rows, cols],
+        dy_dtype,
+    )?;
+    let (y, saved) = if log {
+        loss::log_softmax(&x)?
+    } else {
+        loss::softmax(&x)?
+    };
+    let want = if log {
+        r::log_softmax(&xs, rows, cols)
+    } else {
+        r::softmax(&xs, rows, cols)
+    };
+    cases.push(case(
+        format!("{rows}x{cols} {dtype} y{tag}"),
+        &y.to_f64()?,
+        &want,
+        Tolerance::for_dtype(dtype),
+    ));
+    let dx = loss::softmax_backward(&saved, &dy)?;
+    let want = r::softmax_backward(&xs, &dys, rows, cols, log);
+    cases.push(case(
+        format!("{rows}x{cols} {dtype} dx{tag}"),
+        &dx.to_f64()?,
+        &want,
+        Tolerance::for_dtype(DType::F32),
+    ));
+    Ok(())
 }
 
 fn check_sparsemax(engine: &Engine) -> Result<Vec<Case>> {
