@@ -23,6 +23,47 @@ pub enum MathMode {
     Relaxed,
 }
 
+/// Run-time guards the shader compiler adds to every kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ShaderChecks {
+    /// No added guards (default). wgrad validates every shape, length and index bound on the
+    /// host before it records a dispatch, and each kernel indexes only within the extents it
+    /// was given, loops a bounded number of times and divides by validated non-zero sizes, so
+    /// the guards would only cost instructions. Storage buffers stay protected wherever the
+    /// driver itself enforces robust buffer access (Vulkan does on every adapter wgrad targets).
+    #[default]
+    Trusted,
+    /// wgpu's guards: clamped array indices, an iteration bound on every loop, guarded integer
+    /// division and buffer clamping where the driver does not do it. For debugging a kernel.
+    Guarded,
+}
+
+impl ShaderChecks {
+    fn runtime_checks(self) -> wgpu::ShaderRuntimeChecks {
+        match self {
+            ShaderChecks::Trusted => wgpu::ShaderRuntimeChecks::unchecked(),
+            ShaderChecks::Guarded => wgpu::ShaderRuntimeChecks::checked(),
+        }
+    }
+
+    /// `WGRAD_SHADER_CHECKS=guarded|trusted`, if set.
+    fn from_env() -> Result<Option<ShaderChecks>> {
+        match std::env::var("WGRAD_SHADER_CHECKS")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            None => Ok(None),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "trusted" => Ok(Some(ShaderChecks::Trusted)),
+                "guarded" => Ok(Some(ShaderChecks::Guarded)),
+                _ => Err(Error::Device(format!(
+                    "WGRAD_SHADER_CHECKS={v:?}: expected \"trusted\" or \"guarded\""
+                ))),
+            },
+        }
+    }
+}
+
 /// Features wgrad uses when the adapter has them.
 pub const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
@@ -53,19 +94,22 @@ pub struct EngineInfo {
     pub math_mode: MathMode,
     /// Whether strict Metal kernels go through wgrad's strict MSL (Metal + Strict + passthrough).
     pub strict_msl: bool,
+    /// Run-time guards compiled into the kernels.
+    pub shader_checks: ShaderChecks,
 }
 
 impl std::fmt::Display for EngineInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({:?}, {:?}), driver {}; math {:?}{}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
+            "{} ({:?}, {:?}), driver {}; math {:?}{}; checks {:?}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
             self.adapter,
             self.backend,
             self.device_type,
             self.driver,
             self.math_mode,
             if self.strict_msl { " (strict MSL)" } else { "" },
+            self.shader_checks,
             self.features,
             self.limits.max_storage_buffer_binding_size >> 20,
             self.limits.max_compute_workgroup_storage_size >> 10,
@@ -115,6 +159,7 @@ pub struct EngineBuilder {
     backends: Option<wgpu::Backends>,
     adapter_name: Option<String>,
     math_mode: MathMode,
+    shader_checks: Option<ShaderChecks>,
     pool_limit: u64,
     workspace_bound: u64,
 }
@@ -128,6 +173,7 @@ impl Default for EngineBuilder {
             backends: None,
             adapter_name: None,
             math_mode: MathMode::Strict,
+            shader_checks: None,
             pool_limit: 1 << 30,
             workspace_bound: DEFAULT_WORKSPACE_BOUND,
         }
@@ -165,6 +211,13 @@ impl EngineBuilder {
     /// Math mode of compiled kernels (default `Strict`).
     pub fn math_mode(mut self, mode: MathMode) -> Self {
         self.math_mode = mode;
+        self
+    }
+
+    /// Run-time guards compiled into the kernels (default `Trusted`; overrides
+    /// `WGRAD_SHADER_CHECKS`).
+    pub fn shader_checks(mut self, checks: ShaderChecks) -> Self {
+        self.shader_checks = Some(checks);
         self
     }
 
@@ -243,11 +296,16 @@ impl EngineBuilder {
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| Error::Device(format!("request_device: {e}")))?;
+        let shader_checks = match self.shader_checks {
+            Some(c) => c,
+            None => ShaderChecks::from_env()?.unwrap_or_default(),
+        };
         Engine::assemble(
             device,
             queue,
             adapter.get_info(),
             self.math_mode,
+            shader_checks,
             self.pool_limit,
             self.workspace_bound,
             true,
@@ -459,6 +517,7 @@ impl Engine {
             queue,
             adapter_info,
             math_mode,
+            ShaderChecks::from_env()?.unwrap_or_default(),
             1 << 30,
             DEFAULT_WORKSPACE_BOUND,
             false,
@@ -470,6 +529,7 @@ impl Engine {
         queue: wgpu::Queue,
         adapter: wgpu::AdapterInfo,
         math_mode: MathMode,
+        shader_checks: ShaderChecks,
         pool_limit: u64,
         workspace_bound: u64,
         own_device: bool,
@@ -501,6 +561,7 @@ impl Engine {
             limits: device.limits(),
             math_mode,
             strict_msl,
+            shader_checks,
         };
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -802,7 +863,12 @@ impl Engine {
         });
         let constant_refs: Vec<(&str, f64)> = constants.iter().map(|(k, v)| (*k, *v)).collect();
         let pipeline = if self.inner.info.strict_msl {
-            let msl = crate::msl::strict_msl(kernel, entry, constants)?;
+            let msl = crate::msl::strict_msl_with(
+                kernel,
+                entry,
+                constants,
+                self.inner.info.shader_checks,
+            )?;
             let entry_points = [wgpu::PassthroughShaderEntryPoint {
                 name: msl.entry_name.clone().into(),
                 workgroup_size: msl.workgroup_size,
@@ -826,10 +892,18 @@ impl Engine {
                 cache: None,
             })
         } else {
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let descriptor = wgpu::ShaderModuleDescriptor {
                 label: Some(kernel.name),
                 source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
-            });
+            };
+            // SAFETY: with `ShaderChecks::Trusted` the guards are dropped on the contract stated
+            // there: every dispatch is recorded after host validation of its shapes and bounds.
+            let module = unsafe {
+                device.create_shader_module_trusted(
+                    descriptor,
+                    self.inner.info.shader_checks.runtime_checks(),
+                )
+            };
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(kernel.name),
                 layout: Some(&pipeline_layout),

@@ -42,6 +42,8 @@ pub mod rope;
 pub mod tensor;
 
 pub use dtype::{DType, Element};
-pub use engine::{Engine, EngineBuilder, EngineInfo, MathMode, MemoryStats, Timing, TimingSource};
+pub use engine::{
+    Engine, EngineBuilder, EngineInfo, MathMode, MemoryStats, ShaderChecks, Timing, TimingSource,
+};
 pub use error::{Error, Result};
 pub use tensor::Tensor;

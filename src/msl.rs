@@ -21,7 +21,7 @@
 //! the tests on machines without a Mac.
 
 use crate::kernel::{BindingKind, Constants, Kernel, entry_bindings, entry_index};
-use crate::{Error, Result};
+use crate::{Error, Result, ShaderChecks};
 use naga::back::msl;
 
 /// Functions that have a `metal::precise::` form and are routed to it.
@@ -54,8 +54,19 @@ fn kernel_error(kernel: &Kernel, message: impl std::fmt::Display) -> Error {
 }
 
 /// Translate one entry point of `kernel` to strict MSL, with `constants` substituted (the
-/// overrides not given keep their defaults).
+/// overrides not given keep their defaults), for an engine with [`ShaderChecks::Trusted`].
 pub fn strict_msl(kernel: &Kernel, entry: &str, constants: &Constants) -> Result<StrictMsl> {
+    strict_msl_with(kernel, entry, constants, ShaderChecks::Trusted)
+}
+
+/// [`strict_msl`] with the given run-time guards: `Guarded` clamps indices of fixed-size
+/// arrays (workgroup and private memory) and bounds every loop, `Trusted` adds neither.
+pub fn strict_msl_with(
+    kernel: &Kernel,
+    entry: &str,
+    constants: &Constants,
+    checks: ShaderChecks,
+) -> Result<StrictMsl> {
     let (module, info) = kernel.module()?;
     let mut pipeline_constants = naga::back::PipelineConstants::default();
     for (name, value) in constants {
@@ -88,6 +99,15 @@ pub fn strict_msl(kernel: &Kernel, entry: &str, constants: &Constants) -> Result
         lang_version: (2, 4),
         fake_missing_bindings: false,
         zero_initialize_workgroup_memory: true,
+        force_loop_bounding: checks == ShaderChecks::Guarded,
+        bounds_check_policies: match checks {
+            ShaderChecks::Trusted => naga::proc::BoundsCheckPolicies::default(),
+            // Buffer clamps would need the runtime-array sizes argument, which strict MSL drops.
+            ShaderChecks::Guarded => naga::proc::BoundsCheckPolicies {
+                index: naga::proc::BoundsCheckPolicy::Restrict,
+                ..Default::default()
+            },
+        },
         ..Default::default()
     };
     options.per_entry_point_map.insert(
