@@ -189,6 +189,87 @@ fn ragged_shapes_and_transposes_match_reference() {
     }
 }
 
+/// The product as the kernel sums it, emulated on the host in f32: each output starts at +0
+/// and takes one multiply-add per term in increasing `l`, then `1·sum + 0` (no bias). WGSL's
+/// `fma` may be evaluated fused or as a rounded product and a rounded sum (lavapipe does the
+/// latter), so `fused` picks which.
+fn sequential_sum(p: &Problem, a: &[f64], b: &[f64], fused: bool) -> Vec<u32> {
+    let mut out = Vec::with_capacity(p.out_len());
+    for bi in 0..p.batch {
+        for i in 0..p.m {
+            for j in 0..p.n {
+                let mut c = 0.0f32;
+                for l in 0..p.k {
+                    let x = a[p.a_index(bi, i, l)] as f32;
+                    let y = b[p.b_index(bi, l, j)] as f32;
+                    c = if fused { x.mul_add(y, c) } else { c + x * y };
+                }
+                out.push((c * 1.0 + 0.0).to_bits());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn summation_order_is_one_fma_per_term_in_increasing_k() {
+    // The tiling may change, the order of each output's sum may not: the GPU's bits equal the
+    // host's sequential FP32 fused multiply-adds, over shapes with edge tiles in every
+    // direction (several tiles in M and N, K steps with a ragged tail), every transpose
+    // combination, 16-bit operands (widened exactly) and a batch with a shared operand.
+    let e = engine();
+    let extents = [
+        (1, 1, 1),
+        (7, 33, 129),
+        (129, 65, 7),
+        (130, 257, 37),
+        (255, 129, 16),
+    ];
+    let dtypes = [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::BF16),
+        (DType::BF16, DType::F32),
+    ];
+    let mut seed = 900;
+    for (s, &(m, n, k)) in extents.iter().enumerate() {
+        for (t, (ta, tb)) in [(false, false), (true, false), (false, true), (true, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let (da, db) = dtypes[(s + t) % 3];
+            let p = Problem {
+                batch: 2,
+                a_batched: true,
+                b_batched: (s + t) % 2 == 0,
+                ..problem(m, n, k, ta, tb)
+            };
+            seed += 2;
+            let (sa, sb) = shapes(&p);
+            let a = stored(&data(seed, p.a_len()), da);
+            let b = stored(&data(seed + 1, p.b_len()), db);
+            let at = tensor_from_f64(e, &a, &sa, da);
+            let bt = tensor_from_f64(e, &b, &sb, db);
+            let options = MatmulOptions {
+                transpose_a: ta,
+                transpose_b: tb,
+                activation: None,
+            };
+            let (y, _) = mm(&at, &bt, None, &options).unwrap();
+            let got = f32_bits(&y);
+            let fused = sequential_sum(&p, &a, &b, true);
+            let unfused = sequential_sum(&p, &a, &b, false);
+            let first = |want: &[u32]| got.iter().zip(want).position(|(g, w)| g != w);
+            assert!(
+                got == fused || got == unfused,
+                "m {m} n {n} k {k} ta {ta} tb {tb} {da}/{db}: first difference at element \
+                 {:?} (fused), {:?} (unfused)",
+                first(&fused),
+                first(&unfused)
+            );
+        }
+    }
+}
+
 #[test]
 fn broadcast_batches_match_reference() {
     for (a_batched, b_batched) in [(true, false), (false, true), (true, true)] {
