@@ -44,7 +44,7 @@ pub static KERNEL: Kernel = Kernel {
 /// Output rows per workgroup (`BM` in the kernel).
 pub const TILE_M: usize = 128;
 /// Output columns per workgroup (`BN` in the kernel).
-pub const TILE_N: usize = 64;
+pub const TILE_N: usize = 128;
 
 /// Options of [`matmul`]. Default: no transpose, no activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
