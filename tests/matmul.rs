@@ -1,8 +1,9 @@
 //! Dense matmul against the f64 reference of `wgrad::reference::matmul`: ragged M, N, K, both
 //! transposes, broadcast batches (either operand shared), bias, every activation epilogue
 //! (forward and gradients), every storage dtype, `gemm` with offsets / accumulate / alpha,
-//! empty extents, bit-identical reruns, finite differences of the reference backward, and
-//! each bad input's typed error.
+//! empty extents, bit-identical reruns, outputs bit-identical to a host f32 multiply-add in
+//! increasing k (the summation order), the stated workgroup memory, finite differences of the
+//! reference backward, and each bad input's typed error.
 
 mod common;
 
@@ -268,6 +269,21 @@ fn summation_order_is_one_fma_per_term_in_increasing_k() {
             );
         }
     }
+}
+
+#[test]
+fn workgroup_memory_is_as_stated() {
+    // The kernel's workgroup variables add up to `WORKGROUP_BYTES`, within the WebGPU default
+    // limit every adapter offers (16 KiB).
+    let (module, _) = matmul::KERNEL.module().unwrap();
+    let bytes: u64 = module
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, v)| u64::from(module.types[v.ty].inner.size(module.to_ctx())))
+        .sum();
+    assert_eq!(bytes, matmul::WORKGROUP_BYTES);
+    assert!(bytes <= 16 * 1024);
 }
 
 #[test]

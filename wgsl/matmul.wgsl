@@ -38,8 +38,10 @@
 // * Staging stores, m or n contiguous in memory: the 32 lanes store 32 consecutive values of
 //   one k-row, 32 distinct banks, conflict-free; no swizzle, so the inner loop reads this
 //   operand at fixed offsets.
-// The next step's global elements are walked by index increments; the row / column bounds
-// are tested once per tile and the k bound once per step.
+// Global fetches: an invocation's eight elements of an operand lie a fixed stride apart and
+// move by a fixed step per K step, so each index costs one addition; the row (column)
+// bound is counted once per tile and the k bound once per step into a limit, and each
+// element's edge test is one comparison with it.
 
 // The operands' dtypes and layouts specialize the main loop; the epilogue's options are
 // uniform parameters (one pipeline serves every bias dtype, activation and accumulation).
