@@ -18,13 +18,14 @@
 //! there is no reduced-precision mode. Each output element is summed over `k` in increasing
 //! order by one invocation (no split-K), so reruns are bit-identical.
 //!
-//! Kernel (`wgsl/matmul.wgsl`): 128×64 output tile per workgroup of 256 invocations, 8×4
-//! micro-tile per invocation, K steps of 16 staged in 12.5 KiB of workgroup memory with the
-//! next step prefetched into registers; edge tiles are bounds-checked in the kernel. The
-//! activation formulas are those of [`crate::activation`] (`wgsl/common/activation.wgsl`).
+//! Kernel (`wgsl/matmul.wgsl`): [`TILE_M`]×[`TILE_N`] = 128×128 output tile per workgroup of
+//! 256 invocations, 8×8 micro-tile per invocation (sixteen vec4 accumulators), K steps of 16
+//! staged in [`WORKGROUP_BYTES`] = 16 KiB of workgroup memory with the next step prefetched
+//! into registers; edge tiles are bounds-checked in the kernel. The activation formulas are
+//! those of [`crate::activation`] (`wgsl/common/activation.wgsl`).
 //!
 //! Bounds: every tensor at most 2³²−1 elements (and one storage binding); at most 65,535²
-//! workgroups per launch (`⌈M/128⌉·⌈N/64⌉·batch`).
+//! workgroups per launch (`⌈M/128⌉·⌈N/128⌉·batch`).
 
 use crate::activation::{self, Activation, ActivationSaved};
 use crate::kernel::{COMMON_ACTIVATION, COMMON_DTYPE, COMMON_LAUNCH, Kernel};
@@ -44,7 +45,10 @@ pub static KERNEL: Kernel = Kernel {
 /// Output rows per workgroup (`BM` in the kernel).
 pub const TILE_M: usize = 128;
 /// Output columns per workgroup (`BN` in the kernel).
-pub const TILE_N: usize = 64;
+pub const TILE_N: usize = 128;
+/// Workgroup memory of the kernel: the A and B tiles of one K step, 2 × 16 × 128 f32 (the
+/// WebGPU default limit, 16 KiB).
+pub const WORKGROUP_BYTES: u64 = 2 * 16 * 128 * 4;
 
 /// Options of [`matmul`]. Default: no transpose, no activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -1,8 +1,9 @@
 //! Dense matmul against the f64 reference of `wgrad::reference::matmul`: ragged M, N, K, both
 //! transposes, broadcast batches (either operand shared), bias, every activation epilogue
 //! (forward and gradients), every storage dtype, `gemm` with offsets / accumulate / alpha,
-//! empty extents, bit-identical reruns, finite differences of the reference backward, and
-//! each bad input's typed error.
+//! empty extents, bit-identical reruns, outputs bit-identical to a host f32 multiply-add in
+//! increasing k (the summation order), the stated workgroup memory, finite differences of the
+//! reference backward, and each bad input's typed error.
 
 mod common;
 
@@ -187,6 +188,102 @@ fn ragged_shapes_and_transposes_match_reference() {
             );
         }
     }
+}
+
+/// The product as the kernel sums it, emulated on the host in f32: each output starts at +0
+/// and takes one multiply-add per term in increasing `l`, then `1·sum + 0` (no bias). WGSL's
+/// `fma` may be evaluated fused or as a rounded product and a rounded sum (lavapipe does the
+/// latter), so `fused` picks which.
+fn sequential_sum(p: &Problem, a: &[f64], b: &[f64], fused: bool) -> Vec<u32> {
+    let mut out = Vec::with_capacity(p.out_len());
+    for bi in 0..p.batch {
+        for i in 0..p.m {
+            for j in 0..p.n {
+                let mut c = 0.0f32;
+                for l in 0..p.k {
+                    let x = a[p.a_index(bi, i, l)] as f32;
+                    let y = b[p.b_index(bi, l, j)] as f32;
+                    c = if fused { x.mul_add(y, c) } else { c + x * y };
+                }
+                out.push((c * 1.0 + 0.0).to_bits());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn summation_order_is_one_fma_per_term_in_increasing_k() {
+    // The tiling may change, the order of each output's sum may not: the GPU's bits equal the
+    // host's sequential FP32 fused multiply-adds, over shapes with edge tiles in every
+    // direction (several tiles in M and N, K steps with a ragged tail), every transpose
+    // combination, 16-bit operands (widened exactly) and a batch with a shared operand.
+    let e = engine();
+    let extents = [
+        (1, 1, 1),
+        (7, 33, 129),
+        (129, 65, 7),
+        (130, 257, 37),
+        (255, 129, 16),
+    ];
+    let dtypes = [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::BF16),
+        (DType::BF16, DType::F32),
+    ];
+    let mut seed = 900;
+    for (s, &(m, n, k)) in extents.iter().enumerate() {
+        for (t, (ta, tb)) in [(false, false), (true, false), (false, true), (true, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let (da, db) = dtypes[(s + t) % 3];
+            let p = Problem {
+                batch: 2,
+                a_batched: true,
+                b_batched: (s + t) % 2 == 0,
+                ..problem(m, n, k, ta, tb)
+            };
+            seed += 2;
+            let (sa, sb) = shapes(&p);
+            let a = stored(&data(seed, p.a_len()), da);
+            let b = stored(&data(seed + 1, p.b_len()), db);
+            let at = tensor_from_f64(e, &a, &sa, da);
+            let bt = tensor_from_f64(e, &b, &sb, db);
+            let options = MatmulOptions {
+                transpose_a: ta,
+                transpose_b: tb,
+                activation: None,
+            };
+            let (y, _) = mm(&at, &bt, None, &options).unwrap();
+            let got = f32_bits(&y);
+            let fused = sequential_sum(&p, &a, &b, true);
+            let unfused = sequential_sum(&p, &a, &b, false);
+            let first = |want: &[u32]| got.iter().zip(want).position(|(g, w)| g != w);
+            assert!(
+                got == fused || got == unfused,
+                "m {m} n {n} k {k} ta {ta} tb {tb} {da}/{db}: first difference at element \
+                 {:?} (fused), {:?} (unfused)",
+                first(&fused),
+                first(&unfused)
+            );
+        }
+    }
+}
+
+#[test]
+fn workgroup_memory_is_as_stated() {
+    // The kernel's workgroup variables add up to `WORKGROUP_BYTES`, within the WebGPU default
+    // limit every adapter offers (16 KiB).
+    let (module, _) = matmul::KERNEL.module().unwrap();
+    let bytes: u64 = module
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, v)| u64::from(module.types[v.ty].inner.size(module.to_ctx())))
+        .sum();
+    assert_eq!(bytes, matmul::WORKGROUP_BYTES);
+    assert!(bytes <= 16 * 1024);
 }
 
 #[test]

@@ -10,14 +10,38 @@
 // ([n, k]). Operands are F32, F16 or BF16 (16-bit: two halves per u32 word, any element
 // offset), widened to f32 as they are staged; accumulation and the output are F32.
 //
-// Tiling: one workgroup of 256 invocations computes a BM×BN = 128×64 output tile; invocation
-// (tx, ty) = (lid % 16, lid / 16) owns the 8×4 micro-tile of rows 8·ty.., columns 4·tx...
-// K advances in steps of BK = 16: the next step's A (128×16) and B (16×64) tiles are loaded
-// into registers while the current step, staged in workgroup memory as f32 (k-major, rows
-// padded by 4 to spread the banks; 12.5 KiB), is multiplied. Every product term is one
-// `fma` in increasing l, so each output's summation order depends on k only: reruns are
-// bit-identical and no two invocations write one output word. Edge tiles (ragged m, n, k)
-// read zeros past the ends and write nothing outside the product.
+// Tiling: one workgroup of 256 invocations computes a BM×BN = 128×128 output tile; invocation
+// (tx, ty) = (lid % 16, lid / 16) owns an 8×8 micro-tile: rows 4·ty.. and 64 + 4·ty.. (four
+// each), columns 4·tx.. and 64 + 4·tx.. (one vec4 each), held in sixteen vec4 accumulators.
+// K advances in steps of BK = 16: the next step's A (128×16) and B (16×128) elements are
+// loaded into registers while the current step, staged in workgroup memory as f32, is
+// multiplied. Each k of a step reads four vec4s (two of A, two of B) for 64 fused
+// multiply-adds. Every product term is one `fma` in increasing l, so each output's summation
+// order depends on k only: reruns are bit-identical and no two invocations write one output
+// word. Edge tiles (ragged m, n, k) read zeros past the ends and write nothing outside the
+// product.
+//
+// Staging layout (16 KiB, no padding): both tiles are k-major, 16 rows (one per k) of 32
+// vec4s (128 values). Element (x, kk) of a tile, x the row of A or the column of B within the
+// tile, lives in vec4 kk·32 + ((x / 4) ^ s(kk)), component x % 4, where the swizzle
+// s(kk) = kk % 8 for an operand stored with k contiguous (A not transposed, B transposed) and
+// 0 otherwise. Banks (32 of 4 bytes):
+// * Inner-loop reads: the sixteen lanes of one ty read one A vec4 (a broadcast; the two values
+//   of ty in a 32-lane group read two vec4s of different banks), and the sixteen values of tx
+//   read sixteen distinct vec4s of one k-row: 64 consecutive words up to the XOR, which only
+//   permutes them. Conflict-free.
+// * Staging stores, k contiguous in memory: the 32 lanes of a group fetch 16 consecutive k of
+//   two adjacent rows (coalesced global reads) and store them into 16 k-rows. Without the
+//   swizzle every k-row starts at bank 0, so the 16 stores of one row would hit one bank;
+//   with it the vec4 column moves with kk % 8, spreading them over 8 vec4 positions: 16
+//   banks for 32 lanes, a 2-way conflict, eight scalar stores per operand per step.
+// * Staging stores, m or n contiguous in memory: the 32 lanes store 32 consecutive values of
+//   one k-row, 32 distinct banks, conflict-free; no swizzle, so the inner loop reads this
+//   operand at fixed offsets.
+// Global fetches: an invocation's eight elements of an operand lie a fixed stride apart and
+// move by a fixed step per K step, so each index costs one addition; the row (column)
+// bound is counted once per tile and the k bound once per step into a limit, and each
+// element's edge test is one comparison with it.
 
 // The operands' dtypes and layouts specialize the main loop; the epilogue's options are
 // uniform parameters (one pipeline serves every bias dtype, activation and accumulation).
@@ -28,12 +52,10 @@ override TRANS_B: u32 = 0u;      // 1: B stored [n, k]
 
 const WG: u32 = 256u;
 const BM: u32 = 128u;
-const BN: u32 = 64u;
+const BN: u32 = 128u;
 const BK: u32 = 16u;
-const TM: u32 = 8u;              // micro-tile rows
-const TN: u32 = 4u;              // micro-tile columns (one vec4)
-const AS_ROW: u32 = 33u;         // vec4s per staged k-row of A: (BM + 4) / 4
-const BS_ROW: u32 = 17u;         // vec4s per staged k-row of B: (BN + 4) / 4
+const ROW4: u32 = 32u;           // vec4s per staged k-row: BM / 4 = BN / 4
+const PER: u32 = 8u;             // elements of each operand one invocation stages per step
 
 struct Params {
     m: u32,
@@ -62,23 +84,38 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
 @group(0) @binding(5) var<storage, read_write> pre: array<u32>;
 
-var<workgroup> a_tile: array<vec4<f32>, 528>;   // BK · AS_ROW
-var<workgroup> b_tile: array<vec4<f32>, 272>;   // BK · BS_ROW
+var<workgroup> a_tile: array<vec4<f32>, 512>;   // BK · ROW4 (8 KiB)
+var<workgroup> b_tile: array<vec4<f32>, 512>;   // BK · ROW4 (8 KiB)
 
 // Registers hold no indexed arrays (an indexed private array may be placed in slow local
-// memory): the accumulators are eight vec4s, the prefetched elements three vec4s, and every
+// memory): the accumulators are sixteen vec4s, the prefetched elements four vec4s, and every
 // per-element helper is called with constant element numbers.
 
-// Accumulators of one micro-tile: row i of the 8 is `ri`, its 4 columns one vec4.
+// Accumulators of one micro-tile: `loi` holds row i's columns 4·tx.., `hii` its columns
+// 64 + 4·tx..; rows i < 4 are 4·ty + i of the tile, rows i ≥ 4 are 64 + 4·ty + i − 4.
 struct Acc {
-    r0: vec4<f32>,
-    r1: vec4<f32>,
-    r2: vec4<f32>,
-    r3: vec4<f32>,
-    r4: vec4<f32>,
-    r5: vec4<f32>,
-    r6: vec4<f32>,
-    r7: vec4<f32>,
+    lo0: vec4<f32>,
+    hi0: vec4<f32>,
+    lo1: vec4<f32>,
+    hi1: vec4<f32>,
+    lo2: vec4<f32>,
+    hi2: vec4<f32>,
+    lo3: vec4<f32>,
+    hi3: vec4<f32>,
+    lo4: vec4<f32>,
+    hi4: vec4<f32>,
+    lo5: vec4<f32>,
+    hi5: vec4<f32>,
+    lo6: vec4<f32>,
+    hi6: vec4<f32>,
+    lo7: vec4<f32>,
+    hi7: vec4<f32>,
+}
+
+// Eight staged elements of one operand.
+struct Eight {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }
 
 fn load_a(i: u32) -> f32 {
@@ -102,93 +139,151 @@ fn load_bias(i: u32) -> f32 {
     return half_from_word(bias[i >> 1u], i, params.dt_bias);
 }
 
-// (row within the tile, k within the step) of this invocation's r-th A element; consecutive
-// invocations follow the stored layout's contiguous axis.
-fn a_slot(lid: u32, r: u32) -> vec2<u32> {
-    if (TRANS_A == 1u) {
-        return vec2(lid % BM, lid / BM + r * (WG / BM));
-    }
-    return vec2(lid / BK + r * (WG / BK), lid % BK);
+// An operand is "k-contiguous" when consecutive k are adjacent in memory: A not transposed
+// ([m, k] rows), B transposed ([n, k] rows).
+fn a_kc() -> bool {
+    return TRANS_A == 0u;
 }
 
-// (column within the tile, k within the step) of this invocation's r-th B element.
-fn b_slot(lid: u32, r: u32) -> vec2<u32> {
-    if (TRANS_B == 1u) {
+fn b_kc() -> bool {
+    return TRANS_B == 1u;
+}
+
+// (x, kk) of this invocation's r-th element of a step: x the row of A (column of B) within the
+// tile, kk the k within the step. Consecutive invocations follow the contiguous axis in memory.
+fn slot(kc: bool, lid: u32, r: u32) -> vec2<u32> {
+    if (kc) {
         return vec2(lid / BK + r * (WG / BK), lid % BK);
     }
-    return vec2(lid % BN, lid / BN + r * (WG / BN));
+    return vec2(lid % BM, lid / BM + r * (WG / BM));
 }
 
-// The r-th A element of the K step at k0 (zero past the edges).
-fn fetch_a(lid: u32, r: u32, row0: u32, k0: u32, base: u32) -> f32 {
-    let s = a_slot(lid, r);
-    let row = row0 + s.x;
-    let l = k0 + s.y;
-    if (row >= params.m || l >= params.k) {
-        return 0.0;
-    }
-    if (TRANS_A == 1u) {
-        return load_a(base + l * params.m + row);
-    }
-    return load_a(base + row * params.k + l);
+// The XOR applied to the vec4 column of staged k-row kk (see the header).
+fn swizzle(kc: bool, kk: u32) -> u32 {
+    return select(0u, kk & 7u, kc);
 }
 
-// The r-th B element of the K step at k0 (zero past the edges).
-fn fetch_b(lid: u32, r: u32, col0: u32, k0: u32, base: u32) -> f32 {
-    let s = b_slot(lid, r);
-    let col = col0 + s.x;
-    let l = k0 + s.y;
-    if (col >= params.n || l >= params.k) {
-        return 0.0;
-    }
-    if (TRANS_B == 1u) {
-        return load_b(base + col * params.k + l);
-    }
-    return load_b(base + l * params.n + col);
+// The vec4 of a staged tile holding element (x, kk).
+fn staged(kc: bool, s: vec2<u32>) -> u32 {
+    return s.y * ROW4 + ((s.x / 4u) ^ swizzle(kc, s.y));
 }
 
-fn fetch_a4(lid: u32, r: u32, row0: u32, k0: u32, base: u32) -> vec4<f32> {
-    return vec4(
-        fetch_a(lid, r, row0, k0, base),
-        fetch_a(lid, r + 1u, row0, k0, base),
-        fetch_a(lid, r + 2u, row0, k0, base),
-        fetch_a(lid, r + 3u, row0, k0, base),
+// Number of r in 0..PER with first + r·stride < end.
+fn count(first: u32, stride: u32, end: u32) -> u32 {
+    if (first >= end) {
+        return 0u;
+    }
+    if (stride == 0u) {
+        return PER;
+    }
+    return min(PER, (end - first - 1u) / stride + 1u);
+}
+
+// How one invocation walks an operand: its r-th element of the current step is stored at
+// idx + r·dr, and lies inside the operand when r < min(inside, count(k0 + k_first, k_stride,
+// k)) for the step at k0; idx advances by d_step per step. Indices of elements outside are
+// never used (u32 arithmetic wraps; the indices used are exact).
+struct Walk {
+    idx: u32,
+    dr: u32,
+    d_step: u32,
+    inside: u32,
+    k_first: u32,
+    k_stride: u32,
+}
+
+// The walk of an operand at `base`, extent `ext` (m for A, n for B) along x, tile start x0.
+fn walk(kc: bool, lid: u32, base: u32, x0: u32, ext: u32) -> Walk {
+    let k = params.k;
+    let s = slot(kc, lid, 0u);
+    let x = x0 + s.x;
+    if (kc) {
+        // Stored [ext, k]: element (x, l) at base + x·k + l.
+        return Walk(base + x * k + s.y, (WG / BK) * k, BK, count(x, WG / BK, ext), s.y, 0u);
+    }
+    // Stored [k, ext]: element (x, l) at base + l·ext + x.
+    return Walk(base + s.y * ext + x, (WG / BM) * ext, BK * ext, count(x, 0u, ext), s.y, WG / BM);
+}
+
+// Elements r < limit of the step at k0 lie inside the operand.
+fn limit(w: Walk, k0: u32) -> u32 {
+    return min(w.inside, count(k0 + w.k_first, w.k_stride, params.k));
+}
+
+fn a_at(i: u32, inside: bool) -> f32 {
+    if (inside) {
+        return load_a(i);
+    }
+    return 0.0;
+}
+
+fn b_at(i: u32, inside: bool) -> f32 {
+    if (inside) {
+        return load_b(i);
+    }
+    return 0.0;
+}
+
+// The eight A elements of the step at k0 (zero past the edges).
+fn fetch_a(w: Walk, k0: u32) -> Eight {
+    let n = limit(w, k0);
+    let i1 = w.idx + w.dr;
+    let i2 = i1 + w.dr;
+    let i3 = i2 + w.dr;
+    let i4 = i3 + w.dr;
+    let i5 = i4 + w.dr;
+    let i6 = i5 + w.dr;
+    let i7 = i6 + w.dr;
+    return Eight(
+        vec4(a_at(w.idx, 0u < n), a_at(i1, 1u < n), a_at(i2, 2u < n), a_at(i3, 3u < n)),
+        vec4(a_at(i4, 4u < n), a_at(i5, 5u < n), a_at(i6, 6u < n), a_at(i7, 7u < n)),
     );
 }
 
-fn fetch_b4(lid: u32, col0: u32, k0: u32, base: u32) -> vec4<f32> {
-    return vec4(
-        fetch_b(lid, 0u, col0, k0, base),
-        fetch_b(lid, 1u, col0, k0, base),
-        fetch_b(lid, 2u, col0, k0, base),
-        fetch_b(lid, 3u, col0, k0, base),
+// The eight B elements of the step at k0 (zero past the edges).
+fn fetch_b(w: Walk, k0: u32) -> Eight {
+    let n = limit(w, k0);
+    let i1 = w.idx + w.dr;
+    let i2 = i1 + w.dr;
+    let i3 = i2 + w.dr;
+    let i4 = i3 + w.dr;
+    let i5 = i4 + w.dr;
+    let i6 = i5 + w.dr;
+    let i7 = i6 + w.dr;
+    return Eight(
+        vec4(b_at(w.idx, 0u < n), b_at(i1, 1u < n), b_at(i2, 2u < n), b_at(i3, 3u < n)),
+        vec4(b_at(i4, 4u < n), b_at(i5, 5u < n), b_at(i6, 6u < n), b_at(i7, 7u < n)),
     );
 }
 
-// Workgroup memory ← fetched elements (k-major: a_tile[l][row], b_tile[l][col]).
+// Workgroup memory ← fetched elements.
 fn stage_a(lid: u32, r: u32, v: f32) {
-    let s = a_slot(lid, r);
-    a_tile[s.y * AS_ROW + s.x / 4u][s.x % 4u] = v;
+    let s = slot(a_kc(), lid, r);
+    a_tile[staged(a_kc(), s)][s.x % 4u] = v;
 }
 
 fn stage_b(lid: u32, r: u32, v: f32) {
-    let s = b_slot(lid, r);
-    b_tile[s.y * BS_ROW + s.x / 4u][s.x % 4u] = v;
+    let s = slot(b_kc(), lid, r);
+    b_tile[staged(b_kc(), s)][s.x % 4u] = v;
 }
 
-fn stage(lid: u32, a_lo: vec4<f32>, a_hi: vec4<f32>, bv: vec4<f32>) {
-    stage_a(lid, 0u, a_lo.x);
-    stage_a(lid, 1u, a_lo.y);
-    stage_a(lid, 2u, a_lo.z);
-    stage_a(lid, 3u, a_lo.w);
-    stage_a(lid, 4u, a_hi.x);
-    stage_a(lid, 5u, a_hi.y);
-    stage_a(lid, 6u, a_hi.z);
-    stage_a(lid, 7u, a_hi.w);
-    stage_b(lid, 0u, bv.x);
-    stage_b(lid, 1u, bv.y);
-    stage_b(lid, 2u, bv.z);
-    stage_b(lid, 3u, bv.w);
+fn stage(lid: u32, av: Eight, bv: Eight) {
+    stage_a(lid, 0u, av.lo.x);
+    stage_a(lid, 1u, av.lo.y);
+    stage_a(lid, 2u, av.lo.z);
+    stage_a(lid, 3u, av.lo.w);
+    stage_a(lid, 4u, av.hi.x);
+    stage_a(lid, 5u, av.hi.y);
+    stage_a(lid, 6u, av.hi.z);
+    stage_a(lid, 7u, av.hi.w);
+    stage_b(lid, 0u, bv.lo.x);
+    stage_b(lid, 1u, bv.lo.y);
+    stage_b(lid, 2u, bv.lo.z);
+    stage_b(lid, 3u, bv.lo.w);
+    stage_b(lid, 4u, bv.hi.x);
+    stage_b(lid, 5u, bv.hi.y);
+    stage_b(lid, 6u, bv.hi.z);
+    stage_b(lid, 7u, bv.hi.w);
 }
 
 // The tile of workgroup `g`: (batch, row0, col0, 1), or w = 0 past the last tile.
@@ -206,50 +301,69 @@ fn tile_of(g: u32) -> vec4<u32> {
 fn product(lid: u32, bi: u32, row0: u32, col0: u32) -> Acc {
     let tx = lid % 16u;
     let ty = lid / 16u;
-    let base_a = params.off_a + bi * params.stride_a;
-    let base_b = params.off_b + bi * params.stride_b;
-    var c0 = vec4(0.0);
-    var c1 = vec4(0.0);
-    var c2 = vec4(0.0);
-    var c3 = vec4(0.0);
-    var c4 = vec4(0.0);
-    var c5 = vec4(0.0);
-    var c6 = vec4(0.0);
-    var c7 = vec4(0.0);
+    var wa = walk(a_kc(), lid, params.off_a + bi * params.stride_a, row0, params.m);
+    var wb = walk(b_kc(), lid, params.off_b + bi * params.stride_b, col0, params.n);
+    var lo0 = vec4(0.0);
+    var hi0 = vec4(0.0);
+    var lo1 = vec4(0.0);
+    var hi1 = vec4(0.0);
+    var lo2 = vec4(0.0);
+    var hi2 = vec4(0.0);
+    var lo3 = vec4(0.0);
+    var hi3 = vec4(0.0);
+    var lo4 = vec4(0.0);
+    var hi4 = vec4(0.0);
+    var lo5 = vec4(0.0);
+    var hi5 = vec4(0.0);
+    var lo6 = vec4(0.0);
+    var hi6 = vec4(0.0);
+    var lo7 = vec4(0.0);
+    var hi7 = vec4(0.0);
     let steps = (params.k + BK - 1u) / BK;
-    var next_lo = vec4(0.0);
-    var next_hi = vec4(0.0);
-    var next_b = vec4(0.0);
+    var next_a = Eight(vec4(0.0), vec4(0.0));
+    var next_b = Eight(vec4(0.0), vec4(0.0));
     if (steps > 0u) {
-        next_lo = fetch_a4(lid, 0u, row0, 0u, base_a);
-        next_hi = fetch_a4(lid, 4u, row0, 0u, base_a);
-        next_b = fetch_b4(lid, col0, 0u, base_b);
+        next_a = fetch_a(wa, 0u);
+        next_b = fetch_b(wb, 0u);
     }
     for (var t = 0u; t < steps; t = t + 1u) {
         workgroupBarrier();
-        stage(lid, next_lo, next_hi, next_b);
+        stage(lid, next_a, next_b);
         workgroupBarrier();
         if (t + 1u < steps) {
             let k0 = (t + 1u) * BK;
-            next_lo = fetch_a4(lid, 0u, row0, k0, base_a);
-            next_hi = fetch_a4(lid, 4u, row0, k0, base_a);
-            next_b = fetch_b4(lid, col0, k0, base_b);
+            wa.idx = wa.idx + wa.d_step;
+            wb.idx = wb.idx + wb.d_step;
+            next_a = fetch_a(wa, k0);
+            next_b = fetch_b(wb, k0);
         }
         for (var l = 0u; l < BK; l = l + 1u) {
-            let a_lo = a_tile[l * AS_ROW + ty * 2u];
-            let a_hi = a_tile[l * AS_ROW + ty * 2u + 1u];
-            let bv = b_tile[l * BS_ROW + tx];
-            c0 = fma(vec4(a_lo.x), bv, c0);
-            c1 = fma(vec4(a_lo.y), bv, c1);
-            c2 = fma(vec4(a_lo.z), bv, c2);
-            c3 = fma(vec4(a_lo.w), bv, c3);
-            c4 = fma(vec4(a_hi.x), bv, c4);
-            c5 = fma(vec4(a_hi.y), bv, c5);
-            c6 = fma(vec4(a_hi.z), bv, c6);
-            c7 = fma(vec4(a_hi.w), bv, c7);
+            // Rows 4·ty.. and 64 + 4·ty.. of A, columns 4·tx.. and 64 + 4·tx.. of B.
+            let ia = l * ROW4 + (ty ^ swizzle(a_kc(), l));
+            let ib = l * ROW4 + (tx ^ swizzle(b_kc(), l));
+            let a0 = a_tile[ia];
+            let a1 = a_tile[ia + 16u];
+            let b0 = b_tile[ib];
+            let b1 = b_tile[ib + 16u];
+            lo0 = fma(vec4(a0.x), b0, lo0);
+            hi0 = fma(vec4(a0.x), b1, hi0);
+            lo1 = fma(vec4(a0.y), b0, lo1);
+            hi1 = fma(vec4(a0.y), b1, hi1);
+            lo2 = fma(vec4(a0.z), b0, lo2);
+            hi2 = fma(vec4(a0.z), b1, hi2);
+            lo3 = fma(vec4(a0.w), b0, lo3);
+            hi3 = fma(vec4(a0.w), b1, hi3);
+            lo4 = fma(vec4(a1.x), b0, lo4);
+            hi4 = fma(vec4(a1.x), b1, hi4);
+            lo5 = fma(vec4(a1.y), b0, lo5);
+            hi5 = fma(vec4(a1.y), b1, hi5);
+            lo6 = fma(vec4(a1.z), b0, lo6);
+            hi6 = fma(vec4(a1.z), b1, hi6);
+            lo7 = fma(vec4(a1.w), b0, lo7);
+            hi7 = fma(vec4(a1.w), b1, hi7);
         }
     }
-    return Acc(c0, c1, c2, c3, c4, c5, c6, c7);
+    return Acc(lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5, lo6, hi6, lo7, hi7);
 }
 
 fn bias_at(col: u32) -> f32 {
@@ -259,9 +373,18 @@ fn bias_at(col: u32) -> f32 {
     return 0.0;
 }
 
-// The bias of this invocation's micro-tile columns (4·tx.. of the tile at col0).
-fn micro_bias(lid: u32, col0: u32) -> vec4<f32> {
-    let col = col0 + (lid % 16u) * TN;
+// Row of accumulator row i (0..8) and first column of half h (0, 1) of this invocation's
+// micro-tile, within the tile.
+fn micro_row(lid: u32, i: u32) -> u32 {
+    return (i / 4u) * 64u + (lid / 16u) * 4u + i % 4u;
+}
+
+fn micro_col(lid: u32, h: u32) -> u32 {
+    return h * 64u + (lid % 16u) * 4u;
+}
+
+// The bias of the four columns from col (0 past n or without a bias).
+fn bias4(col: u32) -> vec4<f32> {
     return vec4(bias_at(col), bias_at(col + 1u), bias_at(col + 2u), bias_at(col + 3u));
 }
 
@@ -276,31 +399,32 @@ fn store_out(idx: u32, v: f32) {
     }
 }
 
-// Element index of micro-tile element (r, c) in out, or 0xffffffff outside the product.
-fn out_index(lid: u32, tile: vec4<u32>, r: u32, c: u32) -> u32 {
-    let row = tile.y + (lid / 16u) * TM + r;
-    let col = tile.z + (lid % 16u) * TN + c;
-    if (row >= params.m || col >= params.n) {
-        return 0xffffffffu;
-    }
-    return params.off_c + tile.x * params.stride_c + row * params.n + col;
-}
-
-// Row r of the accumulators (a switch, not an indexed array: the values stay in registers).
-fn acc_row(c: Acc, r: u32) -> vec4<f32> {
-    switch r {
-        case 0u: { return c.r0; }
-        case 1u: { return c.r1; }
-        case 2u: { return c.r2; }
-        case 3u: { return c.r3; }
-        case 4u: { return c.r4; }
-        case 5u: { return c.r5; }
-        case 6u: { return c.r6; }
-        default: { return c.r7; }
+// Accumulator q = 2·i + h: row i, half h (a switch, not an indexed array: the values stay in
+// registers).
+fn acc_at(c: Acc, q: u32) -> vec4<f32> {
+    switch q {
+        case 0u: { return c.lo0; }
+        case 1u: { return c.hi0; }
+        case 2u: { return c.lo1; }
+        case 3u: { return c.hi1; }
+        case 4u: { return c.lo2; }
+        case 5u: { return c.hi2; }
+        case 6u: { return c.lo3; }
+        case 7u: { return c.hi3; }
+        case 8u: { return c.lo4; }
+        case 9u: { return c.hi4; }
+        case 10u: { return c.lo5; }
+        case 11u: { return c.hi5; }
+        case 12u: { return c.lo6; }
+        case 13u: { return c.hi6; }
+        case 14u: { return c.lo7; }
+        default: { return c.hi7; }
     }
 }
 
 // The epilogue loops stay loops (the activation's code is emitted once, not per element).
+// Accumulator q's four values go to row tile.y + micro_row(q / 2), columns
+// tile.z + micro_col(q % 2) + c, element off_c + batch·stride_c + row·n + col.
 @compute @workgroup_size(WG)
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -309,13 +433,18 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let acc = product(lid, tile.x, tile.y, tile.z);
-    let bias_v = micro_bias(lid, tile.z);
-    for (var r = 0u; r < TM; r = r + 1u) {
-        let v = params.alpha * acc_row(acc, r) + bias_v;
-        for (var c = 0u; c < TN; c = c + 1u) {
-            let idx = out_index(lid, tile, r, c);
-            if (idx != 0xffffffffu) {
-                store_out(idx, v[c]);
+    let bias_lo = bias4(tile.z + micro_col(lid, 0u));
+    let bias_hi = bias4(tile.z + micro_col(lid, 1u));
+    let base = params.off_c + tile.x * params.stride_c;
+    for (var q = 0u; q < 16u; q = q + 1u) {
+        let row = tile.y + micro_row(lid, q / 2u);
+        let col = tile.z + micro_col(lid, q % 2u);
+        let v = params.alpha * acc_at(acc, q) + select(bias_lo, bias_hi, q % 2u == 1u);
+        if (row < params.m) {
+            for (var c = 0u; c < 4u; c = c + 1u) {
+                if (col + c < params.n) {
+                    store_out(base + row * params.n + col + c, v[c]);
+                }
             }
         }
     }
@@ -330,14 +459,20 @@ fn gemm_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         return;
     }
     let acc = product(lid, tile.x, tile.y, tile.z);
-    let bias_v = micro_bias(lid, tile.z);
-    for (var r = 0u; r < TM; r = r + 1u) {
-        let v = params.alpha * acc_row(acc, r) + bias_v;
-        for (var c = 0u; c < TN; c = c + 1u) {
-            let idx = out_index(lid, tile, r, c);
-            if (idx != 0xffffffffu) {
-                pre[idx] = bitcast<u32>(v[c]);
-                store_out(idx, v[c]);
+    let bias_lo = bias4(tile.z + micro_col(lid, 0u));
+    let bias_hi = bias4(tile.z + micro_col(lid, 1u));
+    let base = params.off_c + tile.x * params.stride_c;
+    for (var q = 0u; q < 16u; q = q + 1u) {
+        let row = tile.y + micro_row(lid, q / 2u);
+        let col = tile.z + micro_col(lid, q % 2u);
+        let v = params.alpha * acc_at(acc, q) + select(bias_lo, bias_hi, q % 2u == 1u);
+        if (row < params.m) {
+            for (var c = 0u; c < 4u; c = c + 1u) {
+                if (col + c < params.n) {
+                    let idx = base + row * params.n + col + c;
+                    pre[idx] = bitcast<u32>(v[c]);
+                    store_out(idx, v[c]);
+                }
             }
         }
     }
