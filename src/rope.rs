@@ -15,11 +15,16 @@
 //!   `[table_rows, rotary_dim/2]` indexed by the sequence index, or gathered by integer
 //!   position ids (`[batch, seq]` or `[seq]`, I32 or U32). Table gradients are summed over
 //!   every row that uses a table row in a fixed order (tokens in batch-major order, for each
-//!   its q heads then its k heads; one invocation per table entry), with no atomics.
-//!   With position ids each table entry scans every token's id, so the table gradient costs
-//!   `table_rows × batch·seq` id comparisons (per rotary_dim/2 lanes): size the table to the
-//!   positions in use when asking for it. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE (position
-//!   ids `[3, batch, seq]` or `[3, seq]`).
+//!   its q heads then its k heads), with no atomics. Without position ids one invocation per
+//!   table entry sums its batch. With position ids a first launch computes every token's
+//!   contribution to each frequency once (reading q, dq, k, dk once, into a scratch of
+//!   `8·rotary_dim/2` bytes per token, [`backward_workspace_bytes`]) and a second gives one
+//!   workgroup to each block of table rows, which reads every id once and adds the
+//!   contributions of the tokens it owns in token order: the same sums, bit for bit, as the
+//!   path without ids. Its id reads grow with `table_rows × batch·seq / rows per block`
+//!   (4–128 rows a block, depending on `rotary_dim`), so very long unused tables still cost
+//!   something. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE
+//!   (position ids `[3, batch, seq]` or `[3, seq]`).
 //! * [`llama4_forward`]/[`llama4_backward`]: Llama 4's complex tables `freqs_cis[rows,
 //!   rotary_dim/2, 2]` (real, imaginary) on adjacent pairs; its gradient has the same layout.
 //! * [`tables`]: host-built cos/sin tables (standard, linear, NTK-aware, YaRN).
@@ -570,7 +575,12 @@ fn run_table_grads_positions(
     let chunk = table_chunk_tokens(engine, tokens, half);
     let what = "rope backward (table gradients)";
     engine.check_workspace(what, chunk as u64 * table_scratch_per_token(half))?;
-    let scratch = Tensor::empty(engine, &[chunk * half * 2], DType::F32, "rope table scratch")?;
+    let scratch = Tensor::empty(
+        engine,
+        &[chunk * half * 2],
+        DType::F32,
+        "rope table scratch",
+    )?;
     let constants = plan.constants(q.dtype(), DType::F32, dq.dtype());
     let (rows_per_block, freq_blocks) = table_row_blocks(plan);
     let row_groups = (plan.table_rows.div_ceil(rows_per_block) * freq_blocks) as u64;
@@ -600,7 +610,10 @@ fn run_table_grads_positions(
                 "table_grad_rows",
                 vec![pos.buffer(), outs.0.buffer(), dsin.buffer()],
             ),
-            None => ("table_grad_rows_complex", vec![pos.buffer(), outs.0.buffer()]),
+            None => (
+                "table_grad_rows_complex",
+                vec![pos.buffer(), outs.0.buffer()],
+            ),
         };
         buffers.push(scratch.buffer());
         engine.launch(&KERNEL, entry, &constants, &params, &buffers, row_groups)?;
@@ -1039,8 +1052,11 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
 
 /// Backward of [`qk_forward`]: F32 `dq`, `dk` and, with `table_grads`, `dcos`, `dsin`
 /// `[table_rows, rotary_dim/2]` summed over every (batch, seq, head) that used each entry, in
-/// a fixed order. Errors: cotangent shapes/dtypes (dq and dk of one dtype), engines, a saved
-/// context of [`forward`].
+/// a fixed order: per entry its tokens in batch-major order, per token its q heads then its k
+/// heads (ids outside the table feed no entry; unused rows get 0). With position ids the
+/// table gradients use scratch ([`backward_workspace_bytes`]). Errors: cotangent
+/// shapes/dtypes (dq and dk of one dtype), engines, a saved context of [`forward`], a
+/// workspace bound below one token's scratch (`WorkspaceExceeded`).
 pub fn qk_backward(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<RopeQkGrads> {
     if saved.plan.complex {
         return Err(Error::shape(

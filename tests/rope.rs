@@ -522,7 +522,14 @@ fn position_table_gradients_under_stress() {
             interleaved: true,
         };
         run_qk_case(&case, dtype, 120, Some((&sparse, vec![2, 4])), None, false);
-        run_qk_case(&case, dtype, 125, Some((&sparse[..4], vec![4])), None, false);
+        run_qk_case(
+            &case,
+            dtype,
+            125,
+            Some((&sparse[..4], vec![4])),
+            None,
+            false,
+        );
         // half = 45: five row groups of 45 lanes (20 rows a block), 41 table rows.
         let spread: Vec<i32> = (0..2 * 30).map(|v| v * 17 % 41).collect();
         for interleaved in [false, true] {
@@ -576,7 +583,15 @@ fn position_table_gradients_under_stress() {
             interleaved: false,
         };
         let ids = Some((&axes[..], vec![3, 1, 1100]));
-        run_qk_case_with(&case, dtype, 150, ids, Some([1, 1, 2]), false, QkData::Integers);
+        run_qk_case_with(
+            &case,
+            dtype,
+            150,
+            ids,
+            Some([1, 1, 2]),
+            false,
+            QkData::Integers,
+        );
         let cyclic: Vec<i32> = (0..2 * 520).map(|v| v % 7).collect();
         let case = QkCase {
             batch: 2,
@@ -634,7 +649,12 @@ fn position_ids_equal_to_the_sequence_index_give_the_same_bits() {
     // token per sequence: every token on row 0).
     let e = engine();
     let (hq, hk, d, rows) = (5, 2, 16, 45);
-    let shapes = [(3, 40, DType::F32), (6, 5, DType::F32), (40, 1, DType::F32), (3, 40, DType::BF16)];
+    let shapes = [
+        (3, 40, DType::F32),
+        (6, 5, DType::F32),
+        (40, 1, DType::F32),
+        (3, 40, DType::BF16),
+    ];
     for (b, sq, dtype) in shapes {
         let t = |seed, heads: usize, range| {
             tensor_from_f64(
@@ -644,7 +664,12 @@ fn position_ids_equal_to_the_sequence_index_give_the_same_bits() {
                 dtype,
             )
         };
-        let (q, k, dq, dk) = (t(170, hq, 2.0), t(171, hk, 2.0), t(172, hq, 1.0), t(173, hk, 1.0));
+        let (q, k, dq, dk) = (
+            t(170, hq, 2.0),
+            t(171, hk, 2.0),
+            t(172, hq, 1.0),
+            t(173, hk, 1.0),
+        );
         let c = tensor_from_f64(e, &data(174, rows * d / 2, 1.2), &[rows, d / 2], dtype);
         let s = tensor_from_f64(e, &data(175, rows * d / 2, 1.2), &[rows, d / 2], dtype);
         let f = tensor_from_f64(e, &data(176, rows * d, 1.2), &[rows, d / 2, 2], dtype);
@@ -678,7 +703,12 @@ fn table_gradients_in_token_chunks_give_the_same_bits() {
             DType::F32,
         )
     };
-    let (q, k, dq, dk) = (t(180, hq, 2.0), t(181, hk, 2.0), t(182, hq, 1.0), t(183, hk, 1.0));
+    let (q, k, dq, dk) = (
+        t(180, hq, 2.0),
+        t(181, hk, 2.0),
+        t(182, hq, 1.0),
+        t(183, hk, 1.0),
+    );
     let (c, s) = rope::tables(&e, rows, d, 10000.0, &RopeScaling::None, DType::F32).unwrap();
     let ids: Vec<i32> = (0..b * sq).map(|v| (v * 13 % 23) as i32).collect();
     let pos = Tensor::from_slice(&e, &ids, &[b, sq]).unwrap();
@@ -709,10 +739,17 @@ fn table_gradients_in_token_chunks_give_the_same_bits() {
         Err(Error::WorkspaceExceeded { .. })
     ));
     // Without table gradients (or without ids) nothing is needed.
-    let (_, plain) = rope::qk_forward(&q, &k, &c, &s, Some(&pos), &RopeQkOptions {
-        check_positions: false,
-        ..Default::default()
-    })
+    let (_, plain) = rope::qk_forward(
+        &q,
+        &k,
+        &c,
+        &s,
+        Some(&pos),
+        &RopeQkOptions {
+            check_positions: false,
+            ..Default::default()
+        },
+    )
     .unwrap();
     assert_eq!(rope::backward_workspace_bytes(&plain), 0);
     assert!(rope::qk_backward(&plain, &dq, &dk).is_ok());
