@@ -304,13 +304,23 @@ impl EngineBuilder {
             device,
             queue,
             adapter.get_info(),
-            self.math_mode,
-            shader_checks,
-            self.pool_limit,
-            self.workspace_bound,
+            Settings {
+                math_mode: self.math_mode,
+                shader_checks,
+                pool_limit: self.pool_limit,
+                workspace_bound: self.workspace_bound,
+            },
             true,
         )
     }
+}
+
+/// The engine-wide settings [`Engine::assemble`] takes from the builder or `from_wgpu`.
+struct Settings {
+    math_mode: MathMode,
+    shader_checks: ShaderChecks,
+    pool_limit: u64,
+    workspace_bound: u64,
 }
 
 struct Pipeline {
@@ -516,10 +526,12 @@ impl Engine {
             device,
             queue,
             adapter_info,
-            math_mode,
-            ShaderChecks::from_env()?.unwrap_or_default(),
-            1 << 30,
-            DEFAULT_WORKSPACE_BOUND,
+            Settings {
+                math_mode,
+                shader_checks: ShaderChecks::from_env()?.unwrap_or_default(),
+                pool_limit: 1 << 30,
+                workspace_bound: DEFAULT_WORKSPACE_BOUND,
+            },
             false,
         )
     }
@@ -528,12 +540,15 @@ impl Engine {
         device: wgpu::Device,
         queue: wgpu::Queue,
         adapter: wgpu::AdapterInfo,
-        math_mode: MathMode,
-        shader_checks: ShaderChecks,
-        pool_limit: u64,
-        workspace_bound: u64,
+        settings: Settings,
         own_device: bool,
     ) -> Result<Engine> {
+        let Settings {
+            math_mode,
+            shader_checks,
+            pool_limit,
+            workspace_bound,
+        } = settings;
         let device_error = Arc::new(Mutex::new(None::<String>));
         if own_device {
             // Device errors (out of memory, validation) come back as `Error::Device` from the
