@@ -362,26 +362,30 @@ fn table_grad_complex(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 //    buffer. This is the whole read of q, dq, k, dk, once, in a token-parallel launch whose
 //    cost does not depend on the positions: consecutive invocations take consecutive pairs of
 //    one token, so a warp reads whole runs of a head row; each invocation keeps 16 loads in
-//    flight (heads_table_grad). Traffic: the bytes of q, dq, k, dk plus 8·half bytes per
-//    token written (1/40 of the F32 inputs at 32 + 8 heads of 128); the same traffic as the
-//    rotation backward (which reads dq, dk and writes F32 dq, dk), so about its time.
+//    flight (heads_table_grad).
 // 2. `table_grad_rows`: one workgroup per block of TG_ROWS·groups table rows × ib frequencies
 //    (ib = min(half, 256); `groups` = min(256 / ib, 32) row groups of TG_ROWS rows). Lane
 //    (r, il) owns the entries (p, i) of its frequency i = block's first + il and its group's
 //    TG_ROWS rows, accumulating them in workgroup memory only it touches. The workgroup walks
-//    the chunk's tokens in order, TG_CHUNK at a time: one coalesced read of their ids (every
-//    axis in use) is turned into, per token, the local row of each axis (a byte; 0xFF: not in
-//    this block), and into a bit mask of the tokens that hit the block on any axis. Each lane
-//    then visits the set bits in order, eight at a time: it issues the loads of the scratch
-//    values of the hits it owns (the token's local row for its frequency's axis falls in its
-//    group), then adds them in token order. Every entry is thus the sum of its tokens'
-//    contributions in token order, as one invocation per entry would compute it. Cost: every
-//    workgroup reads every id once (4 bytes per token and axis, from L2 after the first
-//    workgroup; 8 steps of 1,024 tokens for 8,192 tokens), and each scratch value is read
-//    once, by its owner. Rows nobody uses keep their zero; ids past the table (or negative
-//    I32, huge as u32) hit no block.
+//    the chunk's tokens in order, TG_CHUNK at a time: lane l reads the ids of tokens 4l..4l+3
+//    (every axis in use; the next step's are fetched while this step's hits are added), turns
+//    them into, per token, the local row of each axis (a byte; 0xFF: not in this block) and a
+//    nibble of hits; 32 lanes join the nibbles into a bit mask of the step. Each lane then
+//    visits the set bits in order, eight at a time: it issues the loads of the scratch values
+//    of the hits it owns (the token's local row for its frequency's axis falls in its group),
+//    then adds them in token order. Every entry is thus the sum of its tokens' contributions
+//    in token order, as one invocation per entry would compute it. Rows nobody uses keep
+//    their zero; ids past the table (or negative I32, huge as u32) hit no block. Workgroup
+//    memory: 13.1 KiB.
 //
-// With many more table rows than tokens the id reads dominate (table_rows / rows-per-block
+// Cost at B4 T2048, 32 + 8 heads of 128, table 2048 rows, F32: launch 1 reads q, dq, k, dk
+// (335 MB) and writes 4 MB, the traffic of the rotation backward (dq, dk read, F32 dq, dk
+// written: 335 MB), so about its time; BF16 reads half of that. Launch 2: 128 workgroups of
+// 16 rows, each 8 steps of 1,024 tokens (one id read per lane and step, three barriers, eight
+// mask reads) and 64 hits in 4 runs of 16 consecutive tokens, a few µs a workgroup, all at
+// once; the scratch (4 MB) is read once, from L2. Against one invocation per entry: 2048·64
+// entries × 8192 id comparisons each and the matching tokens' 40 heads re-read serially.
+// With many more table rows than tokens the id reads grow (table_rows / rows-per-block
 // workgroups × tokens); with every token at one position one lane per frequency sums them
 // all (eight loads in flight). Chunks of tokens run one after the other (the host sizes them
 // to the workspace bound); `accumulate` continues the sums of the previous chunks from
@@ -391,9 +395,10 @@ const TG_ROWS: u32 = 4u;      // table rows per lane
 const TG_CHUNK: u32 = 1024u;  // tokens per step of table_grad_rows
 const TG_NONE: u32 = 0xFFu;   // local row byte: token not in this block on that axis
 
-var<workgroup> tg_acc: array<vec2<f32>, 1024>; // [local row, il]: TG_ROWS·groups·ib ≤ 1024
-var<workgroup> tg_rows: array<u32, TG_CHUNK>;  // per token: local row per axis, a byte each
-var<workgroup> tg_mask: array<u32, 32>;        // TG_CHUNK bits: token hits the block
+var<workgroup> tg_acc: array<vec2<f32>, 1024>;   // [local row, il]: TG_ROWS·groups·ib ≤ 1024
+var<workgroup> tg_rows: array<vec4<u32>, 256>;   // per token: local row per axis, a byte each
+var<workgroup> tg_nibbles: array<u32, 256>;      // per 4 tokens: which hit the block
+var<workgroup> tg_mask: array<vec4<u32>, 8>;     // TG_CHUNK bits: token hits the block
 
 @compute @workgroup_size(WG)
 fn table_grad_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -435,20 +440,40 @@ fn tg_axes() -> u32 {
     return 3u;
 }
 
-// Local rows (one byte per axis) of chunk token j for the block starting at row p0.
-fn tg_local_rows(p0: u32, j: u32) -> u32 {
-    var packed = 0xFFFFFFFFu;
-    if (j >= params.tokens) {
-        return packed;
+// Id of chunk token j on axis a; 0xFFFFFFFF (no row) past the chunk or the axes in use.
+fn tg_id(j: u32, a: u32) -> u32 {
+    if (j >= params.tokens || a >= tg_axes()) {
+        return 0xFFFFFFFFu;
     }
     let t = params.token0 + j;
     var idx = t - (t / params.seq) * params.seq;
     if (params.pos_batched == 1u) {
         idx = t;
     }
-    let end = min(p0 + tg_block_rows(), params.table_rows);
-    for (var a = 0u; a < tg_axes(); a = a + 1u) {
-        let p = positions[a * params.pos_axis_stride + idx]; // i32 bits: negative → huge
+    return positions[a * params.pos_axis_stride + idx]; // i32 bits: negative → huge
+}
+
+// Ids of the four chunk tokens c0 + 4·lid .. + 3 of a step, one vector per axis.
+struct TgIds {
+    a0: vec4<u32>,
+    a1: vec4<u32>,
+    a2: vec4<u32>,
+}
+
+fn tg_fetch(c0: u32, lid: u32) -> TgIds {
+    let j = c0 + 4u * lid;
+    var r: TgIds;
+    r.a0 = vec4(tg_id(j, 0u), tg_id(j + 1u, 0u), tg_id(j + 2u, 0u), tg_id(j + 3u, 0u));
+    r.a1 = vec4(tg_id(j, 1u), tg_id(j + 1u, 1u), tg_id(j + 2u, 1u), tg_id(j + 3u, 1u));
+    r.a2 = vec4(tg_id(j, 2u), tg_id(j + 1u, 2u), tg_id(j + 2u, 2u), tg_id(j + 3u, 2u));
+    return r;
+}
+
+// Local rows (one byte per axis, TG_NONE outside [p0, end)) of a token with ids `ids`.
+fn tg_pack(p0: u32, end: u32, ids: vec3<u32>) -> u32 {
+    var packed = 0xFFFFFFFFu;
+    for (var a = 0u; a < 3u; a = a + 1u) {
+        let p = ids[a];
         if (p >= p0 && p < end) {
             packed = (packed & ~(TG_NONE << (8u * a))) | ((p - p0) << (8u * a));
         }
@@ -491,7 +516,7 @@ fn tg_load(l: TgLane, c0: u32, base: u32, j: u32) -> TgHit {
         return h;
     }
     let jj = base + j;
-    let lr = (tg_rows[jj] >> (8u * l.axis)) & TG_NONE;
+    let lr = (tg_rows[jj >> 2u][jj & 3u] >> (8u * l.axis)) & TG_NONE;
     if (lr == TG_NONE || lr / TG_ROWS != l.r) {
         return h;
     }
@@ -510,63 +535,80 @@ fn tg_add(h: TgHit) {
 // Walk the chunk's tokens in order and add every hit this lane owns to its accumulators.
 // Called in uniform control flow (barriers inside); the scratch holds this chunk's tokens.
 fn tg_accumulate(p0: u32, l: TgLane, lid: u32) {
+    let end = min(p0 + tg_block_rows(), params.table_rows);
+    var ids = tg_fetch(0u, lid);
     for (var c0 = 0u; c0 < params.tokens; c0 = c0 + TG_CHUNK) {
-        for (var u = 0u; u < TG_CHUNK / WG; u = u + 1u) {
-            let j = u * WG + lid;
-            tg_rows[j] = tg_local_rows(p0, c0 + j);
+        // Lane lid stages tokens 4·lid .. + 3 of the step, then fetches the next step's ids
+        // (in flight while this step's hits are added).
+        let rows = vec4(tg_pack(p0, end, vec3(ids.a0.x, ids.a1.x, ids.a2.x)),
+            tg_pack(p0, end, vec3(ids.a0.y, ids.a1.y, ids.a2.y)),
+            tg_pack(p0, end, vec3(ids.a0.z, ids.a1.z, ids.a2.z)),
+            tg_pack(p0, end, vec3(ids.a0.w, ids.a1.w, ids.a2.w)));
+        tg_rows[lid] = rows;
+        let hit = vec4<u32>(rows != vec4(0xFFFFFFFFu));
+        tg_nibbles[lid] = hit.x | (hit.y << 1u) | (hit.z << 2u) | (hit.w << 3u);
+        if (c0 + TG_CHUNK < params.tokens) {
+            ids = tg_fetch(c0 + TG_CHUNK, lid);
         }
         workgroupBarrier();
         if (lid < TG_CHUNK / 32u) {
             var bits = 0u;
-            for (var n = 0u; n < 32u; n = n + 1u) {
-                let j = (n + lid) % 32u; // lanes on distinct banks
-                if (tg_rows[32u * lid + j] != 0xFFFFFFFFu) {
-                    bits = bits | (1u << j);
+            for (var k = 0u; k < 8u; k = k + 1u) {
+                bits = bits | (tg_nibbles[8u * lid + k] << (4u * k));
+            }
+            tg_mask[lid / 4u][lid % 4u] = bits;
+        }
+        workgroupBarrier();
+        for (var q = 0u; q < TG_CHUNK / 128u; q = q + 1u) {
+            let m4 = tg_mask[q];
+            if (any(m4 != vec4(0u))) {
+                for (var k = 0u; k < 4u; k = k + 1u) {
+                    tg_word(l, c0, 32u * (4u * q + k), m4[k]);
                 }
             }
-            tg_mask[lid] = bits;
         }
         workgroupBarrier();
-        for (var wd = 0u; wd < TG_CHUNK / 32u; wd = wd + 1u) {
-            var bits = tg_mask[wd];
-            let base = 32u * wd;
-            while (bits != 0u) {
-                // Eight hits: indices first, then the loads, then the sums in token order.
-                let j0 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let j1 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let j2 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let j3 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let j4 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let j5 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let j6 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let j7 = firstTrailingBit(bits);
-                bits = bits & (bits - 1u);
-                let h0 = tg_load(l, c0, base, j0);
-                let h1 = tg_load(l, c0, base, j1);
-                let h2 = tg_load(l, c0, base, j2);
-                let h3 = tg_load(l, c0, base, j3);
-                let h4 = tg_load(l, c0, base, j4);
-                let h5 = tg_load(l, c0, base, j5);
-                let h6 = tg_load(l, c0, base, j6);
-                let h7 = tg_load(l, c0, base, j7);
-                tg_add(h0);
-                tg_add(h1);
-                tg_add(h2);
-                tg_add(h3);
-                tg_add(h4);
-                tg_add(h5);
-                tg_add(h6);
-                tg_add(h7);
-            }
-        }
-        workgroupBarrier();
+    }
+}
+
+// Add this lane's hits among the 32 tokens base .. base + 31 of the step at c0 (set bits of
+// `word`), in token order.
+fn tg_word(l: TgLane, c0: u32, base: u32, word: u32) {
+    var bits = word;
+    while (bits != 0u) {
+        // Eight hits: indices first, then the loads, then the sums in token order.
+        let j0 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j1 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j2 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j3 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j4 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j5 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j6 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j7 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let h0 = tg_load(l, c0, base, j0);
+        let h1 = tg_load(l, c0, base, j1);
+        let h2 = tg_load(l, c0, base, j2);
+        let h3 = tg_load(l, c0, base, j3);
+        let h4 = tg_load(l, c0, base, j4);
+        let h5 = tg_load(l, c0, base, j5);
+        let h6 = tg_load(l, c0, base, j6);
+        let h7 = tg_load(l, c0, base, j7);
+        tg_add(h0);
+        tg_add(h1);
+        tg_add(h2);
+        tg_add(h3);
+        tg_add(h4);
+        tg_add(h5);
+        tg_add(h6);
+        tg_add(h7);
     }
 }
 
