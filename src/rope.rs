@@ -15,11 +15,16 @@
 //!   `[table_rows, rotary_dim/2]` indexed by the sequence index, or gathered by integer
 //!   position ids (`[batch, seq]` or `[seq]`, I32 or U32). Table gradients are summed over
 //!   every row that uses a table row in a fixed order (tokens in batch-major order, for each
-//!   its q heads then its k heads; one invocation per table entry), with no atomics.
-//!   With position ids each table entry scans every token's id, so the table gradient costs
-//!   `table_rows × batch·seq` id comparisons (per rotary_dim/2 lanes): size the table to the
-//!   positions in use when asking for it. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE (position
-//!   ids `[3, batch, seq]` or `[3, seq]`).
+//!   its q heads then its k heads), with no atomics. Without position ids one invocation per
+//!   table entry sums its batch. With position ids a first launch computes every token's
+//!   contribution to each frequency once (reading q, dq, k, dk once, into a scratch of
+//!   `8·rotary_dim/2` bytes per token, [`backward_workspace_bytes`]) and a second gives one
+//!   workgroup to each block of table rows, which reads every id once and adds the
+//!   contributions of the tokens it owns in token order: the same sums, bit for bit, as the
+//!   path without ids. Its id reads grow with `table_rows × batch·seq / rows per block`
+//!   (4–128 rows a block, depending on `rotary_dim`), so very long unused tables still cost
+//!   something. [`RopeQkOptions::mrope_section`] selects Qwen2-VL's multi-axis mRoPE
+//!   (position ids `[3, batch, seq]` or `[3, seq]`).
 //! * [`llama4_forward`]/[`llama4_backward`]: Llama 4's complex tables `freqs_cis[rows,
 //!   rotary_dim/2, 2]` (real, imaginary) on adjacent pairs; its gradient has the same layout.
 //! * [`tables`]: host-built cos/sin tables (standard, linear, NTK-aware, YaRN).
@@ -132,6 +137,9 @@ struct Params {
     pos_axis_stride: u32,
     sec0: u32,
     sec1: u32,
+    token0: u32,
+    tokens: u32,
+    accumulate: u32,
 }
 
 /// Everything a launch needs besides buffers.
@@ -244,6 +252,9 @@ impl Plan {
             pos_axis_stride: self.pos_axis_stride as u32,
             sec0: self.sections.0 as u32,
             sec1: self.sections.1 as u32,
+            token0: 0,
+            tokens: 0,
+            accumulate: 0,
         }
     }
 
@@ -511,6 +522,108 @@ fn run_backward_values(
     Ok(out)
 }
 
+/// Scratch bytes per token of the table gradients with position ids: one (∂cos, ∂sin) F32
+/// pair per frequency.
+fn table_scratch_per_token(half: usize) -> u64 {
+    half as u64 * 8
+}
+
+/// Tokens per chunk of the table gradients with position ids: all of them when their scratch
+/// fits the workspace bound and one binding, else as many as fit (at least one).
+fn table_chunk_tokens(engine: &Engine, tokens: usize, half: usize) -> usize {
+    let per_token = table_scratch_per_token(half).max(1);
+    let cap = engine.workspace_bound().min(engine.max_binding_bytes());
+    tokens.min((cap / per_token).max(1) as usize).max(1)
+}
+
+/// Scratch bytes the backward of a forward saved as `saved` allocates beyond its outputs:
+/// with `table_grads` and position ids, `8·rotary_dim/2` bytes per token (`batch·seq`) of
+/// per-token table-gradient contributions; otherwise nothing. Under a smaller workspace bound
+/// the tokens are taken in chunks, one after the other (same results bit for bit); only a
+/// bound below one token's `8·rotary_dim/2` bytes fails (`Error::WorkspaceExceeded`).
+pub fn backward_workspace_bytes(saved: &RopeSaved) -> u64 {
+    let plan = &saved.plan;
+    if !saved.table_grads || plan.positions.is_none() || plan.half() == 0 {
+        return 0;
+    }
+    (plan.batch * plan.seq) as u64 * table_scratch_per_token(plan.half())
+}
+
+/// Table rows per workgroup of `table_grad_rows` and frequency blocks (as the kernel's
+/// `tg_block_rows`, `tg_ib`).
+fn table_row_blocks(plan: &Plan) -> (usize, usize) {
+    let half = plan.half();
+    let ib = half.min(WG as usize);
+    let groups = (WG as usize / ib).min(32);
+    (4 * groups, half.div_ceil(ib))
+}
+
+/// Table gradients with position ids (`table_grad_tokens` then `table_grad_rows`, per chunk
+/// of tokens); outputs as [`run_table_grads`].
+fn run_table_grads_positions(
+    plan: &Plan,
+    q: &Tensor,
+    dq: &Tensor,
+    k: (&Tensor, &Tensor, usize),
+    outs: (&Tensor, Option<&Tensor>),
+) -> Result<()> {
+    let engine = q.engine();
+    let (kv, kg, hk) = k;
+    let pos = plan.positions.as_ref().unwrap_or(q);
+    let half = plan.half();
+    let tokens = plan.batch * plan.seq;
+    let chunk = table_chunk_tokens(engine, tokens, half);
+    let what = "rope backward (table gradients)";
+    engine.check_workspace(what, chunk as u64 * table_scratch_per_token(half))?;
+    let scratch = Tensor::empty(
+        engine,
+        &[chunk * half * 2],
+        DType::F32,
+        "rope table scratch",
+    )?;
+    let constants = plan.constants(q.dtype(), DType::F32, dq.dtype());
+    let (rows_per_block, freq_blocks) = table_row_blocks(plan);
+    let row_groups = (plan.table_rows.div_ceil(rows_per_block) * freq_blocks) as u64;
+    let mut token0 = 0;
+    loop {
+        let n = chunk.min(tokens - token0);
+        let mut params = plan.params(plan.heads_q, hk, 0, n * half);
+        params.token0 = token0 as u32;
+        params.tokens = n as u32;
+        params.accumulate = u32::from(token0 > 0);
+        engine.launch(
+            &KERNEL,
+            "table_grad_tokens",
+            &constants,
+            &params,
+            &[
+                q.buffer(),
+                dq.buffer(),
+                kv.buffer(),
+                kg.buffer(),
+                scratch.buffer(),
+            ],
+            groups(n * half),
+        )?;
+        let (entry, mut buffers) = match outs.1 {
+            Some(dsin) => (
+                "table_grad_rows",
+                vec![pos.buffer(), outs.0.buffer(), dsin.buffer()],
+            ),
+            None => (
+                "table_grad_rows_complex",
+                vec![pos.buffer(), outs.0.buffer()],
+            ),
+        };
+        buffers.push(scratch.buffer());
+        engine.launch(&KERNEL, entry, &constants, &params, &buffers, row_groups)?;
+        token0 += n;
+        if token0 >= tokens {
+            return Ok(());
+        }
+    }
+}
+
 /// Table gradients: (dcos, dsin) `[table_rows, half]`, or for complex tables one
 /// `[table_rows, half, 2]` tensor (returned as the first, the second `None`).
 fn run_table_grads(
@@ -525,9 +638,9 @@ fn run_table_grads(
         Some((kv, kg)) => (kv, kg, plan.heads_k),
         None => (q, dq, 0),
     };
-    let pos = plan.positions.as_ref().unwrap_or(q);
     let params = plan.params(plan.heads_q, hk, 0, entries);
     let constants = plan.constants(q.dtype(), DType::F32, dq.dtype());
+    let by_positions = plan.positions.is_some() && entries > 0;
     if plan.complex {
         let d = Tensor::empty(
             engine,
@@ -535,6 +648,10 @@ fn run_table_grads(
             DType::F32,
             "rope dfreqs",
         )?;
+        if by_positions {
+            run_table_grads_positions(plan, q, dq, (kv, kg, hk), (&d, None))?;
+            return Ok((d, None));
+        }
         engine.launch(
             &KERNEL,
             "table_grad_complex",
@@ -545,7 +662,6 @@ fn run_table_grads(
                 dq.buffer(),
                 kv.buffer(),
                 kg.buffer(),
-                pos.buffer(),
                 d.buffer(),
             ],
             groups(entries),
@@ -564,6 +680,10 @@ fn run_table_grads(
         DType::F32,
         "rope dsin",
     )?;
+    if by_positions {
+        run_table_grads_positions(plan, q, dq, (kv, kg, hk), (&dcos, Some(&dsin)))?;
+        return Ok((dcos, Some(dsin)));
+    }
     engine.launch(
         &KERNEL,
         "table_grad",
@@ -574,7 +694,6 @@ fn run_table_grads(
             dq.buffer(),
             kv.buffer(),
             kg.buffer(),
-            pos.buffer(),
             dcos.buffer(),
             dsin.buffer(),
         ],
@@ -933,8 +1052,11 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
 
 /// Backward of [`qk_forward`]: F32 `dq`, `dk` and, with `table_grads`, `dcos`, `dsin`
 /// `[table_rows, rotary_dim/2]` summed over every (batch, seq, head) that used each entry, in
-/// a fixed order. Errors: cotangent shapes/dtypes (dq and dk of one dtype), engines, a saved
-/// context of [`forward`].
+/// a fixed order: per entry its tokens in batch-major order, per token its q heads then its k
+/// heads (ids outside the table feed no entry; unused rows get 0). With position ids the
+/// table gradients use scratch ([`backward_workspace_bytes`]). Errors: cotangent
+/// shapes/dtypes (dq and dk of one dtype), engines, a saved context of [`forward`], a
+/// workspace bound below one token's scratch (`WorkspaceExceeded`).
 pub fn qk_backward(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<RopeQkGrads> {
     if saved.plan.complex {
         return Err(Error::shape(

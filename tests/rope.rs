@@ -197,7 +197,24 @@ impl QkCase {
     }
 }
 
-#[allow(clippy::type_complexity)]
+/// Values of q, k and their cotangents: uniform, or small integers (every F32 product and sum
+/// of a table gradient is then exact, however many tokens share a row).
+#[derive(Clone, Copy, PartialEq)]
+enum QkData {
+    Uniform,
+    Integers,
+}
+
+fn qk_data(kind: QkData, seed: u64, n: usize, range: f64) -> Vec<f64> {
+    match kind {
+        QkData::Uniform => data(seed, n, range),
+        QkData::Integers => data(seed, n, range + 1.0)
+            .into_iter()
+            .map(f64::trunc)
+            .collect(),
+    }
+}
+
 fn run_qk_case(
     case: &QkCase,
     dtype: DType,
@@ -206,28 +223,47 @@ fn run_qk_case(
     mrope: Option<[usize; 3]>,
     llama4: bool,
 ) {
+    run_qk_case_with(case, dtype, seed, positions, mrope, llama4, QkData::Uniform);
+}
+
+/// GPU against the reference. Position ids outside `0..table_rows` (negative included) are
+/// passed unchecked: the reference maps them to an extra zero table row whose gradient is
+/// dropped (they rotate by (0, 0) and feed no table row).
+#[allow(clippy::type_complexity)]
+fn run_qk_case_with(
+    case: &QkCase,
+    dtype: DType,
+    seed: u64,
+    positions: Option<(&[i32], Vec<usize>)>,
+    mrope: Option<[usize; 3]>,
+    llama4: bool,
+    kind: QkData,
+) {
     let e = engine();
     let half = case.rot / 2;
     let n_q = case.batch * case.seq * case.hq * case.dim;
     let n_k = case.batch * case.seq * case.hk * case.dim;
-    let q = stored(&data(seed, n_q, 2.0), dtype);
-    let k = stored(&data(seed + 1, n_k, 2.0), dtype);
+    let q = stored(&qk_data(kind, seed, n_q, 2.0), dtype);
+    let k = stored(&qk_data(kind, seed + 1, n_k, 2.0), dtype);
     let c = stored(&data(seed + 2, case.table_rows * half, 1.2), dtype);
     let s = stored(&data(seed + 3, case.table_rows * half, 1.2), dtype);
-    let dq = stored(&data(seed + 4, n_q, 1.0), dtype);
-    let dk = stored(&data(seed + 5, n_k, 1.0), dtype);
+    let dq = stored(&qk_data(kind, seed + 4, n_q, 1.0), dtype);
+    let dk = stored(&qk_data(kind, seed + 5, n_k, 1.0), dtype);
     let pos_tensor = positions
         .as_ref()
         .map(|(p, shape)| Tensor::from_slice(e, p, shape).unwrap());
+    let in_range = |p: i32| p >= 0 && (p as usize) < case.table_rows;
     let opts = RopeQkOptions {
         rotary_dim: Some(case.rot),
         interleaved: case.interleaved,
         layout: case.layout,
         table_grads: true,
-        check_positions: true,
+        check_positions: positions
+            .as_ref()
+            .is_none_or(|(p, _)| p.iter().all(|&v| in_range(v))),
         mrope_section: mrope,
     };
-    // Table row of (b, s, i), as the reference sees it.
+    // Table row of (b, s, i), as the reference sees it (`table_rows`: the zero row).
     let position = |b: usize, si: usize, i: usize| -> usize {
         match &positions {
             None => si,
@@ -240,10 +276,18 @@ fn run_qk_case(
                     case.seq
                 };
                 let idx = if batched { b * case.seq + si } else { si };
-                p[axis * per_axis + idx] as usize
+                let v = p[axis * per_axis + idx];
+                if in_range(v) {
+                    v as usize
+                } else {
+                    case.table_rows
+                }
             }
         }
     };
+    let zero_row = vec![0.0; half];
+    let c_ext: Vec<f64> = c.iter().chain(&zero_row).copied().collect();
+    let s_ext: Vec<f64> = s.iter().chain(&zero_row).copied().collect();
     let qt = tensor_from_f64(e, &q, &case.shape(case.hq), dtype);
     let kt = tensor_from_f64(e, &k, &case.shape(case.hk), dtype);
     let dqt = tensor_from_f64(e, &dq, &case.shape(case.hq), dtype);
@@ -282,15 +326,15 @@ fn run_qk_case(
         "{dtype} {:?} interleaved {interleaved} mrope {mrope:?} llama4 {llama4}",
         case.layout
     );
-    let mut want_dc = vec![0.0; case.table_rows * half];
-    let mut want_ds = vec![0.0; case.table_rows * half];
+    let mut want_dc = vec![0.0; (case.table_rows + 1) * half];
+    let mut want_ds = vec![0.0; (case.table_rows + 1) * half];
     for (x, dy, heads, out, dgot, name) in [
         (&q, &dq, case.hq, &qo, &dqg, "q"),
         (&k, &dk, case.hk, &ko, &dkg, "k"),
     ] {
         let h = case.heads(heads);
-        let ce = reference::expand(&c, half, &h, position);
-        let se = reference::expand(&s, half, &h, position);
+        let ce = reference::expand(&c_ext, half, &h, position);
+        let se = reference::expand(&s_ext, half, &h, position);
         let want = stored(
             &reference::forward(x, case.dim, &ce, &se, case.rot, interleaved),
             dtype,
@@ -313,13 +357,15 @@ fn run_qk_case(
                 &per_row,
                 half,
                 &h,
-                case.table_rows,
+                case.table_rows + 1,
                 position,
             )) {
                 *a += v;
             }
         }
     }
+    want_dc.truncate(case.table_rows * half);
+    want_ds.truncate(case.table_rows * half);
     assert_close(&format!("{label} dcos"), &dc_got, &want_dc, F32);
     assert_close(&format!("{label} dsin"), &ds_got, &want_ds, F32);
 }
@@ -422,6 +468,291 @@ fn qk_with_repeated_position_ids_and_table_gradients() {
             }
         }
     }
+}
+
+#[test]
+fn position_table_gradients_under_stress() {
+    // Every token at one position, more tokens than one step of the row kernel (1,024), in
+    // both layouts; integer data makes every F32 sum exact however long.
+    let one = vec![3i32; 2 * 650];
+    for layout in [RopeLayout::Bshd, RopeLayout::Bhsd] {
+        for dtype in DType::FLOATS {
+            let case = QkCase {
+                batch: 2,
+                seq: 650,
+                hq: 2,
+                hk: 1,
+                dim: 8,
+                rot: 8,
+                table_rows: 5,
+                layout,
+                interleaved: false,
+            };
+            let ids = Some((&one[..], vec![2, 650]));
+            run_qk_case_with(&case, dtype, 100, ids, None, false, QkData::Integers);
+        }
+    }
+    for dtype in DType::FLOATS {
+        // Ids past the table and negative ones (unchecked): they feed no row.
+        let outside = [0, -1, 6, 5, 1000, 2, 2, i32::MIN, 5, 5, 7, 0, 3, -7];
+        let case = QkCase {
+            batch: 2,
+            seq: 7,
+            hq: 3,
+            hk: 2,
+            dim: 10,
+            rot: 10,
+            table_rows: 6,
+            layout: RopeLayout::Bshd,
+            interleaved: false,
+        };
+        run_qk_case(&case, dtype, 110, Some((&outside, vec![2, 7])), None, false);
+        // More table rows than tokens, rows past two whole blocks of 128 (half = 6), rows no
+        // token uses; batched and shared ids.
+        let sparse = [299, 0, 128, 127, 256, 255, 299, 130];
+        let case = QkCase {
+            batch: 2,
+            seq: 4,
+            hq: 2,
+            hk: 1,
+            dim: 14,
+            rot: 12,
+            table_rows: 300,
+            layout: RopeLayout::Bhsd,
+            interleaved: true,
+        };
+        run_qk_case(&case, dtype, 120, Some((&sparse, vec![2, 4])), None, false);
+        run_qk_case(
+            &case,
+            dtype,
+            125,
+            Some((&sparse[..4], vec![4])),
+            None,
+            false,
+        );
+        // half = 45: five row groups of 45 lanes (20 rows a block), 41 table rows.
+        let spread: Vec<i32> = (0..2 * 30).map(|v| v * 17 % 41).collect();
+        for interleaved in [false, true] {
+            let case = QkCase {
+                batch: 2,
+                seq: 30,
+                hq: 3,
+                hk: 2,
+                dim: 92,
+                rot: 90,
+                table_rows: 41,
+                layout: RopeLayout::Bshd,
+                interleaved,
+            };
+            run_qk_case(&case, dtype, 130, Some((&spread, vec![2, 30])), None, false);
+        }
+        // half = 260: two blocks of frequencies, also with mRoPE sections across them.
+        let ids = [8, 0, 4, 4, 3, 8];
+        let case = QkCase {
+            batch: 2,
+            seq: 3,
+            hq: 1,
+            hk: 1,
+            dim: 520,
+            rot: 520,
+            table_rows: 9,
+            layout: RopeLayout::Bshd,
+            interleaved: false,
+        };
+        run_qk_case(&case, dtype, 140, Some((&ids, vec![2, 3])), None, false);
+        let axes: Vec<i32> = (0..3 * 6).map(|v| v * 5 % 9).collect();
+        run_qk_case(
+            &case,
+            dtype,
+            145,
+            Some((&axes, vec![3, 2, 3])),
+            Some([100, 100, 60]),
+            false,
+        );
+        // mRoPE and Llama 4 over more than 1,024 tokens, a few ids past the table.
+        let axes: Vec<i32> = (0..3 * 1100).map(|v| v * 7 % 15).collect();
+        let case = QkCase {
+            batch: 1,
+            seq: 1100,
+            hq: 2,
+            hk: 1,
+            dim: 8,
+            rot: 8,
+            table_rows: 13,
+            layout: RopeLayout::Bshd,
+            interleaved: false,
+        };
+        let ids = Some((&axes[..], vec![3, 1, 1100]));
+        run_qk_case_with(
+            &case,
+            dtype,
+            150,
+            ids,
+            Some([1, 1, 2]),
+            false,
+            QkData::Integers,
+        );
+        let cyclic: Vec<i32> = (0..2 * 520).map(|v| v % 7).collect();
+        let case = QkCase {
+            batch: 2,
+            seq: 520,
+            table_rows: 6,
+            interleaved: true,
+            ..case
+        };
+        let ids = Some((&cyclic[..], vec![2, 520]));
+        run_qk_case_with(&case, dtype, 160, ids, None, true, QkData::Integers);
+    }
+}
+
+/// (dq, dk, dcos, dsin) bits of `qk_backward` (or `llama4_backward`: dfreqs for dcos, dsin
+/// empty) with table gradients.
+#[allow(clippy::too_many_arguments)]
+fn table_grad_bits(
+    q: &Tensor,
+    k: &Tensor,
+    c: &Tensor,
+    s: &Tensor,
+    dq: &Tensor,
+    dk: &Tensor,
+    positions: Option<&Tensor>,
+    llama4: bool,
+) -> [Vec<u32>; 4] {
+    let opts = RopeQkOptions {
+        table_grads: true,
+        ..Default::default()
+    };
+    if llama4 {
+        let (_, saved) = rope::llama4_forward(q, k, c, positions, &opts).unwrap();
+        let g = rope::llama4_backward(&saved, dq, dk).unwrap();
+        return [
+            f32_bits(&g.dq),
+            f32_bits(&g.dk),
+            f32_bits(&g.dfreqs.unwrap()),
+            vec![],
+        ];
+    }
+    let (_, saved) = rope::qk_forward(q, k, c, s, positions, &opts).unwrap();
+    let g = rope::qk_backward(&saved, dq, dk).unwrap();
+    [
+        f32_bits(&g.dq),
+        f32_bits(&g.dk),
+        f32_bits(&g.dcos.unwrap()),
+        f32_bits(&g.dsin.unwrap()),
+    ]
+}
+
+#[test]
+fn position_ids_equal_to_the_sequence_index_give_the_same_bits() {
+    // Both paths sum each entry over its tokens in token order: the same bits (short
+    // sequences: several tokens of one row in one group of hits of the row kernel, one
+    // token per sequence: every token on row 0).
+    let e = engine();
+    let (hq, hk, d, rows) = (5, 2, 16, 45);
+    let shapes = [
+        (3, 40, DType::F32),
+        (6, 5, DType::F32),
+        (40, 1, DType::F32),
+        (3, 40, DType::BF16),
+    ];
+    for (b, sq, dtype) in shapes {
+        let t = |seed, heads: usize, range| {
+            tensor_from_f64(
+                e,
+                &data(seed, b * sq * heads * d, range),
+                &[b, sq, heads, d],
+                dtype,
+            )
+        };
+        let (q, k, dq, dk) = (
+            t(170, hq, 2.0),
+            t(171, hk, 2.0),
+            t(172, hq, 1.0),
+            t(173, hk, 1.0),
+        );
+        let c = tensor_from_f64(e, &data(174, rows * d / 2, 1.2), &[rows, d / 2], dtype);
+        let s = tensor_from_f64(e, &data(175, rows * d / 2, 1.2), &[rows, d / 2], dtype);
+        let f = tensor_from_f64(e, &data(176, rows * d, 1.2), &[rows, d / 2, 2], dtype);
+        let seq_ids: Vec<i32> = (0..sq as i32).collect();
+        let shared = Tensor::from_slice(e, &seq_ids, &[sq]).unwrap();
+        let batched_ids: Vec<i32> = (0..b).flat_map(|_| seq_ids.clone()).collect();
+        let batched = Tensor::from_slice(e, &batched_ids, &[b, sq]).unwrap();
+        for llama4 in [false, true] {
+            let c = if llama4 { &f } else { &c };
+            let plain = table_grad_bits(&q, &k, c, &s, &dq, &dk, None, llama4);
+            for ids in [&shared, &batched] {
+                let got = table_grad_bits(&q, &k, c, &s, &dq, &dk, Some(ids), llama4);
+                let what = format!("{dtype} b {b} ids {:?} llama4 {llama4}", ids.shape());
+                assert_eq!(got, plain, "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn table_gradients_in_token_chunks_give_the_same_bits() {
+    // A workspace bound below the whole scratch runs the tokens in chunks, one after the
+    // other: the same bits; a bound below one token's scratch is a typed error.
+    let e = common::private_engine();
+    let (b, sq, hq, hk, d, rows) = (2, 1050, 2, 1, 8, 20);
+    let t = |seed, heads: usize, range| {
+        tensor_from_f64(
+            &e,
+            &data(seed, b * sq * heads * d, range),
+            &[b, sq, heads, d],
+            DType::F32,
+        )
+    };
+    let (q, k, dq, dk) = (
+        t(180, hq, 2.0),
+        t(181, hk, 2.0),
+        t(182, hq, 1.0),
+        t(183, hk, 1.0),
+    );
+    let (c, s) = rope::tables(&e, rows, d, 10000.0, &RopeScaling::None, DType::F32).unwrap();
+    let ids: Vec<i32> = (0..b * sq).map(|v| (v * 13 % 23) as i32).collect();
+    let pos = Tensor::from_slice(&e, &ids, &[b, sq]).unwrap();
+    let opts = RopeQkOptions {
+        table_grads: true,
+        check_positions: false,
+        ..Default::default()
+    };
+    let (_, saved) = rope::qk_forward(&q, &k, &c, &s, Some(&pos), &opts).unwrap();
+    let per_token = 8 * d as u64 / 2;
+    assert_eq!(
+        rope::backward_workspace_bytes(&saved),
+        b as u64 * sq as u64 * per_token
+    );
+    let bits = || {
+        let g = rope::qk_backward(&saved, &dq, &dk).unwrap();
+        [f32_bits(&g.dcos.unwrap()), f32_bits(&g.dsin.unwrap())]
+    };
+    let whole = bits();
+    assert_eq!(bits(), whole, "rerun");
+    for tokens in [1030, 97, 1] {
+        e.set_workspace_bound(tokens * per_token + 3);
+        assert_eq!(bits(), whole, "chunks of {tokens} tokens");
+    }
+    e.set_workspace_bound(per_token - 1);
+    assert!(matches!(
+        rope::qk_backward(&saved, &dq, &dk),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+    // Without table gradients (or without ids) nothing is needed.
+    let (_, plain) = rope::qk_forward(
+        &q,
+        &k,
+        &c,
+        &s,
+        Some(&pos),
+        &RopeQkOptions {
+            check_positions: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(rope::backward_workspace_bytes(&plain), 0);
+    assert!(rope::qk_backward(&plain, &dq, &dk).is_ok());
 }
 
 #[test]

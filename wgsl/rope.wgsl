@@ -10,9 +10,15 @@
 //
 // `forward` and `backward_values` (any shape) give one invocation a pair of elements (2j, 2j + 1) of the
 // flat values tensor and compute both independently, so every invocation owns its output word
-// whatever the row width's parity. `table_grad` gives one invocation one table entry (p, i)
-// and sums, in a fixed order (tokens ascending, then q heads, then k heads), the
-// contributions of every value row whose position is p: no atomics, reruns are bit-identical.
+// whatever the row width's parity.
+//
+// Table gradients: the gradient of entry (p, i) is the sum, over the tokens whose position for
+// frequency i is p in token order (batch-major, then sequence), of each token's contribution
+// `token_table_grad(b, s, i)` (itself summed over its q heads, then its k heads, in head
+// order). Without position ids (`table_grad`) one invocation owns one entry and loops over the
+// batch. With position ids the work is split in two launches (`table_grad_tokens`, then
+// `table_grad_rows`, see there); both compute the same sums in the same order. No atomics,
+// reruns are bit-identical.
 
 override DT_V: u32 = 0u;        // values dtype (q and k)
 override DT_T: u32 = 0u;        // table dtype
@@ -38,6 +44,9 @@ struct Params {
     pos_axis_stride: u32, // elements per position axis (mRoPE: 3 axes)
     sec0: u32,        // frequencies i < sec0 use position axis 0, i < sec1 axis 1, else 2
     sec1: u32,
+    token0: u32,      // table_grad_tokens / table_grad_rows: first token (b·seq + s) of the chunk
+    tokens: u32,      // table_grad_rows: tokens in the chunk
+    accumulate: u32,  // table_grad_rows: 1 to continue the sums already in dcos/dsin
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -51,6 +60,7 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> out: array<u32>;
 @group(0) @binding(9) var<storage, read_write> dcos: array<u32>;
 @group(0) @binding(10) var<storage, read_write> dsin: array<u32>;
+@group(0) @binding(15) var<storage, read> token_grads: array<u32>;
 
 fn load_value(i: u32) -> f32 {
     if (DT_V == DT_F32) {
@@ -273,35 +283,45 @@ fn row_table_grad(is_q: bool, r: u32, i: u32) -> vec2<f32> {
     return vec2(g1 * x1 + g2 * x2, g2 * x1 - g1 * x2);
 }
 
-fn token_table_grad(b: u32, s: u32, i: u32) -> vec2<f32> {
-    var acc = vec2(0.0, 0.0);
-    for (var h = 0u; h < params.heads; h = h + 1u) {
-        acc = acc + row_table_grad(true, row_of(b, s, h, params.heads), i);
+// Sum of the contributions of `count` heads (q side when `is_q`) of token (b, s) to pair i,
+// added to `acc` in head order. Heads go four at a time, each group's loads issued before its
+// sums, so an invocation keeps sixteen loads in flight instead of four.
+fn heads_table_grad(acc_in: vec2<f32>, is_q: bool, b: u32, s: u32, i: u32,
+        count: u32) -> vec2<f32> {
+    var acc = acc_in;
+    var h = 0u;
+    for (; h + 4u <= count; h = h + 4u) {
+        let c0 = row_table_grad(is_q, row_of(b, s, h, count), i);
+        let c1 = row_table_grad(is_q, row_of(b, s, h + 1u, count), i);
+        let c2 = row_table_grad(is_q, row_of(b, s, h + 2u, count), i);
+        let c3 = row_table_grad(is_q, row_of(b, s, h + 3u, count), i);
+        acc = acc + c0;
+        acc = acc + c1;
+        acc = acc + c2;
+        acc = acc + c3;
     }
-    for (var h = 0u; h < params.heads_k; h = h + 1u) {
-        acc = acc + row_table_grad(false, row_of(b, s, h, params.heads_k), i);
+    for (; h < count; h = h + 1u) {
+        acc = acc + row_table_grad(is_q, row_of(b, s, h, count), i);
     }
     return acc;
 }
 
-// Gradient of table entry (p, i) = flat entry `entry`, summed in a fixed order.
+// Contribution of token (b, s) to the gradient of its table entry for pair i: its q heads,
+// then its k heads, summed in head order.
+fn token_table_grad(b: u32, s: u32, i: u32) -> vec2<f32> {
+    let acc = heads_table_grad(vec2(0.0, 0.0), true, b, s, i, params.heads);
+    return heads_table_grad(acc, false, b, s, i, params.heads_k);
+}
+
+// Without position ids: gradient of table entry (p, i) = flat entry `entry`, summed over the
+// batch in order (row p is used by the tokens (b, p)).
 fn entry_grad(entry: u32) -> vec2<f32> {
     let p = entry / params.half;
     let i = entry - p * params.half;
     var acc = vec2(0.0, 0.0);
-    if (POSITIONS == 0u) {
-        if (p < params.seq) {
-            for (var b = 0u; b < params.batch; b = b + 1u) {
-                acc = acc + token_table_grad(b, p, i);
-            }
-        }
-        return acc;
-    }
-    for (var b = 0u; b < params.batch; b = b + 1u) {
-        for (var s = 0u; s < params.seq; s = s + 1u) {
-            if (position_of(b, s, i) == p) {
-                acc = acc + token_table_grad(b, s, i);
-            }
+    if (p < params.seq) {
+        for (var b = 0u; b < params.batch; b = b + 1u) {
+            acc = acc + token_table_grad(b, p, i);
         }
     }
     return acc;
@@ -330,6 +350,347 @@ fn table_grad_complex(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let g = entry_grad(entry);
     dcos[2u * entry] = bitcast<u32>(g.x);
     dcos[2u * entry + 1u] = bitcast<u32>(g.y);
+}
+
+// ---- table gradients with position ids ----
+// Scanning every token for every entry (what one invocation per entry would do) costs
+// table_rows · half · batch · seq id comparisons and re-reads each matching token's heads once
+// per entry it feeds. Instead:
+//
+// 1. `table_grad_tokens`: one invocation per (token, pair i) of a chunk of tokens computes
+//    `token_table_grad` and stores it (two F32 words) at (t − token0)·half + i of a scratch
+//    buffer. This is the whole read of q, dq, k, dk, once, in a token-parallel launch whose
+//    cost does not depend on the positions: consecutive invocations take consecutive pairs of
+//    one token, so a warp reads whole runs of a head row; each invocation keeps 16 loads in
+//    flight (heads_table_grad).
+// 2. `table_grad_rows`: one workgroup per block of TG_ROWS·groups table rows × ib frequencies
+//    (ib = min(half, 256); `groups` = min(256 / ib, 32) row groups of TG_ROWS rows). Lane
+//    (r, il) owns the entries (p, i) of its frequency i = block's first + il and its group's
+//    TG_ROWS rows, accumulating them in workgroup memory only it touches. The workgroup walks
+//    the chunk's tokens in order, TG_CHUNK at a time: lane l reads the ids of tokens 4l..4l+3
+//    (every axis in use; the next step's are fetched while this step's hits are added), turns
+//    them into, per token, the local row of each axis (a byte; 0xFF: not in this block) and a
+//    nibble of hits; 32 lanes join the nibbles into a bit mask of the step. Each lane then
+//    visits the set bits in order, eight at a time: it issues the loads of the scratch values
+//    of the hits it owns (the token's local row for its frequency's axis falls in its group),
+//    then adds them in token order. Every entry is thus the sum of its tokens' contributions
+//    in token order, as one invocation per entry would compute it. Rows nobody uses keep
+//    their zero; ids past the table (or negative I32, huge as u32) hit no block. Workgroup
+//    memory: 13.1 KiB.
+//
+// Cost at B4 T2048, 32 + 8 heads of 128, table 2048 rows, F32: launch 1 reads q, dq, k, dk
+// (335 MB) and writes 4 MB, the traffic of the rotation backward (dq, dk read, F32 dq, dk
+// written: 335 MB), so about its time; BF16 reads half of that. Launch 2: 128 workgroups of
+// 16 rows, each 8 steps of 1,024 tokens (one id read per lane and step, three barriers, eight
+// mask reads) and 64 hits in 4 runs of 16 consecutive tokens, a few µs a workgroup, all at
+// once; the scratch (4 MB) is read once, from L2. Against one invocation per entry: 2048·64
+// entries × 8192 id comparisons each and the matching tokens' 40 heads re-read serially.
+// With many more table rows than tokens the id reads grow (table_rows / rows-per-block
+// workgroups × tokens); with every token at one position one lane per frequency sums them
+// all (eight loads in flight). Chunks of tokens run one after the other (the host sizes them
+// to the workspace bound); `accumulate` continues the sums of the previous chunks from
+// dcos/dsin, which holds them in F32, so chunking does not change a bit.
+
+const TG_ROWS: u32 = 4u;      // table rows per lane
+const TG_CHUNK: u32 = 1024u;  // tokens per step of table_grad_rows
+const TG_NONE: u32 = 0xFFu;   // local row byte: token not in this block on that axis
+
+var<workgroup> tg_acc: array<vec2<f32>, 1024>;   // [local row, il]: TG_ROWS·groups·ib ≤ 1024
+var<workgroup> tg_rows: array<vec4<u32>, 256>;   // per token: local row per axis, a byte each
+var<workgroup> tg_nibbles: array<u32, 256>;      // per 4 tokens: which hit the block
+var<workgroup> tg_mask: array<vec4<u32>, 8>;     // TG_CHUNK bits: token hits the block
+
+@compute @workgroup_size(WG)
+fn table_grad_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let w = group_index(wid, nwg) * WG + lid;
+    if (w >= params.pairs) {
+        return;
+    }
+    let tr = w / params.half;
+    let i = w - tr * params.half;
+    let t = params.token0 + tr;
+    let b = t / params.seq;
+    let g = token_table_grad(b, t - b * params.seq, i);
+    out[2u * w] = bitcast<u32>(g.x);
+    out[2u * w + 1u] = bitcast<u32>(g.y);
+}
+
+// Frequencies per block of table_grad_rows, row groups, and table rows per block.
+fn tg_ib() -> u32 {
+    return min(params.half, WG);
+}
+
+fn tg_groups() -> u32 {
+    return min(WG / tg_ib(), 32u);
+}
+
+fn tg_block_rows() -> u32 {
+    return TG_ROWS * tg_groups();
+}
+
+// Position axes that frequencies use: 1 (no mRoPE, or every section on axis 0), 2 or 3.
+fn tg_axes() -> u32 {
+    if (params.sec0 >= params.half) {
+        return 1u;
+    }
+    if (params.sec1 >= params.half) {
+        return 2u;
+    }
+    return 3u;
+}
+
+// Id of chunk token j on axis a; 0xFFFFFFFF (no row) past the chunk or the axes in use.
+fn tg_id(j: u32, a: u32) -> u32 {
+    if (j >= params.tokens || a >= tg_axes()) {
+        return 0xFFFFFFFFu;
+    }
+    let t = params.token0 + j;
+    var idx = t - (t / params.seq) * params.seq;
+    if (params.pos_batched == 1u) {
+        idx = t;
+    }
+    return positions[a * params.pos_axis_stride + idx]; // i32 bits: negative → huge
+}
+
+// Ids of the four chunk tokens c0 + 4·lid .. + 3 of a step, one vector per axis.
+struct TgIds {
+    a0: vec4<u32>,
+    a1: vec4<u32>,
+    a2: vec4<u32>,
+}
+
+fn tg_fetch(c0: u32, lid: u32) -> TgIds {
+    let j = c0 + 4u * lid;
+    var r: TgIds;
+    r.a0 = vec4(tg_id(j, 0u), tg_id(j + 1u, 0u), tg_id(j + 2u, 0u), tg_id(j + 3u, 0u));
+    r.a1 = vec4(tg_id(j, 1u), tg_id(j + 1u, 1u), tg_id(j + 2u, 1u), tg_id(j + 3u, 1u));
+    r.a2 = vec4(tg_id(j, 2u), tg_id(j + 1u, 2u), tg_id(j + 2u, 2u), tg_id(j + 3u, 2u));
+    return r;
+}
+
+// Local rows (one byte per axis, TG_NONE outside [p0, end)) of a token with ids `ids`.
+fn tg_pack(p0: u32, end: u32, ids: vec3<u32>) -> u32 {
+    var packed = 0xFFFFFFFFu;
+    for (var a = 0u; a < 3u; a = a + 1u) {
+        let p = ids[a];
+        if (p >= p0 && p < end) {
+            packed = (packed & ~(TG_NONE << (8u * a))) | ((p - p0) << (8u * a));
+        }
+    }
+    return packed;
+}
+
+// A lane's entries: frequency i (= block start + il), row group r.
+struct TgLane {
+    i: u32,
+    il: u32,
+    r: u32,
+    axis: u32,
+    owner: bool,
+}
+
+fn tg_lane(g: u32, lid: u32) -> TgLane {
+    let ib = tg_ib();
+    let i_blocks = (params.half + ib - 1u) / ib;
+    var l: TgLane;
+    l.r = lid / ib;
+    l.il = lid - l.r * ib;
+    l.i = (g % i_blocks) * ib + l.il;
+    l.owner = l.r < tg_groups() && l.i < params.half;
+    l.axis = axis_of(l.i);
+    return l;
+}
+
+// One visited hit: its accumulator slot (0xFFFFFFFF when not this lane's) and value.
+struct TgHit {
+    slot: u32,
+    v: vec2<f32>,
+}
+
+// The scratch value of token `c0 + jj` of the chunk (jj = base + j; j ≥ 32: no token) when
+// this lane owns it.
+fn tg_load(l: TgLane, c0: u32, base: u32, j: u32) -> TgHit {
+    var h = TgHit(0xFFFFFFFFu, vec2(0.0, 0.0));
+    if (j >= 32u || !l.owner) {
+        return h;
+    }
+    let jj = base + j;
+    let lr = (tg_rows[jj >> 2u][jj & 3u] >> (8u * l.axis)) & TG_NONE;
+    if (lr == TG_NONE || lr / TG_ROWS != l.r) {
+        return h;
+    }
+    let e = 2u * ((c0 + jj) * params.half + l.i);
+    h.slot = lr * tg_ib() + l.il;
+    h.v = vec2(bitcast<f32>(token_grads[e]), bitcast<f32>(token_grads[e + 1u]));
+    return h;
+}
+
+fn tg_add(h: TgHit) {
+    if (h.slot != 0xFFFFFFFFu) {
+        tg_acc[h.slot] = tg_acc[h.slot] + h.v;
+    }
+}
+
+// Walk the chunk's tokens in order and add every hit this lane owns to its accumulators.
+// Called in uniform control flow (barriers inside); the scratch holds this chunk's tokens.
+fn tg_accumulate(p0: u32, l: TgLane, lid: u32) {
+    let end = min(p0 + tg_block_rows(), params.table_rows);
+    var ids = tg_fetch(0u, lid);
+    for (var c0 = 0u; c0 < params.tokens; c0 = c0 + TG_CHUNK) {
+        // Lane lid stages tokens 4·lid .. + 3 of the step, then fetches the next step's ids
+        // (in flight while this step's hits are added).
+        let rows = vec4(tg_pack(p0, end, vec3(ids.a0.x, ids.a1.x, ids.a2.x)),
+            tg_pack(p0, end, vec3(ids.a0.y, ids.a1.y, ids.a2.y)),
+            tg_pack(p0, end, vec3(ids.a0.z, ids.a1.z, ids.a2.z)),
+            tg_pack(p0, end, vec3(ids.a0.w, ids.a1.w, ids.a2.w)));
+        tg_rows[lid] = rows;
+        let hit = vec4<u32>(rows != vec4(0xFFFFFFFFu));
+        tg_nibbles[lid] = hit.x | (hit.y << 1u) | (hit.z << 2u) | (hit.w << 3u);
+        if (c0 + TG_CHUNK < params.tokens) {
+            ids = tg_fetch(c0 + TG_CHUNK, lid);
+        }
+        workgroupBarrier();
+        if (lid < TG_CHUNK / 32u) {
+            var bits = 0u;
+            for (var k = 0u; k < 8u; k = k + 1u) {
+                bits = bits | (tg_nibbles[8u * lid + k] << (4u * k));
+            }
+            tg_mask[lid / 4u][lid % 4u] = bits;
+        }
+        workgroupBarrier();
+        for (var q = 0u; q < TG_CHUNK / 128u; q = q + 1u) {
+            let m4 = tg_mask[q];
+            if (any(m4 != vec4(0u))) {
+                for (var k = 0u; k < 4u; k = k + 1u) {
+                    tg_word(l, c0, 32u * (4u * q + k), m4[k]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// Add this lane's hits among the 32 tokens base .. base + 31 of the step at c0 (set bits of
+// `word`), in token order.
+fn tg_word(l: TgLane, c0: u32, base: u32, word: u32) {
+    var bits = word;
+    while (bits != 0u) {
+        // Eight hits: indices first, then the loads, then the sums in token order.
+        let j0 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j1 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j2 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j3 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j4 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j5 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j6 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let j7 = firstTrailingBit(bits);
+        bits = bits & (bits - 1u);
+        let h0 = tg_load(l, c0, base, j0);
+        let h1 = tg_load(l, c0, base, j1);
+        let h2 = tg_load(l, c0, base, j2);
+        let h3 = tg_load(l, c0, base, j3);
+        let h4 = tg_load(l, c0, base, j4);
+        let h5 = tg_load(l, c0, base, j5);
+        let h6 = tg_load(l, c0, base, j6);
+        let h7 = tg_load(l, c0, base, j7);
+        tg_add(h0);
+        tg_add(h1);
+        tg_add(h2);
+        tg_add(h3);
+        tg_add(h4);
+        tg_add(h5);
+        tg_add(h6);
+        tg_add(h7);
+    }
+}
+
+// First table row of table_grad_rows' workgroup g (blocks of rows × blocks of frequencies).
+fn tg_p0(g: u32) -> u32 {
+    let ib = tg_ib();
+    let i_blocks = (params.half + ib - 1u) / ib;
+    return (g / i_blocks) * tg_block_rows();
+}
+
+// Table entry of a lane's m-th row (m < TG_ROWS), or 0xFFFFFFFF past the table / inactive.
+fn tg_entry(p0: u32, l: TgLane, m: u32) -> u32 {
+    let p = p0 + l.r * TG_ROWS + m;
+    if (!l.owner || p >= params.table_rows) {
+        return 0xFFFFFFFFu;
+    }
+    return p * params.half + l.i;
+}
+
+fn tg_slot(l: TgLane, m: u32) -> u32 {
+    return (l.r * TG_ROWS + m) * tg_ib() + l.il;
+}
+
+@compute @workgroup_size(WG)
+fn table_grad_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    let p0 = tg_p0(g);
+    if (p0 >= params.table_rows) {
+        return;
+    }
+    let l = tg_lane(g, lid);
+    for (var m = 0u; m < TG_ROWS; m = m + 1u) {
+        let e = tg_entry(p0, l, m);
+        if (e != 0xFFFFFFFFu) {
+            var v = vec2(0.0, 0.0);
+            if (params.accumulate == 1u) {
+                v = vec2(bitcast<f32>(dcos[e]), bitcast<f32>(dsin[e]));
+            }
+            tg_acc[tg_slot(l, m)] = v;
+        }
+    }
+    tg_accumulate(p0, l, lid);
+    for (var m = 0u; m < TG_ROWS; m = m + 1u) {
+        let e = tg_entry(p0, l, m);
+        if (e != 0xFFFFFFFFu) {
+            let v = tg_acc[tg_slot(l, m)];
+            dcos[e] = bitcast<u32>(v.x);
+            dsin[e] = bitcast<u32>(v.y);
+        }
+    }
+}
+
+// Llama 4: the same sums written in the complex table's [rows, half, 2] layout.
+@compute @workgroup_size(WG)
+fn table_grad_rows_complex(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    let p0 = tg_p0(g);
+    if (p0 >= params.table_rows) {
+        return;
+    }
+    let l = tg_lane(g, lid);
+    for (var m = 0u; m < TG_ROWS; m = m + 1u) {
+        let e = tg_entry(p0, l, m);
+        if (e != 0xFFFFFFFFu) {
+            var v = vec2(0.0, 0.0);
+            if (params.accumulate == 1u) {
+                v = vec2(bitcast<f32>(dcos[2u * e]), bitcast<f32>(dcos[2u * e + 1u]));
+            }
+            tg_acc[tg_slot(l, m)] = v;
+        }
+    }
+    tg_accumulate(p0, l, lid);
+    for (var m = 0u; m < TG_ROWS; m = m + 1u) {
+        let e = tg_entry(p0, l, m);
+        if (e != 0xFFFFFFFFu) {
+            let v = tg_acc[tg_slot(l, m)];
+            dcos[2u * e] = bitcast<u32>(v.x);
+            dcos[2u * e + 1u] = bitcast<u32>(v.y);
+        }
+    }
 }
 
 // ---- unit kernels: rows of even width with rotary_dim a multiple of 4 ----
