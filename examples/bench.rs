@@ -998,8 +998,10 @@ const ATTENTION_SHAPES: [[usize; 4]; 2] = [[4, 32, 2048, 128], [1, 16, 8192, 128
 const ATTENTION_QUICK_SHAPES: [[usize; 4]; 2] = [[1, 2, 128, 64], [1, 1, 256, 64]];
 
 /// One attention row: forward (`backward` false) or forward + backward, causal or full, on
-/// query = key = value-shaped inputs of `dtype`. Time per run is in the table; FLOPs per run
-/// are `wgrad::attention::attention_flops` (×3.5 with the backward), printed to stderr.
+/// query = key = value-shaped inputs of `dtype`. Time per run and the engine's peak memory
+/// beyond the inputs (output, saved statistics, gradients and scratch) are in the table;
+/// FLOPs per run are `wgrad::attention::attention_flops` (×3.5 with the backward), printed to
+/// stderr.
 fn attention_op(
     engine: &Engine,
     quick: bool,
@@ -1050,7 +1052,8 @@ fn attention_op(
         } else {
             Ok(vec![out, saved.output_f32().clone()])
         }
-    }))
+    })
+    .with_peak())
 }
 
 /// Matmul shapes (M, K, N) of the bench: 4096³ and 8192×4096×14336 (`--quick`: 256³ and
