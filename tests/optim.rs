@@ -178,6 +178,7 @@ fn adamw_weight_decay_and_other_betas() {
         beta2: 0.9,
         eps: 1e-6,
         weight_decay: 0.3,
+        ..AdamWOptions::default()
     };
     check_adamw("adamw decay", DType::F32, DType::F32, options, None, 5);
     let options = AdamWOptions {
