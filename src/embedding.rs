@@ -238,7 +238,7 @@ fn check_max_norm(what: &str, max_norm: f32, norm_type: f32) -> Result<()> {
             rule: "must be finite and > 0".into(),
         });
     }
-    if !(norm_type > 0.0) {
+    if norm_type.is_nan() || norm_type <= 0.0 {
         return Err(Error::InvalidValue {
             what: format!("{what}: norm_type"),
             got: f64::from(norm_type),
