@@ -1128,9 +1128,7 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         let label = if dtype == DType::BF16 { "bf16" } else { "f32" };
         let flops = matmul_flops(1, m, n, k);
         let slices = wgrad::matmul::gemm_split(m, n, k, 1);
-        eprintln!(
-            "  matmul (FLCE dx) {label} M{m} K{k} N{n}: {flops:.3e} FLOP, {slices} K slices"
-        );
+        eprintln!("  matmul (FLCE dx) {label} M{m} K{k} N{n}: {flops:.3e} FLOP, {slices} K slices");
         ops.push(
             Op::new("matmul_flce_dx", label, vec![dlogits, w], move |i| {
                 let (y, _) = matmul(&i[0], &i[1], None, &MatmulOptions::default())?;

@@ -587,7 +587,11 @@ pub(crate) fn gemm_within(call: &Gemm, allowance: u64) -> Result<()> {
             "gemm_partial",
             &constants,
             &params,
-            &[call.a.tensor.buffer(), call.b.tensor.buffer(), part.buffer()],
+            &[
+                call.a.tensor.buffer(),
+                call.b.tensor.buffer(),
+                part.buffer(),
+            ],
             tiles * slices as u64,
         )?;
         let mut buffers = vec![bias.buffer(), call.out.buffer()];
@@ -798,7 +802,14 @@ fn backward_products(d: &Dims, o: &MatmulOptions) -> Vec<(usize, usize, usize, u
         let e = if tb { (n, k, m) } else { (k, n, m) };
         (e, if d.b_batched { batch } else { 1 })
     } else if !ta {
-        (if tb { (n, k, batch * m) } else { (k, n, batch * m) }, 1)
+        (
+            if tb {
+                (n, k, batch * m)
+            } else {
+                (k, n, batch * m)
+            },
+            1,
+        )
     } else {
         (if tb { (n, k, m) } else { (k, n, m) }, 1)
     };

@@ -1300,7 +1300,8 @@ fn distillation_peak_memory_stays_at_the_chunk_bound() {
     let labels = targets_for(182, rows, vocab, -100, 4);
     let lt = Tensor::from_slice(&e, &labels, &[rows]).unwrap();
     e.synchronize().unwrap();
-    let budget = fl::fused_linear_distillation_workspace_bytes(rows, 16, 16, vocab, 16, true, false);
+    let budget =
+        fl::fused_linear_distillation_workspace_bytes(rows, 16, 16, vocab, 16, true, false);
     let options = DistillationOptions {
         soft: SoftLoss::Kl,
         temperature: 2.0,
@@ -2044,7 +2045,10 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
     let peak = e.memory().peak_bytes - before;
     let outputs = ((rows * hidden + vocab * hidden + vocab + rows) * 4) as u64 + 4096;
     let bound = (outputs + plan.workspace_bytes) * 9 / 8;
-    assert!(peak <= bound, "peak {peak} above outputs + workspace {bound}");
+    assert!(
+        peak <= bound,
+        "peak {peak} above outputs + workspace {bound}"
+    );
     drop((out, saved, g));
     // A budget without room for the split takes smaller chunks (here: still splitting, the
     // figure counting it) and the call stays within it.
@@ -2054,7 +2058,10 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
         memory_budget: Some(budget),
     };
     let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &chunking).unwrap();
-    assert!(plan.chunk_rows < rows && plan.workspace_bytes <= budget, "{plan:?}");
+    assert!(
+        plan.chunk_rows < rows && plan.workspace_bytes <= budget,
+        "{plan:?}"
+    );
     assert_eq!(
         plan.workspace_bytes,
         fl::fused_linear_cross_entropy_workspace_bytes(rows, hidden, vocab, plan.chunk_rows, true)

@@ -840,7 +840,10 @@ fn split_rule_is_the_documented_pure_function_of_the_shape() {
     for (m, n, k, batch) in [(1, 1, 10_000, 1), (64, 64, 4099, 1), (7, 33, 65_537, 3)] {
         let s = gemm_split(m, n, k, batch);
         let len = slice_len(k, s);
-        assert!(len % 16 == 0 && len >= 2048 && k.div_ceil(len) == s, "{k}: {s} × {len}");
+        assert!(
+            len.is_multiple_of(16) && len >= 2048 && k.div_ceil(len) == s,
+            "{k}: {s} × {len}"
+        );
         assert_eq!(
             gemm_workspace_bytes(m, n, k, batch),
             (4 * s * batch * m * n) as u64
@@ -935,7 +938,10 @@ fn split_sums_are_slice_sums_added_in_slice_order() {
     // product is the unsplit one, bit for bit.
     let e = common::private_engine();
     let cases = [
-        (problem(5, 6, 10_000, false, false), (DType::F32, DType::F32)),
+        (
+            problem(5, 6, 10_000, false, false),
+            (DType::F32, DType::F32),
+        ),
         (problem(3, 17, 4099, true, true), (DType::BF16, DType::F16)),
         (
             Problem {
@@ -952,11 +958,17 @@ fn split_sums_are_slice_sums_added_in_slice_order() {
         assert!(s >= 2, "{p:?}");
         let label = format!("m {} n {} k {} batch {} {dt:?}", p.m, p.n, p.k, p.batch);
         e.set_workspace_bound(wgrad::engine::DEFAULT_WORKSPACE_BOUND);
-        assert!(split_bits(&e, p, *dt, slice_len(p.k, s), seed), "{label}: {s} slices");
+        assert!(
+            split_bits(&e, p, *dt, slice_len(p.k, s), seed),
+            "{label}: {s} slices"
+        );
         // Room for two slices only.
         let per = (4 * p.batch * p.m * p.n) as u64;
         e.set_workspace_bound(2 * per);
-        assert!(split_bits(&e, p, *dt, slice_len(p.k, 2), seed), "{label}: 2 slices");
+        assert!(
+            split_bits(&e, p, *dt, slice_len(p.k, 2), seed),
+            "{label}: 2 slices"
+        );
         // No room for a split: the unsplit order.
         e.set_workspace_bound(2 * per - 1);
         assert!(split_bits(&e, p, *dt, p.k, seed), "{label}: unsplit");
