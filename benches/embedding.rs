@@ -65,7 +65,7 @@ fn run(c: &mut Criterion) {
             group.throughput(Throughput::Bytes(3 * table.byte_len()));
             group.bench_function(BenchmarkId::new("renorm_table", &text), |b| {
                 common::time_gpu(b, &engine, || {
-                    embedding::embedding_renorm(&table, &indices, 1.0, false).map(drop)
+                    embedding::embedding_renorm(&table, &indices, 1.0, 2.0, false).map(drop)
                 })
             });
             let (_, saved_freq) = embedding::embedding(&table, &indices, &renorm).expect("fwd");

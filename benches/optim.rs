@@ -1,5 +1,6 @@
 //! Criterion benches of the optimizer family: an AdamW step (F32 parameters; BF16
-//! parameters with FP32 masters and BF16 gradients), an SGD step with momentum, and the global
+//! parameters with FP32 masters and BF16 gradients; F32 with AMSGrad and `maximize`), an SGD
+//! step with momentum, and the global
 //! gradient norm, timed on the GPU with `bench::gpu_time_iters`. Throughput is the bytes a
 //! step moves (each operand read once, each updated one written once). Small sizes for
 //! lavapipe; `examples/bench.rs` runs 64M parameters.
@@ -32,6 +33,15 @@ fn run(c: &mut Criterion) {
             AdamW::new(std::slice::from_ref(&p32), AdamWOptions::default()).expect("adamw");
         let mut adam16 =
             AdamW::new(std::slice::from_ref(&p16), AdamWOptions::default()).expect("adamw");
+        let mut ams = AdamW::new(
+            std::slice::from_ref(&input(&engine, n, DType::F32, 5).expect("params")),
+            AdamWOptions {
+                amsgrad: true,
+                maximize: true,
+                ..AdamWOptions::default()
+            },
+        )
+        .expect("adamw");
         let mut sgd = Sgd::new(
             std::slice::from_ref(&input(&engine, n, DType::F32, 4).expect("params")),
             SgdOptions {
@@ -52,6 +62,11 @@ fn run(c: &mut Criterion) {
         ));
         group.bench_function(BenchmarkId::new("adamw_bf16_copy", &text), |b| {
             common::time_gpu(b, &engine, || adam16.step(&[&g16], None))
+        });
+        // g, p, m, v, v_max read; p, m, v, v_max written.
+        group.throughput(Throughput::Bytes(9 * n4));
+        group.bench_function(BenchmarkId::new("adamw_amsgrad_maximize_f32", &text), |b| {
+            common::time_gpu(b, &engine, || ams.step(&[&g32], None))
         });
         // g, p, b read; p, b written.
         group.throughput(Throughput::Bytes(5 * n4));

@@ -998,8 +998,10 @@ const ATTENTION_SHAPES: [[usize; 4]; 2] = [[4, 32, 2048, 128], [1, 16, 8192, 128
 const ATTENTION_QUICK_SHAPES: [[usize; 4]; 2] = [[1, 2, 128, 64], [1, 1, 256, 64]];
 
 /// One attention row: forward (`backward` false) or forward + backward, causal or full, on
-/// query = key = value-shaped inputs of `dtype`. Time per run is in the table; FLOPs per run
-/// are `wgrad::attention::attention_flops` (×3.5 with the backward), printed to stderr.
+/// query = key = value-shaped inputs of `dtype`. Time per run and the engine's peak memory
+/// beyond the inputs (output, saved statistics, gradients and scratch) are in the table;
+/// FLOPs per run are `wgrad::attention::attention_flops` (×3.5 with the backward), printed to
+/// stderr.
 fn attention_op(
     engine: &Engine,
     quick: bool,
@@ -1050,7 +1052,8 @@ fn attention_op(
         } else {
             Ok(vec![out, saved.output_f32().clone()])
         }
-    }))
+    })
+    .with_peak())
 }
 
 /// Matmul shapes (M, K, N) of the bench: 4096³ and 8192×4096×14336 (`--quick`: 256³ and
@@ -1337,7 +1340,8 @@ fn embedding_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 /// Optimizer steps and the gradient norm over one parameter tensor of 64M elements
 /// (`--quick`: 1M): AdamW with F32 parameters and gradients; AdamW with BF16 parameters (FP32
 /// masters, the BF16 copy written in the same pass) and BF16 gradients; AdamW clipped (the
-/// norm computed then the clipped step, as a training loop runs them); SGD with momentum;
+/// norm computed then the clipped step, as a training loop runs them); AdamW with AMSGrad and
+/// `maximize` (F32, a third state tensor read and written); SGD with momentum;
 /// plain SGD; `grad_norm` of F32 and BF16 gradients. Each run is a real step (the state
 /// evolves between runs). Bytes moved: each operand read once and each updated tensor written
 /// once (the inputs are the gradient, then the tensors the step reads; the outputs those it
@@ -1395,6 +1399,31 @@ fn optim_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         opt.step(&[&i[0]], Some(&clip))?;
         Ok(adam_state(&opt))
     }));
+
+    let amsgrad = AdamWOptions {
+        amsgrad: true,
+        maximize: true,
+        ..AdamWOptions::default()
+    };
+    let opt = AdamW::new(&[filled(DType::F32, 8)?], amsgrad)?;
+    let ams_state = move |opt: &AdamW| -> Vec<Tensor> {
+        let mut state = adam_state(opt);
+        state.push(opt.max_second_moments()[0].clone());
+        state
+    };
+    let mut inputs = vec![g32.clone()];
+    inputs.extend(ams_state(&opt));
+    let opt = RefCell::new(opt);
+    ops.push(Op::new(
+        "adamw_amsgrad_step",
+        "f32 maximize",
+        inputs,
+        move |i| {
+            let mut opt = opt.borrow_mut();
+            opt.step(&[&i[0]], None)?;
+            Ok(ams_state(&opt))
+        },
+    ));
 
     let momentum = SgdOptions {
         momentum: 0.9,

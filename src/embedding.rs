@@ -15,15 +15,19 @@
 //!
 //! # max_norm
 //!
-//! [`EmbeddingOptions::max_norm`] follows PyTorch's `max_norm` with `norm_type` 2, made
-//! functional. PyTorch renormalizes the table in place (under `no_grad`) before the lookup:
-//! every row referenced by an index whose L2 norm `‖w_v‖₂` exceeds `max_norm` is replaced by
-//! `w_v·max_norm/(‖w_v‖₂ + 1e-7)`. Here no tensor is mutated: the forward returns the rows as
-//! they would be after that renormalization (`out[p] = s_v·table[v]`, `v = indices[p]`,
-//! `s_v = max_norm/(‖w_v‖₂ + 1e-7)` when `‖w_v‖₂ > max_norm`, else 1; the norm in FP32 over
-//! the stored values, the product rounded once to the table's dtype; rows with `s_v = 1`
-//! copied bit-exactly, the padding row included), and [`embedding_renorm`] returns the
-//! renormalized copy of the table that PyTorch would leave behind, for the caller to keep.
+//! [`EmbeddingOptions::max_norm`] follows PyTorch's `max_norm` and `norm_type`
+//! ([`EmbeddingOptions::norm_type`], default 2), made functional. PyTorch renormalizes the
+//! table in place (under `no_grad`) before the lookup: every row referenced by an index whose
+//! p-norm `‖w_v‖_p` exceeds `max_norm` is replaced by `w_v·max_norm/(‖w_v‖_p + 1e-7)`, with
+//! `‖w‖_p = (Σ|w_c|^p)^(1/p)` for p > 0 and `max |w_c|` for p = ∞. Here no tensor is mutated:
+//! the forward returns the rows as they would be after that renormalization (`out[p] =
+//! s_v·table[v]`, `v = indices[p]`, `s_v = max_norm/(‖w_v‖_p + 1e-7)` when `‖w_v‖_p >
+//! max_norm`, else 1; the norm in FP32 over the stored values — a sum of squares then `sqrt`
+//! for p = 2, of magnitudes for p = 1, the running maximum for p = ∞, of `pow(|w|, p)` then
+//! `pow(·, 1/p)` otherwise, each in the fixed order of the workgroup reduction — the product
+//! rounded once to the table's dtype; rows with `s_v = 1` copied bit-exactly, the padding row
+//! included), and [`embedding_renorm`] returns the renormalized copy of the table that PyTorch
+//! would leave behind, for the caller to keep.
 //! The gradient is PyTorch's: that of gathering the (renormalized) rows, i.e. the scale is a
 //! constant and [`embedding_backward`] is unchanged — `dtable` is the gradient with respect
 //! to the looked-up rows, to be applied to the renormalized table. Scratch: one F32 scale per
@@ -119,6 +123,9 @@ pub struct EmbeddingOptions {
     /// Renormalize looked-up rows whose L2 norm exceeds this (default none; finite and > 0):
     /// see the module documentation for the exact formula and the gradient contract.
     pub max_norm: Option<f32>,
+    /// The p of the norm `max_norm` bounds (default 2; PyTorch's `norm_type`): any p > 0, or
+    /// `f32::INFINITY` for the largest magnitude. Ignored without `max_norm`.
+    pub norm_type: f32,
     /// Divide each row's gradient by the number of positions that reference it (default
     /// false; PyTorch's `scale_grad_by_freq`).
     pub scale_grad_by_freq: bool,
@@ -130,6 +137,7 @@ impl Default for EmbeddingOptions {
             padding_index: None,
             check_indices: true,
             max_norm: None,
+            norm_type: 2.0,
             scale_grad_by_freq: false,
         }
     }
@@ -180,6 +188,7 @@ struct Params {
     j: u32,
     flags: u32,
     max_norm: f32,
+    norm_type: f32,
 }
 
 /// `table_grad`: divide by the row's position count.
@@ -200,6 +209,7 @@ impl Params {
             j: 0,
             flags: 0,
             max_norm: 0.0,
+            norm_type: 2.0,
         }
     }
 }
@@ -220,16 +230,22 @@ pub fn embedding_renorm_workspace_bytes(rows: usize, positions: usize) -> u64 {
     }
 }
 
-fn check_max_norm(what: &str, max_norm: f32) -> Result<()> {
-    if max_norm.is_finite() && max_norm > 0.0 {
-        Ok(())
-    } else {
-        Err(Error::InvalidValue {
+fn check_max_norm(what: &str, max_norm: f32, norm_type: f32) -> Result<()> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(Error::InvalidValue {
             what: format!("{what}: max_norm"),
             got: f64::from(max_norm),
             rule: "must be finite and > 0".into(),
-        })
+        });
     }
+    if !(norm_type > 0.0) {
+        return Err(Error::InvalidValue {
+            what: format!("{what}: norm_type"),
+            got: f64::from(norm_type),
+            rule: "must be > 0 (f32::INFINITY for the largest magnitude)".into(),
+        });
+    }
+    Ok(())
 }
 
 fn elements(what: &str, n: usize) -> Result<()> {
@@ -347,7 +363,7 @@ pub fn embedding(
         ));
     }
     if let Some(m) = options.max_norm {
-        check_max_norm("embedding", m)?;
+        check_max_norm("embedding", m, options.norm_type)?;
         engine.check_workspace("embedding", embedding_max_norm_workspace_bytes(positions))?;
     }
     if options.check_indices && positions > 0 {
@@ -380,6 +396,7 @@ pub fn embedding(
             &Params {
                 count: positions as u32,
                 max_norm,
+                norm_type: options.norm_type,
                 ..base
             },
             &[table.buffer(), indices.buffer(), scales.buffer()],
@@ -446,19 +463,21 @@ pub fn embedding(
 
 /// The table after PyTorch's in-place `max_norm` renormalization, as a fresh tensor (same
 /// shape and dtype): every row referenced by some index in `indices` (the padding row
-/// included) whose L2 norm exceeds `max_norm` becomes `row·max_norm/(‖row‖₂ + 1e-7)` (FP32,
-/// rounded once to the table's dtype); every other row is copied bit-exactly. Together with
-/// [`embedding`] and the same `max_norm` this gives both results of PyTorch's
-/// `embedding(.., max_norm)`: the looked-up rows and the table it leaves behind.
+/// included) whose `norm_type`-norm exceeds `max_norm` becomes `row·max_norm/(‖row‖_p + 1e-7)`
+/// (FP32, rounded once to the table's dtype; the norm as in the module documentation); every
+/// other row is copied bit-exactly. Together with [`embedding`] and the same `max_norm` and
+/// `norm_type` this gives both results of PyTorch's `embedding(.., max_norm, norm_type)`: the
+/// looked-up rows and the table it leaves behind.
 ///
 /// Errors: those of [`embedding`] for the table, the indices and `check_indices` (which
 /// synchronizes; unchecked out-of-range indices reference no row); a `max_norm` that is not
-/// finite and positive (`InvalidValue`); scratch over the workspace bound (`WorkspaceExceeded`,
-/// [`embedding_renorm_workspace_bytes`]).
+/// finite and positive or a `norm_type` that is not > 0 (`InvalidValue`); scratch over the
+/// workspace bound (`WorkspaceExceeded`, [`embedding_renorm_workspace_bytes`]).
 pub fn embedding_renorm(
     table: &Tensor,
     indices: &Tensor,
     max_norm: f32,
+    norm_type: f32,
     check_indices: bool,
 ) -> Result<Tensor> {
     let options = EmbeddingOptions {
@@ -476,7 +495,7 @@ pub fn embedding_renorm(
     embedding(table, probe, &options)?;
     let engine = table.engine();
     indices.check_engine(engine, "embedding_renorm: indices")?;
-    check_max_norm("embedding_renorm", max_norm)?;
+    check_max_norm("embedding_renorm", max_norm, norm_type)?;
     let (rows, dim) = (table.shape()[0], table.shape()[1]);
     let positions = indices.len();
     elements("embedding_renorm: positions", positions)?;
@@ -496,6 +515,7 @@ pub fn embedding_renorm(
     let base = Params {
         count: count as u32,
         max_norm,
+        norm_type,
         ..Params::new(rows, dim, positions, None)
     };
     // Referenced rows: the run starts of the sorted keys (no padding exclusion).

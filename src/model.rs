@@ -954,6 +954,7 @@ impl ModelAdamW {
             beta2: settings.beta2,
             eps: settings.eps,
             weight_decay,
+            ..AdamWOptions::default()
         };
         Ok(ModelAdamW {
             matrices: AdamW::new(&group(true), options(settings.weight_decay))?,

@@ -1,5 +1,6 @@
-//! Optimizers and gradient clipping: AdamW and SGD (momentum, dampening, Nesterov, weight
-//! decay) on FP32 master weights, and the global gradient norm.
+//! Optimizers and gradient clipping: AdamW (optionally AMSGrad) and SGD (momentum, dampening,
+//! Nesterov, weight decay), either minimizing or maximizing, on FP32 master weights, and the
+//! global gradient norm.
 //!
 //! # Parameters are updated in place
 //!
@@ -27,13 +28,25 @@
 //!
 //! # Formulas (PyTorch's, in its operation order)
 //!
+//! With `maximize` (either optimizer) the gradient is negated first, `g ← −g` (after
+//! clipping, which does not change the norm), and everything below is unchanged: the step
+//! ascends the objective, while AdamW's decoupled decay still shrinks the weights and SGD's
+//! weight decay is added to the negated gradient.
+//!
 //! AdamW, step `t` (counted from 1), gradient `g` (after clipping):
 //! `p ← p·(1 − lr·λ)`; `m ← β1·m + (1 − β1)·g`; `v ← β2·v + (1 − β2)·g²`;
-//! `p ← p − (lr / (1 − β1ᵗ)) · m / (√v / √(1 − β2ᵗ) + ε)`. The host computes the
-//! bias-correction factors and `1 − lr·λ` in f64 and hands them to the kernel as f32.
+//! `p ← p − (lr / (1 − β1ᵗ)) · m / (√v / √(1 − β2ᵗ) + ε)`. With AMSGrad a third state
+//! `v_max` (zero at first) keeps the running maximum of the raw second moment,
+//! `v_max ← max(v_max, v)`, and replaces `v` in the denominator, bias-corrected the same
+//! way: `√v_max / √(1 − β2ᵗ) + ε`. The host computes the bias-correction factors and
+//! `1 − lr·λ` in f64 and hands them to the kernel as f32.
 //!
 //! SGD: `g ← g + λ·p`; with momentum `μ > 0`: `b ← g` on the first step, else
 //! `b ← μ·b + (1 − τ)·g`, and `g ← b` (or `g + μ·b` with Nesterov); then `p ← p − lr·g`.
+//!
+//! Each optimizer has one kernel entry point (plus its model-copy twin) whatever its
+//! options: they are uniform flags, so the default path runs the same arithmetic as without
+//! them.
 //!
 //! Gradient norm: `‖(g_1, …, g_k)‖₂ = sqrt(Σ_i Σ_j g_ij²)` in FP32, per-block partial sums of
 //! squares (blocks of 8,192 elements: four running sums per invocation in a fixed order, then a
@@ -66,6 +79,16 @@ const UNROLL: u64 = 4;
 pub const NORM_BLOCK: usize = 8192;
 /// Largest element count of a parameter or gradient.
 const MAX_ELEMENTS: u64 = (1 << 31) - 1;
+
+// Bits of `Params::flags` (`FLAG_*` in the kernel).
+/// SGD: first step (the momentum buffer starts as the gradient).
+const FLAG_FIRST: u32 = 1;
+/// SGD: Nesterov momentum.
+const FLAG_NESTEROV: u32 = 2;
+/// AdamW, SGD: the gradient is negated.
+const FLAG_MAXIMIZE: u32 = 4;
+/// AdamW: AMSGrad's running maximum in the denominator.
+const FLAG_AMSGRAD: u32 = 8;
 
 impl AsRef<Tensor> for Tensor {
     fn as_ref(&self) -> &Tensor {
@@ -126,6 +149,12 @@ pub struct AdamWOptions {
     pub eps: f32,
     /// Decoupled weight decay λ, finite and ≥ 0 (default 0.01).
     pub weight_decay: f32,
+    /// AMSGrad (default false): keep `v_max = max(v_max, v)` per element (a third F32 state
+    /// tensor, [`AdamW::max_second_moments`]) and divide by `√v_max / √(1 − β2ᵗ) + ε`.
+    pub amsgrad: bool,
+    /// Maximize the objective (default false): the gradient is negated before the step
+    /// (the decoupled decay still shrinks the weights).
+    pub maximize: bool,
 }
 
 impl Default for AdamWOptions {
@@ -136,6 +165,8 @@ impl Default for AdamWOptions {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.01,
+            amsgrad: false,
+            maximize: false,
         }
     }
 }
@@ -153,6 +184,9 @@ pub struct SgdOptions {
     pub weight_decay: f32,
     /// Nesterov momentum (default false); needs μ > 0 and τ = 0.
     pub nesterov: bool,
+    /// Maximize the objective (default false): the gradient is negated before anything
+    /// else, weight decay included (`g ← −g + λ·p`).
+    pub maximize: bool,
 }
 
 impl Default for SgdOptions {
@@ -163,6 +197,7 @@ impl Default for SgdOptions {
             dampening: 0.0,
             weight_decay: 0.0,
             nesterov: false,
+            maximize: false,
         }
     }
 }
@@ -365,7 +400,7 @@ impl Masters {
             let mut buffers = vec![g.buffer(), norm.buffer(), m.buffer()];
             let constants = match &self.copies[i] {
                 Some(copy) => {
-                    // Bindings: grad, norm, master, moments..., model copy, momentum buffer.
+                    // Bindings: grad, norm, master, AdamW state..., model copy, momentum buffer.
                     let (moments, momentum) = split_state(entry, &state);
                     buffers.extend(moments.iter().map(Tensor::buffer));
                     buffers.push(copy.buffer());
@@ -402,7 +437,8 @@ impl Masters {
     }
 }
 
-/// The AdamW moments (bound before the model copy) and the SGD momentum buffer (after it).
+/// The AdamW state (moments and running maximum, bound before the model copy) and the SGD
+/// momentum buffer (after it).
 fn split_state<'a>(entry: &str, state: &'a [Tensor]) -> (&'a [Tensor], &'a [Tensor]) {
     if entry.starts_with("adamw") {
         (state, &[])
@@ -419,12 +455,18 @@ pub struct AdamW {
     masters: Masters,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
+    /// AMSGrad's running maxima (empty without AMSGrad).
+    max_exp_avg_sq: Vec<Tensor>,
+    /// Without AMSGrad, the one-word tensor bound in place of the running maximum (never
+    /// accessed by the kernel); `None` with AMSGrad or without parameters.
+    placeholder: Option<Tensor>,
     steps: u64,
 }
 
 impl AdamW {
-    /// An optimizer over `params` (moments zero, step count 0). F32 parameters are updated in
-    /// place; F16/BF16 parameters get an FP32 master and are rewritten from it at every step.
+    /// An optimizer over `params` (moments zero, step count 0; with AMSGrad a third F32 state
+    /// tensor per parameter, zero). F32 parameters are updated in place; F16/BF16 parameters
+    /// get an FP32 master and are rewritten from it at every step.
     ///
     /// Errors: options outside their ranges (`InvalidValue`: lr, eps or weight decay negative
     /// or not finite, β1 or β2 outside [0, 1)); a parameter that is not F32/F16/BF16
@@ -435,15 +477,30 @@ impl AdamW {
         let masters = Masters::new("adamw", params)?;
         let mut exp_avg = Vec::with_capacity(params.len());
         let mut exp_avg_sq = Vec::with_capacity(params.len());
+        let mut max_exp_avg_sq = Vec::new();
         for m in &masters.masters {
             exp_avg.push(Tensor::zeros(m.engine(), m.shape(), DType::F32)?);
             exp_avg_sq.push(Tensor::zeros(m.engine(), m.shape(), DType::F32)?);
+            if options.amsgrad {
+                max_exp_avg_sq.push(Tensor::zeros(m.engine(), m.shape(), DType::F32)?);
+            }
         }
+        let placeholder = match &masters.engine {
+            Some(e) if !options.amsgrad => Some(Tensor::empty(
+                e,
+                &[1],
+                DType::F32,
+                "adamw max_exp_avg_sq placeholder",
+            )?),
+            _ => None,
+        };
         Ok(AdamW {
             options,
             masters,
             exp_avg,
             exp_avg_sq,
+            max_exp_avg_sq,
+            placeholder,
             steps: 0,
         })
     }
@@ -458,16 +515,23 @@ impl AdamW {
     /// (`InvalidValue`); a gradient or norm sharing a buffer with a parameter or the
     /// optimizer state (`Aliased`).
     pub fn step<T: AsRef<Tensor>>(&mut self, grads: &[T], clip: Option<&Clip>) -> Result<()> {
-        let state: Vec<&Tensor> = self.exp_avg.iter().chain(&self.exp_avg_sq).collect();
+        let state: Vec<&Tensor> = self
+            .exp_avg
+            .iter()
+            .chain(&self.exp_avg_sq)
+            .chain(&self.max_exp_avg_sq)
+            .collect();
         let (clip_on, max_norm) = self.masters.check_step("adamw", grads, clip, &state)?;
         let o = &self.options;
         let t = self.steps + 1;
         let exponent = i32::try_from(t).unwrap_or(i32::MAX);
         let bc1 = 1.0 - f64::from(o.beta1).powi(exponent);
         let bc2 = 1.0 - f64::from(o.beta2).powi(exponent);
+        let flags = (u32::from(o.maximize) * FLAG_MAXIMIZE) | (u32::from(o.amsgrad) * FLAG_AMSGRAD);
         let params = Params {
             clip: clip_on,
             max_norm,
+            flags,
             decay: (1.0 - f64::from(o.lr) * f64::from(o.weight_decay)) as f32,
             beta1: o.beta1,
             one_minus_beta1: (1.0 - f64::from(o.beta1)) as f32,
@@ -480,7 +544,16 @@ impl AdamW {
         };
         self.masters
             .launch("adamw_step", grads, clip, params, |i| {
-                vec![self.exp_avg[i].clone(), self.exp_avg_sq[i].clone()]
+                let max = self
+                    .max_exp_avg_sq
+                    .get(i)
+                    .or(self.placeholder.as_ref())
+                    .expect("a running maximum or the placeholder");
+                vec![
+                    self.exp_avg[i].clone(),
+                    self.exp_avg_sq[i].clone(),
+                    max.clone(),
+                ]
             })?;
         self.steps = t;
         Ok(())
@@ -522,6 +595,12 @@ impl AdamW {
     /// Second moments `v` (F32), in parameter order.
     pub fn second_moments(&self) -> &[Tensor] {
         &self.exp_avg_sq
+    }
+
+    /// AMSGrad's running maxima `v_max` of the second moments (F32, parameter order; empty
+    /// without AMSGrad).
+    pub fn max_second_moments(&self) -> &[Tensor] {
+        &self.max_exp_avg_sq
     }
 }
 
@@ -568,7 +647,9 @@ impl Sgd {
         let (clip_on, max_norm) = self.masters.check_step("sgd", grads, clip, &state)?;
         let o = &self.options;
         let momentum = o.momentum > 0.0;
-        let flags = u32::from(self.steps == 0) | (u32::from(o.nesterov) << 1);
+        let flags = (u32::from(self.steps == 0) * FLAG_FIRST)
+            | (u32::from(o.nesterov) * FLAG_NESTEROV)
+            | (u32::from(o.maximize) * FLAG_MAXIMIZE);
         let params = Params {
             clip: clip_on,
             max_norm,

@@ -557,7 +557,7 @@ fn max_norm_renormalizes_looked_up_rows_and_the_table_copy() {
             let (y, saved) = embedding(&tt, &it, &options).unwrap();
             assert_eq!(y.shape(), &[9, 10, dim]);
             assert_eq!(y.dtype(), dtype);
-            let want = reference::forward_max_norm(&ts, rows, dim, &idx, mn);
+            let want = reference::forward_max_norm(&ts, rows, dim, &idx, mn, 2.0);
             assert_close(
                 &format!("{label} y"),
                 &y.to_f64().unwrap(),
@@ -578,13 +578,13 @@ fn max_norm_renormalizes_looked_up_rows_and_the_table_copy() {
                 }
             }
             // The renormalized copy of the table.
-            let renormed = embedding_renorm(&tt, &it, max_norm, true).unwrap();
+            let renormed = embedding_renorm(&tt, &it, max_norm, 2.0, true).unwrap();
             assert_eq!(renormed.shape(), &[rows, dim]);
             assert_eq!(renormed.dtype(), dtype);
             assert_close(
                 &format!("{label} renormalized table"),
                 &renormed.to_f64().unwrap(),
-                &reference::renorm(&ts, rows, dim, &idx, mn),
+                &reference::renorm(&ts, rows, dim, &idx, mn, 2.0),
                 Tolerance::for_dtype(dtype),
             );
             // Gathering from the renormalized table gives the same rows (PyTorch's result).
@@ -614,7 +614,7 @@ fn max_norm_renormalizes_looked_up_rows_and_the_table_copy() {
             // Reruns: same bits.
             let (y3, _) = embedding(&tt, &it, &options).unwrap();
             assert_eq!(bits(&y3), y_bits, "{label}: rerun");
-            let renormed2 = embedding_renorm(&tt, &it, max_norm, true).unwrap();
+            let renormed2 = embedding_renorm(&tt, &it, max_norm, 2.0, true).unwrap();
             assert_eq!(bits(&renormed2), bits(&renormed), "{label}: renorm rerun");
         }
     }
@@ -637,27 +637,96 @@ fn max_norm_with_out_of_range_and_empty_indices() {
     assert_close(
         "out of range y",
         &y.to_f64().unwrap(),
-        &reference::forward_max_norm(&table, rows, dim, &idx, 1.0),
+        &reference::forward_max_norm(&table, rows, dim, &idx, 1.0, 2.0),
         Tolerance::for_dtype(DType::F32),
     );
-    let renormed = embedding_renorm(&tt, &it, max_norm, false).unwrap();
+    let renormed = embedding_renorm(&tt, &it, max_norm, 2.0, false).unwrap();
     assert_close(
         "out of range renorm",
         &renormed.to_f64().unwrap(),
-        &reference::renorm(&table, rows, dim, &idx, 1.0),
+        &reference::renorm(&table, rows, dim, &idx, 1.0, 2.0),
         Tolerance::for_dtype(DType::F32),
     );
     // Checked: the same typed error as the forward.
     assert!(matches!(
-        embedding_renorm(&tt, &it, max_norm, true),
+        embedding_renorm(&tt, &it, max_norm, 2.0, true),
         Err(Error::OutOfBounds { .. })
     ));
     // No positions: an empty output; the table copied unchanged.
     let empty = Tensor::from_slice(e, &[] as &[i32], &[0]).unwrap();
     let (y, _) = embedding(&tt, &empty, &options).unwrap();
     assert_eq!(y.shape(), &[0, dim]);
-    let copy = embedding_renorm(&tt, &empty, max_norm, true).unwrap();
+    let copy = embedding_renorm(&tt, &empty, max_norm, 2.0, true).unwrap();
     assert_eq!(f32_bits(&copy), f32_bits(&tt));
+}
+
+/// A table whose rows' `p`-norms are `factor·max_norm`, factors cycling through 0.3, 0.6, 1.5
+/// and 3 (away from the threshold whatever the storage rounding).
+fn table_with_p_norms(seed: u64, rows: usize, dim: usize, max_norm: f64, p: f64) -> Vec<f64> {
+    let mut v = Rng::new(seed).vec(rows * dim, -1.0, 1.0);
+    for r in 0..rows {
+        let row = &mut v[r * dim..(r + 1) * dim];
+        let norm = reference::p_norm(row, p);
+        let factor = [0.3, 0.6, 1.5, 3.0][r % 4];
+        for x in row.iter_mut() {
+            *x *= factor * max_norm / norm;
+        }
+    }
+    v
+}
+
+#[test]
+fn max_norm_with_other_norm_types() {
+    let e = engine();
+    let (rows, max_norm) = (24usize, 1.5f32);
+    let mn = f64::from(max_norm);
+    // Repeats, unreferenced rows 20..24, a zero row (row 1: norm 0 for every p).
+    let idx: Vec<i64> = (0..60).map(|p| ((p * 7) % 20) as i64).collect();
+    for (k, p) in [1.0f32, 3.0, 0.5, 2.5, f32::INFINITY]
+        .into_iter()
+        .enumerate()
+    {
+        let options = EmbeddingOptions {
+            max_norm: Some(max_norm),
+            norm_type: p,
+            ..EmbeddingOptions::default()
+        };
+        for dtype in DType::FLOATS {
+            for dim in [7usize, 300] {
+                let label = format!("p {p} {dtype} {rows}x{dim}");
+                let mut table = table_with_p_norms(650 + k as u64, rows, dim, mn, f64::from(p));
+                table[dim..2 * dim].fill(0.0);
+                let ts = stored(&table, dtype);
+                let tt = tensor_from_f64(e, &table, &[rows, dim], dtype);
+                let it = index_tensor(&idx, &[60], DType::I32);
+                let (y, _) = embedding(&tt, &it, &options).unwrap();
+                let want = reference::forward_max_norm(&ts, rows, dim, &idx, mn, f64::from(p));
+                assert_close(
+                    &format!("{label} y"),
+                    &y.to_f64().unwrap(),
+                    &want,
+                    Tolerance::for_dtype(dtype),
+                );
+                // The factor matters: rows over the bound differ from the plain gather.
+                let plain = reference::forward(&ts, rows, dim, &idx);
+                assert!(
+                    want.iter()
+                        .zip(&plain)
+                        .any(|(a, b)| *b != 0.0 && (a - b).abs() > 0.2 * b.abs()),
+                    "{label}: some rows renormalized"
+                );
+                let renormed = embedding_renorm(&tt, &it, max_norm, p, true).unwrap();
+                assert_close(
+                    &format!("{label} renormalized table"),
+                    &renormed.to_f64().unwrap(),
+                    &reference::renorm(&ts, rows, dim, &idx, mn, f64::from(p)),
+                    Tolerance::for_dtype(dtype),
+                );
+                let (y2, _) = embedding(&tt, &it, &options).unwrap();
+                assert_eq!(bits(&y2), bits(&y), "{label}: rerun");
+            }
+        }
+    }
 }
 
 #[test]
@@ -743,27 +812,51 @@ fn max_norm_bad_inputs_and_workspace() {
         );
         assert!(
             matches!(
-                embedding_renorm(&table, &idx, m, true),
+                embedding_renorm(&table, &idx, m, 2.0, true),
                 Err(Error::InvalidValue { .. })
             ),
             "renorm max_norm {m}"
         );
     }
+    for q in [0.0f32, -2.0, f32::NAN, f32::NEG_INFINITY] {
+        let o = EmbeddingOptions {
+            max_norm: Some(1.0),
+            norm_type: q,
+            ..EmbeddingOptions::default()
+        };
+        assert!(
+            matches!(embedding(&table, &idx, &o), Err(Error::InvalidValue { .. })),
+            "norm_type {q}"
+        );
+        assert!(
+            matches!(
+                embedding_renorm(&table, &idx, 1.0, q, true),
+                Err(Error::InvalidValue { .. })
+            ),
+            "renorm norm_type {q}"
+        );
+    }
+    // Without max_norm the norm type is not used (and not checked).
+    let unused = EmbeddingOptions {
+        norm_type: -1.0,
+        ..EmbeddingOptions::default()
+    };
+    assert!(embedding(&table, &idx, &unused).is_ok());
     // embedding_renorm takes the forward's table and index checks.
     let t1 = Tensor::zeros(e, &[12], DType::F32).unwrap();
     assert!(matches!(
-        embedding_renorm(&t1, &idx, 1.0, true),
+        embedding_renorm(&t1, &idx, 1.0, 2.0, true),
         Err(Error::ShapeMismatch { .. })
     ));
     let fi = Tensor::zeros(e, &[2], DType::F32).unwrap();
     assert!(matches!(
-        embedding_renorm(&table, &fi, 1.0, true),
+        embedding_renorm(&table, &fi, 1.0, 2.0, true),
         Err(Error::UnsupportedDType { .. })
     ));
     let other = common::private_engine();
     let oi = Tensor::from_slice(&other, &[0i32], &[1]).unwrap();
     assert!(matches!(
-        embedding_renorm(&table, &oi, 1.0, true),
+        embedding_renorm(&table, &oi, 1.0, 2.0, true),
         Err(Error::EngineMismatch { .. })
     ));
     // Scratch: one scale per position (forward), keys + starts + scales (renorm).
@@ -778,7 +871,7 @@ fn max_norm_bad_inputs_and_workspace() {
     let pi = Tensor::from_slice(&p, &[0i32, 3], &[2]).unwrap();
     p.set_workspace_bound(embedding_renorm_workspace_bytes(4, 2) - 1);
     assert!(matches!(
-        embedding_renorm(&pt, &pi, 1.0, true),
+        embedding_renorm(&pt, &pi, 1.0, 2.0, true),
         Err(Error::WorkspaceExceeded { .. })
     ));
     p.set_workspace_bound(7);

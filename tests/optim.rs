@@ -1,7 +1,8 @@
-//! Optimizers (AdamW, SGD with momentum, dampening, Nesterov and weight decay), gradient
-//! clipping and the global gradient norm against the f64 references of
-//! `wgrad::reference::optim`: several steps, bias correction, weight decay, clipping active
-//! and inactive, learning-rate changes, F32 parameters updated in place and 16-bit
+//! Optimizers (AdamW with and without AMSGrad, SGD with momentum, dampening, Nesterov and
+//! weight decay, both minimizing and maximizing), gradient clipping and the global gradient
+//! norm against the f64 references of `wgrad::reference::optim`: several steps, bias
+//! correction, weight decay, AMSGrad's running maximum where the second moment shrinks,
+//! clipping active and inactive, learning-rate changes, F32 parameters updated in place and 16-bit
 //! parameters rewritten from their FP32 masters (bit for bit the rounded master), gradients
 //! in every float dtype, ragged gradient lists for the norm, bit-identical reruns and every
 //! documented bad input.
@@ -12,7 +13,7 @@
 mod common;
 
 use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
-use wgrad::gradcheck::Tolerance;
+use wgrad::gradcheck::{Tolerance, compare};
 use wgrad::optim::{
     AdamW, AdamWOptions, Clip, NORM_BLOCK, Sgd, SgdOptions, grad_norm, grad_norm_workspace_bytes,
 };
@@ -95,14 +96,34 @@ fn check_adamw(
     max_norm: Option<f32>,
     steps: usize,
 ) {
+    check_adamw_ranges(
+        label,
+        param_dtype,
+        grad_dtype,
+        options,
+        max_norm,
+        &vec![1.0; steps],
+    );
+}
+
+/// As [`check_adamw`], one step per entry of `ranges`, with gradients in
+/// `[-range, range)`; with AMSGrad the running maxima are compared too, else there are none.
+fn check_adamw_ranges(
+    label: &str,
+    param_dtype: DType,
+    grad_dtype: DType,
+    options: AdamWOptions,
+    max_norm: Option<f32>,
+    ranges: &[f64],
+) {
     let (params, values) = make_params(1, param_dtype);
     let mut opt = AdamW::new(&params, options).unwrap();
     let mut want: Vec<reference::AdamWState> = values
         .iter()
         .map(|v| reference::AdamWState::new(v))
         .collect();
-    for step in 1..=steps {
-        let (grads, gv) = make_grads(2, step, grad_dtype, 1.0);
+    for (step, &range) in (1..).zip(ranges) {
+        let (grads, gv) = make_grads(2, step, grad_dtype, range);
         let clip = max_norm.map(|m| Clip::from_grads(&grads, m).unwrap());
         let scale = max_norm.map_or(1.0, |m| {
             let slices: Vec<&[f64]> = gv.iter().map(Vec::as_slice).collect();
@@ -133,8 +154,17 @@ fn check_adamw(
                 &s.v,
                 F32,
             );
+            if options.amsgrad {
+                assert_close(
+                    &format!("{what} v_max"),
+                    &opt.max_second_moments()[k].to_f64().unwrap(),
+                    &s.v_max,
+                    F32,
+                );
+            }
         }
     }
+    assert_eq!(opt.max_second_moments().is_empty(), !options.amsgrad);
     if param_dtype == DType::F32 {
         // Updated in place: the caller's tensors are the masters.
         for (p, m) in params.iter().zip(opt.params()) {
@@ -178,6 +208,7 @@ fn adamw_weight_decay_and_other_betas() {
         beta2: 0.9,
         eps: 1e-6,
         weight_decay: 0.3,
+        ..AdamWOptions::default()
     };
     check_adamw("adamw decay", DType::F32, DType::F32, options, None, 5);
     let options = AdamWOptions {
@@ -736,4 +767,411 @@ fn bad_inputs_are_typed_errors() {
             bound: 11
         }
     );
+}
+
+/// Gradient ranges of the AMSGrad tests: a large step, then small ones (v shrinks on every
+/// element, the running maximum holds), then a larger one (v passes its maximum on some
+/// elements only), then a small one.
+const SHRINKING: [f64; 5] = [4.0, 0.05, 0.05, 3.0, 0.5];
+
+/// The reference AdamW states after the steps of [`check_adamw_ranges`] (unclipped).
+fn reference_adamw(grad_dtype: DType, options: &AdamWOptions) -> Vec<reference::AdamWState> {
+    let (_, values) = make_params(1, DType::F32);
+    let mut states: Vec<reference::AdamWState> = values
+        .iter()
+        .map(|v| reference::AdamWState::new(v))
+        .collect();
+    for (step, &range) in (1..).zip(&SHRINKING) {
+        let (_, gv) = make_grads(2, step, grad_dtype, range);
+        for (s, g) in states.iter_mut().zip(&gv) {
+            reference::adamw_step(s, g, 1.0, step as u64, options);
+        }
+    }
+    states
+}
+
+#[test]
+fn adamw_amsgrad_matches_reference_where_the_second_moment_shrinks() {
+    let options = AdamWOptions {
+        lr: 0.05,
+        beta2: 0.9,
+        weight_decay: 0.1,
+        amsgrad: true,
+        ..AdamWOptions::default()
+    };
+    // The running maximum matters: plain Adam on the same gradients ends outside the
+    // tolerance the GPU is held to, and the maximum exceeds v on most elements.
+    let ams = reference_adamw(DType::F32, &options);
+    let plain = reference_adamw(
+        DType::F32,
+        &AdamWOptions {
+            amsgrad: false,
+            ..options
+        },
+    );
+    for (a, p) in ams.iter().zip(&plain) {
+        assert_eq!(a.v, p.v);
+        assert!(!compare(&a.param, &p.param, F32).passed);
+    }
+    let (held, total) = ams.iter().fold((0, 0), |(h, n), s| {
+        let h = h + s.v_max.iter().zip(&s.v).filter(|(m, v)| m > v).count();
+        (h, n + s.v.len())
+    });
+    assert!(held * 2 > total, "v_max > v on {held} of {total}");
+    for (p, g) in [
+        (DType::F32, DType::F32),
+        (DType::BF16, DType::F16),
+        (DType::F16, DType::BF16),
+    ] {
+        check_adamw_ranges(
+            &format!("amsgrad p {p} g {g}"),
+            p,
+            g,
+            options,
+            None,
+            &SHRINKING,
+        );
+    }
+    // PyTorch's default betas, and clipped (every step's norm is far past 1).
+    let options = AdamWOptions {
+        lr: 0.01,
+        amsgrad: true,
+        ..AdamWOptions::default()
+    };
+    check_adamw_ranges(
+        "amsgrad default",
+        DType::F32,
+        DType::F32,
+        options,
+        None,
+        &SHRINKING,
+    );
+    check_adamw_ranges(
+        "amsgrad clipped",
+        DType::BF16,
+        DType::BF16,
+        options,
+        Some(1.0),
+        &SHRINKING,
+    );
+}
+
+#[test]
+fn adamw_amsgrad_with_growing_gradients_is_adam() {
+    // |g| doubling every step keeps v growing, so v_max = v and the step is plain Adam's,
+    // bit for bit (the same bias correction of the same values).
+    let e = engine();
+    let n = 301;
+    let base = stored(&Rng::new(40).vec(n, -1.0, 1.0), DType::F32);
+    let run = |amsgrad: bool| {
+        let p = tensor_from_f64(e, &Rng::new(41).vec(n, -1.0, 1.0), &[n], DType::F32);
+        let options = AdamWOptions {
+            lr: 0.01,
+            amsgrad,
+            ..AdamWOptions::default()
+        };
+        let mut opt = AdamW::new(std::slice::from_ref(&p), options).unwrap();
+        for step in 0..4 {
+            let g: Vec<f64> = base.iter().map(|x| x * f64::from(1 << step)).collect();
+            opt.step(&[tensor_from_f64(e, &g, &[n], DType::F32)], None)
+                .unwrap();
+        }
+        let max = opt.max_second_moments().first().map(f32_bits);
+        (
+            f32_bits(&p),
+            f32_bits(&opt.first_moments()[0]),
+            f32_bits(&opt.second_moments()[0]),
+            max,
+        )
+    };
+    let (p, m, v, max) = run(true);
+    let (plain_p, plain_m, plain_v, plain_max) = run(false);
+    assert_eq!((p, m, &v), (plain_p, plain_m, &plain_v));
+    assert_eq!(plain_max, None);
+    assert_eq!(max.as_ref(), Some(&v));
+}
+
+#[test]
+fn maximize_matches_reference() {
+    let options = AdamWOptions {
+        lr: 0.01,
+        weight_decay: 0.2,
+        maximize: true,
+        ..AdamWOptions::default()
+    };
+    check_adamw("adamw maximize", DType::F32, DType::F32, options, None, 4);
+    check_adamw(
+        "adamw maximize clipped f16",
+        DType::F16,
+        DType::BF16,
+        options,
+        Some(0.5),
+        3,
+    );
+    let both = AdamWOptions {
+        lr: 0.05,
+        beta2: 0.9,
+        amsgrad: true,
+        ..options
+    };
+    check_adamw_ranges(
+        "adamw maximize amsgrad",
+        DType::F32,
+        DType::F32,
+        both,
+        None,
+        &SHRINKING,
+    );
+    check_adamw_ranges(
+        "adamw maximize amsgrad clipped bf16",
+        DType::BF16,
+        DType::F32,
+        both,
+        Some(2.0),
+        &SHRINKING,
+    );
+    let base = SgdOptions {
+        lr: 0.1,
+        maximize: true,
+        ..SgdOptions::default()
+    };
+    let variants = [
+        ("plain", base),
+        (
+            "weight decay",
+            SgdOptions {
+                weight_decay: 0.2,
+                ..base
+            },
+        ),
+        (
+            "momentum dampening decay",
+            SgdOptions {
+                momentum: 0.8,
+                dampening: 0.5,
+                weight_decay: 0.1,
+                ..base
+            },
+        ),
+        (
+            "nesterov",
+            SgdOptions {
+                momentum: 0.9,
+                nesterov: true,
+                weight_decay: 0.05,
+                ..base
+            },
+        ),
+    ];
+    for (k, (name, options)) in variants.into_iter().enumerate() {
+        let param_dtype = DType::FLOATS[(k + 1) % 3];
+        let grad_dtype = DType::FLOATS[k % 3];
+        check_sgd(
+            &format!("sgd maximize {name} p {param_dtype} g {grad_dtype}"),
+            param_dtype,
+            grad_dtype,
+            options,
+        );
+    }
+}
+
+#[test]
+fn maximize_is_minimizing_the_negated_gradient() {
+    // −g is exact and the kernel's sign flip is exact, so maximizing along g and minimizing
+    // along −g give the same bits, with weight decay, clipping (the norm of −g is the norm
+    // of g, bit for bit) and 16-bit model copies.
+    let e = engine();
+    for dtype in [DType::F32, DType::BF16] {
+        let adam = AdamWOptions {
+            lr: 0.02,
+            weight_decay: 0.1,
+            amsgrad: true,
+            ..AdamWOptions::default()
+        };
+        let sgd = SgdOptions {
+            lr: 0.1,
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 0.05,
+            ..SgdOptions::default()
+        };
+        let run = |maximize: bool| {
+            let (pa, _) = make_params(20, dtype);
+            let (ps, _) = make_params(21, dtype);
+            let mut a = AdamW::new(&pa, AdamWOptions { maximize, ..adam }).unwrap();
+            let mut s = Sgd::new(&ps, SgdOptions { maximize, ..sgd }).unwrap();
+            for step in 1..=3 {
+                let (_, gv) = make_grads(22, step, DType::F32, 2.0);
+                let sign = if maximize { 1.0 } else { -1.0 };
+                let grads: Vec<Tensor> = gv
+                    .iter()
+                    .zip(SHAPES)
+                    .map(|(g, shape)| {
+                        let g: Vec<f64> = g.iter().map(|x| sign * x).collect();
+                        tensor_from_f64(e, &g, shape, DType::F32)
+                    })
+                    .collect();
+                let clip = Clip::from_grads(&grads, 3.0).unwrap();
+                a.step(&grads, Some(&clip)).unwrap();
+                s.step(&grads, Some(&clip)).unwrap();
+            }
+            let tensors = a
+                .params()
+                .iter()
+                .chain(a.first_moments())
+                .chain(a.second_moments())
+                .chain(a.max_second_moments())
+                .chain(s.params())
+                .chain(s.momentum_buffers())
+                .chain(pa.iter().chain(&ps).filter(|t| t.dtype() != DType::F32));
+            tensors
+                .map(|t| t.to_f64().unwrap().iter().map(|x| x.to_bits()).collect())
+                .collect::<Vec<Vec<u64>>>()
+        };
+        assert_eq!(run(true), run(false), "{dtype}");
+    }
+}
+
+#[test]
+fn new_options_reruns_are_bit_identical() {
+    let run = || {
+        let (params, _) = make_params(30, DType::F16);
+        let mut adam = AdamW::new(
+            &params,
+            AdamWOptions {
+                amsgrad: true,
+                maximize: true,
+                ..AdamWOptions::default()
+            },
+        )
+        .unwrap();
+        let (sp, _) = make_params(31, DType::BF16);
+        let mut sgd = Sgd::new(
+            &sp,
+            SgdOptions {
+                momentum: 0.9,
+                dampening: 0.1,
+                weight_decay: 0.01,
+                maximize: true,
+                ..SgdOptions::default()
+            },
+        )
+        .unwrap();
+        for (step, &range) in (1..).zip(&SHRINKING) {
+            let (grads, _) = make_grads(32, step, DType::BF16, range);
+            let clip = Clip::from_grads(&grads, 1.0).unwrap();
+            adam.step(&grads, Some(&clip)).unwrap();
+            sgd.step(&grads, None).unwrap();
+        }
+        let mut bits = Vec::new();
+        for t in adam
+            .params()
+            .iter()
+            .chain(adam.first_moments())
+            .chain(adam.second_moments())
+            .chain(adam.max_second_moments())
+            .chain(sgd.params())
+            .chain(sgd.momentum_buffers())
+        {
+            bits.push(f32_bits(t));
+        }
+        for t in params.iter().chain(&sp) {
+            bits.push(
+                t.to_f64()
+                    .unwrap()
+                    .iter()
+                    .map(|x| *x as f32)
+                    .map(f32::to_bits)
+                    .collect(),
+            );
+        }
+        bits
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn amsgrad_state_shapes_and_options() {
+    let e = engine();
+    let p = Tensor::zeros(e, &[2, 3], DType::F32).unwrap();
+    let q = Tensor::zeros(e, &[5], DType::BF16).unwrap();
+    let empty = Tensor::zeros(e, &[0, 4], DType::F16).unwrap();
+    let params = [p.clone(), q.clone(), empty.clone()];
+    let ams = AdamWOptions {
+        amsgrad: true,
+        maximize: true,
+        ..AdamWOptions::default()
+    };
+    let mut opt = AdamW::new(&params, ams).unwrap();
+    assert_eq!(opt.max_second_moments().len(), 3);
+    for (m, p) in opt.max_second_moments().iter().zip(&params) {
+        assert_eq!((m.shape(), m.dtype()), (p.shape(), DType::F32));
+        assert!(m.to_f64().unwrap().iter().all(|&x| x == 0.0));
+    }
+    // The options (amsgrad and maximize kept across set_lr).
+    opt.set_lr(0.5).unwrap();
+    assert_eq!(*opt.options(), AdamWOptions { lr: 0.5, ..ams });
+    // Without AMSGrad there is no third state.
+    let plain = AdamW::new(&params, AdamWOptions::default()).unwrap();
+    assert!(plain.max_second_moments().is_empty());
+    assert_eq!(plain.second_moments().len(), 3);
+    // An empty list and an empty parameter step without error.
+    let mut none = AdamW::new(&[], ams).unwrap();
+    none.step::<Tensor>(&[], None).unwrap();
+    assert!(none.max_second_moments().is_empty());
+    let g = [
+        Tensor::zeros(e, &[2, 3], DType::F32).unwrap(),
+        Tensor::zeros(e, &[5], DType::F32).unwrap(),
+        Tensor::zeros(e, &[0, 4], DType::F32).unwrap(),
+    ];
+    opt.step(&g, None).unwrap();
+    assert_eq!(opt.step_count(), 1);
+    // The running maximum is optimizer state: a gradient aliasing it is refused.
+    let vmax = opt.max_second_moments()[1].clone();
+    assert_eq!(
+        opt.step(&[&g[0], &vmax, &g[2]], None).unwrap_err(),
+        Error::Aliased {
+            what: "adamw: grads[1]".into(),
+            other: "adamw: optimizer state".into()
+        }
+    );
+    // The new options leave the validation of the others as it was.
+    for (options, what) in [
+        (AdamWOptions { lr: -1.0, ..ams }, "adamw: lr"),
+        (AdamWOptions { beta2: 1.0, ..ams }, "adamw: beta2"),
+        (
+            AdamWOptions {
+                eps: f32::NAN,
+                ..ams
+            },
+            "adamw: eps",
+        ),
+    ] {
+        match AdamW::new(&params, options) {
+            Err(Error::InvalidValue { what: w, .. }) => assert_eq!(w, what),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    let s = SgdOptions {
+        maximize: true,
+        ..SgdOptions::default()
+    };
+    for (options, what) in [
+        (SgdOptions { lr: f32::NAN, ..s }, "sgd: lr"),
+        (
+            SgdOptions {
+                nesterov: true,
+                ..s
+            },
+            "sgd: momentum",
+        ),
+    ] {
+        match Sgd::new(&params, options) {
+            Err(Error::InvalidValue { what: w, .. }) => assert_eq!(w, what),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    let sgd = Sgd::new(&params, SgdOptions { momentum: 0.5, ..s }).unwrap();
+    assert_eq!(sgd.momentum_buffers().len(), 3);
+    assert!(Sgd::new(&params, s).unwrap().momentum_buffers().is_empty());
 }

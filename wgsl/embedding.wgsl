@@ -25,8 +25,9 @@
 // The forward copies whole vec4s (`gather_vec4`) when rows are whole vec4s.
 //
 // max_norm (PyTorch's renormalization, made functional): `row_scales` computes, per position
-// (or per table row), s = max_norm / (‖row‖₂ + 1e-7) when the row's L2 norm exceeds max_norm,
-// else 1 (one workgroup per row, FP32 sum of squares in a fixed-order tree); `gather_scaled`
+// (or per table row), s = max_norm / (‖row‖_p + 1e-7) when the row's p-norm (p = norm_type)
+// exceeds max_norm, else 1 (one workgroup per row; FP32 sums of squares, magnitudes or
+// pow(|w|, p), or the largest magnitude, in a fixed-order tree); `gather_scaled`
 // gathers the rows times their position's scale (rows with s = 1 are copied bit-exactly) and
 // `renorm_table` writes a copy of the table with each referenced row (starts[row] ≠ 0, from the
 // sort of the backward) scaled.
@@ -54,6 +55,7 @@ struct Params {
     j: u32,          // bitonic: compare distance
     flags: u32,
     max_norm: f32,
+    norm_type: f32,  // p of the norm max_norm bounds (> 0; +inf: largest magnitude)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -180,12 +182,34 @@ fn row_scales(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     let d = params.dim;
+    let p = params.norm_type;
+    let inf = p > 3.0e38;
     var acc = 0.0;
     for (var c = lid; c < d; c = c + WG) {
         let v = table_value(row * d + c);
-        acc = acc + v * v;
+        if (p == 2.0) {
+            acc = acc + v * v;
+        } else if (p == 1.0) {
+            acc = acc + abs(v);
+        } else if (inf) {
+            acc = max(acc, abs(v));
+        } else if (v != 0.0) {
+            acc = acc + pow(abs(v), p);
+        }
     }
-    let norm = sqrt(workgroup_sum(acc, lid));
+    var norm = 0.0;
+    if (p == 2.0) {
+        norm = sqrt(workgroup_sum(acc, lid));
+    } else if (p == 1.0) {
+        norm = workgroup_sum(acc, lid);
+    } else if (inf) {
+        norm = workgroup_max(acc, lid);
+    } else {
+        let total = workgroup_sum(acc, lid);
+        if (total > 0.0) {
+            norm = pow(total, 1.0 / p);
+        }
+    }
     if (lid == 0u) {
         var s = 1.0;
         if (norm > params.max_norm) {

@@ -1,11 +1,14 @@
-// Optimizer steps (AdamW, SGD with momentum) on FP32 master weights, updated in place, with
-// an optional 16-bit model copy written in the same pass; and the global L2 norm of a list of
-// gradients (per-block partial sums of squares, then one fixed-order finish).
+// Optimizer steps (AdamW with optional AMSGrad, SGD with momentum; both optionally
+// maximizing) on FP32 master weights, updated in place, with an optional 16-bit model copy
+// written in the same pass; and the global L2 norm of a list of gradients (per-block partial
+// sums of squares, then one fixed-order finish).
 //
 // Steps: each invocation owns element pairs (2j, 2j + 1), UNROLL pairs WG apart, so a 16-bit
 // model copy word (one pair) has one writer whatever the element count. Elements past the
 // end are skipped inside the element functions. Gradient clipping is
-// a scale read from the norm tensor on the GPU: min(1, max_norm / (norm + 1e-6)).
+// a scale read from the norm tensor on the GPU: min(1, max_norm / (norm + 1e-6)); `maximize`
+// negates that scale (an exact sign flip of every scaled gradient). The options are uniform
+// flags, so one entry point (and its model-copy twin) serves every AdamW or SGD variant.
 
 override DT_G: u32 = 0u;   // gradient dtype
 override DT_C: u32 = 1u;   // model copy dtype (F16 or BF16)
@@ -13,11 +16,17 @@ const WG: u32 = 256u;
 const UNROLL: u32 = 4u;        // element pairs per invocation of a step
 const NORM_CHUNK: u32 = 32u;   // elements per invocation of norm_partials (block: WG·32)
 
+// Bits of params.flags.
+const FLAG_FIRST: u32 = 1u;     // SGD: first step (the momentum buffer starts as the gradient)
+const FLAG_NESTEROV: u32 = 2u;  // SGD: Nesterov momentum
+const FLAG_MAXIMIZE: u32 = 4u;  // AdamW, SGD: step along +g (the gradient is negated first)
+const FLAG_AMSGRAD: u32 = 8u;   // AdamW: the denominator uses the running maximum of v
+
 struct Params {
     count: u32,       // elements of the parameter (norm_partials: of the gradient)
     pairs: u32,       // ceil(count / 2)
     clip: u32,        // 1: scale the gradient by the clip factor
-    flags: u32,       // SGD: bit 0 first step (the buffer starts as the gradient), bit 1 Nesterov
+    flags: u32,       // FLAG_* bits
     lr: f32,          // SGD: learning rate
     decay: f32,       // AdamW: 1 − lr·weight_decay; SGD: weight_decay
     beta1: f32,       // AdamW: β1; SGD: momentum
@@ -38,11 +47,13 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> master: array<f32>;
 @group(0) @binding(4) var<storage, read_write> exp_avg: array<f32>;
 @group(0) @binding(5) var<storage, read_write> exp_avg_sq: array<f32>;
-@group(0) @binding(6) var<storage, read_write> model_copy: array<u32>;
-@group(0) @binding(7) var<storage, read_write> momentum_buf: array<f32>;
-@group(0) @binding(8) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(9) var<storage, read> partials_in: array<f32>;
-@group(0) @binding(10) var<storage, read_write> norm_out: array<f32>;
+// AMSGrad's running maximum of v; a one-word placeholder, never accessed, without AMSGrad.
+@group(0) @binding(6) var<storage, read_write> max_exp_avg_sq: array<f32>;
+@group(0) @binding(7) var<storage, read_write> model_copy: array<u32>;
+@group(0) @binding(8) var<storage, read_write> momentum_buf: array<f32>;
+@group(0) @binding(9) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(10) var<storage, read> partials_in: array<f32>;
+@group(0) @binding(11) var<storage, read_write> norm_out: array<f32>;
 
 fn load_grad(i: u32) -> f32 {
     if (DT_G == DT_F32) {
@@ -58,6 +69,16 @@ fn clip_scale() -> f32 {
     }
     let s = params.max_norm / (norm[0] + 1e-6);
     return select(1.0, s, s < 1.0);
+}
+
+// The factor of every gradient element of a step: the clip scale, negated with `maximize`
+// (so the scaled gradient is exactly −(g·scale), PyTorch's negation of the clipped gradient).
+fn grad_scale() -> f32 {
+    let s = clip_scale();
+    if ((params.flags & FLAG_MAXIMIZE) != 0u) {
+        return -s;
+    }
+    return s;
 }
 
 // First of the UNROLL element pairs (WG apart) that invocation lid of a step owns.
@@ -76,8 +97,9 @@ fn store_copy(pair: u32, a: f32, b: f32) {
 // ---- AdamW ----
 
 // One element: decoupled decay p·(1 − lr·wd), moments, bias-corrected update (the operation
-// order of PyTorch's single-tensor AdamW). Returns the new master value (0 past the end,
-// where nothing is written).
+// order of PyTorch's single-tensor AdamW). With AMSGrad the denominator takes
+// v_max = max(v_max, v) (the raw second moment's running maximum, bias-corrected like v).
+// Returns the new master value (0 past the end, where nothing is written).
 fn adamw_element(i: u32, scale: f32) -> f32 {
     if (i >= params.count) {
         return 0.0;
@@ -86,7 +108,12 @@ fn adamw_element(i: u32, scale: f32) -> f32 {
     var p = master[i] * params.decay;
     let m = params.beta1 * exp_avg[i] + params.one_minus_beta1 * g;
     let v = params.beta2 * exp_avg_sq[i] + params.one_minus_beta2 * (g * g);
-    let denom = sqrt(v) / params.bc2_sqrt + params.eps;
+    var v_den = v;
+    if ((params.flags & FLAG_AMSGRAD) != 0u) {
+        v_den = max(max_exp_avg_sq[i], v);
+        max_exp_avg_sq[i] = v_den;
+    }
+    let denom = sqrt(v_den) / params.bc2_sqrt + params.eps;
     p = p - params.step_size * (m / denom);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
@@ -98,7 +125,7 @@ fn adamw_element(i: u32, scale: f32) -> f32 {
 fn adamw_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
     let first = first_pair(wid, nwg, lid);
-    let scale = clip_scale();
+    let scale = grad_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
         let pair = first + u * WG;
         adamw_element(2u * pair, scale);
@@ -110,7 +137,7 @@ fn adamw_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 fn adamw_step_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
     let first = first_pair(wid, nwg, lid);
-    let scale = clip_scale();
+    let scale = grad_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
         let pair = first + u * WG;
         let a = adamw_element(2u * pair, scale);
@@ -141,12 +168,12 @@ fn sgd_momentum_element(i: u32, scale: f32) -> f32 {
     var p = master[i];
     let g = load_grad(i) * scale + params.decay * p;
     var b = g;
-    if ((params.flags & 1u) == 0u) {
+    if ((params.flags & FLAG_FIRST) == 0u) {
         b = params.beta1 * momentum_buf[i] + params.one_minus_beta1 * g;
     }
     momentum_buf[i] = b;
     var d = b;
-    if ((params.flags & 2u) != 0u) {
+    if ((params.flags & FLAG_NESTEROV) != 0u) {
         d = g + params.beta1 * b;
     }
     p = p - params.lr * d;
@@ -158,7 +185,7 @@ fn sgd_momentum_element(i: u32, scale: f32) -> f32 {
 fn sgd_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let first = first_pair(wid, nwg, lid);
-    let scale = clip_scale();
+    let scale = grad_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
         let pair = first + u * WG;
         sgd_element(2u * pair, scale);
@@ -170,7 +197,7 @@ fn sgd_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 fn sgd_step_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let first = first_pair(wid, nwg, lid);
-    let scale = clip_scale();
+    let scale = grad_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
         let pair = first + u * WG;
         let a = sgd_element(2u * pair, scale);
@@ -182,7 +209,7 @@ fn sgd_step_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 fn sgd_momentum_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
     let first = first_pair(wid, nwg, lid);
-    let scale = clip_scale();
+    let scale = grad_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
         let pair = first + u * WG;
         sgd_momentum_element(2u * pair, scale);
@@ -195,7 +222,7 @@ fn sgd_momentum_step_copy(@builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let first = first_pair(wid, nwg, lid);
-    let scale = clip_scale();
+    let scale = grad_scale();
     for (var u = 0u; u < UNROLL; u = u + 1u) {
         let pair = first + u * WG;
         let a = sgd_momentum_element(2u * pair, scale);

@@ -87,8 +87,8 @@ fn check_embedding(engine: &Engine) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
-/// `max_norm` (2.0; row norms of 0.3 to 3 times it) and `scale_grad_by_freq` in every
-/// storage dtype: V = 64, D = 37 and 64, 600 positions with repeats (a third on one row) and a
+/// `max_norm` (2.0; row norms of 0.3 to 3 times it; L2, and norm types 1, 3 and ∞ for the
+/// forward and the table copy) and `scale_grad_by_freq` in every storage dtype: V = 64, D = 37 and 64, 600 positions with repeats (a third on one row) and a
 /// padding row: the renormalized rows, the renormalized table copy ([`embedding_renorm`]) and
 /// the frequency-scaled table gradient against the f64 reference.
 ///
@@ -136,14 +136,14 @@ fn check_embedding_max_norm_freq(engine: &Engine) -> Result<Vec<Case>> {
         cases.push(case(
             format!("{label} y"),
             &y.to_f64()?,
-            &r::forward_max_norm(&ts, rows, dim, &idx, mn),
+            &r::forward_max_norm(&ts, rows, dim, &idx, mn, 2.0),
             Tolerance::for_dtype(dtype),
         ));
-        let renormed = embedding_renorm(&table, &indices, max_norm, true)?;
+        let renormed = embedding_renorm(&table, &indices, max_norm, 2.0, true)?;
         cases.push(case(
             format!("{label} renormalized table"),
             &renormed.to_f64()?,
-            &r::renorm(&ts, rows, dim, &idx, mn),
+            &r::renorm(&ts, rows, dim, &idx, mn, 2.0),
             Tolerance::for_dtype(dtype),
         ));
         let g = embedding_backward(&saved, &dy)?;
@@ -155,6 +155,40 @@ fn check_embedding_max_norm_freq(engine: &Engine) -> Result<Vec<Case>> {
                 abs: 1e-7 * longest as f64 + 1e-7,
                 ..Tolerance::for_dtype(DType::F32)
             },
+        ));
+    }
+    // Other norm types (PyTorch's `norm_type`): 1, 3 and ∞, rows scaled by their p-norm.
+    for (p, dtype) in [
+        (1.0f32, DType::F32),
+        (3.0, DType::BF16),
+        (f32::INFINITY, DType::F16),
+    ] {
+        let dim = 64usize;
+        let pf = f64::from(p);
+        let mut values = rng.vec(rows * dim, -1.0, 1.0);
+        for (k, row) in values.chunks_mut(dim).enumerate() {
+            let factor = [0.3, 0.6, 1.5, 3.0][k % 4] * f64::from(max_norm) / r::p_norm(row, pf);
+            row.iter_mut().for_each(|x| *x *= factor);
+        }
+        let (table, ts) = tensor_from_f64(engine, &values, &[rows, dim], dtype)?;
+        let o = EmbeddingOptions {
+            norm_type: p,
+            ..options
+        };
+        let (y, _) = embedding(&table, &indices, &o)?;
+        let mn = f64::from(max_norm);
+        cases.push(case(
+            format!("{rows}x{dim} {dtype} max_norm 2 norm_type {p} y"),
+            &y.to_f64()?,
+            &r::forward_max_norm(&ts, rows, dim, &idx, mn, pf),
+            Tolerance::for_dtype(dtype),
+        ));
+        let renormed = embedding_renorm(&table, &indices, max_norm, p, true)?;
+        cases.push(case(
+            format!("{rows}x{dim} {dtype} max_norm 2 norm_type {p} renormalized table"),
+            &renormed.to_f64()?,
+            &r::renorm(&ts, rows, dim, &idx, mn, pf),
+            Tolerance::for_dtype(dtype),
         ));
     }
     Ok(cases)

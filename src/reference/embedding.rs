@@ -44,10 +44,22 @@ pub fn backward(
     dtable
 }
 
-/// The renormalization factor of a row under `max_norm` (L2): `max_norm/(‖row‖₂ + 1e-7)` when
-/// the norm exceeds `max_norm`, else 1.
-pub fn max_norm_scale(row: &[f64], max_norm: f64) -> f64 {
-    let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+/// The p-norm of a row: `(Σ|w_c|^p)^(1/p)` for p > 0, `max |w_c|` for p = ∞.
+pub fn p_norm(row: &[f64], p: f64) -> f64 {
+    if p.is_infinite() {
+        row.iter().fold(0.0, |m, v| m.max(v.abs()))
+    } else {
+        row.iter()
+            .map(|v| v.abs().powf(p))
+            .sum::<f64>()
+            .powf(1.0 / p)
+    }
+}
+
+/// The renormalization factor of a row under `max_norm` with the p-norm `norm_type`:
+/// `max_norm/(‖row‖_p + 1e-7)` when the norm exceeds `max_norm`, else 1.
+pub fn max_norm_scale(row: &[f64], max_norm: f64, norm_type: f64) -> f64 {
+    let norm = p_norm(row, norm_type);
     if norm > max_norm {
         max_norm / (norm + 1e-7)
     } else {
@@ -63,12 +75,13 @@ pub fn forward_max_norm(
     dim: usize,
     indices: &[i64],
     max_norm: f64,
+    norm_type: f64,
 ) -> Vec<f64> {
     let mut out = forward(table, rows, dim, indices);
     for (p, &index) in indices.iter().enumerate() {
         if in_range(index, rows) {
             let v = index as usize;
-            let s = max_norm_scale(&table[v * dim..(v + 1) * dim], max_norm);
+            let s = max_norm_scale(&table[v * dim..(v + 1) * dim], max_norm, norm_type);
             for x in &mut out[p * dim..(p + 1) * dim] {
                 *x *= s;
             }
@@ -79,7 +92,14 @@ pub fn forward_max_norm(
 
 /// The table after PyTorch's in-place renormalization: every row referenced by an in-range
 /// index scaled by its [`max_norm_scale`], the others unchanged.
-pub fn renorm(table: &[f64], rows: usize, dim: usize, indices: &[i64], max_norm: f64) -> Vec<f64> {
+pub fn renorm(
+    table: &[f64],
+    rows: usize,
+    dim: usize,
+    indices: &[i64],
+    max_norm: f64,
+    norm_type: f64,
+) -> Vec<f64> {
     let mut out = table.to_vec();
     let mut referenced = vec![false; rows];
     for &index in indices {
@@ -88,7 +108,7 @@ pub fn renorm(table: &[f64], rows: usize, dim: usize, indices: &[i64], max_norm:
         }
     }
     for (v, _) in referenced.iter().enumerate().filter(|(_, r)| **r) {
-        let s = max_norm_scale(&table[v * dim..(v + 1) * dim], max_norm);
+        let s = max_norm_scale(&table[v * dim..(v + 1) * dim], max_norm, norm_type);
         for x in &mut out[v * dim..(v + 1) * dim] {
             *x *= s;
         }
