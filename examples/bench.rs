@@ -1060,6 +1060,11 @@ fn attention_op(
 /// 512×256×768).
 const MATMUL_SHAPES: [[usize; 3]; 2] = [[4096, 4096, 4096], [8192, 4096, 14336]];
 const MATMUL_QUICK_SHAPES: [[usize; 3]; 2] = [[256, 256, 256], [512, 256, 768]];
+/// The fused linear cross-entropy's input-gradient product (M, K, N) = chunk rows × vocabulary
+/// × hidden, `dlogits[M, K] · W[K, N]` with W stored `[vocab, hidden]`: few output tiles and a
+/// long K, the split-K case (`--quick`: 16 × 8192 × 256).
+const MATMUL_SPLIT_SHAPE: [usize; 3] = [256, 128_256, 4096];
+const MATMUL_SPLIT_QUICK_SHAPE: [usize; 3] = [16, 8192, 256];
 
 /// Dense matmul as a linear layer, `x[M, K] · Wᵀ` with weights stored `[N, K]`, F32 and BF16
 /// inputs (F32 output), forward and backward (dx, dW) timed separately. FLOPs per run are
@@ -1107,6 +1112,33 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 .with_flops(2.0 * flops),
             );
         }
+    }
+    let [m, k, n] = if quick {
+        MATMUL_SPLIT_QUICK_SHAPE
+    } else {
+        MATMUL_SPLIT_SHAPE
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
+            let len: usize = shape.iter().product();
+            let data: Vec<f32> = (0..len)
+                .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 256.0)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        };
+        let dlogits = make(&[m, k], 4)?;
+        let w = make(&[k, n], 5)?;
+        let label = if dtype == DType::BF16 { "bf16" } else { "f32" };
+        let flops = matmul_flops(1, m, n, k);
+        let slices = wgrad::matmul::gemm_split(m, n, k, 1);
+        eprintln!("  matmul (FLCE dx) {label} M{m} K{k} N{n}: {flops:.3e} FLOP, {slices} K slices");
+        ops.push(
+            Op::new("matmul_flce_dx", label, vec![dlogits, w], move |i| {
+                let (y, _) = matmul(&i[0], &i[1], None, &MatmulOptions::default())?;
+                Ok(vec![y])
+            })
+            .with_flops(flops),
+        );
     }
     Ok(ops)
 }

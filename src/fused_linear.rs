@@ -61,7 +61,7 @@ use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, 
 use crate::loss::{
     self, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings, Reduction,
 };
-use crate::matmul::{Gemm, GemmOperand, gemm};
+use crate::matmul::{Gemm, GemmOperand, gemm, gemm_workspace_bytes};
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
 
@@ -482,7 +482,29 @@ fn bias_scratch(chunk_rows: usize, vocab: usize, bias: bool) -> u64 {
     }
 }
 
-/// The largest chunk (evened out over the chunks) whose workspace fits `budget`, or the
+/// The largest split-K scratch ([`gemm_workspace_bytes`]) of the products a call issues for a
+/// chunk of `chunk_rows` rows (and for its last, shorter chunk): `products(r)` lists the
+/// `(m, n, k)` of each product of an `r`-row chunk. The products run one at a time, so the
+/// largest one counts.
+fn products_scratch(
+    rows: usize,
+    chunk_rows: usize,
+    products: impl Fn(usize) -> Vec<(usize, usize, usize)>,
+) -> u64 {
+    let c = chunk_rows.min(rows.max(1));
+    let last = match rows % c {
+        0 => c,
+        r => r,
+    };
+    [c, last]
+        .into_iter()
+        .flat_map(&products)
+        .map(|(m, n, k)| gemm_workspace_bytes(m, n, k, 1))
+        .max()
+        .unwrap_or(0)
+}
+
+/// A large chunk (evened out over the chunks) whose workspace fits `budget`, or the
 /// explicit chunk size checked against the bound.
 fn plan(
     what: &str,
@@ -532,7 +554,12 @@ fn plan(
                     hi = mid - 1;
                 }
             }
-            let chunks = most.div_ceil(lo);
+            // Evened out over the chunks; the products' split-K scratch is not monotone in
+            // the chunk size, so the evened-out size is checked again (one row fits).
+            let mut chunks = most.div_ceil(lo);
+            while !fits(most.div_ceil(chunks)) {
+                chunks += 1;
+            }
             most.div_ceil(chunks)
         }
     };
@@ -640,7 +667,11 @@ impl FusedLinearCrossEntropySaved {
 /// vocabulary of `vocab`, `chunk_rows` rows per chunk and a bias or not: the per-row matrix
 /// of the cross-entropy and its column sums, two finish vectors, and per chunk the F32
 /// logits and logit gradient (`8·chunk_rows·vocab` bytes) plus, with a bias, its column-sum
-/// partials and the bias divided by the temperature (`4·vocab`). `hidden` is part of the signature for products that need scratch of their own.
+/// partials and the bias divided by the temperature (`4·vocab`), plus the largest split-K
+/// scratch of the chunk's products (`matmul::gemm_workspace_bytes` of the logits
+/// `(chunk, vocab, hidden)`, `dx` `(chunk, hidden, vocab)` and `dW` `(vocab, hidden, chunk)`,
+/// at the chunk size and the last chunk's; e.g. 8 slices of `[256, 4096]` at hidden 4096 and
+/// a vocabulary of 128,256: 32 MiB).
 pub fn fused_linear_cross_entropy_workspace_bytes(
     rows: usize,
     hidden: usize,
@@ -648,8 +679,10 @@ pub fn fused_linear_cross_entropy_workspace_bytes(
     chunk_rows: usize,
     bias: bool,
 ) -> u64 {
-    let _ = hidden;
     let c = chunk_rows.min(rows.max(1));
+    let products = products_scratch(rows, c, |r| {
+        vec![(r, vocab, hidden), (r, hidden, vocab), (vocab, hidden, r)]
+    });
     let tempered_bias = if bias { 4 * vocab as u64 } else { 0 };
     loss::cross_entropy_workspace_bytes(rows)
         + 32
@@ -657,6 +690,7 @@ pub fn fused_linear_cross_entropy_workspace_bytes(
         + 8 * (c as u64) * (vocab as u64)
         + bias_scratch(c, vocab, bias)
         + tempered_bias
+        + products
 }
 
 /// The chunking [`fused_linear_cross_entropy`] would use for these shapes and options.
@@ -1075,14 +1109,27 @@ const DISTILL_LOGIT_BUFFERS: u64 = 5;
 /// to five F32 `[chunk_rows, vocab]` buffers at once (student logits or their tempered copy,
 /// teacher distribution, student distribution, the soft-term gradient, the hard-term
 /// gradient) with the softmax statistics, plus the bias-gradient partials when the student
-/// has a bias.
+/// has a bias, plus the largest split-K scratch of the chunk's products
+/// (`matmul::gemm_workspace_bytes` of the student and teacher logits `(chunk, vocab,
+/// hidden)`, `dx` `(chunk, hidden, vocab)` and `dW` `(vocab, hidden, chunk)`; `hidden` the
+/// student's, `teacher_hidden` the teacher's).
 pub fn fused_linear_distillation_workspace_bytes(
     rows: usize,
+    hidden: usize,
+    teacher_hidden: usize,
     vocab: usize,
     chunk_rows: usize,
     hard: bool,
     bias: bool,
 ) -> u64 {
+    let products = products_scratch(rows, chunk_rows, |r| {
+        vec![
+            (r, vocab, hidden),
+            (r, vocab, teacher_hidden),
+            (r, hidden, vocab),
+            (vocab, hidden, r),
+        ]
+    });
     let c = chunk_rows.min(rows.max(1)) as u64;
     let mut bytes = loss::divergence_workspace_bytes(rows) + 16 + 64;
     if hard {
@@ -1092,12 +1139,16 @@ pub fn fused_linear_distillation_workspace_bytes(
         + DISTILL_LOGIT_BUFFERS * 4 * c * vocab as u64
         + 2 * 8 * c
         + bias_scratch(c as usize, vocab, bias)
+        + products
 }
 
 /// The chunking [`fused_linear_distillation`] would use (errors as [`plan_cross_entropy`]).
+#[allow(clippy::too_many_arguments)]
 pub fn plan_distillation(
     engine: &Engine,
     rows: usize,
+    hidden: usize,
+    teacher_hidden: usize,
     vocab: usize,
     hard: bool,
     bias: bool,
@@ -1109,7 +1160,17 @@ pub fn plan_distillation(
         rows,
         vocab,
         chunking,
-        |c| fused_linear_distillation_workspace_bytes(rows, vocab, c, hard, bias),
+        |c| {
+            fused_linear_distillation_workspace_bytes(
+                rows,
+                hidden,
+                teacher_hidden,
+                vocab,
+                c,
+                hard,
+                bias,
+            )
+        },
     )
 }
 
@@ -1296,6 +1357,8 @@ pub fn fused_linear_distillation(
     let plan = plan_distillation(
         engine,
         s.rows,
+        s.hidden,
+        t.hidden,
         s.vocab,
         with_hard,
         s.bias.is_some(),

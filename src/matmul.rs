@@ -16,7 +16,18 @@
 //! Storage F32, F16 or BF16 for `A`, `B`, bias and `dY` (each may differ): 16-bit operands are
 //! widened exactly to f32 when staged; every product term is an FP32 fused multiply-add and
 //! there is no reduced-precision mode. Each output element is summed over `k` in increasing
-//! order by one invocation (no split-K), so reruns are bit-identical.
+//! order by one invocation, so reruns are bit-identical.
+//!
+//! Split-K: a product with few output tiles and a long K (e.g. `[256, 4096]` from a K of
+//! 128,256) would leave most of a large GPU idle, so [`gemm`] cuts K into `S` slices
+//! ([`gemm_split`] states the rule; a pure function of the shape and the workspace bound,
+//! never of timing). Pass 1 runs one workgroup per (slice, tile), each summing its slice in
+//! the unsplit order into F32 scratch `[S, batch, m, n]` ([`gemm_workspace_bytes`], through
+//! the engine's workspace check); pass 2 adds the slices in increasing order (no atomics) and
+//! applies the epilogue (alpha, bias, activation, pre-activation, accumulate) as the unsplit
+//! kernel does. Results differ from the unsplit product only by that summation order and
+//! reruns are bit-identical. Under a workspace bound too small for the scratch the product
+//! uses fewer slices or none: it never fails for lack of a split.
 //!
 //! Kernel (`wgsl/matmul.wgsl`): [`TILE_M`]×[`TILE_N`] = 128×128 output tile per workgroup of
 //! 256 invocations, 8×8 micro-tile per invocation (sixteen vec4 accumulators), K steps of 16
@@ -49,6 +60,87 @@ pub const TILE_N: usize = 128;
 /// Workgroup memory of the kernel: the A and B tiles of one K step, 2 × 16 × 128 f32 (the
 /// WebGPU default limit, 16 KiB).
 pub const WORKGROUP_BYTES: u64 = 2 * 16 * 128 * 4;
+
+/// Split-K: products with fewer output tiles than this (`⌈m/128⌉·⌈n/128⌉·batch`) may be split.
+pub const SPLIT_MAX_TILES: usize = 256;
+/// Split-K: the number of workgroups (slices × tiles) a split aims for.
+pub const SPLIT_TARGET_GROUPS: usize = 512;
+/// Split-K: the shortest slice of K (elements) a split makes.
+pub const SPLIT_MIN_SLICE_K: usize = 2048;
+/// Split-K: the most slices of one product.
+pub const SPLIT_MAX_SLICES: usize = 32;
+/// K step of the kernel; every slice but the last is a multiple of it.
+const K_STEP: usize = 16;
+
+/// `(slices, k per slice)` of a product whose scratch may take `allowance` bytes.
+fn split_plan(m: usize, n: usize, k: usize, batch: usize, allowance: u64) -> (usize, usize) {
+    let unsplit = (1, k);
+    if m == 0 || n == 0 || k == 0 || batch == 0 {
+        return unsplit;
+    }
+    let tiles = (m.div_ceil(TILE_M) as u128) * (n.div_ceil(TILE_N) as u128) * (batch as u128);
+    if tiles >= SPLIT_MAX_TILES as u128 {
+        return unsplit;
+    }
+    let tiles = tiles as u64;
+    let elements = (batch as u64) * (m as u64) * (n as u64);
+    let most = (SPLIT_TARGET_GROUPS as u64)
+        .div_ceil(tiles)
+        .min((k / SPLIT_MIN_SLICE_K) as u64)
+        .min(SPLIT_MAX_SLICES as u64)
+        .min(allowance / (4 * elements))
+        .min(u64::from(u32::MAX) / elements);
+    if most < 2 {
+        return unsplit;
+    }
+    let slice = k.div_ceil(K_STEP).div_ceil(most as usize) * K_STEP;
+    let slices = k.div_ceil(slice);
+    if slices < 2 {
+        return unsplit;
+    }
+    (slices, slice)
+}
+
+/// The number of K slices [`gemm`] splits a product of `batch` `[m, k] @ [k, n]` products
+/// into, when the engine's workspace bound does not limit it (1: not split). A pure function
+/// of the shape:
+///
+/// * no split when `T = ⌈m/128⌉·⌈n/128⌉·batch ≥ 256` ([`SPLIT_MAX_TILES`]: enough workgroups
+///   already) or when any extent is 0;
+/// * else `S = min(⌈512/T⌉, ⌊k/2048⌋, 32)` ([`SPLIT_TARGET_GROUPS`],
+///   [`SPLIT_MIN_SLICE_K`], [`SPLIT_MAX_SLICES`]), capped so that the scratch has at most
+///   2³²−1 elements; `S < 2` is no split;
+/// * each slice takes `⌈⌈k/16⌉/S⌉·16` values of k (a multiple of the 16-wide K step, at least
+///   2,048), the last one the rest, so the slice count is `⌈k / slice⌉`.
+///
+/// Under an engine whose workspace bound is below [`gemm_workspace_bytes`], `gemm` takes the
+/// largest `S` whose scratch fits (see [`gemm_split_within`]), or none.
+pub fn gemm_split(m: usize, n: usize, k: usize, batch: usize) -> usize {
+    gemm_split_within(m, n, k, batch, u64::MAX)
+}
+
+/// [`gemm_split`] with the slices' scratch (`4·S·batch·m·n` bytes) limited to `bytes`: `S` is
+/// lowered until it fits, 1 (no split) when not even two slices fit. `gemm` uses the engine's
+/// workspace bound (and the largest binding) here.
+pub fn gemm_split_within(m: usize, n: usize, k: usize, batch: usize, bytes: u64) -> usize {
+    split_plan(m, n, k, batch, bytes).0
+}
+
+/// Scratch bytes of [`gemm`] for this shape beyond its outputs: the F32 slice sums
+/// `[S, batch, m, n]` of a split product (`4·S·batch·m·n`, `S` = [`gemm_split`]), 0 when it is
+/// not split. Under a smaller workspace bound `gemm` uses less (fewer slices or none), never
+/// more; callers that plan memory count this figure for each product they issue.
+pub fn gemm_workspace_bytes(m: usize, n: usize, k: usize, batch: usize) -> u64 {
+    split_scratch(m, n, batch, gemm_split(m, n, k, batch))
+}
+
+fn split_scratch(m: usize, n: usize, batch: usize, slices: usize) -> u64 {
+    if slices < 2 {
+        0
+    } else {
+        4 * (slices as u64) * (batch as u64) * (m as u64) * (n as u64)
+    }
+}
 
 /// Options of [`matmul`]. Default: no transpose, no activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -246,6 +338,8 @@ struct Params {
     dt_bias: u32,
     accumulate: u32,
     act: u32,
+    k_slice: u32,
+    slices: u32,
 }
 
 fn check_float(t: &Tensor, what: &str) -> Result<()> {
@@ -319,7 +413,10 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
 /// `out[out_offset + b·out_batch_stride + i·n + j] (= | +=) act(alpha·Σ_l A_b(i, l)·B_b(l, j) + bias[j])`
 ///
 /// with `A_b`, `B_b` read as [`GemmOperand`] describes. Accumulation is FP32 in increasing `l`
-/// (`k = 0` gives `bias` or zeros); with `accumulate` the FP32 value is added to what `out`
+/// (`k = 0` gives `bias` or zeros); a product that [`gemm_split`] splits into `S` slices sums
+/// each slice in increasing `l` and then the slice sums in increasing slice order, before
+/// `alpha` (scratch [`gemm_workspace_bytes`], at most the engine's workspace bound: fewer
+/// slices or none when it does not fit); with `accumulate` the FP32 value is added to what `out`
 /// holds (no activation then). With `pre_activation` the FP32 value before the activation is
 /// written there too. Elements of `out` outside the product are left untouched. Recorded,
 /// not submitted; this is the one wgrad call that writes into a caller's tensor.
@@ -332,6 +429,12 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
 /// or pre-activation together with `accumulate`, or `out` / `pre_activation` sharing a buffer
 /// with another argument (`InvalidValue`); tensors of another engine (`EngineMismatch`).
 pub fn gemm(call: &Gemm) -> Result<()> {
+    gemm_within(call, call.out.engine().workspace_bound())
+}
+
+/// [`gemm`] with its split-K scratch limited to `allowance` bytes (and the engine's bound):
+/// for operators that hold scratch of their own while they issue products.
+pub(crate) fn gemm_within(call: &Gemm, allowance: u64) -> Result<()> {
     let engine = call.out.engine();
     for (t, what) in [(call.a.tensor, "gemm: a"), (call.b.tensor, "gemm: b")]
         .into_iter()
@@ -432,7 +535,11 @@ pub fn gemm(call: &Gemm) -> Result<()> {
     }
     let tiles_m = m.div_ceil(TILE_M);
     let tiles_n = n.div_ceil(TILE_N);
-    let groups = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
+    let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
+    let allowance = allowance
+        .min(engine.workspace_bound())
+        .min(engine.max_binding_bytes());
+    let (slices, k_slice) = split_plan(m, n, k, batch, allowance);
     // Without a bias, A's buffer is bound in its place (never read).
     let bias = call.bias.unwrap_or(call.a.tensor);
     // Strides only matter from the second batch on, where the extent checks bound them.
@@ -455,6 +562,8 @@ pub fn gemm(call: &Gemm) -> Result<()> {
         dt_bias: bias.dtype().code(),
         accumulate: u32::from(call.accumulate),
         act: call.activation.map_or(0, |a| a.code() + 1),
+        k_slice: k_slice as u32,
+        slices: slices as u32,
     };
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let constants = vec![
@@ -463,6 +572,47 @@ pub fn gemm(call: &Gemm) -> Result<()> {
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
     ];
+    if slices > 1 {
+        // Split-K: slice sums into scratch, then one fixed-order finish with the epilogue.
+        let scratch_bytes = split_scratch(m, n, batch, slices);
+        engine.check_workspace("gemm (split-K slice sums)", scratch_bytes)?;
+        let part = Tensor::empty(
+            engine,
+            &[slices * batch * m * n],
+            DType::F32,
+            "gemm split-K slice sums",
+        )?;
+        engine.launch(
+            &KERNEL,
+            "gemm_partial",
+            &constants,
+            &params,
+            &[
+                call.a.tensor.buffer(),
+                call.b.tensor.buffer(),
+                part.buffer(),
+            ],
+            tiles * slices as u64,
+        )?;
+        let mut buffers = vec![bias.buffer(), call.out.buffer()];
+        let entry = match call.pre_activation {
+            Some(pre) => {
+                buffers.push(pre.buffer());
+                "gemm_finish_pre"
+            }
+            None => "gemm_finish",
+        };
+        buffers.push(part.buffer());
+        let elements = (batch as u64) * (m as u64) * (n as u64);
+        return engine.launch(
+            &KERNEL,
+            entry,
+            &Vec::new(),
+            &params,
+            &buffers,
+            elements.div_ceil(256),
+        );
+    }
     let mut buffers = vec![
         call.a.tensor.buffer(),
         call.b.tensor.buffer(),
@@ -476,7 +626,7 @@ pub fn gemm(call: &Gemm) -> Result<()> {
         }
         None => "gemm",
     };
-    engine.launch(&KERNEL, entry, &constants, &params, &buffers, groups)
+    engine.launch(&KERNEL, entry, &constants, &params, &buffers, tiles)
 }
 
 /// Derive the product's extents from the operands' shapes.
@@ -610,8 +760,22 @@ pub fn matmul(
 }
 
 /// Scratch bytes [`matmul_backward`] allocates beyond its gradients: the F32 `G = dY ⊙
-/// act'(pre)` with an activation, and the column partials of `dbias` with a bias.
+/// act'(pre)` with an activation, the column partials of `dbias` with a bias, and the largest
+/// split-K scratch ([`gemm_workspace_bytes`]) of the products it issues (one at a time). The
+/// call checks the first two against the engine's workspace bound; its products then split
+/// within what is left of the bound (fewer slices or none), so the whole call stays within
+/// both this figure and the bound.
 pub fn matmul_backward_workspace_bytes(saved: &MatmulSaved) -> u64 {
+    own_backward_bytes(saved)
+        + backward_products(&saved.dims, &saved.options)
+            .into_iter()
+            .map(|(m, n, k, batch)| gemm_workspace_bytes(m, n, k, batch))
+            .max()
+            .unwrap_or(0)
+}
+
+/// The scratch of [`matmul_backward`] outside its products.
+fn own_backward_bytes(saved: &MatmulSaved) -> u64 {
     let d = &saved.dims;
     let rows = d.batch * d.m;
     let g = if saved.options.activation.is_some() {
@@ -627,9 +791,34 @@ pub fn matmul_backward_workspace_bytes(saved: &MatmulSaved) -> u64 {
     g + bias
 }
 
+/// `(m, n, k, batch)` of each product [`matmul_backward`] issues (a batch sum is `batch`
+/// products of batch 1).
+fn backward_products(d: &Dims, o: &MatmulOptions) -> Vec<(usize, usize, usize, usize)> {
+    let (m, n, k, batch) = (d.m, d.n, d.k, d.batch);
+    let (ta, tb) = (o.transpose_a, o.transpose_b);
+    let da = if ta { (k, m, n) } else { (m, k, n) };
+    let da_batch = if d.a_batched { batch } else { 1 };
+    let (db, db_batch) = if d.b_batched || !d.a_batched {
+        let e = if tb { (n, k, m) } else { (k, n, m) };
+        (e, if d.b_batched { batch } else { 1 })
+    } else if !ta {
+        (
+            if tb {
+                (n, k, batch * m)
+            } else {
+                (k, n, batch * m)
+            },
+            1,
+        )
+    } else {
+        (if tb { (n, k, m) } else { (k, n, m) }, 1)
+    };
+    vec![(da.0, da.1, da.2, da_batch), (db.0, db.1, db.2, db_batch)]
+}
+
 /// A product summed over batches in batch order: batch 0 is written, each later batch added
 /// (one launch per batch). No batches: `out` is zero-filled.
-fn gemm_batch_sum(call: Gemm) -> Result<()> {
+fn gemm_batch_sum(call: Gemm, allowance: u64) -> Result<()> {
     if call.batch == 0 {
         let engine = call.out.engine();
         engine.zero(call.out.buffer(), call.out.byte_len());
@@ -641,7 +830,7 @@ fn gemm_batch_sum(call: Gemm) -> Result<()> {
         one.a.offset += bi * call.a.batch_stride;
         one.b.offset += bi * call.b.batch_stride;
         one.accumulate = bi > 0;
-        gemm(&one)?;
+        gemm_within(&one, allowance)?;
     }
     Ok(())
 }
@@ -652,8 +841,9 @@ fn gemm_batch_sum(call: Gemm) -> Result<()> {
 /// summed over the batches in batch order.
 ///
 /// Errors: `dy` of another shape (`ShapeMismatch`) or a non-float dtype; another engine;
-/// workspace beyond the engine's bound (`WorkspaceExceeded`, see
-/// [`matmul_backward_workspace_bytes`]).
+/// the scratch of `G` and the bias partials beyond the engine's bound (`WorkspaceExceeded`,
+/// see [`matmul_backward_workspace_bytes`]; the products' split-K scratch never fails, it
+/// shrinks to what is left).
 pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradients> {
     check_float(dy, "matmul_backward: dy")?;
     let engine = saved.a.engine();
@@ -662,7 +852,12 @@ pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradien
     if dy.shape() != out_shape.as_slice() {
         return Err(Error::shape("matmul_backward: dy", &out_shape, dy.shape()));
     }
-    engine.check_workspace("matmul_backward", matmul_backward_workspace_bytes(saved))?;
+    let own = own_backward_bytes(saved);
+    engine.check_workspace("matmul_backward", own)?;
+    // The products split within what the call's own scratch leaves of the bound.
+    let allowance = engine.workspace_bound() - own;
+    let gemm = |call: &Gemm| gemm_within(call, allowance);
+    let gemm_batch_sum = |call: Gemm| gemm_batch_sum(call, allowance);
     let d = &saved.dims;
     let (m, n, k, batch) = (d.m, d.n, d.k, d.batch);
     let (ta, tb) = (saved.options.transpose_a, saved.options.transpose_b);

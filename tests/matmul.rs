@@ -60,9 +60,16 @@ const ALL_F32: Dtypes = Dtypes {
 
 /// Run forward and backward on the GPU and compare everything with the reference.
 fn check_problem(p: &Problem, with_bias: bool, dt: &Dtypes, seed: u64) {
+    check_problem_scaled(p, with_bias, dt, seed, 1.0);
+}
+
+/// [`check_problem`] with A's values in `[-a_scale, a_scale]` (long K: keeps the
+/// pre-activation O(1), where the activations' derivatives are well conditioned).
+fn check_problem_scaled(p: &Problem, with_bias: bool, dt: &Dtypes, seed: u64, a_scale: f64) {
     let e = engine();
     let (sa, sb) = shapes(p);
-    let a = stored(&data(seed, p.a_len()), dt.a);
+    let a_values: Vec<f64> = data(seed, p.a_len()).iter().map(|v| v * a_scale).collect();
+    let a = stored(&a_values, dt.a);
     let b = stored(&data(seed + 1, p.b_len()), dt.b);
     let bias = with_bias.then(|| stored(&data(seed + 2, p.n), dt.bias));
     let dy = stored(&data(seed + 3, p.out_len()), dt.dy);
@@ -195,17 +202,28 @@ fn ragged_shapes_and_transposes_match_reference() {
 /// `fma` may be evaluated fused or as a rounded product and a rounded sum (lavapipe does the
 /// latter), so `fused` picks which.
 fn sequential_sum(p: &Problem, a: &[f64], b: &[f64], fused: bool) -> Vec<u32> {
+    sliced_sum(p, a, b, fused, p.k.max(1))
+}
+
+/// As [`sequential_sum`] for a product split into K slices of `slice` values (split-K): each
+/// slice summed from +0 in increasing `l`, then the slice sums added in increasing slice order
+/// (one rounding each).
+fn sliced_sum(p: &Problem, a: &[f64], b: &[f64], fused: bool, slice: usize) -> Vec<u32> {
     let mut out = Vec::with_capacity(p.out_len());
     for bi in 0..p.batch {
         for i in 0..p.m {
             for j in 0..p.n {
-                let mut c = 0.0f32;
-                for l in 0..p.k {
-                    let x = a[p.a_index(bi, i, l)] as f32;
-                    let y = b[p.b_index(bi, l, j)] as f32;
-                    c = if fused { x.mul_add(y, c) } else { c + x * y };
+                let mut total = None::<f32>;
+                for l0 in (0..p.k.max(1)).step_by(slice) {
+                    let mut c = 0.0f32;
+                    for l in l0..(l0 + slice).min(p.k) {
+                        let x = a[p.a_index(bi, i, l)] as f32;
+                        let y = b[p.b_index(bi, l, j)] as f32;
+                        c = if fused { x.mul_add(y, c) } else { c + x * y };
+                    }
+                    total = Some(total.map_or(c, |t| t + c));
                 }
-                out.push((c * 1.0 + 0.0).to_bits());
+                out.push((total.unwrap_or(0.0) * 1.0 + 0.0).to_bits());
             }
         }
     }
@@ -415,18 +433,23 @@ fn gemm_reference(
 
 #[test]
 fn gemm_offsets_accumulate_and_alpha() {
+    gemm_offsets_case(7, 33, 13, 3, 600);
+}
+
+/// `gemm` with odd offsets, gapped batch strides, a bias, accumulation, alpha and an
+/// activation with its pre-activation, in every dtype, against [`gemm_reference`].
+fn gemm_offsets_case(m: usize, n: usize, k: usize, batch: usize, seed: u64) {
     let e = engine();
-    let (m, n, k, batch) = (7, 33, 13, 3);
     for (case, dtype) in DType::FLOATS.into_iter().enumerate() {
         let (ta, tb) = (case == 1, case != 1);
         // Odd element offsets and batch strides with gaps between the matrices.
         let (a_off, a_stride) = (5, m * k + 3);
         let (b_off, b_stride) = (3, k * n + 1);
         let (c_off, c_stride) = (11, m * n + 7);
-        let a = stored(&data(600, a_off + batch * a_stride), dtype);
-        let b = stored(&data(601, b_off + batch * b_stride), dtype);
-        let bias = stored(&data(602, n), dtype);
-        let init = data(603, c_off + batch * c_stride + 4);
+        let a = stored(&data(seed, a_off + batch * a_stride), dtype);
+        let b = stored(&data(seed + 1, b_off + batch * b_stride), dtype);
+        let bias = stored(&data(seed + 2, n), dtype);
+        let init = data(seed + 3, c_off + batch * c_stride + 4);
         let at = tensor_from_f64(e, &a, &[a.len()], dtype);
         let bt = tensor_from_f64(e, &b, &[b.len()], dtype);
         let biast = tensor_from_f64(e, &bias, &[n], dtype);
@@ -478,7 +501,10 @@ fn gemm_offsets_accumulate_and_alpha() {
                 activation,
                 f64::from(alpha),
             );
-            let label = format!("{dtype} accumulate {accumulate} act {activation:?} alpha {alpha}");
+            let label = format!(
+                "m {m} n {n} k {k} batch {batch} {dtype} accumulate {accumulate} \
+                 act {activation:?} alpha {alpha}"
+            );
             // Elements outside the product (gaps, before and after) keep their values.
             assert_close(&label, &out.to_f64().unwrap(), &want, tol_for(k));
             if activation.is_some() {
@@ -775,4 +801,208 @@ fn bad_inputs_are_typed_errors() {
         mm(&f32s(&[3, 4]), &foreign, None, &none),
         Err(Error::EngineMismatch { .. })
     ));
+}
+
+// ---- split-K ---------------------------------------------------------------------------
+
+/// K values per slice of a split product, by the documented rule.
+fn slice_len(k: usize, slices: usize) -> usize {
+    k.div_ceil(16).div_ceil(slices) * 16
+}
+
+#[test]
+fn split_rule_is_the_documented_pure_function_of_the_shape() {
+    use matmul::{gemm_split, gemm_split_within, gemm_workspace_bytes};
+    // Few tiles and K ≥ 2·2,048: split, ⌈512/T⌉ capped by ⌊k/2048⌋ and 32.
+    assert_eq!(gemm_split(64, 64, 4096, 1), 2);
+    assert_eq!(gemm_split(64, 64, 4095, 1), 1);
+    assert_eq!(gemm_split(1, 1, 10_000, 1), 4);
+    assert_eq!(gemm_split(1, 1, 1 << 20, 1), 32);
+    assert_eq!(gemm_split(64, 64, 1 << 20, 8), 32);
+    assert_eq!(gemm_split(64, 64, 1 << 20, 32), 16);
+    // The fused linear cross-entropy's dx product at the H200 shape: 2·32 tiles, 8 slices.
+    assert_eq!(gemm_split(256, 4096, 128_256, 1), 8);
+    assert_eq!(
+        gemm_workspace_bytes(256, 4096, 128_256, 1),
+        4 * 8 * 256 * 4096
+    );
+    // Enough tiles (T ≥ 256), short K, empty extents: never split, no scratch.
+    assert_eq!(gemm_split(4096, 4096, 1 << 20, 1), 1);
+    assert_eq!(gemm_split(2048, 2048, 1 << 20, 1), 1);
+    assert_eq!(gemm_split(1920, 2048, 1 << 20, 1), 3);
+    for k in [0, 1, 257, 2048, 4095] {
+        assert_eq!(gemm_split(7, 33, k, 3), 1, "k {k}");
+        assert_eq!(gemm_workspace_bytes(7, 33, k, 3), 0);
+    }
+    assert_eq!(gemm_split(0, 64, 1 << 20, 1), 1);
+    assert_eq!(gemm_split(64, 64, 1 << 20, 0), 1);
+    // Slices: multiples of the 16-wide K step, at least 2,048; the last one the rest.
+    for (m, n, k, batch) in [(1, 1, 10_000, 1), (64, 64, 4099, 1), (7, 33, 65_537, 3)] {
+        let s = gemm_split(m, n, k, batch);
+        let len = slice_len(k, s);
+        assert!(
+            len.is_multiple_of(16) && len >= 2048 && k.div_ceil(len) == s,
+            "{k}: {s} × {len}"
+        );
+        assert_eq!(
+            gemm_workspace_bytes(m, n, k, batch),
+            (4 * s * batch * m * n) as u64
+        );
+    }
+    // A workspace limit lowers the slice count, to none when two slices do not fit.
+    let per = 4 * 64 * 64;
+    assert_eq!(gemm_split(64, 64, 8192, 1), 4);
+    assert_eq!(gemm_split_within(64, 64, 8192, 1, 4 * per), 4);
+    assert_eq!(gemm_split_within(64, 64, 8192, 1, 4 * per - 1), 3);
+    assert_eq!(gemm_split_within(64, 64, 8192, 1, 2 * per), 2);
+    assert_eq!(gemm_split_within(64, 64, 8192, 1, 2 * per - 1), 1);
+    assert_eq!(gemm_split_within(64, 64, 8192, 1, 0), 1);
+}
+
+#[test]
+fn split_products_match_reference() {
+    // Products that split K (one tile, K ≥ 4,096) against the f64 reference: every dtype,
+    // bias, every activation with its pre-activation, both transposes, batches with a shared
+    // operand, ragged K; the backward's products go through the same checks.
+    let k = 4100;
+    assert_eq!(matmul::gemm_split(17, 9, k, 1), 2);
+    let mut seed = 1000;
+    let mut next = || {
+        seed += 4;
+        seed
+    };
+    for (i, activation) in Activation::ALL.into_iter().enumerate() {
+        let p = Problem {
+            activation: Some(activation),
+            ..problem(17, 9, k, i % 2 == 0, i % 3 == 0)
+        };
+        check_problem_scaled(&p, true, &ALL_F32, next(), 1.0 / 32.0);
+    }
+    for (a, b, bias, dy) in [
+        (DType::F16, DType::F16, DType::F16, DType::F16),
+        (DType::BF16, DType::BF16, DType::BF16, DType::BF16),
+        (DType::BF16, DType::F16, DType::F32, DType::BF16),
+    ] {
+        let p = Problem {
+            activation: Some(Activation::Silu),
+            ..problem(21, 19, 4100, true, true)
+        };
+        check_problem_scaled(&p, true, &Dtypes { a, b, bias, dy }, next(), 1.0 / 32.0);
+    }
+    for (a_batched, b_batched) in [(true, true), (true, false), (false, true)] {
+        let p = Problem {
+            batch: 3,
+            a_batched,
+            b_batched,
+            ..problem(12, 20, 4097, false, false)
+        };
+        assert_eq!(matmul::gemm_split(12, 20, 4097, 3), 2);
+        check_problem(&p, true, &ALL_F32, next());
+    }
+}
+
+#[test]
+fn split_gemm_offsets_accumulate_and_alpha() {
+    assert_eq!(matmul::gemm_split(7, 33, 4133, 3), 2);
+    gemm_offsets_case(7, 33, 4133, 3, 1100);
+}
+
+/// Runs a product on `e` twice (identical bits required) and tells whether its bits are the
+/// host's slice sums for slices of `slice` values (fused or unfused multiply-adds).
+fn split_bits(e: &wgrad::Engine, p: &Problem, dt: (DType, DType), slice: usize, seed: u64) -> bool {
+    let (sa, sb) = shapes(p);
+    let a = stored(&data(seed, p.a_len()), dt.0);
+    let b = stored(&data(seed + 1, p.b_len()), dt.1);
+    let at = tensor_from_f64(e, &a, &sa, dt.0);
+    let bt = tensor_from_f64(e, &b, &sb, dt.1);
+    let options = MatmulOptions {
+        transpose_a: p.transpose_a,
+        transpose_b: p.transpose_b,
+        activation: None,
+    };
+    let (y, _) = mm(&at, &bt, None, &options).unwrap();
+    let got = f32_bits(&y);
+    let (y2, _) = mm(&at, &bt, None, &options).unwrap();
+    assert_eq!(got, f32_bits(&y2), "rerun");
+    got == sliced_sum(p, &a, &b, true, slice) || got == sliced_sum(p, &a, &b, false, slice)
+}
+
+#[test]
+fn split_sums_are_slice_sums_added_in_slice_order() {
+    // Bits: each slice summed as the unsplit kernel sums (one multiply-add per term in
+    // increasing k), the slice sums added in increasing order, reruns identical. Under a
+    // workspace bound that fits fewer slices, fewer are used; under one that fits none, the
+    // product is the unsplit one, bit for bit.
+    let e = common::private_engine();
+    let cases = [
+        (
+            problem(5, 6, 10_000, false, false),
+            (DType::F32, DType::F32),
+        ),
+        (problem(3, 17, 4099, true, true), (DType::BF16, DType::F16)),
+        (
+            Problem {
+                batch: 2,
+                a_batched: true,
+                ..problem(9, 4, 6200, false, true)
+            },
+            (DType::F16, DType::F32),
+        ),
+    ];
+    for (c, (p, dt)) in cases.iter().enumerate() {
+        let seed = 1200 + 4 * c as u64;
+        let s = matmul::gemm_split(p.m, p.n, p.k, p.batch);
+        assert!(s >= 2, "{p:?}");
+        let label = format!("m {} n {} k {} batch {} {dt:?}", p.m, p.n, p.k, p.batch);
+        e.set_workspace_bound(wgrad::engine::DEFAULT_WORKSPACE_BOUND);
+        assert!(
+            split_bits(&e, p, *dt, slice_len(p.k, s), seed),
+            "{label}: {s} slices"
+        );
+        // Room for two slices only.
+        let per = (4 * p.batch * p.m * p.n) as u64;
+        e.set_workspace_bound(2 * per);
+        assert!(
+            split_bits(&e, p, *dt, slice_len(p.k, 2), seed),
+            "{label}: 2 slices"
+        );
+        // No room for a split: the unsplit order.
+        e.set_workspace_bound(2 * per - 1);
+        assert!(split_bits(&e, p, *dt, p.k, seed), "{label}: unsplit");
+        e.set_workspace_bound(0);
+        assert!(split_bits(&e, p, *dt, p.k, seed), "{label}: bound 0");
+    }
+}
+
+#[test]
+fn split_scratch_is_the_stated_workspace() {
+    // The engine's memory statistics see exactly one extra buffer during a split product:
+    // gemm_workspace_bytes (rounded up to the pool's size class), and none without a split.
+    let e = common::private_engine();
+    for (m, n, k, split) in [(40, 24, 8192, true), (40, 24, 4095, false)] {
+        let a = Tensor::from_slice(&e, &vec![0.5f32; m * k], &[m, k]).unwrap();
+        let b = Tensor::from_slice(&e, &vec![0.25f32; k * n], &[k, n]).unwrap();
+        let out = Tensor::zeros(&e, &[m, n], DType::F32).unwrap();
+        e.synchronize().unwrap();
+        let bytes = matmul::gemm_workspace_bytes(m, n, k, 1);
+        assert_eq!(bytes > 0, split);
+        let before = e.memory().live_bytes;
+        e.reset_peak();
+        gemm(&Gemm::plain(
+            GemmOperand::whole(&a, false),
+            GemmOperand::whole(&b, false),
+            &out,
+            (m, n, k),
+            false,
+        ))
+        .unwrap();
+        e.synchronize().unwrap();
+        let extra = e.memory().peak_bytes - before;
+        assert!(
+            extra >= bytes && extra <= bytes + bytes / 8,
+            "k {k}: peak grew by {extra}, workspace {bytes}"
+        );
+        let want = 0.5 * 0.25 * k as f32;
+        assert!(out.to_vec::<f32>().unwrap().iter().all(|&v| v == want));
+    }
 }

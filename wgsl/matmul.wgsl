@@ -1,4 +1,5 @@
-// Dense matrix product with an epilogue, one launch per call of `matmul::gemm`:
+// Dense matrix product with an epilogue, one launch per call of `matmul::gemm` (two for a
+// split-K product, see the end of the file):
 //
 //   for each batch index b, row i < m, column j < n:
 //     v = alpha · Σ_{l < k} A_b(i, l) · B_b(l, j)  (+ bias[j])
@@ -75,6 +76,8 @@ struct Params {
     dt_bias: u32,    // the bias's dtype code
     accumulate: u32, // 1: out += v (F32)
     act: u32,        // 0: none; else Activation::code() + 1
+    k_slice: u32,    // split-K: elements of k per slice (a multiple of BK; k when unsplit)
+    slices: u32,     // split-K: number of slices (1 when unsplit)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -83,6 +86,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
 @group(0) @binding(5) var<storage, read_write> pre: array<u32>;
+@group(0) @binding(6) var<storage, read> part: array<u32>;   // split-K slice sums (pass 2)
 
 var<workgroup> a_tile: array<vec4<f32>, 512>;   // BK · ROW4 (8 KiB)
 var<workgroup> b_tile: array<vec4<f32>, 512>;   // BK · ROW4 (8 KiB)
@@ -192,22 +196,24 @@ struct Walk {
     k_stride: u32,
 }
 
-// The walk of an operand at `base`, extent `ext` (m for A, n for B) along x, tile start x0.
-fn walk(kc: bool, lid: u32, base: u32, x0: u32, ext: u32) -> Walk {
+// The walk of an operand at `base`, extent `ext` (m for A, n for B) along x, tile start x0,
+// from k = kb on.
+fn walk(kc: bool, lid: u32, base: u32, x0: u32, ext: u32, kb: u32) -> Walk {
     let k = params.k;
     let s = slot(kc, lid, 0u);
     let x = x0 + s.x;
     if (kc) {
         // Stored [ext, k]: element (x, l) at base + x·k + l.
-        return Walk(base + x * k + s.y, (WG / BK) * k, BK, count(x, WG / BK, ext), s.y, 0u);
+        return Walk(base + x * k + kb + s.y, (WG / BK) * k, BK, count(x, WG / BK, ext), s.y, 0u);
     }
     // Stored [k, ext]: element (x, l) at base + l·ext + x.
-    return Walk(base + s.y * ext + x, (WG / BM) * ext, BK * ext, count(x, 0u, ext), s.y, WG / BM);
+    return Walk(base + (kb + s.y) * ext + x, (WG / BM) * ext, BK * ext, count(x, 0u, ext), s.y,
+                WG / BM);
 }
 
-// Elements r < limit of the step at k0 lie inside the operand.
-fn limit(w: Walk, k0: u32) -> u32 {
-    return min(w.inside, count(k0 + w.k_first, w.k_stride, params.k));
+// Elements r < limit of the step at k0 (absolute) lie inside the operand and before ke.
+fn limit(w: Walk, k0: u32, ke: u32) -> u32 {
+    return min(w.inside, count(k0 + w.k_first, w.k_stride, ke));
 }
 
 fn a_at(i: u32, inside: bool) -> f32 {
@@ -224,9 +230,9 @@ fn b_at(i: u32, inside: bool) -> f32 {
     return 0.0;
 }
 
-// The eight A elements of the step at k0 (zero past the edges).
-fn fetch_a(w: Walk, k0: u32) -> Eight {
-    let n = limit(w, k0);
+// The eight A elements of the step at k0 (zero past the edges and from ke on).
+fn fetch_a(w: Walk, k0: u32, ke: u32) -> Eight {
+    let n = limit(w, k0, ke);
     let i1 = w.idx + w.dr;
     let i2 = i1 + w.dr;
     let i3 = i2 + w.dr;
@@ -240,9 +246,9 @@ fn fetch_a(w: Walk, k0: u32) -> Eight {
     );
 }
 
-// The eight B elements of the step at k0 (zero past the edges).
-fn fetch_b(w: Walk, k0: u32) -> Eight {
-    let n = limit(w, k0);
+// The eight B elements of the step at k0 (zero past the edges and from ke on).
+fn fetch_b(w: Walk, k0: u32, ke: u32) -> Eight {
+    let n = limit(w, k0, ke);
     let i1 = w.idx + w.dr;
     let i2 = i1 + w.dr;
     let i3 = i2 + w.dr;
@@ -296,13 +302,14 @@ fn tile_of(g: u32) -> vec4<u32> {
     return vec4(bi, tm * BM, tn * BN, u32(bi < params.batch));
 }
 
-// Σ_l A(row, l)·B(l, col) over this invocation's micro-tile. Called in uniform control flow
-// (every invocation of the workgroup, the same trip count).
-fn product(lid: u32, bi: u32, row0: u32, col0: u32) -> Acc {
+// Σ_{kb ≤ l < ke} A(row, l)·B(l, col) over this invocation's micro-tile (kb a multiple of BK,
+// kb < ke ≤ k, or kb = ke = 0 for k = 0). Called in uniform control flow (every invocation of
+// the workgroup, the same trip count).
+fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
     let tx = lid % 16u;
     let ty = lid / 16u;
-    var wa = walk(a_kc(), lid, params.off_a + bi * params.stride_a, row0, params.m);
-    var wb = walk(b_kc(), lid, params.off_b + bi * params.stride_b, col0, params.n);
+    var wa = walk(a_kc(), lid, params.off_a + bi * params.stride_a, row0, params.m, kb);
+    var wb = walk(b_kc(), lid, params.off_b + bi * params.stride_b, col0, params.n, kb);
     var lo0 = vec4(0.0);
     var hi0 = vec4(0.0);
     var lo1 = vec4(0.0);
@@ -319,23 +326,23 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32) -> Acc {
     var hi6 = vec4(0.0);
     var lo7 = vec4(0.0);
     var hi7 = vec4(0.0);
-    let steps = (params.k + BK - 1u) / BK;
+    let steps = (ke - kb + BK - 1u) / BK;
     var next_a = Eight(vec4(0.0), vec4(0.0));
     var next_b = Eight(vec4(0.0), vec4(0.0));
     if (steps > 0u) {
-        next_a = fetch_a(wa, 0u);
-        next_b = fetch_b(wb, 0u);
+        next_a = fetch_a(wa, kb, ke);
+        next_b = fetch_b(wb, kb, ke);
     }
     for (var t = 0u; t < steps; t = t + 1u) {
         workgroupBarrier();
         stage(lid, next_a, next_b);
         workgroupBarrier();
         if (t + 1u < steps) {
-            let k0 = (t + 1u) * BK;
+            let k0 = kb + (t + 1u) * BK;
             wa.idx = wa.idx + wa.d_step;
             wb.idx = wb.idx + wb.d_step;
-            next_a = fetch_a(wa, k0);
-            next_b = fetch_b(wb, k0);
+            next_a = fetch_a(wa, k0, ke);
+            next_b = fetch_b(wb, k0, ke);
         }
         for (var l = 0u; l < BK; l = l + 1u) {
             // Rows 4·ty.. and 64 + 4·ty.. of A, columns 4·tx.. and 64 + 4·tx.. of B.
@@ -432,7 +439,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (tile.w == 0u) {
         return;
     }
-    let acc = product(lid, tile.x, tile.y, tile.z);
+    let acc = product(lid, tile.x, tile.y, tile.z, 0u, params.k);
     let bias_lo = bias4(tile.z + micro_col(lid, 0u));
     let bias_hi = bias4(tile.z + micro_col(lid, 1u));
     let base = params.off_c + tile.x * params.stride_c;
@@ -458,7 +465,7 @@ fn gemm_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if (tile.w == 0u) {
         return;
     }
-    let acc = product(lid, tile.x, tile.y, tile.z);
+    let acc = product(lid, tile.x, tile.y, tile.z, 0u, params.k);
     let bias_lo = bias4(tile.z + micro_col(lid, 0u));
     let bias_hi = bias4(tile.z + micro_col(lid, 1u));
     let base = params.off_c + tile.x * params.stride_c;
@@ -476,4 +483,82 @@ fn gemm_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             }
         }
     }
+}
+
+// ---- split-K (see `matmul::gemm_split`) ----------------------------------------------------
+//
+// Pass 1, `gemm_partial`: workgroup g computes slice s = g / T of tile g % T (T = tiles_m ·
+// tiles_n · batch): the raw FP32 sum over l in [s·k_slice, min((s + 1)·k_slice, k)), the same
+// multiply-adds in the same order as the unsplit kernel restricted to the slice (k_slice is a
+// multiple of BK, so the slice starts a K step). It goes to `out` (here the scratch,
+// [slices, batch, m, n] F32) at ((s·batch + b)·m + row)·n + col.
+// Pass 2, `gemm_finish` / `gemm_finish_pre`: one invocation per output element sums the slices
+// in increasing s (p_0 + p_1 + ... one rounding each, always that order), then applies the
+// unsplit epilogue to the sum: alpha, bias, activation / accumulate, pre-activation.
+
+@compute @workgroup_size(WG)
+fn gemm_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    let tiles = params.tiles_m * params.tiles_n * params.batch;
+    let s = g / tiles;
+    if (s >= params.slices) {
+        return;
+    }
+    let tile = tile_of(g - s * tiles);
+    let kb = s * params.k_slice;
+    let ke = min(kb + params.k_slice, params.k);
+    let acc = product(lid, tile.x, tile.y, tile.z, kb, ke);
+    let base = (s * params.batch + tile.x) * params.m * params.n;
+    for (var q = 0u; q < 16u; q = q + 1u) {
+        let row = tile.y + micro_row(lid, q / 2u);
+        let col = tile.z + micro_col(lid, q % 2u);
+        let v = acc_at(acc, q);
+        if (row < params.m) {
+            for (var c = 0u; c < 4u; c = c + 1u) {
+                if (col + c < params.n) {
+                    out[base + row * params.n + col + c] = bitcast<u32>(v[c]);
+                }
+            }
+        }
+    }
+}
+
+// The finished value of element e of [batch, m, n] (slices summed in order, alpha, bias), and
+// its index in out.
+fn finished(e: u32) -> vec2<u32> {
+    let mn = params.m * params.n;
+    let total = mn * params.batch;
+    var sum = bitcast<f32>(part[e]);
+    for (var s = 1u; s < params.slices; s = s + 1u) {
+        sum = sum + bitcast<f32>(part[s * total + e]);
+    }
+    let bi = e / mn;
+    let r = e - bi * mn;
+    let col = r % params.n;
+    let v = params.alpha * sum + bias_at(col);
+    return vec2(bitcast<u32>(v), params.off_c + bi * params.stride_c + r);
+}
+
+@compute @workgroup_size(WG)
+fn gemm_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let e = group_index(wid, nwg) * WG + lid;
+    if (e >= params.m * params.n * params.batch) {
+        return;
+    }
+    let f = finished(e);
+    store_out(f.y, bitcast<f32>(f.x));
+}
+
+@compute @workgroup_size(WG)
+fn gemm_finish_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let e = group_index(wid, nwg) * WG + lid;
+    if (e >= params.m * params.n * params.batch) {
+        return;
+    }
+    let f = finished(e);
+    pre[f.y] = f.x;
+    store_out(f.y, bitcast<f32>(f.x));
 }

@@ -14,7 +14,8 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 /// Matmul forward and backward (dA, dB, dbias) against the f64 reference in every storage
 /// dtype: ragged extents (edge tiles in M, N and K), weights stored `[N, K]` (transposed B)
 /// shared by 2 batches, a bias and the tanh-GELU epilogue; then a plain product with a
-/// transposed batched A and no bias.
+/// transposed batched A and no bias; then a split-K product (one tile per batch, K 4,100 in
+/// two slices, `matmul::gemm_split`) with a bias.
 fn check_matmul(engine: &Engine) -> Result<Vec<Case>> {
     use crate::activation::Activation;
     use crate::matmul::{MatmulOptions, matmul, matmul_backward, matmul_tolerance};
@@ -36,9 +37,15 @@ fn check_matmul(engine: &Engine) -> Result<Vec<Case>> {
             transpose_a: true,
             ..Problem::new(130, 9, 33)
         },
+        Problem {
+            batch: 2,
+            a_batched: true,
+            transpose_b: true,
+            ..Problem::new(24, 40, 4100)
+        },
     ];
     for (i, p) in problems.iter().enumerate() {
-        let with_bias = i == 0;
+        let with_bias = i != 1;
         let mut a_shape = if p.transpose_a {
             vec![p.k, p.m]
         } else {
