@@ -396,13 +396,10 @@ fn check_sgd(label: &str, param_dtype: DType, grad_dtype: DType, options: SgdOpt
     }
 }
 
-#[test]
-fn sgd_variants_match_reference() {
-    let base = SgdOptions {
-        lr: 0.1,
-        ..SgdOptions::default()
-    };
-    let variants = [
+/// SGD option sets over `base`: plain, weight decay, momentum, momentum with dampening and
+/// decay, Nesterov with decay.
+fn sgd_variants(base: SgdOptions) -> [(&'static str, SgdOptions); 5] {
+    [
         ("plain", base),
         (
             "weight decay",
@@ -436,7 +433,16 @@ fn sgd_variants_match_reference() {
                 ..base
             },
         ),
-    ];
+    ]
+}
+
+#[test]
+fn sgd_variants_match_reference() {
+    let base = SgdOptions {
+        lr: 0.1,
+        ..SgdOptions::default()
+    };
+    let variants = sgd_variants(base);
     for (k, (name, options)) in variants.into_iter().enumerate() {
         let param_dtype = DType::FLOATS[k % 3];
         let grad_dtype = DType::FLOATS[(k + 1) % 3];
@@ -935,34 +941,7 @@ fn maximize_matches_reference() {
         maximize: true,
         ..SgdOptions::default()
     };
-    let variants = [
-        ("plain", base),
-        (
-            "weight decay",
-            SgdOptions {
-                weight_decay: 0.2,
-                ..base
-            },
-        ),
-        (
-            "momentum dampening decay",
-            SgdOptions {
-                momentum: 0.8,
-                dampening: 0.5,
-                weight_decay: 0.1,
-                ..base
-            },
-        ),
-        (
-            "nesterov",
-            SgdOptions {
-                momentum: 0.9,
-                nesterov: true,
-                weight_decay: 0.05,
-                ..base
-            },
-        ),
-    ];
+    let variants = sgd_variants(base);
     for (k, (name, options)) in variants.into_iter().enumerate() {
         let param_dtype = DType::FLOATS[(k + 1) % 3];
         let grad_dtype = DType::FLOATS[k % 3];

@@ -216,22 +216,19 @@ fn limit(w: Walk, k0: u32, ke: u32) -> u32 {
     return min(w.inside, count(k0 + w.k_first, w.k_stride, ke));
 }
 
-fn a_at(i: u32, inside: bool) -> f32 {
-    if (inside) {
-        return load_a(i);
+// Element i of A (or of B when `is_b`), zero when not `inside`.
+fn operand_at(is_b: bool, i: u32, inside: bool) -> f32 {
+    if (!inside) {
+        return 0.0;
     }
-    return 0.0;
-}
-
-fn b_at(i: u32, inside: bool) -> f32 {
-    if (inside) {
+    if (is_b) {
         return load_b(i);
     }
-    return 0.0;
+    return load_a(i);
 }
 
-// The eight A elements of the step at k0 (zero past the edges and from ke on).
-fn fetch_a(w: Walk, k0: u32, ke: u32) -> Eight {
+// The eight A (or B, `is_b`) elements of the step at k0 (zero past the edges and from ke on).
+fn fetch(is_b: bool, w: Walk, k0: u32, ke: u32) -> Eight {
     let n = limit(w, k0, ke);
     let i1 = w.idx + w.dr;
     let i2 = i1 + w.dr;
@@ -241,24 +238,10 @@ fn fetch_a(w: Walk, k0: u32, ke: u32) -> Eight {
     let i6 = i5 + w.dr;
     let i7 = i6 + w.dr;
     return Eight(
-        vec4(a_at(w.idx, 0u < n), a_at(i1, 1u < n), a_at(i2, 2u < n), a_at(i3, 3u < n)),
-        vec4(a_at(i4, 4u < n), a_at(i5, 5u < n), a_at(i6, 6u < n), a_at(i7, 7u < n)),
-    );
-}
-
-// The eight B elements of the step at k0 (zero past the edges and from ke on).
-fn fetch_b(w: Walk, k0: u32, ke: u32) -> Eight {
-    let n = limit(w, k0, ke);
-    let i1 = w.idx + w.dr;
-    let i2 = i1 + w.dr;
-    let i3 = i2 + w.dr;
-    let i4 = i3 + w.dr;
-    let i5 = i4 + w.dr;
-    let i6 = i5 + w.dr;
-    let i7 = i6 + w.dr;
-    return Eight(
-        vec4(b_at(w.idx, 0u < n), b_at(i1, 1u < n), b_at(i2, 2u < n), b_at(i3, 3u < n)),
-        vec4(b_at(i4, 4u < n), b_at(i5, 5u < n), b_at(i6, 6u < n), b_at(i7, 7u < n)),
+        vec4(operand_at(is_b, w.idx, 0u < n), operand_at(is_b, i1, 1u < n),
+             operand_at(is_b, i2, 2u < n), operand_at(is_b, i3, 3u < n)),
+        vec4(operand_at(is_b, i4, 4u < n), operand_at(is_b, i5, 5u < n),
+             operand_at(is_b, i6, 6u < n), operand_at(is_b, i7, 7u < n)),
     );
 }
 
@@ -330,8 +313,8 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
     var next_a = Eight(vec4(0.0), vec4(0.0));
     var next_b = Eight(vec4(0.0), vec4(0.0));
     if (steps > 0u) {
-        next_a = fetch_a(wa, kb, ke);
-        next_b = fetch_b(wb, kb, ke);
+        next_a = fetch(false, wa, kb, ke);
+        next_b = fetch(true, wb, kb, ke);
     }
     for (var t = 0u; t < steps; t = t + 1u) {
         workgroupBarrier();
@@ -341,8 +324,8 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
             let k0 = kb + (t + 1u) * BK;
             wa.idx = wa.idx + wa.d_step;
             wb.idx = wb.idx + wb.d_step;
-            next_a = fetch_a(wa, k0, ke);
-            next_b = fetch_b(wb, k0, ke);
+            next_a = fetch(false, wa, k0, ke);
+            next_b = fetch(true, wb, k0, ke);
         }
         for (var l = 0u; l < BK; l = l + 1u) {
             // Rows 4·ty.. and 64 + 4·ty.. of A, columns 4·tx.. and 64 + 4·tx.. of B.
