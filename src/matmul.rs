@@ -32,11 +32,14 @@
 //! Kernel (`wgsl/matmul.wgsl`): [`TILE_M`]×[`TILE_N`] = 128×128 output tile per workgroup of
 //! 256 invocations, 8×8 micro-tile per invocation (sixteen vec4 accumulators), K steps of 16
 //! staged in [`WORKGROUP_BYTES`] = 16 KiB of workgroup memory with the next step prefetched
-//! into registers; edge tiles are bounds-checked in the kernel. The activation formulas are
-//! those of [`crate::activation`] (`wgsl/common/activation.wgsl`).
+//! into registers; edge tiles are bounds-checked in the kernel. Small products whose edges
+//! would leave much of that tile empty take a 64×64 tile of the same code instead (64
+//! invocations, K steps of 8; [`gemm_tile`] states the rule), with the same bits. The
+//! activation formulas are those of [`crate::activation`] (`wgsl/common/activation.wgsl`).
 //!
 //! Bounds: every tensor at most 2³²−1 elements (and one storage binding); at most 65,535²
-//! workgroups per launch (`⌈M/128⌉·⌈N/128⌉·batch`).
+//! workgroups per launch (`⌈M/128⌉·⌈N/128⌉·batch`; the 64×64 tile is only picked below
+//! [`NARROW_MAX_TILES`] of them).
 
 use crate::activation::{self, Activation, ActivationSaved};
 use crate::kernel::{COMMON_ACTIVATION, COMMON_DTYPE, COMMON_LAUNCH, Kernel};
@@ -53,12 +56,76 @@ pub static KERNEL: Kernel = Kernel {
     ],
 };
 
-/// Output rows per workgroup (`BM` in the kernel).
+/// Output rows per workgroup of the wide tile (`BM` in the kernel), the tile that split-K
+/// and the launch bounds count in.
 pub const TILE_M: usize = 128;
-/// Output columns per workgroup (`BN` in the kernel).
+/// Output columns per workgroup of the wide tile (`BN` in the kernel).
 pub const TILE_N: usize = 128;
-/// Workgroup memory of the kernel: the A and B tiles of one K step, 2 × 16 × 128 f32 (the
-/// WebGPU default limit, 16 KiB).
+
+/// The output tile of a product's launch (see [`gemm_tile`]). Both are the same kernel code
+/// with an 8×8 micro-tile per invocation and one fused multiply-add per term in increasing
+/// `k`, so a product's bits do not depend on the tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmTile {
+    /// 128×128 outputs per workgroup of 256 invocations, K steps of 16.
+    Wide,
+    /// 64×64 outputs per workgroup of 64 invocations, K steps of 8: a quarter of the padding
+    /// of the wide tile on a ragged or narrow product, four times the workgroups.
+    Narrow,
+}
+
+impl GemmTile {
+    /// Output rows per workgroup.
+    pub const fn rows(self) -> usize {
+        match self {
+            GemmTile::Wide => TILE_M,
+            GemmTile::Narrow => 64,
+        }
+    }
+
+    /// Output columns per workgroup.
+    pub const fn cols(self) -> usize {
+        match self {
+            GemmTile::Wide => TILE_N,
+            GemmTile::Narrow => 64,
+        }
+    }
+}
+
+/// [`gemm_tile`]: products whose wide grid has fewer workgroups than this may take the narrow
+/// tile; larger ones always take the wide one.
+pub const NARROW_MAX_TILES: usize = 32;
+
+/// Workgroups of a `batch` of `[m, n]` outputs in tiles of `tile` (saturating).
+fn grid(m: usize, n: usize, batch: usize, tile: GemmTile) -> u128 {
+    (m.div_ceil(tile.rows()) as u128) * (n.div_ceil(tile.cols()) as u128) * (batch as u128)
+}
+
+/// The tile [`gemm`] launches a `batch` of `[m, k] @ [k, n]` products with, a pure function
+/// of the shape. With `T_w = ⌈m/128⌉·⌈n/128⌉·batch` wide and `T_n = ⌈m/64⌉·⌈n/64⌉·batch`
+/// narrow workgroups, [`GemmTile::Narrow`] when `T_w <` [`NARROW_MAX_TILES`] and either
+///
+/// * `T_n < 4·T_w`: the narrow grid covers less padding (`m` or `n` ends at most 64 past a
+///   multiple of 128, e.g. 64, 192 or 320), or
+/// * `T_w = 1`: a single wide workgroup would leave every other core idle;
+///
+/// [`GemmTile::Wide`] otherwise, so large products always take the 128×128 tile. Measured on
+/// lavapipe (2 cores), time of the narrow tile over the wide one's: 0.55 at 256×64 (K 64) and
+/// at 64×192 and 192×64 (K 256), 0.7 at 192×192, 0.75 at 256×192, 0.6 for a single wide tile
+/// (128×128); 1.1 at equal padding (256×66, 256×256, 512×512, 1024×1024). The results are the
+/// same bits either way; [`gemm_with_tile`] forces a tile.
+pub fn gemm_tile(m: usize, n: usize, batch: usize) -> GemmTile {
+    let wide = grid(m, n, batch, GemmTile::Wide);
+    let narrow = grid(m, n, batch, GemmTile::Narrow);
+    if wide < NARROW_MAX_TILES as u128 && (narrow < 4 * wide || wide == 1) {
+        GemmTile::Narrow
+    } else {
+        GemmTile::Wide
+    }
+}
+
+/// Workgroup memory of the kernel: the A and B tiles of one K step of the wide tile,
+/// 2 × 16 × 128 f32 (the WebGPU default limit, 16 KiB; the narrow tile uses a quarter of it).
 pub const WORKGROUP_BYTES: u64 = 2 * 16 * 128 * 4;
 
 /// Split-K: products with fewer output tiles than this (`⌈m/128⌉·⌈n/128⌉·batch`) may be split.
@@ -432,9 +499,22 @@ pub fn gemm(call: &Gemm) -> Result<()> {
     gemm_within(call, call.out.engine().workspace_bound())
 }
 
+/// [`gemm`] launched with `tile` instead of the one [`gemm_tile`] picks: the same results, bit
+/// for bit, and the same split and scratch; for measuring the tiles against each other. The
+/// launch counts `⌈m/rows⌉·⌈n/cols⌉·batch` workgroups of `tile` (times the slices of a split
+/// product), at most 65,535² (`OutOfBounds`).
+pub fn gemm_with_tile(call: &Gemm, tile: GemmTile) -> Result<()> {
+    gemm_tiled(call, call.out.engine().workspace_bound(), Some(tile))
+}
+
 /// [`gemm`] with its split-K scratch limited to `allowance` bytes (and the engine's bound):
 /// for operators that hold scratch of their own while they issue products.
 pub(crate) fn gemm_within(call: &Gemm, allowance: u64) -> Result<()> {
+    gemm_tiled(call, allowance, None)
+}
+
+/// [`gemm_within`] with the tile given (`None`: [`gemm_tile`]).
+fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()> {
     let engine = call.out.engine();
     for (t, what) in [(call.a.tensor, "gemm: a"), (call.b.tensor, "gemm: b")]
         .into_iter()
@@ -533,8 +613,9 @@ pub(crate) fn gemm_within(call: &Gemm, allowance: u64) -> Result<()> {
     if m == 0 || n == 0 || batch == 0 {
         return Ok(());
     }
-    let tiles_m = m.div_ceil(TILE_M);
-    let tiles_n = n.div_ceil(TILE_N);
+    let tile = tile.unwrap_or_else(|| gemm_tile(m, n, batch));
+    let tiles_m = m.div_ceil(tile.rows());
+    let tiles_n = n.div_ceil(tile.cols());
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
     let allowance = allowance
         .min(engine.workspace_bound())
@@ -571,6 +652,7 @@ pub(crate) fn gemm_within(call: &Gemm, allowance: u64) -> Result<()> {
         ("DT_B", f64::from(call.b.tensor.dtype().code())),
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
+        ("NARROW", flag(tile == GemmTile::Narrow)),
     ];
     if slices > 1 {
         // Split-K: slice sums into scratch, then one fixed-order finish with the epilogue.

@@ -3,7 +3,9 @@
 //! (forward and gradients), every storage dtype, `gemm` with offsets / accumulate / alpha,
 //! empty extents, bit-identical reruns, outputs bit-identical to a host f32 multiply-add in
 //! increasing k (the summation order), the stated workgroup memory, finite differences of the
-//! reference backward, and each bad input's typed error.
+//! reference backward, each bad input's typed error, split-K, and the two output tiles: the
+//! rule that picks one, and the same bits from both (which carries every check above, run
+//! through whichever tile `gemm` picks for its small shapes, over to the other).
 
 mod common;
 
@@ -1004,5 +1006,170 @@ fn split_scratch_is_the_stated_workspace() {
         );
         let want = 0.5 * 0.25 * k as f32;
         assert!(out.to_vec::<f32>().unwrap().iter().all(|&v| v == want));
+    }
+}
+
+// ---- the two tiles -------------------------------------------------------------------------
+
+#[test]
+fn tile_rule_is_the_documented_pure_function_of_the_shape() {
+    use matmul::{GemmTile, NARROW_MAX_TILES, gemm_tile};
+    assert_eq!((GemmTile::Wide.rows(), GemmTile::Wide.cols()), (128, 128));
+    assert_eq!((GemmTile::Narrow.rows(), GemmTile::Narrow.cols()), (64, 64));
+    assert_eq!(NARROW_MAX_TILES, 32);
+    // m or n at most 64 past a multiple of 128: the narrow grid pads less.
+    for (m, n, batch) in [
+        (256, 64, 1),
+        (256, 192, 1),
+        (64, 192, 1),
+        (66, 64, 1),
+        (7, 33, 3),
+    ] {
+        assert_eq!(gemm_tile(m, n, batch), GemmTile::Narrow, "{m}×{n}×{batch}");
+    }
+    assert_eq!(gemm_tile(2048, 64, 1), GemmTile::Narrow); // 16 wide tiles
+    assert_eq!(gemm_tile(64, 64, 31), GemmTile::Narrow);
+    // As much padding either way: wide, unless it is a single wide workgroup.
+    for (m, n, batch) in [
+        (256, 66, 1),
+        (256, 256, 1),
+        (512, 512, 1),
+        (200, 100, 1),
+        (128, 128, 2),
+    ] {
+        assert_eq!(gemm_tile(m, n, batch), GemmTile::Wide, "{m}×{n}×{batch}");
+    }
+    assert_eq!(gemm_tile(128, 128, 1), GemmTile::Narrow);
+    assert_eq!(gemm_tile(100, 120, 1), GemmTile::Narrow);
+    // At least NARROW_MAX_TILES wide workgroups: wide, whatever the padding.
+    assert_eq!(gemm_tile(64, 64, 32), GemmTile::Wide);
+    assert_eq!(gemm_tile(4096, 64, 1), GemmTile::Wide);
+    assert_eq!(gemm_tile(64, 128_256, 1), GemmTile::Wide);
+    for (m, n, batch) in [
+        (4096, 4096, 1),
+        (8192, 14336, 1),
+        (256, 4096, 1),
+        (256, 128_256, 1),
+    ] {
+        assert_eq!(gemm_tile(m, n, batch), GemmTile::Wide, "{m}×{n}×{batch}");
+    }
+    assert_eq!(gemm_tile(0, 64, 1), GemmTile::Wide);
+    assert_eq!(gemm_tile(64, 64, 0), GemmTile::Wide);
+}
+
+/// Output and pre-activation bits of `call` (`gemm`'s tile, or the one given) written into a
+/// fresh copy of `init` (and fresh zeros).
+fn tile_bits(call: &Gemm, init: &[f64], tile: Option<matmul::GemmTile>) -> (Vec<u32>, Vec<u32>) {
+    let e = engine();
+    let out = tensor_from_f64(e, init, &[init.len()], DType::F32);
+    let pre = Tensor::zeros(e, &[init.len()], DType::F32).unwrap();
+    let c = Gemm {
+        out: &out,
+        pre_activation: call.pre_activation.map(|_| &pre),
+        ..*call
+    };
+    match tile {
+        Some(t) => matmul::gemm_with_tile(&c, t).unwrap(),
+        None => gemm(&c).unwrap(),
+    }
+    (f32_bits(&out), f32_bits(&pre))
+}
+
+#[test]
+fn both_tiles_give_identical_bits() {
+    // Each output is summed over k in the same order whichever tile computes it: ragged
+    // shapes, both transposes, batches with a shared operand, gapped offsets, every dtype,
+    // bias, every activation epilogue with its pre-activation, accumulate with alpha, and a
+    // split-K product give the same bits through the wide and the narrow tile (and `gemm`'s
+    // own choice). Elements outside the product stay as they were.
+    use matmul::GemmTile;
+    let e = engine();
+    let shapes = [
+        (1, 1, 1, 1),
+        (7, 33, 13, 3),
+        (65, 129, 70, 2),
+        (130, 66, 41, 1),
+        (20, 17, 4133, 1),
+    ];
+    let mut case = 0usize;
+    for (si, &(m, n, k, batch)) in shapes.iter().enumerate() {
+        if k > 4096 {
+            assert_eq!(matmul::gemm_split(m, n, k, batch), 2);
+        }
+        // One dtype pair per layout (each pair and layout is a pipeline of each tile).
+        for (ta, tb, dt_a, dt_b) in [
+            (false, false, DType::F32, DType::F32),
+            (false, true, DType::BF16, DType::F32),
+            (true, false, DType::F16, DType::BF16),
+            (true, true, DType::F32, DType::F16),
+        ] {
+            case += 1;
+            let seed = 1200 + 10 * case as u64;
+            // A shared by the batches in odd cases, B in even ones; gaps between matrices.
+            let a_stride = if case % 2 == 1 { 0 } else { m * k + 3 };
+            let b_stride = if case.is_multiple_of(2) { 0 } else { k * n + 1 };
+            let (a_off, b_off, c_off, c_stride) = (5, 3, 11, m * n + 7);
+            let a = stored(&data(seed, a_off + batch * (m * k + 3)), dt_a);
+            let b = stored(&data(seed + 1, b_off + batch * (k * n + 1)), dt_b);
+            let bias = stored(&data(seed + 2, n), DType::FLOATS[case % 3]);
+            let init = data(seed + 3, c_off + batch * c_stride + 4);
+            let at = tensor_from_f64(e, &a, &[a.len()], dt_a);
+            let bt = tensor_from_f64(e, &b, &[b.len()], dt_b);
+            let biast = tensor_from_f64(e, &bias, &[n], DType::FLOATS[case % 3]);
+            let activation = Activation::ALL[case % Activation::ALL.len()];
+            let placeholder = Tensor::zeros(e, &[init.len()], DType::F32).unwrap();
+            for (accumulate, act, alpha) in [
+                (false, None, 1.0f32),
+                (false, Some(activation), -0.75),
+                (true, None, 0.5),
+            ] {
+                let call = Gemm {
+                    a: GemmOperand {
+                        tensor: &at,
+                        offset: a_off,
+                        transposed: ta,
+                        batch_stride: a_stride,
+                    },
+                    b: GemmOperand {
+                        tensor: &bt,
+                        offset: b_off,
+                        transposed: tb,
+                        batch_stride: b_stride,
+                    },
+                    out: &placeholder,
+                    out_offset: c_off,
+                    out_batch_stride: c_stride,
+                    m,
+                    n,
+                    k,
+                    batch,
+                    bias: (si % 2 == 1 || act.is_some()).then_some(&biast),
+                    accumulate,
+                    activation: act,
+                    pre_activation: act.map(|_| &placeholder),
+                    alpha,
+                };
+                let wide = tile_bits(&call, &init, Some(GemmTile::Wide));
+                let narrow = tile_bits(&call, &init, Some(GemmTile::Narrow));
+                let label = format!(
+                    "{m}×{n}×{k} batch {batch} ta {ta} tb {tb} {dt_a}/{dt_b} acc {accumulate} \
+                     {act:?}"
+                );
+                assert!(wide == narrow, "{label}: the tiles differ");
+                assert!(
+                    tile_bits(&call, &init, None) == wide,
+                    "{label}: gemm's own tile"
+                );
+                // Outside the product (before, between and after the batches): untouched.
+                let before: Vec<u32> = init[..c_off]
+                    .iter()
+                    .map(|&v| (v as f32).to_bits())
+                    .collect();
+                assert_eq!(narrow.0[..c_off], before[..], "{label}");
+                let tail = c_off + (batch - 1) * c_stride + m * n;
+                let after: Vec<u32> = init[tail..].iter().map(|&v| (v as f32).to_bits()).collect();
+                assert_eq!(narrow.0[tail..], after[..], "{label}");
+            }
+        }
     }
 }

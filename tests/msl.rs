@@ -6,7 +6,7 @@
 //!
 //! Regenerate the golden file with `WGRAD_BLESS=1 cargo test --test msl`.
 
-use wgrad::kernel::{Kernel, registry};
+use wgrad::kernel::{Constants, Kernel, registry};
 use wgrad::msl::{STRICT_PRAGMAS, StrictMsl, imprecise_calls, make_strict, strict_msl};
 
 /// Group-0 bindings (uniform and storage) the entry point uses, from naga's analysis.
@@ -47,7 +47,7 @@ fn buffer_slots(text: &str) -> Vec<usize> {
         .collect()
 }
 
-fn check_strict(kernel: &Kernel, entry: &str, msl: &StrictMsl) {
+fn check_strict(kernel: &Kernel, entry: &str, constants: &Constants, msl: &StrictMsl) {
     let what = format!("{}::{entry}", kernel.name);
     let src = &msl.source;
     assert!(
@@ -90,8 +90,20 @@ fn check_strict(kernel: &Kernel, entry: &str, msl: &StrictMsl) {
         );
     }
     assert!(!params.contains("threadgroup "), "{what}: {params}");
-    // Reported workgroup size is the WGSL one.
-    let (module, _) = kernel.module().unwrap();
+    // Reported workgroup size is the WGSL one (an override expression evaluated with the
+    // constants).
+    let (module, info) = kernel.module().unwrap();
+    let values = constants
+        .iter()
+        .map(|&(name, value)| (name.to_string(), value))
+        .collect();
+    let (module, _) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, entry)),
+        &values,
+    )
+    .unwrap();
     let ep = module
         .entry_points
         .iter()
@@ -127,11 +139,25 @@ fn every_kernel_translates_to_strict_msl() {
         for entry in &eps {
             let msl = strict_msl(kernel, entry, &vec![])
                 .unwrap_or_else(|e| panic!("{}::{entry}: {e}", kernel.name));
-            check_strict(kernel, entry, &msl);
+            check_strict(kernel, entry, &vec![], &msl);
             entries += 1;
         }
     }
     assert!(entries >= kernels.len());
+}
+
+#[test]
+fn workgroup_size_overrides_are_evaluated() {
+    // The matmul tile entry points take their workgroup size from the NARROW override.
+    let kernel = &wgrad::matmul::KERNEL;
+    for (narrow, lanes) in [(0.0, 256), (1.0, 64)] {
+        let constants = vec![("NARROW", narrow)];
+        for entry in ["gemm", "gemm_pre", "gemm_partial"] {
+            let msl = strict_msl(kernel, entry, &constants).unwrap();
+            check_strict(kernel, entry, &constants, &msl);
+            assert_eq!(msl.workgroup_size, (lanes, 1, 1), "{entry} NARROW {narrow}");
+        }
+    }
 }
 
 #[test]
@@ -154,7 +180,12 @@ fn constants_are_substituted() {
     assert!(default.source.contains("constant uint SRC = 0u;"));
     assert!(default.source.contains("constant uint DST = 1u;"));
     let bf16_to_f16 = strict_msl(kernel, "convert", &vec![("SRC", 2.0), ("DST", 1.0)]).unwrap();
-    check_strict(kernel, "convert", &bf16_to_f16);
+    check_strict(
+        kernel,
+        "convert",
+        &vec![("SRC", 2.0), ("DST", 1.0)],
+        &bf16_to_f16,
+    );
     assert!(
         bf16_to_f16.source.contains("constant uint SRC = 2u;"),
         "SRC override not substituted"
@@ -249,7 +280,7 @@ fn imprecise_calls_finds_fast_calls() {
 fn golden_copy_vec4() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/copy_vec4.msl");
     let msl = strict_msl(&wgrad::bench::COPY_KERNEL, "copy_vec4", &vec![]).unwrap();
-    check_strict(&wgrad::bench::COPY_KERNEL, "copy_vec4", &msl);
+    check_strict(&wgrad::bench::COPY_KERNEL, "copy_vec4", &vec![], &msl);
     if std::env::var("WGRAD_BLESS").is_ok_and(|v| v == "1") {
         std::fs::write(&path, &msl.source).unwrap();
         eprintln!("wrote {}", path.display());

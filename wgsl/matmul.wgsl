@@ -11,22 +11,29 @@
 // ([n, k]). Operands are F32, F16 or BF16 (16-bit: two halves per u32 word, any element
 // offset), widened to f32 as they are staged; accumulation and the output are F32.
 //
-// Tiling: one workgroup of 256 invocations computes a BM×BN = 128×128 output tile; invocation
-// (tx, ty) = (lid % 16, lid / 16) owns an 8×8 micro-tile: rows 4·ty.. and 64 + 4·ty.. (four
-// each), columns 4·tx.. and 64 + 4·tx.. (one vec4 each), held in sixteen vec4 accumulators.
-// K advances in steps of BK = 16: the next step's A (128×16) and B (16×128) elements are
-// loaded into registers while the current step, staged in workgroup memory as f32, is
-// multiplied. Each k of a step reads four vec4s (two of A, two of B) for 64 fused
-// multiply-adds. Every product term is one `fma` in increasing l, so each output's summation
-// order depends on k only: reruns are bit-identical and no two invocations write one output
-// word. Edge tiles (ragged m, n, k) read zeros past the ends and write nothing outside the
-// product.
+// Tiling: one workgroup computes a BM×BN output tile, each invocation an 8×8 micro-tile held
+// in sixteen vec4 accumulators. Two sizes of the same code, chosen by NARROW (the host's rule
+// is `matmul::gemm_tile`):
+// * wide (default): 128×128 on 256 invocations, K steps of BK = 16;
+// * narrow: 64×64 on 64 invocations, K steps of BK = 8, for small products (a quarter of the
+//   wide tile's padding on a ragged edge, four times the workgroups).
+// Invocation (tx, ty) = (lid % (BN/8), lid / (BN/8)) owns rows 4·ty.. and BM/2 + 4·ty.. (four
+// each), columns 4·tx.. and BN/2 + 4·tx.. (one vec4 each). K advances in steps of BK: the
+// next step's A (BM×BK) and B (BK×BN) elements, eight of each per invocation, are loaded into
+// registers while the current step, staged in workgroup memory as f32, is multiplied. Each k
+// of a step reads four vec4s (two of A, two of B) for 64 fused multiply-adds. Every product
+// term is one `fma` in increasing l, so each output's summation order depends on k only, not
+// on the tile: reruns are bit-identical, both tiles give the same bits, and no two
+// invocations write one output word. Edge tiles (ragged m, n, k) read zeros past the ends and
+// write nothing outside the product.
 //
-// Staging layout (16 KiB, no padding): both tiles are k-major, 16 rows (one per k) of 32
-// vec4s (128 values). Element (x, kk) of a tile, x the row of A or the column of B within the
-// tile, lives in vec4 kk·32 + ((x / 4) ^ s(kk)), component x % 4, where the swizzle
+// Staging layout (16 KiB declared, all of it used by the wide tile, 4 KiB by the narrow one; no
+// padding): both tiles are k-major, BK rows (one per k) of ROW4 = BM/4 vec4s (BM values).
+// Element (x, kk) of a tile, x the row of A or the column of B within the tile, lives in vec4
+// kk·ROW4 + ((x / 4) ^ s(kk)), component x % 4, where the swizzle
 // s(kk) = kk % 8 for an operand stored with k contiguous (A not transposed, B transposed) and
-// 0 otherwise. Banks (32 of 4 bytes):
+// 0 otherwise (s < 8 ≤ ROW4/2: the XOR keeps a vec4 in its half of the row). Banks (32 of 4
+// bytes), for the wide tile:
 // * Inner-loop reads: the sixteen lanes of one ty read one A vec4 (a broadcast; the two values
 //   of ty in a 32-lane group read two vec4s of different banks), and the sixteen values of tx
 //   read sixteen distinct vec4s of one k-row: 64 consecutive words up to the XOR, which only
@@ -44,19 +51,22 @@
 // bound is counted once per tile and the k bound once per step into a limit, and each
 // element's edge test is one comparison with it.
 
-// The operands' dtypes and layouts specialize the main loop; the epilogue's options are
-// uniform parameters (one pipeline serves every bias dtype, activation and accumulation).
+// The operands' dtypes and layouts and the tile size specialize the main loop; the epilogue's
+// options are uniform parameters (one pipeline serves every bias dtype, activation and
+// accumulation).
 override DT_A: u32 = 0u;         // dtype codes of A and B
 override DT_B: u32 = 0u;
 override TRANS_A: u32 = 0u;      // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;      // 1: B stored [n, k]
+override NARROW: bool = false;   // the 64×64 tile; the geometry below follows from it
 
-const WG: u32 = 256u;
-const BM: u32 = 128u;
-const BN: u32 = 128u;
-const BK: u32 = 16u;
-const ROW4: u32 = 32u;           // vec4s per staged k-row: BM / 4 = BN / 4
-const PER: u32 = 8u;             // elements of each operand one invocation stages per step
+override BM: u32 = select(128u, 64u, NARROW);  // tile rows
+override BN: u32 = BM;                         // tile columns
+override BK: u32 = select(16u, 8u, NARROW);    // K step
+override LANES: u32 = (BM / 8u) * (BN / 8u);   // invocations of a tile's workgroup: 256 or 64
+override ROW4: u32 = BM / 4u;                  // vec4s per staged k-row (BM / 4 = BN / 4)
+const PER: u32 = 8u;    // elements of each operand one invocation stages per step: BM·BK / LANES
+const WG: u32 = 256u;   // invocations of the split-K finish
 
 struct Params {
     m: u32,
@@ -88,15 +98,15 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> pre: array<u32>;
 @group(0) @binding(6) var<storage, read> part: array<u32>;   // split-K slice sums (pass 2)
 
-var<workgroup> a_tile: array<vec4<f32>, 512>;   // BK · ROW4 (8 KiB)
-var<workgroup> b_tile: array<vec4<f32>, 512>;   // BK · ROW4 (8 KiB)
+var<workgroup> a_tile: array<vec4<f32>, 512>;   // wide BK · ROW4 (8 KiB); narrow: 128 of it
+var<workgroup> b_tile: array<vec4<f32>, 512>;   // the same
 
 // Registers hold no indexed arrays (an indexed private array may be placed in slow local
 // memory): the accumulators are sixteen vec4s, the prefetched elements four vec4s, and every
 // per-element helper is called with constant element numbers.
 
 // Accumulators of one micro-tile: `loi` holds row i's columns 4·tx.., `hii` its columns
-// 64 + 4·tx..; rows i < 4 are 4·ty + i of the tile, rows i ≥ 4 are 64 + 4·ty + i − 4.
+// BN/2 + 4·tx..; rows i < 4 are 4·ty + i of the tile, rows i ≥ 4 are BM/2 + 4·ty + i − 4.
 struct Acc {
     lo0: vec4<f32>,
     hi0: vec4<f32>,
@@ -157,9 +167,9 @@ fn b_kc() -> bool {
 // tile, kk the k within the step. Consecutive invocations follow the contiguous axis in memory.
 fn slot(kc: bool, lid: u32, r: u32) -> vec2<u32> {
     if (kc) {
-        return vec2(lid / BK + r * (WG / BK), lid % BK);
+        return vec2(lid / BK + r * (LANES / BK), lid % BK);
     }
-    return vec2(lid % BM, lid / BM + r * (WG / BM));
+    return vec2(lid % BM, lid / BM + r * (LANES / BM));
 }
 
 // The XOR applied to the vec4 column of staged k-row kk (see the header).
@@ -202,13 +212,28 @@ fn walk(kc: bool, lid: u32, base: u32, x0: u32, ext: u32, kb: u32) -> Walk {
     let k = params.k;
     let s = slot(kc, lid, 0u);
     let x = x0 + s.x;
+    var w: Walk;
     if (kc) {
         // Stored [ext, k]: element (x, l) at base + x·k + l.
-        return Walk(base + x * k + kb + s.y, (WG / BK) * k, BK, count(x, WG / BK, ext), s.y, 0u);
+        w = Walk(base + x * k + kb + s.y, (LANES / BK) * k, BK, count(x, LANES / BK, ext), s.y,
+                 0u);
+    } else {
+        // Stored [k, ext]: element (x, l) at base + l·ext + x.
+        w = Walk(base + (kb + s.y) * ext + x, (LANES / BM) * ext, BK * ext, count(x, 0u, ext),
+                 s.y, LANES / BM);
     }
-    // Stored [k, ext]: element (x, l) at base + l·ext + x.
-    return Walk(base + (kb + s.y) * ext + x, (WG / BM) * ext, BK * ext, count(x, 0u, ext), s.y,
-                WG / BM);
+    w.dr = tile_dependent(w.dr, x0);
+    w.d_step = tile_dependent(w.d_step, x0);
+    return w;
+}
+
+// `v` unchanged (tiles start at multiples of 64, never at 1), computed from the tile start x0
+// as well as the parameters. Mesa's lavapipe (a CPU Vulkan driver) recompiles a kernel at
+// each dispatch, with the parameters' values inlined, when values derived from the uniform
+// parameters alone feed it in certain ways: the walk strides of a transposed A did (10-15 ms
+// a launch on a 2-core machine, whatever the size of the product). One select per workgroup.
+fn tile_dependent(v: u32, x0: u32) -> u32 {
+    return select(v, 0u, x0 == 1u);
 }
 
 // Elements r < limit of the step at k0 (absolute) lie inside the operand and before ke.
@@ -289,8 +314,8 @@ fn tile_of(g: u32) -> vec4<u32> {
 // kb < ke ≤ k, or kb = ke = 0 for k = 0). Called in uniform control flow (every invocation of
 // the workgroup, the same trip count).
 fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
-    let tx = lid % 16u;
-    let ty = lid / 16u;
+    let tx = lid % (BN / 8u);
+    let ty = lid / (BN / 8u);
     var wa = walk(a_kc(), lid, params.off_a + bi * params.stride_a, row0, params.m, kb);
     var wb = walk(b_kc(), lid, params.off_b + bi * params.stride_b, col0, params.n, kb);
     var lo0 = vec4(0.0);
@@ -328,13 +353,13 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
             next_b = fetch(true, wb, k0, ke);
         }
         for (var l = 0u; l < BK; l = l + 1u) {
-            // Rows 4·ty.. and 64 + 4·ty.. of A, columns 4·tx.. and 64 + 4·tx.. of B.
+            // Rows 4·ty.. and BM/2 + 4·ty.. of A, columns 4·tx.. and BN/2 + 4·tx.. of B.
             let ia = l * ROW4 + (ty ^ swizzle(a_kc(), l));
             let ib = l * ROW4 + (tx ^ swizzle(b_kc(), l));
             let a0 = a_tile[ia];
-            let a1 = a_tile[ia + 16u];
+            let a1 = a_tile[ia + ROW4 / 2u];
             let b0 = b_tile[ib];
-            let b1 = b_tile[ib + 16u];
+            let b1 = b_tile[ib + ROW4 / 2u];
             lo0 = fma(vec4(a0.x), b0, lo0);
             hi0 = fma(vec4(a0.x), b1, hi0);
             lo1 = fma(vec4(a0.y), b0, lo1);
@@ -366,11 +391,11 @@ fn bias_at(col: u32) -> f32 {
 // Row of accumulator row i (0..8) and first column of half h (0, 1) of this invocation's
 // micro-tile, within the tile.
 fn micro_row(lid: u32, i: u32) -> u32 {
-    return (i / 4u) * 64u + (lid / 16u) * 4u + i % 4u;
+    return (i / 4u) * (BM / 2u) + (lid / (BN / 8u)) * 4u + i % 4u;
 }
 
 fn micro_col(lid: u32, h: u32) -> u32 {
-    return h * 64u + (lid % 16u) * 4u;
+    return h * (BN / 2u) + (lid % (BN / 8u)) * 4u;
 }
 
 // The bias of the four columns from col (0 past n or without a bias).
@@ -415,7 +440,7 @@ fn acc_at(c: Acc, q: u32) -> vec4<f32> {
 // The epilogue loops stay loops (the activation's code is emitted once, not per element).
 // Accumulator q's four values go to row tile.y + micro_row(q / 2), columns
 // tile.z + micro_col(q % 2) + c, element off_c + batch·stride_c + row·n + col.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(LANES)
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let tile = tile_of(group_index(wid, nwg));
@@ -441,7 +466,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // As `gemm`, also storing the FP32 pre-activation (same indexing as out) in `pre`.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(LANES)
 fn gemm_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let tile = tile_of(group_index(wid, nwg));
@@ -479,7 +504,7 @@ fn gemm_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 // in increasing s (p_0 + p_1 + ... one rounding each, always that order), then applies the
 // unsplit epilogue to the sum: alpha, bias, activation / accumulate, pre-activation.
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(LANES)
 fn gemm_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let g = group_index(wid, nwg);
