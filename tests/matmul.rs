@@ -433,6 +433,20 @@ fn gemm_reference(
     }
 }
 
+fn operand(
+    tensor: &Tensor,
+    offset: usize,
+    transposed: bool,
+    batch_stride: usize,
+) -> GemmOperand<'_> {
+    GemmOperand {
+        tensor,
+        offset,
+        transposed,
+        batch_stride,
+    }
+}
+
 #[test]
 fn gemm_offsets_accumulate_and_alpha() {
     gemm_offsets_case(7, 33, 13, 3, 600);
@@ -463,18 +477,8 @@ fn gemm_offsets_case(m: usize, n: usize, k: usize, batch: usize, seed: u64) {
             let out = tensor_from_f64(e, &init, &[init.len()], DType::F32);
             let pre = Tensor::zeros(e, &[init.len()], DType::F32).unwrap();
             let call = Gemm {
-                a: GemmOperand {
-                    tensor: &at,
-                    offset: a_off,
-                    transposed: ta,
-                    batch_stride: a_stride,
-                },
-                b: GemmOperand {
-                    tensor: &bt,
-                    offset: b_off,
-                    transposed: tb,
-                    batch_stride: b_stride,
-                },
+                a: operand(&at, a_off, ta, a_stride),
+                b: operand(&bt, b_off, tb, b_stride),
                 out: &out,
                 out_offset: c_off,
                 out_batch_stride: c_stride,
@@ -1017,44 +1021,38 @@ fn tile_rule_is_the_documented_pure_function_of_the_shape() {
     assert_eq!((GemmTile::Wide.rows(), GemmTile::Wide.cols()), (128, 128));
     assert_eq!((GemmTile::Narrow.rows(), GemmTile::Narrow.cols()), (64, 64));
     assert_eq!(NARROW_MAX_TILES, 32);
-    // m or n at most 64 past a multiple of 128: the narrow grid pads less.
-    for (m, n, batch) in [
-        (256, 64, 1),
-        (256, 192, 1),
-        (64, 192, 1),
-        (66, 64, 1),
-        (7, 33, 3),
+    let (narrow, wide) = (GemmTile::Narrow, GemmTile::Wide);
+    for (m, n, batch, tile) in [
+        // m or n at most 64 past a multiple of 128: the narrow grid pads less.
+        (256, 64, 1, narrow),
+        (256, 192, 1, narrow),
+        (64, 192, 1, narrow),
+        (66, 64, 1, narrow),
+        (7, 33, 3, narrow),
+        (2048, 64, 1, narrow), // 16 wide tiles
+        (64, 64, 31, narrow),
+        // As much padding either way: wide, unless it is a single wide workgroup.
+        (256, 66, 1, wide),
+        (256, 256, 1, wide),
+        (512, 512, 1, wide),
+        (200, 100, 1, wide),
+        (128, 128, 2, wide),
+        (128, 128, 1, narrow),
+        (100, 120, 1, narrow),
+        // At least NARROW_MAX_TILES wide workgroups: wide, whatever the padding.
+        (64, 64, 32, wide),
+        (4096, 64, 1, wide),
+        (64, 128_256, 1, wide),
+        (4096, 4096, 1, wide),
+        (8192, 14336, 1, wide),
+        (256, 4096, 1, wide),
+        (256, 128_256, 1, wide),
+        // Empty.
+        (0, 64, 1, wide),
+        (64, 64, 0, wide),
     ] {
-        assert_eq!(gemm_tile(m, n, batch), GemmTile::Narrow, "{m}×{n}×{batch}");
+        assert_eq!(gemm_tile(m, n, batch), tile, "{m}×{n}×{batch}");
     }
-    assert_eq!(gemm_tile(2048, 64, 1), GemmTile::Narrow); // 16 wide tiles
-    assert_eq!(gemm_tile(64, 64, 31), GemmTile::Narrow);
-    // As much padding either way: wide, unless it is a single wide workgroup.
-    for (m, n, batch) in [
-        (256, 66, 1),
-        (256, 256, 1),
-        (512, 512, 1),
-        (200, 100, 1),
-        (128, 128, 2),
-    ] {
-        assert_eq!(gemm_tile(m, n, batch), GemmTile::Wide, "{m}×{n}×{batch}");
-    }
-    assert_eq!(gemm_tile(128, 128, 1), GemmTile::Narrow);
-    assert_eq!(gemm_tile(100, 120, 1), GemmTile::Narrow);
-    // At least NARROW_MAX_TILES wide workgroups: wide, whatever the padding.
-    assert_eq!(gemm_tile(64, 64, 32), GemmTile::Wide);
-    assert_eq!(gemm_tile(4096, 64, 1), GemmTile::Wide);
-    assert_eq!(gemm_tile(64, 128_256, 1), GemmTile::Wide);
-    for (m, n, batch) in [
-        (4096, 4096, 1),
-        (8192, 14336, 1),
-        (256, 4096, 1),
-        (256, 128_256, 1),
-    ] {
-        assert_eq!(gemm_tile(m, n, batch), GemmTile::Wide, "{m}×{n}×{batch}");
-    }
-    assert_eq!(gemm_tile(0, 64, 1), GemmTile::Wide);
-    assert_eq!(gemm_tile(64, 64, 0), GemmTile::Wide);
 }
 
 /// Output and pre-activation bits of `call` (`gemm`'s tile, or the one given) written into a
@@ -1124,18 +1122,8 @@ fn both_tiles_give_identical_bits() {
                 (true, None, 0.5),
             ] {
                 let call = Gemm {
-                    a: GemmOperand {
-                        tensor: &at,
-                        offset: a_off,
-                        transposed: ta,
-                        batch_stride: a_stride,
-                    },
-                    b: GemmOperand {
-                        tensor: &bt,
-                        offset: b_off,
-                        transposed: tb,
-                        batch_stride: b_stride,
-                    },
+                    a: operand(&at, a_off, ta, a_stride),
+                    b: operand(&bt, b_off, tb, b_stride),
                     out: &placeholder,
                     out_offset: c_off,
                     out_batch_stride: c_stride,
