@@ -1285,6 +1285,72 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             );
         }
     }
+    // The same call with larger memory budgets (F32, the largest BT): fewer, taller chunks.
+    let bt = *rows.last().expect("a row count");
+    for budget_mib in [512u64, 1024] {
+        let budget = budget_mib << 20;
+        let data: Vec<f32> = (0..bt * hidden)
+            .map(|i| ((((i + 3) * 7919) % 2001) as f32 - 1000.0) / 1000.0)
+            .collect();
+        let x = Tensor::from_slice(engine, &data, &[bt, hidden])?;
+        let w_data: Vec<f32> = (0..vocab * hidden)
+            .map(|i| ((((i + 1) * 7919) % 2001) as f32 - 1000.0) / 1000.0 / (hidden as f32).sqrt())
+            .collect();
+        let w = Tensor::from_slice(engine, &w_data, &[vocab, hidden])?;
+        let b = Tensor::from_slice(engine, &vec![0.01f32; vocab], &[vocab])?;
+        let targets: Vec<i32> = (0..bt)
+            .map(|r| {
+                if r % 5 == 0 {
+                    -100
+                } else {
+                    ((r * 7919) % vocab) as i32
+                }
+            })
+            .collect();
+        let t = Tensor::from_slice(engine, &targets, &[bt])?;
+        let mut options = options.clone();
+        options.chunking.memory_budget = Some(budget);
+        let bound = engine.workspace_bound();
+        engine.set_workspace_bound(bound.max(budget));
+        let plan = plan_cross_entropy(engine, bt, hidden, vocab, true, &options.chunking);
+        engine.set_workspace_bound(bound);
+        let plan = plan?;
+        eprintln!(
+            "  fused_linear_ce f32 BT{bt} budget {budget_mib} MiB: {} chunks of {} rows, workspace {:.1} MiB",
+            plan.chunks,
+            plan.chunk_rows,
+            plan.workspace_bytes as f64 / 1048576.0
+        );
+        let name: &'static str = Box::leak(
+            format!("fused_linear_ce_fwd_bwd BT{bt} budget {budget_mib}M").into_boxed_str(),
+        );
+        ops.push(
+            Op::new(name, "f32", vec![x, w, b, t], move |i| {
+                let engine = i[0].engine();
+                let bound = engine.workspace_bound();
+                engine.set_workspace_bound(bound.max(budget));
+                let head = LinearHead {
+                    input: &i[0],
+                    weight: &i[1],
+                    bias: Some(&i[2]),
+                };
+                let run =
+                    fused_linear_cross_entropy(head, &i[3], &options).and_then(|(out, saved)| {
+                        let g = fused_linear_cross_entropy_backward(&saved, None)?;
+                        Ok(vec![
+                            out.loss,
+                            g.input,
+                            g.weight,
+                            g.bias.expect("bias gradient"),
+                        ])
+                    });
+                engine.set_workspace_bound(bound);
+                run
+            })
+            .with_peak()
+            .with_flops(6.0 * (bt * hidden) as f64 * vocab as f64),
+        );
+    }
     Ok(ops)
 }
 

@@ -901,6 +901,9 @@ pub struct AdamWSettings {
     pub weight_decay: f32,
     /// Global gradient-norm clip (default 1.0; `None`: no clipping).
     pub clip: Option<f32>,
+    /// AMSGrad (default false): each group keeps the running maximum of its second moments
+    /// and divides by it ([`AdamWOptions::amsgrad`](crate::optim::AdamWOptions::amsgrad)).
+    pub amsgrad: bool,
 }
 
 impl Default for AdamWSettings {
@@ -912,6 +915,7 @@ impl Default for AdamWSettings {
             eps: 1e-8,
             weight_decay: 0.1,
             clip: Some(1.0),
+            amsgrad: false,
         }
     }
 }
@@ -954,6 +958,7 @@ impl ModelAdamW {
             beta2: settings.beta2,
             eps: settings.eps,
             weight_decay,
+            amsgrad: settings.amsgrad,
             ..AdamWOptions::default()
         };
         Ok(ModelAdamW {

@@ -395,7 +395,7 @@ fn vocabulary_and_windows() {
 
 /// Loss of each of `steps` AdamW steps (constant learning rate) on windows of a repeated
 /// sentence, from a fresh model with `seed`.
-fn train_curve(seed: u64, steps: usize) -> Vec<f32> {
+fn train_curve(seed: u64, steps: usize, amsgrad: bool) -> Vec<f32> {
     let text = "the quick brown fox jumps over the lazy dog. ".repeat(12);
     let vocab = Vocabulary::from_text(text.as_bytes());
     let stream = vocab.encode(text.as_bytes()).unwrap();
@@ -414,6 +414,7 @@ fn train_curve(seed: u64, steps: usize) -> Vec<f32> {
     let model = Model::new(e, config).unwrap();
     let settings = AdamWSettings {
         lr: 1e-2,
+        amsgrad,
         ..AdamWSettings::default()
     };
     let mut optimizer = ModelAdamW::new(&model, settings).unwrap();
@@ -434,14 +435,29 @@ fn train_curve(seed: u64, steps: usize) -> Vec<f32> {
 #[test]
 fn adamw_steps_lower_the_loss_and_reruns_match_bit_for_bit() {
     let steps = 30;
-    let curve = train_curve(3, steps);
+    let curve = train_curve(3, steps, false);
     let start = curve[0];
     let end = curve[steps - 5..].iter().sum::<f32>() / 5.0;
     assert!(
         end < 0.3 * start,
         "loss {start} -> {end} (mean of the last 5 steps): not below 30% of the start; {curve:?}"
     );
-    let again = train_curve(3, steps);
+    let again = train_curve(3, steps, false);
     let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&curve), bits(&again), "two runs with one seed");
+}
+
+#[test]
+fn amsgrad_steps_lower_the_loss_and_differ_from_adamw() {
+    let steps = 30;
+    let curve = train_curve(3, steps, true);
+    let start = curve[0];
+    let end = curve[steps - 5..].iter().sum::<f32>() / 5.0;
+    assert!(
+        end < 0.3 * start,
+        "AMSGrad loss {start} -> {end} (mean of the last 5 steps): not below 30% of the start"
+    );
+    // The running maximum changes the steps once a second moment shrinks.
+    let plain = train_curve(3, steps, false);
+    assert_ne!(curve, plain, "AMSGrad gave the plain AdamW curve");
 }
