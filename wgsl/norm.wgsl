@@ -767,8 +767,9 @@ fn vals(w: vec4<u32>, dt: u32) -> Vals {
 // mask or shift out); `bf16_bits` any value, without branches. `bf16_round` keeps the
 // rounded values in FP32 (the low half zero), `bf16_pack` packs the four into two words (x, y
 // in the first, x in the low half); their `_clean` forms take values known not to be NaN.
-// With 16-bit sources the register forwards are bound by these integer operations, not by
-// memory: a NaN-free chunk (`clean`) takes the shorter form.
+// With BF16 sources the register forwards are bound by these integer operations rather than
+// by memory (measured on an H200, `notes/measurements.md`): a NaN-free chunk (`clean`) takes
+// the shorter form.
 fn bf16_rne(v: vec4<f32>) -> vec4<u32> {
     let b = bitcast<vec4<u32>>(v);
     return b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
