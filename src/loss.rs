@@ -77,6 +77,23 @@ const REGISTER_ROW_CHUNKS: u64 = 8192;
 /// in the registers of a workgroup).
 const REGISTER_MIN_CHUNKS: u64 = 2048;
 
+/// Most chunks a lane holds in `softmax_fwd_c` (256 lanes): 16-bit rows of up to 4,096 chunks
+/// (32,768 columns).
+const LANE_CHUNKS: u64 = 16;
+
+/// The rule for the softmax / log-softmax forward of rows of whole chunks: `Some(CHUNKS)` when
+/// a row of `chunks` chunks of `dtype` takes `softmax_fwd_c` (256 lanes, each holding CHUNKS
+/// chunks in registers, the row read once): 16-bit rows of at most 16 × 256 = 4,096 chunks,
+/// CHUNKS the smallest power of two with CHUNKS × 256 ≥ chunks (1, 2, 4, 8 or 16). `None`
+/// otherwise: F32 rows, and 16-bit rows of more chunks, take [`register_row`]'s entries (wider
+/// 16-bit rows of up to 8,192 chunks) or `softmax_fwd_v`.
+fn held_row(dtype: DType, chunks: u64) -> Option<u64> {
+    if dtype == DType::F32 || chunks == 0 || chunks > LANE_CHUNKS * WG {
+        return None;
+    }
+    Some(chunks.div_ceil(WG).next_power_of_two())
+}
+
 /// The register-resident kernel and chunks per lane (`RK`/`RB`, a power of two) for a row of
 /// `chunks` vec4 chunks, holding `tensors` row tensors (1: forward, 2: backward); `None` when
 /// the row takes the two-pass entry.
@@ -221,8 +238,20 @@ fn row_output(
     let consts = constants(x.dtype(), DType::F32, odt, mode);
     let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
     if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
-        // Wide rows stay in registers (one read); others take two passes.
-        if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
+        // 16-bit rows of up to 4,096 chunks and wide rows stay in registers (one read);
+        // others take two passes.
+        if let Some(per_lane) = held_row(x.dtype(), chunks) {
+            let mut consts = consts;
+            consts.push(("CHUNKS", per_lane as f64));
+            engine.launch(
+                &KERNEL,
+                "softmax_fwd_c",
+                &consts,
+                &params,
+                &[stats.buffer(), x.buffer(), out.buffer()],
+                rows as u64,
+            )?;
+        } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
             let mut consts = consts;
             consts.push(("RK", per_lane as f64));
             engine.launch(
