@@ -21,8 +21,8 @@
 //! log-softmax forwards of 16-bit rows of up to 4,096 chunks (8–32,768 columns, a multiple of
 //! 8) take `softmax_fwd_c` instead: 256 lanes, each holding up to 16 chunks in registers,
 //! read once; the row maximum, then Σ exp(x − max), then the outputs, from the registers
-//! (the rule is `held_row`). [`cross_entropy_in_place`] computes the loss and writes the gradient over the logits in
-//! one launch over them. Forwards save the row maximum and the log denominator as two values (a
+//! (the rule is `held_row`). [`cross_entropy_in_place`] computes the loss and writes the
+//! gradient over the logits in one launch over them. Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
 //! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
