@@ -12,8 +12,10 @@ use std::time::Instant;
 /// Floating-point math mode of compiled kernels (part of the pipeline-cache key).
 ///
 /// `Strict` (the default) compiles Metal kernels through wgrad's own strict MSL (safe math
-/// mode, no contraction, precise transcendentals). Vulkan and other backends already compile
-/// WGSL without fast-math flags, so there both modes produce the same code.
+/// mode, no contraction, precise transcendentals) and Vulkan kernels through wgrad's own
+/// strict SPIR-V (`NoContraction` on every float arithmetic instruction, so no driver fuses,
+/// reassociates or simplifies them; see [`crate::spirv`]). `Relaxed` hands the WGSL to wgpu,
+/// whose translations leave those freedoms to the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum MathMode {
     /// IEEE-faithful math everywhere (default).
@@ -21,6 +23,25 @@ pub enum MathMode {
     Strict,
     /// The backend's default (fast math on Metal).
     Relaxed,
+}
+
+impl MathMode {
+    /// `WGRAD_MATH_MODE=strict|relaxed`, if set.
+    fn from_env() -> Result<Option<MathMode>> {
+        match std::env::var("WGRAD_MATH_MODE")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            None => Ok(None),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "strict" => Ok(Some(MathMode::Strict)),
+                "relaxed" => Ok(Some(MathMode::Relaxed)),
+                _ => Err(Error::Device(format!(
+                    "WGRAD_MATH_MODE={v:?}: expected \"strict\" or \"relaxed\""
+                ))),
+            },
+        }
+    }
 }
 
 /// Run-time guards the shader compiler adds to every kernel.
@@ -94,6 +115,9 @@ pub struct EngineInfo {
     pub math_mode: MathMode,
     /// Whether strict Metal kernels go through wgrad's strict MSL (Metal + Strict + passthrough).
     pub strict_msl: bool,
+    /// Whether strict Vulkan kernels go through wgrad's strict SPIR-V (Vulkan + Strict +
+    /// passthrough).
+    pub strict_spirv: bool,
     /// Run-time guards compiled into the kernels.
     pub shader_checks: ShaderChecks,
 }
@@ -102,13 +126,18 @@ impl std::fmt::Display for EngineInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({:?}, {:?}), driver {}; math {:?}{}; checks {:?}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
+            "{} ({:?}, {:?}), driver {}; math {:?}{}{}; checks {:?}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
             self.adapter,
             self.backend,
             self.device_type,
             self.driver,
             self.math_mode,
             if self.strict_msl { " (strict MSL)" } else { "" },
+            if self.strict_spirv {
+                " (strict SPIR-V)"
+            } else {
+                ""
+            },
             self.shader_checks,
             self.features,
             self.limits.max_storage_buffer_binding_size >> 20,
@@ -158,7 +187,7 @@ pub struct Timing {
 pub struct EngineBuilder {
     backends: Option<wgpu::Backends>,
     adapter_name: Option<String>,
-    math_mode: MathMode,
+    math_mode: Option<MathMode>,
     shader_checks: Option<ShaderChecks>,
     pool_limit: u64,
     workspace_bound: u64,
@@ -172,7 +201,7 @@ impl Default for EngineBuilder {
         EngineBuilder {
             backends: None,
             adapter_name: None,
-            math_mode: MathMode::Strict,
+            math_mode: None,
             shader_checks: None,
             pool_limit: 1 << 30,
             workspace_bound: DEFAULT_WORKSPACE_BOUND,
@@ -208,9 +237,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Math mode of compiled kernels (default `Strict`).
+    /// Math mode of compiled kernels (default `Strict`; overrides `WGRAD_MATH_MODE`).
     pub fn math_mode(mut self, mode: MathMode) -> Self {
-        self.math_mode = mode;
+        self.math_mode = Some(mode);
         self
     }
 
@@ -287,7 +316,8 @@ impl EngineBuilder {
             required_features: features,
             required_limits: limits,
             experimental_features: if features.contains(wgpu::Features::PASSTHROUGH_SHADERS) {
-                // SAFETY: passthrough modules are only created from naga-generated, validated MSL.
+                // SAFETY: passthrough modules are only created from naga's translations of
+                // validated modules (strict MSL, strict SPIR-V).
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()
@@ -300,12 +330,16 @@ impl EngineBuilder {
             Some(c) => c,
             None => ShaderChecks::from_env()?.unwrap_or_default(),
         };
+        let math_mode = match self.math_mode {
+            Some(m) => m,
+            None => MathMode::from_env()?.unwrap_or_default(),
+        };
         Engine::assemble(
             device,
             queue,
             adapter.get_info(),
             Settings {
-                math_mode: self.math_mode,
+                math_mode,
                 shader_checks,
                 pool_limit: self.pool_limit,
                 workspace_bound: self.workspace_bound,
@@ -565,6 +599,9 @@ impl Engine {
         let strict_msl = adapter.backend == wgpu::Backend::Metal
             && math_mode == MathMode::Strict
             && features.contains(wgpu::Features::PASSTHROUGH_SHADERS);
+        let strict_spirv = adapter.backend == wgpu::Backend::Vulkan
+            && math_mode == MathMode::Strict
+            && features.contains(wgpu::Features::PASSTHROUGH_SHADERS);
         let info = EngineInfo {
             adapter: adapter.name.clone(),
             backend: adapter.backend,
@@ -576,6 +613,7 @@ impl Engine {
             limits: device.limits(),
             math_mode,
             strict_msl,
+            strict_spirv,
             shader_checks,
         };
         Ok(Engine {
@@ -903,6 +941,36 @@ impl Engine {
                 layout: Some(&pipeline_layout),
                 module: &module,
                 entry_point: Some(&msl.entry_name),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        } else if self.inner.info.strict_spirv {
+            let spirv = crate::spirv::strict_spirv_with(
+                kernel,
+                entry,
+                constants,
+                self.inner.info.shader_checks,
+            )?;
+            let entry_points = [wgpu::PassthroughShaderEntryPoint {
+                name: spirv.entry_name.clone().into(),
+                workgroup_size: spirv.workgroup_size,
+            }];
+            // SAFETY: the words are naga's translation of a validated module with constants
+            // substituted, plus `NoContraction` decorations (which change no interface); its
+            // bindings are group 0 at their WGSL numbers, as in `pipeline_layout`.
+            let module = unsafe {
+                device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                    label: Some(kernel.name),
+                    entry_points: entry_points.as_slice().into(),
+                    spirv: Some(spirv.words.into()),
+                    ..Default::default()
+                })
+            };
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(&spirv.entry_name),
                 compilation_options: Default::default(),
                 cache: None,
             })

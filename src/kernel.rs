@@ -58,6 +58,31 @@ impl Kernel {
         Ok((module, info))
     }
 
+    /// The module with `constants` substituted for its overrides (the others keep their
+    /// defaults), validated again, ready for a backend writer; for the compute entry `entry`.
+    pub(crate) fn specialized(
+        &self,
+        entry: &str,
+        constants: &Constants,
+    ) -> Result<(naga::Module, ModuleInfo)> {
+        let (module, info) = self.module()?;
+        let mut pipeline_constants = naga::back::PipelineConstants::default();
+        for (name, value) in constants {
+            pipeline_constants.insert((*name).to_string(), *value);
+        }
+        let (module, info) = naga::back::pipeline_constants::process_overrides(
+            &module,
+            &info,
+            Some((naga::ShaderStage::Compute, entry)),
+            &pipeline_constants,
+        )
+        .map_err(|e| Error::Kernel {
+            kernel: self.name.into(),
+            message: format!("{entry}: overrides: {e}"),
+        })?;
+        Ok((module.into_owned(), info.into_owned()))
+    }
+
     /// Names of the module's compute entry points.
     pub fn entry_points(&self) -> Result<Vec<String>> {
         let (module, _) = self.module()?;

@@ -39,6 +39,7 @@ pub mod optim;
 pub mod reduce;
 pub mod reference;
 pub mod rope;
+pub mod spirv;
 pub mod tensor;
 
 pub use dtype::{DType, Element};

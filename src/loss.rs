@@ -17,9 +17,12 @@
 //! 16,385–65,536 16-bit columns) are held in registers and read once, forward
 //! (`softmax_fwd_r`) and backward with dy in x's dtype (`softmax_bwd_r`): one workgroup of
 //! 1024 lanes per row (at most 8 chunks of each row tensor a lane) where the adapter allows
-//! 1024 invocations, else 256 lanes (the backward then up to 4,096 chunks).
-//! [`cross_entropy_in_place`] computes the loss and writes the gradient over the logits in
-//! one launch over them. Forwards save the row maximum and the log denominator as two values (a
+//! 1024 invocations, else 256 lanes (the backward then up to 4,096 chunks). The softmax and
+//! log-softmax forwards of 16-bit rows of up to 4,096 chunks (8–32,768 columns, a multiple of
+//! 8) take `softmax_fwd_c` instead: 256 lanes, each holding up to 16 chunks in registers,
+//! read once; the row maximum, then Σ exp(x − max), then the outputs, from the registers
+//! (the rule is `held_row`). [`cross_entropy_in_place`] computes the loss and writes the
+//! gradient over the logits in one launch over them. Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
 //! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
@@ -76,6 +79,23 @@ const REGISTER_ROW_CHUNKS: u64 = 8192;
 /// Rows of at most this many chunks run the two-pass entry (better occupancy than one row
 /// in the registers of a workgroup).
 const REGISTER_MIN_CHUNKS: u64 = 2048;
+
+/// Most chunks a lane holds in `softmax_fwd_c` (256 lanes): 16-bit rows of up to 4,096 chunks
+/// (32,768 columns).
+const LANE_CHUNKS: u64 = 16;
+
+/// The rule for the softmax / log-softmax forward of rows of whole chunks: `Some(CHUNKS)` when
+/// a row of `chunks` chunks of `dtype` takes `softmax_fwd_c` (256 lanes, each holding CHUNKS
+/// chunks in registers, the row read once): 16-bit rows of at most 16 × 256 = 4,096 chunks,
+/// CHUNKS the smallest power of two with CHUNKS × 256 ≥ chunks (1, 2, 4, 8 or 16). `None`
+/// otherwise: F32 rows, and 16-bit rows of more chunks, take [`register_row`]'s entries (wider
+/// 16-bit rows of up to 8,192 chunks) or `softmax_fwd_v`.
+fn held_row(dtype: DType, chunks: u64) -> Option<u64> {
+    if dtype == DType::F32 || chunks == 0 || chunks > LANE_CHUNKS * WG {
+        return None;
+    }
+    Some(chunks.div_ceil(WG).next_power_of_two())
+}
 
 /// The register-resident kernel and chunks per lane (`RK`/`RB`, a power of two) for a row of
 /// `chunks` vec4 chunks, holding `tensors` row tensors (1: forward, 2: backward); `None` when
@@ -221,8 +241,20 @@ fn row_output(
     let consts = constants(x.dtype(), DType::F32, odt, mode);
     let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
     if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
-        // Wide rows stay in registers (one read); others take two passes.
-        if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
+        // 16-bit rows of up to 4,096 chunks and wide rows stay in registers (one read);
+        // others take two passes.
+        if let Some(per_lane) = held_row(x.dtype(), chunks) {
+            let mut consts = consts;
+            consts.push(("CHUNKS", per_lane as f64));
+            engine.launch(
+                &KERNEL,
+                "softmax_fwd_c",
+                &consts,
+                &params,
+                &[stats.buffer(), x.buffer(), out.buffer()],
+                rows as u64,
+            )?;
+        } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
             let mut consts = consts;
             consts.push(("RK", per_lane as f64));
             engine.launch(

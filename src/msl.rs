@@ -67,18 +67,7 @@ pub fn strict_msl_with(
     constants: &Constants,
     checks: ShaderChecks,
 ) -> Result<StrictMsl> {
-    let (module, info) = kernel.module()?;
-    let mut pipeline_constants = naga::back::PipelineConstants::default();
-    for (name, value) in constants {
-        pipeline_constants.insert((*name).to_string(), *value);
-    }
-    let (module, info) = naga::back::pipeline_constants::process_overrides(
-        &module,
-        &info,
-        Some((naga::ShaderStage::Compute, entry)),
-        &pipeline_constants,
-    )
-    .map_err(|e| kernel_error(kernel, format!("{entry}: overrides: {e}")))?;
+    let (module, info) = kernel.specialized(entry, constants)?;
     let slots = entry_bindings(kernel, &module, &info, entry)?;
     let mut resources = msl::BindingMap::new();
     for (slot, s) in slots.iter().enumerate() {

@@ -1482,10 +1482,12 @@ fn masked_minus_infinity_logits_get_zero_probability() {
 fn register_resident_softmax_rows() {
     // Rows of more than 2,048 and at most 8,192 vec4 chunks (4 F32 or 8 16-bit columns) are
     // read once into registers, forward and backward (dy in x's dtype): 1024 lanes with 8
-    // chunks a lane at most where the adapter allows it, else 256 lanes. Widths: 32,000 (the
-    // benchmark width), 2,049 chunks (just inside), 8,192 chunks (the largest) and 8,193
-    // (just outside: the two-pass entries). Each dtype, mode and chunk count is
-    // one large pipeline that lavapipe compiles slowly, so the cases are few.
+    // chunks a lane at most where the adapter allows it, else 256 lanes (16-bit forwards of
+    // up to 4,096 chunks take `softmax_fwd_c` instead, see
+    // `softmax_16bit_rows_held_in_registers`). Widths: 32,000 (the benchmark width), 2,049
+    // chunks (just inside), 8,192 chunks (the largest) and 8,193 (just outside: the two-pass
+    // entries). Each dtype, mode and chunk count is one large pipeline that lavapipe compiles
+    // slowly, so the cases are few.
     for (dtype, cols, log) in [
         (DType::F32, 32_000, false),
         (DType::F32, 8_196, true),
@@ -1541,6 +1543,122 @@ fn register_resident_softmax_rows() {
             let dx2 = loss::softmax_backward(&saved, &dy).unwrap();
             assert_eq!(bits(&dx), bits(&dx2), "{what}: backward rerun");
         }
+    }
+}
+
+/// The stored bits of a 16-bit tensor.
+fn half_bits(t: &Tensor) -> Vec<u16> {
+    match t.dtype() {
+        DType::BF16 => t
+            .to_vec::<half::bf16>()
+            .unwrap()
+            .into_iter()
+            .map(half::bf16::to_bits)
+            .collect(),
+        DType::F16 => t
+            .to_vec::<half::f16>()
+            .unwrap()
+            .into_iter()
+            .map(half::f16::to_bits)
+            .collect(),
+        other => panic!("not a 16-bit tensor: {other}"),
+    }
+}
+
+/// (Log-)softmax of the 16-bit `[rows, cols]` matrix `v` against the reference: outputs within
+/// the dtype's tolerance (NaN where the reference has NaN), each row's maximum exact and its log
+/// denominator within 1e-5 (a row of −∞: −∞ and −∞; a row with +∞ or NaN: NaN), and a rerun
+/// bit-identical in the outputs and the statistics.
+fn held_rows_case(what: &str, v: &[f64], (rows, cols): (usize, usize), dtype: DType, log: bool) {
+    let what = format!("{what}: {dtype} [{rows}, {cols}] log={log}");
+    let (x, xs) = upload(v, &[rows, cols], dtype);
+    let run = || {
+        if log {
+            loss::log_softmax(&x).unwrap()
+        } else {
+            loss::softmax(&x).unwrap()
+        }
+    };
+    let (y, saved) = run();
+    let want = if log {
+        reference::log_softmax(&xs, rows, cols)
+    } else {
+        reference::softmax(&xs, rows, cols)
+    };
+    assert_close(
+        &what,
+        &y.to_f64().unwrap(),
+        &want,
+        Tolerance::for_dtype(dtype),
+    );
+    let stats = saved.stats().to_f64().unwrap();
+    for r in 0..rows {
+        let row = &xs[r * cols..(r + 1) * cols];
+        let (m, l) = reference::row_stats(row);
+        let (gm, gl) = (stats[2 * r], stats[2 * r + 1]);
+        if row.iter().all(|&a| a == f64::NEG_INFINITY) {
+            assert_eq!((gm, gl), (m, f64::NEG_INFINITY), "{what}: row {r} of −∞");
+        } else if row.iter().any(|a| a.is_nan() || *a == f64::INFINITY) {
+            assert!(gl.is_nan(), "{what}: row {r} with NaN or +∞: {gl}");
+        } else {
+            assert_eq!(gm, m, "{what}: max of row {r}");
+            assert!((gl - l).abs() <= 1e-5, "{what}: log denominator of row {r}");
+        }
+    }
+    let (y2, saved2) = run();
+    assert_eq!(half_bits(&y), half_bits(&y2), "{what}: rerun");
+    assert_eq!(
+        bits(saved.stats()),
+        bits(saved2.stats()),
+        "{what}: rerun statistics"
+    );
+}
+
+#[test]
+fn softmax_16bit_rows_held_in_registers() {
+    // 16-bit rows of whole chunks (8 columns) of at most 4,096 chunks take `softmax_fwd_c`:
+    // 256 lanes, each holding CHUNKS chunks (the smallest power of two that covers the row). Widths:
+    // 4,000 chunks (32,000 columns, the benchmark's: lanes 0–159 hold 16 chunks, the others
+    // 15), 4,008 (lanes 0–167 hold 16), 4,096 (every register of every lane), 2,100 (CHUNKS 16,
+    // lanes holding 8 or 9) and 3 chunks (CHUNKS 1, three lanes). Row 1 of each is masked: a
+    // seventh of its values, a whole chunk and its last value are −∞. Each dtype, mode and
+    // CHUNKS is one large pipeline that lavapipe compiles slowly, so the cases share them.
+    let cases = [
+        (DType::BF16, 32_000, false),
+        (DType::BF16, 32_064, true),
+        (DType::F16, 32_000, true),
+        (DType::F16, 32_768, false),
+        (DType::BF16, 16_800, true),
+        (DType::BF16, 24, false),
+        (DType::F16, 24, true),
+    ];
+    for (dtype, cols, log) in cases {
+        let rows = 3;
+        let mut v = data(170 + cols as u64, rows * cols, -6.0, 6.0);
+        for c in (0..cols).step_by(7).chain(8..16).chain([cols - 1]) {
+            v[cols + c.min(cols - 1)] = f64::NEG_INFINITY;
+        }
+        held_rows_case("registers", &v, (rows, cols), dtype, log);
+    }
+    // A common shift of 1e4 (16-bit values there are 8 (F16) or 64 (BF16) apart): the maximum
+    // and the log denominator are kept apart, so the differences survive.
+    for (dtype, log) in [(DType::F16, true), (DType::BF16, false)] {
+        let (rows, cols) = (2, 32_000);
+        let v: Vec<f64> = data(180, rows * cols, -200.0, 8.0)
+            .iter()
+            .map(|a| a + 1e4)
+            .collect();
+        held_rows_case("+1e4", &v, (rows, cols), dtype, log);
+    }
+    // Rows whose outputs are all NaN take the full BF16 narrowing: a row of −∞, a row with one
+    // +∞, a row with one NaN; then an ordinary row.
+    for log in [false, true] {
+        let (rows, cols) = (4, 32_000);
+        let mut v = data(190, rows * cols, -6.0, 6.0);
+        v[..cols].fill(f64::NEG_INFINITY);
+        v[cols + 1234] = f64::INFINITY;
+        v[2 * cols + 31_999] = f64::NAN;
+        held_rows_case("degenerate rows", &v, (rows, cols), DType::BF16, log);
     }
 }
 

@@ -836,6 +836,136 @@ fn register_path_reruns_are_bit_identical() {
     }
 }
 
+/// BF16 values of a tensor as f32.
+fn bf16_values(t: &Tensor) -> Vec<f32> {
+    t.to_vec::<half::bf16>()
+        .unwrap()
+        .into_iter()
+        .map(half::bf16::to_f32)
+        .collect()
+}
+
+/// `got` is `want` rounded to BF16 bit for bit (nearest even), or a quiet NaN where `want` is
+/// NaN; `alt` is a second acceptable FP32 value (a fused multiply-add) or `want` itself.
+fn assert_bf16(what: &str, i: usize, got: f32, want: f32, alt: f32) {
+    let got_bits = half::bf16::from_f32(got).to_bits();
+    if want.is_nan() {
+        assert!(
+            got.is_nan() && got_bits & 0x40 != 0,
+            "{what} [{i}]: {got} ({got_bits:#06x}), want a quiet NaN"
+        );
+        return;
+    }
+    let ok = [want, alt]
+        .iter()
+        .any(|&w| half::bf16::from_f32(w).to_bits() == got_bits);
+    assert!(ok, "{what} [{i}]: {got} ({got_bits:#06x}), want {want}");
+}
+
+fn bf16(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+/// The BF16 register forwards round like `cast` (nearest even, NaN kept and quieted) whether a
+/// chunk takes the rounding of NaN-free values or the general one: outputs against a host
+/// emulation of their FP32 operations (the saved statistics, `half`'s rounding) bit for bit,
+/// on rows holding a NaN, an infinity, opposite infinities or squares that overflow FP32, a
+/// zero under an infinite weight (0·∞) and weights holding NaN and ±∞, beside ordinary rows.
+/// RMSNorm in every casting mode with offsets 0 and 1 and a BF16 or F32 weight (the latter
+/// with NaNs whose low bits are all ones), add+RMSNorm (output and sum) and LayerNorm (its
+/// output accepted with or without a fused multiply-add). The NaNs that FP32 arithmetic makes
+/// from BF16 values have a zero low half on this machine's adapter, so the F32 weight's are the
+/// ones that tell the two roundings apart here.
+#[test]
+fn bf16_register_forwards_round_bit_for_bit() {
+    let (rows, cols) = (7, 64);
+    let mut rng = Rng::new(1200);
+    let mut xd = rng.vec(rows * cols, -2.0, 2.0);
+    let mut rd = rng.vec(rows * cols, -2.0, 2.0);
+    let mut wd = rng.vec(cols, 0.5, 1.5);
+    xd[7] = 0.0; // row 0, under the infinite weight
+    xd[cols + 5] = f64::NAN;
+    xd[2 * cols + 9] = f64::INFINITY;
+    xd[3 * cols] = f64::NEG_INFINITY;
+    xd[3 * cols + 1] = f64::INFINITY;
+    xd[4 * cols + 3] = 3e38;
+    rd[5 * cols + 11] = f64::NAN;
+    xd[6 * cols + 2] = f64::INFINITY;
+    rd[6 * cols + 2] = f64::NEG_INFINITY;
+    wd[7] = f64::INFINITY;
+    wd[20] = f64::NAN;
+    wd[33] = f64::NEG_INFINITY;
+    let (x, _) = upload(&xd, &[rows, cols], DType::BF16);
+    let (r, _) = upload(&rd, &[rows, cols], DType::BF16);
+    let (w, _) = upload(&wd, &[cols], DType::BF16);
+    let (b, _) = upload(&rng.vec(cols, -0.5, 0.5), &[cols], DType::BF16);
+    let (xs, rs, ws, bs) = (
+        bf16_values(&x),
+        bf16_values(&r),
+        bf16_values(&w),
+        bf16_values(&b),
+    );
+    // An F32 weight with NaNs whose low half is all ones: on this path they reach the
+    // rounding as they are, where the rounding of NaN-free values would carry them into ±0.
+    let mut ws32 = ws.clone();
+    ws32[20] = f32::from_bits(0x7fff_ffff);
+    ws32[33] = f32::from_bits(0xffff_ffff);
+    let w32 = Tensor::from_slice(engine(), &ws32, &[cols]).unwrap();
+    for ((w, ws), casting) in [(&w, &ws), (&w32, &ws32)]
+        .into_iter()
+        .flat_map(|w| [CastingMode::Llama, CastingMode::Gemma, CastingMode::None].map(|c| (w, c)))
+    {
+        for offset in [0.0f32, 1.0] {
+            let o = RmsNormOptions {
+                offset,
+                casting,
+                ..RmsNormOptions::default()
+            };
+            let out = |n: f32, c: usize| {
+                let wf = ws[c] + offset;
+                match casting {
+                    CastingMode::Llama => bf16(n) * wf,
+                    CastingMode::Gemma => n * wf,
+                    CastingMode::None => bf16(n) * bf16(wf),
+                }
+            };
+            let what = format!("w {} {o:?}", w.dtype());
+            let (y, saved) = norm::rms_norm(&x, Some(w), &o).unwrap();
+            let (y, inv) = (bf16_values(&y), saved.inverse.to_vec::<f32>().unwrap());
+            for (i, &got) in y.iter().enumerate() {
+                let want = out(xs[i] * inv[i / cols], i % cols);
+                assert_bf16(&format!("rms_norm {what}"), i, got, want, want);
+            }
+            let (y, sum, saved) = norm::add_rms_norm(&x, &r, Some(w), &o).unwrap();
+            let (y, sum) = (bf16_values(&y), bf16_values(&sum));
+            let inv = saved.inverse.to_vec::<f32>().unwrap();
+            for i in 0..rows * cols {
+                let s = xs[i] + rs[i];
+                assert_bf16(&format!("add_rms_norm sum {what}"), i, sum[i], s, s);
+                let want = out(s * inv[i / cols], i % cols);
+                assert_bf16(&format!("add_rms_norm {what}"), i, y[i], want, want);
+            }
+        }
+    }
+    let (y, saved) =
+        norm::layer_norm(&x, Some(&w), Some(&b), &LayerNormOptions::default()).unwrap();
+    let y = bf16_values(&y);
+    let inv = saved.inverse.to_vec::<f32>().unwrap();
+    let mean = saved.mean.unwrap().to_vec::<f32>().unwrap();
+    let corr = saved.mean_correction.unwrap().to_vec::<f32>().unwrap();
+    for (i, &got) in y.iter().enumerate() {
+        let (row, c) = (i / cols, i % cols);
+        let n = ((xs[i] - mean[row]) - corr[row]) * inv[row];
+        assert_bf16(
+            "layer_norm",
+            i,
+            got,
+            n * ws[c] + bs[c],
+            n.mul_add(ws[c], bs[c]),
+        );
+    }
+}
+
 #[test]
 fn backward_does_not_change_its_inputs() {
     let mut rng = Rng::new(1100);

@@ -1841,3 +1841,164 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RB > 14u && i14 < nv) { chunk_bwd_store(vbase + i14, c14, g14, m, logden, total); }
     if (RB > 15u && i15 < nv) { chunk_bwd_store(vbase + i15, c15, g15, m, logden, total); }
 }
+
+// ---- softmax forward from registers, 256 lanes (softmax_fwd_c) ---------------------------
+// For rows of whole chunks of at most CHUNKS × WG chunks (the host's rule: 16-bit rows of up to
+// 16 × 256 chunks, `src/loss.rs`). Lane t holds the row's chunks t, t + WG, ...,
+// t + (CHUNKS − 1)·WG as packed vec4<u32> in named registers (no indexed private array, which
+// some compilers put in local memory), all loaded before any arithmetic; statements for chunk
+// k ≥ CHUNKS fold away once the pipeline is specialized. From the registers, in three steps:
+// the row maximum (no exp: each lane's chunks in order, then `workgroup_max8`); Σ exp(x − max),
+// one exp a value (each lane's chunks in order, then `workgroup_sum8`); the outputs (softmax
+// one exp a value, as exp2((x − max)·log2 e − log Σ·log2 e) with one fused multiply-add;
+// log-softmax (x − max) − log Σ, no exp). The saved statistics are those of the other entries
+// (row maximum, log denominator; a row of −∞ gives −∞ and −∞ and NaN outputs).
+//
+// BF16 outputs: when a row's log denominator is finite, every input is finite or −∞, so no
+// output is NaN and each rounds with the three-operation nearest-even sequence
+// (`bf16x4_nearest`); other rows (a NaN or +∞ in the row, or a row of −∞, whose outputs are
+// all NaN) take the full narrowing. F16 outputs always take `narrow2`. Same bits either way.
+override CHUNKS: u32 = 16u; // chunks per lane: 1, 2, 4, 8 or 16 (the unused registers fold away)
+
+const LOG2E: f32 = 1.4426950408889634;
+
+// Whether lane `lid` holds its k-th chunk (row chunk lid + k·WG) of a row of n chunks.
+fn held(k: u32, lid: u32, n: u32) -> bool {
+    return k < CHUNKS && lid + k * WG < n;
+}
+
+// The lane's k-th chunk of the row starting at chunk `base` (zeros if it holds none).
+fn held_load(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
+    if (held(k, lid, n)) {
+        return x4[base + lid + k * WG];
+    }
+    return vec4<u32>();
+}
+
+fn held_max(m: f32, w: vec4<u32>, k: u32, lid: u32, n: u32) -> f32 {
+    if (held(k, lid, n)) {
+        return max(m, chunk_max(w));
+    }
+    return m;
+}
+
+fn held_expsum(s: f32, w: vec4<u32>, k: u32, lid: u32, n: u32, m: f32) -> f32 {
+    if (held(k, lid, n)) {
+        return s + chunk_expsum(w, m);
+    }
+    return s;
+}
+
+// Softmax (exp2 of fma(x − m, log2 e, c), c = −log Σ·log2 e) or log-softmax of four values.
+fn held_out4(v: vec4<f32>, m: f32, logden: f32, c: f32) -> vec4<f32> {
+    let d = v - vec4<f32>(m);
+    if (MODE == 1u) {
+        return d - vec4<f32>(logden);
+    }
+    return exp2(fma(d, vec4<f32>(LOG2E), vec4<f32>(c)));
+}
+
+fn held_store(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, m: f32, logden: f32, c: f32,
+              no_nan: bool) {
+    if (!held(k, lid, n)) {
+        return;
+    }
+    let a = held_out4(chunk_lo(w, DT), m, logden, c);
+    var out = bitcast<vec4<u32>>(a);
+    if (DT != DT_F32) {
+        let b = held_out4(chunk_hi(w, DT), m, logden, c);
+        if (DT == DT_BF16 && no_nan) {
+            out = vec4<u32>(bf16x4_nearest(a), bf16x4_nearest(b));
+        } else {
+            out = pack_chunk(a, b, DT);
+        }
+    }
+    y4[base + lid + k * WG] = out;
+}
+
+@compute @workgroup_size(WG)
+fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_width(DT);
+    let base = row * n;
+    let c0 = held_load(0u, lid, n, base);
+    let c1 = held_load(1u, lid, n, base);
+    let c2 = held_load(2u, lid, n, base);
+    let c3 = held_load(3u, lid, n, base);
+    let c4 = held_load(4u, lid, n, base);
+    let c5 = held_load(5u, lid, n, base);
+    let c6 = held_load(6u, lid, n, base);
+    let c7 = held_load(7u, lid, n, base);
+    let c8 = held_load(8u, lid, n, base);
+    let c9 = held_load(9u, lid, n, base);
+    let c10 = held_load(10u, lid, n, base);
+    let c11 = held_load(11u, lid, n, base);
+    let c12 = held_load(12u, lid, n, base);
+    let c13 = held_load(13u, lid, n, base);
+    let c14 = held_load(14u, lid, n, base);
+    let c15 = held_load(15u, lid, n, base);
+    var m = neg_inf();
+    m = held_max(m, c0, 0u, lid, n);
+    m = held_max(m, c1, 1u, lid, n);
+    m = held_max(m, c2, 2u, lid, n);
+    m = held_max(m, c3, 3u, lid, n);
+    m = held_max(m, c4, 4u, lid, n);
+    m = held_max(m, c5, 5u, lid, n);
+    m = held_max(m, c6, 6u, lid, n);
+    m = held_max(m, c7, 7u, lid, n);
+    m = held_max(m, c8, 8u, lid, n);
+    m = held_max(m, c9, 9u, lid, n);
+    m = held_max(m, c10, 10u, lid, n);
+    m = held_max(m, c11, 11u, lid, n);
+    m = held_max(m, c12, 12u, lid, n);
+    m = held_max(m, c13, 13u, lid, n);
+    m = held_max(m, c14, 14u, lid, n);
+    m = held_max(m, c15, 15u, lid, n);
+    let rmax = workgroup_max8(m, lid);
+    var s = 0.0;
+    if (rmax != neg_inf()) {
+        s = held_expsum(s, c0, 0u, lid, n, rmax);
+        s = held_expsum(s, c1, 1u, lid, n, rmax);
+        s = held_expsum(s, c2, 2u, lid, n, rmax);
+        s = held_expsum(s, c3, 3u, lid, n, rmax);
+        s = held_expsum(s, c4, 4u, lid, n, rmax);
+        s = held_expsum(s, c5, 5u, lid, n, rmax);
+        s = held_expsum(s, c6, 6u, lid, n, rmax);
+        s = held_expsum(s, c7, 7u, lid, n, rmax);
+        s = held_expsum(s, c8, 8u, lid, n, rmax);
+        s = held_expsum(s, c9, 9u, lid, n, rmax);
+        s = held_expsum(s, c10, 10u, lid, n, rmax);
+        s = held_expsum(s, c11, 11u, lid, n, rmax);
+        s = held_expsum(s, c12, 12u, lid, n, rmax);
+        s = held_expsum(s, c13, 13u, lid, n, rmax);
+        s = held_expsum(s, c14, 14u, lid, n, rmax);
+        s = held_expsum(s, c15, 15u, lid, n, rmax);
+    }
+    let logden = log(workgroup_sum8(s, lid));
+    if (lid == 0u) {
+        stats_out[2u * row] = rmax;
+        stats_out[2u * row + 1u] = logden;
+    }
+    let c = -logden * LOG2E;
+    let no_nan = (bitcast<u32>(logden) & 0x7fffffffu) < 0x7f800000u;
+    held_store(c0, 0u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c1, 1u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c2, 2u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c3, 3u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c4, 4u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c5, 5u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c6, 6u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c7, 7u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c8, 8u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c9, 9u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c10, 10u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c11, 11u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c12, 12u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c13, 13u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c14, 14u, lid, n, base, rmax, logden, c, no_nan);
+    held_store(c15, 15u, lid, n, base, rmax, logden, c, no_nan);
+}

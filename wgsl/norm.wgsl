@@ -761,13 +761,23 @@ fn vals(w: vec4<u32>, dt: u32) -> Vals {
     return Vals(vec4<f32>(widen2(w.x, dt), widen2(w.y, dt)), vec4<f32>(widen2(w.z, dt), widen2(w.w, dt)));
 }
 
-// BF16 rounding of four values without branches, bit for bit as `f32_to_bf16`: round to
-// nearest even, a NaN stays a NaN with its quiet bit set. `bf16_round` keeps the rounded
-// value in FP32 (the low half zero), `bf16_pack` packs the four into two words (x, y in the
-// first, x in the low half).
+// BF16 rounding of four values, bit for bit as `f32_to_bf16`: round to nearest even, a NaN
+// stays a NaN with its quiet bit set. `bf16_rne` rounds values that are not NaN (the sign and
+// infinities come through; the low half keeps the rounding's carry bits, for the callers to
+// mask or shift out); `bf16_bits` any value, without branches. `bf16_round` keeps the
+// rounded values in FP32 (the low half zero), `bf16_pack` packs the four into two words (x, y
+// in the first, x in the low half); their `_clean` forms take values known not to be NaN.
+// With BF16 sources the register forwards are bound by these integer operations rather than
+// by memory (measured on an H200, `notes/measurements.md`): a NaN-free chunk (`clean`) takes
+// the shorter form.
+fn bf16_rne(v: vec4<f32>) -> vec4<u32> {
+    let b = bitcast<vec4<u32>>(v);
+    return b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
+}
+
 fn bf16_bits(v: vec4<f32>) -> vec4<u32> {
     let b = bitcast<vec4<u32>>(v);
-    let r = (b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)))) & vec4<u32>(0xffff0000u);
+    let r = bf16_rne(v) & vec4<u32>(0xffff0000u);
     let nan = (b & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
     return select(r, (b | vec4<u32>(0x400000u)) & vec4<u32>(0xffff0000u), nan);
 }
@@ -776,9 +786,30 @@ fn bf16_round(v: vec4<f32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(bf16_bits(v));
 }
 
+fn bf16_round_clean(v: vec4<f32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bf16_rne(v) & vec4<u32>(0xffff0000u));
+}
+
 fn bf16_pack(v: vec4<f32>) -> vec2<u32> {
     let h = bf16_bits(v);
     return vec2<u32>((h.x >> 16u) | h.y, (h.z >> 16u) | h.w);
+}
+
+fn bf16_pack_clean(v: vec4<f32>) -> vec2<u32> {
+    let h = bf16_rne(v);
+    return vec2<u32>((h.x >> 16u) | (h.y & 0xffff0000u), (h.z >> 16u) | (h.w & 0xffff0000u));
+}
+
+// Whether none of a chunk's values is NaN: their FP32 sum is not NaN (a NaN term makes it
+// NaN; so do opposite infinities, which then only take the longer rounding).
+fn clean(v: Vals) -> bool {
+    let s = ((v.lo.x + v.lo.y) + (v.lo.z + v.lo.w)) + ((v.hi.x + v.hi.y) + (v.hi.z + v.hi.w));
+    return (bitcast<u32>(s) & 0x7fffffffu) <= 0x7f800000u;
+}
+
+// Whether v is finite.
+fn finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) < 0x7f800000u;
 }
 
 fn pack(v: Vals, dt: u32) -> vec4<u32> {
@@ -786,6 +817,9 @@ fn pack(v: Vals, dt: u32) -> vec4<u32> {
         return bitcast<vec4<u32>>(v.lo);
     }
     if (dt == DT_BF16) {
+        if (clean(v)) {
+            return vec4<u32>(bf16_pack_clean(v.lo), bf16_pack_clean(v.hi));
+        }
         return vec4<u32>(bf16_pack(v.lo), bf16_pack(v.hi));
     }
     return vec4<u32>(narrow2(v.lo.xy, dt), narrow2(v.lo.zw, dt), narrow2(v.hi.xy, dt), narrow2(v.hi.zw, dt));
@@ -831,12 +865,15 @@ fn vtotal(a: Vals) -> f32 {
     return s + ((a.hi.x + a.hi.y) + (a.hi.z + a.hi.w));
 }
 
-// v rounded to the source dtype (the identity for F32).
-fn vround(v: Vals) -> Vals {
+// v rounded to the source dtype (the identity for F32); `no_nan`: v is known to hold no NaN.
+fn vround(v: Vals, no_nan: bool) -> Vals {
     if (DX == DT_F32) {
         return v;
     }
     if (DX == DT_BF16) {
+        if (no_nan || clean(v)) {
+            return Vals(bf16_round_clean(v.lo), bf16_round_clean(v.hi));
+        }
         return Vals(bf16_round(v.lo), bf16_round(v.hi));
     }
     return vals(pack(v, DX), DX);
@@ -924,22 +961,24 @@ fn sq(w: vec4<u32>) -> f32 {
 }
 
 // RMSNorm output chunk of the source values v (row chunk q), with the casting modes.
-fn rms_chunk(v: Vals, q: u32, inv: f32) -> vec4<u32> {
+// `finite_row`: the row's sum of squares is finite, so every x is finite, inv finite and
+// positive, and the normalized values n = x·inv hold no NaN.
+fn rms_chunk(v: Vals, q: u32, inv: f32, finite_row: bool) -> vec4<u32> {
     let n = vscale(v, inv);
     let wf = wf_chunk(q);
     if (CAST == CAST_LLAMA) {
-        return pack(vmul(vround(n), wf), DX);
+        return pack(vmul(vround(n, finite_row), wf), DX);
     }
     if (CAST == CAST_NONE) {
-        return pack(vmul(vround(n), vround(wf)), DX);
+        return pack(vmul(vround(n, finite_row), vround(wf, false)), DX);
     }
     return pack(vmul(n, wf), DX);
 }
 
-fn rms_put(v: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32) {
+fn rms_put(v: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32, finite_row: bool) {
     if (has(k, lid, n)) {
         let q = lid + k * WG;
-        y4[base + q] = rms_chunk(v, q, inv);
+        y4[base + q] = rms_chunk(v, q, inv, finite_row);
     }
 }
 
@@ -961,18 +1000,20 @@ fn rms_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     let c6 = ld_x4(6u, lid, n, base);
     let c7 = ld_x4(7u, lid, n, base);
     let squares = ((sq(c0) + sq(c1)) + (sq(c2) + sq(c3))) + ((sq(c4) + sq(c5)) + (sq(c6) + sq(c7)));
-    let inv = 1.0 / sqrt(row_sum(squares, lid) / f32(params.cols) + params.eps);
+    let total = row_sum(squares, lid);
+    let inv = 1.0 / sqrt(total / f32(params.cols) + params.eps);
+    let fin = finite(total);
     if (lid == 0u) {
         inv_out[row] = inv;
     }
-    rms_put(vals(c0, DX), 0u, lid, n, base, inv);
-    rms_put(vals(c1, DX), 1u, lid, n, base, inv);
-    rms_put(vals(c2, DX), 2u, lid, n, base, inv);
-    rms_put(vals(c3, DX), 3u, lid, n, base, inv);
-    rms_put(vals(c4, DX), 4u, lid, n, base, inv);
-    rms_put(vals(c5, DX), 5u, lid, n, base, inv);
-    rms_put(vals(c6, DX), 6u, lid, n, base, inv);
-    rms_put(vals(c7, DX), 7u, lid, n, base, inv);
+    rms_put(vals(c0, DX), 0u, lid, n, base, inv, fin);
+    rms_put(vals(c1, DX), 1u, lid, n, base, inv, fin);
+    rms_put(vals(c2, DX), 2u, lid, n, base, inv, fin);
+    rms_put(vals(c3, DX), 3u, lid, n, base, inv, fin);
+    rms_put(vals(c4, DX), 4u, lid, n, base, inv, fin);
+    rms_put(vals(c5, DX), 5u, lid, n, base, inv, fin);
+    rms_put(vals(c6, DX), 6u, lid, n, base, inv, fin);
+    rms_put(vals(c7, DX), 7u, lid, n, base, inv, fin);
 }
 
 // x + residual of the lane's k-th chunk in FP32 (unrounded; the residual has the source's
@@ -1006,18 +1047,20 @@ fn add_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     let s7 = add_load(7u, lid, n, base);
     let squares = ((vdot(s0, s0) + vdot(s1, s1)) + (vdot(s2, s2) + vdot(s3, s3)))
         + ((vdot(s4_, s4_) + vdot(s5, s5)) + (vdot(s6, s6) + vdot(s7, s7)));
-    let inv = 1.0 / sqrt(row_sum(squares, lid) / f32(params.cols) + params.eps);
+    let total = row_sum(squares, lid);
+    let inv = 1.0 / sqrt(total / f32(params.cols) + params.eps);
+    let fin = finite(total);
     if (lid == 0u) {
         inv_out[row] = inv;
     }
-    rms_put(s0, 0u, lid, n, base, inv);
-    rms_put(s1, 1u, lid, n, base, inv);
-    rms_put(s2, 2u, lid, n, base, inv);
-    rms_put(s3, 3u, lid, n, base, inv);
-    rms_put(s4_, 4u, lid, n, base, inv);
-    rms_put(s5, 5u, lid, n, base, inv);
-    rms_put(s6, 6u, lid, n, base, inv);
-    rms_put(s7, 7u, lid, n, base, inv);
+    rms_put(s0, 0u, lid, n, base, inv, fin);
+    rms_put(s1, 1u, lid, n, base, inv, fin);
+    rms_put(s2, 2u, lid, n, base, inv, fin);
+    rms_put(s3, 3u, lid, n, base, inv, fin);
+    rms_put(s4_, 4u, lid, n, base, inv, fin);
+    rms_put(s5, 5u, lid, n, base, inv, fin);
+    rms_put(s6, 6u, lid, n, base, inv, fin);
+    rms_put(s7, 7u, lid, n, base, inv, fin);
 }
 
 // LayerNorm: the chunks stay in registers through the sum of differences from the row's

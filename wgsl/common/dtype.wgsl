@@ -122,3 +122,13 @@ fn widen2(word: u32, dt: u32) -> vec2<f32> {
 fn narrow2(v: vec2<f32>, dt: u32) -> u32 {
     return pack_halves(v.x, v.y, dt);
 }
+
+// Four values that are not NaN narrowed to BF16 and packed into two words (`.x` in the low half
+// of the first): round to nearest even in three integer operations a value, bit for bit as
+// `f32_to_bf16` (infinities stay infinite, overflow goes to infinity). A NaN may come out as
+// anything, so callers use it only where no value can be NaN.
+fn bf16x4_nearest(v: vec4<f32>) -> vec2<u32> {
+    let b = bitcast<vec4<u32>>(v);
+    let h = b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
+    return vec2<u32>((h.x >> 16u) | (h.y & 0xffff0000u), (h.z >> 16u) | (h.w & 0xffff0000u));
+}
