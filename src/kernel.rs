@@ -83,6 +83,22 @@ impl Kernel {
         Ok((module.into_owned(), info.into_owned()))
     }
 
+    /// The workgroup size of the compute entry `entry` with `constants` substituted (sizes
+    /// may be override expressions, e.g. the matmul tiles').
+    pub fn workgroup_size(&self, entry: &str, constants: &Constants) -> Result<(u32, u32, u32)> {
+        let (module, _) = self.specialized(entry, constants)?;
+        let ep = module
+            .entry_points
+            .iter()
+            .find(|e| e.name == entry)
+            .ok_or_else(|| Error::Kernel {
+                kernel: self.name.into(),
+                message: format!("no entry point {entry}"),
+            })?;
+        let [x, y, z] = ep.workgroup_size;
+        Ok((x, y, z))
+    }
+
     /// Names of the module's compute entry points.
     pub fn entry_points(&self) -> Result<Vec<String>> {
         let (module, _) = self.module()?;

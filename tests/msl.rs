@@ -92,24 +92,7 @@ fn check_strict(kernel: &Kernel, entry: &str, constants: &Constants, msl: &Stric
     assert!(!params.contains("threadgroup "), "{what}: {params}");
     // Reported workgroup size is the WGSL one (an override expression evaluated with the
     // constants).
-    let (module, info) = kernel.module().unwrap();
-    let values = constants
-        .iter()
-        .map(|&(name, value)| (name.to_string(), value))
-        .collect();
-    let (module, _) = naga::back::pipeline_constants::process_overrides(
-        &module,
-        &info,
-        Some((naga::ShaderStage::Compute, entry)),
-        &values,
-    )
-    .unwrap();
-    let ep = module
-        .entry_points
-        .iter()
-        .find(|e| e.name == entry)
-        .unwrap();
-    let [x, y, z] = ep.workgroup_size;
+    let (x, y, z) = kernel.workgroup_size(entry, constants).unwrap();
     assert_eq!(msl.workgroup_size, (x, y, z), "{what}");
     assert!(
         src.contains(&format!("max_total_threads_per_threadgroup({})", x * y * z)),

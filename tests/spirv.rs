@@ -50,14 +50,11 @@ fn every_kernel_translates_to_strict_spirv() {
                 (0..found.len() as u32).collect::<Vec<_>>(),
                 "{what}: bindings not numbered by position"
             );
-            let (module, _) = kernel.module().unwrap();
-            let ep = module
-                .entry_points
-                .iter()
-                .find(|e| e.name == entry)
-                .unwrap();
-            let [x, y, z] = ep.workgroup_size;
-            assert_eq!(spirv.workgroup_size, (x, y, z), "{what}");
+            assert_eq!(
+                Ok(spirv.workgroup_size),
+                kernel.workgroup_size(&entry, &vec![]),
+                "{what}"
+            );
             assert_eq!(spirv.entry_name, entry, "{what}");
             decorated += instructions(&spirv.words)
                 .unwrap()
@@ -69,6 +66,27 @@ fn every_kernel_translates_to_strict_spirv() {
     }
     assert!(entries >= registry().len());
     assert!(decorated > 1000, "only {decorated} float instructions seen");
+}
+
+#[test]
+fn workgroup_size_overrides_are_evaluated() {
+    // The matmul tile entry points take their workgroup size from the NARROW override.
+    let kernel = &wgrad::matmul::KERNEL;
+    for (narrow, lanes) in [(0.0, 256), (1.0, 64)] {
+        for entry in ["gemm", "gemm_pre", "gemm_partial"] {
+            let spirv = strict_spirv(kernel, entry, &vec![("NARROW", narrow)]).unwrap();
+            assert_eq!(
+                spirv.workgroup_size,
+                (lanes, 1, 1),
+                "{entry} NARROW {narrow}"
+            );
+            assert_eq!(
+                contractible_results(&spirv.words).unwrap(),
+                Vec::<u32>::new(),
+                "{entry} NARROW {narrow}"
+            );
+        }
+    }
 }
 
 #[test]
