@@ -915,35 +915,14 @@ impl Engine {
             immediate_size: 0,
         });
         let constant_refs: Vec<(&str, f64)> = constants.iter().map(|(k, v)| (*k, *v)).collect();
-        let pipeline = if self.inner.info.strict_msl {
+        let strict = if self.inner.info.strict_msl {
             let msl = crate::msl::strict_msl_with(
                 kernel,
                 entry,
                 constants,
                 self.inner.info.shader_checks,
             )?;
-            let entry_points = [wgpu::PassthroughShaderEntryPoint {
-                name: msl.entry_name.clone().into(),
-                workgroup_size: msl.workgroup_size,
-            }];
-            // SAFETY: the MSL is naga's translation of a validated module, bound with the same
-            // slot map as `pipeline_layout` (group 0 entries in binding order).
-            let module = unsafe {
-                device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-                    label: Some(kernel.name),
-                    entry_points: entry_points.as_slice().into(),
-                    msl: Some(msl.source.into()),
-                    ..Default::default()
-                })
-            };
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(kernel.name),
-                layout: Some(&pipeline_layout),
-                module: &module,
-                entry_point: Some(&msl.entry_name),
-                compilation_options: Default::default(),
-                cache: None,
-            })
+            Some((msl.entry_name, msl.workgroup_size, Some(msl.source), None))
         } else if self.inner.info.strict_spirv {
             let spirv = crate::spirv::strict_spirv_with(
                 kernel,
@@ -951,18 +930,30 @@ impl Engine {
                 constants,
                 self.inner.info.shader_checks,
             )?;
+            Some((
+                spirv.entry_name,
+                spirv.workgroup_size,
+                None,
+                Some(spirv.words),
+            ))
+        } else {
+            None
+        };
+        let pipeline = if let Some((entry_name, workgroup_size, msl, spirv)) = strict {
             let entry_points = [wgpu::PassthroughShaderEntryPoint {
-                name: spirv.entry_name.clone().into(),
-                workgroup_size: spirv.workgroup_size,
+                name: entry_name.clone().into(),
+                workgroup_size,
             }];
-            // SAFETY: the words are naga's translation of a validated module with constants
-            // substituted, plus `NoContraction` decorations (which change no interface); its
-            // bindings are group 0 at their WGSL numbers, as in `pipeline_layout`.
+            // SAFETY: the MSL or SPIR-V is naga's translation of a validated module with the
+            // constants substituted (strict MSL; strict SPIR-V adds `NoContraction`, which changes
+            // no interface), bound with the slot map of `pipeline_layout` (group 0 entries in
+            // binding order; Vulkan numbers them by position, as `spirv` does).
             let module = unsafe {
                 device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
                     label: Some(kernel.name),
                     entry_points: entry_points.as_slice().into(),
-                    spirv: Some(spirv.words.into()),
+                    msl: msl.map(Into::into),
+                    spirv: spirv.map(Into::into),
                     ..Default::default()
                 })
             };
@@ -970,7 +961,7 @@ impl Engine {
                 label: Some(kernel.name),
                 layout: Some(&pipeline_layout),
                 module: &module,
-                entry_point: Some(&spirv.entry_name),
+                entry_point: Some(&entry_name),
                 compilation_options: Default::default(),
                 cache: None,
             })

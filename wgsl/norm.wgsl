@@ -766,7 +766,8 @@ fn vals(w: vec4<u32>, dt: u32) -> Vals {
 // infinities come through; the low half keeps the rounding's carry bits, for the callers to
 // mask or shift out); `bf16_bits` any value, without branches. `bf16_round` keeps the
 // rounded values in FP32 (the low half zero), `bf16_pack` packs the four into two words (x, y
-// in the first, x in the low half); their `_clean` forms take values known not to be NaN.
+// in the first, x in the low half); `bf16_round_clean` and the shared `bf16x4_nearest` (the
+// packed form) take values known not to be NaN.
 // With BF16 sources the register forwards are bound by these integer operations rather than
 // by memory (measured on an H200, `notes/measurements.md`): a NaN-free chunk (`clean`) takes
 // the shorter form.
@@ -795,11 +796,6 @@ fn bf16_pack(v: vec4<f32>) -> vec2<u32> {
     return vec2<u32>((h.x >> 16u) | h.y, (h.z >> 16u) | h.w);
 }
 
-fn bf16_pack_clean(v: vec4<f32>) -> vec2<u32> {
-    let h = bf16_rne(v);
-    return vec2<u32>((h.x >> 16u) | (h.y & 0xffff0000u), (h.z >> 16u) | (h.w & 0xffff0000u));
-}
-
 // Whether none of a chunk's values is NaN: their FP32 sum is not NaN (a NaN term makes it
 // NaN; so do opposite infinities, which then only take the longer rounding).
 fn clean(v: Vals) -> bool {
@@ -818,7 +814,7 @@ fn pack(v: Vals, dt: u32) -> vec4<u32> {
     }
     if (dt == DT_BF16) {
         if (clean(v)) {
-            return vec4<u32>(bf16_pack_clean(v.lo), bf16_pack_clean(v.hi));
+            return vec4<u32>(bf16x4_nearest(v.lo), bf16x4_nearest(v.hi));
         }
         return vec4<u32>(bf16_pack(v.lo), bf16_pack(v.hi));
     }
