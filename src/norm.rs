@@ -251,6 +251,8 @@ struct Params {
     channels_per_group: u32,
     spatial: u32,
     block_rows: u32,
+    /// Always 0: the register backward widens `words ^ zero` for dx (see `wgsl/norm.wgsl`).
+    zero: u32,
 }
 
 pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
@@ -448,6 +450,7 @@ fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
         channels_per_group: f.layout.map_or(0, |l| l.channels_per_group as u32),
         spatial: f.layout.map_or(1, |l| l.spatial as u32),
         block_rows: 0,
+        zero: 0,
     }
 }
 
@@ -457,6 +460,39 @@ pub const REGISTER_CHUNKS: usize = 8;
 pub const REGISTER_BLOCKS: usize = 256;
 /// Fewest rows of a register backward block (so the partials stay at most a quarter of dx).
 pub const REGISTER_MIN_BLOCK_ROWS: usize = 4;
+/// Most chunks a lane of the 256-lane register backward holds at once, over the rows of a
+/// step: rows of `c` chunks a lane go `min(4, 8 / c)` rows a step.
+pub const REGISTER_STEP_CHUNKS: u32 = 8;
+
+thread_local! {
+    static FORCED_STEP_ROWS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Forces the rows a step of the 256-lane register backward takes, for launches from the
+/// calling thread: `Some(1 | 2 | 4)` (capped by the rule's `8 / chunks`), `None` for the rule.
+/// Every choice gives bit-identical results; for tests and measurements.
+#[doc(hidden)]
+pub fn force_register_step_rows(rows: Option<u32>) {
+    FORCED_STEP_ROWS.with(|f| f.set(rows.unwrap_or(0)));
+}
+
+/// Rows a step of the register backward takes: 1 on 1,024 lanes (RELOAD), else the most of
+/// 1, 2 and 4 whose chunks fit [`REGISTER_STEP_CHUNKS`] (F32 rows of at most 4,096 columns or
+/// 16-bit rows of at most 8,192 go several rows a step), or the forced count within that.
+fn step_rows(plan: RegisterPlan) -> u32 {
+    if plan.wide {
+        return 1;
+    }
+    let most = (REGISTER_STEP_CHUNKS / plan.chunks).clamp(1, 4);
+    match FORCED_STEP_ROWS.with(std::cell::Cell::get) {
+        0 => most,
+        forced => match forced.min(most) {
+            4.. => 4,
+            2 | 3 => 2,
+            _ => 1,
+        },
+    }
+}
 
 /// How a register path runs: the workgroup size and the chunks each lane holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1103,6 +1139,7 @@ pub fn norm_backward(
         channels_per_group: saved.group.map_or(0, |l| l.channels_per_group as u32),
         spatial: saved.group.map_or(1, |l| l.spatial as u32),
         block_rows: 0,
+        zero: 0,
     };
     engine.launch(
         &KERNEL,
@@ -1210,6 +1247,7 @@ fn register_backward(
         ),
         ("CHUNKS", f64::from(plan.chunks)),
         ("RELOAD", f64::from(u8::from(plan.wide))),
+        ("ROWS", f64::from(step_rows(plan))),
     ];
     let params = Params {
         rows: rows as u32,
