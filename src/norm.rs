@@ -27,6 +27,10 @@
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
 //!   block order. 256 lanes up to 8,192 / 16,384 columns; for RMSNorm and add+RMSNorm 1,024
 //!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
+//!   On 256 lanes, rows of at most 4 chunks a lane (F32 up to 4,096 columns, 16-bit up to
+//!   8,192) go 2 or 4 rows a step ([`REGISTER_STEP_CHUNKS`]): their loads are all issued
+//!   before one shared workgroup sum. Each row keeps its own sums and the partials add the
+//!   rows in order, so the results are bit-identical to one row a step.
 //! * General kernels (every operator, any width): the forward takes one workgroup per row and
 //!   reads the row in chunks of 256 columns (mean, squares, outputs). The backward takes one
 //!   workgroup per row for the two row constants of the input gradient, then one invocation
@@ -409,10 +413,10 @@ pub fn backward_workspace_bytes(
 /// at least [`REGISTER_MIN_BLOCK_ROWS`] rows (the last may be shorter; half as many blocks
 /// for workgroups of 1,024 lanes), a function of the shape only.
 fn register_blocks(rows: usize, wide: bool) -> (usize, usize) {
-    let most = if wide {
-        REGISTER_BLOCKS / 2
-    } else {
-        REGISTER_BLOCKS
+    let most = match (wide, FORCED_BLOCKS.with(std::cell::Cell::get)) {
+        (true, _) => REGISTER_BLOCKS / 2,
+        (false, 0) => REGISTER_BLOCKS,
+        (false, forced) => forced,
     };
     let block_rows = rows.div_ceil(most).max(REGISTER_MIN_BLOCK_ROWS);
     (block_rows, rows.div_ceil(block_rows))
@@ -466,6 +470,16 @@ pub const REGISTER_STEP_CHUNKS: u32 = 8;
 
 thread_local! {
     static FORCED_STEP_ROWS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static FORCED_BLOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Forces the most blocks of the 256-lane register backward ([`REGISTER_BLOCKS`] otherwise),
+/// for launches and workspace queries from the calling thread (`None`: the rule). Blocks keep
+/// at least [`REGISTER_MIN_BLOCK_ROWS`] rows. Another block count sums the parameter gradients
+/// in another (still fixed) order; for measurements.
+#[doc(hidden)]
+pub fn force_register_blocks(blocks: Option<usize>) {
+    FORCED_BLOCKS.with(|f| f.set(blocks.unwrap_or(0)));
 }
 
 /// Forces the rows a step of the 256-lane register backward takes, for launches from the

@@ -870,7 +870,13 @@ fn register_backward_step_rows_are_bit_identical() {
         let run = |forced: Option<u32>| -> Vec<Vec<u64>> {
             norm::force_register_step_rows(forced);
             let mut out = Vec::new();
-            for (s, d) in [(&s1, None), (&s2, None), (&s3, Some(&ds)), (&s3, None), (&s4, None)] {
+            for (s, d) in [
+                (&s1, None),
+                (&s2, None),
+                (&s3, Some(&ds)),
+                (&s3, None),
+                (&s4, None),
+            ] {
                 let g = norm::norm_backward(s, &dy, d).unwrap();
                 for t in [Some(&g.source), g.weight.as_ref(), g.bias.as_ref()]
                     .into_iter()
