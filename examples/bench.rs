@@ -12,8 +12,6 @@
 //! `$OUT/bench.json` when `OUT` is set, else `bench.json`). Every timed section follows a
 //! prewarm (default 0.3 s; `--prewarm 0` turns it off, to see what idle clocks cost).
 //! Compute-bound rows (matmul) also print their TFLOP/s to stderr.
-//! `WGRAD_NORM_STEP_ROWS` (1, 2 or 4) and `WGRAD_NORM_BLOCKS` (most blocks) set the norm
-//! register backward's rows a step and block count instead of their rules, for comparisons.
 //!
 //! To add an operator, push one more [`Op`] in `operators`.
 
@@ -460,11 +458,6 @@ fn run(args: &Args) -> Result<Report> {
 }
 
 fn main() -> ExitCode {
-    // Measurement switches of the normalization register backward (bit-identical step rows;
-    // the block count changes the parameter gradients' summation order).
-    let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    norm::force_register_step_rows(knob("WGRAD_NORM_STEP_ROWS").map(|v: usize| v as u32));
-    norm::force_register_blocks(knob("WGRAD_NORM_BLOCKS"));
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -27,10 +27,6 @@
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
 //!   block order. 256 lanes up to 8,192 / 16,384 columns; for RMSNorm and add+RMSNorm 1,024
 //!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
-//!   On 256 lanes, rows of at most 4 chunks a lane (F32 up to 4,096 columns, 16-bit up to
-//!   8,192) go 2 or 4 rows a step ([`REGISTER_STEP_CHUNKS`]): their loads are all issued
-//!   before one shared workgroup sum. Each row keeps its own sums and the partials add the
-//!   rows in order, so the results are bit-identical to one row a step.
 //! * General kernels (every operator, any width): the forward takes one workgroup per row and
 //!   reads the row in chunks of 256 columns (mean, squares, outputs). The backward takes one
 //!   workgroup per row for the two row constants of the input gradient, then one invocation
@@ -255,8 +251,6 @@ struct Params {
     channels_per_group: u32,
     spatial: u32,
     block_rows: u32,
-    /// Always 0: the register backward widens `words ^ zero` for dx (see `wgsl/norm.wgsl`).
-    zero: u32,
 }
 
 pub(crate) fn rows_cols(x: &Tensor) -> (usize, usize) {
@@ -413,10 +407,10 @@ pub fn backward_workspace_bytes(
 /// at least [`REGISTER_MIN_BLOCK_ROWS`] rows (the last may be shorter; half as many blocks
 /// for workgroups of 1,024 lanes), a function of the shape only.
 fn register_blocks(rows: usize, wide: bool) -> (usize, usize) {
-    let most = match (wide, FORCED_BLOCKS.with(std::cell::Cell::get)) {
-        (true, _) => REGISTER_BLOCKS / 2,
-        (false, 0) => REGISTER_BLOCKS,
-        (false, forced) => forced,
+    let most = if wide {
+        REGISTER_BLOCKS / 2
+    } else {
+        REGISTER_BLOCKS
     };
     let block_rows = rows.div_ceil(most).max(REGISTER_MIN_BLOCK_ROWS);
     (block_rows, rows.div_ceil(block_rows))
@@ -454,7 +448,6 @@ fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
         channels_per_group: f.layout.map_or(0, |l| l.channels_per_group as u32),
         spatial: f.layout.map_or(1, |l| l.spatial as u32),
         block_rows: 0,
-        zero: 0,
     }
 }
 
@@ -464,49 +457,6 @@ pub const REGISTER_CHUNKS: usize = 8;
 pub const REGISTER_BLOCKS: usize = 256;
 /// Fewest rows of a register backward block (so the partials stay at most a quarter of dx).
 pub const REGISTER_MIN_BLOCK_ROWS: usize = 4;
-/// Most chunks a lane of the 256-lane register backward holds at once, over the rows of a
-/// step: rows of `c` chunks a lane go `min(4, 8 / c)` rows a step.
-pub const REGISTER_STEP_CHUNKS: u32 = 8;
-
-thread_local! {
-    static FORCED_STEP_ROWS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    static FORCED_BLOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Forces the most blocks of the 256-lane register backward ([`REGISTER_BLOCKS`] otherwise),
-/// for launches and workspace queries from the calling thread (`None`: the rule). Blocks keep
-/// at least [`REGISTER_MIN_BLOCK_ROWS`] rows. Another block count sums the parameter gradients
-/// in another (still fixed) order; for measurements.
-#[doc(hidden)]
-pub fn force_register_blocks(blocks: Option<usize>) {
-    FORCED_BLOCKS.with(|f| f.set(blocks.unwrap_or(0)));
-}
-
-/// Forces the rows a step of the 256-lane register backward takes, for launches from the
-/// calling thread: `Some(1 | 2 | 4)` (capped by the rule's `8 / chunks`), `None` for the rule.
-/// Every choice gives bit-identical results; for tests and measurements.
-#[doc(hidden)]
-pub fn force_register_step_rows(rows: Option<u32>) {
-    FORCED_STEP_ROWS.with(|f| f.set(rows.unwrap_or(0)));
-}
-
-/// Rows a step of the register backward takes: 1 on 1,024 lanes (RELOAD), else the most of
-/// 1, 2 and 4 whose chunks fit [`REGISTER_STEP_CHUNKS`] (F32 rows of at most 4,096 columns or
-/// 16-bit rows of at most 8,192 go several rows a step), or the forced count within that.
-fn step_rows(plan: RegisterPlan) -> u32 {
-    if plan.wide {
-        return 1;
-    }
-    let most = (REGISTER_STEP_CHUNKS / plan.chunks).clamp(1, 4);
-    match FORCED_STEP_ROWS.with(std::cell::Cell::get) {
-        0 => most,
-        forced => match forced.min(most) {
-            4.. => 4,
-            2 | 3 => 2,
-            _ => 1,
-        },
-    }
-}
 
 /// How a register path runs: the workgroup size and the chunks each lane holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1153,7 +1103,6 @@ pub fn norm_backward(
         channels_per_group: saved.group.map_or(0, |l| l.channels_per_group as u32),
         spatial: saved.group.map_or(1, |l| l.spatial as u32),
         block_rows: 0,
-        zero: 0,
     };
     engine.launch(
         &KERNEL,
@@ -1261,7 +1210,6 @@ fn register_backward(
         ),
         ("CHUNKS", f64::from(plan.chunks)),
         ("RELOAD", f64::from(u8::from(plan.wide))),
-        ("ROWS", f64::from(step_rows(plan))),
     ];
     let params = Params {
         rows: rows as u32,

@@ -836,69 +836,6 @@ fn register_path_reruns_are_bit_identical() {
     }
 }
 
-#[test]
-fn register_backward_step_rows_are_bit_identical() {
-    // Rows of 1, 2 and 4 chunks a lane go several rows a step (`REGISTER_STEP_CHUNKS`: 4, 4
-    // and 2); forcing one or two rows a step must give the same bits. Blocks of 5 rows with a
-    // last block of 3 (1,203 rows) and blocks of 4 with a short last block (7, 11, 6 rows)
-    // leave steps with absent rows; 36 / 2,052 F32 and 2,056 / 4,104 16-bit columns leave
-    // lanes without some chunks; weights in the source's dtype and in F32, with and without
-    // the residual-sum cotangent.
-    let cases = [
-        (1203, 36, DType::F32, DType::F32),
-        (11, 2056, DType::BF16, DType::F32),
-        (7, 2052, DType::F32, DType::F32),
-        (6, 4104, DType::F16, DType::F16),
-    ];
-    for (rows, cols, dt, wdt) in cases {
-        let mut rng = Rng::new(1200 + cols as u64);
-        let (x, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
-        let (r, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
-        let (w, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], wdt);
-        let (b, _) = upload(&rng.vec(cols, -0.5, 0.5), &[cols], wdt);
-        let (dy, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
-        let (ds, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
-        let o = RmsNormOptions {
-            offset: 0.5,
-            ..RmsNormOptions::default()
-        };
-        let (_, s1) = norm::rms_norm(&x, Some(&w), &o).unwrap();
-        let (_, s2) =
-            norm::layer_norm(&x, Some(&w), Some(&b), &LayerNormOptions::default()).unwrap();
-        let (_, _, s3) = norm::add_rms_norm(&x, &r, Some(&w), &o).unwrap();
-        let (_, s4) = norm::rms_norm(&x, None, &o).unwrap();
-        let run = |forced: Option<u32>| -> Vec<Vec<u64>> {
-            norm::force_register_step_rows(forced);
-            let mut out = Vec::new();
-            for (s, d) in [
-                (&s1, None),
-                (&s2, None),
-                (&s3, Some(&ds)),
-                (&s3, None),
-                (&s4, None),
-            ] {
-                let g = norm::norm_backward(s, &dy, d).unwrap();
-                for t in [Some(&g.source), g.weight.as_ref(), g.bias.as_ref()]
-                    .into_iter()
-                    .flatten()
-                {
-                    out.push(bits(t));
-                }
-            }
-            norm::force_register_step_rows(None);
-            out
-        };
-        let one = run(Some(1));
-        assert_eq!(one.len(), 2 + 3 + 2 + 2 + 1);
-        for forced in [None, Some(2)] {
-            assert!(
-                one == run(forced),
-                "{rows}x{cols} {dt} (weight {wdt}): {forced:?} rows a step differ from one"
-            );
-        }
-    }
-}
-
 /// BF16 values of a tensor as f32.
 fn bf16_values(t: &Tensor) -> Vec<f32> {
     t.to_vec::<half::bf16>()

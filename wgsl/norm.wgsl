@@ -67,7 +67,6 @@ struct Params {
     channels_per_group: u32, // GroupNorm
     spatial: u32,            // GroupNorm: elements per channel
     block_rows: u32,         // register backward: rows per workgroup
-    zero: u32,               // register backward: 0 (a value the compiler cannot see)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -655,17 +654,14 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // The backward takes `block_rows` consecutive rows per workgroup: per row it loads the row's
 // source and cotangent chunks once, computes the row constants, writes dx and adds the
 // parameter partials of its columns into registers (rows in order); at the end it writes the
-// block's partial rows, which `partials_finish` sums in block order. Narrow rows (ROWS > 1)
-// go ROWS rows a step (see "Register backward"), bit-identical to one row a step. With RELOAD
-// (1,024 lanes, rows too wide to keep x and dy in registers) it reads each row twice, the
-// second time mostly from cache.
+// block's partial rows, which `partials_finish` sums in block order. With RELOAD (1,024
+// lanes, rows too wide to keep x and dy in registers) it reads each row twice, the second
+// time mostly from cache.
 
 override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused registers fold away)
 // Backward: load the row's chunks again for dx (from cache) instead of keeping them in
 // registers across the row sum (rows too wide for the registers of the whole row).
 override RELOAD: bool = false;
-// Backward: rows a step takes at once, 1, 2 or 4 with ROWS · CHUNKS ≤ 8 (1 with RELOAD).
-override ROWS: u32 = 1u;
 
 @group(0) @binding(18) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(19) var<storage, read_write> y4: array<vec4<u32>>;
@@ -742,62 +738,6 @@ fn row_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
 
 fn row_sum(v: f32, lid: u32) -> f32 {
     return row_sum2(vec2<f32>(v, 0.0), lid).x;
-}
-
-// `row_sum2` of four components (the register backward's steps of several rows): the same
-// tree, so each component comes out exactly as `row_sum2` would give it.
-var<workgroup> sum4_in: array<vec4<f32>, WG>;
-var<workgroup> sum4_b: array<vec4<f32>, WG / 8u>;
-var<workgroup> sum4_c: array<vec4<f32>, WG / 8u>;
-
-fn sum8_4in(i: u32) -> vec4<f32> {
-    let f = 8u * i;
-    return ((sum4_in[f] + sum4_in[f + 1u]) + (sum4_in[f + 2u] + sum4_in[f + 3u]))
-        + ((sum4_in[f + 4u] + sum4_in[f + 5u]) + (sum4_in[f + 6u] + sum4_in[f + 7u]));
-}
-
-fn sum8_4b(i: u32) -> vec4<f32> {
-    let f = 8u * i;
-    return ((sum4_b[f] + sum4_b[f + 1u]) + (sum4_b[f + 2u] + sum4_b[f + 3u]))
-        + ((sum4_b[f + 4u] + sum4_b[f + 5u]) + (sum4_b[f + 6u] + sum4_b[f + 7u]));
-}
-
-fn sum8_4c(i: u32) -> vec4<f32> {
-    let f = 8u * i;
-    return ((sum4_c[f] + sum4_c[f + 1u]) + (sum4_c[f + 2u] + sum4_c[f + 3u]))
-        + ((sum4_c[f + 4u] + sum4_c[f + 5u]) + (sum4_c[f + 6u] + sum4_c[f + 7u]));
-}
-
-fn row_sum4(v: vec4<f32>, lid: u32) -> vec4<f32> {
-    sum4_in[lid] = v;
-    workgroupBarrier();
-    var count = WG / 8u;
-    if (lid < count) {
-        sum4_b[lid] = sum8_4in(lid);
-    }
-    workgroupBarrier();
-    var in_b = true;
-    while (count > 8u) {
-        count = count / 8u;
-        if (lid < count) {
-            if (in_b) {
-                sum4_c[lid] = sum8_4b(lid);
-            } else {
-                sum4_b[lid] = sum8_4c(lid);
-            }
-        }
-        workgroupBarrier();
-        in_b = !in_b;
-    }
-    var total = vec4<f32>();
-    for (var i = 0u; i < count; i = i + 1u) {
-        if (in_b) {
-            total = total + sum4_b[i];
-        } else {
-            total = total + sum4_c[i];
-        }
-    }
-    return total;
 }
 
 // Values per chunk: 4 (F32) or 8 (16-bit).
@@ -996,10 +936,17 @@ fn has(k: u32, lid: u32, n: u32) -> bool {
     return k < CHUNKS && lid + k * WG < n;
 }
 
-// The lane's k-th source chunk of the row starting at chunk `base` (0 if absent).
+// The lane's k-th source / cotangent chunk of the row starting at chunk `base` (0 if absent).
 fn ld_x4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
     if (has(k, lid, n)) {
         return x4[base + lid + k * WG];
+    }
+    return vec4<u32>();
+}
+
+fn ld_dy4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
+    if (has(k, lid, n)) {
+        return dy4[base + lid + k * WG];
     }
     return vec4<u32>();
 }
@@ -1186,230 +1133,6 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
 }
 
 // ---- Register backward ----
-// A step takes ROWS consecutive rows of the block at once (ROWS · CHUNKS ≤ 8): slot k of the
-// lane's 8 named register slots holds chunk k % CHUNKS of the step's row k / CHUNKS. Each row
-// keeps its own fixed pairwise lane sum (the chunks of other rows count as zeros, as absent
-// chunks always did), the rows' sums share one fixed-tree workgroup sum (one lane-sum vector
-// component per row, so every component is added exactly as alone), and every slot adds into
-// the accumulator of its chunk with the rows in order. So every value is bit-identical to one
-// row a step; more rows put more loads in flight before each workgroup sum and take one sum
-// (and its barriers) per step instead of one per row.
-
-// Parameter partials of the lane's chunks: weight (w) and bias (b), chunk j in wacc_j / bacc_j.
-var<private> wacc0: Vals;
-var<private> wacc1: Vals;
-var<private> wacc2: Vals;
-var<private> wacc3: Vals;
-var<private> wacc4: Vals;
-var<private> wacc5: Vals;
-var<private> wacc6: Vals;
-var<private> wacc7: Vals;
-var<private> bacc0: Vals;
-var<private> bacc1: Vals;
-var<private> bacc2: Vals;
-var<private> bacc3: Vals;
-var<private> bacc4: Vals;
-var<private> bacc5: Vals;
-var<private> bacc6: Vals;
-var<private> bacc7: Vals;
-
-// Adds v to the weight partials (bias partials when `bias`) of chunk j.
-fn acc_add(j: u32, v: Vals, bias: bool) {
-    if (bias) {
-        switch (j) {
-            case 0u: { bacc0 = vadd(bacc0, v); }
-            case 1u: { bacc1 = vadd(bacc1, v); }
-            case 2u: { bacc2 = vadd(bacc2, v); }
-            case 3u: { bacc3 = vadd(bacc3, v); }
-            case 4u: { bacc4 = vadd(bacc4, v); }
-            case 5u: { bacc5 = vadd(bacc5, v); }
-            case 6u: { bacc6 = vadd(bacc6, v); }
-            default: { bacc7 = vadd(bacc7, v); }
-        }
-        return;
-    }
-    switch (j) {
-        case 0u: { wacc0 = vadd(wacc0, v); }
-        case 1u: { wacc1 = vadd(wacc1, v); }
-        case 2u: { wacc2 = vadd(wacc2, v); }
-        case 3u: { wacc3 = vadd(wacc3, v); }
-        case 4u: { wacc4 = vadd(wacc4, v); }
-        case 5u: { wacc5 = vadd(wacc5, v); }
-        case 6u: { wacc6 = vadd(wacc6, v); }
-        default: { wacc7 = vadd(wacc7, v); }
-    }
-}
-
-// Chunk and step row of slot k.
-fn slot_chunk(k: u32) -> u32 {
-    return k % CHUNKS;
-}
-
-fn slot_row(k: u32) -> u32 {
-    return k / CHUNKS;
-}
-
-// Whether slot k of the step starting at row `row0` holds data (its row before `last`, its
-// chunk within the row of n chunks).
-fn slot_has(k: u32, lid: u32, n: u32, row0: u32, last: u32) -> bool {
-    return k < ROWS * CHUNKS && row0 + slot_row(k) < last && lid + slot_chunk(k) * WG < n;
-}
-
-// Row chunk (index into the row) and chunk index into the tensor of slot k.
-fn slot_q(k: u32, lid: u32) -> u32 {
-    return lid + slot_chunk(k) * WG;
-}
-
-fn slot_at(k: u32, lid: u32, n: u32, row0: u32) -> u32 {
-    return (row0 + slot_row(k)) * n + slot_q(k, lid);
-}
-
-// The words of slot k of the source, residual and cotangent (zero when absent).
-fn slot_x(k: u32, lid: u32, n: u32, row0: u32, last: u32) -> vec4<u32> {
-    if (slot_has(k, lid, n, row0, last)) {
-        return x4[slot_at(k, lid, n, row0)];
-    }
-    return vec4<u32>();
-}
-
-fn slot_r(k: u32, lid: u32, n: u32, row0: u32, last: u32) -> vec4<u32> {
-    if (KIND == KIND_ADD && slot_has(k, lid, n, row0, last)) {
-        return r4[slot_at(k, lid, n, row0)];
-    }
-    return vec4<u32>();
-}
-
-fn slot_dy(k: u32, lid: u32, n: u32, row0: u32, last: u32) -> vec4<u32> {
-    if (slot_has(k, lid, n, row0, last)) {
-        return dy4[slot_at(k, lid, n, row0)];
-    }
-    return vec4<u32>();
-}
-
-// Value i (0..3) of four: a per-row value of a step (i a constant once the overrides are set).
-fn pick4(i: u32, a: f32, b: f32, c: f32, d: f32) -> f32 {
-    if (i == 0u) {
-        return a;
-    }
-    if (i == 1u) {
-        return b;
-    }
-    if (i == 2u) {
-        return c;
-    }
-    return d;
-}
-
-// Whether the step's r-th row exists (r < ROWS, before `last`).
-fn step_has(r: u32, row0: u32, last: u32) -> bool {
-    return r < ROWS && row0 + r < last;
-}
-
-// Saved statistics of the step's r-th row (0 past the block or the step).
-fn row_inv(r: u32, row0: u32, last: u32) -> f32 {
-    if (!step_has(r, row0, last)) {
-        return 0.0;
-    }
-    return inv_in[row0 + r];
-}
-
-fn row_mean(r: u32, row0: u32, last: u32) -> f32 {
-    if (!step_has(r, row0, last)) {
-        return 0.0;
-    }
-    return mean_in[row0 + r];
-}
-
-fn row_corr(r: u32, row0: u32, last: u32) -> f32 {
-    if (!step_has(r, row0, last)) {
-        return 0.0;
-    }
-    return corr_in[row0 + r];
-}
-
-// Lane sum of the step's row r over its slots' terms e0..e7, in the fixed pairwise order of
-// one row a step: chunk j of the row at position j, zeros past CHUNKS.
-fn row_part(r: u32, j: u32, e0: vec2<f32>, e1: vec2<f32>, e2: vec2<f32>, e3: vec2<f32>, e4: vec2<f32>,
-            e5: vec2<f32>, e6: vec2<f32>, e7: vec2<f32>) -> vec2<f32> {
-    if (j >= CHUNKS) {
-        return vec2<f32>();
-    }
-    let k = r * CHUNKS + j;
-    if (k == 0u) {
-        return e0;
-    }
-    if (k == 1u) {
-        return e1;
-    }
-    if (k == 2u) {
-        return e2;
-    }
-    if (k == 3u) {
-        return e3;
-    }
-    if (k == 4u) {
-        return e4;
-    }
-    if (k == 5u) {
-        return e5;
-    }
-    if (k == 6u) {
-        return e6;
-    }
-    if (k == 7u) {
-        return e7;
-    }
-    return vec2<f32>();
-}
-
-fn row_tree(r: u32, e0: vec2<f32>, e1: vec2<f32>, e2: vec2<f32>, e3: vec2<f32>, e4: vec2<f32>, e5: vec2<f32>,
-            e6: vec2<f32>, e7: vec2<f32>) -> vec2<f32> {
-    return ((row_part(r, 0u, e0, e1, e2, e3, e4, e5, e6, e7) + row_part(r, 1u, e0, e1, e2, e3, e4, e5, e6, e7))
-        + (row_part(r, 2u, e0, e1, e2, e3, e4, e5, e6, e7) + row_part(r, 3u, e0, e1, e2, e3, e4, e5, e6, e7)))
-        + ((row_part(r, 4u, e0, e1, e2, e3, e4, e5, e6, e7) + row_part(r, 5u, e0, e1, e2, e3, e4, e5, e6, e7))
-        + (row_part(r, 6u, e0, e1, e2, e3, e4, e5, e6, e7) + row_part(r, 7u, e0, e1, e2, e3, e4, e5, e6, e7)));
-}
-
-// Workgroup sums of a step's rows: row r's lane sum in t_r, its total in s_r, each component
-// added in `row_sum2`'s tree, so as for the row alone.
-struct StepSums {
-    s0: vec2<f32>,
-    s1: vec2<f32>,
-    s2: vec2<f32>,
-    s3: vec2<f32>,
-}
-
-// One value a row (RMSNorm, in `.x`): up to four rows in one vec4 sum.
-fn step_sums1(t0: vec2<f32>, t1: vec2<f32>, t2: vec2<f32>, t3: vec2<f32>, lid: u32) -> StepSums {
-    if (ROWS == 1u) {
-        return StepSums(row_sum2(t0, lid), vec2<f32>(), vec2<f32>(), vec2<f32>());
-    }
-    let s = row_sum4(vec4<f32>(t0.x, t1.x, t2.x, t3.x), lid);
-    return StepSums(vec2<f32>(s.x, 0.0), vec2<f32>(s.y, 0.0), vec2<f32>(s.z, 0.0), vec2<f32>(s.w, 0.0));
-}
-
-// Two values a row (LayerNorm): two rows a vec4 sum.
-fn step_sums2(t0: vec2<f32>, t1: vec2<f32>, t2: vec2<f32>, t3: vec2<f32>, lid: u32) -> StepSums {
-    if (ROWS == 1u) {
-        return StepSums(row_sum2(t0, lid), vec2<f32>(), vec2<f32>(), vec2<f32>());
-    }
-    let a = row_sum4(vec4<f32>(t0, t1), lid);
-    var b = vec4<f32>();
-    if (ROWS > 2u) {
-        b = row_sum4(vec4<f32>(t2, t3), lid);
-    }
-    return StepSums(a.xy, a.zw, b.xy, b.zw);
-}
-
-// With 16-bit sources the words, not their widened values, stay in registers across the
-// workgroup sum (half the registers): the second use widens `w ^ params.zero` (zero at run time,
-// unknown to the compiler, so the first widening is not kept for it). F32 words are the values.
-fn rewiden(w: vec4<u32>) -> vec4<u32> {
-    if (DX == DT_F32) {
-        return w;
-    }
-    return w ^ vec4<u32>(params.zero);
-}
 
 // dx of row chunk i (F32: one vec4, 16-bit: two).
 fn put_dx(g: Vals, i: u32) {
@@ -1436,53 +1159,47 @@ fn put_part(acc: Vals, slot: u32, block: u32, k: u32, lid: u32, n: u32) {
     }
 }
 
-// The normalized source of a slot's words: x (RMSNorm) or x + residual (add+RMSNorm).
-fn rms_src(x: vec4<u32>, r: vec4<u32>) -> Vals {
-    if (KIND == KIND_ADD) {
-        return vadd(vals(x, DX), vals(r, DX));
+// Σ dn · n over the lane's k-th chunk (RMSNorm variants): s the normalized source, d the cotangent.
+fn rms_dot(s: Vals, d: Vals, k: u32, lid: u32, n: u32, inv: f32) -> f32 {
+    if (!has(k, lid, n)) {
+        return 0.0;
     }
-    return vals(x, DX);
+    return vdot(vmul(d, wf_chunk(lid + k * WG)), vscale(s, inv));
 }
 
-// Σ dn · n over slot k (RMSNorm variants; in `.x`).
-fn rms_dot(x: vec4<u32>, r: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row0: u32, last: u32,
-           inv: f32) -> vec2<f32> {
-    if (!slot_has(k, lid, n, row0, last)) {
-        return vec2<f32>();
-    }
-    let d = vals(g, DX);
-    return vec2<f32>(vdot(vmul(d, wf_chunk(slot_q(k, lid))), vscale(rms_src(x, r), inv)), 0.0);
-}
-
-// dx = inv · (dn − n · c2) (+ the residual-sum cotangent) of slot k, and the weight partial
-// dy · n added to its chunk's accumulator.
-fn rms_step(x: vec4<u32>, r: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row0: u32, last: u32, inv: f32,
+// dx = inv · (dn − n · c2) (+ the residual-sum cotangent) of the lane's k-th chunk, and the
+// weight partial dy · n added to `acc`.
+fn rms_step(acc: ptr<function, Vals>, s_held: Vals, d_held: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32,
             c2: f32) {
-    if (!slot_has(k, lid, n, row0, last)) {
+    if (!has(k, lid, n)) {
         return;
     }
-    let q = slot_q(k, lid);
-    let i = slot_at(k, lid, n, row0);
-    var s: Vals;
-    var d: Vals;
+    let q = lid + k * WG;
+    var s = s_held;
+    var d = d_held;
     if (RELOAD) {
-        var r_now = vec4<u32>();
-        if (KIND == KIND_ADD) {
-            r_now = r4[i];
-        }
-        s = rms_src(x4[i], r_now);
-        d = vals(dy4[i], DX);
-    } else {
-        s = rms_src(rewiden(x), rewiden(r));
-        d = vals(rewiden(g), DX);
+        s = rms_source(k, lid, n, base);
+        d = vals(dy4[base + q], DX);
     }
     let nrm = vscale(s, inv);
-    var v = vscale(vsub(vmul(d, wf_chunk(q)), vscale(nrm, c2)), inv);
+    var g = vscale(vsub(vmul(d, wf_chunk(q)), vscale(nrm, c2)), inv);
     if (HAS_DRES) {
-        v = vadd(v, vals(dr4[i], DX));
+        g = vadd(g, vals(dr4[base + q], DX));
     }
-    put_dx(v, i);
-    acc_add(slot_chunk(k), vmul(d, nrm), false);
+    put_dx(g, base + q);
+    *acc = vadd(*acc, vmul(d, nrm));
+}
+
+// The lane's k-th chunk of the normalized source: x (RMSNorm) or x + residual (add+RMSNorm).
+fn rms_source(k: u32, lid: u32, n: u32, base: u32) -> Vals {
+    if (!has(k, lid, n)) {
+        return vzero();
+    }
+    let i = base + lid + k * WG;
+    if (KIND == KIND_ADD) {
+        return vadd(vals(x4[i], DX), vals(r4[i], DX));
+    }
+    return vals(x4[i], DX);
 }
 
 @compute @workgroup_size(WG)
@@ -1495,107 +1212,82 @@ fn rms_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     }
     let last = min(first + params.block_rows, params.rows);
     let n = params.cols / chunk_len();
-    for (var row0 = first; row0 < last; row0 = row0 + ROWS) {
-        let i0 = row_inv(0u, row0, last);
-        let i1 = row_inv(1u, row0, last);
-        let i2 = row_inv(2u, row0, last);
-        let i3 = row_inv(3u, row0, last);
-        // RELOAD reads the row again for dx, so the first read need not stay in registers.
-        let x0 = slot_x(0u, lid, n, row0, last);
-        let x1 = slot_x(1u, lid, n, row0, last);
-        let x2 = slot_x(2u, lid, n, row0, last);
-        let x3 = slot_x(3u, lid, n, row0, last);
-        let x4_ = slot_x(4u, lid, n, row0, last);
-        let x5 = slot_x(5u, lid, n, row0, last);
-        let x6 = slot_x(6u, lid, n, row0, last);
-        let x7 = slot_x(7u, lid, n, row0, last);
-        let r0 = slot_r(0u, lid, n, row0, last);
-        let r1 = slot_r(1u, lid, n, row0, last);
-        let r2 = slot_r(2u, lid, n, row0, last);
-        let r3 = slot_r(3u, lid, n, row0, last);
-        let r4_ = slot_r(4u, lid, n, row0, last);
-        let r5 = slot_r(5u, lid, n, row0, last);
-        let r6 = slot_r(6u, lid, n, row0, last);
-        let r7 = slot_r(7u, lid, n, row0, last);
-        let g0 = slot_dy(0u, lid, n, row0, last);
-        let g1 = slot_dy(1u, lid, n, row0, last);
-        let g2 = slot_dy(2u, lid, n, row0, last);
-        let g3 = slot_dy(3u, lid, n, row0, last);
-        let g4 = slot_dy(4u, lid, n, row0, last);
-        let g5 = slot_dy(5u, lid, n, row0, last);
-        let g6 = slot_dy(6u, lid, n, row0, last);
-        let g7 = slot_dy(7u, lid, n, row0, last);
-        let e0 = rms_dot(x0, r0, g0, 0u, lid, n, row0, last, pick4(slot_row(0u), i0, i1, i2, i3));
-        let e1 = rms_dot(x1, r1, g1, 1u, lid, n, row0, last, pick4(slot_row(1u), i0, i1, i2, i3));
-        let e2 = rms_dot(x2, r2, g2, 2u, lid, n, row0, last, pick4(slot_row(2u), i0, i1, i2, i3));
-        let e3 = rms_dot(x3, r3, g3, 3u, lid, n, row0, last, pick4(slot_row(3u), i0, i1, i2, i3));
-        let e4 = rms_dot(x4_, r4_, g4, 4u, lid, n, row0, last, pick4(slot_row(4u), i0, i1, i2, i3));
-        let e5 = rms_dot(x5, r5, g5, 5u, lid, n, row0, last, pick4(slot_row(5u), i0, i1, i2, i3));
-        let e6 = rms_dot(x6, r6, g6, 6u, lid, n, row0, last, pick4(slot_row(6u), i0, i1, i2, i3));
-        let e7 = rms_dot(x7, r7, g7, 7u, lid, n, row0, last, pick4(slot_row(7u), i0, i1, i2, i3));
-        let sums = step_sums1(row_tree(0u, e0, e1, e2, e3, e4, e5, e6, e7), row_tree(1u, e0, e1, e2, e3, e4, e5, e6, e7),
-                             row_tree(2u, e0, e1, e2, e3, e4, e5, e6, e7), row_tree(3u, e0, e1, e2, e3, e4, e5, e6, e7),
-                              lid);
-        let cols = f32(params.cols);
-        let c0 = sums.s0.x / cols;
-        let c1 = sums.s1.x / cols;
-        let c2 = sums.s2.x / cols;
-        let c3 = sums.s3.x / cols;
-        rms_step(x0, r0, g0, 0u, lid, n, row0, last, pick4(slot_row(0u), i0, i1, i2, i3),
-                 pick4(slot_row(0u), c0, c1, c2, c3));
-        rms_step(x1, r1, g1, 1u, lid, n, row0, last, pick4(slot_row(1u), i0, i1, i2, i3),
-                 pick4(slot_row(1u), c0, c1, c2, c3));
-        rms_step(x2, r2, g2, 2u, lid, n, row0, last, pick4(slot_row(2u), i0, i1, i2, i3),
-                 pick4(slot_row(2u), c0, c1, c2, c3));
-        rms_step(x3, r3, g3, 3u, lid, n, row0, last, pick4(slot_row(3u), i0, i1, i2, i3),
-                 pick4(slot_row(3u), c0, c1, c2, c3));
-        rms_step(x4_, r4_, g4, 4u, lid, n, row0, last, pick4(slot_row(4u), i0, i1, i2, i3),
-                 pick4(slot_row(4u), c0, c1, c2, c3));
-        rms_step(x5, r5, g5, 5u, lid, n, row0, last, pick4(slot_row(5u), i0, i1, i2, i3),
-                 pick4(slot_row(5u), c0, c1, c2, c3));
-        rms_step(x6, r6, g6, 6u, lid, n, row0, last, pick4(slot_row(6u), i0, i1, i2, i3),
-                 pick4(slot_row(6u), c0, c1, c2, c3));
-        rms_step(x7, r7, g7, 7u, lid, n, row0, last, pick4(slot_row(7u), i0, i1, i2, i3),
-                 pick4(slot_row(7u), c0, c1, c2, c3));
+    var a0 = vzero();
+    var a1 = vzero();
+    var a2 = vzero();
+    var a3 = vzero();
+    var a4 = vzero();
+    var a5 = vzero();
+    var a6 = vzero();
+    var a7 = vzero();
+    for (var row = first; row < last; row = row + 1u) {
+        let base = row * n;
+        let inv = inv_in[row];
+        let s0 = rms_source(0u, lid, n, base);
+        let s1 = rms_source(1u, lid, n, base);
+        let s2 = rms_source(2u, lid, n, base);
+        let s3 = rms_source(3u, lid, n, base);
+        let s4_ = rms_source(4u, lid, n, base);
+        let s5 = rms_source(5u, lid, n, base);
+        let s6 = rms_source(6u, lid, n, base);
+        let s7 = rms_source(7u, lid, n, base);
+        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
+        let t = ((rms_dot(s0, d0, 0u, lid, n, inv) + rms_dot(s1, d1, 1u, lid, n, inv))
+            + (rms_dot(s2, d2, 2u, lid, n, inv) + rms_dot(s3, d3, 3u, lid, n, inv)))
+            + ((rms_dot(s4_, d4, 4u, lid, n, inv) + rms_dot(s5, d5, 5u, lid, n, inv))
+            + (rms_dot(s6, d6, 6u, lid, n, inv) + rms_dot(s7, d7, 7u, lid, n, inv)));
+        let c2 = row_sum(t, lid) / f32(params.cols);
+        rms_step(&a0, s0, d0, 0u, lid, n, base, inv, c2);
+        rms_step(&a1, s1, d1, 1u, lid, n, base, inv, c2);
+        rms_step(&a2, s2, d2, 2u, lid, n, base, inv, c2);
+        rms_step(&a3, s3, d3, 3u, lid, n, base, inv, c2);
+        rms_step(&a4, s4_, d4, 4u, lid, n, base, inv, c2);
+        rms_step(&a5, s5, d5, 5u, lid, n, base, inv, c2);
+        rms_step(&a6, s6, d6, 6u, lid, n, base, inv, c2);
+        rms_step(&a7, s7, d7, 7u, lid, n, base, inv, c2);
     }
     if (HAS_W) {
-        put_part(wacc0, 0u, block, 0u, lid, n);
-        put_part(wacc1, 0u, block, 1u, lid, n);
-        put_part(wacc2, 0u, block, 2u, lid, n);
-        put_part(wacc3, 0u, block, 3u, lid, n);
-        put_part(wacc4, 0u, block, 4u, lid, n);
-        put_part(wacc5, 0u, block, 5u, lid, n);
-        put_part(wacc6, 0u, block, 6u, lid, n);
-        put_part(wacc7, 0u, block, 7u, lid, n);
+        put_part(a0, 0u, block, 0u, lid, n);
+        put_part(a1, 0u, block, 1u, lid, n);
+        put_part(a2, 0u, block, 2u, lid, n);
+        put_part(a3, 0u, block, 3u, lid, n);
+        put_part(a4, 0u, block, 4u, lid, n);
+        put_part(a5, 0u, block, 5u, lid, n);
+        put_part(a6, 0u, block, 6u, lid, n);
+        put_part(a7, 0u, block, 7u, lid, n);
     }
 }
 
-// LayerNorm: Σ dn and Σ dn · n over slot k.
-fn ln_sums(x: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row0: u32, last: u32, mean: f32, corr: f32,
-           inv: f32) -> vec2<f32> {
-    if (!slot_has(k, lid, n, row0, last)) {
+// LayerNorm: Σ dn and Σ dn · n over the lane's k-th chunk.
+fn ln_sums(x: vec4<u32>, d: Vals, k: u32, lid: u32, n: u32, mean: f32, corr: f32, inv: f32) -> vec2<f32> {
+    if (!has(k, lid, n)) {
         return vec2<f32>();
     }
     let nrm = vscale(vcenter(vals(x, DX), mean, corr), inv);
-    let dn = vmul(vals(g, DX), wf_chunk(slot_q(k, lid)));
+    let dn = vmul(d, wf_chunk(lid + k * WG));
     return vec2<f32>(vtotal(dn), vdot(dn, nrm));
 }
 
-// dx = inv · ((dn − c1) − n · c2) of slot k; dy · n added to its chunk's weight partials, dy
-// to its bias partials.
-fn ln_step(x: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row0: u32, last: u32, mean: f32, corr: f32,
-           inv: f32, c: vec2<f32>) {
-    if (!slot_has(k, lid, n, row0, last)) {
+// dx = inv · ((dn − c1) − n · c2) of the lane's k-th chunk; dy · n added to `aw`, dy to `ab`.
+fn ln_step(aw: ptr<function, Vals>, ab: ptr<function, Vals>, x: vec4<u32>, d: Vals, k: u32, lid: u32, n: u32,
+           base: u32, mean: f32, corr: f32, inv: f32, c: vec2<f32>) {
+    if (!has(k, lid, n)) {
         return;
     }
-    let q = slot_q(k, lid);
-    let d = vals(rewiden(g), DX);
-    let nrm = vscale(vcenter(vals(rewiden(x), DX), mean, corr), inv);
+    let q = lid + k * WG;
+    let nrm = vscale(vcenter(vals(x, DX), mean, corr), inv);
     let dn = vmul(d, wf_chunk(q));
-    let v = Vals((dn.lo - c.x) - nrm.lo * c.y, (dn.hi - c.x) - nrm.hi * c.y);
-    put_dx(vscale(v, inv), slot_at(k, lid, n, row0));
-    acc_add(slot_chunk(k), vmul(d, nrm), false);
-    acc_add(slot_chunk(k), d, true);
+    let g = Vals((dn.lo - c.x) - nrm.lo * c.y, (dn.hi - c.x) - nrm.hi * c.y);
+    put_dx(vscale(g, inv), base + q);
+    *aw = vadd(*aw, vmul(d, nrm));
+    *ab = vadd(*ab, d);
 }
 
 @compute @workgroup_size(WG)
@@ -1608,110 +1300,77 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
     }
     let last = min(first + params.block_rows, params.rows);
     let n = params.cols / chunk_len();
-    for (var row0 = first; row0 < last; row0 = row0 + ROWS) {
-        let i0 = row_inv(0u, row0, last);
-        let i1 = row_inv(1u, row0, last);
-        let i2 = row_inv(2u, row0, last);
-        let i3 = row_inv(3u, row0, last);
-        let m0 = row_mean(0u, row0, last);
-        let m1 = row_mean(1u, row0, last);
-        let m2 = row_mean(2u, row0, last);
-        let m3 = row_mean(3u, row0, last);
-        let k0 = row_corr(0u, row0, last);
-        let k1 = row_corr(1u, row0, last);
-        let k2 = row_corr(2u, row0, last);
-        let k3 = row_corr(3u, row0, last);
-        let x0 = slot_x(0u, lid, n, row0, last);
-        let x1 = slot_x(1u, lid, n, row0, last);
-        let x2 = slot_x(2u, lid, n, row0, last);
-        let x3 = slot_x(3u, lid, n, row0, last);
-        let x4_ = slot_x(4u, lid, n, row0, last);
-        let x5 = slot_x(5u, lid, n, row0, last);
-        let x6 = slot_x(6u, lid, n, row0, last);
-        let x7 = slot_x(7u, lid, n, row0, last);
-        let g0 = slot_dy(0u, lid, n, row0, last);
-        let g1 = slot_dy(1u, lid, n, row0, last);
-        let g2 = slot_dy(2u, lid, n, row0, last);
-        let g3 = slot_dy(3u, lid, n, row0, last);
-        let g4 = slot_dy(4u, lid, n, row0, last);
-        let g5 = slot_dy(5u, lid, n, row0, last);
-        let g6 = slot_dy(6u, lid, n, row0, last);
-        let g7 = slot_dy(7u, lid, n, row0, last);
-        let e0 = ln_sums(x0, g0, 0u, lid, n, row0, last, pick4(slot_row(0u), m0, m1, m2, m3),
-                         pick4(slot_row(0u), k0, k1, k2, k3), pick4(slot_row(0u), i0, i1, i2, i3));
-        let e1 = ln_sums(x1, g1, 1u, lid, n, row0, last, pick4(slot_row(1u), m0, m1, m2, m3),
-                         pick4(slot_row(1u), k0, k1, k2, k3), pick4(slot_row(1u), i0, i1, i2, i3));
-        let e2 = ln_sums(x2, g2, 2u, lid, n, row0, last, pick4(slot_row(2u), m0, m1, m2, m3),
-                         pick4(slot_row(2u), k0, k1, k2, k3), pick4(slot_row(2u), i0, i1, i2, i3));
-        let e3 = ln_sums(x3, g3, 3u, lid, n, row0, last, pick4(slot_row(3u), m0, m1, m2, m3),
-                         pick4(slot_row(3u), k0, k1, k2, k3), pick4(slot_row(3u), i0, i1, i2, i3));
-        let e4 = ln_sums(x4_, g4, 4u, lid, n, row0, last, pick4(slot_row(4u), m0, m1, m2, m3),
-                         pick4(slot_row(4u), k0, k1, k2, k3), pick4(slot_row(4u), i0, i1, i2, i3));
-        let e5 = ln_sums(x5, g5, 5u, lid, n, row0, last, pick4(slot_row(5u), m0, m1, m2, m3),
-                         pick4(slot_row(5u), k0, k1, k2, k3), pick4(slot_row(5u), i0, i1, i2, i3));
-        let e6 = ln_sums(x6, g6, 6u, lid, n, row0, last, pick4(slot_row(6u), m0, m1, m2, m3),
-                         pick4(slot_row(6u), k0, k1, k2, k3), pick4(slot_row(6u), i0, i1, i2, i3));
-        let e7 = ln_sums(x7, g7, 7u, lid, n, row0, last, pick4(slot_row(7u), m0, m1, m2, m3),
-                         pick4(slot_row(7u), k0, k1, k2, k3), pick4(slot_row(7u), i0, i1, i2, i3));
-        let sums = step_sums2(row_tree(0u, e0, e1, e2, e3, e4, e5, e6, e7), row_tree(1u, e0, e1, e2, e3, e4, e5, e6, e7),
-                             row_tree(2u, e0, e1, e2, e3, e4, e5, e6, e7), row_tree(3u, e0, e1, e2, e3, e4, e5, e6, e7),
-                              lid);
-        let cols = f32(params.cols);
-        let c0 = sums.s0 / cols;
-        let c1 = sums.s1 / cols;
-        let c2 = sums.s2 / cols;
-        let c3 = sums.s3 / cols;
-        ln_step(x0, g0, 0u, lid, n, row0, last, pick4(slot_row(0u), m0, m1, m2, m3),
-                pick4(slot_row(0u), k0, k1, k2, k3), pick4(slot_row(0u), i0, i1, i2, i3), pick2(slot_row(0u), c0, c1, c2, c3));
-        ln_step(x1, g1, 1u, lid, n, row0, last, pick4(slot_row(1u), m0, m1, m2, m3),
-                pick4(slot_row(1u), k0, k1, k2, k3), pick4(slot_row(1u), i0, i1, i2, i3), pick2(slot_row(1u), c0, c1, c2, c3));
-        ln_step(x2, g2, 2u, lid, n, row0, last, pick4(slot_row(2u), m0, m1, m2, m3),
-                pick4(slot_row(2u), k0, k1, k2, k3), pick4(slot_row(2u), i0, i1, i2, i3), pick2(slot_row(2u), c0, c1, c2, c3));
-        ln_step(x3, g3, 3u, lid, n, row0, last, pick4(slot_row(3u), m0, m1, m2, m3),
-                pick4(slot_row(3u), k0, k1, k2, k3), pick4(slot_row(3u), i0, i1, i2, i3), pick2(slot_row(3u), c0, c1, c2, c3));
-        ln_step(x4_, g4, 4u, lid, n, row0, last, pick4(slot_row(4u), m0, m1, m2, m3),
-                pick4(slot_row(4u), k0, k1, k2, k3), pick4(slot_row(4u), i0, i1, i2, i3), pick2(slot_row(4u), c0, c1, c2, c3));
-        ln_step(x5, g5, 5u, lid, n, row0, last, pick4(slot_row(5u), m0, m1, m2, m3),
-                pick4(slot_row(5u), k0, k1, k2, k3), pick4(slot_row(5u), i0, i1, i2, i3), pick2(slot_row(5u), c0, c1, c2, c3));
-        ln_step(x6, g6, 6u, lid, n, row0, last, pick4(slot_row(6u), m0, m1, m2, m3),
-                pick4(slot_row(6u), k0, k1, k2, k3), pick4(slot_row(6u), i0, i1, i2, i3), pick2(slot_row(6u), c0, c1, c2, c3));
-        ln_step(x7, g7, 7u, lid, n, row0, last, pick4(slot_row(7u), m0, m1, m2, m3),
-                pick4(slot_row(7u), k0, k1, k2, k3), pick4(slot_row(7u), i0, i1, i2, i3), pick2(slot_row(7u), c0, c1, c2, c3));
+    var a0 = vzero();
+    var a1 = vzero();
+    var a2 = vzero();
+    var a3 = vzero();
+    var a4 = vzero();
+    var a5 = vzero();
+    var a6 = vzero();
+    var a7 = vzero();
+    var b0 = vzero();
+    var b1 = vzero();
+    var b2 = vzero();
+    var b3 = vzero();
+    var b4_ = vzero();
+    var b5 = vzero();
+    var b6 = vzero();
+    var b7 = vzero();
+    for (var row = first; row < last; row = row + 1u) {
+        let base = row * n;
+        let inv = inv_in[row];
+        let mean = mean_in[row];
+        let corr = corr_in[row];
+        let x0 = ld_x4(0u, lid, n, base);
+        let x1 = ld_x4(1u, lid, n, base);
+        let x2 = ld_x4(2u, lid, n, base);
+        let x3 = ld_x4(3u, lid, n, base);
+        let x4_ = ld_x4(4u, lid, n, base);
+        let x5 = ld_x4(5u, lid, n, base);
+        let x6 = ld_x4(6u, lid, n, base);
+        let x7 = ld_x4(7u, lid, n, base);
+        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
+        let t = ((ln_sums(x0, d0, 0u, lid, n, mean, corr, inv) + ln_sums(x1, d1, 1u, lid, n, mean, corr, inv))
+            + (ln_sums(x2, d2, 2u, lid, n, mean, corr, inv) + ln_sums(x3, d3, 3u, lid, n, mean, corr, inv)))
+            + ((ln_sums(x4_, d4, 4u, lid, n, mean, corr, inv) + ln_sums(x5, d5, 5u, lid, n, mean, corr, inv))
+            + (ln_sums(x6, d6, 6u, lid, n, mean, corr, inv) + ln_sums(x7, d7, 7u, lid, n, mean, corr, inv)));
+        let c = row_sum2(t, lid) / f32(params.cols);
+        ln_step(&a0, &b0, x0, d0, 0u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a1, &b1, x1, d1, 1u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a2, &b2, x2, d2, 2u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a3, &b3, x3, d3, 3u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a4, &b4_, x4_, d4, 4u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a5, &b5, x5, d5, 5u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a6, &b6, x6, d6, 6u, lid, n, base, mean, corr, inv, c);
+        ln_step(&a7, &b7, x7, d7, 7u, lid, n, base, mean, corr, inv, c);
     }
     if (HAS_W) {
-        put_part(wacc0, 0u, block, 0u, lid, n);
-        put_part(wacc1, 0u, block, 1u, lid, n);
-        put_part(wacc2, 0u, block, 2u, lid, n);
-        put_part(wacc3, 0u, block, 3u, lid, n);
-        put_part(wacc4, 0u, block, 4u, lid, n);
-        put_part(wacc5, 0u, block, 5u, lid, n);
-        put_part(wacc6, 0u, block, 6u, lid, n);
-        put_part(wacc7, 0u, block, 7u, lid, n);
+        put_part(a0, 0u, block, 0u, lid, n);
+        put_part(a1, 0u, block, 1u, lid, n);
+        put_part(a2, 0u, block, 2u, lid, n);
+        put_part(a3, 0u, block, 3u, lid, n);
+        put_part(a4, 0u, block, 4u, lid, n);
+        put_part(a5, 0u, block, 5u, lid, n);
+        put_part(a6, 0u, block, 6u, lid, n);
+        put_part(a7, 0u, block, 7u, lid, n);
     }
     if (HAS_B) {
-        put_part(bacc0, 1u, block, 0u, lid, n);
-        put_part(bacc1, 1u, block, 1u, lid, n);
-        put_part(bacc2, 1u, block, 2u, lid, n);
-        put_part(bacc3, 1u, block, 3u, lid, n);
-        put_part(bacc4, 1u, block, 4u, lid, n);
-        put_part(bacc5, 1u, block, 5u, lid, n);
-        put_part(bacc6, 1u, block, 6u, lid, n);
-        put_part(bacc7, 1u, block, 7u, lid, n);
+        put_part(b0, 1u, block, 0u, lid, n);
+        put_part(b1, 1u, block, 1u, lid, n);
+        put_part(b2, 1u, block, 2u, lid, n);
+        put_part(b3, 1u, block, 3u, lid, n);
+        put_part(b4_, 1u, block, 4u, lid, n);
+        put_part(b5, 1u, block, 5u, lid, n);
+        put_part(b6, 1u, block, 6u, lid, n);
+        put_part(b7, 1u, block, 7u, lid, n);
     }
-}
-
-// Value i (0..3) of four pairs.
-fn pick2(i: u32, a: vec2<f32>, b: vec2<f32>, c: vec2<f32>, d: vec2<f32>) -> vec2<f32> {
-    if (i == 0u) {
-        return a;
-    }
-    if (i == 1u) {
-        return b;
-    }
-    if (i == 2u) {
-        return c;
-    }
-    return d;
 }
 
 // ---- Register backward: parameter partials finish ----
