@@ -380,22 +380,40 @@ fn check_table(
     Ok(shape[0])
 }
 
-/// Elements per step and the most heads per invocation of the step kernels for tensors of
-/// `dtype` read by a forward or a backward: F32 steps of 4 (16 bytes read and written), up to
-/// 4 heads; a 16-bit forward reads and writes 8 values (16 bytes each way), a 16-bit backward
-/// reads 4 (8 bytes) and writes their 4 F32 gradients (16 bytes), with fewer heads: the
-/// 16-bit kernels are bound by their per-lane state and instructions rather than by bytes in
-/// flight (measured on an H200, `notes/measurements.md`).
-fn step_shape(dtype: DType, forward: bool) -> (usize, usize) {
+/// The step kernels' cut for tensors of `dtype` read by a forward or a backward: F32 steps of
+/// 4 (16 bytes read and written), up to 4 heads with overlapped loads; a 16-bit forward reads
+/// and writes 8 values (16 bytes each way), up to 4 heads one after the other; a 16-bit
+/// backward reads 4 (8 bytes) and writes their 4 F32 gradients (16 bytes), up to 2 heads with
+/// overlapped loads. The 16-bit kernels run faster with less live state per lane (measured on
+/// an H200, `notes/h200/2026-11-30-rope16/`).
+fn step_shape(dtype: DType, forward: bool) -> StepShape {
     match (dtype, forward) {
-        (DType::F32, _) => (4, 4),
-        (_, true) => (8, FWD16_HEADS),
-        (_, false) => (4, BWD16_HEADS),
+        (DType::F32, _) => StepShape {
+            span: 4,
+            heads: 4,
+            overlap: true,
+        },
+        (_, true) => StepShape {
+            span: 8,
+            heads: 4,
+            overlap: false,
+        },
+        (_, false) => StepShape {
+            span: 4,
+            heads: 2,
+            overlap: true,
+        },
     }
 }
 
-const FWD16_HEADS: usize = 1;
-const BWD16_HEADS: usize = 2;
+/// How the step kernels cut the work: elements per step, the most heads per invocation, and
+/// whether an invocation issues every head's loads before any arithmetic (otherwise head
+/// after head).
+struct StepShape {
+    span: usize,
+    heads: usize,
+    overlap: bool,
+}
 
 fn groups(n: usize) -> u64 {
     (n as u64).div_ceil(WG)
@@ -416,8 +434,9 @@ fn run_steps(
     if !q.dtype().is_float() || k.is_some_and(|k| k.dtype() != q.dtype()) {
         return Ok(None);
     }
-    let (step, most_heads) = step_shape(q.dtype(), forward);
-    let Some(per_lane) = plan.step_heads(step, most_heads) else {
+    let shape = step_shape(q.dtype(), forward);
+    let step = shape.span;
+    let Some(per_lane) = plan.step_heads(step, shape.heads) else {
         return Ok(None);
     };
     let small = |t: &Tensor| t.buffer().size() < 16;
@@ -457,6 +476,7 @@ fn run_steps(
     };
     constants.push(("HEADS", per_lane as f64));
     constants.push(("SPAN", step as f64));
+    constants.push(("OVERLAP", f64::from(u8::from(shape.overlap))));
     let entry = if forward {
         "forward_steps"
     } else {

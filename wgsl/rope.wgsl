@@ -871,8 +871,9 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 // A row is cut into units: rotary units (split-half: the step at columns SPAN·u and its
 // partner step SPAN·u + half; interleaved: the step at columns SPAN·u, SPAN/2 adjacent pairs),
 // then one unit per suffix step, copied. One invocation takes one unit of HEADS heads of one
-// token: the token's coefficients are loaded once for all of them and every head's loads are
-// issued before any arithmetic. Invocations [0, lanes_q) serve q, the rest k; consecutive
+// token: the token's coefficients are loaded once for all of them; with OVERLAP every head's
+// loads are issued before any arithmetic, otherwise the heads run one after the other (fewer
+// live registers: 16-bit forwards). Invocations [0, lanes_q) serve q, the rest k; consecutive
 // invocations take consecutive units, then the next head group (BSHD) or the next token
 // (BHSD), so a warp's accesses are contiguous. Each element is computed as the other kernels
 // compute it, bit for bit: rotated values widen with `widen2` (exact for every value that is
@@ -883,6 +884,7 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 
 override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
 override SPAN: u32 = 4u;  // elements per step: 4, or 8 for a forward of 16-bit values
+override OVERLAP: u32 = 1u; // 1: every head's loads before any arithmetic; 0: head after head
 
 @group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
 @group(0) @binding(12) var<storage, read> values_k4: array<vec4<u32>>;
@@ -1151,6 +1153,12 @@ fn steps(t: u32, fwd: bool) {
         return;
     }
     let w = work_of(t);
+    if (OVERLAP == 0u) {
+        for (var j = 0u; j < HEADS; j = j + 1u) {
+            finish_unit(w, j, load_unit(w, j), fwd);
+        }
+        return;
+    }
     let v0 = load_unit(w, 0u);
     var v1 = v0;
     var v2 = v0;
