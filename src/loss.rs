@@ -358,22 +358,40 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
     if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
         // Wide rows: x and dy held in registers, each read once.
         let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
-        let (kernel, name, consts) = match register_row(engine, chunks, 2) {
-            Some((kernel, per_lane)) => {
+        // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4 of dx a half
+        // chunk, so the stores are contiguous), twice as many a lane as whole chunks.
+        match register_row(engine, chunks, 2) {
+            Some((kernel, per_lane)) if x.dtype() != DType::F32 => {
                 let mut consts = consts;
-                consts.push(("RB", per_lane as f64));
-                (kernel, "softmax_bwd_r", consts)
+                consts.push(("HB", (2 * per_lane) as f64));
+                engine.launch(
+                    kernel,
+                    "softmax_bwd_h",
+                    &consts,
+                    &params,
+                    &[saved.stats.buffer(), dx.buffer(), x.buffer(), dy.buffer()],
+                    rows as u64,
+                )?;
             }
-            None => (&KERNEL, "softmax_bwd_v", consts),
-        };
-        engine.launch(
-            kernel,
-            name,
-            &consts,
-            &params,
-            &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],
-            rows as u64,
-        )?;
+            register => {
+                let (kernel, name, consts) = match register {
+                    Some((kernel, per_lane)) => {
+                        let mut consts = consts;
+                        consts.push(("RB", per_lane as f64));
+                        (kernel, "softmax_bwd_r", consts)
+                    }
+                    None => (&KERNEL, "softmax_bwd_v", consts),
+                };
+                engine.launch(
+                    kernel,
+                    name,
+                    &consts,
+                    &params,
+                    &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],
+                    rows as u64,
+                )?;
+            }
+        }
     } else {
         engine.launch(
             &KERNEL,
