@@ -1662,6 +1662,82 @@ fn softmax_16bit_rows_held_in_registers() {
     }
 }
 
+/// The softmax or log-softmax backward of the 16-bit `[rows, cols]` matrix `v` with dy `g` (both
+/// in `dtype`) against the reference (F32 tolerance, NaN where the reference has NaN), and a
+/// rerun bit-identical.
+fn held_backward_case(
+    what: &str,
+    v: &[f64],
+    g: &[f64],
+    (rows, cols): (usize, usize),
+    dtype: DType,
+    log: bool,
+) {
+    let what = format!("{what}: {dtype} [{rows}, {cols}] log={log}");
+    let (x, xs) = upload(v, &[rows, cols], dtype);
+    let (dy, dys) = upload(g, &[rows, cols], dtype);
+    let (_, saved) = if log {
+        loss::log_softmax(&x).unwrap()
+    } else {
+        loss::softmax(&x).unwrap()
+    };
+    let dx = loss::softmax_backward(&saved, &dy).unwrap();
+    let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
+    assert_close(&what, &dx.to_f64().unwrap(), &want, F32);
+    let dx2 = loss::softmax_backward(&saved, &dy).unwrap();
+    assert_eq!(bits(&dx), bits(&dx2), "{what}: rerun");
+}
+
+#[test]
+fn softmax_16bit_backward_held_by_half_chunks() {
+    // 16-bit backwards with dy in x's dtype, rows of 2,049–8,192 chunks, take `softmax_bwd_h`:
+    // 1024 lanes, each holding HB half chunks (4 columns) of x and dy. Widths: 32,000 (the
+    // benchmark's, 8,000 half chunks: HB 8, lanes 0–831 hold 8, the others 7), 16,392 (2,049
+    // chunks, just inside: HB 8, lanes 0–1 hold 5, the others 4), 65,536 (every register,
+    // HB 16) and 65,544 (8,193 chunks, just outside: the two-pass entry). Row 1 of each is
+    // masked: a seventh of its values, a whole chunk and its last value are −∞.
+    let cases = [
+        (DType::BF16, 32_000, false),
+        (DType::F16, 32_000, true),
+        (DType::BF16, 16_392, true),
+        (DType::F16, 16_392, false),
+        (DType::BF16, 65_536, false),
+        (DType::BF16, 65_544, true),
+    ];
+    for (dtype, cols, log) in cases {
+        let rows = 3;
+        let mut v = data(230 + cols as u64, rows * cols, -6.0, 6.0);
+        for c in (0..cols).step_by(7).chain(8..16).chain([cols - 1]) {
+            v[cols + c.min(cols - 1)] = f64::NEG_INFINITY;
+        }
+        let g = data(231 + cols as u64, rows * cols, -1.0, 1.0);
+        held_backward_case("half chunks", &v, &g, (rows, cols), dtype, log);
+    }
+    // A common shift of 1e4 on the logits: the saved maximum and log denominator keep the
+    // probabilities accurate.
+    for (dtype, log) in [(DType::F16, true), (DType::BF16, false)] {
+        let (rows, cols) = (2, 32_000);
+        let v: Vec<f64> = data(232, rows * cols, -200.0, 8.0)
+            .iter()
+            .map(|a| a + 1e4)
+            .collect();
+        let g = data(233, rows * cols, -1.0, 1.0);
+        held_backward_case("+1e4", &v, &g, (rows, cols), dtype, log);
+    }
+    // Degenerate rows give NaN as the reference does: a row of −∞, a row with one +∞, a row
+    // with one NaN; then an ordinary row; and a NaN in dy spreads to its row only.
+    for log in [false, true] {
+        let (rows, cols) = (5, 32_000);
+        let mut v = data(234, rows * cols, -6.0, 6.0);
+        v[..cols].fill(f64::NEG_INFINITY);
+        v[cols + 1234] = f64::INFINITY;
+        v[2 * cols + 31_999] = f64::NAN;
+        let mut g = data(235, rows * cols, -1.0, 1.0);
+        g[4 * cols + 77] = f64::NAN;
+        held_backward_case("degenerate rows", &v, &g, (rows, cols), DType::BF16, log);
+    }
+}
+
 #[test]
 fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
     // Whole-chunk rows take the fused entry, 256 lanes as the forward: lanes hold at most one
