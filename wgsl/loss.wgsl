@@ -990,6 +990,79 @@ fn ce_lane_chunk(lane: CeLane, w: vec4<u32>, first: u32, reference: f32) -> CeLa
     return l;
 }
 
+// Position (0..8) of the first element of a 16-bit chunk equal to `v`, one of its elements.
+fn chunk_first(w: vec4<u32>, v: f32) -> u32 {
+    let a = chunk_lo(w, DT);
+    let b = chunk_hi(w, DT);
+    var j = 7u;
+    if (b.z == v) { j = 6u; }
+    if (b.y == v) { j = 5u; }
+    if (b.x == v) { j = 4u; }
+    if (a.w == v) { j = 3u; }
+    if (a.z == v) { j = 2u; }
+    if (a.y == v) { j = 1u; }
+    if (a.x == v) { j = 0u; }
+    return j;
+}
+
+// Four 16-bit chunks (32 elements; first columns f, f + WG·8, f + 2·WG·8, f + 3·WG·8) into
+// the lane's accumulators without a softcap or label smoothing, the maximum first: the group's
+// maximum (each chunk's by `chunk_max`, then the four), the argmax (the first position of the
+// group's maximum, taken only when it beats the lane's best: the element-by-element scan's
+// result, NaN never winning), one rescale of the running sum when the maximum grows, then
+// Σ exp(z − max) of the 32 values (each chunk's by `chunk_expsum`, then the four in a fixed
+// tree). Against a chunk at a time this saves the per-chunk rescale test and argmax test
+// (and their divergent branches) and sums relative to a maximum that is already the group's.
+fn ce_lane_group(lane: CeLane, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>,
+                 f: u32) -> CeLane {
+    var l = lane;
+    let m0 = chunk_max(w0);
+    let m1 = chunk_max(w1);
+    let m2 = chunk_max(w2);
+    let m3 = chunk_max(w3);
+    let gm = max(max(m0, m1), max(m2, m3));
+    if (gm > l.best) {
+        l.best = gm;
+        let step = 8u * WG;
+        if (m0 == gm) {
+            l.best_index = f + chunk_first(w0, gm);
+        } else if (m1 == gm) {
+            l.best_index = f + step + chunk_first(w1, gm);
+        } else if (m2 == gm) {
+            l.best_index = f + 2u * step + chunk_first(w2, gm);
+        } else {
+            l.best_index = f + 3u * step + chunk_first(w3, gm);
+        }
+    }
+    var m = l.st.x;
+    var s = l.st.y;
+    if (gm > m) {
+        s = s * exp(m - gm);
+        m = gm;
+    }
+    if (m != neg_inf()) {
+        s = s + ((chunk_expsum(w0, m) + chunk_expsum(w1, m)) +
+                 (chunk_expsum(w2, m) + chunk_expsum(w3, m)));
+    }
+    l.st = vec2<f32>(m, s);
+    return l;
+}
+
+// Four chunks loaded together (chunks v, v + WG, v + 2·WG, v + 3·WG of the row) into the
+// lane's accumulators, in the lane's column order: 16-bit rows without a softcap or label
+// smoothing by `ce_lane_group`, others a chunk at a time.
+fn ce_lane_step(lane: CeLane, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>,
+                v: u32, reference: f32) -> CeLane {
+    let cw = chunk_width(DT);
+    if (DT != DT_F32 && !(params.c > 0.0 || params.a > 0.0)) { // uniform: parameters
+        return ce_lane_group(lane, w0, w1, w2, w3, v * cw);
+    }
+    var l = ce_lane_chunk(lane, w0, v * cw, reference);
+    l = ce_lane_chunk(l, w1, (v + WG) * cw, reference);
+    l = ce_lane_chunk(l, w2, (v + 2u * WG) * cw, reference);
+    return ce_lane_chunk(l, w3, (v + 3u * WG) * cw, reference);
+}
+
 // Element `k` of a chunk of dtype DT.
 fn chunk_element(w: vec4<u32>, k: u32) -> f32 {
     if (k < 4u) {
@@ -1062,10 +1135,7 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         let w1 = x4[vbase + v + WG];
         let w2 = x4[vbase + v + 2u * WG];
         let w3 = x4[vbase + v + 3u * WG];
-        lane = ce_lane_chunk(lane, w0, v * cw, reference);
-        lane = ce_lane_chunk(lane, w1, (v + WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w2, (v + 2u * WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w3, (v + 3u * WG) * cw, reference);
+        lane = ce_lane_step(lane, w0, w1, w2, w3, v, reference);
         v = v + 4u * WG;
     }
     for (; v < nv; v = v + WG) {
@@ -1205,10 +1275,7 @@ fn ce_fused_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         let w1 = y4[vbase + v + WG];
         let w2 = y4[vbase + v + 2u * WG];
         let w3 = y4[vbase + v + 3u * WG];
-        lane = ce_lane_chunk(lane, w0, v * cw, reference);
-        lane = ce_lane_chunk(lane, w1, (v + WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w2, (v + 2u * WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w3, (v + 3u * WG) * cw, reference);
+        lane = ce_lane_step(lane, w0, w1, w2, w3, v, reference);
         v = v + 4u * WG;
     }
     // The last one to three chunks, loaded together and consumed in order.
