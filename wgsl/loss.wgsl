@@ -1728,7 +1728,8 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
 // RB·WG chunks are read once into registers, the row sum is taken from them, then dx is
 // written. Same straight-line pattern as softmax_fwd_r; RB (a power of two) is at most 8 with
-// 1024 lanes (64 registers of x and dy a lane), 16 with 256.
+// 1024 lanes (64 registers of x and dy a lane), 16 with 256. The host runs it for F32 rows;
+// 16-bit rows of the same range take softmax_bwd_h (half chunks a lane, contiguous stores).
 override RB: u32 = 16u;
 
 fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
