@@ -1224,29 +1224,38 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         },
         ..Default::default()
     };
+    // Inputs: x [bt, H], W [V, H] scaled by 1/sqrt(H), bias, targets (a fifth ignored).
+    let scaled = |n: usize, scale: f32, seed: usize, dtype: DType| -> Result<Tensor> {
+        let data: Vec<f32> = (0..n)
+            .map(|i| ((((i + seed) * 7919) % 2001) as f32 - 1000.0) / 1000.0 * scale)
+            .collect();
+        cast::cast(&Tensor::from_slice(engine, &data, &[n])?, dtype)
+    };
+    let weight = |dtype: DType| -> Result<Tensor> {
+        scaled(vocab * hidden, 1.0 / (hidden as f32).sqrt(), 1, dtype)?.reshape(&[vocab, hidden])
+    };
+    let input = |bt: usize, dtype: DType| -> Result<Tensor> {
+        scaled(bt * hidden, 1.0, 3, dtype)?.reshape(&[bt, hidden])
+    };
+    let targets = |bt: usize| -> Result<Tensor> {
+        let t: Vec<i32> = (0..bt)
+            .map(|r| {
+                if r % 5 == 0 {
+                    -100
+                } else {
+                    ((r * 7919) % vocab) as i32
+                }
+            })
+            .collect();
+        Tensor::from_slice(engine, &t, &[bt])
+    };
     let mut ops = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
-        let scaled = |n: usize, scale: f32, seed: usize| -> Result<Tensor> {
-            let data: Vec<f32> = (0..n)
-                .map(|i| ((((i + seed) * 7919) % 2001) as f32 - 1000.0) / 1000.0 * scale)
-                .collect();
-            cast::cast(&Tensor::from_slice(engine, &data, &[n])?, dtype)
-        };
-        let w =
-            scaled(vocab * hidden, 1.0 / (hidden as f32).sqrt(), 1)?.reshape(&[vocab, hidden])?;
-        let b = scaled(vocab, 0.1, 2)?;
+        let w = weight(dtype)?;
+        let b = scaled(vocab, 0.1, 2, dtype)?;
         for &bt in rows {
-            let x = scaled(bt * hidden, 1.0, 3)?.reshape(&[bt, hidden])?;
-            let targets: Vec<i32> = (0..bt)
-                .map(|r| {
-                    if r % 5 == 0 {
-                        -100
-                    } else {
-                        ((r * 7919) % vocab) as i32
-                    }
-                })
-                .collect();
-            let t = Tensor::from_slice(engine, &targets, &[bt])?;
+            let x = input(bt, dtype)?;
+            let t = targets(bt)?;
             let plan = plan_cross_entropy(engine, bt, hidden, vocab, true, &options.chunking)?;
             eprintln!(
                 "  fused_linear_ce {} BT{bt} H{hidden} V{vocab}: {:.3e} FLOP per run, {} chunks of {} rows, workspace {:.1} MiB",
@@ -1289,25 +1298,8 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     let bt = *rows.last().expect("a row count");
     for budget_mib in [512u64, 1024] {
         let budget = budget_mib << 20;
-        let data: Vec<f32> = (0..bt * hidden)
-            .map(|i| ((((i + 3) * 7919) % 2001) as f32 - 1000.0) / 1000.0)
-            .collect();
-        let x = Tensor::from_slice(engine, &data, &[bt, hidden])?;
-        let w_data: Vec<f32> = (0..vocab * hidden)
-            .map(|i| ((((i + 1) * 7919) % 2001) as f32 - 1000.0) / 1000.0 / (hidden as f32).sqrt())
-            .collect();
-        let w = Tensor::from_slice(engine, &w_data, &[vocab, hidden])?;
-        let b = Tensor::from_slice(engine, &vec![0.01f32; vocab], &[vocab])?;
-        let targets: Vec<i32> = (0..bt)
-            .map(|r| {
-                if r % 5 == 0 {
-                    -100
-                } else {
-                    ((r * 7919) % vocab) as i32
-                }
-            })
-            .collect();
-        let t = Tensor::from_slice(engine, &targets, &[bt])?;
+        let (x, w) = (input(bt, DType::F32)?, weight(DType::F32)?);
+        let (b, t) = (scaled(vocab, 0.1, 2, DType::F32)?, targets(bt)?);
         let mut options = options.clone();
         options.chunking.memory_budget = Some(budget);
         let bound = engine.workspace_bound();

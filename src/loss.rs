@@ -15,13 +15,18 @@
 //! (`*_v` entry points, 16-bit halves widened two at a time); otherwise element by element.
 //! Softmax rows of such chunks wider than 2,048 chunks and up to 8,192 (8,193–32,768 F32 or
 //! 16,385–65,536 16-bit columns) are held in registers and read once, forward
-//! (`softmax_fwd_r`) and backward with dy in x's dtype (`softmax_bwd_r`): one workgroup of
-//! 1024 lanes per row (at most 8 chunks of each row tensor a lane) where the adapter allows
-//! 1024 invocations, else 256 lanes (the backward then up to 4,096 chunks). The softmax and
+//! (`softmax_fwd_r`) and backward with dy in x's dtype (`softmax_bwd_r` for F32,
+//! `softmax_bwd_h` for F16/BF16: lanes by half chunk, 8-byte loads of x and dy and one F32
+//! vec4 of dx a lane, so the gradient's stores are contiguous): one workgroup of 1024 lanes
+//! per row (at most 8 chunks of each row tensor a lane) where the adapter allows 1024
+//! invocations, else 256 lanes (the backward then up to 4,096 chunks). The softmax and
 //! log-softmax forwards of 16-bit rows of up to 4,096 chunks (8–32,768 columns, a multiple of
 //! 8) take `softmax_fwd_c` instead: 256 lanes, each holding up to 16 chunks in registers,
 //! read once; the row maximum, then Σ exp(x − max), then the outputs, from the registers
-//! (the rule is `held_row`). [`cross_entropy_in_place`] computes the loss and writes the
+//! (the rule is `held_row`). The 16-bit cross-entropy forward without a softcap or label
+//! smoothing takes each step of four chunks a lane as one group (its maximum first, then one
+//! rescale of the running sum and one argmax test; `ce_lane_group`), the in-place statistics
+//! the same. [`cross_entropy_in_place`] computes the loss and writes the
 //! gradient over the logits in one launch over them. Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
@@ -358,22 +363,40 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
     if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
         // Wide rows: x and dy held in registers, each read once.
         let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
-        let (kernel, name, consts) = match register_row(engine, chunks, 2) {
-            Some((kernel, per_lane)) => {
+        // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4 of dx a half
+        // chunk, so the stores are contiguous), twice as many a lane as whole chunks.
+        match register_row(engine, chunks, 2) {
+            Some((kernel, per_lane)) if x.dtype() != DType::F32 => {
                 let mut consts = consts;
-                consts.push(("RB", per_lane as f64));
-                (kernel, "softmax_bwd_r", consts)
+                consts.push(("HB", (2 * per_lane) as f64));
+                engine.launch(
+                    kernel,
+                    "softmax_bwd_h",
+                    &consts,
+                    &params,
+                    &[saved.stats.buffer(), dx.buffer(), x.buffer(), dy.buffer()],
+                    rows as u64,
+                )?;
             }
-            None => (&KERNEL, "softmax_bwd_v", consts),
-        };
-        engine.launch(
-            kernel,
-            name,
-            &consts,
-            &params,
-            &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],
-            rows as u64,
-        )?;
+            register => {
+                let (kernel, name, consts) = match register {
+                    Some((kernel, per_lane)) => {
+                        let mut consts = consts;
+                        consts.push(("RB", per_lane as f64));
+                        (kernel, "softmax_bwd_r", consts)
+                    }
+                    None => (&KERNEL, "softmax_bwd_v", consts),
+                };
+                engine.launch(
+                    kernel,
+                    name,
+                    &consts,
+                    &params,
+                    &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],
+                    rows as u64,
+                )?;
+            }
+        }
     } else {
         engine.launch(
             &KERNEL,

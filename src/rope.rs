@@ -38,14 +38,14 @@
 //! Storage F32/F16/BF16 for values, tables and cotangents (independently); output in the
 //! values' dtype; FP32 math; gradients F32.
 //!
-//! Kernels: F32 values (forward) and F32 cotangents (backward) whose row width and rotary
-//! units are whole steps of 4 (split-half: `rotary_dim/2`, interleaved: `rotary_dim` a
-//! multiple of 4; plain tables; mRoPE sections on multiples of 4) run step kernels: 16-byte
-//! loads and stores, every warp access contiguous, q and k in one launch, each invocation
-//! rotating one unit of up to 4 heads of a token with coefficients loaded once. Other
-//! shapes and 16-bit values or cotangents run unit, token or per-element kernels (one
-//! launch per tensor). Every kernel computes an element with the
-//! same operations, so they agree bit for bit.
+//! Kernels: values (forward) and cotangents (backward) whose row width and rotary units are
+//! whole steps — 16 bytes: 4 F32 or 8 16-bit elements (split-half: `rotary_dim/2`,
+//! interleaved: `rotary_dim` a multiple of the step; plain tables; mRoPE sections on
+//! multiples of the step) — run step kernels: 16-byte loads and stores, every warp access
+//! contiguous, q and k in one launch, each invocation rotating one unit of up to 4 heads of a
+//! token with coefficients loaded once. Other shapes run unit, token or per-element kernels
+//! (one launch per tensor). Every kernel computes an element with the same operations and
+//! roundings, so they agree bit for bit.
 //!
 //! Position ids: with [`RopeQkOptions::check_positions`] (the default) the call reads the ids
 //! back to check their range, which **synchronizes** (submits the pending work and waits);
@@ -207,14 +207,14 @@ impl Plan {
         (entry, units, groups(units))
     }
 
-    /// Heads per invocation of the step kernels (`forward_steps`, `backward_steps`: F32
-    /// values or cotangents, q and k in one launch, 16-byte accesses) for steps of `step` = 4
-    /// elements, or `None` where they do not apply. They need plain tables (not Llama 4's), a
-    /// row width that is a multiple of 4, rotary units of whole steps (split-half:
-    /// `rotary_dim/2`, interleaved: `rotary_dim` a multiple of 4) and mRoPE sections on
-    /// multiples of 4, so that every access is aligned and a unit uses one position. The heads
-    /// per invocation (4, 2 or 1) divide both head counts.
-    fn step_heads(&self, step: usize) -> Option<usize> {
+    /// Heads per invocation of the step kernels (`forward_steps`, `backward_steps`: q and k
+    /// in one launch, 16-byte accesses) for steps of `step` elements (4 F32, 8 16-bit), or
+    /// `None` where they do not apply. They need plain tables (not Llama 4's), a row width
+    /// that is a multiple of the step, rotary units of whole steps (split-half:
+    /// `rotary_dim/2`, interleaved: `rotary_dim` a multiple of the step) and mRoPE sections on
+    /// multiples of the step, so that every access is aligned and a unit uses one position.
+    /// The heads per invocation (4, 2 or 1) divide both head counts.
+    fn step_heads(&self, step: usize, most: usize) -> Option<usize> {
         let sections_ok = |s: usize| s == u32::MAX as usize || s.is_multiple_of(step);
         let rotary = if self.interleaved {
             self.rot
@@ -233,6 +233,7 @@ impl Plan {
         }
         [4, 2, 1]
             .into_iter()
+            .filter(|g| *g <= most)
             .find(|g| self.heads_q.is_multiple_of(*g) && self.heads_k.is_multiple_of(*g))
     }
 
@@ -379,13 +380,48 @@ fn check_table(
     Ok(shape[0])
 }
 
+/// The step kernels' cut for tensors of `dtype` read by a forward or a backward: F32 steps of
+/// 4 (16 bytes read and written), up to 4 heads with overlapped loads; a 16-bit forward reads
+/// and writes 8 values (16 bytes each way), up to 4 heads one after the other; a 16-bit
+/// backward reads 4 (8 bytes) and writes their 4 F32 gradients (16 bytes), up to 2 heads with
+/// overlapped loads. The 16-bit kernels run faster with less live state per lane (measured on
+/// an H200, `notes/h200/2026-11-30-rope16/`).
+fn step_shape(dtype: DType, forward: bool) -> StepShape {
+    match (dtype, forward) {
+        (DType::F32, _) => StepShape {
+            span: 4,
+            heads: 4,
+            overlap: true,
+        },
+        (_, true) => StepShape {
+            span: 8,
+            heads: 4,
+            overlap: false,
+        },
+        (_, false) => StepShape {
+            span: 4,
+            heads: 2,
+            overlap: true,
+        },
+    }
+}
+
+/// How the step kernels cut the work: elements per step, the most heads per invocation, and
+/// whether an invocation issues every head's loads before any arithmetic (otherwise head
+/// after head).
+struct StepShape {
+    span: usize,
+    heads: usize,
+    overlap: bool,
+}
+
 fn groups(n: usize) -> u64 {
     (n as u64).div_ceil(WG)
 }
 
-/// Forward (`forward`) or values backward of F32 q and, when given, k in one launch of a
-/// step kernel: F32 outputs. `None` when the inputs or the plan do not allow the step
-/// kernels.
+/// Forward (`forward`, outputs in the values' dtype) or values backward (F32 outputs) of q
+/// and, when given, k (of q's dtype) in one launch of a step kernel. `None` when the inputs
+/// or the plan do not allow the step kernels.
 fn run_steps(
     plan: &Plan,
     forward: bool,
@@ -394,13 +430,13 @@ fn run_steps(
     cos: &Tensor,
     sin: &Tensor,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
-    // F32 inputs only: 16-bit values and cotangents measured no faster through step kernels
-    // on the H200 than through the unit and token kernels.
-    let step = 4;
-    if q.dtype() != DType::F32 || k.is_some_and(|k| k.dtype() != DType::F32) {
+    // A step is one 16-byte word of the tensor read: 4 F32 or 8 16-bit elements.
+    if !q.dtype().is_float() || k.is_some_and(|k| k.dtype() != q.dtype()) {
         return Ok(None);
     }
-    let Some(per_lane) = plan.step_heads(step) else {
+    let shape = step_shape(q.dtype(), forward);
+    let step = shape.span;
+    let Some(per_lane) = plan.step_heads(step, shape.heads) else {
         return Ok(None);
     };
     let small = |t: &Tensor| t.buffer().size() < 16;
@@ -439,6 +475,8 @@ fn run_steps(
         plan.constants(DType::F32, cos.dtype(), q.dtype())
     };
     constants.push(("HEADS", per_lane as f64));
+    constants.push(("SPAN", step as f64));
+    constants.push(("OVERLAP", f64::from(u8::from(shape.overlap))));
     let entry = if forward {
         "forward_steps"
     } else {

@@ -537,6 +537,78 @@ fn cross_entropy_predicted_ties_go_to_the_lowest_index() {
 }
 
 #[test]
+fn cross_entropy_16bit_rows_by_groups_of_four_chunks() {
+    // 16-bit whole-chunk rows without a softcap or label smoothing take each step of four
+    // chunks as one group (maximum first, one rescale, then the sum of exponentials): 32,000
+    // classes (4,000 chunks: lanes 0–159 take four groups, the others three groups and three
+    // single chunks), 8,200 (1,025 chunks: one group a lane, lane 0 one more chunk) and 64
+    // (single chunks only). Class weights, z-loss and ignored rows are independent of the
+    // grouping, so they ride along.
+    for dtype in [DType::BF16, DType::F16] {
+        for cols in [32_000usize, 8_200, 64] {
+            let rows = 5;
+            let cfg = CrossEntropyConfig {
+                ignore_index: -100,
+                z_loss: 1e-3,
+                weight: Some(data(240, cols, 0.2, 1.5)),
+                reduction: Reduction::None,
+                ..Default::default()
+            };
+            let targets = targets_for(241 + cols as u64, rows, cols, -100, 3);
+            ce_case("groups", rows, cols, dtype, &cfg, &targets, 242, 8.0);
+        }
+    }
+    // Rows of 32,000: plain; masked (a seventh of the values, a whole chunk and the last one
+    // −∞); shifted by 1e4; ties of the maximum inside one lane's group (chunks 261 and 773 of
+    // lane 5, twice inside chunk 261) and in another lane's later group; a row of −∞ but for
+    // one value in the third chunk of a group.
+    let (rows, cols) = (5, 32_000);
+    for dtype in [DType::BF16, DType::F16] {
+        let mut v = data(243, rows * cols, -6.0, 6.0);
+        for c in (0..cols).step_by(7).chain(8..16).chain([cols - 1]) {
+            v[cols + c] = f64::NEG_INFINITY;
+        }
+        for (a, b) in v[2 * cols..3 * cols]
+            .iter_mut()
+            .zip(data(244, cols, -200.0, 8.0))
+        {
+            *a = b + 1e4;
+        }
+        for c in [261 * 8 + 3, 261 * 8 + 5, 773 * 8 + 1, 1029 * 8 + 7] {
+            v[3 * cols + c] = 9.0;
+        }
+        v[4 * cols..].fill(f64::NEG_INFINITY);
+        v[4 * cols + 517 * 8 + 6] = 2.5;
+        let what = format!("groups {dtype} special rows");
+        let (x, xs) = upload(&v, &[rows, cols], dtype);
+        let targets = [3, 9, 31_999, 2093, 517 * 8 + 6];
+        let t = i32_tensor(&targets, &[rows]);
+        let cfg = CrossEntropyConfig {
+            reduction: Reduction::None,
+            z_loss: 1e-4,
+            ..Default::default()
+        };
+        let (out, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+        let want = reference::cross_entropy(&xs, &targets, rows, cols, &cfg);
+        assert_ce_outputs(&what, &out, &want, F32);
+        let predicted = out.predicted.as_ref().unwrap().to_vec::<i32>().unwrap();
+        assert_eq!(predicted, want.predicted, "{what}: predicted");
+        assert_eq!(predicted[3], 261 * 8 + 3, "{what}: first of the ties");
+        assert_eq!(predicted[4], 517 * 8 + 6, "{what}: the one finite value");
+        let dx = cross_entropy_backward(&saved, None).unwrap();
+        let want_dx = reference::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &[1.0; 5]);
+        assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want_dx, F32);
+        let (again, saved2) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+        assert_eq!(bits(&out.loss), bits(&again.loss), "{what}: rerun");
+        assert_eq!(
+            bits(saved.rows_matrix()),
+            bits(saved2.rows_matrix()),
+            "{what}: rerun statistics"
+        );
+    }
+}
+
+#[test]
 fn cross_entropy_keeps_small_loss_differences_under_a_1e4_shift() {
     // Two rows differ only in one logit by 1/64; shifted by 1e4 (exactly representable
     // differences in f32), the loss of each row and their difference must stay f32-accurate:
@@ -1659,6 +1731,82 @@ fn softmax_16bit_rows_held_in_registers() {
         v[cols + 1234] = f64::INFINITY;
         v[2 * cols + 31_999] = f64::NAN;
         held_rows_case("degenerate rows", &v, (rows, cols), DType::BF16, log);
+    }
+}
+
+/// The softmax or log-softmax backward of the 16-bit `[rows, cols]` matrix `v` with dy `g` (both
+/// in `dtype`) against the reference (F32 tolerance, NaN where the reference has NaN), and a
+/// rerun bit-identical.
+fn held_backward_case(
+    what: &str,
+    v: &[f64],
+    g: &[f64],
+    (rows, cols): (usize, usize),
+    dtype: DType,
+    log: bool,
+) {
+    let what = format!("{what}: {dtype} [{rows}, {cols}] log={log}");
+    let (x, xs) = upload(v, &[rows, cols], dtype);
+    let (dy, dys) = upload(g, &[rows, cols], dtype);
+    let (_, saved) = if log {
+        loss::log_softmax(&x).unwrap()
+    } else {
+        loss::softmax(&x).unwrap()
+    };
+    let dx = loss::softmax_backward(&saved, &dy).unwrap();
+    let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
+    assert_close(&what, &dx.to_f64().unwrap(), &want, F32);
+    let dx2 = loss::softmax_backward(&saved, &dy).unwrap();
+    assert_eq!(bits(&dx), bits(&dx2), "{what}: rerun");
+}
+
+#[test]
+fn softmax_16bit_backward_held_by_half_chunks() {
+    // 16-bit backwards with dy in x's dtype, rows of 2,049–8,192 chunks, take `softmax_bwd_h`:
+    // 1024 lanes, each holding HB half chunks (4 columns) of x and dy. Widths: 32,000 (the
+    // benchmark's, 8,000 half chunks: HB 8, lanes 0–831 hold 8, the others 7), 16,392 (2,049
+    // chunks, just inside: HB 8, lanes 0–1 hold 5, the others 4), 65,536 (every register,
+    // HB 16) and 65,544 (8,193 chunks, just outside: the two-pass entry). Row 1 of each is
+    // masked: a seventh of its values, a whole chunk and its last value are −∞.
+    let cases = [
+        (DType::BF16, 32_000, false),
+        (DType::F16, 32_000, true),
+        (DType::BF16, 16_392, true),
+        (DType::F16, 16_392, false),
+        (DType::BF16, 65_536, false),
+        (DType::BF16, 65_544, true),
+    ];
+    for (dtype, cols, log) in cases {
+        let rows = 3;
+        let mut v = data(230 + cols as u64, rows * cols, -6.0, 6.0);
+        for c in (0..cols).step_by(7).chain(8..16).chain([cols - 1]) {
+            v[cols + c.min(cols - 1)] = f64::NEG_INFINITY;
+        }
+        let g = data(231 + cols as u64, rows * cols, -1.0, 1.0);
+        held_backward_case("half chunks", &v, &g, (rows, cols), dtype, log);
+    }
+    // A common shift of 1e4 on the logits: the saved maximum and log denominator keep the
+    // probabilities accurate.
+    for (dtype, log) in [(DType::F16, true), (DType::BF16, false)] {
+        let (rows, cols) = (2, 32_000);
+        let v: Vec<f64> = data(232, rows * cols, -200.0, 8.0)
+            .iter()
+            .map(|a| a + 1e4)
+            .collect();
+        let g = data(233, rows * cols, -1.0, 1.0);
+        held_backward_case("+1e4", &v, &g, (rows, cols), dtype, log);
+    }
+    // Degenerate rows give NaN as the reference does: a row of −∞, a row with one +∞, a row
+    // with one NaN; then an ordinary row; and a NaN in dy spreads to its row only.
+    for log in [false, true] {
+        let (rows, cols) = (5, 32_000);
+        let mut v = data(234, rows * cols, -6.0, 6.0);
+        v[..cols].fill(f64::NEG_INFINITY);
+        v[cols + 1234] = f64::INFINITY;
+        v[2 * cols + 31_999] = f64::NAN;
+        let mut g = data(235, rows * cols, -1.0, 1.0);
+        g[4 * cols + 77] = f64::NAN;
+        held_backward_case("degenerate rows", &v, &g, (rows, cols), DType::BF16, log);
     }
 }
 

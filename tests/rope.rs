@@ -954,11 +954,12 @@ fn host_tables_match_the_f64_formulas() {
     ));
 }
 
-/// The step kernels (F32 rows whose width and rotary units are whole steps of 4 elements)
-/// against the unit and token kernels, which run on the same rows widened by a 2-column
-/// suffix: the rotated columns agree bit for bit, forward and backward, with F32 and 16-bit
-/// tables, both layouts and pair conventions, 1, 2 and 4 heads per invocation; a 16-bit
-/// cotangent (unit kernels) next to F32 values (step kernels); a rerun gives the same bits.
+/// The step kernels (rows whose width and rotary units are whole 16-byte steps: 4 F32 or 8
+/// 16-bit elements) against the unit and token kernels, which run on the same rows widened
+/// by a 2-column suffix: the columns agree bit for bit, forward and backward, with F32, F16
+/// and BF16 values and cotangents, F32 and 16-bit tables, both layouts and pair conventions,
+/// 1, 2 and 4 heads per invocation, partial rotary (copied suffix steps), NaN and infinities
+/// among the values (rotated and copied); a rerun gives the same bits.
 #[test]
 fn step_kernels_equal_unit_kernels_bit_for_bit() {
     let e = engine();
@@ -975,40 +976,66 @@ fn step_kernels_equal_unit_kernels_bit_for_bit() {
     let pos = Tensor::from_slice(e, &ids, &[b, s]).unwrap();
     use DType::{BF16, F16, F32};
     use RopeLayout::{Bhsd, Bshd};
-    // (q heads, k heads, layout, table dtype, cotangent dtype, interleaved, head dim)
+    // (q heads, k heads, layout, values dtype, table dtype, cotangent dtype, interleaved,
+    // head dim, rotary dim)
     let cases = [
-        (3usize, 1usize, Bshd, F32, F32, false, 16usize),
-        (3, 1, Bhsd, BF16, F32, true, 16),
-        (4, 2, Bshd, F16, F32, true, 16),
-        (4, 2, Bhsd, F32, F32, false, 16),
-        (8, 4, Bshd, BF16, F32, false, 16),
-        (8, 4, Bhsd, F32, F32, true, 16),
-        (8, 4, Bhsd, F16, BF16, false, 16),
-        (2, 1, Bshd, F32, F32, true, 12),
-        (4, 2, Bhsd, BF16, F32, true, 8),
-        (2, 2, Bshd, F32, F32, false, 24),
+        (3usize, 1usize, Bshd, F32, F32, F32, false, 16usize, 16usize),
+        (3, 1, Bhsd, F32, BF16, F32, true, 16, 16),
+        (4, 2, Bshd, F32, F16, F32, true, 16, 16),
+        (4, 2, Bhsd, F32, F32, F32, false, 16, 16),
+        (8, 4, Bshd, F32, BF16, F32, false, 16, 16),
+        (8, 4, Bhsd, F32, F32, F32, true, 16, 16),
+        (8, 4, Bhsd, F32, F16, BF16, false, 16, 16),
+        (2, 1, Bshd, F32, F32, F32, true, 12, 12),
+        (4, 2, Bhsd, F32, BF16, F32, true, 8, 8),
+        (2, 2, Bshd, F32, F32, F32, false, 24, 24),
+        (2, 2, Bshd, F32, F32, F32, false, 24, 16),
+        (3, 1, Bshd, BF16, F32, BF16, false, 16, 16),
+        (4, 2, Bhsd, BF16, BF16, BF16, true, 16, 16),
+        (8, 4, Bshd, BF16, F16, F32, false, 32, 32),
+        (8, 4, Bhsd, F16, F32, F16, true, 24, 24),
+        (4, 2, Bshd, F16, BF16, F16, false, 16, 16),
+        (2, 1, Bshd, BF16, F32, BF16, false, 24, 16),
+        (4, 2, Bhsd, F16, F32, BF16, true, 32, 16),
+        (2, 2, Bshd, BF16, F32, BF16, true, 8, 8),
+        (2, 2, Bshd, BF16, F32, BF16, false, 24, 24),
     ];
-    for (hq, hk, layout, table, grad, interleaved, d) in cases {
+    for (hq, hk, layout, val, table, grad, interleaved, d, rot) in cases {
         let shape = |h: usize, w: usize| match layout {
             RopeLayout::Bshd => vec![b, s, h, w],
             RopeLayout::Bhsd => vec![b, h, s, w],
         };
         let seed = 70 + hq as u64;
-        let q = data(seed, b * s * hq * d, 2.0);
+        let mut q = data(seed, b * s * hq * d, 2.0);
+        // Special values, rotated (column 1) and, with partial rotary, copied (the last).
+        q[1] = f64::NAN;
+        q[d + 1] = f64::INFINITY;
+        q[2 * d - 1] = f64::NAN;
+        q[3 * d - 1] = f64::NEG_INFINITY;
         let k = data(seed + 1, b * s * hk * d, 2.0);
         let dq = stored(&data(seed + 2, b * s * hq * d, 1.0), grad);
         let dk = stored(&data(seed + 3, b * s * hk * d, 1.0), grad);
-        let c = tensor_from_f64(e, &data(seed + 4, rows * d / 2, 1.2), &[rows, d / 2], table);
-        let sn = tensor_from_f64(e, &data(seed + 5, rows * d / 2, 1.2), &[rows, d / 2], table);
+        let c = tensor_from_f64(
+            e,
+            &data(seed + 4, rows * rot / 2, 1.2),
+            &[rows, rot / 2],
+            table,
+        );
+        let sn = tensor_from_f64(
+            e,
+            &data(seed + 5, rows * rot / 2, 1.2),
+            &[rows, rot / 2],
+            table,
+        );
         let opts = RopeQkOptions {
-            rotary_dim: Some(d),
+            rotary_dim: Some(rot),
             interleaved,
             layout,
             ..Default::default()
         };
         let run = |w: usize, f: &dyn Fn(&[f64]) -> Vec<f64>| -> Vec<Vec<f64>> {
             let t = |v: &[f64], h: usize, dt| tensor_from_f64(e, &f(v), &shape(h, w), dt);
-            let (qt, kt) = (t(&q, hq, DType::F32), t(&k, hk, DType::F32));
+            let (qt, kt) = (t(&q, hq, val), t(&k, hk, val));
             let ((qo, ko), saved) = rope::qk_forward(&qt, &kt, &c, &sn, Some(&pos), &opts).unwrap();
             let g = rope::qk_backward(&saved, &t(&dq, hq, grad), &t(&dk, hk, grad)).unwrap();
             [qo, ko, g.dq, g.dk]
@@ -1016,8 +1043,9 @@ fn step_kernels_equal_unit_kernels_bit_for_bit() {
                 .map(|x| x.to_f64().unwrap())
                 .collect()
         };
-        let label =
-            format!("hq {hq} hk {hk} {layout:?} {table} {grad} interleaved {interleaved} d {d}");
+        let label = format!(
+            "hq {hq} hk {hk} {layout:?} {val} {table} {grad} interleaved {interleaved} d {d} rot {rot}"
+        );
         let bits = |v: &[Vec<f64>]| -> Vec<Vec<u64>> {
             v.iter()
                 .map(|x| x.iter().map(|y| y.to_bits()).collect())

@@ -990,6 +990,79 @@ fn ce_lane_chunk(lane: CeLane, w: vec4<u32>, first: u32, reference: f32) -> CeLa
     return l;
 }
 
+// Position (0..8) of the first element of a 16-bit chunk equal to `v`, one of its elements.
+fn chunk_first(w: vec4<u32>, v: f32) -> u32 {
+    let a = chunk_lo(w, DT);
+    let b = chunk_hi(w, DT);
+    var j = 7u;
+    if (b.z == v) { j = 6u; }
+    if (b.y == v) { j = 5u; }
+    if (b.x == v) { j = 4u; }
+    if (a.w == v) { j = 3u; }
+    if (a.z == v) { j = 2u; }
+    if (a.y == v) { j = 1u; }
+    if (a.x == v) { j = 0u; }
+    return j;
+}
+
+// Four 16-bit chunks (32 elements; first columns f, f + WG·8, f + 2·WG·8, f + 3·WG·8) into
+// the lane's accumulators without a softcap or label smoothing, the maximum first: the group's
+// maximum (each chunk's by `chunk_max`, then the four), the argmax (the first position of the
+// group's maximum, taken only when it beats the lane's best: the element-by-element scan's
+// result, NaN never winning), one rescale of the running sum when the maximum grows, then
+// Σ exp(z − max) of the 32 values (each chunk's by `chunk_expsum`, then the four in a fixed
+// tree). Against a chunk at a time this saves the per-chunk rescale test and argmax test
+// (and their divergent branches) and sums relative to a maximum that is already the group's.
+fn ce_lane_group(lane: CeLane, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>,
+                 f: u32) -> CeLane {
+    var l = lane;
+    let m0 = chunk_max(w0);
+    let m1 = chunk_max(w1);
+    let m2 = chunk_max(w2);
+    let m3 = chunk_max(w3);
+    let gm = max(max(m0, m1), max(m2, m3));
+    if (gm > l.best) {
+        l.best = gm;
+        let step = 8u * WG;
+        if (m0 == gm) {
+            l.best_index = f + chunk_first(w0, gm);
+        } else if (m1 == gm) {
+            l.best_index = f + step + chunk_first(w1, gm);
+        } else if (m2 == gm) {
+            l.best_index = f + 2u * step + chunk_first(w2, gm);
+        } else {
+            l.best_index = f + 3u * step + chunk_first(w3, gm);
+        }
+    }
+    var m = l.st.x;
+    var s = l.st.y;
+    if (gm > m) {
+        s = s * exp(m - gm);
+        m = gm;
+    }
+    if (m != neg_inf()) {
+        s = s + ((chunk_expsum(w0, m) + chunk_expsum(w1, m)) +
+                 (chunk_expsum(w2, m) + chunk_expsum(w3, m)));
+    }
+    l.st = vec2<f32>(m, s);
+    return l;
+}
+
+// Four chunks loaded together (chunks v, v + WG, v + 2·WG, v + 3·WG of the row) into the
+// lane's accumulators, in the lane's column order: 16-bit rows without a softcap or label
+// smoothing by `ce_lane_group`, others a chunk at a time.
+fn ce_lane_step(lane: CeLane, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>,
+                v: u32, reference: f32) -> CeLane {
+    let cw = chunk_width(DT);
+    if (DT != DT_F32 && !(params.c > 0.0 || params.a > 0.0)) { // uniform: parameters
+        return ce_lane_group(lane, w0, w1, w2, w3, v * cw);
+    }
+    var l = ce_lane_chunk(lane, w0, v * cw, reference);
+    l = ce_lane_chunk(l, w1, (v + WG) * cw, reference);
+    l = ce_lane_chunk(l, w2, (v + 2u * WG) * cw, reference);
+    return ce_lane_chunk(l, w3, (v + 3u * WG) * cw, reference);
+}
+
 // Element `k` of a chunk of dtype DT.
 fn chunk_element(w: vec4<u32>, k: u32) -> f32 {
     if (k < 4u) {
@@ -1062,10 +1135,7 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         let w1 = x4[vbase + v + WG];
         let w2 = x4[vbase + v + 2u * WG];
         let w3 = x4[vbase + v + 3u * WG];
-        lane = ce_lane_chunk(lane, w0, v * cw, reference);
-        lane = ce_lane_chunk(lane, w1, (v + WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w2, (v + 2u * WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w3, (v + 3u * WG) * cw, reference);
+        lane = ce_lane_step(lane, w0, w1, w2, w3, v, reference);
         v = v + 4u * WG;
     }
     for (; v < nv; v = v + WG) {
@@ -1205,10 +1275,7 @@ fn ce_fused_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         let w1 = y4[vbase + v + WG];
         let w2 = y4[vbase + v + 2u * WG];
         let w3 = y4[vbase + v + 3u * WG];
-        lane = ce_lane_chunk(lane, w0, v * cw, reference);
-        lane = ce_lane_chunk(lane, w1, (v + WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w2, (v + 2u * WG) * cw, reference);
-        lane = ce_lane_chunk(lane, w3, (v + 3u * WG) * cw, reference);
+        lane = ce_lane_step(lane, w0, w1, w2, w3, v, reference);
         v = v + 4u * WG;
     }
     // The last one to three chunks, loaded together and consumed in order.
@@ -1661,7 +1728,8 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
 // RB·WG chunks are read once into registers, the row sum is taken from them, then dx is
 // written. Same straight-line pattern as softmax_fwd_r; RB (a power of two) is at most 8 with
-// 1024 lanes (64 registers of x and dy a lane), 16 with 256.
+// 1024 lanes (64 registers of x and dy a lane), 16 with 256. The host runs it for F32 rows;
+// 16-bit rows of the same range take softmax_bwd_h (half chunks a lane, contiguous stores).
 override RB: u32 = 16u;
 
 fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
@@ -2001,4 +2069,222 @@ fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     held_store(c13, 13u, lid, n, base, rmax, logden, c, no_nan);
     held_store(c14, 14u, lid, n, base, rmax, logden, c, no_nan);
     held_store(c15, 15u, lid, n, base, rmax, logden, c, no_nan);
+}
+
+// ---- 16-bit softmax / log-softmax backward from registers by half chunks (softmax_bwd_h) ----
+// For 16-bit x and dy (same dtype) in rows of whole chunks, the register range of
+// `softmax_bwd_r` (the host's rule, `src/loss.rs`). Lane t holds the row's half chunks
+// (4 elements: one vec2<u32> of x and one of dy, 8-byte loads) t, t + WG, ...,
+// t + (HB − 1)·WG in named registers, all loaded before any arithmetic, and writes dx's F32
+// vec4 of each: the stores of a workgroup are contiguous (a lane holding whole chunks would
+// write two vec4s 32 bytes apart, which costs half the store bandwidth). From the registers:
+// Σ p·dy (softmax) or Σ dy (log-softmax), each lane's half chunks in order, then the pairwise
+// `workgroup_sum`; then dx. p is exp2(fma(x − max, log2 e, −log Σ·log2 e)), as in
+// `softmax_fwd_c`. Statements for half chunk k ≥ HB fold away once the pipeline is
+// specialized: HB (a power of two) is at most 16 with 1024 lanes (32 registers of x and dy a
+// lane at the benchmark width), 32 with 256.
+override HB: u32 = 32u;
+
+@group(0) @binding(18) var<storage, read> x2: array<vec2<u32>>;
+@group(0) @binding(19) var<storage, read> second2: array<vec2<u32>>;
+
+// Whether lane `lid` holds its k-th half chunk (row half chunk lid + k·WG) of a row of n.
+fn half_held(k: u32, lid: u32, n: u32) -> bool {
+    return k < HB && lid + k * WG < n;
+}
+
+// The lane's k-th half chunk of x (row starting at half chunk `base`; zeros if it holds none).
+fn half_x(k: u32, lid: u32, n: u32, base: u32) -> vec2<u32> {
+    if (half_held(k, lid, n)) {
+        return x2[base + lid + k * WG];
+    }
+    return vec2<u32>();
+}
+
+// The same half chunk of dy.
+fn half_dy(k: u32, lid: u32, n: u32, base: u32) -> vec2<u32> {
+    if (half_held(k, lid, n)) {
+        return second2[base + lid + k * WG];
+    }
+    return vec2<u32>();
+}
+
+// Four 16-bit values widened for arithmetic (`widen2`: every use below is arithmetic).
+fn half_values(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(widen2(w.x, DT), widen2(w.y, DT));
+}
+
+// Probabilities of four logits: exp2(fma(x − m, log2 e, c)), c = −log Σ·log2 e.
+fn half_p(w: vec2<u32>, m: f32, c: f32) -> vec4<f32> {
+    return exp2(fma(half_values(w) - vec4<f32>(m), vec4<f32>(LOG2E), vec4<f32>(c)));
+}
+
+fn half_acc(acc: f32, w: vec2<u32>, g: vec2<u32>, k: u32, lid: u32, n: u32, m: f32,
+            c: f32) -> f32 {
+    if (!half_held(k, lid, n)) {
+        return acc;
+    }
+    let gv = half_values(g);
+    if (MODE == 1u) {
+        return acc + ((gv.x + gv.y) + (gv.z + gv.w));
+    }
+    let q = half_p(w, m, c) * gv;
+    return acc + ((q.x + q.y) + (q.z + q.w));
+}
+
+fn half_store(w: vec2<u32>, g: vec2<u32>, k: u32, lid: u32, n: u32, base: u32, m: f32,
+              c: f32, total: f32) {
+    if (!half_held(k, lid, n)) {
+        return;
+    }
+    let p = half_p(w, m, c);
+    let gv = half_values(g);
+    var d = p * (gv - vec4<f32>(total));
+    if (MODE == 1u) {
+        d = gv - p * total;
+    }
+    dx4[base + lid + k * WG] = d;
+}
+
+@compute @workgroup_size(WG)
+fn softmax_bwd_h(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / 4u;
+    let base = row * n;
+    let m = stats_in[2u * row];
+    let c = -stats_in[2u * row + 1u] * LOG2E;
+    let x0 = half_x(0u, lid, n, base);
+    let g0 = half_dy(0u, lid, n, base);
+    let x1 = half_x(1u, lid, n, base);
+    let g1 = half_dy(1u, lid, n, base);
+    let x2 = half_x(2u, lid, n, base);
+    let g2 = half_dy(2u, lid, n, base);
+    let x3 = half_x(3u, lid, n, base);
+    let g3 = half_dy(3u, lid, n, base);
+    let x4 = half_x(4u, lid, n, base);
+    let g4 = half_dy(4u, lid, n, base);
+    let x5 = half_x(5u, lid, n, base);
+    let g5 = half_dy(5u, lid, n, base);
+    let x6 = half_x(6u, lid, n, base);
+    let g6 = half_dy(6u, lid, n, base);
+    let x7 = half_x(7u, lid, n, base);
+    let g7 = half_dy(7u, lid, n, base);
+    let x8 = half_x(8u, lid, n, base);
+    let g8 = half_dy(8u, lid, n, base);
+    let x9 = half_x(9u, lid, n, base);
+    let g9 = half_dy(9u, lid, n, base);
+    let x10 = half_x(10u, lid, n, base);
+    let g10 = half_dy(10u, lid, n, base);
+    let x11 = half_x(11u, lid, n, base);
+    let g11 = half_dy(11u, lid, n, base);
+    let x12 = half_x(12u, lid, n, base);
+    let g12 = half_dy(12u, lid, n, base);
+    let x13 = half_x(13u, lid, n, base);
+    let g13 = half_dy(13u, lid, n, base);
+    let x14 = half_x(14u, lid, n, base);
+    let g14 = half_dy(14u, lid, n, base);
+    let x15 = half_x(15u, lid, n, base);
+    let g15 = half_dy(15u, lid, n, base);
+    let x16 = half_x(16u, lid, n, base);
+    let g16 = half_dy(16u, lid, n, base);
+    let x17 = half_x(17u, lid, n, base);
+    let g17 = half_dy(17u, lid, n, base);
+    let x18 = half_x(18u, lid, n, base);
+    let g18 = half_dy(18u, lid, n, base);
+    let x19 = half_x(19u, lid, n, base);
+    let g19 = half_dy(19u, lid, n, base);
+    let x20 = half_x(20u, lid, n, base);
+    let g20 = half_dy(20u, lid, n, base);
+    let x21 = half_x(21u, lid, n, base);
+    let g21 = half_dy(21u, lid, n, base);
+    let x22 = half_x(22u, lid, n, base);
+    let g22 = half_dy(22u, lid, n, base);
+    let x23 = half_x(23u, lid, n, base);
+    let g23 = half_dy(23u, lid, n, base);
+    let x24 = half_x(24u, lid, n, base);
+    let g24 = half_dy(24u, lid, n, base);
+    let x25 = half_x(25u, lid, n, base);
+    let g25 = half_dy(25u, lid, n, base);
+    let x26 = half_x(26u, lid, n, base);
+    let g26 = half_dy(26u, lid, n, base);
+    let x27 = half_x(27u, lid, n, base);
+    let g27 = half_dy(27u, lid, n, base);
+    let x28 = half_x(28u, lid, n, base);
+    let g28 = half_dy(28u, lid, n, base);
+    let x29 = half_x(29u, lid, n, base);
+    let g29 = half_dy(29u, lid, n, base);
+    let x30 = half_x(30u, lid, n, base);
+    let g30 = half_dy(30u, lid, n, base);
+    let x31 = half_x(31u, lid, n, base);
+    let g31 = half_dy(31u, lid, n, base);
+    var acc = 0.0;
+    acc = half_acc(acc, x0, g0, 0u, lid, n, m, c);
+    acc = half_acc(acc, x1, g1, 1u, lid, n, m, c);
+    acc = half_acc(acc, x2, g2, 2u, lid, n, m, c);
+    acc = half_acc(acc, x3, g3, 3u, lid, n, m, c);
+    acc = half_acc(acc, x4, g4, 4u, lid, n, m, c);
+    acc = half_acc(acc, x5, g5, 5u, lid, n, m, c);
+    acc = half_acc(acc, x6, g6, 6u, lid, n, m, c);
+    acc = half_acc(acc, x7, g7, 7u, lid, n, m, c);
+    acc = half_acc(acc, x8, g8, 8u, lid, n, m, c);
+    acc = half_acc(acc, x9, g9, 9u, lid, n, m, c);
+    acc = half_acc(acc, x10, g10, 10u, lid, n, m, c);
+    acc = half_acc(acc, x11, g11, 11u, lid, n, m, c);
+    acc = half_acc(acc, x12, g12, 12u, lid, n, m, c);
+    acc = half_acc(acc, x13, g13, 13u, lid, n, m, c);
+    acc = half_acc(acc, x14, g14, 14u, lid, n, m, c);
+    acc = half_acc(acc, x15, g15, 15u, lid, n, m, c);
+    acc = half_acc(acc, x16, g16, 16u, lid, n, m, c);
+    acc = half_acc(acc, x17, g17, 17u, lid, n, m, c);
+    acc = half_acc(acc, x18, g18, 18u, lid, n, m, c);
+    acc = half_acc(acc, x19, g19, 19u, lid, n, m, c);
+    acc = half_acc(acc, x20, g20, 20u, lid, n, m, c);
+    acc = half_acc(acc, x21, g21, 21u, lid, n, m, c);
+    acc = half_acc(acc, x22, g22, 22u, lid, n, m, c);
+    acc = half_acc(acc, x23, g23, 23u, lid, n, m, c);
+    acc = half_acc(acc, x24, g24, 24u, lid, n, m, c);
+    acc = half_acc(acc, x25, g25, 25u, lid, n, m, c);
+    acc = half_acc(acc, x26, g26, 26u, lid, n, m, c);
+    acc = half_acc(acc, x27, g27, 27u, lid, n, m, c);
+    acc = half_acc(acc, x28, g28, 28u, lid, n, m, c);
+    acc = half_acc(acc, x29, g29, 29u, lid, n, m, c);
+    acc = half_acc(acc, x30, g30, 30u, lid, n, m, c);
+    acc = half_acc(acc, x31, g31, 31u, lid, n, m, c);
+    let total = workgroup_sum(acc, lid);
+    half_store(x0, g0, 0u, lid, n, base, m, c, total);
+    half_store(x1, g1, 1u, lid, n, base, m, c, total);
+    half_store(x2, g2, 2u, lid, n, base, m, c, total);
+    half_store(x3, g3, 3u, lid, n, base, m, c, total);
+    half_store(x4, g4, 4u, lid, n, base, m, c, total);
+    half_store(x5, g5, 5u, lid, n, base, m, c, total);
+    half_store(x6, g6, 6u, lid, n, base, m, c, total);
+    half_store(x7, g7, 7u, lid, n, base, m, c, total);
+    half_store(x8, g8, 8u, lid, n, base, m, c, total);
+    half_store(x9, g9, 9u, lid, n, base, m, c, total);
+    half_store(x10, g10, 10u, lid, n, base, m, c, total);
+    half_store(x11, g11, 11u, lid, n, base, m, c, total);
+    half_store(x12, g12, 12u, lid, n, base, m, c, total);
+    half_store(x13, g13, 13u, lid, n, base, m, c, total);
+    half_store(x14, g14, 14u, lid, n, base, m, c, total);
+    half_store(x15, g15, 15u, lid, n, base, m, c, total);
+    half_store(x16, g16, 16u, lid, n, base, m, c, total);
+    half_store(x17, g17, 17u, lid, n, base, m, c, total);
+    half_store(x18, g18, 18u, lid, n, base, m, c, total);
+    half_store(x19, g19, 19u, lid, n, base, m, c, total);
+    half_store(x20, g20, 20u, lid, n, base, m, c, total);
+    half_store(x21, g21, 21u, lid, n, base, m, c, total);
+    half_store(x22, g22, 22u, lid, n, base, m, c, total);
+    half_store(x23, g23, 23u, lid, n, base, m, c, total);
+    half_store(x24, g24, 24u, lid, n, base, m, c, total);
+    half_store(x25, g25, 25u, lid, n, base, m, c, total);
+    half_store(x26, g26, 26u, lid, n, base, m, c, total);
+    half_store(x27, g27, 27u, lid, n, base, m, c, total);
+    half_store(x28, g28, 28u, lid, n, base, m, c, total);
+    half_store(x29, g29, 29u, lid, n, base, m, c, total);
+    half_store(x30, g30, 30u, lid, n, base, m, c, total);
+    half_store(x31, g31, 31u, lid, n, base, m, c, total);
 }

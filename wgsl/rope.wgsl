@@ -864,42 +864,108 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// ---- step kernels: F32 values, q and k in one launch, every warp access contiguous ----
-// A step is 4 consecutive F32 elements of a row, one vec4<u32>. A row is cut into units:
-// rotary units (split-half: the step at columns 4u and its partner step 4u + half;
-// interleaved: the step at columns 4u, two adjacent pairs), then one unit per suffix step,
-// copied. One invocation takes one unit of HEADS heads of one token: the token's
-// coefficients are loaded once for all of them and every head's loads are issued before any
-// arithmetic. Invocations [0, lanes_q) serve q, the rest k; consecutive invocations take
-// consecutive units, then the next head group (BSHD) or the next token (BHSD), so a warp's
-// accesses are contiguous. Each element is computed as the other kernels compute it.
+// ---- step kernels: q and k in one launch, 16-byte accesses, every warp access contiguous ----
+// A step is SPAN consecutive elements of a row: 4 F32 (one vec4<u32>), 8 16-bit values (a
+// forward's; one vec4<u32> read and one written) or 4 16-bit values (a backward's: half a
+// vec4<u32> read, 4 F32 written as one vec4, so that every store of a warp is contiguous).
+// A row is cut into units: rotary units (split-half: the step at columns SPAN·u and its
+// partner step SPAN·u + half; interleaved: the step at columns SPAN·u, SPAN/2 adjacent pairs),
+// then one unit per suffix step, copied. One invocation takes one unit of HEADS heads of one
+// token: the token's coefficients are loaded once for all of them; with OVERLAP every head's
+// loads are issued before any arithmetic, otherwise the heads run one after the other (fewer
+// live registers: 16-bit forwards). Invocations [0, lanes_q) serve q, the rest k; consecutive
+// invocations take consecutive units, then the next head group (BSHD) or the next token
+// (BHSD), so a warp's accesses are contiguous. Each element is computed as the other kernels
+// compute it, bit for bit: rotated values widen with `widen2` (exact for every value that is
+// not NaN), copied suffix values with the exact `half_from_word`, and a forward's 16-bit
+// output narrows with `narrow8` (the same bits as `pack_halves`).
+// The tensor read is the values (forward) or the cotangent (backward), both of dtype DT_Y; the
+// output is DT_Y (forward) or F32 (backward).
 
 override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
-const STEP: u32 = 4u;
+override SPAN: u32 = 4u;  // elements per step: 4, or 8 for a forward of 16-bit values
+override OVERLAP: u32 = 1u; // 1: every head's loads before any arithmetic; 0: head after head
 
 @group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
 @group(0) @binding(12) var<storage, read> values_k4: array<vec4<u32>>;
 @group(0) @binding(13) var<storage, read_write> out4: array<vec4<u32>>;
 @group(0) @binding(14) var<storage, read_write> out_k4: array<vec4<u32>>;
 
-// A head's unit: step a and (split-half rotary units) its partner step b.
+fn step_len() -> u32 {
+    return SPAN;
+}
+
+// Eight values of a step (steps of 4 use `lo` only).
+struct Step {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// A head's unit: step a and (split-half rotary units) its partner step b, as read (16-bit
+// values stay packed until their arithmetic: fewer registers while the loads are in flight).
+struct Words {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+
 struct Unit {
-    a: vec4<f32>,
-    b: vec4<f32>,
+    a: Step,
+    b: Step,
 }
 
-fn load4(is_k: bool, e: u32) -> vec4<f32> {
+// The words of the step at element e (16-bit steps of 4: in `.xy`).
+fn load_words(is_k: bool, e: u32) -> vec4<u32> {
+    let per_word = 16u / select(2u, 4u, DT_Y == DT_F32);
+    var w: vec4<u32>;
     if (is_k) {
-        return bitcast<vec4<f32>>(values_k4[e / STEP]);
-    }
-    return bitcast<vec4<f32>>(values4[e / STEP]);
-}
-
-fn store4(is_k: bool, e: u32, v: vec4<f32>) {
-    if (is_k) {
-        out_k4[e / STEP] = bitcast<vec4<u32>>(v);
+        w = values_k4[e / per_word];
     } else {
-        out4[e / STEP] = bitcast<vec4<u32>>(v);
+        w = values4[e / per_word];
+    }
+    if (DT_Y != DT_F32 && SPAN == 4u && (e & 4u) != 0u) {
+        w = w.zwxy;
+    }
+    return w;
+}
+
+// A step's words widened; `exact` quiets NaN as `half_from_word` does (copied values).
+fn widen_step(w: vec4<u32>, exact: bool) -> Step {
+    if (DT_Y == DT_F32) {
+        return Step(bitcast<vec4<f32>>(w), vec4<f32>());
+    }
+    var s: Step;
+    if (exact) {
+        s = Step(
+            vec4(half_from_word(w.x, 0u, DT_Y), half_from_word(w.x, 1u, DT_Y),
+                half_from_word(w.y, 0u, DT_Y), half_from_word(w.y, 1u, DT_Y)),
+            vec4(half_from_word(w.z, 0u, DT_Y), half_from_word(w.z, 1u, DT_Y),
+                half_from_word(w.w, 0u, DT_Y), half_from_word(w.w, 1u, DT_Y)));
+    } else {
+        s = Step(vec4(widen2(w.x, DT_Y), widen2(w.y, DT_Y)), vec4(widen2(w.z, DT_Y), widen2(w.w, DT_Y)));
+    }
+    if (SPAN == 4u) {
+        s.hi = vec4<f32>();
+    }
+    return s;
+}
+
+fn put4(is_k: bool, i: u32, w: vec4<u32>) {
+    if (is_k) {
+        out_k4[i] = w;
+    } else {
+        out4[i] = w;
+    }
+}
+
+// Store step v at element e of the output: DT_Y (forward) or F32 (backward).
+fn store_step(is_k: bool, e: u32, v: Step, fwd: bool) {
+    if (fwd && DT_Y != DT_F32) {
+        put4(is_k, e / 8u, narrow8(v.lo, v.hi, DT_Y));
+        return;
+    }
+    put4(is_k, e / 4u, bitcast<vec4<u32>>(v.lo));
+    if (SPAN == 8u) {
+        put4(is_k, e / 4u + 1u, bitcast<vec4<u32>>(v.hi));
     }
 }
 
@@ -911,7 +977,7 @@ fn table_word(cos_side: bool, i: u32) -> u32 {
 }
 
 // Table values e .. e + n − 1 (n = 2 or 4; e even), cos or sin side.
-fn table_step(cos_side: bool, e: u32, n: u32) -> vec4<f32> {
+fn table_quad(cos_side: bool, e: u32, n: u32) -> vec4<f32> {
     if (DT_T == DT_F32) {
         var c = vec4(bitcast<f32>(table_word(cos_side, e)),
             bitcast<f32>(table_word(cos_side, e + 1u)), 0.0, 0.0);
@@ -928,15 +994,23 @@ fn table_step(cos_side: bool, e: u32, n: u32) -> vec4<f32> {
     return vec4(lo, 0.0, 0.0);
 }
 
+// Table values e .. e + n − 1 (n = 2, 4 or 8), cos or sin side.
+fn table_step(cos_side: bool, e: u32, n: u32) -> Step {
+    if (n == 8u) {
+        return Step(table_quad(cos_side, e, 4u), table_quad(cos_side, e + 4u, 4u));
+    }
+    return Step(table_quad(cos_side, e, n), vec4<f32>());
+}
+
 fn rot_units() -> u32 {
     if (INTERLEAVED == 1u) {
-        return params.rot / STEP;
+        return params.rot / step_len();
     }
-    return params.half / STEP;
+    return params.half / step_len();
 }
 
 fn step_units_per_row() -> u32 {
-    return rot_units() + (params.dim - params.rot) / STEP;
+    return rot_units() + (params.dim - params.rot) / step_len();
 }
 
 // Two adjacent pairs p = (x1, x2, x1', x2') with coefficients (c.x, s.x), (c.y, s.y), or
@@ -950,14 +1024,23 @@ fn turn_pairs(p: vec4<f32>, c: vec2<f32>, s: vec2<f32>, fwd: bool) -> vec4<f32> 
         p.z * c.y + p.w * s.y, p.w * c.y - p.z * s.y);
 }
 
-fn rotate_step_unit(v: Unit, c: vec4<f32>, s: vec4<f32>, fwd: bool) -> Unit {
-    if (INTERLEAVED == 1u) {
-        return Unit(turn_pairs(v.a, c.xy, s.xy, fwd), v.b);
-    }
+// Split-half rotation of four frequencies: values a with partners b.
+fn turn_halves(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, s: vec4<f32>, fwd: bool) -> array<vec4<f32>, 2> {
     if (fwd) {
-        return Unit(v.a * c - v.b * s, v.b * c + v.a * s);
+        return array<vec4<f32>, 2>(a * c - b * s, b * c + a * s);
     }
-    return Unit(v.a * c + v.b * s, v.b * c - v.a * s);
+    return array<vec4<f32>, 2>(a * c + b * s, b * c - a * s);
+}
+
+fn rotate_step_unit(v: Unit, c: Step, s: Step, fwd: bool) -> Unit {
+    if (INTERLEAVED == 1u) {
+        // F32: pairs (lo.xy, lo.zw) with frequencies c.lo.xy; 16-bit: two more in hi, c.lo.zw.
+        return Unit(Step(turn_pairs(v.a.lo, c.lo.xy, s.lo.xy, fwd),
+            turn_pairs(v.a.hi, c.lo.zw, s.lo.zw, fwd)), v.b);
+    }
+    let l = turn_halves(v.a.lo, v.b.lo, c.lo, s.lo, fwd);
+    let h = turn_halves(v.a.hi, v.b.hi, c.hi, s.hi, fwd);
+    return Unit(Step(l[0], h[0]), Step(l[1], h[1]));
 }
 
 // Everything an invocation needs before its loads: which tensor, the elements of steps a and
@@ -968,8 +1051,8 @@ struct Work {
     pair: bool,       // split-half rotary unit: two steps per head
     first: vec2<u32>,
     stride: u32,
-    c: vec4<f32>,
-    s: vec4<f32>,
+    c: Step,
+    s: Step,
 }
 
 fn elements(w: Work, j: u32) -> vec2<u32> {
@@ -1009,18 +1092,19 @@ fn work_of(t: u32) -> Work {
     }
     let ru = rot_units();
     let rotary = u < ru;
+    let len = step_len();
     var w: Work;
     w.is_k = is_k;
     w.rotary = rotary;
     w.pair = rotary && INTERLEAVED == 0u;
-    w.c = vec4(0.0);
-    w.s = vec4(0.0);
+    w.c = Step(vec4(0.0), vec4(0.0));
+    w.s = w.c;
     if (rotary) {
-        var i0 = STEP * u;
-        var n = STEP;
+        var i0 = len * u;
+        var n = len;
         if (INTERLEAVED == 1u) {
-            i0 = (STEP / 2u) * u;
-            n = STEP / 2u;
+            i0 = (len / 2u) * u;
+            n = len / 2u;
         }
         let p = position_of(b, s, i0);
         if (p < params.table_rows) {
@@ -1030,9 +1114,9 @@ fn work_of(t: u32) -> Work {
     }
     let base = row_of(b, s, g * HEADS, heads) * params.dim;
     if (rotary) {
-        w.first = vec2(base + STEP * u, base + STEP * u + params.half);
+        w.first = vec2(base + len * u, base + len * u + params.half);
     } else {
-        let e = base + params.rot + STEP * (u - ru);
+        let e = base + params.rot + len * (u - ru);
         w.first = vec2(e, e);
     }
     w.stride = params.dim;
@@ -1042,25 +1126,25 @@ fn work_of(t: u32) -> Work {
     return w;
 }
 
-fn load_unit(w: Work, j: u32) -> Unit {
+fn load_unit(w: Work, j: u32) -> Words {
     let e = elements(w, j);
-    let a = load4(w.is_k, e.x);
+    let a = load_words(w.is_k, e.x);
     var b = a;
     if (w.pair) {
-        b = load4(w.is_k, e.y);
+        b = load_words(w.is_k, e.y);
     }
-    return Unit(a, b);
+    return Words(a, b);
 }
 
-fn finish_unit(w: Work, j: u32, v: Unit, fwd: bool) {
-    var r = v;
+fn finish_unit(w: Work, j: u32, words: Words, fwd: bool) {
+    var r = Unit(widen_step(words.a, !w.rotary), widen_step(words.b, false));
     if (w.rotary) {
-        r = rotate_step_unit(v, w.c, w.s, fwd);
+        r = rotate_step_unit(r, w.c, w.s, fwd);
     }
     let e = elements(w, j);
-    store4(w.is_k, e.x, r.a);
+    store_step(w.is_k, e.x, r.a, fwd);
     if (w.pair) {
-        store4(w.is_k, e.y, r.b);
+        store_step(w.is_k, e.y, r.b, fwd);
     }
 }
 
@@ -1069,6 +1153,12 @@ fn steps(t: u32, fwd: bool) {
         return;
     }
     let w = work_of(t);
+    if (OVERLAP == 0u) {
+        for (var j = 0u; j < HEADS; j = j + 1u) {
+            finish_unit(w, j, load_unit(w, j), fwd);
+        }
+        return;
+    }
     let v0 = load_unit(w, 0u);
     var v1 = v0;
     var v2 = v0;

@@ -89,6 +89,16 @@ fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
             &mut cases,
         )?;
     }
+    // A 16-bit backward held by half chunks (`softmax_bwd_h`): BF16 2,050 chunks.
+    softmax_cases(
+        engine,
+        &mut rng,
+        log,
+        (2, 16_400),
+        (DType::BF16, DType::BF16),
+        " (registers, half chunks)",
+        &mut cases,
+    )?;
     Ok(cases)
 }
 
@@ -190,8 +200,15 @@ fn check_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     let mut rng = Rng::new(42);
     let f32_tol = Tolerance::for_dtype(DType::F32);
     let mut cases = Vec::new();
-    for (rows, cols) in [(1, 1), (7, 100), (3, 700)] {
-        for dtype in DType::FLOATS {
+    // 2×8,200 BF16: the plain case takes four chunks a lane at a time (`ce_lane_group`).
+    let shapes: [(usize, usize, &[DType]); 4] = [
+        (1, 1, &DType::FLOATS),
+        (7, 100, &DType::FLOATS),
+        (3, 700, &DType::FLOATS),
+        (2, 8_200, &[DType::BF16]),
+    ];
+    for (rows, cols, dtypes) in shapes {
+        for &dtype in dtypes {
             // Liger's "all options" case, plus the plain one; a quarter of the rows ignored.
             for (name, cfg) in ce_configs(&mut rng, cols, 42, 1e-4, 30.0) {
                 let reduction = cfg.reduction;

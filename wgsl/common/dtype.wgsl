@@ -132,3 +132,17 @@ fn bf16x4_nearest(v: vec4<f32>) -> vec2<u32> {
     let h = b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
     return vec2<u32>((h.x >> 16u) | (h.y & 0xffff0000u), (h.z >> 16u) | (h.w & 0xffff0000u));
 }
+
+// Eight values narrowed to 16-bit dtype `dt` and packed into four words (`lo.x` in the low half
+// of the first), bit for bit as `pack_halves`. BF16 takes `bf16x4_nearest` when no value is NaN
+// (their FP32 sum is not NaN; opposite infinities also make it NaN and then only take the
+// longer form).
+fn narrow8(lo: vec4<f32>, hi: vec4<f32>, dt: u32) -> vec4<u32> {
+    if (dt == DT_BF16) {
+        let s = ((lo.x + lo.y) + (lo.z + lo.w)) + ((hi.x + hi.y) + (hi.z + hi.w));
+        if ((bitcast<u32>(s) & 0x7fffffffu) <= 0x7f800000u) {
+            return vec4<u32>(bf16x4_nearest(lo), bf16x4_nearest(hi));
+        }
+    }
+    return vec4<u32>(narrow2(lo.xy, dt), narrow2(lo.zw, dt), narrow2(hi.xy, dt), narrow2(hi.zw, dt));
+}
