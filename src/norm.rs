@@ -27,6 +27,9 @@
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
 //!   block order. 256 lanes up to 8,192 / 16,384 columns; for RMSNorm and add+RMSNorm 1,024
 //!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
+//!   add+RMSNorm with 16-bit sources on 256 lanes, and every 1,024-lane launch, hold the
+//!   loaded words rather than their widened values across the row sum (same operations in the
+//!   same order, so bit-identical; see [`register_backward_words`]).
 //! * General kernels (every operator, any width): the forward takes one workgroup per row and
 //!   reads the row in chunks of 256 columns (mean, squares, outputs). The backward takes one
 //!   workgroup per row for the two row constants of the input gradient, then one invocation
@@ -457,6 +460,29 @@ pub const REGISTER_CHUNKS: usize = 8;
 pub const REGISTER_BLOCKS: usize = 256;
 /// Fewest rows of a register backward block (so the partials stay at most a quarter of dx).
 pub const REGISTER_MIN_BLOCK_ROWS: usize = 4;
+
+thread_local! {
+    static FORCED_WORDS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces whether the RMSNorm / add+RMSNorm register backward holds the loaded words across
+/// the row sum (`rms_backward_words`) or their widened values (`rms_backward_registers`), for
+/// launches from the calling thread; `None` for the rule ([`register_backward_words`]). Both
+/// give bit-identical results; for tests and measurements.
+#[doc(hidden)]
+pub fn force_register_words(words: Option<bool>) {
+    FORCED_WORDS.with(|f| f.set(words));
+}
+
+/// Whether the RMSNorm / add+RMSNorm register backward of a source of dtype `dx` on 1,024
+/// lanes (`wide`) or 256 holds the loaded words across the row sum: add+RMSNorm with 16-bit
+/// sources, and every 1,024-lane launch (which reads the row again for dx). Elsewhere holding
+/// the widened values measured faster. LayerNorm always holds the widened values.
+pub fn register_backward_words(add: bool, dx: DType, wide: bool) -> bool {
+    FORCED_WORDS
+        .with(std::cell::Cell::get)
+        .unwrap_or(wide || (add && dx != DType::F32))
+}
 
 /// How a register path runs: the workgroup size and the chunks each lane holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1244,9 +1270,14 @@ fn register_backward(
             blocks as u64,
         )?;
     } else {
+        let words = register_backward_words(saved.kind == NormKind::AddRms, x.dtype(), plan.wide);
         engine.launch(
             plan.kernel(),
-            "rms_backward_registers",
+            if words {
+                "rms_backward_words"
+            } else {
+                "rms_backward_registers"
+            },
             &constants,
             &params,
             &[

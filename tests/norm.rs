@@ -836,6 +836,61 @@ fn register_path_reruns_are_bit_identical() {
     }
 }
 
+#[test]
+fn register_backward_words_match_widened_values() {
+    // Where the rule takes `rms_backward_words` (the loaded words held across the row sum),
+    // it must give the bits of `rms_backward_registers` (their widened values): add+RMSNorm
+    // 16-bit on 256 lanes (11 rows: blocks of 4 and a short last one; 2,056 columns: lanes
+    // without their last chunk; F32 weight) with and without the residual-sum cotangent, and
+    // add+RMSNorm (with it) and RMSNorm on 1,024 lanes (two reads; 16,392 BF16 columns, BF16
+    // weight). F32 takes the same code with the F32 `vals`.
+    assert!(norm::register_backward_words(true, DType::BF16, false));
+    assert!(!norm::register_backward_words(true, DType::F32, false));
+    assert!(!norm::register_backward_words(false, DType::F16, false));
+    assert!(norm::register_backward_words(false, DType::F32, true));
+    let cases = [
+        (11, 2056, DType::BF16, DType::F32, false),
+        (3, 16392, DType::BF16, DType::BF16, true),
+    ];
+    for (rows, cols, dt, wdt, wide) in cases {
+        let mut rng = Rng::new(1200 + cols as u64);
+        let (x, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
+        let (r, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
+        let (w, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], wdt);
+        let (dy, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
+        let (ds, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
+        let o = RmsNormOptions {
+            offset: 0.5,
+            ..RmsNormOptions::default()
+        };
+        let add = norm::add_rms_norm(&x, &r, Some(&w), &o).unwrap().2;
+        let saved = if wide {
+            let rms = norm::rms_norm(&x, Some(&w), &o).unwrap().1;
+            vec![(add, Some(&ds)), (rms, None)]
+        } else {
+            vec![(add.clone(), Some(&ds)), (add, None)]
+        };
+        let run = |words: Option<bool>| -> Vec<Vec<u64>> {
+            norm::force_register_words(words);
+            let mut out = Vec::new();
+            for (s, d) in &saved {
+                let g = norm::norm_backward(s, &dy, *d).unwrap();
+                for t in [Some(&g.source), g.weight.as_ref()].into_iter().flatten() {
+                    out.push(bits(t));
+                }
+            }
+            norm::force_register_words(None);
+            out
+        };
+        let widened = run(Some(false));
+        assert_eq!(widened.len(), 4);
+        assert!(
+            widened == run(None),
+            "{rows}x{cols} {dt} (weight {wdt}): words differ from widened values"
+        );
+    }
+}
+
 /// BF16 values of a tensor as f32.
 fn bf16_values(t: &Tensor) -> Vec<f32> {
     t.to_vec::<half::bf16>()

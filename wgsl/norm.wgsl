@@ -60,7 +60,7 @@ struct Params {
     blocks_per_batch: u32, // ceil(rows_per_batch / BLOCK_ROWS); finish: blocks per group
     total: u32,            // invocations needed (column passes)
     stride: u32,           // words of one partials slot (blocks * cols)
-    base: u32,             // finish: first word of the slot summed
+    base: u32,             // finish: first word of the slot summed (0 elsewhere; see `rewiden`)
     eps: f32,
     offset: f32,
     groups: u32,             // GroupNorm: groups per sample (rows = batch * groups)
@@ -657,6 +657,8 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // block's partial rows, which `partials_finish` sums in block order. With RELOAD (1,024
 // lanes, rows too wide to keep x and dy in registers) it reads each row twice, the second
 // time mostly from cache.
+// `rms_backward_words` is the RMSNorm backward that keeps the loaded words instead (see
+// "Register backward, words kept").
 
 override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused registers fold away)
 // Backward: load the row's chunks again for dx (from cache) instead of keeping them in
@@ -1370,6 +1372,152 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
         put_part(b5, 1u, block, 5u, lid, n);
         put_part(b6, 1u, block, 6u, lid, n);
         put_part(b7, 1u, block, 7u, lid, n);
+    }
+}
+
+// ---- Register backward, words kept: add+RMSNorm 16-bit and the 1,024-lane path ----
+// `rms_backward_words` computes what `rms_backward_registers` does, with the same operations in
+// the same order (bit-identical results), but holds the source, residual and cotangent chunks
+// across the row sum as their loaded words (vec4<u32>), not as widened values. Without RELOAD
+// the second use widens the words again from `rewiden(w)` = `w ^ params.base`: `base` is 0 in
+// every register backward launch, but the compiler cannot know it, so it keeps the words (half
+// the registers of 16-bit values) instead of the first widening. With RELOAD (1,024 lanes) the
+// second use reads the row again, as `rms_backward_registers` does. The host takes this entry
+// for add+RMSNorm with 16-bit sources on 256 lanes and for every RELOAD launch, where it
+// measured faster; other RMSNorm and all LayerNorm launches take the entries above.
+
+// Weight partials of the lane's chunks, chunk k in wacc_k.
+var<private> wacc0: Vals;
+var<private> wacc1: Vals;
+var<private> wacc2: Vals;
+var<private> wacc3: Vals;
+var<private> wacc4: Vals;
+var<private> wacc5: Vals;
+var<private> wacc6: Vals;
+var<private> wacc7: Vals;
+
+// The lane's k-th residual chunk of the row starting at chunk `base` (0 if absent or not add+RMSNorm).
+fn ld_r4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
+    if (KIND == KIND_ADD && has(k, lid, n)) {
+        return r4[base + lid + k * WG];
+    }
+    return vec4<u32>();
+}
+
+// Words widened again for their second use (`params.base` is 0; see above).
+fn rewiden(w: vec4<u32>) -> vec4<u32> {
+    if (DX == DT_F32) {
+        return w;
+    }
+    return w ^ vec4<u32>(params.base);
+}
+
+// The normalized source of a chunk's words: x (RMSNorm) or x + residual (add+RMSNorm).
+fn words_src(x: vec4<u32>, r: vec4<u32>) -> Vals {
+    if (KIND == KIND_ADD) {
+        return vadd(vals(x, DX), vals(r, DX));
+    }
+    return vals(x, DX);
+}
+
+// Σ dn · n over the lane's k-th chunk, from its words.
+fn words_dot(x: vec4<u32>, r: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, inv: f32) -> f32 {
+    if (!has(k, lid, n)) {
+        return 0.0;
+    }
+    return vdot(vmul(vals(g, DX), wf_chunk(lid + k * WG)), vscale(words_src(x, r), inv));
+}
+
+// `rms_step` from the chunk's words: dx of the lane's k-th chunk, dy · n added to `acc`.
+fn words_step(acc: ptr<private, Vals>, x: vec4<u32>, r: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32,
+              base: u32, inv: f32, c2: f32) {
+    if (!has(k, lid, n)) {
+        return;
+    }
+    let q = lid + k * WG;
+    let i = base + q;
+    var s: Vals;
+    var d: Vals;
+    if (RELOAD) {
+        var r_now = vec4<u32>();
+        if (KIND == KIND_ADD) {
+            r_now = r4[i];
+        }
+        s = words_src(x4[i], r_now);
+        d = vals(dy4[i], DX);
+    } else {
+        s = words_src(rewiden(x), rewiden(r));
+        d = vals(rewiden(g), DX);
+    }
+    let nrm = vscale(s, inv);
+    var v = vscale(vsub(vmul(d, wf_chunk(q)), vscale(nrm, c2)), inv);
+    if (HAS_DRES) {
+        v = vadd(v, vals(dr4[i], DX));
+    }
+    put_dx(v, i);
+    *acc = vadd(*acc, vmul(d, nrm));
+}
+
+@compute @workgroup_size(WG)
+fn rms_backward_words(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let block = group_index(wid, nwg);
+    let first = block * params.block_rows;
+    if (first >= params.rows) {
+        return;
+    }
+    let last = min(first + params.block_rows, params.rows);
+    let n = params.cols / chunk_len();
+    for (var row = first; row < last; row = row + 1u) {
+        let base = row * n;
+        let inv = inv_in[row];
+        let x0 = ld_x4(0u, lid, n, base);
+        let x1 = ld_x4(1u, lid, n, base);
+        let x2 = ld_x4(2u, lid, n, base);
+        let x3 = ld_x4(3u, lid, n, base);
+        let x4_ = ld_x4(4u, lid, n, base);
+        let x5 = ld_x4(5u, lid, n, base);
+        let x6 = ld_x4(6u, lid, n, base);
+        let x7 = ld_x4(7u, lid, n, base);
+        let r0 = ld_r4(0u, lid, n, base);
+        let r1 = ld_r4(1u, lid, n, base);
+        let r2 = ld_r4(2u, lid, n, base);
+        let r3 = ld_r4(3u, lid, n, base);
+        let r4_ = ld_r4(4u, lid, n, base);
+        let r5 = ld_r4(5u, lid, n, base);
+        let r6 = ld_r4(6u, lid, n, base);
+        let r7 = ld_r4(7u, lid, n, base);
+        let g0 = ld_dy4(0u, lid, n, base);
+        let g1 = ld_dy4(1u, lid, n, base);
+        let g2 = ld_dy4(2u, lid, n, base);
+        let g3 = ld_dy4(3u, lid, n, base);
+        let g4 = ld_dy4(4u, lid, n, base);
+        let g5 = ld_dy4(5u, lid, n, base);
+        let g6 = ld_dy4(6u, lid, n, base);
+        let g7 = ld_dy4(7u, lid, n, base);
+        let t = ((words_dot(x0, r0, g0, 0u, lid, n, inv) + words_dot(x1, r1, g1, 1u, lid, n, inv))
+            + (words_dot(x2, r2, g2, 2u, lid, n, inv) + words_dot(x3, r3, g3, 3u, lid, n, inv)))
+            + ((words_dot(x4_, r4_, g4, 4u, lid, n, inv) + words_dot(x5, r5, g5, 5u, lid, n, inv))
+            + (words_dot(x6, r6, g6, 6u, lid, n, inv) + words_dot(x7, r7, g7, 7u, lid, n, inv)));
+        let c2 = row_sum(t, lid) / f32(params.cols);
+        words_step(&wacc0, x0, r0, g0, 0u, lid, n, base, inv, c2);
+        words_step(&wacc1, x1, r1, g1, 1u, lid, n, base, inv, c2);
+        words_step(&wacc2, x2, r2, g2, 2u, lid, n, base, inv, c2);
+        words_step(&wacc3, x3, r3, g3, 3u, lid, n, base, inv, c2);
+        words_step(&wacc4, x4_, r4_, g4, 4u, lid, n, base, inv, c2);
+        words_step(&wacc5, x5, r5, g5, 5u, lid, n, base, inv, c2);
+        words_step(&wacc6, x6, r6, g6, 6u, lid, n, base, inv, c2);
+        words_step(&wacc7, x7, r7, g7, 7u, lid, n, base, inv, c2);
+    }
+    if (HAS_W) {
+        put_part(wacc0, 0u, block, 0u, lid, n);
+        put_part(wacc1, 0u, block, 1u, lid, n);
+        put_part(wacc2, 0u, block, 2u, lid, n);
+        put_part(wacc3, 0u, block, 3u, lid, n);
+        put_part(wacc4, 0u, block, 4u, lid, n);
+        put_part(wacc5, 0u, block, 5u, lid, n);
+        put_part(wacc6, 0u, block, 6u, lid, n);
+        put_part(wacc7, 0u, block, 7u, lid, n);
     }
 }
 
