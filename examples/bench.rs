@@ -12,6 +12,9 @@
 //! `$OUT/bench.json` when `OUT` is set, else `bench.json`). Every timed section follows a
 //! prewarm (default 0.3 s; `--prewarm 0` turns it off, to see what idle clocks cost).
 //! Compute-bound rows (matmul) also print their TFLOP/s to stderr.
+//! `WGRAD_NORM_WORDS=0` (or `1`) makes every RMSNorm / add+RMSNorm register backward hold
+//! widened values (or loaded words) across the row sum instead of following the rule, for
+//! comparisons (bit-identical results).
 //!
 //! To add an operator, push one more [`Op`] in `operators`.
 
@@ -458,6 +461,12 @@ fn run(args: &Args) -> Result<Report> {
 }
 
 fn main() -> ExitCode {
+    // Measurement switch of the norm register backward (bit-identical either way).
+    match std::env::var("WGRAD_NORM_WORDS").as_deref() {
+        Ok("0") => norm::force_register_words(Some(false)),
+        Ok("1") => norm::force_register_words(Some(true)),
+        _ => {}
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

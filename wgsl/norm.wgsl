@@ -18,8 +18,8 @@
 //   per batch for scale/shift gradients).
 //
 // RMSNorm, LayerNorm and add+RMSNorm rows of whole 4/8-value chunks take the register paths
-// instead (see "Register paths" below): `*_forward_registers`, `*_backward_registers` and
-// `partials_finish`.
+// instead (see "Register paths" below): `*_forward_registers`, `*_backward_registers`,
+// `rms_backward_words` and `partials_finish`.
 //
 // The order of every addition depends only on the shape, so reruns give identical bits.
 
