@@ -439,8 +439,10 @@ fn run_steps(
     let Some(per_lane) = plan.step_heads(step, shape.heads) else {
         return Ok(None);
     };
-    let small = |t: &Tensor| t.buffer().size() < 16;
-    if small(q) || k.is_some_and(small) {
+    // Every step reads one whole 16-byte word (a 16-bit backward step half of one): the
+    // buffers hold whole words (pool buffers always do, but one clamped to the binding limit).
+    let unfit = |t: &Tensor| t.buffer().size() < 16 || !t.buffer().size().is_multiple_of(16);
+    if unfit(q) || k.is_some_and(unfit) {
         return Ok(None);
     }
     let engine = q.engine();

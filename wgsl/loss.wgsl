@@ -800,8 +800,7 @@ fn chunk_hi(w: vec4<u32>, dt: u32) -> vec4<f32> {
 }
 
 fn pack_chunk(a: vec4<f32>, b: vec4<f32>, dt: u32) -> vec4<u32> {
-    return vec4<u32>(pack_halves(a.x, a.y, dt), pack_halves(a.z, a.w, dt),
-                     pack_halves(b.x, b.y, dt), pack_halves(b.z, b.w, dt));
+    return narrow8(a, b, dt);
 }
 
 // Online (max, Σ exp(z − max)) update with four values at once.
