@@ -27,7 +27,7 @@
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
 //!   block order. 256 lanes up to 8,192 / 16,384 columns; for RMSNorm and add+RMSNorm 1,024
 //!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
-//!   add+RMSNorm with 16-bit sources on 256 lanes, and every 1,024-lane launch, hold the
+//!   add+RMSNorm on 256 lanes, and every 1,024-lane launch, hold the
 //!   loaded words rather than their widened values across the row sum (same operations in the
 //!   same order, so bit-identical; see [`register_backward_words`]).
 //! * General kernels (every operator, any width): the forward takes one workgroup per row and
@@ -474,14 +474,15 @@ pub fn force_register_words(words: Option<bool>) {
     FORCED_WORDS.with(|f| f.set(words));
 }
 
-/// Whether the RMSNorm / add+RMSNorm register backward of a source of dtype `dx` on 1,024
-/// lanes (`wide`) or 256 holds the loaded words across the row sum: add+RMSNorm with 16-bit
-/// sources, and every 1,024-lane launch (which reads the row again for dx). Elsewhere holding
-/// the widened values measured faster. LayerNorm always holds the widened values.
-pub fn register_backward_words(add: bool, dx: DType, wide: bool) -> bool {
+/// Whether the RMSNorm / add+RMSNorm register backward (any source dtype) on 1,024
+/// lanes (`wide`) or 256 holds the loaded words across the row sum: add+RMSNorm (16-bit
+/// sources +15–22% on an H200, F32 +2–3%), and every 1,024-lane launch (which reads the row
+/// again for dx). For RMSNorm on 256 lanes holding the widened values measured faster
+/// (`notes/h200/2026-11-30-final5/ab-norm.txt`). LayerNorm always holds the widened values.
+pub fn register_backward_words(add: bool, wide: bool) -> bool {
     FORCED_WORDS
         .with(std::cell::Cell::get)
-        .unwrap_or(wide || (add && dx != DType::F32))
+        .unwrap_or(wide || add)
 }
 
 /// How a register path runs: the workgroup size and the chunks each lane holds.
@@ -1270,7 +1271,7 @@ fn register_backward(
             blocks as u64,
         )?;
     } else {
-        let words = register_backward_words(saved.kind == NormKind::AddRms, x.dtype(), plan.wide);
+        let words = register_backward_words(saved.kind == NormKind::AddRms, plan.wide);
         engine.launch(
             plan.kernel(),
             if words {

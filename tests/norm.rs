@@ -843,14 +843,14 @@ fn register_backward_words_match_widened_values() {
     // 16-bit on 256 lanes (11 rows: blocks of 4 and a short last one; 2,056 columns: lanes
     // without their last chunk; F32 weight) with and without the residual-sum cotangent, and
     // add+RMSNorm (with it) and RMSNorm on 1,024 lanes (two reads; 16,392 BF16 columns, BF16
-    // weight). F32 takes the same code with the F32 `vals`.
-    assert!(norm::register_backward_words(true, DType::BF16, false));
-    assert!(!norm::register_backward_words(true, DType::F32, false));
-    assert!(!norm::register_backward_words(false, DType::F16, false));
-    assert!(norm::register_backward_words(false, DType::F32, true));
+    // weight), and add+RMSNorm F32 on 256 lanes (F32 `vals`, 1,028 columns).
+    assert!(norm::register_backward_words(true, false));
+    assert!(!norm::register_backward_words(false, false));
+    assert!(norm::register_backward_words(false, true));
     let cases = [
         (11, 2056, DType::BF16, DType::F32, false),
         (3, 16392, DType::BF16, DType::BF16, true),
+        (9, 1028, DType::F32, DType::F32, false),
     ];
     for (rows, cols, dt, wdt, wide) in cases {
         let mut rng = Rng::new(1200 + cols as u64);

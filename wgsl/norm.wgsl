@@ -1383,7 +1383,7 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
 // every register backward launch, but the compiler cannot know it, so it keeps the words (half
 // the registers of 16-bit values) instead of the first widening. With RELOAD (1,024 lanes) the
 // second use reads the row again, as `rms_backward_registers` does. The host takes this entry
-// for add+RMSNorm with 16-bit sources on 256 lanes and for every RELOAD launch, where it
+// for add+RMSNorm on 256 lanes and for every RELOAD launch, where it
 // measured faster; other RMSNorm and all LayerNorm launches take the entries above.
 
 // Weight partials of the lane's chunks, chunk k in wacc_k.
