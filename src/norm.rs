@@ -476,7 +476,7 @@ pub fn force_register_words(words: Option<bool>) {
 
 /// Whether the RMSNorm / add+RMSNorm register backward (any source dtype) on 1,024
 /// lanes (`wide`) or 256 holds the loaded words across the row sum: add+RMSNorm (16-bit
-/// sources +15–22% on an H200, F32 +2–3%), and every 1,024-lane launch (which reads the row
+/// sources +15–22% on an H200, F32 about +3%), and every 1,024-lane launch (which reads the row
 /// again for dx). For RMSNorm on 256 lanes holding the widened values measured faster
 /// (`notes/h200/2026-11-30-final5/ab-norm.txt`). LayerNorm always holds the widened values.
 pub fn register_backward_words(add: bool, wide: bool) -> bool {

@@ -39,11 +39,12 @@
 //! values' dtype; FP32 math; gradients F32.
 //!
 //! Kernels: values (forward) and cotangents (backward) whose row width and rotary units are
-//! whole steps — 16 bytes: 4 F32 or 8 16-bit elements (split-half: `rotary_dim/2`,
-//! interleaved: `rotary_dim` a multiple of the step; plain tables; mRoPE sections on
-//! multiples of the step) — run step kernels: 16-byte loads and stores, every warp access
-//! contiguous, q and k in one launch, each invocation rotating one unit of up to 4 heads of a
-//! token with coefficients loaded once. Other shapes run unit, token or per-element kernels
+//! whole steps — 4 F32 elements, 8 16-bit values of a forward, 4 16-bit cotangents of a
+//! backward (split-half: `rotary_dim/2`, interleaved: `rotary_dim` a multiple of the step;
+//! plain tables; mRoPE sections on multiples of the step) — run step kernels: 16-byte stores
+//! and 16-byte loads (8-byte for 16-bit cotangents), every warp access contiguous, q and k in
+//! one launch, each invocation rotating one unit of up to 4 heads of a token with coefficients
+//! loaded once (see `step_shape`). Other shapes run unit, token or per-element kernels
 //! (one launch per tensor). Every kernel computes an element with the same operations and
 //! roundings, so they agree bit for bit.
 //!
@@ -208,12 +209,12 @@ impl Plan {
     }
 
     /// Heads per invocation of the step kernels (`forward_steps`, `backward_steps`: q and k
-    /// in one launch, 16-byte accesses) for steps of `step` elements (4 F32, 8 16-bit), or
-    /// `None` where they do not apply. They need plain tables (not Llama 4's), a row width
+    /// in one launch) for steps of `step` elements (`step_shape`), or `None` where they do not
+    /// apply. They need plain tables (not Llama 4's), a row width
     /// that is a multiple of the step, rotary units of whole steps (split-half:
     /// `rotary_dim/2`, interleaved: `rotary_dim` a multiple of the step) and mRoPE sections on
     /// multiples of the step, so that every access is aligned and a unit uses one position.
-    /// The heads per invocation (4, 2 or 1) divide both head counts.
+    /// The heads per invocation (4, 2 or 1, at most `most`) divide both head counts.
     fn step_heads(&self, step: usize, most: usize) -> Option<usize> {
         let sections_ok = |s: usize| s == u32::MAX as usize || s.is_multiple_of(step);
         let rotary = if self.interleaved {
@@ -430,7 +431,7 @@ fn run_steps(
     cos: &Tensor,
     sin: &Tensor,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
-    // A step is one 16-byte word of the tensor read: 4 F32 or 8 16-bit elements.
+    // q and k share one step shape (`step_shape`).
     if !q.dtype().is_float() || k.is_some_and(|k| k.dtype() != q.dtype()) {
         return Ok(None);
     }

@@ -1727,26 +1727,17 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
 // RB·WG chunks are read once into registers, the row sum is taken from them, then dx is
 // written. Same straight-line pattern as softmax_fwd_r; RB (a power of two) is at most 8 with
-// 1024 lanes (64 registers of x and dy a lane), 16 with 256. The host runs it for F32 rows;
-// 16-bit rows of the same range take softmax_bwd_h (half chunks a lane, contiguous stores).
+// 1024 lanes (64 registers of x and dy a lane), 16 with 256. F32 rows only: 16-bit rows of the
+// same range take softmax_bwd_h (half chunks a lane, contiguous stores).
 override RB: u32 = 16u;
 
+// F32 chunks only (the host's rule above).
 fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
-    var acc = softmax_bwd_acc(chunk_lo(w, DT), chunk_lo(g, DT), m, logden);
-    if (DT != DT_F32) {
-        acc = acc + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
-    }
-    return acc;
+    return softmax_bwd_acc(bitcast<vec4<f32>>(w), bitcast<vec4<f32>>(g), m, logden);
 }
 
 fn chunk_bwd_store(i: u32, w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32, total: f32) {
-    let a = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
-    if (DT == DT_F32) {
-        dx4[i] = a;
-    } else {
-        dx4[2u * i] = a;
-        dx4[2u * i + 1u] = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
-    }
+    dx4[i] = softmax_bwd_value(bitcast<vec4<f32>>(w), bitcast<vec4<f32>>(g), m, logden, total);
 }
 
 @compute @workgroup_size(WG)

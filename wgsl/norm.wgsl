@@ -763,28 +763,12 @@ fn vals(w: vec4<u32>, dt: u32) -> Vals {
     return Vals(vec4<f32>(widen2(w.x, dt), widen2(w.y, dt)), vec4<f32>(widen2(w.z, dt), widen2(w.w, dt)));
 }
 
-// BF16 rounding of four values, bit for bit as `f32_to_bf16`: round to nearest even, a NaN
-// stays a NaN with its quiet bit set. `bf16_rne` rounds values that are not NaN (the sign and
-// infinities come through; the low half keeps the rounding's carry bits, for the callers to
-// mask or shift out); `bf16_bits` any value, without branches. `bf16_round` keeps the
-// rounded values in FP32 (the low half zero), `bf16_pack` packs the four into two words (x, y
-// in the first, x in the low half); `bf16_round_clean` and the shared `bf16x4_nearest` (the
-// packed form) take values known not to be NaN.
+// BF16 rounding kept in FP32 (the low half zero), bit for bit as `f32_to_bf16`:
+// `bf16_round` any value, `bf16_round_clean` values known not to be NaN (the shared
+// `bf16_rne` / `bf16_bits` of `common/dtype.wgsl`).
 // With BF16 sources the register forwards are bound by these integer operations rather than
 // by memory (measured on an H200, `notes/measurements.md`): a NaN-free chunk (`clean`) takes
 // the shorter form.
-fn bf16_rne(v: vec4<f32>) -> vec4<u32> {
-    let b = bitcast<vec4<u32>>(v);
-    return b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
-}
-
-fn bf16_bits(v: vec4<f32>) -> vec4<u32> {
-    let b = bitcast<vec4<u32>>(v);
-    let r = bf16_rne(v) & vec4<u32>(0xffff0000u);
-    let nan = (b & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-    return select(r, (b | vec4<u32>(0x400000u)) & vec4<u32>(0xffff0000u), nan);
-}
-
 fn bf16_round(v: vec4<f32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(bf16_bits(v));
 }
@@ -793,16 +777,10 @@ fn bf16_round_clean(v: vec4<f32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(bf16_rne(v) & vec4<u32>(0xffff0000u));
 }
 
-fn bf16_pack(v: vec4<f32>) -> vec2<u32> {
-    let h = bf16_bits(v);
-    return vec2<u32>((h.x >> 16u) | h.y, (h.z >> 16u) | h.w);
-}
-
-// Whether none of a chunk's values is NaN: their FP32 sum is not NaN (a NaN term makes it
-// NaN; so do opposite infinities, which then only take the longer rounding).
+// Whether none of a chunk's values is NaN (`nan_free8`; opposite infinities take the longer
+// rounding).
 fn clean(v: Vals) -> bool {
-    let s = ((v.lo.x + v.lo.y) + (v.lo.z + v.lo.w)) + ((v.hi.x + v.hi.y) + (v.hi.z + v.hi.w));
-    return (bitcast<u32>(s) & 0x7fffffffu) <= 0x7f800000u;
+    return nan_free8(v.lo, v.hi);
 }
 
 // Whether v is finite.
@@ -814,13 +792,7 @@ fn pack(v: Vals, dt: u32) -> vec4<u32> {
     if (dt == DT_F32) {
         return bitcast<vec4<u32>>(v.lo);
     }
-    if (dt == DT_BF16) {
-        if (clean(v)) {
-            return vec4<u32>(bf16x4_nearest(v.lo), bf16x4_nearest(v.hi));
-        }
-        return vec4<u32>(bf16_pack(v.lo), bf16_pack(v.hi));
-    }
-    return vec4<u32>(narrow2(v.lo.xy, dt), narrow2(v.lo.zw, dt), narrow2(v.hi.xy, dt), narrow2(v.hi.zw, dt));
+    return narrow8(v.lo, v.hi, dt);
 }
 
 fn vzero() -> Vals {

@@ -883,17 +883,13 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 // output is DT_Y (forward) or F32 (backward).
 
 override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
-override SPAN: u32 = 4u;  // elements per step: 4, or 8 for a forward of 16-bit values
+override SPAN: u32 = 4u;  // elements per step: 4 (F32, 16-bit backward) or 8 (16-bit forward)
 override OVERLAP: u32 = 1u; // 1: every head's loads before any arithmetic; 0: head after head
 
 @group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
 @group(0) @binding(12) var<storage, read> values_k4: array<vec4<u32>>;
 @group(0) @binding(13) var<storage, read_write> out4: array<vec4<u32>>;
 @group(0) @binding(14) var<storage, read_write> out_k4: array<vec4<u32>>;
-
-fn step_len() -> u32 {
-    return SPAN;
-}
 
 // Eight values of a step (steps of 4 use `lo` only).
 struct Step {
@@ -915,7 +911,7 @@ struct Unit {
 
 // The words of the step at element e (16-bit steps of 4: in `.xy`).
 fn load_words(is_k: bool, e: u32) -> vec4<u32> {
-    let per_word = 16u / select(2u, 4u, DT_Y == DT_F32);
+    let per_word = select(8u, 4u, DT_Y == DT_F32); // elements per vec4<u32>
     var w: vec4<u32>;
     if (is_k) {
         w = values_k4[e / per_word];
@@ -957,16 +953,13 @@ fn put4(is_k: bool, i: u32, w: vec4<u32>) {
     }
 }
 
-// Store step v at element e of the output: DT_Y (forward) or F32 (backward).
+// Store step v at element e of the output: 8 values of DT_Y (a 16-bit forward) or 4 F32.
 fn store_step(is_k: bool, e: u32, v: Step, fwd: bool) {
     if (fwd && DT_Y != DT_F32) {
         put4(is_k, e / 8u, narrow8(v.lo, v.hi, DT_Y));
         return;
     }
     put4(is_k, e / 4u, bitcast<vec4<u32>>(v.lo));
-    if (SPAN == 8u) {
-        put4(is_k, e / 4u + 1u, bitcast<vec4<u32>>(v.hi));
-    }
 }
 
 fn table_word(cos_side: bool, i: u32) -> u32 {
@@ -1004,13 +997,13 @@ fn table_step(cos_side: bool, e: u32, n: u32) -> Step {
 
 fn rot_units() -> u32 {
     if (INTERLEAVED == 1u) {
-        return params.rot / step_len();
+        return params.rot / SPAN;
     }
-    return params.half / step_len();
+    return params.half / SPAN;
 }
 
 fn step_units_per_row() -> u32 {
-    return rot_units() + (params.dim - params.rot) / step_len();
+    return rot_units() + (params.dim - params.rot) / SPAN;
 }
 
 // Two adjacent pairs p = (x1, x2, x1', x2') with coefficients (c.x, s.x), (c.y, s.y), or
@@ -1092,7 +1085,6 @@ fn work_of(t: u32) -> Work {
     }
     let ru = rot_units();
     let rotary = u < ru;
-    let len = step_len();
     var w: Work;
     w.is_k = is_k;
     w.rotary = rotary;
@@ -1100,11 +1092,11 @@ fn work_of(t: u32) -> Work {
     w.c = Step(vec4(0.0), vec4(0.0));
     w.s = w.c;
     if (rotary) {
-        var i0 = len * u;
-        var n = len;
+        var i0 = SPAN * u;
+        var n = SPAN;
         if (INTERLEAVED == 1u) {
-            i0 = (len / 2u) * u;
-            n = len / 2u;
+            i0 = (SPAN / 2u) * u;
+            n = SPAN / 2u;
         }
         let p = position_of(b, s, i0);
         if (p < params.table_rows) {
@@ -1114,9 +1106,9 @@ fn work_of(t: u32) -> Work {
     }
     let base = row_of(b, s, g * HEADS, heads) * params.dim;
     if (rotary) {
-        w.first = vec2(base + len * u, base + len * u + params.half);
+        w.first = vec2(base + SPAN * u, base + SPAN * u + params.half);
     } else {
-        let e = base + params.rot + len * (u - ru);
+        let e = base + params.rot + SPAN * (u - ru);
         w.first = vec2(e, e);
     }
     w.stride = params.dim;

@@ -123,26 +123,51 @@ fn narrow2(v: vec2<f32>, dt: u32) -> u32 {
     return pack_halves(v.x, v.y, dt);
 }
 
-// Four values that are not NaN narrowed to BF16 and packed into two words (`.x` in the low half
-// of the first): round to nearest even in three integer operations a value, bit for bit as
-// `f32_to_bf16` (infinities stay infinite, overflow goes to infinity). A NaN may come out as
-// anything, so callers use it only where no value can be NaN.
-fn bf16x4_nearest(v: vec4<f32>) -> vec2<u32> {
+// BF16 rounding of four values, bit for bit as `f32_to_bf16`: round to nearest even, a NaN
+// stays a NaN with its quiet bit set. `bf16_rne` rounds values that are not NaN in three
+// integer operations a value (the sign and infinities come through, overflow goes to
+// infinity; the low half keeps the rounding's carry bits, for the callers to mask or shift
+// out); `bf16_bits` any value, without branches (the high halves). `bf16x4_nearest` packs
+// values known not to be NaN into two words (`.x` in the low half of the first; a NaN may come
+// out as anything), `bf16_pack` any values.
+fn bf16_rne(v: vec4<f32>) -> vec4<u32> {
     let b = bitcast<vec4<u32>>(v);
-    let h = b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
+    return b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
+}
+
+fn bf16_bits(v: vec4<f32>) -> vec4<u32> {
+    let b = bitcast<vec4<u32>>(v);
+    let r = bf16_rne(v) & vec4<u32>(0xffff0000u);
+    let nan = (b & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    return select(r, (b | vec4<u32>(0x400000u)) & vec4<u32>(0xffff0000u), nan);
+}
+
+fn bf16x4_nearest(v: vec4<f32>) -> vec2<u32> {
+    let h = bf16_rne(v);
     return vec2<u32>((h.x >> 16u) | (h.y & 0xffff0000u), (h.z >> 16u) | (h.w & 0xffff0000u));
 }
 
+fn bf16_pack(v: vec4<f32>) -> vec2<u32> {
+    let h = bf16_bits(v);
+    return vec2<u32>((h.x >> 16u) | h.y, (h.z >> 16u) | h.w);
+}
+
+// Whether none of eight values is NaN: their FP32 sum is not NaN (a NaN term makes it NaN; so
+// do opposite infinities, which callers then treat as possibly NaN).
+fn nan_free8(lo: vec4<f32>, hi: vec4<f32>) -> bool {
+    let s = ((lo.x + lo.y) + (lo.z + lo.w)) + ((hi.x + hi.y) + (hi.z + hi.w));
+    return (bitcast<u32>(s) & 0x7fffffffu) <= 0x7f800000u;
+}
+
 // Eight values narrowed to 16-bit dtype `dt` and packed into four words (`lo.x` in the low half
-// of the first), bit for bit as `pack_halves`. BF16 takes `bf16x4_nearest` when no value is NaN
-// (their FP32 sum is not NaN; opposite infinities also make it NaN and then only take the
-// longer form).
+// of the first), bit for bit as `pack_halves`. BF16 takes `bf16x4_nearest` when `nan_free8`,
+// `bf16_pack` otherwise.
 fn narrow8(lo: vec4<f32>, hi: vec4<f32>, dt: u32) -> vec4<u32> {
     if (dt == DT_BF16) {
-        let s = ((lo.x + lo.y) + (lo.z + lo.w)) + ((hi.x + hi.y) + (hi.z + hi.w));
-        if ((bitcast<u32>(s) & 0x7fffffffu) <= 0x7f800000u) {
+        if (nan_free8(lo, hi)) {
             return vec4<u32>(bf16x4_nearest(lo), bf16x4_nearest(hi));
         }
+        return vec4<u32>(bf16_pack(lo), bf16_pack(hi));
     }
     return vec4<u32>(narrow2(lo.xy, dt), narrow2(lo.zw, dt), narrow2(hi.xy, dt), narrow2(hi.zw, dt));
 }
