@@ -1303,9 +1303,10 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             );
         }
     }
-    // The same call with larger memory budgets (F32, the largest BT): fewer, taller chunks.
+    // The same call with smaller memory budgets than the default 1 GiB bound (F32, the largest
+    // BT): more, shorter chunks.
     let bt = *rows.last().expect("a row count");
-    for budget_mib in [512u64, 1024] {
+    for budget_mib in [256u64, 512] {
         let budget = budget_mib << 20;
         let (x, w) = (input(bt, DType::F32)?, weight(DType::F32)?);
         let (b, t) = (scaled(vocab, 0.1, 2, DType::F32)?, targets(bt)?);

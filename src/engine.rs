@@ -193,8 +193,9 @@ pub struct EngineBuilder {
     workspace_bound: u64,
 }
 
-/// Default per-call workspace bound: 256 MiB.
-pub const DEFAULT_WORKSPACE_BOUND: u64 = 256 << 20;
+/// Default per-call workspace bound: 1 GiB. It is also the default memory budget of the fused
+/// linear losses' chunks (at a vocabulary of 128,256, 1,024 rows a chunk).
+pub const DEFAULT_WORKSPACE_BOUND: u64 = 1 << 30;
 
 impl Default for EngineBuilder {
     fn default() -> Self {
@@ -256,7 +257,7 @@ impl EngineBuilder {
         self
     }
 
-    /// Most scratch bytes one op call may allocate beyond its outputs (default 256 MiB); ops
+    /// Most scratch bytes one op call may allocate beyond its outputs (default 1 GiB, [`DEFAULT_WORKSPACE_BOUND`]); ops
     /// needing more return `Error::WorkspaceExceeded`. Each op family has a
     /// `*_workspace_bytes` query.
     pub fn workspace_bound(mut self, bytes: u64) -> Self {
