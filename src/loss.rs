@@ -105,6 +105,13 @@ fn held_row(dtype: DType, chunks: u64) -> Option<u64> {
 /// The register-resident kernel and chunks per lane (`RK`/`RB`, a power of two) for a row of
 /// `chunks` vec4 chunks, holding `tensors` row tensors (1: forward, 2: backward); `None` when
 /// the row takes the two-pass entry.
+/// Trial knob: `WGRAD_SOFTMAX_TREE8=1` gives the register rows fan-in-8 reductions.
+fn tree8_trial(consts: &mut Constants) {
+    if std::env::var("WGRAD_SOFTMAX_TREE8").is_ok_and(|v| v == "1") {
+        consts.push(("RTREE8", 1.0));
+    }
+}
+
 fn register_row(engine: &Engine, chunks: u64, tensors: u64) -> Option<(&'static Kernel, u64)> {
     if chunks <= REGISTER_MIN_CHUNKS {
         return None;
@@ -262,6 +269,7 @@ fn row_output(
         } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
             let mut consts = consts;
             consts.push(("RK", per_lane as f64));
+            tree8_trial(&mut consts);
             engine.launch(
                 kernel,
                 "softmax_fwd_r",
@@ -383,6 +391,7 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
                     Some((kernel, per_lane)) => {
                         let mut consts = consts;
                         consts.push(("RB", per_lane as f64));
+                        tree8_trial(&mut consts);
                         (kernel, "softmax_bwd_r", consts)
                     }
                     None => (&KERNEL, "softmax_bwd_v", consts),
