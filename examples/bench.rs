@@ -1,11 +1,12 @@
 //! Bandwidth of every wgrad operator against the copy kernel.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,...]
+//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,...] [--copy-mib MIB]
 //! ```
 //!
 //! Prints the engine, measures the copy bandwidth (256 MiB buffer, at most the device's largest
-//! storage binding; `--quick`: 8 MiB), then times each operator on a large input (8192x8192
+//! storage binding; `--quick`: 8 MiB; `--copy-mib`: a copy of the size an operator moves, to
+//! see how much of the gap is the size itself), then times each operator on a large input (8192x8192
 //! f32, or the most rows of 8192 columns that fit one binding; `--quick`: 1024x1024). Bytes
 //! moved are each input read once plus each output written once; GB/s and the percentage of
 //! the copy bandwidth of this same run are printed as a table and written as JSON (default
@@ -259,16 +260,19 @@ struct Args {
     prewarm_s: f64,
     /// Operator-name prefixes to run (all when empty).
     only: Vec<String>,
+    /// Size of the copy the percentages refer to (default 256 MiB, `--quick` 8 MiB).
+    copy_mib: Option<u64>,
 }
 
 const USAGE: &str =
-    "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...]";
+    "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...] [--copy-mib MIB]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
     let mut json = None;
     let mut prewarm_s = bench::DEFAULT_PREWARM_S;
     let mut only = Vec::new();
+    let mut copy_mib = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -286,6 +290,15 @@ fn parse_args() -> std::result::Result<Args, String> {
                 let v = args.next().ok_or("--only needs operator names")?;
                 only = v.split(',').map(str::to_string).collect();
             }
+            "--copy-mib" => {
+                let v = args.next().ok_or("--copy-mib needs a size")?;
+                copy_mib = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|m: &u64| *m >= 1)
+                        .ok_or(format!("--copy-mib: bad size {v:?}"))?,
+                );
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
@@ -302,6 +315,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         json,
         prewarm_s,
         only,
+        copy_mib,
     })
 }
 
@@ -322,6 +336,7 @@ fn run(args: &Args) -> Result<Report> {
     } else {
         (256u64 << 20, 8192, 3, 20)
     };
+    let copy_wanted = args.copy_mib.map_or(copy_wanted, |m| m << 20);
     let copy_bytes = bench::copy_bytes_for(&engine, copy_wanted);
     let copy = bench::copy_stats(&engine, copy_bytes, args.prewarm_s, warmup, iters)?;
     let mut report = Report::new(&engine, copy_bytes, &copy);
