@@ -264,8 +264,7 @@ struct Args {
     copy_mib: Option<u64>,
 }
 
-const USAGE: &str =
-    "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...] [--copy-mib MIB]";
+const USAGE: &str = "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...] [--copy-mib MIB]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;

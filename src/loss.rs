@@ -15,7 +15,7 @@
 //! (`*_v` entry points, 16-bit halves widened two at a time); otherwise element by element.
 //! Softmax rows of such chunks wider than 2,048 chunks and up to 8,192 (8,193–32,768 F32 or
 //! 16,385–65,536 16-bit columns) are held in registers and read once, forward
-//! (`softmax_fwd_r`) and backward with dy in x's dtype (`softmax_bwd_r` for F32,
+//! (`softmax_fwd_r`, the row's maximum and sum by fan-in-8 trees) and backward with dy in x's dtype (`softmax_bwd_r` for F32,
 //! `softmax_bwd_h` for F16/BF16: lanes by half chunk, 8-byte loads of x and dy and one F32
 //! vec4 of dx a lane, so the gradient's stores are contiguous): one workgroup of 1024 lanes
 //! per row (at most 8 chunks of each row tensor a lane) where the adapter allows 1024
@@ -105,13 +105,6 @@ fn held_row(dtype: DType, chunks: u64) -> Option<u64> {
 /// The register-resident kernel and chunks per lane (`RK`/`RB`, a power of two) for a row of
 /// `chunks` vec4 chunks, holding `tensors` row tensors (1: forward, 2: backward); `None` when
 /// the row takes the two-pass entry.
-/// Trial knob: `WGRAD_SOFTMAX_TREE8=1` gives the register rows fan-in-8 reductions.
-fn tree8_trial(consts: &mut Constants) {
-    if std::env::var("WGRAD_SOFTMAX_TREE8").is_ok_and(|v| v == "1") {
-        consts.push(("RTREE8", 1.0));
-    }
-}
-
 fn register_row(engine: &Engine, chunks: u64, tensors: u64) -> Option<(&'static Kernel, u64)> {
     if chunks <= REGISTER_MIN_CHUNKS {
         return None;
@@ -269,7 +262,6 @@ fn row_output(
         } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
             let mut consts = consts;
             consts.push(("RK", per_lane as f64));
-            tree8_trial(&mut consts);
             engine.launch(
                 kernel,
                 "softmax_fwd_r",
@@ -391,7 +383,6 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
                     Some((kernel, per_lane)) => {
                         let mut consts = consts;
                         consts.push(("RB", per_lane as f64));
-                        tree8_trial(&mut consts);
                         (kernel, "softmax_bwd_r", consts)
                     }
                     None => (&KERNEL, "softmax_bwd_v", consts),

@@ -1471,7 +1471,9 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 
 // ---- register-resident softmax forward ---------------------------------------------------
 // For rows of up to RK·WG chunks, each lane keeps its RK chunks in registers, so the row is
-// read once: maximum, then Σ exp(x − max), then the output, all from registers. Straight-line
+// read once: maximum, then Σ exp(x − max), then the output, all from registers; the row's
+// maximum and sum are fan-in-8 trees (`workgroup_max8`, `workgroup_sum8`: 4 barriers each with
+// 1024 lanes, against 11 for the binary trees). Straight-line
 // code (no indexed private array, which some compilers move to slow local memory); the
 // statements repeat for chunks 0..32, lane `lid` holding chunks lid, lid + WG, ... of the row,
 // and every statement for chunk k ≥ RK is behind `RK > k`, a constant once the pipeline is
@@ -1479,22 +1481,6 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // smallest power of two covering the row: with 1024 lanes (`loss_rows`) at most 8 chunks (32
 // registers) a lane, with 256 lanes at most 32.
 override RK: u32 = 32u;
-// Trial: the register rows' reductions as fan-in-8 trees (`workgroup_max8`/`workgroup_sum8`).
-override RTREE8: bool = false;
-
-fn row_max(v: f32, lid: u32) -> f32 {
-    if (RTREE8) {
-        return workgroup_max8(v, lid);
-    }
-    return workgroup_max(v, lid);
-}
-
-fn row_sum(v: f32, lid: u32) -> f32 {
-    if (RTREE8) {
-        return workgroup_sum8(v, lid);
-    }
-    return workgroup_sum(v, lid);
-}
 
 fn chunk_max(w: vec4<u32>) -> f32 {
     let a = chunk_lo(w, DT);
@@ -1664,7 +1650,7 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RK > 29u && i29 < nv) { m = max(m, chunk_max(c29)); }
     if (RK > 30u && i30 < nv) { m = max(m, chunk_max(c30)); }
     if (RK > 31u && i31 < nv) { m = max(m, chunk_max(c31)); }
-    let rmax = row_max(m, lid);
+    let rmax = workgroup_max8(m, lid);
     var s = 0.0;
     if (RK > 0u && i0 < nv) { s = s + chunk_expsum(c0, rmax); }
     if (RK > 1u && i1 < nv) { s = s + chunk_expsum(c1, rmax); }
@@ -1701,7 +1687,7 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (rmax == neg_inf()) {
         s = 0.0;
     }
-    let logden = log(row_sum(s, lid));
+    let logden = log(workgroup_sum8(s, lid));
     if (lid == 0u) {
         stats_out[2u * row] = rmax;
         stats_out[2u * row + 1u] = logden;
@@ -1897,7 +1883,7 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RB > 13u && i13 < nv) { acc = acc + chunk_bwd_acc(c13, g13, m, logden); }
     if (RB > 14u && i14 < nv) { acc = acc + chunk_bwd_acc(c14, g14, m, logden); }
     if (RB > 15u && i15 < nv) { acc = acc + chunk_bwd_acc(c15, g15, m, logden); }
-    let total = row_sum(acc, lid);
+    let total = workgroup_sum(acc, lid);
     if (RB > 0u && i0 < nv) { chunk_bwd_store(vbase + i0, c0, g0, m, logden, total); }
     if (RB > 1u && i1 < nv) { chunk_bwd_store(vbase + i1, c1, g1, m, logden, total); }
     if (RB > 2u && i2 < nv) { chunk_bwd_store(vbase + i2, c2, g2, m, logden, total); }
