@@ -800,6 +800,30 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     Ok(vec![out.loss, loss::cross_entropy_backward(&saved, None)?])
                 },
             ));
+            // 16-bit logits: the gradient in their dtype, in a fresh tensor.
+            if dtype != DType::F32 {
+                let (_, saved) = loss::cross_entropy(&x, &t, &opts)?;
+                let m = saved.rows_matrix().clone();
+                ops.push(Op::new(
+                    "cross_entropy_backward_as",
+                    dname,
+                    vec![x.clone(), t.clone(), m],
+                    move |_| Ok(vec![loss::cross_entropy_backward_as(&saved, None, dtype)?]),
+                ));
+                let o = opts.clone();
+                ops.push(Op::new(
+                    "cross_entropy_fwd_bwd_as",
+                    dname,
+                    vec![x.clone(), t.clone()],
+                    move |i| {
+                        let (out, saved) = loss::cross_entropy(&i[0], &i[1], &o)?;
+                        Ok(vec![
+                            out.loss,
+                            loss::cross_entropy_backward_as(&saved, None, dtype)?,
+                        ])
+                    },
+                ));
+            }
             // The gradient written over the logits (a copy of them: each run overwrites its
             // input, which only changes the values the next run reads). Bytes: the logits
             // read and the gradient written, in their dtype, as the peers count theirs.

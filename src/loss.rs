@@ -1170,6 +1170,76 @@ pub fn cross_entropy_backward(
     )
 }
 
+/// [`cross_entropy_backward`] with the gradient stored in `dtype`: F32 gives that function's
+/// result; F16 or BF16 gives the F32 gradient rounded once to nearest-even (bit for bit
+/// `cast::cast` of it), in a fresh tensor. Integer targets over whole 16-bit chunks of logits of
+/// that same dtype write it directly (`ce_bwd_n`: 2 bytes an element written instead of 4,
+/// the logits left untouched, unlike [`cross_entropy_in_place`]); every other case computes the
+/// F32 gradient and narrows it.
+///
+/// Errors: those of [`cross_entropy_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn cross_entropy_backward_as(
+    saved: &CrossEntropySaved,
+    cotangent: Option<&Tensor>,
+    dtype: DType,
+) -> Result<Tensor> {
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "cross_entropy_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
+    let logits = &saved.logits;
+    let (rows, cols) = rows_cols(logits);
+    let direct = dtype != DType::F32
+        && dtype == logits.dtype()
+        && saved.targets.is_some()
+        && vectorized(dtype, cols);
+    if !direct {
+        let dx = cross_entropy_backward(saved, cotangent)?;
+        return if dtype == DType::F32 {
+            Ok(dx)
+        } else {
+            crate::cast::cast(&dx, dtype)
+        };
+    }
+    let engine = logits.engine();
+    let (cot, per_row) = ce_cotangent(
+        "cross_entropy_backward_as: cotangent",
+        engine,
+        cotangent,
+        saved.settings.reduction,
+        leading(logits),
+    )?;
+    let targets = saved.targets.as_ref().expect("integer targets");
+    let s = &saved.settings;
+    let mut flags = s.flags;
+    if per_row {
+        flags |= F_COT_ROW;
+    }
+    let dx = Tensor::empty(engine, logits.shape(), dtype, "cross_entropy_backward_as")?;
+    let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
+    engine.launch(
+        &KERNEL,
+        "ce_bwd_n",
+        &constants(logits.dtype(), DType::F32, DType::F32, 0),
+        &s.params(rows, cols, 0, flags),
+        &[
+            saved.rows_matrix.buffer(),
+            targets.buffer(),
+            weight_buffer,
+            saved.finish.buffer(),
+            cot.buffer(),
+            logits.buffer(),
+            dx.buffer(),
+        ],
+        rows as u64,
+    )?;
+    Ok(dx)
+}
+
 /// Cross-entropy against a target distribution `targets` (any float dtype, the logits'
 /// shape): `loss_r = Σ_c t_c (lse − x_c)`, reduced as `reduction` (mean over rows). The
 /// targets are used as given (not normalized). Backward: [`cross_entropy_backward`],

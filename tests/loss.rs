@@ -1976,3 +1976,77 @@ fn register_rows_and_in_place_on_a_256_lane_adapter() {
     );
     assert_eq!(bits(&y), bits(&dx), "256 lanes: in-place gradient");
 }
+
+#[test]
+fn cross_entropy_backward_as_is_the_f32_gradient_rounded_once() {
+    // Every logits dtype into every gradient dtype: bit for bit the F32 gradient cast; whole
+    // 16-bit chunks of the logits' own dtype take `ce_bwd_n` (8, 1000 and 40,000 columns),
+    // ragged widths (7, 1,002 in 16 bits) and other dtypes the F32 gradient narrowed.
+    let cases: [(usize, usize); 5] = [(3, 8), (6, 1000), (2, 40_000), (3, 7), (4, 1002)];
+    for (rows, cols) in cases {
+        for dtype in DType::FLOATS {
+            for out in DType::FLOATS {
+                for (all, reduction) in [(false, Reduction::Mean), (true, Reduction::None)] {
+                    let mut cfg = if all {
+                        all_options(cols)
+                    } else {
+                        CrossEntropyConfig::default()
+                    };
+                    cfg.reduction = reduction;
+                    let cfg = as_stored(&cfg);
+                    let what = format!("{dtype} -> {out} [{rows}, {cols}] all={all}");
+                    let targets = targets_for(
+                        300 + cols as u64,
+                        rows,
+                        cols,
+                        cfg.ignore_index,
+                        if all { 2 } else { 0 },
+                    );
+                    let t = i32_tensor(&targets, &[rows]);
+                    let v = data(301 + rows as u64, rows * cols, -8.0, 8.0);
+                    let (x, _) = upload(&v, &[rows, cols], dtype);
+                    let before = bits_any(&x);
+                    let (_, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
+                    // Reduction none: a per-row cotangent (one row's zero included).
+                    let cot = (reduction == Reduction::None).then(|| {
+                        let mut g = data(302, rows, -2.0, 2.0);
+                        g[0] = 0.0;
+                        f32_tensor(&g, &[rows])
+                    });
+                    let dx = cross_entropy_backward(&saved, cot.as_ref()).unwrap();
+                    let want = if out == DType::F32 {
+                        dx
+                    } else {
+                        wgrad::cast::cast(&dx, out).unwrap()
+                    };
+                    let got = loss::cross_entropy_backward_as(&saved, cot.as_ref(), out).unwrap();
+                    assert_eq!(got.dtype(), out, "{what}");
+                    assert_eq!(got.shape(), x.shape(), "{what}");
+                    assert_eq!(bits_any(&got), bits_any(&want), "{what}: gradient");
+                    let again = loss::cross_entropy_backward_as(&saved, cot.as_ref(), out).unwrap();
+                    assert_eq!(bits_any(&again), bits_any(&got), "{what}: rerun");
+                    assert_eq!(bits_any(&x), before, "{what}: logits untouched");
+                }
+            }
+        }
+    }
+    // Soft targets: the F32 gradient narrowed.
+    let v = data(303, 2 * 16, -3.0, 3.0);
+    let x = f32_tensor(&v, &[2, 16]);
+    let p = f32_tensor(&data(304, 2 * 16, 0.0, 0.125), &[2, 16]);
+    let (_, saved) = loss::cross_entropy_soft(&x, &p, Reduction::Sum).unwrap();
+    let want =
+        wgrad::cast::cast(&cross_entropy_backward(&saved, None).unwrap(), DType::BF16).unwrap();
+    let got = loss::cross_entropy_backward_as(&saved, None, DType::BF16).unwrap();
+    assert_eq!(bits_any(&got), bits_any(&want), "soft targets");
+    // A dtype that is not a float dtype.
+    match loss::cross_entropy_backward_as(&saved, None, DType::I32) {
+        Err(Error::UnsupportedDType { .. }) => {}
+        other => panic!("expected UnsupportedDType, got {other:?}"),
+    }
+}
+
+/// The stored bits of a tensor of any dtype (16-bit halves widened to u32 words).
+fn bits_any(t: &Tensor) -> Vec<u64> {
+    t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
+}

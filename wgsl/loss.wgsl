@@ -1230,6 +1230,40 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
+// ce_bwd_v with the gradient in the logits' 16-bit dtype, into y4 (a fresh buffer, not the
+// logits): one chunk a lane per step, ce_grad_chunk's values and rounding, so the words are
+// those of the F32 gradient rounded once to nearest-even.
+@compute @workgroup_size(WG)
+fn ce_bwd_n(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cw = chunk_width(DT);
+    let nv = params.cols / cw;
+    let vbase = row * nv;
+    let o = (params.row0 + row) * CE_COLS;
+    let t = labels[params.row0 + row];
+    if (!target_valid(t)) {
+        for (var v = lid; v < nv; v = v + WG) {
+            y4[vbase + v] = vec4<u32>(0u);
+        }
+        return;
+    }
+    let ti = u32(t);
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let wy = stats_in[o + CE_WEIGHT];
+    let wsum = stats_in[o + CE_WSUM];
+    let g = row_cotangent(params.row0 + row);
+    let f_ce = g * final_in[3];
+    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
+    for (var v = lid; v < nv; v = v + WG) {
+        y4[vbase + v] = ce_grad_chunk(x4[vbase + v], v * cw, ti, m, logden, wy, wsum, f_ce, f_z);
+    }
+}
+
 // The gradient of one chunk (elements first..first + cw) of a row with a valid target, packed
 // in the logits' dtype.
 fn ce_grad_chunk(w: vec4<u32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32, wsum: f32,
