@@ -28,7 +28,8 @@
 //! smoothing takes each step of four chunks a lane as one group (its maximum first, then one
 //! rescale of the running sum and one argmax test; `ce_lane_group`), the in-place statistics
 //! the same. [`cross_entropy_in_place`] computes the loss and writes the
-//! gradient over the logits in one launch over them. Forwards save the row maximum and the log denominator as two values (a
+//! gradient over the logits in one launch over them; [`cross_entropy_backward_as`] stores the
+//! gradient in F16/BF16 in a fresh tensor (the F32 values rounded once). Forwards save the row maximum and the log denominator as two values (a
 //! common shift of 1e4 leaves loss differences of 1e-3 intact); backwards recompute the
 //! probabilities from the saved input and statistics, so no probability matrix is ever stored.
 //! Sums over rows are per-row values reduced by [`crate::reduce::sum_columns`] (fixed order),
