@@ -15,9 +15,10 @@
 //! (`*_v` entry points, 16-bit halves widened two at a time); otherwise element by element.
 //! Softmax rows of such chunks wider than 2,048 chunks and up to 8,192 (8,193–32,768 F32 or
 //! 16,385–65,536 16-bit columns) are held in registers and read once, forward
-//! (`softmax_fwd_r`, the row's maximum and sum by fan-in-8 trees) and backward (the softmax's
-//! row sum by a fan-in-8 tree, the log-softmax's by the binary one) with dy in x's dtype (`softmax_bwd_r` for F32,
-//! `softmax_bwd_h` for F16/BF16: lanes by half chunk, 8-byte loads of x and dy and one F32
+//! (`softmax_fwd_r`: each lane's maximum and sum over its chunks, then the row's in one
+//! fan-in-8 tree of (maximum, sum) pairs) and backward with dy in x's dtype (`softmax_bwd_r`
+//! for F32, its row sum by a fan-in-8 tree for the softmax and by the binary one for the
+//! log-softmax; `softmax_bwd_h` for F16/BF16: lanes by half chunk, 8-byte loads of x and dy and one F32
 //! vec4 of dx a lane, so the gradient's stores are contiguous): one workgroup of 1024 lanes
 //! per row (at most 8 chunks of each row tensor a lane) where the adapter allows 1024
 //! invocations, else 256 lanes (the backward then up to 4,096 chunks). The softmax and

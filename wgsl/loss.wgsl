@@ -1505,9 +1505,8 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 
 // ---- register-resident softmax forward ---------------------------------------------------
 // For rows of up to RK·WG chunks, each lane keeps its RK chunks in registers, so the row is
-// read once: maximum, then Σ exp(x − max), then the output, all from registers; the row's
-// maximum and sum are fan-in-8 trees (`workgroup_max8`, `workgroup_sum8`: 4 barriers each with
-// 1024 lanes, against 11 for the binary trees). Straight-line
+// read once: each lane's maximum, then its Σ exp(x − that maximum), then the row's pair by one
+// tree (`workgroup_stats8`), then the output, all from registers. Straight-line
 // code (no indexed private array, which some compilers move to slow local memory); the
 // statements repeat for chunks 0..32, lane `lid` holding chunks lid, lid + WG, ... of the row,
 // and every statement for chunk k ≥ RK is behind `RK > k`, a constant once the pipeline is
@@ -1515,6 +1514,84 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // smallest power of two covering the row: with 1024 lanes (`loss_rows`) at most 8 chunks (32
 // registers) a lane, with 256 lanes at most 32.
 override RK: u32 = 32u;
+
+// The row's (maximum, Σ exp(x − maximum)) from the lanes' own pairs in one fan-in-8 tree (4
+// barriers with 1024 lanes, against 8 for a maximum tree then a sum tree), each node
+// rescaling its children's sums to their common maximum in a fixed order: bit-reproducible.
+var<workgroup> st8_in: array<vec2<f32>, WG>;
+var<workgroup> st8_b: array<vec2<f32>, WG / 8u>;
+var<workgroup> st8_c: array<vec2<f32>, WG / 8u>;
+
+fn stats_pair(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let mx = max(a.x, b.x);
+    if (mx == neg_inf()) {
+        return vec2<f32>(neg_inf(), 0.0);
+    }
+    return vec2<f32>(mx, a.y * exp(a.x - mx) + b.y * exp(b.x - mx));
+}
+
+fn stats_fold8(p: array<vec2<f32>, 8>) -> vec2<f32> {
+    let mx = max(max(max(p[0].x, p[1].x), max(p[2].x, p[3].x)),
+                 max(max(p[4].x, p[5].x), max(p[6].x, p[7].x)));
+    if (mx == neg_inf()) {
+        return vec2<f32>(neg_inf(), 0.0);
+    }
+    let a = vec4<f32>(p[0].y * exp(p[0].x - mx), p[1].y * exp(p[1].x - mx),
+                      p[2].y * exp(p[2].x - mx), p[3].y * exp(p[3].x - mx));
+    let b = vec4<f32>(p[4].y * exp(p[4].x - mx), p[5].y * exp(p[5].x - mx),
+                      p[6].y * exp(p[6].x - mx), p[7].y * exp(p[7].x - mx));
+    return vec2<f32>(mx, ((a.x + b.x) + (a.y + b.y)) + ((a.z + b.z) + (a.w + b.w)));
+}
+
+fn st8_in_at(f: u32) -> array<vec2<f32>, 8> {
+    return array<vec2<f32>, 8>(st8_in[f], st8_in[f + 1u], st8_in[f + 2u], st8_in[f + 3u],
+                               st8_in[f + 4u], st8_in[f + 5u], st8_in[f + 6u], st8_in[f + 7u]);
+}
+
+fn st8_b_at(f: u32) -> array<vec2<f32>, 8> {
+    return array<vec2<f32>, 8>(st8_b[f], st8_b[f + 1u], st8_b[f + 2u], st8_b[f + 3u],
+                               st8_b[f + 4u], st8_b[f + 5u], st8_b[f + 6u], st8_b[f + 7u]);
+}
+
+fn st8_c_at(f: u32) -> array<vec2<f32>, 8> {
+    return array<vec2<f32>, 8>(st8_c[f], st8_c[f + 1u], st8_c[f + 2u], st8_c[f + 3u],
+                               st8_c[f + 4u], st8_c[f + 5u], st8_c[f + 6u], st8_c[f + 7u]);
+}
+
+fn workgroup_stats8(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    st8_in[lid] = v;
+    workgroupBarrier();
+    var count = WG / 8u;
+    if (lid < count) {
+        st8_b[lid] = stats_fold8(st8_in_at(8u * lid));
+    }
+    workgroupBarrier();
+    var in_b = true;
+    while (count > 8u) {
+        count = count / 8u;
+        if (lid < count) {
+            if (in_b) {
+                st8_c[lid] = stats_fold8(st8_b_at(8u * lid));
+            } else {
+                st8_b[lid] = stats_fold8(st8_c_at(8u * lid));
+            }
+        }
+        workgroupBarrier();
+        in_b = !in_b;
+    }
+    var total = st8_c[0];
+    if (in_b) {
+        total = st8_b[0];
+    }
+    for (var i = 1u; i < count; i = i + 1u) {
+        if (in_b) {
+            total = stats_pair(total, st8_b[i]);
+        } else {
+            total = stats_pair(total, st8_c[i]);
+        }
+    }
+    return total;
+}
 
 fn chunk_max(w: vec4<u32>) -> f32 {
     let a = chunk_lo(w, DT);
@@ -1684,44 +1761,46 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (RK > 29u && i29 < nv) { m = max(m, chunk_max(c29)); }
     if (RK > 30u && i30 < nv) { m = max(m, chunk_max(c30)); }
     if (RK > 31u && i31 < nv) { m = max(m, chunk_max(c31)); }
-    let rmax = workgroup_max8(m, lid);
+    // The lane's own Σ exp(x − m) over its chunks, then the row's (maximum, sum) in one tree.
     var s = 0.0;
-    if (RK > 0u && i0 < nv) { s = s + chunk_expsum(c0, rmax); }
-    if (RK > 1u && i1 < nv) { s = s + chunk_expsum(c1, rmax); }
-    if (RK > 2u && i2 < nv) { s = s + chunk_expsum(c2, rmax); }
-    if (RK > 3u && i3 < nv) { s = s + chunk_expsum(c3, rmax); }
-    if (RK > 4u && i4 < nv) { s = s + chunk_expsum(c4, rmax); }
-    if (RK > 5u && i5 < nv) { s = s + chunk_expsum(c5, rmax); }
-    if (RK > 6u && i6 < nv) { s = s + chunk_expsum(c6, rmax); }
-    if (RK > 7u && i7 < nv) { s = s + chunk_expsum(c7, rmax); }
-    if (RK > 8u && i8 < nv) { s = s + chunk_expsum(c8, rmax); }
-    if (RK > 9u && i9 < nv) { s = s + chunk_expsum(c9, rmax); }
-    if (RK > 10u && i10 < nv) { s = s + chunk_expsum(c10, rmax); }
-    if (RK > 11u && i11 < nv) { s = s + chunk_expsum(c11, rmax); }
-    if (RK > 12u && i12 < nv) { s = s + chunk_expsum(c12, rmax); }
-    if (RK > 13u && i13 < nv) { s = s + chunk_expsum(c13, rmax); }
-    if (RK > 14u && i14 < nv) { s = s + chunk_expsum(c14, rmax); }
-    if (RK > 15u && i15 < nv) { s = s + chunk_expsum(c15, rmax); }
-    if (RK > 16u && i16 < nv) { s = s + chunk_expsum(c16, rmax); }
-    if (RK > 17u && i17 < nv) { s = s + chunk_expsum(c17, rmax); }
-    if (RK > 18u && i18 < nv) { s = s + chunk_expsum(c18, rmax); }
-    if (RK > 19u && i19 < nv) { s = s + chunk_expsum(c19, rmax); }
-    if (RK > 20u && i20 < nv) { s = s + chunk_expsum(c20, rmax); }
-    if (RK > 21u && i21 < nv) { s = s + chunk_expsum(c21, rmax); }
-    if (RK > 22u && i22 < nv) { s = s + chunk_expsum(c22, rmax); }
-    if (RK > 23u && i23 < nv) { s = s + chunk_expsum(c23, rmax); }
-    if (RK > 24u && i24 < nv) { s = s + chunk_expsum(c24, rmax); }
-    if (RK > 25u && i25 < nv) { s = s + chunk_expsum(c25, rmax); }
-    if (RK > 26u && i26 < nv) { s = s + chunk_expsum(c26, rmax); }
-    if (RK > 27u && i27 < nv) { s = s + chunk_expsum(c27, rmax); }
-    if (RK > 28u && i28 < nv) { s = s + chunk_expsum(c28, rmax); }
-    if (RK > 29u && i29 < nv) { s = s + chunk_expsum(c29, rmax); }
-    if (RK > 30u && i30 < nv) { s = s + chunk_expsum(c30, rmax); }
-    if (RK > 31u && i31 < nv) { s = s + chunk_expsum(c31, rmax); }
-    if (rmax == neg_inf()) {
+    if (RK > 0u && i0 < nv) { s = s + chunk_expsum(c0, m); }
+    if (RK > 1u && i1 < nv) { s = s + chunk_expsum(c1, m); }
+    if (RK > 2u && i2 < nv) { s = s + chunk_expsum(c2, m); }
+    if (RK > 3u && i3 < nv) { s = s + chunk_expsum(c3, m); }
+    if (RK > 4u && i4 < nv) { s = s + chunk_expsum(c4, m); }
+    if (RK > 5u && i5 < nv) { s = s + chunk_expsum(c5, m); }
+    if (RK > 6u && i6 < nv) { s = s + chunk_expsum(c6, m); }
+    if (RK > 7u && i7 < nv) { s = s + chunk_expsum(c7, m); }
+    if (RK > 8u && i8 < nv) { s = s + chunk_expsum(c8, m); }
+    if (RK > 9u && i9 < nv) { s = s + chunk_expsum(c9, m); }
+    if (RK > 10u && i10 < nv) { s = s + chunk_expsum(c10, m); }
+    if (RK > 11u && i11 < nv) { s = s + chunk_expsum(c11, m); }
+    if (RK > 12u && i12 < nv) { s = s + chunk_expsum(c12, m); }
+    if (RK > 13u && i13 < nv) { s = s + chunk_expsum(c13, m); }
+    if (RK > 14u && i14 < nv) { s = s + chunk_expsum(c14, m); }
+    if (RK > 15u && i15 < nv) { s = s + chunk_expsum(c15, m); }
+    if (RK > 16u && i16 < nv) { s = s + chunk_expsum(c16, m); }
+    if (RK > 17u && i17 < nv) { s = s + chunk_expsum(c17, m); }
+    if (RK > 18u && i18 < nv) { s = s + chunk_expsum(c18, m); }
+    if (RK > 19u && i19 < nv) { s = s + chunk_expsum(c19, m); }
+    if (RK > 20u && i20 < nv) { s = s + chunk_expsum(c20, m); }
+    if (RK > 21u && i21 < nv) { s = s + chunk_expsum(c21, m); }
+    if (RK > 22u && i22 < nv) { s = s + chunk_expsum(c22, m); }
+    if (RK > 23u && i23 < nv) { s = s + chunk_expsum(c23, m); }
+    if (RK > 24u && i24 < nv) { s = s + chunk_expsum(c24, m); }
+    if (RK > 25u && i25 < nv) { s = s + chunk_expsum(c25, m); }
+    if (RK > 26u && i26 < nv) { s = s + chunk_expsum(c26, m); }
+    if (RK > 27u && i27 < nv) { s = s + chunk_expsum(c27, m); }
+    if (RK > 28u && i28 < nv) { s = s + chunk_expsum(c28, m); }
+    if (RK > 29u && i29 < nv) { s = s + chunk_expsum(c29, m); }
+    if (RK > 30u && i30 < nv) { s = s + chunk_expsum(c30, m); }
+    if (RK > 31u && i31 < nv) { s = s + chunk_expsum(c31, m); }
+    if (m == neg_inf()) {
         s = 0.0;
     }
-    let logden = log(workgroup_sum8(s, lid));
+    let stats = workgroup_stats8(vec2<f32>(m, s), lid);
+    let rmax = stats.x;
+    let logden = log(stats.y);
     if (lid == 0u) {
         stats_out[2u * row] = rmax;
         stats_out[2u * row + 1u] = logden;
