@@ -31,6 +31,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             run: check_cross_entropy_in_place,
         },
         OperatorCheck {
+            name: "cross_entropy_backward_as",
+            kernels: &["loss", "reduce", "cast"],
+            run: check_cross_entropy_backward_as,
+        },
+        OperatorCheck {
             name: "cross_entropy_soft",
             kernels: &["loss", "reduce"],
             run: check_cross_entropy_soft,
@@ -292,6 +297,47 @@ fn check_cross_entropy_in_place(engine: &Engine) -> Result<Vec<Case>> {
                 cases.push(case(
                     format!("{label} gradient in the logits"),
                     &x.to_f64()?,
+                    &want,
+                    Tolerance::for_dtype(dtype),
+                ));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// The gradient stored in the logits' dtype: 1,000 columns take `ce_bwd_n` in 16 bits, 100
+/// the F32 gradient narrowed.
+fn check_cross_entropy_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::Tensor;
+    use crate::loss::{self, Reduction};
+    use crate::reference::loss as r;
+    let mut rng = Rng::new(45);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(7, 100), (4, 1000)] {
+        for dtype in DType::FLOATS {
+            for (name, cfg) in ce_configs(&mut rng, cols, 42, 1e-4, 30.0) {
+                let reduction = cfg.reduction;
+                let targets = ce_targets(&mut rng, rows, cols, cfg.ignore_index);
+                let (x, xs) = tensor_from_f64(
+                    engine,
+                    &rng.vec(rows * cols, -6.0, 6.0),
+                    &[rows, cols],
+                    dtype,
+                )?;
+                let t = Tensor::from_slice(engine, &targets, &[rows])?;
+                let (_, saved) = loss::cross_entropy(&x, &t, &ce_options(engine, &cfg)?)?;
+                let dx = loss::cross_entropy_backward_as(&saved, None, dtype)?;
+                let n = if reduction == Reduction::None {
+                    rows
+                } else {
+                    1
+                };
+                let want =
+                    r::cross_entropy_backward(&xs, &targets, rows, cols, &cfg, &vec![1.0; n]);
+                cases.push(case(
+                    format!("{name} {reduction:?} {rows}x{cols} {dtype} gradient in {dtype}"),
+                    &dx.to_f64()?,
                     &want,
                     Tolerance::for_dtype(dtype),
                 ));
