@@ -547,6 +547,40 @@ fn row_cotangent(row: u32) -> f32 {
     return cot[0];
 }
 
+// What a row's gradient takes from the forward: the target (`valid` false for an ignored row,
+// whose gradient is zero), the row's statistics and the scales of the cross-entropy and z-loss
+// terms for the row's cotangent. `row` counts from the launch's first row (`params.row0`).
+struct CeGradRow {
+    valid: bool,
+    ti: u32,
+    m: f32,
+    logden: f32,
+    wy: f32,
+    wsum: f32,
+    f_ce: f32,
+    f_z: f32,
+}
+
+fn ce_grad_row(row: u32) -> CeGradRow {
+    let r = params.row0 + row;
+    let t = labels[r];
+    var g = CeGradRow(false, 0u, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    if (!target_valid(t)) {
+        return g;
+    }
+    let o = r * CE_COLS;
+    g.valid = true;
+    g.ti = u32(t);
+    g.m = stats_in[o + CE_MAX];
+    g.logden = stats_in[o + CE_LOGDEN];
+    g.wy = stats_in[o + CE_WEIGHT];
+    g.wsum = stats_in[o + CE_WSUM];
+    let c = row_cotangent(r);
+    g.f_ce = c * final_in[3];
+    g.f_z = c * final_in[4] * 2.0 * params.b * (g.m + g.logden);
+    return g;
+}
+
 // dlogits of the integer-target cross-entropy, recomputing p = exp(z − max − logden).
 @compute @workgroup_size(WG)
 fn ce_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -557,23 +591,21 @@ fn ce_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     let cols = params.cols;
     let base = row * cols;
-    let o = (params.row0 + row) * CE_COLS;
-    let t = labels[params.row0 + row];
-    if (!target_valid(t)) {
+    let gr = ce_grad_row(row);
+    if (!gr.valid) {
         for (var c = lid; c < cols; c = c + WG) {
             dx[base + c] = 0.0;
         }
         return;
     }
-    let ti = u32(t);
+    let ti = gr.ti;
     let eps = params.a;
-    let m = stats_in[o + CE_MAX];
-    let logden = stats_in[o + CE_LOGDEN];
-    let wy = stats_in[o + CE_WEIGHT];
-    let wsum = stats_in[o + CE_WSUM];
-    let g = row_cotangent(params.row0 + row);
-    let f_ce = g * final_in[3];
-    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
+    let m = gr.m;
+    let logden = gr.logden;
+    let wy = gr.wy;
+    let wsum = gr.wsum;
+    let f_ce = gr.f_ce;
+    let f_z = gr.f_z;
     let spread_w = eps / f32(cols);
     for (var c = lid; c < cols; c = c + WG) {
         let raw = ld_x(base + c);
@@ -1194,27 +1226,18 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let cw = chunk_width(DT);
     let nv = params.cols / cw;
     let vbase = row * nv;
-    let o = (params.row0 + row) * CE_COLS;
-    let t = labels[params.row0 + row];
     let f4 = cw / 4u; // F32 vec4s of dx per chunk
-    if (!target_valid(t)) {
+    let g = ce_grad_row(row);
+    if (!g.valid) {
         for (var v = lid; v < nv * f4; v = v + WG) {
             dx4[vbase * f4 + v] = vec4<f32>(0.0);
         }
         return;
     }
-    let ti = u32(t);
-    let m = stats_in[o + CE_MAX];
-    let logden = stats_in[o + CE_LOGDEN];
-    let wy = stats_in[o + CE_WEIGHT];
-    let wsum = stats_in[o + CE_WSUM];
-    let g = row_cotangent(params.row0 + row);
-    let f_ce = g * final_in[3];
-    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
     if (DT == DT_F32) {
         for (var v = lid; v < nv; v = v + WG) {
-            dx4[vbase + v] =
-                ce_grad4(chunk_lo(x4[vbase + v], DT), v * 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+            dx4[vbase + v] = ce_grad4(chunk_lo(x4[vbase + v], DT), v * 4u, g.ti, g.m, g.logden,
+                                      g.wy, g.wsum, g.f_ce, g.f_z);
         }
     } else {
         // Lane by F32 vec4 of dx (half a chunk), so each store of the workgroup is contiguous;
@@ -1225,7 +1248,8 @@ fn ce_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             if ((o & 1u) == 1u) {
                 raw = chunk_hi(w, DT);
             }
-            dx4[2u * vbase + o] = ce_grad4(raw, o * 4u, ti, m, logden, wy, wsum, f_ce, f_z);
+            dx4[2u * vbase + o] =
+                ce_grad4(raw, o * 4u, g.ti, g.m, g.logden, g.wy, g.wsum, g.f_ce, g.f_z);
         }
     }
 }
@@ -1243,24 +1267,16 @@ fn ce_bwd_n(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let cw = chunk_width(DT);
     let nv = params.cols / cw;
     let vbase = row * nv;
-    let o = (params.row0 + row) * CE_COLS;
-    let t = labels[params.row0 + row];
-    if (!target_valid(t)) {
+    let g = ce_grad_row(row);
+    if (!g.valid) {
         for (var v = lid; v < nv; v = v + WG) {
             y4[vbase + v] = vec4<u32>(0u);
         }
         return;
     }
-    let ti = u32(t);
-    let m = stats_in[o + CE_MAX];
-    let logden = stats_in[o + CE_LOGDEN];
-    let wy = stats_in[o + CE_WEIGHT];
-    let wsum = stats_in[o + CE_WSUM];
-    let g = row_cotangent(params.row0 + row);
-    let f_ce = g * final_in[3];
-    let f_z = g * final_in[4] * 2.0 * params.b * (m + logden);
     for (var v = lid; v < nv; v = v + WG) {
-        y4[vbase + v] = ce_grad_chunk(x4[vbase + v], v * cw, ti, m, logden, wy, wsum, f_ce, f_z);
+        y4[vbase + v] = ce_grad_chunk(x4[vbase + v], v * cw, g.ti, g.m, g.logden, g.wy, g.wsum,
+                                      g.f_ce, g.f_z);
     }
 }
 
