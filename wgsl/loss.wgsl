@@ -1522,7 +1522,8 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // ---- register-resident softmax forward ---------------------------------------------------
 // For rows of up to RK·WG chunks, each lane keeps its RK chunks in registers, so the row is
 // read once: each lane's maximum, then its Σ exp(x − that maximum), then the row's pair by one
-// tree (`workgroup_stats8`), then the output, all from registers. Straight-line
+// tree (`workgroup_pairs8` with PAIR_SOFTMAX: 4 barriers with 1024 lanes), then the output,
+// all from registers. Straight-line
 // code (no indexed private array, which some compilers move to slow local memory); the
 // statements repeat for chunks 0..32, lane `lid` holding chunks lid, lid + WG, ... of the row,
 // and every statement for chunk k ≥ RK is behind `RK > k`, a constant once the pipeline is
@@ -1530,84 +1531,6 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // smallest power of two covering the row: with 1024 lanes (`loss_rows`) at most 8 chunks (32
 // registers) a lane, with 256 lanes at most 32.
 override RK: u32 = 32u;
-
-// The row's (maximum, Σ exp(x − maximum)) from the lanes' own pairs in one fan-in-8 tree (4
-// barriers with 1024 lanes, against 8 for a maximum tree then a sum tree), each node
-// rescaling its children's sums to their common maximum in a fixed order: bit-reproducible.
-var<workgroup> st8_in: array<vec2<f32>, WG>;
-var<workgroup> st8_b: array<vec2<f32>, WG / 8u>;
-var<workgroup> st8_c: array<vec2<f32>, WG / 8u>;
-
-fn stats_pair(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
-    let mx = max(a.x, b.x);
-    if (mx == neg_inf()) {
-        return vec2<f32>(neg_inf(), 0.0);
-    }
-    return vec2<f32>(mx, a.y * exp(a.x - mx) + b.y * exp(b.x - mx));
-}
-
-fn stats_fold8(p: array<vec2<f32>, 8>) -> vec2<f32> {
-    let mx = max(max(max(p[0].x, p[1].x), max(p[2].x, p[3].x)),
-                 max(max(p[4].x, p[5].x), max(p[6].x, p[7].x)));
-    if (mx == neg_inf()) {
-        return vec2<f32>(neg_inf(), 0.0);
-    }
-    let a = vec4<f32>(p[0].y * exp(p[0].x - mx), p[1].y * exp(p[1].x - mx),
-                      p[2].y * exp(p[2].x - mx), p[3].y * exp(p[3].x - mx));
-    let b = vec4<f32>(p[4].y * exp(p[4].x - mx), p[5].y * exp(p[5].x - mx),
-                      p[6].y * exp(p[6].x - mx), p[7].y * exp(p[7].x - mx));
-    return vec2<f32>(mx, ((a.x + b.x) + (a.y + b.y)) + ((a.z + b.z) + (a.w + b.w)));
-}
-
-fn st8_in_at(f: u32) -> array<vec2<f32>, 8> {
-    return array<vec2<f32>, 8>(st8_in[f], st8_in[f + 1u], st8_in[f + 2u], st8_in[f + 3u],
-                               st8_in[f + 4u], st8_in[f + 5u], st8_in[f + 6u], st8_in[f + 7u]);
-}
-
-fn st8_b_at(f: u32) -> array<vec2<f32>, 8> {
-    return array<vec2<f32>, 8>(st8_b[f], st8_b[f + 1u], st8_b[f + 2u], st8_b[f + 3u],
-                               st8_b[f + 4u], st8_b[f + 5u], st8_b[f + 6u], st8_b[f + 7u]);
-}
-
-fn st8_c_at(f: u32) -> array<vec2<f32>, 8> {
-    return array<vec2<f32>, 8>(st8_c[f], st8_c[f + 1u], st8_c[f + 2u], st8_c[f + 3u],
-                               st8_c[f + 4u], st8_c[f + 5u], st8_c[f + 6u], st8_c[f + 7u]);
-}
-
-fn workgroup_stats8(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    st8_in[lid] = v;
-    workgroupBarrier();
-    var count = WG / 8u;
-    if (lid < count) {
-        st8_b[lid] = stats_fold8(st8_in_at(8u * lid));
-    }
-    workgroupBarrier();
-    var in_b = true;
-    while (count > 8u) {
-        count = count / 8u;
-        if (lid < count) {
-            if (in_b) {
-                st8_c[lid] = stats_fold8(st8_b_at(8u * lid));
-            } else {
-                st8_b[lid] = stats_fold8(st8_c_at(8u * lid));
-            }
-        }
-        workgroupBarrier();
-        in_b = !in_b;
-    }
-    var total = st8_c[0];
-    if (in_b) {
-        total = st8_b[0];
-    }
-    for (var i = 1u; i < count; i = i + 1u) {
-        if (in_b) {
-            total = stats_pair(total, st8_b[i]);
-        } else {
-            total = stats_pair(total, st8_c[i]);
-        }
-    }
-    return total;
-}
 
 fn chunk_max(w: vec4<u32>) -> f32 {
     let a = chunk_lo(w, DT);
@@ -1814,7 +1737,7 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (m == neg_inf()) {
         s = 0.0;
     }
-    let stats = workgroup_stats8(vec2<f32>(m, s), lid);
+    let stats = workgroup_pairs8(vec2<f32>(m, s), lid, PAIR_SOFTMAX);
     let rmax = stats.x;
     let logden = log(stats.y);
     if (lid == 0u) {

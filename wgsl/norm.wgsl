@@ -678,64 +678,10 @@ override RELOAD: bool = false;
 @group(0) @binding(28) var<storage, read> mean_in: array<f32>;
 @group(0) @binding(29) var<storage, read> corr_in: array<f32>;
 
-// Fixed-order workgroup sum of pairs: a tree of fan-in 8 (each level: lane i adds values
-// 8i..8i+7 pairwise), one barrier a level (3 for 256 lanes, 4 for 1,024), then every lane adds
-// the last few values in order. The levels ping-pong between sum_b and sum_c so that a call
-// never overwrites what a slower lane may still read from the previous call.
+// Fixed-order workgroup sum of pairs: the shared fan-in-8 tree (`workgroup_pairs8`).
 // Call from uniform control flow.
-var<workgroup> sum_in: array<vec2<f32>, WG>;
-var<workgroup> sum_b: array<vec2<f32>, WG / 8u>;
-var<workgroup> sum_c: array<vec2<f32>, WG / 8u>;
-
-fn sum8_in(i: u32) -> vec2<f32> {
-    let f = 8u * i;
-    return ((sum_in[f] + sum_in[f + 1u]) + (sum_in[f + 2u] + sum_in[f + 3u]))
-        + ((sum_in[f + 4u] + sum_in[f + 5u]) + (sum_in[f + 6u] + sum_in[f + 7u]));
-}
-
-fn sum8_b(i: u32) -> vec2<f32> {
-    let f = 8u * i;
-    return ((sum_b[f] + sum_b[f + 1u]) + (sum_b[f + 2u] + sum_b[f + 3u]))
-        + ((sum_b[f + 4u] + sum_b[f + 5u]) + (sum_b[f + 6u] + sum_b[f + 7u]));
-}
-
-fn sum8_c(i: u32) -> vec2<f32> {
-    let f = 8u * i;
-    return ((sum_c[f] + sum_c[f + 1u]) + (sum_c[f + 2u] + sum_c[f + 3u]))
-        + ((sum_c[f + 4u] + sum_c[f + 5u]) + (sum_c[f + 6u] + sum_c[f + 7u]));
-}
-
 fn row_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    sum_in[lid] = v;
-    workgroupBarrier();
-    // Level 1: sum_in -> sum_b; then sum_b -> sum_c -> sum_b ... while more than 8 remain.
-    var count = WG / 8u;
-    if (lid < count) {
-        sum_b[lid] = sum8_in(lid);
-    }
-    workgroupBarrier();
-    var in_b = true;
-    while (count > 8u) {
-        count = count / 8u;
-        if (lid < count) {
-            if (in_b) {
-                sum_c[lid] = sum8_b(lid);
-            } else {
-                sum_b[lid] = sum8_c(lid);
-            }
-        }
-        workgroupBarrier();
-        in_b = !in_b;
-    }
-    var total = vec2<f32>();
-    for (var i = 0u; i < count; i = i + 1u) {
-        if (in_b) {
-            total = total + sum_b[i];
-        } else {
-            total = total + sum_c[i];
-        }
-    }
-    return total;
+    return workgroup_pairs8(v, lid, PAIR_SUM);
 }
 
 fn row_sum(v: f32, lid: u32) -> f32 {
