@@ -1835,23 +1835,8 @@ fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
         for dtype in DType::FLOATS {
             for &reduction in reductions {
                 for all in [false, true] {
-                    let mut cfg = if all {
-                        all_options(cols)
-                    } else {
-                        CrossEntropyConfig::default()
-                    };
-                    cfg.reduction = reduction;
-                    let cfg = as_stored(&cfg);
+                    let (cfg, t, v) = ce_setup(200, (rows, cols), all, reduction, 3);
                     let what = format!("in place {dtype} [{rows}, {cols}] {reduction:?} all={all}");
-                    let targets = targets_for(
-                        200 + cols as u64,
-                        rows,
-                        cols,
-                        cfg.ignore_index,
-                        if all { 3 } else { 0 },
-                    );
-                    let t = i32_tensor(&targets, &[rows]);
-                    let v = data(201 + rows as u64, rows * cols, -8.0, 8.0);
                     let (x, _) = upload(&v, &[rows, cols], dtype);
                     let opts = options_for(&cfg);
                     let (want, saved) = cross_entropy(&x, &t, &opts).unwrap();
@@ -1987,23 +1972,8 @@ fn cross_entropy_backward_as_is_the_f32_gradient_rounded_once() {
         for dtype in DType::FLOATS {
             for out in DType::FLOATS {
                 for (all, reduction) in [(false, Reduction::Mean), (true, Reduction::None)] {
-                    let mut cfg = if all {
-                        all_options(cols)
-                    } else {
-                        CrossEntropyConfig::default()
-                    };
-                    cfg.reduction = reduction;
-                    let cfg = as_stored(&cfg);
+                    let (cfg, t, v) = ce_setup(300, (rows, cols), all, reduction, 2);
                     let what = format!("{dtype} -> {out} [{rows}, {cols}] all={all}");
-                    let targets = targets_for(
-                        300 + cols as u64,
-                        rows,
-                        cols,
-                        cfg.ignore_index,
-                        if all { 2 } else { 0 },
-                    );
-                    let t = i32_tensor(&targets, &[rows]);
-                    let v = data(301 + rows as u64, rows * cols, -8.0, 8.0);
                     let (x, _) = upload(&v, &[rows, cols], dtype);
                     let before = bits_any(&x);
                     let (_, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
@@ -2044,6 +2014,29 @@ fn cross_entropy_backward_as_is_the_f32_gradient_rounded_once() {
         Err(Error::UnsupportedDType { .. }) => {}
         other => panic!("expected UnsupportedDType, got {other:?}"),
     }
+}
+
+/// A cross-entropy case: the options (`all`: every option, with `ignored` targets ignored) at
+/// `reduction`, I32 targets and the logits' values.
+fn ce_setup(
+    seed: u64,
+    (rows, cols): (usize, usize),
+    all: bool,
+    reduction: Reduction,
+    ignored: usize,
+) -> (CrossEntropyConfig, Tensor, Vec<f64>) {
+    let mut cfg = if all {
+        all_options(cols)
+    } else {
+        CrossEntropyConfig::default()
+    };
+    cfg.reduction = reduction;
+    let cfg = as_stored(&cfg);
+    let ignored = if all { ignored } else { 0 };
+    let targets = targets_for(seed + cols as u64, rows, cols, cfg.ignore_index, ignored);
+    let t = i32_tensor(&targets, &[rows]);
+    let v = data(seed + 1 + rows as u64, rows * cols, -8.0, 8.0);
+    (cfg, t, v)
 }
 
 /// The stored bits of a tensor of any dtype (16-bit halves widened to u32 words).
