@@ -164,6 +164,20 @@ fn pointwise_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     ])
                 },
             ));
+            if dtype != DType::F32 {
+                // The gradients stored in the inputs' dtype (`backward_as`).
+                let name: &'static str = if kind == Activation::Silu {
+                    "swiglu_bwd_as"
+                } else {
+                    "geglu_bwd_as"
+                };
+                let saved = saved.clone();
+                let inputs = vec![dy.clone(), gate.clone(), up.clone()];
+                ops.push(Op::new(name, label, inputs, move |i| {
+                    let g = activation::backward_as(&saved, &i[0], dtype)?;
+                    Ok(vec![g.dgate].into_iter().chain(g.dup).collect())
+                }));
+            }
             ops.push(Op::new(bwd, label, vec![dy.clone(), gate, up], move |i| {
                 let g = activation::backward(&saved, &i[0])?;
                 Ok(vec![g.dgate].into_iter().chain(g.dup).collect())

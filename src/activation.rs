@@ -13,7 +13,8 @@
 //! `relu` (derivative 0 at 0), `relu_squared`, `tanh`.
 //!
 //! Storage F32, F16 or BF16 for every input (each may differ); the output has the gate's
-//! dtype; math is FP32; gradients are F32. Any element count, odd and empty included (one
+//! dtype; math is FP32; gradients are F32 ([`backward`]) or rounded once to F16/BF16
+//! ([`backward_as`]: 16-bit step kernels write them directly). Any element count, odd and empty included (one
 //! storage binding per tensor). The backward recomputes the activation from the saved inputs.
 //! Counts that are multiples of 4 (packed: row widths) run step kernels: 16-byte loads and
 //! stores of F32 tensors, 16-byte (every tensor 16-bit, counts multiples of 8) or 8-byte
@@ -160,7 +161,7 @@ impl ActivationSaved {
     }
 }
 
-/// Gradients of an activation, all F32.
+/// Gradients of an activation: F32 ([`backward`]) or the dtype asked of [`backward_as`].
 #[derive(Debug, Clone)]
 pub struct ActivationGrads {
     /// Gradient of the gate (unary: of the input; packed: of the whole packed input, in its
@@ -259,19 +260,20 @@ struct Pass {
     step: usize,
 }
 
-/// `tensors`: every tensor the pass reads or writes (F32 gradients included).
+/// `tensors`: (binding bytes, dtype) of every tensor the pass reads or writes (gradients
+/// included).
 fn pass(
     general: &'static str,
     stepped: &'static str,
     count: usize,
     width: Option<usize>,
-    tensors: &[(&wgpu::Buffer, DType)],
+    tensors: &[(u64, DType)],
     o: &ActivationOptions,
 ) -> Pass {
     let split = width.unwrap_or(count);
     let all_half = tensors.iter().all(|(_, d)| d.size() == 2);
     // Every binding, including the 16-byte views, must hold at least one vec4.
-    let bindable = tensors.iter().all(|(b, _)| b.size() >= 16);
+    let bindable = tensors.iter().all(|&(bytes, _)| bytes >= 16);
     let step = [8usize, 4]
         .into_iter()
         .find(|&s| (s == 4 || all_half) && split.is_multiple_of(s));
@@ -307,7 +309,7 @@ impl Pass {
     }
 
     /// The launch's buffers: each tensor once for the per-element kernel; for the step
-    /// kernels each of `views` twice (its 16-byte and 8-byte views), then the F32 gradients
+    /// kernels each of `views` twice (its 16-byte and 8-byte views), then the gradients
     /// `single` once.
     fn buffers<'a>(
         &self,
@@ -351,7 +353,10 @@ pub fn forward(
                 "forward_unary_steps",
                 count,
                 None,
-                &[(gate.buffer(), gate.dtype()), (out.buffer(), out.dtype())],
+                &[
+                    (gate.buffer().size(), gate.dtype()),
+                    (out.buffer().size(), out.dtype()),
+                ],
                 options,
             );
             engine.launch(
@@ -382,9 +387,9 @@ pub fn forward(
                 count,
                 None,
                 &[
-                    (gate.buffer(), gate.dtype()),
-                    (up.buffer(), up.dtype()),
-                    (out.buffer(), out.dtype()),
+                    (gate.buffer().size(), gate.dtype()),
+                    (up.buffer().size(), up.dtype()),
+                    (out.buffer().size(), out.dtype()),
                 ],
                 options,
             );
@@ -450,7 +455,10 @@ pub fn packed_forward(
         "forward_gated_steps",
         count,
         Some(width),
-        &[(x.buffer(), x.dtype()), (out.buffer(), out.dtype())],
+        &[
+            (x.buffer().size(), x.dtype()),
+            (out.buffer().size(), out.dtype()),
+        ],
         options,
     );
     engine.launch(
@@ -478,123 +486,93 @@ pub fn packed_forward(
 ///
 /// Errors: `dy` of another shape (`ShapeMismatch`) or a non-float dtype, another engine.
 pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads> {
+    backward_as(saved, dy, DType::F32)
+}
+
+/// [`backward`] with the gradients stored in `dtype`: F32 gives that function's result; F16
+/// or BF16 gives each F32 gradient value rounded once to nearest-even (bit for bit
+/// `cast::cast` of [`backward`]'s gradients), in fresh tensors. When every input, `dy` and the
+/// gradients are 16-bit and the count (packed: the row width) is a multiple of 8, the step
+/// kernel writes them directly (2 bytes an element instead of 4); otherwise the F32 gradients
+/// are computed and narrowed.
+///
+/// Errors: those of [`backward`], and a `dtype` that is not a float dtype (`UnsupportedDType`).
+pub fn backward_as(saved: &ActivationSaved, dy: &Tensor, dtype: DType) -> Result<ActivationGrads> {
     check_float(dy, "activation: dy")?;
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "activation: gradient dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
     if dy.shape() != saved.out_shape.as_slice() {
         return Err(Error::shape("activation: dy", &saved.out_shape, dy.shape()));
     }
-    let o = &saved.options;
+    let (g, up, width, general, stepped) = match &saved.inputs {
+        Inputs::Unary(g) => (g, None, None, "backward_unary", "backward_unary_steps"),
+        Inputs::Gated(g, u) => (g, Some(u), None, "backward_gated", "backward_gated_steps"),
+        Inputs::Packed(x) => (
+            x,
+            None,
+            Some(saved.out_shape.last().copied().unwrap_or(1)),
+            "backward_packed",
+            "backward_packed_steps",
+        ),
+    };
+    dy.check_engine(g.engine(), "activation: dy")?;
+    let engine = g.engine();
     let count = dy.len();
-    match &saved.inputs {
-        Inputs::Unary(g) => {
-            dy.check_engine(g.engine(), "activation: dy")?;
-            let engine = g.engine();
-            let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
-            let p = pass(
-                "backward_unary",
-                "backward_unary_steps",
-                count,
-                None,
-                &[
-                    (g.buffer(), g.dtype()),
-                    (dy.buffer(), dy.dtype()),
-                    (dgate.buffer(), DType::F32),
-                ],
-                o,
-            );
-            engine.launch(
-                &KERNEL,
-                p.entry,
-                &p.constants(constants(
-                    saved.kind,
-                    g.dtype(),
-                    g.dtype(),
-                    dy.dtype(),
-                    false,
-                )),
-                &p.params,
-                &p.buffers(&[g.buffer(), dy.buffer()], &[dgate.buffer()]),
-                p.groups,
-            )?;
-            Ok(ActivationGrads { dgate, dup: None })
-        }
-        Inputs::Gated(g, u) => {
-            dy.check_engine(g.engine(), "activation: dy")?;
-            let engine = g.engine();
-            let dgate = Tensor::empty(engine, g.shape(), DType::F32, "activation dgate")?;
-            let dup = Tensor::empty(engine, g.shape(), DType::F32, "activation dup")?;
-            let p = pass(
-                "backward_gated",
-                "backward_gated_steps",
-                count,
-                None,
-                &[
-                    (g.buffer(), g.dtype()),
-                    (u.buffer(), u.dtype()),
-                    (dy.buffer(), dy.dtype()),
-                    (dgate.buffer(), DType::F32),
-                    (dup.buffer(), DType::F32),
-                ],
-                o,
-            );
-            engine.launch(
-                &KERNEL,
-                p.entry,
-                &p.constants(constants(
-                    saved.kind,
-                    g.dtype(),
-                    u.dtype(),
-                    dy.dtype(),
-                    false,
-                )),
-                &p.params,
-                &p.buffers(
-                    &[g.buffer(), u.buffer(), dy.buffer()],
-                    &[dgate.buffer(), dup.buffer()],
-                ),
-                p.groups,
-            )?;
-            Ok(ActivationGrads {
-                dgate,
-                dup: Some(dup),
-            })
-        }
-        Inputs::Packed(x) => {
-            dy.check_engine(x.engine(), "activation: dy")?;
-            let engine = x.engine();
-            let width = saved.out_shape.last().copied().unwrap_or(1);
-            let dx = Tensor::empty(engine, x.shape(), DType::F32, "activation dx")?;
-            let p = pass(
-                "backward_packed",
-                "backward_packed_steps",
-                count,
-                Some(width),
-                &[
-                    (x.buffer(), x.dtype()),
-                    (dy.buffer(), dy.dtype()),
-                    (dx.buffer(), DType::F32),
-                ],
-                o,
-            );
-            engine.launch(
-                &KERNEL,
-                p.entry,
-                &p.constants(constants(
-                    saved.kind,
-                    x.dtype(),
-                    x.dtype(),
-                    dy.dtype(),
-                    true,
-                )),
-                &p.params,
-                &p.buffers(&[x.buffer(), dy.buffer()], &[dx.buffer()]),
-                p.groups,
-            )?;
-            Ok(ActivationGrads {
-                dgate: dx,
-                dup: None,
-            })
-        }
+    let grad_bytes = (g.len() * dtype.size()) as u64;
+    let mut tensors = vec![(g.buffer().size(), g.dtype())];
+    if let Some(u) = up {
+        tensors.push((u.buffer().size(), u.dtype()));
     }
+    tensors.push((dy.buffer().size(), dy.dtype()));
+    tensors.extend(std::iter::repeat_n(
+        (grad_bytes, dtype),
+        1 + usize::from(up.is_some()),
+    ));
+    let p = pass(general, stepped, count, width, &tensors, &saved.options);
+    if dtype != DType::F32 && p.step != 8 {
+        // The 16-bit gradient kernels need 16-bit tensors in whole steps of 8: F32 gradients,
+        // then one rounding each.
+        let f32_grads = backward_as(saved, dy, DType::F32)?;
+        return Ok(ActivationGrads {
+            dgate: crate::cast::cast(&f32_grads.dgate, dtype)?,
+            dup: f32_grads
+                .dup
+                .map(|d| crate::cast::cast(&d, dtype))
+                .transpose()?,
+        });
+    }
+    let dgate = Tensor::empty(engine, g.shape(), dtype, "activation dgate")?;
+    let dup = up
+        .map(|_| Tensor::empty(engine, g.shape(), dtype, "activation dup"))
+        .transpose()?;
+    let up_dtype = up.map_or(g.dtype(), |u| u.dtype());
+    let mut c = p.constants(constants(
+        saved.kind,
+        g.dtype(),
+        up_dtype,
+        dy.dtype(),
+        width.is_some(),
+    ));
+    c.push(("DT_D", f64::from(dtype.code())));
+    let mut views = vec![g.buffer()];
+    views.extend(up.map(|u| u.buffer()));
+    views.push(dy.buffer());
+    let mut grads = vec![dgate.buffer()];
+    grads.extend(dup.as_ref().map(|d| d.buffer()));
+    engine.launch(
+        &KERNEL,
+        p.entry,
+        &c,
+        &p.params,
+        &p.buffers(&views, &grads),
+        p.groups,
+    )?;
+    Ok(ActivationGrads { dgate, dup })
 }
 
 /// `silu(x)` (unary, default options).

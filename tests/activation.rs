@@ -795,3 +795,129 @@ fn tensors_of_another_engine_are_rejected() {
         Err(Error::EngineMismatch { .. })
     ));
 }
+
+/// `backward_as` stores each gradient as the F32 gradient rounded once: bit for bit
+/// `cast::cast` of [`activation::backward`]'s, for the unary, gated and packed layouts, every
+/// input dtype into every gradient dtype. 16-bit tensors in whole steps of 8 (counts 8 and
+/// 4,104; packed widths 8 and 2,056) take the 16-bit step kernels; other counts (12, 4,105),
+/// widths (12) and dtypes the narrowed F32 gradients. The cotangent holds a NaN, both
+/// infinities and a value whose F16 gradient overflows.
+#[test]
+fn backward_as_is_the_f32_gradient_rounded_once() {
+    use DType::{BF16, F16, F32};
+    let e = engine();
+    let bits =
+        |t: &Tensor| -> Vec<u64> { t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect() };
+    let narrowed = |t: &Tensor, d: DType| {
+        if d == F32 {
+            t.clone()
+        } else {
+            wgrad::cast::cast(t, d).unwrap()
+        }
+    };
+    let special = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 9.0e4];
+    let cotangent = |seed: u64, n: usize| {
+        let mut v = data(seed, n, 1.0);
+        for (slot, s) in v.iter_mut().step_by(5).zip(special) {
+            *slot = s;
+        }
+        v
+    };
+    let opts = OPTS[1];
+    for kind in [Activation::Silu, Activation::GeluTanh, Activation::Relu] {
+        for dtype in DType::FLOATS {
+            for out in DType::FLOATS {
+                for n in [8usize, 12, 4104, 4105] {
+                    let what = format!("{} {dtype} -> {out} n={n}", kind.name());
+                    let g = tensor_from_f64(e, &data(150, n, 6.0), &[n], dtype);
+                    let u = tensor_from_f64(e, &data(151, n, 2.0), &[n], dtype);
+                    let dy = tensor_from_f64(e, &cotangent(152, n), &[n], dtype);
+                    let (_, unary) = activation::forward(kind, &g, None, &opts).unwrap();
+                    let (_, gated) = activation::forward(kind, &g, Some(&u), &opts).unwrap();
+                    for (layout, saved) in [("unary", &unary), ("gated", &gated)] {
+                        let want = activation::backward(saved, &dy).unwrap();
+                        let got = activation::backward_as(saved, &dy, out).unwrap();
+                        assert_eq!(got.dgate.dtype(), out, "{what} {layout}");
+                        let dgate = narrowed(&want.dgate, out);
+                        assert_eq!(bits(&got.dgate), bits(&dgate), "{what} {layout} dgate");
+                        assert_eq!(got.dup.is_some(), want.dup.is_some(), "{what} {layout}");
+                        if let (Some(a), Some(b)) = (&got.dup, &want.dup) {
+                            assert_eq!(a.dtype(), out, "{what} {layout} dup dtype");
+                            assert_eq!(bits(a), bits(&narrowed(b, out)), "{what} {layout} dup");
+                        }
+                        let again = activation::backward_as(saved, &dy, out).unwrap();
+                        assert_eq!(bits(&again.dgate), bits(&got.dgate), "{what} rerun");
+                    }
+                }
+                for (rows, width) in [(3usize, 8usize), (2, 12), (2, 2056)] {
+                    let what = format!("packed {} {dtype} -> {out} {rows}x{width}", kind.name());
+                    let x = tensor_from_f64(
+                        e,
+                        &data(153, 2 * rows * width, 5.0),
+                        &[rows, 2 * width],
+                        dtype,
+                    );
+                    let dy =
+                        tensor_from_f64(e, &cotangent(154, rows * width), &[rows, width], dtype);
+                    let (_, saved) = activation::packed_forward(kind, &x, &opts).unwrap();
+                    let want = narrowed(&activation::backward(&saved, &dy).unwrap().dgate, out);
+                    let got = activation::backward_as(&saved, &dy, out).unwrap();
+                    assert_eq!(got.dgate.shape(), x.shape(), "{what}");
+                    assert_eq!(bits(&got.dgate), bits(&want), "{what}");
+                }
+            }
+        }
+    }
+    // Mixed 16-bit dtypes (direct) and an F32 gate among 16-bit tensors (narrowed).
+    for (dg, du, dd, out) in [
+        (BF16, F16, BF16, F16),
+        (F16, BF16, F16, BF16),
+        (F32, BF16, BF16, BF16),
+    ] {
+        let n = 4104;
+        let g = tensor_from_f64(e, &data(155, n, 6.0), &[n], dg);
+        let u = tensor_from_f64(e, &data(156, n, 2.0), &[n], du);
+        let dy = tensor_from_f64(e, &cotangent(157, n), &[n], dd);
+        let (_, saved) = activation::forward(Activation::Silu, &g, Some(&u), &opts).unwrap();
+        let want = activation::backward(&saved, &dy).unwrap();
+        let got = activation::backward_as(&saved, &dy, out).unwrap();
+        let what = format!("mixed {dg} {du} {dd} -> {out}");
+        assert_eq!(
+            bits(&got.dgate),
+            bits(&narrowed(&want.dgate, out)),
+            "{what} dgate"
+        );
+        let dup = narrowed(want.dup.as_ref().unwrap(), out);
+        assert_eq!(bits(got.dup.as_ref().unwrap()), bits(&dup), "{what} dup");
+    }
+    // The 16-bit step kernels write the gradients directly: no F32 gradient exists on the way
+    // (the peak grows by the two BF16 gradients, not by F32 ones too).
+    let private = common::private_engine();
+    let n = 1 << 16;
+    let g = tensor_from_f64(&private, &data(159, n, 6.0), &[n], BF16);
+    let (_, saved) = activation::forward(Activation::Silu, &g, Some(&g), &opts).unwrap();
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let got = activation::backward_as(&saved, &g, BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let direct = (2 * n * 2) as u64;
+    assert!(
+        grown <= direct * 9 / 8 + 4096,
+        "peak grew {grown} bytes for {direct} bytes of BF16 gradients"
+    );
+    drop(got);
+    // A gradient dtype that is not a float dtype; an empty input.
+    let g = tensor_from_f64(e, &data(158, 16, 1.0), &[16], BF16);
+    let (_, saved) = activation::forward(Activation::Silu, &g, None, &opts).unwrap();
+    match activation::backward_as(&saved, &g, DType::I32) {
+        Err(Error::UnsupportedDType { .. }) => {}
+        other => panic!("expected UnsupportedDType, got {other:?}"),
+    }
+    let empty = tensor_from_f64(e, &[], &[0, 8], BF16);
+    let (_, saved) = activation::forward(Activation::Silu, &empty, Some(&empty), &opts).unwrap();
+    let got = activation::backward_as(&saved, &empty, BF16).unwrap();
+    assert_eq!(got.dgate.shape(), &[0, 8]);
+    assert_eq!(got.dgate.dtype(), BF16);
+}

@@ -13,6 +13,7 @@ override DT_G: u32 = 0u;     // gate (or packed input) dtype
 override DT_U: u32 = 0u;     // up dtype
 override DT_Y: u32 = 0u;     // output dtype (forward) / cotangent dtype (backward)
 override PACKED: u32 = 0u;   // 1: gate and up are halves of each row of one tensor
+override DT_D: u32 = 0u;     // gradient dtype of the backward step kernels (16-bit: STEP = 8)
 const WG: u32 = 256u;
 const UNROLL: u32 = 4u; // pairs per invocation, WG apart (coalesced, four loads in flight)
 
@@ -302,8 +303,9 @@ fn erf_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 // any arithmetic (the step index is clamped to the last step, so the loads need no branch);
 // the steps that exist are stored. Each element is computed with the per-element kernels'
 // operations in the same order, so both give the same bits. The backward kernels write F32
-// gradients, so their STEP is always 4. (Two adjacent vec4 per lane, every other 16 bytes of
-// a warp's span per instruction, measured 10-30% slower on the H200 than this layout.)
+// gradients with STEP 4, or (DT_D 16-bit, every tensor 16-bit) 16-bit gradients with STEP 8,
+// each value rounded once from the FP32 gradient. (Two adjacent vec4 per lane, every other 16
+// bytes of a warp's span per instruction, measured 10-30% slower on the H200 than this layout.)
 
 override STEP: u32 = 4u;
 
@@ -371,13 +373,20 @@ fn store_out_step(s: u32, v: Chunk) {
     }
 }
 
-// F32 gradients (STEP = 4 whenever they are written).
+// The words of a gradient step: four F32 values (STEP = 4), or eight narrowed to DT_D.
+fn grad_words(v: Chunk) -> vec4<u32> {
+    if (DT_D == DT_F32) {
+        return bitcast<vec4<u32>>(v.lo);
+    }
+    return narrow8(v.lo, v.hi, DT_D);
+}
+
 fn store_dgate_step(s: u32, v: Chunk) {
-    dgate4[s] = bitcast<vec4<u32>>(v.lo);
+    dgate4[s] = grad_words(v);
 }
 
 fn store_dup_step(s: u32, v: Chunk) {
-    dup4[s] = bitcast<vec4<u32>>(v.lo);
+    dup4[s] = grad_words(v);
 }
 
 // Gate step index of output step s: s itself, or in the packed layout s plus the up halves
@@ -417,21 +426,27 @@ fn gated_grad1(g: f32, u: f32, d: f32) -> vec2<f32> {
     return vec2(d * u * a.y * params.gate_mult, d * a.x);
 }
 
-// Gated backward of one step (STEP = 4; g scaled by m_g, dy by m_d): (dgate, dup).
+// Gated backward of one step (g scaled by m_g, dy by m_d): (dgate, dup).
 struct StepGrads {
     dg: Chunk,
     du: Chunk,
 }
 
-fn gated_grads(g: Chunk, u: Chunk, dy: Chunk) -> StepGrads {
+// (dgate, dup) of four elements, as columns 0 and 1.
+fn gated_grads4(g: vec4<f32>, u: vec4<f32>, dy: vec4<f32>) -> mat4x2<f32> {
     let m = params.gate_mult;
     let d = params.down_mult;
-    let x = gated_grad1(g.lo.x * m, u.lo.x, dy.lo.x * d);
-    let y = gated_grad1(g.lo.y * m, u.lo.y, dy.lo.y * d);
-    let z = gated_grad1(g.lo.z * m, u.lo.z, dy.lo.z * d);
-    let w = gated_grad1(g.lo.w * m, u.lo.w, dy.lo.w * d);
-    return StepGrads(Chunk(vec4(x.x, y.x, z.x, w.x), vec4(0.0)),
-        Chunk(vec4(x.y, y.y, z.y, w.y), vec4(0.0)));
+    return mat4x2<f32>(gated_grad1(g.x * m, u.x, dy.x * d), gated_grad1(g.y * m, u.y, dy.y * d),
+        gated_grad1(g.z * m, u.z, dy.z * d), gated_grad1(g.w * m, u.w, dy.w * d));
+}
+
+fn gated_grads(g: Chunk, u: Chunk, dy: Chunk) -> StepGrads {
+    let lo = transpose(gated_grads4(g.lo, u.lo, dy.lo));
+    var hi = mat2x4<f32>();
+    if (STEP == 8u) {
+        hi = transpose(gated_grads4(g.hi, u.hi, dy.hi));
+    }
+    return StepGrads(Chunk(lo[0], hi[0]), Chunk(lo[1], hi[1]));
 }
 
 fn forward_unary_value(g: Chunk) -> Chunk {
@@ -535,11 +550,15 @@ fn forward_gated_steps(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
-// Backward kernels write F32 gradients, so their STEP is 4: four steps per invocation.
+// Backward kernels: four steps per invocation (F32 gradients, STEP 4) or two (STEP 8).
 
 fn unary_grad_step(g: Chunk, d: Chunk) -> Chunk {
     let s = params.down_mult * params.gate_mult;
-    return Chunk(unary_grad4(g.lo * params.gate_mult, d.lo * s), vec4(0.0));
+    var hi = vec4(0.0);
+    if (STEP == 8u) {
+        hi = unary_grad4(g.hi * params.gate_mult, d.hi * s);
+    }
+    return Chunk(unary_grad4(g.lo * params.gate_mult, d.lo * s), hi);
 }
 
 @compute @workgroup_size(WG)
@@ -548,29 +567,38 @@ fn backward_unary_steps(@builtin(workgroup_id) wid: vec3<u32>,
     let s0 = step_base(wid, nwg, lid);
     let l = WG;
     let last = params.pairs - 1u;
+    let n = steps_per_invocation();
     let k0 = min(s0, last);
     let k1 = min(s0 + l, last);
-    let k2 = min(s0 + 2u * l, last);
-    let k3 = min(s0 + 3u * l, last);
     let g0 = gate_step(k0);
     let d0 = dy_step(k0);
     let g1 = gate_step(k1);
     let d1 = dy_step(k1);
-    let g2 = gate_step(k2);
-    let d2 = dy_step(k2);
-    let g3 = gate_step(k3);
-    let d3 = dy_step(k3);
+    var g2 = g0;
+    var d2 = d0;
+    var g3 = g0;
+    var d3 = d0;
+    if (n == 4u) {
+        let k2 = min(s0 + 2u * l, last);
+        let k3 = min(s0 + 3u * l, last);
+        g2 = gate_step(k2);
+        d2 = dy_step(k2);
+        g3 = gate_step(k3);
+        d3 = dy_step(k3);
+    }
     if (s0 <= last) {
         store_dgate_step(s0, unary_grad_step(g0, d0));
     }
     if (s0 + l <= last) {
         store_dgate_step(s0 + l, unary_grad_step(g1, d1));
     }
-    if (s0 + 2u * l <= last) {
-        store_dgate_step(s0 + 2u * l, unary_grad_step(g2, d2));
-    }
-    if (s0 + 3u * l <= last) {
-        store_dgate_step(s0 + 3u * l, unary_grad_step(g3, d3));
+    if (n == 4u) {
+        if (s0 + 2u * l <= last) {
+            store_dgate_step(s0 + 2u * l, unary_grad_step(g2, d2));
+        }
+        if (s0 + 3u * l <= last) {
+            store_dgate_step(s0 + 3u * l, unary_grad_step(g3, d3));
+        }
     }
 }
 
@@ -586,33 +614,44 @@ fn backward_gated_steps(@builtin(workgroup_id) wid: vec3<u32>,
     let s0 = step_base(wid, nwg, lid);
     let l = WG;
     let last = params.pairs - 1u;
+    let n = steps_per_invocation();
     let k0 = min(s0, last);
     let k1 = min(s0 + l, last);
-    let k2 = min(s0 + 2u * l, last);
-    let k3 = min(s0 + 3u * l, last);
     let g0 = gate_step(k0);
     let u0 = up_step(k0);
     let d0 = dy_step(k0);
     let g1 = gate_step(k1);
     let u1 = up_step(k1);
     let d1 = dy_step(k1);
-    let g2 = gate_step(k2);
-    let u2 = up_step(k2);
-    let d2 = dy_step(k2);
-    let g3 = gate_step(k3);
-    let u3 = up_step(k3);
-    let d3 = dy_step(k3);
+    var g2 = g0;
+    var u2 = u0;
+    var d2 = d0;
+    var g3 = g0;
+    var u3 = u0;
+    var d3 = d0;
+    if (n == 4u) {
+        let k2 = min(s0 + 2u * l, last);
+        let k3 = min(s0 + 3u * l, last);
+        g2 = gate_step(k2);
+        u2 = up_step(k2);
+        d2 = dy_step(k2);
+        g3 = gate_step(k3);
+        u3 = up_step(k3);
+        d3 = dy_step(k3);
+    }
     if (s0 <= last) {
         store_gated(s0, g0, u0, d0);
     }
     if (s0 + l <= last) {
         store_gated(s0 + l, g1, u1, d1);
     }
-    if (s0 + 2u * l <= last) {
-        store_gated(s0 + 2u * l, g2, u2, d2);
-    }
-    if (s0 + 3u * l <= last) {
-        store_gated(s0 + 3u * l, g3, u3, d3);
+    if (n == 4u) {
+        if (s0 + 2u * l <= last) {
+            store_gated(s0 + 2u * l, g2, u2, d2);
+        }
+        if (s0 + 3u * l <= last) {
+            store_gated(s0 + 3u * l, g3, u3, d3);
+        }
     }
 }
 
@@ -629,36 +668,49 @@ fn backward_packed_steps(@builtin(workgroup_id) wid: vec3<u32>,
     let s0 = step_base(wid, nwg, lid);
     let l = WG;
     let last = params.pairs - 1u;
+    let n = steps_per_invocation();
     let k0 = min(s0, last);
     let k1 = min(s0 + l, last);
-    let k2 = min(s0 + 2u * l, last);
-    let k3 = min(s0 + 3u * l, last);
     let i0 = gate_step_index(k0);
     let i1 = gate_step_index(k1);
-    let i2 = gate_step_index(k2);
-    let i3 = gate_step_index(k3);
     let g0 = gate_step(i0);
     let u0 = gate_step(i0 + params.width);
     let d0 = dy_step(k0);
     let g1 = gate_step(i1);
     let u1 = gate_step(i1 + params.width);
     let d1 = dy_step(k1);
-    let g2 = gate_step(i2);
-    let u2 = gate_step(i2 + params.width);
-    let d2 = dy_step(k2);
-    let g3 = gate_step(i3);
-    let u3 = gate_step(i3 + params.width);
-    let d3 = dy_step(k3);
+    var i2 = i0;
+    var i3 = i0;
+    var g2 = g0;
+    var u2 = u0;
+    var d2 = d0;
+    var g3 = g0;
+    var u3 = u0;
+    var d3 = d0;
+    if (n == 4u) {
+        let k2 = min(s0 + 2u * l, last);
+        let k3 = min(s0 + 3u * l, last);
+        i2 = gate_step_index(k2);
+        i3 = gate_step_index(k3);
+        g2 = gate_step(i2);
+        u2 = gate_step(i2 + params.width);
+        d2 = dy_step(k2);
+        g3 = gate_step(i3);
+        u3 = gate_step(i3 + params.width);
+        d3 = dy_step(k3);
+    }
     if (s0 <= last) {
         store_packed(i0, g0, u0, d0);
     }
     if (s0 + l <= last) {
         store_packed(i1, g1, u1, d1);
     }
-    if (s0 + 2u * l <= last) {
-        store_packed(i2, g2, u2, d2);
-    }
-    if (s0 + 3u * l <= last) {
-        store_packed(i3, g3, u3, d3);
+    if (n == 4u) {
+        if (s0 + 2u * l <= last) {
+            store_packed(i2, g2, u2, d2);
+        }
+        if (s0 + 3u * l <= last) {
+            store_packed(i3, g3, u3, d3);
+        }
     }
 }

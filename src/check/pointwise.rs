@@ -138,6 +138,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             },
         },
         OperatorCheck {
+            name: "activation_backward_as",
+            kernels: &["activation", "cast"],
+            run: check_activation_backward_as,
+        },
+        OperatorCheck {
             name: "erf",
             kernels: &["activation"],
             run: check_erf,
@@ -280,6 +285,68 @@ fn check_activation(
                 ));
             }
         }
+    }
+    Ok(cases)
+}
+
+/// SwiGLU gradients stored in the inputs' dtype (`backward_as`): 1,024 elements and packed
+/// rows 40 wide take the 16-bit step kernels in 16 bits, 1,001 elements the F32 gradients
+/// narrowed; against the reference at the dtype's tolerance.
+fn check_activation_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::activation::{self as act, Activation, ActivationOptions};
+    use reference::activation as r;
+    let kind = Activation::Silu;
+    let opts = ActivationOptions {
+        gate_multiplier: 0.5,
+        down_multiplier: 2.0,
+    };
+    let mut rng = Rng::new(48);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let tol = Tolerance::for_dtype(dtype);
+        for n in [1024, 1001] {
+            let (g, gs) = tensor_from_f64(engine, &rng.vec(n, -6.0, 6.0), &[n], dtype)?;
+            let (u, us) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &[n], dtype)?;
+            let (dy, dys) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[n], dtype)?;
+            let (_, saved) = act::forward(kind, &g, Some(&u), &opts)?;
+            let grads = act::backward_as(&saved, &dy, dtype)?;
+            let (dg, du) = r::backward(kind, &gs, Some(&us), &dys, 0.5, 2.0);
+            for (what, got, want) in [
+                ("dgate", Some(grads.dgate), Some(dg)),
+                ("dup", grads.dup, du),
+            ] {
+                if let (Some(got), Some(want)) = (got, want) {
+                    cases.push(case(
+                        format!("gated n={n} {dtype} {what}"),
+                        &got.to_f64()?,
+                        &stored_values(&want, dtype),
+                        tol,
+                    ));
+                }
+            }
+        }
+        let (rows, width) = (13, 40);
+        let (x, xs) = tensor_from_f64(
+            engine,
+            &rng.vec(rows * 2 * width, -6.0, 6.0),
+            &[rows, 2 * width],
+            dtype,
+        )?;
+        let (dy, dys) = tensor_from_f64(
+            engine,
+            &rng.vec(rows * width, -1.0, 1.0),
+            &[rows, width],
+            dtype,
+        )?;
+        let (_, saved) = act::packed_forward(kind, &x, &ActivationOptions::default())?;
+        let dx = act::backward_as(&saved, &dy, dtype)?.dgate;
+        let want = r::packed_backward(kind, &xs, width, &dys, 1.0, 1.0);
+        cases.push(case(
+            format!("packed {rows}x{} {dtype} dx", 2 * width),
+            &dx.to_f64()?,
+            &stored_values(&want, dtype),
+            tol,
+        ));
     }
     Ok(cases)
 }
