@@ -873,6 +873,16 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             Ok(vec![y, saved.stats().clone()])
         }));
         let stats = saved.stats().clone();
+        if dtype != DType::F32 {
+            // The gradient stored in x's dtype.
+            let saved = saved.clone();
+            ops.push(Op::new(
+                "softmax_backward_as",
+                dname,
+                vec![x.clone(), stats.clone(), dy.clone()],
+                move |i| Ok(vec![loss::softmax_backward_as(&saved, &i[2], dtype)?]),
+            ));
+        }
         ops.push(Op::new(
             "softmax_backward",
             dname,

@@ -350,56 +350,92 @@ pub fn log_softmax(x: &Tensor) -> Result<(Tensor, SoftmaxSaved)> {
 /// from the saved input and statistics (not from the rounded output): softmax
 /// `dx = p (dy − Σ dy p)`, log-softmax `dx = dy − p Σ dy`.
 pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
+    softmax_backward_as(saved, dy, DType::F32)
+}
+
+/// [`softmax_backward`] with the gradient stored in `dtype`: F32 gives that function's result;
+/// F16 or BF16 gives the F32 gradient rounded once to nearest-even (bit for bit `cast::cast` of
+/// it), in a fresh tensor. 16-bit `x` and `dy` of one dtype in rows of whole 8-value chunks
+/// (`softmax_bwd_h` in the register range, `softmax_bwd_v` otherwise) write it directly (2
+/// bytes an element instead of 4); every other case computes the F32 gradient and narrows it.
+///
+/// Errors: those of [`softmax_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> Result<Tensor> {
     let x = &saved.input;
     let engine = x.engine();
     check_engine(engine, &[(dy, "softmax_backward: dy")])?;
     float_input(dy, "softmax_backward: dy")?;
     same_shape("softmax_backward: dy", x, dy)?;
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "softmax_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
     let (rows, cols) = rows_cols(x);
-    let dx = Tensor::empty(engine, x.shape(), DType::F32, "softmax_backward")?;
+    let vector = dy.dtype() == x.dtype() && vectorized(x.dtype(), cols);
+    // Wide rows: x and dy held in registers, each read once.
+    let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+    let register = if vector {
+        register_row(engine, chunks, 2)
+    } else {
+        None
+    };
+    let halves = register.filter(|_| x.dtype() != DType::F32);
+    if dtype != DType::F32 && !(vector && x.dtype() != DType::F32) {
+        return crate::cast::cast(&softmax_backward_as(saved, dy, DType::F32)?, dtype);
+    }
+    let dx = Tensor::empty(engine, x.shape(), dtype, "softmax_backward")?;
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
         ..Default::default()
     };
-    let consts = constants(x.dtype(), dy.dtype(), DType::F32, u32::from(saved.log));
-    if dy.dtype() == x.dtype() && vectorized(x.dtype(), cols) {
-        // Wide rows: x and dy held in registers, each read once.
-        let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
-        // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4 of dx a half
-        // chunk, so the stores are contiguous), twice as many a lane as whole chunks.
-        match register_row(engine, chunks, 2) {
-            Some((kernel, per_lane)) if x.dtype() != DType::F32 => {
+    let consts = constants(x.dtype(), dy.dtype(), dtype, u32::from(saved.log));
+    if let Some((kernel, per_lane)) = halves {
+        // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4, or its four
+        // values rounded to `dtype`, a half chunk, so the stores are contiguous), twice as
+        // many a lane as whole chunks.
+        let mut consts = consts;
+        consts.push(("HB", (2 * per_lane) as f64));
+        engine.launch(
+            kernel,
+            "softmax_bwd_h",
+            &consts,
+            &params,
+            &[
+                saved.stats.buffer(),
+                dx.buffer(),
+                x.buffer(),
+                dy.buffer(),
+                dx.buffer(),
+            ],
+            rows as u64,
+        )?;
+    } else if vector {
+        let (kernel, name, consts) = match register {
+            Some((kernel, per_lane)) => {
                 let mut consts = consts;
-                consts.push(("HB", (2 * per_lane) as f64));
-                engine.launch(
-                    kernel,
-                    "softmax_bwd_h",
-                    &consts,
-                    &params,
-                    &[saved.stats.buffer(), dx.buffer(), x.buffer(), dy.buffer()],
-                    rows as u64,
-                )?;
+                consts.push(("RB", per_lane as f64));
+                (kernel, "softmax_bwd_r", consts)
             }
-            register => {
-                let (kernel, name, consts) = match register {
-                    Some((kernel, per_lane)) => {
-                        let mut consts = consts;
-                        consts.push(("RB", per_lane as f64));
-                        (kernel, "softmax_bwd_r", consts)
-                    }
-                    None => (&KERNEL, "softmax_bwd_v", consts),
-                };
-                engine.launch(
-                    kernel,
-                    name,
-                    &consts,
-                    &params,
-                    &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()],
-                    rows as u64,
-                )?;
-            }
-        }
+            None => (&KERNEL, "softmax_bwd_v", consts),
+        };
+        // `softmax_bwd_v` writes a 16-bit dx through its `y4` binding, an F32 one through dx4.
+        let buffers: &[&wgpu::Buffer] = if name == "softmax_bwd_v" {
+            &[
+                saved.stats.buffer(),
+                x.buffer(),
+                dx.buffer(),
+                dy.buffer(),
+                dx.buffer(),
+            ]
+        } else {
+            &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()]
+        };
+        engine.launch(kernel, name, &consts, &params, buffers, rows as u64)?;
     } else {
         engine.launch(
             &KERNEL,

@@ -2043,3 +2043,95 @@ fn ce_setup(
 fn bits_any(t: &Tensor) -> Vec<u64> {
     t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
 }
+
+/// `softmax_backward_as` stores the gradient as the F32 gradient rounded once: bit for bit
+/// `cast::cast` of [`loss::softmax_backward`]'s, softmax and log-softmax, every input dtype
+/// into every gradient dtype. 16-bit rows of whole chunks are written directly: in the register
+/// range (16,392 and 32,000 columns) by `softmax_bwd_h`, shorter (8, 1,000) and longer
+/// (65,544) rows by `softmax_bwd_v`; ragged rows (7), F32 inputs and a cotangent of another
+/// dtype narrow the F32 gradient. The cotangent holds a NaN and both infinities.
+#[test]
+fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
+    let narrowed = |t: &Tensor, d: DType| {
+        if d == DType::F32 {
+            t.clone()
+        } else {
+            wgrad::cast::cast(t, d).unwrap()
+        }
+    };
+    let cotangent = |seed: u64, n: usize| {
+        let mut v = data(seed, n, -1.0, 1.0);
+        for (slot, s) in v
+            .iter_mut()
+            .step_by(7)
+            .zip([f64::NAN, f64::INFINITY, f64::NEG_INFINITY])
+        {
+            *slot = s;
+        }
+        v
+    };
+    for (rows, cols) in [
+        (2usize, 8usize),
+        (3, 1000),
+        (2, 16_392),
+        (2, 32_000),
+        (1, 65_544),
+        (3, 7),
+    ] {
+        for dtype in DType::FLOATS {
+            for out in DType::FLOATS {
+                for log in [false, true] {
+                    let what = format!("log={log} {dtype} -> {out} [{rows}, {cols}]");
+                    let (x, _) = upload(&data(310, rows * cols, -8.0, 8.0), &[rows, cols], dtype);
+                    let (dy, _) = upload(&cotangent(311, rows * cols), &[rows, cols], dtype);
+                    let (_, saved) = if log {
+                        loss::log_softmax(&x).unwrap()
+                    } else {
+                        loss::softmax(&x).unwrap()
+                    };
+                    let want = narrowed(&loss::softmax_backward(&saved, &dy).unwrap(), out);
+                    let got = loss::softmax_backward_as(&saved, &dy, out).unwrap();
+                    assert_eq!(got.dtype(), out, "{what}");
+                    assert_eq!(got.shape(), x.shape(), "{what}");
+                    assert_eq!(bits_any(&got), bits_any(&want), "{what}");
+                    let again = loss::softmax_backward_as(&saved, &dy, out).unwrap();
+                    assert_eq!(bits_any(&again), bits_any(&got), "{what}: rerun");
+                }
+            }
+        }
+    }
+    // A cotangent of another dtype than x (narrowed F32 gradient).
+    let (x, _) = upload(&data(312, 2 * 16_392, -8.0, 8.0), &[2, 16_392], DType::BF16);
+    let (dy, _) = upload(&cotangent(313, 2 * 16_392), &[2, 16_392], DType::F16);
+    let (_, saved) = loss::softmax(&x).unwrap();
+    let want = narrowed(&loss::softmax_backward(&saved, &dy).unwrap(), DType::BF16);
+    let got = loss::softmax_backward_as(&saved, &dy, DType::BF16).unwrap();
+    assert_eq!(bits_any(&got), bits_any(&want), "bf16 x, f16 dy");
+    // The direct paths allocate no F32 gradient: the peak grows by the BF16 gradient only
+    // (32,000 columns: `softmax_bwd_h`; 4,000: `softmax_bwd_v`).
+    let private = common::private_engine();
+    for (rows, cols) in [(4, 32_000), (32, 4_000)] {
+        let v = data(314, rows * cols, -8.0, 8.0);
+        let x = wgrad::gradcheck::tensor_from_f64(&private, &v, &[rows, cols], DType::BF16)
+            .unwrap()
+            .0;
+        let (_, saved) = loss::softmax(&x).unwrap();
+        private.synchronize().unwrap();
+        let before = private.memory().live_bytes;
+        private.reset_peak();
+        let got = loss::softmax_backward_as(&saved, &x, DType::BF16).unwrap();
+        private.synchronize().unwrap();
+        let grown = private.memory().peak_bytes - before;
+        let direct = (rows * cols * 2) as u64;
+        assert!(
+            grown <= direct * 9 / 8 + 4096,
+            "{cols} columns: peak grew {grown} bytes for a {direct}-byte BF16 gradient"
+        );
+        drop(got);
+    }
+    // A dtype that is not a float dtype.
+    match loss::softmax_backward_as(&saved, &dy, DType::I32) {
+        Err(Error::UnsupportedDType { .. }) => {}
+        other => panic!("expected UnsupportedDType, got {other:?}"),
+    }
+}

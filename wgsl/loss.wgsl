@@ -13,7 +13,7 @@
 
 override DT: u32 = 0u;    // dtype of x (logits / input / student)
 override TDT: u32 = 0u;   // dtype of the second floating input (dy, target distribution)
-override ODT: u32 = 0u;   // dtype of the row output of softmax / log_softmax / sparsemax
+override ODT: u32 = 0u;   // dtype of the row output of softmax / log_softmax / sparsemax (softmax_bwd_h: of dx)
 override MODE: u32 = 0u;  // softmax: 0 softmax, 1 log-softmax; divergences: 0 KL, 1 JSD, 2 TVD
 // WG, the workgroup size, is defined by the part before this file: 256 lanes (the `loss`
 // module) or 1024 (`loss_rows`, the register-resident row entries on adapters that allow it).
@@ -914,7 +914,7 @@ fn softmax_bwd_value(xv: vec4<f32>, g: vec4<f32>, m: f32, logden: f32, total: f3
     return p * (g - vec4<f32>(total));
 }
 
-// x and dy share the dtype DT.
+// x and dy share the dtype DT; dx is F32 (dx4) or, for 16-bit x, ODT (y4).
 @compute @workgroup_size(WG)
 fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
@@ -944,8 +944,20 @@ fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         return;
     }
-    // 16-bit: lanes by F32 vec4 of dx (half a chunk), so each store of the workgroup is
-    // contiguous (as in ce_bwd_v); neighbouring lanes load the same chunks.
+    if (ODT != DT_F32) {
+        // dx in 16 bits (into y4, which the host binds to dx): one chunk a lane, its eight F32
+        // values rounded once.
+        for (var v = lid; v < nv; v = v + WG) {
+            let w = x4[vbase + v];
+            let g = second4[vbase + v];
+            let lo = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
+            let hi = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+            y4[vbase + v] = narrow8(lo, hi, ODT);
+        }
+        return;
+    }
+    // 16-bit x, F32 dx: lanes by F32 vec4 of dx (half a chunk), so each store of the workgroup
+    // is contiguous (as in ce_bwd_v); neighbouring lanes load the same chunks.
     for (var o = lid; o < 2u * nv; o = o + WG) {
         let w = x4[vbase + o / 2u];
         let g = second4[vbase + o / 2u];
@@ -2127,8 +2139,9 @@ fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // `softmax_bwd_r` (the host's rule, `src/loss.rs`). Lane t holds the row's half chunks
 // (4 elements: one vec2<u32> of x and one of dy, 8-byte loads) t, t + WG, ...,
 // t + (HB − 1)·WG in named registers, all loaded before any arithmetic, and writes dx's F32
-// vec4 of each: the stores of a workgroup are contiguous (a lane holding whole chunks would
-// write two vec4s 32 bytes apart, which costs half the store bandwidth). From the registers:
+// vec4 of each (or, with ODT 16-bit, its four values rounded once into one vec2<u32>): the
+// stores of a workgroup are contiguous (a lane holding whole chunks would write two vec4s 32
+// bytes apart, which costs half the store bandwidth). From the registers:
 // Σ p·dy (softmax) or Σ dy (log-softmax), each lane's half chunks in order, then the pairwise
 // `workgroup_sum`; then dx. p is exp2(fma(x − max, log2 e, −log Σ·log2 e)), as in
 // `softmax_fwd_c`. Statements for half chunk k ≥ HB fold away once the pipeline is
@@ -2138,6 +2151,9 @@ override HB: u32 = 32u;
 
 @group(0) @binding(18) var<storage, read> x2: array<vec2<u32>>;
 @group(0) @binding(19) var<storage, read> second2: array<vec2<u32>>;
+// dx in 16 bits (ODT): the F32 values rounded once, 8 bytes a half chunk (the host binds dx
+// both here and as dx4; only the binding of ODT is written).
+@group(0) @binding(20) var<storage, read_write> dx2: array<vec2<u32>>;
 
 // Whether lane `lid` holds its k-th half chunk (row half chunk lid + k·WG) of a row of n.
 fn half_held(k: u32, lid: u32, n: u32) -> bool {
@@ -2194,7 +2210,12 @@ fn half_store(w: vec2<u32>, g: vec2<u32>, k: u32, lid: u32, n: u32, base: u32, m
     if (MODE == 1u) {
         d = gv - p * total;
     }
-    dx4[base + lid + k * WG] = d;
+    let i = base + lid + k * WG;
+    if (ODT == DT_F32) {
+        dx4[i] = d;
+    } else {
+        dx2[i] = narrow4(d, ODT);
+    }
 }
 
 @compute @workgroup_size(WG)

@@ -16,6 +16,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             run: |e| check_softmax(e, true),
         },
         OperatorCheck {
+            name: "softmax_backward_as",
+            kernels: &["loss", "loss_rows", "cast"],
+            run: check_softmax_backward_as,
+        },
+        OperatorCheck {
             name: "sparsemax",
             kernels: &["loss"],
             run: check_sparsemax,
@@ -104,6 +109,41 @@ fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
         " (registers, half chunks)",
         &mut cases,
     )?;
+    Ok(cases)
+}
+
+/// Softmax and log-softmax gradients stored in x's dtype (`softmax_backward_as`): 16-bit rows
+/// of 2,050 chunks take `softmax_bwd_h`'s direct 16-bit stores, 104 columns `softmax_bwd_v`'s,
+/// 100 columns the F32 gradient narrowed; against the reference at the dtype's tolerance.
+fn check_softmax_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::loss;
+    use crate::reference::loss as r;
+    let mut rng = Rng::new(46);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(2, 16_400), (3, 104), (3, 100)] {
+        for dtype in DType::FLOATS {
+            for log in [false, true] {
+                let n = rows * cols;
+                let (x, xs) =
+                    tensor_from_f64(engine, &rng.vec(n, -4.0, 4.0), &[rows, cols], dtype)?;
+                let (dy, dys) =
+                    tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[rows, cols], dtype)?;
+                let (_, saved) = if log {
+                    loss::log_softmax(&x)?
+                } else {
+                    loss::softmax(&x)?
+                };
+                let dx = loss::softmax_backward_as(&saved, &dy, dtype)?;
+                let want = r::softmax_backward(&xs, &dys, rows, cols, log);
+                cases.push(case(
+                    format!("{rows}x{cols} {dtype} log={log} dx"),
+                    &dx.to_f64()?,
+                    &crate::gradcheck::stored_values(&want, dtype),
+                    Tolerance::for_dtype(dtype),
+                ));
+            }
+        }
+    }
     Ok(cases)
 }
 

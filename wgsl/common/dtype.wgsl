@@ -169,5 +169,16 @@ fn narrow8(lo: vec4<f32>, hi: vec4<f32>, dt: u32) -> vec4<u32> {
         }
         return vec4<u32>(bf16_pack(lo), bf16_pack(hi));
     }
-    return vec4<u32>(narrow2(lo.xy, dt), narrow2(lo.zw, dt), narrow2(hi.xy, dt), narrow2(hi.zw, dt));
+    return vec4<u32>(narrow4(lo, dt), narrow4(hi, dt));
+}
+
+// Four values narrowed the same way into two words.
+fn narrow4(v: vec4<f32>, dt: u32) -> vec2<u32> {
+    if (dt == DT_BF16) {
+        if (nan_free8(v, vec4<f32>(0.0))) {
+            return bf16x4_nearest(v);
+        }
+        return bf16_pack(v);
+    }
+    return vec2<u32>(narrow2(v.xy, dt), narrow2(v.zw, dt));
 }
