@@ -563,6 +563,19 @@ fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
             ));
             let (_, saved) = norm::rms_norm(&x, Some(&w), &o)?;
             let inputs = vec![x.clone(), dy.clone(), w.clone(), saved.inverse.clone()];
+            if dtype != DType::F32 {
+                // The source gradient stored in the source's dtype.
+                let saved = saved.clone();
+                ops.push(Op::new(
+                    "rms_norm bwd_as",
+                    label,
+                    inputs.clone(),
+                    move |i| {
+                        let g = norm::norm_backward_as(&saved, &i[1], None, dtype)?;
+                        Ok(vec![g.source, g.weight.expect("weight gradient")])
+                    },
+                ));
+            }
             ops.push(Op::new("rms_norm bwd", label, inputs, move |i| {
                 let g = norm::norm_backward(&saved, &i[1], None)?;
                 Ok(vec![g.source, g.weight.expect("weight gradient")])
@@ -586,6 +599,18 @@ fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
                 stats[0].clone(),
                 stats[1].clone(),
             ];
+            if dtype != DType::F32 {
+                let saved = saved.clone();
+                ops.push(Op::new(
+                    "layer_norm bwd_as",
+                    label,
+                    inputs.clone(),
+                    move |i| {
+                        let g = norm::norm_backward_as(&saved, &i[1], None, dtype)?;
+                        Ok(vec![g.source, g.weight.expect("dw"), g.bias.expect("db")])
+                    },
+                ));
+            }
             ops.push(Op::new("layer_norm bwd", label, inputs, move |i| {
                 let g = norm::norm_backward(&saved, &i[1], None)?;
                 Ok(vec![g.source, g.weight.expect("dw"), g.bias.expect("db")])
@@ -608,6 +633,18 @@ fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
                 w.clone(),
                 saved.inverse.clone(),
             ];
+            if dtype != DType::F32 {
+                let saved = saved.clone();
+                ops.push(Op::new(
+                    "add_rms_norm bwd_as",
+                    label,
+                    inputs.clone(),
+                    move |i| {
+                        let g = norm::norm_backward_as(&saved, &i[2], None, dtype)?;
+                        Ok(vec![g.source, g.weight.expect("weight gradient")])
+                    },
+                ));
+            }
             ops.push(Op::new("add_rms_norm bwd", label, inputs, move |i| {
                 // dx and dresidual are one tensor (the same gradient), written once.
                 let g = norm::norm_backward(&saved, &i[2], None)?;

@@ -491,7 +491,8 @@ pub fn backward(saved: &ActivationSaved, dy: &Tensor) -> Result<ActivationGrads>
 
 /// [`backward`] with the gradients stored in `dtype`: F32 gives that function's result; F16
 /// or BF16 gives each F32 gradient value rounded once to nearest-even (bit for bit
-/// `cast::cast` of [`backward`]'s gradients), in fresh tensors. When every input, `dy` and the
+/// `cast::cast` of [`backward`]'s gradients; a NaN stays a NaN, its payload may differ), in
+/// fresh tensors. When every input, `dy` and the
 /// gradients are 16-bit and the count (packed: the row width) is a multiple of 8, the step
 /// kernel writes them directly (2 bytes an element instead of 4); otherwise the F32 gradients
 /// are computed and narrowed.

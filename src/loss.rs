@@ -355,7 +355,8 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
 
 /// [`softmax_backward`] with the gradient stored in `dtype`: F32 gives that function's result;
 /// F16 or BF16 gives the F32 gradient rounded once to nearest-even (bit for bit `cast::cast` of
-/// it), in a fresh tensor. 16-bit `x` and `dy` of one dtype in rows of whole 8-value chunks
+/// it; a NaN stays a NaN, its payload may differ), in a fresh tensor. 16-bit `x` and `dy` of
+/// one dtype in rows of whole 8-value chunks
 /// (`softmax_bwd_h` in the register range, `softmax_bwd_v` otherwise) write it directly (2
 /// bytes an element instead of 4); every other case computes the F32 gradient and narrows it.
 ///

@@ -221,7 +221,8 @@ pub struct Saved {
     pub offset: f32,
 }
 
-/// Gradients of a normalization backward (FP32; `None` where the input was absent).
+/// Gradients of a normalization backward (FP32, but for the source and residual gradients of
+/// [`norm_backward_as`]; `None` where the input was absent).
 #[derive(Debug, Clone)]
 pub struct NormGradients {
     /// dL/dx, the source's shape.
@@ -1001,7 +1002,35 @@ pub fn norm_backward(
     output_gradient: &Tensor,
     residual_output_gradient: Option<&Tensor>,
 ) -> Result<NormGradients> {
+    norm_backward_as(saved, output_gradient, residual_output_gradient, DType::F32)
+}
+
+/// [`norm_backward`] with the source gradient (and add+RMSNorm's residual gradient, the same
+/// tensor) stored in `dtype`: F32 gives that function's result; F16 or BF16 gives the F32
+/// gradient rounded once to nearest-even (bit for bit `cast::cast` of it; a NaN stays a NaN,
+/// its payload may differ). The parameter
+/// gradients (weight, bias, scale, shift: sums over rows) stay F32. A 16-bit source whose
+/// cotangents share its dtype, in rows the register backward takes, writes the 16-bit gradient
+/// directly (2 bytes an element instead of 4); every other case computes the F32 gradient and
+/// narrows it.
+///
+/// Errors: those of [`norm_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn norm_backward_as(
+    saved: &Saved,
+    output_gradient: &Tensor,
+    residual_output_gradient: Option<&Tensor>,
+    dtype: DType,
+) -> Result<NormGradients> {
     let what = "norm_backward";
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "norm_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
+    let (given_dy, given_dres) = (output_gradient, residual_output_gradient);
     check_same_shape(
         output_gradient,
         &saved.source,
@@ -1057,7 +1086,6 @@ pub fn norm_backward(
             u64::from(u32::MAX),
         ));
     }
-    let dx = Tensor::empty(engine, x.shape(), DType::F32, "norm source gradient")?;
     // RMSNorm, LayerNorm and add+RMSNorm with cotangents (and residual) of the source's dtype
     // take the register backward when the rows fit 256 lanes' registers.
     let xdt = x.dtype();
@@ -1076,6 +1104,16 @@ pub fn norm_backward(
     } else {
         None
     };
+    if dtype != DType::F32 && (plan.is_none() || xdt == DType::F32) {
+        // Only the 16-bit register backward stores a 16-bit gradient: F32, then one rounding.
+        let mut grads = norm_backward_as(saved, given_dy, given_dres, DType::F32)?;
+        grads.source = crate::cast::cast(&grads.source, dtype)?;
+        if grads.residual.is_some() {
+            grads.residual = Some(grads.source.clone());
+        }
+        return Ok(grads);
+    }
+    let dx = Tensor::empty(engine, x.shape(), dtype, "norm source gradient")?;
     if let Some(plan) = plan {
         return register_backward(
             saved,
@@ -1237,6 +1275,7 @@ fn register_backward(
         ),
         ("CHUNKS", f64::from(plan.chunks)),
         ("RELOAD", f64::from(u8::from(plan.wide))),
+        ("DDX", f64::from(dx.dtype().code())),
     ];
     let params = Params {
         rows: rows as u32,

@@ -797,7 +797,7 @@ fn tensors_of_another_engine_are_rejected() {
 }
 
 /// `backward_as` stores each gradient as the F32 gradient rounded once: bit for bit
-/// `cast::cast` of [`activation::backward`]'s, for the unary, gated and packed layouts, every
+/// `cast::cast` of [`activation::backward`]'s (a NaN as any NaN), for the unary, gated and packed layouts, every
 /// input dtype into every gradient dtype. 16-bit tensors in whole steps of 8 (counts 8 and
 /// 4,104; packed widths 8 and 2,056) take the 16-bit step kernels; other counts (12, 4,105),
 /// widths (12) and dtypes the narrowed F32 gradients. The cotangent holds a NaN, both
@@ -839,11 +839,19 @@ fn backward_as_is_the_f32_gradient_rounded_once() {
                         let got = activation::backward_as(saved, &dy, out).unwrap();
                         assert_eq!(got.dgate.dtype(), out, "{what} {layout}");
                         let dgate = narrowed(&want.dgate, out);
-                        assert_eq!(bits(&got.dgate), bits(&dgate), "{what} {layout} dgate");
+                        common::assert_same_bits(
+                            &format!("{what} {layout} dgate"),
+                            &got.dgate,
+                            &dgate,
+                        );
                         assert_eq!(got.dup.is_some(), want.dup.is_some(), "{what} {layout}");
                         if let (Some(a), Some(b)) = (&got.dup, &want.dup) {
                             assert_eq!(a.dtype(), out, "{what} {layout} dup dtype");
-                            assert_eq!(bits(a), bits(&narrowed(b, out)), "{what} {layout} dup");
+                            common::assert_same_bits(
+                                &format!("{what} {layout} dup"),
+                                a,
+                                &narrowed(b, out),
+                            );
                         }
                         let again = activation::backward_as(saved, &dy, out).unwrap();
                         assert_eq!(bits(&again.dgate), bits(&got.dgate), "{what} rerun");
@@ -863,7 +871,7 @@ fn backward_as_is_the_f32_gradient_rounded_once() {
                     let want = narrowed(&activation::backward(&saved, &dy).unwrap().dgate, out);
                     let got = activation::backward_as(&saved, &dy, out).unwrap();
                     assert_eq!(got.dgate.shape(), x.shape(), "{what}");
-                    assert_eq!(bits(&got.dgate), bits(&want), "{what}");
+                    common::assert_same_bits(&what, &got.dgate, &want);
                 }
             }
         }
@@ -882,13 +890,13 @@ fn backward_as_is_the_f32_gradient_rounded_once() {
         let want = activation::backward(&saved, &dy).unwrap();
         let got = activation::backward_as(&saved, &dy, out).unwrap();
         let what = format!("mixed {dg} {du} {dd} -> {out}");
-        assert_eq!(
-            bits(&got.dgate),
-            bits(&narrowed(&want.dgate, out)),
-            "{what} dgate"
+        common::assert_same_bits(
+            &format!("{what} dgate"),
+            &got.dgate,
+            &narrowed(&want.dgate, out),
         );
         let dup = narrowed(want.dup.as_ref().unwrap(), out);
-        assert_eq!(bits(got.dup.as_ref().unwrap()), bits(&dup), "{what} dup");
+        common::assert_same_bits(&format!("{what} dup"), got.dup.as_ref().unwrap(), &dup);
     }
     // The 16-bit step kernels write the gradients directly: no F32 gradient exists on the way
     // (the peak grows by the two BF16 gradients, not by F32 ones too).

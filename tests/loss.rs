@@ -2045,7 +2045,7 @@ fn bits_any(t: &Tensor) -> Vec<u64> {
 }
 
 /// `softmax_backward_as` stores the gradient as the F32 gradient rounded once: bit for bit
-/// `cast::cast` of [`loss::softmax_backward`]'s, softmax and log-softmax, every input dtype
+/// `cast::cast` of [`loss::softmax_backward`]'s (a NaN as any NaN), softmax and log-softmax, every input dtype
 /// into every gradient dtype. 16-bit rows of whole chunks are written directly: in the register
 /// range (16,392 and 32,000 columns) by `softmax_bwd_h`, shorter (8, 1,000) and longer
 /// (65,544) rows by `softmax_bwd_v`; ragged rows (7), F32 inputs and a cotangent of another
@@ -2093,7 +2093,7 @@ fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
                     let got = loss::softmax_backward_as(&saved, &dy, out).unwrap();
                     assert_eq!(got.dtype(), out, "{what}");
                     assert_eq!(got.shape(), x.shape(), "{what}");
-                    assert_eq!(bits_any(&got), bits_any(&want), "{what}");
+                    common::assert_same_bits(&what, &got, &want);
                     let again = loss::softmax_backward_as(&saved, &dy, out).unwrap();
                     assert_eq!(bits_any(&again), bits_any(&got), "{what}: rerun");
                 }
@@ -2106,7 +2106,7 @@ fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
     let (_, saved) = loss::softmax(&x).unwrap();
     let want = narrowed(&loss::softmax_backward(&saved, &dy).unwrap(), DType::BF16);
     let got = loss::softmax_backward_as(&saved, &dy, DType::BF16).unwrap();
-    assert_eq!(bits_any(&got), bits_any(&want), "bf16 x, f16 dy");
+    common::assert_same_bits("bf16 x, f16 dy", &got, &want);
     // The direct paths allocate no F32 gradient: the peak grows by the BF16 gradient only
     // (32,000 columns: `softmax_bwd_h`; 4,000: `softmax_bwd_v`).
     let private = common::private_engine();

@@ -1694,3 +1694,121 @@ fn more_rows_than_one_dispatch_dimension() {
         2100,
     );
 }
+
+/// `norm_backward_as` stores the source (and residual) gradient as the F32 gradient rounded
+/// once: bit for bit `cast::cast` of [`norm::norm_backward`]'s, with the parameter gradients
+/// F32 and bit-identical to it. RMSNorm (Gemma offset), LayerNorm (weight and bias), add+RMSNorm
+/// (with and without a residual-sum cotangent), modulated RMSNorm and GroupNorm, every source
+/// dtype into every gradient dtype. 16-bit sources in register rows (64, 4,096 and 16,392
+/// columns, the last the two-read 1,024-lane backward of the RMSNorm variants) write the
+/// 16-bit gradient directly; ragged rows (7, 301), the modulated and group forms and F32
+/// sources narrow the F32 gradient. The cotangent holds a NaN and an infinity.
+#[test]
+fn norm_backward_as_is_the_f32_gradient_rounded_once() {
+    let narrowed = |t: &Tensor, d: DType| {
+        if d == DType::F32 {
+            t.clone()
+        } else {
+            wgrad::cast::cast(t, d).unwrap()
+        }
+    };
+    let params = |g: &norm::NormGradients| -> Vec<Vec<u64>> {
+        [&g.weight, &g.bias, &g.scale, &g.shift]
+            .into_iter()
+            .flatten()
+            .map(bits)
+            .collect()
+    };
+    let mut rng = Rng::new(1100);
+    for (rows, cols) in [(5usize, 64usize), (3, 4096), (2, 16_392), (4, 7), (3, 301)] {
+        for xdt in DType::FLOATS {
+            let n = rows * cols;
+            let (x, _) = upload(&rng.vec(n, -2.0, 2.0), &[rows, cols], xdt);
+            let (r, _) = upload(&rng.vec(n, -2.0, 2.0), &[rows, cols], xdt);
+            let (w, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], xdt);
+            let (b, _) = upload(&rng.vec(cols, -0.5, 0.5), &[cols], xdt);
+            let (sc, _) = upload(&rng.vec(cols, -0.5, 0.5), &[1, cols], DType::F32);
+            let mut dyv = rng.vec(n, -1.0, 1.0);
+            dyv[1] = f64::NAN;
+            dyv[n - 1] = f64::INFINITY;
+            let (dy, _) = upload(&dyv, &[rows, cols], xdt);
+            let (dres, _) = upload(&rng.vec(n, -1.0, 1.0), &[rows, cols], xdt);
+            let gemma = RmsNormOptions {
+                offset: 1.0,
+                ..RmsNormOptions::default()
+            };
+            let o = RmsNormOptions::default();
+            let (_, s_rms) = norm::rms_norm(&x, Some(&w), &gemma).unwrap();
+            let (_, s_layer) =
+                norm::layer_norm(&x, Some(&w), Some(&b), &LayerNormOptions::default()).unwrap();
+            let (_, _, s_add) = norm::add_rms_norm(&x, &r, Some(&w), &o).unwrap();
+            let (_, s_mod) = norm::modulated_rms_norm(&x, Some(&w), &sc, &sc, &o).unwrap();
+            let mut cases = vec![
+                ("rms", &s_rms, None),
+                ("layer", &s_layer, None),
+                ("add", &s_add, None),
+                ("add+dres", &s_add, Some(&dres)),
+                ("modulated", &s_mod, None),
+            ];
+            let grouped = (cols % 2 == 0).then(|| {
+                let (_, s) =
+                    norm::group_norm(&x, 2, Some(&w), Some(&b), &Default::default()).unwrap();
+                s
+            });
+            if let Some(s) = &grouped {
+                cases.push(("group", s, None));
+            }
+            for (name, saved, d) in cases {
+                let want = norm::norm_backward(saved, &dy, d).unwrap();
+                for out in DType::FLOATS {
+                    let what = format!("{name} {xdt} -> {out} [{rows}, {cols}]");
+                    let got = norm::norm_backward_as(saved, &dy, d, out).unwrap();
+                    assert_eq!(got.source.dtype(), out, "{what}");
+                    let source = narrowed(&want.source, out);
+                    common::assert_same_bits(&format!("{what}: source"), &got.source, &source);
+                    assert_eq!(params(&got), params(&want), "{what}: parameters");
+                    assert_eq!(got.residual.is_some(), want.residual.is_some(), "{what}");
+                    if let Some(res) = &got.residual {
+                        common::assert_same_bits(&format!("{what}: residual"), res, &source);
+                    }
+                    let again = norm::norm_backward_as(saved, &dy, d, out).unwrap();
+                    assert!(bits(&again.source) == bits(&got.source), "{what}: rerun");
+                }
+            }
+        }
+    }
+    // The direct path allocates no F32 source gradient: the peak grows by the BF16 gradient
+    // where the F32 backward grows by the F32 one (same partials and parameter gradients).
+    let private = common::private_engine();
+    let (rows, cols) = (256, 4096);
+    let v = rng.vec(rows * cols, -2.0, 2.0);
+    let up = |v: &[f64], shape: &[usize]| {
+        wgrad::gradcheck::tensor_from_f64(&private, v, shape, DType::BF16)
+            .unwrap()
+            .0
+    };
+    let x = up(&v, &[rows, cols]);
+    let w = up(&rng.vec(cols, 0.5, 1.5), &[cols]);
+    let (_, saved) = norm::rms_norm(&x, Some(&w), &RmsNormOptions::default()).unwrap();
+    let peak = |dtype: DType| {
+        private.synchronize().unwrap();
+        let before = private.memory().live_bytes;
+        private.reset_peak();
+        let g = norm::norm_backward_as(&saved, &x, None, dtype).unwrap();
+        private.synchronize().unwrap();
+        drop(g);
+        private.memory().peak_bytes - before
+    };
+    let (f32_peak, bf16_peak) = (peak(DType::F32), peak(DType::BF16));
+    let saved_bytes = (rows * cols * 2) as u64;
+    assert!(
+        bf16_peak + saved_bytes * 7 / 8 <= f32_peak,
+        "BF16 gradient peak {bf16_peak} bytes, F32 {f32_peak}: expected {saved_bytes} fewer"
+    );
+    // A dtype that is not a float dtype.
+    expect_dtype(
+        norm::norm_backward_as(&saved, &x, None, DType::I32),
+        DType::I32,
+        "norm_backward_as: dtype",
+    );
+}

@@ -664,6 +664,8 @@ override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused register
 // Backward: load the row's chunks again for dx (from cache) instead of keeping them in
 // registers across the row sum (rows too wide for the registers of the whole row).
 override RELOAD: bool = false;
+// Storage dtype of dx in the register backward: F32, or (16-bit sources only) F16 / BF16.
+override DDX: u32 = 0u;
 
 @group(0) @binding(18) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(19) var<storage, read_write> y4: array<vec4<u32>>;
@@ -673,7 +675,8 @@ override RELOAD: bool = false;
 @group(0) @binding(23) var<storage, read_write> s4: array<vec4<u32>>;
 @group(0) @binding(24) var<storage, read> dy4: array<vec4<u32>>;
 @group(0) @binding(25) var<storage, read> dr4: array<vec4<u32>>;
-@group(0) @binding(26) var<storage, read_write> dx4: array<vec4<f32>>;
+// dx: F32 vec4s (their bits), or with DDX 16-bit, eight values rounded once a chunk.
+@group(0) @binding(26) var<storage, read_write> dx4: array<vec4<u32>>;
 @group(0) @binding(27) var<storage, read_write> part4: array<vec4<f32>>;
 @group(0) @binding(28) var<storage, read> mean_in: array<f32>;
 @group(0) @binding(29) var<storage, read> corr_in: array<f32>;
@@ -1054,13 +1057,16 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
 
 // ---- Register backward ----
 
-// dx of row chunk i (F32: one vec4, 16-bit: two).
+// dx of row chunk i (F32 source: one vec4; 16-bit source: two F32 vec4s, or one vec4 of
+// words with DDX 16-bit).
 fn put_dx(g: Vals, i: u32) {
     if (DX == DT_F32) {
-        dx4[i] = g.lo;
+        dx4[i] = bitcast<vec4<u32>>(g.lo);
+    } else if (DDX != DT_F32) {
+        dx4[i] = narrow8(g.lo, g.hi, DDX);
     } else {
-        dx4[2u * i] = g.lo;
-        dx4[2u * i + 1u] = g.hi;
+        dx4[2u * i] = bitcast<vec4<u32>>(g.lo);
+        dx4[2u * i + 1u] = bitcast<vec4<u32>>(g.hi);
     }
 }
 
@@ -1473,6 +1479,6 @@ fn partials_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         for (var s = 1u; s < FIN_SEGMENTS; s = s + 1u) {
             total = total + fin[s * FIN_QUADS + v];
         }
-        dx4[quad] = total;
+        dx4[quad] = bitcast<vec4<u32>>(total);
     }
 }

@@ -11,6 +11,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             run: check_rms_norm,
         },
         OperatorCheck {
+            name: "norm_backward_as",
+            kernels: &["norm", "norm_wide", "cast"],
+            run: check_norm_backward_as,
+        },
+        OperatorCheck {
             name: "layer_norm",
             kernels: &["norm", "norm_wide", "cast"],
             run: check_layer_norm,
@@ -115,6 +120,45 @@ fn check_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
                 ));
                 if let Some(dw) = &g.weight {
                     cases.push(case(format!("{tag} dw"), &dw.to_f64()?, &r.weight, f32));
+                }
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// RMSNorm and LayerNorm source gradients stored in the source's dtype (`norm_backward_as`):
+/// 16-bit register rows (2,048 and 16,384 columns) take the direct 16-bit stores, 127 columns
+/// the F32 gradient narrowed; the source gradient against the reference at the dtype's
+/// tolerance, the weight gradient (F32) at F32's.
+fn check_norm_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::norm::{LayerNormOptions, RmsNormOptions, layer_norm, norm_backward_as, rms_norm};
+    use reference::norm as r;
+    let mut rng = Rng::new(47);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(7, 127), (30, 2048), (3, 16384)] {
+        for dtype in DType::FLOATS {
+            let n = rows * cols;
+            let (x, xs) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &[rows, cols], dtype)?;
+            let (w, ws) = tensor_from_f64(engine, &rng.vec(cols, 0.5, 1.5), &[cols], dtype)?;
+            let (dy, dys) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[rows, cols], dtype)?;
+            let eps = f64::from(RmsNormOptions::default().eps);
+            let (_, rms) = rms_norm(&x, Some(&w), &RmsNormOptions::default())?;
+            let want_rms = r::rms_norm_backward(&xs, rows, cols, Some(&ws), 0.0, eps, &dys);
+            let (_, layer) = layer_norm(&x, Some(&w), None, &LayerNormOptions::default())?;
+            let want_layer = r::layer_norm_backward(&xs, rows, cols, Some(&ws), eps, &dys);
+            for (name, saved, want) in [("rms", rms, want_rms), ("layer", layer, want_layer)] {
+                let tag = format!("{name} {rows}x{cols} {dtype}");
+                let g = norm_backward_as(&saved, &dy, None, dtype)?;
+                cases.push(case(
+                    format!("{tag} dx"),
+                    &g.source.to_f64()?,
+                    &crate::gradcheck::stored_values(&want.source, dtype),
+                    Tolerance::for_dtype(dtype),
+                ));
+                if let Some(dw) = &g.weight {
+                    let f32 = Tolerance::for_dtype(DType::F32);
+                    cases.push(case(format!("{tag} dw"), &dw.to_f64()?, &want.weight, f32));
                 }
             }
         }

@@ -73,3 +73,24 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Co
     );
     c
 }
+
+/// Assert that two tensors hold the same values bit for bit, except that a NaN matches any NaN
+/// (IEEE arithmetic leaves a NaN's sign and payload open, and two compilations of one formula
+/// may propagate different ones). The message counts the mismatches and names the first.
+pub fn assert_same_bits(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    let (g, w) = (got.to_f64().expect("read"), want.to_f64().expect("read"));
+    assert_eq!(g.len(), w.len(), "{what}: length");
+    let differs =
+        |i: &usize| g[*i].to_bits() != w[*i].to_bits() && !(g[*i].is_nan() && w[*i].is_nan());
+    let bad: Vec<usize> = (0..g.len()).filter(differs).collect();
+    if let Some(&i) = bad.first() {
+        panic!(
+            "{what}: {} of {} differ; first at {i}: got {} want {}",
+            bad.len(),
+            g.len(),
+            g[i],
+            w[i]
+        );
+    }
+}
