@@ -216,6 +216,19 @@ fn pointwise_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 Ok(vec![qo, ko])
             },
         ));
+        if dtype != DType::F32 {
+            // dq and dk stored in the cotangents' dtype.
+            let saved = saved.clone();
+            ops.push(Op::new(
+                "rope_bwd_as",
+                label,
+                vec![dq.clone(), dk.clone(), cos.clone(), sin.clone()],
+                move |i| {
+                    let g = rope::qk_backward_as(&saved, &i[0], &i[1], dtype)?;
+                    Ok(vec![g.dq, g.dk])
+                },
+            ));
+        }
         ops.push(Op::new(
             "rope_bwd",
             label,

@@ -290,7 +290,7 @@ pub struct RopeSaved {
     table_grads: bool,
 }
 
-/// Gradients of [`backward`], all F32.
+/// Gradients of [`backward`], all F32 (`dvalues`: the dtype asked of [`backward_as`]).
 #[derive(Debug, Clone)]
 pub struct RopeGrads {
     /// Gradient of the values (suffix columns: the cotangent itself).
@@ -301,7 +301,7 @@ pub struct RopeGrads {
     pub dsin: Option<Tensor>,
 }
 
-/// Gradients of [`qk_backward`], all F32.
+/// Gradients of [`qk_backward`], all F32 (`dq`, `dk`: the dtype asked of [`qk_backward_as`]).
 #[derive(Debug, Clone)]
 pub struct RopeQkGrads {
     /// Gradient of q.
@@ -326,10 +326,23 @@ pub struct Llama4Grads {
 }
 
 fn float(t: &Tensor, what: &str) -> Result<()> {
-    if t.dtype().is_float() {
+    float_dtype(t.dtype(), what)
+}
+
+fn float_dtype(dtype: DType, what: &str) -> Result<()> {
+    if dtype.is_float() {
         Ok(())
     } else {
-        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+        Err(Error::dtype(what, dtype, &DType::FLOATS))
+    }
+}
+
+/// An F32 gradient stored in `dtype` (F32: itself; 16-bit: rounded once).
+fn narrowed(t: Tensor, dtype: DType) -> Result<Tensor> {
+    if dtype == DType::F32 {
+        Ok(t)
+    } else {
+        crate::cast::cast(&t, dtype)
     }
 }
 
@@ -420,22 +433,28 @@ fn groups(n: usize) -> u64 {
     (n as u64).div_ceil(WG)
 }
 
-/// Forward (`forward`, outputs in the values' dtype) or values backward (F32 outputs) of q
-/// and, when given, k (of q's dtype) in one launch of a step kernel. `None` when the inputs
-/// or the plan do not allow the step kernels.
+/// Forward (`forward`, outputs in the values' dtype) or values backward (outputs in `grads`:
+/// F32, or for a 16-bit cotangent 16-bit, the F32 values rounded once) of q and, when given,
+/// k (of q's dtype) in one launch of a step kernel. `None` when the inputs or the plan do not
+/// allow the step kernels.
 fn run_steps(
     plan: &Plan,
     forward: bool,
     q: &Tensor,
     k: Option<&Tensor>,
-    cos: &Tensor,
-    sin: &Tensor,
+    (cos, sin): (&Tensor, &Tensor),
+    grads: DType,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
     // q and k share one step shape (`step_shape`).
     if !q.dtype().is_float() || k.is_some_and(|k| k.dtype() != q.dtype()) {
         return Ok(None);
     }
-    let shape = step_shape(q.dtype(), forward);
+    // 16-bit gradients: the 16-bit forward's steps (8 values, 16 bytes each way).
+    let narrow = !forward && grads != DType::F32;
+    if narrow && q.dtype() == DType::F32 {
+        return Ok(None);
+    }
+    let shape = step_shape(q.dtype(), forward || narrow);
     let step = shape.span;
     let Some(per_lane) = plan.step_heads(step, shape.heads) else {
         return Ok(None);
@@ -447,7 +466,7 @@ fn run_steps(
         return Ok(None);
     }
     let engine = q.engine();
-    let out_dtype = if forward { q.dtype() } else { DType::F32 };
+    let out_dtype = if forward { q.dtype() } else { grads };
     let label = if forward {
         "rope output"
     } else {
@@ -480,6 +499,7 @@ fn run_steps(
     constants.push(("HEADS", per_lane as f64));
     constants.push(("SPAN", step as f64));
     constants.push(("OVERLAP", f64::from(u8::from(shape.overlap))));
+    constants.push(("DT_G", f64::from(out_dtype.code())));
     let entry = if forward {
         "forward_steps"
     } else {
@@ -796,7 +816,7 @@ pub fn forward(
         pos_axis_stride: 0,
         sections: (u32::MAX as usize, u32::MAX as usize),
     };
-    let out = match run_steps(&plan, true, values, None, cos, sin)? {
+    let out = match run_steps(&plan, true, values, None, (cos, sin), DType::F32)? {
         Some((out, _)) => out,
         None => run_forward(&plan, values, 1, cos, sin)?,
     };
@@ -826,10 +846,29 @@ fn check_cotangent(dy: &Tensor, like: &Tensor, what: &str) -> Result<()> {
 /// `dvalues` and, with `table_grads`, per-row `dcos`, `dsin` of the tables' shape (rows past
 /// the values' get zeros). Errors: `dy` of another shape or a non-float dtype, another engine.
 pub fn backward(saved: &RopeSaved, dy: &Tensor) -> Result<RopeGrads> {
+    backward_as(saved, dy, DType::F32)
+}
+
+/// [`backward`] with `dvalues` stored in `dtype`: F32 gives that function's result; F16 or
+/// BF16 gives the F32 gradient rounded once to nearest-even (bit for bit `cast::cast` of it; a
+/// NaN stays a NaN, its payload may differ). The table gradients stay F32. A 16-bit cotangent
+/// on the step kernels (whole steps of 8 values) writes the 16-bit gradient directly; other
+/// cases narrow the F32 gradient.
+///
+/// Errors: those of [`backward`], and a `dtype` that is not a float dtype (`UnsupportedDType`).
+pub fn backward_as(saved: &RopeSaved, dy: &Tensor, dtype: DType) -> Result<RopeGrads> {
     check_cotangent(dy, &saved.q, "rope: dy")?;
-    let dvalues = match run_steps(&saved.plan, false, dy, None, &saved.cos, &saved.sin)? {
+    float_dtype(dtype, "rope: gradient dtype")?;
+    let tables = (&saved.cos, &saved.sin);
+    let dvalues = match run_steps(&saved.plan, false, dy, None, tables, dtype)? {
         Some((d, _)) => d,
-        None => run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?,
+        None => {
+            let d = match run_steps(&saved.plan, false, dy, None, tables, DType::F32)? {
+                Some((d, _)) => d,
+                None => run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?,
+            };
+            narrowed(d, dtype)?
+        }
     };
     let (dcos, dsin) = if saved.table_grads {
         let (c, s) = run_table_grads(&saved.plan, &saved.q, dy, None)?;
@@ -1035,7 +1074,7 @@ pub fn qk_forward(
         ));
     }
     let plan = qk_plan(q, k, table_rows, half, positions, options, false)?;
-    let (qo, ko) = match run_steps(&plan, true, q, Some(k), cos, sin)? {
+    let (qo, ko) = match run_steps(&plan, true, q, Some(k), (cos, sin), DType::F32)? {
         Some((qo, Some(ko))) => (qo, ko),
         _ => (
             run_forward(&plan, q, plan.heads_q, cos, sin)?,
@@ -1058,7 +1097,8 @@ pub fn qk_forward(
 /// dq, dk and the table gradients of `run_table_grads`.
 type QkGrads = (Tensor, Tensor, Option<(Tensor, Option<Tensor>)>);
 
-fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
+fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor, dtype: DType) -> Result<QkGrads> {
+    float_dtype(dtype, "rope: gradient dtype")?;
     let Some(k) = &saved.k else {
         return Err(Error::shape(
             "rope: saved k (use rope::backward for single tensors)",
@@ -1076,12 +1116,19 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
         ));
     }
     let p = &saved.plan;
-    let (dqv, dkv) = match run_steps(p, false, dq, Some(dk), &saved.cos, &saved.sin)? {
+    let tables = (&saved.cos, &saved.sin);
+    let (dqv, dkv) = match run_steps(p, false, dq, Some(dk), tables, dtype)? {
         Some((dqv, Some(dkv))) => (dqv, dkv),
-        _ => (
-            run_backward_values(p, dq, p.heads_q, &saved.cos, &saved.sin)?,
-            run_backward_values(p, dk, p.heads_k, &saved.cos, &saved.sin)?,
-        ),
+        _ => {
+            let (dqv, dkv) = match run_steps(p, false, dq, Some(dk), tables, DType::F32)? {
+                Some((dqv, Some(dkv))) => (dqv, dkv),
+                _ => (
+                    run_backward_values(p, dq, p.heads_q, &saved.cos, &saved.sin)?,
+                    run_backward_values(p, dk, p.heads_k, &saved.cos, &saved.sin)?,
+                ),
+            };
+            (narrowed(dqv, dtype)?, narrowed(dkv, dtype)?)
+        }
     };
     let tables = if saved.table_grads {
         Some(run_table_grads(p, &saved.q, dq, Some((k, dk)))?)
@@ -1099,6 +1146,21 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<QkGrads> {
 /// shapes/dtypes (dq and dk of one dtype), engines, a saved context of [`forward`], a
 /// workspace bound below one token's scratch (`WorkspaceExceeded`).
 pub fn qk_backward(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<RopeQkGrads> {
+    qk_backward_as(saved, dq, dk, DType::F32)
+}
+
+/// [`qk_backward`] with `dq` and `dk` stored in `dtype` (F16 or BF16: the F32 gradients
+/// rounded once, as [`backward_as`]; written directly by the step kernels for 16-bit
+/// cotangents in whole steps of 8 values). The table gradients stay F32.
+///
+/// Errors: those of [`qk_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn qk_backward_as(
+    saved: &RopeSaved,
+    dq: &Tensor,
+    dk: &Tensor,
+    dtype: DType,
+) -> Result<RopeQkGrads> {
     if saved.plan.complex {
         return Err(Error::shape(
             "rope: saved context (Llama 4: use llama4_backward)",
@@ -1106,7 +1168,7 @@ pub fn qk_backward(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<RopeQk
             &[],
         ));
     }
-    let (dq, dk, tables) = qk_grads(saved, dq, dk)?;
+    let (dq, dk, tables) = qk_grads(saved, dq, dk, dtype)?;
     let (dcos, dsin) = match tables {
         Some((c, s)) => (Some(c), s),
         None => (None, None),
@@ -1168,7 +1230,7 @@ pub fn llama4_backward(saved: &RopeSaved, dq: &Tensor, dk: &Tensor) -> Result<Ll
             &[],
         ));
     }
-    let (dq, dk, tables) = qk_grads(saved, dq, dk)?;
+    let (dq, dk, tables) = qk_grads(saved, dq, dk, DType::F32)?;
     Ok(Llama4Grads {
         dq,
         dk,

@@ -1357,3 +1357,151 @@ fn tensors_of_another_engine_are_rejected() {
         Err(Error::EngineMismatch { .. })
     ));
 }
+
+/// `backward_as` / `qk_backward_as` store the value gradients as the F32 gradients rounded
+/// once: bit for bit `cast::cast` of [`rope::backward`]'s / [`rope::qk_backward`]'s (a NaN as
+/// any NaN), the table gradients F32 and identical. 16-bit cotangents whose rows split into
+/// whole steps of 8 (head dims 16, 24, 32; split halves need half the rotary dim a multiple of
+/// 8) are written directly by the step kernels; the others (F32 cotangents, head dim 12,
+/// partial rotary with a short half) narrow the F32 gradient. Both layouts, interleaved and
+/// split pairs, position ids with table gradients.
+#[test]
+fn backward_as_is_the_f32_gradient_rounded_once() {
+    use DType::{BF16, F16, F32};
+    use RopeLayout::{Bhsd, Bshd};
+    let e = engine();
+    let (b, s, rows) = (2usize, 5usize, 7usize);
+    let ids: Vec<i32> = vec![3, 0, 6, 6, 1, 2, 4, 5, 0, 1];
+    let pos = Tensor::from_slice(e, &ids, &[b, s]).unwrap();
+    let narrowed = |t: &Tensor, d: DType| {
+        if d == F32 {
+            t.clone()
+        } else {
+            wgrad::cast::cast(t, d).unwrap()
+        }
+    };
+    let bits =
+        |t: &Tensor| -> Vec<u64> { t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect() };
+    // (q heads, k heads, layout, values and cotangent dtype, interleaved, head dim, rotary dim)
+    let cases = [
+        (4usize, 2usize, Bshd, BF16, false, 16usize, 16usize),
+        (4, 2, Bhsd, F16, true, 16, 16),
+        (8, 4, Bshd, BF16, true, 32, 32),
+        (2, 1, Bhsd, BF16, false, 32, 16),
+        (2, 2, Bshd, F16, false, 24, 24),
+        (2, 1, Bshd, BF16, true, 12, 12),
+        (2, 2, Bhsd, F32, false, 16, 16),
+    ];
+    for (hq, hk, layout, dt, interleaved, d, rot) in cases {
+        let shape = |h: usize| match layout {
+            Bshd => vec![b, s, h, d],
+            Bhsd => vec![b, h, s, d],
+        };
+        let t = |seed: u64, h: usize, range: f64| {
+            tensor_from_f64(e, &data(seed, b * s * h * d, range), &shape(h), dt)
+        };
+        let (q, k) = (t(80, hq, 2.0), t(81, hk, 2.0));
+        let mut dqv = data(82, b * s * hq * d, 1.0);
+        dqv[1] = f64::NAN;
+        dqv[d + 2] = f64::INFINITY;
+        let dq = tensor_from_f64(e, &dqv, &shape(hq), dt);
+        let dk = t(83, hk, 1.0);
+        let table =
+            |seed| tensor_from_f64(e, &data(seed, rows * rot / 2, 1.2), &[rows, rot / 2], F32);
+        let (c, sn) = (table(84), table(85));
+        let opts = RopeQkOptions {
+            rotary_dim: Some(rot),
+            interleaved,
+            layout,
+            table_grads: true,
+            ..Default::default()
+        };
+        let (_, saved) = rope::qk_forward(&q, &k, &c, &sn, Some(&pos), &opts).unwrap();
+        let want = rope::qk_backward(&saved, &dq, &dk).unwrap();
+        for out in DType::FLOATS {
+            let what = format!(
+                "hq {hq} hk {hk} {layout:?} {dt} -> {out} interleaved {interleaved} d {d} rot {rot}"
+            );
+            let got = rope::qk_backward_as(&saved, &dq, &dk, out).unwrap();
+            assert_eq!(got.dq.dtype(), out, "{what}");
+            common::assert_same_bits(&format!("{what} dq"), &got.dq, &narrowed(&want.dq, out));
+            common::assert_same_bits(&format!("{what} dk"), &got.dk, &narrowed(&want.dk, out));
+            for (a, w) in [(&got.dcos, &want.dcos), (&got.dsin, &want.dsin)] {
+                assert_eq!(
+                    bits(a.as_ref().unwrap()),
+                    bits(w.as_ref().unwrap()),
+                    "{what} tables"
+                );
+            }
+            let again = rope::qk_backward_as(&saved, &dq, &dk, out).unwrap();
+            assert_eq!(bits(&again.dq), bits(&got.dq), "{what} rerun");
+        }
+    }
+    // Single tensors `[rows, dim]` with per-row tables.
+    for (dt, dim, rot, interleaved) in [
+        (BF16, 64usize, 64usize, false),
+        (F16, 40, 32, true),
+        (BF16, 20, 20, false),
+    ] {
+        let n = 6;
+        let x = tensor_from_f64(e, &data(90, n * dim, 2.0), &[n, dim], dt);
+        let dy = tensor_from_f64(e, &data(91, n * dim, 1.0), &[n, dim], dt);
+        let table = |seed| tensor_from_f64(e, &data(seed, n * rot / 2, 1.2), &[n, rot / 2], dt);
+        let (c, sn) = (table(92), table(93));
+        let opts = RopeOptions {
+            rotary_dim: Some(rot),
+            interleaved,
+            table_grads: true,
+        };
+        let (_, saved) = rope::forward(&x, &c, &sn, &opts).unwrap();
+        let want = rope::backward(&saved, &dy).unwrap();
+        for out in DType::FLOATS {
+            let what =
+                format!("single {dt} -> {out} dim {dim} rot {rot} interleaved {interleaved}");
+            let got = rope::backward_as(&saved, &dy, out).unwrap();
+            common::assert_same_bits(&what, &got.dvalues, &narrowed(&want.dvalues, out));
+            assert_eq!(
+                bits(got.dcos.as_ref().unwrap()),
+                bits(want.dcos.as_ref().unwrap()),
+                "{what} dcos"
+            );
+        }
+    }
+    // The direct path allocates no F32 gradient.
+    let private = common::private_engine();
+    let (hq, hk, d) = (8, 2, 128);
+    let up = |seed: u64, h: usize| {
+        wgrad::gradcheck::tensor_from_f64(
+            &private,
+            &data(seed, b * s * h * d, 1.0),
+            &[b, s, h, d],
+            BF16,
+        )
+        .unwrap()
+        .0
+    };
+    let (q, k) = (up(95, hq), up(96, hk));
+    let cs = |seed| {
+        wgrad::gradcheck::tensor_from_f64(&private, &data(seed, s * d / 2, 1.0), &[s, d / 2], BF16)
+            .unwrap()
+            .0
+    };
+    let (c, sn) = (cs(97), cs(98));
+    let (_, saved) = rope::qk_forward(&q, &k, &c, &sn, None, &RopeQkOptions::default()).unwrap();
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let got = rope::qk_backward_as(&saved, &q, &k, BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let direct = ((hq + hk) * b * s * d * 2) as u64;
+    assert!(
+        grown <= direct * 9 / 8 + 4096,
+        "peak grew {grown} bytes for {direct} bytes of BF16 gradients"
+    );
+    drop(got);
+    match rope::qk_backward_as(&saved, &q, &k, DType::I32) {
+        Err(Error::UnsupportedDType { .. }) => {}
+        other => panic!("expected UnsupportedDType, got {other:?}"),
+    }
+}

@@ -880,10 +880,11 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 // not NaN), copied suffix values with the exact `half_from_word`, and a forward's 16-bit
 // output narrows with `narrow8` (the same bits as `pack_halves`).
 // The tensor read is the values (forward) or the cotangent (backward), both of dtype DT_Y; the
-// output is DT_Y (forward) or F32 (backward).
+// output is DT_Y (forward) or DT_G (backward: F32, or the F32 gradient rounded once).
 
 override HEADS: u32 = 1u; // heads per invocation: 1, 2 or 4, dividing both head counts
-override SPAN: u32 = 4u;  // elements per step: 4 (F32, 16-bit backward) or 8 (16-bit forward)
+override SPAN: u32 = 4u;  // elements per step: 4 (F32, 16-bit backward) or 8 (16-bit output)
+override DT_G: u32 = 0u;  // backward: gradient dtype (16-bit with a 16-bit cotangent and SPAN 8)
 override OVERLAP: u32 = 1u; // 1: every head's loads before any arithmetic; 0: head after head
 
 @group(0) @binding(11) var<storage, read> values4: array<vec4<u32>>;
@@ -953,10 +954,12 @@ fn put4(is_k: bool, i: u32, w: vec4<u32>) {
     }
 }
 
-// Store step v at element e of the output: 8 values of DT_Y (a 16-bit forward) or 4 F32.
+// Store step v at element e of the output: 8 values of a 16-bit output (DT_Y forward, DT_G
+// backward, SPAN 8) rounded once, or 4 F32.
 fn store_step(is_k: bool, e: u32, v: Step, fwd: bool) {
-    if (fwd && DT_Y != DT_F32) {
-        put4(is_k, e / 8u, narrow8(v.lo, v.hi, DT_Y));
+    let dt = select(DT_G, DT_Y, fwd);
+    if (dt != DT_F32) {
+        put4(is_k, e / 8u, narrow8(v.lo, v.hi, dt));
         return;
     }
     put4(is_k, e / 4u, bitcast<vec4<u32>>(v.lo));

@@ -153,6 +153,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             run: check_rope,
         },
         OperatorCheck {
+            name: "rope_backward_as",
+            kernels: &["rope", "cast"],
+            run: check_rope_backward_as,
+        },
+        OperatorCheck {
             name: "rope_qk",
             kernels: &["rope"],
             run: |e| check_rope_qk(e, RopeVariant::Positions),
@@ -436,6 +441,52 @@ enum RopeVariant {
     Positions,
     Mrope,
     Llama4,
+}
+
+/// RoPE value gradients stored in the values' dtype (`rope::backward_as`, per-row tables):
+/// 16-bit rows 64 wide (whole steps of 8) take the step kernels' direct 16-bit stores, rows 20
+/// wide the F32 gradient narrowed; against the reference at the dtype's tolerance.
+fn check_rope_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::rope::{self, RopeOptions};
+    use reference::rope as r;
+    let mut rng = Rng::new(62);
+    let mut cases = Vec::new();
+    let rows = 11;
+    for (dim, rot, interleaved) in [(64usize, 64usize, false), (64, 48, true), (20, 20, false)] {
+        for dtype in DType::FLOATS {
+            let half = rot / 2;
+            let n = rows * dim;
+            let (x, xs) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &[rows, dim], dtype)?;
+            let (dy, dys) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[rows, dim], dtype)?;
+            let (c, cs) = tensor_from_f64(
+                engine,
+                &rng.vec(rows * half, -1.2, 1.2),
+                &[rows, half],
+                dtype,
+            )?;
+            let (s, ss) = tensor_from_f64(
+                engine,
+                &rng.vec(rows * half, -1.2, 1.2),
+                &[rows, half],
+                dtype,
+            )?;
+            let opts = RopeOptions {
+                rotary_dim: Some(rot),
+                interleaved,
+                table_grads: false,
+            };
+            let (_, saved) = rope::forward(&x, &c, &s, &opts)?;
+            let g = rope::backward_as(&saved, &dy, dtype)?;
+            let (want, _, _) = r::backward(&xs, &dys, dim, &cs, &ss, rot, interleaved);
+            cases.push(case(
+                format!("{rows}x{dim} rot {rot} interleaved {interleaved} {dtype} dx"),
+                &g.dvalues.to_f64()?,
+                &stored_values(&want, dtype),
+                Tolerance::for_dtype(dtype),
+            ));
+        }
+    }
+    Ok(cases)
 }
 
 fn check_rope_qk(engine: &Engine, variant: RopeVariant) -> Result<Vec<Case>> {
