@@ -260,18 +260,7 @@ fn check_activation(
             }
             ActivationCheck::Packed => {
                 let (rows, width) = (13, 37);
-                let (x, xs) = tensor_from_f64(
-                    engine,
-                    &rng.vec(rows * 2 * width, -6.0, 6.0),
-                    &[rows, 2 * width],
-                    dtype,
-                )?;
-                let (dy, dys) = tensor_from_f64(
-                    engine,
-                    &rng.vec(rows * width, -1.0, 1.0),
-                    &[rows, width],
-                    dtype,
-                )?;
+                let ((x, xs), (dy, dys)) = packed_inputs(engine, &mut rng, rows, width, dtype)?;
                 let (y, saved) = act::packed_forward(kind, &x, &ActivationOptions::default())?;
                 let want = stored_values(&r::packed_forward(kind, &xs, width, 1.0, 1.0), dtype);
                 cases.push(case(
@@ -292,6 +281,32 @@ fn check_activation(
         }
     }
     Ok(cases)
+}
+
+/// A tensor and the values it actually stores.
+type Stored = (crate::Tensor, Vec<f64>);
+
+/// A packed `[rows, 2·width]` input in (−6, 6) and its `[rows, width]` cotangent in (−1, 1).
+fn packed_inputs(
+    engine: &Engine,
+    rng: &mut Rng,
+    rows: usize,
+    width: usize,
+    dtype: DType,
+) -> Result<(Stored, Stored)> {
+    let x = tensor_from_f64(
+        engine,
+        &rng.vec(rows * 2 * width, -6.0, 6.0),
+        &[rows, 2 * width],
+        dtype,
+    )?;
+    let dy = tensor_from_f64(
+        engine,
+        &rng.vec(rows * width, -1.0, 1.0),
+        &[rows, width],
+        dtype,
+    )?;
+    Ok((x, dy))
 }
 
 /// SwiGLU gradients stored in the inputs' dtype (`backward_as`): 1,024 elements and packed
@@ -331,18 +346,7 @@ fn check_activation_backward_as(engine: &Engine) -> Result<Vec<Case>> {
             }
         }
         let (rows, width) = (13, 40);
-        let (x, xs) = tensor_from_f64(
-            engine,
-            &rng.vec(rows * 2 * width, -6.0, 6.0),
-            &[rows, 2 * width],
-            dtype,
-        )?;
-        let (dy, dys) = tensor_from_f64(
-            engine,
-            &rng.vec(rows * width, -1.0, 1.0),
-            &[rows, width],
-            dtype,
-        )?;
+        let ((x, xs), (dy, dys)) = packed_inputs(engine, &mut rng, rows, width, dtype)?;
         let (_, saved) = act::packed_forward(kind, &x, &ActivationOptions::default())?;
         let dx = act::backward_as(&saved, &dy, dtype)?.dgate;
         let want = r::packed_backward(kind, &xs, width, &dys, 1.0, 1.0);
