@@ -1102,12 +1102,14 @@ fn attention_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         attention_op(engine, quick, 0, DType::F32, true, true)?,
         attention_op(engine, quick, 0, DType::BF16, true, false)?,
         attention_op(engine, quick, 0, DType::BF16, true, true)?,
+        attention_op_as(engine, quick, 0, (DType::BF16, DType::BF16), true, true)?,
         attention_op(engine, quick, 0, DType::F32, false, false)?,
         attention_op(engine, quick, 0, DType::F32, false, true)?,
         attention_op(engine, quick, 1, DType::F32, true, false)?,
         attention_op(engine, quick, 1, DType::F32, true, true)?,
         attention_op(engine, quick, 1, DType::BF16, true, false)?,
         attention_op(engine, quick, 1, DType::BF16, true, true)?,
+        attention_op_as(engine, quick, 1, (DType::BF16, DType::BF16), true, true)?,
         attention_op(engine, quick, 1, DType::F32, false, false)?,
         attention_op(engine, quick, 1, DType::F32, false, true)?,
     ])
@@ -1131,8 +1133,21 @@ fn attention_op(
     causal: bool,
     backward: bool,
 ) -> Result<Op> {
+    attention_op_as(engine, quick, which, (dtype, DType::F32), causal, backward)
+}
+
+/// [`attention_op`] with the gradients stored in `grads` (`attention_fwd_bwd_as` when 16-bit,
+/// as SDPA returns them).
+fn attention_op_as(
+    engine: &Engine,
+    quick: bool,
+    which: usize,
+    (dtype, grads): (DType, DType),
+    causal: bool,
+    backward: bool,
+) -> Result<Op> {
     use wgrad::attention::{
-        AttentionOptions, attention_backward, attention_flops, attention_forward,
+        AttentionOptions, attention_backward_as, attention_flops, attention_forward,
     };
     let shape = if quick {
         ATTENTION_QUICK_SHAPES[which]
@@ -1149,10 +1164,10 @@ fn attention_op(
     let inputs = vec![make(1)?, make(2)?, make(3)?, make(4)?];
     let flops = attention_flops(shape[0], shape[1], shape[2], shape[2], shape[3], causal)
         * if backward { 3.5 } else { 1.0 };
-    let name = if backward {
-        "attention_fwd_bwd"
-    } else {
-        "attention_fwd"
+    let name = match (backward, grads) {
+        (true, DType::F32) => "attention_fwd_bwd",
+        (true, _) => "attention_fwd_bwd_as",
+        _ => "attention_fwd",
     };
     let label = match (dtype, causal) {
         (DType::BF16, true) => "bf16 causal",
@@ -1168,7 +1183,7 @@ fn attention_op(
         };
         let (out, saved) = attention_forward(&i[0], &i[1], &i[2], &options)?;
         if backward {
-            let g = attention_backward(&saved, &i[3])?;
+            let g = attention_backward_as(&saved, &i[3], grads)?;
             Ok(vec![out, g.query, g.key, g.value])
         } else {
             Ok(vec![out, saved.output_f32().clone()])

@@ -164,7 +164,8 @@ impl AttentionSaved {
     }
 }
 
-/// Gradients of [`attention_backward`], F32, in the shapes and layout of the inputs.
+/// Gradients of [`attention_backward`] (F32) or [`attention_backward_as`] (its dtype), in the
+/// shapes and layout of the inputs.
 #[derive(Debug, Clone)]
 pub struct AttentionGradients {
     /// d loss / d query.
@@ -540,9 +541,30 @@ pub fn attention_workspace_bytes(batch: usize, q_heads: usize, q_len: usize) -> 
 /// engine (`EngineMismatch`), a non-float cotangent (`UnsupportedDType`), another shape
 /// (`ShapeMismatch`), scratch past the engine's workspace bound (`WorkspaceExceeded`).
 pub fn attention_backward(saved: &AttentionSaved, d_output: &Tensor) -> Result<AttentionGradients> {
+    attention_backward_as(saved, d_output, DType::F32)
+}
+
+/// [`attention_backward`] with the gradients stored in `dtype`: F32 gives that function's
+/// result; F16 or BF16 gives each F32 gradient value rounded once to nearest-even (bit for bit
+/// `cast::cast` of it; a NaN stays a NaN, its payload may differ), written directly by the
+/// passes that own the rows (the accumulation is unchanged: FP32, the same order). Errors:
+/// those of [`attention_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn attention_backward_as(
+    saved: &AttentionSaved,
+    d_output: &Tensor,
+    dtype: DType,
+) -> Result<AttentionGradients> {
     let engine: &Engine = saved.query.engine();
     d_output.check_engine(engine, "attention_backward: d_output")?;
     float_dtype(d_output, "attention_backward: d_output")?;
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "attention_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
     if d_output.shape() != saved.query.shape() {
         return Err(Error::shape(
             "attention_backward: d_output",
@@ -555,11 +577,12 @@ pub fn attention_backward(saved: &AttentionSaved, d_output: &Tensor) -> Result<A
         "attention_backward",
         attention_workspace_bytes(plan.batch, plan.q_heads, plan.q_len),
     )?;
-    let d_query = Tensor::empty(engine, saved.query.shape(), DType::F32, "attention d_query")?;
-    let d_key = Tensor::empty(engine, saved.key.shape(), DType::F32, "attention d_key")?;
-    let d_value = Tensor::empty(engine, saved.key.shape(), DType::F32, "attention d_value")?;
+    let d_query = Tensor::empty(engine, saved.query.shape(), dtype, "attention d_query")?;
+    let d_key = Tensor::empty(engine, saved.key.shape(), dtype, "attention d_key")?;
+    let d_value = Tensor::empty(engine, saved.key.shape(), dtype, "attention d_value")?;
     let row_info = Tensor::empty(engine, &[plan.rows(), 4], DType::F32, "attention row info")?;
-    let constants = plan.constants(d_output.dtype());
+    let mut constants = plan.constants(d_output.dtype());
+    constants.push(("DTG", f64::from(dtype.code())));
     let params = plan.params(saved.mask.is_some());
     let mask_buffer = saved.mask.as_ref().unwrap_or(&saved.query).buffer();
     engine.launch(

@@ -15,8 +15,8 @@ mod common;
 
 use common::{Rng, engine, private_engine};
 use wgrad::attention::{
-    AttentionLayout, AttentionOptions, attention_backward, attention_flops, attention_forward,
-    attention_workspace_bytes, mask_from_bools, mask_from_u8,
+    AttentionLayout, AttentionOptions, attention_backward, attention_backward_as, attention_flops,
+    attention_forward, attention_workspace_bytes, mask_from_bools, mask_from_u8,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::attention::{self as reference, Dims, Visibility};
@@ -935,5 +935,112 @@ fn saved_state_is_the_output_and_two_row_statistics() {
         if dtype == DType::F32 {
             assert_eq!(common::f32_bits(&out), common::f32_bits(saved.output_f32()));
         }
+    }
+}
+
+/// `attention_backward_as` stores dq, dk and dv as the F32 gradients rounded once: bit for bit
+/// `cast::cast` of [`attention_backward`]'s (a NaN as any NaN), every input dtype into every
+/// gradient dtype; causal with grouped queries, a full pass with ragged lengths, the
+/// `[B, S, H, D]` layout, head dims 8, 72 and 128. The 16-bit gradients are written by the
+/// passes that own the rows: no F32 gradient exists on the way (engine peak).
+#[test]
+fn attention_backward_as_is_the_f32_gradient_rounded_once() {
+    let e = engine();
+    let narrowed = |t: &Tensor, d: DType| {
+        if d == DType::F32 {
+            t.clone()
+        } else {
+            wgrad::cast::cast(t, d).unwrap()
+        }
+    };
+    // (batch, q heads, kv heads, q len, k len, head dim, causal, [B, S, H, D])
+    let cases = [
+        (
+            1usize, 4usize, 2usize, 17usize, 17usize, 8usize, true, false,
+        ),
+        (1, 2, 2, 65, 40, 72, false, true),
+        (1, 2, 1, 33, 33, 128, true, false),
+    ];
+    let mut rng = Rng::new(700);
+    for (b, hq, hk, sq, sk, d, causal, bshd) in cases {
+        let layout = if bshd {
+            AttentionLayout::BatchSeqHead
+        } else {
+            AttentionLayout::BatchHeadSeq
+        };
+        let shape = |h: usize, s: usize| {
+            if bshd {
+                vec![b, s, h, d]
+            } else {
+                vec![b, h, s, d]
+            }
+        };
+        let options = AttentionOptions {
+            causal,
+            layout,
+            ..AttentionOptions::default()
+        };
+        for dtype in DType::FLOATS {
+            let up = |h: usize, s: usize, rng: &mut Rng| {
+                common::tensor_from_f64(e, &rng.vec(b * h * s * d, -1.0, 1.0), &shape(h, s), dtype)
+            };
+            let (q, k, v, go) = (
+                up(hq, sq, &mut rng),
+                up(hk, sk, &mut rng),
+                up(hk, sk, &mut rng),
+                up(hq, sq, &mut rng),
+            );
+            let (_, saved) = attention_forward(&q, &k, &v, &options).unwrap();
+            let want = attention_backward(&saved, &go).unwrap();
+            for out in DType::FLOATS {
+                let what = format!(
+                    "b{b} hq{hq} hk{hk} {sq}x{sk} d{d} causal {causal} bshd {bshd} {dtype} -> {out}"
+                );
+                let got = attention_backward_as(&saved, &go, out).unwrap();
+                for (name, g, w) in [
+                    ("dq", &got.query, &want.query),
+                    ("dk", &got.key, &want.key),
+                    ("dv", &got.value, &want.value),
+                ] {
+                    assert_eq!(g.dtype(), out, "{what} {name}");
+                    assert_eq!(g.shape(), w.shape(), "{what} {name}");
+                    common::assert_same_bits(&format!("{what} {name}"), g, &narrowed(w, out));
+                }
+                if out == DType::BF16 {
+                    let again = attention_backward_as(&saved, &go, out).unwrap();
+                    assert_eq!(bits(&again.key), bits(&got.key), "{what} rerun");
+                }
+            }
+        }
+    }
+    // No F32 gradient on the direct path: the peak grows by the BF16 gradients and the row
+    // scratch only.
+    let private = private_engine();
+    let (b, h, s, d) = (1usize, 2usize, 64usize, 64usize);
+    let up = |rng: &mut Rng| {
+        common::tensor_from_f64(
+            &private,
+            &rng.vec(b * h * s * d, -1.0, 1.0),
+            &[b, h, s, d],
+            DType::BF16,
+        )
+    };
+    let (q, k, v) = (up(&mut rng), up(&mut rng), up(&mut rng));
+    let (_, saved) = attention_forward(&q, &k, &v, &AttentionOptions::default()).unwrap();
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let got = attention_backward_as(&saved, &q, DType::BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let direct = (3 * b * h * s * d * 2) as u64 + attention_workspace_bytes(b, h, s);
+    assert!(
+        grown <= direct * 9 / 8 + 4096,
+        "peak grew {grown} bytes for {direct}"
+    );
+    drop(got);
+    match attention_backward_as(&saved, &q, DType::I32) {
+        Err(Error::UnsupportedDType { .. }) => {}
+        other => panic!("expected UnsupportedDType, got {other:?}"),
     }
 }

@@ -31,6 +31,7 @@
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
 override HD: u32 = 64u;  // head dim
+override DTG: u32 = 0u;  // storage dtype of the gradients: F32, or F16/BF16 (the F32 values rounded once)
 
 const WG: u32 = 256u;
 
@@ -71,8 +72,9 @@ struct Params {
 @group(0) @binding(9) var<storage, read_write> output_f32: array<f32>;
 @group(0) @binding(10) var<storage, read_write> row_max: array<f32>;
 @group(0) @binding(11) var<storage, read_write> log_den: array<f32>;
-@group(0) @binding(12) var<storage, read_write> grad_a: array<f32>;
-@group(0) @binding(13) var<storage, read_write> grad_b: array<f32>;
+// Gradients as words: F32 bits, or two 16-bit values a word (DTG).
+@group(0) @binding(12) var<storage, read_write> grad_a: array<u32>;
+@group(0) @binding(13) var<storage, read_write> grad_b: array<u32>;
 @group(0) @binding(14) var<storage, read_write> info_out: array<f32>;
 
 
@@ -793,6 +795,15 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
     return a;
 }
 
+// Four consecutive gradient values as stored: their F32 bits, or (DTG 16-bit) rounded once
+// into the first two words (element offsets are even: head dims are multiples of 8).
+fn grad_words(v: vec4<f32>) -> vec4<u32> {
+    if (DTG == DT_F32) {
+        return bitcast<vec4<u32>>(v);
+    }
+    return vec4<u32>(narrow4(v, DTG), vec2<u32>());
+}
+
 // Rows r0 + ty + 16·i (< len) of an accumulator times `f`, written to grad_a (d_query or
 // d_key) at base + row · ss; `write_acc_b` writes grad_b (d_value). Separate helpers: the dQ
 // pass binds no grad_b.
@@ -802,12 +813,17 @@ fn write_acc_a(a: Acc, tx: u32, ty: u32, base: u32, ss: u32, r0: u32, len: u32, 
         for (var c = 0u; c < NCH; c = c + 1u) {
             let col = 64u * c + 4u * tx;
             if (r < len && col < HD) {
-                let v = acc_get(a, i, c) * f;
+                let w = grad_words(acc_get(a, i, c) * f);
                 let idx = base + r * ss + col;
-                grad_a[idx] = v.x;
-                grad_a[idx + 1u] = v.y;
-                grad_a[idx + 2u] = v.z;
-                grad_a[idx + 3u] = v.w;
+                if (DTG == DT_F32) {
+                    grad_a[idx] = w.x;
+                    grad_a[idx + 1u] = w.y;
+                    grad_a[idx + 2u] = w.z;
+                    grad_a[idx + 3u] = w.w;
+                } else {
+                    grad_a[idx / 2u] = w.x;
+                    grad_a[idx / 2u + 1u] = w.y;
+                }
             }
         }
     }
@@ -819,12 +835,17 @@ fn write_acc_b(a: Acc, tx: u32, ty: u32, base: u32, ss: u32, r0: u32, len: u32) 
         for (var c = 0u; c < NCH; c = c + 1u) {
             let col = 64u * c + 4u * tx;
             if (r < len && col < HD) {
-                let v = acc_get(a, i, c);
+                let w = grad_words(acc_get(a, i, c));
                 let idx = base + r * ss + col;
-                grad_b[idx] = v.x;
-                grad_b[idx + 1u] = v.y;
-                grad_b[idx + 2u] = v.z;
-                grad_b[idx + 3u] = v.w;
+                if (DTG == DT_F32) {
+                    grad_b[idx] = w.x;
+                    grad_b[idx + 1u] = w.y;
+                    grad_b[idx + 2u] = w.z;
+                    grad_b[idx + 3u] = w.w;
+                } else {
+                    grad_b[idx / 2u] = w.x;
+                    grad_b[idx / 2u + 1u] = w.y;
+                }
             }
         }
     }

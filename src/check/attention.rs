@@ -4,18 +4,27 @@ use super::*;
 
 /// This family's operator checks, in report order.
 pub(super) fn operators() -> Vec<OperatorCheck> {
-    vec![OperatorCheck {
-        name: "attention",
-        kernels: &["attention"],
-        run: check_attention,
-    }]
+    vec![
+        OperatorCheck {
+            name: "attention",
+            kernels: &["attention"],
+            run: |e| check_attention(e, false),
+        },
+        OperatorCheck {
+            name: "attention_backward_as",
+            kernels: &["attention", "cast"],
+            run: |e| check_attention(e, true),
+        },
+    ]
 }
 
 /// Attention forward (output, saved F32 output) and backward (dq, dk, dv) against the f64
 /// reference in every storage dtype: grouped heads (4 query heads on 2), causal with the
-/// default offset and query_len < key_len, a ragged length, head dim 40.
-fn check_attention(engine: &Engine) -> Result<Vec<Case>> {
-    use crate::attention::{AttentionOptions, attention_backward, attention_forward};
+/// default offset and query_len < key_len, a ragged length, head dim 40. `stored`: the
+/// gradients come from `attention_backward_as` in the inputs' dtype and are compared at that
+/// dtype's tolerance.
+fn check_attention(engine: &Engine, stored: bool) -> Result<Vec<Case>> {
+    use crate::attention::{AttentionOptions, attention_backward_as, attention_forward};
     use reference::attention::{Dims, Visibility};
     let dims = Dims {
         batch: 2,
@@ -45,7 +54,8 @@ fn check_attention(engine: &Engine) -> Result<Vec<Case>> {
         let (v, vs) = tensor_from_f64(engine, &rng.vec(k_len, -1.0, 1.0), &k_shape, dtype)?;
         let (go, gos) = tensor_from_f64(engine, &rng.vec(q_len, -1.0, 1.0), &q_shape, dtype)?;
         let (out, saved) = attention_forward(&q, &k, &v, &options)?;
-        let grads = attention_backward(&saved, &go)?;
+        let grad_dtype = if stored { dtype } else { DType::F32 };
+        let grads = attention_backward_as(&saved, &go, grad_dtype)?;
         let want = reference::attention::forward(&qs, &ks, &vs, &dims, &vis);
         let (dq, dk, dv) = reference::attention::backward(&qs, &ks, &vs, &gos, &dims, &vis);
         let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} causal");
@@ -62,9 +72,19 @@ fn check_attention(engine: &Engine) -> Result<Vec<Case>> {
             &want.output,
             f32_tol,
         ));
-        cases.push(case(label("dq"), &grads.query.to_f64()?, &dq, f32_tol));
-        cases.push(case(label("dk"), &grads.key.to_f64()?, &dk, f32_tol));
-        cases.push(case(label("dv"), &grads.value.to_f64()?, &dv, f32_tol));
+        let grad_tol = Tolerance::for_dtype(grad_dtype);
+        for (name, got, want) in [
+            ("dq", &grads.query, dq),
+            ("dk", &grads.key, dk),
+            ("dv", &grads.value, dv),
+        ] {
+            let want = if stored {
+                crate::gradcheck::stored_values(&want, grad_dtype)
+            } else {
+                want
+            };
+            cases.push(case(label(name), &got.to_f64()?, &want, grad_tol));
+        }
     }
     Ok(cases)
 }
