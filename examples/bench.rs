@@ -985,6 +985,21 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             ops.push(Op::new(fwd, dname, vec![a.clone(), b.clone()], move |i| {
                 Ok(vec![run(i)?.0])
             }));
+            if dtype != DType::F32 {
+                // The gradient stored in the input's dtype.
+                let saved = saved.clone();
+                let name: &'static str = match fwd {
+                    "kl_div" => "kl_div_backward_as",
+                    "jsd" => "jsd_backward_as",
+                    _ => "tvd_backward_as",
+                };
+                ops.push(Op::new(
+                    name,
+                    dname,
+                    vec![a.clone(), b.clone()],
+                    move |_| Ok(vec![loss::divergence_backward_as(&saved, None, dtype)?]),
+                ));
+            }
             ops.push(Op::new(bwd, dname, vec![a, b], move |_| {
                 Ok(vec![loss::divergence_backward(&saved, None)?])
             }));

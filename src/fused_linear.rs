@@ -1251,7 +1251,17 @@ impl DistillationSaved {
         let Some(cot) = cot else {
             return Ok(None);
         };
-        let g = loss::div_grad_block(&q, &p, labels, &soft.settings, r0, &soft.scales, cot, false)?;
+        let g = loss::div_grad_block(
+            &q,
+            &p,
+            labels,
+            &soft.settings,
+            r0,
+            &soft.scales,
+            cot,
+            false,
+            DType::F32,
+        )?;
         drop((q, p));
         let d_soft = loss::softmax_backward(&q_saved, &g)?;
         drop((g, q_saved));

@@ -1497,9 +1497,11 @@ pub(crate) fn div_finish_values(
     Ok(finish)
 }
 
-/// d loss / d input (F32, `input`'s shape) of a block of rows `row0..` (see
-/// [`div_rows_block`]): `finish` holds the scale (value 1), `cot` one value or, with
-/// `per_element`, one per element of the block.
+/// d loss / d input (`input`'s shape) of a block of rows `row0..` (see [`div_rows_block`]):
+/// `finish` holds the scale (value 1), `cot` one value or, with `per_element`, one per element
+/// of the block. Stored in `dtype` (16-bit: each F32 value rounded once; written directly by
+/// `div_bwd_v` for 16-bit inputs and targets of one dtype in whole chunks, otherwise the F32
+/// gradient narrowed).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn div_grad_block(
     input: &Tensor,
@@ -1510,28 +1512,45 @@ pub(crate) fn div_grad_block(
     finish: &Tensor,
     cot: &Tensor,
     per_element: bool,
+    dtype: DType,
 ) -> Result<Tensor> {
     let engine = input.engine();
     let (rows, cols) = rows_cols(input);
+    let vector = target.dtype() == input.dtype() && vectorized(input.dtype(), cols);
+    if dtype != DType::F32 && !(vector && input.dtype() != DType::F32) {
+        let dx = div_grad_block(
+            input,
+            target,
+            labels,
+            s,
+            row0,
+            finish,
+            cot,
+            per_element,
+            DType::F32,
+        )?;
+        return crate::cast::cast(&dx, dtype);
+    }
     let mut flags = s.flags;
     if per_element {
         flags |= F_COT_ELEM;
     }
     let params = s.params(rows, cols, row0, flags);
-    let dx = Tensor::empty(engine, input.shape(), DType::F32, "divergence_backward")?;
+    let dx = Tensor::empty(engine, input.shape(), dtype, "divergence_backward")?;
     let labels_buffer = labels.unwrap_or(input).buffer();
-    if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+    if vector {
         let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
         engine.launch(
             &KERNEL,
             "div_bwd_v",
-            &s.constants(input, target),
+            &constants(input.dtype(), target.dtype(), dtype, s.mode),
             &params,
             &[
                 labels_buffer,
                 finish.buffer(),
                 cot.buffer(),
                 input.buffer(),
+                dx.buffer(),
                 target.buffer(),
                 dx.buffer(),
             ],
@@ -1718,6 +1737,29 @@ pub fn tvd(
 /// shape). `cotangent`: `None` for a unit cotangent, or F32 of the loss's shape (`[]`/`[1]`
 /// when reduced, the input's shape for none).
 pub fn divergence_backward(saved: &DivergenceSaved, cotangent: Option<&Tensor>) -> Result<Tensor> {
+    divergence_backward_as(saved, cotangent, DType::F32)
+}
+
+/// [`divergence_backward`] with the gradient stored in `dtype`: F32 gives that function's
+/// result; F16 or BF16 the F32 gradient rounded once to nearest-even (bit for bit `cast::cast`
+/// of it; a NaN stays a NaN, its payload may differ), in a fresh tensor. A 16-bit input and
+/// target of one dtype in rows of whole 8-value chunks write it directly (2 bytes an element
+/// instead of 4); every other case computes the F32 gradient and narrows it.
+///
+/// Errors: those of [`divergence_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn divergence_backward_as(
+    saved: &DivergenceSaved,
+    cotangent: Option<&Tensor>,
+    dtype: DType,
+) -> Result<Tensor> {
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "divergence_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
     let input = &saved.input;
     let engine = input.engine();
     let unit;
@@ -1758,5 +1800,6 @@ pub fn divergence_backward(saved: &DivergenceSaved, cotangent: Option<&Tensor>) 
         &saved.finish,
         cot,
         per_element,
+        dtype,
     )
 }

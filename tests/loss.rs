@@ -2135,3 +2135,103 @@ fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
         other => panic!("expected UnsupportedDType, got {other:?}"),
     }
 }
+
+/// `divergence_backward_as` stores the input gradient as the F32 gradient rounded once: bit for
+/// bit `cast::cast` of [`loss::divergence_backward`]'s (a NaN as any NaN), for KL (log target,
+/// batch mean), JSD (β 0.5, labels with an ignored row) and TVD (reduction none, a per-element
+/// cotangent), every input dtype into every gradient dtype. 16-bit inputs and targets in whole
+/// chunks (8, 1,000 columns) are written directly by `div_bwd_v`; ragged rows (7) and F32
+/// inputs narrow the F32 gradient.
+#[test]
+fn divergence_backward_as_is_the_f32_gradient_rounded_once() {
+    use wgrad::loss::DivReduction;
+    let narrowed = |t: &Tensor, d: DType| {
+        if d == DType::F32 {
+            t.clone()
+        } else {
+            wgrad::cast::cast(t, d).unwrap()
+        }
+    };
+    for (rows, cols) in [(3usize, 8usize), (4, 1000), (3, 7)] {
+        for dtype in DType::FLOATS {
+            let (lx, _) = loss::log_softmax(
+                &upload(&data(320, rows * cols, -4.0, 4.0), &[rows, cols], dtype).0,
+            )
+            .unwrap();
+            let (lt, _) = loss::log_softmax(
+                &upload(&data(321, rows * cols, -4.0, 4.0), &[rows, cols], dtype).0,
+            )
+            .unwrap();
+            let (px, _) = loss::softmax(&lx).unwrap();
+            let (pt, _) = loss::softmax(&lt).unwrap();
+            let labels = i32_tensor(
+                &(0..rows as i32)
+                    .map(|r| if r == 1 { -100 } else { r })
+                    .collect::<Vec<_>>(),
+                &[rows],
+            );
+            let cot = f32_tensor(&data(322, rows * cols, -1.0, 1.0), &[rows, cols]);
+            let cases = [
+                (
+                    "kl",
+                    loss::kl_div(&lx, &lt, true, DivReduction::BatchMean)
+                        .unwrap()
+                        .1,
+                    None,
+                ),
+                (
+                    "jsd",
+                    loss::jsd(&lx, &lt, 0.5, Some(&labels), -100).unwrap().1,
+                    None,
+                ),
+                (
+                    "tvd",
+                    loss::tvd(&px, &pt, DivReduction::None, None, -100)
+                        .unwrap()
+                        .1,
+                    Some(&cot),
+                ),
+            ];
+            for (name, saved, c) in cases {
+                let want = loss::divergence_backward(&saved, c).unwrap();
+                for out in DType::FLOATS {
+                    let what = format!("{name} {dtype} -> {out} [{rows}, {cols}]");
+                    let got = loss::divergence_backward_as(&saved, c, out).unwrap();
+                    assert_eq!(got.dtype(), out, "{what}");
+                    common::assert_same_bits(&what, &got, &narrowed(&want, out));
+                }
+            }
+        }
+    }
+    // The direct path allocates no F32 gradient.
+    let private = common::private_engine();
+    let (rows, cols) = (16, 4000);
+    let up = |seed| {
+        wgrad::gradcheck::tensor_from_f64(
+            &private,
+            &data(seed, rows * cols, -4.0, 0.0),
+            &[rows, cols],
+            DType::BF16,
+        )
+        .unwrap()
+        .0
+    };
+    let (x, t) = (up(323), up(324));
+    let (_, saved) = loss::kl_div(&x, &t, true, DivReduction::Sum).unwrap();
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let got = loss::divergence_backward_as(&saved, None, DType::BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let direct = (rows * cols * 2) as u64;
+    assert!(
+        grown <= direct * 9 / 8 + 4096,
+        "peak grew {grown} bytes for a {direct}-byte gradient"
+    );
+    drop(got);
+    match loss::divergence_backward_as(&saved, None, DType::U32) {
+        Err(Error::UnsupportedDType { .. }) => {}
+        other => panic!("expected UnsupportedDType, got {other:?}"),
+    }
+}

@@ -1514,7 +1514,8 @@ fn div_elems_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-// One chunk per invocation: the gradient into dx4.
+// One chunk per invocation: the gradient into dx4 (F32), or for 16-bit x with ODT 16-bit into
+// y4 (the host binds dx to both), its eight F32 values rounded once.
 @compute @workgroup_size(WG)
 fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -1525,6 +1526,11 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
     let w = x4[i];
     let g = second4[i];
+    if (ODT != DT_F32) {
+        y4[i] = narrow8(divergence_grad_out4(chunk_lo(w, DT), chunk_lo(g, DT), i * cw),
+                        divergence_grad_out4(chunk_hi(w, DT), chunk_hi(g, DT), i * cw + 4u), ODT);
+        return;
+    }
     dx4[i * (cw / 4u)] = divergence_grad_out4(chunk_lo(w, DT), chunk_lo(g, DT), i * cw);
     if (DT != DT_F32) {
         dx4[i * 2u + 1u] = divergence_grad_out4(chunk_hi(w, DT), chunk_hi(g, DT), i * cw + 4u);

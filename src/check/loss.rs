@@ -60,6 +60,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             kernels: &["loss", "reduce"],
             run: |e| check_divergence(e, LossDivergence::Tvd),
         },
+        OperatorCheck {
+            name: "divergence_backward_as",
+            kernels: &["loss", "reduce", "cast"],
+            run: check_divergence_backward_as,
+        },
     ]
 }
 
@@ -441,6 +446,75 @@ enum LossDivergence {
     Kl,
     Jsd,
     Tvd,
+}
+
+/// KL (log target, batch mean), JSD (β 0.5, labels with ignored rows) and TVD (sum) input
+/// gradients stored in the input's dtype (`divergence_backward_as`): 16-bit rows of whole
+/// chunks (704 columns) take `div_bwd_v`'s direct 16-bit stores, 37 columns the F32 gradient
+/// narrowed; against the reference at the dtype's tolerance.
+fn check_divergence_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::loss::{self, DivReduction};
+    use crate::reference::loss::{self as r, Divergence};
+    let mut rng = Rng::new(49);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(3, 704), (5, 37)] {
+        let labels: Vec<i32> = (0..rows)
+            .map(|i| if i % 2 == 1 { -100 } else { 0 })
+            .collect();
+        let lab = crate::Tensor::from_slice(engine, &labels, &[rows])?;
+        for dtype in DType::FLOATS {
+            let lx = r::log_softmax(&rng.vec(rows * cols, -3.0, 3.0), rows, cols);
+            let lt = r::log_softmax(&rng.vec(rows * cols, -3.0, 3.0), rows, cols);
+            let exp = |v: &[f64]| v.iter().map(|x| x.exp()).collect::<Vec<f64>>();
+            let runs = [
+                (
+                    Divergence::Kl { log_target: true },
+                    lx.clone(),
+                    lt.clone(),
+                    false,
+                    DivReduction::BatchMean,
+                ),
+                (
+                    Divergence::Jsd { beta: 0.5 },
+                    lx.clone(),
+                    lt.clone(),
+                    true,
+                    DivReduction::BatchMean,
+                ),
+                (Divergence::Tvd, exp(&lx), exp(&lt), true, DivReduction::Sum),
+            ];
+            for (kind, xv, tv, use_labels, reduction) in runs {
+                let (x, xs) = tensor_from_f64(engine, &xv, &[rows, cols], dtype)?;
+                let (t, ts) = tensor_from_f64(engine, &tv, &[rows, cols], dtype)?;
+                let l = use_labels.then_some(&lab);
+                let (_, saved) = match kind {
+                    Divergence::Kl { log_target } => loss::kl_div(&x, &t, log_target, reduction)?,
+                    Divergence::Jsd { beta } => loss::jsd(&x, &t, beta as f32, l, -100)?,
+                    Divergence::Tvd => loss::tvd(&x, &t, reduction, l, -100)?,
+                };
+                let dx = loss::divergence_backward_as(&saved, None, dtype)?;
+                let lref = use_labels.then_some(&labels[..]);
+                let want = r::divergence_backward(
+                    kind,
+                    &xs,
+                    &ts,
+                    rows,
+                    cols,
+                    lref,
+                    -100,
+                    reduction,
+                    &[1.0],
+                );
+                cases.push(case(
+                    format!("{kind:?} {rows}x{cols} {dtype} dx"),
+                    &dx.to_f64()?,
+                    &crate::gradcheck::stored_values(&want, dtype),
+                    Tolerance::for_dtype(dtype),
+                ));
+            }
+        }
+    }
+    Ok(cases)
 }
 
 fn check_divergence(engine: &Engine, which: LossDivergence) -> Result<Vec<Case>> {
