@@ -687,6 +687,19 @@ fn empty_lengths() {
     let r = check("q_len 0", &s);
     assert!(r.dk.iter().chain(&r.dv).all(|&x| x == 0.0));
     check("batch 0", &Setup::new(dims(0, 2, 1, 3, 6, 8)));
+    // 16-bit gradients of empty lengths: zeros (no keys) and empty tensors (no queries).
+    let e = engine();
+    for (q_len, k_len) in [(5usize, 0usize), (0, 6)] {
+        let q = Tensor::zeros(e, &[1, 2, q_len, 8], DType::BF16).unwrap();
+        let k = Tensor::zeros(e, &[1, 1, k_len, 8], DType::BF16).unwrap();
+        let (_, saved) = attention_forward(&q, &k, &k, &AttentionOptions::default()).unwrap();
+        let g = attention_backward_as(&saved, &q, DType::BF16).unwrap();
+        for t in [&g.query, &g.key, &g.value] {
+            assert_eq!(t.dtype(), DType::BF16);
+            assert!(t.to_f64().unwrap().iter().all(|&x| x == 0.0));
+        }
+        assert_eq!((g.query.len(), g.key.len()), (2 * q_len * 8, k_len * 8));
+    }
 }
 
 #[test]

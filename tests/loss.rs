@@ -158,6 +158,11 @@ fn softmax_keeps_leading_axes_and_empty_shapes() {
             let dy = Tensor::zeros(engine(), &shape, DType::F32).unwrap();
             let dx = loss::softmax_backward(&saved, &dy).unwrap();
             assert_eq!(dx.shape(), &shape);
+            let same = Tensor::zeros(engine(), &shape, dtype).unwrap();
+            for out in DType::FLOATS {
+                let dx = loss::softmax_backward_as(&saved, &same, out).unwrap();
+                assert_eq!((dx.shape(), dx.dtype()), (&shape[..], out));
+            }
         }
     }
 }

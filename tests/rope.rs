@@ -1136,6 +1136,11 @@ fn empty_shapes() {
     assert_eq!(y.shape(), &[0, 8]);
     let g = rope::backward(&saved, &v).unwrap();
     assert_eq!((g.dvalues.len(), g.dcos.unwrap().len()), (0, 0));
+    let g = rope::backward_as(&saved, &v, DType::BF16).unwrap();
+    assert_eq!(
+        (g.dvalues.shape(), g.dvalues.dtype()),
+        (&[0, 8][..], DType::BF16)
+    );
     let q = Tensor::zeros(e, &[2, 0, 3, 8], DType::BF16).unwrap();
     let c = Tensor::zeros(e, &[5, 4], DType::F32).unwrap();
     let ((qo, _), saved) = rope::qk_forward(
@@ -1152,6 +1157,9 @@ fn empty_shapes() {
     .unwrap();
     assert_eq!(qo.shape(), &[2, 0, 3, 8]);
     let g = rope::qk_backward(&saved, &q, &q).unwrap();
+    assert_eq!(g.dcos.unwrap().to_f64().unwrap(), vec![0.0; 20]);
+    let g = rope::qk_backward_as(&saved, &q, &q, DType::BF16).unwrap();
+    assert_eq!((g.dq.len(), g.dq.dtype()), (0, DType::BF16));
     assert_eq!(g.dcos.unwrap().to_f64().unwrap(), vec![0.0; 20]);
 }
 
