@@ -1218,10 +1218,11 @@ const MATMUL_SPLIT_SHAPE: [usize; 3] = [256, 128_256, 4096];
 const MATMUL_SPLIT_QUICK_SHAPE: [usize; 3] = [16, 8192, 256];
 
 /// Dense matmul as a linear layer, `x[M, K] · Wᵀ` with weights stored `[N, K]`, F32 and BF16
-/// inputs (F32 output), forward and backward (dx, dW) timed separately. FLOPs per run are
+/// inputs (F32 output; with BF16 inputs also the BF16 output of `matmul_as`), forward and
+/// backward (dx, dW) timed separately. FLOPs per run are
 /// `wgrad::matmul::matmul_flops` (×2 for the backward); TFLOP/s go to stderr.
 fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
-    use wgrad::matmul::{MatmulOptions, matmul, matmul_backward, matmul_flops};
+    use wgrad::matmul::{MatmulOptions, matmul, matmul_as, matmul_backward, matmul_flops};
     let shapes = if quick {
         MATMUL_QUICK_SHAPES
     } else {
@@ -1254,6 +1255,21 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 })
                 .with_flops(flops),
             );
+            if dtype != DType::F32 {
+                // The product stored in BF16 by its epilogue (half the output bytes).
+                ops.push(
+                    Op::new(
+                        "matmul_fwd_as",
+                        label,
+                        vec![x.clone(), w.clone()],
+                        move |i| {
+                            let (y, _) = matmul_as(&i[0], &i[1], None, &options, dtype)?;
+                            Ok(vec![y])
+                        },
+                    )
+                    .with_flops(flops),
+                );
+            }
             let (_, saved) = matmul(&x, &w, None, &options)?;
             ops.push(
                 Op::new("matmul_bwd", label, vec![x, w, dy], move |i| {

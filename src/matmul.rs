@@ -330,7 +330,8 @@ pub struct Gemm<'a> {
     pub a: GemmOperand<'a>,
     /// Right operand, logically `[k, n]`.
     pub b: GemmOperand<'a>,
-    /// Output, F32; batch `b`'s `[m, n]` rows start at `out_offset + b·out_batch_stride`.
+    /// Output, F32 (or F16 / BF16, see [`gemm`]); batch `b`'s `[m, n]` rows start at
+    /// `out_offset + b·out_batch_stride`.
     pub out: &'a Tensor,
     /// Element offset of batch 0's output.
     pub out_offset: usize,
@@ -488,8 +489,13 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
 /// written there too. Elements of `out` outside the product are left untouched. Recorded,
 /// not submitted; this is the one wgrad call that writes into a caller's tensor.
 ///
-/// Errors (before anything is recorded): a non-float `a`/`b`/`bias` or a non-F32 `out` /
-/// `pre_activation` (`UnsupportedDType`); bias of another length than `n` (`ShapeMismatch`);
+/// `out` is F32, or F16 / BF16 (each FP32 result rounded once to nearest-even; `n`,
+/// `out_offset` and, with more than one batch, `out_batch_stride` even; no `accumulate`); the
+/// pre-activation is always F32.
+///
+/// Errors (before anything is recorded): a non-float `a`/`b`/`bias`/`out` or a non-F32
+/// `pre_activation` (`UnsupportedDType`); a 16-bit `out` with an odd `n`, offset or batch
+/// stride, or with `accumulate` (`InvalidValue`); bias of another length than `n` (`ShapeMismatch`);
 /// an offset past a tensor's end or an extent that reads or writes past it, or a tensor of
 /// more than 2³²−1 elements (`OutOfBounds`); `out_batch_stride < m·n` with `batch > 1`
 /// (outputs of two batches would overlap, `OutOfBounds`); a non-finite `alpha`, an activation
@@ -525,7 +531,33 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
     }
     check_float(call.a.tensor, "gemm: a")?;
     check_float(call.b.tensor, "gemm: b")?;
-    check_f32(call.out, "gemm: out")?;
+    check_float(call.out, "gemm: out")?;
+    let narrow_out = call.out.dtype() != DType::F32;
+    if narrow_out {
+        // Each invocation writes whole words: two columns of one row a word.
+        let odd = [
+            ("gemm: n (16-bit out)", call.n),
+            ("gemm: out_offset (16-bit out)", call.out_offset),
+            (
+                "gemm: out_batch_stride (16-bit out)",
+                if call.batch > 1 {
+                    call.out_batch_stride
+                } else {
+                    0
+                },
+            ),
+        ];
+        if let Some((what, v)) = odd.into_iter().find(|(_, v)| v % 2 == 1) {
+            return Err(invalid(what, v as f64, "a 16-bit out needs it even"));
+        }
+        if call.accumulate {
+            return Err(invalid(
+                "gemm: accumulate (16-bit out)",
+                1.0,
+                "only an F32 out accumulates",
+            ));
+        }
+    }
     if let Some(bias) = call.bias {
         check_float(bias, "gemm: bias")?;
         if bias.len() != call.n {
@@ -653,6 +685,7 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
         ("NARROW", flag(tile == GemmTile::Narrow)),
+        ("DT_OUT", f64::from(call.out.dtype().code())),
     ];
     if slices > 1 {
         // Split-K: slice sums into scratch, then one fixed-order finish with the epilogue.
@@ -685,14 +718,16 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
             None => "gemm_finish",
         };
         buffers.push(part.buffer());
+        // One element an invocation, or one word (two elements) of a 16-bit out.
+        let span = if narrow_out { 2 } else { 1 };
         let elements = (batch as u64) * (m as u64) * (n as u64);
         return engine.launch(
             &KERNEL,
             entry,
-            &Vec::new(),
+            &vec![("DT_OUT", f64::from(call.out.dtype().code()))],
             &params,
             &buffers,
-            elements.div_ceil(256),
+            (elements / span).div_ceil(256),
         );
     }
     let mut buffers = vec![
@@ -777,6 +812,26 @@ pub fn matmul(
     bias: Option<&Tensor>,
     options: &MatmulOptions,
 ) -> Result<(Tensor, MatmulSaved)> {
+    matmul_as(a, b, bias, options, DType::F32)
+}
+
+/// [`matmul`] with the output stored in `dtype`: F32 gives that function's result; F16 or BF16
+/// gives each FP32 value rounded once to nearest-even (bit for bit `cast::cast` of it; a NaN
+/// stays a NaN, its payload may differ), written by the product's epilogue for an even `N`
+/// (2 bytes an element instead of 4), otherwise computed in F32 and narrowed. The saved
+/// context (and the F32 pre-activation of an epilogue) is the same as [`matmul`]'s.
+///
+/// Errors: those of [`matmul`], and a `dtype` that is not a float dtype (`UnsupportedDType`).
+pub fn matmul_as(
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    options: &MatmulOptions,
+    dtype: DType,
+) -> Result<(Tensor, MatmulSaved)> {
+    if !dtype.is_float() {
+        return Err(Error::dtype("matmul_as: dtype", dtype, &DType::FLOATS));
+    }
     check_float(a, "matmul: a")?;
     check_float(b, "matmul: b")?;
     let engine = a.engine();
@@ -789,9 +844,14 @@ pub fn matmul(
             return Err(Error::shape("matmul: bias", &[dims.n], bias.shape()));
         }
     }
+    if dtype != DType::F32 && dims.n % 2 == 1 {
+        // Two columns a word: an odd N is computed in F32 and narrowed.
+        let (out, saved) = matmul_as(a, b, bias, options, DType::F32)?;
+        return Ok((crate::cast::cast(&out, dtype)?, saved));
+    }
     let mut out_shape = dims.batch_shape.clone();
     out_shape.extend([dims.m, dims.n]);
-    let out = Tensor::empty(engine, &out_shape, DType::F32, "matmul output")?;
+    let out = Tensor::empty(engine, &out_shape, dtype, "matmul output")?;
     let pre = match options.activation {
         Some(_) => Some(Tensor::empty(
             engine,

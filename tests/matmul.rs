@@ -711,12 +711,18 @@ fn bad_inputs_are_typed_errors() {
         alpha: 1.0,
     };
     gemm(&base(&out)).unwrap();
-    // Non-F32 out.
+    // A 16-bit out of an odd width (two columns a word), an integer out.
     let half_out = Tensor::zeros(e, &[15], DType::F16).unwrap();
+    let r = gemm(&base(&half_out));
+    assert!(
+        matches!(&r, Err(Error::InvalidValue { what, got, .. }) if what.contains("n (16-bit out)") && *got == 5.0),
+        "{r:?}"
+    );
+    let int_out = Tensor::zeros(e, &[15], DType::I32).unwrap();
     assert!(matches!(
-        gemm(&base(&half_out)),
+        gemm(&base(&int_out)),
         Err(Error::UnsupportedDType {
-            got: DType::F16,
+            got: DType::I32,
             ..
         })
     ));
@@ -1160,4 +1166,163 @@ fn both_tiles_give_identical_bits() {
             }
         }
     }
+}
+
+/// A 16-bit output (`matmul_as`, `gemm` into an F16 / BF16 tensor) holds the F32 product
+/// rounded once: bit for bit `cast::cast` of the F32 output (a NaN as any NaN), written by the
+/// epilogue for even N (both tiles, a split-K finish with and without a pre-activation, bias
+/// and activation, broadcast batches, transposes, 16-bit operands), an odd N computed in F32
+/// and narrowed; the saved context gives the same gradients; `gemm` leaves the elements
+/// outside the product untouched; no F32 output is allocated on the way (engine peak).
+#[test]
+fn a_16_bit_output_is_the_f32_product_rounded_once() {
+    use DType::{BF16, F16, F32};
+    let e = engine();
+    let narrowed = |t: &Tensor, d: DType| {
+        if d == F32 {
+            t.clone()
+        } else {
+            wgrad::cast::cast(t, d).unwrap()
+        }
+    };
+    // (m, n, k, transpose a, transpose b, a batched [2, ..], bias, activation, operand dtype)
+    let cases = [
+        (
+            7usize, 8usize, 33usize, false, false, false, false, None, F32,
+        ),
+        (
+            130,
+            258,
+            65,
+            true,
+            false,
+            true,
+            true,
+            Some(Activation::Silu),
+            BF16,
+        ),
+        (33, 130, 17, false, true, false, true, None, F16),
+        (
+            16,
+            24,
+            4100,
+            false,
+            false,
+            false,
+            true,
+            Some(Activation::GeluTanh),
+            BF16,
+        ),
+        (9, 40, 5000, true, true, true, false, None, F32),
+        (
+            5,
+            7,
+            9,
+            false,
+            false,
+            false,
+            true,
+            Some(Activation::Relu),
+            BF16,
+        ),
+    ];
+    let mut rng = Rng::new(900);
+    for (m, n, k, ta, tb, batched, with_bias, activation, dt) in cases {
+        let a_shape = match (batched, ta) {
+            (true, false) => vec![2, m, k],
+            (true, true) => vec![2, k, m],
+            (false, false) => vec![m, k],
+            (false, true) => vec![k, m],
+        };
+        let b_shape = if tb { vec![n, k] } else { vec![k, n] };
+        let len = |s: &[usize]| s.iter().product::<usize>();
+        let a = tensor_from_f64(e, &rng.vec(len(&a_shape), -1.0, 1.0), &a_shape, dt);
+        let b = tensor_from_f64(e, &rng.vec(len(&b_shape), -1.0, 1.0), &b_shape, dt);
+        let bias = with_bias.then(|| tensor_from_f64(e, &rng.vec(n, -1.0, 1.0), &[n], dt));
+        let options = MatmulOptions {
+            transpose_a: ta,
+            transpose_b: tb,
+            activation,
+        };
+        let (want, saved) = mm(&a, &b, bias.as_ref(), &options).unwrap();
+        let dy = tensor_from_f64(e, &rng.vec(want.len(), -1.0, 1.0), want.shape(), F32);
+        let grads = matmul_backward(&saved, &dy).unwrap();
+        for out in DType::FLOATS {
+            let what = format!("{m}x{n}x{k} ta {ta} tb {tb} batched {batched} {dt} -> {out}");
+            let (got, saved_as) = matmul::matmul_as(&a, &b, bias.as_ref(), &options, out).unwrap();
+            assert_eq!((got.shape(), got.dtype()), (want.shape(), out), "{what}");
+            common::assert_same_bits(&what, &got, &narrowed(&want, out));
+            let g = matmul_backward(&saved_as, &dy).unwrap();
+            assert_eq!(f32_bits(&g.a), f32_bits(&grads.a), "{what}: da");
+            assert_eq!(f32_bits(&g.b), f32_bits(&grads.b), "{what}: db");
+        }
+    }
+    // gemm into a 16-bit tensor at an even offset and batch stride: the rest stays as it was.
+    let (m, n, k, batch) = (6usize, 10usize, 12usize, 2usize);
+    let a = tensor_from_f64(
+        e,
+        &rng.vec(batch * m * k, -1.0, 1.0),
+        &[batch * m * k],
+        BF16,
+    );
+    let b = tensor_from_f64(e, &rng.vec(k * n, -1.0, 1.0), &[k * n], BF16);
+    let total = 4 + batch * (m * n + 2);
+    let init: Vec<f64> = (0..total).map(|i| 100.0 + i as f64).collect();
+    for tile in [matmul::GemmTile::Wide, matmul::GemmTile::Narrow] {
+        let run = |dtype: DType| {
+            let out = tensor_from_f64(e, &init, &[total], dtype);
+            let call = Gemm {
+                out_offset: 4,
+                out_batch_stride: m * n + 2,
+                batch,
+                activation: Some(Activation::Tanh),
+                ..Gemm::plain(
+                    GemmOperand {
+                        tensor: &a,
+                        offset: 0,
+                        transposed: false,
+                        batch_stride: m * k,
+                    },
+                    GemmOperand {
+                        tensor: &b,
+                        offset: 0,
+                        transposed: false,
+                        batch_stride: 0,
+                    },
+                    &out,
+                    (m, n, k),
+                    false,
+                )
+            };
+            matmul::gemm_with_tile(&call, tile).unwrap();
+            out
+        };
+        let want = narrowed(&run(F32), F16);
+        common::assert_same_bits(&format!("gemm {tile:?} f16 out"), &run(F16), &want);
+    }
+    // No F32 output on the direct path.
+    let private = common::private_engine();
+    let (m, n, k) = (256, 512, 64);
+    let mut up = |len: usize, shape: &[usize]| {
+        wgrad::gradcheck::tensor_from_f64(&private, &rng.vec(len, -1.0, 1.0), shape, BF16)
+            .unwrap()
+            .0
+    };
+    let (a, b) = (up(m * k, &[m, k]), up(k * n, &[k, n]));
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let (y, _) = matmul::matmul_as(&a, &b, None, &MatmulOptions::default(), BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let direct = (m * n * 2) as u64;
+    assert!(
+        grown <= direct * 9 / 8 + 4096,
+        "peak grew {grown} bytes for a {direct}-byte output"
+    );
+    drop(y);
+    assert!(matches!(
+        matmul::matmul_as(&a, &b, None, &MatmulOptions::default(), DType::I32),
+        Err(Error::UnsupportedDType { .. })
+    ));
 }

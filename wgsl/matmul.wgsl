@@ -9,7 +9,9 @@
 // A_b(i, l) is read at off_a + b·stride_a + i·k + l ([m, k] rows), or + l·m + i when TRANS_A
 // ([k, m] rows); B_b(l, j) at off_b + b·stride_b + l·n + j ([k, n]), or + j·k + l when TRANS_B
 // ([n, k]). Operands are F32, F16 or BF16 (16-bit: two halves per u32 word, any element
-// offset), widened to f32 as they are staged; accumulation and the output are F32.
+// offset), widened to f32 as they are staged; accumulation is F32. The output is F32, or with
+// DT_OUT F16 / BF16 each FP32 result rounded once, two columns a word (the host allows it for
+// an even n and even offsets, without accumulate; the pre-activation stays F32).
 //
 // Tiling: one workgroup computes a BM×BN output tile, each invocation an 8×8 micro-tile held
 // in sixteen vec4 accumulators. Two sizes of the same code, chosen by NARROW (the host's rule
@@ -59,6 +61,7 @@ override DT_B: u32 = 0u;
 override TRANS_A: u32 = 0u;      // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;      // 1: B stored [n, k]
 override NARROW: bool = false;   // the 64×64 tile; the geometry below follows from it
+override DT_OUT: u32 = 0u;       // dtype code of out (16-bit: pairs of columns a word)
 
 override BM: u32 = select(128u, 64u, NARROW);  // tile rows
 override BN: u32 = BM;                         // tile columns
@@ -403,14 +406,33 @@ fn bias4(col: u32) -> vec4<f32> {
     return vec4(bias_at(col), bias_at(col + 1u), bias_at(col + 2u), bias_at(col + 3u));
 }
 
-// out ← act(v), or out += v.
+// act(v), or v without an activation.
+fn epilogue(v: f32) -> f32 {
+    if (params.act != 0u) {
+        return activation_eval(params.act - 1u, v).x;
+    }
+    return v;
+}
+
+// F32 out: out ← act(v), or out += v.
 fn store_out(idx: u32, v: f32) {
     if (params.accumulate == 1u) {
         out[idx] = bitcast<u32>(bitcast<f32>(out[idx]) + v);
-    } else if (params.act != 0u) {
-        out[idx] = bitcast<u32>(activation_eval(params.act - 1u, v).x);
     } else {
-        out[idx] = bitcast<u32>(v);
+        out[idx] = bitcast<u32>(epilogue(v));
+    }
+}
+
+// 16-bit out: elements idx (even) and idx + 1 ← act(v0), act(v1), rounded once into one word.
+fn store_pair(idx: u32, v0: f32, v1: f32) {
+    out[idx / 2u] = pack_halves(epilogue(v0), epilogue(v1), DT_OUT);
+}
+
+// 16-bit out: the leading values of v at idx (even) of out, two (count 2) or four (count > 2).
+fn store_pairs(idx: u32, v: vec4<f32>, count: u32) {
+    store_pair(idx, v.x, v.y);
+    if (count > 2u) {
+        store_pair(idx + 2u, v.z, v.w);
     }
 }
 
@@ -456,6 +478,12 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let col = tile.z + micro_col(lid, q % 2u);
         let v = params.alpha * acc_at(acc, q) + select(bias_lo, bias_hi, q % 2u == 1u);
         if (row < params.m) {
+            if (DT_OUT != DT_F32) {
+                if (col < params.n) {
+                    store_pairs(base + row * params.n + col, v, params.n - col);
+                }
+                continue;
+            }
             for (var c = 0u; c < 4u; c = c + 1u) {
                 if (col + c < params.n) {
                     store_out(base + row * params.n + col + c, v[c]);
@@ -486,8 +514,13 @@ fn gemm_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 if (col + c < params.n) {
                     let idx = base + row * params.n + col + c;
                     pre[idx] = bitcast<u32>(v[c]);
-                    store_out(idx, v[c]);
+                    if (DT_OUT == DT_F32) {
+                        store_out(idx, v[c]);
+                    }
                 }
+            }
+            if (DT_OUT != DT_F32 && col < params.n) {
+                store_pairs(base + row * params.n + col, v, params.n - col);
             }
         }
     }
@@ -548,25 +581,40 @@ fn finished(e: u32) -> vec2<u32> {
     return vec2(bitcast<u32>(v), params.off_c + bi * params.stride_c + r);
 }
 
+// Elements per invocation of the finish: 1, or 2 (a word) for a 16-bit out.
+fn finish_span() -> u32 {
+    return select(1u, 2u, DT_OUT != DT_F32);
+}
+
 @compute @workgroup_size(WG)
 fn gemm_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let e = group_index(wid, nwg) * WG + lid;
+    let e = (group_index(wid, nwg) * WG + lid) * finish_span();
     if (e >= params.m * params.n * params.batch) {
         return;
     }
     let f = finished(e);
+    if (DT_OUT != DT_F32) {
+        store_pair(f.y, bitcast<f32>(f.x), bitcast<f32>(finished(e + 1u).x));
+        return;
+    }
     store_out(f.y, bitcast<f32>(f.x));
 }
 
 @compute @workgroup_size(WG)
 fn gemm_finish_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let e = group_index(wid, nwg) * WG + lid;
+    let e = (group_index(wid, nwg) * WG + lid) * finish_span();
     if (e >= params.m * params.n * params.batch) {
         return;
     }
     let f = finished(e);
     pre[f.y] = f.x;
+    if (DT_OUT != DT_F32) {
+        let g = finished(e + 1u);
+        pre[g.y] = g.x;
+        store_pair(f.y, bitcast<f32>(f.x), bitcast<f32>(g.x));
+        return;
+    }
     store_out(f.y, bitcast<f32>(f.x));
 }

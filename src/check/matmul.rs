@@ -4,11 +4,18 @@ use super::*;
 
 /// This family's operator checks, in report order.
 pub(super) fn operators() -> Vec<OperatorCheck> {
-    vec![OperatorCheck {
-        name: "matmul",
-        kernels: &["matmul", "activation", "reduce"],
-        run: check_matmul,
-    }]
+    vec![
+        OperatorCheck {
+            name: "matmul",
+            kernels: &["matmul", "activation", "reduce"],
+            run: check_matmul,
+        },
+        OperatorCheck {
+            name: "matmul_as",
+            kernels: &["matmul", "cast"],
+            run: check_matmul_as,
+        },
+    ]
 }
 
 /// Matmul forward and backward (dA, dB, dbias) against the f64 reference in every storage
@@ -111,6 +118,64 @@ fn check_matmul(engine: &Engine) -> Result<Vec<Case>> {
                     matmul_tolerance(p.batch * p.m),
                 ));
             }
+        }
+    }
+    Ok(cases)
+}
+
+/// Matmul outputs stored in F16 / BF16 (`matmul::matmul_as`) against the f64 reference rounded
+/// to that dtype: an even N written in 16 bits by the tiled product (with a bias and the SiLU
+/// epilogue), by the split-K finish (K 4,100), and an odd N computed in F32 and narrowed.
+fn check_matmul_as(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::activation::Activation;
+    use crate::matmul::{MatmulOptions, matmul_as};
+    use reference::matmul::Problem;
+    let mut rng = Rng::new(6);
+    let mut cases = Vec::new();
+    let problems = [
+        Problem {
+            transpose_b: true,
+            activation: Some(Activation::Silu),
+            ..Problem::new(45, 70, 38)
+        },
+        Problem {
+            transpose_b: true,
+            ..Problem::new(24, 40, 4100)
+        },
+        Problem::new(33, 9, 17),
+    ];
+    for p in &problems {
+        let b_shape = if p.transpose_b {
+            vec![p.n, p.k]
+        } else {
+            vec![p.k, p.n]
+        };
+        for dtype in [DType::F16, DType::BF16] {
+            let (a, a_s) =
+                tensor_from_f64(engine, &rng.vec(p.a_len(), -1.0, 1.0), &[p.m, p.k], dtype)?;
+            let (b, b_s) =
+                tensor_from_f64(engine, &rng.vec(p.b_len(), -1.0, 1.0), &b_shape, dtype)?;
+            let (bias, bias_s) = tensor_from_f64(engine, &rng.vec(p.n, -1.0, 1.0), &[p.n], dtype)?;
+            let options = MatmulOptions {
+                transpose_b: p.transpose_b,
+                activation: p.activation,
+                ..Default::default()
+            };
+            let (y, _) = matmul_as(&a, &b, Some(&bias), &options, dtype)?;
+            let want = reference::matmul::forward(p, &a_s, &b_s, Some(&bias_s));
+            cases.push(case(
+                format!(
+                    "y {dtype} M{} N{} K{}{}",
+                    p.m,
+                    p.n,
+                    p.k,
+                    p.activation
+                        .map_or(String::new(), |a| format!(" {}", a.name()))
+                ),
+                &y.to_f64()?,
+                &stored_values(&want, dtype),
+                Tolerance::for_dtype(dtype),
+            ));
         }
     }
     Ok(cases)
