@@ -1218,11 +1218,13 @@ const MATMUL_SPLIT_SHAPE: [usize; 3] = [256, 128_256, 4096];
 const MATMUL_SPLIT_QUICK_SHAPE: [usize; 3] = [16, 8192, 256];
 
 /// Dense matmul as a linear layer, `x[M, K] · Wᵀ` with weights stored `[N, K]`, F32 and BF16
-/// inputs (F32 output; with BF16 inputs also the BF16 output of `matmul_as`), forward and
-/// backward (dx, dW) timed separately. FLOPs per run are
+/// inputs (F32 output and gradients; with BF16 inputs also the BF16 output and gradients of
+/// `matmul_as` / `matmul_backward_as`), forward and backward (dx, dW) timed separately. FLOPs per run are
 /// `wgrad::matmul::matmul_flops` (×2 for the backward); TFLOP/s go to stderr.
 fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
-    use wgrad::matmul::{MatmulOptions, matmul, matmul_as, matmul_backward, matmul_flops};
+    use wgrad::matmul::{
+        MatmulOptions, matmul, matmul_as, matmul_backward, matmul_backward_as, matmul_flops,
+    };
     let shapes = if quick {
         MATMUL_QUICK_SHAPES
     } else {
@@ -1271,6 +1273,22 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 );
             }
             let (_, saved) = matmul(&x, &w, None, &options)?;
+            if dtype != DType::F32 {
+                // dx and dW stored in BF16 by their products' epilogues.
+                let saved = saved.clone();
+                ops.push(
+                    Op::new(
+                        "matmul_bwd_as",
+                        label,
+                        vec![x.clone(), w.clone(), dy.clone()],
+                        move |i| {
+                            let g = matmul_backward_as(&saved, &i[2], dtype)?;
+                            Ok(vec![g.a, g.b])
+                        },
+                    )
+                    .with_flops(2.0 * flops),
+                );
+            }
             ops.push(
                 Op::new("matmul_bwd", label, vec![x, w, dy], move |i| {
                     let g = matmul_backward(&saved, &i[2])?;

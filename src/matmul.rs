@@ -987,6 +987,32 @@ fn gemm_batch_sum(call: Gemm, allowance: u64) -> Result<()> {
 /// see [`matmul_backward_workspace_bytes`]; the products' split-K scratch never fails, it
 /// shrinks to what is left).
 pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradients> {
+    matmul_backward_as(saved, dy, DType::F32)
+}
+
+/// [`matmul_backward`] with every gradient (`dA`, `dB`, `dbias`) stored in `dtype`: F32 gives
+/// that function's result; F16 or BF16 gives each FP32 gradient rounded once to nearest-even
+/// (bit for bit `cast::cast` of it; a NaN stays a NaN, its payload may differ). A product that
+/// is not summed over batches and whose stored rows have an even length (`K` for `dA`, `N` for
+/// `dB`; `M` for a transposed `A`, `K` for a transposed `B`) stores its 16-bit words from the
+/// epilogue, so no F32 copy of that gradient exists; a batch sum (a shared operand, except `B`
+/// shared by an untransposed batched `A`, which is one product), an odd row length and `dbias`
+/// are computed in F32 and narrowed.
+///
+/// Errors: those of [`matmul_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn matmul_backward_as(
+    saved: &MatmulSaved,
+    dy: &Tensor,
+    dtype: DType,
+) -> Result<MatmulGradients> {
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "matmul_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
     check_float(dy, "matmul_backward: dy")?;
     let engine = saved.a.engine();
     dy.check_engine(engine, "matmul_backward: dy")?;
@@ -1023,9 +1049,19 @@ pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradien
         out_batch_stride: out_stride,
         ..Gemm::plain(a_op, b_op, out, (rows, cols, inner), false)
     };
+    // A gradient's storage: `dtype` where its product writes it whole (not a batch sum) in
+    // rows of even length (two 16-bit values a word), F32 otherwise (narrowed at the end).
+    let store = |row_len: usize, summed: bool| {
+        if dtype == DType::F32 || (summed && batch > 1) || row_len % 2 == 1 {
+            DType::F32
+        } else {
+            dtype
+        }
+    };
 
     // dA = G·Bᵀ ([M, K]); transposed A: dAᵀ = B·Gᵀ ([K, M]).
-    let da = Tensor::empty(engine, a.shape(), DType::F32, "matmul dA")?;
+    let da_dtype = store(if ta { m } else { k }, !d.a_batched);
+    let da = Tensor::empty(engine, a.shape(), da_dtype, "matmul dA")?;
     let da_call = if ta {
         plain(
             op(b, tb, b_stride),
@@ -1057,7 +1093,9 @@ pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradien
     }
 
     // dB = Aᵀ·G ([K, N]); transposed B: dBᵀ = Gᵀ·A ([N, K]).
-    let db = Tensor::empty(engine, b.shape(), DType::F32, "matmul dB")?;
+    let db_summed = !d.b_batched && (!d.a_batched || ta);
+    let db_dtype = store(if tb { k } else { n }, db_summed);
+    let db = Tensor::empty(engine, b.shape(), db_dtype, "matmul dB")?;
     if d.b_batched || !d.a_batched {
         let call = if tb {
             plain(
@@ -1129,5 +1167,16 @@ pub fn matmul_backward(saved: &MatmulSaved, dy: &Tensor) -> Result<MatmulGradien
     } else {
         None
     };
-    Ok(MatmulGradients { a: da, b: db, bias })
+    let stored = |t: Tensor| {
+        if t.dtype() == dtype {
+            Ok(t)
+        } else {
+            crate::cast::cast(&t, dtype)
+        }
+    };
+    Ok(MatmulGradients {
+        a: stored(da)?,
+        b: stored(db)?,
+        bias: bias.map(stored).transpose()?,
+    })
 }

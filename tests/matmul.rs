@@ -1326,3 +1326,121 @@ fn a_16_bit_output_is_the_f32_product_rounded_once() {
         Err(Error::UnsupportedDType { .. })
     ));
 }
+
+/// `matmul_backward_as` stores every gradient as the F32 gradient rounded once: bit for bit
+/// `cast::cast` of `matmul_backward`'s (a NaN as any NaN) for products written directly (even
+/// rows, batched operands, B shared by an untransposed batched A), batch sums and odd rows
+/// narrowed, a bias and an epilogue, both transposes, every operand dtype; no F32 dA is
+/// allocated on the direct path (engine peak); a non-float dtype is a typed error.
+#[test]
+fn backward_as_is_the_f32_gradients_rounded_once() {
+    use DType::{BF16, F16, F32};
+    let e = engine();
+    // (m, n, k, ta, tb, a batched, b batched, bias, activation, operand dtype)
+    let cases = [
+        (
+            8usize, 6usize, 10usize, false, false, true, true, true, None, BF16,
+        ),
+        (
+            7,
+            12,
+            9,
+            true,
+            true,
+            true,
+            false,
+            false,
+            Some(Activation::Silu),
+            F16,
+        ),
+        (33, 130, 18, false, true, true, false, true, None, F32),
+        (
+            5,
+            7,
+            4,
+            false,
+            false,
+            false,
+            true,
+            false,
+            Some(Activation::GeluTanh),
+            BF16,
+        ),
+        (130, 66, 33, true, false, false, false, true, None, BF16),
+        (16, 24, 4100, false, true, false, false, false, None, F16),
+    ];
+    let mut rng = Rng::new(901);
+    for (m, n, k, ta, tb, a_batched, b_batched, with_bias, activation, dt) in cases {
+        let p = Problem {
+            batch: if a_batched || b_batched { 2 } else { 1 },
+            a_batched,
+            b_batched,
+            transpose_a: ta,
+            transpose_b: tb,
+            activation,
+            ..Problem::new(m, n, k)
+        };
+        let (a_shape, b_shape) = shapes(&p);
+        let a = tensor_from_f64(e, &rng.vec(p.a_len(), -1.0, 1.0), &a_shape, dt);
+        let b = tensor_from_f64(e, &rng.vec(p.b_len(), -1.0, 1.0), &b_shape, dt);
+        let bias = with_bias.then(|| tensor_from_f64(e, &rng.vec(n, -1.0, 1.0), &[n], dt));
+        let options = MatmulOptions {
+            transpose_a: ta,
+            transpose_b: tb,
+            activation,
+        };
+        let (y, saved) = mm(&a, &b, bias.as_ref(), &options).unwrap();
+        let mut dy_values = rng.vec(y.len(), -1.0, 1.0);
+        dy_values[0] = f64::NAN;
+        dy_values[1] = f64::INFINITY;
+        let dy = tensor_from_f64(e, &dy_values, y.shape(), dt);
+        let want = matmul_backward(&saved, &dy).unwrap();
+        for out in DType::FLOATS {
+            let what = format!(
+                "{m}x{n}x{k} ta {ta} tb {tb} batched {a_batched}/{b_batched} {dt} -> {out}"
+            );
+            let got = matmul::matmul_backward_as(&saved, &dy, out).unwrap();
+            let narrowed = |t: &Tensor| {
+                if out == F32 {
+                    t.clone()
+                } else {
+                    wgrad::cast::cast(t, out).unwrap()
+                }
+            };
+            common::assert_same_bits(&format!("{what}: da"), &got.a, &narrowed(&want.a));
+            common::assert_same_bits(&format!("{what}: db"), &got.b, &narrowed(&want.b));
+            assert_eq!(got.bias.is_some(), with_bias, "{what}");
+            if let (Some(got), Some(want)) = (&got.bias, &want.bias) {
+                common::assert_same_bits(&format!("{what}: dbias"), got, &narrowed(want));
+            }
+        }
+    }
+    // No F32 dA on the direct path: the call grows the peak by the two 16-bit gradients (and
+    // the product's split-K scratch, none at this shape), not by an F32 copy.
+    let private = common::private_engine();
+    let (m, n, k) = (512, 64, 256);
+    let mut up = |len: usize, shape: &[usize]| {
+        wgrad::gradcheck::tensor_from_f64(&private, &rng.vec(len, -1.0, 1.0), shape, BF16)
+            .unwrap()
+            .0
+    };
+    let (a, b, dy) = (up(m * k, &[m, k]), up(k * n, &[k, n]), up(m * n, &[m, n]));
+    let (y, saved) = mm(&a, &b, None, &MatmulOptions::default()).unwrap();
+    drop(y);
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let g = matmul::matmul_backward_as(&saved, &dy, BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let direct = ((m * k + k * n) * 2) as u64;
+    assert!(
+        grown <= direct * 9 / 8 + 4096,
+        "peak grew {grown} bytes for {direct} bytes of 16-bit gradients"
+    );
+    assert_eq!((g.a.dtype(), g.b.dtype()), (BF16, BF16));
+    assert!(matches!(
+        matmul::matmul_backward_as(&saved, &dy, DType::U32),
+        Err(Error::UnsupportedDType { .. })
+    ));
+}

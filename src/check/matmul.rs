@@ -123,12 +123,13 @@ fn check_matmul(engine: &Engine) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
-/// Matmul outputs stored in F16 / BF16 (`matmul::matmul_as`) against the f64 reference rounded
-/// to that dtype: an even N written in 16 bits by the tiled product (with a bias and the SiLU
-/// epilogue), by the split-K finish (K 4,100), and an odd N computed in F32 and narrowed.
+/// Matmul outputs and gradients stored in F16 / BF16 (`matmul::matmul_as`,
+/// `matmul::matmul_backward_as`) against the f64 reference rounded to that dtype: an even N
+/// written in 16 bits by the tiled product (with a bias and the SiLU epilogue), by the split-K
+/// finish (K 4,100), and an odd N computed in F32 and narrowed; dA, dB, dbias likewise.
 fn check_matmul_as(engine: &Engine) -> Result<Vec<Case>> {
     use crate::activation::Activation;
-    use crate::matmul::{MatmulOptions, matmul_as};
+    use crate::matmul::{MatmulOptions, matmul_as, matmul_backward_as};
     use reference::matmul::Problem;
     let mut rng = Rng::new(6);
     let mut cases = Vec::new();
@@ -161,21 +162,34 @@ fn check_matmul_as(engine: &Engine) -> Result<Vec<Case>> {
                 activation: p.activation,
                 ..Default::default()
             };
-            let (y, _) = matmul_as(&a, &b, Some(&bias), &options, dtype)?;
+            let (dy, dy_s) =
+                tensor_from_f64(engine, &rng.vec(p.out_len(), -1.0, 1.0), &[p.m, p.n], dtype)?;
+            let (y, saved) = matmul_as(&a, &b, Some(&bias), &options, dtype)?;
+            let grads = matmul_backward_as(&saved, &dy, dtype)?;
             let want = reference::matmul::forward(p, &a_s, &b_s, Some(&bias_s));
-            cases.push(case(
+            let (da, db, dbias) = reference::matmul::backward(p, &a_s, &b_s, Some(&bias_s), &dy_s);
+            let label = |what: &str| {
                 format!(
-                    "y {dtype} M{} N{} K{}{}",
+                    "{what} {dtype} M{} N{} K{}{}",
                     p.m,
                     p.n,
                     p.k,
                     p.activation
                         .map_or(String::new(), |a| format!(" {}", a.name()))
-                ),
-                &y.to_f64()?,
-                &stored_values(&want, dtype),
-                Tolerance::for_dtype(dtype),
-            ));
+                )
+            };
+            let mut outputs = vec![("y", y, want), ("dA", grads.a, da), ("dB", grads.b, db)];
+            if let (Some(got), Some(want)) = (grads.bias, dbias) {
+                outputs.push(("dbias", got, want));
+            }
+            for (what, got, want) in outputs {
+                cases.push(case(
+                    label(what),
+                    &got.to_f64()?,
+                    &stored_values(&want, dtype),
+                    Tolerance::for_dtype(dtype),
+                ));
+            }
         }
     }
     Ok(cases)
