@@ -1330,7 +1330,8 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 
 /// The fused SwiGLU MLP at a Llama-3-8B layer (rows × hidden × intermediate = 4096 × 4096 ×
 /// 14336; `--quick`: 256 × 256 × 688), F32 and BF16 inputs: forward (three products) and
-/// backward with saved products (six products), TFLOP/s to stderr.
+/// backward with saved products (six products), TFLOP/s to stderr; then forward+backward with
+/// the peak memory, untiled and tiled by a quarter of the rows (`MlpOptions::tile_rows`).
 fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     use wgrad::matmul::matmul_flops;
     use wgrad::mlp::{MlpOptions, mlp, mlp_backward};
@@ -1372,13 +1373,34 @@ fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             .with_flops(3.0 * product),
         );
         let (_, saved) = mlp(&x, &wg, &wu, &wd, &MlpOptions::default())?;
+        let inputs = vec![x, wg, wu, wd, dy];
         ops.push(
-            Op::new("swiglu_mlp_bwd", label, vec![x, wg, wu, wd, dy], move |v| {
+            Op::new("swiglu_mlp_bwd", label, inputs.clone(), move |v| {
                 let g = mlp_backward(&saved, &v[4])?;
                 Ok(vec![g.x, g.gate, g.up, g.down])
             })
             .with_flops(6.0 * product),
         );
+        // Forward and backward with their peak memory: untiled (9 products), and tiled by
+        // T/4 rows (11: the gate and up products recomputed).
+        for (name, tile_rows, products) in [
+            ("swiglu_mlp_fwd_bwd", None, 9.0),
+            ("swiglu_mlp_tiled_fwd_bwd", Some(t.div_ceil(4)), 11.0),
+        ] {
+            let options = MlpOptions {
+                tile_rows,
+                ..MlpOptions::default()
+            };
+            ops.push(
+                Op::new(name, label, inputs.clone(), move |v| {
+                    let (y, saved) = mlp(&v[0], &v[1], &v[2], &v[3], &options)?;
+                    let g = mlp_backward(&saved, &v[4])?;
+                    Ok(vec![y, g.x, g.gate, g.up, g.down])
+                })
+                .with_flops(products * product)
+                .with_peak(),
+            );
+        }
     }
     Ok(ops)
 }

@@ -17,11 +17,20 @@
 //! Memory: by default the forward keeps `g` and `u` (2·T·I F32) for the backward;
 //! [`MlpOptions::recompute`] keeps only the inputs and recomputes the two products in the
 //! backward (two more products, `2·T·I` fewer saved floats). `h` is never kept: the backward
-//! recomputes it with the activation backward's own recomputation. Deterministic: every
-//! product and the activation are fixed-order.
+//! recomputes it with the activation backward's own recomputation.
+//! [`MlpOptions::tile_rows`] (a tiled MLP) runs both passes over tiles of rows, recomputing:
+//! no `[T, I]` tensor exists, the intermediates of one tile at most ([`intermediate_bytes`]),
+//! so long sequences cost O(tile·I) beyond the inputs and gradients. The output and `dx` rows
+//! of a tile are written at its offset; the weight gradients are written by the first tile and
+//! added to by the later ones, in row order.
+//!
+//! Deterministic: every product and the activation are fixed-order, so reruns with the same
+//! tiling are bit-identical. The forward's rows do not depend on the tiling (bit for bit
+//! unless a product's split-K choice differs with its row count); the weight gradients'
+//! row sums are grouped by tile, so different tilings agree to rounding.
 
 use crate::activation::{self, Activation, ActivationOptions};
-use crate::matmul::{self, Gemm, GemmOperand, MatmulOptions};
+use crate::matmul::{self, Gemm, GemmOperand};
 use crate::{DType, Error, Result, Tensor};
 
 /// Options of [`mlp`].
@@ -32,6 +41,11 @@ pub struct MlpOptions {
     pub activation: Activation,
     /// Recompute the gate and up products in the backward instead of saving them.
     pub recompute: bool,
+    /// Rows a tile: `Some(t)` runs the forward and the backward `t` rows at a time (the last
+    /// tile shorter), so the `[rows, I]` intermediates exist for one tile only
+    /// ([`intermediate_bytes`]); it implies recomputation. `None` (the default): every row at
+    /// once.
+    pub tile_rows: Option<usize>,
 }
 
 impl Default for MlpOptions {
@@ -39,6 +53,7 @@ impl Default for MlpOptions {
         MlpOptions {
             activation: Activation::Silu,
             recompute: false,
+            tile_rows: None,
         }
     }
 }
@@ -120,32 +135,105 @@ fn extents(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<(usi
     Ok((rows, hidden, inter))
 }
 
-/// `x·Wᵀ` for `x [rows, in]`, `W [out, in]`: F32 `[rows, out]`.
-fn linear(x: &Tensor, w: &Tensor, rows: usize) -> Result<Tensor> {
-    let x2 = x.reshape(&[rows, w.shape()[1]])?;
-    let options = MatmulOptions {
-        transpose_b: true,
-        ..MatmulOptions::default()
-    };
-    Ok(matmul::matmul(&x2, w, None, &options)?.0)
+/// Row tiles `(first row, rows)` of a call: `tile_rows` at a time (the last tile shorter), or
+/// one tile of every row without tiling (also when there are no rows, so the backward's
+/// weight products still write their zeros).
+fn tiles(rows: usize, tile_rows: Option<usize>) -> Vec<(usize, usize)> {
+    let step = tile_rows.unwrap_or(rows).max(1);
+    if rows == 0 {
+        return vec![(0, 0)];
+    }
+    (0..rows)
+        .step_by(step)
+        .map(|r| (r, step.min(rows - r)))
+        .collect()
 }
 
-/// Gate and up products, F32 `[rows, I]` each.
-fn products(saved: &MlpSaved, rows: usize) -> Result<(Tensor, Tensor)> {
-    match &saved.products {
-        Some(p) => Ok(p.clone()),
-        None => Ok((
-            linear(&saved.x, &saved.gate, rows)?,
-            linear(&saved.x, &saved.up, rows)?,
-        )),
+/// Rows `first..` of a `[.., width]` tensor as a product operand (stored `[rows, width]`;
+/// `transposed`: used as `[width, rows]`).
+fn rows_of(tensor: &Tensor, first: usize, width: usize, transposed: bool) -> GemmOperand<'_> {
+    GemmOperand {
+        tensor,
+        offset: first * width,
+        transposed,
+        batch_stride: 0,
     }
 }
 
-/// Forward: `y = (act(x·W_gᵀ) ⊙ (x·W_uᵀ)) · W_dᵀ`, F32 `[.., H]`.
+/// `out[out_offset..] (=|+=) a·b` with logical extents `(m, n, k)`.
+fn product(
+    out: &Tensor,
+    out_offset: usize,
+    a: GemmOperand,
+    b: GemmOperand,
+    extents: (usize, usize, usize),
+    accumulate: bool,
+) -> Result<()> {
+    matmul::gemm(&Gemm {
+        out_offset,
+        ..Gemm::plain(a, b, out, extents, accumulate)
+    })
+}
+
+/// A fresh F32 `[m, n]` product `a·b`.
+fn fresh(
+    a: GemmOperand,
+    b: GemmOperand,
+    extents: (usize, usize, usize),
+    what: &str,
+) -> Result<Tensor> {
+    let out = Tensor::empty(a.tensor.engine(), &[extents.0, extents.1], DType::F32, what)?;
+    product(&out, 0, a, b, extents, false)?;
+    Ok(out)
+}
+
+/// Gate and up products of rows `first..first + count` of `x`, F32 `[count, I]` each.
+fn gate_up(
+    x: &Tensor,
+    gate: &Tensor,
+    up: &Tensor,
+    (first, count): (usize, usize),
+) -> Result<(Tensor, Tensor)> {
+    let (inter, hidden) = (gate.shape()[0], gate.shape()[1]);
+    let extents = (count, inter, hidden);
+    Ok((
+        fresh(
+            rows_of(x, first, hidden, false),
+            GemmOperand::whole(gate, true),
+            extents,
+            "mlp: gate product",
+        )?,
+        fresh(
+            rows_of(x, first, hidden, false),
+            GemmOperand::whole(up, true),
+            extents,
+            "mlp: up product",
+        )?,
+    ))
+}
+
+/// F32 bytes of the `[rows, I]` intermediates [`mlp_backward`] holds at once: six per row of a
+/// tile (gate and up products, `dh`, `h`, `dg`, `du`), and with saved products (no tiling, no
+/// recomputation) the two saved ones over every row besides. The forward holds three per row
+/// of a tile (gate, up, `h`). The products' split-K scratch comes on top, within the engine's
+/// workspace bound.
+pub fn intermediate_bytes(rows: usize, inter: usize, options: &MlpOptions) -> u64 {
+    let tile = options.tile_rows.map_or(rows, |t| t.min(rows)) as u64;
+    let row = 4 * inter as u64;
+    let saved = if options.tile_rows.is_none() && !options.recompute {
+        2 * rows as u64 * row
+    } else {
+        0
+    };
+    saved + 6 * tile * row
+}
+
+/// Forward: `y = (act(x·W_gᵀ) ⊙ (x·W_uᵀ)) · W_dᵀ`, F32 `[.., H]`; with
+/// [`MlpOptions::tile_rows`] one tile of rows at a time.
 ///
 /// Errors: non-float dtypes; `x` of rank 0; weights not `[I, H]`, `[I, H]`, `[H, I]` with
-/// `H` the last extent of `x` (`ShapeMismatch`); tensors of another engine; the matmul
-/// family's bounds.
+/// `H` the last extent of `x` (`ShapeMismatch`); tensors of another engine; `tile_rows` of 0
+/// (`InvalidValue`); the matmul family's bounds.
 pub fn mlp(
     x: &Tensor,
     gate: &Tensor,
@@ -153,22 +241,43 @@ pub fn mlp(
     down: &Tensor,
     options: &MlpOptions,
 ) -> Result<(Tensor, MlpSaved)> {
-    let (rows, hidden, _) = extents(x, gate, up, down)?;
-    let g = linear(x, gate, rows)?;
-    let u = linear(x, up, rows)?;
-    let (h, _) = activation::forward(
-        options.activation,
-        &g,
-        Some(&u),
-        &ActivationOptions::default(),
-    )?;
-    let y = linear(&h, down, rows)?.reshape(&out_shape(x, hidden))?;
+    let (rows, hidden, inter) = extents(x, gate, up, down)?;
+    if options.tile_rows == Some(0) {
+        return Err(Error::InvalidValue {
+            what: "mlp: tile_rows".to_string(),
+            got: 0.0,
+            rule: "at least 1 row a tile".to_string(),
+        });
+    }
+    let y = Tensor::empty(x.engine(), &out_shape(x, hidden), DType::F32, "mlp: y")?;
+    let mut products = None;
+    for tile in tiles(rows, options.tile_rows) {
+        let (g, u) = gate_up(x, gate, up, tile)?;
+        let (h, _) = activation::forward(
+            options.activation,
+            &g,
+            Some(&u),
+            &ActivationOptions::default(),
+        )?;
+        let (first, count) = tile;
+        product(
+            &y,
+            first * hidden,
+            GemmOperand::whole(&h, false),
+            GemmOperand::whole(down, true),
+            (count, hidden, inter),
+            false,
+        )?;
+        if options.tile_rows.is_none() && !options.recompute {
+            products = Some((g, u));
+        }
+    }
     let saved = MlpSaved {
         x: x.clone(),
         gate: gate.clone(),
         up: up.clone(),
         down: down.clone(),
-        products: (!options.recompute).then_some((g, u)),
+        products,
         options: *options,
     };
     Ok((y, saved))
@@ -182,19 +291,9 @@ fn out_shape(x: &Tensor, hidden: usize) -> Vec<usize> {
     shape
 }
 
-/// `out (=|+=) op(a)·op(b)` for whole 2-D operands.
-fn product_into(
-    out: &Tensor,
-    a: (&Tensor, bool),
-    b: (&Tensor, bool),
-    extents: (usize, usize, usize),
-    accumulate: bool,
-) -> Result<()> {
-    let (a, b) = (GemmOperand::whole(a.0, a.1), GemmOperand::whole(b.0, b.1));
-    matmul::gemm(&Gemm::plain(a, b, out, extents, accumulate))
-}
-
-/// Backward: every gradient of [`mlp`] from `dy [.., H]` (any float dtype).
+/// Backward: every gradient of [`mlp`] from `dy [.., H]` (any float dtype); with
+/// [`MlpOptions::tile_rows`] one tile of rows at a time (gate and up products recomputed per
+/// tile, weight gradients accumulated over the tiles in row order).
 ///
 /// Errors: `dy` not of the output's shape (`ShapeMismatch`) or not a float dtype; another
 /// engine.
@@ -211,68 +310,89 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
         return Err(Error::shape("mlp: dy", &shape, dy.shape()));
     }
     let engine = saved.x.engine();
-    let (g, u) = products(saved, rows)?;
-    let dy2 = dy.reshape(&[rows, hidden])?;
-    let x2 = saved.x.reshape(&[rows, hidden])?;
-    // dh = dy·W_d  [rows, I]
-    let dh = matmul::matmul(&dy2, &saved.down, None, &MatmulOptions::default())?.0;
-    // The activation's backward recomputes h' from (g, u); h itself is recomputed for dW_d.
-    let (h, act_saved) = activation::forward(
-        saved.options.activation,
-        &g,
-        Some(&u),
-        &ActivationOptions::default(),
-    )?;
-    let grads = activation::backward(&act_saved, &dh)?;
-    let dg = grads.dgate;
-    let du = grads.dup.ok_or_else(|| Error::Kernel {
-        kernel: "mlp".to_string(),
-        message: "the gated activation returned no up gradient".to_string(),
-    })?;
-    // dW_d = dyᵀ·h  [H, I]
-    let d_down = Tensor::empty(engine, &[hidden, inter], DType::F32, "mlp: dW_d")?;
-    product_into(
-        &d_down,
-        (&dy2, true),
-        (&h, false),
-        (hidden, inter, rows),
-        false,
-    )?;
-    // dx = dg·W_g + du·W_u  [rows, H]
-    let dx = Tensor::empty(engine, &[rows, hidden], DType::F32, "mlp: dx")?;
-    product_into(
-        &dx,
-        (&dg, false),
-        (&saved.gate, false),
-        (rows, hidden, inter),
-        false,
-    )?;
-    product_into(
-        &dx,
-        (&du, false),
-        (&saved.up, false),
-        (rows, hidden, inter),
-        true,
-    )?;
-    // dW_g = dgᵀ·x, dW_u = duᵀ·x  [I, H]
+    let (x, gate, up, down) = (&saved.x, &saved.gate, &saved.up, &saved.down);
+    let dx = Tensor::empty(engine, x.shape(), DType::F32, "mlp: dx")?;
     let d_gate = Tensor::empty(engine, &[inter, hidden], DType::F32, "mlp: dW_g")?;
-    product_into(
-        &d_gate,
-        (&dg, true),
-        (&x2, false),
-        (inter, hidden, rows),
-        false,
-    )?;
     let d_up = Tensor::empty(engine, &[inter, hidden], DType::F32, "mlp: dW_u")?;
-    product_into(
-        &d_up,
-        (&du, true),
-        (&x2, false),
-        (inter, hidden, rows),
-        false,
-    )?;
+    let d_down = Tensor::empty(engine, &[hidden, inter], DType::F32, "mlp: dW_d")?;
+    for tile in tiles(rows, saved.options.tile_rows) {
+        let (first, count) = tile;
+        let (g, u) = match &saved.products {
+            Some(p) => p.clone(),
+            None => gate_up(x, gate, up, tile)?,
+        };
+        // dh = dy·W_d  [count, I]
+        let dh = fresh(
+            rows_of(dy, first, hidden, false),
+            GemmOperand::whole(down, false),
+            (count, inter, hidden),
+            "mlp: dh",
+        )?;
+        // The activation's backward recomputes h' from (g, u); h itself is recomputed for dW_d.
+        let (h, act_saved) = activation::forward(
+            saved.options.activation,
+            &g,
+            Some(&u),
+            &ActivationOptions::default(),
+        )?;
+        let grads = activation::backward(&act_saved, &dh)?;
+        let dg = grads.dgate;
+        let du = grads.dup.ok_or_else(|| Error::Kernel {
+            kernel: "mlp".to_string(),
+            message: "the gated activation returned no up gradient".to_string(),
+        })?;
+        // Weight gradients: the first tile writes, later tiles add (row order).
+        let add = first > 0;
+        // dW_d (+)= dyᵀ·h  [H, I]
+        let dy_t = rows_of(dy, first, hidden, true);
+        product(
+            &d_down,
+            0,
+            dy_t,
+            GemmOperand::whole(&h, false),
+            (hidden, inter, count),
+            add,
+        )?;
+        // dx = dg·W_g + du·W_u  [count, H]
+        let at = first * hidden;
+        let extents = (count, hidden, inter);
+        product(
+            &dx,
+            at,
+            GemmOperand::whole(&dg, false),
+            GemmOperand::whole(gate, false),
+            extents,
+            false,
+        )?;
+        product(
+            &dx,
+            at,
+            GemmOperand::whole(&du, false),
+            GemmOperand::whole(up, false),
+            extents,
+            true,
+        )?;
+        // dW_g (+)= dgᵀ·x, dW_u (+)= duᵀ·x  [I, H]
+        let x_rows = rows_of(x, first, hidden, false);
+        product(
+            &d_gate,
+            0,
+            GemmOperand::whole(&dg, true),
+            x_rows,
+            (inter, hidden, count),
+            add,
+        )?;
+        product(
+            &d_up,
+            0,
+            GemmOperand::whole(&du, true),
+            x_rows,
+            (inter, hidden, count),
+            add,
+        )?;
+    }
     Ok(MlpGradients {
-        x: dx.reshape(saved.x.shape())?,
+        x: dx,
         gate: d_gate,
         up: d_up,
         down: d_down,

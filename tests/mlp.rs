@@ -1,13 +1,14 @@
 //! The gated MLP against the f64 reference of `wgrad::reference::mlp` in every storage dtype,
 //! both activations, saved and recomputed products; finite differences of the reference
-//! backward; ragged, tiny and empty shapes; bit-identical reruns; bad inputs.
+//! backward; ragged, tiny and empty shapes; row tiles (a tiled MLP) with their memory bound;
+//! bit-identical reruns; bad inputs.
 
 mod common;
 
 use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::activation::Activation;
 use wgrad::gradcheck::{Tolerance, check_vjp};
-use wgrad::mlp::{MlpOptions, mlp, mlp_backward};
+use wgrad::mlp::{MlpOptions, intermediate_bytes, mlp, mlp_backward};
 use wgrad::reference::mlp::{self as reference, Extents};
 use wgrad::{DType, Error, Tensor};
 
@@ -77,6 +78,7 @@ fn forward_and_gradients_match_reference_in_every_dtype() {
                     let options = MlpOptions {
                         activation: kind,
                         recompute,
+                        tile_rows: None,
                     };
                     let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &options).unwrap();
                     assert_eq!(y.shape(), u.x.shape());
@@ -161,6 +163,7 @@ fn reruns_and_recomputation_are_bit_identical() {
         let options = MlpOptions {
             activation: Activation::Silu,
             recompute,
+            tile_rows: None,
         };
         let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &options).unwrap();
         let g = mlp_backward(&saved, &u.dy).unwrap();
@@ -217,5 +220,130 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(
         mlp_backward(&saved, &wrong_dy),
         Err(Error::ShapeMismatch { .. })
+    ));
+}
+
+/// A tiled MLP (`tile_rows`): tiles of 1 row, a tile that does not divide the rows, and one
+/// tile larger than every row, against the reference in every dtype; leading dimensions; the
+/// untiled call's output bit for bit (no product splits at these shapes); reruns bit-identical.
+#[test]
+fn row_tiles_match_reference_and_the_untiled_output() {
+    let (lead, h, i) = (vec![3usize, 9], 20usize, 36usize);
+    let t: usize = lead.iter().product();
+    let e = Extents { t, h, i };
+    for dtype in DType::FLOATS {
+        for kind in [Activation::Silu, Activation::GeluTanh] {
+            let c = case(40, e, dtype);
+            let u = upload(&c, dtype, &lead);
+            let want = reference::forward(kind, &c.x, &c.gate, &c.up, &c.down, e);
+            let grads = reference::backward(kind, &c.x, &c.gate, &c.up, &c.down, &c.dy, e);
+            let untiled = MlpOptions {
+                activation: kind,
+                ..MlpOptions::default()
+            };
+            let (y_untiled, _) = mlp(&u.x, &u.gate, &u.up, &u.down, &untiled).unwrap();
+            for tile in [1usize, 4, 10, 64] {
+                let options = MlpOptions {
+                    tile_rows: Some(tile),
+                    ..untiled
+                };
+                let label = format!("{} {dtype} tile {tile}", kind.name());
+                let run = || {
+                    let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &options).unwrap();
+                    let g = mlp_backward(&saved, &u.dy).unwrap();
+                    (y, g)
+                };
+                let (y, g) = run();
+                assert_eq!((y.shape(), g.x.shape()), (u.x.shape(), u.x.shape()));
+                assert_eq!(f32_bits(&y), f32_bits(&y_untiled), "{label}: y vs untiled");
+                let tol = Tolerance::for_dtype(DType::F32);
+                for (what, got, want) in [
+                    ("y", &y, &want),
+                    ("dx", &g.x, &grads.x),
+                    ("dWg", &g.gate, &grads.gate),
+                    ("dWu", &g.up, &grads.up),
+                    ("dWd", &g.down, &grads.down),
+                ] {
+                    assert_close(
+                        &format!("{label} {what}"),
+                        &got.to_f64().unwrap(),
+                        want,
+                        tol,
+                    );
+                }
+                let (y2, g2) = run();
+                assert_eq!(
+                    [&y2, &g2.x, &g2.gate, &g2.up, &g2.down].map(f32_bits),
+                    [&y, &g.x, &g.gate, &g.up, &g.down].map(f32_bits),
+                    "{label}: rerun"
+                );
+            }
+        }
+    }
+}
+
+/// With row tiles the engine's peak over a forward and backward stays within the inputs'
+/// outputs and gradients plus `intermediate_bytes` (one tile's intermediates), far below the
+/// untiled call's; empty rows give zero weight gradients; a tile of 0 rows is a typed error.
+#[test]
+fn row_tiles_bound_the_peak_memory() {
+    let (t, h, i, tile) = (512usize, 16usize, 256usize, 32usize);
+    let e = Extents { t, h, i };
+    let c = case(41, e, DType::F32);
+    let private = common::private_engine();
+    let up = |v: &[f64], shape: &[usize]| {
+        wgrad::gradcheck::tensor_from_f64(&private, v, shape, DType::F32)
+            .unwrap()
+            .0
+    };
+    let (x, wg, wu, wd, dy) = (
+        up(&c.x, &[t, h]),
+        up(&c.gate, &[i, h]),
+        up(&c.up, &[i, h]),
+        up(&c.down, &[h, i]),
+        up(&c.dy, &[t, h]),
+    );
+    let peak_of = |options: &MlpOptions| {
+        private.synchronize().unwrap();
+        let before = private.memory().live_bytes;
+        private.reset_peak();
+        let (y, saved) = mlp(&x, &wg, &wu, &wd, options).unwrap();
+        let g = mlp_backward(&saved, &dy).unwrap();
+        private.synchronize().unwrap();
+        let grown = private.memory().peak_bytes - before;
+        drop((y, saved, g));
+        grown
+    };
+    let outputs = (4 * (2 * t * h + 3 * i * h)) as u64;
+    let tiled = MlpOptions {
+        tile_rows: Some(tile),
+        ..MlpOptions::default()
+    };
+    let bound = outputs + intermediate_bytes(t, i, &tiled);
+    let grown = peak_of(&tiled);
+    assert!(grown <= bound, "tiled peak {grown} > {bound}");
+    let untiled = peak_of(&MlpOptions::default());
+    assert!(
+        untiled >= outputs + intermediate_bytes(t, i, &MlpOptions::default()) * 3 / 4,
+        "untiled peak {untiled}"
+    );
+    assert!(grown * 4 < untiled, "tiled {grown} vs untiled {untiled}");
+    // No rows: zero weight gradients through the tiled path too.
+    let empty = tensor_from_f64(engine(), &[], &[0, 6], DType::F32);
+    let w = |shape: &[usize]| Tensor::zeros(engine(), shape, DType::F32).unwrap();
+    let (wg0, wu0, wd0) = (w(&[10, 6]), w(&[10, 6]), w(&[6, 10]));
+    let (y, saved) = mlp(&empty, &wg0, &wu0, &wd0, &tiled).unwrap();
+    assert_eq!(y.shape(), &[0, 6]);
+    let g = mlp_backward(&saved, &empty).unwrap();
+    for t in [&g.gate, &g.up, &g.down] {
+        assert!(t.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    }
+    let zero = MlpOptions {
+        tile_rows: Some(0),
+        ..MlpOptions::default()
+    };
+    assert!(matches!(
+        mlp(&empty, &wg0, &wu0, &wd0, &zero),
+        Err(Error::InvalidValue { .. })
     ));
 }

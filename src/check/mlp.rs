@@ -11,8 +11,9 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     }]
 }
 
-/// The SwiGLU MLP (saved products) and the GeGLU MLP (recomputed products) against the f64
-/// reference in every storage dtype: output and the four gradients, ragged extents.
+/// The SwiGLU MLP (saved products), the GeGLU MLP (recomputed products) and the tiled SwiGLU
+/// MLP (tiles of 4 rows, the last one shorter) against the f64 reference in every storage
+/// dtype: output and the four gradients, ragged extents.
 fn check_mlp(engine: &Engine) -> Result<Vec<Case>> {
     use crate::activation::Activation;
     use crate::matmul::matmul_tolerance;
@@ -25,7 +26,11 @@ fn check_mlp(engine: &Engine) -> Result<Vec<Case>> {
         h: 24,
         i: 37,
     };
-    for (kind, recompute) in [(Activation::Silu, false), (Activation::GeluTanh, true)] {
+    for (kind, recompute, tile_rows) in [
+        (Activation::Silu, false, None),
+        (Activation::GeluTanh, true, None),
+        (Activation::Silu, true, Some(4)),
+    ] {
         for dtype in DType::FLOATS {
             let (x, xs) =
                 tensor_from_f64(engine, &rng.vec(e.t * e.h, -1.0, 1.0), &[e.t, e.h], dtype)?;
@@ -40,13 +45,18 @@ fn check_mlp(engine: &Engine) -> Result<Vec<Case>> {
             let options = MlpOptions {
                 activation: kind,
                 recompute,
+                tile_rows,
             };
             let (y, saved) = mlp(&x, &g, &u, &d, &options)?;
             let grads = mlp_backward(&saved, &dy)?;
             let want = reference::mlp::forward(kind, &xs, &gs, &us, &ds, e);
             let r = reference::mlp::backward(kind, &xs, &gs, &us, &ds, &dys, e);
-            let label =
-                |what: &str| format!("{what} {} {dtype} recompute {recompute}", kind.name());
+            let label = |what: &str| {
+                format!(
+                    "{what} {} {dtype} recompute {recompute} tiles {tile_rows:?}",
+                    kind.name()
+                )
+            };
             cases.push(case(label("y"), &y.to_f64()?, &want, matmul_tolerance(e.i)));
             cases.push(case(
                 label("dx"),
