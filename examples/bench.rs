@@ -1112,9 +1112,20 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 /// Attention at B4 H32 S2048 D128 and B1 H16 S8192 D128 (`--quick`: small), causal F32/BF16 and
 /// full F32, forward and forward+backward.
 fn attention_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::attention::BackwardSchedule::StoredScores;
+    // The stored score-gradient schedule within the workspace bound, and within 256 MiB.
+    let stored = StoredScores { budget: u64::MAX };
+    let stored_256 = StoredScores { budget: 256 << 20 };
+    let f32_grads = (DType::F32, DType::F32);
     Ok(vec![
         attention_op(engine, quick, 0, DType::F32, true, false)?,
         attention_op(engine, quick, 0, DType::F32, true, true)?,
+        attention_op_with(engine, quick, 0, f32_grads, true, stored)?,
+        attention_op_with(engine, quick, 0, f32_grads, true, stored_256)?,
+        attention_op_with(engine, quick, 0, f32_grads, false, stored)?,
+        attention_op_with(engine, quick, 0, (DType::BF16, DType::BF16), true, stored)?,
+        attention_op_with(engine, quick, 1, f32_grads, true, stored)?,
+        attention_op_with(engine, quick, 1, f32_grads, false, stored)?,
         attention_op(engine, quick, 0, DType::BF16, true, false)?,
         attention_op(engine, quick, 0, DType::BF16, true, true)?,
         attention_op_as(engine, quick, 0, (DType::BF16, DType::BF16), true, true)?,
@@ -1161,8 +1172,35 @@ fn attention_op_as(
     causal: bool,
     backward: bool,
 ) -> Result<Op> {
+    attention_op_full(engine, quick, which, (dtype, grads), causal, backward, None)
+}
+
+/// Forward + backward under a backward `schedule` (`attention_fwd_bwd_stored`, or
+/// `attention_fwd_bwd_stored_256m` with a 256 MiB budget; the label names the gradients' dtype
+/// when 16-bit).
+fn attention_op_with(
+    engine: &Engine,
+    quick: bool,
+    which: usize,
+    dtypes: (DType, DType),
+    causal: bool,
+    schedule: wgrad::attention::BackwardSchedule,
+) -> Result<Op> {
+    attention_op_full(engine, quick, which, dtypes, causal, true, Some(schedule))
+}
+
+fn attention_op_full(
+    engine: &Engine,
+    quick: bool,
+    which: usize,
+    (dtype, grads): (DType, DType),
+    causal: bool,
+    backward: bool,
+    schedule: Option<wgrad::attention::BackwardSchedule>,
+) -> Result<Op> {
     use wgrad::attention::{
-        AttentionOptions, attention_backward_as, attention_flops, attention_forward,
+        AttentionOptions, BackwardSchedule, attention_backward_with, attention_flops,
+        attention_forward,
     };
     let shape = if quick {
         ATTENTION_QUICK_SHAPES[which]
@@ -1179,9 +1217,13 @@ fn attention_op_as(
     let inputs = vec![make(1)?, make(2)?, make(3)?, make(4)?];
     let flops = attention_flops(shape[0], shape[1], shape[2], shape[2], shape[3], causal)
         * if backward { 3.5 } else { 1.0 };
-    let name = match (backward, grads) {
-        (true, DType::F32) => "attention_fwd_bwd",
-        (true, _) => "attention_fwd_bwd_as",
+    let name = match (backward, grads, schedule) {
+        (true, _, Some(BackwardSchedule::StoredScores { budget })) if budget < u64::MAX => {
+            "attention_fwd_bwd_stored_256m"
+        }
+        (true, _, Some(_)) => "attention_fwd_bwd_stored",
+        (true, DType::F32, None) => "attention_fwd_bwd",
+        (true, _, None) => "attention_fwd_bwd_as",
         _ => "attention_fwd",
     };
     let label = match (dtype, causal) {
@@ -1198,7 +1240,8 @@ fn attention_op_as(
         };
         let (out, saved) = attention_forward(&i[0], &i[1], &i[2], &options)?;
         if backward {
-            let g = attention_backward_as(&saved, &i[3], grads)?;
+            let schedule = schedule.unwrap_or(BackwardSchedule::Recompute);
+            let g = attention_backward_with(&saved, &i[3], grads, schedule)?;
             Ok(vec![out, g.query, g.key, g.value])
         } else {
             Ok(vec![out, saved.output_f32().clone()])

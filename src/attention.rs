@@ -17,8 +17,8 @@
 //! * `q_heads` a multiple of `kv_heads` (≥ 1); head dims every multiple of 8 from 8 to 256;
 //!   query and key lengths independent, each at most 2²⁴ (zero allowed).
 //! * Query, key and value share one storage dtype (F32, F16 or BF16); the cotangent may have
-//!   any float dtype. The output has the query's dtype; the saved output, the statistics and
-//!   every gradient are F32.
+//!   any float dtype. The output has the query's dtype; the saved output and the statistics
+//!   are F32, and so are the gradients unless [`attention_backward_as`] asks for F16/BF16.
 //!
 //! # Which keys a query sees
 //!
@@ -52,19 +52,25 @@
 //!
 //! # Schedule and determinism
 //!
-//! Every pass works on 32 × 32 tiles with 256 invocations, each computing a 2 × 2 block of
-//! scores and 2 rows × 2 columns of its accumulators; head-dim chunks of 32 columns are staged
-//! in workgroup memory (rows padded against bank conflicts; 12.5 KiB per workgroup). Tiles
-//! the causal/window band hides entirely are skipped. Forward: one workgroup per (batch, query
-//! head, 32-query block), online softmax over 32-key tiles. Backward: a row pass (`D` next to
-//! the saved statistics); a pass with one workgroup per (batch, key/value head, 32-key block)
-//! that owns those rows of dK and dV and sums over the query heads of its group, then 32-query
-//! tiles, then rows, in that fixed order; a pass with one workgroup per 32-query block that
-//! owns its rows of dQ and sums over 32-key tiles, then keys, in order. No atomics: reruns are
-//! bit-identical.
-//! Nothing quadratic is stored; saved state is the inputs, the F32 output and two
-//! `[batch, q_heads, q_len]` statistics. The backward's scratch is [`attention_workspace_bytes`]
-//! (16 bytes per query row), checked against the engine's workspace bound.
+//! Every pass works on 64 × 64 tiles with 256 invocations, each computing a 4 × 4 block of
+//! scores and 4 rows × `head_dim/16` columns of its accumulators (named registers); operands
+//! are staged in workgroup memory in 16-column steps (rows padded against bank conflicts;
+//! [`WORKGROUP_BYTES`] per workgroup). Tiles the causal/window band hides entirely are
+//! skipped. Forward: one workgroup per (batch, query head, 64-query block), online softmax
+//! over 64-key tiles. Backward: a row pass (`D` next to the saved statistics); a pass with one
+//! workgroup per (batch, key/value head, 64-key block) that owns those rows of dK and dV and
+//! sums over the query heads of its group, then 64-query tiles, then rows, in that fixed
+//! order; a pass with one workgroup per 64-query block that owns its rows of dQ and sums over
+//! 64-key tiles, then keys, in order. No atomics: reruns are bit-identical.
+//!
+//! By default nothing quadratic is stored: the dQ pass recomputes each tile's scores and
+//! `dO·Vᵀ` (seven score-sized products in the backward); saved state is the inputs, the F32
+//! output and two `[batch, q_heads, q_len]` statistics, and the backward's scratch is
+//! [`attention_workspace_bytes`] (16 bytes per query row), checked against the engine's
+//! workspace bound. [`attention_backward_with`] and [`BackwardSchedule::StoredScores`] trade
+//! memory for work: the dK/dV pass also writes each tile's `dS` (16 KiB F32) for a slice of
+//! (batch, kv head) groups, and the dQ pass reads it back (five products), slice after slice
+//! within a budget; the gradients are the same bits.
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Constants, Kernel};
 use crate::{DType, Engine, Error, Result, Tensor};
@@ -219,6 +225,8 @@ struct Params {
     scale: f32,
     rows: u32,
     same_output: u32,
+    first_group: u32,
+    groups: u32,
 }
 
 impl Plan {
@@ -249,6 +257,8 @@ impl Plan {
             scale: self.scale,
             rows: self.rows() as u32,
             same_output: u32::from(self.dtype == DType::F32),
+            first_group: 0,
+            groups: (self.batch * self.kv_heads) as u32,
         }
     }
 
@@ -555,6 +565,55 @@ pub fn attention_backward_as(
     d_output: &Tensor,
     dtype: DType,
 ) -> Result<AttentionGradients> {
+    attention_backward_with(saved, d_output, dtype, BackwardSchedule::Recompute)
+}
+
+/// How the backward's dQ pass gets the score gradients `dS = P ∘ (dO·Vᵀ − D)` of its tiles.
+/// Every schedule gives the same gradients, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackwardSchedule {
+    /// Recomputed from Q·Kᵀ and dO·Vᵀ (seven score-sized products in the backward; scratch
+    /// O(rows), [`attention_workspace_bytes`]). The default.
+    Recompute,
+    /// Stored by the dK/dV pass and read back by the dQ pass (five products): F32 tiles of
+    /// 64 × 64 (16 KiB) for every tile of a slice of (batch, kv head) groups, as few slices as
+    /// `budget` bytes allow, evened out (the budget capped by what the engine's workspace
+    /// bound leaves and by one binding; at least one group must fit: `WorkspaceExceeded`
+    /// otherwise; see
+    /// [`stored_scores_bytes_per_group`]). Its dK/dV pass binds nine storage buffers
+    /// (`InsufficientLimit` on a device with fewer; the default schedule needs eight).
+    StoredScores {
+        /// Bytes the score-gradient tiles of one slice may take.
+        budget: u64,
+    },
+}
+
+/// Bytes of score-gradient tiles one (batch, kv head) group needs under
+/// [`BackwardSchedule::StoredScores`]: 16 KiB per 64 × 64 tile of each of its query heads
+/// (every tile, the ones the causal band or window skips included).
+pub fn stored_scores_bytes_per_group(
+    q_heads: usize,
+    kv_heads: usize,
+    q_len: usize,
+    k_len: usize,
+) -> u64 {
+    let group = (q_heads / kv_heads.max(1)) as u64;
+    group * q_len.div_ceil(TILE) as u64 * k_len.div_ceil(TILE) as u64 * TILE_BYTES
+}
+
+/// Bytes of one stored score-gradient tile (64 × 64 F32).
+const TILE_BYTES: u64 = (TILE * TILE * 4) as u64;
+
+/// [`attention_backward_as`] with the dQ pass's `schedule`. Errors: those of
+/// [`attention_backward_as`]; with [`BackwardSchedule::StoredScores`], a budget (or what the
+/// workspace bound leaves of it) below one group's tiles (`WorkspaceExceeded`), or a device
+/// with fewer than nine storage buffers a stage (`InsufficientLimit`).
+pub fn attention_backward_with(
+    saved: &AttentionSaved,
+    d_output: &Tensor,
+    dtype: DType,
+    schedule: BackwardSchedule,
+) -> Result<AttentionGradients> {
     let engine: &Engine = saved.query.engine();
     d_output.check_engine(engine, "attention_backward: d_output")?;
     float_dtype(d_output, "attention_backward: d_output")?;
@@ -573,10 +632,41 @@ pub fn attention_backward_as(
         ));
     }
     let plan = &saved.plan;
-    engine.check_workspace(
-        "attention_backward",
-        attention_workspace_bytes(plan.batch, plan.q_heads, plan.q_len),
-    )?;
+    let own = attention_workspace_bytes(plan.batch, plan.q_heads, plan.q_len);
+    engine.check_workspace("attention_backward", own)?;
+    let groups = plan.batch * plan.kv_heads;
+    // Groups a slice under the stored schedule (None: recompute).
+    let slice = match schedule {
+        BackwardSchedule::Recompute => None,
+        BackwardSchedule::StoredScores { budget } => {
+            let per_group =
+                stored_scores_bytes_per_group(plan.q_heads, plan.kv_heads, plan.q_len, plan.k_len);
+            let limit = engine.info().limits.max_storage_buffers_per_shader_stage;
+            if limit < 9 {
+                return Err(Error::InsufficientLimit {
+                    name: "max_storage_buffers_per_shader_stage",
+                    got: limit.into(),
+                    needed: 9,
+                });
+            }
+            let room = budget
+                .min(engine.workspace_bound() - own)
+                .min(engine.max_binding_bytes());
+            let fit = room.checked_div(per_group).unwrap_or(u64::MAX);
+            if fit == 0 {
+                return Err(Error::WorkspaceExceeded {
+                    what: "attention_backward: score-gradient tiles of one (batch, kv head) group"
+                        .to_string(),
+                    needed: own + per_group,
+                    bound: own + room,
+                });
+            }
+            // As few slices as fit, evened out (no short last slice).
+            let fit = fit.min(groups.max(1) as u64) as usize;
+            let slices = groups.div_ceil(fit).max(1);
+            Some(groups.div_ceil(slices).max(1))
+        }
+    };
     let d_query = Tensor::empty(engine, saved.query.shape(), dtype, "attention d_query")?;
     let d_key = Tensor::empty(engine, saved.key.shape(), dtype, "attention d_key")?;
     let d_value = Tensor::empty(engine, saved.key.shape(), dtype, "attention d_value")?;
@@ -599,39 +689,95 @@ pub fn attention_backward_as(
         ],
         (plan.rows() as u64).div_ceil(16),
     )?;
-    engine.launch(
-        &KERNEL,
-        "attention_dkdv",
-        &constants,
-        &params,
-        &[
-            saved.query.buffer(),
-            saved.key.buffer(),
-            saved.value.buffer(),
-            mask_buffer,
-            d_output.buffer(),
-            row_info.buffer(),
-            d_key.buffer(),
-            d_value.buffer(),
-        ],
-        (plan.batch * plan.kv_heads * plan.k_len.div_ceil(TILE)) as u64,
-    )?;
-    engine.launch(
-        &KERNEL,
-        "attention_dq",
-        &constants,
-        &params,
-        &[
-            saved.query.buffer(),
-            saved.key.buffer(),
-            saved.value.buffer(),
-            mask_buffer,
-            d_output.buffer(),
-            row_info.buffer(),
-            d_query.buffer(),
-        ],
-        (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
-    )?;
+    let (k_tiles, q_tiles) = (plan.k_len.div_ceil(TILE), plan.q_len.div_ceil(TILE));
+    let Some(per_slice) = slice else {
+        engine.launch(
+            &KERNEL,
+            "attention_dkdv",
+            &constants,
+            &params,
+            &[
+                saved.query.buffer(),
+                saved.key.buffer(),
+                saved.value.buffer(),
+                mask_buffer,
+                d_output.buffer(),
+                row_info.buffer(),
+                d_key.buffer(),
+                d_value.buffer(),
+            ],
+            (groups * k_tiles) as u64,
+        )?;
+        engine.launch(
+            &KERNEL,
+            "attention_dq",
+            &constants,
+            &params,
+            &[
+                saved.query.buffer(),
+                saved.key.buffer(),
+                saved.value.buffer(),
+                mask_buffer,
+                d_output.buffer(),
+                row_info.buffer(),
+                d_query.buffer(),
+            ],
+            (plan.batch * plan.q_heads * q_tiles) as u64,
+        )?;
+        return Ok(AttentionGradients {
+            query: d_query,
+            key: d_key,
+            value: d_value,
+        });
+    };
+    // Stored schedule: per slice of groups, the dK/dV pass writes the tiles, the dQ pass reads
+    // them; the next slice reuses the scratch.
+    let per_group =
+        stored_scores_bytes_per_group(plan.q_heads, plan.kv_heads, plan.q_len, plan.k_len);
+    let words = (per_slice as u64 * per_group / 4).max(4) as usize;
+    let tiles = Tensor::empty(engine, &[words], DType::F32, "attention score gradients")?;
+    let group = plan.q_heads / plan.kv_heads.max(1);
+    for first in (0..groups).step_by(per_slice) {
+        let count = per_slice.min(groups - first);
+        let params = Params {
+            first_group: first as u32,
+            groups: count as u32,
+            ..plan.params(saved.mask.is_some())
+        };
+        engine.launch(
+            &KERNEL,
+            "attention_dkdv_store",
+            &constants,
+            &params,
+            &[
+                saved.query.buffer(),
+                saved.key.buffer(),
+                saved.value.buffer(),
+                mask_buffer,
+                d_output.buffer(),
+                row_info.buffer(),
+                d_key.buffer(),
+                d_value.buffer(),
+                tiles.buffer(),
+            ],
+            (count * k_tiles) as u64,
+        )?;
+        engine.launch(
+            &KERNEL,
+            "attention_dq_stored",
+            &constants,
+            &params,
+            &[
+                saved.query.buffer(),
+                saved.key.buffer(),
+                saved.value.buffer(),
+                d_output.buffer(),
+                d_query.buffer(),
+                tiles.buffer(),
+            ],
+            (count * group * q_tiles) as u64,
+        )?;
+    }
     Ok(AttentionGradients {
         query: d_query,
         key: d_key,

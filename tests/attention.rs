@@ -5,7 +5,8 @@
 //! with fully masked rows in every broadcast shape; sliding windows; lengths 1/17/65/200 (not
 //! multiples of the 32-row tile); head dims 8/32/72/128/256; a 1e4 common score offset; the
 //! [B,S,H,D] layout; bit-identical reruns; finite differences of the reference backward;
-//! workspace bound; empty shapes; every documented bad input's error.
+//! workspace bound; empty shapes; every documented bad input's error; the stored
+//! score-gradient schedule bit-identical to the default one.
 //!
 //! Tolerance: `Tolerance::for_dtype` of the compared output (the output in its storage dtype,
 //! everything else F32), unscaled: the references use the stored (rounded) inputs, so only
@@ -15,8 +16,9 @@ mod common;
 
 use common::{Rng, engine, private_engine};
 use wgrad::attention::{
-    AttentionLayout, AttentionOptions, attention_backward, attention_backward_as, attention_flops,
-    attention_forward, attention_workspace_bytes, mask_from_bools, mask_from_u8,
+    AttentionLayout, AttentionOptions, BackwardSchedule, attention_backward, attention_backward_as,
+    attention_backward_with, attention_flops, attention_forward, attention_workspace_bytes,
+    mask_from_bools, mask_from_u8, stored_scores_bytes_per_group,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::attention::{self as reference, Dims, Visibility};
@@ -1055,5 +1057,129 @@ fn attention_backward_as_is_the_f32_gradient_rounded_once() {
     match attention_backward_as(&saved, &q, DType::I32) {
         Err(Error::UnsupportedDType { .. }) => {}
         other => panic!("expected UnsupportedDType, got {other:?}"),
+    }
+}
+
+/// `BackwardSchedule::StoredScores` gives the default schedule's gradients bit for bit: slices
+/// of one group, of two (the last one shorter) and of every group; grouped queries with batches,
+/// causal (both offsets, fewer queries than keys), a mask with fully masked rows and a window,
+/// ragged lengths, head dims 8 to 128, the `[B, S, H, D]` layout, 16-bit inputs and
+/// gradients, empty lengths; its scratch is one slice's tiles (engine peak); a budget below one
+/// group's tiles is a typed error.
+#[test]
+fn stored_score_gradients_give_the_recompute_bits() {
+    let mut setups = Vec::new();
+    let mut s = Setup::new(dims(2, 4, 2, 17, 17, 8));
+    s.causal = true;
+    setups.push(s);
+    let mut s = Setup::new(dims(1, 4, 1, 65, 130, 72));
+    s.layout = AttentionLayout::BatchSeqHead;
+    s.dtype = DType::BF16;
+    s.grad_dtype = DType::BF16;
+    setups.push(s);
+    let mut s = Setup::new(dims(1, 2, 1, 17, 17, 16));
+    s.mask = Some((mask_values(42, 1, 17, 17, &[3]), 1, 1, true));
+    s.causal = true;
+    s.window_left = Some(6);
+    setups.push(s);
+    let mut s = Setup::new(dims(3, 3, 3, 40, 100, 32));
+    s.causal = true;
+    s.offset = Some(0);
+    s.dtype = DType::F16;
+    setups.push(s);
+    let mut s = Setup::new(dims(1, 2, 1, 70, 70, 128));
+    s.causal = true;
+    setups.push(s);
+    setups.push(Setup::new(dims(1, 2, 1, 5, 0, 8)));
+    setups.push(Setup::new(dims(1, 2, 1, 0, 6, 8)));
+    for (n, s) in setups.iter().enumerate() {
+        let d = &s.dims;
+        let data = s.data();
+        let (q, _) = upload(s, &data[0], d.q_heads, d.q_len, s.dtype);
+        let (k, _) = upload(s, &data[1], d.kv_heads, d.k_len, s.dtype);
+        let (v, _) = upload(s, &data[2], d.kv_heads, d.k_len, s.dtype);
+        let (go, _) = upload(s, &data[3], d.q_heads, d.q_len, s.grad_dtype);
+        let (_, saved) = attention_forward(&q, &k, &v, &s.options()).unwrap();
+        let per_group = stored_scores_bytes_per_group(d.q_heads, d.kv_heads, d.q_len, d.k_len);
+        for grads in [DType::F32, s.grad_dtype] {
+            let want = attention_backward_as(&saved, &go, grads).unwrap();
+            for budget in [per_group, 2 * per_group + 1, u64::MAX] {
+                let schedule = BackwardSchedule::StoredScores { budget };
+                let got = attention_backward_with(&saved, &go, grads, schedule).unwrap();
+                for (name, g, w) in [
+                    ("dq", &got.query, &want.query),
+                    ("dk", &got.key, &want.key),
+                    ("dv", &got.value, &want.value),
+                ] {
+                    assert_eq!((g.dtype(), g.shape()), (grads, w.shape()));
+                    assert_eq!(
+                        bits(g),
+                        bits(w),
+                        "setup {n} {d:?} grads {grads} budget {budget}: {name}"
+                    );
+                }
+            }
+        }
+        if per_group > 0 {
+            let schedule = BackwardSchedule::StoredScores {
+                budget: per_group - 1,
+            };
+            match attention_backward_with(&saved, &go, DType::F32, schedule) {
+                Err(Error::WorkspaceExceeded { .. }) => {}
+                other => panic!("setup {n}: expected WorkspaceExceeded, got {other:?}"),
+            }
+        }
+    }
+    // Scratch: one slice's tiles beside the gradients and the row scratch.
+    let e = private_engine();
+    let (b, hq, hk, sq, sk, d) = (2usize, 2usize, 1usize, 70usize, 90usize, 16usize);
+    let mut rng = Rng::new(77);
+    let mut up = |h: usize, len: usize| {
+        common::tensor_from_f64(
+            &e,
+            &rng.vec(b * h * len * d, -1.0, 1.0),
+            &[b, h, len, d],
+            DType::F32,
+        )
+    };
+    let (q, k, v, go) = (up(hq, sq), up(hk, sk), up(hk, sk), up(hq, sq));
+    let (_, saved) = attention_forward(&q, &k, &v, &AttentionOptions::default()).unwrap();
+    let per_group = stored_scores_bytes_per_group(hq, hk, sq, sk);
+    assert_eq!(per_group, (2 * 2 * 2 * 64 * 64 * 4) as u64);
+    let gradients = (4 * (b * hq * sq * d + 2 * b * hk * sk * d)) as u64;
+    let rows = attention_workspace_bytes(b, hq, sq);
+    for (budget, slice) in [(per_group, per_group), (u64::MAX, 2 * per_group)] {
+        e.synchronize().unwrap();
+        let before = e.memory().live_bytes;
+        e.reset_peak();
+        let g = attention_backward_with(
+            &saved,
+            &go,
+            DType::F32,
+            BackwardSchedule::StoredScores { budget },
+        )
+        .unwrap();
+        e.synchronize().unwrap();
+        let grown = e.memory().peak_bytes - before;
+        // (Launch parameters add a few hundred bytes a launch.)
+        let want = gradients + rows + slice;
+        assert!(
+            (want..want + 8192).contains(&grown),
+            "budget {budget}: grew {grown}, want {want}"
+        );
+        drop(g);
+    }
+    // The workspace bound caps the budget.
+    e.set_workspace_bound(rows + per_group - 1);
+    match attention_backward_with(
+        &saved,
+        &go,
+        DType::F32,
+        BackwardSchedule::StoredScores { budget: u64::MAX },
+    ) {
+        Err(Error::WorkspaceExceeded { needed, bound, .. }) => {
+            assert_eq!((needed, bound), (rows + per_group, rows + per_group - 1));
+        }
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
     }
 }

@@ -1,6 +1,10 @@
 // Stable softmax attention: a tiled forward with online softmax and a deterministic backward
-// in three passes (row deltas, dK/dV per key block, dQ per query block). No atomics and no
-// quadratic buffer: every score tile lives in workgroup memory only.
+// in three passes (row deltas, dK/dV per key block, dQ per query block). No atomics. By
+// default no quadratic buffer: every score tile lives in workgroup memory only, and the dQ
+// pass recomputes the scores and dO·vᵀ of its tiles. The stored schedule instead has the
+// dK/dV pass (attention_dkdv_store) write each tile's score gradients to ds_store, for a slice
+// of (batch, kv head) groups at a time, and attention_dq_stored reads them back: five
+// score-sized products instead of seven, the same bits.
 //
 // Shapes (elements; strides come from the host, so [B,H,S,D] and [B,S,H,D] read alike):
 //   query, output, d_output, d_query   [batch, q_heads, q_len, HD] at the query strides
@@ -58,6 +62,8 @@ struct Params {
     scale: f32,
     rows: u32,       // batch · q_heads · q_len (delta pass)
     same_output: u32, // F32 query: the output is the saved output, output_f32 is not written
+    first_group: u32, // dK/dV and stored-dQ passes: first (batch, kv head) group of the launch
+    groups: u32,      // and how many (every one: batch · kv_heads, unless sliced)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -76,6 +82,10 @@ struct Params {
 @group(0) @binding(12) var<storage, read_write> grad_a: array<u32>;
 @group(0) @binding(13) var<storage, read_write> grad_b: array<u32>;
 @group(0) @binding(14) var<storage, read_write> info_out: array<f32>;
+// Score-gradient tiles of the stored schedule: 1,024 vec4 per visible 64 × 64 tile
+// of a launch's query heads, indexed ((local query head · q_tiles + query block) · k_tiles +
+// key block) · 1,024.
+@group(0) @binding(15) var<storage, read_write> ds_store: array<vec4<f32>>;
 
 
 fn neg_inf() -> f32 {
@@ -851,79 +861,156 @@ fn write_acc_b(a: Acc, tx: u32, ty: u32, base: u32, ss: u32, r0: u32, len: u32) 
     }
 }
 
-// One workgroup per (batch, key/value head, block of BT keys): owns those rows of d_key and
-// d_value and sums over the query heads of its group, then over tiles of BT queries, then
-// over the queries of a tile, always in that order. Invocation (tx, ty): key rows ty + 16·i,
-// query columns tx + 16·j of the transposed tile; accumulators rows ty + 16·i × columns
-// 64·c + 4·tx ...
+// Probabilities and score gradients of one dK/dV tile (keys × queries).
+struct TileGrads {
+    p: Blk,
+    ds: Blk,
+}
+
+// The dK/dV pass's tile of keys k0.. (rows ty + 16·i) against queries q0.. (columns tx + 16·j)
+// of query head h: P = exp(scale·(K·Qᵀ − m) − log l) (masked to 0) and dS = P ∘ (V·dOᵀ − D).
+fn dkdv_tile(lid: u32, tx: u32, ty: u32, b: u32, h: u32, k_base: u32, q_base: u32, k0: u32,
+             q0: u32) -> TileGrads {
+    let zero = vec4<f32>(0.0);
+    let keys = vec4<u32>(k0 + ty) + vec4<u32>(0u, 16u, 32u, 48u);
+    let st = bwd_scores(lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len,
+                        KIND_Q, q_base, params.q_ss, q0, params.q_len);
+    let dpt = bwd_scores(lid, tx, ty, KIND_V, k_base, params.k_ss, k0, params.k_len,
+                         KIND_DO, q_base, params.q_ss, q0, params.q_len);
+    let qs = vec4<u32>(q0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
+    let i0 = info(b, h, qs.x);
+    let i1 = info(b, h, qs.y);
+    let i2 = info(b, h, qs.z);
+    let i3 = info(b, h, qs.w);
+    let qm = vec4<f32>(i0.x, i1.x, i2.x, i3.x);
+    let ql = vec4<f32>(i0.y, i1.y, i2.y, i3.y);
+    let qd = vec4<f32>(i0.z, i1.z, i2.z, i3.z);
+    var t = TileGrads();
+    t.p.r0 = exp(params.scale * (st.r0 - qm) - ql);
+    t.p.r1 = exp(params.scale * (st.r1 - qm) - ql);
+    t.p.r2 = exp(params.scale * (st.r2 - qm) - ql);
+    t.p.r3 = exp(params.scale * (st.r3 - qm) - ql);
+    if (!block_full(q0, k0)) {
+        t.p.r0 = select(zero, t.p.r0, vis4(b, h, qs, vec4<u32>(keys.x)));
+        t.p.r1 = select(zero, t.p.r1, vis4(b, h, qs, vec4<u32>(keys.y)));
+        t.p.r2 = select(zero, t.p.r2, vis4(b, h, qs, vec4<u32>(keys.z)));
+        t.p.r3 = select(zero, t.p.r3, vis4(b, h, qs, vec4<u32>(keys.w)));
+    }
+    t.ds.r0 = t.p.r0 * (dpt.r0 - qd);
+    t.ds.r1 = t.p.r1 * (dpt.r1 - qd);
+    t.ds.r2 = t.p.r2 * (dpt.r2 - qd);
+    t.ds.r3 = t.p.r3 * (dpt.r3 - qd);
+    return t;
+}
+
+// The accumulators of a dK/dV workgroup (named registers, never an indexed array).
+struct DkDv {
+    dk: Acc,
+    dv: Acc,
+}
+
+// dV += Pᵀ dO, then dK += dSᵀ Q (scaled at the end), for one tile's queries q0...
+fn dkdv_accumulate(a: DkDv, t: TileGrads, lid: u32, tx: u32, ty: u32, q_base: u32,
+                   q0: u32) -> DkDv {
+    var r = a;
+    put_tile(t.p, tx, ty);
+    r.dv = bwd_accumulate(r.dv, lid, tx, ty, KIND_DO, q_base, params.q_ss, q0, params.q_len);
+    put_tile(t.ds, tx, ty);
+    r.dk = bwd_accumulate(r.dk, lid, tx, ty, KIND_Q, q_base, params.q_ss, q0, params.q_len);
+    return r;
+}
+
+// A dK/dV tile's score gradients (keys ty + 16·i × queries tx + 16·j) stored at `at` in the
+// order the dQ pass keeps them in `ps`: vec4 k·16 + t holds key k's values of queries t + 16·i.
+fn store_ds(ds: Blk, at: u32, tx: u32, ty: u32) {
+    ds_store[at + ty * 16u + tx] = ds.r0;
+    ds_store[at + (ty + 16u) * 16u + tx] = ds.r1;
+    ds_store[at + (ty + 32u) * 16u + tx] = ds.r2;
+    ds_store[at + (ty + 48u) * 16u + tx] = ds.r3;
+}
+
+// The (batch, kv head, key block) of a dK/dV workgroup: x = batch, y = kv head, z = key block,
+// w = 0 for a workgroup past the launch's groups (nothing to do), else 1.
+fn dkdv_owner(wid: vec3<u32>, nwg: vec3<u32>) -> vec4<u32> {
+    let k_tiles = (params.k_len + BT - 1u) / BT;
+    let g = group_index(wid, nwg);
+    if (g >= params.groups * k_tiles) {
+        return vec4<u32>(0u);
+    }
+    let bh = params.first_group + g / k_tiles;
+    return vec4<u32>(bh / params.kv_heads, bh % params.kv_heads, g % k_tiles, 1u);
+}
+
+// Rows k0.. of d_key (scaled) and d_value from the accumulators.
+fn dkdv_write(a: DkDv, tx: u32, ty: u32, k_base: u32, k0: u32) {
+    write_acc_a(a.dk, tx, ty, k_base, params.k_ss, k0, params.k_len, params.scale);
+    write_acc_b(a.dv, tx, ty, k_base, params.k_ss, k0, params.k_len);
+}
+
+// One workgroup per (batch, key/value head, block of BT keys) of the launch's groups: owns
+// those rows of d_key and d_value and sums over the query heads of its group, then over tiles
+// of BT queries, then over the queries of a tile, always in that order. Invocation (tx, ty):
+// key rows ty + 16·i, query columns tx + 16·j of the transposed tile; accumulators rows
+// ty + 16·i × columns 64·c + 4·tx ... `attention_dkdv_store` is the same pass storing each
+// tile's dS for `attention_dq_stored` (its own entry point, so this one binds no ds_store).
 @compute @workgroup_size(256)
 fn attention_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
-    let k_tiles = (params.k_len + BT - 1u) / BT;
-    let g = group_index(wid, nwg);
-    if (g >= params.batch * params.kv_heads * k_tiles) {
+    let o = dkdv_owner(wid, nwg);
+    if (o.w == 0u) {
         return;
     }
-    let kb = g % k_tiles;
-    let bh = g / k_tiles;
-    let kvh = bh % params.kv_heads;
-    let b = bh / params.kv_heads;
     let tx = lid % 16u;
     let ty = lid / 16u;
-    let k0 = kb * BT;
+    let k0 = o.z * BT;
     let k_last = min(k0 + BT, params.k_len) - 1u;
-    let k_base = b * params.k_sb + kvh * params.k_sh;
+    let k_base = o.x * params.k_sb + o.y * params.k_sh;
     let q_tiles = (params.q_len + BT - 1u) / BT;
-    let keys = vec4<u32>(k0 + ty) + vec4<u32>(0u, 16u, 32u, 48u);
-    let zero = vec4<f32>(0.0);
-
-    var dk = Acc();
-    var dv = Acc();
+    var acc = DkDv();
     for (var gi = 0u; gi < params.group; gi = gi + 1u) {
-        let h = kvh * params.group + gi;
-        let q_base = b * params.q_sb + h * params.q_sh;
+        let h = o.y * params.group + gi;
+        let q_base = o.x * params.q_sb + h * params.q_sh;
         for (var qb = 0u; qb < q_tiles; qb = qb + 1u) {
             let q0 = qb * BT;
-            if (!block_visible(q0, min(q0 + BT, params.q_len) - 1u, k0, k_last)) {
-                continue;
+            if (block_visible(q0, min(q0 + BT, params.q_len) - 1u, k0, k_last)) {
+                let t = dkdv_tile(lid, tx, ty, o.x, h, k_base, q_base, k0, q0);
+                acc = dkdv_accumulate(acc, t, lid, tx, ty, q_base, q0);
             }
-            let st = bwd_scores(lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len,
-                                KIND_Q, q_base, params.q_ss, q0, params.q_len);
-            let dpt = bwd_scores(lid, tx, ty, KIND_V, k_base, params.k_ss, k0, params.k_len,
-                                 KIND_DO, q_base, params.q_ss, q0, params.q_len);
-            let qs = vec4<u32>(q0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
-            let i0 = info(b, h, qs.x);
-            let i1 = info(b, h, qs.y);
-            let i2 = info(b, h, qs.z);
-            let i3 = info(b, h, qs.w);
-            let qm = vec4<f32>(i0.x, i1.x, i2.x, i3.x);
-            let ql = vec4<f32>(i0.y, i1.y, i2.y, i3.y);
-            let qd = vec4<f32>(i0.z, i1.z, i2.z, i3.z);
-            var p = Blk();
-            p.r0 = exp(params.scale * (st.r0 - qm) - ql);
-            p.r1 = exp(params.scale * (st.r1 - qm) - ql);
-            p.r2 = exp(params.scale * (st.r2 - qm) - ql);
-            p.r3 = exp(params.scale * (st.r3 - qm) - ql);
-            if (!block_full(q0, k0)) {
-                p.r0 = select(zero, p.r0, vis4(b, h, qs, vec4<u32>(keys.x)));
-                p.r1 = select(zero, p.r1, vis4(b, h, qs, vec4<u32>(keys.y)));
-                p.r2 = select(zero, p.r2, vis4(b, h, qs, vec4<u32>(keys.z)));
-                p.r3 = select(zero, p.r3, vis4(b, h, qs, vec4<u32>(keys.w)));
-            }
-            var ds = Blk();
-            ds.r0 = p.r0 * (dpt.r0 - qd);
-            ds.r1 = p.r1 * (dpt.r1 - qd);
-            ds.r2 = p.r2 * (dpt.r2 - qd);
-            ds.r3 = p.r3 * (dpt.r3 - qd);
-            // dV += Pᵀ dO, then dK += dSᵀ Q (scaled at the end).
-            put_tile(p, tx, ty);
-            dv = bwd_accumulate(dv, lid, tx, ty, KIND_DO, q_base, params.q_ss, q0, params.q_len);
-            put_tile(ds, tx, ty);
-            dk = bwd_accumulate(dk, lid, tx, ty, KIND_Q, q_base, params.q_ss, q0, params.q_len);
         }
     }
-    write_acc_a(dk, tx, ty, k_base, params.k_ss, k0, params.k_len, params.scale);
-    write_acc_b(dv, tx, ty, k_base, params.k_ss, k0, params.k_len);
+    dkdv_write(acc, tx, ty, k_base, k0);
+}
+
+@compute @workgroup_size(256)
+fn attention_dkdv_store(@builtin(workgroup_id) wid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let o = dkdv_owner(wid, nwg);
+    if (o.w == 0u) {
+        return;
+    }
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    let k0 = o.z * BT;
+    let k_last = min(k0 + BT, params.k_len) - 1u;
+    let k_base = o.x * params.k_sb + o.y * params.k_sh;
+    let q_tiles = (params.q_len + BT - 1u) / BT;
+    let k_tiles = (params.k_len + BT - 1u) / BT;
+    let first_head = (o.x * params.kv_heads + o.y - params.first_group) * params.group;
+    var acc = DkDv();
+    for (var gi = 0u; gi < params.group; gi = gi + 1u) {
+        let h = o.y * params.group + gi;
+        let q_base = o.x * params.q_sb + h * params.q_sh;
+        for (var qb = 0u; qb < q_tiles; qb = qb + 1u) {
+            let q0 = qb * BT;
+            if (block_visible(q0, min(q0 + BT, params.q_len) - 1u, k0, k_last)) {
+                let t = dkdv_tile(lid, tx, ty, o.x, h, k_base, q_base, k0, q0);
+                store_ds(t.ds, (((first_head + gi) * q_tiles + qb) * k_tiles + o.z) * 1024u, tx, ty);
+                acc = dkdv_accumulate(acc, t, lid, tx, ty, q_base, q0);
+            }
+        }
+    }
+    dkdv_write(acc, tx, ty, k_base, k0);
 }
 
 // One workgroup per (batch, query head, block of BT query rows): owns those rows of d_query
@@ -984,6 +1071,48 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         ds.r2 = p.r2 * (dp.r2 - vec4<f32>(i2.z));
         ds.r3 = p.r3 * (dp.r3 - vec4<f32>(i3.z));
         put_tile(ds, tx, ty);
+        dq = bwd_accumulate(dq, lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len);
+    }
+    write_acc_a(dq, tx, ty, q_base, params.q_ss, q0, params.q_len, params.scale);
+}
+
+// The dQ pass of the stored schedule: like attention_dq, for the query heads of the launch's
+// groups, with each visible tile's score gradients read from ds_store (written by the dK/dV
+// pass, the same values bit for bit) instead of recomputed: one product per tile, not three.
+@compute @workgroup_size(256)
+fn attention_dq_stored(@builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let q_tiles = (params.q_len + BT - 1u) / BT;
+    let g = group_index(wid, nwg);
+    if (g >= params.groups * params.group * q_tiles) {
+        return;
+    }
+    let qb = g % q_tiles;
+    let lq = g / q_tiles;
+    let bh = params.first_group * params.group + lq;
+    let h = bh % params.q_heads;
+    let b = bh / params.q_heads;
+    let kvh = h / params.group;
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    let q0 = qb * BT;
+    let q_last = min(q0 + BT, params.q_len) - 1u;
+    let q_base = b * params.q_sb + h * params.q_sh;
+    let k_base = b * params.k_sb + kvh * params.k_sh;
+    let k_tiles = (params.k_len + BT - 1u) / BT;
+
+    var dq = Acc();
+    for (var kb = 0u; kb < k_tiles; kb = kb + 1u) {
+        let k0 = kb * BT;
+        if (!block_visible(q0, q_last, k0, min(k0 + BT, params.k_len) - 1u)) {
+            continue;
+        }
+        let at = ((lq * q_tiles + qb) * k_tiles + kb) * 1024u;
+        for (var r = 0u; r < 4u; r = r + 1u) {
+            let e = lid + WG * r;
+            ps[(e / 16u) * 17u + e % 16u] = ds_store[at + e];
+        }
         dq = bwd_accumulate(dq, lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len);
     }
     write_acc_a(dq, tx, ty, q_base, params.q_ss, q0, params.q_len, params.scale);

@@ -15,7 +15,19 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             kernels: &["attention", "cast"],
             run: |e| check_attention(e, true),
         },
+        OperatorCheck {
+            name: "attention_stored_scores",
+            kernels: &["attention"],
+            run: check_attention_stored_scores,
+        },
     ]
+}
+
+/// The backward with the stored score-gradient schedule (`attention_backward_with`,
+/// `BackwardSchedule::StoredScores`, one (batch, kv head) group a slice) against the f64
+/// reference, as in `check_attention`.
+fn check_attention_stored_scores(engine: &Engine) -> Result<Vec<Case>> {
+    check_attention_with(engine, false, true)
 }
 
 /// Attention forward (output, saved F32 output) and backward (dq, dk, dv) against the f64
@@ -24,7 +36,16 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 /// gradients come from `attention_backward_as` in the inputs' dtype and are compared at that
 /// dtype's tolerance.
 fn check_attention(engine: &Engine, stored: bool) -> Result<Vec<Case>> {
-    use crate::attention::{AttentionOptions, attention_backward_as, attention_forward};
+    check_attention_with(engine, stored, false)
+}
+
+/// [`check_attention`], the backward under the stored score-gradient schedule when
+/// `stored_scores`.
+fn check_attention_with(engine: &Engine, stored: bool, stored_scores: bool) -> Result<Vec<Case>> {
+    use crate::attention::{
+        AttentionOptions, BackwardSchedule, attention_backward_with, attention_forward,
+        stored_scores_bytes_per_group,
+    };
     use reference::attention::{Dims, Visibility};
     let dims = Dims {
         batch: 2,
@@ -55,7 +76,19 @@ fn check_attention(engine: &Engine, stored: bool) -> Result<Vec<Case>> {
         let (go, gos) = tensor_from_f64(engine, &rng.vec(q_len, -1.0, 1.0), &q_shape, dtype)?;
         let (out, saved) = attention_forward(&q, &k, &v, &options)?;
         let grad_dtype = if stored { dtype } else { DType::F32 };
-        let grads = attention_backward_as(&saved, &go, grad_dtype)?;
+        let schedule = if stored_scores {
+            BackwardSchedule::StoredScores {
+                budget: stored_scores_bytes_per_group(
+                    dims.q_heads,
+                    dims.kv_heads,
+                    dims.q_len,
+                    dims.k_len,
+                ),
+            }
+        } else {
+            BackwardSchedule::Recompute
+        };
+        let grads = attention_backward_with(&saved, &go, grad_dtype, schedule)?;
         let want = reference::attention::forward(&qs, &ks, &vs, &dims, &vis);
         let (dq, dk, dv) = reference::attention::backward(&qs, &ks, &vs, &gos, &dims, &vis);
         let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} causal");
