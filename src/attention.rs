@@ -690,40 +690,43 @@ pub fn attention_backward_with(
         (plan.rows() as u64).div_ceil(16),
     )?;
     let (k_tiles, q_tiles) = (plan.k_len.div_ceil(TILE), plan.q_len.div_ceil(TILE));
+    // Buffers of the dK/dV pass (then the stored tiles) and of the dQ pass (then its rows).
+    let (q, k, v, go) = (
+        saved.query.buffer(),
+        saved.key.buffer(),
+        saved.value.buffer(),
+        d_output.buffer(),
+    );
+    let dkdv_buffers = [q, k, v, mask_buffer, go, row_info.buffer(), d_key.buffer()];
     let Some(per_slice) = slice else {
-        engine.launch(
-            &KERNEL,
-            "attention_dkdv",
-            &constants,
-            &params,
-            &[
-                saved.query.buffer(),
-                saved.key.buffer(),
-                saved.value.buffer(),
-                mask_buffer,
-                d_output.buffer(),
-                row_info.buffer(),
-                d_key.buffer(),
-                d_value.buffer(),
-            ],
-            (groups * k_tiles) as u64,
-        )?;
-        engine.launch(
-            &KERNEL,
-            "attention_dq",
-            &constants,
-            &params,
-            &[
-                saved.query.buffer(),
-                saved.key.buffer(),
-                saved.value.buffer(),
-                mask_buffer,
-                d_output.buffer(),
-                row_info.buffer(),
-                d_query.buffer(),
-            ],
-            (plan.batch * plan.q_heads * q_tiles) as u64,
-        )?;
+        let mut buffers = dkdv_buffers.to_vec();
+        buffers.push(d_value.buffer());
+        let launches = [
+            ("attention_dkdv", buffers, groups * k_tiles),
+            (
+                "attention_dq",
+                vec![
+                    q,
+                    k,
+                    v,
+                    mask_buffer,
+                    go,
+                    row_info.buffer(),
+                    d_query.buffer(),
+                ],
+                plan.batch * plan.q_heads * q_tiles,
+            ),
+        ];
+        for (entry, buffers, workgroups) in launches {
+            engine.launch(
+                &KERNEL,
+                entry,
+                &constants,
+                &params,
+                &buffers,
+                workgroups as u64,
+            )?;
+        }
         return Ok(AttentionGradients {
             query: d_query,
             key: d_key,
@@ -736,6 +739,9 @@ pub fn attention_backward_with(
         stored_scores_bytes_per_group(plan.q_heads, plan.kv_heads, plan.q_len, plan.k_len);
     let words = (per_slice as u64 * per_group / 4).max(4) as usize;
     let tiles = Tensor::empty(engine, &[words], DType::F32, "attention score gradients")?;
+    let mut store_buffers = dkdv_buffers.to_vec();
+    store_buffers.extend([d_value.buffer(), tiles.buffer()]);
+    let read_buffers = [q, k, v, go, d_query.buffer(), tiles.buffer()];
     let group = plan.q_heads / plan.kv_heads.max(1);
     for first in (0..groups).step_by(per_slice) {
         let count = per_slice.min(groups - first);
@@ -744,39 +750,24 @@ pub fn attention_backward_with(
             groups: count as u32,
             ..plan.params(saved.mask.is_some())
         };
-        engine.launch(
-            &KERNEL,
-            "attention_dkdv_store",
-            &constants,
-            &params,
-            &[
-                saved.query.buffer(),
-                saved.key.buffer(),
-                saved.value.buffer(),
-                mask_buffer,
-                d_output.buffer(),
-                row_info.buffer(),
-                d_key.buffer(),
-                d_value.buffer(),
-                tiles.buffer(),
-            ],
-            (count * k_tiles) as u64,
-        )?;
-        engine.launch(
-            &KERNEL,
-            "attention_dq_stored",
-            &constants,
-            &params,
-            &[
-                saved.query.buffer(),
-                saved.key.buffer(),
-                saved.value.buffer(),
-                d_output.buffer(),
-                d_query.buffer(),
-                tiles.buffer(),
-            ],
-            (count * group * q_tiles) as u64,
-        )?;
+        let launches = [
+            ("attention_dkdv_store", &store_buffers[..], count * k_tiles),
+            (
+                "attention_dq_stored",
+                &read_buffers[..],
+                count * group * q_tiles,
+            ),
+        ];
+        for (entry, buffers, workgroups) in launches {
+            engine.launch(
+                &KERNEL,
+                entry,
+                &constants,
+                &params,
+                buffers,
+                workgroups as u64,
+            )?;
+        }
     }
     Ok(AttentionGradients {
         query: d_query,
