@@ -411,6 +411,7 @@ fn run(args: &Args) -> Result<Report> {
             ],
             Box::new(|| loss_operators(&engine, args.quick)),
         ),
+        (&["grpo"], Box::new(|| grpo_ops(&engine, args.quick))),
         (
             &["gated_delta"],
             Box::new(|| gated_delta_ops(&engine, args.quick)),
@@ -1105,6 +1106,62 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 ])
             }));
         }
+    }
+    Ok(ops)
+}
+
+/// The GRPO token loss forward + backward (old and reference log-probabilities, β 0.04, a
+/// mask, DAPO normalization) on logits `[8, 1025, 32768]` (`--quick`: `[2, 17, 512]`) in F32
+/// and BF16, with the peak memory; the shape column is the logits'.
+fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::grpo::{GrpoInputs, GrpoOptions, grpo_loss, grpo_loss_backward};
+    let (b, l, v) = if quick {
+        (2, 16, 512)
+    } else {
+        (8, 1024, 32768)
+    };
+    let mut ops = Vec::new();
+    for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+        let len = b * (l + 1) * v;
+        let data: Vec<f32> = (0..len)
+            .map(|i| (((i * 7) % 251) as f32 - 125.0) / 32.0)
+            .collect();
+        let logits = cast::cast(&Tensor::from_slice(engine, &data, &[b, l + 1, v])?, dtype)?;
+        drop(data);
+        let ids: Vec<i32> = (0..b * l).map(|i| ((i * 7919) % v) as i32).collect();
+        let ids = Tensor::from_slice(engine, &ids, &[b, l])?;
+        let adv: Vec<f32> = (0..b).map(|i| i as f32 / b as f32 - 0.5).collect();
+        let adv = Tensor::from_slice(engine, &adv, &[b])?;
+        let logp: Vec<f32> = (0..b * l).map(|i| -10.0 + (i % 5) as f32 * 0.1).collect();
+        let logp = Tensor::from_slice(engine, &logp, &[b, l])?;
+        let mask: Vec<i32> = (0..b * l).map(|i| i32::from(i % 7 != 0)).collect();
+        let mask = Tensor::from_slice(engine, &mask, &[b, l])?;
+        let options = GrpoOptions {
+            beta: 0.04,
+            check_ids: false,
+            ..GrpoOptions::default()
+        };
+        ops.push(
+            Op::new(
+                "grpo_loss_fwd_bwd",
+                label,
+                vec![logits, ids, adv, logp.clone(), logp, mask],
+                move |i| {
+                    let inputs = GrpoInputs {
+                        logits: &i[0],
+                        completion_ids: &i[1],
+                        advantages: &i[2],
+                        old_logp: Some(&i[3]),
+                        ref_logp: Some(&i[4]),
+                        mask: Some(&i[5]),
+                    };
+                    let (out, saved) = grpo_loss(&inputs, &options)?;
+                    let grad = grpo_loss_backward(&saved, None)?;
+                    Ok(vec![out.loss, out.per_token, grad])
+                },
+            )
+            .with_peak(),
+        );
     }
     Ok(ops)
 }

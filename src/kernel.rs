@@ -124,6 +124,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::rope::KERNEL,
         &crate::loss::KERNEL,
         &crate::loss::ROWS_KERNEL,
+        &crate::grpo::KERNEL,
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
         &crate::matmul::KERNEL,

@@ -28,6 +28,7 @@ pub mod error;
 pub mod fused_linear;
 pub mod gated_delta;
 pub mod gradcheck;
+pub mod grpo;
 pub mod kernel;
 pub mod loss;
 pub mod matmul;

@@ -7,6 +7,7 @@ mod attention;
 mod embedding;
 mod fused_linear;
 mod gated_delta;
+mod grpo;
 mod loss;
 mod matmul;
 mod mlp;
@@ -70,6 +71,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(norm::operators())
     .chain(pointwise::operators())
     .chain(loss::operators())
+    .chain(grpo::operators())
     .chain(gated_delta::operators())
     .chain(attention::operators())
     .chain(matmul::operators())

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod embedding;
 pub mod fused_linear;
 pub mod gated_delta;
+pub mod grpo;
 pub mod loss;
 pub mod matmul;
 pub mod mlp;

@@ -1,0 +1,447 @@
+//! GRPO token loss: the clipped policy-gradient objective of group relative policy optimization
+//! on policy logits, with an optional KL penalty to a reference policy and the loss
+//! normalizations of GRPO, BNPO, DAPO and Dr. GRPO; forward and backward.
+//!
+//! # Contract
+//!
+//! Inputs ([`GrpoInputs`]): policy `logits [B, P, V]` (F32, F16 or BF16) with `P = L` or
+//! `P = L + 1` (the last position, which predicts past the completion, is then unused and gets
+//! a zero gradient); `completion_ids [B, L]` (I32); `advantages [B]` (F32); optionally
+//! `old_logp` and `ref_logp [B, L]` (F32) and a `mask [B, L]` (I32 or U32, nonzero = counted).
+//! For token `(b, t)` with `z = logits[b, t, :] / T`:
+//!
+//! * `logp = z[id] − logsumexp(z)`;
+//! * `c1 = exp(logp − old)` (`old = old_logp[b, t]`, or `logp` itself held constant when no old
+//!   log-probabilities are given: `c1 = 1`, `d c1 / d logp = 1`);
+//! * `c2 = clamp(c1, 1 − eps_low, 1 + eps_high)`;
+//! * `loss_t = −min(c1·A_b, c2·A_b) + β·kl_t`, `kl_t = exp(ref − logp) − (ref − logp) − 1` (the
+//!   k3 estimator; only with `ref_logp`, which `β > 0` requires);
+//! * `clipped_t = 1` when the clipped term is the strictly smaller one.
+//!
+//! Masked tokens have `loss_t = kl_t = clipped_t = 0` and no gradient. The loss
+//! ([`GrpoLossType`]) with `m` the mask:
+//! * `Grpo`: `(1/B) Σ_b (Σ_t m·loss_t) / max(Σ_t m, 1)`;
+//! * `Bnpo` and `Dapo` (on one device the same): `Σ m·loss_t / max(Σ m, 1)`;
+//! * `DrGrpo`: `Σ m·loss_t / (B · max_completion_length)`.
+//!
+//! Backward ([`grpo_loss_backward`]): `d logits[b, t, j] = d_loss · w_t · (d loss_t / d logp) ·
+//! (1[j = id] − softmax(z)_j) / T`, `d loss_t / d logp = −A_b·c1` when `c1·A_b ≤ c2·A_b` (else
+//! 0, the clipped term being constant) `+ β·(1 − exp(ref − logp))`, with `w_t` the token's
+//! weight in the loss above. Exactly zero for masked tokens (and for every token when the
+//! factor is 0). Advantages, old and reference log-probabilities are constants (no gradient).
+//!
+//! # How it runs
+//!
+//! One workgroup of 256 lanes per token computes the row's maximum and log-sum (fixed-order
+//! workgroup trees; logits read element by element), the token's terms and its loss
+//! derivative; one workgroup then forms the loss and every token's weight in a fixed order
+//! (per sequence, then sequences in order for GRPO); the backward recomputes each row's
+//! probabilities from the saved statistics. No atomics: reruns are bit-identical. Saved state
+//! is `32·B·L + 4·B·L` bytes besides the inputs. All math is FP32; the loss and per-token
+//! outputs are F32, the gradient F32 (or F16/BF16 through [`grpo_loss_backward_as`]).
+//!
+//! # Out-of-range ids
+//!
+//! With [`GrpoOptions::check_ids`] (the default) the forward reads the ids back and rejects one
+//! outside `[0, V)` (**this synchronizes**); without the check such a token counts as masked.
+
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
+use crate::{DType, Error, Result, Tensor};
+
+/// `wgsl/grpo.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "grpo",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        "const WG: u32 = 256u;",
+        include_str!("../wgsl/grpo.wgsl"),
+    ],
+};
+
+/// How the per-token losses are normalized (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpoLossType {
+    /// Mean over sequences of each sequence's mean over its counted tokens.
+    Grpo,
+    /// Mean over every counted token of the batch.
+    Bnpo,
+    /// Mean over every counted token (DAPO normalizes by the tokens of the whole global batch;
+    /// on one device that is `Bnpo`).
+    Dapo,
+    /// Sum over counted tokens divided by `B · max_completion_length`.
+    DrGrpo {
+        /// The normalizing completion length (≥ 1).
+        max_completion_length: usize,
+    },
+}
+
+/// Options of [`grpo_loss`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GrpoOptions {
+    /// Sampling temperature `T` the logits are divided by (finite, > 0; default 1).
+    pub temperature: f64,
+    /// KL coefficient `β` (finite, ≥ 0; default 0; > 0 needs `ref_logp`).
+    pub beta: f64,
+    /// Lower clip `eps_low` (in [0, 1); default 0.2).
+    pub eps_low: f64,
+    /// Upper clip `eps_high` (finite, ≥ 0; default 0.2).
+    pub eps_high: f64,
+    /// Loss normalization (default [`GrpoLossType::Dapo`]).
+    pub loss_type: GrpoLossType,
+    /// Read the ids back and reject out-of-range ones (default true; synchronizes).
+    pub check_ids: bool,
+}
+
+impl Default for GrpoOptions {
+    fn default() -> Self {
+        GrpoOptions {
+            temperature: 1.0,
+            beta: 0.0,
+            eps_low: 0.2,
+            eps_high: 0.2,
+            loss_type: GrpoLossType::Dapo,
+            check_ids: true,
+        }
+    }
+}
+
+/// The tensors of [`grpo_loss`] (shapes in the module documentation).
+#[derive(Debug, Clone, Copy)]
+pub struct GrpoInputs<'a> {
+    /// Policy logits `[B, L, V]` or `[B, L + 1, V]`.
+    pub logits: &'a Tensor,
+    /// Completion token ids `[B, L]`, I32.
+    pub completion_ids: &'a Tensor,
+    /// One advantage per sequence `[B]`, F32.
+    pub advantages: &'a Tensor,
+    /// Log-probabilities of the policy that sampled the completions `[B, L]`, F32.
+    pub old_logp: Option<&'a Tensor>,
+    /// Log-probabilities of the reference policy `[B, L]`, F32.
+    pub ref_logp: Option<&'a Tensor>,
+    /// Completion mask `[B, L]`, I32 or U32, nonzero = counted.
+    pub mask: Option<&'a Tensor>,
+}
+
+/// Outputs of [`grpo_loss`], all F32 except `clipped`.
+#[derive(Debug, Clone)]
+pub struct GrpoOutput {
+    /// The loss, `[1]`.
+    pub loss: Tensor,
+    /// `loss_t` per token `[B, L]` (0 where masked).
+    pub per_token: Tensor,
+    /// The KL estimate per token `[B, L]` (0 without `ref_logp` or where masked).
+    pub kl: Tensor,
+    /// 1 where the clipped term was the active one, U32 `[B, L]`.
+    pub clipped: Tensor,
+}
+
+/// What [`grpo_loss_backward`] needs: the logits, ids, per-token statistics and weights.
+#[derive(Debug, Clone)]
+pub struct GrpoSaved {
+    logits: Tensor,
+    ids: Tensor,
+    stats: Tensor,
+    weights: Tensor,
+    params: Params,
+}
+
+#[derive(encase::ShaderType, Debug, Clone, Copy)]
+struct Params {
+    rows: u32,
+    seq: u32,
+    batch: u32,
+    positions: u32,
+    vocab: u32,
+    temperature: f32,
+    beta: f32,
+    eps_low: f32,
+    eps_high: f32,
+    has_old: u32,
+    has_ref: u32,
+    has_mask: u32,
+    loss_type: u32,
+    max_len: u32,
+}
+
+fn invalid(what: &str, got: f64, rule: &str) -> Error {
+    Error::InvalidValue {
+        what: format!("grpo_loss: {what}"),
+        got,
+        rule: rule.to_string(),
+    }
+}
+
+fn expect(t: &Tensor, what: &str, shape: &[usize], dtypes: &[DType]) -> Result<()> {
+    if !dtypes.contains(&t.dtype()) {
+        return Err(Error::dtype(
+            format!("grpo_loss: {what}"),
+            t.dtype(),
+            dtypes,
+        ));
+    }
+    if t.shape() != shape {
+        return Err(Error::shape(format!("grpo_loss: {what}"), shape, t.shape()));
+    }
+    Ok(())
+}
+
+/// Forward: the loss, per-token losses, KL estimates and clip flags, and what the backward
+/// needs.
+///
+/// Errors: logits not float or not rank 3, ids not I32 `[B, L]` with `P ∈ {L, L + 1}`,
+/// advantages not F32 `[B]`, old/ref log-probabilities not F32 `[B, L]`, a mask not I32/U32
+/// `[B, L]` (`UnsupportedDType` / `ShapeMismatch`); tensors of other engines
+/// (`EngineMismatch`); a temperature that is not finite and positive, `β` negative or not
+/// finite, `β > 0` without `ref_logp`, `eps_low` outside [0, 1), `eps_high` negative or not
+/// finite, a `max_completion_length` of 0 (`InvalidValue`); with `check_ids`, an id outside
+/// `[0, V)` (`OutOfBounds`, negative: `InvalidValue`).
+pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutput, GrpoSaved)> {
+    let logits = inputs.logits;
+    let engine = logits.engine();
+    if !logits.dtype().is_float() {
+        return Err(Error::dtype(
+            "grpo_loss: logits",
+            logits.dtype(),
+            &DType::FLOATS,
+        ));
+    }
+    let &[batch, positions, vocab] = logits.shape() else {
+        return Err(Error::shape(
+            "grpo_loss: logits [B, L or L + 1, V]",
+            &[0, 0, 0],
+            logits.shape(),
+        ));
+    };
+    let seq = inputs.completion_ids.shape().get(1).copied().unwrap_or(0);
+    expect(
+        inputs.completion_ids,
+        "completion_ids",
+        &[batch, seq],
+        &[DType::I32],
+    )?;
+    if positions != seq && positions != seq + 1 {
+        return Err(Error::shape(
+            "grpo_loss: logits positions (L or L + 1)",
+            &[batch, seq, vocab],
+            logits.shape(),
+        ));
+    }
+    expect(inputs.advantages, "advantages", &[batch], &[DType::F32])?;
+    for (t, what) in [(inputs.old_logp, "old_logp"), (inputs.ref_logp, "ref_logp")] {
+        if let Some(t) = t {
+            expect(t, what, &[batch, seq], &[DType::F32])?;
+        }
+    }
+    if let Some(m) = inputs.mask {
+        expect(m, "mask", &[batch, seq], &[DType::I32, DType::U32])?;
+    }
+    for (t, what) in [
+        (Some(inputs.completion_ids), "completion_ids"),
+        (Some(inputs.advantages), "advantages"),
+        (inputs.old_logp, "old_logp"),
+        (inputs.ref_logp, "ref_logp"),
+        (inputs.mask, "mask"),
+    ] {
+        if let Some(t) = t {
+            t.check_engine(engine, &format!("grpo_loss: {what}"))?;
+        }
+    }
+    let o = options;
+    if !(o.temperature.is_finite() && o.temperature > 0.0) {
+        return Err(invalid("temperature", o.temperature, "finite and > 0"));
+    }
+    if !(o.beta.is_finite() && o.beta >= 0.0) {
+        return Err(invalid("beta", o.beta, "finite and ≥ 0"));
+    }
+    if o.beta > 0.0 && inputs.ref_logp.is_none() {
+        return Err(invalid("beta", o.beta, "β > 0 needs ref_logp"));
+    }
+    if !(0.0..1.0).contains(&o.eps_low) {
+        return Err(invalid("eps_low", o.eps_low, "in [0, 1)"));
+    }
+    if !(o.eps_high.is_finite() && o.eps_high >= 0.0) {
+        return Err(invalid("eps_high", o.eps_high, "finite and ≥ 0"));
+    }
+    let (loss_type, max_len) = match o.loss_type {
+        GrpoLossType::Grpo => (0, 0),
+        GrpoLossType::Bnpo | GrpoLossType::Dapo => (1, 0),
+        GrpoLossType::DrGrpo {
+            max_completion_length: 0,
+        } => return Err(invalid("max_completion_length", 0.0, "at least 1")),
+        GrpoLossType::DrGrpo {
+            max_completion_length,
+        } => (2, max_completion_length),
+    };
+    if o.check_ids && !inputs.completion_ids.is_empty() {
+        let ids = inputs.completion_ids.to_vec::<i32>()?;
+        if let Some((i, &v)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &v)| v < 0 || v as usize >= vocab)
+        {
+            let what = format!("grpo_loss: completion_ids[{i}]");
+            if v < 0 {
+                return Err(Error::InvalidValue {
+                    what,
+                    got: f64::from(v),
+                    rule: format!("must be in [0, {vocab})"),
+                });
+            }
+            return Err(Error::OutOfBounds {
+                what,
+                got: v as u64,
+                min: 0,
+                max: vocab.saturating_sub(1) as u64,
+            });
+        }
+    }
+    let rows = batch * seq;
+    let u = |v: usize, what: &str| {
+        u32::try_from(v).map_err(|_| Error::OutOfBounds {
+            what: format!("grpo_loss: {what}"),
+            got: v as u64,
+            min: 0,
+            max: u64::from(u32::MAX),
+        })
+    };
+    let params = Params {
+        rows: u(rows, "B·L")?,
+        seq: u(seq, "L")?,
+        batch: u(batch, "B")?,
+        positions: u(positions, "positions")?,
+        vocab: u(vocab, "V")?,
+        temperature: o.temperature as f32,
+        beta: if inputs.ref_logp.is_some() {
+            o.beta as f32
+        } else {
+            0.0
+        },
+        eps_low: o.eps_low as f32,
+        eps_high: o.eps_high as f32,
+        has_old: u32::from(inputs.old_logp.is_some()),
+        has_ref: u32::from(inputs.ref_logp.is_some()),
+        has_mask: u32::from(inputs.mask.is_some()),
+        loss_type,
+        max_len: u(max_len, "max_completion_length")?,
+    };
+    let constants = vec![("DT", f64::from(logits.dtype().code()))];
+    let stats = Tensor::empty(engine, &[rows.max(1), 8], DType::F32, "grpo stats")?;
+    let advantages = inputs.advantages.buffer();
+    engine.launch(
+        &KERNEL,
+        "grpo_rows",
+        &constants,
+        &params,
+        &[
+            logits.buffer(),
+            inputs.completion_ids.buffer(),
+            advantages,
+            inputs.old_logp.map_or(advantages, |t| t.buffer()),
+            inputs.ref_logp.map_or(advantages, |t| t.buffer()),
+            inputs.mask.map_or(advantages, |t| t.buffer()),
+            stats.buffer(),
+        ],
+        rows as u64,
+    )?;
+    let loss = Tensor::empty(engine, &[1], DType::F32, "grpo loss")?;
+    let weights = Tensor::empty(engine, &[rows.max(1)], DType::F32, "grpo weights")?;
+    let per_token = Tensor::empty(engine, &[batch, seq], DType::F32, "grpo per-token loss")?;
+    let kl = Tensor::empty(engine, &[batch, seq], DType::F32, "grpo kl")?;
+    let clipped = Tensor::empty(engine, &[batch, seq], DType::U32, "grpo clipped")?;
+    engine.launch(
+        &KERNEL,
+        "grpo_reduce",
+        &constants,
+        &params,
+        &[
+            stats.buffer(),
+            loss.buffer(),
+            weights.buffer(),
+            per_token.buffer(),
+            kl.buffer(),
+            clipped.buffer(),
+        ],
+        1,
+    )?;
+    let saved = GrpoSaved {
+        logits: logits.clone(),
+        ids: inputs.completion_ids.clone(),
+        stats,
+        weights,
+        params,
+    };
+    Ok((
+        GrpoOutput {
+            loss,
+            per_token,
+            kl,
+            clipped,
+        },
+        saved,
+    ))
+}
+
+/// Backward: `d logits` (F32, the logits' shape) from the loss cotangent `d_loss` (`[1]` F32;
+/// `None`: 1).
+///
+/// Errors: `d_loss` not F32 `[1]` (`UnsupportedDType` / `ShapeMismatch`) or of another engine.
+pub fn grpo_loss_backward(saved: &GrpoSaved, d_loss: Option<&Tensor>) -> Result<Tensor> {
+    let engine = saved.logits.engine();
+    let one;
+    let d_loss = match d_loss {
+        Some(t) => {
+            expect(t, "d_loss", &[1], &[DType::F32])?;
+            t.check_engine(engine, "grpo_loss_backward: d_loss")?;
+            t
+        }
+        None => {
+            one = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+            &one
+        }
+    };
+    let d_logits = Tensor::empty(engine, saved.logits.shape(), DType::F32, "grpo d_logits")?;
+    let p = &saved.params;
+    engine.launch(
+        &KERNEL,
+        "grpo_backward",
+        &vec![("DT", f64::from(saved.logits.dtype().code()))],
+        p,
+        &[
+            saved.logits.buffer(),
+            saved.ids.buffer(),
+            saved.stats.buffer(),
+            saved.weights.buffer(),
+            d_loss.buffer(),
+            d_logits.buffer(),
+        ],
+        u64::from(p.batch) * u64::from(p.positions),
+    )?;
+    Ok(d_logits)
+}
+
+/// [`grpo_loss_backward`] with the gradient stored in `dtype` (F16/BF16: the F32 gradient
+/// rounded once to nearest-even, narrowed after the F32 pass).
+///
+/// Errors: those of [`grpo_loss_backward`], and a `dtype` that is not a float dtype
+/// (`UnsupportedDType`).
+pub fn grpo_loss_backward_as(
+    saved: &GrpoSaved,
+    d_loss: Option<&Tensor>,
+    dtype: DType,
+) -> Result<Tensor> {
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "grpo_loss_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
+    let g = grpo_loss_backward(saved, d_loss)?;
+    if dtype == DType::F32 {
+        Ok(g)
+    } else {
+        crate::cast::cast(&g, dtype)
+    }
+}

@@ -1,0 +1,214 @@
+// GRPO token loss (group relative policy optimization, with its DAPO / BNPO / Dr. GRPO
+// normalizations) on policy logits, forward and backward. Three passes, no atomics:
+//
+//   grpo_rows      one workgroup per completion token r = b·L + t: z = logits[b, t, :] / T,
+//                  its maximum and log Σ exp(z − max) (fixed-order workgroup trees), the
+//                  token's log-probability logp = z[id] − max − log Σ, and the per-token loss
+//                    c1 = exp(logp − old), c2 = clamp(c1, 1 − eps_low, 1 + eps_high),
+//                    loss_t = −min(c1·A_b, c2·A_b) + beta·(exp(ref − logp) − (ref − logp) − 1)
+//                  with its derivative d loss_t / d logp (−A_b·c1 where the unclipped term is
+//                  the minimum, else 0; plus beta·(1 − exp(ref − logp))). Masked tokens: 0.
+//   grpo_reduce    one workgroup: the loss (its normalization by loss type) and each token's
+//                  weight d loss / d loss_t, in a fixed order; splits the per-token outputs.
+//   grpo_backward  one workgroup per logits position: d logits = g·(onehot(id) − softmax(z))/T
+//                  with g = d_loss · weight · d loss_t / d logp (0 for masked tokens and for
+//                  the position past the completion when logits carry L + 1 positions).
+//
+// Logits are F32, F16 or BF16 (DT; 16-bit as two halves a word), read element by element.
+
+override DT: u32 = 0u;
+
+struct Params {
+    rows: u32,        // B·L completion tokens
+    seq: u32,         // L
+    batch: u32,       // B
+    positions: u32,   // logits positions per sequence: L or L + 1
+    vocab: u32,
+    temperature: f32,
+    beta: f32,
+    eps_low: f32,
+    eps_high: f32,
+    has_old: u32,
+    has_ref: u32,
+    has_mask: u32,
+    loss_type: u32,   // 0 GRPO (per-sequence mean), 1 BNPO / DAPO (token mean), 2 Dr. GRPO
+    max_len: u32,     // Dr. GRPO's normalizer B·max_len
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> logits: array<u32>;
+@group(0) @binding(2) var<storage, read> ids: array<i32>;
+@group(0) @binding(3) var<storage, read> advantages: array<f32>;
+@group(0) @binding(4) var<storage, read> old_logp: array<f32>;
+@group(0) @binding(5) var<storage, read> ref_logp: array<f32>;
+@group(0) @binding(6) var<storage, read> mask: array<u32>;
+// Two vec4 a token: (max, log Σ, loss_t, d loss_t / d logp), (kl, clipped, logp, counted).
+@group(0) @binding(7) var<storage, read_write> stats: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> loss_out: array<f32>;
+@group(0) @binding(9) var<storage, read_write> weights: array<f32>;
+@group(0) @binding(10) var<storage, read_write> per_token: array<f32>;
+@group(0) @binding(11) var<storage, read_write> kl_out: array<f32>;
+@group(0) @binding(12) var<storage, read_write> clipped_out: array<u32>;
+@group(0) @binding(13) var<storage, read> d_loss: array<f32>;
+@group(0) @binding(14) var<storage, read_write> d_logits: array<f32>;
+
+// z_j of the logits row starting at element `base`.
+fn z_at(base: u32, j: u32) -> f32 {
+    let i = base + j;
+    var x: f32;
+    if (DT == DT_F32) {
+        x = bitcast<f32>(logits[i]);
+    } else {
+        x = half_from_word(logits[i / 2u], i % 2u, DT);
+    }
+    return x / params.temperature;
+}
+
+// (max, log Σ exp(z − max)) of a row, the same bits in every pass.
+fn row_stats(base: u32, lid: u32) -> vec2<f32> {
+    var m = -bitcast<f32>(0x7f800000u);
+    for (var j = lid; j < params.vocab; j = j + WG) {
+        m = max(m, z_at(base, j));
+    }
+    let row_max = workgroup_max(m, lid);
+    var s = 0.0;
+    for (var j = lid; j < params.vocab; j = j + WG) {
+        s = s + exp(z_at(base, j) - row_max);
+    }
+    return vec2<f32>(row_max, log(workgroup_sum(s, lid)));
+}
+
+fn counted(r: u32) -> bool {
+    return params.has_mask == 0u || mask[r] != 0u;
+}
+
+@compute @workgroup_size(WG)
+fn grpo_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg);
+    if (r >= params.rows) {
+        return;
+    }
+    let b = r / params.seq;
+    let t = r % params.seq;
+    let base = (b * params.positions + t) * params.vocab;
+    let st = row_stats(base, lid);
+    if (lid != 0u) {
+        return;
+    }
+    // An id outside the vocabulary (only when the host check is off) counts as masked.
+    let id = u32(ids[r]);
+    let valid = id < params.vocab && counted(r);
+    var logp = 0.0;
+    if (id < params.vocab) {
+        logp = z_at(base, id) - st.x - st.y;
+    }
+    var loss_t = 0.0;
+    var d = 0.0;
+    var kl = 0.0;
+    var clipped = 0.0;
+    if (valid) {
+        let old = select(logp, old_logp[r], params.has_old != 0u);
+        let a = advantages[b];
+        let c1 = exp(logp - old);
+        let c2 = clamp(c1, 1.0 - params.eps_low, 1.0 + params.eps_high);
+        let l1 = c1 * a;
+        let l2 = c2 * a;
+        loss_t = -min(l1, l2);
+        d = select(0.0, -a * c1, l1 <= l2);
+        clipped = select(0.0, 1.0, l2 < l1);
+        if (params.has_ref != 0u) {
+            let diff = ref_logp[r] - logp;
+            kl = exp(diff) - diff - 1.0;
+            loss_t = loss_t + params.beta * kl;
+            d = d + params.beta * (1.0 - exp(diff));
+        }
+    }
+    stats[2u * r] = vec4<f32>(st.x, st.y, loss_t, d);
+    stats[2u * r + 1u] = vec4<f32>(kl, clipped, logp, select(0.0, 1.0, valid));
+}
+
+// Σ over tokens first..first + count of component `c` (0: loss_t, 1: counted) in a fixed order.
+fn span_sum(first: u32, count: u32, c: u32, lid: u32) -> f32 {
+    var s = 0.0;
+    for (var i = lid; i < count; i = i + WG) {
+        let r = first + i;
+        s = s + select(stats[2u * r].z, stats[2u * r + 1u].w, c == 1u);
+    }
+    return workgroup_sum(s, lid);
+}
+
+// Weights of tokens first..first + count: counted · scale.
+fn span_weights(first: u32, count: u32, scale: f32, lid: u32) {
+    for (var i = lid; i < count; i = i + WG) {
+        let r = first + i;
+        weights[r] = stats[2u * r + 1u].w * scale;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn grpo_reduce(@builtin(local_invocation_index) lid: u32) {
+    for (var r = lid; r < params.rows; r = r + WG) {
+        let s0 = stats[2u * r];
+        let s1 = stats[2u * r + 1u];
+        per_token[r] = s0.z;
+        kl_out[r] = s1.x;
+        clipped_out[r] = u32(s1.y);
+    }
+    var loss = 0.0;
+    if (params.loss_type == 0u) {
+        // Mean over sequences of each sequence's mean over its counted tokens.
+        let inv_batch = 1.0 / f32(max(params.batch, 1u));
+        for (var b = 0u; b < params.batch; b = b + 1u) {
+            let total = span_sum(b * params.seq, params.seq, 0u, lid);
+            let count = max(span_sum(b * params.seq, params.seq, 1u, lid), 1.0);
+            loss = loss + total / count;
+            span_weights(b * params.seq, params.seq, inv_batch / count, lid);
+        }
+        loss = loss * inv_batch;
+    } else {
+        let total = span_sum(0u, params.rows, 0u, lid);
+        var norm = f32(params.batch) * f32(params.max_len);
+        if (params.loss_type == 1u) {
+            norm = span_sum(0u, params.rows, 1u, lid);
+        }
+        norm = max(norm, 1.0);
+        loss = total / norm;
+        span_weights(0u, params.rows, 1.0 / norm, lid);
+    }
+    if (lid == 0u) {
+        loss_out[0] = loss;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn grpo_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let p = group_index(wid, nwg);
+    if (p >= params.batch * params.positions) {
+        return;
+    }
+    let b = p / params.positions;
+    let t = p % params.positions;
+    let base = p * params.vocab;
+    var g = 0.0;
+    var id = 0u;
+    var st = vec2<f32>(0.0);
+    if (t < params.seq) {
+        let r = b * params.seq + t;
+        let s0 = stats[2u * r];
+        st = s0.xy;
+        id = u32(ids[r]);
+        if (stats[2u * r + 1u].w != 0.0) {
+            g = d_loss[0] * weights[r] * s0.w / params.temperature;
+        }
+    }
+    for (var j = lid; j < params.vocab; j = j + WG) {
+        var v = 0.0;
+        if (g != 0.0) {
+            let prob = exp(z_at(base, j) - st.x - st.y);
+            v = g * (select(0.0, 1.0, j == id) - prob);
+        }
+        d_logits[base + j] = v;
+    }
+}
