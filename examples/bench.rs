@@ -413,6 +413,10 @@ fn run(args: &Args) -> Result<Report> {
         ),
         (&["grpo"], Box::new(|| grpo_ops(&engine, args.quick))),
         (
+            &["preference"],
+            Box::new(|| preference_ops(&engine, args.quick)),
+        ),
+        (
             &["gated_delta"],
             Box::new(|| gated_delta_ops(&engine, args.quick)),
         ),
@@ -1160,6 +1164,64 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     Ok(vec![out.loss, out.per_token, grad])
                 },
             )
+            .with_peak(),
+        );
+    }
+    Ok(ops)
+}
+
+/// The DPO loss on a fused head, forward + backward with reference log-probabilities: 2 pairs
+/// of 1,024-token completions, H 4096, V 128,256 (`--quick`: 2 pairs of 16, H 64, V 512), F32
+/// and BF16 x/W, with the peak memory; FLOPs per run (`8·rows·H·V`: the forward's logits, the
+/// backward's recomputed logits, dx and dW) to stderr; the shape column is x's.
+fn preference_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::fused_linear::LinearHead;
+    use wgrad::preference::{
+        PreferenceLoss, PreferenceOptions, preference_loss, preference_loss_backward,
+    };
+    let (pairs, t, h, v) = if quick {
+        (2, 16, 64, 512)
+    } else {
+        (2, 1024, 4096, 128_256)
+    };
+    let rows = 2 * pairs * t;
+    let mut ops = Vec::new();
+    for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+        let make = |len: usize, shape: &[usize], scale: f32| -> Result<Tensor> {
+            let data: Vec<f32> = (0..len)
+                .map(|i| (((i * 7) % 251) as f32 - 125.0) / 125.0 * scale)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        };
+        let x = make(rows * h, &[2 * pairs, t, h], 1.0)?;
+        let w = make(v * h, &[v, h], 0.02)?;
+        let targets: Vec<i32> = (0..rows).map(|i| ((i * 7919) % v) as i32).collect();
+        let targets = Tensor::from_slice(engine, &targets, &[2 * pairs, t])?;
+        let refs = Tensor::from_slice(engine, &vec![-2000.0f32; pairs], &[pairs])?;
+        let flops = 8.0 * rows as f64 * h as f64 * v as f64;
+        eprintln!("  preference_dpo {label} rows {rows} H{h} V{v}: {flops:.3e} FLOP per run");
+        let options = PreferenceOptions {
+            check_targets: false,
+            ..PreferenceOptions::new(PreferenceLoss::Dpo)
+        };
+        ops.push(
+            Op::new(
+                "preference_dpo_fwd_bwd",
+                label,
+                vec![x, w, targets, refs.clone(), refs],
+                move |i| {
+                    let head = LinearHead {
+                        input: &i[0],
+                        weight: &i[1],
+                        bias: None,
+                    };
+                    let (out, saved) =
+                        preference_loss(head, &i[2], Some((&i[3], &i[4])), &options)?;
+                    let g = preference_loss_backward(&saved, None)?;
+                    Ok(vec![out.loss, g.input, g.weight])
+                },
+            )
+            .with_flops(flops)
             .with_peak(),
         );
     }

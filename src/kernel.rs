@@ -125,6 +125,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::loss::KERNEL,
         &crate::loss::ROWS_KERNEL,
         &crate::grpo::KERNEL,
+        &crate::preference::KERNEL,
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
         &crate::matmul::KERNEL,

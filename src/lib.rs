@@ -37,6 +37,7 @@ pub mod model;
 pub mod msl;
 pub mod norm;
 pub mod optim;
+pub mod preference;
 pub mod reduce;
 pub mod reference;
 pub mod rope;

@@ -15,6 +15,7 @@ mod model;
 mod norm;
 mod optim;
 mod pointwise;
+mod preference;
 
 use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
 use crate::{DType, Engine, Result, bench, cast, reduce, reference};
@@ -77,6 +78,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(matmul::operators())
     .chain(mlp::operators())
     .chain(fused_linear::operators())
+    .chain(preference::operators())
     .chain(embedding::operators())
     .chain(optim::operators())
     .chain(model::operators())

@@ -14,5 +14,6 @@ pub mod mlp;
 pub mod model;
 pub mod norm;
 pub mod optim;
+pub mod preference;
 pub mod reduce;
 pub mod rope;

@@ -1,0 +1,390 @@
+//! Paired preference losses (`wgrad::preference`: DPO, CPO, SimPO, ORPO) against the f64
+//! reference of `wgrad::reference::preference` (materialized logits): loss, NLL, sequence
+//! log-probabilities and dx, dW, dbias for F32, F16 and BF16 heads, summed and averaged
+//! log-probabilities, label smoothing, an NLL term, reference log-probabilities, ignored
+//! tokens; finite differences of the reference backward; chunk sizes; reruns; an explicit
+//! cotangent; empty batches; bad inputs.
+
+mod common;
+
+use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
+use wgrad::fused_linear::{Chunking, LinearHead};
+use wgrad::gradcheck::{Tolerance, check_vjp};
+use wgrad::preference::{
+    PreferenceLoss, PreferenceOptions, preference_loss, preference_loss_backward,
+};
+use wgrad::reference::preference::{self as reference, Inputs, Margin, Settings, Sizes};
+use wgrad::{DType, Error, Tensor};
+
+struct Case {
+    s: Sizes,
+    x: Vec<f64>,
+    w: Vec<f64>,
+    bias: Vec<f64>,
+    targets: Vec<i32>,
+    ref_c: Vec<f64>,
+    ref_r: Vec<f64>,
+}
+
+/// Random head and targets, about a quarter of the tokens ignored (−100), reference
+/// log-probabilities near the policy's.
+fn case(seed: u64, s: Sizes, dtype: DType) -> Case {
+    let mut rng = Rng::new(seed);
+    let rows = 2 * s.pairs * s.tokens;
+    let targets = (0..rows)
+        .map(|_| {
+            if rng.next_f64() < 0.25 {
+                -100
+            } else {
+                (rng.next_f64() * s.v as f64) as i32
+            }
+        })
+        .collect();
+    Case {
+        s,
+        x: stored(&rng.vec(rows * s.h, -1.0, 1.0), dtype),
+        w: stored(&rng.vec(s.v * s.h, -0.5, 0.5), dtype),
+        bias: stored(&rng.vec(s.v, -0.2, 0.2), dtype),
+        targets,
+        ref_c: stored(&rng.vec(s.pairs, -12.0, -8.0), DType::F32),
+        ref_r: stored(&rng.vec(s.pairs, -12.0, -8.0), DType::F32),
+    }
+}
+
+fn inputs<'a>(c: &'a Case, with_ref: bool) -> Inputs<'a> {
+    Inputs {
+        x: &c.x,
+        w: &c.w,
+        bias: Some(&c.bias),
+        targets: &c.targets,
+        reference: with_ref.then_some((c.ref_c.as_slice(), c.ref_r.as_slice())),
+    }
+}
+
+fn settings(o: &PreferenceOptions) -> Settings {
+    Settings {
+        margin: match o.loss {
+            PreferenceLoss::Dpo => Margin::Dpo,
+            PreferenceLoss::Cpo => Margin::Cpo,
+            PreferenceLoss::SimPo { gamma } => Margin::SimPo(f64::from(gamma)),
+            PreferenceLoss::Orpo => Margin::Orpo,
+        },
+        beta: f64::from(o.beta),
+        smoothing: f64::from(o.label_smoothing),
+        alpha: f64::from(o.nll_weight),
+        average: o.average_log_prob,
+        ignore_index: o.ignore_index,
+    }
+}
+
+struct Uploaded {
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor,
+    targets: Tensor,
+    ref_c: Tensor,
+    ref_r: Tensor,
+}
+
+fn upload(c: &Case, dtype: DType) -> Uploaded {
+    let e = engine();
+    let s = c.s;
+    Uploaded {
+        x: tensor_from_f64(e, &c.x, &[2 * s.pairs, s.tokens, s.h], dtype),
+        w: tensor_from_f64(e, &c.w, &[s.v, s.h], dtype),
+        bias: tensor_from_f64(e, &c.bias, &[s.v], dtype),
+        targets: Tensor::from_slice(e, &c.targets, &[2 * s.pairs, s.tokens]).unwrap(),
+        ref_c: tensor_from_f64(e, &c.ref_c, &[s.pairs], DType::F32),
+        ref_r: tensor_from_f64(e, &c.ref_r, &[s.pairs], DType::F32),
+    }
+}
+
+fn head(u: &Uploaded) -> LinearHead<'_> {
+    LinearHead {
+        input: &u.x,
+        weight: &u.w,
+        bias: Some(&u.bias),
+    }
+}
+
+/// Forward and backward on the GPU against the reference.
+fn check(what: &str, c: &Case, dtype: DType, with_ref: bool, o: &PreferenceOptions) {
+    let u = upload(c, dtype);
+    let refs = with_ref.then_some((&u.ref_c, &u.ref_r));
+    let (out, saved) = preference_loss(head(&u), &u.targets, refs, o).unwrap();
+    let set = settings(o);
+    let inp = inputs(c, with_ref);
+    let want = reference::forward(c.s, &inp, &set);
+    let tol = Tolerance::for_dtype(DType::F32);
+    let what = format!("{what} {dtype} {:?} average {}", o.loss, o.average_log_prob);
+    assert_close(
+        &format!("{what} loss"),
+        &out.loss.to_f64().unwrap(),
+        &[want.loss],
+        tol,
+    );
+    assert_close(
+        &format!("{what} nll"),
+        &out.nll.to_f64().unwrap(),
+        &[want.nll],
+        tol,
+    );
+    assert_eq!(out.logps.shape(), &[2, c.s.pairs]);
+    assert_close(
+        &format!("{what} logps"),
+        &out.logps.to_f64().unwrap(),
+        &want.logps,
+        tol,
+    );
+    let g = preference_loss_backward(&saved, None).unwrap();
+    let (dx, dw, db) = reference::backward(c.s, &inp, &set, 1.0);
+    assert_eq!(g.input.shape(), u.x.shape());
+    assert_close(&format!("{what} dx"), &g.input.to_f64().unwrap(), &dx, tol);
+    assert_close(&format!("{what} dW"), &g.weight.to_f64().unwrap(), &dw, tol);
+    let gb = g.bias.expect("bias gradient").to_f64().unwrap();
+    assert_close(&format!("{what} dbias"), &gb, &db, tol);
+}
+
+const SIZES: Sizes = Sizes {
+    pairs: 3,
+    tokens: 7,
+    h: 16,
+    v: 37,
+};
+
+fn losses() -> Vec<(PreferenceOptions, bool)> {
+    let mut cpo = PreferenceOptions::new(PreferenceLoss::Cpo);
+    cpo.label_smoothing = 0.1;
+    cpo.nll_weight = 0.5;
+    let mut dpo_avg = PreferenceOptions::new(PreferenceLoss::Dpo);
+    dpo_avg.average_log_prob = true;
+    dpo_avg.beta = 0.5;
+    vec![
+        (PreferenceOptions::new(PreferenceLoss::Dpo), true),
+        (PreferenceOptions::new(PreferenceLoss::Dpo), false),
+        (dpo_avg, true),
+        (cpo, false),
+        (
+            PreferenceOptions::new(PreferenceLoss::SimPo { gamma: 0.5 }),
+            false,
+        ),
+        (PreferenceOptions::new(PreferenceLoss::Orpo), false),
+    ]
+}
+
+#[test]
+fn every_loss_and_dtype_matches_the_reference() {
+    for dtype in DType::FLOATS {
+        for (n, (o, with_ref)) in losses().into_iter().enumerate() {
+            let c = case(100 + n as u64, SIZES, dtype);
+            check("loss", &c, dtype, with_ref, &o);
+        }
+    }
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let s = Sizes {
+        pairs: 2,
+        tokens: 3,
+        h: 4,
+        v: 5,
+    };
+    let c = case(7, s, DType::F32);
+    for (o, with_ref) in losses() {
+        let set = settings(&o);
+        let inp = inputs(&c, with_ref);
+        let (dx, dw, db) = reference::backward(s, &inp, &set, 1.0);
+        let loss_x = |p: &[f64]| vec![reference::forward(s, &Inputs { x: p, ..inp }, &set).loss];
+        let loss_w = |p: &[f64]| vec![reference::forward(s, &Inputs { w: p, ..inp }, &set).loss];
+        let loss_b = |p: &[f64]| {
+            vec![
+                reference::forward(
+                    s,
+                    &Inputs {
+                        bias: Some(p),
+                        ..inp
+                    },
+                    &set,
+                )
+                .loss,
+            ]
+        };
+        for (name, check) in [
+            ("dx", check_vjp(loss_x, &c.x, &[1.0], &dx)),
+            ("dW", check_vjp(loss_w, &c.w, &[1.0], &dw)),
+            ("dbias", check_vjp(loss_b, &c.bias, &[1.0], &db)),
+        ] {
+            assert!(check.passed, "{:?} {name}: {check}", o.loss);
+        }
+    }
+}
+
+#[test]
+fn chunk_sizes_reruns_and_the_cotangent() {
+    let c = case(30, SIZES, DType::F32);
+    let u = upload(&c, DType::F32);
+    let refs = Some((&u.ref_c, &u.ref_r));
+    let run = |chunk: Option<usize>, d: Option<&Tensor>| {
+        let o = PreferenceOptions {
+            chunking: Chunking {
+                chunk_rows: chunk,
+                memory_budget: None,
+            },
+            ..PreferenceOptions::new(PreferenceLoss::Dpo)
+        };
+        let (out, saved) = preference_loss(head(&u), &u.targets, refs, &o).unwrap();
+        let g = preference_loss_backward(&saved, d).unwrap();
+        (out, g)
+    };
+    let (out, g) = run(None, None);
+    let (out2, g2) = run(None, None);
+    assert_eq!(f32_bits(&out.loss), f32_bits(&out2.loss));
+    assert_eq!(f32_bits(&g.input), f32_bits(&g2.input));
+    assert_eq!(f32_bits(&g.weight), f32_bits(&g2.weight));
+    let tol = Tolerance::for_dtype(DType::F32);
+    for chunk in [1, 5, 64] {
+        let (o, gc) = run(Some(chunk), None);
+        assert_close(
+            "chunk loss",
+            &o.loss.to_f64().unwrap(),
+            &out.loss.to_f64().unwrap(),
+            tol,
+        );
+        assert_close(
+            "chunk dx",
+            &gc.input.to_f64().unwrap(),
+            &g.input.to_f64().unwrap(),
+            tol,
+        );
+        assert_close(
+            "chunk dW",
+            &gc.weight.to_f64().unwrap(),
+            &g.weight.to_f64().unwrap(),
+            tol,
+        );
+    }
+    let d = Tensor::from_slice(engine(), &[3.0f32], &[1]).unwrap();
+    let (_, g3) = run(None, Some(&d));
+    let want: Vec<f64> = g.weight.to_f64().unwrap().iter().map(|v| 3.0 * v).collect();
+    assert_close("cotangent", &g3.weight.to_f64().unwrap(), &want, tol);
+    // Ignored tokens get no input gradient.
+    let dx = g.input.to_f64().unwrap();
+    for (r, &t) in c.targets.iter().enumerate() {
+        if t == -100 {
+            assert!(dx[r * SIZES.h..(r + 1) * SIZES.h].iter().all(|&v| v == 0.0));
+        }
+    }
+}
+
+#[test]
+fn empty_batches() {
+    let e = engine();
+    let x = Tensor::zeros(e, &[0, 4, 8], DType::F32).unwrap();
+    let w = Tensor::zeros(e, &[11, 8], DType::F32).unwrap();
+    let t = Tensor::zeros(e, &[0, 4], DType::I32).unwrap();
+    let o = PreferenceOptions::new(PreferenceLoss::Orpo);
+    let head = LinearHead {
+        input: &x,
+        weight: &w,
+        bias: None,
+    };
+    let (out, saved) = preference_loss(head, &t, None, &o).unwrap();
+    assert_eq!(out.loss.to_f64().unwrap(), vec![0.0]);
+    let g = preference_loss_backward(&saved, None).unwrap();
+    assert_eq!(g.input.shape(), &[0, 4, 8]);
+    assert!(g.weight.to_f64().unwrap().iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let e = engine();
+    let c = case(40, SIZES, DType::F32);
+    let u = upload(&c, DType::F32);
+    let dpo = PreferenceOptions::new(PreferenceLoss::Dpo);
+    let err = |h: LinearHead, refs: Option<(&Tensor, &Tensor)>, o: &PreferenceOptions| {
+        preference_loss(h, &u.targets, refs, o).unwrap_err()
+    };
+    // An odd number of sequences, a 2-D input.
+    let odd = Tensor::zeros(e, &[5, SIZES.tokens, SIZES.h], DType::F32).unwrap();
+    let odd_head = LinearHead {
+        input: &odd,
+        ..head(&u)
+    };
+    assert!(matches!(
+        err(odd_head, None, &dpo),
+        Error::ShapeMismatch { .. }
+    ));
+    let flat = u.x.reshape(&[6 * SIZES.tokens, SIZES.h]).unwrap();
+    let flat_head = LinearHead {
+        input: &flat,
+        ..head(&u)
+    };
+    assert!(matches!(
+        err(flat_head, None, &dpo),
+        Error::ShapeMismatch { .. }
+    ));
+    // Reference log-probabilities: wrong shape, dtype, loss.
+    let short = Tensor::zeros(e, &[2], DType::F32).unwrap();
+    assert!(matches!(
+        err(head(&u), Some((&short, &u.ref_r)), &dpo),
+        Error::ShapeMismatch { .. }
+    ));
+    let half = Tensor::zeros(e, &[3], DType::BF16).unwrap();
+    assert!(matches!(
+        err(head(&u), Some((&u.ref_c, &half)), &dpo),
+        Error::UnsupportedDType { .. }
+    ));
+    let cpo = PreferenceOptions::new(PreferenceLoss::Cpo);
+    assert!(matches!(
+        err(head(&u), Some((&u.ref_c, &u.ref_r)), &cpo),
+        Error::InvalidValue { .. }
+    ));
+    // Scalars.
+    let bad = [
+        PreferenceOptions {
+            beta: 0.0,
+            ..dpo.clone()
+        },
+        PreferenceOptions {
+            beta: f32::NAN,
+            ..dpo.clone()
+        },
+        PreferenceOptions {
+            label_smoothing: 0.6,
+            ..dpo.clone()
+        },
+        PreferenceOptions {
+            label_smoothing: 0.1,
+            ..PreferenceOptions::new(PreferenceLoss::Orpo)
+        },
+        PreferenceOptions {
+            nll_weight: -1.0,
+            ..dpo.clone()
+        },
+        PreferenceOptions::new(PreferenceLoss::SimPo {
+            gamma: f32::INFINITY,
+        }),
+    ];
+    for o in &bad {
+        assert!(
+            matches!(err(head(&u), None, o), Error::InvalidValue { .. }),
+            "{o:?}"
+        );
+    }
+    // Targets out of range (checked through the head).
+    let mut t = c.targets.clone();
+    t[3] = SIZES.v as i32;
+    let far = Tensor::from_slice(e, &t, &[6, SIZES.tokens]).unwrap();
+    assert!(matches!(
+        preference_loss(head(&u), &far, None, &dpo),
+        Err(Error::OutOfBounds { .. })
+    ));
+    // Cotangent shape.
+    let (_, saved) = preference_loss(head(&u), &u.targets, None, &dpo).unwrap();
+    let two = Tensor::zeros(e, &[2], DType::F32).unwrap();
+    assert!(matches!(
+        preference_loss_backward(&saved, Some(&two)),
+        Err(Error::ShapeMismatch { .. })
+    ));
+}
