@@ -389,18 +389,7 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
 /// Errors: `d_loss` not F32 `[1]` (`UnsupportedDType` / `ShapeMismatch`) or of another engine.
 pub fn grpo_loss_backward(saved: &GrpoSaved, d_loss: Option<&Tensor>) -> Result<Tensor> {
     let engine = saved.logits.engine();
-    let one;
-    let d_loss = match d_loss {
-        Some(t) => {
-            expect(t, "d_loss", &[1], &[DType::F32])?;
-            t.check_engine(engine, "grpo_loss_backward: d_loss")?;
-            t
-        }
-        None => {
-            one = Tensor::from_slice(engine, &[1.0f32], &[1])?;
-            &one
-        }
-    };
+    let d_loss = Tensor::scalar_cotangent(engine, d_loss, "grpo_loss_backward: d_loss")?;
     let d_logits = Tensor::empty(engine, saved.logits.shape(), DType::F32, "grpo d_logits")?;
     let p = &saved.params;
     engine.launch(

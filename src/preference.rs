@@ -302,31 +302,7 @@ pub fn preference_loss_backward(
     d_loss: Option<&Tensor>,
 ) -> Result<FusedLinearGradients> {
     let engine = saved.targets.engine();
-    let one;
-    let d_loss = match d_loss {
-        Some(t) => {
-            t.check_engine(engine, "preference_loss_backward: d_loss")?;
-            if t.dtype() != DType::F32 {
-                return Err(Error::dtype(
-                    "preference_loss_backward: d_loss",
-                    t.dtype(),
-                    &[DType::F32],
-                ));
-            }
-            if t.shape() != [1] {
-                return Err(Error::shape(
-                    "preference_loss_backward: d_loss",
-                    &[1],
-                    t.shape(),
-                ));
-            }
-            t
-        }
-        None => {
-            one = Tensor::from_slice(engine, &[1.0f32], &[1])?;
-            &one
-        }
-    };
+    let d_loss = Tensor::scalar_cotangent(engine, d_loss, "preference_loss_backward: d_loss")?;
     let p = &saved.params;
     let rows = 2 * p.pairs as usize * p.tokens as usize;
     let cotangent = Tensor::empty(

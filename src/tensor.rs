@@ -241,4 +241,23 @@ impl Tensor {
             Err(Error::EngineMismatch { what: what.into() })
         }
     }
+
+    /// A scalar loss cotangent: `d_loss` checked to be F32 `[1]` on `engine`, or a fresh 1.
+    pub(crate) fn scalar_cotangent(
+        engine: &Engine,
+        d_loss: Option<&Tensor>,
+        what: &str,
+    ) -> Result<Tensor> {
+        let Some(t) = d_loss else {
+            return Tensor::from_slice(engine, &[1.0f32], &[1]);
+        };
+        t.check_engine(engine, what)?;
+        if t.dtype() != DType::F32 {
+            return Err(Error::dtype(what, t.dtype(), &[DType::F32]));
+        }
+        if t.shape() != [1] {
+            return Err(Error::shape(what, &[1], t.shape()));
+        }
+        Ok(t.clone())
+    }
 }
