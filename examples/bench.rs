@@ -1116,9 +1116,13 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 
 /// The GRPO token loss forward + backward (old and reference log-probabilities, β 0.04, a
 /// mask, DAPO normalization) on logits `[8, 1025, 32768]` (`--quick`: `[2, 17, 512]`) in F32
-/// and BF16, with the peak memory; the shape column is the logits'.
+/// and BF16, with the peak memory; the shape column is the logits'. Then the same loss on a
+/// fused head (`fused_linear_grpo_fwd_bwd`, FLOPs of four head products to stderr).
 fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
-    use wgrad::grpo::{GrpoInputs, GrpoOptions, grpo_loss, grpo_loss_backward};
+    use wgrad::grpo::{
+        GrpoInputs, GrpoOptions, GrpoTokens, fused_linear_grpo_loss,
+        fused_linear_grpo_loss_backward, grpo_loss, grpo_loss_backward,
+    };
     let (b, l, v) = if quick {
         (2, 16, 512)
     } else {
@@ -1164,6 +1168,64 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     Ok(vec![out.loss, out.per_token, grad])
                 },
             )
+            .with_peak(),
+        );
+    }
+    // On a fused head: x [4, 1024, 4096], W [128256, 4096] (`--quick`: [2, 16, 64], [512, 64]).
+    let (b, l, h, v) = if quick {
+        (2, 16, 64, 512)
+    } else {
+        (4, 1024, 4096, 128_256)
+    };
+    for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+        let make = |len: usize, shape: &[usize], scale: f32| -> Result<Tensor> {
+            let data: Vec<f32> = (0..len)
+                .map(|i| (((i * 7) % 251) as f32 - 125.0) / 125.0 * scale)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        };
+        let x = make(b * l * h, &[b, l, h], 1.0)?;
+        let w = make(v * h, &[v, h], 0.02)?;
+        let ids: Vec<i32> = (0..b * l).map(|i| ((i * 7919) % v) as i32).collect();
+        let ids = Tensor::from_slice(engine, &ids, &[b, l])?;
+        let adv: Vec<f32> = (0..b).map(|i| i as f32 / b as f32 - 0.5).collect();
+        let adv = Tensor::from_slice(engine, &adv, &[b])?;
+        let logp = Tensor::from_slice(engine, &vec![-11.0f32; b * l], &[b, l])?;
+        let flops = 8.0 * (b * l) as f64 * h as f64 * v as f64;
+        eprintln!(
+            "  fused_linear_grpo {label} rows {} H{h} V{v}: {flops:.3e} FLOP per run",
+            b * l
+        );
+        let options = GrpoOptions {
+            beta: 0.04,
+            check_ids: false,
+            ..GrpoOptions::default()
+        };
+        ops.push(
+            Op::new(
+                "fused_linear_grpo_fwd_bwd",
+                label,
+                vec![x, w, ids, adv, logp],
+                move |i| {
+                    let head = wgrad::fused_linear::LinearHead {
+                        input: &i[0],
+                        weight: &i[1],
+                        bias: None,
+                    };
+                    let tokens = GrpoTokens {
+                        completion_ids: &i[2],
+                        advantages: &i[3],
+                        old_logp: Some(&i[4]),
+                        ref_logp: Some(&i[4]),
+                        mask: None,
+                    };
+                    let chunking = wgrad::fused_linear::Chunking::default();
+                    let (out, saved) = fused_linear_grpo_loss(head, &tokens, &options, chunking)?;
+                    let g = fused_linear_grpo_loss_backward(&saved, None)?;
+                    Ok(vec![out.loss, g.input, g.weight])
+                },
+            )
+            .with_flops(flops)
             .with_peak(),
         );
     }

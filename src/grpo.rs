@@ -40,12 +40,27 @@
 //! is `32·B·L + 4·B·L` bytes besides the inputs. All math is FP32; the loss and per-token
 //! outputs are F32, the gradient F32 (or F16/BF16 through [`grpo_loss_backward_as`]).
 //!
+//! # On a fused linear head
+//!
+//! [`fused_linear_grpo_loss`] takes the hidden states `x [B, L, H]` and the head `W [V, H]`
+//! (and bias) instead of the logits: the per-token log-probabilities come from
+//! [`crate::fused_linear::fused_linear_cross_entropy`] (reduction none, the temperature, rows
+//! in chunks), so `[B·L, V]` logits never exist; the token terms and the loss are the same
+//! kernels' (the log-probability read from `−ce`), and [`fused_linear_grpo_loss_backward`]
+//! turns the token weights into a cotangent per token that the head's backward takes to
+//! `dx`, `dW`, `dbias` (F32; the head's chunks recomputed).
+//!
 //! # Out-of-range ids
 //!
 //! With [`GrpoOptions::check_ids`] (the default) the forward reads the ids back and rejects one
 //! outside `[0, V)` (**this synchronizes**); without the check such a token counts as masked.
 
+use crate::fused_linear::{
+    self, Chunking, FusedLinearCrossEntropyOptions, FusedLinearCrossEntropySaved,
+    FusedLinearGradients, LinearHead,
+};
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
+use crate::loss::{CrossEntropyOptions, Reduction};
 use crate::{DType, Error, Result, Tensor};
 
 /// `wgsl/grpo.wgsl`.
@@ -124,6 +139,35 @@ pub struct GrpoInputs<'a> {
     pub mask: Option<&'a Tensor>,
 }
 
+/// The per-token inputs of [`fused_linear_grpo_loss`] (those of [`GrpoInputs`] without the
+/// logits).
+#[derive(Debug, Clone, Copy)]
+pub struct GrpoTokens<'a> {
+    /// Completion token ids `[B, L]`, I32.
+    pub completion_ids: &'a Tensor,
+    /// One advantage per sequence `[B]`, F32.
+    pub advantages: &'a Tensor,
+    /// Log-probabilities of the policy that sampled the completions `[B, L]`, F32.
+    pub old_logp: Option<&'a Tensor>,
+    /// Log-probabilities of the reference policy `[B, L]`, F32.
+    pub ref_logp: Option<&'a Tensor>,
+    /// Completion mask `[B, L]`, I32 or U32, nonzero = counted.
+    pub mask: Option<&'a Tensor>,
+}
+
+impl<'a> GrpoInputs<'a> {
+    /// The per-token inputs.
+    pub fn tokens(&self) -> GrpoTokens<'a> {
+        GrpoTokens {
+            completion_ids: self.completion_ids,
+            advantages: self.advantages,
+            old_logp: self.old_logp,
+            ref_logp: self.ref_logp,
+            mask: self.mask,
+        }
+    }
+}
+
 /// Outputs of [`grpo_loss`], all F32 except `clipped`.
 #[derive(Debug, Clone)]
 pub struct GrpoOutput {
@@ -187,6 +231,152 @@ fn expect(t: &Tensor, what: &str, shape: &[usize], dtypes: &[DType]) -> Result<(
     Ok(())
 }
 
+/// Validates the token inputs and options for `batch` sequences of `seq` tokens, logits rows
+/// of `vocab` classes (`positions` per sequence); the launch parameters.
+fn plan(
+    engine: &crate::Engine,
+    tokens: &GrpoTokens,
+    (batch, seq, positions, vocab): (usize, usize, usize, usize),
+    options: &GrpoOptions,
+) -> Result<Params> {
+    expect(
+        tokens.completion_ids,
+        "completion_ids",
+        &[batch, seq],
+        &[DType::I32],
+    )?;
+    expect(tokens.advantages, "advantages", &[batch], &[DType::F32])?;
+    for (t, what) in [(tokens.old_logp, "old_logp"), (tokens.ref_logp, "ref_logp")] {
+        if let Some(t) = t {
+            expect(t, what, &[batch, seq], &[DType::F32])?;
+        }
+    }
+    if let Some(m) = tokens.mask {
+        expect(m, "mask", &[batch, seq], &[DType::I32, DType::U32])?;
+    }
+    for (t, what) in [
+        (Some(tokens.completion_ids), "completion_ids"),
+        (Some(tokens.advantages), "advantages"),
+        (tokens.old_logp, "old_logp"),
+        (tokens.ref_logp, "ref_logp"),
+        (tokens.mask, "mask"),
+    ] {
+        if let Some(t) = t {
+            t.check_engine(engine, &format!("grpo_loss: {what}"))?;
+        }
+    }
+    let o = options;
+    if !(o.temperature.is_finite() && o.temperature > 0.0) {
+        return Err(invalid("temperature", o.temperature, "finite and > 0"));
+    }
+    if !(o.beta.is_finite() && o.beta >= 0.0) {
+        return Err(invalid("beta", o.beta, "finite and ≥ 0"));
+    }
+    if o.beta > 0.0 && tokens.ref_logp.is_none() {
+        return Err(invalid("beta", o.beta, "β > 0 needs ref_logp"));
+    }
+    if !(0.0..1.0).contains(&o.eps_low) {
+        return Err(invalid("eps_low", o.eps_low, "in [0, 1)"));
+    }
+    if !(o.eps_high.is_finite() && o.eps_high >= 0.0) {
+        return Err(invalid("eps_high", o.eps_high, "finite and ≥ 0"));
+    }
+    let (loss_type, max_len) = match o.loss_type {
+        GrpoLossType::Grpo => (0, 0),
+        GrpoLossType::Bnpo | GrpoLossType::Dapo => (1, 0),
+        GrpoLossType::DrGrpo {
+            max_completion_length: 0,
+        } => return Err(invalid("max_completion_length", 0.0, "at least 1")),
+        GrpoLossType::DrGrpo {
+            max_completion_length,
+        } => (2, max_completion_length),
+    };
+    if o.check_ids && !tokens.completion_ids.is_empty() {
+        let ids = tokens.completion_ids.to_vec::<i32>()?;
+        if let Some((i, &v)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &v)| v < 0 || v as usize >= vocab)
+        {
+            let what = format!("grpo_loss: completion_ids[{i}]");
+            if v < 0 {
+                return Err(Error::InvalidValue {
+                    what,
+                    got: f64::from(v),
+                    rule: format!("must be in [0, {vocab})"),
+                });
+            }
+            return Err(Error::OutOfBounds {
+                what,
+                got: v as u64,
+                min: 0,
+                max: vocab.saturating_sub(1) as u64,
+            });
+        }
+    }
+    let u = |v: usize, what: &str| {
+        u32::try_from(v).map_err(|_| Error::OutOfBounds {
+            what: format!("grpo_loss: {what}"),
+            got: v as u64,
+            min: 0,
+            max: u64::from(u32::MAX),
+        })
+    };
+    Ok(Params {
+        rows: u(batch * seq, "B·L")?,
+        seq: u(seq, "L")?,
+        batch: u(batch, "B")?,
+        positions: u(positions, "positions")?,
+        vocab: u(vocab, "V")?,
+        temperature: o.temperature as f32,
+        beta: if tokens.ref_logp.is_some() {
+            o.beta as f32
+        } else {
+            0.0
+        },
+        eps_low: o.eps_low as f32,
+        eps_high: o.eps_high as f32,
+        has_old: u32::from(tokens.old_logp.is_some()),
+        has_ref: u32::from(tokens.ref_logp.is_some()),
+        has_mask: u32::from(tokens.mask.is_some()),
+        loss_type,
+        max_len: u(max_len, "max_completion_length")?,
+    })
+}
+
+/// The loss and per-token outputs from the token statistics (one workgroup), and the weights.
+fn reduce(stats: &Tensor, params: &Params) -> Result<(GrpoOutput, Tensor)> {
+    let engine = stats.engine();
+    let (batch, seq) = (params.batch as usize, params.seq as usize);
+    let loss = Tensor::empty(engine, &[1], DType::F32, "grpo loss")?;
+    let weights = Tensor::empty(engine, &[(batch * seq).max(1)], DType::F32, "grpo weights")?;
+    let per_token = Tensor::empty(engine, &[batch, seq], DType::F32, "grpo per-token loss")?;
+    let kl = Tensor::empty(engine, &[batch, seq], DType::F32, "grpo kl")?;
+    let clipped = Tensor::empty(engine, &[batch, seq], DType::U32, "grpo clipped")?;
+    engine.launch(
+        &KERNEL,
+        "grpo_reduce",
+        &vec![("DT", 0.0)],
+        params,
+        &[
+            stats.buffer(),
+            loss.buffer(),
+            weights.buffer(),
+            per_token.buffer(),
+            kl.buffer(),
+            clipped.buffer(),
+        ],
+        1,
+    )?;
+    let out = GrpoOutput {
+        loss,
+        per_token,
+        kl,
+        clipped,
+    };
+    Ok((out, weights))
+}
+
 /// Forward: the loss, per-token losses, KL estimates and clip flags, and what the backward
 /// needs.
 ///
@@ -228,104 +418,9 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
             logits.shape(),
         ));
     }
-    expect(inputs.advantages, "advantages", &[batch], &[DType::F32])?;
-    for (t, what) in [(inputs.old_logp, "old_logp"), (inputs.ref_logp, "ref_logp")] {
-        if let Some(t) = t {
-            expect(t, what, &[batch, seq], &[DType::F32])?;
-        }
-    }
-    if let Some(m) = inputs.mask {
-        expect(m, "mask", &[batch, seq], &[DType::I32, DType::U32])?;
-    }
-    for (t, what) in [
-        (Some(inputs.completion_ids), "completion_ids"),
-        (Some(inputs.advantages), "advantages"),
-        (inputs.old_logp, "old_logp"),
-        (inputs.ref_logp, "ref_logp"),
-        (inputs.mask, "mask"),
-    ] {
-        if let Some(t) = t {
-            t.check_engine(engine, &format!("grpo_loss: {what}"))?;
-        }
-    }
-    let o = options;
-    if !(o.temperature.is_finite() && o.temperature > 0.0) {
-        return Err(invalid("temperature", o.temperature, "finite and > 0"));
-    }
-    if !(o.beta.is_finite() && o.beta >= 0.0) {
-        return Err(invalid("beta", o.beta, "finite and ≥ 0"));
-    }
-    if o.beta > 0.0 && inputs.ref_logp.is_none() {
-        return Err(invalid("beta", o.beta, "β > 0 needs ref_logp"));
-    }
-    if !(0.0..1.0).contains(&o.eps_low) {
-        return Err(invalid("eps_low", o.eps_low, "in [0, 1)"));
-    }
-    if !(o.eps_high.is_finite() && o.eps_high >= 0.0) {
-        return Err(invalid("eps_high", o.eps_high, "finite and ≥ 0"));
-    }
-    let (loss_type, max_len) = match o.loss_type {
-        GrpoLossType::Grpo => (0, 0),
-        GrpoLossType::Bnpo | GrpoLossType::Dapo => (1, 0),
-        GrpoLossType::DrGrpo {
-            max_completion_length: 0,
-        } => return Err(invalid("max_completion_length", 0.0, "at least 1")),
-        GrpoLossType::DrGrpo {
-            max_completion_length,
-        } => (2, max_completion_length),
-    };
-    if o.check_ids && !inputs.completion_ids.is_empty() {
-        let ids = inputs.completion_ids.to_vec::<i32>()?;
-        if let Some((i, &v)) = ids
-            .iter()
-            .enumerate()
-            .find(|&(_, &v)| v < 0 || v as usize >= vocab)
-        {
-            let what = format!("grpo_loss: completion_ids[{i}]");
-            if v < 0 {
-                return Err(Error::InvalidValue {
-                    what,
-                    got: f64::from(v),
-                    rule: format!("must be in [0, {vocab})"),
-                });
-            }
-            return Err(Error::OutOfBounds {
-                what,
-                got: v as u64,
-                min: 0,
-                max: vocab.saturating_sub(1) as u64,
-            });
-        }
-    }
+    let tokens = inputs.tokens();
+    let params = plan(engine, &tokens, (batch, seq, positions, vocab), options)?;
     let rows = batch * seq;
-    let u = |v: usize, what: &str| {
-        u32::try_from(v).map_err(|_| Error::OutOfBounds {
-            what: format!("grpo_loss: {what}"),
-            got: v as u64,
-            min: 0,
-            max: u64::from(u32::MAX),
-        })
-    };
-    let params = Params {
-        rows: u(rows, "B·L")?,
-        seq: u(seq, "L")?,
-        batch: u(batch, "B")?,
-        positions: u(positions, "positions")?,
-        vocab: u(vocab, "V")?,
-        temperature: o.temperature as f32,
-        beta: if inputs.ref_logp.is_some() {
-            o.beta as f32
-        } else {
-            0.0
-        },
-        eps_low: o.eps_low as f32,
-        eps_high: o.eps_high as f32,
-        has_old: u32::from(inputs.old_logp.is_some()),
-        has_ref: u32::from(inputs.ref_logp.is_some()),
-        has_mask: u32::from(inputs.mask.is_some()),
-        loss_type,
-        max_len: u(max_len, "max_completion_length")?,
-    };
     let constants = vec![("DT", f64::from(logits.dtype().code()))];
     let stats = Tensor::empty(engine, &[rows.max(1), 8], DType::F32, "grpo stats")?;
     let advantages = inputs.advantages.buffer();
@@ -345,26 +440,7 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
         ],
         rows as u64,
     )?;
-    let loss = Tensor::empty(engine, &[1], DType::F32, "grpo loss")?;
-    let weights = Tensor::empty(engine, &[rows.max(1)], DType::F32, "grpo weights")?;
-    let per_token = Tensor::empty(engine, &[batch, seq], DType::F32, "grpo per-token loss")?;
-    let kl = Tensor::empty(engine, &[batch, seq], DType::F32, "grpo kl")?;
-    let clipped = Tensor::empty(engine, &[batch, seq], DType::U32, "grpo clipped")?;
-    engine.launch(
-        &KERNEL,
-        "grpo_reduce",
-        &constants,
-        &params,
-        &[
-            stats.buffer(),
-            loss.buffer(),
-            weights.buffer(),
-            per_token.buffer(),
-            kl.buffer(),
-            clipped.buffer(),
-        ],
-        1,
-    )?;
+    let (output, weights) = reduce(&stats, &params)?;
     let saved = GrpoSaved {
         logits: logits.clone(),
         ids: inputs.completion_ids.clone(),
@@ -372,15 +448,123 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
         weights,
         params,
     };
-    Ok((
-        GrpoOutput {
-            loss,
-            per_token,
-            kl,
-            clipped,
+    Ok((output, saved))
+}
+
+/// What [`fused_linear_grpo_loss_backward`] needs: the head's saved context, the token
+/// statistics and weights.
+#[derive(Debug, Clone)]
+pub struct FusedGrpoSaved {
+    head: FusedLinearCrossEntropySaved,
+    stats: Tensor,
+    weights: Tensor,
+    params: Params,
+}
+
+/// The GRPO token loss on a fused linear head: `x [B, L, H]` (the hidden states of the
+/// completion tokens' predicting positions), `W [V, H]`, optional bias, so the policy logits
+/// `(x·Wᵀ + b)/T` never exist as `[B·L, V]`: the per-token log-probabilities come from
+/// [`fused_linear::fused_linear_cross_entropy`] with reduction none and the temperature
+/// (chunked by `chunking`), then the same token terms and normalization as [`grpo_loss`].
+/// Outputs as [`grpo_loss`].
+///
+/// Errors: those of [`grpo_loss`] for the tokens and options; `x` not of rank 3 `[B, L, H]`
+/// with ids `[B, L]` (`ShapeMismatch`); those of the fused head.
+pub fn fused_linear_grpo_loss(
+    head: LinearHead,
+    tokens: &GrpoTokens,
+    options: &GrpoOptions,
+    chunking: Chunking,
+) -> Result<(GrpoOutput, FusedGrpoSaved)> {
+    let x = head.input;
+    let engine = x.engine();
+    let &[batch, seq, _] = x.shape() else {
+        return Err(Error::shape(
+            "fused_linear_grpo_loss: x [B, L, H]",
+            &[0, 0, 0],
+            x.shape(),
+        ));
+    };
+    let vocab = head.weight.shape().first().copied().unwrap_or(0);
+    let params = plan(engine, tokens, (batch, seq, seq, vocab), options)?;
+    let head_options = FusedLinearCrossEntropyOptions {
+        cross_entropy: CrossEntropyOptions {
+            // Every id counts in the head (the mask applies in the token terms); ids out of
+            // range (unchecked) give 0 there and count as masked here.
+            ignore_index: i32::MIN,
+            reduction: Reduction::None,
+            check_targets: false,
+            ..CrossEntropyOptions::default()
         },
-        saved,
-    ))
+        chunking,
+        gradients_in_forward: false,
+        temperature: options.temperature as f32,
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let (ce, head_saved) =
+        fused_linear::fused_linear_cross_entropy(head, tokens.completion_ids, &head_options)?;
+    let rows = batch * seq;
+    let stats = Tensor::empty(engine, &[rows.max(1), 8], DType::F32, "grpo stats")?;
+    let advantages = tokens.advantages.buffer();
+    engine.launch(
+        &KERNEL,
+        "grpo_from_logp",
+        &vec![("DT", 0.0)],
+        &params,
+        &[
+            tokens.completion_ids.buffer(),
+            advantages,
+            tokens.old_logp.map_or(advantages, |t| t.buffer()),
+            tokens.ref_logp.map_or(advantages, |t| t.buffer()),
+            tokens.mask.map_or(advantages, |t| t.buffer()),
+            stats.buffer(),
+            ce.loss.buffer(),
+        ],
+        (rows as u64).div_ceil(256),
+    )?;
+    let (output, weights) = reduce(&stats, &params)?;
+    let saved = FusedGrpoSaved {
+        head: head_saved,
+        stats,
+        weights,
+        params,
+    };
+    Ok((output, saved))
+}
+
+/// Backward of [`fused_linear_grpo_loss`]: `dx`, `dW`, `dbias` (F32) from the loss cotangent
+/// `d_loss` (`[1]` F32; `None`: 1), through the head's backward (chunks recomputed).
+///
+/// Errors: `d_loss` not F32 `[1]` or of another engine; those of
+/// [`fused_linear::fused_linear_cross_entropy_backward`].
+pub fn fused_linear_grpo_loss_backward(
+    saved: &FusedGrpoSaved,
+    d_loss: Option<&Tensor>,
+) -> Result<FusedLinearGradients> {
+    let engine = saved.stats.engine();
+    let d_loss =
+        Tensor::scalar_cotangent(engine, d_loss, "fused_linear_grpo_loss_backward: d_loss")?;
+    let p = &saved.params;
+    let cotangent = Tensor::empty(
+        engine,
+        &[p.batch as usize, p.seq as usize],
+        DType::F32,
+        "grpo head cotangent",
+    )?;
+    engine.launch(
+        &KERNEL,
+        "grpo_cotangent",
+        &vec![("DT", 0.0)],
+        p,
+        &[
+            saved.stats.buffer(),
+            saved.weights.buffer(),
+            d_loss.buffer(),
+            cotangent.buffer(),
+        ],
+        (u64::from(p.rows)).div_ceil(256),
+    )?;
+    fused_linear::fused_linear_cross_entropy_backward(&saved.head, Some(&cotangent))
 }
 
 /// Backward: `d logits` (F32, the logits' shape) from the loss cotangent `d_loss` (`[1]` F32;

@@ -14,6 +14,10 @@
 //                  with g = d_loss · weight · d loss_t / d logp (0 for masked tokens and for
 //                  the position past the completion when logits carry L + 1 positions).
 //
+// On a fused linear head (`fused_linear_grpo_loss`) the head's per-token cross-entropies give
+// logp = −ce (grpo_from_logp replaces grpo_rows), and grpo_cotangent turns the weights into
+// the cotangent of those cross-entropies for the head's backward (replacing grpo_backward).
+//
 // Logits are F32, F16 or BF16 (DT; 16-bit as two halves a word), read element by element.
 
 override DT: u32 = 0u;
@@ -51,6 +55,9 @@ struct Params {
 @group(0) @binding(12) var<storage, read_write> clipped_out: array<u32>;
 @group(0) @binding(13) var<storage, read> d_loss: array<f32>;
 @group(0) @binding(14) var<storage, read_write> d_logits: array<f32>;
+// Fused head: its per-token cross-entropies (−logp) and the cotangent taken back through it.
+@group(0) @binding(15) var<storage, read> head_ce: array<f32>;
+@group(0) @binding(16) var<storage, read_write> head_cotangent: array<f32>;
 
 // z_j of the logits row starting at element `base`.
 fn z_at(base: u32, j: u32) -> f32 {
@@ -82,34 +89,16 @@ fn counted(r: u32) -> bool {
     return params.has_mask == 0u || mask[r] != 0u;
 }
 
-@compute @workgroup_size(WG)
-fn grpo_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let r = group_index(wid, nwg);
-    if (r >= params.rows) {
-        return;
-    }
-    let b = r / params.seq;
-    let t = r % params.seq;
-    let base = (b * params.positions + t) * params.vocab;
-    let st = row_stats(base, lid);
-    if (lid != 0u) {
-        return;
-    }
-    // An id outside the vocabulary (only when the host check is off) counts as masked.
-    let id = u32(ids[r]);
-    let valid = id < params.vocab && counted(r);
-    var logp = 0.0;
-    if (id < params.vocab) {
-        logp = z_at(base, id) - st.x - st.y;
-    }
+// Token r's terms from its log-probability (`valid`: counted and its id in range), stored
+// with the row statistics `st` (max, log Σ) of its logits.
+fn token_terms(r: u32, logp: f32, valid: bool, st: vec2<f32>) {
     var loss_t = 0.0;
     var d = 0.0;
     var kl = 0.0;
     var clipped = 0.0;
     if (valid) {
         let old = select(logp, old_logp[r], params.has_old != 0u);
-        let a = advantages[b];
+        let a = advantages[r / params.seq];
         let c1 = exp(logp - old);
         let c2 = clamp(c1, 1.0 - params.eps_low, 1.0 + params.eps_high);
         let l1 = c1 * a;
@@ -126,6 +115,42 @@ fn grpo_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
     stats[2u * r] = vec4<f32>(st.x, st.y, loss_t, d);
     stats[2u * r + 1u] = vec4<f32>(kl, clipped, logp, select(0.0, 1.0, valid));
+}
+
+@compute @workgroup_size(WG)
+fn grpo_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg);
+    if (r >= params.rows) {
+        return;
+    }
+    let b = r / params.seq;
+    let t = r % params.seq;
+    let base = (b * params.positions + t) * params.vocab;
+    let st = row_stats(base, lid);
+    if (lid != 0u) {
+        return;
+    }
+    // An id outside the vocabulary (only when the host check is off) counts as masked.
+    let id = u32(ids[r]);
+    var logp = 0.0;
+    if (id < params.vocab) {
+        logp = z_at(base, id) - st.x - st.y;
+    }
+    token_terms(r, logp, id < params.vocab && counted(r), st);
+}
+
+// The fused-head variant: logp = −ce from the head's per-token cross-entropies, one token an
+// invocation (no logits here; the row statistics are stored as 0).
+@compute @workgroup_size(WG)
+fn grpo_from_logp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg) * WG + lid;
+    if (r >= params.rows) {
+        return;
+    }
+    let valid = u32(ids[r]) < params.vocab && counted(r);
+    token_terms(r, select(0.0, -head_ce[r], valid), valid, vec2<f32>(0.0));
 }
 
 // Σ over tokens first..first + count of component `c` (0: loss_t, 1: counted) in a fixed order.
@@ -211,4 +236,19 @@ fn grpo_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         d_logits[base + j] = v;
     }
+}
+
+// The fused head's cotangent on each token's cross-entropy: −d_loss · weight · d loss_t / d logp.
+@compute @workgroup_size(WG)
+fn grpo_cotangent(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg) * WG + lid;
+    if (r >= params.rows) {
+        return;
+    }
+    var g = 0.0;
+    if (stats[2u * r + 1u].w != 0.0) {
+        g = -d_loss[0] * weights[r] * stats[2u * r].w;
+    }
+    head_cotangent[r] = g;
 }
