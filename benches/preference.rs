@@ -1,5 +1,5 @@
-//! Criterion benches of the paired preference losses on a fused head (DPO and ORPO, forward
-//! and backward), timed on the GPU with `bench::gpu_time_iters`, on small heads so
+//! Criterion benches of the paired preference losses on a fused head (DPO, ORPO and KTO,
+//! forward and backward), timed on the GPU with `bench::gpu_time_iters`, on small heads so
 //! `cargo bench --bench preference` stays quick on lavapipe; `examples/bench.rs` has the large
 //! shape. Throughput: the FLOPs of the four head products (`8·rows·H·V`).
 
@@ -8,7 +8,7 @@ mod common;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use wgrad::fused_linear::LinearHead;
 use wgrad::preference::{
-    PreferenceLoss, PreferenceOptions, preference_loss, preference_loss_backward,
+    PreferenceLoss, PreferenceOptions, kto_loss, preference_loss, preference_loss_backward,
 };
 use wgrad::{DType, Tensor, bench, cast};
 
@@ -57,6 +57,23 @@ fn run(c: &mut Criterion) {
                 })
             });
         }
+        let labels: Vec<u32> = (0..2 * pairs).map(|i| (i % 2) as u32).collect();
+        let labels = Tensor::from_slice(&engine, &labels, &[2 * pairs]).expect("labels");
+        let options = PreferenceOptions {
+            check_targets: false,
+            ..PreferenceOptions::new(PreferenceLoss::Kto)
+        };
+        group.bench_function(BenchmarkId::new("kto", &text), |b| {
+            common::time_gpu(b, &engine, || {
+                let head = LinearHead {
+                    input: &x,
+                    weight: &w,
+                    bias: None,
+                };
+                let (_, saved) = kto_loss(head, &targets, &labels, None, None, &options)?;
+                preference_loss_backward(&saved, None).map(drop)
+            })
+        });
     }
     group.finish();
 }

@@ -1,4 +1,5 @@
-//! Paired preference losses on a fused linear head: DPO, CPO, SimPO and ORPO, chunked through
+//! Preference losses on a fused linear head: DPO, CPO, SimPO and ORPO (paired) and KTO
+//! ([`kto_loss`], unpaired), chunked through
 //! [`crate::fused_linear`] so the `[rows, V]` logits never exist; forward and backward.
 //!
 //! # Contract
@@ -65,6 +66,9 @@ pub enum PreferenceLoss {
     },
     /// Odds ratio preference optimization (β weights the odds-ratio term).
     Orpo,
+    /// Kahneman–Tversky optimization: unpaired sequences with desirable / undesirable labels,
+    /// through [`kto_loss`] only.
+    Kto,
 }
 
 /// Options of [`preference_loss`].
@@ -93,6 +97,7 @@ impl PreferenceOptions {
     /// and ORPO (NLL weight 1) with averaged ones; β 0.1, no smoothing.
     pub fn new(loss: PreferenceLoss) -> PreferenceOptions {
         let averaged = matches!(loss, PreferenceLoss::SimPo { .. } | PreferenceLoss::Orpo);
+        // (KTO sums, as DPO.)
         PreferenceOptions {
             loss,
             beta: 0.1,
@@ -117,7 +122,7 @@ pub struct PreferenceOutput {
     pub loss: Tensor,
     /// The chosen sequences' NLL term (before α), `[1]`.
     pub nll: Tensor,
-    /// Sequence log-probabilities π, `[2, B]`: row 0 chosen, row 1 rejected.
+    /// Sequence log-probabilities π, `[2, B]`: row 0 chosen, row 1 rejected (KTO: `[N]`).
     pub logps: Tensor,
 }
 
@@ -132,7 +137,7 @@ pub struct PreferenceSaved {
 
 #[derive(encase::ShaderType, Debug, Clone, Copy)]
 struct Params {
-    pairs: u32,
+    seqs: u32,
     tokens: u32,
     ignore_index: i32,
     kind: u32,
@@ -142,6 +147,7 @@ struct Params {
     gamma: f32,
     smoothing: f32,
     alpha: f32,
+    has_point: u32,
 }
 
 fn invalid(what: &str, got: f64, rule: &str) -> Error {
@@ -150,6 +156,28 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
         got,
         rule: rule.to_string(),
     }
+}
+
+/// The head's per-token cross-entropies (reduction none), flattened, and its saved context.
+fn head_cross_entropy(
+    head: LinearHead,
+    targets: &Tensor,
+    o: &PreferenceOptions,
+) -> Result<(Tensor, FusedLinearCrossEntropySaved)> {
+    let fl_options = FusedLinearCrossEntropyOptions {
+        cross_entropy: CrossEntropyOptions {
+            ignore_index: o.ignore_index,
+            reduction: Reduction::None,
+            check_targets: o.check_targets,
+            ..CrossEntropyOptions::default()
+        },
+        chunking: o.chunking,
+        gradients_in_forward: false,
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let (ce, saved) = fused_linear::fused_linear_cross_entropy(head, targets, &fl_options)?;
+    let flat = ce.loss.reshape(&[ce.loss.len()])?;
+    Ok((flat, saved))
 }
 
 /// Forward: the loss, the NLL term and the sequence log-probabilities.
@@ -210,6 +238,9 @@ pub fn preference_loss(
         }
         PreferenceLoss::SimPo { gamma } => (2, gamma),
         PreferenceLoss::Orpo => (3, 0.0),
+        PreferenceLoss::Kto => {
+            return Err(invalid("loss", 4.0, "KTO is unpaired: use kto_loss"));
+        }
     };
     if let Some((c, r)) = reference {
         if o.loss != PreferenceLoss::Dpo {
@@ -237,20 +268,9 @@ pub fn preference_loss(
             }
         }
     }
-    let fl_options = FusedLinearCrossEntropyOptions {
-        cross_entropy: CrossEntropyOptions {
-            ignore_index: o.ignore_index,
-            reduction: Reduction::None,
-            check_targets: o.check_targets,
-            ..CrossEntropyOptions::default()
-        },
-        chunking: o.chunking,
-        gradients_in_forward: false,
-        ..FusedLinearCrossEntropyOptions::default()
-    };
-    let (ce, head_saved) = fused_linear::fused_linear_cross_entropy(head, targets, &fl_options)?;
+    let (ce, head_saved) = head_cross_entropy(head, targets, o)?;
     let params = Params {
-        pairs: pairs as u32,
+        seqs: seqs as u32,
         tokens: tokens as u32,
         ignore_index: o.ignore_index,
         kind,
@@ -260,12 +280,13 @@ pub fn preference_loss(
         gamma,
         smoothing: ls,
         alpha: o.nll_weight,
+        has_point: 0,
     };
     let seq_stats = Tensor::empty(engine, &[seqs + 1, 4], DType::F32, "preference stats")?;
     let loss = Tensor::empty(engine, &[1], DType::F32, "preference loss")?;
     let nll = Tensor::empty(engine, &[1], DType::F32, "preference nll")?;
     let logps = Tensor::empty(engine, &[2, pairs], DType::F32, "preference logps")?;
-    let ce_loss = ce.loss.reshape(&[seqs * tokens])?;
+    let ce_loss = ce;
     let (rc, rr) = reference.unwrap_or((&ce_loss, &ce_loss));
     engine.launch(
         &KERNEL,
@@ -293,6 +314,106 @@ pub fn preference_loss(
     Ok((PreferenceOutput { loss, nll, logps }, saved))
 }
 
+/// KTO on a fused linear head: `x [N, T, H]` (any `N` sequences), targets `[N, T]`,
+/// `desirable [N]` (I32/U32, nonzero = desirable), optional reference sequence
+/// log-probabilities `[N]` (F32) and reference point `z0` (`[1]` F32, e.g. a detached KL
+/// estimate; 0 when absent). With `r_i = π_i − ref_i`, `loss = (1/N)·Σ_i (1 − σ(β·(r_i − z0)))`
+/// over desirable and `(1 − σ(β·(z0 − r_i)))` over undesirable sequences. Options: β, the
+/// averaging of π, ignore_index, the target check and chunking of `options` (its `loss` must
+/// be [`PreferenceLoss::Kto`]; no smoothing, no NLL term). Outputs: the loss, `nll` 0, and π
+/// `[N]`; the backward is [`preference_loss_backward`].
+///
+/// Errors: those of [`preference_loss`] for the head and scalars; `options.loss` not KTO,
+/// smoothing or an NLL weight (`InvalidValue`); labels not I32/U32 `[N]`, a reference not F32
+/// `[N]`, a reference point not F32 `[1]` (`UnsupportedDType` / `ShapeMismatch`).
+pub fn kto_loss(
+    head: LinearHead,
+    targets: &Tensor,
+    desirable: &Tensor,
+    reference: Option<&Tensor>,
+    reference_point: Option<&Tensor>,
+    options: &PreferenceOptions,
+) -> Result<(PreferenceOutput, PreferenceSaved)> {
+    let x = head.input;
+    let engine = x.engine();
+    let &[seqs, tokens, _] = x.shape() else {
+        return Err(Error::shape("kto_loss: x [N, T, H]", &[0, 0, 0], x.shape()));
+    };
+    let o = options;
+    if o.loss != PreferenceLoss::Kto {
+        return Err(invalid("loss", 0.0, "kto_loss needs PreferenceLoss::Kto"));
+    }
+    if !(o.beta.is_finite() && o.beta > 0.0) {
+        return Err(invalid("beta", f64::from(o.beta), "finite and > 0"));
+    }
+    if o.label_smoothing != 0.0 || o.nll_weight != 0.0 {
+        return Err(invalid(
+            "label_smoothing / nll_weight",
+            f64::from(o.label_smoothing + o.nll_weight),
+            "0 for KTO",
+        ));
+    }
+    let check = |t: &Tensor, what: &str, shape: &[usize], dtypes: &[DType]| -> Result<()> {
+        t.check_engine(engine, &format!("kto_loss: {what}"))?;
+        if !dtypes.contains(&t.dtype()) {
+            return Err(Error::dtype(format!("kto_loss: {what}"), t.dtype(), dtypes));
+        }
+        if t.shape() != shape {
+            return Err(Error::shape(format!("kto_loss: {what}"), shape, t.shape()));
+        }
+        Ok(())
+    };
+    check(desirable, "desirable", &[seqs], &[DType::I32, DType::U32])?;
+    if let Some(r) = reference {
+        check(r, "reference", &[seqs], &[DType::F32])?;
+    }
+    if let Some(z) = reference_point {
+        check(z, "reference_point", &[1], &[DType::F32])?;
+    }
+    let (ce, head_saved) = head_cross_entropy(head, targets, o)?;
+    let params = Params {
+        seqs: seqs as u32,
+        tokens: tokens as u32,
+        ignore_index: o.ignore_index,
+        kind: 4,
+        average: u32::from(o.average_log_prob),
+        has_ref: u32::from(reference.is_some()),
+        beta: o.beta,
+        gamma: 0.0,
+        smoothing: 0.0,
+        alpha: 0.0,
+        has_point: u32::from(reference_point.is_some()),
+    };
+    let seq_stats = Tensor::empty(engine, &[seqs + 1, 4], DType::F32, "kto stats")?;
+    let loss = Tensor::empty(engine, &[1], DType::F32, "kto loss")?;
+    let logps = Tensor::empty(engine, &[seqs], DType::F32, "kto logps")?;
+    engine.launch(
+        &KERNEL,
+        "kto_sequences",
+        &Vec::new(),
+        &params,
+        &[
+            ce.buffer(),
+            targets.buffer(),
+            reference.unwrap_or(&ce).buffer(),
+            seq_stats.buffer(),
+            loss.buffer(),
+            logps.buffer(),
+            desirable.buffer(),
+            reference_point.unwrap_or(&ce).buffer(),
+        ],
+        1,
+    )?;
+    let nll = Tensor::zeros(engine, &[1], DType::F32)?;
+    let saved = PreferenceSaved {
+        head: head_saved,
+        targets: targets.clone(),
+        seq_stats,
+        params,
+    };
+    Ok((PreferenceOutput { loss, nll, logps }, saved))
+}
+
 /// Backward: `dx`, `dW`, `dbias` (F32) from the loss cotangent `d_loss` (`[1]` F32; `None`: 1).
 ///
 /// Errors: `d_loss` not F32 `[1]` (`UnsupportedDType` / `ShapeMismatch`) or of another
@@ -304,7 +425,7 @@ pub fn preference_loss_backward(
     let engine = saved.targets.engine();
     let d_loss = Tensor::scalar_cotangent(engine, d_loss, "preference_loss_backward: d_loss")?;
     let p = &saved.params;
-    let rows = 2 * p.pairs as usize * p.tokens as usize;
+    let rows = p.seqs as usize * p.tokens as usize;
     let cotangent = Tensor::empty(
         engine,
         saved.targets.shape(),

@@ -68,6 +68,8 @@ fn settings(o: &PreferenceOptions) -> Settings {
             PreferenceLoss::Cpo => Margin::Cpo,
             PreferenceLoss::SimPo { gamma } => Margin::SimPo(f64::from(gamma)),
             PreferenceLoss::Orpo => Margin::Orpo,
+            // (KTO has no pair margin; its reference functions ignore this.)
+            PreferenceLoss::Kto => Margin::Cpo,
         },
         beta: f64::from(o.beta),
         smoothing: f64::from(o.label_smoothing),
@@ -387,4 +389,133 @@ fn bad_inputs_are_typed_errors() {
         preference_loss_backward(&saved, Some(&two)),
         Err(Error::ShapeMismatch { .. })
     ));
+}
+
+/// KTO (`kto_loss`) against the reference for every head dtype: an odd number of sequences
+/// with mixed labels, with and without reference log-probabilities and a reference point,
+/// summed and averaged π; finite differences of the reference backward; bad inputs.
+#[test]
+fn kto_matches_the_reference() {
+    use wgrad::preference::kto_loss;
+    let e = engine();
+    let n = 5usize;
+    let s = Sizes {
+        pairs: 0,
+        tokens: 6,
+        h: 10,
+        v: 23,
+    };
+    let desirable = [true, false, true, true, false];
+    let labels: Vec<u32> = desirable.iter().map(|&d| u32::from(d)).collect();
+    for dtype in DType::FLOATS {
+        let mut rng = Rng::new(80);
+        let x = stored(&rng.vec(n * s.tokens * s.h, -1.0, 1.0), dtype);
+        let w = stored(&rng.vec(s.v * s.h, -0.5, 0.5), dtype);
+        let targets: Vec<i32> = (0..n * s.tokens)
+            .map(|r| {
+                if r % 5 == 3 {
+                    -100
+                } else {
+                    (rng.next_f64() * s.v as f64) as i32
+                }
+            })
+            .collect();
+        let refs = stored(&rng.vec(n, -20.0, -14.0), DType::F32);
+        let (xt, wt) = (
+            tensor_from_f64(e, &x, &[n, s.tokens, s.h], dtype),
+            tensor_from_f64(e, &w, &[s.v, s.h], dtype),
+        );
+        let tt = Tensor::from_slice(e, &targets, &[n, s.tokens]).unwrap();
+        let lt = Tensor::from_slice(e, &labels, &[n]).unwrap();
+        let rt = tensor_from_f64(e, &refs, &[n], DType::F32);
+        let zt = Tensor::from_slice(e, &[0.3f32], &[1]).unwrap();
+        let head = LinearHead {
+            input: &xt,
+            weight: &wt,
+            bias: None,
+        };
+        for (with_ref, average) in [(true, false), (false, true)] {
+            let mut o = PreferenceOptions::new(PreferenceLoss::Kto);
+            o.average_log_prob = average;
+            o.beta = 0.5;
+            let (reference, point) = if with_ref {
+                (Some(&rt), Some(&zt))
+            } else {
+                (None, None)
+            };
+            let (out, saved) = kto_loss(head, &tt, &lt, reference, point, &o).unwrap();
+            let g = preference_loss_backward(&saved, None).unwrap();
+            let set = settings(&o);
+            let inp = Inputs {
+                x: &x,
+                w: &w,
+                bias: None,
+                targets: &targets,
+                reference: None,
+            };
+            let r = with_ref.then_some(refs.as_slice());
+            let z0 = if with_ref { 0.3 } else { 0.0 };
+            let (loss, logps) = reference::kto_forward(s, n, &inp, &set, &desirable, r, z0);
+            let (dx, dw, _) = reference::kto_backward(s, n, &inp, &set, &desirable, r, z0, 1.0);
+            let tol = Tolerance::for_dtype(DType::F32);
+            let what = format!("kto {dtype} ref {with_ref} average {average}");
+            assert_close(&what, &out.loss.to_f64().unwrap(), &[loss], tol);
+            assert_close(&what, &out.logps.to_f64().unwrap(), &logps, tol);
+            assert_close(&format!("{what} dx"), &g.input.to_f64().unwrap(), &dx, tol);
+            assert_close(&format!("{what} dW"), &g.weight.to_f64().unwrap(), &dw, tol);
+            // Finite differences of the reference (F32 case only: one is enough).
+            if dtype == DType::F32 {
+                let f = |p: &[f64]| {
+                    vec![
+                        reference::kto_forward(
+                            s,
+                            n,
+                            &Inputs { w: p, ..inp },
+                            &set,
+                            &desirable,
+                            r,
+                            z0,
+                        )
+                        .0,
+                    ]
+                };
+                let check = check_vjp(f, &w, &[1.0], &dw);
+                assert!(check.passed, "{what}: {check}");
+            }
+        }
+        // Bad inputs.
+        let dpo = PreferenceOptions::new(PreferenceLoss::Dpo);
+        assert!(matches!(
+            kto_loss(head, &tt, &lt, None, None, &dpo),
+            Err(Error::InvalidValue { .. })
+        ));
+        let kto = PreferenceOptions::new(PreferenceLoss::Kto);
+        assert!(matches!(
+            preference_loss(head, &tt, None, &kto),
+            Err(Error::InvalidValue { .. }) | Err(Error::ShapeMismatch { .. })
+        ));
+        let short = Tensor::from_slice(e, &[1u32, 0], &[2]).unwrap();
+        assert!(matches!(
+            kto_loss(head, &tt, &short, None, None, &kto),
+            Err(Error::ShapeMismatch { .. })
+        ));
+        let float_labels = Tensor::zeros(e, &[n], DType::F32).unwrap();
+        assert!(matches!(
+            kto_loss(head, &tt, &float_labels, None, None, &kto),
+            Err(Error::UnsupportedDType { .. })
+        ));
+        let two = Tensor::zeros(e, &[2], DType::F32).unwrap();
+        assert!(matches!(
+            kto_loss(head, &tt, &lt, None, Some(&two), &kto),
+            Err(Error::ShapeMismatch { .. })
+        ));
+        let smoothed = PreferenceOptions {
+            label_smoothing: 0.1,
+            ..kto.clone()
+        };
+        assert!(matches!(
+            kto_loss(head, &tt, &lt, None, None, &smoothed),
+            Err(Error::InvalidValue { .. })
+        ));
+    }
 }

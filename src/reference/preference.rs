@@ -72,9 +72,9 @@ pub struct Forward {
     pub logps: Vec<f64>,
 }
 
-/// Log-softmax of every token's logits row, `[2B·T][V]`.
-fn log_probs(s: Sizes, i: &Inputs) -> Vec<Vec<f64>> {
-    (0..2 * s.pairs * s.tokens)
+/// Log-softmax of every token's logits row, `[seqs·T][V]`.
+fn log_probs(s: Sizes, seqs: usize, i: &Inputs) -> Vec<Vec<f64>> {
+    (0..seqs * s.tokens)
         .map(|r| {
             let z: Vec<f64> = (0..s.v)
                 .map(|c| {
@@ -98,8 +98,14 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 /// Per sequence: (π, counted tokens); and per token its log-probability.
-fn sequences(s: Sizes, i: &Inputs, set: &Settings, lp: &[Vec<f64>]) -> Vec<(f64, f64)> {
-    (0..2 * s.pairs)
+fn sequences(
+    s: Sizes,
+    seqs: usize,
+    i: &Inputs,
+    set: &Settings,
+    lp: &[Vec<f64>],
+) -> Vec<(f64, f64)> {
+    (0..seqs)
         .map(|q| {
             let mut sum = 0.0f64;
             let mut n = 0.0f64;
@@ -145,8 +151,8 @@ fn pair_weight(s: Sizes, set: &Settings) -> f64 {
 
 /// The loss, NLL and sequence log-probabilities.
 pub fn forward(s: Sizes, i: &Inputs, set: &Settings) -> Forward {
-    let lp = log_probs(s, i);
-    let seq = sequences(s, i, set, &lp);
+    let lp = log_probs(s, 2 * s.pairs, i);
+    let seq = sequences(s, 2 * s.pairs, i, set, &lp);
     let refs = |p: usize| i.reference.map_or((0.0, 0.0), |(c, r)| (c[p], r[p]));
     let ls = set.smoothing;
     let pref: f64 = (0..s.pairs)
@@ -180,8 +186,8 @@ pub fn backward(
     set: &Settings,
     d_loss: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let lp = log_probs(s, i);
-    let seq = sequences(s, i, set, &lp);
+    let lp = log_probs(s, 2 * s.pairs, i);
+    let seq = sequences(s, 2 * s.pairs, i, set, &lp);
     let refs = |p: usize| i.reference.map_or((0.0, 0.0), |(c, r)| (c[p], r[p]));
     let ls = set.smoothing;
     // d loss / d π per sequence.
@@ -193,10 +199,32 @@ pub fn backward(
         d_pi[s.pairs + p] = du * dr;
     }
     let chosen_tokens: f64 = (0..s.pairs).map(|p| seq[p].1).sum();
+    let nll = |q: usize| {
+        if q < s.pairs {
+            set.alpha / chosen_tokens.max(1.0)
+        } else {
+            0.0
+        }
+    };
+    through_head(s, i, set, &lp, &seq, &d_pi, nll, d_loss)
+}
+
+/// `(dx, dW, dbias)` from d loss / d π per sequence and the NLL term's per-token weight.
+#[allow(clippy::too_many_arguments)]
+fn through_head(
+    s: Sizes,
+    i: &Inputs,
+    set: &Settings,
+    lp: &[Vec<f64>],
+    seq: &[(f64, f64)],
+    d_pi: &[f64],
+    nll: impl Fn(usize) -> f64,
+    d_loss: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let mut dx = vec![0.0; i.x.len()];
     let mut dw = vec![0.0; i.w.len()];
     let mut db = vec![0.0; s.v];
-    for q in 0..2 * s.pairs {
+    for q in 0..seq.len() {
         for t in 0..s.tokens {
             let r = q * s.tokens + t;
             let target = i.targets[r];
@@ -204,11 +232,7 @@ pub fn backward(
                 continue;
             }
             // d loss / d logp of this token.
-            let mut g = d_pi[q] / if set.average { seq[q].1.max(1.0) } else { 1.0 };
-            if q < s.pairs {
-                g -= set.alpha / chosen_tokens.max(1.0);
-            }
-            g *= d_loss;
+            let g = d_loss * (d_pi[q] / if set.average { seq[q].1.max(1.0) } else { 1.0 } - nll(q));
             for c in 0..s.v {
                 let onehot = if c == target as usize { 1.0 } else { 0.0 };
                 let dz = g * (onehot - lp[r][c].exp());
@@ -221,4 +245,53 @@ pub fn backward(
         }
     }
     (dx, dw, db)
+}
+
+/// KTO over `seqs` sequences (`s.pairs` unused): `(loss, π per sequence)`, with the
+/// desirable labels, the reference log-probabilities (`[seqs]` or zeros) and point `z0`.
+pub fn kto_forward(
+    s: Sizes,
+    seqs: usize,
+    i: &Inputs,
+    set: &Settings,
+    desirable: &[bool],
+    reference: Option<&[f64]>,
+    z0: f64,
+) -> (f64, Vec<f64>) {
+    let lp = log_probs(s, seqs, i);
+    let seq = sequences(s, seqs, i, set, &lp);
+    let loss = (0..seqs)
+        .map(|q| {
+            let r = seq[q].0 - reference.map_or(0.0, |r| r[q]);
+            let sign = if desirable[q] { 1.0 } else { -1.0 };
+            1.0 - sigmoid(set.beta * sign * (r - z0))
+        })
+        .sum::<f64>()
+        / seqs.max(1) as f64;
+    (loss, seq.iter().map(|q| q.0).collect())
+}
+
+/// `(dx, dW, dbias)` of [`kto_forward`] for the loss cotangent `d_loss`.
+#[allow(clippy::too_many_arguments)]
+pub fn kto_backward(
+    s: Sizes,
+    seqs: usize,
+    i: &Inputs,
+    set: &Settings,
+    desirable: &[bool],
+    reference: Option<&[f64]>,
+    z0: f64,
+    d_loss: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let lp = log_probs(s, seqs, i);
+    let seq = sequences(s, seqs, i, set, &lp);
+    let d_pi: Vec<f64> = (0..seqs)
+        .map(|q| {
+            let r = seq[q].0 - reference.map_or(0.0, |r| r[q]);
+            let sign = if desirable[q] { 1.0 } else { -1.0 };
+            let p = sigmoid(set.beta * sign * (r - z0));
+            -p * (1.0 - p) * sign * set.beta / seqs.max(1) as f64
+        })
+        .collect();
+    through_head(s, i, set, &lp, &seq, &d_pi, |_| 0.0, d_loss)
 }
