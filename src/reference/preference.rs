@@ -247,8 +247,35 @@ fn through_head(
     (dx, dw, db)
 }
 
+/// Log-softmax rows, (π, n) per sequence, (σ(u), sign) per sequence.
+type KtoTerms = (Vec<Vec<f64>>, Vec<(f64, f64)>, Vec<(f64, f64)>);
+
+/// KTO's per-sequence terms: the log-probabilities, per-token log-softmax rows, and for each
+/// sequence `(σ(u), sign)` with `u = β·sign·(π − ref − z0)`, `sign` +1 when desirable.
+fn kto_terms(
+    s: Sizes,
+    seqs: usize,
+    i: &Inputs,
+    set: &Settings,
+    desirable: &[bool],
+    reference: Option<&[f64]>,
+    z0: f64,
+) -> KtoTerms {
+    let lp = log_probs(s, seqs, i);
+    let seq = sequences(s, seqs, i, set, &lp);
+    let terms = (0..seqs)
+        .map(|q| {
+            let r = seq[q].0 - reference.map_or(0.0, |r| r[q]);
+            let sign = if desirable[q] { 1.0 } else { -1.0 };
+            (sigmoid(set.beta * sign * (r - z0)), sign)
+        })
+        .collect();
+    (lp, seq, terms)
+}
+
 /// KTO over `seqs` sequences (`s.pairs` unused): `(loss, π per sequence)`, with the
-/// desirable labels, the reference log-probabilities (`[seqs]` or zeros) and point `z0`.
+/// desirable labels, the reference log-probabilities (`[seqs]` or zeros) and point `z0`:
+/// `(1/N)·Σ (1 − σ(u))`.
 pub fn kto_forward(
     s: Sizes,
     seqs: usize,
@@ -258,20 +285,13 @@ pub fn kto_forward(
     reference: Option<&[f64]>,
     z0: f64,
 ) -> (f64, Vec<f64>) {
-    let lp = log_probs(s, seqs, i);
-    let seq = sequences(s, seqs, i, set, &lp);
-    let loss = (0..seqs)
-        .map(|q| {
-            let r = seq[q].0 - reference.map_or(0.0, |r| r[q]);
-            let sign = if desirable[q] { 1.0 } else { -1.0 };
-            1.0 - sigmoid(set.beta * sign * (r - z0))
-        })
-        .sum::<f64>()
-        / seqs.max(1) as f64;
+    let (_, seq, terms) = kto_terms(s, seqs, i, set, desirable, reference, z0);
+    let loss = terms.iter().map(|(p, _)| 1.0 - p).sum::<f64>() / seqs.max(1) as f64;
     (loss, seq.iter().map(|q| q.0).collect())
 }
 
-/// `(dx, dW, dbias)` of [`kto_forward`] for the loss cotangent `d_loss`.
+/// `(dx, dW, dbias)` of [`kto_forward`] for the loss cotangent `d_loss`
+/// (`d loss / d π = −σ(u)(1 − σ(u))·sign·β/N`).
 #[allow(clippy::too_many_arguments)]
 pub fn kto_backward(
     s: Sizes,
@@ -283,15 +303,10 @@ pub fn kto_backward(
     z0: f64,
     d_loss: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let lp = log_probs(s, seqs, i);
-    let seq = sequences(s, seqs, i, set, &lp);
-    let d_pi: Vec<f64> = (0..seqs)
-        .map(|q| {
-            let r = seq[q].0 - reference.map_or(0.0, |r| r[q]);
-            let sign = if desirable[q] { 1.0 } else { -1.0 };
-            let p = sigmoid(set.beta * sign * (r - z0));
-            -p * (1.0 - p) * sign * set.beta / seqs.max(1) as f64
-        })
+    let (lp, seq, terms) = kto_terms(s, seqs, i, set, desirable, reference, z0);
+    let d_pi: Vec<f64> = terms
+        .iter()
+        .map(|(p, sign)| -p * (1.0 - p) * sign * set.beta / seqs.max(1) as f64)
         .collect();
     through_head(s, i, set, &lp, &seq, &d_pi, |_| 0.0, d_loss)
 }
