@@ -32,8 +32,9 @@
 //!
 //! # How it runs
 //!
-//! One workgroup of 256 lanes per token computes the row's maximum and log-sum (fixed-order
-//! workgroup trees; logits read element by element), the token's terms and its loss
+//! One workgroup of 256 lanes per token computes the row's maximum and log-sum in one read of
+//! the row (a running maximum and rescaled sum per lane, merged in a fixed-order tree; logits
+//! read element by element), the token's terms and its loss
 //! derivative; one workgroup then forms the loss and every token's weight in a fixed order
 //! (per sequence, then sequences in order for GRPO); the backward recomputes each row's
 //! probabilities from the saved statistics. No atomics: reruns are bit-identical. Saved state

@@ -2,7 +2,8 @@
 // normalizations) on policy logits, forward and backward. Three passes, no atomics:
 //
 //   grpo_rows      one workgroup per completion token r = b·L + t: z = logits[b, t, :] / T,
-//                  its maximum and log Σ exp(z − max) (fixed-order workgroup trees), the
+//                  its maximum and log Σ exp(z − max) (one read: running pairs per lane,
+//                  merged in a fixed-order tree), the
 //                  token's log-probability logp = z[id] − max − log Σ, and the per-token loss
 //                    c1 = exp(logp − old), c2 = clamp(c1, 1 − eps_low, 1 + eps_high),
 //                    loss_t = −min(c1·A_b, c2·A_b) + beta·(exp(ref − logp) − (ref − logp) − 1)
@@ -71,18 +72,23 @@ fn z_at(base: u32, j: u32) -> f32 {
     return x / params.temperature;
 }
 
-// (max, log Σ exp(z − max)) of a row, the same bits in every pass.
+// (max, log Σ exp(z − max)) of a row, reading it once: each lane keeps a running maximum and
+// the sum rescaled to it over its columns (in column order), then the lanes' pairs merge in
+// the fixed-order softmax tree of common/reduce.wgsl.
 fn row_stats(base: u32, lid: u32) -> vec2<f32> {
-    var m = -bitcast<f32>(0x7f800000u);
-    for (var j = lid; j < params.vocab; j = j + WG) {
-        m = max(m, z_at(base, j));
-    }
-    let row_max = workgroup_max(m, lid);
+    var m = pair_neg_inf();
     var s = 0.0;
     for (var j = lid; j < params.vocab; j = j + WG) {
-        s = s + exp(z_at(base, j) - row_max);
+        let z = z_at(base, j);
+        if (z > m) {
+            s = s * exp(m - z) + 1.0;
+            m = z;
+        } else if (z != pair_neg_inf()) {
+            s = s + exp(z - m);
+        }
     }
-    return vec2<f32>(row_max, log(workgroup_sum(s, lid)));
+    let total = workgroup_pairs8(vec2<f32>(m, s), lid, PAIR_SOFTMAX);
+    return vec2<f32>(total.x, log(total.y));
 }
 
 fn counted(r: u32) -> bool {
