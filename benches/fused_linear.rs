@@ -1,7 +1,7 @@
 //! Criterion benches of the fused linear losses, timed on the GPU ([`bench::gpu_time_iters`]
 //! through `iter_custom`): fused linear cross-entropy forward + backward (gradients come out of
-//! the forward; mean over targets, a fifth ignored) and JSD distillation forward + backward,
-//! F32 and BF16, and the scaled cross-entropy (temperature 0.7, entropy output, backward with
+//! the forward; mean over targets, a fifth ignored) and JSD and cosine distillation forward +
+//! backward, F32 and BF16, and the scaled cross-entropy (temperature 0.7, entropy output, backward with
 //! an entropy cotangent, which recomputes the chunks: `8·rows·hidden·vocab` FLOPs), on small
 //! shapes so `cargo bench --bench fused_linear` stays quick on
 //! lavapipe. Throughput is in FLOPs (`6·rows·hidden·vocab` for the cross-entropy, `8·…` for
@@ -13,7 +13,7 @@ mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use wgrad::fused_linear::{
-    Chunking, DistillationOptions, FusedLinearCrossEntropyOptions, LinearHead,
+    Chunking, DistillationOptions, FusedLinearCrossEntropyOptions, LinearHead, SoftLoss,
     fused_linear_cross_entropy, fused_linear_cross_entropy_backward,
     fused_linear_cross_entropy_backward_with_entropy, fused_linear_distillation,
     fused_linear_distillation_backward,
@@ -126,32 +126,38 @@ fn fused_linear(c: &mut Criterion) {
             );
         }
         scaled.finish();
-        let mut jsd = c.benchmark_group(format!("fused_linear_jsd_fwd_bwd_{dtype}"));
-        for ([rows, hidden, vocab], x, w, xt, wt, t) in &inputs {
-            let student = LinearHead {
-                input: x,
-                weight: w,
-                bias: None,
-            };
-            let teacher = LinearHead {
-                input: xt,
-                weight: wt,
-                bias: None,
-            };
-            jsd.throughput(Throughput::Elements((8 * rows * hidden * vocab) as u64));
-            bench::prewarm(&engine, 0.05).expect("prewarm");
-            jsd.bench_function(
-                BenchmarkId::from_parameter(bench::shape_text(&[*rows, *hidden, *vocab])),
-                |b| {
-                    common::time_gpu(b, &engine, || {
-                        let (_, saved) =
-                            fused_linear_distillation(student, teacher, Some(t), &distill_options)?;
-                        fused_linear_distillation_backward(&saved, None).map(drop)
-                    })
-                },
-            );
+        let cosine_options = DistillationOptions {
+            soft: SoftLoss::Cosine { beta: 0.5 },
+            ..distill_options.clone()
+        };
+        for (name, options) in [("jsd", &distill_options), ("cosine", &cosine_options)] {
+            let mut group = c.benchmark_group(format!("fused_linear_{name}_fwd_bwd_{dtype}"));
+            for ([rows, hidden, vocab], x, w, xt, wt, t) in &inputs {
+                let student = LinearHead {
+                    input: x,
+                    weight: w,
+                    bias: None,
+                };
+                let teacher = LinearHead {
+                    input: xt,
+                    weight: wt,
+                    bias: None,
+                };
+                group.throughput(Throughput::Elements((8 * rows * hidden * vocab) as u64));
+                bench::prewarm(&engine, 0.05).expect("prewarm");
+                group.bench_function(
+                    BenchmarkId::from_parameter(bench::shape_text(&[*rows, *hidden, *vocab])),
+                    |b| {
+                        common::time_gpu(b, &engine, || {
+                            let (_, saved) =
+                                fused_linear_distillation(student, teacher, Some(t), options)?;
+                            fused_linear_distillation_backward(&saved, None).map(drop)
+                        })
+                    },
+                );
+            }
+            group.finish();
         }
-        jsd.finish();
     }
 }
 

@@ -2,7 +2,8 @@
 //! vocabulary, computed chunk by chunk of rows so that the `[rows, vocab]` logits never exist
 //! at once: [`fused_linear_cross_entropy`] (every option of [`CrossEntropyOptions`]) and the
 //! distillation losses [`fused_linear_distillation`] with the shorthands
-//! [`fused_linear_jsd`], [`fused_linear_kl`] and [`fused_linear_tvd`] (a student head trained
+//! [`fused_linear_jsd`], [`fused_linear_kl`], [`fused_linear_tvd`] and [`fused_linear_cosine`]
+//! (a student head trained
 //! against a frozen teacher head, plus an optional hard-label cross-entropy term).
 //!
 //! Shapes: `x` is `[..., hidden]` (leading axes flatten to `rows`), `W` is `[vocab, hidden]`,
@@ -895,6 +896,72 @@ fn entropy_grad(
     )
 }
 
+/// The cosine soft term of a block of rows `r0..` (student and teacher F32 logits / T) into
+/// column 0 of the batch's `[rows, 2]` soft matrix, `β·(1 − cos)` on rows whose column 1 (the
+/// counting pass's flag) is set, else 0.
+fn cosine_rows(
+    student: &Tensor,
+    teacher: &Tensor,
+    mat: &Tensor,
+    r0: usize,
+    beta: f32,
+) -> Result<()> {
+    let (rows, cols) = (student.shape()[0], student.shape()[1]);
+    student.engine().launch(
+        &KERNEL,
+        "cosine_rows",
+        &vec![("XT", 0.0), ("YT", 0.0)],
+        &Params {
+            n: rows as u32,
+            a: beta,
+            cols: cols as u32,
+            row0: r0 as u32,
+            ..Params::default()
+        },
+        &[student.buffer(), teacher.buffer(), mat.buffer()],
+        rows as u64,
+    )
+}
+
+/// d (cosine soft term) / d (student logits / T) of a block of rows `r0..`, times the
+/// cotangent `cot` (`[1]`) and the finish's scale (`finish[1]`); 0 on uncounted rows.
+#[allow(clippy::too_many_arguments)]
+fn cosine_grad(
+    student: &Tensor,
+    teacher: &Tensor,
+    mat: &Tensor,
+    finish: &Tensor,
+    cot: &Tensor,
+    r0: usize,
+    beta: f32,
+) -> Result<Tensor> {
+    let (rows, cols) = (student.shape()[0], student.shape()[1]);
+    let engine = student.engine();
+    let out = Tensor::empty(engine, &[rows, cols], DType::F32, "cosine gradient")?;
+    engine.launch(
+        &KERNEL,
+        "cosine_grad",
+        &vec![("XT", 0.0), ("YT", 0.0)],
+        &Params {
+            n: rows as u32,
+            a: beta,
+            cols: cols as u32,
+            row0: r0 as u32,
+            ..Params::default()
+        },
+        &[
+            student.buffer(),
+            teacher.buffer(),
+            cot.buffer(),
+            out.buffer(),
+            mat.buffer(),
+            finish.buffer(),
+        ],
+        rows as u64,
+    )?;
+    Ok(out)
+}
+
 /// Gradients of [`fused_linear_cross_entropy`] with respect to `x`, `W` and the bias (F32).
 /// `cotangent`: `None` for a unit cotangent, or F32 of the loss's shape (`[]`/`[1]` for sum
 /// and mean, `x`'s leading shape for none). Sum / mean with gradients computed in the
@@ -992,6 +1059,13 @@ pub enum SoftLoss {
     Kl,
     /// Total variation `½·Σ |q − p|` (`loss::tvd`).
     Tvd,
+    /// Cosine distance of the logits, `β·(1 − s·t/(|s|·|t|))` with `s`, `t` the student's and
+    /// the teacher's logits of the row (divided by T, which the cosine does not see; its
+    /// gradient carries the `1/T`); a row whose logits are all zero gives NaN.
+    Cosine {
+        /// β (finite, ≥ 0).
+        beta: f32,
+    },
 }
 
 /// How the distillation terms are reduced over rows.
@@ -1239,12 +1313,26 @@ impl DistillationSaved {
             }
         };
         let student = tempered(student)?;
+        let soft = &self.soft;
+        if let SoftLoss::Cosine { beta } = o.soft {
+            let teacher = tempered(self.teacher.logits(r0, rows)?)?;
+            if predicted.is_some() {
+                cosine_rows(&student, &teacher, &soft.mat, r0, beta)?;
+            }
+            let Some(cot) = cot else {
+                return Ok(None);
+            };
+            let d_soft = cosine_grad(&student, &teacher, &soft.mat, &soft.scales, cot, r0, beta)?;
+            drop((student, teacher));
+            return self
+                .combine_terms(d_hard.as_ref(), &d_soft, r0, row_cot)
+                .map(Some);
+        }
         let (q, q_saved) = distribution(&student)?;
         drop(student);
         let teacher = tempered(self.teacher.logits(r0, rows)?)?;
         let (p, _) = distribution(&teacher)?;
         drop(teacher);
-        let soft = &self.soft;
         if predicted.is_some() {
             loss::div_rows_block(&q, &p, labels, &soft.settings, r0, &soft.mat)?;
         }
@@ -1265,8 +1353,20 @@ impl DistillationSaved {
         drop((q, p));
         let d_soft = loss::softmax_backward(&q_saved, &g)?;
         drop((g, q_saved));
-        // d/d student = w_hard·d_hard + (w_soft / T)·d_soft.
-        let w_soft = o.weight_soft / t;
+        self.combine_terms(d_hard.as_ref(), &d_soft, r0, row_cot)
+            .map(Some)
+    }
+
+    /// d/d student = w_hard·d_hard + (w_soft / T)·d_soft (then the per-row cotangents).
+    fn combine_terms(
+        &self,
+        d_hard: Option<&Tensor>,
+        d_soft: &Tensor,
+        r0: usize,
+        row_cot: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let o = &self.options;
+        let w_soft = o.weight_soft / o.temperature;
         let scale = match row_cot {
             Some(values) => Scale::Rows {
                 values,
@@ -1275,11 +1375,10 @@ impl DistillationSaved {
             },
             None => Scale::One,
         };
-        let dlogits = match &d_hard {
-            Some(dh) => combine_scaled(dh, o.weight_hard, Some((&d_soft, w_soft)), scale)?,
-            None => combine_scaled(&d_soft, w_soft, None, scale)?,
-        };
-        Ok(Some(dlogits))
+        match d_hard {
+            Some(dh) => combine_scaled(dh, o.weight_hard, Some((d_soft, w_soft)), scale),
+            None => combine_scaled(d_soft, w_soft, None, scale),
+        }
     }
 }
 
@@ -1356,6 +1455,9 @@ pub fn fused_linear_distillation(
             (0.0..=1.0).contains(&beta),
         )?;
     }
+    if let SoftLoss::Cosine { beta } = o.soft {
+        finite(&format!("{WHAT}: beta"), beta, "must be ≥ 0", beta >= 0.0)?;
+    }
     let with_hard = o.weight_hard != 0.0;
     if with_hard && labels.is_none() {
         return Err(Error::InvalidValue {
@@ -1405,6 +1507,9 @@ pub fn fused_linear_distillation(
         SoftLoss::Kl => (0, 0.0),
         SoftLoss::Jsd { beta } => (1, beta),
         SoftLoss::Tvd => (2, 0.0),
+        // The cosine term has kernels of its own; the divergence settings serve its row
+        // counting and finish (which do not depend on the mode).
+        SoftLoss::Cosine { beta } => (2, beta),
     };
     let soft = SoftTerm {
         settings: DivSettings::new(
@@ -1448,6 +1553,10 @@ pub fn fused_linear_distillation(
         let soft = &mut saved.soft;
         loss::div_count(engine, labels, rows, &soft.settings, &soft.mat)?;
         soft.scales = loss::div_finish_values(engine, &soft.mat, &soft.settings, vocab)?;
+    }
+    if matches!(o.soft, SoftLoss::Cosine { .. }) && !(acc.is_some() && batch_mean) {
+        // The cosine kernels read each row's counting flag (column 1) from the matrix.
+        loss::div_count(engine, labels, rows, &saved.soft.settings, &saved.soft.mat)?;
     }
     for (r0, n) in saved.plan.ranges() {
         let cot = acc.as_ref().map(|_| &unit);
@@ -1580,6 +1689,18 @@ pub fn fused_linear_jsd(
     options: &DistillationOptions,
 ) -> Result<(DistillationOutput, DistillationSaved)> {
     distillation_with(SoftLoss::Jsd { beta }, student, teacher, labels, options)
+}
+
+/// [`fused_linear_distillation`] with the cosine soft term `β·(1 − cos(student, teacher))`
+/// of the logits (Liger's fused linear cosine-similarity loss).
+pub fn fused_linear_cosine(
+    student: LinearHead,
+    teacher: LinearHead,
+    labels: Option<&Tensor>,
+    beta: f32,
+    options: &DistillationOptions,
+) -> Result<(DistillationOutput, DistillationSaved)> {
+    distillation_with(SoftLoss::Cosine { beta }, student, teacher, labels, options)
 }
 
 /// [`fused_linear_distillation`] with the forward-KL soft term `KL(p_teacher ‖ q_student)`.

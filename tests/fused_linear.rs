@@ -1117,6 +1117,8 @@ fn distillation_soft_terms_match_the_reference() {
         SoftLoss::Jsd { beta: 1.0 },
         SoftLoss::Kl,
         SoftLoss::Tvd,
+        SoftLoss::Cosine { beta: 0.5 },
+        SoftLoss::Cosine { beta: 1.0 },
     ]
     .into_iter()
     .enumerate()
@@ -1188,6 +1190,20 @@ fn distillation_every_storage_dtype_and_shorthands() {
             &distill_options(SoftLoss::Jsd { beta: 0.5 }, 64),
             151,
         );
+        distill_case(
+            "cosine",
+            rows,
+            (32, 16),
+            vocab,
+            dtype,
+            Some(&labels),
+            &DistillationOptions {
+                weight_hard: 0.5,
+                weight_soft: 0.5,
+                ..distill_options(SoftLoss::Cosine { beta: 0.5 }, 6)
+            },
+            152,
+        );
     }
     // The shorthands set the soft term and nothing else.
     let s = HeadData::new(engine(), 160, &[rows], 8, vocab, false, DType::F32, 0.5);
@@ -1217,6 +1233,10 @@ fn distillation_every_storage_dtype_and_shorthands() {
     assert_eq!(
         loss_of(fl::fused_linear_kl(s.gpu(), t.gpu(), None, &base)),
         full(SoftLoss::Kl)
+    );
+    assert_eq!(
+        loss_of(fl::fused_linear_cosine(s.gpu(), t.gpu(), None, 0.4, &base)),
+        full(SoftLoss::Cosine { beta: 0.4 })
     );
     let jsd_base = DistillationOptions {
         soft: SoftLoss::Kl,
@@ -1408,6 +1428,10 @@ fn distillation_bad_inputs() {
             ..d.clone()
         },
         DistillationOptions {
+            soft: SoftLoss::Cosine { beta: -0.5 },
+            ..d.clone()
+        },
+        DistillationOptions {
             weight_soft: f32::INFINITY,
             ..d.clone()
         },
@@ -1558,7 +1582,12 @@ fn reference_scaled_and_per_row_backwards_match_finite_differences() {
     };
     let labels = [2, -100, 0, 3];
     let cot = data(308, rows, -1.0, 1.0);
-    for soft in [SoftTerm::Jsd { beta: 0.3 }, SoftTerm::Kl, SoftTerm::Tvd] {
+    for soft in [
+        SoftTerm::Jsd { beta: 0.3 },
+        SoftTerm::Kl,
+        SoftTerm::Tvd,
+        SoftTerm::Cosine { beta: 0.6 },
+    ] {
         let cfg = DistillationConfig {
             soft,
             temperature: 1.7,
@@ -1958,9 +1987,14 @@ fn distillation_reduction_none_matches_the_reference() {
             }
         })
         .collect();
-    for (k, soft) in [SoftLoss::Jsd { beta: 0.3 }, SoftLoss::Kl, SoftLoss::Tvd]
-        .into_iter()
-        .enumerate()
+    for (k, soft) in [
+        SoftLoss::Jsd { beta: 0.3 },
+        SoftLoss::Kl,
+        SoftLoss::Tvd,
+        SoftLoss::Cosine { beta: 0.7 },
+    ]
+    .into_iter()
+    .enumerate()
     {
         let options = DistillationOptions {
             temperature: 1.5,

@@ -19,6 +19,12 @@
 // cotangent.
 //
 // take_column: out[r] = stats[r·cols + row0] (one column of a per-row matrix).
+//
+// cosine_rows / cosine_grad: the cosine soft term of distillation, β·(1 − s·t/(|s|·|t|)) of
+// each row of a block of student (x) and teacher (y) F32 logits, one workgroup per row, the
+// three row sums (s·t, |s|², |t|²) in fixed-order trees (the same bits in both kernels);
+// rows_ writes it into column 0 of the batch's [rows, 2] soft matrix where column 1 (the
+// counting pass's flag) is set; grad_ writes −cot·scale·β·(t/(|s||t|) − cos·s/|s|²).
 
 override XT: u32 = 0u;
 override YT: u32 = 0u;
@@ -155,4 +161,65 @@ fn take_column(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         return;
     }
     out[r] = stats[r * params.cols + params.row0];
+}
+
+// (s·t, |s|², |t|²) of block row `row`.
+fn cosine_sums(row: u32, lid: u32) -> vec3<f32> {
+    let base = row * params.cols;
+    var st = 0.0;
+    var ss = 0.0;
+    var tt = 0.0;
+    for (var c = lid; c < params.cols; c = c + WG) {
+        let a = bitcast<f32>(x[base + c]);
+        let b = bitcast<f32>(y[base + c]);
+        st = st + a * b;
+        ss = ss + a * a;
+        tt = tt + b * b;
+    }
+    return vec3<f32>(workgroup_sum(st, lid), workgroup_sum(ss, lid), workgroup_sum(tt, lid));
+}
+
+@compute @workgroup_size(WG)
+fn cosine_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.n) {
+        return;
+    }
+    let sums = cosine_sums(row, lid);
+    if (lid == 0u) {
+        let o = 2u * (params.row0 + row);
+        var v = 0.0;
+        if (out[o + 1u] != 0.0) {
+            v = params.a * (1.0 - sums.x / (sqrt(sums.y) * sqrt(sums.z)));
+        }
+        out[o] = v;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn cosine_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.n) {
+        return;
+    }
+    let sums = cosine_sums(row, lid);
+    let ns = sqrt(sums.y);
+    let nt = sqrt(sums.z);
+    let cos = sums.x / (ns * nt);
+    var g = 0.0;
+    if (stats[2u * (params.row0 + row) + 1u] != 0.0) {
+        g = -scale[0] * entropy[1] * params.a;
+    }
+    let base = row * params.cols;
+    for (var c = lid; c < params.cols; c = c + WG) {
+        var v = 0.0;
+        if (g != 0.0) {
+            let a = bitcast<f32>(x[base + c]);
+            let b = bitcast<f32>(y[base + c]);
+            v = g * (b / (ns * nt) - cos * a / (ns * ns));
+        }
+        out[base + c] = v;
+    }
 }

@@ -189,7 +189,7 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
-/// Distillation with each soft term (JSD β = 0.5, KL, TVD) at temperature 2, with labels (a
+/// Distillation with each soft term (JSD β = 0.5, KL, TVD, cosine β = 0.5) at temperature 2, with labels (a
 /// quarter ignored) and a hard-label term of weight 0.25, every storage dtype: the three loss
 /// values and the student's gradients.
 fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
@@ -220,7 +220,12 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
             })
             .collect();
         let lt = Tensor::from_slice(engine, &labels, &[rows])?;
-        for soft in [SoftLoss::Jsd { beta: 0.5 }, SoftLoss::Kl, SoftLoss::Tvd] {
+        for soft in [
+            SoftLoss::Jsd { beta: 0.5 },
+            SoftLoss::Kl,
+            SoftLoss::Tvd,
+            SoftLoss::Cosine { beta: 0.5 },
+        ] {
             let options = DistillationOptions {
                 soft,
                 temperature: 2.0,
@@ -377,7 +382,12 @@ fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
         let teacher = HeadData::new(engine, &mut rng, rows, 40, vocab, false, dtype)?;
         let labels = ce_targets(&mut rng, rows, vocab, -100);
         let lt = Tensor::from_slice(engine, &labels, &[rows])?;
-        for soft in [SoftLoss::Jsd { beta: 0.5 }, SoftLoss::Kl, SoftLoss::Tvd] {
+        for soft in [
+            SoftLoss::Jsd { beta: 0.5 },
+            SoftLoss::Kl,
+            SoftLoss::Tvd,
+            SoftLoss::Cosine { beta: 0.5 },
+        ] {
             let options = DistillationOptions {
                 soft,
                 temperature: 2.0,

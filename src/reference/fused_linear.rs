@@ -218,6 +218,12 @@ pub enum SoftTerm {
     Kl,
     /// Total variation `½·Σ |q − p|` on softmax outputs.
     Tvd,
+    /// `β·(1 − cos(student, teacher))` of the rows' logits (divided by T, which the cosine
+    /// does not see).
+    Cosine {
+        /// β.
+        beta: f64,
+    },
 }
 
 /// Distillation configuration (the f64 mirror of `fused_linear::DistillationOptions`).
@@ -249,6 +255,9 @@ impl DistillationConfig {
                 },
                 SoftLoss::Kl => SoftTerm::Kl,
                 SoftLoss::Tvd => SoftTerm::Tvd,
+                SoftLoss::Cosine { beta } => SoftTerm::Cosine {
+                    beta: f64::from(beta),
+                },
             },
             temperature: f64::from(options.temperature),
             weight_hard: f64::from(options.weight_hard),
@@ -274,8 +283,55 @@ fn divergence_of(term: SoftTerm) -> Divergence {
     match term {
         SoftTerm::Jsd { beta } => Divergence::Jsd { beta },
         SoftTerm::Kl => Divergence::Kl { log_target: true },
-        SoftTerm::Tvd => Divergence::Tvd,
+        SoftTerm::Tvd | SoftTerm::Cosine { .. } => Divergence::Tvd,
     }
+}
+
+/// Whether row `r` counts (its label is not `ignore_index`; every row without labels).
+fn row_counted(labels: Option<&[i32]>, ignore_index: i32, r: usize) -> bool {
+    labels.is_none_or(|l| l[r] != ignore_index)
+}
+
+/// The cosine soft term: `β·(1 − s·t/(|s||t|))` summed over counted rows (divided by their
+/// number for batch mean), and with `cotangent` its gradient with respect to `s` (the student's
+/// logits / T): `−β·(t/(|s||t|) − cos·s/|s|²)` per counted row, times the scale.
+#[allow(clippy::too_many_arguments)]
+fn cosine_term(
+    beta: f64,
+    s: &[f64],
+    t: &[f64],
+    rows: usize,
+    vocab: usize,
+    labels: Option<&[i32]>,
+    cfg: &DistillationConfig,
+    cotangent: f64,
+) -> (f64, Vec<f64>) {
+    let n = (0..rows)
+        .filter(|&r| row_counted(labels, cfg.ignore_index, r))
+        .count();
+    let scale = if cfg.batch_mean {
+        if n == 0 { 0.0 } else { 1.0 / n as f64 }
+    } else {
+        1.0
+    };
+    let mut loss = 0.0;
+    let mut grad = vec![0.0; rows * vocab];
+    for r in (0..rows).filter(|&r| row_counted(labels, cfg.ignore_index, r)) {
+        let (sr, tr) = (
+            &s[r * vocab..(r + 1) * vocab],
+            &t[r * vocab..(r + 1) * vocab],
+        );
+        let dot: f64 = sr.iter().zip(tr).map(|(a, b)| a * b).sum();
+        let ns = sr.iter().map(|a| a * a).sum::<f64>().sqrt();
+        let nt = tr.iter().map(|b| b * b).sum::<f64>().sqrt();
+        let cos = dot / (ns * nt);
+        loss += beta * (1.0 - cos);
+        for c in 0..vocab {
+            grad[r * vocab + c] =
+                -cotangent * scale * beta * (tr[c] / (ns * nt) - cos * sr[c] / (ns * ns));
+        }
+    }
+    (loss * scale, grad)
 }
 
 /// The soft term's input and target: log-softmax (JSD, KL) or softmax (TVD) of logits / T.
@@ -325,6 +381,25 @@ pub fn fused_linear_distillation(
         }
         _ => 0.0,
     };
+    if let SoftTerm::Cosine { beta } = cfg.soft {
+        let scaled = |x: &[f64]| x.iter().map(|v| v / cfg.temperature).collect::<Vec<f64>>();
+        let soft = cosine_term(
+            beta,
+            &scaled(&s),
+            &scaled(&t),
+            rows,
+            vocab,
+            labels,
+            cfg,
+            0.0,
+        )
+        .0;
+        return DistillationResult {
+            loss: cfg.weight_hard * hard + cfg.weight_soft * soft,
+            hard,
+            soft,
+        };
+    }
     let qs = soft_inputs(cfg.soft, &s, rows, vocab, cfg.temperature);
     let pt = soft_inputs(cfg.soft, &t, rows, vocab, cfg.temperature);
     let soft = loss::divergence(
@@ -441,6 +516,23 @@ pub fn fused_linear_distillation_backward(
     if let (Some(l), true) = (labels, cfg.weight_hard != 0.0) {
         let g = [cotangent * cfg.weight_hard];
         dlogits = loss::cross_entropy_backward(&s, l, rows, vocab, &hard_config(cfg), &g);
+    }
+    if let SoftTerm::Cosine { beta } = cfg.soft {
+        let scaled = |x: &[f64]| x.iter().map(|v| v / cfg.temperature).collect::<Vec<f64>>();
+        let (_, d) = cosine_term(
+            beta,
+            &scaled(&s),
+            &scaled(&t),
+            rows,
+            vocab,
+            labels,
+            cfg,
+            cotangent * cfg.weight_soft,
+        );
+        for (a, g) in dlogits.iter_mut().zip(&d) {
+            *a += g / cfg.temperature;
+        }
+        return linear_backward(student.x, student.w, &dlogits, rows, student.hidden, vocab);
     }
     // d soft / d (soft input), then back through (log-)softmax and the division by T.
     let qs = soft_inputs(cfg.soft, &s, rows, vocab, cfg.temperature);
