@@ -293,8 +293,9 @@ fn row_counted(labels: Option<&[i32]>, ignore_index: i32, r: usize) -> bool {
 }
 
 /// The cosine soft term: `β·(1 − s·t/(|s||t|))` summed over counted rows (divided by their
-/// number for batch mean), and with `cotangent` its gradient with respect to `s` (the student's
-/// logits / T): `−β·(t/(|s||t|) − cos·s/|s|²)` per counted row, times the scale.
+/// number for batch mean) of the student's and teacher's logits `s`, `t` divided by T, and with
+/// `cotangent` its gradient with respect to the student's logits / T:
+/// `−β·(t/(|s||t|) − cos·s/|s|²)` per counted row, times the scale.
 #[allow(clippy::too_many_arguments)]
 fn cosine_term(
     beta: f64,
@@ -314,6 +315,10 @@ fn cosine_term(
     } else {
         1.0
     };
+    let (s, t) = (
+        s.iter().map(|v| v / cfg.temperature).collect::<Vec<f64>>(),
+        t.iter().map(|v| v / cfg.temperature).collect::<Vec<f64>>(),
+    );
     let mut loss = 0.0;
     let mut grad = vec![0.0; rows * vocab];
     for r in (0..rows).filter(|&r| row_counted(labels, cfg.ignore_index, r)) {
@@ -382,18 +387,7 @@ pub fn fused_linear_distillation(
         _ => 0.0,
     };
     if let SoftTerm::Cosine { beta } = cfg.soft {
-        let scaled = |x: &[f64]| x.iter().map(|v| v / cfg.temperature).collect::<Vec<f64>>();
-        let soft = cosine_term(
-            beta,
-            &scaled(&s),
-            &scaled(&t),
-            rows,
-            vocab,
-            labels,
-            cfg,
-            0.0,
-        )
-        .0;
+        let soft = cosine_term(beta, &s, &t, rows, vocab, labels, cfg, 0.0).0;
         return DistillationResult {
             loss: cfg.weight_hard * hard + cfg.weight_soft * soft,
             hard,
@@ -518,11 +512,10 @@ pub fn fused_linear_distillation_backward(
         dlogits = loss::cross_entropy_backward(&s, l, rows, vocab, &hard_config(cfg), &g);
     }
     if let SoftTerm::Cosine { beta } = cfg.soft {
-        let scaled = |x: &[f64]| x.iter().map(|v| v / cfg.temperature).collect::<Vec<f64>>();
         let (_, d) = cosine_term(
             beta,
-            &scaled(&s),
-            &scaled(&t),
+            &s,
+            &t,
             rows,
             vocab,
             labels,
