@@ -1232,14 +1232,16 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     Ok(ops)
 }
 
-/// The DPO loss on a fused head, forward + backward with reference log-probabilities: 2 pairs
-/// of 1,024-token completions, H 4096, V 128,256 (`--quick`: 2 pairs of 16, H 64, V 512), F32
-/// and BF16 x/W, with the peak memory; FLOPs per run (`8·rows·H·V`: the forward's logits, the
-/// backward's recomputed logits, dx and dW) to stderr; the shape column is x's.
+/// The DPO loss on a fused head, forward + backward against a reference head (Liger's
+/// `use_ref_model`): 2 pairs of 1,024-token completions, H 4096, V 128,256 (`--quick`: 2 pairs
+/// of 16, H 64, V 512), F32 and BF16 x/W, with the peak memory; FLOPs per run (`10·rows·H·V`:
+/// the reference's and the forward's logits, the backward's recomputed logits, dx and dW) to
+/// stderr; the shape column is x's.
 fn preference_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     use wgrad::fused_linear::LinearHead;
     use wgrad::preference::{
-        PreferenceLoss, PreferenceOptions, preference_loss, preference_loss_backward,
+        PreferenceLoss, PreferenceOptions, PreferenceReference, preference_loss,
+        preference_loss_backward,
     };
     let (pairs, t, h, v) = if quick {
         (2, 16, 64, 512)
@@ -1259,8 +1261,8 @@ fn preference_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         let w = make(v * h, &[v, h], 0.02)?;
         let targets: Vec<i32> = (0..rows).map(|i| ((i * 7919) % v) as i32).collect();
         let targets = Tensor::from_slice(engine, &targets, &[2 * pairs, t])?;
-        let refs = Tensor::from_slice(engine, &vec![-2000.0f32; pairs], &[pairs])?;
-        let flops = 8.0 * rows as f64 * h as f64 * v as f64;
+        let w_ref = make(v * h, &[v, h], 0.021)?;
+        let flops = 10.0 * rows as f64 * h as f64 * v as f64;
         eprintln!("  preference_dpo {label} rows {rows} H{h} V{v}: {flops:.3e} FLOP per run");
         let options = PreferenceOptions {
             check_targets: false,
@@ -1270,15 +1272,23 @@ fn preference_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             Op::new(
                 "preference_dpo_fwd_bwd",
                 label,
-                vec![x, w, targets, refs.clone(), refs],
+                vec![x, w, targets, w_ref],
                 move |i| {
                     let head = LinearHead {
                         input: &i[0],
                         weight: &i[1],
                         bias: None,
                     };
-                    let (out, saved) =
-                        preference_loss(head, &i[2], Some((&i[3], &i[4])), &options)?;
+                    let reference = LinearHead {
+                        weight: &i[3],
+                        ..head
+                    };
+                    let (out, saved) = preference_loss(
+                        head,
+                        &i[2],
+                        Some(PreferenceReference::Head(reference)),
+                        &options,
+                    )?;
                     let g = preference_loss_backward(&saved, None)?;
                     Ok(vec![out.loss, g.input, g.weight])
                 },

@@ -11,7 +11,9 @@
 //! [`PreferenceOptions::average_log_prob`] (`Σ / max(n, 1)`). For pair `i` (chosen `c`,
 //! rejected `r`) the margin `u_i` is ([`PreferenceLoss`]):
 //! * DPO: `β·((π_c − ref_c) − (π_r − ref_r))` with the reference policy's sequence
-//!   log-probabilities `ref_c`, `ref_r` (`[B]` F32 each; zeros when absent);
+//!   log-probabilities `ref_c`, `ref_r` ([`PreferenceReference`]: given as `[B]` F32 each, or
+//!   computed from a reference head on its own hidden states with the same targets and
+//!   averaging, no gradient; zeros when absent);
 //! * CPO: `β·(π_c − π_r)`;
 //! * SimPO: `β·(π_c − π_r) − γ`;
 //! * ORPO: `(π_c − π_r) − (log(1 − e^π_c) − log(1 − e^π_r))` (the log odds ratio).
@@ -148,6 +150,7 @@ struct Params {
     smoothing: f32,
     alpha: f32,
     has_point: u32,
+    ref_packed: u32,
 }
 
 fn invalid(what: &str, got: f64, rule: &str) -> Error {
@@ -180,6 +183,56 @@ fn head_cross_entropy(
     Ok((flat, saved))
 }
 
+/// The sequence pass (`preference_sequences`) on per-token cross-entropies `ce`: the
+/// per-sequence statistics, the loss, the NLL term and π `[2, B]`.
+fn sequence_pass(
+    ce: &Tensor,
+    targets: &Tensor,
+    refs: Option<(&Tensor, &Tensor)>,
+    params: &Params,
+) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+    let engine = ce.engine();
+    let seqs = params.seqs as usize;
+    let seq_stats = Tensor::empty(engine, &[seqs + 1, 4], DType::F32, "preference stats")?;
+    let loss = Tensor::empty(engine, &[1], DType::F32, "preference loss")?;
+    let nll = Tensor::empty(engine, &[1], DType::F32, "preference nll")?;
+    let logps = Tensor::empty(engine, &[2, seqs / 2], DType::F32, "preference logps")?;
+    let (rc, rr) = refs.unwrap_or((ce, ce));
+    engine.launch(
+        &KERNEL,
+        "preference_sequences",
+        &Vec::new(),
+        params,
+        &[
+            ce.buffer(),
+            targets.buffer(),
+            rc.buffer(),
+            rr.buffer(),
+            seq_stats.buffer(),
+            loss.buffer(),
+            nll.buffer(),
+            logps.buffer(),
+        ],
+        1,
+    )?;
+    Ok((seq_stats, loss, nll, logps))
+}
+
+/// The reference policy of DPO: its sequence log-probabilities, or its head (whose
+/// log-probabilities the call computes, with the same targets and averaging; no gradient).
+#[derive(Debug, Clone, Copy)]
+pub enum PreferenceReference<'a> {
+    /// Sequence log-probabilities `[B]` F32 of the chosen and of the rejected completions.
+    LogProbs {
+        /// Chosen.
+        chosen: &'a Tensor,
+        /// Rejected.
+        rejected: &'a Tensor,
+    },
+    /// The reference model's head on its own hidden states `[2B, T, H_ref]`.
+    Head(LinearHead<'a>),
+}
+
 /// Forward: the loss, the NLL term and the sequence log-probabilities.
 ///
 /// Errors: those of [`fused_linear::fused_linear_cross_entropy`] for the head and targets;
@@ -191,7 +244,7 @@ fn head_cross_entropy(
 pub fn preference_loss(
     head: LinearHead,
     targets: &Tensor,
-    reference: Option<(&Tensor, &Tensor)>,
+    reference: Option<PreferenceReference>,
     options: &PreferenceOptions,
 ) -> Result<(PreferenceOutput, PreferenceSaved)> {
     let x = head.input;
@@ -242,15 +295,11 @@ pub fn preference_loss(
             return Err(invalid("loss", 4.0, "KTO is unpaired: use kto_loss"));
         }
     };
-    if let Some((c, r)) = reference {
-        if o.loss != PreferenceLoss::Dpo {
-            return Err(invalid(
-                "reference",
-                1.0,
-                "reference log-probabilities are DPO's",
-            ));
-        }
-        for (t, what) in [(c, "ref_chosen"), (r, "ref_rejected")] {
+    if reference.is_some() && o.loss != PreferenceLoss::Dpo {
+        return Err(invalid("reference", 1.0, "a reference policy is DPO's"));
+    }
+    if let Some(PreferenceReference::LogProbs { chosen, rejected }) = reference {
+        for (t, what) in [(chosen, "ref_chosen"), (rejected, "ref_rejected")] {
             t.check_engine(engine, &format!("preference_loss: {what}"))?;
             if t.dtype() != DType::F32 {
                 return Err(Error::dtype(
@@ -268,43 +317,53 @@ pub fn preference_loss(
             }
         }
     }
-    let (ce, head_saved) = head_cross_entropy(head, targets, o)?;
-    let params = Params {
+    let mut params = Params {
         seqs: seqs as u32,
         tokens: tokens as u32,
         ignore_index: o.ignore_index,
         kind,
         average: u32::from(o.average_log_prob),
-        has_ref: u32::from(reference.is_some()),
+        has_ref: 0,
         beta: o.beta,
         gamma,
         smoothing: ls,
         alpha: o.nll_weight,
         has_point: 0,
+        ref_packed: 0,
     };
-    let seq_stats = Tensor::empty(engine, &[seqs + 1, 4], DType::F32, "preference stats")?;
-    let loss = Tensor::empty(engine, &[1], DType::F32, "preference loss")?;
-    let nll = Tensor::empty(engine, &[1], DType::F32, "preference nll")?;
-    let logps = Tensor::empty(engine, &[2, pairs], DType::F32, "preference logps")?;
-    let ce_loss = ce;
-    let (rc, rr) = reference.unwrap_or((&ce_loss, &ce_loss));
-    engine.launch(
-        &KERNEL,
-        "preference_sequences",
-        &Vec::new(),
-        &params,
-        &[
-            ce_loss.buffer(),
-            targets.buffer(),
-            rc.buffer(),
-            rr.buffer(),
-            seq_stats.buffer(),
-            loss.buffer(),
-            nll.buffer(),
-            logps.buffer(),
-        ],
-        1,
-    )?;
+    // A reference head: its sequence log-probabilities first, by the same sequence pass.
+    let ref_logps = match reference {
+        Some(PreferenceReference::Head(ref_head)) => {
+            let &[s_ref, t_ref, _] = ref_head.input.shape() else {
+                return Err(Error::shape(
+                    "preference_loss: reference x [2B, T, H]",
+                    &[seqs, tokens, 0],
+                    ref_head.input.shape(),
+                ));
+            };
+            if (s_ref, t_ref) != (seqs, tokens) {
+                return Err(Error::shape(
+                    "preference_loss: reference x [2B, T, H]",
+                    &[seqs, tokens, ref_head.input.shape()[2]],
+                    ref_head.input.shape(),
+                ));
+            }
+            let (ce, _) = head_cross_entropy(ref_head, targets, o)?;
+            Some(sequence_pass(&ce, targets, None, &params)?.3)
+        }
+        _ => None,
+    };
+    let refs = match (&reference, &ref_logps) {
+        (Some(PreferenceReference::LogProbs { chosen, rejected }), _) => Some((*chosen, *rejected)),
+        (_, Some(packed)) => {
+            params.ref_packed = 1;
+            Some((packed, packed))
+        }
+        _ => None,
+    };
+    params.has_ref = u32::from(refs.is_some());
+    let (ce, head_saved) = head_cross_entropy(head, targets, o)?;
+    let (seq_stats, loss, nll, logps) = sequence_pass(&ce, targets, refs, &params)?;
     let saved = PreferenceSaved {
         head: head_saved,
         targets: targets.clone(),
@@ -383,6 +442,7 @@ pub fn kto_loss(
         smoothing: 0.0,
         alpha: 0.0,
         has_point: u32::from(reference_point.is_some()),
+        ref_packed: 0,
     };
     let seq_stats = Tensor::empty(engine, &[seqs + 1, 4], DType::F32, "kto stats")?;
     let loss = Tensor::empty(engine, &[1], DType::F32, "kto loss")?;

@@ -11,7 +11,8 @@ use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::fused_linear::{Chunking, LinearHead};
 use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::preference::{
-    PreferenceLoss, PreferenceOptions, preference_loss, preference_loss_backward,
+    PreferenceLoss, PreferenceOptions, PreferenceReference, preference_loss,
+    preference_loss_backward,
 };
 use wgrad::reference::preference::{self as reference, Inputs, Margin, Settings, Sizes};
 use wgrad::{DType, Error, Tensor};
@@ -101,6 +102,13 @@ fn upload(c: &Case, dtype: DType) -> Uploaded {
     }
 }
 
+fn log_probs(u: &Uploaded) -> PreferenceReference<'_> {
+    PreferenceReference::LogProbs {
+        chosen: &u.ref_c,
+        rejected: &u.ref_r,
+    }
+}
+
 fn head(u: &Uploaded) -> LinearHead<'_> {
     LinearHead {
         input: &u.x,
@@ -112,7 +120,7 @@ fn head(u: &Uploaded) -> LinearHead<'_> {
 /// Forward and backward on the GPU against the reference.
 fn check(what: &str, c: &Case, dtype: DType, with_ref: bool, o: &PreferenceOptions) {
     let u = upload(c, dtype);
-    let refs = with_ref.then_some((&u.ref_c, &u.ref_r));
+    let refs = with_ref.then_some(log_probs(&u));
     let (out, saved) = preference_loss(head(&u), &u.targets, refs, o).unwrap();
     let set = settings(o);
     let inp = inputs(c, with_ref);
@@ -226,7 +234,7 @@ fn reference_backward_matches_finite_differences() {
 fn chunk_sizes_reruns_and_the_cotangent() {
     let c = case(30, SIZES, DType::F32);
     let u = upload(&c, DType::F32);
-    let refs = Some((&u.ref_c, &u.ref_r));
+    let refs = Some(log_probs(&u));
     let run = |chunk: Option<usize>, d: Option<&Tensor>| {
         let o = PreferenceOptions {
             chunking: Chunking {
@@ -304,7 +312,7 @@ fn bad_inputs_are_typed_errors() {
     let c = case(40, SIZES, DType::F32);
     let u = upload(&c, DType::F32);
     let dpo = PreferenceOptions::new(PreferenceLoss::Dpo);
-    let err = |h: LinearHead, refs: Option<(&Tensor, &Tensor)>, o: &PreferenceOptions| {
+    let err = |h: LinearHead, refs: Option<PreferenceReference>, o: &PreferenceOptions| {
         preference_loss(h, &u.targets, refs, o).unwrap_err()
     };
     // An odd number of sequences, a 2-D input.
@@ -329,17 +337,31 @@ fn bad_inputs_are_typed_errors() {
     // Reference log-probabilities: wrong shape, dtype, loss.
     let short = Tensor::zeros(e, &[2], DType::F32).unwrap();
     assert!(matches!(
-        err(head(&u), Some((&short, &u.ref_r)), &dpo),
+        err(
+            head(&u),
+            Some(PreferenceReference::LogProbs {
+                chosen: &short,
+                rejected: &u.ref_r
+            }),
+            &dpo
+        ),
         Error::ShapeMismatch { .. }
     ));
     let half = Tensor::zeros(e, &[3], DType::BF16).unwrap();
     assert!(matches!(
-        err(head(&u), Some((&u.ref_c, &half)), &dpo),
+        err(
+            head(&u),
+            Some(PreferenceReference::LogProbs {
+                chosen: &u.ref_c,
+                rejected: &half
+            }),
+            &dpo
+        ),
         Error::UnsupportedDType { .. }
     ));
     let cpo = PreferenceOptions::new(PreferenceLoss::Cpo);
     assert!(matches!(
-        err(head(&u), Some((&u.ref_c, &u.ref_r)), &cpo),
+        err(head(&u), Some(log_probs(&u)), &cpo),
         Error::InvalidValue { .. }
     ));
     // Scalars.
@@ -518,4 +540,92 @@ fn kto_matches_the_reference() {
             Err(Error::InvalidValue { .. })
         ));
     }
+}
+
+/// DPO against a reference head (`PreferenceReference::Head`, its own hidden size): the same
+/// loss and gradients as the reference computed with that head's sequence log-probabilities;
+/// summed and averaged π; a reference head of another shape is a typed error.
+#[test]
+fn dpo_with_a_reference_head() {
+    let e = engine();
+    let c = case(90, SIZES, DType::F32);
+    let u = upload(&c, DType::F32);
+    let mut rng = Rng::new(91);
+    let h_ref = 9;
+    let rows = 2 * SIZES.pairs * SIZES.tokens;
+    let x_ref = rng.vec(rows * h_ref, -1.0, 1.0);
+    let w_ref = rng.vec(SIZES.v * h_ref, -0.5, 0.5);
+    let xr = tensor_from_f64(
+        e,
+        &x_ref,
+        &[2 * SIZES.pairs, SIZES.tokens, h_ref],
+        DType::F32,
+    );
+    let wr = tensor_from_f64(e, &w_ref, &[SIZES.v, h_ref], DType::F32);
+    let ref_head = LinearHead {
+        input: &xr,
+        weight: &wr,
+        bias: None,
+    };
+    for average in [false, true] {
+        let mut o = PreferenceOptions::new(PreferenceLoss::Dpo);
+        o.average_log_prob = average;
+        let set = settings(&o);
+        // The reference head's π, from the f64 reference.
+        let ref_inputs = Inputs {
+            x: &x_ref,
+            w: &w_ref,
+            bias: None,
+            targets: &c.targets,
+            reference: None,
+        };
+        let pi_ref = reference::forward(Sizes { h: h_ref, ..SIZES }, &ref_inputs, &set).logps;
+        let (rc, rr) = pi_ref.split_at(SIZES.pairs);
+        let inp = Inputs {
+            reference: Some((rc, rr)),
+            ..inputs(&c, false)
+        };
+        let want = reference::forward(SIZES, &inp, &set);
+        let (dx, dw, db) = reference::backward(SIZES, &inp, &set, 1.0);
+        let (out, saved) = preference_loss(
+            head(&u),
+            &u.targets,
+            Some(PreferenceReference::Head(ref_head)),
+            &o,
+        )
+        .unwrap();
+        let g = preference_loss_backward(&saved, None).unwrap();
+        let tol = Tolerance::for_dtype(DType::F32);
+        let what = format!("reference head average {average}");
+        assert_close(&what, &out.loss.to_f64().unwrap(), &[want.loss], tol);
+        assert_close(&what, &out.logps.to_f64().unwrap(), &want.logps, tol);
+        assert_close(&format!("{what} dx"), &g.input.to_f64().unwrap(), &dx, tol);
+        assert_close(&format!("{what} dW"), &g.weight.to_f64().unwrap(), &dw, tol);
+        let gb = g.bias.expect("bias gradient").to_f64().unwrap();
+        assert_close(&format!("{what} dbias"), &gb, &db, tol);
+    }
+    // A reference head with other sequence extents; a reference for a loss other than DPO.
+    let short = Tensor::zeros(e, &[2 * SIZES.pairs, SIZES.tokens - 1, h_ref], DType::F32).unwrap();
+    let bad = LinearHead {
+        input: &short,
+        ..ref_head
+    };
+    assert!(matches!(
+        preference_loss(
+            head(&u),
+            &u.targets,
+            Some(PreferenceReference::Head(bad)),
+            &PreferenceOptions::new(PreferenceLoss::Dpo),
+        ),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        preference_loss(
+            head(&u),
+            &u.targets,
+            Some(PreferenceReference::Head(ref_head)),
+            &PreferenceOptions::new(PreferenceLoss::SimPo { gamma: 0.5 }),
+        ),
+        Err(Error::InvalidValue { .. })
+    ));
 }

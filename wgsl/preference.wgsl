@@ -27,6 +27,7 @@ struct Params {
     smoothing: f32,
     alpha: f32,        // weight of the chosen sequences' NLL
     has_point: u32,    // KTO: a reference point z0 is bound (else 0)
+    ref_packed: u32,   // DPO: ref_chosen holds [2, B] (chosen, then rejected) sequence log-probs
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -64,7 +65,11 @@ fn margin(i: u32, pc: f32, pr: f32) -> vec3<f32> {
     }
     var d = pc - pr;
     if (params.kind == 0u && params.has_ref != 0u) {
-        d = d - (ref_chosen[i] - ref_rejected[i]);
+        if (params.ref_packed != 0u) {
+            d = d - (ref_chosen[i] - ref_chosen[params.seqs / 2u + i]);
+        } else {
+            d = d - (ref_chosen[i] - ref_rejected[i]);
+        }
     }
     var u = b * d;
     if (params.kind == 2u) {

@@ -103,7 +103,8 @@ fn check_kto(engine: &Engine) -> Result<Vec<Case>> {
 fn check_preference(engine: &Engine) -> Result<Vec<Case>> {
     use crate::fused_linear::LinearHead;
     use crate::preference::{
-        PreferenceLoss, PreferenceOptions, preference_loss, preference_loss_backward,
+        PreferenceLoss, PreferenceOptions, PreferenceReference, preference_loss,
+        preference_loss_backward,
     };
     use crate::{Tensor, reference::preference as r};
     let s = r::Sizes {
@@ -168,7 +169,15 @@ fn check_preference(engine: &Engine) -> Result<Vec<Case>> {
                 weight: &w,
                 bias: Some(&b),
             };
-            let (out, saved) = preference_loss(head, &t, is_dpo.then_some((&rc, &rr)), o)?;
+            let (out, saved) = preference_loss(
+                head,
+                &t,
+                is_dpo.then_some(PreferenceReference::LogProbs {
+                    chosen: &rc,
+                    rejected: &rr,
+                }),
+                o,
+            )?;
             let g = preference_loss_backward(&saved, None)?;
             let inputs = r::Inputs {
                 x: &xs,
