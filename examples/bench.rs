@@ -1114,6 +1114,15 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     Ok(ops)
 }
 
+/// A `shape` tensor of `dtype` holding a sawtooth in `[-scale, scale]` (period 251).
+fn ramp(engine: &Engine, shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor> {
+    let len: usize = shape.iter().product();
+    let data: Vec<f32> = (0..len)
+        .map(|i| (((i * 7) % 251) as f32 - 125.0) / 125.0 * scale)
+        .collect();
+    cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+}
+
 /// The GRPO token loss forward + backward (old and reference log-probabilities, β 0.04, a
 /// mask, DAPO normalization) on logits `[8, 1025, 32768]` (`--quick`: `[2, 17, 512]`) in F32
 /// and BF16, with the peak memory; the shape column is the logits'. Then the same loss on a
@@ -1130,12 +1139,7 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     };
     let mut ops = Vec::new();
     for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
-        let len = b * (l + 1) * v;
-        let data: Vec<f32> = (0..len)
-            .map(|i| (((i * 7) % 251) as f32 - 125.0) / 32.0)
-            .collect();
-        let logits = cast::cast(&Tensor::from_slice(engine, &data, &[b, l + 1, v])?, dtype)?;
-        drop(data);
+        let logits = ramp(engine, &[b, l + 1, v], 4.0, dtype)?;
         let ids: Vec<i32> = (0..b * l).map(|i| ((i * 7919) % v) as i32).collect();
         let ids = Tensor::from_slice(engine, &ids, &[b, l])?;
         let adv: Vec<f32> = (0..b).map(|i| i as f32 / b as f32 - 0.5).collect();
@@ -1178,14 +1182,8 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         (4, 1024, 4096, 128_256)
     };
     for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
-        let make = |len: usize, shape: &[usize], scale: f32| -> Result<Tensor> {
-            let data: Vec<f32> = (0..len)
-                .map(|i| (((i * 7) % 251) as f32 - 125.0) / 125.0 * scale)
-                .collect();
-            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
-        };
-        let x = make(b * l * h, &[b, l, h], 1.0)?;
-        let w = make(v * h, &[v, h], 0.02)?;
+        let x = ramp(engine, &[b, l, h], 1.0, dtype)?;
+        let w = ramp(engine, &[v, h], 0.02, dtype)?;
         let ids: Vec<i32> = (0..b * l).map(|i| ((i * 7919) % v) as i32).collect();
         let ids = Tensor::from_slice(engine, &ids, &[b, l])?;
         let adv: Vec<f32> = (0..b).map(|i| i as f32 / b as f32 - 0.5).collect();
@@ -1251,17 +1249,11 @@ fn preference_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     let rows = 2 * pairs * t;
     let mut ops = Vec::new();
     for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
-        let make = |len: usize, shape: &[usize], scale: f32| -> Result<Tensor> {
-            let data: Vec<f32> = (0..len)
-                .map(|i| (((i * 7) % 251) as f32 - 125.0) / 125.0 * scale)
-                .collect();
-            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
-        };
-        let x = make(rows * h, &[2 * pairs, t, h], 1.0)?;
-        let w = make(v * h, &[v, h], 0.02)?;
+        let x = ramp(engine, &[2 * pairs, t, h], 1.0, dtype)?;
+        let w = ramp(engine, &[v, h], 0.02, dtype)?;
         let targets: Vec<i32> = (0..rows).map(|i| ((i * 7919) % v) as i32).collect();
         let targets = Tensor::from_slice(engine, &targets, &[2 * pairs, t])?;
-        let w_ref = make(v * h, &[v, h], 0.021)?;
+        let w_ref = ramp(engine, &[v, h], 0.021, dtype)?;
         let flops = 10.0 * rows as f64 * h as f64 * v as f64;
         eprintln!("  preference_dpo {label} rows {rows} H{h} V{v}: {flops:.3e} FLOP per run");
         let options = PreferenceOptions {

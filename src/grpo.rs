@@ -218,20 +218,6 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
     }
 }
 
-fn expect(t: &Tensor, what: &str, shape: &[usize], dtypes: &[DType]) -> Result<()> {
-    if !dtypes.contains(&t.dtype()) {
-        return Err(Error::dtype(
-            format!("grpo_loss: {what}"),
-            t.dtype(),
-            dtypes,
-        ));
-    }
-    if t.shape() != shape {
-        return Err(Error::shape(format!("grpo_loss: {what}"), shape, t.shape()));
-    }
-    Ok(())
-}
-
 /// Validates the token inputs and options for `batch` sequences of `seq` tokens, logits rows
 /// of `vocab` classes (`positions` per sequence); the launch parameters.
 fn plan(
@@ -240,31 +226,31 @@ fn plan(
     (batch, seq, positions, vocab): (usize, usize, usize, usize),
     options: &GrpoOptions,
 ) -> Result<Params> {
-    expect(
+    let rows = [batch, seq];
+    let check = |t: &Tensor, what: &str, shape: &[usize], dtypes: &[DType]| {
+        t.check(engine, &format!("grpo_loss: {what}"), shape, dtypes)
+    };
+    check(
         tokens.completion_ids,
         "completion_ids",
-        &[batch, seq],
+        &rows,
         &[DType::I32],
     )?;
-    expect(tokens.advantages, "advantages", &[batch], &[DType::F32])?;
+    check(tokens.advantages, "advantages", &[batch], &[DType::F32])?;
     for (t, what) in [(tokens.old_logp, "old_logp"), (tokens.ref_logp, "ref_logp")] {
         if let Some(t) = t {
-            expect(t, what, &[batch, seq], &[DType::F32])?;
+            check(t, what, &rows, &[DType::F32])?;
         }
     }
     if let Some(m) = tokens.mask {
-        expect(m, "mask", &[batch, seq], &[DType::I32, DType::U32])?;
+        check(m, "mask", &rows, &[DType::I32, DType::U32])?;
     }
-    for (t, what) in [
-        (Some(tokens.completion_ids), "completion_ids"),
-        (Some(tokens.advantages), "advantages"),
-        (tokens.old_logp, "old_logp"),
-        (tokens.ref_logp, "ref_logp"),
-        (tokens.mask, "mask"),
-    ] {
-        if let Some(t) = t {
-            t.check_engine(engine, &format!("grpo_loss: {what}"))?;
-        }
+    if positions != seq && positions != seq + 1 {
+        return Err(Error::shape(
+            "grpo_loss: logits positions (L or L + 1)",
+            &[batch, seq, vocab],
+            &[batch, positions, vocab],
+        ));
     }
     let o = options;
     if !(o.temperature.is_finite() && o.temperature > 0.0) {
@@ -406,19 +392,6 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
         ));
     };
     let seq = inputs.completion_ids.shape().get(1).copied().unwrap_or(0);
-    expect(
-        inputs.completion_ids,
-        "completion_ids",
-        &[batch, seq],
-        &[DType::I32],
-    )?;
-    if positions != seq && positions != seq + 1 {
-        return Err(Error::shape(
-            "grpo_loss: logits positions (L or L + 1)",
-            &[batch, seq, vocab],
-            logits.shape(),
-        ));
-    }
     let tokens = inputs.tokens();
     let params = plan(engine, &tokens, (batch, seq, positions, vocab), options)?;
     let rows = batch * seq;

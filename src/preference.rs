@@ -300,21 +300,8 @@ pub fn preference_loss(
     }
     if let Some(PreferenceReference::LogProbs { chosen, rejected }) = reference {
         for (t, what) in [(chosen, "ref_chosen"), (rejected, "ref_rejected")] {
-            t.check_engine(engine, &format!("preference_loss: {what}"))?;
-            if t.dtype() != DType::F32 {
-                return Err(Error::dtype(
-                    format!("preference_loss: {what}"),
-                    t.dtype(),
-                    &[DType::F32],
-                ));
-            }
-            if t.shape() != [pairs] {
-                return Err(Error::shape(
-                    format!("preference_loss: {what}"),
-                    &[pairs],
-                    t.shape(),
-                ));
-            }
+            let what = format!("preference_loss: {what}");
+            t.check(engine, &what, &[pairs], &[DType::F32])?;
         }
     }
     let mut params = Params {
@@ -331,25 +318,18 @@ pub fn preference_loss(
         has_point: 0,
         ref_packed: 0,
     };
-    // A reference head: its sequence log-probabilities first, by the same sequence pass.
+    // The policy head (which checks the targets, when asked), then a reference head's sequence
+    // log-probabilities by the same sequence pass (its head checks its shapes against the same
+    // targets; their values are not read back twice).
+    let (ce, head_saved) = head_cross_entropy(head, targets, o)?;
     let ref_logps = match reference {
         Some(PreferenceReference::Head(ref_head)) => {
-            let &[s_ref, t_ref, _] = ref_head.input.shape() else {
-                return Err(Error::shape(
-                    "preference_loss: reference x [2B, T, H]",
-                    &[seqs, tokens, 0],
-                    ref_head.input.shape(),
-                ));
+            let unchecked = PreferenceOptions {
+                check_targets: false,
+                ..o.clone()
             };
-            if (s_ref, t_ref) != (seqs, tokens) {
-                return Err(Error::shape(
-                    "preference_loss: reference x [2B, T, H]",
-                    &[seqs, tokens, ref_head.input.shape()[2]],
-                    ref_head.input.shape(),
-                ));
-            }
-            let (ce, _) = head_cross_entropy(ref_head, targets, o)?;
-            Some(sequence_pass(&ce, targets, None, &params)?.3)
+            let (ref_ce, _) = head_cross_entropy(ref_head, targets, &unchecked)?;
+            Some(sequence_pass(&ref_ce, targets, None, &params)?.3)
         }
         _ => None,
     };
@@ -362,7 +342,6 @@ pub fn preference_loss(
         _ => None,
     };
     params.has_ref = u32::from(refs.is_some());
-    let (ce, head_saved) = head_cross_entropy(head, targets, o)?;
     let (seq_stats, loss, nll, logps) = sequence_pass(&ce, targets, refs, &params)?;
     let saved = PreferenceSaved {
         head: head_saved,
@@ -412,15 +391,8 @@ pub fn kto_loss(
             "0 for KTO",
         ));
     }
-    let check = |t: &Tensor, what: &str, shape: &[usize], dtypes: &[DType]| -> Result<()> {
-        t.check_engine(engine, &format!("kto_loss: {what}"))?;
-        if !dtypes.contains(&t.dtype()) {
-            return Err(Error::dtype(format!("kto_loss: {what}"), t.dtype(), dtypes));
-        }
-        if t.shape() != shape {
-            return Err(Error::shape(format!("kto_loss: {what}"), shape, t.shape()));
-        }
-        Ok(())
+    let check = |t: &Tensor, what: &str, shape: &[usize], dtypes: &[DType]| {
+        t.check(engine, &format!("kto_loss: {what}"), shape, dtypes)
     };
     check(desirable, "desirable", &[seqs], &[DType::I32, DType::U32])?;
     if let Some(r) = reference {

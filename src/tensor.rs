@@ -251,13 +251,25 @@ impl Tensor {
         let Some(t) = d_loss else {
             return Tensor::from_slice(engine, &[1.0f32], &[1]);
         };
-        t.check_engine(engine, what)?;
-        if t.dtype() != DType::F32 {
-            return Err(Error::dtype(what, t.dtype(), &[DType::F32]));
-        }
-        if t.shape() != [1] {
-            return Err(Error::shape(what, &[1], t.shape()));
-        }
+        t.check(engine, what, &[1], &[DType::F32])?;
         Ok(t.clone())
+    }
+
+    /// Check that this tensor lives on `engine`, has one of `dtypes` and exactly `shape`.
+    pub(crate) fn check(
+        &self,
+        engine: &Engine,
+        what: &str,
+        shape: &[usize],
+        dtypes: &[DType],
+    ) -> Result<()> {
+        self.check_engine(engine, what)?;
+        if !dtypes.contains(&self.dtype()) {
+            return Err(Error::dtype(what, self.dtype(), dtypes));
+        }
+        if self.shape() != shape {
+            return Err(Error::shape(what, shape, self.shape()));
+        }
+        Ok(())
     }
 }

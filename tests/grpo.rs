@@ -290,9 +290,7 @@ fn own_logp(c: &Case, t: f64) -> Vec<f64> {
                 .iter()
                 .map(|x| x / t)
                 .collect();
-            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let lse = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
-            row[c.ids[r] as usize] - lse
+            wgrad::reference::loss::log_softmax(&row, 1, s.vocab)[c.ids[r] as usize]
         })
         .collect()
 }
@@ -583,6 +581,7 @@ fn bad_inputs_are_typed_errors() {
 fn fused_linear_head_matches_the_reference() {
     use wgrad::fused_linear::{Chunking, LinearHead};
     use wgrad::grpo::{GrpoTokens, fused_linear_grpo_loss, fused_linear_grpo_loss_backward};
+    use wgrad::reference::fused_linear::{linear, linear_backward};
     let (b, l, h, v) = (2usize, 5usize, 12usize, 41usize);
     let s = Sizes {
         batch: b,
@@ -596,14 +595,7 @@ fn fused_linear_head_matches_the_reference() {
         let x = stored(&rng.vec(b * l * h, -1.0, 1.0), dtype);
         let w = stored(&rng.vec(v * h, -0.8, 0.8), dtype);
         let bias = stored(&rng.vec(v, -0.3, 0.3), dtype);
-        let logits: Vec<f64> = (0..b * l)
-            .flat_map(|r| {
-                let (x, w, bias) = (&x, &w, &bias);
-                (0..v).map(move |c| {
-                    (0..h).map(|k| x[r * h + k] * w[c * h + k]).sum::<f64>() + bias[c]
-                })
-            })
-            .collect();
+        let logits = linear(&x, &w, Some(&bias), b * l, h, v);
         let mut c = case(71, s, DType::F32, 0.7);
         c.logits = logits;
         // Old / reference log-probabilities near the head's own.
@@ -640,19 +632,8 @@ fn fused_linear_head_matches_the_reference() {
             let tok = tokens(&c, ALL);
             let want = reference::forward(&c.logits, s, &tok, &set);
             let dlogits = reference::backward(&c.logits, s, &tok, &set, 1.0);
-            let mut dx = vec![0.0; b * l * h];
-            let mut dw = vec![0.0; v * h];
-            let mut db = vec![0.0; v];
-            for r in 0..b * l {
-                for cc in 0..v {
-                    let g = dlogits[r * v + cc];
-                    db[cc] += g;
-                    for k in 0..h {
-                        dx[r * h + k] += g * w[cc * h + k];
-                        dw[cc * h + k] += g * x[r * h + k];
-                    }
-                }
-            }
+            let want_grads = linear_backward(&x, &w, &dlogits, b * l, h, v);
+            let (dx, dw, db) = (want_grads.input, want_grads.weight, want_grads.bias);
             let tol = Tolerance::for_dtype(DType::F32);
             for chunk in [Some(1), None] {
                 let chunking = Chunking {

@@ -28,6 +28,7 @@ fn check_fused_grpo(engine: &Engine) -> Result<Vec<Case>> {
         GrpoLossType, GrpoOptions, GrpoTokens, fused_linear_grpo_loss,
         fused_linear_grpo_loss_backward,
     };
+    use crate::reference::fused_linear::{linear, linear_backward};
     use crate::{Tensor, reference::grpo as r};
     let (b, l, h, v, temp) = (2usize, 4usize, 10usize, 33usize, 0.8);
     let s = r::Sizes {
@@ -42,12 +43,7 @@ fn check_fused_grpo(engine: &Engine) -> Result<Vec<Case>> {
         let (x, xs) = tensor_from_f64(engine, &rng.vec(b * l * h, -1.0, 1.0), &[b, l, h], dtype)?;
         let (w, ws) = tensor_from_f64(engine, &rng.vec(v * h, -0.8, 0.8), &[v, h], dtype)?;
         let (bias, bs) = tensor_from_f64(engine, &rng.vec(v, -0.3, 0.3), &[v], dtype)?;
-        let logits: Vec<f64> = (0..b * l * v)
-            .map(|i| {
-                let (row, c) = (i / v, i % v);
-                (0..h).map(|k| xs[row * h + k] * ws[c * h + k]).sum::<f64>() + bs[c]
-            })
-            .collect();
+        let logits = linear(&xs, &ws, Some(&bs), b * l, h, v);
         let ids: Vec<i32> = (0..b * l)
             .map(|_| (rng.next_f64() * v as f64) as i32)
             .collect();
@@ -99,15 +95,8 @@ fn check_fused_grpo(engine: &Engine) -> Result<Vec<Case>> {
         };
         let want = r::forward(&logits, s, &tok, &set);
         let dlogits = r::backward(&logits, s, &tok, &set, 1.0);
-        let (mut dx, mut dw, mut db) = (vec![0.0; b * l * h], vec![0.0; v * h], vec![0.0; v]);
-        for (i, &gz) in dlogits.iter().enumerate() {
-            let (row, c) = (i / v, i % v);
-            db[c] += gz;
-            for k in 0..h {
-                dx[row * h + k] += gz * ws[c * h + k];
-                dw[c * h + k] += gz * xs[row * h + k];
-            }
-        }
+        let want_grads = linear_backward(&xs, &ws, &dlogits, b * l, h, v);
+        let (dx, dw, db) = (want_grads.input, want_grads.weight, want_grads.bias);
         let tol = Tolerance::for_dtype(DType::F32);
         let label = |what: &str| format!("{what} {dtype} fused head");
         let gb = g
@@ -164,9 +153,7 @@ fn check_grpo(engine: &Engine) -> Result<Vec<Case>> {
             .map(|row| {
                 let start = (row / s.seq * s.positions + row % s.seq) * s.vocab;
                 let z: Vec<f64> = ls[start..start + s.vocab].iter().map(|x| x / 0.7).collect();
-                let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let lse = z.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
-                z[ids[row] as usize] - lse
+                reference::loss::log_softmax(&z, 1, s.vocab)[ids[row] as usize]
             })
             .collect();
         let near = |rng: &mut Rng| -> Vec<f64> {

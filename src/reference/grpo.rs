@@ -72,9 +72,7 @@ pub struct Forward {
 /// `log softmax(row / T)`.
 fn log_softmax(row: &[f64], temperature: f64) -> Vec<f64> {
     let z: Vec<f64> = row.iter().map(|x| x / temperature).collect();
-    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let log_sum = z.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
-    z.iter().map(|v| v - log_sum).collect()
+    super::loss::log_softmax(&z, 1, z.len())
 }
 
 /// Per token: (counted, logp, loss_t, d loss_t / d logp, kl, clipped).

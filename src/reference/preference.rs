@@ -72,21 +72,11 @@ pub struct Forward {
     pub logps: Vec<f64>,
 }
 
-/// Log-softmax of every token's logits row, `[seqs·T][V]`.
-fn log_probs(s: Sizes, seqs: usize, i: &Inputs) -> Vec<Vec<f64>> {
-    (0..seqs * s.tokens)
-        .map(|r| {
-            let z: Vec<f64> = (0..s.v)
-                .map(|c| {
-                    let dot: f64 = (0..s.h).map(|k| i.x[r * s.h + k] * i.w[c * s.h + k]).sum();
-                    dot + i.bias.map_or(0.0, |b| b[c])
-                })
-                .collect();
-            let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let lse = z.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
-            z.iter().map(|v| v - lse).collect()
-        })
-        .collect()
+/// Log-softmax of every token's logits row, `[seqs·T, V]`.
+fn log_probs(s: Sizes, seqs: usize, i: &Inputs) -> Vec<f64> {
+    let rows = seqs * s.tokens;
+    let logits = super::fused_linear::linear(i.x, i.w, i.bias, rows, s.h, s.v);
+    super::loss::log_softmax(&logits, rows, s.v)
 }
 
 fn log_sigmoid(x: f64) -> f64 {
@@ -98,13 +88,7 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 /// Per sequence: (π, counted tokens); and per token its log-probability.
-fn sequences(
-    s: Sizes,
-    seqs: usize,
-    i: &Inputs,
-    set: &Settings,
-    lp: &[Vec<f64>],
-) -> Vec<(f64, f64)> {
+fn sequences(s: Sizes, seqs: usize, i: &Inputs, set: &Settings, lp: &[f64]) -> Vec<(f64, f64)> {
     (0..seqs)
         .map(|q| {
             let mut sum = 0.0f64;
@@ -112,7 +96,7 @@ fn sequences(
             for t in 0..s.tokens {
                 let r = q * s.tokens + t;
                 if i.targets[r] != set.ignore_index {
-                    sum += lp[r][i.targets[r] as usize];
+                    sum += lp[r * s.v + i.targets[r] as usize];
                     n += 1.0;
                 }
             }
@@ -215,15 +199,13 @@ fn through_head(
     s: Sizes,
     i: &Inputs,
     set: &Settings,
-    lp: &[Vec<f64>],
+    lp: &[f64],
     seq: &[(f64, f64)],
     d_pi: &[f64],
     nll: impl Fn(usize) -> f64,
     d_loss: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let mut dx = vec![0.0; i.x.len()];
-    let mut dw = vec![0.0; i.w.len()];
-    let mut db = vec![0.0; s.v];
+    let mut dlogits = vec![0.0; lp.len()];
     for q in 0..seq.len() {
         for t in 0..s.tokens {
             let r = q * s.tokens + t;
@@ -231,24 +213,21 @@ fn through_head(
             if target == set.ignore_index {
                 continue;
             }
-            // d loss / d logp of this token.
+            // d loss / d logp of this token, then d logp / d z = onehot − softmax.
             let g = d_loss * (d_pi[q] / if set.average { seq[q].1.max(1.0) } else { 1.0 } - nll(q));
             for c in 0..s.v {
                 let onehot = if c == target as usize { 1.0 } else { 0.0 };
-                let dz = g * (onehot - lp[r][c].exp());
-                db[c] += dz;
-                for k in 0..s.h {
-                    dx[r * s.h + k] += dz * i.w[c * s.h + k];
-                    dw[c * s.h + k] += dz * i.x[r * s.h + k];
-                }
+                dlogits[r * s.v + c] = g * (onehot - lp[r * s.v + c].exp());
             }
         }
     }
-    (dx, dw, db)
+    let rows = seq.len() * s.tokens;
+    let g = super::fused_linear::linear_backward(i.x, i.w, &dlogits, rows, s.h, s.v);
+    (g.input, g.weight, g.bias)
 }
 
 /// Log-softmax rows, (π, n) per sequence, (σ(u), sign) per sequence.
-type KtoTerms = (Vec<Vec<f64>>, Vec<(f64, f64)>, Vec<(f64, f64)>);
+type KtoTerms = (Vec<f64>, Vec<(f64, f64)>, Vec<(f64, f64)>);
 
 /// KTO's per-sequence terms: the log-probabilities, per-token log-softmax rows, and for each
 /// sequence `(σ(u), sign)` with `u = β·sign·(π − ref − z0)`, `sign` +1 when desirable.
