@@ -513,6 +513,15 @@ fn main() -> ExitCode {
         Ok("1") => norm::force_register_words(Some(true)),
         _ => {}
     }
+    // Measurement switch of the 16-bit softmax register backward (whole or half chunks a lane).
+    match std::env::var("WGRAD_SOFTMAX_WHOLE").as_deref() {
+        Ok("0") => wgrad::loss::force_whole_chunk_backward(Some(false)),
+        Ok("1") => wgrad::loss::force_whole_chunk_backward(Some(true)),
+        _ => {}
+    }
+    if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
+        print_cooperative_matrices();
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -535,6 +544,21 @@ fn main() -> ExitCode {
     }
     println!("\nwrote {}", args.json.display());
     ExitCode::SUCCESS
+}
+
+/// `WGRAD_PROBE_COOP=1`: the cooperative-matrix configurations each adapter reports (the
+/// tensor-core shapes wgpu 30 could use; see `notes/tensor-cores.md`).
+fn print_cooperative_matrices() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    for adapter in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
+        let info = adapter.get_info();
+        println!(
+            "adapter {} ({:?}): cooperative matrices {:?}",
+            info.name,
+            info.backend,
+            adapter.cooperative_matrix_properties()
+        );
+    }
 }
 
 /// Normalization rows: forward and backward (parameter partials included) of RMSNorm,
@@ -990,6 +1014,14 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             ops.push(Op::new(fwd, dname, vec![a.clone(), b.clone()], move |i| {
                 Ok(vec![run(i)?.0])
             }));
+            // The KL gradient `−exp(t)/n` does not use the input (its load in `div_bwd_v` is
+            // dead code, measured at the bandwidth of the target read alone): the bytes moved
+            // count only what a backward reads.
+            let read = if fwd == "kl_div" {
+                vec![b.clone()]
+            } else {
+                vec![a.clone(), b.clone()]
+            };
             if dtype != DType::F32 {
                 // The gradient stored in the input's dtype.
                 let saved = saved.clone();
@@ -998,14 +1030,11 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     "jsd" => "jsd_backward_as",
                     _ => "tvd_backward_as",
                 };
-                ops.push(Op::new(
-                    name,
-                    dname,
-                    vec![a.clone(), b.clone()],
-                    move |_| Ok(vec![loss::divergence_backward_as(&saved, None, dtype)?]),
-                ));
+                ops.push(Op::new(name, dname, read.clone(), move |_| {
+                    Ok(vec![loss::divergence_backward_as(&saved, None, dtype)?])
+                }));
             }
-            ops.push(Op::new(bwd, dname, vec![a, b], move |_| {
+            ops.push(Op::new(bwd, dname, read, move |_| {
                 Ok(vec![loss::divergence_backward(&saved, None)?])
             }));
         }

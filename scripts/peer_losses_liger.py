@@ -106,7 +106,7 @@ def grpo_rows(dtype):
 def fused_grpo_rows(dtype):
     b, l, h, v = 4, 1024, 4096, 128256
     g = torch.Generator(device=DEV).manual_seed(1)
-    x = (torch.randn(b * l, h, device=DEV, generator=g) * 0.5).to(dtype).requires_grad_()
+    x = (torch.randn(b, l, h, device=DEV, generator=g) * 0.5).to(dtype).requires_grad_()
     w = (torch.randn(v, h, device=DEV, generator=g) * 0.02).to(dtype).requires_grad_()
     ids = torch.randint(0, v, (b, l), device=DEV, generator=g)
     adv = torch.randn(b, device=DEV, generator=g)

@@ -124,6 +124,25 @@ fn register_row(engine: &Engine, chunks: u64, tensors: u64) -> Option<(&'static 
     Some((kernel, chunks.div_ceil(lanes).next_power_of_two()))
 }
 
+std::thread_local! {
+    static FORCED_WHOLE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces whether register-resident 16-bit softmax backward rows hold whole chunks a lane
+/// (`softmax_bwd_r`) or half chunks (`softmax_bwd_h`), for launches from the calling thread;
+/// `None` for the rule ([`whole_chunk_backward`]). The two sum a row in different orders, so
+/// results may differ in the last bits between them (each is bit-identical on reruns, and its
+/// 16-bit gradient is its own F32 gradient rounded once); for measurements.
+#[doc(hidden)]
+pub fn force_whole_chunk_backward(whole: Option<bool>) {
+    FORCED_WHOLE.with(|f| f.set(whole));
+}
+
+/// Whether a register-resident 16-bit softmax backward row holds whole chunks a lane.
+fn whole_chunk_backward() -> bool {
+    FORCED_WHOLE.with(std::cell::Cell::get).unwrap_or(false)
+}
+
 const F_WEIGHT: u32 = 1;
 const F_LABELS: u32 = 2;
 const F_LOG_TARGET: u32 = 4;
@@ -384,7 +403,7 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
     } else {
         None
     };
-    let halves = register.filter(|_| x.dtype() != DType::F32);
+    let halves = register.filter(|_| x.dtype() != DType::F32 && !whole_chunk_backward());
     if dtype != DType::F32 && !(vector && x.dtype() != DType::F32) {
         return crate::cast::cast(&softmax_backward_as(saved, dy, DType::F32)?, dtype);
     }
@@ -424,19 +443,15 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
             }
             None => (&KERNEL, "softmax_bwd_v", consts),
         };
-        // `softmax_bwd_v` writes a 16-bit dx through its `y4` binding, an F32 one through dx4.
-        let buffers: &[&wgpu::Buffer] = if name == "softmax_bwd_v" {
-            &[
-                saved.stats.buffer(),
-                x.buffer(),
-                dx.buffer(),
-                dy.buffer(),
-                dx.buffer(),
-            ]
-        } else {
-            &[saved.stats.buffer(), x.buffer(), dy.buffer(), dx.buffer()]
-        };
-        engine.launch(kernel, name, &consts, &params, buffers, rows as u64)?;
+        // Both write a 16-bit dx through their `y4` binding, an F32 one through dx4.
+        let buffers = [
+            saved.stats.buffer(),
+            x.buffer(),
+            dx.buffer(),
+            dy.buffer(),
+            dx.buffer(),
+        ];
+        engine.launch(kernel, name, &consts, &params, &buffers, rows as u64)?;
     } else {
         engine.launch(
             &KERNEL,

@@ -1104,8 +1104,11 @@ pub fn norm_backward_as(
     } else {
         None
     };
-    if dtype != DType::F32 && (plan.is_none() || xdt == DType::F32) {
-        // Only the 16-bit register backward stores a 16-bit gradient: F32, then one rounding.
+    // 16-bit sources of an even width (not GroupNorm) take the column pass that owns two
+    // columns a lane (`backward_column_pairs`), which also stores a 16-bit gradient.
+    let pairs = saved.group.is_none() && xdt != DType::F32 && cols.is_multiple_of(2);
+    if dtype != DType::F32 && (xdt == DType::F32 || (plan.is_none() && !pairs)) {
+        // Other F16/BF16 gradients: the F32 gradient, then one rounding.
         let mut grads = norm_backward_as(saved, given_dy, given_dres, DType::F32)?;
         grads.source = crate::cast::cast(&grads.source, dtype)?;
         if grads.residual.is_some() {
@@ -1185,23 +1188,42 @@ pub fn norm_backward_as(
         ],
         rows as u64,
     )?;
-    engine.launch(
-        &KERNEL,
-        "backward_columns",
-        &constants,
-        &params,
-        &[
-            x.buffer(),
-            aux.unwrap_or(x).buffer(),
-            weight.unwrap_or(x).buffer(),
-            output_gradient.buffer(),
-            residual_output_gradient.unwrap_or(x).buffer(),
-            rowinfo.buffer(),
-            dx.buffer(),
-            partials.buffer(),
-        ],
-        (stride as u64).div_ceil(WG),
-    )?;
+    let columns = [
+        x.buffer(),
+        aux.unwrap_or(x).buffer(),
+        weight.unwrap_or(x).buffer(),
+        output_gradient.buffer(),
+        residual_output_gradient.unwrap_or(x).buffer(),
+        rowinfo.buffer(),
+        partials.buffer(),
+        dx.buffer(),
+    ];
+    if pairs {
+        let mut constants = constants.clone();
+        constants.push(("DDX", f64::from(dtype.code())));
+        let params = Params {
+            total: (stride / 2) as u32,
+            ..params
+        };
+        engine.launch(
+            &KERNEL,
+            "backward_column_pairs",
+            &constants,
+            &params,
+            &columns,
+            (stride as u64 / 2).div_ceil(WG),
+        )?;
+    } else {
+        let [x, aux, w, dy, dres, rowinfo, partials, dx] = columns;
+        engine.launch(
+            &KERNEL,
+            "backward_columns",
+            &constants,
+            &params,
+            &[x, aux, w, dy, dres, rowinfo, dx, partials],
+            (stride as u64).div_ceil(WG),
+        )?;
+    }
     if let Some(l) = saved.group {
         return group_parameter_gradients(
             saved,

@@ -2054,7 +2054,8 @@ fn bits_any(t: &Tensor) -> Vec<u64> {
 /// into every gradient dtype. 16-bit rows of whole chunks are written directly: in the register
 /// range (16,392 and 32,000 columns) by `softmax_bwd_h`, shorter (8, 1,000) and longer
 /// (65,544) rows by `softmax_bwd_v`; ragged rows (7), F32 inputs and a cotangent of another
-/// dtype narrow the F32 gradient. The cotangent holds a NaN and both infinities.
+/// dtype narrow the F32 gradient. The register rows again with whole chunks a lane
+/// (`softmax_bwd_r`, the measurement switch). The cotangent holds a NaN and both infinities.
 #[test]
 fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
     let narrowed = |t: &Tensor, d: DType| {
@@ -2075,14 +2076,17 @@ fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
         }
         v
     };
-    for (rows, cols) in [
-        (2usize, 8usize),
-        (3, 1000),
-        (2, 16_392),
-        (2, 32_000),
-        (1, 65_544),
-        (3, 7),
+    for (rows, cols, whole) in [
+        (2usize, 8usize, None),
+        (3, 1000, None),
+        (2, 16_392, None),
+        (2, 32_000, None),
+        (1, 65_544, None),
+        (3, 7, None),
+        (2, 16_392, Some(true)),
+        (2, 32_000, Some(true)),
     ] {
+        loss::force_whole_chunk_backward(whole);
         for dtype in DType::FLOATS {
             for out in DType::FLOATS {
                 for log in [false, true] {
@@ -2105,6 +2109,25 @@ fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
             }
         }
     }
+    // The whole-chunk rows against the f64 reference.
+    loss::force_whole_chunk_backward(Some(true));
+    for dtype in [DType::F16, DType::BF16] {
+        for log in [false, true] {
+            let (rows, cols) = (2, 32_000);
+            let (x, xs) = upload(&data(314, rows * cols, -8.0, 8.0), &[rows, cols], dtype);
+            let (dy, dys) = upload(&data(315, rows * cols, -1.0, 1.0), &[rows, cols], dtype);
+            let (_, saved) = if log {
+                loss::log_softmax(&x).unwrap()
+            } else {
+                loss::softmax(&x).unwrap()
+            };
+            let dx = loss::softmax_backward(&saved, &dy).unwrap();
+            let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
+            let what = format!("whole chunks log={log} {dtype}");
+            assert_close(&what, &dx.to_f64().unwrap(), &want, F32);
+        }
+    }
+    loss::force_whole_chunk_backward(None);
     // A cotangent of another dtype than x (narrowed F32 gradient).
     let (x, _) = upload(&data(312, 2 * 16_392, -8.0, 8.0), &[2, 16_392], DType::BF16);
     let (dy, _) = upload(&cotangent(313, 2 * 16_392), &[2, 16_392], DType::F16);

@@ -1701,8 +1701,10 @@ fn more_rows_than_one_dispatch_dimension() {
 /// (with and without a residual-sum cotangent), modulated RMSNorm and GroupNorm, every source
 /// dtype into every gradient dtype. 16-bit sources in register rows (64, 4,096 and 16,392
 /// columns, the last the two-read 1,024-lane backward of the RMSNorm variants) write the
-/// 16-bit gradient directly; ragged rows (7, 301), the modulated and group forms and F32
-/// sources narrow the F32 gradient. The cotangent holds a NaN and an infinity.
+/// 16-bit gradient directly, as do the other 16-bit rows of an even width (302; LayerNorm at
+/// 16,392; the modulated form), whose column pass owns two columns a lane; odd widths (7,
+/// 301), GroupNorm and F32 sources narrow the F32 gradient. The cotangent holds a NaN and an
+/// infinity.
 #[test]
 fn norm_backward_as_is_the_f32_gradient_rounded_once() {
     let narrowed = |t: &Tensor, d: DType| {
@@ -1720,7 +1722,14 @@ fn norm_backward_as_is_the_f32_gradient_rounded_once() {
             .collect()
     };
     let mut rng = Rng::new(1100);
-    for (rows, cols) in [(5usize, 64usize), (3, 4096), (2, 16_392), (4, 7), (3, 301)] {
+    for (rows, cols) in [
+        (5usize, 64usize),
+        (3, 4096),
+        (2, 16_392),
+        (4, 7),
+        (3, 301),
+        (35, 302),
+    ] {
         for xdt in DType::FLOATS {
             let n = rows * cols;
             let (x, _) = upload(&rng.vec(n, -2.0, 2.0), &[rows, cols], xdt);

@@ -1799,17 +1799,33 @@ fn softmax_fwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // Register-resident softmax / log-softmax backward: x and dy (same dtype) for rows of up to
 // RB·WG chunks are read once into registers, the row sum is taken from them, then dx is
 // written. Same straight-line pattern as softmax_fwd_r; RB (a power of two) is at most 8 with
-// 1024 lanes (64 registers of x and dy a lane), 16 with 256. F32 rows only: 16-bit rows of the
-// same range take softmax_bwd_h (half chunks a lane, contiguous stores).
+// 1024 lanes (64 registers of x and dy a lane), 16 with 256. 16-bit rows of the same range
+// take it too when the host's switch says so (`softmax_bwd_h`, half chunks a lane, otherwise):
+// a chunk's eight values then feed the lane's sum low half first, and dx is stored as two F32
+// vec4s (dx4) or one chunk of eight values rounded once to ODT (y4, bound to dx too).
 override RB: u32 = 16u;
 
-// F32 chunks only (the host's rule above).
 fn chunk_bwd_acc(w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32) -> f32 {
-    return softmax_bwd_acc(bitcast<vec4<f32>>(w), bitcast<vec4<f32>>(g), m, logden);
+    let lo = softmax_bwd_acc(chunk_lo(w, DT), chunk_lo(g, DT), m, logden);
+    if (DT == DT_F32) {
+        return lo;
+    }
+    return lo + softmax_bwd_acc(chunk_hi(w, DT), chunk_hi(g, DT), m, logden);
 }
 
 fn chunk_bwd_store(i: u32, w: vec4<u32>, g: vec4<u32>, m: f32, logden: f32, total: f32) {
-    dx4[i] = softmax_bwd_value(bitcast<vec4<f32>>(w), bitcast<vec4<f32>>(g), m, logden, total);
+    let lo = softmax_bwd_value(chunk_lo(w, DT), chunk_lo(g, DT), m, logden, total);
+    if (DT == DT_F32) {
+        dx4[i] = lo;
+        return;
+    }
+    let hi = softmax_bwd_value(chunk_hi(w, DT), chunk_hi(g, DT), m, logden, total);
+    if (ODT != DT_F32) {
+        y4[i] = narrow8(lo, hi, ODT);
+    } else {
+        dx4[2u * i] = lo;
+        dx4[2u * i + 1u] = hi;
+    }
 }
 
 @compute @workgroup_size(WG)

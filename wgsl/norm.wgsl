@@ -369,6 +369,79 @@ fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     }
 }
 
+// ---- Column pass, two columns a lane ----
+// `backward_columns` for even widths (every kind but GroupNorm): invocation t owns columns c
+// and c + 1 (c = 2 · (t mod cols/2)) of block t / (cols/2), with the same operations in the
+// same order per column (the same F32 values), reading each 16-bit word once for both, and
+// writes dx a word at a time: two F32 words, or with DDX = F16/BF16 both values rounded once
+// into one word (`pack_halves`). params.total = blocks · cols/2.
+@group(0) @binding(30) var<storage, read_write> dxw: array<u32>;
+
+@compute @workgroup_size(WG)
+fn backward_column_pairs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let cols = params.cols;
+    let half = cols / 2u;
+    let block = t / half;
+    let c = 2u * (t % half);
+    let batch = block / params.blocks_per_batch;
+    let first = batch * params.rows_per_batch + (block % params.blocks_per_batch) * BLOCK_ROWS;
+    let last = min(first + BLOCK_ROWS, (batch + 1u) * params.rows_per_batch);
+    let wf = vec2<f32>(weight_factor(c), weight_factor(c + 1u));
+    var sc = vec2<f32>(1.0);
+    if (KIND == KIND_MOD) {
+        sc = vec2<f32>(1.0 + ld_aux(batch * cols + c), 1.0 + ld_aux(batch * cols + c + 1u));
+    }
+    let g = wf * sc;
+    var pw = vec2<f32>();
+    var pb = vec2<f32>();
+    var ps = vec2<f32>();
+    for (var r = first; r < last; r = r + 1u) {
+        let i = r * cols + c;
+        let inv = rowinfo[ROWINFO * r];
+        let mean = rowinfo[ROWINFO * r + 1u];
+        let corr = rowinfo[ROWINFO * r + 2u];
+        let c1 = rowinfo[ROWINFO * r + 3u];
+        let c2 = rowinfo[ROWINFO * r + 4u];
+        let n = ((vec2<f32>(source(i), source(i + 1u)) - vec2<f32>(mean)) - vec2<f32>(corr)) * inv;
+        let d = vec2<f32>(ld_dy(i), ld_dy(i + 1u));
+        if (KIND == KIND_MOD) {
+            pw = pw + d * sc * n;
+            ps = ps + d * n * wf;
+        } else {
+            pw = pw + d * n;
+        }
+        pb = pb + d;
+        var v = inv * ((d * g - vec2<f32>(c1)) - n * c2);
+        if (HAS_DRES) {
+            v = v + vec2<f32>(ld_dres(i), ld_dres(i + 1u));
+        }
+        if (DDX == DT_F32) {
+            dxw[i] = bitcast<u32>(v.x);
+            dxw[i + 1u] = bitcast<u32>(v.y);
+        } else {
+            dxw[i >> 1u] = pack_halves(v.x, v.y, DDX);
+        }
+    }
+    let at = block * cols + c;
+    if (HAS_W) {
+        partials[at] = pw.x;
+        partials[at + 1u] = pw.y;
+    }
+    if (HAS_B || KIND == KIND_MOD) {
+        partials[params.stride + at] = pb.x;
+        partials[params.stride + at + 1u] = pb.y;
+    }
+    if (KIND == KIND_MOD) {
+        partials[2u * params.stride + at] = ps.x;
+        partials[2u * params.stride + at + 1u] = ps.y;
+    }
+}
+
 // ---- GroupNorm parameter partials ----
 // One invocation per (sample b, channel ch) of total = batch * channels: sums over the
 // channel's `spatial` elements of dy * n (slot 0) and dy (slot 1), position order; the host
