@@ -1159,7 +1159,7 @@ fn ramp(engine: &Engine, shape: &[usize], scale: f32, dtype: DType) -> Result<Te
 fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     use wgrad::grpo::{
         GrpoInputs, GrpoOptions, GrpoTokens, fused_linear_grpo_loss,
-        fused_linear_grpo_loss_backward, grpo_loss, grpo_loss_backward,
+        fused_linear_grpo_loss_backward, grpo_loss, grpo_loss_backward_as,
     };
     let (b, l, v) = if quick {
         (2, 16, 512)
@@ -1182,12 +1182,26 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             check_ids: false,
             ..GrpoOptions::default()
         };
-        ops.push(
-            Op::new(
-                "grpo_loss_fwd_bwd",
-                label,
-                vec![logits, ids, adv, logp.clone(), logp, mask],
-                move |i| {
+        // F32 gradients, and for BF16 logits also BF16 gradients (as Liger's).
+        let grads: &[(&'static str, DType)] = if dtype == DType::F32 {
+            &[("grpo_loss_fwd_bwd", DType::F32)]
+        } else {
+            &[
+                ("grpo_loss_fwd_bwd_as", DType::BF16),
+                ("grpo_loss_fwd_bwd", DType::F32),
+            ]
+        };
+        for &(name, grad_dtype) in grads {
+            let inputs = vec![
+                logits.clone(),
+                ids.clone(),
+                adv.clone(),
+                logp.clone(),
+                logp.clone(),
+                mask.clone(),
+            ];
+            ops.push(
+                Op::new(name, label, inputs, move |i| {
                     let inputs = GrpoInputs {
                         logits: &i[0],
                         completion_ids: &i[1],
@@ -1197,12 +1211,12 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                         mask: Some(&i[5]),
                     };
                     let (out, saved) = grpo_loss(&inputs, &options)?;
-                    let grad = grpo_loss_backward(&saved, None)?;
+                    let grad = grpo_loss_backward_as(&saved, None, grad_dtype)?;
                     Ok(vec![out.loss, out.per_token, grad])
-                },
-            )
-            .with_peak(),
-        );
+                })
+                .with_peak(),
+            );
+        }
     }
     // On a fused head: x [4, 1024, 4096], W [128256, 4096] (`--quick`: [2, 16, 64], [512, 64]).
     let (b, l, h, v) = if quick {

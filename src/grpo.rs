@@ -398,22 +398,37 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
     let constants = vec![("DT", f64::from(logits.dtype().code()))];
     let stats = Tensor::empty(engine, &[rows.max(1), 8], DType::F32, "grpo stats")?;
     let advantages = inputs.advantages.buffer();
-    engine.launch(
-        &KERNEL,
-        "grpo_rows",
-        &constants,
-        &params,
-        &[
-            logits.buffer(),
-            inputs.completion_ids.buffer(),
-            advantages,
-            inputs.old_logp.map_or(advantages, |t| t.buffer()),
-            inputs.ref_logp.map_or(advantages, |t| t.buffer()),
-            inputs.mask.map_or(advantages, |t| t.buffer()),
-            stats.buffer(),
-        ],
-        rows as u64,
-    )?;
+    let per_token = [
+        inputs.completion_ids.buffer(),
+        advantages,
+        inputs.old_logp.map_or(advantages, |t| t.buffer()),
+        inputs.ref_logp.map_or(advantages, |t| t.buffer()),
+        inputs.mask.map_or(advantages, |t| t.buffer()),
+        stats.buffer(),
+    ];
+    if chunked(logits.dtype(), vocab) {
+        let mut buffers = per_token.to_vec();
+        buffers.push(logits.buffer());
+        engine.launch(
+            &KERNEL,
+            "grpo_rows_v",
+            &constants,
+            &params,
+            &buffers,
+            rows as u64,
+        )?;
+    } else {
+        let mut buffers = vec![logits.buffer()];
+        buffers.extend(per_token);
+        engine.launch(
+            &KERNEL,
+            "grpo_rows",
+            &constants,
+            &params,
+            &buffers,
+            rows as u64,
+        )?;
+    }
     let (output, weights) = reduce(&stats, &params)?;
     let saved = GrpoSaved {
         logits: logits.clone(),
@@ -541,35 +556,23 @@ pub fn fused_linear_grpo_loss_backward(
     fused_linear::fused_linear_cross_entropy_backward(&saved.head, Some(&cotangent))
 }
 
+/// Whether rows of `vocab` logits of `dtype` are whole 16-byte chunks (the chunked entries).
+fn chunked(dtype: DType, vocab: usize) -> bool {
+    vocab.is_multiple_of(if dtype == DType::F32 { 4 } else { 8 })
+}
+
 /// Backward: `d logits` (F32, the logits' shape) from the loss cotangent `d_loss` (`[1]` F32;
 /// `None`: 1).
 ///
 /// Errors: `d_loss` not F32 `[1]` (`UnsupportedDType` / `ShapeMismatch`) or of another engine.
 pub fn grpo_loss_backward(saved: &GrpoSaved, d_loss: Option<&Tensor>) -> Result<Tensor> {
-    let engine = saved.logits.engine();
-    let d_loss = Tensor::scalar_cotangent(engine, d_loss, "grpo_loss_backward: d_loss")?;
-    let d_logits = Tensor::empty(engine, saved.logits.shape(), DType::F32, "grpo d_logits")?;
-    let p = &saved.params;
-    engine.launch(
-        &KERNEL,
-        "grpo_backward",
-        &vec![("DT", f64::from(saved.logits.dtype().code()))],
-        p,
-        &[
-            saved.logits.buffer(),
-            saved.ids.buffer(),
-            saved.stats.buffer(),
-            saved.weights.buffer(),
-            d_loss.buffer(),
-            d_logits.buffer(),
-        ],
-        u64::from(p.batch) * u64::from(p.positions),
-    )?;
-    Ok(d_logits)
+    grpo_loss_backward_as(saved, d_loss, DType::F32)
 }
 
-/// [`grpo_loss_backward`] with the gradient stored in `dtype` (F16/BF16: the F32 gradient
-/// rounded once to nearest-even, narrowed after the F32 pass).
+/// [`grpo_loss_backward`] with the gradient stored in `dtype`: F16/BF16 give the F32 gradient
+/// rounded once to nearest-even (bit for bit `cast::cast` of it; a NaN stays a NaN), stored
+/// directly by the chunked pass for 16-bit logits in rows of whole 8-value chunks (2 bytes an
+/// element instead of 4), else narrowed after the F32 pass.
 ///
 /// Errors: those of [`grpo_loss_backward`], and a `dtype` that is not a float dtype
 /// (`UnsupportedDType`).
@@ -585,10 +588,54 @@ pub fn grpo_loss_backward_as(
             &DType::FLOATS,
         ));
     }
-    let g = grpo_loss_backward(saved, d_loss)?;
-    if dtype == DType::F32 {
-        Ok(g)
+    let engine = saved.logits.engine();
+    let d_loss = Tensor::scalar_cotangent(engine, d_loss, "grpo_loss_backward: d_loss")?;
+    let ldt = saved.logits.dtype();
+    let p = &saved.params;
+    // The chunked pass: F32 logits into F32, 16-bit logits into 16 bits. 16-bit logits into
+    // F32 keep the element pass, whose lanes store contiguous F32 words.
+    let vector = chunked(ldt, p.vocab as usize) && ((ldt == DType::F32) == (dtype == DType::F32));
+    let out = if vector { dtype } else { DType::F32 };
+    let d_logits = Tensor::empty(engine, saved.logits.shape(), out, "grpo d_logits")?;
+    let mut constants = vec![("DT", f64::from(ldt.code()))];
+    let groups = u64::from(p.batch) * u64::from(p.positions);
+    if vector {
+        constants.push(("ODT", f64::from(dtype.code())));
+        engine.launch(
+            &KERNEL,
+            "grpo_backward_v",
+            &constants,
+            p,
+            &[
+                saved.ids.buffer(),
+                saved.stats.buffer(),
+                saved.weights.buffer(),
+                d_loss.buffer(),
+                saved.logits.buffer(),
+                d_logits.buffer(),
+            ],
+            groups,
+        )?;
     } else {
-        crate::cast::cast(&g, dtype)
+        engine.launch(
+            &KERNEL,
+            "grpo_backward",
+            &constants,
+            p,
+            &[
+                saved.logits.buffer(),
+                saved.ids.buffer(),
+                saved.stats.buffer(),
+                saved.weights.buffer(),
+                d_loss.buffer(),
+                d_logits.buffer(),
+            ],
+            groups,
+        )?;
+    }
+    if out == dtype {
+        Ok(d_logits)
+    } else {
+        crate::cast::cast(&d_logits, dtype)
     }
 }

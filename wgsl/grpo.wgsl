@@ -19,9 +19,13 @@
 // logp = −ce (grpo_from_logp replaces grpo_rows), and grpo_cotangent turns the weights into
 // the cotangent of those cross-entropies for the head's backward (replacing grpo_backward).
 //
-// Logits are F32, F16 or BF16 (DT; 16-bit as two halves a word), read element by element.
+// Logits are F32, F16 or BF16 (DT; 16-bit as two halves a word), read element by element;
+// rows of whole 16-byte chunks (V a multiple of 4 for F32, of 8 for 16-bit) take the chunked
+// entries grpo_rows_v and grpo_backward_v instead: a lane reads 16 bytes at a time, and the
+// backward stores an F32 gradient or (ODT F16/BF16, 16-bit logits) one rounded once.
 
 override DT: u32 = 0u;
+override ODT: u32 = 0u;
 
 struct Params {
     rows: u32,        // B·L completion tokens
@@ -144,6 +148,129 @@ fn grpo_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         logp = z_at(base, id) - st.x - st.y;
     }
     token_terms(r, logp, id < params.vocab && counted(r), st);
+}
+
+// ---- Chunked entries (rows of whole 16-byte chunks) ----
+@group(0) @binding(17) var<storage, read> logits4: array<vec4<u32>>;
+@group(0) @binding(18) var<storage, read_write> d_logits4: array<vec4<u32>>;
+
+// Values a chunk: 4 (F32) or 8 (16-bit).
+fn chunk_width() -> u32 {
+    if (DT == DT_F32) {
+        return 4u;
+    }
+    return 8u;
+}
+
+// z of a chunk's values 0..3 and (16-bit) 4..7.
+fn chunk_lo(w: vec4<u32>) -> vec4<f32> {
+    if (DT == DT_F32) {
+        return bitcast<vec4<f32>>(w) / params.temperature;
+    }
+    return vec4<f32>(widen2(w.x, DT), widen2(w.y, DT)) / params.temperature;
+}
+
+fn chunk_hi(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(widen2(w.z, DT), widen2(w.w, DT)) / params.temperature;
+}
+
+// z_j of the row starting at chunk `base4`.
+fn z_at4(base4: u32, j: u32) -> f32 {
+    let w = logits4[base4 + j / chunk_width()];
+    let k = j % chunk_width();
+    if (DT == DT_F32) {
+        return bitcast<f32>(w[k]) / params.temperature;
+    }
+    return half_from_word(w[k / 2u], k, DT) / params.temperature;
+}
+
+// `row_stats` by chunks: each lane's running pair over its chunks (`online4`, the chunk's
+// values in order), merged in the same fixed-order tree.
+fn row_stats4(base4: u32, lid: u32) -> vec2<f32> {
+    var st = vec2<f32>(pair_neg_inf(), 0.0);
+    let n = params.vocab / chunk_width();
+    for (var c = lid; c < n; c = c + WG) {
+        let w = logits4[base4 + c];
+        st = online4(st, chunk_lo(w));
+        if (DT != DT_F32) {
+            st = online4(st, chunk_hi(w));
+        }
+    }
+    let total = workgroup_pairs8(st, lid, PAIR_SOFTMAX);
+    return vec2<f32>(total.x, log(total.y));
+}
+
+@compute @workgroup_size(WG)
+fn grpo_rows_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let r = group_index(wid, nwg);
+    if (r >= params.rows) {
+        return;
+    }
+    let b = r / params.seq;
+    let t = r % params.seq;
+    let base4 = (b * params.positions + t) * (params.vocab / chunk_width());
+    let st = row_stats4(base4, lid);
+    if (lid != 0u) {
+        return;
+    }
+    let id = u32(ids[r]);
+    var logp = 0.0;
+    if (id < params.vocab) {
+        logp = z_at4(base4, id) - st.x - st.y;
+    }
+    token_terms(r, logp, id < params.vocab && counted(r), st);
+}
+
+// The gradient of four values z with the position's g, id and statistics (first column j).
+fn grad4(z: vec4<f32>, g: f32, j: u32, id: u32, st: vec2<f32>) -> vec4<f32> {
+    if (g == 0.0) {
+        return vec4<f32>(0.0);
+    }
+    let prob = exp((z - vec4<f32>(st.x)) - vec4<f32>(st.y));
+    let hot = select(vec4<f32>(0.0), vec4<f32>(1.0), vec4<u32>(j, j + 1u, j + 2u, j + 3u) == vec4<u32>(id));
+    return g * (hot - prob);
+}
+
+@compute @workgroup_size(WG)
+fn grpo_backward_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let p = group_index(wid, nwg);
+    if (p >= params.batch * params.positions) {
+        return;
+    }
+    let b = p / params.positions;
+    let t = p % params.positions;
+    let n = params.vocab / chunk_width();
+    let base4 = p * n;
+    var g = 0.0;
+    var id = 0u;
+    var st = vec2<f32>(0.0);
+    if (t < params.seq) {
+        let r = b * params.seq + t;
+        let s0 = stats[2u * r];
+        st = s0.xy;
+        id = u32(ids[r]);
+        if (stats[2u * r + 1u].w != 0.0) {
+            g = d_loss[0] * weights[r] * s0.w / params.temperature;
+        }
+    }
+    for (var c = lid; c < n; c = c + WG) {
+        let w = logits4[base4 + c];
+        let j = c * chunk_width();
+        let lo = grad4(chunk_lo(w), g, j, id, st);
+        if (DT == DT_F32) {
+            d_logits4[base4 + c] = bitcast<vec4<u32>>(lo);
+            continue;
+        }
+        let hi = grad4(chunk_hi(w), g, j + 4u, id, st);
+        if (ODT != DT_F32) {
+            d_logits4[base4 + c] = narrow8(lo, hi, ODT);
+        } else {
+            d_logits4[2u * (base4 + c)] = bitcast<vec4<u32>>(lo);
+            d_logits4[2u * (base4 + c) + 1u] = bitcast<vec4<u32>>(hi);
+        }
+    }
 }
 
 // The fused-head variant: logp = −ce from the head's per-token cross-entropies, one token an

@@ -213,3 +213,24 @@ fn workgroup_pairs8(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
     }
     return total;
 }
+
+// Online (max, Σ exp(z − max)) update with four values at once.
+// The running sum is rescaled only when the maximum grows (one exp per element otherwise).
+fn online4(state: vec2<f32>, z: vec4<f32>) -> vec2<f32> {
+    return online4_max(state, z, max(max(z.x, z.y), max(z.z, z.w)));
+}
+
+// online4 given the chunk's maximum `cm`.
+fn online4_max(state: vec2<f32>, z: vec4<f32>, cm: f32) -> vec2<f32> {
+    var m = state.x;
+    var s = state.y;
+    if (cm > m) {
+        s = s * exp(m - cm);
+        m = cm;
+    }
+    if (m == pair_neg_inf()) {
+        return state;
+    }
+    let e = exp(z - vec4<f32>(m));
+    return vec2<f32>(m, s + ((e.x + e.y) + (e.z + e.w)));
+}
