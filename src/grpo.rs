@@ -33,13 +33,15 @@
 //! # How it runs
 //!
 //! One workgroup of 256 lanes per token computes the row's maximum and log-sum in one read of
-//! the row (a running maximum and rescaled sum per lane, merged in a fixed-order tree; logits
-//! read element by element), the token's terms and its loss
+//! the row (a running maximum and rescaled sum per lane, merged in a fixed-order tree; rows of
+//! whole 16-byte chunks, `V` a multiple of 4 for F32 logits or of 8 for 16-bit ones, are read
+//! 16 bytes a lane, other rows element by element), the token's terms and its loss
 //! derivative; one workgroup then forms the loss and every token's weight in a fixed order
 //! (per sequence, then sequences in order for GRPO); the backward recomputes each row's
 //! probabilities from the saved statistics. No atomics: reruns are bit-identical. Saved state
 //! is `32·B·L + 4·B·L` bytes besides the inputs. All math is FP32; the loss and per-token
-//! outputs are F32, the gradient F32 (or F16/BF16 through [`grpo_loss_backward_as`]).
+//! outputs are F32, the gradient F32 (or F16/BF16 through [`grpo_loss_backward_as`], stored
+//! directly for 16-bit logits in rows of whole chunks).
 //!
 //! # On a fused linear head
 //!

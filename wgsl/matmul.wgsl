@@ -418,8 +418,10 @@ fn epilogue(v: f32) -> f32 {
 fn store_out(idx: u32, v: f32) {
     if (params.accumulate == 1u) {
         out[idx] = bitcast<u32>(bitcast<f32>(out[idx]) + v);
+    } else if (params.act != 0u) {
+        out[idx] = bitcast<u32>(activation_eval(params.act - 1u, v).x);
     } else {
-        out[idx] = bitcast<u32>(epilogue(v));
+        out[idx] = bitcast<u32>(v);
     }
 }
 
@@ -478,16 +480,14 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let col = tile.z + micro_col(lid, q % 2u);
         let v = params.alpha * acc_at(acc, q) + select(bias_lo, bias_hi, q % 2u == 1u);
         if (row < params.m) {
-            if (DT_OUT != DT_F32) {
-                if (col < params.n) {
-                    store_pairs(base + row * params.n + col, v, params.n - col);
+            if (DT_OUT == DT_F32) {
+                for (var c = 0u; c < 4u; c = c + 1u) {
+                    if (col + c < params.n) {
+                        store_out(base + row * params.n + col + c, v[c]);
+                    }
                 }
-                continue;
-            }
-            for (var c = 0u; c < 4u; c = c + 1u) {
-                if (col + c < params.n) {
-                    store_out(base + row * params.n + col + c, v[c]);
-                }
+            } else if (col < params.n) {
+                store_pairs(base + row * params.n + col, v, params.n - col);
             }
         }
     }
