@@ -466,8 +466,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Size class of a pooled buffer: a multiple of 256 bytes below 4 KiB, else rounded up to
-/// one eighth of the next power of two (at most 12.5% slack).
+/// Size class of a pooled buffer: a multiple of 256 bytes below 4 KiB, else rounded up to a
+/// multiple of one eighth of the next power of two (slack below a quarter of the size: just
+/// above a power of two P the step is P/4, so 1,025 MiB takes 1,280).
 pub(crate) fn size_class(bytes: u64) -> u64 {
     let bytes = bytes.max(4);
     if bytes <= 4096 {
