@@ -17,9 +17,12 @@ if [ -x target/release/examples/check ]; then
   echo "check exit $?: $(tail -1 "$OUT/check.txt")"
 fi
 timeout "${BENCH_TIMEOUT:-300}" ./target/release/examples/bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | tail -60
-if [ -f .peers/peers.py ] && [ -n "${SECTIONS:-}" ]; then
+# Liger-Kernel (and any other wheel brought along) for the peer scripts below.
+if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
   export PYTHONPATH=/tmp/site
+fi
+if [ -f .peers/peers.py ] && [ -n "${SECTIONS:-}" ]; then
   timeout "${PEERS_TIMEOUT:-240}" python3 .peers/peers.py > "$OUT/peers.txt" 2>&1
   tail -40 "$OUT/peers.txt"
 fi
