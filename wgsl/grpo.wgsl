@@ -138,16 +138,19 @@ fn grpo_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let t = r % params.seq;
     let base = (b * params.positions + t) * params.vocab;
     let st = row_stats(base, lid);
-    if (lid != 0u) {
-        return;
-    }
-    // An id outside the vocabulary (only when the host check is off) counts as masked.
     let id = u32(ids[r]);
-    var logp = 0.0;
-    if (id < params.vocab) {
-        logp = z_at(base, id) - st.x - st.y;
+    if (lid == 0u && id < params.vocab) {
+        token_of_row(r, z_at(base, id), st);
+    } else if (lid == 0u) {
+        token_of_row(r, 0.0, st);
     }
-    token_terms(r, logp, id < params.vocab && counted(r), st);
+}
+
+// Token r's terms from its logit z[id] (0 for an id outside the vocabulary, which counts as
+// masked: only when the host check is off) and its row statistics `st`.
+fn token_of_row(r: u32, z_id: f32, st: vec2<f32>) {
+    let valid = u32(ids[r]) < params.vocab;
+    token_terms(r, select(0.0, z_id - st.x - st.y, valid), valid && counted(r), st);
 }
 
 // ---- Chunked entries (rows of whole 16-byte chunks) ----
@@ -211,15 +214,12 @@ fn grpo_rows_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let t = r % params.seq;
     let base4 = (b * params.positions + t) * (params.vocab / chunk_width());
     let st = row_stats4(base4, lid);
-    if (lid != 0u) {
-        return;
-    }
     let id = u32(ids[r]);
-    var logp = 0.0;
-    if (id < params.vocab) {
-        logp = z_at4(base4, id) - st.x - st.y;
+    if (lid == 0u && id < params.vocab) {
+        token_of_row(r, z_at4(base4, id), st);
+    } else if (lid == 0u) {
+        token_of_row(r, 0.0, st);
     }
-    token_terms(r, logp, id < params.vocab && counted(r), st);
 }
 
 // The gradient of four values z with the position's g, id and statistics (first column j).
@@ -239,22 +239,12 @@ fn grpo_backward_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     if (p >= params.batch * params.positions) {
         return;
     }
-    let b = p / params.positions;
-    let t = p % params.positions;
     let n = params.vocab / chunk_width();
     let base4 = p * n;
-    var g = 0.0;
-    var id = 0u;
-    var st = vec2<f32>(0.0);
-    if (t < params.seq) {
-        let r = b * params.seq + t;
-        let s0 = stats[2u * r];
-        st = s0.xy;
-        id = u32(ids[r]);
-        if (stats[2u * r + 1u].w != 0.0) {
-            g = d_loss[0] * weights[r] * s0.w / params.temperature;
-        }
-    }
+    let pt = position_terms(p);
+    let g = pt.g;
+    let id = pt.id;
+    let st = pt.st;
     for (var c = lid; c < n; c = c + WG) {
         let w = logits4[base4 + c];
         let j = c * chunk_width();
@@ -339,6 +329,30 @@ fn grpo_reduce(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
+// What the backward needs at logits position p: the factor g = d_loss · weight · d loss_t /
+// d logp / T (0 for masked tokens and the position past the completion), the token's id and
+// its row statistics.
+struct PositionTerms {
+    g: f32,
+    id: u32,
+    st: vec2<f32>,
+}
+
+fn position_terms(p: u32) -> PositionTerms {
+    var out = PositionTerms(0.0, 0u, vec2<f32>(0.0));
+    let t = p % params.positions;
+    if (t < params.seq) {
+        let r = (p / params.positions) * params.seq + t;
+        let s0 = stats[2u * r];
+        out.st = s0.xy;
+        out.id = u32(ids[r]);
+        if (stats[2u * r + 1u].w != 0.0) {
+            out.g = d_loss[0] * weights[r] * s0.w / params.temperature;
+        }
+    }
+    return out;
+}
+
 @compute @workgroup_size(WG)
 fn grpo_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
@@ -346,21 +360,11 @@ fn grpo_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (p >= params.batch * params.positions) {
         return;
     }
-    let b = p / params.positions;
-    let t = p % params.positions;
     let base = p * params.vocab;
-    var g = 0.0;
-    var id = 0u;
-    var st = vec2<f32>(0.0);
-    if (t < params.seq) {
-        let r = b * params.seq + t;
-        let s0 = stats[2u * r];
-        st = s0.xy;
-        id = u32(ids[r]);
-        if (stats[2u * r + 1u].w != 0.0) {
-            g = d_loss[0] * weights[r] * s0.w / params.temperature;
-        }
-    }
+    let pt = position_terms(p);
+    let g = pt.g;
+    let id = pt.id;
+    let st = pt.st;
     for (var j = lid; j < params.vocab; j = j + WG) {
         var v = 0.0;
         if (g != 0.0) {

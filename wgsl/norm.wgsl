@@ -308,6 +308,14 @@ fn backward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
+// Rows [first, last) of block `block` of the column passes (blocks of BLOCK_ROWS rows within
+// each modulation batch).
+fn block_rows(block: u32) -> vec2<u32> {
+    let batch = block / params.blocks_per_batch;
+    let first = batch * params.rows_per_batch + (block % params.blocks_per_batch) * BLOCK_ROWS;
+    return vec2<u32>(first, min(first + BLOCK_ROWS, (batch + 1u) * params.rows_per_batch));
+}
+
 @compute @workgroup_size(WG)
 fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
@@ -319,8 +327,9 @@ fn backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let block = t / cols;
     let c = t % cols;
     let batch = block / params.blocks_per_batch;
-    let first = batch * params.rows_per_batch + (block % params.blocks_per_batch) * BLOCK_ROWS;
-    let last = min(first + BLOCK_ROWS, (batch + 1u) * params.rows_per_batch);
+    let span = block_rows(block);
+    let first = span.x;
+    let last = span.y;
     let wf = weight_factor(c);
     var sc = 1.0;
     if (KIND == KIND_MOD) {
@@ -389,8 +398,7 @@ fn backward_column_pairs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     let block = t / half;
     let c = 2u * (t % half);
     let batch = block / params.blocks_per_batch;
-    let first = batch * params.rows_per_batch + (block % params.blocks_per_batch) * BLOCK_ROWS;
-    let last = min(first + BLOCK_ROWS, (batch + 1u) * params.rows_per_batch);
+    let span = block_rows(block);
     let wf = vec2<f32>(weight_factor(c), weight_factor(c + 1u));
     var sc = vec2<f32>(1.0);
     if (KIND == KIND_MOD) {
@@ -400,7 +408,7 @@ fn backward_column_pairs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     var pw = vec2<f32>();
     var pb = vec2<f32>();
     var ps = vec2<f32>();
-    for (var r = first; r < last; r = r + 1u) {
+    for (var r = span.x; r < span.y; r = r + 1u) {
         let i = r * cols + c;
         let inv = rowinfo[ROWINFO * r];
         let mean = rowinfo[ROWINFO * r + 1u];
