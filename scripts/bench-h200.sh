@@ -6,7 +6,8 @@
 #   target/release/examples/check      the gradient-check report, run first)
 #   .whl/*.whl, .peers/peers.py        optional: Liger-Kernel wheel and the peer script
 # Writes bench.json, bench.txt, peers.jsonl, peers.txt into $OUT (default ./out).
-# LOSS_PEERS=1 also runs scripts/peer_losses_liger.py (Liger's GRPO, fused-linear GRPO, DPO).
+# LOSS_PEERS=1 also runs scripts/peer_losses_liger.py (Liger's GRPO, fused-linear GRPO, DPO),
+# GEGLU_PEERS=1 scripts/peer_geglu_liger.py (Liger's and PyTorch's GeGLU).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; export OUT
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -28,6 +29,9 @@ if [ -f .peers/peers.py ] && [ -n "${SECTIONS:-}" ]; then
 fi
 if [ -n "${LOSS_PEERS:-}" ]; then
   timeout "${LOSS_PEERS_TIMEOUT:-240}" python3 scripts/peer_losses_liger.py 2>&1 | tee "$OUT/peers_losses.txt" | tail -12
+fi
+if [ -n "${GEGLU_PEERS:-}" ]; then
+  timeout "${GEGLU_PEERS_TIMEOUT:-200}" python3 scripts/peer_geglu_liger.py 2>&1 | tee "$OUT/peers_geglu.txt" | tail -6
 fi
 if [ -n "${TORCH_GDN:-}" ]; then
   timeout "${TORCH_GDN_TIMEOUT:-200}" python3 scripts/peer_gated_delta_torch.py 2>&1 | tee "$OUT/peers_gdn_torch.txt" | tail -8
