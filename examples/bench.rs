@@ -1155,7 +1155,7 @@ fn ramp(engine: &Engine, shape: &[usize], scale: f32, dtype: DType) -> Result<Te
 /// The GRPO token loss forward + backward (old and reference log-probabilities, β 0.04, a
 /// mask, DAPO normalization) on logits `[8, 1025, 32768]` (`--quick`: `[2, 17, 512]`) in F32
 /// and BF16, with the peak memory; the shape column is the logits'. Then the same loss on a
-/// fused head (`fused_linear_grpo_fwd_bwd`, FLOPs of four head products to stderr).
+/// fused head (`fused_linear_grpo_fwd_bwd`, FLOPs of its three head products to stderr).
 fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     use wgrad::grpo::{
         GrpoInputs, GrpoOptions, GrpoTokens, fused_linear_grpo_loss,
@@ -1232,7 +1232,8 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         let adv: Vec<f32> = (0..b).map(|i| i as f32 / b as f32 - 0.5).collect();
         let adv = Tensor::from_slice(engine, &adv, &[b])?;
         let logp = Tensor::from_slice(engine, &vec![-11.0f32; b * l], &[b, l])?;
-        let flops = 8.0 * (b * l) as f64 * h as f64 * v as f64;
+        // Three head products (logits, dx, dW), all in the forward.
+        let flops = 6.0 * (b * l) as f64 * h as f64 * v as f64;
         eprintln!(
             "  fused_linear_grpo {label} rows {} H{h} V{v}: {flops:.3e} FLOP per run",
             b * l

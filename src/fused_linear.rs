@@ -745,6 +745,61 @@ pub fn fused_linear_cross_entropy(
     targets: &Tensor,
     options: &FusedLinearCrossEntropyOptions,
 ) -> Result<(CrossEntropyOutput, FusedLinearCrossEntropySaved)> {
+    cross_entropy_forward(head, targets, options, None)
+}
+
+impl FusedLinearCrossEntropySaved {
+    /// The engine of the head.
+    pub(crate) fn engine(&self) -> &Engine {
+        self.rows_matrix.engine()
+    }
+}
+
+/// Per-row cotangents that a caller forms between each chunk's row statistics and its
+/// gradient (`fused_linear_cross_entropy_rows`).
+pub(crate) struct RowCotangents<'a> {
+    /// F32, one value per row of the batch: rows `r0..r0 + rows` hold the chunk's after
+    /// `fill(r0, rows, rows_matrix)` (the head's per-row matrix `[rows, 8]`, the chunk's rows
+    /// written, column 0 the row's cross-entropy).
+    pub cotangent: &'a Tensor,
+    pub fill: &'a mut dyn FnMut(usize, usize, &Tensor) -> Result<()>,
+}
+
+/// [`fused_linear_cross_entropy`] with reduction none whose gradients are computed in the
+/// forward for per-row cotangents formed chunk by chunk (`rows`): each chunk's logit gradient
+/// takes its rows' cotangents right after its statistics, so the head's products run once
+/// (three per chunk). The backward is [`scaled_gradients`].
+pub(crate) fn fused_linear_cross_entropy_rows(
+    head: LinearHead,
+    targets: &Tensor,
+    options: &FusedLinearCrossEntropyOptions,
+    rows: RowCotangents<'_>,
+) -> Result<(CrossEntropyOutput, FusedLinearCrossEntropySaved)> {
+    cross_entropy_forward(head, targets, options, Some(rows))
+}
+
+/// The gradients a forward of [`fused_linear_cross_entropy_rows`] computed, times the scalar
+/// cotangent `d` (`[1]` F32).
+pub(crate) fn scaled_gradients(
+    saved: &FusedLinearCrossEntropySaved,
+    d: &Tensor,
+) -> Result<FusedLinearGradients> {
+    match &saved.gradients {
+        Some(g) => scaled(g, Some(d)),
+        None => Err(Error::InvalidValue {
+            what: "fused linear head: gradients of the forward".into(),
+            got: 0.0,
+            rule: "the forward computed none".into(),
+        }),
+    }
+}
+
+fn cross_entropy_forward(
+    head: LinearHead,
+    targets: &Tensor,
+    options: &FusedLinearCrossEntropyOptions,
+    mut rows_cotangent: Option<RowCotangents<'_>>,
+) -> Result<(CrossEntropyOutput, FusedLinearCrossEntropySaved)> {
     const WHAT: &str = "fused_linear_cross_entropy";
     let engine = head.input.engine();
     let h = check_head(WHAT, engine, &head)?;
@@ -776,7 +831,8 @@ pub fn fused_linear_cross_entropy(
     }
     let h = h.tempered(t)?;
     let cap = ce.softcap.unwrap_or(0.0);
-    let eager = options.gradients_in_forward && ce.reduction != Reduction::None;
+    let per_row = rows_cotangent.is_some() && ce.reduction == Reduction::None;
+    let eager = (options.gradients_in_forward && ce.reduction != Reduction::None) || per_row;
     let mat = Tensor::empty(engine, &[h.rows, 8], DType::F32, "fused_linear rows")?;
     let predicted = Tensor::empty(engine, h.lead(), DType::I32, "fused_linear predicted")?;
     let entropy = if options.return_entropy {
@@ -809,8 +865,15 @@ pub fn fused_linear_cross_entropy(
             entropy_rows(&logits, &mat, entropy, r0, cap)?;
         }
         if let Some(acc) = acc.as_mut() {
+            let cot = match rows_cotangent.as_mut().filter(|_| per_row) {
+                Some(c) => {
+                    (c.fill)(r0, rows, &mat)?;
+                    c.cotangent
+                }
+                None => &unit,
+            };
             let dlogits =
-                loss::ce_grad_block(&logits, targets, &settings, r0, &mat, &scales, &unit, false)?;
+                loss::ce_grad_block(&logits, targets, &settings, r0, &mat, &scales, cot, per_row)?;
             drop(logits);
             acc.add_chunk(&h, r0, &dlogits)?;
         }

@@ -47,11 +47,16 @@
 //!
 //! [`fused_linear_grpo_loss`] takes the hidden states `x [B, L, H]` and the head `W [V, H]`
 //! (and bias) instead of the logits: the per-token log-probabilities come from
-//! [`crate::fused_linear::fused_linear_cross_entropy`] (reduction none, the temperature, rows
-//! in chunks), so `[B·L, V]` logits never exist; the token terms and the loss are the same
-//! kernels' (the log-probability read from `−ce`), and [`fused_linear_grpo_loss_backward`]
-//! turns the token weights into a cotangent per token that the head's backward takes to
-//! `dx`, `dW`, `dbias` (F32; the head's chunks recomputed).
+//! the head's cross-entropy (reduction none, the temperature, rows in chunks), so `[B·L, V]`
+//! logits never exist; the token terms and the loss are the same kernels' (the
+//! log-probability read from `−ce`). The gradients are formed in the forward, three head
+//! products a chunk: a token's weight in the loss depends on the mask alone, and
+//! `d loss_t / d logp` on its own log-probability, so the cotangent of each token's
+//! cross-entropy (`−weight · d loss_t / d logp` for a unit `d_loss`) exists as soon as its
+//! chunk's statistics do, and the chunk's logit gradient takes it at once into `dx`, `dW`,
+//! `dbias` (F32, accumulated over chunks in order). [`fused_linear_grpo_loss_backward`]
+//! multiplies them by `d_loss`. The saved context holds those gradients (`dW` is `4·V·H`
+//! bytes) between the two calls.
 //!
 //! # Out-of-range ids
 //!
@@ -210,6 +215,8 @@ struct Params {
     has_mask: u32,
     loss_type: u32,
     max_len: u32,
+    row0: u32,
+    row_count: u32,
 }
 
 fn invalid(what: &str, got: f64, rule: &str) -> Error {
@@ -330,6 +337,8 @@ fn plan(
         has_mask: u32::from(tokens.mask.is_some()),
         loss_type,
         max_len: u(max_len, "max_completion_length")?,
+        row0: 0,
+        row_count: 0,
     })
 }
 
@@ -399,15 +408,7 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
     let rows = batch * seq;
     let constants = vec![("DT", f64::from(logits.dtype().code()))];
     let stats = Tensor::empty(engine, &[rows.max(1), 8], DType::F32, "grpo stats")?;
-    let advantages = inputs.advantages.buffer();
-    let per_token = [
-        inputs.completion_ids.buffer(),
-        advantages,
-        inputs.old_logp.map_or(advantages, |t| t.buffer()),
-        inputs.ref_logp.map_or(advantages, |t| t.buffer()),
-        inputs.mask.map_or(advantages, |t| t.buffer()),
-        stats.buffer(),
-    ];
+    let per_token = token_buffers(&tokens, &stats);
     if chunked(logits.dtype(), vocab) {
         let mut buffers = per_token.to_vec();
         buffers.push(logits.buffer());
@@ -442,14 +443,11 @@ pub fn grpo_loss(inputs: &GrpoInputs, options: &GrpoOptions) -> Result<(GrpoOutp
     Ok((output, saved))
 }
 
-/// What [`fused_linear_grpo_loss_backward`] needs: the head's saved context, the token
-/// statistics and weights.
+/// What [`fused_linear_grpo_loss_backward`] needs: the head's saved context with the
+/// gradients its forward computed for a unit cotangent.
 #[derive(Debug, Clone)]
 pub struct FusedGrpoSaved {
     head: FusedLinearCrossEntropySaved,
-    stats: Tensor,
-    weights: Tensor,
-    params: Params,
 }
 
 /// The GRPO token loss on a fused linear head: `x [B, L, H]` (the hidden states of the
@@ -457,7 +455,9 @@ pub struct FusedGrpoSaved {
 /// `(x·Wᵀ + b)/T` never exist as `[B·L, V]`: the per-token log-probabilities come from
 /// [`fused_linear::fused_linear_cross_entropy`] with reduction none and the temperature
 /// (chunked by `chunking`), then the same token terms and normalization as [`grpo_loss`].
-/// Outputs as [`grpo_loss`].
+/// Outputs as [`grpo_loss`]. The head's gradients are computed here too (three products a
+/// chunk; see the module documentation), so the forward costs what a forward and backward
+/// cost, and the saved context holds `dx`, `dW`, `dbias` (F32) until the backward.
 ///
 /// Errors: those of [`grpo_loss`] for the tokens and options; `x` not of rank 3 `[B, L, H]`
 /// with ids `[B, L]` (`ShapeMismatch`); those of the fused head.
@@ -492,70 +492,78 @@ pub fn fused_linear_grpo_loss(
         temperature: options.temperature as f32,
         ..FusedLinearCrossEntropyOptions::default()
     };
-    let (ce, head_saved) =
-        fused_linear::fused_linear_cross_entropy(head, tokens.completion_ids, &head_options)?;
     let rows = batch * seq;
     let stats = Tensor::empty(engine, &[rows.max(1), 8], DType::F32, "grpo stats")?;
-    let advantages = tokens.advantages.buffer();
+    let per_token = token_buffers(tokens, &stats);
+    // The weights depend on the counted flags alone: they exist before the head runs.
     engine.launch(
         &KERNEL,
-        "grpo_from_logp",
+        "grpo_counted",
         &vec![("DT", 0.0)],
         &params,
-        &[
-            tokens.completion_ids.buffer(),
-            advantages,
-            tokens.old_logp.map_or(advantages, |t| t.buffer()),
-            tokens.ref_logp.map_or(advantages, |t| t.buffer()),
-            tokens.mask.map_or(advantages, |t| t.buffer()),
-            stats.buffer(),
-            ce.loss.buffer(),
-        ],
+        &[per_token[0], per_token[4], stats.buffer()],
         (rows as u64).div_ceil(256),
     )?;
-    let (output, weights) = reduce(&stats, &params)?;
-    let saved = FusedGrpoSaved {
-        head: head_saved,
-        stats,
-        weights,
-        params,
+    let (_, weights) = reduce(&stats, &params)?;
+    let cotangent = Tensor::empty(engine, &[rows.max(1)], DType::F32, "grpo head cotangent")?;
+    let mut fill = |r0: usize, count: usize, head_rows: &Tensor| -> Result<()> {
+        let chunk = Params {
+            row0: r0 as u32,
+            row_count: count as u32,
+            ..params
+        };
+        let mut buffers = per_token.to_vec();
+        buffers.extend([weights.buffer(), head_rows.buffer(), cotangent.buffer()]);
+        engine.launch(
+            &KERNEL,
+            "grpo_chunk",
+            &vec![("DT", 0.0)],
+            &chunk,
+            &buffers,
+            (count as u64).div_ceil(256),
+        )
     };
+    let (_, head_saved) = fused_linear::fused_linear_cross_entropy_rows(
+        head,
+        tokens.completion_ids,
+        &head_options,
+        fused_linear::RowCotangents {
+            cotangent: &cotangent,
+            fill: &mut fill,
+        },
+    )?;
+    let (output, _) = reduce(&stats, &params)?;
+    let saved = FusedGrpoSaved { head: head_saved };
     Ok((output, saved))
 }
 
 /// Backward of [`fused_linear_grpo_loss`]: `dx`, `dW`, `dbias` (F32) from the loss cotangent
-/// `d_loss` (`[1]` F32; `None`: 1), through the head's backward (chunks recomputed).
+/// `d_loss` (`[1]` F32; `None`: 1): the gradients the forward computed for a unit cotangent,
+/// times `d_loss` (bit for bit those gradients for `None`).
 ///
-/// Errors: `d_loss` not F32 `[1]` or of another engine; those of
-/// [`fused_linear::fused_linear_cross_entropy_backward`].
+/// Errors: `d_loss` not F32 `[1]` or of another engine.
 pub fn fused_linear_grpo_loss_backward(
     saved: &FusedGrpoSaved,
     d_loss: Option<&Tensor>,
 ) -> Result<FusedLinearGradients> {
-    let engine = saved.stats.engine();
+    let engine = saved.head.engine();
     let d_loss =
         Tensor::scalar_cotangent(engine, d_loss, "fused_linear_grpo_loss_backward: d_loss")?;
-    let p = &saved.params;
-    let cotangent = Tensor::empty(
-        engine,
-        &[p.batch as usize, p.seq as usize],
-        DType::F32,
-        "grpo head cotangent",
-    )?;
-    engine.launch(
-        &KERNEL,
-        "grpo_cotangent",
-        &vec![("DT", 0.0)],
-        p,
-        &[
-            saved.stats.buffer(),
-            saved.weights.buffer(),
-            d_loss.buffer(),
-            cotangent.buffer(),
-        ],
-        (u64::from(p.rows)).div_ceil(256),
-    )?;
-    fused_linear::fused_linear_cross_entropy_backward(&saved.head, Some(&cotangent))
+    fused_linear::scaled_gradients(&saved.head, &d_loss)
+}
+
+/// The per-token bindings of the token passes, in binding order: ids, advantages, old and
+/// reference log-probabilities, mask (absent ones bound to the advantages), statistics.
+fn token_buffers<'a>(tokens: &GrpoTokens<'a>, stats: &'a Tensor) -> [&'a wgpu::Buffer; 6] {
+    let advantages = tokens.advantages.buffer();
+    [
+        tokens.completion_ids.buffer(),
+        advantages,
+        tokens.old_logp.map_or(advantages, |t| t.buffer()),
+        tokens.ref_logp.map_or(advantages, |t| t.buffer()),
+        tokens.mask.map_or(advantages, |t| t.buffer()),
+        stats.buffer(),
+    ]
 }
 
 /// Whether rows of `vocab` logits of `dtype` are whole 16-byte chunks (the chunked entries).

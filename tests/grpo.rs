@@ -412,7 +412,14 @@ fn empty_batches_and_completions() {
         let logits = Tensor::zeros(e, &[batch, seq + 1, 8], DType::F32).unwrap();
         let ids = Tensor::zeros(e, &[batch, seq], DType::I32).unwrap();
         let adv = Tensor::zeros(e, &[batch], DType::F32).unwrap();
-        for loss_type in [GrpoLossType::Grpo, GrpoLossType::Dapo] {
+        let loss_types = [
+            GrpoLossType::Grpo,
+            GrpoLossType::Dapo,
+            GrpoLossType::DrGrpo {
+                max_completion_length: 8,
+            },
+        ];
+        for loss_type in loss_types {
             let o = GrpoOptions {
                 loss_type,
                 ..GrpoOptions::default()
@@ -645,7 +652,8 @@ fn fused_linear_head_matches_the_reference() {
             let want_grads = linear_backward(&x, &w, &dlogits, b * l, h, v);
             let (dx, dw, db) = (want_grads.input, want_grads.weight, want_grads.bias);
             let tol = Tolerance::for_dtype(DType::F32);
-            for chunk in [Some(1), None] {
+            // Chunks of 1 and 3 rows (the last one shorter) and all rows.
+            for chunk in [Some(1), Some(3), None] {
                 let chunking = Chunking {
                     chunk_rows: chunk,
                     memory_budget: None,
@@ -670,6 +678,31 @@ fn fused_linear_head_matches_the_reference() {
                         fused_linear_grpo_loss(head, &gpu_tokens, &o, chunking).unwrap();
                     let g2 = fused_linear_grpo_loss_backward(&again, None).unwrap();
                     assert_eq!(f32_bits(&g.weight), f32_bits(&g2.weight), "{what} rerun");
+                    // The forward's gradients times an explicit cotangent; a second backward
+                    // of the same context gives the same bits.
+                    let d = Tensor::from_slice(e, &[-2.5f32], &[1]).unwrap();
+                    let scaled = fused_linear_grpo_loss_backward(&again, Some(&d)).unwrap();
+                    let times = |t: &Tensor| -> Vec<f64> {
+                        t.to_f64().unwrap().iter().map(|v| -2.5 * v).collect()
+                    };
+                    assert_close(
+                        &format!("{what} dx, d_loss -2.5"),
+                        &scaled.input.to_f64().unwrap(),
+                        &times(&g.input),
+                        tol,
+                    );
+                    assert_close(
+                        &format!("{what} dW, d_loss -2.5"),
+                        &scaled.weight.to_f64().unwrap(),
+                        &times(&g.weight),
+                        tol,
+                    );
+                    let g3 = fused_linear_grpo_loss_backward(&again, None).unwrap();
+                    assert_eq!(
+                        f32_bits(&g2.input),
+                        f32_bits(&g3.input),
+                        "{what} backward twice"
+                    );
                 }
             }
         }

@@ -15,9 +15,13 @@
 //                  with g = d_loss · weight · d loss_t / d logp (0 for masked tokens and for
 //                  the position past the completion when logits carry L + 1 positions).
 //
-// On a fused linear head (`fused_linear_grpo_loss`) the head's per-token cross-entropies give
-// logp = −ce (grpo_from_logp replaces grpo_rows), and grpo_cotangent turns the weights into
-// the cotangent of those cross-entropies for the head's backward (replacing grpo_backward).
+// On a fused linear head (`fused_linear_grpo_loss`) the gradient is formed in the forward:
+// grpo_counted flags the counted tokens and grpo_reduce turns the flags into the weights
+// first (they depend on nothing else); then, per chunk of the head, after the chunk's row
+// statistics, grpo_chunk takes logp = −ce of each token (replacing grpo_rows) and writes the
+// cotangent of its cross-entropy, −weight · d loss_t / d logp, which the chunk's gradient
+// uses at once (no grpo_backward; the backward scales the gradients by d_loss); grpo_reduce
+// then forms the loss.
 //
 // Logits are F32, F16 or BF16 (DT; 16-bit as two halves a word), read element by element;
 // rows of whole 16-byte chunks (V a multiple of 4 for F32, of 8 for 16-bit) take the chunked
@@ -42,6 +46,8 @@ struct Params {
     has_mask: u32,
     loss_type: u32,   // 0 GRPO (per-sequence mean), 1 BNPO / DAPO (token mean), 2 Dr. GRPO
     max_len: u32,     // Dr. GRPO's normalizer B·max_len
+    row0: u32,        // grpo_chunk: first token of the head's chunk
+    row_count: u32,   // grpo_chunk: tokens of the chunk
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -60,8 +66,9 @@ struct Params {
 @group(0) @binding(12) var<storage, read_write> clipped_out: array<u32>;
 @group(0) @binding(13) var<storage, read> d_loss: array<f32>;
 @group(0) @binding(14) var<storage, read_write> d_logits: array<f32>;
-// Fused head: its per-token cross-entropies (−logp) and the cotangent taken back through it.
-@group(0) @binding(15) var<storage, read> head_ce: array<f32>;
+// Fused head: its per-row matrix (8 values a token, the cross-entropy −logp first) and the
+// cotangent of each token's cross-entropy.
+@group(0) @binding(15) var<storage, read> head_rows: array<f32>;
 @group(0) @binding(16) var<storage, read_write> head_cotangent: array<f32>;
 
 // z_j of the logits row starting at element `base`.
@@ -263,17 +270,39 @@ fn grpo_backward_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// The fused-head variant: logp = −ce from the head's per-token cross-entropies, one token an
-// invocation (no logits here; the row statistics are stored as 0).
+// The fused head, before it: every token's counted flag (stats[2r + 1].w; the rest 0), so
+// that grpo_reduce gives the weights, which depend on the flags alone.
 @compute @workgroup_size(WG)
-fn grpo_from_logp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
+fn grpo_counted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
     let r = group_index(wid, nwg) * WG + lid;
     if (r >= params.rows) {
         return;
     }
     let valid = u32(ids[r]) < params.vocab && counted(r);
-    token_terms(r, select(0.0, -head_ce[r], valid), valid, vec2<f32>(0.0));
+    stats[2u * r] = vec4<f32>(0.0);
+    stats[2u * r + 1u] = vec4<f32>(0.0, 0.0, 0.0, select(0.0, 1.0, valid));
+}
+
+// The fused head, one chunk of tokens row0..row0 + row_count after its row statistics: each
+// token's terms from logp = −ce (column 0 of the head's per-row matrix) and the cotangent of
+// its cross-entropy for a unit d_loss, −weight · d loss_t / d logp (0 when not counted), which
+// the head's chunk gradient takes at once.
+@compute @workgroup_size(WG)
+fn grpo_chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.row_count) {
+        return;
+    }
+    let r = params.row0 + i;
+    let valid = u32(ids[r]) < params.vocab && counted(r);
+    token_terms(r, select(0.0, -head_rows[8u * r], valid), valid, vec2<f32>(0.0));
+    var g = 0.0;
+    if (valid) {
+        g = -weights[r] * stats[2u * r].w;
+    }
+    head_cotangent[r] = g;
 }
 
 // Σ over tokens first..first + count of component `c` (0: loss_t, 1: counted) in a fixed order.
@@ -375,17 +404,3 @@ fn grpo_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-// The fused head's cotangent on each token's cross-entropy: −d_loss · weight · d loss_t / d logp.
-@compute @workgroup_size(WG)
-fn grpo_cotangent(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-    let r = group_index(wid, nwg) * WG + lid;
-    if (r >= params.rows) {
-        return;
-    }
-    var g = 0.0;
-    if (stats[2u * r + 1u].w != 0.0) {
-        g = -d_loss[0] * weights[r] * stats[2u * r].w;
-    }
-    head_cotangent[r] = g;
-}
