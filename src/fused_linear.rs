@@ -831,7 +831,14 @@ fn cross_entropy_forward(
     }
     let h = h.tempered(t)?;
     let cap = ce.softcap.unwrap_or(0.0);
-    let per_row = rows_cotangent.is_some() && ce.reduction == Reduction::None;
+    let per_row = rows_cotangent.is_some();
+    if per_row && ce.reduction != Reduction::None {
+        return Err(Error::InvalidValue {
+            what: format!("{WHAT}: per-row cotangents"),
+            got: 1.0,
+            rule: "need reduction none".into(),
+        });
+    }
     let eager = (options.gradients_in_forward && ce.reduction != Reduction::None) || per_row;
     let mat = Tensor::empty(engine, &[h.rows, 8], DType::F32, "fused_linear rows")?;
     let predicted = Tensor::empty(engine, h.lead(), DType::I32, "fused_linear predicted")?;
@@ -865,7 +872,7 @@ fn cross_entropy_forward(
             entropy_rows(&logits, &mat, entropy, r0, cap)?;
         }
         if let Some(acc) = acc.as_mut() {
-            let cot = match rows_cotangent.as_mut().filter(|_| per_row) {
+            let cot = match rows_cotangent.as_mut() {
                 Some(c) => {
                     (c.fill)(r0, rows, &mat)?;
                     c.cotangent

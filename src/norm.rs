@@ -1188,17 +1188,18 @@ pub fn norm_backward_as(
         ],
         rows as u64,
     )?;
-    let columns = [
+    // Binding order: the inputs and row constants, then dx and the partials (`dxw`, the
+    // pairs' dx, comes after the partials).
+    let mut columns = vec![
         x.buffer(),
         aux.unwrap_or(x).buffer(),
         weight.unwrap_or(x).buffer(),
         output_gradient.buffer(),
         residual_output_gradient.unwrap_or(x).buffer(),
         rowinfo.buffer(),
-        partials.buffer(),
-        dx.buffer(),
     ];
     if pairs {
+        columns.extend([partials.buffer(), dx.buffer()]);
         let mut constants = constants.clone();
         constants.push(("DDX", f64::from(dtype.code())));
         let params = Params {
@@ -1214,13 +1215,13 @@ pub fn norm_backward_as(
             (stride as u64 / 2).div_ceil(WG),
         )?;
     } else {
-        let [x, aux, w, dy, dres, rowinfo, partials, dx] = columns;
+        columns.extend([dx.buffer(), partials.buffer()]);
         engine.launch(
             &KERNEL,
             "backward_columns",
             &constants,
             &params,
-            &[x, aux, w, dy, dres, rowinfo, dx, partials],
+            &columns,
             (stride as u64).div_ceil(WG),
         )?;
     }

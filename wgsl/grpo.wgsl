@@ -145,16 +145,18 @@ fn grpo_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let t = r % params.seq;
     let base = (b * params.positions + t) * params.vocab;
     let st = row_stats(base, lid);
-    let id = u32(ids[r]);
-    if (lid == 0u && id < params.vocab) {
-        token_of_row(r, z_at(base, id), st);
-    } else if (lid == 0u) {
-        token_of_row(r, 0.0, st);
+    if (lid == 0u) {
+        let id = u32(ids[r]);
+        var z = 0.0;
+        if (id < params.vocab) {
+            z = z_at(base, id);
+        }
+        token_of_row(r, z, st);
     }
 }
 
-// Token r's terms from its logit z[id] (0 for an id outside the vocabulary, which counts as
-// masked: only when the host check is off) and its row statistics `st`.
+// Token r's terms from its logit z[id] (unused for an id outside the vocabulary, which counts
+// as masked: only when the host check is off) and its row statistics `st`.
 fn token_of_row(r: u32, z_id: f32, st: vec2<f32>) {
     let valid = u32(ids[r]) < params.vocab;
     token_terms(r, select(0.0, z_id - st.x - st.y, valid), valid && counted(r), st);
@@ -164,30 +166,20 @@ fn token_of_row(r: u32, z_id: f32, st: vec2<f32>) {
 @group(0) @binding(17) var<storage, read> logits4: array<vec4<u32>>;
 @group(0) @binding(18) var<storage, read_write> d_logits4: array<vec4<u32>>;
 
-// Values a chunk: 4 (F32) or 8 (16-bit).
-fn chunk_width() -> u32 {
-    if (DT == DT_F32) {
-        return 4u;
-    }
-    return 8u;
+// z of a chunk's values 0..3 and (16-bit) 4..7 (`chunk_lo` / `chunk_hi` of common/dtype.wgsl
+// over T).
+fn z_lo(w: vec4<u32>) -> vec4<f32> {
+    return chunk_lo(w, DT) / params.temperature;
 }
 
-// z of a chunk's values 0..3 and (16-bit) 4..7.
-fn chunk_lo(w: vec4<u32>) -> vec4<f32> {
-    if (DT == DT_F32) {
-        return bitcast<vec4<f32>>(w) / params.temperature;
-    }
-    return vec4<f32>(widen2(w.x, DT), widen2(w.y, DT)) / params.temperature;
-}
-
-fn chunk_hi(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(widen2(w.z, DT), widen2(w.w, DT)) / params.temperature;
+fn z_hi(w: vec4<u32>) -> vec4<f32> {
+    return chunk_hi(w, DT) / params.temperature;
 }
 
 // z_j of the row starting at chunk `base4`.
 fn z_at4(base4: u32, j: u32) -> f32 {
-    let w = logits4[base4 + j / chunk_width()];
-    let k = j % chunk_width();
+    let w = logits4[base4 + j / chunk_width(DT)];
+    let k = j % chunk_width(DT);
     if (DT == DT_F32) {
         return bitcast<f32>(w[k]) / params.temperature;
     }
@@ -198,12 +190,12 @@ fn z_at4(base4: u32, j: u32) -> f32 {
 // values in order), merged in the same fixed-order tree.
 fn row_stats4(base4: u32, lid: u32) -> vec2<f32> {
     var st = vec2<f32>(pair_neg_inf(), 0.0);
-    let n = params.vocab / chunk_width();
+    let n = params.vocab / chunk_width(DT);
     for (var c = lid; c < n; c = c + WG) {
         let w = logits4[base4 + c];
-        st = online4(st, chunk_lo(w));
+        st = online4(st, z_lo(w));
         if (DT != DT_F32) {
-            st = online4(st, chunk_hi(w));
+            st = online4(st, z_hi(w));
         }
     }
     let total = workgroup_pairs8(st, lid, PAIR_SOFTMAX);
@@ -219,13 +211,15 @@ fn grpo_rows_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     let b = r / params.seq;
     let t = r % params.seq;
-    let base4 = (b * params.positions + t) * (params.vocab / chunk_width());
+    let base4 = (b * params.positions + t) * (params.vocab / chunk_width(DT));
     let st = row_stats4(base4, lid);
-    let id = u32(ids[r]);
-    if (lid == 0u && id < params.vocab) {
-        token_of_row(r, z_at4(base4, id), st);
-    } else if (lid == 0u) {
-        token_of_row(r, 0.0, st);
+    if (lid == 0u) {
+        let id = u32(ids[r]);
+        var z = 0.0;
+        if (id < params.vocab) {
+            z = z_at4(base4, id);
+        }
+        token_of_row(r, z, st);
     }
 }
 
@@ -246,7 +240,7 @@ fn grpo_backward_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     if (p >= params.batch * params.positions) {
         return;
     }
-    let n = params.vocab / chunk_width();
+    let n = params.vocab / chunk_width(DT);
     let base4 = p * n;
     let pt = position_terms(p);
     let g = pt.g;
@@ -254,13 +248,13 @@ fn grpo_backward_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     let st = pt.st;
     for (var c = lid; c < n; c = c + WG) {
         let w = logits4[base4 + c];
-        let j = c * chunk_width();
-        let lo = grad4(chunk_lo(w), g, j, id, st);
+        let j = c * chunk_width(DT);
+        let lo = grad4(z_lo(w), g, j, id, st);
         if (DT == DT_F32) {
             d_logits4[base4 + c] = bitcast<vec4<u32>>(lo);
             continue;
         }
-        let hi = grad4(chunk_hi(w), g, j + 4u, id, st);
+        let hi = grad4(z_hi(w), g, j + 4u, id, st);
         if (ODT != DT_F32) {
             d_logits4[base4 + c] = narrow8(lo, hi, ODT);
         } else {

@@ -182,3 +182,28 @@ fn narrow4(v: vec4<f32>, dt: u32) -> vec2<u32> {
     }
     return vec2<u32>(narrow2(v.xy, dt), narrow2(v.zw, dt));
 }
+
+// ---- 16-byte chunks: 4 F32 or 8 16-bit values in a vec4<u32> ----
+
+// Elements per vec4<u32> chunk of dtype `dt`.
+fn chunk_width(dt: u32) -> u32 {
+    if (dt == DT_F32) {
+        return 4u;
+    }
+    return 8u;
+}
+
+// Elements 0..4 of a chunk of dtype `dt`. 16-bit halves are widened with `widen2` (a shift
+// or mask for BF16, the hardware conversion for F16): every use feeds arithmetic or a
+// narrowing, so a NaN's unquieted payload never reaches an output as it is.
+fn chunk_lo(w: vec4<u32>, dt: u32) -> vec4<f32> {
+    if (dt == DT_F32) {
+        return bitcast<vec4<f32>>(w);
+    }
+    return vec4<f32>(widen2(w.x, dt), widen2(w.y, dt));
+}
+
+// Elements 4..8 of a 16-bit chunk.
+fn chunk_hi(w: vec4<u32>, dt: u32) -> vec4<f32> {
+    return vec4<f32>(widen2(w.z, dt), widen2(w.w, dt));
+}
