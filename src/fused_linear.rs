@@ -779,13 +779,13 @@ pub(crate) fn fused_linear_cross_entropy_rows(
 }
 
 /// The gradients a forward of [`fused_linear_cross_entropy_rows`] computed, times the scalar
-/// cotangent `d` (`[1]` F32).
+/// cotangent `d` (`[1]` F32; `None`: the saved tensors themselves, shared, no copy).
 pub(crate) fn scaled_gradients(
     saved: &FusedLinearCrossEntropySaved,
-    d: &Tensor,
+    d: Option<&Tensor>,
 ) -> Result<FusedLinearGradients> {
     match &saved.gradients {
-        Some(g) => scaled(g, Some(d)),
+        Some(g) => scaled(g, d),
         None => Err(Error::InvalidValue {
             what: "fused linear head: gradients of the forward".into(),
             got: 0.0,

@@ -539,7 +539,9 @@ pub fn fused_linear_grpo_loss(
 
 /// Backward of [`fused_linear_grpo_loss`]: `dx`, `dW`, `dbias` (F32) from the loss cotangent
 /// `d_loss` (`[1]` F32; `None`: 1): the gradients the forward computed for a unit cotangent,
-/// times `d_loss` (bit for bit those gradients for `None`).
+/// times `d_loss`. With `None` the saved gradients themselves are returned (tensors shared
+/// with the context, no copy and no new memory, as the fused cross-entropy's backward does);
+/// with a cotangent, fresh scaled tensors.
 ///
 /// Errors: `d_loss` not F32 `[1]` or of another engine.
 pub fn fused_linear_grpo_loss_backward(
@@ -547,9 +549,15 @@ pub fn fused_linear_grpo_loss_backward(
     d_loss: Option<&Tensor>,
 ) -> Result<FusedLinearGradients> {
     let engine = saved.head.engine();
-    let d_loss =
-        Tensor::scalar_cotangent(engine, d_loss, "fused_linear_grpo_loss_backward: d_loss")?;
-    fused_linear::scaled_gradients(&saved.head, &d_loss)
+    let d_loss = match d_loss {
+        Some(d) => Some(Tensor::scalar_cotangent(
+            engine,
+            Some(d),
+            "fused_linear_grpo_loss_backward: d_loss",
+        )?),
+        None => None,
+    };
+    fused_linear::scaled_gradients(&saved.head, d_loss.as_ref())
 }
 
 /// The per-token bindings of the token passes, in binding order: ids, advantages, old and

@@ -741,6 +741,7 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
             buffers.push(pre.buffer());
             "gemm_pre"
         }
+        None if narrow_out => "gemm_h",
         None => "gemm",
     };
     engine.launch(&KERNEL, entry, &constants, &params, &buffers, tiles)

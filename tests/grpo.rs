@@ -729,3 +729,48 @@ fn fused_linear_head_matches_the_reference() {
         Err(Error::ShapeMismatch { .. })
     ));
 }
+
+/// The unit-cotangent backward of the fused head returns the gradients its forward formed (the
+/// same buffers, no new memory); an explicit cotangent makes fresh scaled tensors.
+#[test]
+fn fused_linear_unit_backward_allocates_nothing() {
+    use wgrad::fused_linear::{Chunking, LinearHead};
+    use wgrad::grpo::{GrpoTokens, fused_linear_grpo_loss, fused_linear_grpo_loss_backward};
+    let e = common::private_engine();
+    let mut rng = Rng::new(90);
+    let (b, l, h, v) = (2usize, 3usize, 8usize, 16usize);
+    let x = tensor_from_f64(&e, &rng.vec(b * l * h, -1.0, 1.0), &[b, l, h], DType::F32);
+    let w = tensor_from_f64(&e, &rng.vec(v * h, -1.0, 1.0), &[v, h], DType::F32);
+    let ids = Tensor::from_slice(&e, &[1i32, 5, 7, 0, 15, 3], &[b, l]).unwrap();
+    let adv = Tensor::from_slice(&e, &[0.5f32, -1.0], &[b]).unwrap();
+    let head = LinearHead {
+        input: &x,
+        weight: &w,
+        bias: None,
+    };
+    let tokens = GrpoTokens {
+        completion_ids: &ids,
+        advantages: &adv,
+        old_logp: None,
+        ref_logp: None,
+        mask: None,
+    };
+    let (_, saved) =
+        fused_linear_grpo_loss(head, &tokens, &GrpoOptions::default(), Chunking::default())
+            .unwrap();
+    e.reset_peak();
+    let live = e.memory().live_bytes;
+    let g = fused_linear_grpo_loss_backward(&saved, None).unwrap();
+    assert_eq!(e.memory().peak_bytes, live, "unit backward allocated");
+    let d = Tensor::from_slice(&e, &[2.0f32], &[1]).unwrap();
+    let scaled = fused_linear_grpo_loss_backward(&saved, Some(&d)).unwrap();
+    assert!(
+        e.memory().peak_bytes > live,
+        "a scaled backward makes new tensors"
+    );
+    let twice: Vec<u32> = f32_bits(&g.weight)
+        .iter()
+        .map(|&u| (f32::from_bits(u) * 2.0).to_bits())
+        .collect();
+    assert_eq!(f32_bits(&scaled.weight), twice, "times 2 is exact");
+}

@@ -135,7 +135,7 @@ fn workgroup_size_overrides_are_evaluated() {
     let kernel = &wgrad::matmul::KERNEL;
     for (narrow, lanes) in [(0.0, 256), (1.0, 64)] {
         let constants = vec![("NARROW", narrow)];
-        for entry in ["gemm", "gemm_pre", "gemm_partial"] {
+        for entry in ["gemm", "gemm_h", "gemm_pre", "gemm_partial"] {
             let msl = strict_msl(kernel, entry, &constants).unwrap();
             check_strict(kernel, entry, &constants, &msl);
             assert_eq!(msl.workgroup_size, (lanes, 1, 1), "{entry} NARROW {narrow}");

@@ -73,7 +73,7 @@ fn workgroup_size_overrides_are_evaluated() {
     // The matmul tile entry points take their workgroup size from the NARROW override.
     let kernel = &wgrad::matmul::KERNEL;
     for (narrow, lanes) in [(0.0, 256), (1.0, 64)] {
-        for entry in ["gemm", "gemm_pre", "gemm_partial"] {
+        for entry in ["gemm", "gemm_h", "gemm_pre", "gemm_partial"] {
             let spirv = strict_spirv(kernel, entry, &vec![("NARROW", narrow)]).unwrap();
             assert_eq!(
                 spirv.workgroup_size,

@@ -480,15 +480,34 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let col = tile.z + micro_col(lid, q % 2u);
         let v = params.alpha * acc_at(acc, q) + select(bias_lo, bias_hi, q % 2u == 1u);
         if (row < params.m) {
-            if (DT_OUT == DT_F32) {
-                for (var c = 0u; c < 4u; c = c + 1u) {
-                    if (col + c < params.n) {
-                        store_out(base + row * params.n + col + c, v[c]);
-                    }
+            for (var c = 0u; c < 4u; c = c + 1u) {
+                if (col + c < params.n) {
+                    store_out(base + row * params.n + col + c, v[c]);
                 }
-            } else if (col < params.n) {
-                store_pairs(base + row * params.n + col, v, params.n - col);
             }
+        }
+    }
+}
+
+// As `gemm` for a 16-bit out (DT_OUT F16 / BF16): two columns a word. Its own entry point, so
+// the F32 store code of `gemm` is compiled alone.
+@compute @workgroup_size(LANES)
+fn gemm_h(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let tile = tile_of(group_index(wid, nwg));
+    if (tile.w == 0u) {
+        return;
+    }
+    let acc = product(lid, tile.x, tile.y, tile.z, 0u, params.k);
+    let bias_lo = bias4(tile.z + micro_col(lid, 0u));
+    let bias_hi = bias4(tile.z + micro_col(lid, 1u));
+    let base = params.off_c + tile.x * params.stride_c;
+    for (var q = 0u; q < 16u; q = q + 1u) {
+        let row = tile.y + micro_row(lid, q / 2u);
+        let col = tile.z + micro_col(lid, q % 2u);
+        let v = params.alpha * acc_at(acc, q) + select(bias_lo, bias_hi, q % 2u == 1u);
+        if (row < params.m && col < params.n) {
+            store_pairs(base + row * params.n + col, v, params.n - col);
         }
     }
 }
