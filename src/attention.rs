@@ -577,7 +577,8 @@ pub enum BackwardSchedule {
     Recompute,
     /// Stored by the dK/dV pass and read back by the dQ pass (five products): F32 tiles of
     /// 64 × 64 (16 KiB) for every tile of a slice of (batch, kv head) groups, as few slices as
-    /// `budget` bytes allow, evened out (the budget capped by what the engine's workspace
+    /// `budget` bytes allow (the scratch buffer as the engine allocates it, rounded up to its
+    /// pool's size class, within the budget), evened out (the budget capped by what the engine's workspace
     /// bound leaves and by one binding; at least one group must fit: `WorkspaceExceeded`
     /// otherwise; see
     /// [`stored_scores_bytes_per_group`]). Its dK/dV pass binds nine storage buffers
@@ -652,7 +653,15 @@ pub fn attention_backward_with(
             let room = budget
                 .min(engine.workspace_bound() - own)
                 .min(engine.max_binding_bytes());
-            let fit = room.checked_div(per_group).unwrap_or(u64::MAX);
+            // Groups whose tiles fit the room as the engine allocates them (its pool rounds a
+            // buffer up to a size class).
+            let mut fit = room
+                .checked_div(per_group)
+                .unwrap_or(u64::MAX)
+                .min(groups.max(1) as u64);
+            while fit > 0 && per_group > 0 && crate::engine::size_class(fit * per_group) > room {
+                fit -= 1;
+            }
             if fit == 0 {
                 return Err(Error::WorkspaceExceeded {
                     what: "attention_backward: score-gradient tiles of one (batch, kv head) group"
@@ -662,7 +671,7 @@ pub fn attention_backward_with(
                 });
             }
             // As few slices as fit, evened out (no short last slice).
-            let fit = fit.min(groups.max(1) as u64) as usize;
+            let fit = fit as usize;
             let slices = groups.div_ceil(fit).max(1);
             Some(groups.div_ceil(slices).max(1))
         }

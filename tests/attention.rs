@@ -1169,6 +1169,45 @@ fn stored_score_gradients_give_the_recompute_bits() {
         );
         drop(g);
     }
+    // The budget bounds the scratch as the engine's pool allocates it (rounded up to a size
+    // class): nine one-tile groups within nine tiles' bytes take two slices of five, since one
+    // buffer of nine tiles (144 KiB) would be rounded up to 160 KiB.
+    {
+        let (b9, len, d9) = (9usize, 40usize, 8usize);
+        let up = |seed: u64| {
+            let mut rng = Rng::new(seed);
+            common::tensor_from_f64(
+                &e,
+                &rng.vec(b9 * len * d9, -1.0, 1.0),
+                &[b9, 1, len, d9],
+                DType::F32,
+            )
+        };
+        let (q, k, v, go) = (up(1), up(2), up(3), up(4));
+        let (_, saved) = attention_forward(&q, &k, &v, &AttentionOptions::default()).unwrap();
+        let tile = stored_scores_bytes_per_group(1, 1, len, len);
+        assert_eq!(tile, 16384);
+        e.synchronize().unwrap();
+        let before = e.memory().live_bytes;
+        e.reset_peak();
+        let budget = 9 * tile;
+        let g = attention_backward_with(
+            &saved,
+            &go,
+            DType::F32,
+            BackwardSchedule::StoredScores { budget },
+        )
+        .unwrap();
+        e.synchronize().unwrap();
+        let grown = e.memory().peak_bytes - before;
+        let want =
+            (4 * 3 * b9 * len * d9) as u64 + attention_workspace_bytes(b9, 1, len) + 5 * tile;
+        assert!(
+            (want..want + 8192).contains(&grown),
+            "budget {budget}: grew {grown}, want {want}"
+        );
+        drop(g);
+    }
     // The workspace bound caps the budget.
     e.set_workspace_bound(rows + per_group - 1);
     match attention_backward_with(
