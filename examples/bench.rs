@@ -438,6 +438,17 @@ fn run(args: &Args) -> Result<Report> {
             &["adamw", "sgd", "grad_norm"],
             Box::new(|| optim_ops(&engine, args.quick)),
         ),
+        (
+            &["probe"],
+            Box::new(|| {
+                // Only when asked for by name (`--only probe`): not operators.
+                if args.only.iter().any(|p| p.starts_with("probe")) {
+                    probe_ops(&engine, copy_bytes)
+                } else {
+                    Ok(Vec::new())
+                }
+            }),
+        ),
     ];
     let wanted = |prefixes: &[&str]| {
         args.only.is_empty()
@@ -1488,6 +1499,33 @@ const MATMUL_QUICK_SHAPES: [[usize; 3]; 2] = [[256, 256, 256], [512, 256, 768]];
 /// long K, the split-K case (`--quick`: 16 × 8192 × 256).
 const MATMUL_SPLIT_SHAPE: [usize; 3] = [256, 128_256, 4096];
 const MATMUL_SPLIT_QUICK_SHAPE: [usize; 3] = [16, 8192, 256];
+
+/// Probes of passes that write over the buffer they read (`wgrad::bench::probe_in_place`),
+/// beside the copy, on a buffer of the copy's size: in place one vec4 a lane, four a lane, and
+/// the copy with its source bound read-write.
+fn probe_ops(engine: &Engine, bytes: u64) -> Result<Vec<Op>> {
+    let x = Tensor::zeros(engine, &[(bytes / 4) as usize], DType::U32)?;
+    let mut ops = vec![Op::new("probe_copy", "u32", vec![x.clone()], |i| {
+        Ok(vec![wgrad::bench::copy(&i[0])?])
+    })];
+    for (name, probe) in [
+        ("probe_rewrite", "rewrite"),
+        ("probe_rewrite_x4", "rewrite_x4"),
+        ("probe_copy_rw", "copy_rw"),
+    ] {
+        let out = Tensor::zeros(engine, x.shape(), DType::U32)?;
+        ops.push(Op::new(name, "u32", vec![x.clone()], move |i| {
+            wgrad::bench::probe_in_place(probe, &i[0], &out)?;
+            // In place: the same bytes are read and written (the input counted twice).
+            Ok(vec![if probe == "copy_rw" {
+                out.clone()
+            } else {
+                i[0].clone()
+            }])
+        }));
+    }
+    Ok(ops)
+}
 
 /// Dense matmul as a linear layer, `x[M, K] · Wᵀ` with weights stored `[N, K]`, F32 and BF16
 /// inputs (F32 output and gradients; with BF16 inputs also the BF16 output and gradients of

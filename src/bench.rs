@@ -70,6 +70,50 @@ fn launch_copy(
     )
 }
 
+/// Probes of passes that write over the buffer they read, for measurements: `"rewrite"`
+/// flips the bits of every vec4 of `x` in place (one a lane), `"rewrite_x4"` the same four a
+/// lane (loaded before any is stored; vec4 counts not a multiple of 1,024 leave the tail),
+/// `"copy_rw"` copies `x` to `out` with `x` bound read-write. Bytes moved: twice `x`'s.
+///
+/// Errors: as [`copy`]; an unknown probe name ([`Error::InvalidValue`]).
+#[doc(hidden)]
+pub fn probe_in_place(probe: &str, x: &Tensor, out: &Tensor) -> Result<()> {
+    let vec4s = copy_vec4s("probe_in_place", x.byte_len())?;
+    let engine = x.engine();
+    let (entry, buffers, groups) = match probe {
+        "rewrite" => (
+            "rewrite_vec4",
+            vec![x.buffer()],
+            u64::from(vec4s).div_ceil(COPY_WG),
+        ),
+        "rewrite_x4" => (
+            "rewrite_vec4_x4",
+            vec![x.buffer()],
+            u64::from(vec4s).div_ceil(4 * COPY_WG),
+        ),
+        "copy_rw" => (
+            "copy_vec4_rw",
+            vec![out.buffer(), x.buffer()],
+            u64::from(vec4s).div_ceil(COPY_WG),
+        ),
+        _ => {
+            return Err(Error::InvalidValue {
+                what: format!("probe_in_place: probe {probe:?}"),
+                got: 0.0,
+                rule: "rewrite, rewrite_x4 or copy_rw".into(),
+            });
+        }
+    };
+    engine.launch(
+        &COPY_KERNEL,
+        entry,
+        &Vec::new(),
+        &CopyParams { vec4s },
+        &buffers,
+        groups,
+    )
+}
+
 /// Copy `x` into a new tensor of the same shape and dtype with the `copy_vec4` kernel.
 ///
 /// `x`'s byte length ([`Tensor::byte_len`]) must be a multiple of 16 (error

@@ -1071,16 +1071,15 @@ pub fn cross_entropy(
 /// Nothing of the size of the logits is allocated: scratch is the per-row matrix of
 /// [`cross_entropy_workspace_bytes`], `predicted` and a few scalars.
 ///
-/// How it runs: a counting pass over the targets gives the mean scales first, then one
-/// workgroup per row takes the row statistics (a read of the logits) and writes the gradient
-/// over them (a second read and a write), one launch over the logits instead of a forward and
-/// a backward. Rows of whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for
-/// F16/BF16) take that path; other widths run the forward and the backward and then store the
-/// gradient over the logits (an F32 gradient is allocated meanwhile). The workgroup has the
-/// forward's 256 lanes, so each lane folds the same chunks in the same order and the statistics
-/// have the forward's bits on every adapter; both passes keep up to four chunks a lane in
-/// flight (the gradient pass loads four before storing any: a load after a store to the same
-/// binding waits for it).
+/// How it runs: [`cross_entropy`]'s forward (the row statistics: one read of the logits), then
+/// `ce_grad_over` writes the gradient over the logits, one 16-byte chunk an invocation over a
+/// flat grid of every row's chunks (a second read and a write), the values of
+/// [`cross_entropy_backward_as`] with a unit cotangent, bit for bit. A kernel whose lanes
+/// walked a row, loading chunks from the binding they had just stored to, ran at half the copy
+/// rate on an H200 (a grid of row segments measured 1–2% slower than the flat one). Rows of
+/// whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for F16/BF16) take that
+/// path; other widths run the forward and the backward and then store the gradient over the
+/// logits (an F32 gradient is allocated meanwhile).
 ///
 /// Every other holder of `logits` (a clone, a saved context) sees the gradient afterwards; do
 /// not pass logits that are still needed. Errors: those of [`cross_entropy`].
@@ -1114,53 +1113,34 @@ pub fn cross_entropy_in_place(
         }
         return Ok(output);
     }
-    let settings = ce_settings("cross_entropy_in_place", engine, options, cols)?;
-    engine.check_workspace(
+    let (output, saved) = cross_entropy(logits, targets, options)?;
+    let (unit, _) = ce_cotangent(
         "cross_entropy_in_place",
-        cross_entropy_workspace_bytes(rows),
-    )?;
-    if options.check_targets {
-        check_target_range(
-            "cross_entropy_in_place: targets",
-            targets,
-            options.ignore_index,
-            cols,
-        )?;
-    }
-    let mat = Tensor::empty(engine, &[rows, CE_COLS], DType::F32, "cross_entropy rows")?;
-    let predicted = Tensor::empty(
         engine,
-        targets.shape(),
-        DType::I32,
-        "cross_entropy predicted",
+        None,
+        saved.settings.reduction,
+        leading(logits),
     )?;
-    ce_count(targets, &settings, cols, &mat)?;
-    let scales = ce_finish_values(engine, &mat, &settings)?;
-    // Without class weights the binding is unused; the targets (read-only, like it) stand in,
-    // as the logits are bound for writing.
-    let weight_buffer = settings.weight.as_ref().unwrap_or(targets).buffer();
-    // The forward's module (256 lanes): the same per-lane order, so the same bits.
+    let chunk = if logits.dtype() == DType::F32 { 4 } else { 8 };
+    let groups = ((rows * (cols / chunk)) as u64).div_ceil(WG);
+    // Without class weights the binding is unused; the targets (read-only) stand in.
+    let weight_buffer = saved.settings.weight.as_ref().unwrap_or(targets).buffer();
     engine.launch(
         &KERNEL,
-        "ce_fused_v",
+        "ce_grad_over",
         &constants(logits.dtype(), DType::F32, DType::F32, 0),
-        &settings.params(rows, cols, 0, settings.flags),
+        &saved.settings.params(rows, cols, 0, saved.settings.flags),
         &[
-            mat.buffer(),
+            saved.rows_matrix.buffer(),
             targets.buffer(),
             weight_buffer,
-            predicted.buffer(),
-            scales.buffer(),
+            saved.finish.buffer(),
+            unit.buffer(),
             logits.buffer(),
         ],
-        rows as u64,
+        groups,
     )?;
-    let finish = ce_finish_values(engine, &mat, &settings)?;
-    let output = ce_outputs(engine, &mat, &finish, settings.reduction, leading(logits))?;
-    Ok(CrossEntropyOutput {
-        predicted: Some(predicted),
-        ..output
-    })
+    Ok(output)
 }
 
 /// A scalar `[]` F32 tensor holding element `index` of an F32 vector (a GPU copy).

@@ -1817,11 +1817,10 @@ fn softmax_16bit_backward_held_by_half_chunks() {
 
 #[test]
 fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
-    // Whole-chunk rows take the fused entry, 256 lanes as the forward: lanes hold at most one
-    // chunk (8 and 1,000 classes) or, with four chunks loaded per step and a remainder loaded
-    // together, F32 / 16-bit 2–3 / 1–2 chunks (3,000), 27–28 / 13–14 (28,000) and 39–40 / 19–20
-    // (40,000): every remainder, with and without whole steps, in both passes. Ragged widths
-    // (7, 1,002) run the forward and the backward and store the gradient.
+    // Whole-chunk rows run the forward, then the gradient over the logits one chunk an
+    // invocation over a flat grid (one workgroup or many, workgroups spanning rows): bit for
+    // bit the backward's gradient (cast to the logits' dtype). Ragged widths (7, 1,002) run the forward and the backward and store the
+    // gradient.
     let cases: [(usize, usize, bool); 7] = [
         (3, 8, true),
         (6, 1000, true),

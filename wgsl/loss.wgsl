@@ -1260,134 +1260,27 @@ fn ce_grad_chunk(w: vec4<u32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32
     return pack_chunk(a, b, DT);
 }
 
-// ---- cross-entropy with the gradient written over the logits ------------------------------
-// One workgroup per row of whole chunks, run with ce_fwd_v's lane count (the 256-lane module);
-// y4 is the logits, read and then overwritten. Pass 1 takes the row statistics exactly as
-// ce_fwd_v (same per-lane order, so the same bits) and writes the per-row matrix and the
-// argmax; pass 2 writes d loss / d logits for a unit cotangent over the logits, in their dtype,
-// with the scales of final_in (from the counting pass, known before any logits are read) and
-// the values ce_bwd_v computes. Each lane walks its chunks backwards in pass 2: the most
-// recently read are the likeliest still in cache. Both passes keep up to four chunks a lane in
-// flight: pass 1 loads four per step (and its last one to three together), pass 2 loads four
-// (or the last one to three) before storing any.
-// The target's logit is read before the workgroup's first barrier, so before any lane writes.
+// The cross-entropy gradient written over the logits (`cross_entropy_in_place`, after the
+// forward): one chunk of y4 (the logits) an invocation over the chunks of every row, a flat
+// grid (no lane walks a row: a load after a store to the binding it reads waits for it), with
+// ce_bwd_n's values (F32 logits: ce_bwd_v's) from the row's statistics and cotangent.
 @compute @workgroup_size(WG)
-fn ce_fused_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg);
-    if (row >= params.rows) {
-        return;
-    }
+fn ce_grad_over(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
     let cw = chunk_width(DT);
     let nv = params.cols / cw;
-    let vbase = row * nv;
-    let reference = softcapped(chunk_lo(y4[vbase], DT).x);
-    var lane = CeLane(vec2<f32>(neg_inf(), 0.0), neg_inf(), 0u, 0.0, 0.0);
-    var v = lid;
-    loop {
-        if (v + 3u * WG >= nv) {
-            break;
-        }
-        let w0 = y4[vbase + v];
-        let w1 = y4[vbase + v + WG];
-        let w2 = y4[vbase + v + 2u * WG];
-        let w3 = y4[vbase + v + 3u * WG];
-        lane = ce_lane_step(lane, w0, w1, w2, w3, v, reference);
-        v = v + 4u * WG;
-    }
-    // The last one to three chunks, loaded together and consumed in order.
-    if (v < nv) {
-        let r = (nv - 1u - v) / WG + 1u;
-        let v1 = v + WG * min(r - 1u, 1u);
-        let v2 = v + WG * min(r - 1u, 2u);
-        let w0 = y4[vbase + v];
-        let w1 = y4[vbase + v1];
-        let w2 = y4[vbase + v2];
-        lane = ce_lane_chunk(lane, w0, v * cw, reference);
-        if (r >= 2u) {
-            lane = ce_lane_chunk(lane, w1, v1 * cw, reference);
-        }
-        if (r == 3u) {
-            lane = ce_lane_chunk(lane, w2, v2 * cw, reference);
-        }
-    }
-    let t = labels[params.row0 + row];
-    let valid = target_valid(t);
-    var ti = 0u;
-    var raw_y = 0.0;
-    if (valid) {
-        ti = u32(t);
-        raw_y = chunk_element(y4[vbase + ti / cw], ti % cw);
-    }
-    let rs = row_stats(lane.st, lid);
-    var sum_wz = 0.0;
-    var sum_w = 0.0;
-    if (params.a > 0.0) { // uniform: a parameter
-        sum_wz = workgroup_sum(lane.wz, lid);
-        sum_w = workgroup_sum(lane.wsum, lid);
-    }
-    let arg = workgroup_argmax(lane.best, lane.best_index, lid);
-    if (lid == 0u) {
-        ce_write_row(row, rs, sum_wz, sum_w, arg, raw_y, reference);
-    }
-    if (lid >= nv) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.rows * nv) {
         return;
     }
-    let m = rs.x;
-    let logden = rs.y;
-    var wy = 0.0;
-    if (valid) {
-        wy = class_weight(ti);
-    }
-    let f_ce = final_in[3];
-    let f_z = final_in[4] * 2.0 * params.b * (m + logden);
-    // This lane's chunks are lid + k·WG for k < r; they are taken from the last one down, four
-    // loaded before any of them is stored: the stores go to the binding the loads read, so a
-    // load placed after a store is issued only once that store is (one chunk in flight).
-    var r = (nv - 1u - lid) / WG + 1u;
-    if (!valid) { // uniform: the row's target
-        loop {
-            if (r == 0u) {
-                break;
-            }
-            r = r - 1u;
-            y4[vbase + lid + r * WG] = vec4<u32>(0u);
-        }
+    let row = i / nv;
+    let g = ce_grad_row(row);
+    if (!g.valid) {
+        y4[i] = vec4<u32>(0u);
         return;
     }
-    loop {
-        if (r < 4u) {
-            break;
-        }
-        let v0 = lid + (r - 1u) * WG;
-        let w0 = y4[vbase + v0];
-        let w1 = y4[vbase + v0 - WG];
-        let w2 = y4[vbase + v0 - 2u * WG];
-        let w3 = y4[vbase + v0 - 3u * WG];
-        y4[vbase + v0] = ce_grad_chunk(w0, v0 * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
-        y4[vbase + v0 - WG] =
-            ce_grad_chunk(w1, (v0 - WG) * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
-        y4[vbase + v0 - 2u * WG] =
-            ce_grad_chunk(w2, (v0 - 2u * WG) * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
-        y4[vbase + v0 - 3u * WG] =
-            ce_grad_chunk(w3, (v0 - 3u * WG) * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
-        r = r - 4u;
-    }
-    // The last one to three chunks (the lane's first ones), loaded together as well.
-    if (r > 0u) {
-        let v1 = lid + WG * min(r - 1u, 1u);
-        let v2 = lid + WG * min(r - 1u, 2u);
-        let w0 = y4[vbase + lid];
-        let w1 = y4[vbase + v1];
-        let w2 = y4[vbase + v2];
-        if (r == 3u) {
-            y4[vbase + v2] = ce_grad_chunk(w2, v2 * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
-        }
-        if (r >= 2u) {
-            y4[vbase + v1] = ce_grad_chunk(w1, v1 * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
-        }
-        y4[vbase + lid] = ce_grad_chunk(w0, lid * cw, ti, m, logden, wy, sum_w, f_ce, f_z);
-    }
+    y4[i] = ce_grad_chunk(y4[i], (i - row * nv) * cw, g.ti, g.m, g.logden, g.wy, g.wsum, g.f_ce,
+                          g.f_z);
 }
 
 // Vectorized divergences: x and the target share the dtype DT; rows are whole chunks.
