@@ -530,6 +530,13 @@ fn main() -> ExitCode {
         Ok("1") => wgrad::loss::force_whole_chunk_backward(Some(true)),
         _ => {}
     }
+    // Measurement switch of the norm register forwards' lanes (256, 512, 1024).
+    if let Some(lanes) = std::env::var("WGRAD_NORM_FWD_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        wgrad::norm::force_forward_lanes(Some(lanes));
+    }
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
         print_cooperative_matrices();
     }

@@ -119,6 +119,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::reduce::KERNEL,
         &crate::bench::COPY_KERNEL,
         &crate::norm::KERNEL,
+        &crate::norm::KERNEL_MID,
         &crate::norm::KERNEL_WIDE,
         &crate::activation::KERNEL,
         &crate::rope::KERNEL,

@@ -20,8 +20,9 @@
 //! * Register paths (RMSNorm, LayerNorm, add+RMSNorm; rows of whole chunks of 4 F32 or 8
 //!   16-bit values, residual and cotangents in the source's dtype): a workgroup holds a row in
 //!   named registers, at most [`REGISTER_CHUNKS`] chunks a lane, and reads it once. The forward
-//!   takes 256 lanes up to 8,192 F32 / 16,384 16-bit columns, then 1,024 lanes
-//!   ([`KERNEL_WIDE`], where the adapter allows such workgroups) up to 32,768 / 65,536. The
+//!   takes 256, 512 ([`KERNEL_MID`]) or 1,024 lanes ([`KERNEL_WIDE`]) as [`forward_lanes`]
+//!   says (about four chunks a lane; LayerNorm at most 512 where it fits; add+RMSNorm about
+//!   two), within what the adapter allows, up to 32,768 F32 / 65,536 16-bit columns. The
 //!   backward splits the rows into at most [`REGISTER_BLOCKS`] blocks, one workgroup each: per
 //!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
@@ -37,7 +38,7 @@
 //!   block's FP32 parameter partials; the partials are summed in block order.
 //!
 //! No atomics; every sum runs in an order fixed by the shape (and, for the register paths,
-//! by whether the adapter allows 1,024 lanes), so reruns are bit-identical; the register and
+//! by how many lanes the adapter allows a workgroup), so reruns are bit-identical; the register and
 //! general paths add in different orders, so their results may differ in the last bits. A
 //! 16-bit output of an odd width is computed into an FP32 temporary and narrowed with
 //! [`crate::cast::cast`], so no two invocations share a word.
@@ -74,6 +75,71 @@ pub static KERNEL_WIDE: Kernel = Kernel {
         NORM_WGSL,
     ],
 };
+
+/// `wgsl/norm.wgsl` with workgroups of 512 invocations: register forwards (see
+/// [`forward_lanes`]).
+pub static KERNEL_MID: Kernel = Kernel {
+    name: "norm_mid",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        "const WG: u32 = 512u;",
+        NORM_WGSL,
+    ],
+};
+
+thread_local! {
+    static FORCED_FORWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces the lanes of the register forwards (256, 512 or 1,024, where the row fits
+/// [`REGISTER_CHUNKS`] a lane and the adapter allows them) for launches from the calling
+/// thread; `None` for the rule ([`forward_lanes`]). Results differ in the last bits between
+/// lane counts (the row sums group differently); for tests and measurements.
+#[doc(hidden)]
+pub fn force_forward_lanes(lanes: Option<u64>) {
+    FORCED_FORWARD_LANES.with(|f| f.set(lanes));
+}
+
+/// Lanes of a register forward (RMSNorm, LayerNorm, add+RMSNorm) of rows of `chunks` whole
+/// chunks, on an adapter allowing `max_lanes` invocations a workgroup: the power of two that
+/// gives about four chunks a lane for RMSNorm (256 to 1,024 lanes), the same within 256 to 512
+/// for LayerNorm (its two row sums cost more on 1,024 lanes), about two for add+RMSNorm (512 to
+/// 1,024), no more lanes than chunks (at least 256); never more than [`REGISTER_CHUNKS`] a
+/// lane, nor more lanes than the adapter allows
+/// (then the fewest that fit, or `None`: the general forward). Measured on an H200 against the
+/// other counts (`notes/h200/2026-12-01-bs/norm-lanes/`).
+pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64) -> Option<u64> {
+    let (per_lane, lo, hi) = match kind {
+        NormKind::AddRms => (2, 512, 1024),
+        NormKind::Layer => (4, 256, 512),
+        _ => (4, 256, 1024),
+    };
+    let fits = |lanes: u64| {
+        lanes <= max_lanes && (chunks as u64).div_ceil(lanes) <= REGISTER_CHUNKS as u64
+    };
+    // No more lanes than chunks (at least 256).
+    let wanted = (chunks as u64)
+        .div_ceil(per_lane)
+        .next_power_of_two()
+        .clamp(lo, hi)
+        .min((chunks as u64).next_power_of_two().max(256));
+    if fits(wanted) {
+        return Some(wanted);
+    }
+    // More lanes where the row needs them, else fewer where the adapter allows no more.
+    [256u64, 512, 1024]
+        .into_iter()
+        .filter(|&l| l > wanted)
+        .find(|&l| fits(l))
+        .or_else(|| {
+            [1024u64, 512, 256]
+                .into_iter()
+                .filter(|&l| l < wanted)
+                .find(|&l| fits(l))
+        })
+}
 
 /// Lanes of [`KERNEL_WIDE`]'s workgroups.
 const WIDE_WG: u64 = 1024;
@@ -603,9 +669,37 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         } else {
             None
         };
-    if let Some(plan) = plan {
+    // Lanes and chunks a lane of the register forward (see `forward_lanes`).
+    let mut kernel = None;
+    let mut chunks = None;
+    let len = if dtype == DType::F32 { 4 } else { 8 };
+    if plan.is_some() {
+        let row_chunks = cols / len;
+        let max_lanes = u64::from(engine.info().limits.max_compute_invocations_per_workgroup)
+            .min(u64::from(engine.info().limits.max_compute_workgroup_size_x));
+        let lanes = match FORCED_FORWARD_LANES.with(std::cell::Cell::get) {
+            Some(l)
+                if l <= max_lanes && (row_chunks as u64).div_ceil(l) <= REGISTER_CHUNKS as u64 =>
+            {
+                Some(l)
+            }
+            _ => forward_lanes(f.kind, row_chunks, max_lanes),
+        };
+        if let Some(lanes) = lanes {
+            // Chunks a lane: the fewest of 1, 2, 4, 8 that cover the row.
+            chunks = [1u32, 2, 4, 8]
+                .into_iter()
+                .find(|&c| u64::from(c) * lanes >= row_chunks as u64);
+            kernel = Some(match lanes {
+                512 => &KERNEL_MID,
+                1024 => &KERNEL_WIDE,
+                _ => &KERNEL,
+            });
+        }
+    }
+    if let (Some(plan_kernel), Some(plan_chunks)) = (kernel, chunks) {
         let mut constants = constants;
-        constants.push(("CHUNKS", f64::from(plan.chunks)));
+        constants.push(("CHUNKS", f64::from(plan_chunks)));
         let params = forward_params(&f, rows, cols);
         let (entry, buffers): (&str, Vec<&wgpu::Buffer>) = match f.kind {
             NormKind::Layer => (
@@ -642,7 +736,7 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
             ),
         };
         engine.launch(
-            plan.kernel(),
+            plan_kernel,
             entry,
             &constants,
             &params,

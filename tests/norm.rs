@@ -435,6 +435,66 @@ fn layer_norm_register_path_limits() {
 }
 
 #[test]
+fn register_forward_lane_rule() {
+    use norm::forward_lanes;
+    // (kind, chunks a row, adapter lanes) → lanes: about four chunks a lane (RMSNorm), within
+    // 256..512 where it fits (LayerNorm), about two (add+RMSNorm), capped by the adapter, at
+    // most 8 chunks a lane, never more lanes than chunks beyond 256.
+    for (kind, chunks, max, want) in [
+        (NormKind::Rms, 2048, 1024, Some(512)),
+        (NormKind::Rms, 1024, 1024, Some(256)),
+        (NormKind::Rms, 4096, 1024, Some(1024)),
+        (NormKind::Rms, 8192, 1024, Some(1024)),
+        (NormKind::Rms, 2048, 256, Some(256)),
+        (NormKind::Rms, 4096, 256, None),
+        (NormKind::Rms, 1, 1024, Some(256)),
+        (NormKind::Layer, 2048, 1024, Some(512)),
+        (NormKind::Layer, 4096, 1024, Some(512)),
+        (NormKind::Layer, 8192, 1024, Some(1024)),
+        (NormKind::Layer, 4096, 256, None),
+        (NormKind::AddRms, 2048, 1024, Some(1024)),
+        (NormKind::AddRms, 1024, 1024, Some(512)),
+        (NormKind::AddRms, 512, 1024, Some(512)),
+        (NormKind::AddRms, 256, 1024, Some(256)),
+        (NormKind::AddRms, 2048, 512, Some(512)),
+    ] {
+        assert_eq!(forward_lanes(kind, chunks, max), want, "{kind:?} {chunks} {max}");
+    }
+}
+
+#[test]
+fn register_forwards_on_every_lane_count() {
+    // The register forwards forced to 256, 512 and 1,024 lanes (rows of 1 to 8 chunks a lane
+    // for each), RMSNorm and LayerNorm (with a 1e4 offset), against the reference.
+    let mut seed = 590;
+    for lanes in [256u64, 512, 1024] {
+        norm::force_forward_lanes(Some(lanes));
+        for (dt, cols) in [
+            (DType::F32, 4),
+            (DType::F32, 2048),
+            (DType::BF16, 4096),
+            (DType::F32, 8192),
+            (DType::F16, 16384),
+        ] {
+            seed += 1;
+            run_layer(3, cols, dt, true, true, 1e4, seed);
+            run_rms(
+                &RmsCase {
+                    rows: 3,
+                    cols,
+                    x: dt,
+                    weight: Some(dt),
+                    dy: dt,
+                    options: RmsNormOptions::default(),
+                },
+                seed + 50,
+            );
+        }
+        norm::force_forward_lanes(None);
+    }
+}
+
+#[test]
 fn layer_norm_centers_a_large_common_offset() {
     // 1e4 + noise in [-1, 1): F32 (a 16-bit dtype would round the noise away at 1e4).
     for (rows, cols) in [(16, 300), (3, 4097)] {
