@@ -537,6 +537,12 @@ fn main() -> ExitCode {
     {
         wgrad::norm::force_forward_lanes(Some(lanes));
     }
+    if let Some(lanes) = std::env::var("WGRAD_NORM_BWD_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        wgrad::norm::force_backward_lanes(Some(lanes));
+    }
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
         print_cooperative_matrices();
     }

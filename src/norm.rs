@@ -26,7 +26,8 @@
 //!   backward splits the rows into at most [`REGISTER_BLOCKS`] blocks, one workgroup each: per
 //!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
-//!   block order. 256 lanes up to 8,192 / 16,384 columns; for RMSNorm and add+RMSNorm 1,024
+//!   block order. 256 lanes (512 where [`mid_backward`] says) up to 8,192 / 16,384 columns;
+//!   for RMSNorm and add+RMSNorm 1,024
 //!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
 //!   add+RMSNorm on 256 lanes, and every 1,024-lane launch, hold the
 //!   loaded words rather than their widened values across the row sum (same operations in the
@@ -90,6 +91,18 @@ pub static KERNEL_MID: Kernel = Kernel {
 };
 
 thread_local! {
+    static FORCED_BACKWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces the lanes of the register backwards (512, or 1,024 reading rows twice, where the
+/// row fits; another count: 256 where the row fits; `None`: the rule, [`mid_backward`]) for
+/// launches from the calling thread. For tests and measurements.
+#[doc(hidden)]
+pub fn force_backward_lanes(lanes: Option<u64>) {
+    FORCED_BACKWARD_LANES.with(|f| f.set(lanes));
+}
+
+thread_local! {
     static FORCED_FORWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
@@ -139,6 +152,16 @@ pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64) -> Option<u6
                 .filter(|&l| l < wanted)
                 .find(|&l| fits(l))
         })
+}
+
+/// Whether a register backward that fits 256 lanes takes 512 ([`KERNEL_MID`]) instead: F32
+/// sources of at least 1,024 chunks (4,096 columns). On an H200 that took 2–6% off the F32
+/// RMSNorm, LayerNorm and add+RMSNorm backwards at 4,096² and 8,192²; 16-bit sources keep 256
+/// lanes (512 was 2–4% faster with a BF16 gradient for RMSNorm and add+RMSNorm but up to 22%
+/// slower with the F32 one, and both gradients of one context must sum their rows alike, the
+/// 16-bit one being the F32 one rounded) (`notes/h200/2026-12-01-bs/norm-lanes/ab-bwd-lanes.txt`).
+pub fn mid_backward(source: DType, chunks: usize) -> bool {
+    source == DType::F32 && chunks >= 1024
 }
 
 /// Lanes of [`KERNEL_WIDE`]'s workgroups.
@@ -556,12 +579,20 @@ pub fn register_backward_words(add: bool, wide: bool) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RegisterPlan {
     wide: bool,
+    /// 512 lanes ([`KERNEL_MID`]; `wide` false).
+    mid: bool,
     chunks: u32,
 }
 
 impl RegisterPlan {
     fn kernel(self) -> &'static Kernel {
-        if self.wide { &KERNEL_WIDE } else { &KERNEL }
+        if self.wide {
+            &KERNEL_WIDE
+        } else if self.mid {
+            &KERNEL_MID
+        } else {
+            &KERNEL
+        }
     }
 }
 
@@ -595,6 +626,7 @@ fn register_plan(
     if let Some(c) = per_lane(WG) {
         return Some(RegisterPlan {
             wide: false,
+            mid: false,
             chunks: c,
         });
     }
@@ -603,6 +635,7 @@ fn register_plan(
             .filter(|&c| c <= wide_chunks)
             .map(|c| RegisterPlan {
                 wide: true,
+                mid: false,
                 chunks: c,
             });
     }
@@ -1194,7 +1227,33 @@ pub fn norm_backward_as(
         // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice,
         // up to 4 chunks a lane (more would not fit the registers of 1,024 lanes).
         let wide_chunks = if saved.kind == NormKind::Layer { 0 } else { 4 };
-        register_plan(engine, cols, xdt, wide_chunks)
+        let plan = register_plan(engine, cols, xdt, wide_chunks);
+        // 512 lanes instead of 256 (`mid_backward`), or the lanes forced for a measurement
+        // (512, or 1,024 reading rows twice, where they fit).
+        let len = if xdt == DType::F32 { 4 } else { 8 };
+        let chunks = cols / len;
+        let max_lanes = u64::from(engine.info().limits.max_compute_invocations_per_workgroup)
+            .min(u64::from(engine.info().limits.max_compute_workgroup_size_x));
+        let lanes = match FORCED_BACKWARD_LANES.with(std::cell::Cell::get) {
+            Some(l @ (512 | 1024)) => Some(l),
+            Some(_) => None,
+            None => plan
+                .filter(|p| !p.wide && mid_backward(xdt, chunks))
+                .map(|_| 512),
+        };
+        match (plan, lanes) {
+            (Some(_), Some(lanes)) if lanes <= max_lanes => [1u32, 2, 4, 8]
+                .into_iter()
+                .find(|&c| u64::from(c) * lanes >= chunks as u64)
+                .filter(|&c| lanes == 512 || c <= 4)
+                .map(|c| RegisterPlan {
+                    wide: lanes == 1024,
+                    mid: lanes == 512,
+                    chunks: c,
+                })
+                .or(plan),
+            _ => plan,
+        }
     } else {
         None
     };

@@ -458,17 +458,34 @@ fn register_forward_lane_rule() {
         (NormKind::AddRms, 256, 1024, Some(256)),
         (NormKind::AddRms, 2048, 512, Some(512)),
     ] {
-        assert_eq!(forward_lanes(kind, chunks, max), want, "{kind:?} {chunks} {max}");
+        assert_eq!(
+            forward_lanes(kind, chunks, max),
+            want,
+            "{kind:?} {chunks} {max}"
+        );
     }
 }
 
 #[test]
+fn register_backward_lane_rule() {
+    use norm::mid_backward;
+    // 512 lanes: F32 sources from 1,024 chunks; 16-bit sources keep 256.
+    assert!(mid_backward(DType::F32, 1024));
+    assert!(mid_backward(DType::F32, 2048));
+    assert!(!mid_backward(DType::F32, 512));
+    assert!(!mid_backward(DType::BF16, 2048));
+    assert!(!mid_backward(DType::F16, 1024));
+}
+
+#[test]
 fn register_forwards_on_every_lane_count() {
-    // The register forwards forced to 256, 512 and 1,024 lanes (rows of 1 to 8 chunks a lane
-    // for each), RMSNorm and LayerNorm (with a 1e4 offset), against the reference.
+    // The register forwards and backwards forced to 256, 512 and 1,024 lanes (rows of 1 to 8
+    // chunks a lane for each), RMSNorm and LayerNorm (with a 1e4 offset), against the
+    // reference.
     let mut seed = 590;
     for lanes in [256u64, 512, 1024] {
         norm::force_forward_lanes(Some(lanes));
+        norm::force_backward_lanes(Some(lanes));
         for (dt, cols) in [
             (DType::F32, 4),
             (DType::F32, 2048),
@@ -491,6 +508,7 @@ fn register_forwards_on_every_lane_count() {
             );
         }
         norm::force_forward_lanes(None);
+        norm::force_backward_lanes(None);
     }
 }
 
