@@ -543,6 +543,12 @@ fn main() -> ExitCode {
     {
         wgrad::norm::force_backward_lanes(Some(lanes));
     }
+    if let Some(lanes) = std::env::var("WGRAD_ROW_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        wgrad::loss::force_row_lanes(Some(lanes));
+    }
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
         print_cooperative_matrices();
     }

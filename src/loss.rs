@@ -99,10 +99,24 @@ const LANE_CHUNKS: u64 = 16;
 /// otherwise: F32 rows, and 16-bit rows of more chunks, take [`register_row`]'s entries (wider
 /// 16-bit rows of up to 8,192 chunks) or `softmax_fwd_v`.
 fn held_row(dtype: DType, chunks: u64) -> Option<u64> {
-    if dtype == DType::F32 || chunks == 0 || chunks > LANE_CHUNKS * WG {
+    let forced_wide = FORCED_ROW_LANES.with(std::cell::Cell::get) == Some(ROWS_WG);
+    if forced_wide || dtype == DType::F32 || chunks == 0 || chunks > LANE_CHUNKS * WG {
         return None;
     }
     Some(chunks.div_ceil(WG).next_power_of_two())
+}
+
+thread_local! {
+    static FORCED_ROW_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces the lanes of the register-resident softmax rows for launches from the calling
+/// thread: 256 (`KERNEL`, also where the adapter allows 1,024) or 1,024 (`ROWS_KERNEL` where
+/// allowed, also for the 16-bit forwards `held_row` would take); `None`: the rule. Results may
+/// differ in the last bits between lane counts; for tests and measurements.
+#[doc(hidden)]
+pub fn force_row_lanes(lanes: Option<u64>) {
+    FORCED_ROW_LANES.with(|f| f.set(lanes));
 }
 
 /// The register-resident kernel and chunks per lane (`RK`/`RB`, a power of two) for a row of
@@ -112,7 +126,11 @@ fn register_row(engine: &Engine, chunks: u64, tensors: u64) -> Option<(&'static 
     if chunks <= REGISTER_MIN_CHUNKS {
         return None;
     }
-    let wide = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
+    let allowed = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
+    let wide = match FORCED_ROW_LANES.with(std::cell::Cell::get) {
+        Some(WG) => false,
+        _ => allowed,
+    };
     let (kernel, lanes, most) = if wide {
         (&ROWS_KERNEL, ROWS_WG, REGISTER_ROW_CHUNKS)
     } else {

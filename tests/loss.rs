@@ -1910,6 +1910,66 @@ fn cross_entropy_in_place_bad_inputs_leave_the_logits() {
 }
 
 #[test]
+fn register_rows_on_every_lane_count() {
+    // The register-resident softmax rows forced to 256 and 1,024 lanes (and the 16-bit
+    // forwards off `softmax_fwd_c`): softmax and log-softmax forward and backward against the
+    // reference, and each 16-bit gradient the F32 one rounded once under the same lanes.
+    let e = engine();
+    for lanes in [256u64, 1024] {
+        loss::force_row_lanes(Some(lanes));
+        for (dtype, cols) in [
+            (DType::F32, 12_000),
+            (DType::BF16, 32_000),
+            (DType::F16, 20_000),
+        ] {
+            let rows = 2;
+            let what = format!("{lanes} lanes {dtype} [{rows}, {cols}]");
+            let v = data(230, rows * cols, -6.0, 6.0);
+            let x = tensor_from_f64(e, &v, &[rows, cols], dtype);
+            let xs = common::stored(&v, dtype);
+            let g = data(231, rows * cols, -1.0, 1.0);
+            let dy = tensor_from_f64(e, &g, &[rows, cols], dtype);
+            let gs = common::stored(&g, dtype);
+            for log in [false, true] {
+                let (y, saved) = if log {
+                    loss::log_softmax(&x).unwrap()
+                } else {
+                    loss::softmax(&x).unwrap()
+                };
+                let want = if log {
+                    reference::log_softmax(&xs, rows, cols)
+                } else {
+                    reference::softmax(&xs, rows, cols)
+                };
+                assert_close(
+                    &format!("{what} log {log}"),
+                    &y.to_f64().unwrap(),
+                    &want,
+                    Tolerance::for_dtype(dtype),
+                );
+                let dx = loss::softmax_backward(&saved, &dy).unwrap();
+                let want = reference::softmax_backward(&xs, &gs, rows, cols, log);
+                assert_close(
+                    &format!("{what} log {log} dx"),
+                    &dx.to_f64().unwrap(),
+                    &want,
+                    F32,
+                );
+                if dtype != DType::F32 {
+                    let narrow = loss::softmax_backward_as(&saved, &dy, dtype).unwrap();
+                    assert_eq!(
+                        bits_any(&narrow),
+                        bits_any(&wgrad::cast::cast(&dx, dtype).unwrap()),
+                        "{what} log {log}: 16-bit gradient"
+                    );
+                }
+            }
+        }
+    }
+    loss::force_row_lanes(None);
+}
+
+#[test]
 fn register_rows_and_in_place_on_a_256_lane_adapter() {
     // An app device with WebGPU's default limits (256 invocations a workgroup): the register
     // rows and the in-place cross-entropy run the 256-lane module (F32 32,000 columns: 32
