@@ -7,7 +7,8 @@
 #   .whl/*.whl, .peers/peers.py        optional: Liger-Kernel wheel and the peer script
 # Writes bench.json, bench.txt, peers.jsonl, peers.txt into $OUT (default ./out).
 # LOSS_PEERS=1 also runs scripts/peer_losses_liger.py (Liger's GRPO, fused-linear GRPO, DPO),
-# GEGLU_PEERS=1 scripts/peer_geglu_liger.py (Liger's and PyTorch's GeGLU).
+# GEGLU_PEERS=1 scripts/peer_geglu_liger.py (Liger's and PyTorch's GeGLU), SDPA_PEERS=1
+# scripts/peer_sdpa.py (PyTorch's SDPA at the attention bench's shapes, causal and full).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; export OUT
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -32,6 +33,9 @@ if [ -n "${LOSS_PEERS:-}" ]; then
 fi
 if [ -n "${GEGLU_PEERS:-}" ]; then
   timeout "${GEGLU_PEERS_TIMEOUT:-200}" python3 scripts/peer_geglu_liger.py 2>&1 | tee "$OUT/peers_geglu.txt" | tail -6
+fi
+if [ -n "${SDPA_PEERS:-}" ]; then
+  timeout "${SDPA_PEERS_TIMEOUT:-240}" python3 scripts/peer_sdpa.py 2>&1 | tee "$OUT/peers_sdpa.txt" | tail -16
 fi
 if [ -n "${TORCH_GDN:-}" ]; then
   timeout "${TORCH_GDN_TIMEOUT:-200}" python3 scripts/peer_gated_delta_torch.py 2>&1 | tee "$OUT/peers_gdn_torch.txt" | tail -8
