@@ -9,24 +9,15 @@ $OUT/peers_geglu.jsonl. A missing Liger prints its error; the PyTorch rows still
 """
 import json
 import os
-import time
 
 import torch
 import torch.nn.functional as F
-import triton.testing as tt
+from peer_timing import median_ms
 
 OUT = os.environ.get("OUT", "/tmp")
 DEV = "cuda"
 ROWS, COLS = 8192, 14336
 rows = []
-
-
-def median_ms(fn):
-    start = time.time()
-    while time.time() - start < 0.3:
-        fn()
-    torch.cuda.synchronize()
-    return tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def copy_gbs():

@@ -8,24 +8,15 @@ $OUT/peers_sdpa.jsonl.
 """
 import json
 import os
-import time
 
 import torch
 import torch.nn.functional as F
-import triton.testing as tt
+from peer_timing import median_ms
 
 OUT = os.environ.get("OUT", "/tmp")
 DEV = "cuda"
 SHAPES = [(4, 32, 2048, 128), (1, 16, 8192, 128)]
 rows = []
-
-
-def median_ms(fn):
-    start = time.time()
-    while time.time() - start < 0.3:
-        fn()
-    torch.cuda.synchronize()
-    return tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def one(b, h, s, d, causal, dtype):

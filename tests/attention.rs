@@ -16,9 +16,9 @@ mod common;
 
 use common::{Rng, engine, private_engine};
 use wgrad::attention::{
-    AttentionLayout, AttentionOptions, BackwardSchedule, attention_backward, attention_backward_as,
-    attention_backward_with, attention_flops, attention_forward, attention_workspace_bytes,
-    mask_from_bools, mask_from_u8, stored_scores_bytes_per_group,
+    AttentionLayout, AttentionOptions, AttentionSaved, BackwardSchedule, attention_backward,
+    attention_backward_as, attention_backward_with, attention_flops, attention_forward,
+    attention_workspace_bytes, mask_from_bools, mask_from_u8, stored_scores_bytes_per_group,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::attention::{self as reference, Dims, Visibility};
@@ -1148,26 +1148,26 @@ fn stored_score_gradients_give_the_recompute_bits() {
     assert_eq!(per_group, (2 * 2 * 2 * 64 * 64 * 4) as u64);
     let gradients = (4 * (b * hq * sq * d + 2 * b * hk * sk * d)) as u64;
     let rows = attention_workspace_bytes(b, hq, sq);
-    for (budget, slice) in [(per_group, per_group), (u64::MAX, 2 * per_group)] {
+    // Bytes the engine grows by during a stored-schedule backward (its gradients included).
+    let growth = |saved: &AttentionSaved, go: &Tensor, budget: u64| -> u64 {
         e.synchronize().unwrap();
         let before = e.memory().live_bytes;
         e.reset_peak();
-        let g = attention_backward_with(
-            &saved,
-            &go,
-            DType::F32,
-            BackwardSchedule::StoredScores { budget },
-        )
-        .unwrap();
+        let schedule = BackwardSchedule::StoredScores { budget };
+        let g = attention_backward_with(saved, go, DType::F32, schedule).unwrap();
         e.synchronize().unwrap();
         let grown = e.memory().peak_bytes - before;
+        drop(g);
+        grown
+    };
+    for (budget, slice) in [(per_group, per_group), (u64::MAX, 2 * per_group)] {
+        let grown = growth(&saved, &go, budget);
         // (Launch parameters add a few hundred bytes a launch.)
         let want = gradients + rows + slice;
         assert!(
             (want..want + 8192).contains(&grown),
             "budget {budget}: grew {grown}, want {want}"
         );
-        drop(g);
     }
     // The budget bounds the scratch as the engine's pool allocates it (rounded up to a size
     // class): nine one-tile groups within nine tiles' bytes take two slices of five, since one
@@ -1187,26 +1187,14 @@ fn stored_score_gradients_give_the_recompute_bits() {
         let (_, saved) = attention_forward(&q, &k, &v, &AttentionOptions::default()).unwrap();
         let tile = stored_scores_bytes_per_group(1, 1, len, len);
         assert_eq!(tile, 16384);
-        e.synchronize().unwrap();
-        let before = e.memory().live_bytes;
-        e.reset_peak();
         let budget = 9 * tile;
-        let g = attention_backward_with(
-            &saved,
-            &go,
-            DType::F32,
-            BackwardSchedule::StoredScores { budget },
-        )
-        .unwrap();
-        e.synchronize().unwrap();
-        let grown = e.memory().peak_bytes - before;
+        let grown = growth(&saved, &go, budget);
         let want =
             (4 * 3 * b9 * len * d9) as u64 + attention_workspace_bytes(b9, 1, len) + 5 * tile;
         assert!(
             (want..want + 8192).contains(&grown),
             "budget {budget}: grew {grown}, want {want}"
         );
-        drop(g);
     }
     // The workspace bound caps the budget.
     e.set_workspace_bound(rows + per_group - 1);
