@@ -7,22 +7,22 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     vec![
         OperatorCheck {
             name: "rms_norm",
-            kernels: &["norm", "norm_wide", "cast"],
+            kernels: &["norm", "norm_mid", "norm_wide", "cast"],
             run: check_rms_norm,
         },
         OperatorCheck {
             name: "norm_backward_as",
-            kernels: &["norm", "norm_wide", "cast"],
+            kernels: &["norm", "norm_mid", "norm_wide", "cast"],
             run: check_norm_backward_as,
         },
         OperatorCheck {
             name: "layer_norm",
-            kernels: &["norm", "norm_wide", "cast"],
+            kernels: &["norm", "norm_mid", "norm_wide", "cast"],
             run: check_layer_norm,
         },
         OperatorCheck {
             name: "add_rms_norm",
-            kernels: &["norm", "norm_wide", "cast"],
+            kernels: &["norm", "norm_mid", "norm_wide", "cast"],
             run: check_add_rms_norm,
         },
         OperatorCheck {
@@ -53,9 +53,12 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 /// Shapes of the normalization checks: a ragged odd width (16-bit outputs through the FP32
 /// temporary) and an even one over several parameter blocks.
 const NORM_SHAPES: [(usize, usize); 2] = [(7, 127), (70, 64)];
-/// More shapes for the register paths of RMSNorm, LayerNorm and add+RMSNorm: blocks of several
-/// rows with 1 or 2 chunks a lane, and 8 chunks a lane of 256 (16-bit) or 4 of 1,024 (F32).
-const REGISTER_SHAPES: [(usize, usize); 2] = [(300, 2048), (3, 16384)];
+/// More shapes for the register paths of RMSNorm, LayerNorm and add+RMSNorm, on the lanes of
+/// `norm::forward_lanes` and `norm::mid_backward`: blocks of several rows with 1 or 2 chunks a
+/// lane (add+RMSNorm F32 on 512 lanes), F32 rows of 4,096 columns (backward on 512 lanes), and
+/// 16,384 columns (16-bit forwards on 512 lanes, LayerNorm F32 on 512 × 8, RMSNorm and
+/// add+RMSNorm F32 on 1,024).
+const REGISTER_SHAPES: [(usize, usize); 3] = [(300, 2048), (5, 4096), (3, 16384)];
 
 fn check_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{CastingMode, RmsNormOptions, norm_backward, rms_norm};
@@ -136,7 +139,7 @@ fn check_norm_backward_as(engine: &Engine) -> Result<Vec<Case>> {
     use reference::norm as r;
     let mut rng = Rng::new(47);
     let mut cases = Vec::new();
-    for (rows, cols) in [(7, 127), (30, 2048), (3, 16384)] {
+    for (rows, cols) in [(7, 127), (30, 2048), (5, 4096), (3, 16384)] {
         for dtype in DType::FLOATS {
             let n = rows * cols;
             let (x, xs) = tensor_from_f64(engine, &rng.vec(n, -2.0, 2.0), &[rows, cols], dtype)?;
