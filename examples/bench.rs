@@ -530,25 +530,12 @@ fn main() -> ExitCode {
         Ok("1") => wgrad::loss::force_whole_chunk_backward(Some(true)),
         _ => {}
     }
-    // Measurement switch of the norm register forwards' lanes (256, 512, 1024).
-    if let Some(lanes) = std::env::var("WGRAD_NORM_FWD_LANES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        wgrad::norm::force_forward_lanes(Some(lanes));
-    }
-    if let Some(lanes) = std::env::var("WGRAD_NORM_BWD_LANES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        wgrad::norm::force_backward_lanes(Some(lanes));
-    }
-    if let Some(lanes) = std::env::var("WGRAD_ROW_LANES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        wgrad::loss::force_row_lanes(Some(lanes));
-    }
+    // Measurement switches of the lanes of the norm register forwards and backwards and of
+    // the register softmax rows (256, 512, 1024; unset: the rules).
+    let lanes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    wgrad::norm::force_forward_lanes(lanes("WGRAD_NORM_FWD_LANES"));
+    wgrad::norm::force_backward_lanes(lanes("WGRAD_NORM_BWD_LANES"));
+    wgrad::loss::force_row_lanes(lanes("WGRAD_ROW_LANES"));
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
         print_cooperative_matrices();
     }
@@ -1530,19 +1517,19 @@ fn probe_ops(engine: &Engine, bytes: u64) -> Result<Vec<Op>> {
     for (name, probe) in [
         ("probe_rewrite", "rewrite"),
         ("probe_rewrite_x4", "rewrite_x4"),
-        ("probe_copy_rw", "copy_rw"),
     ] {
-        let out = Tensor::zeros(engine, x.shape(), DType::U32)?;
         ops.push(Op::new(name, "u32", vec![x.clone()], move |i| {
-            wgrad::bench::probe_in_place(probe, &i[0], &out)?;
+            // `out` is not bound by the in-place probes.
+            wgrad::bench::probe_in_place(probe, &i[0], &i[0])?;
             // In place: the same bytes are read and written (the input counted twice).
-            Ok(vec![if probe == "copy_rw" {
-                out.clone()
-            } else {
-                i[0].clone()
-            }])
+            Ok(vec![i[0].clone()])
         }));
     }
+    let out = Tensor::zeros(engine, x.shape(), DType::U32)?;
+    ops.push(Op::new("probe_copy_rw", "u32", vec![x], move |i| {
+        wgrad::bench::probe_in_place("copy_rw", &i[0], &out)?;
+        Ok(vec![out.clone()])
+    }));
     Ok(ops)
 }
 

@@ -578,10 +578,9 @@ pub enum BackwardSchedule {
     /// Stored by the dK/dV pass and read back by the dQ pass (five products): F32 tiles of
     /// 64 × 64 (16 KiB) for every tile of a slice of (batch, kv head) groups, as few slices as
     /// `budget` bytes allow (the scratch buffer as the engine allocates it, rounded up to its
-    /// pool's size class, within the budget), evened out (the budget capped by what the engine's workspace
-    /// bound leaves and by one binding; at least one group must fit: `WorkspaceExceeded`
-    /// otherwise; see
-    /// [`stored_scores_bytes_per_group`]). Its dK/dV pass binds nine storage buffers
+    /// pool's size class, within the budget), evened out (the budget capped by what the
+    /// engine's workspace bound leaves and by one binding; at least one group must fit:
+    /// `WorkspaceExceeded` otherwise; see [`stored_scores_bytes_per_group`]). Its dK/dV pass binds nine storage buffers
     /// (`InsufficientLimit` on a device with fewer; the default schedule needs eight).
     StoredScores {
         /// Bytes the score-gradient tiles of one slice may take.

@@ -549,14 +549,10 @@ pub fn fused_linear_grpo_loss_backward(
     d_loss: Option<&Tensor>,
 ) -> Result<FusedLinearGradients> {
     let engine = saved.head.engine();
-    let d_loss = match d_loss {
-        Some(d) => Some(Tensor::scalar_cotangent(
-            engine,
-            Some(d),
-            "fused_linear_grpo_loss_backward: d_loss",
-        )?),
-        None => None,
-    };
+    let what = "fused_linear_grpo_loss_backward: d_loss";
+    let d_loss = d_loss
+        .map(|d| Tensor::scalar_cotangent(engine, Some(d), what))
+        .transpose()?;
     fused_linear::scaled_gradients(&saved.head, d_loss.as_ref())
 }
 

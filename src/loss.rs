@@ -250,11 +250,15 @@ fn classes_at_least_one(what: &str, cols: usize) -> Result<()> {
     Ok(())
 }
 
+/// Values of one 16-byte chunk: 4 F32 or 8 16-bit values.
+fn chunk_len(dtype: DType) -> usize {
+    if dtype == DType::F32 { 4 } else { 8 }
+}
+
 /// Whether rows of `cols` elements of `dtype` are whole vec4<u32> chunks (4 F32 or 8 16-bit
 /// elements), so the vectorized entry points apply.
 fn vectorized(dtype: DType, cols: usize) -> bool {
-    let chunk = if dtype == DType::F32 { 4 } else { 8 };
-    cols > 0 && cols.is_multiple_of(chunk)
+    cols > 0 && cols.is_multiple_of(chunk_len(dtype))
 }
 
 fn check_engine(engine: &Engine, tensors: &[(&Tensor, &str)]) -> Result<()> {
@@ -284,7 +288,7 @@ fn row_output(
         ..Default::default()
     };
     let consts = constants(x.dtype(), DType::F32, odt, mode);
-    let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+    let chunks = (cols / chunk_len(x.dtype())) as u64;
     if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
         // 16-bit rows of up to 4,096 chunks and wide rows stay in registers (one read);
         // others take two passes.
@@ -415,7 +419,7 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
     let (rows, cols) = rows_cols(x);
     let vector = dy.dtype() == x.dtype() && vectorized(x.dtype(), cols);
     // Wide rows: x and dy held in registers, each read once.
-    let chunks = cols as u64 / if x.dtype() == DType::F32 { 4 } else { 8 };
+    let chunks = (cols / chunk_len(x.dtype())) as u64;
     let register = if vector {
         register_row(engine, chunks, 2)
     } else {
@@ -1115,15 +1119,10 @@ pub fn cross_entropy_in_place(
         leading(logits),
     )?;
     classes_at_least_one("cross_entropy_in_place", cols)?;
+    let (output, saved) = cross_entropy(logits, targets, options)?;
     if !vectorized(logits.dtype(), cols) {
-        let (output, saved) = cross_entropy(logits, targets, options)?;
-        let dx = cross_entropy_backward(&saved, None)?;
+        let dx = cross_entropy_backward_as(&saved, None, logits.dtype())?;
         drop(saved);
-        let dx = if logits.dtype() == DType::F32 {
-            dx
-        } else {
-            crate::cast::cast(&dx, logits.dtype())?
-        };
         let bytes = dx.byte_len();
         if bytes > 0 {
             engine
@@ -1131,7 +1130,6 @@ pub fn cross_entropy_in_place(
         }
         return Ok(output);
     }
-    let (output, saved) = cross_entropy(logits, targets, options)?;
     let (unit, _) = ce_cotangent(
         "cross_entropy_in_place",
         engine,
@@ -1139,8 +1137,7 @@ pub fn cross_entropy_in_place(
         saved.settings.reduction,
         leading(logits),
     )?;
-    let chunk = if logits.dtype() == DType::F32 { 4 } else { 8 };
-    let groups = ((rows * (cols / chunk)) as u64).div_ceil(WG);
+    let groups = ((rows * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
     // Without class weights the binding is unused; the targets (read-only) stand in.
     let weight_buffer = saved.settings.weight.as_ref().unwrap_or(targets).buffer();
     engine.launch(
@@ -1552,7 +1549,7 @@ pub(crate) fn div_grad_block(
     let dx = Tensor::empty(engine, input.shape(), dtype, "divergence_backward")?;
     let labels_buffer = labels.unwrap_or(input).buffer();
     if vector {
-        let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
+        let chunk = chunk_len(input.dtype()) as u64;
         engine.launch(
             &KERNEL,
             "div_bwd_v",
@@ -1636,7 +1633,7 @@ fn divergence_forward(
         let params = settings.params(rows, cols, 0, settings.flags);
         let consts = settings.constants(input, target);
         if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
-            let chunk = if input.dtype() == DType::F32 { 4 } else { 8 };
+            let chunk = chunk_len(input.dtype()) as u64;
             engine.launch(
                 &KERNEL,
                 "div_elems_v",

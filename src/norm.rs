@@ -27,8 +27,8 @@
 //!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
 //!   block order. 256 lanes (512 where [`mid_backward`] says) up to 8,192 / 16,384 columns;
-//!   for RMSNorm and add+RMSNorm 1,024
-//!   lanes that read the row a second time for dx (mostly from cache) up to 16,384 / 32,768.
+//!   for RMSNorm and add+RMSNorm 1,024 lanes that read the row a second time for dx (mostly
+//!   from cache) up to 16,384 / 32,768.
 //!   add+RMSNorm on 256 lanes, and every 1,024-lane launch, hold the
 //!   loaded words rather than their widened values across the row sum (same operations in the
 //!   same order, so bit-identical; see [`register_backward_words`]).
@@ -39,8 +39,8 @@
 //!   block's FP32 parameter partials; the partials are summed in block order.
 //!
 //! No atomics; every sum runs in an order fixed by the shape (and, for the register paths,
-//! by how many lanes the adapter allows a workgroup), so reruns are bit-identical; the register and
-//! general paths add in different orders, so their results may differ in the last bits. A
+//! by how many lanes the adapter allows a workgroup), so reruns are bit-identical; the register
+//! and general paths add in different orders, so their results may differ in the last bits. A
 //! 16-bit output of an odd width is computed into an FP32 temporary and narrowed with
 //! [`crate::cast::cast`], so no two invocations share a word.
 //!
@@ -90,10 +90,6 @@ pub static KERNEL_MID: Kernel = Kernel {
     ],
 };
 
-thread_local! {
-    static FORCED_BACKWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-}
-
 /// Forces the lanes of the register backwards (512, or 1,024 reading rows twice, where the
 /// row fits; another count: 256 where the row fits; `None`: the rule, [`mid_backward`]) for
 /// launches from the calling thread. For tests and measurements.
@@ -104,6 +100,7 @@ pub fn force_backward_lanes(lanes: Option<u64>) {
 
 thread_local! {
     static FORCED_FORWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    static FORCED_BACKWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
 /// Forces the lanes of the register forwards (256, 512 or 1,024, where the row fits
@@ -120,9 +117,9 @@ pub fn force_forward_lanes(lanes: Option<u64>) {
 /// gives about four chunks a lane for RMSNorm (256 to 1,024 lanes), the same within 256 to 512
 /// for LayerNorm (its two row sums cost more on 1,024 lanes), about two for add+RMSNorm (512 to
 /// 1,024), no more lanes than chunks (at least 256); never more than [`REGISTER_CHUNKS`] a
-/// lane, nor more lanes than the adapter allows
-/// (then the fewest that fit, or `None`: the general forward). Measured on an H200 against the
-/// other counts (`notes/h200/2026-12-01-bs/norm-lanes/`).
+/// lane, nor more lanes than the adapter allows (then the fewest that fit, or `None`: the
+/// general forward). Measured on an H200 against the other counts
+/// (`notes/h200/2026-12-01-bs/norm-lanes/`).
 pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64) -> Option<u64> {
     let (per_lane, lo, hi) = match kind {
         NormKind::AddRms => (2, 512, 1024),
@@ -159,13 +156,16 @@ pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64) -> Option<u6
 /// RMSNorm, LayerNorm and add+RMSNorm backwards at 4,096² and 8,192²; 16-bit sources keep 256
 /// lanes (512 was 2–4% faster with a BF16 gradient for RMSNorm and add+RMSNorm but up to 22%
 /// slower with the F32 one, and both gradients of one context must sum their rows alike, the
-/// 16-bit one being the F32 one rounded) (`notes/h200/2026-12-01-bs/norm-lanes/ab-bwd-lanes.txt`).
+/// 16-bit one being the F32 one rounded;
+/// `notes/h200/2026-12-01-bs/norm-lanes/ab-bwd-lanes.txt`).
 pub fn mid_backward(source: DType, chunks: usize) -> bool {
     source == DType::F32 && chunks >= 1024
 }
 
 /// Lanes of [`KERNEL_WIDE`]'s workgroups.
 const WIDE_WG: u64 = 1024;
+/// Lanes of [`KERNEL_MID`]'s workgroups.
+const MID_WG: u64 = 512;
 /// Columns of one `partials_finish` workgroup.
 const FINISH_COLUMNS: u64 = 32;
 
@@ -575,32 +575,51 @@ pub fn register_backward_words(add: bool, wide: bool) -> bool {
         .unwrap_or(wide || add)
 }
 
-/// How a register path runs: the workgroup size and the chunks each lane holds.
+/// How a register path runs: the workgroup size (256, 512 or 1,024 lanes) and the chunks
+/// each lane holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RegisterPlan {
-    wide: bool,
-    /// 512 lanes ([`KERNEL_MID`]; `wide` false).
-    mid: bool,
+    lanes: u64,
     chunks: u32,
 }
 
 impl RegisterPlan {
+    /// `lanes` lanes over a row of `row_chunks` chunks: the fewest chunks a lane (1, 2, 4 or
+    /// 8) that cover the row, `None` past [`REGISTER_CHUNKS`].
+    fn on(lanes: u64, row_chunks: usize) -> Option<RegisterPlan> {
+        [1u32, 2, 4, 8]
+            .into_iter()
+            .find(|&c| u64::from(c) * lanes >= row_chunks as u64)
+            .filter(|&c| c as usize <= REGISTER_CHUNKS)
+            .map(|chunks| RegisterPlan { lanes, chunks })
+    }
+
+    /// 1,024 lanes (the backward then reads each row twice).
+    fn wide(self) -> bool {
+        self.lanes == WIDE_WG
+    }
+
     fn kernel(self) -> &'static Kernel {
-        if self.wide {
-            &KERNEL_WIDE
-        } else if self.mid {
-            &KERNEL_MID
-        } else {
-            &KERNEL
+        match self.lanes {
+            WIDE_WG => &KERNEL_WIDE,
+            MID_WG => &KERNEL_MID,
+            _ => &KERNEL,
         }
     }
 }
 
-/// Whether the adapter runs [`KERNEL_WIDE`]'s workgroups of 1,024 invocations.
-fn wide_workgroups(engine: &Engine) -> bool {
+/// The most lanes a workgroup may have on the engine's adapter.
+fn max_lanes(engine: &Engine) -> u64 {
     let limits = &engine.info().limits;
-    u64::from(limits.max_compute_invocations_per_workgroup) >= WIDE_WG
-        && u64::from(limits.max_compute_workgroup_size_x) >= WIDE_WG
+    u64::from(limits.max_compute_invocations_per_workgroup)
+        .min(u64::from(limits.max_compute_workgroup_size_x))
+}
+
+/// Chunks of a row of `cols` values of `dtype` (4 F32 or 8 16-bit values a chunk), `None`
+/// when the row is not whole chunks.
+fn row_chunks(cols: usize, dtype: DType) -> Option<usize> {
+    let len = if dtype == DType::F32 { 4 } else { 8 };
+    (cols > 0 && cols.is_multiple_of(len)).then_some(cols / len)
 }
 
 /// The register path for rows of `cols` values of `dtype`: whole chunks, at most
@@ -612,34 +631,13 @@ fn register_plan(
     dtype: DType,
     wide_chunks: u32,
 ) -> Option<RegisterPlan> {
-    let len = if dtype == DType::F32 { 4 } else { 8 };
-    if cols == 0 || !cols.is_multiple_of(len) {
-        return None;
-    }
-    let chunks = cols / len;
-    let per_lane = |lanes: u64| {
-        [1u32, 2, 4, 8]
-            .into_iter()
-            .find(|&c| u64::from(c) * lanes >= chunks as u64)
-            .filter(|&c| c as usize <= REGISTER_CHUNKS)
-    };
-    if let Some(c) = per_lane(WG) {
-        return Some(RegisterPlan {
-            wide: false,
-            mid: false,
-            chunks: c,
-        });
-    }
-    if wide_chunks > 0 && wide_workgroups(engine) {
-        return per_lane(WIDE_WG)
-            .filter(|&c| c <= wide_chunks)
-            .map(|c| RegisterPlan {
-                wide: true,
-                mid: false,
-                chunks: c,
-            });
-    }
-    None
+    let chunks = row_chunks(cols, dtype)?;
+    RegisterPlan::on(WG, chunks).or_else(|| {
+        (wide_chunks > 0 && max_lanes(engine) >= WIDE_WG)
+            .then(|| RegisterPlan::on(WIDE_WG, chunks))
+            .flatten()
+            .filter(|p| p.chunks <= wide_chunks)
+    })
 }
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
@@ -702,37 +700,19 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         } else {
             None
         };
-    // Lanes and chunks a lane of the register forward (see `forward_lanes`).
-    let mut kernel = None;
-    let mut chunks = None;
-    let len = if dtype == DType::F32 { 4 } else { 8 };
-    if plan.is_some() {
-        let row_chunks = cols / len;
-        let max_lanes = u64::from(engine.info().limits.max_compute_invocations_per_workgroup)
-            .min(u64::from(engine.info().limits.max_compute_workgroup_size_x));
-        let lanes = match FORCED_FORWARD_LANES.with(std::cell::Cell::get) {
-            Some(l)
-                if l <= max_lanes && (row_chunks as u64).div_ceil(l) <= REGISTER_CHUNKS as u64 =>
-            {
-                Some(l)
-            }
-            _ => forward_lanes(f.kind, row_chunks, max_lanes),
-        };
-        if let Some(lanes) = lanes {
-            // Chunks a lane: the fewest of 1, 2, 4, 8 that cover the row.
-            chunks = [1u32, 2, 4, 8]
-                .into_iter()
-                .find(|&c| u64::from(c) * lanes >= row_chunks as u64);
-            kernel = Some(match lanes {
-                512 => &KERNEL_MID,
-                1024 => &KERNEL_WIDE,
-                _ => &KERNEL,
-            });
-        }
-    }
-    if let (Some(plan_kernel), Some(plan_chunks)) = (kernel, chunks) {
+    // Lanes of the register forward (see `forward_lanes`), or those forced for a measurement.
+    let plan = plan.and_then(|_| {
+        let chunks = row_chunks(cols, dtype)?;
+        let max = max_lanes(engine);
+        let forced = FORCED_FORWARD_LANES
+            .with(std::cell::Cell::get)
+            .filter(|&l| l <= max)
+            .and_then(|l| RegisterPlan::on(l, chunks));
+        forced.or_else(|| RegisterPlan::on(forward_lanes(f.kind, chunks, max)?, chunks))
+    });
+    if let Some(plan) = plan {
         let mut constants = constants;
-        constants.push(("CHUNKS", f64::from(plan_chunks)));
+        constants.push(("CHUNKS", f64::from(plan.chunks)));
         let params = forward_params(&f, rows, cols);
         let (entry, buffers): (&str, Vec<&wgpu::Buffer>) = match f.kind {
             NormKind::Layer => (
@@ -769,7 +749,7 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
             ),
         };
         engine.launch(
-            plan_kernel,
+            plan.kernel(),
             entry,
             &constants,
             &params,
@@ -1229,31 +1209,21 @@ pub fn norm_backward_as(
         let wide_chunks = if saved.kind == NormKind::Layer { 0 } else { 4 };
         let plan = register_plan(engine, cols, xdt, wide_chunks);
         // 512 lanes instead of 256 (`mid_backward`), or the lanes forced for a measurement
-        // (512, or 1,024 reading rows twice, where they fit).
-        let len = if xdt == DType::F32 { 4 } else { 8 };
-        let chunks = cols / len;
-        let max_lanes = u64::from(engine.info().limits.max_compute_invocations_per_workgroup)
-            .min(u64::from(engine.info().limits.max_compute_workgroup_size_x));
+        // (512, or 1,024 reading rows twice up to 4 chunks a lane, where they fit).
         let lanes = match FORCED_BACKWARD_LANES.with(std::cell::Cell::get) {
-            Some(l @ (512 | 1024)) => Some(l),
+            Some(l @ (MID_WG | WIDE_WG)) => Some(l),
             Some(_) => None,
             None => plan
-                .filter(|p| !p.wide && mid_backward(xdt, chunks))
-                .map(|_| 512),
-        };
-        match (plan, lanes) {
-            (Some(_), Some(lanes)) if lanes <= max_lanes => [1u32, 2, 4, 8]
-                .into_iter()
-                .find(|&c| u64::from(c) * lanes >= chunks as u64)
-                .filter(|&c| lanes == 512 || c <= 4)
-                .map(|c| RegisterPlan {
-                    wide: lanes == 1024,
-                    mid: lanes == 512,
-                    chunks: c,
+                .filter(|p| {
+                    !p.wide() && row_chunks(cols, xdt).is_some_and(|c| mid_backward(xdt, c))
                 })
-                .or(plan),
-            _ => plan,
-        }
+                .map(|_| MID_WG),
+        };
+        lanes
+            .filter(|&l| plan.is_some() && l <= max_lanes(engine))
+            .and_then(|l| RegisterPlan::on(l, row_chunks(cols, xdt)?))
+            .filter(|p| !p.wide() || p.chunks <= 4)
+            .or(plan)
     } else {
         None
     };
@@ -1421,7 +1391,7 @@ fn register_backward(
 ) -> Result<NormGradients> {
     let engine = x.engine();
     let (rows, cols) = rows_cols(x);
-    let (block_rows, blocks) = register_blocks(rows, plan.wide);
+    let (block_rows, blocks) = register_blocks(rows, plan.wide());
     let stride = blocks * cols;
     if (slots.max(1) * stride) as u64 > u64::from(u32::MAX) {
         return Err(Error::bounds(
@@ -1450,7 +1420,7 @@ fn register_backward(
             f64::from(u8::from(residual_output_gradient.is_some())),
         ),
         ("CHUNKS", f64::from(plan.chunks)),
-        ("RELOAD", f64::from(u8::from(plan.wide))),
+        ("RELOAD", f64::from(u8::from(plan.wide()))),
         ("DDX", f64::from(dx.dtype().code())),
     ];
     let params = Params {
@@ -1486,7 +1456,7 @@ fn register_backward(
             blocks as u64,
         )?;
     } else {
-        let words = register_backward_words(saved.kind == NormKind::AddRms, plan.wide);
+        let words = register_backward_words(saved.kind == NormKind::AddRms, plan.wide());
         engine.launch(
             plan.kernel(),
             if words {

@@ -32,6 +32,24 @@ fn upload(data: &[f64], shape: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
     (t, stored)
 }
 
+/// The softmax (`log` false) or log-softmax of `x` and its saved context.
+fn softmax_of(x: &Tensor, log: bool) -> (Tensor, loss::SoftmaxSaved) {
+    if log {
+        loss::log_softmax(x).unwrap()
+    } else {
+        loss::softmax(x).unwrap()
+    }
+}
+
+/// The f64 reference of [`softmax_of`].
+fn softmax_reference(xs: &[f64], rows: usize, cols: usize, log: bool) -> Vec<f64> {
+    if log {
+        reference::log_softmax(xs, rows, cols)
+    } else {
+        reference::softmax(xs, rows, cols)
+    }
+}
+
 fn f32_tensor(data: &[f64], shape: &[usize]) -> Tensor {
     tensor_from_f64(engine(), data, shape, DType::F32)
 }
@@ -67,17 +85,9 @@ fn softmax_and_log_softmax_match_the_reference() {
                     &[rows, cols],
                     dtype,
                 );
-                let (y, saved) = if log {
-                    loss::log_softmax(&x).unwrap()
-                } else {
-                    loss::softmax(&x).unwrap()
-                };
+                let (y, saved) = softmax_of(&x, log);
                 assert_eq!((y.shape(), y.dtype()), (x.shape(), dtype), "{what}");
-                let want = if log {
-                    reference::log_softmax(&xs, rows, cols)
-                } else {
-                    reference::softmax(&xs, rows, cols)
-                };
+                let want = softmax_reference(&xs, rows, cols, log);
                 assert_close(
                     &what,
                     &y.to_f64().unwrap(),
@@ -108,11 +118,7 @@ fn softmax_and_log_softmax_match_the_reference() {
                     let again = loss::softmax_backward(&saved, &dy).unwrap();
                     assert_eq!(bits(&dx), bits(&again), "{what}: rerun of the backward");
                 }
-                let (y2, _) = if log {
-                    loss::log_softmax(&x).unwrap()
-                } else {
-                    loss::softmax(&x).unwrap()
-                };
+                let (y2, _) = softmax_of(&x, log);
                 assert_eq!(y.to_f64().unwrap(), y2.to_f64().unwrap(), "{what}: rerun");
             }
         }
@@ -1581,16 +1587,8 @@ fn register_resident_softmax_rows() {
             let mut v = data(150 + cols as u64, rows * cols, -6.0, 6.0);
             v[cols + 17] = f64::NEG_INFINITY;
             let (x, xs) = upload(&v, &[rows, cols], dtype);
-            let (y, saved) = if log {
-                loss::log_softmax(&x).unwrap()
-            } else {
-                loss::softmax(&x).unwrap()
-            };
-            let want = if log {
-                reference::log_softmax(&xs, rows, cols)
-            } else {
-                reference::softmax(&xs, rows, cols)
-            };
+            let (y, saved) = softmax_of(&x, log);
+            let want = softmax_reference(&xs, rows, cols, log);
             assert_close(
                 &what,
                 &y.to_f64().unwrap(),
@@ -1606,11 +1604,7 @@ fn register_resident_softmax_rows() {
                     "{what}: log denominator"
                 );
             }
-            let (y2, _) = if log {
-                loss::log_softmax(&x).unwrap()
-            } else {
-                loss::softmax(&x).unwrap()
-            };
+            let (y2, _) = softmax_of(&x, log);
             assert_eq!(y.to_f64().unwrap(), y2.to_f64().unwrap(), "{what}: rerun");
             // Backward with dy in x's dtype, register-resident for the same widths.
             let (dy, dys) = upload(&data(160, rows * cols, -1.0, 1.0), &[rows, cols], dtype);
@@ -1649,19 +1643,9 @@ fn half_bits(t: &Tensor) -> Vec<u16> {
 fn held_rows_case(what: &str, v: &[f64], (rows, cols): (usize, usize), dtype: DType, log: bool) {
     let what = format!("{what}: {dtype} [{rows}, {cols}] log={log}");
     let (x, xs) = upload(v, &[rows, cols], dtype);
-    let run = || {
-        if log {
-            loss::log_softmax(&x).unwrap()
-        } else {
-            loss::softmax(&x).unwrap()
-        }
-    };
+    let run = || softmax_of(&x, log);
     let (y, saved) = run();
-    let want = if log {
-        reference::log_softmax(&xs, rows, cols)
-    } else {
-        reference::softmax(&xs, rows, cols)
-    };
+    let want = softmax_reference(&xs, rows, cols, log);
     assert_close(
         &what,
         &y.to_f64().unwrap(),
@@ -1753,11 +1737,7 @@ fn held_backward_case(
     let what = format!("{what}: {dtype} [{rows}, {cols}] log={log}");
     let (x, xs) = upload(v, &[rows, cols], dtype);
     let (dy, dys) = upload(g, &[rows, cols], dtype);
-    let (_, saved) = if log {
-        loss::log_softmax(&x).unwrap()
-    } else {
-        loss::softmax(&x).unwrap()
-    };
+    let (_, saved) = softmax_of(&x, log);
     let dx = loss::softmax_backward(&saved, &dy).unwrap();
     let want = reference::softmax_backward(&xs, &dys, rows, cols, log);
     assert_close(&what, &dx.to_f64().unwrap(), &want, F32);
@@ -1931,16 +1911,8 @@ fn register_rows_on_every_lane_count() {
             let dy = tensor_from_f64(e, &g, &[rows, cols], dtype);
             let gs = common::stored(&g, dtype);
             for log in [false, true] {
-                let (y, saved) = if log {
-                    loss::log_softmax(&x).unwrap()
-                } else {
-                    loss::softmax(&x).unwrap()
-                };
-                let want = if log {
-                    reference::log_softmax(&xs, rows, cols)
-                } else {
-                    reference::softmax(&xs, rows, cols)
-                };
+                let (y, saved) = softmax_of(&x, log);
+                let want = softmax_reference(&xs, rows, cols, log);
                 assert_close(
                     &format!("{what} log {log}"),
                     &y.to_f64().unwrap(),
@@ -2152,11 +2124,7 @@ fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
                     let what = format!("log={log} {dtype} -> {out} [{rows}, {cols}]");
                     let (x, _) = upload(&data(310, rows * cols, -8.0, 8.0), &[rows, cols], dtype);
                     let (dy, _) = upload(&cotangent(311, rows * cols), &[rows, cols], dtype);
-                    let (_, saved) = if log {
-                        loss::log_softmax(&x).unwrap()
-                    } else {
-                        loss::softmax(&x).unwrap()
-                    };
+                    let (_, saved) = softmax_of(&x, log);
                     let want = narrowed(&loss::softmax_backward(&saved, &dy).unwrap(), out);
                     let got = loss::softmax_backward_as(&saved, &dy, out).unwrap();
                     assert_eq!(got.dtype(), out, "{what}");
