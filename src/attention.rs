@@ -88,9 +88,33 @@ pub static KERNEL: Kernel = Kernel {
 /// Query rows and keys per tile (one workgroup owns a tile's rows).
 pub const TILE: usize = 64;
 /// Workgroup memory the attention kernels declare (bytes): a 64 × 64 probability tile and the
-/// operand staging, both padded against bank conflicts. Devices with less are refused
+/// operand staging (one buffer), both swizzled against bank conflicts. Devices with less are refused
 /// (`LimitExceeded`) before anything is launched.
-pub const WORKGROUP_BYTES: u64 = (1088 + 544) * 16;
+pub const WORKGROUP_BYTES: u64 = (1024 + 512) * 16;
+/// Workgroup memory with the operand staging double-buffered ([`attention_stages`] = 2).
+pub const WORKGROUP_BYTES_DOUBLE: u64 = (1024 + 2 * 512) * 16;
+
+thread_local! {
+    static FORCED_STAGES: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces the operand staging of the attention kernels planned from the calling thread: 1
+/// (one buffer, two barriers a staged step) or 2 (double-buffered, one barrier a step; taken
+/// only where the adapter allows [`WORKGROUP_BYTES_DOUBLE`]); `None` for the rule
+/// ([`attention_stages`]). The bits do not change. For tests and measurements.
+#[doc(hidden)]
+pub fn force_stages(stages: Option<u32>) {
+    FORCED_STAGES.with(|f| f.set(stages));
+}
+
+/// Buffers of the operand staging on an adapter allowing `workgroup_bytes` of workgroup
+/// memory: 1 for now (the rule is being measured), 2 only where forced and allowed.
+pub fn attention_stages(workgroup_bytes: u64) -> u32 {
+    match FORCED_STAGES.with(std::cell::Cell::get) {
+        Some(2) if workgroup_bytes >= WORKGROUP_BYTES_DOUBLE => 2,
+        _ => 1,
+    }
+}
 /// Largest head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest query or key length.
@@ -199,6 +223,8 @@ struct Plan {
     hi: i32,
     scale: f32,
     dtype: DType,
+    /// Buffers of the operand staging ([`attention_stages`]).
+    stages: u32,
 }
 
 #[derive(encase::ShaderType)]
@@ -271,6 +297,7 @@ impl Plan {
             ("DT", f64::from(self.dtype.code())),
             ("DTO", f64::from(d_output.code())),
             ("HD", self.head_dim as f64),
+            ("STAGES", f64::from(self.stages)),
         ]
     }
 }
@@ -472,6 +499,7 @@ fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions
         hi: hi as i32,
         scale: scale as f32,
         dtype: query.dtype(),
+        stages: attention_stages(wg_limit),
     })
 }
 

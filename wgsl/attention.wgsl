@@ -248,12 +248,42 @@ fn acc_get(a: Acc, i: u32, c: u32) -> vec4<f32> {
     }
 }
 
-// Workgroup memory (25.5 KiB): `xs` stages operand slices (two [16 columns][17] blocks of
-// vec4 rows for the score products, KS rows × RS vec4 for the accumulations, or the row
-// partials of the softmax); `ps` holds a 64 × 64 tile of probabilities or score gradients,
-// column-major by tile column: ps[col · 17 + ty] = the 4 rows ty + 16·i of that column.
-var<workgroup> xs: array<vec4<f32>, 544>;
-var<workgroup> ps: array<vec4<f32>, 1088>;
+// Workgroup memory (24 KiB with one staging buffer, 32 KiB with two): `xs` stages operand
+// slices (two [16 columns][16] blocks of vec4 rows for the score products, `dot_at`; KS rows
+// × RS vec4 for the accumulations; or the row partials of the softmax), 512 vec4s a buffer;
+// `ps` holds a 64 × 64 tile of probabilities or score gradients, column-major by tile column:
+// ps[ps_at(col, ty)] = the 4 rows ty + 16·i of that column.
+var<workgroup> xs: array<vec4<f32>, XS_VEC4S>;
+
+// Staged steps in `xs`: STAGES = 1 (one buffer of XS_STAGE vec4s: two barriers a step, the
+// second before the buffer is refilled) or 2 (double-buffered: step t fills buffer t % 2,
+// one barrier a step; step t + 2 refills buffer t % 2 only after the barrier of step t + 1,
+// which every invocation passes only once it has finished step t). After a staged loop one
+// more barrier (two stages) frees both buffers for the next use of `xs` or `ps`. The products
+// are the same either way, in the same order.
+override STAGES: u32 = 1u;
+const XS_STAGE: u32 = 512u;
+override XS_VEC4S: u32 = STAGES * XS_STAGE;
+
+// First vec4 of the buffer of staged step t.
+fn stage_at(t: u32) -> u32 {
+    return (t % STAGES) * XS_STAGE;
+}
+
+// End of a staged step: with one buffer, wait before it is refilled.
+fn stage_done() {
+    if (STAGES == 1u) {
+        workgroupBarrier();
+    }
+}
+
+// End of a staged loop: with two buffers, wait before `xs` is used again.
+fn stages_done() {
+    if (STAGES > 1u) {
+        workgroupBarrier();
+    }
+}
+var<workgroup> ps: array<vec4<f32>, 1024>;
 
 // Scores (or dO·v) block of one invocation: component j of r_i is (row ty + 16·i,
 // column tx + 16·j) of the tile.
@@ -410,29 +440,27 @@ fn step_load_bwd(l: u32, d0: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_le
     return n;
 }
 
-// Writes a staged step into the dot_slot layout: component i of slot side·272 + col·17 + r.
-// The lane mapping above keeps the 32 scalar stores of a warp in distinct banks (F32) or
-// two to a bank (16-bit).
-fn step_store(l: u32, n: Pair, wide: bool) {
+// Writes a staged step into the dot_at layout: component i of vec4 dot_at(side, col, r).
+// The lane mapping above and the swizzle keep the 32 scalar stores of a warp in distinct
+// banks (F32) or two to a bank (16-bit).
+fn step_store(l: u32, at: u32, n: Pair, wide: bool) {
     let i = l % 4u;
     let r = (l / 8u) % 16u;
-    var s0 = 0u;
-    var s1 = 0u;
-    if (wide) {
-        s0 = 68u * ((l / 4u) % 2u + 2u * (l / 128u)) + r;
-        s1 = 272u + s0;
-    } else {
-        s0 = (l / 128u) * 272u + 136u * ((l / 4u) % 2u) + r;
-        s1 = s0 + 68u;
+    // (side, first column) of n.a's four columns, and of n.b's.
+    var a0 = vec2<u32>(0u, 4u * ((l / 4u) % 2u + 2u * (l / 128u)));
+    var b0 = vec2<u32>(1u, a0.y);
+    if (!wide) {
+        a0 = vec2<u32>(l / 128u, 8u * ((l / 4u) % 2u));
+        b0 = vec2<u32>(a0.x, a0.y + 4u);
     }
-    xs[s0][i] = n.a.x;
-    xs[s0 + 17u][i] = n.a.y;
-    xs[s0 + 34u][i] = n.a.z;
-    xs[s0 + 51u][i] = n.a.w;
-    xs[s1][i] = n.b.x;
-    xs[s1 + 17u][i] = n.b.y;
-    xs[s1 + 34u][i] = n.b.z;
-    xs[s1 + 51u][i] = n.b.w;
+    xs[at + dot_at(a0.x, a0.y, r)][i] = n.a.x;
+    xs[at + dot_at(a0.x, a0.y + 1u, r)][i] = n.a.y;
+    xs[at + dot_at(a0.x, a0.y + 2u, r)][i] = n.a.z;
+    xs[at + dot_at(a0.x, a0.y + 3u, r)][i] = n.a.w;
+    xs[at + dot_at(b0.x, b0.y, r)][i] = n.b.x;
+    xs[at + dot_at(b0.x, b0.y + 1u, r)][i] = n.b.y;
+    xs[at + dot_at(b0.x, b0.y + 2u, r)][i] = n.b.z;
+    xs[at + dot_at(b0.x, b0.y + 3u, r)][i] = n.b.w;
 }
 
 // Accumulation-step staging (KS rows × RS vec4 from row r0, row-major): F32 lanes load slots
@@ -471,28 +499,41 @@ fn rows_load_bwd(l: u32, kind: u32, base: u32, ss: u32, r0: u32, len: u32) -> Pa
     return n;
 }
 
-fn rows_store(l: u32, n: Pair, wide: bool) {
+fn rows_store(l: u32, at: u32, n: Pair, wide: bool) {
     if (wide) {
-        xs[l] = n.a;
-        xs[l + WG] = n.b;
+        xs[at + l] = n.a;
+        xs[at + l + WG] = n.b;
     } else {
-        xs[2u * l] = n.a;
-        xs[2u * l + 1u] = n.b;
+        xs[at + 2u * l] = n.a;
+        xs[at + 2u * l + 1u] = n.b;
     }
 }
 
 // Staging slot of invocation lid for the score products: column lid % 16 of the step, rows
 // lid / 16 + 16·i; `side` 0 holds the tile's rows, 1 its columns.
 fn dot_slot(side: u32, lid: u32) -> u32 {
-    return side * 272u + (lid % 16u) * 17u + lid / 16u;
+    return dot_at(side, lid % 16u, lid / 16u);
+}
+
+// The vec4 of a score-product step holding column `col` (0..16) of rows r + 16·i (r < 16) of
+// `side`: 16 vec4s a column, the row XOR-swizzled by the column so that a column's
+// transposed stores spread over the banks (the reads take a whole row of vec4s or one).
+fn dot_at(side: u32, col: u32, r: u32) -> u32 {
+    return side * 256u + col * 16u + (r ^ col);
+}
+
+// The vec4 of `ps` holding column c (0..64) of the tile at rows t + 16·i (t < 16), swizzled
+// as `dot_at` (c % 16 is the lane's tx where put_tile writes).
+fn ps_at(c: u32, t: u32) -> u32 {
+    return c * 16u + (t ^ (c % 16u));
 }
 
 // r += the staged 16-column step of rows × columns (one fma per term, columns in order).
-fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
+fn dots(s: Blk, at: u32, tx: u32, ty: u32) -> Blk {
     var r = s;
     for (var dd = 0u; dd < 16u; dd = dd + 1u) {
-        let a = xs[dd * 17u + ty];
-        let b = xs[272u + dd * 17u + tx];
+        let a = xs[at + dot_at(0u, dd, ty)];
+        let b = xs[at + dot_at(1u, dd, tx)];
         r.r0 = fma(vec4<f32>(a.x), b, r.r0);
         r.r1 = fma(vec4<f32>(a.y), b, r.r1);
         r.r2 = fma(vec4<f32>(a.z), b, r.r2);
@@ -503,10 +544,10 @@ fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
 
 // Writes column j = tx + 16·jj of a block into ps (4 rows ty + 16·i as one vec4).
 fn put_tile(s: Blk, tx: u32, ty: u32) {
-    ps[tx * 17u + ty] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
-    ps[(tx + 16u) * 17u + ty] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
-    ps[(tx + 32u) * 17u + ty] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
-    ps[(tx + 48u) * 17u + ty] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
+    ps[ps_at(tx, ty)] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
+    ps[ps_at(tx + 16u, ty)] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
+    ps[ps_at(tx + 32u, ty)] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
+    ps[ps_at(tx + 48u, ty)] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
 }
 
 // Whether every (query, key) of the tile is in range and inside the band, with no mask:
@@ -594,15 +635,17 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         var n = step_load_fwd(lid, 0u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
                               KIND_K, k_base, params.k_ss, k0, params.k_len);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            step_store(lid, n, DT == DT_F32);
+            let at = stage_at(d0 / 16u);
+            step_store(lid, at, n, DT == DT_F32);
             workgroupBarrier();
             if (d0 + 16u < HD) {
                 n = step_load_fwd(lid, d0 + 16u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
                                   KIND_K, k_base, params.k_ss, k0, params.k_len);
             }
-            s = dots(s, tx, ty);
-            workgroupBarrier();
+            s = dots(s, at, tx, ty);
+            stage_done();
         }
+        stages_done();
         if (!block_full(q0, k0)) {
             let keys = vec4<u32>(k0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
             s.r0 = select(ninf, s.r0, vis4(b, h, vec4<u32>(rows.x), keys));
@@ -632,16 +675,18 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
         var nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0, params.k_len);
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            rows_store(lid, nv, DT == DT_F32);
+            let at = stage_at(ks / KS);
+            rows_store(lid, at, nv, DT == DT_F32);
             workgroupBarrier();
             if (ks + KS < BT) {
                 nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0 + ks + KS, params.k_len);
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
-                o = acc_step(o, ps[(ks + kr) * 17u + ty], kr * RS, tx);
+                o = acc_step(o, ps[ps_at(ks + kr, ty)], at + kr * RS, tx);
             }
-            workgroupBarrier();
+            stage_done();
         }
+        stages_done();
     }
     // Denominators: the lanes' partial sums of each row, in lane order.
     xs[tx * 17u + ty] = l;
@@ -739,31 +784,35 @@ fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u
     if (kind_dt(ka) != DT_F32 && kind_dt(kb) != DT_F32) {
         var n = step_load_bwd(lid, 0u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0, b_len);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            step_store(lid, n, false);
+            let at = stage_at(d0 / 16u);
+            step_store(lid, at, n, false);
             workgroupBarrier();
             if (d0 + 16u < HD) {
                 n = step_load_bwd(lid, d0 + 16u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0,
                                   b_len);
             }
-            s = dots(s, tx, ty);
-            workgroupBarrier();
+            s = dots(s, at, tx, ty);
+            stage_done();
         }
+        stages_done();
         return s;
     }
     var na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, lid % 16u);
     var nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, lid % 16u);
     for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-        xs[dot_slot(0u, lid)] = na;
-        xs[dot_slot(1u, lid)] = nb;
+        let at = stage_at(d0 / 16u);
+        xs[at + dot_slot(0u, lid)] = na;
+        xs[at + dot_slot(1u, lid)] = nb;
         workgroupBarrier();
         if (d0 + 16u < HD) {
             let col = d0 + 16u + lid % 16u;
             na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, col);
             nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, col);
         }
-        s = dots(s, tx, ty);
-        workgroupBarrier();
+        s = dots(s, at, tx, ty);
+        stage_done();
     }
+    stages_done();
     return s;
 }
 
@@ -774,23 +823,26 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
     if (kind_dt(kind) != DT_F32) {
         var n = rows_load_bwd(lid, kind, base, ss, r0, len);
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            rows_store(lid, n, false);
+            let at = stage_at(ks / KS);
+            rows_store(lid, at, n, false);
             workgroupBarrier();
             if (ks + KS < BT) {
                 n = rows_load_bwd(lid, kind, base, ss, r0 + ks + KS, len);
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
-                a = acc_step(a, ps[(ks + kr) * 17u + ty], kr * RS, tx);
+                a = acc_step(a, ps[ps_at(ks + kr, ty)], at + kr * RS, tx);
             }
-            workgroupBarrier();
+            stage_done();
         }
+        stages_done();
         return a;
     }
     var n0 = row4_bwd(kind, base, ss, r0 + lid / RS, len, 4u * (lid % RS));
     var n1 = row4_bwd(kind, base, ss, r0 + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
     for (var ks = 0u; ks < BT; ks = ks + KS) {
-        xs[lid] = n0;
-        xs[lid + WG] = n1;
+        let at = stage_at(ks / KS);
+        xs[at + lid] = n0;
+        xs[at + lid + WG] = n1;
         workgroupBarrier();
         if (ks + KS < BT) {
             let r = r0 + ks + KS;
@@ -798,10 +850,11 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
             n1 = row4_bwd(kind, base, ss, r + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
         }
         for (var kr = 0u; kr < KS; kr = kr + 1u) {
-            a = acc_step(a, ps[(ks + kr) * 17u + ty], kr * RS, tx);
+            a = acc_step(a, ps[ps_at(ks + kr, ty)], at + kr * RS, tx);
         }
-        workgroupBarrier();
+        stage_done();
     }
+    stages_done();
     return a;
 }
 
@@ -1111,7 +1164,7 @@ fn attention_dq_stored(@builtin(workgroup_id) wid: vec3<u32>,
         let at = ((lq * q_tiles + qb) * k_tiles + kb) * 1024u;
         for (var r = 0u; r < 4u; r = r + 1u) {
             let e = lid + WG * r;
-            ps[(e / 16u) * 17u + e % 16u] = ds_store[at + e];
+            ps[ps_at(e / 16u, e % 16u)] = ds_store[at + e];
         }
         dq = bwd_accumulate(dq, lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len);
     }
