@@ -536,10 +536,8 @@ fn main() -> ExitCode {
     wgrad::norm::force_forward_lanes(lanes("WGRAD_NORM_FWD_LANES"));
     wgrad::norm::force_backward_lanes(lanes("WGRAD_NORM_BWD_LANES"));
     wgrad::loss::force_row_lanes(lanes("WGRAD_ROW_LANES"));
-    // Measurement switches of the staging buffers of the dense products and the attention
-    // kernels (1, 2; bit-identical).
-    wgrad::matmul::force_stages(lanes("WGRAD_GEMM_STAGES").map(|s| s as u32));
-    wgrad::attention::force_stages(lanes("WGRAD_ATTN_STAGES").map(|s| s as u32));
+    // Measurement switch of the attention launches' order of query blocks (bit-identical).
+    wgrad::attention::force_ascending_blocks(std::env::var_os("WGRAD_ATTN_ASCENDING").is_some());
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
         print_cooperative_matrices();
     }

@@ -6,11 +6,6 @@ use std::process::ExitCode;
 use wgrad::Engine;
 
 fn main() -> ExitCode {
-    // Staging buffers of the dense products and the attention kernels (1, 2; unset: the
-    // rules), to check either path on a device.
-    let stages = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    wgrad::matmul::force_stages(stages("WGRAD_GEMM_STAGES"));
-    wgrad::attention::force_stages(stages("WGRAD_ATTN_STAGES"));
     let engine = match Engine::new() {
         Ok(e) => e,
         Err(e) => {

@@ -87,34 +87,12 @@ pub static KERNEL: Kernel = Kernel {
 
 /// Query rows and keys per tile (one workgroup owns a tile's rows).
 pub const TILE: usize = 64;
-/// Workgroup memory the attention kernels declare (bytes): a 64 × 64 probability tile and the
-/// operand staging (one buffer), both swizzled against bank conflicts. Devices with less are refused
-/// (`LimitExceeded`) before anything is launched.
-pub const WORKGROUP_BYTES: u64 = (1024 + 512) * 16;
-/// Workgroup memory with the operand staging double-buffered ([`attention_stages`] = 2).
-pub const WORKGROUP_BYTES_DOUBLE: u64 = (1024 + 2 * 512) * 16;
-
-thread_local! {
-    static FORCED_STAGES: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-}
-
-/// Forces the operand staging of the attention kernels planned from the calling thread: 1
-/// (one buffer, two barriers a staged step) or 2 (double-buffered, one barrier a step; taken
-/// only where the adapter allows [`WORKGROUP_BYTES_DOUBLE`]); `None` for the rule
-/// ([`attention_stages`]). The bits do not change. For tests and measurements.
-#[doc(hidden)]
-pub fn force_stages(stages: Option<u32>) {
-    FORCED_STAGES.with(|f| f.set(stages));
-}
-
-/// Buffers of the operand staging on an adapter allowing `workgroup_bytes` of workgroup
-/// memory: 1 for now (the rule is being measured), 2 only where forced and allowed.
-pub fn attention_stages(workgroup_bytes: u64) -> u32 {
-    match FORCED_STAGES.with(std::cell::Cell::get) {
-        Some(2) if workgroup_bytes >= WORKGROUP_BYTES_DOUBLE => 2,
-        _ => 1,
-    }
-}
+/// Workgroup memory the attention kernels declare at most (bytes): a 64 × 64 probability tile
+/// and the operand staging, padded against bank conflicts (the backward passes that recompute
+/// scores; the forward and the dQ pass over stored score gradients swizzle the same layouts
+/// instead, 24 KiB). Devices with less are refused (`LimitExceeded`) before anything is
+/// launched.
+pub const WORKGROUP_BYTES: u64 = (1088 + 544) * 16;
 /// Largest head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest query or key length.
@@ -223,8 +201,6 @@ struct Plan {
     hi: i32,
     scale: f32,
     dtype: DType,
-    /// Buffers of the operand staging ([`attention_stages`]).
-    stages: u32,
 }
 
 #[derive(encase::ShaderType)]
@@ -297,9 +273,34 @@ impl Plan {
             ("DT", f64::from(self.dtype.code())),
             ("DTO", f64::from(d_output.code())),
             ("HD", self.head_dim as f64),
-            ("STAGES", f64::from(self.stages)),
         ]
     }
+}
+
+/// `constants` with the workgroup memory layout of `entry` (`PADDED` in the kernel) and its
+/// order of query blocks (`LAST_FIRST`). The layouts hold the same values, so the bits do
+/// not depend on them; measured on an H200 (`notes/attention.md`, tenth round): the swizzled
+/// layout's smaller footprint makes the forward 10–20% faster, and the dQ pass over stored
+/// score gradients 3–4%, while the passes that recompute scores in the backward run 1–2%
+/// faster with the padded layout's constant offsets.
+fn with_layout(mut constants: Constants, entry: &str) -> Constants {
+    let swizzled = matches!(entry, "attention_forward" | "attention_dq_stored");
+    constants.push(("PADDED", if swizzled { 0.0 } else { 1.0 }));
+    let ascending = FORCED_ASCENDING.with(std::cell::Cell::get);
+    constants.push(("LAST_FIRST", if ascending { 0.0 } else { 1.0 }));
+    constants
+}
+
+thread_local! {
+    static FORCED_ASCENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Launches query blocks in increasing order (`true`) instead of the last block of a head
+/// first, for kernels planned from the calling thread. The bits do not change. For
+/// measurements.
+#[doc(hidden)]
+pub fn force_ascending_blocks(ascending: bool) {
+    FORCED_ASCENDING.with(|f| f.set(ascending));
 }
 
 /// Strides (batch, head, sequence) of a 4-axis tensor in `layout`, and its
@@ -499,7 +500,6 @@ fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions
         hi: hi as i32,
         scale: scale as f32,
         dtype: query.dtype(),
-        stages: attention_stages(wg_limit),
     })
 }
 
@@ -541,7 +541,7 @@ pub fn attention_forward(
     engine.launch(
         &KERNEL,
         "attention_forward",
-        &plan.constants(DType::F32),
+        &with_layout(plan.constants(DType::F32), "attention_forward"),
         &plan.params(options.mask.is_some()),
         &[
             query.buffer(),
@@ -757,7 +757,7 @@ pub fn attention_backward_with(
             engine.launch(
                 &KERNEL,
                 entry,
-                &constants,
+                &with_layout(constants.clone(), entry),
                 &params,
                 &buffers,
                 workgroups as u64,
@@ -798,7 +798,7 @@ pub fn attention_backward_with(
             engine.launch(
                 &KERNEL,
                 entry,
-                &constants,
+                &with_layout(constants.clone(), entry),
                 &params,
                 buffers,
                 workgroups as u64,

@@ -128,29 +128,6 @@ pub fn gemm_tile(m: usize, n: usize, batch: usize) -> GemmTile {
 /// 2 × 16 × 128 f32 (the WebGPU default limit, 16 KiB; the narrow tile uses a quarter of it).
 pub const WORKGROUP_BYTES: u64 = 2 * 16 * 128 * 4;
 
-thread_local! {
-    static FORCED_STAGES: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-}
-
-/// Forces the staged K steps of the products launched from the calling thread: 1 (one stage,
-/// two barriers a step) or 2 (double-buffered, one barrier a step, twice the workgroup
-/// memory; taken only where the adapter allows it); `None` for the rule ([`gemm_stages`]).
-/// The bits do not change. For tests and measurements.
-#[doc(hidden)]
-pub fn force_stages(stages: Option<u32>) {
-    FORCED_STAGES.with(|f| f.set(stages));
-}
-
-/// Staged K steps of a product's launch on an adapter allowing `workgroup_bytes` of
-/// workgroup memory: 1 for now (the rule is being measured), 2 only where forced and
-/// allowed.
-pub fn gemm_stages(workgroup_bytes: u64) -> u32 {
-    match FORCED_STAGES.with(std::cell::Cell::get) {
-        Some(2) if workgroup_bytes >= 2 * WORKGROUP_BYTES => 2,
-        _ => 1,
-    }
-}
-
 /// Split-K: products with fewer output tiles than this (`⌈m/128⌉·⌈n/128⌉·batch`) may be split.
 pub const SPLIT_MAX_TILES: usize = 256;
 /// Split-K: the number of workgroups (slices × tiles) a split aims for.
@@ -709,12 +686,6 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
         ("TRANS_B", flag(call.b.transposed)),
         ("NARROW", flag(tile == GemmTile::Narrow)),
         ("DT_OUT", f64::from(call.out.dtype().code())),
-        (
-            "STAGES",
-            f64::from(gemm_stages(u64::from(
-                engine.info().limits.max_compute_workgroup_storage_size,
-            ))),
-        ),
     ];
     if slices > 1 {
         // Split-K: slice sums into scratch, then one fixed-order finish with the epilogue.

@@ -248,42 +248,31 @@ fn acc_get(a: Acc, i: u32, c: u32) -> vec4<f32> {
     }
 }
 
-// Workgroup memory (24 KiB with one staging buffer, 32 KiB with two): `xs` stages operand
-// slices (two [16 columns][16] blocks of vec4 rows for the score products, `dot_at`; KS rows
-// × RS vec4 for the accumulations; or the row partials of the softmax), 512 vec4s a buffer;
-// `ps` holds a 64 × 64 tile of probabilities or score gradients, column-major by tile column:
-// ps[ps_at(col, ty)] = the 4 rows ty + 16·i of that column.
-var<workgroup> xs: array<vec4<f32>, XS_VEC4S>;
+// Query block of workgroup g of a launch with q_tiles blocks a head. LAST_FIRST: a head's
+// blocks from the last one down, so that under a causal mask (the last rows see the most keys)
+// the longest workgroups start first and a launch ends on short ones; otherwise in order.
+override LAST_FIRST: bool = true;
 
-// Staged steps in `xs`: STAGES = 1 (one buffer of XS_STAGE vec4s: two barriers a step, the
-// second before the buffer is refilled) or 2 (double-buffered: step t fills buffer t % 2,
-// one barrier a step; step t + 2 refills buffer t % 2 only after the barrier of step t + 1,
-// which every invocation passes only once it has finished step t). After a staged loop one
-// more barrier (two stages) frees both buffers for the next use of `xs` or `ps`. The products
-// are the same either way, in the same order.
-override STAGES: u32 = 1u;
-const XS_STAGE: u32 = 512u;
-override XS_VEC4S: u32 = STAGES * XS_STAGE;
-
-// First vec4 of the buffer of staged step t.
-fn stage_at(t: u32) -> u32 {
-    return (t % STAGES) * XS_STAGE;
-}
-
-// End of a staged step: with one buffer, wait before it is refilled.
-fn stage_done() {
-    if (STAGES == 1u) {
-        workgroupBarrier();
+fn query_block(g: u32, q_tiles: u32) -> u32 {
+    if (LAST_FIRST) {
+        return q_tiles - 1u - g % q_tiles;
     }
+    return g % q_tiles;
 }
 
-// End of a staged loop: with two buffers, wait before `xs` is used again.
-fn stages_done() {
-    if (STAGES > 1u) {
-        workgroupBarrier();
-    }
-}
-var<workgroup> ps: array<vec4<f32>, 1024>;
+// Workgroup memory: `xs` stages operand slices (two blocks of 16 columns × 16 vec4 rows for
+// the score products, `dot_at`; KS rows × RS vec4 for the accumulations; or the row partials
+// of the softmax); `ps` holds a 64 × 64 tile of probabilities or score gradients,
+// column-major by tile column: ps[ps_at(col, ty)] = the 4 rows ty + 16·i of that column.
+// Two layouts of the same values, both free of bank conflicts (see `dot_at`): PADDED (25.5
+// KiB: a column's vec4s 17 apart, so unrolled loops address them by constant offsets) or
+// swizzled (24 KiB: 16 apart, the row XOR-ed with the column; one more integer operation a
+// load, a smaller footprint).
+override PADDED: bool = true;
+override XS_LEN: u32 = select(512u, 544u, PADDED);
+override PS_LEN: u32 = select(1024u, 1088u, PADDED);
+var<workgroup> xs: array<vec4<f32>, XS_LEN>;
+var<workgroup> ps: array<vec4<f32>, PS_LEN>;
 
 // Scores (or dO·v) block of one invocation: component j of r_i is (row ty + 16·i,
 // column tx + 16·j) of the tile.
@@ -443,7 +432,7 @@ fn step_load_bwd(l: u32, d0: u32, ka: u32, a_base: u32, a_ss: u32, a0: u32, a_le
 // Writes a staged step into the dot_at layout: component i of vec4 dot_at(side, col, r).
 // The lane mapping above and the swizzle keep the 32 scalar stores of a warp in distinct
 // banks (F32) or two to a bank (16-bit).
-fn step_store(l: u32, at: u32, n: Pair, wide: bool) {
+fn step_store(l: u32, n: Pair, wide: bool) {
     let i = l % 4u;
     let r = (l / 8u) % 16u;
     // (side, first column) of n.a's four columns, and of n.b's.
@@ -453,14 +442,14 @@ fn step_store(l: u32, at: u32, n: Pair, wide: bool) {
         a0 = vec2<u32>(l / 128u, 8u * ((l / 4u) % 2u));
         b0 = vec2<u32>(a0.x, a0.y + 4u);
     }
-    xs[at + dot_at(a0.x, a0.y, r)][i] = n.a.x;
-    xs[at + dot_at(a0.x, a0.y + 1u, r)][i] = n.a.y;
-    xs[at + dot_at(a0.x, a0.y + 2u, r)][i] = n.a.z;
-    xs[at + dot_at(a0.x, a0.y + 3u, r)][i] = n.a.w;
-    xs[at + dot_at(b0.x, b0.y, r)][i] = n.b.x;
-    xs[at + dot_at(b0.x, b0.y + 1u, r)][i] = n.b.y;
-    xs[at + dot_at(b0.x, b0.y + 2u, r)][i] = n.b.z;
-    xs[at + dot_at(b0.x, b0.y + 3u, r)][i] = n.b.w;
+    xs[dot_at(a0.x, a0.y, r)][i] = n.a.x;
+    xs[dot_at(a0.x, a0.y + 1u, r)][i] = n.a.y;
+    xs[dot_at(a0.x, a0.y + 2u, r)][i] = n.a.z;
+    xs[dot_at(a0.x, a0.y + 3u, r)][i] = n.a.w;
+    xs[dot_at(b0.x, b0.y, r)][i] = n.b.x;
+    xs[dot_at(b0.x, b0.y + 1u, r)][i] = n.b.y;
+    xs[dot_at(b0.x, b0.y + 2u, r)][i] = n.b.z;
+    xs[dot_at(b0.x, b0.y + 3u, r)][i] = n.b.w;
 }
 
 // Accumulation-step staging (KS rows × RS vec4 from row r0, row-major): F32 lanes load slots
@@ -499,13 +488,13 @@ fn rows_load_bwd(l: u32, kind: u32, base: u32, ss: u32, r0: u32, len: u32) -> Pa
     return n;
 }
 
-fn rows_store(l: u32, at: u32, n: Pair, wide: bool) {
+fn rows_store(l: u32, n: Pair, wide: bool) {
     if (wide) {
-        xs[at + l] = n.a;
-        xs[at + l + WG] = n.b;
+        xs[l] = n.a;
+        xs[l + WG] = n.b;
     } else {
-        xs[at + 2u * l] = n.a;
-        xs[at + 2u * l + 1u] = n.b;
+        xs[2u * l] = n.a;
+        xs[2u * l + 1u] = n.b;
     }
 }
 
@@ -516,24 +505,30 @@ fn dot_slot(side: u32, lid: u32) -> u32 {
 }
 
 // The vec4 of a score-product step holding column `col` (0..16) of rows r + 16·i (r < 16) of
-// `side`: 16 vec4s a column, the row XOR-swizzled by the column so that a column's
-// transposed stores spread over the banks (the reads take a whole row of vec4s or one).
+// `side`: 17 vec4s a column (PADDED), or 16 with the row XOR-ed with the column; either way a
+// column's transposed stores spread over the banks (the reads take a row of vec4s or one).
 fn dot_at(side: u32, col: u32, r: u32) -> u32 {
+    if (PADDED) {
+        return side * 272u + col * 17u + r;
+    }
     return side * 256u + col * 16u + (r ^ col);
 }
 
-// The vec4 of `ps` holding column c (0..64) of the tile at rows t + 16·i (t < 16), swizzled
+// The vec4 of `ps` holding column c (0..64) of the tile at rows t + 16·i (t < 16), laid out
 // as `dot_at` (c % 16 is the lane's tx where put_tile writes).
 fn ps_at(c: u32, t: u32) -> u32 {
+    if (PADDED) {
+        return c * 17u + t;
+    }
     return c * 16u + (t ^ (c % 16u));
 }
 
 // r += the staged 16-column step of rows × columns (one fma per term, columns in order).
-fn dots(s: Blk, at: u32, tx: u32, ty: u32) -> Blk {
+fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
     var r = s;
     for (var dd = 0u; dd < 16u; dd = dd + 1u) {
-        let a = xs[at + dot_at(0u, dd, ty)];
-        let b = xs[at + dot_at(1u, dd, tx)];
+        let a = xs[dot_at(0u, dd, ty)];
+        let b = xs[dot_at(1u, dd, tx)];
         r.r0 = fma(vec4<f32>(a.x), b, r.r0);
         r.r1 = fma(vec4<f32>(a.y), b, r.r1);
         r.r2 = fma(vec4<f32>(a.z), b, r.r2);
@@ -607,7 +602,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     if (g >= params.batch * params.q_heads * q_tiles) {
         return;
     }
-    let qb = g % q_tiles;
+    let qb = query_block(g, q_tiles);
     let bh = g / q_tiles;
     let h = bh % params.q_heads;
     let b = bh / params.q_heads;
@@ -635,17 +630,15 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         var n = step_load_fwd(lid, 0u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
                               KIND_K, k_base, params.k_ss, k0, params.k_len);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            let at = stage_at(d0 / 16u);
-            step_store(lid, at, n, DT == DT_F32);
+            step_store(lid, n, DT == DT_F32);
             workgroupBarrier();
             if (d0 + 16u < HD) {
                 n = step_load_fwd(lid, d0 + 16u, KIND_Q, q_base, params.q_ss, q0, params.q_len,
                                   KIND_K, k_base, params.k_ss, k0, params.k_len);
             }
-            s = dots(s, at, tx, ty);
-            stage_done();
+            s = dots(s, tx, ty);
+            workgroupBarrier();
         }
-        stages_done();
         if (!block_full(q0, k0)) {
             let keys = vec4<u32>(k0 + tx) + vec4<u32>(0u, 16u, 32u, 48u);
             s.r0 = select(ninf, s.r0, vis4(b, h, vec4<u32>(rows.x), keys));
@@ -675,18 +668,16 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
         var nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0, params.k_len);
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            let at = stage_at(ks / KS);
-            rows_store(lid, at, nv, DT == DT_F32);
+            rows_store(lid, nv, DT == DT_F32);
             workgroupBarrier();
             if (ks + KS < BT) {
                 nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0 + ks + KS, params.k_len);
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
-                o = acc_step(o, ps[ps_at(ks + kr, ty)], at + kr * RS, tx);
+                o = acc_step(o, ps[ps_at(ks + kr, ty)], kr * RS, tx);
             }
-            stage_done();
+            workgroupBarrier();
         }
-        stages_done();
     }
     // Denominators: the lanes' partial sums of each row, in lane order.
     xs[tx * 17u + ty] = l;
@@ -784,35 +775,31 @@ fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u
     if (kind_dt(ka) != DT_F32 && kind_dt(kb) != DT_F32) {
         var n = step_load_bwd(lid, 0u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0, b_len);
         for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-            let at = stage_at(d0 / 16u);
-            step_store(lid, at, n, false);
+            step_store(lid, n, false);
             workgroupBarrier();
             if (d0 + 16u < HD) {
                 n = step_load_bwd(lid, d0 + 16u, ka, a_base, a_ss, a0, a_len, kb, b_base, b_ss, b0,
                                   b_len);
             }
-            s = dots(s, at, tx, ty);
-            stage_done();
+            s = dots(s, tx, ty);
+            workgroupBarrier();
         }
-        stages_done();
         return s;
     }
     var na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, lid % 16u);
     var nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, lid % 16u);
     for (var d0 = 0u; d0 < HD; d0 = d0 + 16u) {
-        let at = stage_at(d0 / 16u);
-        xs[at + dot_slot(0u, lid)] = na;
-        xs[at + dot_slot(1u, lid)] = nb;
+        xs[dot_slot(0u, lid)] = na;
+        xs[dot_slot(1u, lid)] = nb;
         workgroupBarrier();
         if (d0 + 16u < HD) {
             let col = d0 + 16u + lid % 16u;
             na = gather4_bwd(ka, a_base, a_ss, a0 + lid / 16u, a_len, col);
             nb = gather4_bwd(kb, b_base, b_ss, b0 + lid / 16u, b_len, col);
         }
-        s = dots(s, at, tx, ty);
-        stage_done();
+        s = dots(s, tx, ty);
+        workgroupBarrier();
     }
-    stages_done();
     return s;
 }
 
@@ -823,26 +810,23 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
     if (kind_dt(kind) != DT_F32) {
         var n = rows_load_bwd(lid, kind, base, ss, r0, len);
         for (var ks = 0u; ks < BT; ks = ks + KS) {
-            let at = stage_at(ks / KS);
-            rows_store(lid, at, n, false);
+            rows_store(lid, n, false);
             workgroupBarrier();
             if (ks + KS < BT) {
                 n = rows_load_bwd(lid, kind, base, ss, r0 + ks + KS, len);
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
-                a = acc_step(a, ps[ps_at(ks + kr, ty)], at + kr * RS, tx);
+                a = acc_step(a, ps[ps_at(ks + kr, ty)], kr * RS, tx);
             }
-            stage_done();
+            workgroupBarrier();
         }
-        stages_done();
         return a;
     }
     var n0 = row4_bwd(kind, base, ss, r0 + lid / RS, len, 4u * (lid % RS));
     var n1 = row4_bwd(kind, base, ss, r0 + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
     for (var ks = 0u; ks < BT; ks = ks + KS) {
-        let at = stage_at(ks / KS);
-        xs[at + lid] = n0;
-        xs[at + lid + WG] = n1;
+        xs[lid] = n0;
+        xs[lid + WG] = n1;
         workgroupBarrier();
         if (ks + KS < BT) {
             let r = r0 + ks + KS;
@@ -850,11 +834,10 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
             n1 = row4_bwd(kind, base, ss, r + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
         }
         for (var kr = 0u; kr < KS; kr = kr + 1u) {
-            a = acc_step(a, ps[ps_at(ks + kr, ty)], at + kr * RS, tx);
+            a = acc_step(a, ps[ps_at(ks + kr, ty)], kr * RS, tx);
         }
-        stage_done();
+        workgroupBarrier();
     }
-    stages_done();
     return a;
 }
 
@@ -1077,7 +1060,7 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     if (g >= params.batch * params.q_heads * q_tiles) {
         return;
     }
-    let qb = g % q_tiles;
+    let qb = query_block(g, q_tiles);
     let bh = g / q_tiles;
     let h = bh % params.q_heads;
     let b = bh / params.q_heads;
@@ -1141,7 +1124,7 @@ fn attention_dq_stored(@builtin(workgroup_id) wid: vec3<u32>,
     if (g >= params.groups * params.group * q_tiles) {
         return;
     }
-    let qb = g % q_tiles;
+    let qb = query_block(g, q_tiles);
     let lq = g / q_tiles;
     let bh = params.first_group * params.group + lq;
     let h = bh % params.q_heads;

@@ -62,14 +62,12 @@ override TRANS_A: u32 = 0u;      // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;      // 1: B stored [n, k]
 override NARROW: bool = false;   // the 64×64 tile; the geometry below follows from it
 override DT_OUT: u32 = 0u;       // dtype code of out (16-bit: pairs of columns a word)
-override STAGES: u32 = 1u;       // staged K steps in workgroup memory: 1, or 2 (double-buffered)
 
 override BM: u32 = select(128u, 64u, NARROW);  // tile rows
 override BN: u32 = BM;                         // tile columns
 override BK: u32 = select(16u, 8u, NARROW);    // K step
 override LANES: u32 = (BM / 8u) * (BN / 8u);   // invocations of a tile's workgroup: 256 or 64
 override ROW4: u32 = BM / 4u;                  // vec4s per staged k-row (BM / 4 = BN / 4)
-override STAGE_VEC4S: u32 = STAGES * BK * ROW4;  // vec4s of one staged operand, all stages
 const PER: u32 = 8u;    // elements of each operand one invocation stages per step: BM·BK / LANES
 const WG: u32 = 256u;   // invocations of the split-K finish
 
@@ -103,9 +101,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> pre: array<u32>;
 @group(0) @binding(6) var<storage, read> part: array<u32>;   // split-K slice sums (pass 2)
 
-// One stage is BK · ROW4 vec4s (wide 8 KiB, narrow 2 KiB); STAGES of them per operand.
-var<workgroup> a_tile: array<vec4<f32>, STAGE_VEC4S>;
-var<workgroup> b_tile: array<vec4<f32>, STAGE_VEC4S>;
+var<workgroup> a_tile: array<vec4<f32>, 512>;   // wide BK · ROW4 (8 KiB); narrow: 128 of it
+var<workgroup> b_tile: array<vec4<f32>, 512>;   // the same
 
 // Registers hold no indexed arrays (an indexed private array may be placed in slow local
 // memory): the accumulators are sixteen vec4s, the prefetched elements four vec4s, and every
@@ -277,34 +274,33 @@ fn fetch(is_b: bool, w: Walk, k0: u32, ke: u32) -> Eight {
 }
 
 // Workgroup memory ← fetched elements.
-// Workgroup memory ← fetched elements, into the stage starting at vec4 `at`.
-fn stage_a(lid: u32, at: u32, r: u32, v: f32) {
+fn stage_a(lid: u32, r: u32, v: f32) {
     let s = slot(a_kc(), lid, r);
-    a_tile[at + staged(a_kc(), s)][s.x % 4u] = v;
+    a_tile[staged(a_kc(), s)][s.x % 4u] = v;
 }
 
-fn stage_b(lid: u32, at: u32, r: u32, v: f32) {
+fn stage_b(lid: u32, r: u32, v: f32) {
     let s = slot(b_kc(), lid, r);
-    b_tile[at + staged(b_kc(), s)][s.x % 4u] = v;
+    b_tile[staged(b_kc(), s)][s.x % 4u] = v;
 }
 
-fn stage(lid: u32, at: u32, av: Eight, bv: Eight) {
-    stage_a(lid, at, 0u, av.lo.x);
-    stage_a(lid, at, 1u, av.lo.y);
-    stage_a(lid, at, 2u, av.lo.z);
-    stage_a(lid, at, 3u, av.lo.w);
-    stage_a(lid, at, 4u, av.hi.x);
-    stage_a(lid, at, 5u, av.hi.y);
-    stage_a(lid, at, 6u, av.hi.z);
-    stage_a(lid, at, 7u, av.hi.w);
-    stage_b(lid, at, 0u, bv.lo.x);
-    stage_b(lid, at, 1u, bv.lo.y);
-    stage_b(lid, at, 2u, bv.lo.z);
-    stage_b(lid, at, 3u, bv.lo.w);
-    stage_b(lid, at, 4u, bv.hi.x);
-    stage_b(lid, at, 5u, bv.hi.y);
-    stage_b(lid, at, 6u, bv.hi.z);
-    stage_b(lid, at, 7u, bv.hi.w);
+fn stage(lid: u32, av: Eight, bv: Eight) {
+    stage_a(lid, 0u, av.lo.x);
+    stage_a(lid, 1u, av.lo.y);
+    stage_a(lid, 2u, av.lo.z);
+    stage_a(lid, 3u, av.lo.w);
+    stage_a(lid, 4u, av.hi.x);
+    stage_a(lid, 5u, av.hi.y);
+    stage_a(lid, 6u, av.hi.z);
+    stage_a(lid, 7u, av.hi.w);
+    stage_b(lid, 0u, bv.lo.x);
+    stage_b(lid, 1u, bv.lo.y);
+    stage_b(lid, 2u, bv.lo.z);
+    stage_b(lid, 3u, bv.lo.w);
+    stage_b(lid, 4u, bv.hi.x);
+    stage_b(lid, 5u, bv.hi.y);
+    stage_b(lid, 6u, bv.hi.z);
+    stage_b(lid, 7u, bv.hi.w);
 }
 
 // The tile of workgroup `g`: (batch, row0, col0, 1), or w = 0 past the last tile.
@@ -349,14 +345,8 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
         next_b = fetch(true, wb, kb, ke);
     }
     for (var t = 0u; t < steps; t = t + 1u) {
-        // One stage: wait until every invocation has read it before overwriting it. Two:
-        // step t fills the stage step t − 2 read, and the barrier after step t − 1's fill
-        // is passed only once every invocation has finished step t − 2's products.
-        let at = (t % STAGES) * BK * ROW4;
-        if (STAGES == 1u) {
-            workgroupBarrier();
-        }
-        stage(lid, at, next_a, next_b);
+        workgroupBarrier();
+        stage(lid, next_a, next_b);
         workgroupBarrier();
         if (t + 1u < steps) {
             let k0 = kb + (t + 1u) * BK;
@@ -367,8 +357,8 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
         }
         for (var l = 0u; l < BK; l = l + 1u) {
             // Rows 4·ty.. and BM/2 + 4·ty.. of A, columns 4·tx.. and BN/2 + 4·tx.. of B.
-            let ia = at + l * ROW4 + (ty ^ swizzle(a_kc(), l));
-            let ib = at + l * ROW4 + (tx ^ swizzle(b_kc(), l));
+            let ia = l * ROW4 + (ty ^ swizzle(a_kc(), l));
+            let ib = l * ROW4 + (tx ^ swizzle(b_kc(), l));
             let a0 = a_tile[ia];
             let a1 = a_tile[ia + ROW4 / 2u];
             let b0 = b_tile[ib];
