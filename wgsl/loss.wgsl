@@ -564,21 +564,20 @@ struct CeGradRow {
 fn ce_grad_row(row: u32) -> CeGradRow {
     let r = params.row0 + row;
     let t = labels[r];
-    var g = CeGradRow(false, 0u, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    if (!target_valid(t)) {
-        return g;
-    }
+    // Every load is issued before the target is tested (every row has its statistics), so
+    // none waits for the label's.
     let o = r * CE_COLS;
-    g.valid = true;
-    g.ti = u32(t);
-    g.m = stats_in[o + CE_MAX];
-    g.logden = stats_in[o + CE_LOGDEN];
-    g.wy = stats_in[o + CE_WEIGHT];
-    g.wsum = stats_in[o + CE_WSUM];
+    let m = stats_in[o + CE_MAX];
+    let logden = stats_in[o + CE_LOGDEN];
+    let wy = stats_in[o + CE_WEIGHT];
+    let wsum = stats_in[o + CE_WSUM];
     let c = row_cotangent(r);
-    g.f_ce = c * final_in[3];
-    g.f_z = c * final_in[4] * 2.0 * params.b * (g.m + g.logden);
-    return g;
+    let f_ce = c * final_in[3];
+    let f_z = c * final_in[4] * 2.0 * params.b * (m + logden);
+    if (!target_valid(t)) {
+        return CeGradRow(false, 0u, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    }
+    return CeGradRow(true, u32(t), m, logden, wy, wsum, f_ce, f_z);
 }
 
 // dlogits of the integer-target cross-entropy, recomputing p = exp(z − max − logden).
@@ -1273,14 +1272,15 @@ fn ce_grad_over(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= params.rows * nv) {
         return;
     }
+    // The chunk's load is issued first: it does not wait for the row's label and statistics.
+    let w = y4[i];
     let row = i / nv;
     let g = ce_grad_row(row);
     if (!g.valid) {
         y4[i] = vec4<u32>(0u);
         return;
     }
-    y4[i] = ce_grad_chunk(y4[i], (i - row * nv) * cw, g.ti, g.m, g.logden, g.wy, g.wsum, g.f_ce,
-                          g.f_z);
+    y4[i] = ce_grad_chunk(w, (i - row * nv) * cw, g.ti, g.m, g.logden, g.wy, g.wsum, g.f_ce, g.f_z);
 }
 
 // Vectorized divergences: x and the target share the dtype DT; rows are whole chunks.
