@@ -60,7 +60,7 @@ impl Kernel {
 
     /// The module with `constants` substituted for its overrides (the others keep their
     /// defaults), validated again, ready for a backend writer; for the compute entry `entry`.
-    pub(crate) fn specialized(
+    pub fn specialized(
         &self,
         entry: &str,
         constants: &Constants,

@@ -144,6 +144,38 @@ fn workgroup_size_overrides_are_evaluated() {
 }
 
 #[test]
+fn attention_layouts_translate_and_size_their_workgroup_memory() {
+    // The attention passes take the padded (25.5 KiB, `WORKGROUP_BYTES`) or the swizzled
+    // (24 KiB) layout of their workgroup arrays from the PADDED override, and their order of
+    // query blocks from LAST_FIRST; every combination translates to strict MSL.
+    let kernel = &wgrad::attention::KERNEL;
+    let entries = [
+        "attention_forward",
+        "attention_dkdv",
+        "attention_dkdv_store",
+        "attention_dq",
+        "attention_dq_stored",
+    ];
+    for (padded, bytes) in [(1.0, wgrad::attention::WORKGROUP_BYTES), (0.0, 24 * 1024)] {
+        for last_first in [0.0, 1.0] {
+            let constants = vec![("PADDED", padded), ("LAST_FIRST", last_first)];
+            for entry in entries {
+                let msl = strict_msl(kernel, entry, &constants).unwrap();
+                check_strict(kernel, entry, &constants, &msl);
+                let (module, _) = kernel.specialized(entry, &constants).unwrap();
+                let staged: u64 = module
+                    .global_variables
+                    .iter()
+                    .filter(|(_, v)| matches!(v.name.as_deref(), Some("xs" | "ps")))
+                    .map(|(_, v)| u64::from(module.types[v.ty].inner.size(module.to_ctx())))
+                    .sum();
+                assert_eq!(staged, bytes, "{entry} PADDED {padded}");
+            }
+        }
+    }
+}
+
+#[test]
 fn workgroup_variables_become_body_declarations() {
     // `reduce::row_sum` uses workgroup memory (the tree's scratch).
     let msl = strict_msl(&wgrad::reduce::KERNEL, "row_sum", &vec![]).unwrap();

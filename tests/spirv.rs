@@ -90,6 +90,26 @@ fn workgroup_size_overrides_are_evaluated() {
 }
 
 #[test]
+fn attention_layouts_translate() {
+    // Both workgroup layouts of the attention passes (PADDED) and both orders of query blocks
+    // (LAST_FIRST) translate with every float result decorated.
+    let kernel = &wgrad::attention::KERNEL;
+    for padded in [0.0, 1.0] {
+        for last_first in [0.0, 1.0] {
+            let constants = vec![("PADDED", padded), ("LAST_FIRST", last_first)];
+            for entry in ["attention_forward", "attention_dkdv", "attention_dq_stored"] {
+                let spirv = strict_spirv(kernel, entry, &constants).unwrap();
+                assert_eq!(
+                    contractible_results(&spirv.words).unwrap(),
+                    Vec::<u32>::new(),
+                    "{entry} PADDED {padded} LAST_FIRST {last_first}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn constants_are_substituted_and_unknown_ones_rejected() {
     let kernel = &wgrad::cast::KERNEL;
     let default = strict_spirv(kernel, "convert", &vec![]).unwrap();
