@@ -54,8 +54,10 @@
 //!
 //! Every pass works on 64 × 64 tiles with 256 invocations, each computing a 4 × 4 block of
 //! scores and 4 rows × `head_dim/16` columns of its accumulators (named registers); operands
-//! are staged in workgroup memory in 16-column steps (rows padded against bank conflicts;
-//! [`WORKGROUP_BYTES`] per workgroup). Tiles the causal/window band hides entirely are
+//! are staged in workgroup memory in 16-column steps (rows padded, or swizzled in the forward
+//! and the dQ pass over stored tiles, against bank conflicts; at most [`WORKGROUP_BYTES`] per
+//! workgroup). A head's query blocks are launched from the last one (the longest under a
+//! causal mask). Tiles the causal/window band hides entirely are
 //! skipped. Forward: one workgroup per (batch, query head, 64-query block), online softmax
 //! over 64-key tiles. Backward: a row pass (`D` next to the saved statistics); a pass with one
 //! workgroup per (batch, key/value head, 64-key block) that owns those rows of dK and dV and
