@@ -29,9 +29,10 @@
 // products and 512-vec4 row groups for the accumulations, each loaded into registers one
 // step ahead; staging rows are padded (stride 17 vec4) or, in the forward and the dQ pass over
 // stored tiles, swizzled (stride 16, row XOR column: a smaller footprint) so no two lanes of a
-// quarter-warp share a bank (`dot_at`, `ps_at`). Head dims are multiples of 8 up to 256. Staging reads sixteen bytes per lane
-// (one vec4<u32>: four F32 or eight 16-bit values of a row) in the forward and for 16-bit
-// operands of the backward; F32 backward operands are gathered element by element.
+// quarter-warp share a bank (`dot_at`, `ps_at`). Head dims are multiples of 8 up to 256.
+// Staging reads sixteen bytes per lane (one vec4<u32>: four F32 or eight 16-bit values of a
+// row) in the forward and for 16-bit operands of the backward; F32 backward operands are
+// gathered element by element.
 
 override DT: u32 = 0u;   // storage dtype of query, key and value
 override DTO: u32 = 0u;  // storage dtype of d_output
