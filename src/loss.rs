@@ -19,7 +19,8 @@
 //! fan-in-8 tree of (maximum, sum) pairs) and backward with dy in x's dtype (`softmax_bwd_r`
 //! for F32, its row sum by a fan-in-8 tree for the softmax and by the binary one for the
 //! log-softmax; `softmax_bwd_h` for F16/BF16: lanes by half chunk, 8-byte loads of x and dy and one F32
-//! vec4 of dx a lane, so the gradient's stores are contiguous): one workgroup of 1024 lanes
+//! vec4 of dx a lane, so the gradient's stores are contiguous, the row sum by a fan-in-8 tree,
+//! the softmax probabilities computed once and held where they fit): one workgroup of 1024 lanes
 //! per row (at most 8 chunks of each row tensor a lane) where the adapter allows 1024
 //! invocations, else 256 lanes (the backward then up to 4,096 chunks). The softmax and
 //! log-softmax forwards of 16-bit rows of up to 4,096 chunks (8–32,768 columns, a multiple of

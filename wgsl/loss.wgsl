@@ -2013,9 +2013,11 @@ fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // vec4 of each (or, with ODT 16-bit, its four values rounded once into one vec2<u32>): the
 // stores of a workgroup are contiguous (a lane holding whole chunks would write two vec4s 32
 // bytes apart, which costs half the store bandwidth). From the registers:
-// Σ p·dy (softmax) or Σ dy (log-softmax), each lane's half chunks in order, then the pairwise
-// `workgroup_sum`; then dx. p is exp2(fma(x − max, log2 e, −log Σ·log2 e)), as in
-// `softmax_fwd_c`. Statements for half chunk k ≥ HB fold away once the pipeline is
+// Σ p·dy (softmax) or Σ dy (log-softmax), each lane's half chunks in order, then the fan-in-8
+// `workgroup_sum8` (the pairwise tree's ten barriers at 1,024 lanes cost 8% of the BF16-gradient
+// backward on an H200); then dx. p is exp2(fma(x − max, log2 e, −log Σ·log2 e)), as in
+// `softmax_fwd_c`, computed once and held where it fits (`hold_p`; recomputing it for the store
+// cost 4% more there). Statements for half chunk k ≥ HB fold away once the pipeline is
 // specialized: HB (a power of two) is at most 16 with 1024 lanes (32 registers of x and dy a
 // lane at the benchmark width), 32 with 256.
 override HB: u32 = 32u;
@@ -2057,7 +2059,21 @@ fn half_p(w: vec2<u32>, m: f32, c: f32) -> vec4<f32> {
     return exp2(fma(half_values(w) - vec4<f32>(m), vec4<f32>(LOG2E), vec4<f32>(c)));
 }
 
-fn half_acc(acc: f32, w: vec2<u32>, g: vec2<u32>, k: u32, lid: u32, n: u32, m: f32,
+// Whether the softmax probabilities are computed once, right after the loads, and held in
+// place of x for the store (one exp a value instead of two): when they fit, at most 8 half
+// chunks a lane (32 F32 registers); log-softmax needs p at the store only.
+fn hold_p() -> bool {
+    return MODE == 0u && HB <= 8u;
+}
+
+fn half_held_p(w: vec2<u32>, k: u32, lid: u32, n: u32, m: f32, c: f32) -> vec4<f32> {
+    if (!hold_p() || !half_held(k, lid, n)) {
+        return vec4<f32>();
+    }
+    return half_p(w, m, c);
+}
+
+fn half_acc(acc: f32, w: vec2<u32>, hp: vec4<f32>, g: vec2<u32>, k: u32, lid: u32, n: u32, m: f32,
             c: f32) -> f32 {
     if (!half_held(k, lid, n)) {
         return acc;
@@ -2066,16 +2082,23 @@ fn half_acc(acc: f32, w: vec2<u32>, g: vec2<u32>, k: u32, lid: u32, n: u32, m: f
     if (MODE == 1u) {
         return acc + ((gv.x + gv.y) + (gv.z + gv.w));
     }
-    let q = half_p(w, m, c) * gv;
+    var p = hp;
+    if (!hold_p()) {
+        p = half_p(w, m, c);
+    }
+    let q = p * gv;
     return acc + ((q.x + q.y) + (q.z + q.w));
 }
 
-fn half_store(w: vec2<u32>, g: vec2<u32>, k: u32, lid: u32, n: u32, base: u32, m: f32,
-              c: f32, total: f32) {
+fn half_store(w: vec2<u32>, hp: vec4<f32>, g: vec2<u32>, k: u32, lid: u32, n: u32, base: u32,
+              m: f32, c: f32, total: f32) {
     if (!half_held(k, lid, n)) {
         return;
     }
-    let p = half_p(w, m, c);
+    var p = hp;
+    if (!hold_p()) {
+        p = half_p(w, m, c);
+    }
     let gv = half_values(g);
     var d = p * (gv - vec4<f32>(total));
     if (MODE == 1u) {
@@ -2164,70 +2187,102 @@ fn softmax_bwd_h(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let g30 = half_dy(30u, lid, n, base);
     let x31 = half_x(31u, lid, n, base);
     let g31 = half_dy(31u, lid, n, base);
+    let p0 = half_held_p(x0, 0u, lid, n, m, c);
+    let p1 = half_held_p(x1, 1u, lid, n, m, c);
+    let p2 = half_held_p(x2, 2u, lid, n, m, c);
+    let p3 = half_held_p(x3, 3u, lid, n, m, c);
+    let p4 = half_held_p(x4, 4u, lid, n, m, c);
+    let p5 = half_held_p(x5, 5u, lid, n, m, c);
+    let p6 = half_held_p(x6, 6u, lid, n, m, c);
+    let p7 = half_held_p(x7, 7u, lid, n, m, c);
+    let p8 = half_held_p(x8, 8u, lid, n, m, c);
+    let p9 = half_held_p(x9, 9u, lid, n, m, c);
+    let p10 = half_held_p(x10, 10u, lid, n, m, c);
+    let p11 = half_held_p(x11, 11u, lid, n, m, c);
+    let p12 = half_held_p(x12, 12u, lid, n, m, c);
+    let p13 = half_held_p(x13, 13u, lid, n, m, c);
+    let p14 = half_held_p(x14, 14u, lid, n, m, c);
+    let p15 = half_held_p(x15, 15u, lid, n, m, c);
+    let p16 = half_held_p(x16, 16u, lid, n, m, c);
+    let p17 = half_held_p(x17, 17u, lid, n, m, c);
+    let p18 = half_held_p(x18, 18u, lid, n, m, c);
+    let p19 = half_held_p(x19, 19u, lid, n, m, c);
+    let p20 = half_held_p(x20, 20u, lid, n, m, c);
+    let p21 = half_held_p(x21, 21u, lid, n, m, c);
+    let p22 = half_held_p(x22, 22u, lid, n, m, c);
+    let p23 = half_held_p(x23, 23u, lid, n, m, c);
+    let p24 = half_held_p(x24, 24u, lid, n, m, c);
+    let p25 = half_held_p(x25, 25u, lid, n, m, c);
+    let p26 = half_held_p(x26, 26u, lid, n, m, c);
+    let p27 = half_held_p(x27, 27u, lid, n, m, c);
+    let p28 = half_held_p(x28, 28u, lid, n, m, c);
+    let p29 = half_held_p(x29, 29u, lid, n, m, c);
+    let p30 = half_held_p(x30, 30u, lid, n, m, c);
+    let p31 = half_held_p(x31, 31u, lid, n, m, c);
     var acc = 0.0;
-    acc = half_acc(acc, x0, g0, 0u, lid, n, m, c);
-    acc = half_acc(acc, x1, g1, 1u, lid, n, m, c);
-    acc = half_acc(acc, x2, g2, 2u, lid, n, m, c);
-    acc = half_acc(acc, x3, g3, 3u, lid, n, m, c);
-    acc = half_acc(acc, x4, g4, 4u, lid, n, m, c);
-    acc = half_acc(acc, x5, g5, 5u, lid, n, m, c);
-    acc = half_acc(acc, x6, g6, 6u, lid, n, m, c);
-    acc = half_acc(acc, x7, g7, 7u, lid, n, m, c);
-    acc = half_acc(acc, x8, g8, 8u, lid, n, m, c);
-    acc = half_acc(acc, x9, g9, 9u, lid, n, m, c);
-    acc = half_acc(acc, x10, g10, 10u, lid, n, m, c);
-    acc = half_acc(acc, x11, g11, 11u, lid, n, m, c);
-    acc = half_acc(acc, x12, g12, 12u, lid, n, m, c);
-    acc = half_acc(acc, x13, g13, 13u, lid, n, m, c);
-    acc = half_acc(acc, x14, g14, 14u, lid, n, m, c);
-    acc = half_acc(acc, x15, g15, 15u, lid, n, m, c);
-    acc = half_acc(acc, x16, g16, 16u, lid, n, m, c);
-    acc = half_acc(acc, x17, g17, 17u, lid, n, m, c);
-    acc = half_acc(acc, x18, g18, 18u, lid, n, m, c);
-    acc = half_acc(acc, x19, g19, 19u, lid, n, m, c);
-    acc = half_acc(acc, x20, g20, 20u, lid, n, m, c);
-    acc = half_acc(acc, x21, g21, 21u, lid, n, m, c);
-    acc = half_acc(acc, x22, g22, 22u, lid, n, m, c);
-    acc = half_acc(acc, x23, g23, 23u, lid, n, m, c);
-    acc = half_acc(acc, x24, g24, 24u, lid, n, m, c);
-    acc = half_acc(acc, x25, g25, 25u, lid, n, m, c);
-    acc = half_acc(acc, x26, g26, 26u, lid, n, m, c);
-    acc = half_acc(acc, x27, g27, 27u, lid, n, m, c);
-    acc = half_acc(acc, x28, g28, 28u, lid, n, m, c);
-    acc = half_acc(acc, x29, g29, 29u, lid, n, m, c);
-    acc = half_acc(acc, x30, g30, 30u, lid, n, m, c);
-    acc = half_acc(acc, x31, g31, 31u, lid, n, m, c);
-    let total = workgroup_sum(acc, lid);
-    half_store(x0, g0, 0u, lid, n, base, m, c, total);
-    half_store(x1, g1, 1u, lid, n, base, m, c, total);
-    half_store(x2, g2, 2u, lid, n, base, m, c, total);
-    half_store(x3, g3, 3u, lid, n, base, m, c, total);
-    half_store(x4, g4, 4u, lid, n, base, m, c, total);
-    half_store(x5, g5, 5u, lid, n, base, m, c, total);
-    half_store(x6, g6, 6u, lid, n, base, m, c, total);
-    half_store(x7, g7, 7u, lid, n, base, m, c, total);
-    half_store(x8, g8, 8u, lid, n, base, m, c, total);
-    half_store(x9, g9, 9u, lid, n, base, m, c, total);
-    half_store(x10, g10, 10u, lid, n, base, m, c, total);
-    half_store(x11, g11, 11u, lid, n, base, m, c, total);
-    half_store(x12, g12, 12u, lid, n, base, m, c, total);
-    half_store(x13, g13, 13u, lid, n, base, m, c, total);
-    half_store(x14, g14, 14u, lid, n, base, m, c, total);
-    half_store(x15, g15, 15u, lid, n, base, m, c, total);
-    half_store(x16, g16, 16u, lid, n, base, m, c, total);
-    half_store(x17, g17, 17u, lid, n, base, m, c, total);
-    half_store(x18, g18, 18u, lid, n, base, m, c, total);
-    half_store(x19, g19, 19u, lid, n, base, m, c, total);
-    half_store(x20, g20, 20u, lid, n, base, m, c, total);
-    half_store(x21, g21, 21u, lid, n, base, m, c, total);
-    half_store(x22, g22, 22u, lid, n, base, m, c, total);
-    half_store(x23, g23, 23u, lid, n, base, m, c, total);
-    half_store(x24, g24, 24u, lid, n, base, m, c, total);
-    half_store(x25, g25, 25u, lid, n, base, m, c, total);
-    half_store(x26, g26, 26u, lid, n, base, m, c, total);
-    half_store(x27, g27, 27u, lid, n, base, m, c, total);
-    half_store(x28, g28, 28u, lid, n, base, m, c, total);
-    half_store(x29, g29, 29u, lid, n, base, m, c, total);
-    half_store(x30, g30, 30u, lid, n, base, m, c, total);
-    half_store(x31, g31, 31u, lid, n, base, m, c, total);
+    acc = half_acc(acc, x0, p0, g0, 0u, lid, n, m, c);
+    acc = half_acc(acc, x1, p1, g1, 1u, lid, n, m, c);
+    acc = half_acc(acc, x2, p2, g2, 2u, lid, n, m, c);
+    acc = half_acc(acc, x3, p3, g3, 3u, lid, n, m, c);
+    acc = half_acc(acc, x4, p4, g4, 4u, lid, n, m, c);
+    acc = half_acc(acc, x5, p5, g5, 5u, lid, n, m, c);
+    acc = half_acc(acc, x6, p6, g6, 6u, lid, n, m, c);
+    acc = half_acc(acc, x7, p7, g7, 7u, lid, n, m, c);
+    acc = half_acc(acc, x8, p8, g8, 8u, lid, n, m, c);
+    acc = half_acc(acc, x9, p9, g9, 9u, lid, n, m, c);
+    acc = half_acc(acc, x10, p10, g10, 10u, lid, n, m, c);
+    acc = half_acc(acc, x11, p11, g11, 11u, lid, n, m, c);
+    acc = half_acc(acc, x12, p12, g12, 12u, lid, n, m, c);
+    acc = half_acc(acc, x13, p13, g13, 13u, lid, n, m, c);
+    acc = half_acc(acc, x14, p14, g14, 14u, lid, n, m, c);
+    acc = half_acc(acc, x15, p15, g15, 15u, lid, n, m, c);
+    acc = half_acc(acc, x16, p16, g16, 16u, lid, n, m, c);
+    acc = half_acc(acc, x17, p17, g17, 17u, lid, n, m, c);
+    acc = half_acc(acc, x18, p18, g18, 18u, lid, n, m, c);
+    acc = half_acc(acc, x19, p19, g19, 19u, lid, n, m, c);
+    acc = half_acc(acc, x20, p20, g20, 20u, lid, n, m, c);
+    acc = half_acc(acc, x21, p21, g21, 21u, lid, n, m, c);
+    acc = half_acc(acc, x22, p22, g22, 22u, lid, n, m, c);
+    acc = half_acc(acc, x23, p23, g23, 23u, lid, n, m, c);
+    acc = half_acc(acc, x24, p24, g24, 24u, lid, n, m, c);
+    acc = half_acc(acc, x25, p25, g25, 25u, lid, n, m, c);
+    acc = half_acc(acc, x26, p26, g26, 26u, lid, n, m, c);
+    acc = half_acc(acc, x27, p27, g27, 27u, lid, n, m, c);
+    acc = half_acc(acc, x28, p28, g28, 28u, lid, n, m, c);
+    acc = half_acc(acc, x29, p29, g29, 29u, lid, n, m, c);
+    acc = half_acc(acc, x30, p30, g30, 30u, lid, n, m, c);
+    acc = half_acc(acc, x31, p31, g31, 31u, lid, n, m, c);
+    let total = workgroup_sum8(acc, lid);
+    half_store(x0, p0, g0, 0u, lid, n, base, m, c, total);
+    half_store(x1, p1, g1, 1u, lid, n, base, m, c, total);
+    half_store(x2, p2, g2, 2u, lid, n, base, m, c, total);
+    half_store(x3, p3, g3, 3u, lid, n, base, m, c, total);
+    half_store(x4, p4, g4, 4u, lid, n, base, m, c, total);
+    half_store(x5, p5, g5, 5u, lid, n, base, m, c, total);
+    half_store(x6, p6, g6, 6u, lid, n, base, m, c, total);
+    half_store(x7, p7, g7, 7u, lid, n, base, m, c, total);
+    half_store(x8, p8, g8, 8u, lid, n, base, m, c, total);
+    half_store(x9, p9, g9, 9u, lid, n, base, m, c, total);
+    half_store(x10, p10, g10, 10u, lid, n, base, m, c, total);
+    half_store(x11, p11, g11, 11u, lid, n, base, m, c, total);
+    half_store(x12, p12, g12, 12u, lid, n, base, m, c, total);
+    half_store(x13, p13, g13, 13u, lid, n, base, m, c, total);
+    half_store(x14, p14, g14, 14u, lid, n, base, m, c, total);
+    half_store(x15, p15, g15, 15u, lid, n, base, m, c, total);
+    half_store(x16, p16, g16, 16u, lid, n, base, m, c, total);
+    half_store(x17, p17, g17, 17u, lid, n, base, m, c, total);
+    half_store(x18, p18, g18, 18u, lid, n, base, m, c, total);
+    half_store(x19, p19, g19, 19u, lid, n, base, m, c, total);
+    half_store(x20, p20, g20, 20u, lid, n, base, m, c, total);
+    half_store(x21, p21, g21, 21u, lid, n, base, m, c, total);
+    half_store(x22, p22, g22, 22u, lid, n, base, m, c, total);
+    half_store(x23, p23, g23, 23u, lid, n, base, m, c, total);
+    half_store(x24, p24, g24, 24u, lid, n, base, m, c, total);
+    half_store(x25, p25, g25, 25u, lid, n, base, m, c, total);
+    half_store(x26, p26, g26, 26u, lid, n, base, m, c, total);
+    half_store(x27, p27, g27, 27u, lid, n, base, m, c, total);
+    half_store(x28, p28, g28, 28u, lid, n, base, m, c, total);
+    half_store(x29, p29, g29, 29u, lid, n, base, m, c, total);
+    half_store(x30, p30, g30, 30u, lid, n, base, m, c, total);
+    half_store(x31, p31, g31, 31u, lid, n, base, m, c, total);
 }
