@@ -242,14 +242,15 @@ fn online4_max(state: vec2<f32>, z: vec4<f32>, cm: f32) -> vec2<f32> {
     return vec2<f32>(m, s + ((e.x + e.y) + (e.z + e.w)));
 }
 
-// The same pairs reduced in two levels of fan-in 32 (two barriers for any WG of 32 to 1,024
-// lanes, a power of two): lanes 0.. WG/32 − 1 each fold 32 consecutive values, then every lane
-// folds those WG/32 results. Folding n values is the pairwise tree over adjacent values
-// (`pair8_fold` on groups of eight, then pairs of groups), padded with the identity where
-// WG/32 < 8, so the whole is one fixed tree: bit-reproducible, not bit-equal to
-// `workgroup_pairs8`. A call reads `pair32_in` only before its second barrier and writes
-// `pair32_mid` only after its first, so calls may follow each other without a barrier.
-// Call from uniform control flow.
+// The same pairs reduced in two levels of fan-in 32 (two barriers for any WG of 256 to 1,024
+// lanes, a power of two): with G = WG/32 groups, lane g < G folds the 32 values g, g + G,
+// g + 2G, ... (a stride of G, so the 32 lanes of a level read consecutive words: a group of 32
+// consecutive values would put all of them in one bank), then every lane folds the G results.
+// Folding n values is the pairwise tree over them in order (`pair8_fold` on groups of eight,
+// then pairs of groups), padded with the identity where G < 8, so the whole is one fixed tree:
+// bit-reproducible, not bit-equal to `workgroup_pairs8`. A call reads `pair32_in` only before
+// its second barrier and writes `pair32_mid` only after its first, so calls may follow each
+// other without a barrier. Call from uniform control flow.
 var<workgroup> pair32_in: array<vec2<f32>, WG>;
 var<workgroup> pair32_mid: array<vec2<f32>, 32>;
 
@@ -263,15 +264,20 @@ fn pair_identity(op: u32) -> vec2<f32> {
     return vec2<f32>(0.0);
 }
 
-fn pair32_in_fold(f: u32, op: u32) -> vec2<f32> {
-    let a = pair_op(pair8_fold(pair32_in_at(f), op), pair8_fold(pair32_in_at(f + 8u), op), op);
-    let b = pair_op(pair8_fold(pair32_in_at(f + 16u), op), pair8_fold(pair32_in_at(f + 24u), op), op);
+// Values g + G·j, j = 0..32, of `pair32_in` folded (G = WG/32).
+fn pair32_in_fold(g: u32, op: u32) -> vec2<f32> {
+    let a = pair_op(pair8_fold(pair32_in_at(g, 0u), op), pair8_fold(pair32_in_at(g, 8u), op), op);
+    let b = pair_op(pair8_fold(pair32_in_at(g, 16u), op), pair8_fold(pair32_in_at(g, 24u), op), op);
     return pair_op(a, b, op);
 }
 
-fn pair32_in_at(f: u32) -> array<vec2<f32>, 8> {
-    return array<vec2<f32>, 8>(pair32_in[f], pair32_in[f + 1u], pair32_in[f + 2u], pair32_in[f + 3u],
-                               pair32_in[f + 4u], pair32_in[f + 5u], pair32_in[f + 6u], pair32_in[f + 7u]);
+// Values g + G·j, j = j0..j0 + 8, of `pair32_in`.
+fn pair32_in_at(g: u32, j0: u32) -> array<vec2<f32>, 8> {
+    const G = WG / 32u;
+    let f = g + G * j0;
+    return array<vec2<f32>, 8>(pair32_in[f], pair32_in[f + G], pair32_in[f + 2u * G], pair32_in[f + 3u * G],
+                               pair32_in[f + 4u * G], pair32_in[f + 5u * G], pair32_in[f + 6u * G],
+                               pair32_in[f + 7u * G]);
 }
 
 // Value i of the level-one results, the identity past WG/32.
@@ -293,7 +299,7 @@ fn workgroup_pairs32(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
     pair32_in[lid] = v;
     workgroupBarrier();
     if (lid < WG / 32u) {
-        pair32_mid[lid] = pair32_in_fold(32u * lid, op);
+        pair32_mid[lid] = pair32_in_fold(lid, op);
     }
     workgroupBarrier();
     let a = pair8_fold(pair32_mid_at(0u, op), op);
