@@ -127,7 +127,6 @@ fn workgroup_max8(v: f32, lid: u32) -> f32 {
 // lane may still read from the previous call. Bit-reproducible; call from uniform control flow.
 const PAIR_SUM: u32 = 0u;
 const PAIR_SOFTMAX: u32 = 1u;
-const PAIR_MAX: u32 = 2u; // componentwise maximum
 var<workgroup> pair8_in: array<vec2<f32>, WG>;
 var<workgroup> pair8_b: array<vec2<f32>, WG / 8u>;
 var<workgroup> pair8_c: array<vec2<f32>, WG / 8u>;
@@ -141,9 +140,6 @@ fn pair_op(a: vec2<f32>, b: vec2<f32>, op: u32) -> vec2<f32> {
     if (op == PAIR_SUM) {
         return a + b;
     }
-    if (op == PAIR_MAX) {
-        return max(a, b);
-    }
     let mx = max(a.x, b.x);
     if (mx == pair_neg_inf()) {
         return vec2<f32>(pair_neg_inf(), 0.0);
@@ -154,9 +150,6 @@ fn pair_op(a: vec2<f32>, b: vec2<f32>, op: u32) -> vec2<f32> {
 fn pair8_fold(c: array<vec2<f32>, 8>, op: u32) -> vec2<f32> {
     if (op == PAIR_SUM) {
         return ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
-    }
-    if (op == PAIR_MAX) {
-        return max(max(max(c[0], c[1]), max(c[2], c[3])), max(max(c[4], c[5]), max(c[6], c[7])));
     }
     let mx = max(max(max(c[0].x, c[1].x), max(c[2].x, c[3].x)),
                  max(max(c[4].x, c[5].x), max(c[6].x, c[7].x)));
@@ -240,84 +233,4 @@ fn online4_max(state: vec2<f32>, z: vec4<f32>, cm: f32) -> vec2<f32> {
     }
     let e = exp(z - vec4<f32>(m));
     return vec2<f32>(m, s + ((e.x + e.y) + (e.z + e.w)));
-}
-
-// The same pairs reduced in two levels of fan-in 32 (two barriers for any WG of 256 to 1,024
-// lanes, a power of two): with G = WG/32 groups, lane g < G folds the 32 values g, g + G,
-// g + 2G, ... (a stride of G, so the 32 lanes of a level read consecutive words: a group of 32
-// consecutive values would put all of them in one bank), then every lane folds the G results.
-// Folding n values is the pairwise tree over them in order (`pair8_fold` on groups of eight,
-// then pairs of groups), padded with the identity where G < 8, so the whole is one fixed tree:
-// bit-reproducible, not bit-equal to `workgroup_pairs8`. A call reads `pair32_in` only before
-// its second barrier and writes `pair32_mid` only after its first, so calls may follow each
-// other without a barrier. Call from uniform control flow.
-var<workgroup> pair32_in: array<vec2<f32>, WG>;
-var<workgroup> pair32_mid: array<vec2<f32>, 32>;
-
-fn pair_identity(op: u32) -> vec2<f32> {
-    if (op == PAIR_SOFTMAX) {
-        return vec2<f32>(pair_neg_inf(), 0.0);
-    }
-    if (op == PAIR_MAX) {
-        return vec2<f32>(pair_neg_inf());
-    }
-    return vec2<f32>(0.0);
-}
-
-// Values g + G·j, j = 0..32, of `pair32_in` folded (G = WG/32).
-fn pair32_in_fold(g: u32, op: u32) -> vec2<f32> {
-    let a = pair_op(pair8_fold(pair32_in_at(g, 0u), op), pair8_fold(pair32_in_at(g, 8u), op), op);
-    let b = pair_op(pair8_fold(pair32_in_at(g, 16u), op), pair8_fold(pair32_in_at(g, 24u), op), op);
-    return pair_op(a, b, op);
-}
-
-// Values g + G·j, j = j0..j0 + 8, of `pair32_in`.
-fn pair32_in_at(g: u32, j0: u32) -> array<vec2<f32>, 8> {
-    const G = WG / 32u;
-    let f = g + G * j0;
-    return array<vec2<f32>, 8>(pair32_in[f], pair32_in[f + G], pair32_in[f + 2u * G], pair32_in[f + 3u * G],
-                               pair32_in[f + 4u * G], pair32_in[f + 5u * G], pair32_in[f + 6u * G],
-                               pair32_in[f + 7u * G]);
-}
-
-// Value i of the level-one results, the identity past WG/32.
-fn pair32_mid_value(i: u32, op: u32) -> vec2<f32> {
-    if (i < WG / 32u) {
-        return pair32_mid[i];
-    }
-    return pair_identity(op);
-}
-
-fn pair32_mid_at(f: u32, op: u32) -> array<vec2<f32>, 8> {
-    return array<vec2<f32>, 8>(pair32_mid_value(f, op), pair32_mid_value(f + 1u, op),
-                               pair32_mid_value(f + 2u, op), pair32_mid_value(f + 3u, op),
-                               pair32_mid_value(f + 4u, op), pair32_mid_value(f + 5u, op),
-                               pair32_mid_value(f + 6u, op), pair32_mid_value(f + 7u, op));
-}
-
-fn workgroup_pairs32(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
-    pair32_in[lid] = v;
-    workgroupBarrier();
-    if (lid < WG / 32u) {
-        pair32_mid[lid] = pair32_in_fold(lid, op);
-    }
-    workgroupBarrier();
-    let a = pair8_fold(pair32_mid_at(0u, op), op);
-    if (WG <= 256u) {
-        return a;
-    }
-    let b = pair8_fold(pair32_mid_at(8u, op), op);
-    if (WG == 512u) {
-        return pair_op(a, b, op);
-    }
-    return pair_op(pair_op(a, b, op), pair_op(pair8_fold(pair32_mid_at(16u, op), op),
-                                              pair8_fold(pair32_mid_at(24u, op), op), op), op);
-}
-
-fn workgroup_sum32(v: f32, lid: u32) -> f32 {
-    return workgroup_pairs32(vec2<f32>(v, 0.0), lid, PAIR_SUM).x;
-}
-
-fn workgroup_max32(v: f32, lid: u32) -> f32 {
-    return workgroup_pairs32(vec2<f32>(v), lid, PAIR_MAX).x;
 }
