@@ -120,6 +120,8 @@ pub struct EngineInfo {
     pub strict_spirv: bool,
     /// Run-time guards compiled into the kernels.
     pub shader_checks: ShaderChecks,
+    /// The adapter's smallest subgroup size where the device has `SUBGROUP`, else 0.
+    pub subgroup_min_size: u32,
 }
 
 impl std::fmt::Display for EngineInfo {
@@ -617,6 +619,11 @@ impl Engine {
             strict_msl,
             strict_spirv,
             shader_checks,
+            subgroup_min_size: if features.contains(wgpu::Features::SUBGROUP) {
+                adapter.subgroup_min_size
+            } else {
+                0
+            },
         };
         Ok(Engine {
             inner: Arc::new(Inner {

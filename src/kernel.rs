@@ -15,6 +15,14 @@ pub const COMMON_LAUNCH: &str = include_str!("../wgsl/common/launch.wgsl");
 /// Shared WGSL: fixed-order workgroup reductions (sum, max) over `WG` invocations.
 pub const COMMON_REDUCE: &str = include_str!("../wgsl/common/reduce.wgsl");
 
+/// Shared WGSL: the register rows' reductions (`lanes_sum`, `lanes_max`, `lanes_pairs`) as the
+/// fan-in-8 trees of [`COMMON_REDUCE`].
+pub const COMMON_ROWS: &str = include_str!("../wgsl/common/rows.wgsl");
+/// Shared WGSL: the same functions with subgroup shuffles (naga takes the subgroup built-ins
+/// without WGSL's `enable subgroups;`, which it does not parse yet; the device needs
+/// `SUBGROUP`, and `reduce::subgroup_width` says when they may run).
+pub const COMMON_ROWS_SUBGROUP: &str = include_str!("../wgsl/common/rows_subgroup.wgsl");
+
 /// Shared WGSL: `tanh_accurate`, the tanh of the logit softcap (cross-entropy, fused linear).
 pub const COMMON_SOFTCAP: &str = include_str!("../wgsl/common/softcap.wgsl");
 
@@ -121,10 +129,15 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::norm::KERNEL,
         &crate::norm::KERNEL_MID,
         &crate::norm::KERNEL_WIDE,
+        &crate::norm::KERNEL_SUBGROUP,
+        &crate::norm::KERNEL_MID_SUBGROUP,
+        &crate::norm::KERNEL_WIDE_SUBGROUP,
         &crate::activation::KERNEL,
         &crate::rope::KERNEL,
         &crate::loss::KERNEL,
         &crate::loss::ROWS_KERNEL,
+        &crate::loss::KERNEL_SUBGROUP,
+        &crate::loss::ROWS_KERNEL_SUBGROUP,
         &crate::grpo::KERNEL,
         &crate::preference::KERNEL,
         &crate::gated_delta::KERNEL,

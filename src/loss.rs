@@ -45,7 +45,8 @@
 //! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`].
 
 use crate::kernel::{
-    COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Constants, Kernel,
+    COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_ROWS, COMMON_ROWS_SUBGROUP, COMMON_SOFTCAP,
+    Constants, Kernel,
 };
 use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
@@ -57,6 +58,7 @@ pub static KERNEL: Kernel = Kernel {
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_REDUCE,
+        COMMON_ROWS,
         COMMON_SOFTCAP,
         "const WG: u32 = 256u;",
         include_str!("../wgsl/loss.wgsl"),
@@ -72,11 +74,50 @@ pub static ROWS_KERNEL: Kernel = Kernel {
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_REDUCE,
+        COMMON_ROWS,
         COMMON_SOFTCAP,
         "const WG: u32 = 1024u;",
         include_str!("../wgsl/loss.wgsl"),
     ],
 };
+
+/// [`KERNEL`] with the register rows (`softmax_fwd_c`, `softmax_bwd_h`) reduced by subgroup
+/// shuffles (`reduce::force_subgroup_rows`, `wgsl/common/rows_subgroup.wgsl`).
+pub static KERNEL_SUBGROUP: Kernel = Kernel {
+    name: "loss_subgroup",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        COMMON_ROWS_SUBGROUP,
+        COMMON_SOFTCAP,
+        "const WG: u32 = 256u;",
+        include_str!("../wgsl/loss.wgsl"),
+    ],
+};
+
+/// [`ROWS_KERNEL`] with subgroup row reductions (see [`KERNEL_SUBGROUP`]).
+pub static ROWS_KERNEL_SUBGROUP: Kernel = Kernel {
+    name: "loss_rows_subgroup",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        COMMON_ROWS_SUBGROUP,
+        COMMON_SOFTCAP,
+        "const WG: u32 = 1024u;",
+        include_str!("../wgsl/loss.wgsl"),
+    ],
+};
+
+/// The subgroup twin of a loss module.
+fn subgroup_twin(kernel: &'static Kernel) -> &'static Kernel {
+    if std::ptr::eq(kernel, &ROWS_KERNEL) {
+        &ROWS_KERNEL_SUBGROUP
+    } else {
+        &KERNEL_SUBGROUP
+    }
+}
 
 const WG: u64 = 256;
 const ROWS_WG: u64 = 1024;
@@ -296,8 +337,9 @@ fn row_output(
         if let Some(per_lane) = held_row(x.dtype(), chunks) {
             let mut consts = consts;
             consts.push(("CHUNKS", per_lane as f64));
+            let kernel = crate::reduce::rows_kernel(engine, &KERNEL, &KERNEL_SUBGROUP, &mut consts);
             engine.launch(
-                &KERNEL,
+                kernel,
                 "softmax_fwd_c",
                 &consts,
                 &params,
@@ -443,6 +485,7 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
         // many a lane as whole chunks.
         let mut consts = consts;
         consts.push(("HB", (2 * per_lane) as f64));
+        let kernel = crate::reduce::rows_kernel(engine, kernel, subgroup_twin(kernel), &mut consts);
         engine.launch(
             kernel,
             "softmax_bwd_h",

@@ -47,7 +47,10 @@
 //! Backward differentiates the real-valued formula with the saved FP32 statistics: the
 //! rounding of the casting modes and of stored outputs is not differentiated.
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Constants, Kernel};
+use crate::kernel::{
+    COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_ROWS, COMMON_ROWS_SUBGROUP, Constants,
+    Kernel,
+};
 use crate::{DType, Engine, Error, Result, Tensor, cast};
 
 const NORM_WGSL: &str = include_str!("../wgsl/norm.wgsl");
@@ -59,6 +62,7 @@ pub static KERNEL: Kernel = Kernel {
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_REDUCE,
+        COMMON_ROWS,
         "const WG: u32 = 256u;",
         NORM_WGSL,
     ],
@@ -72,6 +76,7 @@ pub static KERNEL_WIDE: Kernel = Kernel {
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_REDUCE,
+        COMMON_ROWS,
         "const WG: u32 = 1024u;",
         NORM_WGSL,
     ],
@@ -85,6 +90,47 @@ pub static KERNEL_MID: Kernel = Kernel {
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_REDUCE,
+        COMMON_ROWS,
+        "const WG: u32 = 512u;",
+        NORM_WGSL,
+    ],
+};
+
+/// [`KERNEL`], [`KERNEL_WIDE`] and [`KERNEL_MID`] with the register rows reduced by subgroup
+/// shuffles (`reduce::force_subgroup_rows`, `wgsl/common/rows_subgroup.wgsl`).
+pub static KERNEL_SUBGROUP: Kernel = Kernel {
+    name: "norm_subgroup",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        COMMON_ROWS_SUBGROUP,
+        "const WG: u32 = 256u;",
+        NORM_WGSL,
+    ],
+};
+
+/// [`KERNEL_WIDE`] with subgroup row reductions (see [`KERNEL_SUBGROUP`]).
+pub static KERNEL_WIDE_SUBGROUP: Kernel = Kernel {
+    name: "norm_wide_subgroup",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        COMMON_ROWS_SUBGROUP,
+        "const WG: u32 = 1024u;",
+        NORM_WGSL,
+    ],
+};
+
+/// [`KERNEL_MID`] with subgroup row reductions (see [`KERNEL_SUBGROUP`]).
+pub static KERNEL_MID_SUBGROUP: Kernel = Kernel {
+    name: "norm_mid_subgroup",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        COMMON_ROWS_SUBGROUP,
         "const WG: u32 = 512u;",
         NORM_WGSL,
     ],
@@ -599,12 +645,15 @@ impl RegisterPlan {
         self.lanes == WIDE_WG
     }
 
-    fn kernel(self) -> &'static Kernel {
-        match self.lanes {
-            WIDE_WG => &KERNEL_WIDE,
-            MID_WG => &KERNEL_MID,
-            _ => &KERNEL,
-        }
+    /// The module for these lanes (its subgroup twin where `reduce::subgroup_width` allows,
+    /// `SG_WIDTH` then added to `constants`).
+    fn kernel(self, engine: &Engine, constants: &mut Constants) -> &'static Kernel {
+        let (plain, subgroup) = match self.lanes {
+            WIDE_WG => (&KERNEL_WIDE, &KERNEL_WIDE_SUBGROUP),
+            MID_WG => (&KERNEL_MID, &KERNEL_MID_SUBGROUP),
+            _ => (&KERNEL, &KERNEL_SUBGROUP),
+        };
+        crate::reduce::rows_kernel(engine, plain, subgroup, constants)
     }
 }
 
@@ -748,14 +797,8 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
                 ],
             ),
         };
-        engine.launch(
-            plan.kernel(),
-            entry,
-            &constants,
-            &params,
-            &buffers,
-            rows as u64,
-        )?;
+        let kernel = plan.kernel(engine, &mut constants);
+        engine.launch(kernel, entry, &constants, &params, &buffers, rows as u64)?;
         return Ok((y, sum, inverse, mean));
     }
     let mean_dummy = dummy(engine, "norm mean (unused)")?;
@@ -1409,7 +1452,7 @@ fn register_backward(
         "norm partials",
     )?;
     let weight = saved.weight.as_ref();
-    let constants: Constants = vec![
+    let mut constants: Constants = vec![
         ("KIND", saved.kind.code()),
         ("DX", f64::from(x.dtype().code())),
         ("DW", code(weight)),
@@ -1432,6 +1475,7 @@ fn register_backward(
         block_rows: block_rows as u32,
         ..Params::default()
     };
+    let kernel = plan.kernel(engine, &mut constants);
     if saved.kind == NormKind::Layer {
         let (Some(mean), Some(corr)) = (&saved.mean, &saved.mean_correction) else {
             return Err(incomplete(
@@ -1439,7 +1483,7 @@ fn register_backward(
             ));
         };
         engine.launch(
-            plan.kernel(),
+            kernel,
             "layer_backward_registers",
             &constants,
             &params,
@@ -1458,7 +1502,7 @@ fn register_backward(
     } else {
         let words = register_backward_words(saved.kind == NormKind::AddRms, plan.wide());
         engine.launch(
-            plan.kernel(),
+            kernel,
             if words {
                 "rms_backward_words"
             } else {

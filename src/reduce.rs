@@ -24,6 +24,47 @@ pub static KERNEL: Kernel = Kernel {
 };
 
 const WG: u64 = 256;
+
+std::thread_local! {
+    static SUBGROUP_ROWS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Lets the register-resident softmax and norm rows reduce with subgroup shuffles
+/// (`wgsl/common/rows_subgroup.wgsl`) instead of the fan-in-8 workgroup trees, for launches
+/// from the calling thread, where [`subgroup_width`] allows. Off by default: not yet timed
+/// against the trees. Results are deterministic either way; the two orders differ in the last
+/// bits. For tests and measurements.
+#[doc(hidden)]
+pub fn force_subgroup_rows(on: bool) {
+    SUBGROUP_ROWS.with(|f| f.set(on));
+}
+
+/// The subgroup width the register rows' reductions use on this engine when subgroup rows are
+/// switched on ([`force_subgroup_rows`]): the adapter's smallest subgroup size, at most 32
+/// (a power of two, at least 4); `None` without `SUBGROUP` or when switched off.
+pub fn subgroup_width(engine: &Engine) -> Option<u32> {
+    let size = engine.info().subgroup_min_size;
+    (SUBGROUP_ROWS.with(std::cell::Cell::get) && size >= 4 && size.is_power_of_two())
+        .then_some(size.min(32))
+}
+
+/// The module of a register-row launch: `subgroup` (with `SG_WIDTH` added to `constants`)
+/// where [`subgroup_width`] gives a width, else `plain`.
+pub(crate) fn rows_kernel(
+    engine: &Engine,
+    plain: &'static Kernel,
+    subgroup: &'static Kernel,
+    constants: &mut crate::kernel::Constants,
+) -> &'static Kernel {
+    match subgroup_width(engine) {
+        Some(width) => {
+            constants.push(("SG_WIDTH", f64::from(width)));
+            subgroup
+        }
+        None => plain,
+    }
+}
+
 /// Rows per block of [`sum_columns`]'s first pass.
 pub const BLOCK_ROWS: usize = 64;
 

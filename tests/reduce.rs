@@ -342,3 +342,77 @@ fn sum_columns_respects_the_workspace_bound() {
         .unwrap();
     assert!(sums.iter().all(|&s| s == rows as f32));
 }
+
+#[test]
+fn subgroup_rows_are_deterministic_and_agree_with_the_trees() {
+    // The register rows' reductions by subgroup shuffles (`force_subgroup_rows`): the softmax
+    // and RMSNorm register rows rerun bit for bit, stay within a few f32 roundings of the
+    // fan-in-8 trees, and the 16-bit softmax gradient is still the F32 one rounded once.
+    let e = engine();
+    reduce::force_subgroup_rows(true);
+    let width = reduce::subgroup_width(e);
+    reduce::force_subgroup_rows(false);
+    if !e.info().features.contains(wgpu::Features::SUBGROUP) {
+        assert_eq!(width, None);
+        return;
+    }
+    let width = width.expect("a subgroup width on an adapter with SUBGROUP");
+    assert!(
+        width.is_power_of_two() && (4..=32).contains(&width),
+        "{width}"
+    );
+    let (rows, cols) = (3, 32_000);
+    let x = common::tensor_from_f64(
+        e,
+        &common::random_f64(250, rows * cols, -6.0, 6.0),
+        &[rows, cols],
+        DType::BF16,
+    );
+    let dy = common::tensor_from_f64(
+        e,
+        &common::random_f64(251, rows * cols, -1.0, 1.0),
+        &[rows, cols],
+        DType::BF16,
+    );
+    let w = common::tensor_from_f64(
+        e,
+        &common::random_f64(252, cols, -1.0, 1.0),
+        &[cols],
+        DType::BF16,
+    );
+    let run = |on: bool| {
+        reduce::force_subgroup_rows(on);
+        let (y, saved) = wgrad::loss::softmax(&x).unwrap();
+        let dx = wgrad::loss::softmax_backward(&saved, &dy).unwrap();
+        let dx16 = wgrad::loss::softmax_backward_as(&saved, &dy, DType::BF16).unwrap();
+        let opts = wgrad::norm::RmsNormOptions::default();
+        let (n, nsaved) = wgrad::norm::rms_norm(&x, Some(&w), &opts).unwrap();
+        let g = wgrad::norm::norm_backward(&nsaved, &dy, None).unwrap();
+        reduce::force_subgroup_rows(false);
+        [y, dx, dx16, n, g.source]
+    };
+    let sub = run(true);
+    let again = run(true);
+    let tree = run(false);
+    for (i, ((a, b), t)) in sub.iter().zip(&again).zip(&tree).enumerate() {
+        assert_eq!(
+            a.to_f64().unwrap(),
+            b.to_f64().unwrap(),
+            "output {i}: rerun"
+        );
+        let (a, t) = (a.to_f64().unwrap(), t.to_f64().unwrap());
+        let scale = t.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let worst = a
+            .iter()
+            .zip(&t)
+            .fold(0.0f64, |m, (p, q)| m.max((p - q).abs()));
+        // 16-bit outputs may land on the neighbouring value (2⁻⁸ relative); F32 ones differ by
+        // a few roundings of the row sums.
+        assert!(
+            worst <= scale / 128.0,
+            "output {i}: {worst} against scale {scale}"
+        );
+    }
+    let rounded = wgrad::cast::cast(&sub[1], DType::BF16).unwrap();
+    common::assert_same_bits("BF16 gradient = the F32 one rounded", &sub[2], &rounded);
+}

@@ -1850,8 +1850,9 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // t + (CHUNKS − 1)·WG as packed vec4<u32> in named registers (no indexed private array, which
 // some compilers put in local memory), all loaded before any arithmetic; statements for chunk
 // k ≥ CHUNKS fold away once the pipeline is specialized. From the registers, in three steps:
-// the row maximum (no exp: each lane's chunks in order, then `workgroup_max8`); Σ exp(x − max),
-// one exp a value (each lane's chunks in order, then `workgroup_sum8`); the outputs (softmax
+// the row maximum (no exp: each lane's chunks in order, then `lanes_max`: the fan-in-8 tree, or
+// subgroup shuffles in the subgroup module); Σ exp(x − max), one exp a value (each lane's
+// chunks in order, then `lanes_sum`); the outputs (softmax
 // one exp a value, as exp2((x − max)·log2 e − log Σ·log2 e) with one fused multiply-add;
 // log-softmax (x − max) − log Σ, no exp). The saved statistics are those of the other entries
 // (row maximum, log denominator; a row of −∞ gives −∞ and −∞ and NaN outputs).
@@ -1960,7 +1961,7 @@ fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     m = held_max(m, c13, 13u, lid, n);
     m = held_max(m, c14, 14u, lid, n);
     m = held_max(m, c15, 15u, lid, n);
-    let rmax = workgroup_max8(m, lid);
+    let rmax = lanes_max(m, lid);
     var s = 0.0;
     if (rmax != neg_inf()) {
         s = held_expsum(s, c0, 0u, lid, n, rmax);
@@ -1980,7 +1981,7 @@ fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         s = held_expsum(s, c14, 14u, lid, n, rmax);
         s = held_expsum(s, c15, 15u, lid, n, rmax);
     }
-    let logden = log(workgroup_sum8(s, lid));
+    let logden = log(lanes_sum(s, lid));
     if (lid == 0u) {
         stats_out[2u * row] = rmax;
         stats_out[2u * row + 1u] = logden;
@@ -2013,9 +2014,10 @@ fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // vec4 of each (or, with ODT 16-bit, its four values rounded once into one vec2<u32>): the
 // stores of a workgroup are contiguous (a lane holding whole chunks would write two vec4s 32
 // bytes apart, which costs half the store bandwidth). From the registers:
-// Σ p·dy (softmax) or Σ dy (log-softmax), each lane's half chunks in order, then the fan-in-8
-// `workgroup_sum8` (the pairwise tree's ten barriers at 1,024 lanes cost 8% of the BF16-gradient
-// backward on an H200); then dx. p is exp2(fma(x − max, log2 e, −log Σ·log2 e)), as in
+// Σ p·dy (softmax) or Σ dy (log-softmax), each lane's half chunks in order, then `lanes_sum`
+// (the fan-in-8 tree `workgroup_sum8`, or subgroup shuffles in the subgroup module; the
+// pairwise tree's ten barriers at 1,024 lanes cost 8% of the BF16-gradient backward on an
+// H200); then dx. p is exp2(fma(x − max, log2 e, −log Σ·log2 e)), as in
 // `softmax_fwd_c`, computed once and held where it fits (`hold_p`; recomputing it for the store
 // cost 4% more there). Statements for half chunk k ≥ HB fold away once the pipeline is
 // specialized: HB (a power of two) is at most 16 with 1024 lanes (32 registers of x and dy a
@@ -2252,7 +2254,7 @@ fn softmax_bwd_h(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     acc = half_acc(acc, x29, p29, g29, 29u, lid, n, m, c);
     acc = half_acc(acc, x30, p30, g30, 30u, lid, n, m, c);
     acc = half_acc(acc, x31, p31, g31, 31u, lid, n, m, c);
-    let total = workgroup_sum8(acc, lid);
+    let total = lanes_sum(acc, lid);
     half_store(x0, p0, g0, 0u, lid, n, base, m, c, total);
     half_store(x1, p1, g1, 1u, lid, n, base, m, c, total);
     half_store(x2, p2, g2, 2u, lid, n, base, m, c, total);

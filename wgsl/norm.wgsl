@@ -762,10 +762,11 @@ override DDX: u32 = 0u;
 @group(0) @binding(28) var<storage, read> mean_in: array<f32>;
 @group(0) @binding(29) var<storage, read> corr_in: array<f32>;
 
-// Fixed-order workgroup sum of pairs: the shared fan-in-8 tree (`workgroup_pairs8`).
-// Call from uniform control flow.
+// Fixed-order workgroup sum of pairs: `lanes_pairs`, the shared fan-in-8 tree
+// (`workgroup_pairs8`), or subgroup shuffles in the subgroup modules. Call from uniform
+// control flow.
 fn row_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    return workgroup_pairs8(v, lid, PAIR_SUM);
+    return lanes_pairs(v, lid, PAIR_SUM);
 }
 
 fn row_sum(v: f32, lid: u32) -> f32 {

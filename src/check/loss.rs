@@ -74,7 +74,7 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 /// path for 16-bit outputs), more columns than lanes, and whole vec4 chunks in every dtype.
 const LOSS_SHAPES: [(usize, usize); 4] = [(1, 1), (5, 37), (3, 700), (2, 64)];
 
-fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
+pub(super) fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
     let mut rng = Rng::new(40);
     let mut cases = Vec::new();
     for (rows, cols) in LOSS_SHAPES {
@@ -120,7 +120,7 @@ fn check_softmax(engine: &Engine, log: bool) -> Result<Vec<Case>> {
 /// Softmax and log-softmax gradients stored in x's dtype (`softmax_backward_as`): 16-bit rows
 /// of 2,050 chunks take `softmax_bwd_h`'s direct 16-bit stores, 104 columns `softmax_bwd_v`'s,
 /// 100 columns the F32 gradient narrowed; against the reference at the dtype's tolerance.
-fn check_softmax_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+pub(super) fn check_softmax_backward_as(engine: &Engine) -> Result<Vec<Case>> {
     use crate::loss;
     use crate::reference::loss as r;
     let mut rng = Rng::new(46);

@@ -67,6 +67,17 @@ pub fn operators() -> Vec<OperatorCheck> {
             kernels: &["copy"],
             run: check_copy,
         },
+        OperatorCheck {
+            name: "subgroup_rows",
+            kernels: &[
+                "norm_subgroup",
+                "norm_mid_subgroup",
+                "norm_wide_subgroup",
+                "loss_subgroup",
+                "loss_rows_subgroup",
+            ],
+            run: check_subgroup_rows,
+        },
     ]
     .into_iter()
     .chain(norm::operators())
@@ -284,4 +295,46 @@ fn check_copy(engine: &Engine) -> Result<Vec<Case>> {
         &stored,
         Tolerance::EXACT,
     )])
+}
+
+/// A check's run function.
+type CheckFn = fn(&Engine) -> Result<Vec<Case>>;
+
+/// The register-resident norm and softmax rows with their reductions by subgroup shuffles
+/// (`reduce::force_subgroup_rows`): the RMSNorm, LayerNorm, add+RMSNorm, softmax and
+/// log-softmax checks (16-bit gradients included) run again with the switch on. Without
+/// `SUBGROUP` on the adapter the switch changes nothing and the cases are those of the trees.
+fn check_subgroup_rows(engine: &Engine) -> Result<Vec<Case>> {
+    reduce::force_subgroup_rows(true);
+    let width = reduce::subgroup_width(engine);
+    let runs: [CheckFn; 7] = [
+        norm::check_rms_norm,
+        norm::check_layer_norm,
+        norm::check_add_rms_norm,
+        norm::check_norm_backward_as,
+        |e| loss::check_softmax(e, false),
+        |e| loss::check_softmax(e, true),
+        loss::check_softmax_backward_as,
+    ];
+    let mut cases = Vec::new();
+    let mut outcome = Ok(());
+    for run in runs {
+        match run(engine) {
+            Ok(c) => cases.extend(c),
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
+    reduce::force_subgroup_rows(false);
+    outcome?;
+    let tag = match width {
+        Some(w) => format!("subgroups of {w}"),
+        None => "no subgroups: trees".to_string(),
+    };
+    for c in &mut cases {
+        c.label = format!("{tag}: {}", c.label);
+    }
+    Ok(cases)
 }

@@ -60,7 +60,7 @@ const NORM_SHAPES: [(usize, usize); 2] = [(7, 127), (70, 64)];
 /// add+RMSNorm F32 on 1,024).
 const REGISTER_SHAPES: [(usize, usize); 3] = [(300, 2048), (5, 4096), (3, 16384)];
 
-fn check_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
+pub(super) fn check_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{CastingMode, RmsNormOptions, norm_backward, rms_norm};
     let mut rng = Rng::new(40);
     let mut cases = Vec::new();
@@ -134,7 +134,7 @@ fn check_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
 /// 16-bit register rows (2,048 and 16,384 columns) take the direct 16-bit stores, 127 columns
 /// the F32 gradient narrowed; the source gradient against the reference at the dtype's
 /// tolerance, the weight gradient (F32) at F32's.
-fn check_norm_backward_as(engine: &Engine) -> Result<Vec<Case>> {
+pub(super) fn check_norm_backward_as(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{LayerNormOptions, RmsNormOptions, layer_norm, norm_backward_as, rms_norm};
     use reference::norm as r;
     let mut rng = Rng::new(47);
@@ -169,7 +169,7 @@ fn check_norm_backward_as(engine: &Engine) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
-fn check_layer_norm(engine: &Engine) -> Result<Vec<Case>> {
+pub(super) fn check_layer_norm(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{LayerNormOptions, layer_norm, norm_backward};
     let mut rng = Rng::new(41);
     let mut cases = Vec::new();
@@ -218,7 +218,7 @@ fn check_layer_norm(engine: &Engine) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
-fn check_add_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
+pub(super) fn check_add_rms_norm(engine: &Engine) -> Result<Vec<Case>> {
     use crate::norm::{CastingMode, RmsNormOptions, add_rms_norm, norm_backward};
     let mut rng = Rng::new(42);
     let mut cases = Vec::new();
