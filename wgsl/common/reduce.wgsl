@@ -127,7 +127,6 @@ fn workgroup_max8(v: f32, lid: u32) -> f32 {
 // lane may still read from the previous call. Bit-reproducible; call from uniform control flow.
 const PAIR_SUM: u32 = 0u;
 const PAIR_SOFTMAX: u32 = 1u;
-const PAIR_MAX: u32 = 2u; // componentwise maximum
 var<workgroup> pair8_in: array<vec2<f32>, WG>;
 var<workgroup> pair8_b: array<vec2<f32>, WG / 8u>;
 var<workgroup> pair8_c: array<vec2<f32>, WG / 8u>;
@@ -141,9 +140,6 @@ fn pair_op(a: vec2<f32>, b: vec2<f32>, op: u32) -> vec2<f32> {
     if (op == PAIR_SUM) {
         return a + b;
     }
-    if (op == PAIR_MAX) {
-        return max(a, b);
-    }
     let mx = max(a.x, b.x);
     if (mx == pair_neg_inf()) {
         return vec2<f32>(pair_neg_inf(), 0.0);
@@ -154,9 +150,6 @@ fn pair_op(a: vec2<f32>, b: vec2<f32>, op: u32) -> vec2<f32> {
 fn pair8_fold(c: array<vec2<f32>, 8>, op: u32) -> vec2<f32> {
     if (op == PAIR_SUM) {
         return ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
-    }
-    if (op == PAIR_MAX) {
-        return max(max(max(c[0], c[1]), max(c[2], c[3])), max(max(c[4], c[5]), max(c[6], c[7])));
     }
     let mx = max(max(max(c[0].x, c[1].x), max(c[2].x, c[3].x)),
                  max(max(c[4].x, c[5].x), max(c[6].x, c[7].x)));
@@ -185,17 +178,6 @@ fn pair8_c_at(f: u32) -> array<vec2<f32>, 8> {
                                pair8_c[f + 4u], pair8_c[f + 5u], pair8_c[f + 6u], pair8_c[f + 7u]);
 }
 
-// The identity of `op`.
-fn pair_identity(op: u32) -> vec2<f32> {
-    if (op == PAIR_SOFTMAX) {
-        return vec2<f32>(pair_neg_inf(), 0.0);
-    }
-    if (op == PAIR_MAX) {
-        return vec2<f32>(pair_neg_inf());
-    }
-    return vec2<f32>(0.0);
-}
-
 fn workgroup_pairs8(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
     pair8_in[lid] = v;
     workgroupBarrier();
@@ -218,7 +200,10 @@ fn workgroup_pairs8(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
         workgroupBarrier();
         in_b = !in_b;
     }
-    var total = pair_identity(op);
+    var total = vec2<f32>(0.0);
+    if (op == PAIR_SOFTMAX) {
+        total = vec2<f32>(pair_neg_inf(), 0.0);
+    }
     for (var i = 0u; i < count; i = i + 1u) {
         if (in_b) {
             total = pair_op(total, pair8_b[i], op);

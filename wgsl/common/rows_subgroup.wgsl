@@ -9,7 +9,7 @@
 // value; the first lane of each block writes it to workgroup memory; the next level reads those
 // values back into lanes (the identity past the end) and repeats, until one block holds every
 // value; then each subgroup folds that last level itself, so every lane ends with the total
-// and no broadcast is needed. Each operation of `pair_op` is commutative bit for bit, so the
+// and no broadcast is needed. Each operation (`sg_op`) is commutative bit for bit, so the
 // two partners of a step compute the same bits, and the whole is one binary tree over the
 // lanes in order whatever SG_WIDTH is (up to the sign of a zero sum). One barrier a level
 // above the first: one in all for up to SG_WIDTH² lanes (1,024 lanes in subgroups of 32).
@@ -18,6 +18,27 @@
 // writes never go to the array a slower lane may still be reading, in this call or the last.
 override SG_WIDTH: u32 = 32u;
 
+const SG_MAX: u32 = 2u; // componentwise maximum, besides `reduce.wgsl`'s PAIR_SUM and PAIR_SOFTMAX
+
+// a ∘ b: `pair_op`, or the componentwise maximum.
+fn sg_op(a: vec2<f32>, b: vec2<f32>, op: u32) -> vec2<f32> {
+    if (op == SG_MAX) {
+        return max(a, b);
+    }
+    return pair_op(a, b, op);
+}
+
+// The identity of `op`.
+fn sg_identity(op: u32) -> vec2<f32> {
+    if (op == PAIR_SOFTMAX) {
+        return vec2<f32>(pair_neg_inf(), 0.0);
+    }
+    if (op == SG_MAX) {
+        return vec2<f32>(pair_neg_inf());
+    }
+    return vec2<f32>(0.0);
+}
+
 var<workgroup> sg_level_b: array<vec2<f32>, WG / 4u>;
 var<workgroup> sg_level_c: array<vec2<f32>, WG / 4u>;
 var<private> sg_in_b: bool = true;
@@ -25,7 +46,7 @@ var<private> sg_in_b: bool = true;
 fn sg_butterfly(v: vec2<f32>, op: u32) -> vec2<f32> {
     var s = v;
     for (var d = 1u; d < SG_WIDTH; d = d * 2u) {
-        s = pair_op(s, subgroupShuffleXor(s, d), op);
+        s = sg_op(s, subgroupShuffleXor(s, d), op);
     }
     return s;
 }
@@ -50,7 +71,7 @@ fn lanes_pairs(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
         if (count <= SG_WIDTH) {
             i = lid % SG_WIDTH;
         }
-        var x = pair_identity(op);
+        var x = sg_identity(op);
         if (i < count) {
             if (sg_in_b) {
                 x = sg_level_b[i];
@@ -73,5 +94,5 @@ fn lanes_sum(v: f32, lid: u32) -> f32 {
 }
 
 fn lanes_max(v: f32, lid: u32) -> f32 {
-    return lanes_pairs(vec2<f32>(v), lid, PAIR_MAX).x;
+    return lanes_pairs(vec2<f32>(v), lid, SG_MAX).x;
 }
