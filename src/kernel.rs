@@ -29,6 +29,27 @@ pub const COMMON_SOFTCAP: &str = include_str!("../wgsl/common/softcap.wgsl");
 /// Shared WGSL: the scalar activation formulas (`activation_eval(kind, x)` → (act, act′)).
 pub const COMMON_ACTIVATION: &str = include_str!("../wgsl/common/activation.wgsl");
 
+/// A family module assembled as `dtype`, `launch`, `reduce`, one of the row-reduction
+/// snippets ([`COMMON_ROWS`] or [`COMMON_ROWS_SUBGROUP`]), further shared parts, then
+/// `const WG` and the family file: `rows_module!(name, rows, [extra parts], wg, family)`.
+macro_rules! rows_module {
+    ($name:literal, $rows:expr, [$($extra:expr),*], $wg:literal, $family:expr) => {
+        $crate::kernel::Kernel {
+            name: $name,
+            parts: &[
+                $crate::kernel::COMMON_DTYPE,
+                $crate::kernel::COMMON_LAUNCH,
+                $crate::kernel::COMMON_REDUCE,
+                $rows,
+                $($extra,)*
+                concat!("const WG: u32 = ", $wg, "u;"),
+                $family,
+            ],
+        }
+    };
+}
+pub(crate) use rows_module;
+
 /// One WGSL module: a name and the parts it is assembled from, in order.
 #[derive(Debug)]
 pub struct Kernel {

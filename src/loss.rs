@@ -45,70 +45,39 @@
 //! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`].
 
 use crate::kernel::{
-    COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_ROWS, COMMON_ROWS_SUBGROUP, COMMON_SOFTCAP,
-    Constants, Kernel,
+    COMMON_ROWS, COMMON_ROWS_SUBGROUP, COMMON_SOFTCAP, Constants, Kernel, rows_module,
 };
 use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
 
+/// `wgsl/loss.wgsl` with a row-reduction snippet and a workgroup size.
+macro_rules! loss_module {
+    ($name:literal, $rows:expr, $wg:literal) => {
+        rows_module!(
+            $name,
+            $rows,
+            [COMMON_SOFTCAP],
+            $wg,
+            include_str!("../wgsl/loss.wgsl")
+        )
+    };
+}
+
 /// `wgsl/loss.wgsl` with 256-lane workgroups: every entry point.
-pub static KERNEL: Kernel = Kernel {
-    name: "loss",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS,
-        COMMON_SOFTCAP,
-        "const WG: u32 = 256u;",
-        include_str!("../wgsl/loss.wgsl"),
-    ],
-};
+pub static KERNEL: Kernel = loss_module!("loss", COMMON_ROWS, 256);
 
 /// `wgsl/loss.wgsl` with 1024-lane workgroups, for the register-resident softmax rows
 /// (`softmax_fwd_r`, `softmax_bwd_r`: four times the lanes hold a row in a quarter of the
 /// registers a lane) on adapters that allow 1024 invocations.
-pub static ROWS_KERNEL: Kernel = Kernel {
-    name: "loss_rows",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS,
-        COMMON_SOFTCAP,
-        "const WG: u32 = 1024u;",
-        include_str!("../wgsl/loss.wgsl"),
-    ],
-};
+pub static ROWS_KERNEL: Kernel = loss_module!("loss_rows", COMMON_ROWS, 1024);
 
 /// [`KERNEL`] with the register rows (`softmax_fwd_c`, `softmax_bwd_h`) reduced by subgroup
 /// shuffles (`reduce::force_subgroup_rows`, `wgsl/common/rows_subgroup.wgsl`).
-pub static KERNEL_SUBGROUP: Kernel = Kernel {
-    name: "loss_subgroup",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS_SUBGROUP,
-        COMMON_SOFTCAP,
-        "const WG: u32 = 256u;",
-        include_str!("../wgsl/loss.wgsl"),
-    ],
-};
+pub static KERNEL_SUBGROUP: Kernel = loss_module!("loss_subgroup", COMMON_ROWS_SUBGROUP, 256);
 
 /// [`ROWS_KERNEL`] with subgroup row reductions (see [`KERNEL_SUBGROUP`]).
-pub static ROWS_KERNEL_SUBGROUP: Kernel = Kernel {
-    name: "loss_rows_subgroup",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS_SUBGROUP,
-        COMMON_SOFTCAP,
-        "const WG: u32 = 1024u;",
-        include_str!("../wgsl/loss.wgsl"),
-    ],
-};
+pub static ROWS_KERNEL_SUBGROUP: Kernel =
+    loss_module!("loss_rows_subgroup", COMMON_ROWS_SUBGROUP, 1024);
 
 /// The subgroup twin of a loss module.
 fn subgroup_twin(kernel: &'static Kernel) -> &'static Kernel {

@@ -47,94 +47,40 @@
 //! Backward differentiates the real-valued formula with the saved FP32 statistics: the
 //! rounding of the casting modes and of stored outputs is not differentiated.
 
-use crate::kernel::{
-    COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_ROWS, COMMON_ROWS_SUBGROUP, Constants,
-    Kernel,
-};
+use crate::kernel::{COMMON_ROWS, COMMON_ROWS_SUBGROUP, Constants, Kernel, rows_module};
 use crate::{DType, Engine, Error, Result, Tensor, cast};
 
 const NORM_WGSL: &str = include_str!("../wgsl/norm.wgsl");
 
+/// `wgsl/norm.wgsl` with a row-reduction snippet and a workgroup size.
+macro_rules! norm_module {
+    ($name:literal, $rows:expr, $wg:literal) => {
+        rows_module!($name, $rows, [], $wg, NORM_WGSL)
+    };
+}
+
 /// `wgsl/norm.wgsl` with workgroups of 256 invocations.
-pub static KERNEL: Kernel = Kernel {
-    name: "norm",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS,
-        "const WG: u32 = 256u;",
-        NORM_WGSL,
-    ],
-};
+pub static KERNEL: Kernel = norm_module!("norm", COMMON_ROWS, 256);
 
 /// `wgsl/norm.wgsl` with workgroups of 1,024 invocations: the register forwards of rows too
 /// wide for 256 lanes, on adapters that allow such workgroups.
-pub static KERNEL_WIDE: Kernel = Kernel {
-    name: "norm_wide",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS,
-        "const WG: u32 = 1024u;",
-        NORM_WGSL,
-    ],
-};
+pub static KERNEL_WIDE: Kernel = norm_module!("norm_wide", COMMON_ROWS, 1024);
 
 /// `wgsl/norm.wgsl` with workgroups of 512 invocations: register forwards (see
 /// [`forward_lanes`]).
-pub static KERNEL_MID: Kernel = Kernel {
-    name: "norm_mid",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS,
-        "const WG: u32 = 512u;",
-        NORM_WGSL,
-    ],
-};
+pub static KERNEL_MID: Kernel = norm_module!("norm_mid", COMMON_ROWS, 512);
 
-/// [`KERNEL`], [`KERNEL_WIDE`] and [`KERNEL_MID`] with the register rows reduced by subgroup
-/// shuffles (`reduce::force_subgroup_rows`, `wgsl/common/rows_subgroup.wgsl`).
-pub static KERNEL_SUBGROUP: Kernel = Kernel {
-    name: "norm_subgroup",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS_SUBGROUP,
-        "const WG: u32 = 256u;",
-        NORM_WGSL,
-    ],
-};
+/// [`KERNEL`] with the register rows reduced by subgroup shuffles
+/// (`reduce::force_subgroup_rows`, `wgsl/common/rows_subgroup.wgsl`); likewise the two below.
+pub static KERNEL_SUBGROUP: Kernel = norm_module!("norm_subgroup", COMMON_ROWS_SUBGROUP, 256);
 
-/// [`KERNEL_WIDE`] with subgroup row reductions (see [`KERNEL_SUBGROUP`]).
-pub static KERNEL_WIDE_SUBGROUP: Kernel = Kernel {
-    name: "norm_wide_subgroup",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS_SUBGROUP,
-        "const WG: u32 = 1024u;",
-        NORM_WGSL,
-    ],
-};
+/// [`KERNEL_WIDE`] with subgroup row reductions.
+pub static KERNEL_WIDE_SUBGROUP: Kernel =
+    norm_module!("norm_wide_subgroup", COMMON_ROWS_SUBGROUP, 1024);
 
-/// [`KERNEL_MID`] with subgroup row reductions (see [`KERNEL_SUBGROUP`]).
-pub static KERNEL_MID_SUBGROUP: Kernel = Kernel {
-    name: "norm_mid_subgroup",
-    parts: &[
-        COMMON_DTYPE,
-        COMMON_LAUNCH,
-        COMMON_REDUCE,
-        COMMON_ROWS_SUBGROUP,
-        "const WG: u32 = 512u;",
-        NORM_WGSL,
-    ],
-};
+/// [`KERNEL_MID`] with subgroup row reductions.
+pub static KERNEL_MID_SUBGROUP: Kernel =
+    norm_module!("norm_mid_subgroup", COMMON_ROWS_SUBGROUP, 512);
 
 /// Forces the lanes of the register backwards (512, or 1,024 reading rows twice, where the
 /// row fits; another count: 256 where the row fits; `None`: the rule, [`mid_backward`]) for
