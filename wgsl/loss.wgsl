@@ -2016,7 +2016,7 @@ fn softmax_fwd_c(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // bytes apart, which costs half the store bandwidth). From the registers:
 // Σ p·dy (softmax) or Σ dy (log-softmax), each lane's half chunks in order, then `lanes_sum`
 // (the fan-in-8 tree `workgroup_sum8`, or subgroup shuffles in the subgroup module; the
-// pairwise tree's ten barriers at 1,024 lanes cost 8% of the BF16-gradient backward on an
+// pairwise tree's twelve barriers at 1,024 lanes cost 8% of the BF16-gradient backward on an
 // H200); then dx. p is exp2(fma(x − max, log2 e, −log Σ·log2 e)), as in
 // `softmax_fwd_c`, computed once and held where it fits (`hold_p`; recomputing it for the store
 // cost 4% more there). Statements for half chunk k ≥ HB fold away once the pipeline is

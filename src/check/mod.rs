@@ -316,19 +316,9 @@ fn check_subgroup_rows(engine: &Engine) -> Result<Vec<Case>> {
         |e| loss::check_softmax(e, true),
         loss::check_softmax_backward_as,
     ];
-    let mut cases = Vec::new();
-    let mut outcome = Ok(());
-    for run in runs {
-        match run(engine) {
-            Ok(c) => cases.extend(c),
-            Err(e) => {
-                outcome = Err(e);
-                break;
-            }
-        }
-    }
+    let outcome: Result<Vec<Vec<Case>>> = runs.iter().map(|run| run(engine)).collect();
     reduce::force_subgroup_rows(false);
-    outcome?;
+    let mut cases = outcome?.concat();
     let tag = match width {
         Some(w) => format!("subgroups of {w}"),
         None => "no subgroups: trees".to_string(),
