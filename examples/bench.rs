@@ -530,8 +530,13 @@ fn main() -> ExitCode {
         Ok("1") => wgrad::loss::force_whole_chunk_backward(Some(true)),
         _ => {}
     }
-    // Measurement switch of the register rows' reductions (subgroup shuffles or fan-in-8 trees).
-    wgrad::reduce::force_subgroup_rows(std::env::var_os("WGRAD_SUBGROUP_ROWS").is_some());
+    // Measurement switch of the register rows' reductions (1: subgroup shuffles wherever the
+    // adapter has them, 0: the fan-in-8 trees; unset: the rule).
+    match std::env::var("WGRAD_SUBGROUP_ROWS").as_deref() {
+        Ok("0") => wgrad::reduce::force_subgroup_rows(Some(false)),
+        Ok("1") => wgrad::reduce::force_subgroup_rows(Some(true)),
+        _ => {}
+    }
     // Measurement switches of the lanes of the norm register forwards and backwards and of
     // the register softmax rows (256, 512, 1024; unset: the rules).
     let lanes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());

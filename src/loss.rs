@@ -72,7 +72,8 @@ pub static KERNEL: Kernel = loss_module!("loss", COMMON_ROWS, 256);
 pub static ROWS_KERNEL: Kernel = loss_module!("loss_rows", COMMON_ROWS, 1024);
 
 /// [`KERNEL`] with the register rows (`softmax_fwd_c`, `softmax_bwd_h`) reduced by subgroup
-/// shuffles (`reduce::force_subgroup_rows`, `wgsl/common/rows_subgroup.wgsl`).
+/// shuffles (`wgsl/common/rows_subgroup.wgsl`): the 16-bit softmax forward's module where the
+/// adapter has `SUBGROUP` (`reduce::rows_kernel`; `reduce::force_subgroup_rows` overrides).
 pub static KERNEL_SUBGROUP: Kernel = loss_module!("loss_subgroup", COMMON_ROWS_SUBGROUP, 256);
 
 /// [`ROWS_KERNEL`] with subgroup row reductions (see [`KERNEL_SUBGROUP`]).
@@ -306,7 +307,10 @@ fn row_output(
         if let Some(per_lane) = held_row(x.dtype(), chunks) {
             let mut consts = consts;
             consts.push(("CHUNKS", per_lane as f64));
-            let kernel = crate::reduce::rows_kernel(engine, &KERNEL, &KERNEL_SUBGROUP, &mut consts);
+            // Subgroup reductions where the adapter has them: 1.3% faster on an H200
+            // (`notes/h200/2026-12-01-es/subgroups/`).
+            let kernel =
+                crate::reduce::rows_kernel(engine, &KERNEL, &KERNEL_SUBGROUP, true, &mut consts);
             engine.launch(
                 kernel,
                 "softmax_fwd_c",
@@ -454,7 +458,10 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
         // many a lane as whole chunks.
         let mut consts = consts;
         consts.push(("HB", (2 * per_lane) as f64));
-        let kernel = crate::reduce::rows_kernel(engine, kernel, subgroup_twin(kernel), &mut consts);
+        // The trees by default: subgroups measured no faster here (H200,
+        // `notes/h200/2026-12-01-es/subgroups/`).
+        let kernel =
+            crate::reduce::rows_kernel(engine, kernel, subgroup_twin(kernel), false, &mut consts);
         engine.launch(
             kernel,
             "softmax_bwd_h",

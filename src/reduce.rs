@@ -26,37 +26,41 @@ pub static KERNEL: Kernel = Kernel {
 const WG: u64 = 256;
 
 std::thread_local! {
-    static SUBGROUP_ROWS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static SUBGROUP_ROWS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
-/// Lets the register-resident softmax and norm rows reduce with subgroup shuffles
-/// (`wgsl/common/rows_subgroup.wgsl`) instead of the fan-in-8 workgroup trees, for launches
-/// from the calling thread, where [`subgroup_width`] allows. Off by default: not yet timed
-/// against the trees. Results are deterministic either way; the two orders differ in the last
-/// bits. For tests and measurements.
+/// Overrides how the register-resident softmax and norm rows reduce, for launches from the
+/// calling thread: `Some(true)` by subgroup shuffles (`wgsl/common/rows_subgroup.wgsl`)
+/// wherever [`subgroup_width`] gives a width, `Some(false)` by the fan-in-8 workgroup trees
+/// everywhere, `None` (the default) by the measured rule of each launch: subgroups for the
+/// norm forwards, the 16-bit softmax forward and the 1,024-lane norm backwards, trees for the
+/// other backwards (`notes/measurements.md`). Results are deterministic either way; the two
+/// orders differ in the last bits. For tests and measurements.
 #[doc(hidden)]
-pub fn force_subgroup_rows(on: bool) {
-    SUBGROUP_ROWS.with(|f| f.set(on));
+pub fn force_subgroup_rows(choice: Option<bool>) {
+    SUBGROUP_ROWS.with(|f| f.set(choice));
 }
 
-/// The subgroup width the register rows' reductions use on this engine when subgroup rows are
-/// switched on ([`force_subgroup_rows`]): the adapter's smallest subgroup size, at most 32
-/// (a power of two, at least 4); `None` without `SUBGROUP` or when switched off.
+/// The subgroup width the register rows' reductions use on this engine's adapter: its
+/// smallest subgroup size, at most 32 (a power of two, at least 4); `None` without `SUBGROUP`
+/// (the rows then reduce by the workgroup trees).
 pub fn subgroup_width(engine: &Engine) -> Option<u32> {
     let size = engine.info().subgroup_min_size;
-    (SUBGROUP_ROWS.with(std::cell::Cell::get) && size >= 4 && size.is_power_of_two())
-        .then_some(size.min(32))
+    (size >= 4 && size.is_power_of_two()).then_some(size.min(32))
 }
 
 /// The module of a register-row launch: `subgroup` (with `SG_WIDTH` added to `constants`)
-/// where [`subgroup_width`] gives a width, else `plain`.
+/// where the launch `prefers` subgroups (or [`force_subgroup_rows`] says so) and
+/// [`subgroup_width`] gives a width, else `plain`.
 pub(crate) fn rows_kernel(
     engine: &Engine,
     plain: &'static Kernel,
     subgroup: &'static Kernel,
+    prefers: bool,
     constants: &mut crate::kernel::Constants,
 ) -> &'static Kernel {
-    match subgroup_width(engine) {
+    let wanted = SUBGROUP_ROWS.with(std::cell::Cell::get).unwrap_or(prefers);
+    match subgroup_width(engine).filter(|_| wanted) {
         Some(width) => {
             constants.push(("SG_WIDTH", f64::from(width)));
             subgroup

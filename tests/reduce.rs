@@ -349,9 +349,7 @@ fn subgroup_rows_are_deterministic_and_agree_with_the_trees() {
     // and RMSNorm register rows rerun bit for bit, stay within a few f32 roundings of the
     // fan-in-8 trees, and the 16-bit softmax gradient is still the F32 one rounded once.
     let e = engine();
-    reduce::force_subgroup_rows(true);
     let width = reduce::subgroup_width(e);
-    reduce::force_subgroup_rows(false);
     if !e.info().features.contains(wgpu::Features::SUBGROUP) {
         assert_eq!(width, None);
         return;
@@ -380,20 +378,45 @@ fn subgroup_rows_are_deterministic_and_agree_with_the_trees() {
         &[cols],
         DType::BF16,
     );
-    let run = |on: bool| {
-        reduce::force_subgroup_rows(on);
+    // A narrower row: its norm backward runs on 256 lanes (the wider one's on 1,024).
+    let x2 = common::tensor_from_f64(
+        e,
+        &common::random_f64(253, 3 * 4096, -3.0, 3.0),
+        &[3, 4096],
+        DType::BF16,
+    );
+    let dy2 = common::tensor_from_f64(
+        e,
+        &common::random_f64(254, 3 * 4096, -1.0, 1.0),
+        &[3, 4096],
+        DType::BF16,
+    );
+    let run = |choice: Option<bool>| {
+        reduce::force_subgroup_rows(choice);
         let (y, saved) = wgrad::loss::softmax(&x).unwrap();
         let dx = wgrad::loss::softmax_backward(&saved, &dy).unwrap();
         let dx16 = wgrad::loss::softmax_backward_as(&saved, &dy, DType::BF16).unwrap();
         let opts = wgrad::norm::RmsNormOptions::default();
         let (n, nsaved) = wgrad::norm::rms_norm(&x, Some(&w), &opts).unwrap();
         let g = wgrad::norm::norm_backward(&nsaved, &dy, None).unwrap();
-        reduce::force_subgroup_rows(false);
-        [y, dx, dx16, n, g.source]
+        let (n2, saved2) = wgrad::norm::rms_norm(&x2, None, &opts).unwrap();
+        let g2 = wgrad::norm::norm_backward(&saved2, &dy2, None).unwrap();
+        reduce::force_subgroup_rows(None);
+        [y, dx, dx16, n, g.source, n2, g2.source]
     };
-    let sub = run(true);
-    let again = run(true);
-    let tree = run(false);
+    let sub = run(Some(true));
+    let again = run(Some(true));
+    let tree = run(Some(false));
+    // The default rule: subgroups for the forwards and the 1,024-lane norm backward, the trees
+    // for the softmax backward and the 256-lane norm backward.
+    let rule = run(None);
+    for (i, prefers_subgroups) in [true, false, false, true, true, true, false]
+        .into_iter()
+        .enumerate()
+    {
+        let want = if prefers_subgroups { &sub[i] } else { &tree[i] };
+        common::assert_same_bits(&format!("output {i} by the rule"), &rule[i], want);
+    }
     for (i, ((a, b), t)) in sub.iter().zip(&again).zip(&tree).enumerate() {
         assert_eq!(
             a.to_f64().unwrap(),

@@ -78,6 +78,11 @@ pub fn operators() -> Vec<OperatorCheck> {
             ],
             run: check_subgroup_rows,
         },
+        OperatorCheck {
+            name: "tree_rows",
+            kernels: &["norm", "norm_mid", "norm_wide", "loss", "loss_rows"],
+            run: check_tree_rows,
+        },
     ]
     .into_iter()
     .chain(norm::operators())
@@ -300,13 +305,28 @@ fn check_copy(engine: &Engine) -> Result<Vec<Case>> {
 /// A check's run function.
 type CheckFn = fn(&Engine) -> Result<Vec<Case>>;
 
-/// The register-resident norm and softmax rows with their reductions by subgroup shuffles
-/// (`reduce::force_subgroup_rows`): the RMSNorm, LayerNorm, add+RMSNorm, softmax and
-/// log-softmax checks (16-bit gradients included) run again with the switch on. Without
-/// `SUBGROUP` on the adapter the switch changes nothing and the cases are those of the trees.
+/// The register-resident norm and softmax rows with every reduction by subgroup shuffles
+/// (`reduce::force_subgroup_rows(Some(true))`): the RMSNorm, LayerNorm, add+RMSNorm, softmax
+/// and log-softmax checks (16-bit gradients included) run again that way. Without `SUBGROUP`
+/// on the adapter the cases are those of the trees.
 fn check_subgroup_rows(engine: &Engine) -> Result<Vec<Case>> {
-    reduce::force_subgroup_rows(true);
-    let width = reduce::subgroup_width(engine);
+    let tag = match reduce::subgroup_width(engine) {
+        Some(w) => format!("subgroups of {w}"),
+        None => "no subgroups: trees".to_string(),
+    };
+    check_row_reductions(engine, true, &tag)
+}
+
+/// The same checks with every reduction of the register rows by the fan-in-8 workgroup trees
+/// (`reduce::force_subgroup_rows(Some(false))`): the path of adapters without `SUBGROUP`, and
+/// of the launches that prefer the trees.
+fn check_tree_rows(engine: &Engine) -> Result<Vec<Case>> {
+    check_row_reductions(engine, false, "trees")
+}
+
+/// The register-row checks with the subgroup switch forced to `subgroups`, labels tagged.
+fn check_row_reductions(engine: &Engine, subgroups: bool, tag: &str) -> Result<Vec<Case>> {
+    reduce::force_subgroup_rows(Some(subgroups));
     let runs: [CheckFn; 7] = [
         norm::check_rms_norm,
         norm::check_layer_norm,
@@ -317,12 +337,8 @@ fn check_subgroup_rows(engine: &Engine) -> Result<Vec<Case>> {
         loss::check_softmax_backward_as,
     ];
     let outcome: Result<Vec<Vec<Case>>> = runs.iter().map(|run| run(engine)).collect();
-    reduce::force_subgroup_rows(false);
+    reduce::force_subgroup_rows(None);
     let mut cases = outcome?.concat();
-    let tag = match width {
-        Some(w) => format!("subgroups of {w}"),
-        None => "no subgroups: trees".to_string(),
-    };
     for c in &mut cases {
         c.label = format!("{tag}: {}", c.label);
     }
