@@ -994,6 +994,18 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             vec![x.clone(), stats, dy.clone()],
             move |i| Ok(vec![loss::softmax_backward(&saved, &i[2])?]),
         ));
+        // From the output (PyTorch's rule), the gradient in the output's dtype: reads y and dy.
+        let (y, _) = loss::softmax(&x)?;
+        ops.push(Op::new(
+            "softmax_backward_from_output",
+            dname,
+            vec![y, dy.clone()],
+            move |i| {
+                Ok(vec![loss::softmax_backward_from_output(
+                    &i[0], &i[1], false, dtype,
+                )?])
+            },
+        ));
         let (_, saved) = loss::log_softmax(&x)?;
         ops.push(Op::new("log_softmax", dname, vec![x.clone()], |i| {
             let (y, saved) = loss::log_softmax(&i[0])?;

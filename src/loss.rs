@@ -421,8 +421,7 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
 /// (`UnsupportedDType`).
 pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> Result<Tensor> {
     let x = &saved.input;
-    let engine = x.engine();
-    check_engine(engine, &[(dy, "softmax_backward: dy")])?;
+    check_engine(x.engine(), &[(dy, "softmax_backward: dy")])?;
     float_input(dy, "softmax_backward: dy")?;
     same_shape("softmax_backward: dy", x, dy)?;
     if !dtype.is_float() {
@@ -432,6 +431,53 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
             &DType::FLOATS,
         ));
     }
+    softmax_backward_launch(x, Some(&saved.stats), saved.log, dy, dtype)
+}
+
+/// Gradient of softmax (`log = false`) or log-softmax (`log = true`) from the forward's
+/// output `y` (as stored, any float dtype) and the cotangent `dy` (any float dtype, `y`'s
+/// shape), stored in `dtype` (F32, F16 or BF16; 16-bit ones rounded once from the FP32
+/// values): softmax `dx = y (dy − Σ dy y)`, log-softmax `dx = dy − exp(y) Σ dy`, FP32 math,
+/// row sums in fixed order. The rule of PyTorch's softmax backward: no saved input or
+/// statistics, and the probabilities are the stored (rounded) output, so a 16-bit `y` gives a
+/// gradient within the output's rounding of [`softmax_backward`]'s, and no exponential is
+/// computed for softmax. Same kernels and paths as [`softmax_backward_as`].
+///
+/// Errors: a non-float `y`, `dy` or `dtype` (`UnsupportedDType`), shapes that differ,
+/// tensors of another engine, extents past the binding limit.
+pub fn softmax_backward_from_output(
+    y: &Tensor,
+    dy: &Tensor,
+    log: bool,
+    dtype: DType,
+) -> Result<Tensor> {
+    let what = "softmax_backward_from_output";
+    matrix(y, what)?;
+    check_engine(y.engine(), &[(dy, "softmax_backward_from_output: dy")])?;
+    float_input(dy, "softmax_backward_from_output: dy")?;
+    same_shape("softmax_backward_from_output: dy", y, dy)?;
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "softmax_backward_from_output: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
+    softmax_backward_launch(y, None, log, dy, dtype)
+}
+
+/// The softmax backward launch: `x` the input with its `stats`, or (`stats` `None`) the
+/// forward's output.
+fn softmax_backward_launch(
+    x: &Tensor,
+    stats: Option<&Tensor>,
+    log: bool,
+    dy: &Tensor,
+    dtype: DType,
+) -> Result<Tensor> {
+    let engine = x.engine();
+    // Without statistics the kernels do not read their binding: `x` stands in.
+    let stats_buffer = stats.unwrap_or(x).buffer();
     let (rows, cols) = rows_cols(x);
     let vector = dy.dtype() == x.dtype() && vectorized(x.dtype(), cols);
     // Wide rows: x and dy held in registers, each read once.
@@ -443,7 +489,10 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
     };
     let halves = register.filter(|_| x.dtype() != DType::F32 && !whole_chunk_backward());
     if dtype != DType::F32 && !(vector && x.dtype() != DType::F32) {
-        return crate::cast::cast(&softmax_backward_as(saved, dy, DType::F32)?, dtype);
+        return crate::cast::cast(
+            &softmax_backward_launch(x, stats, log, dy, DType::F32)?,
+            dtype,
+        );
     }
     let dx = Tensor::empty(engine, x.shape(), dtype, "softmax_backward")?;
     let params = Params {
@@ -451,7 +500,8 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
         cols: cols as u32,
         ..Default::default()
     };
-    let consts = constants(x.dtype(), dy.dtype(), dtype, u32::from(saved.log));
+    let mut consts = constants(x.dtype(), dy.dtype(), dtype, u32::from(log));
+    consts.push(("FROM_OUT", f64::from(u8::from(stats.is_none()))));
     if let Some((kernel, per_lane)) = halves {
         // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4, or its four
         // values rounded to `dtype`, a half chunk, so the stores are contiguous), twice as
@@ -468,7 +518,7 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
             &consts,
             &params,
             &[
-                saved.stats.buffer(),
+                stats_buffer,
                 dx.buffer(),
                 x.buffer(),
                 dy.buffer(),
@@ -487,7 +537,7 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
         };
         // Both write a 16-bit dx through their `y4` binding, an F32 one through dx4.
         let buffers = [
-            saved.stats.buffer(),
+            stats_buffer,
             x.buffer(),
             dx.buffer(),
             dy.buffer(),
@@ -500,7 +550,7 @@ pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> R
             "softmax_bwd",
             &consts,
             &params,
-            &[x.buffer(), saved.stats.buffer(), dy.buffer(), dx.buffer()],
+            &[x.buffer(), stats_buffer, dy.buffer(), dx.buffer()],
             rows as u64,
         )?;
     }

@@ -144,6 +144,117 @@ fn softmax_reference_backwards_match_finite_differences() {
     }
 }
 
+/// The gradient from the output `y` (as stored) against the f64 reference of that output, in
+/// F32 and in `y`'s dtype, a rerun bit-identical; returns the F32 gradient.
+fn from_output_case(what: &str, y: &Tensor, dy: &Tensor, log: bool) -> Tensor {
+    let (rows, cols) = (y.len() / y.shape()[1], y.shape()[1]);
+    let want = reference::softmax_backward_from_output(
+        &y.to_f64().unwrap(),
+        &dy.to_f64().unwrap(),
+        rows,
+        cols,
+        log,
+    );
+    let dx = loss::softmax_backward_from_output(y, dy, log, DType::F32).unwrap();
+    assert_eq!((dx.shape(), dx.dtype()), (y.shape(), DType::F32), "{what}");
+    assert_close(&format!("{what} dx"), &dx.to_f64().unwrap(), &want, F32);
+    let again = loss::softmax_backward_from_output(y, dy, log, DType::F32).unwrap();
+    assert_eq!(bits(&dx), bits(&again), "{what}: rerun");
+    let out = y.dtype();
+    let dx16 = loss::softmax_backward_from_output(y, dy, log, out).unwrap();
+    assert_close(
+        &format!("{what} dx {out}"),
+        &dx16.to_f64().unwrap(),
+        &wgrad::gradcheck::stored_values(&want, out),
+        Tolerance::for_dtype(out),
+    );
+    dx
+}
+
+#[test]
+fn softmax_backward_from_output_matches_the_reference() {
+    // PyTorch's rule: the probabilities are the stored output (softmax y, log-softmax exp(y)).
+    // Every dtype and shape, dy in F32 and in y's dtype; for F32 outputs the gradient is
+    // within F32 rounding of the one recomputed from x.
+    for log in [false, true] {
+        for dtype in DType::FLOATS {
+            for (k, &(rows, cols)) in SHAPES.iter().enumerate() {
+                let what = format!("from output log={log} {dtype} [{rows}, {cols}]");
+                let (x, _) = upload(
+                    &data(k as u64 + 300, rows * cols, -4.0, 4.0),
+                    &[rows, cols],
+                    dtype,
+                );
+                let (y, saved) = softmax_of(&x, log);
+                for dy_dtype in [DType::F32, dtype] {
+                    let (dy, _) = upload(
+                        &data(k as u64 + 350, rows * cols, -1.0, 1.0),
+                        &[rows, cols],
+                        dy_dtype,
+                    );
+                    let dx = from_output_case(&what, &y, &dy, log);
+                    if dtype == DType::F32 {
+                        let from_x = loss::softmax_backward(&saved, &dy).unwrap();
+                        assert_close(
+                            &format!("{what}: against the gradient from x"),
+                            &dx.to_f64().unwrap(),
+                            &from_x.to_f64().unwrap(),
+                            F32,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_backward_from_output_wide_rows_and_masks() {
+    // The register paths (16-bit half chunks at 32,000 and 16,392 columns, F32 rows at 32,000),
+    // the two-pass entries past them (65,544 16-bit, 32,772 F32), and masked positions (−∞
+    // logits: softmax y = 0 gives dx = 0, log-softmax y = −∞ gives dx = dy).
+    for (dtype, cols, log) in [
+        (DType::BF16, 32_000, false),
+        (DType::F16, 32_000, true),
+        (DType::BF16, 16_392, true),
+        (DType::BF16, 65_544, false),
+        (DType::F32, 32_000, true),
+        (DType::F32, 32_772, false),
+    ] {
+        let rows = 2;
+        let what = format!("from output {dtype} [{rows}, {cols}] log={log}");
+        let mut v = data(360 + cols as u64, rows * cols, -6.0, 6.0);
+        for c in (0..cols).step_by(7) {
+            v[cols + c] = f64::NEG_INFINITY;
+        }
+        let (x, _) = upload(&v, &[rows, cols], dtype);
+        let (dy, dys) = upload(&data(361, rows * cols, -1.0, 1.0), &[rows, cols], dtype);
+        let (y, _) = softmax_of(&x, log);
+        let dx = from_output_case(&what, &y, &dy, log).to_f64().unwrap();
+        for c in (0..cols).step_by(7) {
+            let want = if log { dys[cols + c] } else { 0.0 };
+            assert_eq!(dx[cols + c], want, "{what}: masked column {c}");
+        }
+    }
+}
+
+#[test]
+fn softmax_reference_from_output_is_the_gradient_at_x() {
+    // In f64 the output's rule and the recomputing rule are the same gradient (the latter is
+    // checked against finite differences above).
+    let (rows, cols) = (4, 9);
+    let x = data(5, rows * cols, -3.0, 3.0);
+    let g = data(6, rows * cols, -1.0, 1.0);
+    for log in [false, true] {
+        let y = softmax_reference(&x, rows, cols, log);
+        let from_y = reference::softmax_backward_from_output(&y, &g, rows, cols, log);
+        let from_x = reference::softmax_backward(&x, &g, rows, cols, log);
+        for (a, b) in from_y.iter().zip(&from_x) {
+            assert!((a - b).abs() <= 1e-12, "log={log}: {a} against {b}");
+        }
+    }
+}
+
 #[test]
 fn softmax_keeps_leading_axes_and_empty_shapes() {
     let (x, xs) = upload(&data(3, 2 * 3 * 10, -1.0, 1.0), &[2, 3, 10], DType::F32);
@@ -167,6 +278,8 @@ fn softmax_keeps_leading_axes_and_empty_shapes() {
             let same = Tensor::zeros(engine(), &shape, dtype).unwrap();
             for out in DType::FLOATS {
                 let dx = loss::softmax_backward_as(&saved, &same, out).unwrap();
+                assert_eq!((dx.shape(), dx.dtype()), (&shape[..], out));
+                let dx = loss::softmax_backward_from_output(&y, &same, true, out).unwrap();
                 assert_eq!((dx.shape(), dx.dtype()), (&shape[..], out));
             }
         }
@@ -1405,6 +1518,21 @@ fn softmax_and_sparsemax_bad_inputs() {
     assert!(matches!(
         loss::softmax_backward(&saved, &xi),
         Err(Error::UnsupportedDType { .. })
+    ));
+    let (y, _) = loss::softmax(&x).unwrap();
+    for (y, dy, out) in [
+        (&xi, &x, DType::F32),
+        (&y, &xi, DType::F32),
+        (&y, &x, DType::I32),
+    ] {
+        assert!(matches!(
+            loss::softmax_backward_from_output(y, dy, false, out),
+            Err(Error::UnsupportedDType { .. })
+        ));
+    }
+    assert!(matches!(
+        loss::softmax_backward_from_output(&y, &f32_tensor(&[0.1; 6], &[3, 2]), true, DType::F32),
+        Err(Error::ShapeMismatch { .. })
     ));
     let (_, saved) = loss::sparsemax(&x).unwrap();
     assert!(matches!(

@@ -15,6 +15,9 @@ override DT: u32 = 0u;    // dtype of x (logits / input / student)
 override TDT: u32 = 0u;   // dtype of the second floating input (dy, target distribution)
 override ODT: u32 = 0u;   // dtype of the row output of softmax / log_softmax / sparsemax (softmax_bwd_h: of dx)
 override MODE: u32 = 0u;  // softmax: 0 softmax, 1 log-softmax; divergences: 0 KL, 1 JSD, 2 TVD
+// Softmax backwards: the first input is the forward's output y, not x (p = y, log-softmax
+// p = exp(y)); the statistics are not read.
+override FROM_OUT: bool = false;
 // WG, the workgroup size, is defined by the part before this file: 256 lanes (the `loss`
 // module) or 1024 (`loss_rows`, the register-resident row entries on adapters that allow it).
 
@@ -183,8 +186,38 @@ fn softmax_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-// dx from x, the saved statistics and dy (TDT): probabilities are recomputed in FP32.
-// softmax: dx = p (dy − Σ dy p); log-softmax: dx = dy − p Σ dy.
+// The saved (maximum, log denominator) of a softmax row (zeros when FROM_OUT: not used).
+fn softmax_stats(row: u32) -> vec2<f32> {
+    if (FROM_OUT) {
+        return vec2<f32>();
+    }
+    return vec2<f32>(stats_in[2u * row], stats_in[2u * row + 1u]);
+}
+
+// The softmax probabilities of four values v of a backward's first input: recomputed in FP32,
+// exp((x − m) − logden), or from the output (FROM_OUT): y, log-softmax exp(y).
+fn softmax_p4(v: vec4<f32>, m: f32, logden: f32) -> vec4<f32> {
+    if (FROM_OUT) {
+        if (MODE == 1u) {
+            return exp(v);
+        }
+        return v;
+    }
+    return exp((v - vec4<f32>(m)) - vec4<f32>(logden));
+}
+
+fn softmax_p1(v: f32, m: f32, logden: f32) -> f32 {
+    if (FROM_OUT) {
+        if (MODE == 1u) {
+            return exp(v);
+        }
+        return v;
+    }
+    return exp((v - m) - logden);
+}
+
+// dx from x, the saved statistics and dy (TDT): probabilities are recomputed in FP32 (or taken
+// from the output y, FROM_OUT). softmax: dx = p (dy − Σ dy p); log-softmax: dx = dy − p Σ dy.
 @compute @workgroup_size(WG)
 fn softmax_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -194,20 +227,19 @@ fn softmax_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     let cols = params.cols;
     let base = row * cols;
-    let m = stats_in[2u * row];
-    let logden = stats_in[2u * row + 1u];
+    let st = softmax_stats(row);
     var acc = 0.0;
     for (var c = lid; c < cols; c = c + WG) {
         let g = ld_second(base + c);
         if (MODE == 1u) {
             acc = acc + g;
         } else {
-            acc = acc + g * exp((ld_x(base + c) - m) - logden);
+            acc = acc + g * softmax_p1(ld_x(base + c), st.x, st.y);
         }
     }
     let total = workgroup_sum(acc, lid);
     for (var c = lid; c < cols; c = c + WG) {
-        let p = exp((ld_x(base + c) - m) - logden);
+        let p = softmax_p1(ld_x(base + c), st.x, st.y);
         let g = ld_second(base + c);
         if (MODE == 1u) {
             dx[base + c] = g - p * total;
@@ -856,13 +888,12 @@ fn softmax_bwd_acc(xv: vec4<f32>, g: vec4<f32>, m: f32, logden: f32) -> f32 {
     if (MODE == 1u) {
         return (g.x + g.y) + (g.z + g.w);
     }
-    let p = exp((xv - vec4<f32>(m)) - vec4<f32>(logden));
-    let q = p * g;
+    let q = softmax_p4(xv, m, logden) * g;
     return (q.x + q.y) + (q.z + q.w);
 }
 
 fn softmax_bwd_value(xv: vec4<f32>, g: vec4<f32>, m: f32, logden: f32, total: f32) -> vec4<f32> {
-    let p = exp((xv - vec4<f32>(m)) - vec4<f32>(logden));
+    let p = softmax_p4(xv, m, logden);
     if (MODE == 1u) {
         return g - p * total;
     }
@@ -879,8 +910,9 @@ fn softmax_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let nv = params.cols / chunk_width(DT);
     let vbase = row * nv;
-    let m = stats_in[2u * row];
-    let logden = stats_in[2u * row + 1u];
+    let st = softmax_stats(row);
+    let m = st.x;
+    let logden = st.y;
     var acc = 0.0;
     for (var v = lid; v < nv; v = v + WG) {
         let w = x4[vbase + v];
@@ -1686,8 +1718,9 @@ fn softmax_bwd_r(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let nv = params.cols / chunk_width(DT);
     let vbase = row * nv;
-    let m = stats_in[2u * row];
-    let logden = stats_in[2u * row + 1u];
+    let st = softmax_stats(row);
+    let m = st.x;
+    let logden = st.y;
     let zero = vec4<u32>(0u);
     let i0 = lid + 0u * WG;
     var c0 = zero;
@@ -2056,8 +2089,12 @@ fn half_values(w: vec2<u32>) -> vec4<f32> {
     return vec4<f32>(widen2(w.x, DT), widen2(w.y, DT));
 }
 
-// Probabilities of four logits: exp2(fma(x − m, log2 e, c)), c = −log Σ·log2 e.
+// Probabilities of four logits: exp2(fma(x − m, log2 e, c)), c = −log Σ·log2 e (or from
+// the output, FROM_OUT).
 fn half_p(w: vec2<u32>, m: f32, c: f32) -> vec4<f32> {
+    if (FROM_OUT) {
+        return softmax_p4(half_values(w), 0.0, 0.0);
+    }
     return exp2(fma(half_values(w) - vec4<f32>(m), vec4<f32>(LOG2E), vec4<f32>(c)));
 }
 
@@ -2123,8 +2160,9 @@ fn softmax_bwd_h(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let n = params.cols / 4u;
     let base = row * n;
-    let m = stats_in[2u * row];
-    let c = -stats_in[2u * row + 1u] * LOG2E;
+    let st = softmax_stats(row);
+    let m = st.x;
+    let c = -st.y * LOG2E;
     let x0 = half_x(0u, lid, n, base);
     let g0 = half_dy(0u, lid, n, base);
     let x1 = half_x(1u, lid, n, base);

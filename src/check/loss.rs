@@ -21,6 +21,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             run: check_softmax_backward_as,
         },
         OperatorCheck {
+            name: "softmax_backward_from_output",
+            kernels: &["loss", "loss_rows", "cast"],
+            run: check_softmax_backward_from_output,
+        },
+        OperatorCheck {
             name: "sparsemax",
             kernels: &["loss"],
             run: check_sparsemax,
@@ -146,6 +151,43 @@ pub(super) fn check_softmax_backward_as(engine: &Engine) -> Result<Vec<Case>> {
                     &crate::gradcheck::stored_values(&want, dtype),
                     Tolerance::for_dtype(dtype),
                 ));
+            }
+        }
+    }
+    Ok(cases)
+}
+
+/// Softmax and log-softmax gradients from the forward's output
+/// (`softmax_backward_from_output`), stored in F32 and in the output's dtype: 16-bit rows of
+/// 2,050 chunks take `softmax_bwd_h`, F32 ones `softmax_bwd_r`, 104 columns `softmax_bwd_v`,
+/// 16-bit rows of 100 columns `softmax_bwd`; against the reference of the stored output.
+fn check_softmax_backward_from_output(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::loss;
+    use crate::reference::loss as r;
+    let mut rng = Rng::new(47);
+    let mut cases = Vec::new();
+    for (rows, cols) in [(2, 16_400), (3, 104), (3, 100)] {
+        for dtype in DType::FLOATS {
+            for log in [false, true] {
+                let n = rows * cols;
+                let (x, _) = tensor_from_f64(engine, &rng.vec(n, -4.0, 4.0), &[rows, cols], dtype)?;
+                let (dy, dys) =
+                    tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &[rows, cols], dtype)?;
+                let (y, _) = if log {
+                    loss::log_softmax(&x)?
+                } else {
+                    loss::softmax(&x)?
+                };
+                let want = r::softmax_backward_from_output(&y.to_f64()?, &dys, rows, cols, log);
+                for out in [DType::F32, dtype] {
+                    let dx = loss::softmax_backward_from_output(&y, &dy, log, out)?;
+                    cases.push(case(
+                        format!("{rows}x{cols} {dtype} log={log} dx {out}"),
+                        &dx.to_f64()?,
+                        &crate::gradcheck::stored_values(&want, out),
+                        Tolerance::for_dtype(out),
+                    ));
+                }
             }
         }
     }

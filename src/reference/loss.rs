@@ -53,6 +53,30 @@ pub fn softmax_backward(x: &[f64], dy: &[f64], rows: usize, cols: usize, log: bo
     dx
 }
 
+/// Gradient of softmax (`log = false`) or log-softmax (`log = true`) from the forward's output
+/// `y` for cotangent `dy`: the probabilities are `y` (softmax) or `exp(y)` (log-softmax);
+/// softmax `dx = y (dy − Σ dy·y)`, log-softmax `dx = dy − exp(y) Σ dy`.
+pub fn softmax_backward_from_output(
+    y: &[f64],
+    dy: &[f64],
+    rows: usize,
+    cols: usize,
+    log: bool,
+) -> Vec<f64> {
+    let mut dx = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let (y, g) = (row(y, r, cols), row(dy, r, cols));
+        if log {
+            let s: f64 = g.iter().sum();
+            dx.extend(y.iter().zip(g).map(|(y, g)| g - y.exp() * s));
+        } else {
+            let s: f64 = y.iter().zip(g).map(|(y, g)| y * g).sum();
+            dx.extend(y.iter().zip(g).map(|(y, g)| y * (g - s)));
+        }
+    }
+    dx
+}
+
 /// The sparsemax threshold τ of one row: sort descending, take the largest `k` with
 /// `1 + k·z_k > Σ_{j ≤ k} z_j`, then `τ = (Σ_{j ≤ k} z_j − 1) / k`.
 pub fn sparsemax_threshold(v: &[f64]) -> f64 {
