@@ -202,7 +202,8 @@ impl CastingMode {
 pub struct RmsNormOptions {
     /// ε added to the mean square (default 1e-5); positive and finite.
     pub eps: f32,
-    /// Weight offset: the factor is `offset + w` (0 default; 1 for Gemma's `(1 + w)`).
+    /// Weight offset: the factor is `offset + w` (0 default; 1 for Gemma's `(1 + w)`); with
+    /// offset 0 the factor is `w` itself (one addition a value less; a −0 weight stays −0).
     /// Ignored without a weight.
     pub offset: f32,
     /// Casting mode (default Llama). [`modulated_rms_norm`] always computes in FP32.
@@ -690,6 +691,7 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         ("HAS_W", f64::from(u8::from(f.weight.is_some()))),
         ("HAS_B", f64::from(u8::from(f.aux2.is_some()))),
         ("CAST", f.casting.code()),
+        ("HAS_OFFSET", f64::from(u8::from(f.offset != 0.0))),
         ("PAIRS", f64::from(u8::from(pairs))),
         ("OUT_SUM", f64::from(u8::from(with_sum))),
     ];
@@ -1272,6 +1274,7 @@ pub fn norm_backward_as(
         ("DY", f64::from(output_gradient.dtype().code())),
         ("DR", code(residual_output_gradient)),
         ("HAS_W", f64::from(u8::from(has_weight))),
+        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
         ("HAS_B", f64::from(u8::from(saved.has_bias))),
         (
             "HAS_DRES",
@@ -1418,6 +1421,7 @@ fn register_backward(
             f64::from(u8::from(residual_output_gradient.is_some())),
         ),
         ("CHUNKS", f64::from(plan.chunks)),
+        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
         ("RELOAD", f64::from(u8::from(plan.wide()))),
         ("DDX", f64::from(dx.dtype().code())),
     ];

@@ -162,9 +162,16 @@ fn param_index(i: u32, c: u32) -> u32 {
     return c;
 }
 
+// Whether the weight offset is nonzero: without it the factor is w itself, one addition a
+// value less (the host sets it from the offset; a −0 weight then stays −0).
+override HAS_OFFSET: bool = true;
+
 // Weight factor of column c: offset + w[c], or 1 without a weight.
 fn weight_factor(c: u32) -> f32 {
     if (HAS_W) {
+        if (!HAS_OFFSET) {
+            return ld_w(c);
+        }
         return params.offset + ld_w(c);
     }
     return 1.0;
@@ -908,6 +915,9 @@ fn wf_chunk(q: u32) -> Vals {
         return Vals(vec4<f32>(1.0), vec4<f32>(1.0));
     }
     let w = w_chunk(q);
+    if (!HAS_OFFSET) {
+        return w;
+    }
     return Vals(w.lo + params.offset, w.hi + params.offset);
 }
 
