@@ -421,17 +421,24 @@ pub fn softmax_backward(saved: &SoftmaxSaved, dy: &Tensor) -> Result<Tensor> {
 /// (`UnsupportedDType`).
 pub fn softmax_backward_as(saved: &SoftmaxSaved, dy: &Tensor, dtype: DType) -> Result<Tensor> {
     let x = &saved.input;
-    check_engine(x.engine(), &[(dy, "softmax_backward: dy")])?;
-    float_input(dy, "softmax_backward: dy")?;
-    same_shape("softmax_backward: dy", x, dy)?;
+    softmax_backward_inputs("softmax_backward_as", x, dy, dtype)?;
+    softmax_backward_launch(x, Some(&saved.stats), saved.log, dy, dtype)
+}
+
+/// The checks of a softmax backward's cotangent and gradient dtype against `x` (the input or
+/// the output).
+fn softmax_backward_inputs(what: &str, x: &Tensor, dy: &Tensor, dtype: DType) -> Result<()> {
+    check_engine(x.engine(), &[(dy, &format!("{what}: dy"))])?;
+    float_input(dy, &format!("{what}: dy"))?;
+    same_shape(&format!("{what}: dy"), x, dy)?;
     if !dtype.is_float() {
         return Err(Error::dtype(
-            "softmax_backward_as: dtype",
+            format!("{what}: dtype"),
             dtype,
             &DType::FLOATS,
         ));
     }
-    softmax_backward_launch(x, Some(&saved.stats), saved.log, dy, dtype)
+    Ok(())
 }
 
 /// Gradient of softmax (`log = false`) or log-softmax (`log = true`) from the forward's
@@ -453,16 +460,7 @@ pub fn softmax_backward_from_output(
 ) -> Result<Tensor> {
     let what = "softmax_backward_from_output";
     matrix(y, what)?;
-    check_engine(y.engine(), &[(dy, "softmax_backward_from_output: dy")])?;
-    float_input(dy, "softmax_backward_from_output: dy")?;
-    same_shape("softmax_backward_from_output: dy", y, dy)?;
-    if !dtype.is_float() {
-        return Err(Error::dtype(
-            "softmax_backward_from_output: dtype",
-            dtype,
-            &DType::FLOATS,
-        ));
-    }
+    softmax_backward_inputs(what, y, dy, dtype)?;
     softmax_backward_launch(y, None, log, dy, dtype)
 }
 
