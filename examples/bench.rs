@@ -543,6 +543,16 @@ fn main() -> ExitCode {
     wgrad::norm::force_forward_lanes(lanes("WGRAD_NORM_FWD_LANES"));
     wgrad::norm::force_backward_lanes(lanes("WGRAD_NORM_BWD_LANES"));
     wgrad::loss::force_row_lanes(lanes("WGRAD_ROW_LANES"));
+    // Measurement switches of the dense products: element-by-element operand fetches (0),
+    // and the tile rows per band of the launch order (a number).
+    if std::env::var("WGRAD_CHUNKED_FETCHES").as_deref() == Ok("0") {
+        wgrad::matmul::force_chunked_fetches(Some(false));
+    }
+    wgrad::matmul::force_tile_group_rows(
+        std::env::var("WGRAD_GEMM_GROUP")
+            .ok()
+            .and_then(|v| v.parse().ok()),
+    );
     // Measurement switch of the attention launches' order of query blocks (bit-identical).
     wgrad::attention::force_ascending_blocks(std::env::var_os("WGRAD_ATTN_ASCENDING").is_some());
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {

@@ -139,6 +139,49 @@ pub const SPLIT_MAX_SLICES: usize = 32;
 /// K step of the kernel; every slice but the last is a multiple of it.
 const K_STEP: usize = 16;
 
+std::thread_local! {
+    static CHUNKED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tile rows per band of a launch's tile order (see `tile_of` in `wgsl/matmul.wgsl`).
+pub const TILE_GROUP_ROWS: u32 = 1;
+
+/// Overrides [`TILE_GROUP_ROWS`] for launches from the calling thread (at least 1; the order
+/// of the tiles, not their values: the results are the same bits). For measurements.
+#[doc(hidden)]
+pub fn force_tile_group_rows(rows: Option<u32>) {
+    GROUP_M.with(|f| f.set(rows.map(|r| r.max(1))));
+}
+
+/// Overrides [`chunked_fetches`] for launches from the calling thread: `Some(false)` fetches
+/// every operand element by element (the general path), `Some(true)` or `None` (the default)
+/// follow the rule. The results are the same bits either way. For tests and measurements.
+#[doc(hidden)]
+pub fn force_chunked_fetches(choice: Option<bool>) {
+    CHUNKED.with(|f| f.set(choice));
+}
+
+/// Whether a launch of `call` with `tile` fetches its operands in 16-byte chunks (the kernel's
+/// `ALIGNED` path: no edge tests, one load per four F32 or eight 16-bit elements): every tile
+/// whole (`m`, `n` multiples of the tile, `k` of the K step, 16) and, for each operand, its
+/// offset, its batch stride (when `batch > 1`) and its row pitch (`k` for an operand stored
+/// k-contiguous, else `m` or `n`) whole chunks of 4 (F32) or 8 (16-bit) elements.
+pub fn chunked_fetches(call: &Gemm, tile: GemmTile) -> bool {
+    if CHUNKED.with(std::cell::Cell::get) == Some(false) {
+        return false;
+    }
+    let chunked = |op: &GemmOperand, pitch: usize| {
+        let e = if op.tensor.dtype() == DType::F32 { 4 } else { 8 };
+        op.offset % e == 0 && (call.batch < 2 || op.batch_stride % e == 0) && pitch % e == 0
+    };
+    call.m % tile.rows() == 0
+        && call.n % tile.cols() == 0
+        && call.k % K_STEP == 0
+        && chunked(&call.a, if call.a.transposed { call.m } else { call.k })
+        && chunked(&call.b, if call.b.transposed { call.k } else { call.n })
+}
+
 /// `(slices, k per slice)` of a product whose scratch may take `allowance` bytes.
 fn split_plan(m: usize, n: usize, k: usize, batch: usize, allowance: u64) -> (usize, usize) {
     let unsplit = (1, k);
@@ -686,7 +729,14 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
         ("TRANS_B", flag(call.b.transposed)),
         ("NARROW", flag(tile == GemmTile::Narrow)),
         ("DT_OUT", f64::from(call.out.dtype().code())),
+        ("ALIGNED", flag(chunked_fetches(call, tile))),
+        (
+            "GROUP_M",
+            f64::from(GROUP_M.with(std::cell::Cell::get).unwrap_or(TILE_GROUP_ROWS)),
+        ),
     ];
+    // The operands bound again as 16-byte chunks (read on the ALIGNED path).
+    let chunks = [call.a.tensor.buffer(), call.b.tensor.buffer()];
     if slices > 1 {
         // Split-K: slice sums into scratch, then one fixed-order finish with the epilogue.
         let scratch_bytes = split_scratch(m, n, batch, slices);
@@ -706,6 +756,8 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
                 call.a.tensor.buffer(),
                 call.b.tensor.buffer(),
                 part.buffer(),
+                chunks[0],
+                chunks[1],
             ],
             tiles * slices as u64,
         )?;
@@ -744,6 +796,7 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
         None if narrow_out => "gemm_h",
         None => "gemm",
     };
+    buffers.extend(chunks);
     engine.launch(&KERNEL, entry, &constants, &params, &buffers, tiles)
 }
 

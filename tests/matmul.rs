@@ -1444,3 +1444,114 @@ fn backward_as_is_the_f32_gradients_rounded_once() {
         Err(Error::UnsupportedDType { .. })
     ));
 }
+
+/// Products whose tiles are whole and whose operands are 16-byte aligned fetch them in chunks
+/// (`matmul::chunked_fetches`): the same bits as the element-by-element path (forced with
+/// `force_chunked_fetches(Some(false))`) for every layout, mixed dtypes, batches with a shared
+/// or strided operand at aligned offsets, both tiles and a split-K product, and the reference's
+/// values; the tile order in bands of rows gives them too; the rule says no to a ragged or
+/// misaligned launch.
+#[test]
+fn chunked_fetches_give_the_element_path_bits() {
+    use DType::{BF16, F16, F32};
+    use matmul::{GemmTile, chunked_fetches, force_chunked_fetches};
+    let e = engine();
+    // (m, n, k, batch, tile)
+    let shapes = [
+        (384, 256, 48, 2, GemmTile::Wide),
+        (64, 128, 24 + 8, 1, GemmTile::Narrow),
+        (128, 128, 4096, 1, GemmTile::Wide),
+    ];
+    let mut case = 0usize;
+    for &(m, n, k, batch, tile) in &shapes {
+        for (ta, tb, dt_a, dt_b) in [
+            (false, false, F32, F32),
+            (false, true, BF16, BF16),
+            (true, false, F16, F32),
+            (true, true, F32, BF16),
+        ] {
+            case += 1;
+            let seed = 3100 + 10 * case as u64;
+            // Offsets and strides of whole chunks (8 elements suit every dtype).
+            let a_stride = if case % 2 == 1 { 0 } else { m * k + 8 };
+            let b_stride = if case.is_multiple_of(2) { 0 } else { k * n + 16 };
+            let (a_off, b_off, c_off, c_stride) = (8, 16, 3, m * n + 5);
+            let a = stored(&data(seed, a_off + batch * (m * k + 8)), dt_a);
+            let b = stored(&data(seed + 1, b_off + batch * (k * n + 16)), dt_b);
+            let init = data(seed + 3, c_off + batch * c_stride);
+            let at = tensor_from_f64(e, &a, &[a.len()], dt_a);
+            let bt = tensor_from_f64(e, &b, &[b.len()], dt_b);
+            let placeholder = Tensor::zeros(e, &[init.len()], DType::F32).unwrap();
+            let call = Gemm {
+                a: operand(&at, a_off, ta, a_stride),
+                b: operand(&bt, b_off, tb, b_stride),
+                out: &placeholder,
+                out_offset: c_off,
+                out_batch_stride: c_stride,
+                m,
+                n,
+                k,
+                batch,
+                bias: None,
+                accumulate: false,
+                activation: None,
+                pre_activation: None,
+                alpha: 1.0,
+            };
+            let label = format!("{m}×{n}×{k} batch {batch} ta {ta} tb {tb} {dt_a}/{dt_b}");
+            assert!(chunked_fetches(&call, tile), "{label}: the rule");
+            let chunked = tile_bits(&call, &init, Some(tile));
+            force_chunked_fetches(Some(false));
+            let elements = tile_bits(&call, &init, Some(tile));
+            force_chunked_fetches(None);
+            assert!(chunked == elements, "{label}: chunked and element fetches differ");
+            // The tiles in bands of 2 rows (a shorter last band at 3 tile rows): same bits.
+            matmul::force_tile_group_rows(Some(2));
+            let banded = tile_bits(&call, &init, Some(tile));
+            matmul::force_tile_group_rows(None);
+            assert!(chunked == banded, "{label}: the tile order changed the bits");
+            let mut want = init.clone();
+            gemm_reference(
+                &a,
+                (a_off, ta, a_stride),
+                &b,
+                (b_off, tb, b_stride),
+                &mut want,
+                (c_off, c_stride),
+                (m, n, k, batch),
+                None,
+                false,
+                None,
+                1.0,
+            );
+            let got: Vec<f64> = chunked.0.iter().map(|&w| f64::from(f32::from_bits(w))).collect();
+            assert_close(&label, &got, &want, tol_for(k));
+        }
+    }
+    // The rule: a ragged extent, a k off the K step, or an offset, stride or pitch that is
+    // not whole chunks sends the launch down the element path.
+    let at = Tensor::zeros(e, &[2 * 128 * 64 + 64], F32).unwrap();
+    let ht = Tensor::zeros(e, &[2 * 128 * 64 + 64], BF16).unwrap();
+    let out = Tensor::zeros(e, &[2 * 128 * 128], F32).unwrap();
+    let call = |a: &Tensor, off: usize, stride: usize, (m, n, k): (usize, usize, usize)| {
+        let c = Gemm {
+            batch: 2,
+            out_batch_stride: m * n,
+            ..Gemm::plain(
+                operand(a, off, false, stride),
+                operand(&at, 0, true, 0),
+                &out,
+                (m, n, k),
+                false,
+            )
+        };
+        chunked_fetches(&c, GemmTile::Wide)
+    };
+    assert!(call(&at, 4, 128 * 64, (128, 128, 64)));
+    assert!(!call(&at, 2, 128 * 64, (128, 128, 64)), "F32 offset 2");
+    assert!(!call(&at, 4, 128 * 64 + 2, (128, 128, 64)), "F32 batch stride");
+    assert!(call(&ht, 8, 128 * 64, (128, 128, 64)));
+    assert!(!call(&ht, 4, 128 * 64, (128, 128, 64)), "BF16 offset 4");
+    assert!(!call(&at, 0, 128 * 64, (96, 128, 64)), "ragged m");
+    assert!(!call(&at, 0, 128 * 64, (128, 128, 40)), "k off the K step");
+}

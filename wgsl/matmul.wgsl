@@ -48,6 +48,12 @@
 // * Staging stores, m or n contiguous in memory: the 32 lanes store 32 consecutive values of
 //   one k-row, 32 distinct banks, conflict-free; no swizzle, so the inner loop reads this
 //   operand at fixed offsets.
+// Aligned fetches (ALIGNED, the host's rule is `matmul::chunked_fetches`): when the launch's
+// tiles are whole (m, n multiples of the tile, k of BK) and every operand row, offset and batch
+// stride is a whole number of 16-byte chunks, each invocation fetches its eight elements of an
+// operand as two F32 chunks or one chunk of eight 16-bit values (one 16-byte load each, no
+// edge tests), and stages an operand stored m- or n-contiguous by vec4 stores. The values and
+// their staged places are the same, so are the results, bit for bit.
 // Global fetches: an invocation's eight elements of an operand lie a fixed stride apart and
 // move by a fixed step per K step, so each index costs one addition; the row (column)
 // bound is counted once per tile and the k bound once per step into a limit, and each
@@ -62,6 +68,8 @@ override TRANS_A: u32 = 0u;      // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;      // 1: B stored [n, k]
 override NARROW: bool = false;   // the 64×64 tile; the geometry below follows from it
 override DT_OUT: u32 = 0u;       // dtype code of out (16-bit: pairs of columns a word)
+override ALIGNED: bool = false;  // whole tiles, chunk-aligned operands: 16-byte fetches (below)
+override GROUP_M: u32 = 1u;      // tile rows per band of the launch order (`tile_of`)
 
 override BM: u32 = select(128u, 64u, NARROW);  // tile rows
 override BN: u32 = BM;                         // tile columns
@@ -100,6 +108,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
 @group(0) @binding(5) var<storage, read_write> pre: array<u32>;
 @group(0) @binding(6) var<storage, read> part: array<u32>;   // split-K slice sums (pass 2)
+@group(0) @binding(7) var<storage, read> a4: array<vec4<u32>>;  // a and b as 16-byte chunks
+@group(0) @binding(8) var<storage, read> b4: array<vec4<u32>>;  // (read when ALIGNED)
 
 var<workgroup> a_tile: array<vec4<f32>, 512>;   // wide BK · ROW4 (8 KiB); narrow: 128 of it
 var<workgroup> b_tile: array<vec4<f32>, 512>;   // the same
@@ -230,6 +240,33 @@ fn walk(kc: bool, lid: u32, base: u32, x0: u32, ext: u32, kb: u32) -> Walk {
     return w;
 }
 
+// ALIGNED: the walk in 16-byte chunks of E = chunk_width(dt) elements (4 F32, 8 16-bit); an
+// invocation's PER elements of a step are PER / E whole chunks, chunk c at idx + c·dr (in
+// chunks), and idx advances by d_step chunks a step. k-contiguous: BK / E invocations share
+// a row's step, invocation lid taking row lid / (BK / E) (+ c·LANES·E / BK) and the E values
+// of k from (lid % (BK / E))·E; otherwise BM / E invocations share a k, lid taking the E
+// columns from (lid % (BM / E))·E of k-row lid / (BM / E) (+ c·LANES·E / BM). Only used
+// when the host has checked that every chunk lies inside the operand (`inside` etc. unused).
+fn chunk_walk(kc: bool, dt: u32, lid: u32, base: u32, x0: u32, ext: u32, kb: u32) -> Walk {
+    let e = chunk_width(dt);
+    let k = params.k;
+    var w: Walk;
+    if (kc) {
+        let per = BK / e;
+        let x = x0 + lid / per;
+        w = Walk((base + x * k + kb + (lid % per) * e) / e, (LANES / per) * (k / e), BK / e,
+                 0u, 0u, 0u);
+    } else {
+        let per = BM / e;
+        let x = x0 + (lid % per) * e;
+        w = Walk((base + (kb + lid / per) * ext + x) / e, (LANES / per) * (ext / e),
+                 BK * (ext / e), 0u, 0u, 0u);
+    }
+    w.dr = tile_dependent(w.dr, x0);
+    w.d_step = tile_dependent(w.d_step, x0);
+    return w;
+}
+
 // `v` unchanged (tiles start at multiples of 64, never at 1), computed from the tile start x0
 // as well as the parameters. Mesa's lavapipe (a CPU Vulkan driver) recompiles a kernel at
 // each dispatch, with the parameters' values inlined, when values derived from the uniform
@@ -257,6 +294,9 @@ fn operand_at(is_b: bool, i: u32, inside: bool) -> f32 {
 
 // The eight A (or B, `is_b`) elements of the step at k0 (zero past the edges and from ke on).
 fn fetch(is_b: bool, w: Walk, k0: u32, ke: u32) -> Eight {
+    if (ALIGNED) {
+        return fetch_chunks(is_b, w);
+    }
     let n = limit(w, k0, ke);
     let i1 = w.idx + w.dr;
     let i2 = i1 + w.dr;
@@ -273,6 +313,78 @@ fn fetch(is_b: bool, w: Walk, k0: u32, ke: u32) -> Eight {
     );
 }
 
+// ALIGNED: the step's chunks of A (or B, `is_b`) as eight values, element r of the walk's
+// order (chunk r / E, value r % E).
+fn fetch_chunks(is_b: bool, w: Walk) -> Eight {
+    let dt = select(DT_A, DT_B, is_b);
+    var c0: vec4<u32>;
+    var c1 = vec4(0u);
+    if (is_b) {
+        c0 = b4[w.idx];
+        if (dt == DT_F32) {
+            c1 = b4[w.idx + w.dr];
+        }
+    } else {
+        c0 = a4[w.idx];
+        if (dt == DT_F32) {
+            c1 = a4[w.idx + w.dr];
+        }
+    }
+    if (dt == DT_F32) {
+        return Eight(bitcast<vec4<f32>>(c0), bitcast<vec4<f32>>(c1));
+    }
+    return Eight(chunk_lo(c0, dt), chunk_hi(c0, dt));
+}
+
+// ALIGNED: (x, kk) of this invocation's r-th element of a step in the chunked walk.
+fn chunk_slot(kc: bool, dt: u32, lid: u32, r: u32) -> vec2<u32> {
+    let e = chunk_width(dt);
+    let c = r / e;
+    let j = r % e;
+    if (kc) {
+        let per = BK / e;
+        return vec2(lid / per + c * (LANES / per), (lid % per) * e + j);
+    }
+    let per = BM / e;
+    return vec2((lid % per) * e + j, lid / per + c * (LANES / per));
+}
+
+// ALIGNED: workgroup memory ← one operand's eight chunked values. k-contiguous: one value a
+// k-row (the swizzled layout of the header); otherwise four consecutive columns of one k-row
+// are one staged vec4 (no swizzle for these operands).
+fn stage_chunks(is_b: bool, lid: u32, v: Eight) {
+    let kc = select(a_kc(), b_kc(), is_b);
+    let dt = select(DT_A, DT_B, is_b);
+    if (kc) {
+        stage_one(is_b, chunk_slot(kc, dt, lid, 0u), v.lo.x);
+        stage_one(is_b, chunk_slot(kc, dt, lid, 1u), v.lo.y);
+        stage_one(is_b, chunk_slot(kc, dt, lid, 2u), v.lo.z);
+        stage_one(is_b, chunk_slot(kc, dt, lid, 3u), v.lo.w);
+        stage_one(is_b, chunk_slot(kc, dt, lid, 4u), v.hi.x);
+        stage_one(is_b, chunk_slot(kc, dt, lid, 5u), v.hi.y);
+        stage_one(is_b, chunk_slot(kc, dt, lid, 6u), v.hi.z);
+        stage_one(is_b, chunk_slot(kc, dt, lid, 7u), v.hi.w);
+        return;
+    }
+    let s0 = chunk_slot(kc, dt, lid, 0u);
+    let s4 = chunk_slot(kc, dt, lid, 4u);
+    if (is_b) {
+        b_tile[s0.y * ROW4 + s0.x / 4u] = v.lo;
+        b_tile[s4.y * ROW4 + s4.x / 4u] = v.hi;
+    } else {
+        a_tile[s0.y * ROW4 + s0.x / 4u] = v.lo;
+        a_tile[s4.y * ROW4 + s4.x / 4u] = v.hi;
+    }
+}
+
+fn stage_one(is_b: bool, s: vec2<u32>, v: f32) {
+    if (is_b) {
+        b_tile[staged(b_kc(), s)][s.x % 4u] = v;
+    } else {
+        a_tile[staged(a_kc(), s)][s.x % 4u] = v;
+    }
+}
+
 // Workgroup memory ← fetched elements.
 fn stage_a(lid: u32, r: u32, v: f32) {
     let s = slot(a_kc(), lid, r);
@@ -285,6 +397,11 @@ fn stage_b(lid: u32, r: u32, v: f32) {
 }
 
 fn stage(lid: u32, av: Eight, bv: Eight) {
+    if (ALIGNED) {
+        stage_chunks(false, lid, av);
+        stage_chunks(true, lid, bv);
+        return;
+    }
     stage_a(lid, 0u, av.lo.x);
     stage_a(lid, 1u, av.lo.y);
     stage_a(lid, 2u, av.lo.z);
@@ -303,13 +420,21 @@ fn stage(lid: u32, av: Eight, bv: Eight) {
     stage_b(lid, 7u, bv.hi.w);
 }
 
-// The tile of workgroup `g`: (batch, row0, col0, 1), or w = 0 past the last tile.
+// The tile of workgroup `g`: (batch, row0, col0, 1), or w = 0 past the last tile. Within a
+// batch, tiles go in bands of GROUP_M tile rows (the last band may be shorter): down a band's
+// column, then on to its next column, so that workgroups launched together share B's tiles
+// (GROUP_M = 1: row after row).
 fn tile_of(g: u32) -> vec4<u32> {
     let per_batch = params.tiles_m * params.tiles_n;
     let bi = g / per_batch;
     let t = g - bi * per_batch;
-    let tm = t / params.tiles_n;
-    let tn = t - tm * params.tiles_n;
+    let per_band = GROUP_M * params.tiles_n;
+    let band = t / per_band;
+    let first = band * GROUP_M;
+    let rows = min(GROUP_M, params.tiles_m - min(first, params.tiles_m));
+    let r = t - band * per_band;
+    let tn = r / max(rows, 1u);
+    let tm = first + (r - tn * max(rows, 1u));
     return vec4(bi, tm * BM, tn * BN, u32(bi < params.batch));
 }
 
@@ -319,8 +444,17 @@ fn tile_of(g: u32) -> vec4<u32> {
 fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
     let tx = lid % (BN / 8u);
     let ty = lid / (BN / 8u);
-    var wa = walk(a_kc(), lid, params.off_a + bi * params.stride_a, row0, params.m, kb);
-    var wb = walk(b_kc(), lid, params.off_b + bi * params.stride_b, col0, params.n, kb);
+    let base_a = params.off_a + bi * params.stride_a;
+    let base_b = params.off_b + bi * params.stride_b;
+    var wa: Walk;
+    var wb: Walk;
+    if (ALIGNED) {
+        wa = chunk_walk(a_kc(), DT_A, lid, base_a, row0, params.m, kb);
+        wb = chunk_walk(b_kc(), DT_B, lid, base_b, col0, params.n, kb);
+    } else {
+        wa = walk(a_kc(), lid, base_a, row0, params.m, kb);
+        wb = walk(b_kc(), lid, base_b, col0, params.n, kb);
+    }
     var lo0 = vec4(0.0);
     var hi0 = vec4(0.0);
     var lo1 = vec4(0.0);
