@@ -32,9 +32,9 @@
 //! Kernel (`wgsl/matmul.wgsl`): [`TILE_M`]×[`TILE_N`] = 128×128 output tile per workgroup of
 //! 256 invocations, 8×8 micro-tile per invocation (sixteen vec4 accumulators), K steps of 16
 //! staged in [`WORKGROUP_BYTES`] = 16 KiB of workgroup memory with the next step prefetched
-//! into registers; edge tiles are bounds-checked in the kernel. A launch whose tiles are all
-//! whole and whose operands are 16-byte aligned ([`chunked_fetches`] states the rule: the
-//! model shapes are) fetches each operand in 16-byte chunks, four F32 or eight 16-bit values a
+//! into registers; edge tiles are bounds-checked in the kernel. A launch whose K is a whole
+//! number of K steps and whose operands are 16-byte aligned ([`chunked_fetches`] states the
+//! rule: the model shapes are) fetches each operand in 16-byte chunks, four F32 or eight 16-bit values a
 //! load, without edge tests, and stages rows stored along `m` or `n` by vec4 stores: the same
 //! values in the same places, so the same bits (on the H200: 16-bit operands 13–19% faster,
 //! F32 2–6%, `notes/measurements.md`). Small products whose edges
@@ -167,22 +167,27 @@ pub fn force_chunked_fetches(choice: Option<bool>) {
     CHUNKED.with(|f| f.set(choice));
 }
 
-/// Whether a launch of `call` with `tile` fetches its operands in 16-byte chunks (the kernel's
-/// `ALIGNED` path: no edge tests, one load per four F32 or eight 16-bit elements): every tile
-/// whole (`m`, `n` multiples of the tile, `k` of the K step, 16) and, for each operand, its
-/// offset, its batch stride (when `batch > 1`) and its row pitch (`k` for an operand stored
-/// k-contiguous, else `m` or `n`) whole chunks of 4 (F32) or 8 (16-bit) elements.
-pub fn chunked_fetches(call: &Gemm, tile: GemmTile) -> bool {
+/// Whether a launch of `call` fetches its operands in 16-byte chunks (the kernel's `ALIGNED`
+/// path: no edge tests, one load per four F32 or eight 16-bit elements): `k` a multiple of the
+/// K step (16) and, for each operand, its offset, its batch stride (when `batch > 1`) and its
+/// row pitch (`k` for an operand stored k-contiguous, else `m` or `n`) whole chunks of 4 (F32)
+/// or 8 (16-bit) elements. Ragged `m` and `n` are fine (a last tile re-reads real values for
+/// the outputs it does not store), and so is either tile, whose K steps divide 16.
+pub fn chunked_fetches(call: &Gemm) -> bool {
     if CHUNKED.with(std::cell::Cell::get) == Some(false) {
         return false;
     }
     let chunked = |op: &GemmOperand, pitch: usize| {
-        let e = if op.tensor.dtype() == DType::F32 { 4 } else { 8 };
-        op.offset % e == 0 && (call.batch < 2 || op.batch_stride % e == 0) && pitch % e == 0
+        let e = if op.tensor.dtype() == DType::F32 {
+            4
+        } else {
+            8
+        };
+        op.offset.is_multiple_of(e)
+            && (call.batch < 2 || op.batch_stride.is_multiple_of(e))
+            && pitch.is_multiple_of(e)
     };
-    call.m % tile.rows() == 0
-        && call.n % tile.cols() == 0
-        && call.k % K_STEP == 0
+    call.k.is_multiple_of(K_STEP)
         && chunked(&call.a, if call.a.transposed { call.m } else { call.k })
         && chunked(&call.b, if call.b.transposed { call.k } else { call.n })
 }
@@ -734,10 +739,14 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
         ("TRANS_B", flag(call.b.transposed)),
         ("NARROW", flag(tile == GemmTile::Narrow)),
         ("DT_OUT", f64::from(call.out.dtype().code())),
-        ("ALIGNED", flag(chunked_fetches(call, tile))),
+        ("ALIGNED", flag(chunked_fetches(call))),
         (
             "GROUP_M",
-            f64::from(GROUP_M.with(std::cell::Cell::get).unwrap_or(TILE_GROUP_ROWS)),
+            f64::from(
+                GROUP_M
+                    .with(std::cell::Cell::get)
+                    .unwrap_or(TILE_GROUP_ROWS),
+            ),
         ),
     ];
     // The operands bound again as 16-byte chunks (read on the ALIGNED path).

@@ -1445,22 +1445,26 @@ fn backward_as_is_the_f32_gradients_rounded_once() {
     ));
 }
 
-/// Products whose tiles are whole and whose operands are 16-byte aligned fetch them in chunks
-/// (`matmul::chunked_fetches`): the same bits as the element-by-element path (forced with
-/// `force_chunked_fetches(Some(false))`) for every layout, mixed dtypes, batches with a shared
-/// or strided operand at aligned offsets, both tiles and a split-K product, and the reference's
-/// values; the tile order in bands of rows gives them too; the rule says no to a ragged or
-/// misaligned launch.
+/// Products whose K is whole K steps and whose operands are 16-byte aligned fetch them in
+/// chunks (`matmul::chunked_fetches`): the same bits as the element-by-element path (forced
+/// with `force_chunked_fetches(Some(false))`) for every layout, mixed dtypes, batches with a
+/// shared or strided operand at aligned offsets, whole and ragged tiles of both sizes, a
+/// split-K product, and the reference's values; the tile order in bands of rows gives them too;
+/// the rule says no to a misaligned launch or a k off the K step.
 #[test]
 fn chunked_fetches_give_the_element_path_bits() {
     use DType::{BF16, F16, F32};
     use matmul::{GemmTile, chunked_fetches, force_chunked_fetches};
     let e = engine();
     // (m, n, k, batch, tile)
+    // Whole tiles, and ragged ones (m, n past a tile).
     let shapes = [
         (384, 256, 48, 2, GemmTile::Wide),
-        (64, 128, 24 + 8, 1, GemmTile::Narrow),
+        (64, 128, 32, 1, GemmTile::Narrow),
         (128, 128, 4096, 1, GemmTile::Wide),
+        (136, 72, 32, 2, GemmTile::Wide),
+        (72, 136, 16, 1, GemmTile::Narrow),
+        (131, 77, 32, 2, GemmTile::Wide),
     ];
     let mut case = 0usize;
     for &(m, n, k, batch, tile) in &shapes {
@@ -1470,11 +1474,20 @@ fn chunked_fetches_give_the_element_path_bits() {
             (true, false, F16, F32),
             (true, true, F32, BF16),
         ] {
+            // An extent that is an operand's pitch must be whole chunks (8 suits every dtype);
+            // the 131×77 product runs only with both operands k-contiguous.
+            if (ta && m % 8 != 0) || (!tb && n % 8 != 0) {
+                continue;
+            }
             case += 1;
             let seed = 3100 + 10 * case as u64;
             // Offsets and strides of whole chunks (8 elements suit every dtype).
             let a_stride = if case % 2 == 1 { 0 } else { m * k + 8 };
-            let b_stride = if case.is_multiple_of(2) { 0 } else { k * n + 16 };
+            let b_stride = if case.is_multiple_of(2) {
+                0
+            } else {
+                k * n + 16
+            };
             let (a_off, b_off, c_off, c_stride) = (8, 16, 3, m * n + 5);
             let a = stored(&data(seed, a_off + batch * (m * k + 8)), dt_a);
             let b = stored(&data(seed + 1, b_off + batch * (k * n + 16)), dt_b);
@@ -1499,17 +1512,23 @@ fn chunked_fetches_give_the_element_path_bits() {
                 alpha: 1.0,
             };
             let label = format!("{m}×{n}×{k} batch {batch} ta {ta} tb {tb} {dt_a}/{dt_b}");
-            assert!(chunked_fetches(&call, tile), "{label}: the rule");
+            assert!(chunked_fetches(&call), "{label}: the rule");
             let chunked = tile_bits(&call, &init, Some(tile));
             force_chunked_fetches(Some(false));
             let elements = tile_bits(&call, &init, Some(tile));
             force_chunked_fetches(None);
-            assert!(chunked == elements, "{label}: chunked and element fetches differ");
+            assert!(
+                chunked == elements,
+                "{label}: chunked and element fetches differ"
+            );
             // The tiles in bands of 2 rows (a shorter last band at 3 tile rows): same bits.
             matmul::force_tile_group_rows(Some(2));
             let banded = tile_bits(&call, &init, Some(tile));
             matmul::force_tile_group_rows(None);
-            assert!(chunked == banded, "{label}: the tile order changed the bits");
+            assert!(
+                chunked == banded,
+                "{label}: the tile order changed the bits"
+            );
             let mut want = init.clone();
             gemm_reference(
                 &a,
@@ -1524,34 +1543,56 @@ fn chunked_fetches_give_the_element_path_bits() {
                 None,
                 1.0,
             );
-            let got: Vec<f64> = chunked.0.iter().map(|&w| f64::from(f32::from_bits(w))).collect();
+            let got: Vec<f64> = chunked
+                .0
+                .iter()
+                .map(|&w| f64::from(f32::from_bits(w)))
+                .collect();
             assert_close(&label, &got, &want, tol_for(k));
         }
     }
-    // The rule: a ragged extent, a k off the K step, or an offset, stride or pitch that is
-    // not whole chunks sends the launch down the element path.
+    // The rule: a k off the K step, or an offset, stride or pitch that is not whole chunks
+    // sends the launch down the element path.
     let at = Tensor::zeros(e, &[2 * 128 * 64 + 64], F32).unwrap();
     let ht = Tensor::zeros(e, &[2 * 128 * 64 + 64], BF16).unwrap();
     let out = Tensor::zeros(e, &[2 * 128 * 128], F32).unwrap();
-    let call = |a: &Tensor, off: usize, stride: usize, (m, n, k): (usize, usize, usize)| {
+    let call_t = |a: &Tensor, ta: bool, off: usize, stride: usize, mnk: (usize, usize, usize)| {
         let c = Gemm {
             batch: 2,
-            out_batch_stride: m * n,
+            out_batch_stride: mnk.0 * mnk.1,
             ..Gemm::plain(
-                operand(a, off, false, stride),
+                operand(a, off, ta, stride),
                 operand(&at, 0, true, 0),
                 &out,
-                (m, n, k),
+                mnk,
                 false,
             )
         };
-        chunked_fetches(&c, GemmTile::Wide)
+        chunked_fetches(&c)
+    };
+    let call = |a: &Tensor, off: usize, stride: usize, mnk: (usize, usize, usize)| {
+        call_t(a, false, off, stride, mnk)
     };
     assert!(call(&at, 4, 128 * 64, (128, 128, 64)));
     assert!(!call(&at, 2, 128 * 64, (128, 128, 64)), "F32 offset 2");
-    assert!(!call(&at, 4, 128 * 64 + 2, (128, 128, 64)), "F32 batch stride");
+    assert!(
+        !call(&at, 4, 128 * 64 + 2, (128, 128, 64)),
+        "F32 batch stride"
+    );
     assert!(call(&ht, 8, 128 * 64, (128, 128, 64)));
     assert!(!call(&ht, 4, 128 * 64, (128, 128, 64)), "BF16 offset 4");
-    assert!(!call(&at, 0, 128 * 64, (96, 128, 64)), "ragged m");
+    assert!(call(&at, 0, 128 * 64, (96, 128, 64)), "ragged m");
+    assert!(
+        call_t(&at, true, 0, 128 * 64, (96, 128, 64)),
+        "transposed A, pitch 96"
+    );
+    assert!(
+        !call_t(&at, true, 0, 128 * 64, (97, 128, 64)),
+        "transposed A, pitch 97"
+    );
+    assert!(
+        !call_t(&ht, true, 0, 128 * 64, (100, 128, 64)),
+        "BF16 transposed A, pitch 100"
+    );
     assert!(!call(&at, 0, 128 * 64, (128, 128, 40)), "k off the K step");
 }

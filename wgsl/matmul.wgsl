@@ -48,12 +48,13 @@
 // * Staging stores, m or n contiguous in memory: the 32 lanes store 32 consecutive values of
 //   one k-row, 32 distinct banks, conflict-free; no swizzle, so the inner loop reads this
 //   operand at fixed offsets.
-// Aligned fetches (ALIGNED, the host's rule is `matmul::chunked_fetches`): when the launch's
-// tiles are whole (m, n multiples of the tile, k of BK) and every operand row, offset and batch
-// stride is a whole number of 16-byte chunks, each invocation fetches its eight elements of an
-// operand as two F32 chunks or one chunk of eight 16-bit values (one 16-byte load each, no
-// edge tests), and stages an operand stored m- or n-contiguous by vec4 stores. The values and
-// their staged places are the same, so are the results, bit for bit.
+// Aligned fetches (ALIGNED, the host's rule is `matmul::chunked_fetches`): when k is a whole
+// number of K steps and every operand row, offset and batch stride a whole number of 16-byte
+// chunks, each invocation fetches its eight elements of an operand as two F32 chunks or one
+// chunk of eight 16-bit values (one 16-byte load each, no edge tests: a ragged last tile
+// re-reads the last row or columns, see `chunk_walk`), and stages an operand stored m- or
+// n-contiguous by vec4 stores. The values of every stored output are the same, staged in the
+// same places, so the results are the same, bit for bit.
 // Global fetches: an invocation's eight elements of an operand lie a fixed stride apart and
 // move by a fixed step per K step, so each index costs one addition; the row (column)
 // bound is counted once per tile and the k bound once per step into a limit, and each
@@ -242,11 +243,14 @@ fn walk(kc: bool, lid: u32, base: u32, x0: u32, ext: u32, kb: u32) -> Walk {
 
 // ALIGNED: the walk in 16-byte chunks of E = chunk_width(dt) elements (4 F32, 8 16-bit); an
 // invocation's PER elements of a step are PER / E whole chunks, chunk c at idx + c·dr (in
-// chunks), and idx advances by d_step chunks a step. k-contiguous: BK / E invocations share
-// a row's step, invocation lid taking row lid / (BK / E) (+ c·LANES·E / BK) and the E values
-// of k from (lid % (BK / E))·E; otherwise BM / E invocations share a k, lid taking the E
-// columns from (lid % (BM / E))·E of k-row lid / (BM / E) (+ c·LANES·E / BM). Only used
-// when the host has checked that every chunk lies inside the operand (`inside` etc. unused).
+// chunks; u32 arithmetic wraps), and idx advances by d_step chunks a step. k-contiguous:
+// BK / E invocations share a row's step, invocation lid taking row lid / (BK / E)
+// (+ c·LANES·E / BK) and the E values of k from (lid % (BK / E))·E; otherwise BM / E
+// invocations share a k, lid taking the E columns from (lid % (BM / E))·E of k-row
+// lid / (BM / E) (+ c·LANES·E / BM). In a ragged last tile, rows (columns) past the extent
+// read the last row (chunk of columns) instead: real values, which only reach accumulators
+// of outputs the epilogue does not store. The host guarantees whole chunks, ext ≥ E where
+// columns are chunked, and whole K steps.
 fn chunk_walk(kc: bool, dt: u32, lid: u32, base: u32, x0: u32, ext: u32, kb: u32) -> Walk {
     let e = chunk_width(dt);
     let k = params.k;
@@ -254,11 +258,12 @@ fn chunk_walk(kc: bool, dt: u32, lid: u32, base: u32, x0: u32, ext: u32, kb: u32
     if (kc) {
         let per = BK / e;
         let x = x0 + lid / per;
-        w = Walk((base + x * k + kb + (lid % per) * e) / e, (LANES / per) * (k / e), BK / e,
-                 0u, 0u, 0u);
+        let first = (base + min(x, ext - 1u) * k + kb + (lid % per) * e) / e;
+        let second = (base + min(x + LANES / per, ext - 1u) * k + kb + (lid % per) * e) / e;
+        w = Walk(first, second - first, BK / e, 0u, 0u, 0u);
     } else {
         let per = BM / e;
-        let x = x0 + (lid % per) * e;
+        let x = min(x0 + (lid % per) * e, ext - e);
         w = Walk((base + (kb + lid / per) * ext + x) / e, (LANES / per) * (ext / e),
                  BK * (ext / e), 0u, 0u, 0u);
     }
