@@ -1,6 +1,8 @@
 //! The gradient-check report for every operator on this machine's adapter:
 //! `cargo run --release --example check`. One line per operator with PASS/FAIL and the worst
-//! measured errors; exit code 1 when any check fails. Pass operator names to run a subset.
+//! measured errors; exit code 1 when any check fails. Pass operator names (separate arguments
+//! or comma-separated) to run a subset; an unknown name is an error (exit code 2, the known
+//! names listed) before anything runs.
 
 use std::process::ExitCode;
 use wgrad::Engine;
@@ -14,10 +16,32 @@ fn main() -> ExitCode {
         }
     };
     println!("adapter: {}", engine.info());
-    let only: Vec<String> = std::env::args().skip(1).collect();
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .flat_map(|a| a.split(',').map(str::to_string).collect::<Vec<_>>())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let operators = wgrad::check::operators();
+    let unknown: Vec<&String> = only
+        .iter()
+        .filter(|n| !operators.iter().any(|op| op.name == n.as_str()))
+        .collect();
+    if !unknown.is_empty() {
+        let known: Vec<&str> = operators.iter().map(|op| op.name).collect();
+        eprintln!(
+            "unknown operator {}; known: {}",
+            unknown
+                .iter()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            known.join(", ")
+        );
+        return ExitCode::from(2);
+    }
     let mut failed = 0;
     let mut ran = 0;
-    for op in wgrad::check::operators() {
+    for op in operators {
         if !only.is_empty() && !only.iter().any(|n| n == op.name) {
             continue;
         }
