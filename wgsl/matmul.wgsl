@@ -26,8 +26,8 @@
 // of a step reads four vec4s (two of A, two of B) for 64 fused multiply-adds. Every product
 // term is one `fma` in increasing l, so each output's summation order depends on k only, not
 // on the tile: reruns are bit-identical, both tiles give the same bits, and no two
-// invocations write one output word. Edge tiles (ragged m, n, k) read zeros past the ends and
-// write nothing outside the product.
+// invocations write one output word. Edge tiles (ragged m, n, k) read zeros past the ends (or,
+// on the aligned path, re-read the last row or columns) and write nothing outside the product.
 //
 // Staging layout (16 KiB declared, all of it used by the wide tile, 4 KiB by the narrow one; no
 // padding): both tiles are k-major, BK rows (one per k) of ROW4 = BM/4 vec4s (BM values).
@@ -54,8 +54,10 @@
 // chunk of eight 16-bit values (one 16-byte load each, no edge tests: a ragged last tile
 // re-reads the last row or columns, see `chunk_walk`), and stages an operand stored m- or
 // n-contiguous by vec4 stores. The values of every stored output are the same, staged in the
-// same places, so the results are the same, bit for bit.
-// Global fetches: an invocation's eight elements of an operand lie a fixed stride apart and
+// same places, so the results are the same, bit for bit. A k-contiguous operand's chunk holds
+// 4 (8) consecutive k of one row, stored into as many k-rows: a 32-lane group covers 8 (16)
+// rows, 16 banks after the swizzle, the same 2-way conflict as the element path.
+// Global fetches on the element path: an invocation's eight elements of an operand lie a fixed stride apart and
 // move by a fixed step per K step, so each index costs one addition; the row (column)
 // bound is counted once per tile and the k bound once per step into a limit, and each
 // element's edge test is one comparison with it.
@@ -69,7 +71,7 @@ override TRANS_A: u32 = 0u;      // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;      // 1: B stored [n, k]
 override NARROW: bool = false;   // the 64×64 tile; the geometry below follows from it
 override DT_OUT: u32 = 0u;       // dtype code of out (16-bit: pairs of columns a word)
-override ALIGNED: bool = false;  // whole tiles, chunk-aligned operands: 16-byte fetches (below)
+override ALIGNED: bool = false;  // whole K steps, chunk-aligned operands: 16-byte fetches
 override GROUP_M: u32 = 1u;      // tile rows per band of the launch order (`tile_of`)
 
 override BM: u32 = select(128u, 64u, NARROW);  // tile rows
