@@ -446,7 +446,12 @@ pub(crate) struct Inner {
     pool_limit: u64,
     workspace_bound: std::sync::atomic::AtomicU64,
     device_error: Arc<Mutex<Option<String>>>,
+    /// Bound in place of a buffer smaller than one element of its binding (see `launch`).
+    stand_in: wgpu::Buffer,
 }
+
+/// Bytes of [`Inner::stand_in`]: more than any binding's element.
+const STAND_IN_BYTES: u64 = 256;
 
 /// The handle every operation runs through. See the module documentation.
 #[derive(Clone)]
@@ -625,8 +630,15 @@ impl Engine {
                 0
             },
         };
+        let stand_in = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgrad stand-in binding"),
+            size: STAND_IN_BYTES,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(Engine {
             inner: Arc::new(Inner {
+                stand_in,
                 device,
                 queue,
                 info,
@@ -1098,7 +1110,17 @@ impl Engine {
                         .as_ref()
                         .expect("uniform")
                         .as_entire_binding(),
-                    _ => storage.next().expect("counted above").as_entire_binding(),
+                    _ => {
+                        // A buffer smaller than one element of the binding (a tiny app buffer
+                        // under a 16-byte view) holds nothing the kernel may access there; the
+                        // engine's stand-in is bound instead, so that the binding is valid.
+                        let buffer = storage.next().expect("counted above");
+                        if buffer.size() < s.min_bytes && s.min_bytes <= STAND_IN_BYTES {
+                            self.inner.stand_in.as_entire_binding()
+                        } else {
+                            buffer.as_entire_binding()
+                        }
+                    }
                 },
             })
             .collect();

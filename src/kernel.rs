@@ -189,6 +189,8 @@ pub struct BindingSlot {
     pub binding: u32,
     /// How it is used.
     pub kind: BindingKind,
+    /// The fewest bytes the binding's type needs (one element of a runtime-sized array).
+    pub min_bytes: u64,
 }
 
 /// The group-0 bindings an entry point uses, sorted by binding number. Only group 0 is allowed.
@@ -232,9 +234,14 @@ pub(crate) fn entry_bindings(
                 });
             }
         };
+        let min_bytes = module.types[var.ty]
+            .inner
+            .try_size(module.to_ctx())
+            .map_or(0, u64::from);
         slots.push(BindingSlot {
             binding: binding.binding,
             kind,
+            min_bytes,
         });
     }
     slots.sort_by_key(|s| s.binding);

@@ -279,6 +279,56 @@ fn from_buffer_wraps_an_app_buffer() {
     assert_eq!(s, vec![h.iter().map(|x| x.to_f32()).sum::<f32>()]);
 }
 
+/// App buffers smaller than one element of a kernel's 16-byte view (a 4-byte F32 scalar, a
+/// 4-byte BF16 pair) bind: the engine puts its stand-in there (nothing of them is reachable
+/// through such a view), in both math modes (the relaxed one validates binding sizes against
+/// the shader: the dense product's chunk views failed there before), and the operators give the
+/// right values.
+#[test]
+fn tiny_app_buffers_bind_under_16_byte_views() {
+    use wgrad::MathMode;
+    use wgrad::matmul::{MatmulOptions, matmul};
+    for mode in [MathMode::Strict, MathMode::Relaxed] {
+        let e = &wgrad::Engine::builder().math_mode(mode).build().unwrap();
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        let app = |bytes: &[u8]| {
+            let b = e.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("app"),
+                size: bytes.len() as u64,
+                usage,
+                mapped_at_creation: false,
+            });
+            e.queue().write_buffer(&b, 0, bytes);
+            b
+        };
+        let scalar = |v: f32| {
+            Tensor::from_buffer(e, app(bytemuck::cast_slice(&[v])), &[1, 1], DType::F32).unwrap()
+        };
+        let (a, b) = (scalar(1.5), scalar(-2.0));
+        let (y, _) = matmul(&a, &b, None, &MatmulOptions::default()).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![-3.0], "{mode:?}");
+        assert_eq!(
+            reduce::sum_rows(&a).unwrap().to_vec::<f32>().unwrap(),
+            vec![1.5]
+        );
+        let (s, _) = wgrad::loss::softmax(&a).unwrap();
+        assert_eq!(s.to_vec::<f32>().unwrap(), vec![1.0], "{mode:?}");
+        let h = [half::bf16::from_f32(1.0), half::bf16::from_f32(-3.0)];
+        let x =
+            Tensor::from_buffer(e, app(bytemuck::cast_slice(&h)), &[1, 2], DType::BF16).unwrap();
+        let w =
+            Tensor::from_buffer(e, app(bytemuck::cast_slice(&h)), &[2, 1], DType::BF16).unwrap();
+        let (y, _) = matmul(&x, &w, None, &MatmulOptions::default()).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![10.0], "{mode:?}");
+        assert_eq!(
+            reduce::sum_rows(&x).unwrap().to_vec::<f32>().unwrap(),
+            vec![-2.0]
+        );
+    }
+}
+
 #[test]
 fn from_buffer_checks_usage_and_size() {
     let e = engine();
