@@ -22,19 +22,16 @@ fn main() -> ExitCode {
         .filter(|n| !n.is_empty())
         .collect();
     let operators = wgrad::check::operators();
-    let unknown: Vec<&String> = only
+    let known: Vec<&str> = operators.iter().map(|op| op.name).collect();
+    let unknown: Vec<&str> = only
         .iter()
-        .filter(|n| !operators.iter().any(|op| op.name == n.as_str()))
+        .map(String::as_str)
+        .filter(|n| !known.contains(n))
         .collect();
     if !unknown.is_empty() {
-        let known: Vec<&str> = operators.iter().map(|op| op.name).collect();
         eprintln!(
             "unknown operator {}; known: {}",
-            unknown
-                .iter()
-                .map(|n| n.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
+            unknown.join(", "),
             known.join(", ")
         );
         return ExitCode::from(2);

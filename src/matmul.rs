@@ -34,10 +34,10 @@
 //! staged in [`WORKGROUP_BYTES`] = 16 KiB of workgroup memory with the next step prefetched
 //! into registers; edge tiles are bounds-checked in the kernel. A launch whose K is a whole
 //! number of K steps and whose operands are 16-byte aligned ([`chunked_fetches`] states the
-//! rule: the model shapes are) fetches each operand in 16-byte chunks, four F32 or eight 16-bit values a
-//! load, without edge tests, and stages rows stored along `m` or `n` by vec4 stores: the same
-//! values in the same places, so the same bits (on the H200: 16-bit operands 13–19% faster,
-//! F32 2–6%, `notes/measurements.md`). Small products whose edges
+//! rule: the model shapes are) fetches each operand in 16-byte chunks, four F32 or eight
+//! 16-bit values a load, without edge tests, and stages rows stored along `m` or `n` by vec4
+//! stores: the same values in the same places, so the same bits (on the H200: 16-bit operands
+//! 13–19% faster, F32 2–6%, `notes/measurements.md`). Small products whose edges
 //! would leave much of that tile empty take a 64×64 tile of the same code instead (64
 //! invocations, K steps of 8; [`gemm_tile`] states the rule), with the same bits. The
 //! activation formulas are those of [`crate::activation`] (`wgsl/common/activation.wgsl`).
@@ -178,11 +178,7 @@ pub fn chunked_fetches(call: &Gemm) -> bool {
         return false;
     }
     let chunked = |op: &GemmOperand, pitch: usize| {
-        let e = if op.tensor.dtype() == DType::F32 {
-            4
-        } else {
-            8
-        };
+        let e = 16 / op.tensor.dtype().size(); // elements per 16-byte chunk
         op.offset.is_multiple_of(e)
             && (call.batch < 2 || op.batch_stride.is_multiple_of(e))
             && pitch.is_multiple_of(e)

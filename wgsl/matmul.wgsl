@@ -57,8 +57,8 @@
 // same places, so the results are the same, bit for bit. A k-contiguous operand's chunk holds
 // 4 (8) consecutive k of one row, stored into as many k-rows: a 32-lane group covers 8 (16)
 // rows, 16 banks after the swizzle, the same 2-way conflict as the element path.
-// Global fetches on the element path: an invocation's eight elements of an operand lie a fixed stride apart and
-// move by a fixed step per K step, so each index costs one addition; the row (column)
+// Global fetches on the element path: an invocation's eight elements of an operand lie a fixed
+// stride apart and move by a fixed step per K step, so each index costs one addition; the row (column)
 // bound is counted once per tile and the k bound once per step into a limit, and each
 // element's edge test is one comparison with it.
 
@@ -384,6 +384,7 @@ fn stage_chunks(is_b: bool, lid: u32, v: Eight) {
     }
 }
 
+// Workgroup memory ← element (x, kk) = s of A (or B, `is_b`).
 fn stage_one(is_b: bool, s: vec2<u32>, v: f32) {
     if (is_b) {
         b_tile[staged(b_kc(), s)][s.x % 4u] = v;
@@ -394,13 +395,11 @@ fn stage_one(is_b: bool, s: vec2<u32>, v: f32) {
 
 // Workgroup memory ← fetched elements.
 fn stage_a(lid: u32, r: u32, v: f32) {
-    let s = slot(a_kc(), lid, r);
-    a_tile[staged(a_kc(), s)][s.x % 4u] = v;
+    stage_one(false, slot(a_kc(), lid, r), v);
 }
 
 fn stage_b(lid: u32, r: u32, v: f32) {
-    let s = slot(b_kc(), lid, r);
-    b_tile[staged(b_kc(), s)][s.x % 4u] = v;
+    stage_one(true, slot(b_kc(), lid, r), v);
 }
 
 fn stage(lid: u32, av: Eight, bv: Eight) {
