@@ -1644,6 +1644,32 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 .with_flops(2.0 * flops),
             );
         }
+        if wgrad::matmul::tensor_cores(engine) {
+            // F16 inputs: the FP32 path and the opt-in tensor-core product (same operands).
+            let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
+                let len: usize = shape.iter().product();
+                let data: Vec<f32> = (0..len)
+                    .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 256.0)
+                    .collect();
+                cast::cast(&Tensor::from_slice(engine, &data, shape)?, DType::F16)
+            };
+            let x = make(&[m, k], 1)?;
+            let w = make(&[n, k], 2)?;
+            let flops = matmul_flops(1, m, n, k);
+            let tc = MatmulOptions {
+                tensor_cores: true,
+                ..options
+            };
+            for (name, opts) in [("matmul_fwd", options), ("matmul_fwd_tc", tc)] {
+                ops.push(
+                    Op::new(name, "f16", vec![x.clone(), w.clone()], move |i| {
+                        let (y, _) = matmul(&i[0], &i[1], None, &opts)?;
+                        Ok(vec![y])
+                    })
+                    .with_flops(flops),
+                );
+            }
+        }
     }
     let [m, k, n] = if quick {
         MATMUL_SPLIT_QUICK_SHAPE

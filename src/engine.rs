@@ -89,7 +89,8 @@ impl ShaderChecks {
 pub const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::TIMESTAMP_QUERY)
-    .union(wgpu::Features::PASSTHROUGH_SHADERS);
+    .union(wgpu::Features::PASSTHROUGH_SHADERS)
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
 
 /// Smallest limits wgrad runs with (`Engine::from_wgpu` checks them).
 pub const MIN_STORAGE_BUFFERS_PER_STAGE: u32 = 8;
@@ -122,6 +123,12 @@ pub struct EngineInfo {
     pub shader_checks: ShaderChecks,
     /// The adapter's smallest subgroup size where the device has `SUBGROUP`, else 0.
     pub subgroup_min_size: u32,
+    /// The adapter's largest subgroup size where the device has `SUBGROUP`, else 0.
+    pub subgroup_max_size: u32,
+    /// The cooperative-matrix (tensor-core) configurations the adapter reports, where the
+    /// device has `EXPERIMENTAL_COOPERATIVE_MATRIX` and the engine created it (an engine made
+    /// with [`Engine::from_wgpu`] has no adapter to ask: none).
+    pub cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
 impl std::fmt::Display for EngineInfo {
@@ -318,9 +325,13 @@ impl EngineBuilder {
             label: Some("wgrad"),
             required_features: features,
             required_limits: limits,
-            experimental_features: if features.contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+            experimental_features: if features.intersects(
+                wgpu::Features::PASSTHROUGH_SHADERS
+                    | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            ) {
                 // SAFETY: passthrough modules are only created from naga's translations of
-                // validated modules (strict MSL, strict SPIR-V).
+                // validated modules (strict MSL, strict SPIR-V); cooperative matrices are
+                // used only in configurations the adapter reports (`matmul::tensor_cores`).
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()
@@ -337,6 +348,12 @@ impl EngineBuilder {
             Some(m) => m,
             None => MathMode::from_env()?.unwrap_or_default(),
         };
+        let cooperative_matrices =
+            if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                adapter.cooperative_matrix_properties()
+            } else {
+                Vec::new()
+            };
         Engine::assemble(
             device,
             queue,
@@ -346,6 +363,7 @@ impl EngineBuilder {
                 shader_checks,
                 pool_limit: self.pool_limit,
                 workspace_bound: self.workspace_bound,
+                cooperative_matrices,
             },
             true,
         )
@@ -358,6 +376,7 @@ struct Settings {
     shader_checks: ShaderChecks,
     pool_limit: u64,
     workspace_bound: u64,
+    cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
 struct Pipeline {
@@ -574,6 +593,7 @@ impl Engine {
                 shader_checks: ShaderChecks::from_env()?.unwrap_or_default(),
                 pool_limit: 1 << 30,
                 workspace_bound: DEFAULT_WORKSPACE_BOUND,
+                cooperative_matrices: Vec::new(),
             },
             false,
         )
@@ -591,6 +611,7 @@ impl Engine {
             shader_checks,
             pool_limit,
             workspace_bound,
+            cooperative_matrices,
         } = settings;
         let device_error = Arc::new(Mutex::new(None::<String>));
         if own_device {
@@ -629,6 +650,12 @@ impl Engine {
             } else {
                 0
             },
+            subgroup_max_size: if features.contains(wgpu::Features::SUBGROUP) {
+                adapter.subgroup_max_size
+            } else {
+                0
+            },
+            cooperative_matrices,
         };
         let stand_in = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgrad stand-in binding"),

@@ -164,6 +164,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::gated_delta::KERNEL,
         &crate::attention::KERNEL,
         &crate::matmul::KERNEL,
+        &crate::matmul::TC_KERNEL,
         &crate::fused_linear::KERNEL,
         &crate::embedding::KERNEL,
         &crate::optim::KERNEL,

@@ -61,6 +61,17 @@ pub static KERNEL: Kernel = Kernel {
     ],
 };
 
+/// `wgsl/matmul_tc.wgsl`: the tensor-core product of F16 operands (cooperative matrices of
+/// 16×16×16, F32 accumulators), for [`Gemm::tensor_cores`] where [`tensor_cores`] says the
+/// engine can run it. Its own module: it starts with `enable wgpu_cooperative_matrix;`.
+pub static TC_KERNEL: Kernel = Kernel {
+    name: "matmul_tc",
+    parts: &[
+        "enable f16;\nenable wgpu_cooperative_matrix;",
+        include_str!("../wgsl/matmul_tc.wgsl"),
+    ],
+};
+
 /// Output rows per workgroup of the wide tile (`BM` in the kernel), the tile that split-K
 /// and the launch bounds count in.
 pub const TILE_M: usize = 128;
@@ -188,6 +199,158 @@ pub fn chunked_fetches(call: &Gemm) -> bool {
         && chunked(&call.b, if call.b.transposed { call.k } else { call.n })
 }
 
+/// Whether `engine` runs tensor-core products ([`Gemm::tensor_cores`]): a Vulkan device with
+/// `EXPERIMENTAL_COOPERATIVE_MATRIX`, `SHADER_F16` and `SUBGROUP`, subgroups of exactly 32
+/// invocations, a reported 16×16×16 F16 × F16 → F32 cooperative-matrix configuration and
+/// 20 KiB of workgroup memory. (Metal's simdgroup matrices are 8×8: not mapped yet.)
+pub fn tensor_cores(engine: &crate::Engine) -> bool {
+    let info = engine.info();
+    let features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    info.backend == wgpu::Backend::Vulkan
+        && info.features.contains(features)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && info.limits.max_compute_workgroup_storage_size >= TC_WORKGROUP_BYTES
+        && info.cooperative_matrices.iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+}
+
+/// Workgroup memory of the tensor-core tile: two staged operands of 5,120 halves.
+const TC_WORKGROUP_BYTES: u32 = 20480;
+
+/// The comparison budget of a tensor-core product's element summed over `terms` products of
+/// magnitude ≤ 1 against the f64 reference: the products are exact, but the hardware's FP32
+/// accumulation may round each partial sum toward zero (up to one FP32 ulp a step instead of
+/// half), so the absolute part is `1e-6·terms`, five times [`matmul_tolerance`]'s.
+pub fn tensor_core_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
+    let f32_tol = crate::gradcheck::Tolerance::for_dtype(DType::F32);
+    crate::gradcheck::Tolerance {
+        abs: f32_tol.abs.max(1e-6 * terms as f64),
+        ..f32_tol
+    }
+}
+
+/// The typed errors of a [`Gemm::tensor_cores`] call: the engine cannot run tensor-core
+/// products (`MissingFeature`); an operand that is not F16 or an out that is not F32
+/// (`UnsupportedDType`); a bias, activation or pre-activation (`InvalidValue`).
+fn check_tensor_core_call(call: &Gemm) -> Result<()> {
+    if !tensor_cores(call.out.engine()) {
+        return Err(Error::MissingFeature {
+            features: "EXPERIMENTAL_COOPERATIVE_MATRIX with 16×16×16 F16 × F16 → F32, \
+                       SHADER_F16, SUBGROUP of 32 (Vulkan)"
+                .into(),
+        });
+    }
+    for (t, what, want) in [
+        (call.a.tensor, "gemm (tensor cores): a", DType::F16),
+        (call.b.tensor, "gemm (tensor cores): b", DType::F16),
+        (call.out, "gemm (tensor cores): out", DType::F32),
+    ] {
+        if t.dtype() != want {
+            return Err(Error::dtype(what, t.dtype(), &[want]));
+        }
+    }
+    let extras = [
+        ("gemm (tensor cores): bias", call.bias.is_some()),
+        ("gemm (tensor cores): activation", call.activation.is_some()),
+        (
+            "gemm (tensor cores): pre_activation",
+            call.pre_activation.is_some(),
+        ),
+    ];
+    if let Some((what, _)) = extras.into_iter().find(|(_, set)| *set) {
+        return Err(invalid(
+            what,
+            1.0,
+            "the tensor-core product has no epilogue",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a checked tensor-core call fits the kernel's layout rule (else it runs on the FP32
+/// path): `m` and `n` multiples of 128 (whole tiles); each operand's offset, batch stride (more than one
+/// batch) and row pitch (`k`, or `m` / `n` when that is its contiguous axis) multiples of 8
+/// halves; out's offset and batch stride multiples of 4.
+pub fn tensor_core_fits(call: &Gemm) -> bool {
+    let op = |op: &GemmOperand, pitch: usize| {
+        op.offset.is_multiple_of(8)
+            && (call.batch < 2 || op.batch_stride.is_multiple_of(8))
+            && pitch.is_multiple_of(8)
+    };
+    call.m.is_multiple_of(TILE_M)
+        && call.n.is_multiple_of(TILE_N)
+        && op(&call.a, if call.a.transposed { call.m } else { call.k })
+        && op(&call.b, if call.b.transposed { call.k } else { call.n })
+        && call.out_offset.is_multiple_of(4)
+        && (call.batch < 2 || call.out_batch_stride.is_multiple_of(4))
+}
+
+#[derive(encase::ShaderType)]
+struct TcParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    tiles_m: u32,
+    tiles_n: u32,
+    off_a: u32,
+    off_b: u32,
+    off_c: u32,
+    stride_a: u32,
+    stride_b: u32,
+    stride_c: u32,
+    alpha: f32,
+    accumulate: u32,
+}
+
+/// Launch a checked, fitting tensor-core product (128×128 tiles, one workgroup each).
+fn gemm_tc(call: &Gemm) -> Result<()> {
+    let (m, n, batch) = (call.m, call.n, call.batch);
+    let tiles_m = m.div_ceil(TILE_M);
+    let tiles_n = n.div_ceil(TILE_N);
+    let stride = |s: usize| if batch > 1 { s as u32 } else { 0 };
+    let params = TcParams {
+        m: m as u32,
+        n: n as u32,
+        k: call.k as u32,
+        batch: batch as u32,
+        tiles_m: tiles_m as u32,
+        tiles_n: tiles_n as u32,
+        off_a: call.a.offset as u32,
+        off_b: call.b.offset as u32,
+        off_c: call.out_offset as u32,
+        stride_a: stride(call.a.batch_stride),
+        stride_b: stride(call.b.batch_stride),
+        stride_c: stride(call.out_batch_stride),
+        alpha: call.alpha,
+        accumulate: u32::from(call.accumulate),
+    };
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    let constants = vec![
+        ("TRANS_A", flag(call.a.transposed)),
+        ("TRANS_B", flag(call.b.transposed)),
+    ];
+    let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
+    call.out.engine().launch(
+        &TC_KERNEL,
+        "gemm_tc",
+        &constants,
+        &params,
+        &[
+            call.a.tensor.buffer(),
+            call.b.tensor.buffer(),
+            call.out.buffer(),
+        ],
+        tiles,
+    )
+}
+
 /// `(slices, k per slice)` of a product whose scratch may take `allowance` bytes.
 fn split_plan(m: usize, n: usize, k: usize, batch: usize, allowance: u64) -> (usize, usize) {
     let unsplit = (1, k);
@@ -267,6 +430,10 @@ pub struct MatmulOptions {
     pub transpose_b: bool,
     /// Epilogue `act(A·B + bias)`; the FP32 pre-activation is saved for the backward.
     pub activation: Option<Activation>,
+    /// Opt-in: the forward product of two F16 operands on tensor cores ([`Gemm::tensor_cores`]:
+    /// FP32 accumulation in the hardware's order, [`tensor_core_tolerance`]); no bias or
+    /// activation then. The backward's products stay on the FP32 path.
+    pub tensor_cores: bool,
 }
 
 /// Extents of one product, derived from the operands' shapes.
@@ -404,6 +571,8 @@ pub struct Gemm<'a> {
     pub pre_activation: Option<&'a Tensor>,
     /// Product scale (1.0 normally); must be finite.
     pub alpha: f32,
+    /// Opt-in: run the product on tensor cores (F16 operands, F32 out; see [`gemm`]).
+    pub tensor_cores: bool,
 }
 
 impl<'a> Gemm<'a> {
@@ -432,6 +601,7 @@ impl<'a> Gemm<'a> {
             activation: None,
             pre_activation: None,
             alpha: 1.0,
+            tensor_cores: false,
         }
     }
 }
@@ -691,8 +861,14 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
             ));
         }
     }
+    if call.tensor_cores {
+        check_tensor_core_call(call)?;
+    }
     if m == 0 || n == 0 || batch == 0 {
         return Ok(());
+    }
+    if call.tensor_cores && tensor_core_fits(call) {
+        return gemm_tc(call);
     }
     let tile = tile.unwrap_or_else(|| gemm_tile(m, n, batch));
     let tiles_m = m.div_ceil(tile.rows());
@@ -951,6 +1127,7 @@ pub fn matmul_as(
         activation: options.activation,
         pre_activation: pre.as_ref(),
         alpha: 1.0,
+        tensor_cores: options.tensor_cores,
     })?;
     Ok((
         out,

@@ -84,6 +84,7 @@ fn check_problem_scaled(p: &Problem, with_bias: bool, dt: &Dtypes, seed: u64, a_
         transpose_a: p.transpose_a,
         transpose_b: p.transpose_b,
         activation: p.activation,
+        tensor_cores: false,
     };
     let label = format!(
         "batch {} ({}{}) m {} n {} k {} ta {} tb {} act {:?} bias {} dtypes {}/{}/{}/{}",
@@ -274,6 +275,7 @@ fn summation_order_is_one_fma_per_term_in_increasing_k() {
                 transpose_a: ta,
                 transpose_b: tb,
                 activation: None,
+                tensor_cores: false,
             };
             let (y, _) = mm(&at, &bt, None, &options).unwrap();
             let got = f32_bits(&y);
@@ -491,6 +493,7 @@ fn gemm_offsets_case(m: usize, n: usize, k: usize, batch: usize, seed: u64) {
                 activation,
                 pre_activation: activation.map(|_| &pre),
                 alpha,
+                tensor_cores: false,
             };
             gemm(&call).unwrap();
             let mut want = init.clone();
@@ -709,6 +712,7 @@ fn bad_inputs_are_typed_errors() {
         activation: None,
         pre_activation: None,
         alpha: 1.0,
+        tensor_cores: false,
     };
     gemm(&base(&out)).unwrap();
     // A 16-bit out of an odd width (two columns a word), an integer out.
@@ -931,6 +935,7 @@ fn split_bits(e: &wgrad::Engine, p: &Problem, dt: (DType, DType), slice: usize, 
         transpose_a: p.transpose_a,
         transpose_b: p.transpose_b,
         activation: None,
+        tensor_cores: false,
     };
     let (y, _) = mm(&at, &bt, None, &options).unwrap();
     let got = f32_bits(&y);
@@ -1142,6 +1147,7 @@ fn both_tiles_give_identical_bits() {
                     activation: act,
                     pre_activation: act.map(|_| &placeholder),
                     alpha,
+                    tensor_cores: false,
                 };
                 let wide = tile_bits(&call, &init, Some(GemmTile::Wide));
                 let narrow = tile_bits(&call, &init, Some(GemmTile::Narrow));
@@ -1243,6 +1249,7 @@ fn a_16_bit_output_is_the_f32_product_rounded_once() {
             transpose_a: ta,
             transpose_b: tb,
             activation,
+            tensor_cores: false,
         };
         let (want, saved) = mm(&a, &b, bias.as_ref(), &options).unwrap();
         let dy = tensor_from_f64(e, &rng.vec(want.len(), -1.0, 1.0), want.shape(), F32);
@@ -1388,6 +1395,7 @@ fn backward_as_is_the_f32_gradients_rounded_once() {
             transpose_a: ta,
             transpose_b: tb,
             activation,
+            tensor_cores: false,
         };
         let (y, saved) = mm(&a, &b, bias.as_ref(), &options).unwrap();
         let mut dy_values = rng.vec(y.len(), -1.0, 1.0);
@@ -1510,6 +1518,7 @@ fn chunked_fetches_give_the_element_path_bits() {
                 activation: None,
                 pre_activation: None,
                 alpha: 1.0,
+                tensor_cores: false,
             };
             let label = format!("{m}×{n}×{k} batch {batch} ta {ta} tb {tb} {dt_a}/{dt_b}");
             assert!(chunked_fetches(&call), "{label}: the rule");
@@ -1595,4 +1604,175 @@ fn chunked_fetches_give_the_element_path_bits() {
         "BF16 transposed A, pitch 100"
     );
     assert!(!call(&at, 0, 128 * 64, (128, 128, 40)), "k off the K step");
+}
+
+/// A tensor-core call (`Gemm::tensor_cores`) over F16 operands of `m`, `n`, `k`, `batch` with
+/// gapped offsets and batch strides (multiples of 8 halves, out's of 4), in `layout` (A, B
+/// transposed), against the f64 reference under `tensor_core_tolerance`; returns out's bits.
+#[allow(clippy::too_many_arguments)]
+fn tensor_core_case(
+    e: &wgrad::Engine,
+    (m, n, k, batch): (usize, usize, usize, usize),
+    (ta, tb): (bool, bool),
+    b_shared: bool,
+    accumulate: bool,
+    alpha: f32,
+    tensor_cores: bool,
+    seed: u64,
+) -> Vec<u32> {
+    let (a_off, a_stride) = (8, m * k + 16);
+    let (b_off, b_stride) = (16, if b_shared { 0 } else { k * n + 8 });
+    let (c_off, c_stride) = (4, m * n + 12);
+    let a = stored(&data(seed, a_off + batch * a_stride), DType::F16);
+    let b_len = b_off + batch.max(1) * (k * n + 8);
+    let b = stored(&data(seed + 1, b_len), DType::F16);
+    let init = data(seed + 2, c_off + batch * c_stride + 4);
+    let at = tensor_from_f64(e, &a, &[a.len()], DType::F16);
+    let bt = tensor_from_f64(e, &b, &[b.len()], DType::F16);
+    let out = tensor_from_f64(e, &init, &[init.len()], DType::F32);
+    let call = Gemm {
+        a: operand(&at, a_off, ta, a_stride),
+        b: operand(&bt, b_off, tb, b_stride),
+        out: &out,
+        out_offset: c_off,
+        out_batch_stride: c_stride,
+        m,
+        n,
+        k,
+        batch,
+        bias: None,
+        accumulate,
+        activation: None,
+        pre_activation: None,
+        alpha,
+        tensor_cores,
+    };
+    gemm(&call).unwrap();
+    let mut want = init.clone();
+    gemm_reference(
+        &a,
+        (a_off, ta, a_stride),
+        &b,
+        (b_off, tb, b_stride),
+        &mut want,
+        (c_off, c_stride),
+        (m, n, k, batch),
+        None,
+        accumulate,
+        None,
+        f64::from(alpha),
+    );
+    let label = format!(
+        "tensor cores {tensor_cores}: m {m} n {n} k {k} batch {batch} ta {ta} tb {tb} \
+         shared b {b_shared} accumulate {accumulate} alpha {alpha}"
+    );
+    // Elements outside the product (gaps, before and after) keep their values.
+    assert_close(
+        &label,
+        &out.to_f64().unwrap(),
+        &want,
+        matmul::tensor_core_tolerance(k),
+    );
+    f32_bits(&out)
+}
+
+/// The opt-in tensor-core product (F16 operands, F32 out): where the engine cannot run it, a
+/// call asking for it is `MissingFeature` (through `gemm` and `matmul`) and nothing is written;
+/// where it can, every layout, shared and strided batches, k not a whole K step, accumulate
+/// and alpha match the reference within `tensor_core_tolerance`, reruns are bit-identical,
+/// shapes outside the rule (ragged tiles) take the FP32 path (its bits), and the dtype and
+/// epilogue errors are typed.
+#[test]
+fn tensor_core_products_match_reference_or_are_refused() {
+    let e = engine();
+    let a = tensor_from_f64(e, &data(1, 128 * 64), &[128, 64], DType::F16);
+    let b = tensor_from_f64(e, &data(2, 64 * 128), &[64, 128], DType::F16);
+    let out = Tensor::zeros(e, &[128 * 128], DType::F32).unwrap();
+    let call = Gemm {
+        tensor_cores: true,
+        ..Gemm::plain(
+            operand(&a, 0, false, 0),
+            operand(&b, 0, false, 0),
+            &out,
+            (128, 128, 64),
+            false,
+        )
+    };
+    let tc = MatmulOptions {
+        tensor_cores: true,
+        ..Default::default()
+    };
+    if !matmul::tensor_cores(e) {
+        assert!(matches!(gemm(&call), Err(Error::MissingFeature { .. })));
+        assert!(matches!(
+            mm(&a, &b, None, &tc),
+            Err(Error::MissingFeature { .. })
+        ));
+        assert!(f32_bits(&out).iter().all(|&w| w == 0));
+        eprintln!(
+            "no tensor cores on {}: the refusals checked",
+            e.info().adapter
+        );
+        return;
+    }
+    for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+        for (shape, b_shared, accumulate, alpha) in [
+            ((128, 128, 64, 1), false, false, 1.0f32),
+            ((256, 384, 200, 1), false, true, 0.5),
+            ((128, 256, 8, 2), true, false, -1.25),
+            ((384, 128, 1000, 3), false, true, 1.0),
+        ] {
+            let seed = 700 + shape.2 as u64;
+            let bits =
+                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+            let again =
+                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+            assert_eq!(bits, again, "tensor-core rerun {shape:?} ta {ta} tb {tb}");
+        }
+    }
+    // Outside the rule (ragged tiles, a misaligned offset): the FP32 path's bits.
+    for shape in [(136, 128, 64, 1), (128, 120, 64, 1), (128, 128, 12, 2)] {
+        let fp32 = tensor_core_case(e, shape, (false, true), false, false, 1.0, false, 9);
+        let asked = tensor_core_case(e, shape, (false, true), false, false, 1.0, true, 9);
+        assert_eq!(
+            fp32, asked,
+            "{shape:?} outside the rule takes the FP32 path"
+        );
+    }
+    // matmul with the option: the forward on tensor cores, the backward on the FP32 path.
+    let (y, saved) = mm(&a, &b, None, &tc).unwrap();
+    let want = reference::forward(
+        &Problem::new(128, 128, 64),
+        &a.to_f64().unwrap(),
+        &b.to_f64().unwrap(),
+        None,
+    );
+    assert_close(
+        "matmul tensor cores",
+        &y.to_f64().unwrap(),
+        &want,
+        matmul::tensor_core_tolerance(64),
+    );
+    let dy = Tensor::zeros(e, &[128, 128], DType::F32).unwrap();
+    matmul_backward(&saved, &dy).unwrap();
+    // Typed errors.
+    let f32_a = Tensor::zeros(e, &[128, 64], DType::F32).unwrap();
+    let bad_dtype = Gemm {
+        a: operand(&f32_a, 0, false, 0),
+        ..call
+    };
+    assert!(matches!(
+        gemm(&bad_dtype),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    let bias = Tensor::zeros(e, &[128], DType::F32).unwrap();
+    let with_bias = Gemm {
+        bias: Some(&bias),
+        ..call
+    };
+    assert!(matches!(gemm(&with_bias), Err(Error::InvalidValue { .. })));
+    assert!(matches!(
+        mm(&a, &b, Some(&bias), &tc),
+        Err(Error::InvalidValue { .. })
+    ));
 }

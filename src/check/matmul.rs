@@ -82,6 +82,7 @@ fn check_matmul(engine: &Engine) -> Result<Vec<Case>> {
                 transpose_a: p.transpose_a,
                 transpose_b: p.transpose_b,
                 activation: p.activation,
+                tensor_cores: false,
             };
             let bias_ref = with_bias.then_some(bias_s.as_slice());
             let (y, saved) = matmul(&a, &b, with_bias.then_some(&bias), &options)?;
