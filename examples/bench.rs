@@ -548,6 +548,17 @@ fn main() -> ExitCode {
     if std::env::var("WGRAD_CHUNKED_FETCHES").as_deref() == Ok("0") {
         wgrad::matmul::force_chunked_fetches(Some(false));
     }
+    if let Ok(v) = std::env::var("WGRAD_TC") {
+        // `STAGE_BK` or `STAGE_BK_db` of the tensor-core kernel
+        // (`matmul::force_tensor_core_variant`).
+        let parts: Vec<&str> = v.split('_').collect();
+        if let [stage, bk, rest @ ..] = &parts[..]
+            && let (Ok(stage), Ok(bk)) = (stage.parse(), bk.parse())
+        {
+            let db = rest.first() == Some(&"db");
+            wgrad::matmul::force_tensor_core_variant(Some((stage, bk, db)));
+        }
+    }
     wgrad::matmul::force_tile_group_rows(
         std::env::var("WGRAD_GEMM_GROUP")
             .ok()

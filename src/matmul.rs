@@ -220,8 +220,21 @@ pub fn tensor_cores(engine: &crate::Engine) -> bool {
         })
 }
 
-/// Workgroup memory of the tensor-core tile: two staged operands of 5,120 halves.
-const TC_WORKGROUP_BYTES: u32 = 20480;
+/// Workgroup memory of the tensor-core tile: two staging arrays of 2,560 quads of halves.
+const TC_WORKGROUP_BYTES: u32 = 40960;
+
+thread_local! {
+    static TC_VARIANT: std::cell::Cell<Option<(u32, u32, bool)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces the tensor-core kernel's variant `(STAGE, BK, DB)` for launches from the calling
+/// thread (`wgsl/matmul_tc.wgsl`: 0 fragments straight from the buffers, 1 staged from u32
+/// words, 2 staged from F16 quads; BK 32 or 64; DB two staging buffers, with BK 32); `None`:
+/// the rule. For measurements.
+#[doc(hidden)]
+pub fn force_tensor_core_variant(variant: Option<(u32, u32, bool)>) {
+    TC_VARIANT.with(|v| v.set(variant));
+}
 
 /// The comparison budget of a tensor-core product's element summed over `terms` products of
 /// magnitude ≤ 1 against the f64 reference: the products are exact, but the hardware's FP32
@@ -332,9 +345,18 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         accumulate: u32::from(call.accumulate),
     };
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    let (stage, bk, db) = match TC_VARIANT.with(std::cell::Cell::get) {
+        Some((0, _, _)) if !call.k.is_multiple_of(16) => (1, 32, false),
+        Some((s, _, true)) => (s, 32, true),
+        Some(v) => v,
+        None => (1, 64, false),
+    };
     let constants = vec![
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
+        ("STAGE", f64::from(stage)),
+        ("BK", f64::from(bk)),
+        ("DB", flag(db)),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
     call.out.engine().launch(
@@ -346,6 +368,10 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
             call.a.tensor.buffer(),
             call.b.tensor.buffer(),
             call.out.buffer(),
+            call.a.tensor.buffer(),
+            call.b.tensor.buffer(),
+            call.a.tensor.buffer(),
+            call.b.tensor.buffer(),
         ],
         tiles,
     )

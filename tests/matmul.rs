@@ -1715,21 +1715,37 @@ fn tensor_core_products_match_reference_or_are_refused() {
         );
         return;
     }
-    for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
-        for (shape, b_shared, accumulate, alpha) in [
-            ((128, 128, 64, 1), false, false, 1.0f32),
-            ((256, 384, 200, 1), false, true, 0.5),
-            ((128, 256, 8, 2), true, false, -1.25),
-            ((384, 128, 1000, 3), false, true, 1.0),
-        ] {
-            let seed = 700 + shape.2 as u64;
-            let bits =
-                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
-            let again =
-                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
-            assert_eq!(bits, again, "tensor-core rerun {shape:?} ta {ta} tb {tb}");
+    // The rule's variant, then each measurement variant (STAGE, BK, DB) of the kernel.
+    for variant in [
+        None,
+        Some((0, 32, false)),
+        Some((1, 32, false)),
+        Some((2, 32, false)),
+        Some((2, 64, false)),
+        Some((1, 32, true)),
+        Some((2, 32, true)),
+    ] {
+        matmul::force_tensor_core_variant(variant);
+        for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+            for (shape, b_shared, accumulate, alpha) in [
+                ((128, 128, 64, 1), false, false, 1.0f32),
+                ((256, 384, 200, 1), false, true, 0.5),
+                ((128, 256, 8, 2), true, false, -1.25),
+                ((384, 128, 1008, 3), false, true, 1.0),
+            ] {
+                let seed = 700 + shape.2 as u64;
+                let bits =
+                    tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+                let again =
+                    tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+                assert_eq!(
+                    bits, again,
+                    "tensor-core rerun {shape:?} ta {ta} tb {tb} variant {variant:?}"
+                );
+            }
         }
     }
+    matmul::force_tensor_core_variant(None);
     // Outside the rule (ragged tiles, a misaligned offset): the FP32 path's bits.
     for shape in [(136, 128, 64, 1), (128, 120, 64, 1), (128, 128, 12, 2)] {
         let fp32 = tensor_core_case(e, shape, (false, true), false, false, 1.0, false, 9);

@@ -29,12 +29,19 @@
 
 override TRANS_A: u32 = 0u;     // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;     // 1: B stored [n, k]
+// How fragments reach the subgroups (measurement variants; the host's rule picks one):
+// 0: loaded straight from the operands' buffers (no staging, no barriers; k a multiple of 16);
+// 1: staged, chunks fetched as u32 words and converted; 2: staged, chunks fetched as F16.
+override STAGE: u32 = 1u;
+override BK: u32 = 32u;         // K step of the staged variants: 32 or 64
 
 const BM: u32 = 128u;
 const BN: u32 = 128u;
-const BK: u32 = 32u;
 const PAD: u32 = 8u;
-const TILE_HALVES: u32 = 5120u;  // max(128 · (32 + 8), 32 · (128 + 8)) halves, 10 KiB
+override DB: bool = false;      // two staging buffers, one barrier a step (BK 32 only)
+// Quads of halves per staging buffer (one of each operand): the larger of 128 · (BK + 8) and
+// BK · (128 + 8) halves, 9,216 at BK 64; two buffers of 5,120 at BK 32 with DB (20 KiB).
+const TILE_QUADS: u32 = 2560u;
 
 struct Params {
     m: u32,
@@ -57,9 +64,19 @@ struct Params {
 @group(0) @binding(1) var<storage, read> a4: array<vec4<u32>>;  // A, B as 16-byte chunks
 @group(0) @binding(2) var<storage, read> b4: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> a8: array<vec4<f16>>;  // A, B as 8-byte F16 quads
+@group(0) @binding(5) var<storage, read> b8: array<vec4<f16>>;
+@group(0) @binding(6) var<storage, read> a16: array<f16>;       // A, B element by element
+@group(0) @binding(7) var<storage, read> b16: array<f16>;
 
-var<workgroup> a_tile: array<f16, TILE_HALVES>;
-var<workgroup> b_tile: array<f16, TILE_HALVES>;
+// Eight F16 values of one chunk.
+struct H8 {
+    lo: vec4<f16>,
+    hi: vec4<f16>,
+}
+
+var<workgroup> a_tile: array<vec4<f16>, TILE_QUADS>;
+var<workgroup> b_tile: array<vec4<f16>, TILE_QUADS>;
 
 // Halves per staged row and the operand's staged geometry: a k-contiguous operand (A not
 // transposed, B transposed) is staged as 128 rows of BK halves, the other as BK rows of 128.
@@ -77,7 +94,7 @@ fn chunk_slot(kc: bool, c: u32) -> vec2<u32> {
 
 // Chunk c of the step at k0 of an operand: `rows` its extent along the tile's 128 (m or n),
 // `base` its batch's first element, tile row/column origin `x0`. kc: consecutive k adjacent.
-fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool) -> vec4<u32> {
+fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool) -> H8 {
     let s = chunk_slot(kc, c);
     var x: u32;
     var kk: u32;
@@ -97,67 +114,95 @@ fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool) -
     // No early return: a return under a branch on the invocation would make the callers'
     // cooperative operations non-uniform to naga. Outside chunks read chunk 0 and are zeroed.
     let at = select(0u, e / 8u, inside);
-    var w: vec4<u32>;
-    if (is_a) {
-        w = a4[at];
+    var h: H8;
+    if (STAGE == 2u) {
+        if (is_a) {
+            h = H8(a8[2u * at], a8[2u * at + 1u]);
+        } else {
+            h = H8(b8[2u * at], b8[2u * at + 1u]);
+        }
     } else {
-        w = b4[at];
+        var w: vec4<u32>;
+        if (is_a) {
+            w = a4[at];
+        } else {
+            w = b4[at];
+        }
+        h = H8(vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))),
+               vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))));
     }
-    return select(vec4<u32>(), w, inside);
+    if (!inside) {
+        h = H8(vec4<f16>(), vec4<f16>());
+    }
+    return h;
 }
 
-fn store_a(kc: bool, c: u32, w: vec4<u32>) {
+// Store a fetched chunk into staging buffer `buf` (0 or 1; 1 only with DB), two quads.
+fn store_a(kc: bool, c: u32, h: H8, buf: u32) {
     let s = chunk_slot(kc, c);
-    let at = s.x * pitch(kc) + s.y;
-    let h0 = vec2<f16>(unpack2x16float(w.x));
-    let h1 = vec2<f16>(unpack2x16float(w.y));
-    let h2 = vec2<f16>(unpack2x16float(w.z));
-    let h3 = vec2<f16>(unpack2x16float(w.w));
-    a_tile[at] = h0.x;
-    a_tile[at + 1u] = h0.y;
-    a_tile[at + 2u] = h1.x;
-    a_tile[at + 3u] = h1.y;
-    a_tile[at + 4u] = h2.x;
-    a_tile[at + 5u] = h2.y;
-    a_tile[at + 6u] = h3.x;
-    a_tile[at + 7u] = h3.y;
+    let at = (s.x * pitch(kc) + s.y) / 4u + buf * (TILE_QUADS / 2u);
+    a_tile[at] = h.lo;
+    a_tile[at + 1u] = h.hi;
 }
 
-fn store_b(kc: bool, c: u32, w: vec4<u32>) {
+fn store_b(kc: bool, c: u32, h: H8, buf: u32) {
     let s = chunk_slot(kc, c);
-    let at = s.x * pitch(kc) + s.y;
-    let h0 = vec2<f16>(unpack2x16float(w.x));
-    let h1 = vec2<f16>(unpack2x16float(w.y));
-    let h2 = vec2<f16>(unpack2x16float(w.z));
-    let h3 = vec2<f16>(unpack2x16float(w.w));
-    b_tile[at] = h0.x;
-    b_tile[at + 1u] = h0.y;
-    b_tile[at + 2u] = h1.x;
-    b_tile[at + 3u] = h1.y;
-    b_tile[at + 4u] = h2.x;
-    b_tile[at + 5u] = h2.y;
-    b_tile[at + 6u] = h3.x;
-    b_tile[at + 7u] = h3.y;
+    let at = (s.x * pitch(kc) + s.y) / 4u + buf * (TILE_QUADS / 2u);
+    b_tile[at] = h.lo;
+    b_tile[at + 1u] = h.hi;
 }
 
-// The A fragment of tile rows r.., step columns kk.. (16×16).
-fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f16, A> {
+// The fragments of the direct variant (STAGE 0), from the operands' buffers: A at output
+// rows i.., k kk..; B at k kk.., output columns j...
+fn direct_a(i: u32, kk: u32, base: u32) -> coop_mat16x16<f16, A> {
     var f: coop_mat16x16<f16, A>;
     if (TRANS_A == 0u) {
-        f = coopLoadT<coop_mat16x16<f16, A>>(&a_tile[r * (BK + PAD) + kk], BK + PAD);
+        let stride = params.k;
+        f = coopLoadT<coop_mat16x16<f16, A>>(&a16[base + i * stride + kk], stride);
     } else {
-        f = coopLoad<coop_mat16x16<f16, A>>(&a_tile[kk * (BM + PAD) + r], BM + PAD);
+        let stride = params.m;
+        f = coopLoad<coop_mat16x16<f16, A>>(&a16[base + kk * stride + i], stride);
+    }
+    return f;
+}
+
+fn direct_b(kk: u32, j: u32, base: u32) -> coop_mat16x16<f16, B> {
+    var f: coop_mat16x16<f16, B>;
+    if (TRANS_B == 1u) {
+        let stride = params.k;
+        f = coopLoad<coop_mat16x16<f16, B>>(&b16[base + j * stride + kk], stride);
+    } else {
+        let stride = params.n;
+        f = coopLoadT<coop_mat16x16<f16, B>>(&b16[base + kk * stride + j], stride);
+    }
+    return f;
+}
+
+// The A fragment of tile rows r.., step columns kk.. (16×16) from staging buffer `buf`; the
+// loads address quads (offsets and strides in quads: every fragment starts on one).
+fn frag_a(r: u32, kk: u32, buf: u32) -> coop_mat16x16<f16, A> {
+    var f: coop_mat16x16<f16, A>;
+    let q0 = buf * (TILE_QUADS / 2u);
+    if (TRANS_A == 0u) {
+        let stride = (BK + PAD) / 4u;
+        f = coopLoadT<coop_mat16x16<f16, A>>(&a_tile[q0 + (r * (BK + PAD) + kk) / 4u], stride);
+    } else {
+        let stride = (BM + PAD) / 4u;
+        f = coopLoad<coop_mat16x16<f16, A>>(&a_tile[q0 + (kk * (BM + PAD) + r) / 4u], stride);
     }
     return f;
 }
 
 // The B fragment of step rows kk.., tile columns c.. (16×16).
-fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f16, B> {
+fn frag_b(kk: u32, c: u32, buf: u32) -> coop_mat16x16<f16, B> {
     var f: coop_mat16x16<f16, B>;
+    let q0 = buf * (TILE_QUADS / 2u);
     if (TRANS_B == 1u) {
-        f = coopLoad<coop_mat16x16<f16, B>>(&b_tile[c * (BK + PAD) + kk], BK + PAD);
+        let stride = (BK + PAD) / 4u;
+        f = coopLoad<coop_mat16x16<f16, B>>(&b_tile[q0 + (c * (BK + PAD) + kk) / 4u], stride);
     } else {
-        f = coopLoadT<coop_mat16x16<f16, B>>(&b_tile[kk * (BN + PAD) + c], BN + PAD);
+        let stride = (BN + PAD) / 4u;
+        f = coopLoadT<coop_mat16x16<f16, B>>(&b_tile[q0 + (kk * (BN + PAD) + c) / 4u], stride);
     }
     return f;
 }
@@ -208,31 +253,14 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
-    var fa0 = fetch(akc, lid, m0, 0u, params.m, abase, true);
-    var fa1 = fetch(akc, lid + 256u, m0, 0u, params.m, abase, true);
-    var fb0 = fetch(bkc, lid, n0, 0u, params.n, bbase, false);
-    var fb1 = fetch(bkc, lid + 256u, n0, 0u, params.n, bbase, false);
-    for (var k0 = 0u; k0 < params.k; k0 += BK) {
-        workgroupBarrier();
-        store_a(akc, lid, fa0);
-        store_a(akc, lid + 256u, fa1);
-        store_b(bkc, lid, fb0);
-        store_b(bkc, lid + 256u, fb1);
-        workgroupBarrier();
-        let kn = k0 + BK;
-        if (kn < params.k) {
-            fa0 = fetch(akc, lid, m0, kn, params.m, abase, true);
-            fa1 = fetch(akc, lid + 256u, m0, kn, params.m, abase, true);
-            fb0 = fetch(bkc, lid, n0, kn, params.n, bbase, false);
-            fb1 = fetch(bkc, lid + 256u, n0, kn, params.n, bbase, false);
-        }
-        for (var kk = 0u; kk < BK; kk += 16u) {
-            let a0 = frag_a(wr, kk);
-            let a1 = frag_a(wr + 16u, kk);
-            let b0 = frag_b(kk, wc);
-            let b1 = frag_b(kk, wc + 16u);
-            let b2 = frag_b(kk, wc + 32u);
-            let b3 = frag_b(kk, wc + 48u);
+    if (STAGE == 0u) {
+        for (var kk = 0u; kk < params.k; kk += 16u) {
+            let a0 = direct_a(i0, kk, abase);
+            let a1 = direct_a(i0 + 16u, kk, abase);
+            let b0 = direct_b(kk, j0, bbase);
+            let b1 = direct_b(kk, j0 + 16u, bbase);
+            let b2 = direct_b(kk, j0 + 32u, bbase);
+            let b3 = direct_b(kk, j0 + 48u, bbase);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c02 = coopMultiplyAdd(a0, b2, c02);
@@ -241,6 +269,107 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             c11 = coopMultiplyAdd(a1, b1, c11);
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
+        }
+    } else if (DB) {
+        // BK 32: two chunks a lane per operand and step, staged into the buffer the
+        // subgroups are not reading; one barrier a step.
+        var fa0 = fetch(akc, lid, m0, 0u, params.m, abase, true);
+        var fa1 = fetch(akc, lid + 256u, m0, 0u, params.m, abase, true);
+        var fb0 = fetch(bkc, lid, n0, 0u, params.n, bbase, false);
+        var fb1 = fetch(bkc, lid + 256u, n0, 0u, params.n, bbase, false);
+        store_a(akc, lid, fa0, 0u);
+        store_a(akc, lid + 256u, fa1, 0u);
+        store_b(bkc, lid, fb0, 0u);
+        store_b(bkc, lid + 256u, fb1, 0u);
+        workgroupBarrier();
+        var buf = 0u;
+        for (var k0 = 0u; k0 < params.k; k0 += BK) {
+            let kn = k0 + BK;
+            let more = kn < params.k;
+            if (more) {
+                fa0 = fetch(akc, lid, m0, kn, params.m, abase, true);
+                fa1 = fetch(akc, lid + 256u, m0, kn, params.m, abase, true);
+                fb0 = fetch(bkc, lid, n0, kn, params.n, bbase, false);
+                fb1 = fetch(bkc, lid + 256u, n0, kn, params.n, bbase, false);
+            }
+            for (var kk = 0u; kk < BK; kk += 16u) {
+                let a0 = frag_a(wr, kk, buf);
+                let a1 = frag_a(wr + 16u, kk, buf);
+                let b0 = frag_b(kk, wc, buf);
+                let b1 = frag_b(kk, wc + 16u, buf);
+                let b2 = frag_b(kk, wc + 32u, buf);
+                let b3 = frag_b(kk, wc + 48u, buf);
+                c00 = coopMultiplyAdd(a0, b0, c00);
+                c01 = coopMultiplyAdd(a0, b1, c01);
+                c02 = coopMultiplyAdd(a0, b2, c02);
+                c03 = coopMultiplyAdd(a0, b3, c03);
+                c10 = coopMultiplyAdd(a1, b0, c10);
+                c11 = coopMultiplyAdd(a1, b1, c11);
+                c12 = coopMultiplyAdd(a1, b2, c12);
+                c13 = coopMultiplyAdd(a1, b3, c13);
+            }
+            if (more) {
+                store_a(akc, lid, fa0, 1u - buf);
+                store_a(akc, lid + 256u, fa1, 1u - buf);
+                store_b(bkc, lid, fb0, 1u - buf);
+                store_b(bkc, lid + 256u, fb1, 1u - buf);
+            }
+            workgroupBarrier();
+            buf = 1u - buf;
+        }
+    } else {
+        // Chunks a lane stages per operand and step: BK / 16 (2 or 4).
+        let wide = BK == 64u;
+        var fa0 = fetch(akc, lid, m0, 0u, params.m, abase, true);
+        var fa1 = fetch(akc, lid + 256u, m0, 0u, params.m, abase, true);
+        var fa2 = fetch(akc, lid + 512u, m0, 0u, params.m, abase, true);
+        var fa3 = fetch(akc, lid + 768u, m0, 0u, params.m, abase, true);
+        var fb0 = fetch(bkc, lid, n0, 0u, params.n, bbase, false);
+        var fb1 = fetch(bkc, lid + 256u, n0, 0u, params.n, bbase, false);
+        var fb2 = fetch(bkc, lid + 512u, n0, 0u, params.n, bbase, false);
+        var fb3 = fetch(bkc, lid + 768u, n0, 0u, params.n, bbase, false);
+        for (var k0 = 0u; k0 < params.k; k0 += BK) {
+            workgroupBarrier();
+            store_a(akc, lid, fa0, 0u);
+            store_a(akc, lid + 256u, fa1, 0u);
+            store_b(bkc, lid, fb0, 0u);
+            store_b(bkc, lid + 256u, fb1, 0u);
+            if (wide) {
+                store_a(akc, lid + 512u, fa2, 0u);
+                store_a(akc, lid + 768u, fa3, 0u);
+                store_b(bkc, lid + 512u, fb2, 0u);
+                store_b(bkc, lid + 768u, fb3, 0u);
+            }
+            workgroupBarrier();
+            let kn = k0 + BK;
+            if (kn < params.k) {
+                fa0 = fetch(akc, lid, m0, kn, params.m, abase, true);
+                fa1 = fetch(akc, lid + 256u, m0, kn, params.m, abase, true);
+                fb0 = fetch(bkc, lid, n0, kn, params.n, bbase, false);
+                fb1 = fetch(bkc, lid + 256u, n0, kn, params.n, bbase, false);
+                if (wide) {
+                    fa2 = fetch(akc, lid + 512u, m0, kn, params.m, abase, true);
+                    fa3 = fetch(akc, lid + 768u, m0, kn, params.m, abase, true);
+                    fb2 = fetch(bkc, lid + 512u, n0, kn, params.n, bbase, false);
+                    fb3 = fetch(bkc, lid + 768u, n0, kn, params.n, bbase, false);
+                }
+            }
+            for (var kk = 0u; kk < BK; kk += 16u) {
+                let a0 = frag_a(wr, kk, 0u);
+                let a1 = frag_a(wr + 16u, kk, 0u);
+                let b0 = frag_b(kk, wc, 0u);
+                let b1 = frag_b(kk, wc + 16u, 0u);
+                let b2 = frag_b(kk, wc + 32u, 0u);
+                let b3 = frag_b(kk, wc + 48u, 0u);
+                c00 = coopMultiplyAdd(a0, b0, c00);
+                c01 = coopMultiplyAdd(a0, b1, c01);
+                c02 = coopMultiplyAdd(a0, b2, c02);
+                c03 = coopMultiplyAdd(a0, b3, c03);
+                c10 = coopMultiplyAdd(a1, b0, c10);
+                c11 = coopMultiplyAdd(a1, b1, c11);
+                c12 = coopMultiplyAdd(a1, b2, c12);
+                c13 = coopMultiplyAdd(a1, b3, c13);
+            }
         }
     }
     acc_store(c00, i0, j0, c0);
