@@ -549,14 +549,18 @@ fn main() -> ExitCode {
         wgrad::matmul::force_chunked_fetches(Some(false));
     }
     if let Ok(v) = std::env::var("WGRAD_TC") {
-        // `STAGE_BK` or `STAGE_BK_db` of the tensor-core kernel
+        // `STAGE_BK` with `_db` and / or `_w64` of the tensor-core kernel
         // (`matmul::force_tensor_core_variant`).
         let parts: Vec<&str> = v.split('_').collect();
         if let [stage, bk, rest @ ..] = &parts[..]
             && let (Ok(stage), Ok(bk)) = (stage.parse(), bk.parse())
         {
-            let db = rest.first() == Some(&"db");
-            wgrad::matmul::force_tensor_core_variant(Some((stage, bk, db)));
+            wgrad::matmul::force_tensor_core_variant(Some(wgrad::matmul::TensorCoreVariant {
+                stage,
+                bk,
+                db: rest.contains(&"db"),
+                w64: rest.contains(&"w64"),
+            }));
         }
     }
     wgrad::matmul::force_tile_group_rows(
@@ -1680,6 +1684,16 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     .with_flops(flops),
                 );
             }
+            // The backward with an F16 cotangent: both products on tensor cores.
+            let dy = make(&[m, n], 3)?;
+            let (_, saved) = matmul(&x, &w, None, &tc)?;
+            ops.push(
+                Op::new("matmul_bwd_tc", "f16", vec![x, w, dy], move |i| {
+                    let g = matmul_backward(&saved, &i[2])?;
+                    Ok(vec![g.a, g.b])
+                })
+                .with_flops(2.0 * flops),
+            );
         }
     }
     let [m, k, n] = if quick {

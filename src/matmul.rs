@@ -224,15 +224,37 @@ pub fn tensor_cores(engine: &crate::Engine) -> bool {
 const TC_WORKGROUP_BYTES: u32 = 40960;
 
 thread_local! {
-    static TC_VARIANT: std::cell::Cell<Option<(u32, u32, bool)>> = const { std::cell::Cell::new(None) };
+    static TC_VARIANT: std::cell::Cell<Option<TensorCoreVariant>> = const { std::cell::Cell::new(None) };
 }
 
-/// Forces the tensor-core kernel's variant `(STAGE, BK, DB)` for launches from the calling
-/// thread (`wgsl/matmul_tc.wgsl`: 0 fragments straight from the buffers, 1 staged from u32
-/// words, 2 staged from F16 quads; BK 32 or 64; DB two staging buffers, with BK 32); `None`:
-/// the rule. For measurements.
+/// A variant of the tensor-core kernel (`wgsl/matmul_tc.wgsl`), for measurements.
 #[doc(hidden)]
-pub fn force_tensor_core_variant(variant: Option<(u32, u32, bool)>) {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorCoreVariant {
+    /// 0: fragments straight from the buffers; 1: staged from u32 words; 2: staged from F16
+    /// quads.
+    pub stage: u32,
+    /// K step of the staged variants: 32 or 64.
+    pub bk: u32,
+    /// Two staging buffers, one barrier a step (BK 32).
+    pub db: bool,
+    /// 64×64 subgroup tiles on 128 invocations (staged, BK 32, no DB).
+    pub w64: bool,
+}
+
+/// The rule's variant: staged from u32 words, K steps of 64, 32×64 subgroup tiles.
+const TC_RULE: TensorCoreVariant = TensorCoreVariant {
+    stage: 1,
+    bk: 64,
+    db: false,
+    w64: false,
+};
+
+/// Forces the tensor-core kernel's variant for launches from the calling thread; `None`: the
+/// rule. Impossible combinations are adjusted (the direct variant needs k a multiple of 16,
+/// DB and W64 take BK 32 and the staged path). For measurements.
+#[doc(hidden)]
+pub fn force_tensor_core_variant(variant: Option<TensorCoreVariant>) {
     TC_VARIANT.with(|v| v.set(variant));
 }
 
@@ -345,18 +367,24 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         accumulate: u32::from(call.accumulate),
     };
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
-    let (stage, bk, db) = match TC_VARIANT.with(std::cell::Cell::get) {
-        Some((0, _, _)) if !call.k.is_multiple_of(16) => (1, 32, false),
-        Some((s, _, true)) => (s, 32, true),
-        Some(v) => v,
-        None => (1, 64, false),
-    };
+    let mut v = TC_VARIANT.with(std::cell::Cell::get).unwrap_or(TC_RULE);
+    if v.stage == 0 && !call.k.is_multiple_of(16) {
+        v.stage = 1;
+    }
+    if v.db || v.w64 {
+        v.bk = 32;
+        v.stage = v.stage.max(1);
+    }
+    if v.w64 {
+        v.db = false;
+    }
     let constants = vec![
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
-        ("STAGE", f64::from(stage)),
-        ("BK", f64::from(bk)),
-        ("DB", flag(db)),
+        ("STAGE", f64::from(v.stage)),
+        ("BK", f64::from(v.bk)),
+        ("DB", flag(v.db)),
+        ("W64", flag(v.w64)),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
     call.out.engine().launch(
@@ -456,9 +484,11 @@ pub struct MatmulOptions {
     pub transpose_b: bool,
     /// Epilogue `act(A·B + bias)`; the FP32 pre-activation is saved for the backward.
     pub activation: Option<Activation>,
-    /// Opt-in: the forward product of two F16 operands on tensor cores ([`Gemm::tensor_cores`]:
-    /// FP32 accumulation in the hardware's order, [`tensor_core_tolerance`]); no bias or
-    /// activation then. The backward's products stay on the FP32 path.
+    /// Opt-in: products of two F16 operands on tensor cores ([`Gemm::tensor_cores`]: FP32
+    /// accumulation in the hardware's order, [`tensor_core_tolerance`]); no bias or activation
+    /// then. The forward takes them for F16 `A` and `B`; the backward for an F16 cotangent
+    /// (both its products then have F16 operands) and F32 gradients; the other products run
+    /// on the FP32 path.
     pub tensor_cores: bool,
 }
 
@@ -1296,13 +1326,13 @@ pub fn matmul_backward_as(
     let d = &saved.dims;
     let (m, n, k, batch) = (d.m, d.n, d.k, d.batch);
     let (ta, tb) = (saved.options.transpose_a, saved.options.transpose_b);
+    let (a, b) = (&saved.a, &saved.b);
     let g = match (saved.options.activation, &saved.pre) {
         (Some(kind), Some(pre)) => {
             activation::backward(&ActivationSaved::unary(kind, pre), dy)?.dgate
         }
         _ => dy.clone(),
     };
-    let (a, b) = (&saved.a, &saved.b);
     let a_stride = if d.a_batched { m * k } else { 0 };
     let b_stride = if d.b_batched { k * n } else { 0 };
     let op = |tensor, transposed, batch_stride| GemmOperand {
@@ -1311,9 +1341,16 @@ pub fn matmul_backward_as(
         transposed,
         batch_stride,
     };
+    // Tensor cores (opted in by the forward's options) where both operands of a product are
+    // F16, i.e. for an F16 cotangent without an activation, and the gradient is stored F32.
+    let tc = saved.options.tensor_cores
+        && [a.dtype(), b.dtype(), g.dtype()]
+            .iter()
+            .all(|&t| t == DType::F16);
     let plain = |a_op, b_op, out, rows, cols, inner, count, out_stride| Gemm {
         batch: count,
         out_batch_stride: out_stride,
+        tensor_cores: tc && Tensor::dtype(out) == DType::F32,
         ..Gemm::plain(a_op, b_op, out, (rows, cols, inner), false)
     };
     // A gradient's storage: `dtype` where its product writes it whole (not a batch sum) in

@@ -1679,9 +1679,11 @@ fn tensor_core_case(
 /// The opt-in tensor-core product (F16 operands, F32 out): where the engine cannot run it, a
 /// call asking for it is `MissingFeature` (through `gemm` and `matmul`) and nothing is written;
 /// where it can, every layout, shared and strided batches, k not a whole K step, accumulate
-/// and alpha match the reference within `tensor_core_tolerance`, reruns are bit-identical,
-/// shapes outside the rule (ragged tiles) take the FP32 path (its bits), and the dtype and
-/// epilogue errors are typed.
+/// and alpha match the reference within `tensor_core_tolerance` for the rule's kernel variant
+/// and each measurement variant, reruns are bit-identical, shapes outside the rule (ragged
+/// tiles) take the FP32 path (its bits), the backward with an F16 cotangent matches the
+/// reference (with an F32 one it is the FP32 path's), and the dtype and epilogue errors are
+/// typed.
 #[test]
 fn tensor_core_products_match_reference_or_are_refused() {
     let e = engine();
@@ -1716,14 +1718,17 @@ fn tensor_core_products_match_reference_or_are_refused() {
         return;
     }
     // The rule's variant, then each measurement variant (STAGE, BK, DB) of the kernel.
+    let variant = |stage, bk, db, w64| Some(matmul::TensorCoreVariant { stage, bk, db, w64 });
     for variant in [
         None,
-        Some((0, 32, false)),
-        Some((1, 32, false)),
-        Some((2, 32, false)),
-        Some((2, 64, false)),
-        Some((1, 32, true)),
-        Some((2, 32, true)),
+        variant(0, 32, false, false),
+        variant(1, 32, false, false),
+        variant(2, 32, false, false),
+        variant(2, 64, false, false),
+        variant(1, 32, true, false),
+        variant(2, 32, true, false),
+        variant(1, 32, false, true),
+        variant(2, 32, false, true),
     ] {
         matmul::force_tensor_core_variant(variant);
         for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
@@ -1769,8 +1774,55 @@ fn tensor_core_products_match_reference_or_are_refused() {
         &want,
         matmul::tensor_core_tolerance(64),
     );
-    let dy = Tensor::zeros(e, &[128, 128], DType::F32).unwrap();
-    matmul_backward(&saved, &dy).unwrap();
+    drop((y, saved));
+    // The backward with an F16 cotangent on tensor cores (every layout, a batched A with a
+    // shared B); with an F32 cotangent on the FP32 path (its bits).
+    for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+        for (batch, m, n, k) in [(1, 256, 128, 384), (2, 128, 256, 128)] {
+            let p = Problem {
+                transpose_a: ta,
+                transpose_b: tb,
+                batch,
+                a_batched: batch > 1,
+                b_batched: false,
+                ..Problem::new(m, n, k)
+            };
+            let (sa, sb) = shapes(&p);
+            let av = stored(&data(40, p.a_len()), DType::F16);
+            let bv = stored(&data(41, p.b_len()), DType::F16);
+            let dyv = stored(&data(42, p.out_len()), DType::F16);
+            let at = tensor_from_f64(e, &av, &sa, DType::F16);
+            let bt = tensor_from_f64(e, &bv, &sb, DType::F16);
+            let mut out_shape = if batch > 1 { vec![batch] } else { vec![] };
+            out_shape.extend([m, n]);
+            let dy16 = tensor_from_f64(e, &dyv, &out_shape, DType::F16);
+            let options = MatmulOptions {
+                transpose_a: ta,
+                transpose_b: tb,
+                ..tc
+            };
+            let (_, saved) = mm(&at, &bt, None, &options).unwrap();
+            let g = matmul_backward(&saved, &dy16).unwrap();
+            let (want_a, want_b, _) = reference::backward(&p, &av, &bv, None, &dyv);
+            let label = format!("tensor-core backward ta {ta} tb {tb} batch {batch}");
+            let tol = matmul::tensor_core_tolerance(batch * m.max(n));
+            assert_close(&format!("{label} dA"), &g.a.to_f64().unwrap(), &want_a, tol);
+            assert_close(&format!("{label} dB"), &g.b.to_f64().unwrap(), &want_b, tol);
+            let again = matmul_backward(&saved, &dy16).unwrap();
+            assert_eq!(f32_bits(&g.a), f32_bits(&again.a), "{label} rerun dA");
+            assert_eq!(f32_bits(&g.b), f32_bits(&again.b), "{label} rerun dB");
+            let dy32 = tensor_from_f64(e, &dyv, &out_shape, DType::F32);
+            let plain = MatmulOptions {
+                tensor_cores: false,
+                ..options
+            };
+            let (_, saved32) = mm(&at, &bt, None, &plain).unwrap();
+            let fp32 = matmul_backward(&saved32, &dy32).unwrap();
+            let asked = matmul_backward(&saved, &dy32).unwrap();
+            assert_eq!(f32_bits(&fp32.a), f32_bits(&asked.a), "{label}: F32 dy, dA");
+            assert_eq!(f32_bits(&fp32.b), f32_bits(&asked.b), "{label}: F32 dy, dB");
+        }
+    }
     // Typed errors.
     let f32_a = Tensor::zeros(e, &[128, 64], DType::F32).unwrap();
     let bad_dtype = Gemm {

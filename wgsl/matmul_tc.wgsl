@@ -39,6 +39,10 @@ const BM: u32 = 128u;
 const BN: u32 = 128u;
 const PAD: u32 = 8u;
 override DB: bool = false;      // two staging buffers, one barrier a step (BK 32 only)
+// Subgroup tiles of 64×64 (16 accumulators) on 4 subgroups (128 invocations) instead of 32×64
+// on 8; staged variants without DB, BK 32 (each invocation stages 4 chunks an operand).
+override W64: bool = false;
+override LANES: u32 = select(256u, 128u, W64);
 // Quads of halves per staging buffer (one of each operand): the larger of 128 · (BK + 8) and
 // BK · (128 + 8) halves, 9,216 at BK 64; two buffers of 5,120 at BK 32 with DB (20 KiB).
 const TILE_QUADS: u32 = 2560u;
@@ -223,7 +227,7 @@ fn acc_store(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32) {
     coopStoreT(result, &out[at], stride);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(LANES)
 fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
     let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z); // group_index, inline (see below)
@@ -241,7 +245,7 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let bbase = params.off_b + bi * params.stride_b;
     let c0 = params.off_c + bi * params.stride_c;
     // This subgroup's 32×64 block of the tile (tile coordinates).
-    let wr = (sg / 2u) * 32u;
+    let wr = (sg / 2u) * select(32u, 64u, W64);
     let wc = (sg % 2u) * 64u;
     let i0 = m0 + wr;
     let j0 = n0 + wc;
@@ -253,6 +257,14 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
+    var c20 = coop_mat16x16<f32, C>();
+    var c21 = coop_mat16x16<f32, C>();
+    var c22 = coop_mat16x16<f32, C>();
+    var c23 = coop_mat16x16<f32, C>();
+    var c30 = coop_mat16x16<f32, C>();
+    var c31 = coop_mat16x16<f32, C>();
+    var c32 = coop_mat16x16<f32, C>();
+    var c33 = coop_mat16x16<f32, C>();
     if (STAGE == 0u) {
         for (var kk = 0u; kk < params.k; kk += 16u) {
             let a0 = direct_a(i0, kk, abase);
@@ -318,40 +330,40 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             buf = 1u - buf;
         }
     } else {
-        // Chunks a lane stages per operand and step: BK / 16 (2 or 4).
-        let wide = BK == 64u;
+        // Chunks a lane stages per operand and step: 128 · BK / 8 / LANES (2 or 4).
+        let wide = BM * BK / 8u / LANES == 4u;
         var fa0 = fetch(akc, lid, m0, 0u, params.m, abase, true);
-        var fa1 = fetch(akc, lid + 256u, m0, 0u, params.m, abase, true);
-        var fa2 = fetch(akc, lid + 512u, m0, 0u, params.m, abase, true);
-        var fa3 = fetch(akc, lid + 768u, m0, 0u, params.m, abase, true);
+        var fa1 = fetch(akc, lid + 1u * LANES, m0, 0u, params.m, abase, true);
+        var fa2 = fetch(akc, lid + 2u * LANES, m0, 0u, params.m, abase, true);
+        var fa3 = fetch(akc, lid + 3u * LANES, m0, 0u, params.m, abase, true);
         var fb0 = fetch(bkc, lid, n0, 0u, params.n, bbase, false);
-        var fb1 = fetch(bkc, lid + 256u, n0, 0u, params.n, bbase, false);
-        var fb2 = fetch(bkc, lid + 512u, n0, 0u, params.n, bbase, false);
-        var fb3 = fetch(bkc, lid + 768u, n0, 0u, params.n, bbase, false);
+        var fb1 = fetch(bkc, lid + 1u * LANES, n0, 0u, params.n, bbase, false);
+        var fb2 = fetch(bkc, lid + 2u * LANES, n0, 0u, params.n, bbase, false);
+        var fb3 = fetch(bkc, lid + 3u * LANES, n0, 0u, params.n, bbase, false);
         for (var k0 = 0u; k0 < params.k; k0 += BK) {
             workgroupBarrier();
             store_a(akc, lid, fa0, 0u);
-            store_a(akc, lid + 256u, fa1, 0u);
+            store_a(akc, lid + 1u * LANES, fa1, 0u);
             store_b(bkc, lid, fb0, 0u);
-            store_b(bkc, lid + 256u, fb1, 0u);
+            store_b(bkc, lid + 1u * LANES, fb1, 0u);
             if (wide) {
-                store_a(akc, lid + 512u, fa2, 0u);
-                store_a(akc, lid + 768u, fa3, 0u);
-                store_b(bkc, lid + 512u, fb2, 0u);
-                store_b(bkc, lid + 768u, fb3, 0u);
+                store_a(akc, lid + 2u * LANES, fa2, 0u);
+                store_a(akc, lid + 3u * LANES, fa3, 0u);
+                store_b(bkc, lid + 2u * LANES, fb2, 0u);
+                store_b(bkc, lid + 3u * LANES, fb3, 0u);
             }
             workgroupBarrier();
             let kn = k0 + BK;
             if (kn < params.k) {
                 fa0 = fetch(akc, lid, m0, kn, params.m, abase, true);
-                fa1 = fetch(akc, lid + 256u, m0, kn, params.m, abase, true);
+                fa1 = fetch(akc, lid + 1u * LANES, m0, kn, params.m, abase, true);
                 fb0 = fetch(bkc, lid, n0, kn, params.n, bbase, false);
-                fb1 = fetch(bkc, lid + 256u, n0, kn, params.n, bbase, false);
+                fb1 = fetch(bkc, lid + 1u * LANES, n0, kn, params.n, bbase, false);
                 if (wide) {
-                    fa2 = fetch(akc, lid + 512u, m0, kn, params.m, abase, true);
-                    fa3 = fetch(akc, lid + 768u, m0, kn, params.m, abase, true);
-                    fb2 = fetch(bkc, lid + 512u, n0, kn, params.n, bbase, false);
-                    fb3 = fetch(bkc, lid + 768u, n0, kn, params.n, bbase, false);
+                    fa2 = fetch(akc, lid + 2u * LANES, m0, kn, params.m, abase, true);
+                    fa3 = fetch(akc, lid + 3u * LANES, m0, kn, params.m, abase, true);
+                    fb2 = fetch(bkc, lid + 2u * LANES, n0, kn, params.n, bbase, false);
+                    fb3 = fetch(bkc, lid + 3u * LANES, n0, kn, params.n, bbase, false);
                 }
             }
             for (var kk = 0u; kk < BK; kk += 16u) {
@@ -369,6 +381,18 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
                 c11 = coopMultiplyAdd(a1, b1, c11);
                 c12 = coopMultiplyAdd(a1, b2, c12);
                 c13 = coopMultiplyAdd(a1, b3, c13);
+                if (W64) {
+                    let a2 = frag_a(wr + 32u, kk, 0u);
+                    let a3 = frag_a(wr + 48u, kk, 0u);
+                    c20 = coopMultiplyAdd(a2, b0, c20);
+                    c21 = coopMultiplyAdd(a2, b1, c21);
+                    c22 = coopMultiplyAdd(a2, b2, c22);
+                    c23 = coopMultiplyAdd(a2, b3, c23);
+                    c30 = coopMultiplyAdd(a3, b0, c30);
+                    c31 = coopMultiplyAdd(a3, b1, c31);
+                    c32 = coopMultiplyAdd(a3, b2, c32);
+                    c33 = coopMultiplyAdd(a3, b3, c33);
+                }
             }
         }
     }
@@ -380,4 +404,14 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     acc_store(c11, i0 + 16u, j0 + 16u, c0);
     acc_store(c12, i0 + 16u, j0 + 32u, c0);
     acc_store(c13, i0 + 16u, j0 + 48u, c0);
+    if (W64) {
+        acc_store(c20, i0 + 32u, j0, c0);
+        acc_store(c21, i0 + 32u, j0 + 16u, c0);
+        acc_store(c22, i0 + 32u, j0 + 32u, c0);
+        acc_store(c23, i0 + 32u, j0 + 48u, c0);
+        acc_store(c30, i0 + 48u, j0, c0);
+        acc_store(c31, i0 + 48u, j0 + 16u, c0);
+        acc_store(c32, i0 + 48u, j0 + 32u, c0);
+        acc_store(c33, i0 + 48u, j0 + 48u, c0);
+    }
 }
