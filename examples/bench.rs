@@ -549,7 +549,7 @@ fn main() -> ExitCode {
         wgrad::matmul::force_chunked_fetches(Some(false));
     }
     if let Ok(v) = std::env::var("WGRAD_TC") {
-        // `STAGE_BK` with `_db` and / or `_w64` of the tensor-core kernel
+        // `STAGE_BK` with `_db`, `_w64` and / or `_bt` of the tensor-core kernel
         // (`matmul::force_tensor_core_variant`).
         let parts: Vec<&str> = v.split('_').collect();
         if let [stage, bk, rest @ ..] = &parts[..]
@@ -560,6 +560,7 @@ fn main() -> ExitCode {
                 bk,
                 db: rest.contains(&"db"),
                 w64: rest.contains(&"w64"),
+                bt: rest.contains(&"bt"),
             }));
         }
     }

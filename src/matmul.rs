@@ -240,6 +240,8 @@ pub struct TensorCoreVariant {
     pub db: bool,
     /// 64×64 subgroup tiles on 128 invocations (staged, BK 32, no DB).
     pub w64: bool,
+    /// A k-contiguous B staged transposed (row-major fragment loads; staged variants).
+    pub bt: bool,
 }
 
 /// The rule's variant: staged from u32 words, K steps of 64, 32×64 subgroup tiles.
@@ -248,6 +250,7 @@ const TC_RULE: TensorCoreVariant = TensorCoreVariant {
     bk: 64,
     db: false,
     w64: false,
+    bt: false,
 };
 
 /// Forces the tensor-core kernel's variant for launches from the calling thread; `None`: the
@@ -385,6 +388,7 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         ("BK", f64::from(v.bk)),
         ("DB", flag(v.db)),
         ("W64", flag(v.w64)),
+        ("BT", flag(v.bt && v.stage > 0)),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
     call.out.engine().launch(

@@ -1718,7 +1718,24 @@ fn tensor_core_products_match_reference_or_are_refused() {
         return;
     }
     // The rule's variant, then each measurement variant (STAGE, BK, DB) of the kernel.
-    let variant = |stage, bk, db, w64| Some(matmul::TensorCoreVariant { stage, bk, db, w64 });
+    let variant = |stage, bk, db, w64| {
+        Some(matmul::TensorCoreVariant {
+            stage,
+            bk,
+            db,
+            w64,
+            bt: false,
+        })
+    };
+    let transposed_b = |bk| {
+        Some(matmul::TensorCoreVariant {
+            stage: 1,
+            bk,
+            db: false,
+            w64: false,
+            bt: true,
+        })
+    };
     for variant in [
         None,
         variant(0, 32, false, false),
@@ -1729,6 +1746,8 @@ fn tensor_core_products_match_reference_or_are_refused() {
         variant(2, 32, true, false),
         variant(1, 32, false, true),
         variant(2, 32, false, true),
+        transposed_b(64),
+        transposed_b(32),
     ] {
         matmul::force_tensor_core_variant(variant);
         for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {

@@ -43,6 +43,9 @@ override DB: bool = false;      // two staging buffers, one barrier a step (BK 3
 // on 8; staged variants without DB, BK 32 (each invocation stages 4 chunks an operand).
 override W64: bool = false;
 override LANES: u32 = select(256u, 128u, W64);
+// A k-contiguous B ([n, k]) staged transposed, as BK rows of 128 columns (each chunk's eight
+// values scattered over eight rows), so that its fragments load row by row.
+override BT: bool = false;
 // Quads of halves per staging buffer (one of each operand): the larger of 128 · (BK + 8) and
 // BK · (128 + 8) halves, 9,216 at BK 64; two buffers of 5,120 at BK 32 with DB (20 KiB).
 const TILE_QUADS: u32 = 2560u;
@@ -151,6 +154,21 @@ fn store_a(kc: bool, c: u32, h: H8, buf: u32) {
 
 fn store_b(kc: bool, c: u32, h: H8, buf: u32) {
     let s = chunk_slot(kc, c);
+    if (BT && kc) {
+        // Element (k, n) = (s.y + i, s.x) at half (s.y + i)·(BN + PAD) + s.x.
+        let q0 = buf * (TILE_QUADS / 2u);
+        let e0 = s.y * (BN + PAD) + s.x;
+        let p = BN + PAD;
+        b_tile[q0 + e0 / 4u][e0 % 4u] = h.lo.x;
+        b_tile[q0 + (e0 + p) / 4u][(e0 + p) % 4u] = h.lo.y;
+        b_tile[q0 + (e0 + 2u * p) / 4u][(e0 + 2u * p) % 4u] = h.lo.z;
+        b_tile[q0 + (e0 + 3u * p) / 4u][(e0 + 3u * p) % 4u] = h.lo.w;
+        b_tile[q0 + (e0 + 4u * p) / 4u][(e0 + 4u * p) % 4u] = h.hi.x;
+        b_tile[q0 + (e0 + 5u * p) / 4u][(e0 + 5u * p) % 4u] = h.hi.y;
+        b_tile[q0 + (e0 + 6u * p) / 4u][(e0 + 6u * p) % 4u] = h.hi.z;
+        b_tile[q0 + (e0 + 7u * p) / 4u][(e0 + 7u * p) % 4u] = h.hi.w;
+        return;
+    }
     let at = (s.x * pitch(kc) + s.y) / 4u + buf * (TILE_QUADS / 2u);
     b_tile[at] = h.lo;
     b_tile[at + 1u] = h.hi;
@@ -201,7 +219,7 @@ fn frag_a(r: u32, kk: u32, buf: u32) -> coop_mat16x16<f16, A> {
 fn frag_b(kk: u32, c: u32, buf: u32) -> coop_mat16x16<f16, B> {
     var f: coop_mat16x16<f16, B>;
     let q0 = buf * (TILE_QUADS / 2u);
-    if (TRANS_B == 1u) {
+    if ((TRANS_B == 1u) & !BT) {
         let stride = (BK + PAD) / 4u;
         f = coopLoad<coop_mat16x16<f16, B>>(&b_tile[q0 + (c * (BK + PAD) + kk) / 4u], stride);
     } else {
