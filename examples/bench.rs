@@ -548,22 +548,6 @@ fn main() -> ExitCode {
     if std::env::var("WGRAD_CHUNKED_FETCHES").as_deref() == Ok("0") {
         wgrad::matmul::force_chunked_fetches(Some(false));
     }
-    if let Ok(v) = std::env::var("WGRAD_TC") {
-        // `STAGE_BK` with `_db`, `_w64` and / or `_bt` of the tensor-core kernel
-        // (`matmul::force_tensor_core_variant`).
-        let parts: Vec<&str> = v.split('_').collect();
-        if let [stage, bk, rest @ ..] = &parts[..]
-            && let (Ok(stage), Ok(bk)) = (stage.parse(), bk.parse())
-        {
-            wgrad::matmul::force_tensor_core_variant(Some(wgrad::matmul::TensorCoreVariant {
-                stage,
-                bk,
-                db: rest.contains(&"db"),
-                w64: rest.contains(&"w64"),
-                bt: rest.contains(&"bt"),
-            }));
-        }
-    }
     wgrad::matmul::force_tile_group_rows(
         std::env::var("WGRAD_GEMM_GROUP")
             .ok()

@@ -202,7 +202,7 @@ pub fn chunked_fetches(call: &Gemm) -> bool {
 /// Whether `engine` runs tensor-core products ([`Gemm::tensor_cores`]): a Vulkan device with
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX`, `SHADER_F16` and `SUBGROUP`, subgroups of exactly 32
 /// invocations, a reported 16×16×16 F16 × F16 → F32 cooperative-matrix configuration and
-/// 20 KiB of workgroup memory. (Metal's simdgroup matrices are 8×8: not mapped yet.)
+/// 36 KiB of workgroup memory. (Metal's simdgroup matrices are 8×8: not mapped yet.)
 pub fn tensor_cores(engine: &crate::Engine) -> bool {
     let info = engine.info();
     let features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
@@ -220,46 +220,8 @@ pub fn tensor_cores(engine: &crate::Engine) -> bool {
         })
 }
 
-/// Workgroup memory of the tensor-core tile: two staging arrays of 2,560 quads of halves.
-const TC_WORKGROUP_BYTES: u32 = 40960;
-
-thread_local! {
-    static TC_VARIANT: std::cell::Cell<Option<TensorCoreVariant>> = const { std::cell::Cell::new(None) };
-}
-
-/// A variant of the tensor-core kernel (`wgsl/matmul_tc.wgsl`), for measurements.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TensorCoreVariant {
-    /// 0: fragments straight from the buffers; 1: staged from u32 words; 2: staged from F16
-    /// quads.
-    pub stage: u32,
-    /// K step of the staged variants: 32 or 64.
-    pub bk: u32,
-    /// Two staging buffers, one barrier a step (BK 32).
-    pub db: bool,
-    /// 64×64 subgroup tiles on 128 invocations (staged, BK 32, no DB).
-    pub w64: bool,
-    /// A k-contiguous B staged transposed (row-major fragment loads; staged variants).
-    pub bt: bool,
-}
-
-/// The rule's variant: staged from u32 words, K steps of 64, 32×64 subgroup tiles.
-const TC_RULE: TensorCoreVariant = TensorCoreVariant {
-    stage: 1,
-    bk: 64,
-    db: false,
-    w64: false,
-    bt: false,
-};
-
-/// Forces the tensor-core kernel's variant for launches from the calling thread; `None`: the
-/// rule. Impossible combinations are adjusted (the direct variant needs k a multiple of 16,
-/// DB and W64 take BK 32 and the staged path). For measurements.
-#[doc(hidden)]
-pub fn force_tensor_core_variant(variant: Option<TensorCoreVariant>) {
-    TC_VARIANT.with(|v| v.set(variant));
-}
+/// Workgroup memory of the tensor-core tile: two staged operands of 2,304 quads of halves.
+const TC_WORKGROUP_BYTES: u32 = 36864;
 
 /// The comparison budget of a tensor-core product's element summed over `terms` products of
 /// magnitude ≤ 1 against the f64 reference: the products are exact, but the hardware's FP32
@@ -370,25 +332,9 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         accumulate: u32::from(call.accumulate),
     };
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
-    let mut v = TC_VARIANT.with(std::cell::Cell::get).unwrap_or(TC_RULE);
-    if v.stage == 0 && !call.k.is_multiple_of(16) {
-        v.stage = 1;
-    }
-    if v.db || v.w64 {
-        v.bk = 32;
-        v.stage = v.stage.max(1);
-    }
-    if v.w64 {
-        v.db = false;
-    }
     let constants = vec![
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
-        ("STAGE", f64::from(v.stage)),
-        ("BK", f64::from(v.bk)),
-        ("DB", flag(v.db)),
-        ("W64", flag(v.w64)),
-        ("BT", flag(v.bt && v.stage > 0)),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
     call.out.engine().launch(
@@ -400,10 +346,6 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
             call.a.tensor.buffer(),
             call.b.tensor.buffer(),
             call.out.buffer(),
-            call.a.tensor.buffer(),
-            call.b.tensor.buffer(),
-            call.a.tensor.buffer(),
-            call.b.tensor.buffer(),
         ],
         tiles,
     )

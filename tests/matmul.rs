@@ -1679,8 +1679,7 @@ fn tensor_core_case(
 /// The opt-in tensor-core product (F16 operands, F32 out): where the engine cannot run it, a
 /// call asking for it is `MissingFeature` (through `gemm` and `matmul`) and nothing is written;
 /// where it can, every layout, shared and strided batches, k not a whole K step, accumulate
-/// and alpha match the reference within `tensor_core_tolerance` for the rule's kernel variant
-/// and each measurement variant, reruns are bit-identical, shapes outside the rule (ragged
+/// and alpha match the reference within `tensor_core_tolerance`, reruns are bit-identical, shapes outside the rule (ragged
 /// tiles) take the FP32 path (its bits), the backward with an F16 cotangent matches the
 /// reference (with an F32 one it is the FP32 path's), and the dtype and epilogue errors are
 /// typed.
@@ -1717,59 +1716,21 @@ fn tensor_core_products_match_reference_or_are_refused() {
         );
         return;
     }
-    // The rule's variant, then each measurement variant (STAGE, BK, DB) of the kernel.
-    let variant = |stage, bk, db, w64| {
-        Some(matmul::TensorCoreVariant {
-            stage,
-            bk,
-            db,
-            w64,
-            bt: false,
-        })
-    };
-    let transposed_b = |bk| {
-        Some(matmul::TensorCoreVariant {
-            stage: 1,
-            bk,
-            db: false,
-            w64: false,
-            bt: true,
-        })
-    };
-    for variant in [
-        None,
-        variant(0, 32, false, false),
-        variant(1, 32, false, false),
-        variant(2, 32, false, false),
-        variant(2, 64, false, false),
-        variant(1, 32, true, false),
-        variant(2, 32, true, false),
-        variant(1, 32, false, true),
-        variant(2, 32, false, true),
-        transposed_b(64),
-        transposed_b(32),
-    ] {
-        matmul::force_tensor_core_variant(variant);
-        for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
-            for (shape, b_shared, accumulate, alpha) in [
-                ((128, 128, 64, 1), false, false, 1.0f32),
-                ((256, 384, 200, 1), false, true, 0.5),
-                ((128, 256, 8, 2), true, false, -1.25),
-                ((384, 128, 1008, 3), false, true, 1.0),
-            ] {
-                let seed = 700 + shape.2 as u64;
-                let bits =
-                    tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
-                let again =
-                    tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
-                assert_eq!(
-                    bits, again,
-                    "tensor-core rerun {shape:?} ta {ta} tb {tb} variant {variant:?}"
-                );
-            }
+    for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+        for (shape, b_shared, accumulate, alpha) in [
+            ((128, 128, 64, 1), false, false, 1.0f32),
+            ((256, 384, 200, 1), false, true, 0.5),
+            ((128, 256, 8, 2), true, false, -1.25),
+            ((384, 128, 1008, 3), false, true, 1.0),
+        ] {
+            let seed = 700 + shape.2 as u64;
+            let bits =
+                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+            let again =
+                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+            assert_eq!(bits, again, "tensor-core rerun {shape:?} ta {ta} tb {tb}");
         }
     }
-    matmul::force_tensor_core_variant(None);
     // Outside the rule (ragged tiles, a misaligned offset): the FP32 path's bits.
     for shape in [(136, 128, 64, 1), (128, 120, 64, 1), (128, 128, 12, 2)] {
         let fp32 = tensor_core_case(e, shape, (false, true), false, false, 1.0, false, 9);

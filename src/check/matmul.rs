@@ -15,7 +15,116 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             kernels: &["matmul", "cast"],
             run: check_matmul_as,
         },
+        OperatorCheck {
+            name: "matmul_tensor_cores",
+            kernels: &["matmul_tc", "matmul"],
+            run: check_matmul_tensor_cores,
+        },
     ]
+}
+
+/// The opt-in tensor-core product (`MatmulOptions::tensor_cores`, F16 operands). Where the
+/// engine cannot run it (`matmul::tensor_cores`), one case records that the call is refused
+/// with `MissingFeature` (any other outcome is an error). Where it can: a `[256, 192] ·
+/// [128, 192]ᵀ` forward and its backward with an F16 cotangent (both products on tensor
+/// cores), then a batched A with a shared, non-transposed B, against the f64 reference within
+/// `matmul::tensor_core_tolerance`.
+fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::matmul::{
+        MatmulOptions, matmul, matmul_backward, tensor_core_tolerance, tensor_cores,
+    };
+    use reference::matmul::Problem;
+    let options = |transpose_b| MatmulOptions {
+        transpose_b,
+        tensor_cores: true,
+        ..Default::default()
+    };
+    let mut rng = Rng::new(7);
+    if !tensor_cores(engine) {
+        let (a, _) = tensor_from_f64(
+            engine,
+            &rng.vec(128 * 64, -1.0, 1.0),
+            &[128, 64],
+            DType::F16,
+        )?;
+        let (b, _) = tensor_from_f64(
+            engine,
+            &rng.vec(64 * 128, -1.0, 1.0),
+            &[64, 128],
+            DType::F16,
+        )?;
+        return match matmul(&a, &b, None, &options(false)) {
+            Err(crate::Error::MissingFeature { .. }) => Ok(vec![case(
+                "refused with MissingFeature: no tensor cores on this adapter".into(),
+                &[1.0],
+                &[1.0],
+                Tolerance::EXACT,
+            )]),
+            Err(e) => Err(e),
+            Ok(_) => Err(crate::Error::Device(
+                "a tensor-core product ran on an engine without tensor cores".into(),
+            )),
+        };
+    }
+    let mut cases = Vec::new();
+    let problems = [
+        Problem {
+            transpose_b: true,
+            ..Problem::new(256, 128, 192)
+        },
+        Problem {
+            batch: 2,
+            a_batched: true,
+            ..Problem::new(128, 256, 72)
+        },
+    ];
+    for p in &problems {
+        let mut a_shape = vec![p.m, p.k];
+        let b_shape = if p.transpose_b {
+            vec![p.n, p.k]
+        } else {
+            vec![p.k, p.n]
+        };
+        let mut out_shape = vec![p.m, p.n];
+        if p.a_batched {
+            a_shape.insert(0, p.batch);
+            out_shape.insert(0, p.batch);
+        }
+        let (a, a_s) =
+            tensor_from_f64(engine, &rng.vec(p.a_len(), -1.0, 1.0), &a_shape, DType::F16)?;
+        let (b, b_s) =
+            tensor_from_f64(engine, &rng.vec(p.b_len(), -1.0, 1.0), &b_shape, DType::F16)?;
+        let (dy, dy_s) = tensor_from_f64(
+            engine,
+            &rng.vec(p.out_len(), -1.0, 1.0),
+            &out_shape,
+            DType::F16,
+        )?;
+        let (y, saved) = matmul(&a, &b, None, &options(p.transpose_b))?;
+        let grads = matmul_backward(&saved, &dy)?;
+        let want = reference::matmul::forward(p, &a_s, &b_s, None);
+        let (da, db, _) = reference::matmul::backward(p, &a_s, &b_s, None, &dy_s);
+        let label = |what: &str| format!("{what} f16 a {a_shape:?} b {b_shape:?} tensor cores");
+        cases.push(case(
+            label("y"),
+            &y.to_f64()?,
+            &want,
+            tensor_core_tolerance(p.k),
+        ));
+        cases.push(case(
+            label("dA"),
+            &grads.a.to_f64()?,
+            &da,
+            tensor_core_tolerance(p.n),
+        ));
+        cases.push(case(
+            label("dB"),
+            &grads.b.to_f64()?,
+            &db,
+            tensor_core_tolerance(p.batch * p.m),
+        ));
+    }
+    Ok(cases)
 }
 
 /// Matmul forward and backward (dA, dB, dbias) against the f64 reference in every storage
