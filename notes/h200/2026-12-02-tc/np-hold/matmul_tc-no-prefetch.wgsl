@@ -1,0 +1,256 @@
+// Dense matrix product on tensor cores (cooperative matrices), the opt-in path of
+// `matmul::gemm` for F16 operands (`Gemm::tensor_cores`, `MatmulOptions::tensor_cores`):
+//
+//   out[off_c + b·stride_c + i·n + j] (=|+=) alpha · Σ_{l < k} A_b(i, l) · B_b(l, j)
+//
+// with A_b(i, l) at off_a + b·stride_a + i·k + l ([m, k] rows), or + l·m + i when TRANS_A, and
+// B_b(l, j) at off_b + b·stride_b + l·n + j ([k, n] rows), or + j·k + l when TRANS_B ([n, k]).
+// A and B are F16 (two halves a u32 word), out is F32. Products of two F16 values are exact in
+// FP32; the sums are the tensor cores' FP32 accumulation, whose order and rounding inside one
+// 16-wide k step are the hardware's, not one IEEE fma per term: the results are deterministic on
+// one device (a fixed schedule, no atomics) but not the bits of the FP32 path
+// (`wgsl/matmul.wgsl`), hence an opt-in with its own tolerance (`matmul::tensor_core_tolerance`).
+//
+// This module starts with `enable wgpu_cooperative_matrix;` (its own file for that reason) and
+// runs only where `matmul::tensor_cores` holds: a Vulkan device with
+// `EXPERIMENTAL_COOPERATIVE_MATRIX` and a 16×16×16 F16 × F16 → F32 configuration, subgroups
+// of exactly 32 invocations and 40 KiB of workgroup memory.
+//
+// Tiling: a workgroup of 256 invocations (8 subgroups of 32) computes a 128×128 output tile;
+// subgroup s owns rows 32·(s / 2).. and columns 64·(s % 2).., 2 × 4 fragments of 16×16 held
+// as F32 accumulators. K advances in steps of BK = 64: the step's A (128×64) and B (64×128)
+// F16 values, four 16-byte chunks of each per invocation, are fetched into registers while
+// the previous step is multiplied, then stored to workgroup memory as F16 quads in the
+// operand's own layout (rows along its contiguous axis, padded by 8 halves: eight
+// consecutive rows of a fragment start 4 banks apart), from which each subgroup loads its
+// fragments (four k fragments a step). Chunks past k are zeros. The host's rule
+// (`matmul::tensor_core_fits`): m and n multiples of 128 (whole tiles: the fragments are
+// stored straight to out, and a cooperative operation may not sit under a branch on the
+// subgroup's position, naga's uniformity rule), every operand's contiguous extent, offset and
+// batch stride a multiple of 8 halves (16-byte chunks), out's offset and batch stride
+// multiples of 4; no bias, activation or pre-activation.
+//
+// Measured on an H200 (`notes/measurements.md`) and not kept: fragments loaded straight from
+// the buffers (no staging), chunks fetched as F16 quads, K steps of 32, two staging buffers
+// with one barrier a step, 64×64 subgroup tiles on 128 invocations, B staged transposed.
+
+override TRANS_A: u32 = 0u;     // 1: A stored [k, m]
+override TRANS_B: u32 = 0u;     // 1: B stored [n, k]
+
+const BM: u32 = 128u;
+const BN: u32 = 128u;
+const BK: u32 = 64u;
+const PAD: u32 = 8u;
+// Quads of halves per staged operand: the larger of 128 · (64 + 8) and 64 · (128 + 8) halves.
+const TILE_QUADS: u32 = 2304u;
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    batch: u32,
+    tiles_m: u32,    // ceil(m / BM)
+    tiles_n: u32,    // ceil(n / BN)
+    off_a: u32,      // element offsets of batch 0
+    off_b: u32,
+    off_c: u32,
+    stride_a: u32,   // element strides between batches (0: shared operand)
+    stride_b: u32,
+    stride_c: u32,
+    alpha: f32,
+    accumulate: u32, // 1: out += v
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> a4: array<vec4<u32>>;  // A, B as 16-byte chunks
+@group(0) @binding(2) var<storage, read> b4: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> a_tile: array<vec4<f16>, TILE_QUADS>;
+var<workgroup> b_tile: array<vec4<f16>, TILE_QUADS>;
+
+// Eight F16 values of one chunk.
+struct H8 {
+    lo: vec4<f16>,
+    hi: vec4<f16>,
+}
+
+// Halves per staged row: a k-contiguous operand (A not transposed, B transposed) is staged as
+// 128 rows of BK halves, the other as BK rows of 128.
+fn pitch(kc: bool) -> u32 {
+    return select(BM + PAD, BK + PAD, kc);
+}
+
+// The staging slot of chunk c (0..1024) of a step: (row, first column) in the staged layout.
+fn chunk_slot(kc: bool, c: u32) -> vec2<u32> {
+    if (kc) {
+        return vec2<u32>(c / (BK / 8u), (c % (BK / 8u)) * 8u);
+    }
+    return vec2<u32>(c / (BM / 8u), (c % (BM / 8u)) * 8u);
+}
+
+// Chunk c of the step at k0 of an operand: `rows` its extent along the tile's 128 (m or n),
+// `base` its batch's first element, tile row/column origin `x0`. kc: consecutive k adjacent.
+fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool) -> H8 {
+    let s = chunk_slot(kc, c);
+    var x: u32;
+    var kk: u32;
+    var e: u32;
+    if (kc) {
+        x = x0 + s.x;
+        kk = k0 + s.y;
+        e = base + x * params.k + kk;
+    } else {
+        kk = k0 + s.x;
+        x = x0 + s.y;
+        e = base + kk * rows + x;
+    }
+    // No early return: a return under a branch on the invocation would make the callers'
+    // cooperative operations non-uniform to naga. Chunks past k read chunk 0 and are zeroed.
+    let inside = kk < params.k;
+    let at = select(0u, e / 8u, inside);
+    var w: vec4<u32>;
+    if (is_a) {
+        w = a4[at];
+    } else {
+        w = b4[at];
+    }
+    w = select(vec4<u32>(), w, inside);
+    return H8(vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))),
+              vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))));
+}
+
+// Store fetched chunk c into its operand's staged tile (two quads).
+fn store_a(kc: bool, c: u32, h: H8) {
+    let s = chunk_slot(kc, c);
+    let at = (s.x * pitch(kc) + s.y) / 4u;
+    a_tile[at] = h.lo;
+    a_tile[at + 1u] = h.hi;
+}
+
+fn store_b(kc: bool, c: u32, h: H8) {
+    let s = chunk_slot(kc, c);
+    let at = (s.x * pitch(kc) + s.y) / 4u;
+    b_tile[at] = h.lo;
+    b_tile[at + 1u] = h.hi;
+}
+
+// The A fragment of tile rows r.., step columns kk.. (16×16); the loads address quads
+// (offsets and strides in quads: every fragment starts on one).
+fn frag_a(r: u32, kk: u32) -> coop_mat16x16<f16, A> {
+    var f: coop_mat16x16<f16, A>;
+    if (TRANS_A == 0u) {
+        let stride = (BK + PAD) / 4u;
+        f = coopLoadT<coop_mat16x16<f16, A>>(&a_tile[(r * (BK + PAD) + kk) / 4u], stride);
+    } else {
+        let stride = (BM + PAD) / 4u;
+        f = coopLoad<coop_mat16x16<f16, A>>(&a_tile[(kk * (BM + PAD) + r) / 4u], stride);
+    }
+    return f;
+}
+
+// The B fragment of step rows kk.., tile columns c.. (16×16).
+fn frag_b(kk: u32, c: u32) -> coop_mat16x16<f16, B> {
+    var f: coop_mat16x16<f16, B>;
+    if (TRANS_B == 1u) {
+        let stride = (BK + PAD) / 4u;
+        f = coopLoad<coop_mat16x16<f16, B>>(&b_tile[(c * (BK + PAD) + kk) / 4u], stride);
+    } else {
+        let stride = (BN + PAD) / 4u;
+        f = coopLoadT<coop_mat16x16<f16, B>>(&b_tile[(kk * (BN + PAD) + c) / 4u], stride);
+    }
+    return f;
+}
+
+// alpha times an accumulator of output rows i.., columns j.., written to out (or added to
+// out's values with accumulate).
+fn acc_store(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32) {
+    // The stride is a named value: naga 30's SPIR-V writer does not emit an expression written
+    // inline in `coopStore`'s arguments.
+    let stride = params.n;
+    let at = c0 + i * stride + j;
+    var v = acc * params.alpha;
+    if (params.accumulate == 1u) {
+        v = v + coopLoadT<coop_mat16x16<f32, C>>(&out[at], stride);
+    }
+    let result = v;
+    coopStoreT(result, &out[at], stride);
+}
+
+@compute @workgroup_size(256)
+fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
+    // `group_index` written out: naga counts a function's result as non-uniform, and the early
+    // return below must stay uniform for the cooperative operations after it.
+    let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    let per_batch = params.tiles_m * params.tiles_n;
+    if (tile >= per_batch * params.batch) {
+        return;
+    }
+    let bi = tile / per_batch;
+    let t = tile % per_batch;
+    let m0 = (t / params.tiles_n) * BM;
+    let n0 = (t % params.tiles_n) * BN;
+    let akc = TRANS_A == 0u;
+    let bkc = TRANS_B == 1u;
+    let abase = params.off_a + bi * params.stride_a;
+    let bbase = params.off_b + bi * params.stride_b;
+    let c0 = params.off_c + bi * params.stride_c;
+    // This subgroup's 32×64 block of the tile (tile coordinates).
+    let wr = (sg / 2u) * 32u;
+    let wc = (sg % 2u) * 64u;
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+    for (var k0 = 0u; k0 < params.k; k0 += BK) {
+        let fa0 = fetch(akc, lid, m0, k0, params.m, abase, true);
+        let fa1 = fetch(akc, lid + 256u, m0, k0, params.m, abase, true);
+        let fa2 = fetch(akc, lid + 512u, m0, k0, params.m, abase, true);
+        let fa3 = fetch(akc, lid + 768u, m0, k0, params.m, abase, true);
+        let fb0 = fetch(bkc, lid, n0, k0, params.n, bbase, false);
+        let fb1 = fetch(bkc, lid + 256u, n0, k0, params.n, bbase, false);
+        let fb2 = fetch(bkc, lid + 512u, n0, k0, params.n, bbase, false);
+        let fb3 = fetch(bkc, lid + 768u, n0, k0, params.n, bbase, false);
+        workgroupBarrier();
+        store_a(akc, lid, fa0);
+        store_a(akc, lid + 256u, fa1);
+        store_a(akc, lid + 512u, fa2);
+        store_a(akc, lid + 768u, fa3);
+        store_b(bkc, lid, fb0);
+        store_b(bkc, lid + 256u, fb1);
+        store_b(bkc, lid + 512u, fb2);
+        store_b(bkc, lid + 768u, fb3);
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk += 16u) {
+            let a0 = frag_a(wr, kk);
+            let a1 = frag_a(wr + 16u, kk);
+            let b0 = frag_b(kk, wc);
+            let b1 = frag_b(kk, wc + 16u);
+            let b2 = frag_b(kk, wc + 32u);
+            let b3 = frag_b(kk, wc + 48u);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
+        }
+    }
+    let i0 = m0 + wr;
+    let j0 = n0 + wc;
+    acc_store(c00, i0, j0, c0);
+    acc_store(c01, i0, j0 + 16u, c0);
+    acc_store(c02, i0, j0 + 32u, c0);
+    acc_store(c03, i0, j0 + 48u, c0);
+    acc_store(c10, i0 + 16u, j0, c0);
+    acc_store(c11, i0 + 16u, j0 + 16u, c0);
+    acc_store(c12, i0 + 16u, j0 + 32u, c0);
+    acc_store(c13, i0 + 16u, j0 + 48u, c0);
+}
