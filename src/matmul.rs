@@ -202,7 +202,7 @@ pub fn chunked_fetches(call: &Gemm) -> bool {
 /// Whether `engine` runs tensor-core products ([`Gemm::tensor_cores`]): a Vulkan device with
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX`, `SHADER_F16` and `SUBGROUP`, subgroups of exactly 32
 /// invocations, a reported 16×16×16 F16 × F16 → F32 cooperative-matrix configuration and
-/// 36 KiB of workgroup memory. (Metal's simdgroup matrices are 8×8: not mapped yet.)
+/// 44 KiB of workgroup memory. (Metal's simdgroup matrices are 8×8: not mapped yet.)
 pub fn tensor_cores(engine: &crate::Engine) -> bool {
     let info = engine.info();
     let features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
@@ -220,8 +220,9 @@ pub fn tensor_cores(engine: &crate::Engine) -> bool {
         })
 }
 
-/// Workgroup memory of the tensor-core tile: two staged operands of 2,304 quads of halves.
-const TC_WORKGROUP_BYTES: u32 = 36864;
+/// Workgroup memory of the tensor-core tile: two staged operands of 2,304 quads of halves and
+/// a 16×16 F32 fragment for each of the 8 subgroups (ragged tiles).
+const TC_WORKGROUP_BYTES: u32 = 45056;
 
 /// The comparison budget of a tensor-core product's element summed over `terms` products of
 /// magnitude ≤ 1 against the f64 reference: the products are exact, but the hardware's FP32
@@ -274,17 +275,16 @@ fn check_tensor_core_call(call: &Gemm) -> Result<()> {
 }
 
 /// Whether a checked tensor-core call fits the kernel's layout rule (else it runs on the FP32
-/// path): `m` and `n` multiples of 128 (whole tiles); each operand's offset, batch stride (more than one
-/// batch) and row pitch (`k`, or `m` / `n` when that is its contiguous axis) multiples of 8
-/// halves; out's offset and batch stride multiples of 4.
+/// path): each operand's offset, batch stride (more than one batch) and row pitch (`k`, or `m`
+/// / `n` when that is its contiguous axis) multiples of 8 halves; `n`, out's offset and batch
+/// stride multiples of 4. Any `m`, `n`, `k` otherwise (ragged tiles included).
 pub fn tensor_core_fits(call: &Gemm) -> bool {
     let op = |op: &GemmOperand, pitch: usize| {
         op.offset.is_multiple_of(8)
             && (call.batch < 2 || op.batch_stride.is_multiple_of(8))
             && pitch.is_multiple_of(8)
     };
-    call.m.is_multiple_of(TILE_M)
-        && call.n.is_multiple_of(TILE_N)
+    call.n.is_multiple_of(4)
         && op(&call.a, if call.a.transposed { call.m } else { call.k })
         && op(&call.b, if call.b.transposed { call.k } else { call.n })
         && call.out_offset.is_multiple_of(4)

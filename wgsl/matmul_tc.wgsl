@@ -23,12 +23,14 @@
 // the previous step is multiplied, then stored to workgroup memory as F16 quads in the
 // operand's own layout (rows along its contiguous axis, padded by 8 halves: eight
 // consecutive rows of a fragment start 4 banks apart), from which each subgroup loads its
-// fragments (four k fragments a step). Chunks past k are zeros. The host's rule
-// (`matmul::tensor_core_fits`): m and n multiples of 128 (whole tiles: the fragments are
-// stored straight to out, and a cooperative operation may not sit under a branch on the
-// subgroup's position, naga's uniformity rule), every operand's contiguous extent, offset and
-// batch stride a multiple of 8 halves (16-byte chunks), out's offset and batch stride
-// multiples of 4; no bias, activation or pre-activation.
+// fragments (four k fragments a step). Chunks past k, m or n are zeros. Whole tiles store
+// their fragments straight to out; a tile reaching past m or n stores each through
+// workgroup memory and writes the values inside the product (a cooperative store cannot be
+// skipped for one subgroup: a cooperative operation may not sit under a branch on the
+// subgroup's position, naga's uniformity rule). The host's rule (`matmul::tensor_core_fits`):
+// every operand's contiguous extent, offset and batch stride a multiple of 8 halves (16-byte
+// chunks), n, out's offset and batch stride multiples of 4 (16-byte rows of out); no bias,
+// activation or pre-activation.
 //
 // Measured on an H200 (`notes/measurements.md`) and not kept: fragments loaded straight from
 // the buffers (no staging), chunks fetched as F16 quads, K steps of 32, two staging buffers
@@ -68,6 +70,8 @@ struct Params {
 
 var<workgroup> a_tile: array<vec4<f16>, TILE_QUADS>;
 var<workgroup> b_tile: array<vec4<f16>, TILE_QUADS>;
+// One 16×16 F32 fragment a subgroup: how a ragged tile's accumulators reach out.
+var<workgroup> c_tile: array<f32, 2048>;
 
 // Eight F16 values of one chunk.
 struct H8 {
@@ -106,8 +110,9 @@ fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool) -
         e = base + kk * rows + x;
     }
     // No early return: a return under a branch on the invocation would make the callers'
-    // cooperative operations non-uniform to naga. Chunks past k read chunk 0 and are zeroed.
-    let inside = kk < params.k;
+    // cooperative operations non-uniform to naga. Chunks past k, or past m or n in a ragged
+    // last tile, read chunk 0 and are zeroed.
+    let inside = kk < params.k && x < rows;
     let at = select(0u, e / 8u, inside);
     var w: vec4<u32>;
     if (is_a) {
@@ -177,9 +182,35 @@ fn acc_store(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32) {
     coopStoreT(result, &out[at], stride);
 }
 
+// The same for a tile that reaches past m or n (the whole workgroup takes this path): each
+// subgroup stores its accumulator into its 16×16 of `c_tile`, then each of its invocations
+// writes eight of those values that lie inside the product (`lane` its index in the
+// subgroup). Both barriers are uniform: every subgroup calls this for the same fragment.
+fn acc_store_edge(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    let base = sg * 256u;
+    coopStoreT(acc, &c_tile[base], 16u);
+    workgroupBarrier();
+    let r = lane / 2u;
+    let q0 = (lane % 2u) * 8u;
+    if (i + r < params.m) {
+        for (var q = q0; q < q0 + 8u; q += 1u) {
+            if (j + q < params.n) {
+                let at = c0 + (i + r) * params.n + j + q;
+                var v = c_tile[base + r * 16u + q] * params.alpha;
+                if (params.accumulate == 1u) {
+                    v = v + out[at];
+                }
+                out[at] = v;
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
 @compute @workgroup_size(256)
 fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
+           @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+           @builtin(subgroup_invocation_id) lane: u32) {
     // `group_index` written out: naga counts a function's result as non-uniform, and the early
     // return below must stay uniform for the cooperative operations after it.
     let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
@@ -256,6 +287,17 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let i0 = m0 + wr;
     let j0 = n0 + wc;
+    if (m0 + BM > params.m || n0 + BN > params.n) {
+        acc_store_edge(c00, i0, j0, c0, sg, lane);
+        acc_store_edge(c01, i0, j0 + 16u, c0, sg, lane);
+        acc_store_edge(c02, i0, j0 + 32u, c0, sg, lane);
+        acc_store_edge(c03, i0, j0 + 48u, c0, sg, lane);
+        acc_store_edge(c10, i0 + 16u, j0, c0, sg, lane);
+        acc_store_edge(c11, i0 + 16u, j0 + 16u, c0, sg, lane);
+        acc_store_edge(c12, i0 + 16u, j0 + 32u, c0, sg, lane);
+        acc_store_edge(c13, i0 + 16u, j0 + 48u, c0, sg, lane);
+        return;
+    }
     acc_store(c00, i0, j0, c0);
     acc_store(c01, i0, j0 + 16u, c0);
     acc_store(c02, i0, j0 + 32u, c0);
