@@ -18,6 +18,13 @@
 //! there is no reduced-precision mode. Each output element is summed over `k` in increasing
 //! order by one invocation, so reruns are bit-identical.
 //!
+//! Tensor cores (opt-in: [`MatmulOptions::tensor_cores`], [`Gemm::tensor_cores`]; where
+//! [`tensor_cores`] holds): products of two F16 operands on cooperative matrices
+//! (`wgsl/matmul_tc.wgsl`, 16×16×16 F16 × F16 → F32). The products are exact in FP32 and the
+//! sums FP32, but in the hardware's order and rounding, so the results are compared under
+//! [`tensor_core_tolerance`] instead of carrying the FP32 path's bits; reruns on one device are
+//! bit-identical. Calls outside [`tensor_core_fits`] run on the FP32 path.
+//!
 //! Split-K: a product with few output tiles and a long K (e.g. `[256, 4096]` from a K of
 //! 128,256) would leave most of a large GPU idle, so [`gemm`] cuts K into `S` slices
 //! ([`gemm_split`] states the rule; a pure function of the shape and the workspace bound,
@@ -432,7 +439,8 @@ pub struct MatmulOptions {
     pub activation: Option<Activation>,
     /// Opt-in: products of two F16 operands on tensor cores ([`Gemm::tensor_cores`]: FP32
     /// accumulation in the hardware's order, [`tensor_core_tolerance`]); no bias or activation
-    /// then. The forward takes them for F16 `A` and `B`; the backward for an F16 cotangent
+    /// then, and an F32 output (`matmul_as` with a 16-bit dtype: `UnsupportedDType`). The
+    /// forward takes them for F16 `A` and `B`; the backward for an F16 cotangent
     /// (both its products then have F16 operands) and F32 gradients; the other products run
     /// on the FP32 path.
     pub tensor_cores: bool,
@@ -721,7 +729,11 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
 /// more than 2³²−1 elements (`OutOfBounds`); `out_batch_stride < m·n` with `batch > 1`
 /// (outputs of two batches would overlap, `OutOfBounds`); a non-finite `alpha`, an activation
 /// or pre-activation together with `accumulate`, or `out` / `pre_activation` sharing a buffer
-/// with another argument (`InvalidValue`); tensors of another engine (`EngineMismatch`).
+/// with another argument (`InvalidValue`); tensors of another engine (`EngineMismatch`). With
+/// `tensor_cores`: an engine without them (`MissingFeature`, see [`tensor_cores`]), `a` or `b`
+/// not F16 or `out` not F32 (`UnsupportedDType`), a bias, activation or pre-activation
+/// (`InvalidValue`); a call that passes these but not [`tensor_core_fits`] runs on the FP32
+/// path.
 pub fn gemm(call: &Gemm) -> Result<()> {
     gemm_within(call, call.out.engine().workspace_bound())
 }
@@ -1047,7 +1059,8 @@ fn dims(a: &Tensor, b: &Tensor, o: &MatmulOptions) -> Result<Dims> {
 /// `b`'s shape with the matching K); batch dimensions present on both operands but different
 /// (`ShapeMismatch`); a bias of another shape than `[N]` (`ShapeMismatch`); a non-float
 /// dtype (`UnsupportedDType`); tensors of another engine; extents beyond the bounds of
-/// [`gemm`] (`OutOfBounds`).
+/// [`gemm`] (`OutOfBounds`); with `options.tensor_cores`, those of [`gemm`]'s tensor cores
+/// (no tensor cores, operands not F16, a bias or an activation).
 pub fn matmul(
     a: &Tensor,
     b: &Tensor,
