@@ -57,6 +57,9 @@ use crate::activation::{self, Activation, ActivationSaved};
 use crate::kernel::{COMMON_ACTIVATION, COMMON_DTYPE, COMMON_LAUNCH, Kernel};
 use crate::{DType, Error, Result, Tensor, reduce};
 
+/// `wgsl/common/gemm_params.wgsl`: the launch parameters of both product modules ([`Params`]).
+const GEMM_PARAMS: &str = include_str!("../wgsl/common/gemm_params.wgsl");
+
 /// `wgsl/matmul.wgsl`.
 pub static KERNEL: Kernel = Kernel {
     name: "matmul",
@@ -64,6 +67,7 @@ pub static KERNEL: Kernel = Kernel {
         COMMON_DTYPE,
         COMMON_LAUNCH,
         COMMON_ACTIVATION,
+        GEMM_PARAMS,
         include_str!("../wgsl/matmul.wgsl"),
     ],
 };
@@ -75,6 +79,7 @@ pub static TC_KERNEL: Kernel = Kernel {
     name: "matmul_tc",
     parts: &[
         "enable f16;\nenable wgpu_cooperative_matrix;",
+        GEMM_PARAMS,
         include_str!("../wgsl/matmul_tc.wgsl"),
     ],
 };
@@ -298,31 +303,13 @@ pub fn tensor_core_fits(call: &Gemm) -> bool {
         && (call.batch < 2 || call.out_batch_stride.is_multiple_of(4))
 }
 
-#[derive(encase::ShaderType)]
-struct TcParams {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    tiles_m: u32,
-    tiles_n: u32,
-    off_a: u32,
-    off_b: u32,
-    off_c: u32,
-    stride_a: u32,
-    stride_b: u32,
-    stride_c: u32,
-    alpha: f32,
-    accumulate: u32,
-}
-
 /// Launch a checked, fitting tensor-core product (128×128 tiles, one workgroup each).
 fn gemm_tc(call: &Gemm) -> Result<()> {
     let (m, n, batch) = (call.m, call.n, call.batch);
     let tiles_m = m.div_ceil(TILE_M);
     let tiles_n = n.div_ceil(TILE_N);
     let stride = |s: usize| if batch > 1 { s as u32 } else { 0 };
-    let params = TcParams {
+    let params = Params {
         m: m as u32,
         n: n as u32,
         k: call.k as u32,
@@ -336,7 +323,12 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         stride_b: stride(call.b.batch_stride),
         stride_c: stride(call.out_batch_stride),
         alpha: call.alpha,
+        has_bias: 0,
+        dt_bias: 0,
         accumulate: u32::from(call.accumulate),
+        act: 0,
+        k_slice: call.k as u32,
+        slices: 1,
     };
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let constants = vec![
@@ -616,6 +608,8 @@ impl<'a> Gemm<'a> {
     }
 }
 
+/// A product's launch parameters (`struct Params` of `wgsl/common/gemm_params.wgsl`, read by
+/// both product modules).
 #[derive(encase::ShaderType)]
 struct Params {
     m: u32,

@@ -46,22 +46,6 @@ const PAD: u32 = 8u;
 // Quads of halves per staged operand: the larger of 128 · (64 + 8) and 64 · (128 + 8) halves.
 const TILE_QUADS: u32 = 2304u;
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    tiles_m: u32,    // ceil(m / BM)
-    tiles_n: u32,    // ceil(n / BN)
-    off_a: u32,      // element offsets of batch 0
-    off_b: u32,
-    off_c: u32,
-    stride_a: u32,   // element strides between batches (0: shared operand)
-    stride_b: u32,
-    stride_c: u32,
-    alpha: f32,
-    accumulate: u32, // 1: out += v
-}
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> a4: array<vec4<u32>>;  // A, B as 16-byte chunks
