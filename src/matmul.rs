@@ -308,28 +308,8 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
     let (m, n, batch) = (call.m, call.n, call.batch);
     let tiles_m = m.div_ceil(TILE_M);
     let tiles_n = n.div_ceil(TILE_N);
-    let stride = |s: usize| if batch > 1 { s as u32 } else { 0 };
-    let params = Params {
-        m: m as u32,
-        n: n as u32,
-        k: call.k as u32,
-        batch: batch as u32,
-        tiles_m: tiles_m as u32,
-        tiles_n: tiles_n as u32,
-        off_a: call.a.offset as u32,
-        off_b: call.b.offset as u32,
-        off_c: call.out_offset as u32,
-        stride_a: stride(call.a.batch_stride),
-        stride_b: stride(call.b.batch_stride),
-        stride_c: stride(call.out_batch_stride),
-        alpha: call.alpha,
-        has_bias: 0,
-        dt_bias: 0,
-        accumulate: u32::from(call.accumulate),
-        act: 0,
-        k_slice: call.k as u32,
-        slices: 1,
-    };
+    // No bias or activation here (checked): their fields come out neutral.
+    let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), call.a.tensor);
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let constants = vec![
         ("TRANS_A", flag(call.a.transposed)),
@@ -633,6 +613,36 @@ struct Params {
     slices: u32,
 }
 
+impl Params {
+    /// The parameters of `call`'s launch over `tiles` = (tile rows, tile columns), split into
+    /// `split` = (slices, k per slice), with `bias` bound for the bias (A's buffer without one).
+    fn new(call: &Gemm, tiles: (usize, usize), split: (usize, usize), bias: &Tensor) -> Params {
+        // Strides only matter from the second batch on, where the extent checks bound them.
+        let stride = |s: usize| if call.batch > 1 { s as u32 } else { 0 };
+        Params {
+            m: call.m as u32,
+            n: call.n as u32,
+            k: call.k as u32,
+            batch: call.batch as u32,
+            tiles_m: tiles.0 as u32,
+            tiles_n: tiles.1 as u32,
+            off_a: call.a.offset as u32,
+            off_b: call.b.offset as u32,
+            off_c: call.out_offset as u32,
+            stride_a: stride(call.a.batch_stride),
+            stride_b: stride(call.b.batch_stride),
+            stride_c: stride(call.out_batch_stride),
+            alpha: call.alpha,
+            has_bias: u32::from(call.bias.is_some()),
+            dt_bias: bias.dtype().code(),
+            accumulate: u32::from(call.accumulate),
+            act: call.activation.map_or(0, |a| a.code() + 1),
+            k_slice: split.1 as u32,
+            slices: split.0 as u32,
+        }
+    }
+}
+
 fn check_float(t: &Tensor, what: &str) -> Result<()> {
     if t.dtype().is_float() {
         Ok(())
@@ -888,29 +898,7 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
     let (slices, k_slice) = split_plan(m, n, k, batch, allowance);
     // Without a bias, A's buffer is bound in its place (never read).
     let bias = call.bias.unwrap_or(call.a.tensor);
-    // Strides only matter from the second batch on, where the extent checks bound them.
-    let stride = |s: usize| if batch > 1 { s as u32 } else { 0 };
-    let params = Params {
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        batch: batch as u32,
-        tiles_m: tiles_m as u32,
-        tiles_n: tiles_n as u32,
-        off_a: call.a.offset as u32,
-        off_b: call.b.offset as u32,
-        off_c: call.out_offset as u32,
-        stride_a: stride(call.a.batch_stride),
-        stride_b: stride(call.b.batch_stride),
-        stride_c: stride(call.out_batch_stride),
-        alpha: call.alpha,
-        has_bias: u32::from(call.bias.is_some()),
-        dt_bias: bias.dtype().code(),
-        accumulate: u32::from(call.accumulate),
-        act: call.activation.map_or(0, |a| a.code() + 1),
-        k_slice: k_slice as u32,
-        slices: slices as u32,
-    };
+    let params = Params::new(call, (tiles_m, tiles_n), (slices, k_slice), bias);
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let constants = vec![
         ("DT_A", f64::from(call.a.tensor.dtype().code())),
