@@ -126,8 +126,9 @@ pub struct EngineInfo {
     /// The adapter's largest subgroup size where the device has `SUBGROUP`, else 0.
     pub subgroup_max_size: u32,
     /// The cooperative-matrix (tensor-core) configurations the adapter reports, where the
-    /// device has `EXPERIMENTAL_COOPERATIVE_MATRIX` and the engine created it (an engine made
-    /// with [`Engine::from_wgpu`] has no adapter to ask: none).
+    /// device has `EXPERIMENTAL_COOPERATIVE_MATRIX` and the engine knows the adapter (it
+    /// created the device, or [`Engine::from_wgpu_adapter`]; [`Engine::from_wgpu`] has no
+    /// adapter to ask: none).
     pub cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
@@ -546,6 +547,8 @@ impl Engine {
     /// [`MIN_INVOCATIONS_PER_WORKGROUP`] invocations per workgroup, else
     /// `Error::InsufficientLimit` names the limit; features it has among [`WANTED_FEATURES`]
     /// are used, and an op that needs a missing one returns `Error::MissingFeature` naming it.
+    /// Tensor-core products need the adapter's cooperative-matrix configurations, which a device
+    /// cannot report: [`Engine::from_wgpu_adapter`] takes the adapter too.
     /// wgrad's work is submitted on `queue`, in order with the app's own submissions. The app's
     /// uncaptured-error handler stays in place (wgrad installs its own only on devices it
     /// creates).
@@ -558,6 +561,36 @@ impl Engine {
         device: wgpu::Device,
         queue: wgpu::Queue,
         math_mode: MathMode,
+    ) -> Result<Engine> {
+        Engine::from_app(device, queue, math_mode, Vec::new())
+    }
+
+    /// [`Engine::from_wgpu`] given the adapter the app made its device from, so that the
+    /// engine knows the adapter's cooperative-matrix configurations and can run tensor-core
+    /// products (`matmul::tensor_cores`) when the device has
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`; otherwise the same as `from_wgpu`.
+    pub fn from_wgpu_adapter(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+    ) -> Result<Engine> {
+        let cooperative = if device
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            adapter.cooperative_matrix_properties()
+        } else {
+            Vec::new()
+        };
+        Engine::from_app(device, queue, MathMode::Strict, cooperative)
+    }
+
+    /// An engine on an app's device and queue (see [`Engine::from_wgpu`]).
+    fn from_app(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        math_mode: MathMode,
+        cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
     ) -> Result<Engine> {
         let adapter_info = device.adapter_info();
         let limits = device.limits();
@@ -593,7 +626,7 @@ impl Engine {
                 shader_checks: ShaderChecks::from_env()?.unwrap_or_default(),
                 pool_limit: 1 << 30,
                 workspace_bound: DEFAULT_WORKSPACE_BOUND,
-                cooperative_matrices: Vec::new(),
+                cooperative_matrices,
             },
             false,
         )

@@ -436,3 +436,44 @@ fn tensors_of_another_engine_are_rejected() {
         vec![0.0; 3]
     );
 }
+
+/// `from_wgpu_adapter`: the engine takes the adapter's cooperative-matrix configurations when
+/// the app's device has `EXPERIMENTAL_COOPERATIVE_MATRIX` (then `matmul::tensor_cores` can
+/// hold), none otherwise; `from_wgpu` never has them. Where the adapter offers the feature,
+/// the device is asked for it as an app would.
+#[test]
+fn from_wgpu_adapter_knows_the_cooperative_matrices() {
+    let adapter = vulkan_adapter();
+    let (device, queue) = app_device(&adapter, wgpu::Limits::default());
+    let e = Engine::from_wgpu_adapter(&adapter, device, queue).unwrap();
+    assert_eq!(e.info().adapter, adapter.get_info().name);
+    assert!(e.info().cooperative_matrices.is_empty());
+    assert!(!wgrad::matmul::tensor_cores(&e));
+    let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    if !adapter.features().contains(coop) {
+        eprintln!("{}: no cooperative matrices", adapter.get_info().name);
+        return;
+    }
+    let wanted = coop | (adapter.features() & wgrad::engine::WANTED_FEATURES);
+    let request = |_| {
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("app device with cooperative matrices"),
+            required_features: wanted,
+            required_limits: adapter.limits(),
+            // SAFETY: the test only asks the engine for its configurations and products.
+            experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+            ..Default::default()
+        }))
+        .expect("request_device with cooperative matrices")
+    };
+    let (device, queue) = request(());
+    let e = Engine::from_wgpu_adapter(&adapter, device, queue).unwrap();
+    assert_eq!(
+        e.info().cooperative_matrices,
+        adapter.cooperative_matrix_properties()
+    );
+    let (device, queue) = request(());
+    let plain = Engine::from_wgpu(device, queue).unwrap();
+    assert!(plain.info().cooperative_matrices.is_empty());
+    assert!(!wgrad::matmul::tensor_cores(&plain));
+}
