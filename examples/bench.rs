@@ -1581,19 +1581,20 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         transpose_b: true,
         ..Default::default()
     };
+    // Deterministic operands in [-0.5, 0.5), stored in `dtype`.
+    let make = |shape: &[usize], seed: usize, dtype: DType| -> Result<Tensor> {
+        let len: usize = shape.iter().product();
+        let data: Vec<f32> = (0..len)
+            .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 256.0)
+            .collect();
+        cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+    };
     let mut ops = Vec::new();
     for [m, k, n] in shapes {
         for dtype in [DType::F32, DType::BF16] {
-            let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
-                let len: usize = shape.iter().product();
-                let data: Vec<f32> = (0..len)
-                    .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 256.0)
-                    .collect();
-                cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
-            };
-            let x = make(&[m, k], 1)?;
-            let w = make(&[n, k], 2)?;
-            let dy = make(&[m, n], 3)?;
+            let x = make(&[m, k], 1, dtype)?;
+            let w = make(&[n, k], 2, dtype)?;
+            let dy = make(&[m, n], 3, dtype)?;
             let label = if dtype == DType::BF16 { "bf16" } else { "f32" };
             let flops = matmul_flops(1, m, n, k);
             eprintln!("  matmul {label} M{m} K{k} N{n}: {flops:.3e} FLOP per forward");
@@ -1646,15 +1647,8 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         }
         if wgrad::matmul::tensor_cores(engine) {
             // F16 inputs: the FP32 path and the opt-in tensor-core product (same operands).
-            let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
-                let len: usize = shape.iter().product();
-                let data: Vec<f32> = (0..len)
-                    .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 256.0)
-                    .collect();
-                cast::cast(&Tensor::from_slice(engine, &data, shape)?, DType::F16)
-            };
-            let x = make(&[m, k], 1)?;
-            let w = make(&[n, k], 2)?;
+            let x = make(&[m, k], 1, DType::F16)?;
+            let w = make(&[n, k], 2, DType::F16)?;
             let flops = matmul_flops(1, m, n, k);
             let tc = MatmulOptions {
                 tensor_cores: true,
@@ -1670,7 +1664,7 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 );
             }
             // The backward with an F16 cotangent: both products on tensor cores.
-            let dy = make(&[m, n], 3)?;
+            let dy = make(&[m, n], 3, DType::F16)?;
             let (_, saved) = matmul(&x, &w, None, &tc)?;
             ops.push(
                 Op::new("matmul_bwd_tc", "f16", vec![x, w, dy], move |i| {
@@ -1687,15 +1681,8 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         MATMUL_SPLIT_SHAPE
     };
     for dtype in [DType::F32, DType::BF16] {
-        let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
-            let len: usize = shape.iter().product();
-            let data: Vec<f32> = (0..len)
-                .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 256.0)
-                .collect();
-            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
-        };
-        let dlogits = make(&[m, k], 4)?;
-        let w = make(&[k, n], 5)?;
+        let dlogits = make(&[m, k], 4, dtype)?;
+        let w = make(&[k, n], 5, dtype)?;
         let label = if dtype == DType::BF16 { "bf16" } else { "f32" };
         let flops = matmul_flops(1, m, n, k);
         let slices = wgrad::matmul::gemm_split(m, n, k, 1);

@@ -241,11 +241,7 @@ const TC_WORKGROUP_BYTES: u32 = 45056;
 /// accumulation may round each partial sum toward zero (up to one FP32 ulp a step instead of
 /// half), so the absolute part is `1e-6·terms`, five times [`matmul_tolerance`]'s.
 pub fn tensor_core_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
-    let f32_tol = crate::gradcheck::Tolerance::for_dtype(DType::F32);
-    crate::gradcheck::Tolerance {
-        abs: f32_tol.abs.max(1e-6 * terms as f64),
-        ..f32_tol
-    }
+    summed_tolerance(1e-6, terms)
 }
 
 /// The typed errors of a [`Gemm::tensor_cores`] call: the engine cannot run tensor-core
@@ -487,9 +483,14 @@ pub fn matmul_flops(batch: usize, m: usize, n: usize, k: usize) -> f64 {
 /// products of magnitude ≤ 1 against the f64 reference: the F32 policy of
 /// [`crate::gradcheck`] with its absolute part grown to `2e-7·terms`.
 pub fn matmul_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
+    summed_tolerance(2e-7, terms)
+}
+
+/// The F32 policy of [`crate::gradcheck`] with its absolute part grown to `per_term·terms`.
+fn summed_tolerance(per_term: f64, terms: usize) -> crate::gradcheck::Tolerance {
     let f32_tol = crate::gradcheck::Tolerance::for_dtype(DType::F32);
     crate::gradcheck::Tolerance {
-        abs: f32_tol.abs.max(2e-7 * terms as f64),
+        abs: f32_tol.abs.max(per_term * terms as f64),
         ..f32_tol
     }
 }

@@ -82,7 +82,6 @@ override ROW4: u32 = BM / 4u;                  // vec4s per staged k-row (BM / 4
 const PER: u32 = 8u;    // elements of each operand one invocation stages per step: BM·BK / LANES
 const WG: u32 = 256u;   // invocations of the split-K finish
 
-
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> a: array<u32>;
 @group(0) @binding(2) var<storage, read> b: array<u32>;
