@@ -1663,6 +1663,25 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     .with_flops(flops),
                 );
             }
+            // A linear layer on tensor cores: bias, tanh-GELU and an F16 out from the epilogue
+            // (fragments through workgroup memory), the pre-activation saved.
+            let bias = make(&[n], 4, DType::F16)?;
+            let layer = MatmulOptions {
+                activation: Some(wgrad::activation::Activation::GeluTanh),
+                ..tc
+            };
+            ops.push(
+                Op::new(
+                    "matmul_fwd_tc_epilogue",
+                    "f16",
+                    vec![x.clone(), w.clone(), bias],
+                    move |i| {
+                        let (y, _) = matmul_as(&i[0], &i[1], Some(&i[2]), &layer, DType::F16)?;
+                        Ok(vec![y])
+                    },
+                )
+                .with_flops(flops),
+            );
             // The backward with an F16 cotangent: both products on tensor cores.
             let dy = make(&[m, n], 3, DType::F16)?;
             let (_, saved) = matmul(&x, &w, None, &tc)?;

@@ -23,7 +23,9 @@
 //! (`wgsl/matmul_tc.wgsl`, 16×16×16 F16 × F16 → F32). The products are exact in FP32 and the
 //! sums FP32, but in the hardware's order and rounding, so the results are compared under
 //! [`tensor_core_tolerance`] instead of carrying the FP32 path's bits; reruns on one device are
-//! bit-identical. Calls outside [`tensor_core_fits`] run on the FP32 path.
+//! bit-identical. The epilogue is the FP32 path's (alpha, bias of any float dtype, activation,
+//! pre-activation, accumulate, an F32 or 16-bit out), applied to the same FP32 sums. Calls
+//! outside [`tensor_core_fits`] run on the FP32 path.
 //!
 //! Split-K: a product with few output tiles and a long K (e.g. `[256, 4096]` from a K of
 //! 128,256) would leave most of a large GPU idle, so [`gemm`] cuts K into `S` slices
@@ -79,6 +81,8 @@ pub static TC_KERNEL: Kernel = Kernel {
     name: "matmul_tc",
     parts: &[
         "enable f16;\nenable wgpu_cooperative_matrix;",
+        COMMON_DTYPE,
+        COMMON_ACTIVATION,
         GEMM_PARAMS,
         include_str!("../wgsl/matmul_tc.wgsl"),
     ],
@@ -244,9 +248,8 @@ pub fn tensor_core_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
     summed_tolerance(1e-6, terms)
 }
 
-/// The typed errors of a [`Gemm::tensor_cores`] call: the engine cannot run tensor-core
-/// products (`MissingFeature`); an operand that is not F16 or an out that is not F32
-/// (`UnsupportedDType`); a bias, activation or pre-activation (`InvalidValue`).
+/// The typed errors of a [`Gemm::tensor_cores`] call beyond [`gemm`]'s: the engine cannot run
+/// tensor-core products (`MissingFeature`); an operand that is not F16 (`UnsupportedDType`).
 fn check_tensor_core_call(call: &Gemm) -> Result<()> {
     if !tensor_cores(call.out.engine()) {
         return Err(Error::MissingFeature {
@@ -255,29 +258,13 @@ fn check_tensor_core_call(call: &Gemm) -> Result<()> {
                 .into(),
         });
     }
-    for (t, what, want) in [
-        (call.a.tensor, "gemm (tensor cores): a", DType::F16),
-        (call.b.tensor, "gemm (tensor cores): b", DType::F16),
-        (call.out, "gemm (tensor cores): out", DType::F32),
+    for (t, what) in [
+        (call.a.tensor, "gemm (tensor cores): a"),
+        (call.b.tensor, "gemm (tensor cores): b"),
     ] {
-        if t.dtype() != want {
-            return Err(Error::dtype(what, t.dtype(), &[want]));
+        if t.dtype() != DType::F16 {
+            return Err(Error::dtype(what, t.dtype(), &[DType::F16]));
         }
-    }
-    let extras = [
-        ("gemm (tensor cores): bias", call.bias.is_some()),
-        ("gemm (tensor cores): activation", call.activation.is_some()),
-        (
-            "gemm (tensor cores): pre_activation",
-            call.pre_activation.is_some(),
-        ),
-    ];
-    if let Some((what, _)) = extras.into_iter().find(|(_, set)| *set) {
-        return Err(invalid(
-            what,
-            1.0,
-            "the tensor-core product has no epilogue",
-        ));
     }
     Ok(())
 }
@@ -299,31 +286,44 @@ pub fn tensor_core_fits(call: &Gemm) -> bool {
         && (call.batch < 2 || call.out_batch_stride.is_multiple_of(4))
 }
 
-/// Launch a checked, fitting tensor-core product (128×128 tiles, one workgroup each).
+/// Launch a checked, fitting tensor-core product (128×128 tiles, one workgroup each): an F32
+/// out without bias, activation or pre-activation takes `gemm_tc` (fragments stored whole),
+/// anything else the epilogue entries (fragments through workgroup memory).
 fn gemm_tc(call: &Gemm) -> Result<()> {
     let (m, n, batch) = (call.m, call.n, call.batch);
     let tiles_m = m.div_ceil(TILE_M);
     let tiles_n = n.div_ceil(TILE_N);
-    // No bias or activation here (checked): their fields come out neutral.
-    let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), call.a.tensor);
+    // Without a bias, A's buffer is bound in its place (never read).
+    let bias = call.bias.unwrap_or(call.a.tensor);
+    let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let constants = vec![
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
+        ("DT_OUT", f64::from(call.out.dtype().code())),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
-    call.out.engine().launch(
-        &TC_KERNEL,
-        "gemm_tc",
-        &constants,
-        &params,
-        &[
-            call.a.tensor.buffer(),
-            call.b.tensor.buffer(),
-            call.out.buffer(),
-        ],
-        tiles,
-    )
+    let mut buffers = vec![call.a.tensor.buffer(), call.b.tensor.buffer()];
+    let plain = call.out.dtype() == DType::F32
+        && call.bias.is_none()
+        && call.activation.is_none()
+        && call.pre_activation.is_none();
+    let entry = if plain {
+        buffers.push(call.out.buffer());
+        "gemm_tc"
+    } else {
+        buffers.extend([bias.buffer(), call.out.buffer()]);
+        match call.pre_activation {
+            Some(pre) => {
+                buffers.push(pre.buffer());
+                "gemm_tc_epilogue_pre"
+            }
+            None => "gemm_tc_epilogue",
+        }
+    };
+    call.out
+        .engine()
+        .launch(&TC_KERNEL, entry, &constants, &params, &buffers, tiles)
 }
 
 /// `(slices, k per slice)` of a product whose scratch may take `allowance` bytes.
@@ -406,11 +406,11 @@ pub struct MatmulOptions {
     /// Epilogue `act(A·B + bias)`; the FP32 pre-activation is saved for the backward.
     pub activation: Option<Activation>,
     /// Opt-in: products of two F16 operands on tensor cores ([`Gemm::tensor_cores`]: FP32
-    /// accumulation in the hardware's order, [`tensor_core_tolerance`]); no bias or activation
-    /// then, and an F32 output (`matmul_as` with a 16-bit dtype: `UnsupportedDType`). The
-    /// forward takes them for F16 `A` and `B`; the backward for an F16 cotangent
-    /// (both its products then have F16 operands) and F32 gradients; the other products run
-    /// on the FP32 path.
+    /// accumulation in the hardware's order, [`tensor_core_tolerance`]), with the same
+    /// epilogue (bias, activation, pre-activation; `matmul_as` stores F16 / BF16). The
+    /// forward takes them for F16 `A` and `B`; the backward for an F16 cotangent without an
+    /// activation (both its products then have F16 operands; F32 gradients, or 16-bit ones
+    /// with `matmul_backward_as`); the other products run on the FP32 path.
     pub tensor_cores: bool,
 }
 
@@ -554,7 +554,7 @@ pub struct Gemm<'a> {
     pub pre_activation: Option<&'a Tensor>,
     /// Product scale (1.0 normally); must be finite.
     pub alpha: f32,
-    /// Opt-in: run the product on tensor cores (F16 operands, F32 out; see [`gemm`]).
+    /// Opt-in: run the product on tensor cores (F16 operands; see [`gemm`]).
     pub tensor_cores: bool,
 }
 
@@ -736,9 +736,9 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
 /// or pre-activation together with `accumulate`, or `out` / `pre_activation` sharing a buffer
 /// with another argument (`InvalidValue`); tensors of another engine (`EngineMismatch`). With
 /// `tensor_cores`: an engine without them (`MissingFeature`, see [`tensor_cores`]), `a` or `b`
-/// not F16 or `out` not F32 (`UnsupportedDType`), a bias, activation or pre-activation
-/// (`InvalidValue`); a call that passes these but not [`tensor_core_fits`] runs on the FP32
-/// path.
+/// not F16 (`UnsupportedDType`); a call that passes these but not [`tensor_core_fits`] runs on
+/// the FP32 path. With tensor cores the sums are the hardware's FP32 accumulation (see the
+/// module docs); the epilogue is the same.
 pub fn gemm(call: &Gemm) -> Result<()> {
     gemm_within(call, call.out.engine().workspace_bound())
 }
@@ -1043,7 +1043,7 @@ fn dims(a: &Tensor, b: &Tensor, o: &MatmulOptions) -> Result<Dims> {
 /// (`ShapeMismatch`); a bias of another shape than `[N]` (`ShapeMismatch`); a non-float
 /// dtype (`UnsupportedDType`); tensors of another engine; extents beyond the bounds of
 /// [`gemm`] (`OutOfBounds`); with `options.tensor_cores`, those of [`gemm`]'s tensor cores
-/// (no tensor cores, operands not F16, a bias or an activation).
+/// (no tensor cores, operands not F16).
 pub fn matmul(
     a: &Tensor,
     b: &Tensor,
@@ -1284,7 +1284,7 @@ pub fn matmul_backward_as(
         batch_stride,
     };
     // Tensor cores (opted in by the forward's options) where both operands of a product are
-    // F16, i.e. for an F16 cotangent without an activation, and the gradient is stored F32.
+    // F16, i.e. for an F16 cotangent without an activation (F32 or 16-bit gradients).
     let tc = saved.options.tensor_cores
         && [a.dtype(), b.dtype(), g.dtype()]
             .iter()
@@ -1292,7 +1292,7 @@ pub fn matmul_backward_as(
     let plain = |a_op, b_op, out, rows, cols, inner, count, out_stride| Gemm {
         batch: count,
         out_batch_stride: out_stride,
-        tensor_cores: tc && Tensor::dtype(out) == DType::F32,
+        tensor_cores: tc,
         ..Gemm::plain(a_op, b_op, out, (rows, cols, inner), false)
     };
     // A gradient's storage: `dtype` where its product writes it whole (not a batch sum) in

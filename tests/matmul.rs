@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, engine, f32_bits, stored, tensor_from_f64};
+use common::{Rng, assert_close, assert_same_bits, engine, f32_bits, stored, tensor_from_f64};
 use wgrad::activation::Activation;
 use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::matmul::{self, Gemm, GemmOperand, MatmulOptions, gemm, matmul as mm, matmul_backward};
@@ -1816,14 +1816,207 @@ fn tensor_core_products_match_reference_or_are_refused() {
         gemm(&bad_dtype),
         Err(Error::UnsupportedDType { .. })
     ));
-    let bias = Tensor::zeros(e, &[128], DType::F32).unwrap();
-    let with_bias = Gemm {
-        bias: Some(&bias),
-        ..call
+}
+
+/// The bits of a tensor's values widened to f64 (exact for every float dtype).
+fn f64_bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// One tensor-core product with an epilogue: F16 operands `[m, k]` (`ta`: stored `[k, m]`)
+/// and `[n, k]`, a bias of `bias_dt` (none: `None`), an activation with its pre-activation,
+/// `out_dt` out, alpha 0.75, at gapped offsets. Returns the bits of out's values and of the
+/// pre-activation's (empty without one) after checking both against the f64 reference (a 16-bit out: the F32
+/// epilogue's result of the same call rounded once, bit for bit).
+fn tensor_core_epilogue_case(
+    e: &wgrad::Engine,
+    (m, n, k): (usize, usize, usize),
+    ta: bool,
+    bias_dt: Option<DType>,
+    activation: Option<Activation>,
+    out_dt: DType,
+    seed: u64,
+) -> (Vec<u64>, Vec<u64>) {
+    let (a_off, b_off, c_off) = (8, 16, 4);
+    let alpha = 0.75f32;
+    let a = stored(&data(seed, a_off + m * k), DType::F16);
+    let b = stored(&data(seed + 1, b_off + n * k), DType::F16);
+    let at = tensor_from_f64(e, &a, &[a.len()], DType::F16);
+    let bt = tensor_from_f64(e, &b, &[b.len()], DType::F16);
+    let bias = bias_dt.map(|dt| {
+        let v = stored(&data(seed + 2, n), dt);
+        (tensor_from_f64(e, &v, &[n], dt), v)
+    });
+    let run = |out_dt: DType| {
+        let out = Tensor::zeros(e, &[c_off + m * n + 4], out_dt).unwrap();
+        let pre = Tensor::zeros(e, &[c_off + m * n + 4], DType::F32).unwrap();
+        let call = Gemm {
+            out_offset: c_off,
+            bias: bias.as_ref().map(|(t, _)| t),
+            activation,
+            pre_activation: activation.map(|_| &pre),
+            alpha,
+            tensor_cores: true,
+            ..Gemm::plain(
+                operand(&at, a_off, ta, 0),
+                operand(&bt, b_off, true, 0),
+                &out,
+                (m, n, k),
+                false,
+            )
+        };
+        gemm(&call).unwrap();
+        (out, pre)
     };
-    assert!(matches!(gemm(&with_bias), Err(Error::InvalidValue { .. })));
-    assert!(matches!(
-        mm(&a, &b, Some(&bias), &tc),
-        Err(Error::InvalidValue { .. })
-    ));
+    let label = format!(
+        "tensor-core epilogue m {m} n {n} k {k} ta {ta} bias {bias_dt:?} {activation:?} out {out_dt:?}"
+    );
+    let (out32, pre) = run(DType::F32);
+    let mut want = vec![0.0; c_off + m * n + 4];
+    let mut want_pre = want.clone();
+    let bias_v = bias.as_ref().map(|(_, v)| v.as_slice());
+    let ops = ((a_off, ta, 0), (b_off, true, 0));
+    let dims = (m, n, k, 1);
+    let f = f64::from(alpha);
+    gemm_reference(
+        &a,
+        ops.0,
+        &b,
+        ops.1,
+        &mut want,
+        (c_off, 0),
+        dims,
+        bias_v,
+        false,
+        activation,
+        f,
+    );
+    gemm_reference(
+        &a,
+        ops.0,
+        &b,
+        ops.1,
+        &mut want_pre,
+        (c_off, 0),
+        dims,
+        bias_v,
+        false,
+        None,
+        f,
+    );
+    // The activations' slopes are at most about 1.1 on these values: the sums' budget holds.
+    let tol = matmul::tensor_core_tolerance(k + 1);
+    assert_close(&label, &out32.to_f64().unwrap(), &want, tol);
+    let pre_bits = if activation.is_some() {
+        assert_close(
+            &format!("{label} pre"),
+            &pre.to_f64().unwrap(),
+            &want_pre,
+            tol,
+        );
+        f64_bits(&pre)
+    } else {
+        Vec::new()
+    };
+    if out_dt == DType::F32 {
+        return (f64_bits(&out32), pre_bits);
+    }
+    let (out16, _) = run(out_dt);
+    let rounded = wgrad::cast::cast(&out32, out_dt).unwrap();
+    assert_same_bits(
+        &format!("{label}: the F32 result rounded once"),
+        &out16,
+        &rounded,
+    );
+    (f64_bits(&out16), pre_bits)
+}
+
+/// The tensor-core product's epilogue (bias of every float dtype, activations with their
+/// pre-activation, F16 / BF16 outputs, alpha; whole and ragged tiles, A stored either way)
+/// against the f64 reference, a 16-bit out bit for bit the F32 one rounded once, a zero bias
+/// giving the plain product's bits (the same sums), reruns bit-identical, and `matmul_as`
+/// with a bias and F16 out the rounding of `matmul`'s. Without tensor cores: a call with a
+/// bias and activation is refused with `MissingFeature`, and nothing is written.
+#[test]
+fn tensor_core_epilogues_match_reference_or_are_refused() {
+    let e = engine();
+    let a = tensor_from_f64(e, &data(5, 128 * 64), &[128, 64], DType::F16);
+    let b = tensor_from_f64(e, &data(6, 64 * 128), &[128, 64], DType::F16);
+    let bias = tensor_from_f64(e, &data(7, 128), &[128], DType::BF16);
+    let tc = MatmulOptions {
+        transpose_b: true,
+        activation: Some(Activation::GeluTanh),
+        tensor_cores: true,
+        ..Default::default()
+    };
+    if !matmul::tensor_cores(e) {
+        assert!(matches!(
+            mm(&a, &b, Some(&bias), &tc),
+            Err(Error::MissingFeature { .. })
+        ));
+        let out = Tensor::zeros(e, &[128 * 128], DType::F16).unwrap();
+        let call = Gemm {
+            bias: Some(&bias),
+            tensor_cores: true,
+            ..Gemm::plain(
+                operand(&a, 0, false, 0),
+                operand(&b, 0, true, 0),
+                &out,
+                (128, 128, 64),
+                false,
+            )
+        };
+        assert!(matches!(gemm(&call), Err(Error::MissingFeature { .. })));
+        assert!(out.to_f64().unwrap().iter().all(|&x| x.to_bits() == 0));
+        return;
+    }
+    let cases = [
+        (Some(DType::F32), None, DType::F32),
+        (Some(DType::F16), Some(Activation::GeluTanh), DType::F32),
+        (Some(DType::BF16), Some(Activation::Relu), DType::F16),
+        (None, Some(Activation::Silu), DType::BF16),
+        (None, None, DType::F16),
+        (Some(DType::F32), Some(Activation::Tanh), DType::BF16),
+    ];
+    for (shape, ta) in [
+        ((128, 128, 64), false),
+        ((136, 120, 72), true),
+        ((200, 264, 200), false),
+    ] {
+        for (i, &(bias_dt, act, out_dt)) in cases.iter().enumerate() {
+            let seed = 900 + 10 * i as u64;
+            let first = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
+            if i == 1 {
+                let again = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
+                assert_eq!(first, again, "tensor-core epilogue rerun {shape:?}");
+            }
+        }
+        // A zero bias: the epilogue entry's sums are the plain entry's.
+        let (m, n, k) = shape;
+        let a16 = tensor_from_f64(e, &data(11, m * k), &[m * k], DType::F16);
+        let b16 = tensor_from_f64(e, &data(12, n * k), &[n * k], DType::F16);
+        let zero = Tensor::zeros(e, &[n], DType::F32).unwrap();
+        let product = |bias: Option<&Tensor>| {
+            let out = Tensor::zeros(e, &[m * n], DType::F32).unwrap();
+            gemm(&Gemm {
+                bias,
+                tensor_cores: true,
+                ..Gemm::plain(
+                    operand(&a16, 0, ta, 0),
+                    operand(&b16, 0, true, 0),
+                    &out,
+                    (m, n, k),
+                    false,
+                )
+            })
+            .unwrap();
+            f32_bits(&out)
+        };
+        assert_eq!(product(None), product(Some(&zero)), "{shape:?}: zero bias");
+    }
+    // matmul_as with a bias and activation, F16 out: the F32 result rounded once.
+    let (y32, _) = mm(&a, &b, Some(&bias), &tc).unwrap();
+    let (y16, _) = matmul::matmul_as(&a, &b, Some(&bias), &tc, DType::F16).unwrap();
+    let rounded = wgrad::cast::cast(&y32, DType::F16).unwrap();
+    assert_same_bits("matmul_as F16 with tensor cores", &y16, &rounded);
 }

@@ -5,7 +5,7 @@
 //
 // with A_b(i, l) at off_a + b·stride_a + i·k + l ([m, k] rows), or + l·m + i when TRANS_A, and
 // B_b(l, j) at off_b + b·stride_b + l·n + j ([k, n] rows), or + j·k + l when TRANS_B ([n, k]).
-// A and B are F16 (two halves a u32 word), out is F32. Products of two F16 values are exact in
+// A and B are F16 (two halves a u32 word). Products of two F16 values are exact in
 // FP32; the sums are the tensor cores' FP32 accumulation, whose order and rounding inside one
 // 16-wide k step are the hardware's, not one IEEE fma per term: the results are deterministic on
 // one device (a fixed schedule, no atomics) but not the bits of the FP32 path
@@ -29,8 +29,14 @@
 // skipped for one subgroup: a cooperative operation may not sit under a branch on the
 // subgroup's position, naga's uniformity rule). The host's rule (`matmul::tensor_core_fits`):
 // every operand's contiguous extent, offset and batch stride a multiple of 8 halves (16-byte
-// chunks), n, out's offset and batch stride multiples of 4 (16-byte rows of out); no bias,
-// activation or pre-activation.
+// chunks), n, out's offset and batch stride multiples of 4 (16-byte rows of out).
+//
+// Entry points: `gemm_tc`, out F32 without bias, activation or pre-activation (the fragments
+// stored straight to out, `alpha` and accumulate applied to whole fragments); `gemm_tc_epilogue`
+// and `gemm_tc_epilogue_pre`, the epilogue of `wgsl/matmul.wgsl` (`v = alpha·Σ + bias[j]`, out
+// ← act(v) or out += v; out F32, or F16 / BF16 with DT_OUT, each value rounded once, two
+// columns a word; `_pre` also stores v, F32, with out's indexing): every fragment goes through
+// workgroup memory, where each invocation takes eight of its values.
 //
 // Measured on an H200 (`notes/measurements.md`) and not kept: fragments loaded straight from
 // the buffers (no staging), chunks fetched as F16 quads, K steps of 32, two staging buffers
@@ -38,6 +44,7 @@
 
 override TRANS_A: u32 = 0u;     // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;     // 1: B stored [n, k]
+override DT_OUT: u32 = 0u;      // dtype code of out (the epilogue entries)
 
 const BM: u32 = 128u;
 const BN: u32 = 128u;
@@ -51,6 +58,11 @@ const TILE_QUADS: u32 = 2304u;
 @group(0) @binding(1) var<storage, read> a4: array<vec4<u32>>;  // A, B as 16-byte chunks
 @group(0) @binding(2) var<storage, read> b4: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// The epilogue entries: the bias (any float dtype), out as words (F32 bits, or two 16-bit
+// values), the F32 pre-activation.
+@group(0) @binding(4) var<storage, read> bias: array<u32>;
+@group(0) @binding(5) var<storage, read_write> out_w: array<u32>;
+@group(0) @binding(6) var<storage, read_write> pre: array<u32>;
 
 var<workgroup> a_tile: array<vec4<f16>, TILE_QUADS>;
 var<workgroup> b_tile: array<vec4<f16>, TILE_QUADS>;
@@ -166,21 +178,30 @@ fn acc_store(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32) {
     coopStoreT(result, &out[at], stride);
 }
 
-// The same for a tile that reaches past m or n (the whole workgroup takes this path): each
-// subgroup stores its accumulator into its 16×16 of `c_tile`, then each of its invocations
-// writes eight of those values that lie inside the product (`lane` its index in the
-// subgroup). Both barriers are uniform: every subgroup calls this for the same fragment.
-fn acc_store_edge(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
-    let base = sg * 256u;
-    coopStoreT(acc, &c_tile[base], 16u);
+// Each subgroup stores its accumulator into its 16×16 of `c_tile` for its invocations to
+// read: invocation `lane` of the subgroup then takes row lane / 2, columns 8·(lane % 2)..+8
+// (`staged`). Uniform: every subgroup stages the same fragment of its block, and the caller
+// ends with a barrier before the next one.
+fn stage_frag(acc: coop_mat16x16<f32, C>, sg: u32) {
+    coopStoreT(acc, &c_tile[sg * 256u], 16u);
     workgroupBarrier();
+}
+
+fn staged(sg: u32, lane: u32, q: u32) -> f32 {
+    return c_tile[sg * 256u + (lane / 2u) * 16u + q];
+}
+
+// The staged fragment at output rows i.., columns j.. of a tile that reaches past m or n (the
+// whole workgroup takes this path): the values inside the product, times alpha (added to
+// out's with accumulate).
+fn edge_out(i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
     let r = lane / 2u;
     let q0 = (lane % 2u) * 8u;
     if (i + r < params.m) {
         for (var q = q0; q < q0 + 8u; q += 1u) {
             if (j + q < params.n) {
                 let at = c0 + (i + r) * params.n + j + q;
-                var v = c_tile[base + r * 16u + q] * params.alpha;
+                var v = staged(sg, lane, q) * params.alpha;
                 if (params.accumulate == 1u) {
                     v = v + out[at];
                 }
@@ -188,32 +209,139 @@ fn acc_store_edge(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, 
             }
         }
     }
+}
+
+fn acc_store_edge(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    stage_frag(acc, sg);
+    edge_out(i, j, c0, sg, lane);
     workgroupBarrier();
 }
 
-@compute @workgroup_size(256)
-fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
-           @builtin(subgroup_invocation_id) lane: u32) {
-    // `group_index` written out: naga counts a function's result as non-uniform, and the early
-    // return below must stay uniform for the cooperative operations after it.
-    let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-    let per_batch = params.tiles_m * params.tiles_n;
-    if (tile >= per_batch * params.batch) {
-        return;
+// ---- the epilogue entries ----
+
+fn load_bias(col: u32) -> f32 {
+    if (params.dt_bias == DT_F32) {
+        return bitcast<f32>(bias[col]);
     }
+    return half_from_word(bias[col >> 1u], col, params.dt_bias);
+}
+
+// v = alpha·Σ + bias of staged value q (column j + q < n).
+fn epi_value(sg: u32, lane: u32, j: u32, q: u32) -> f32 {
+    var v = staged(sg, lane, q) * params.alpha;
+    if (params.has_bias == 1u) {
+        v = v + load_bias(j + q);
+    }
+    return v;
+}
+
+fn act(v: f32) -> f32 {
+    if (params.act != 0u) {
+        return activation_eval(params.act - 1u, v).x;
+    }
+    return v;
+}
+
+// The staged fragment's values inside the product to out: F32 (act(v), or out += v), or
+// 16-bit pairs of columns (n, out's offset and batch stride even: j + q even).
+fn epi_out(i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    let r = lane / 2u;
+    let q0 = (lane % 2u) * 8u;
+    // No early return (a helper's return under a branch on the invocation would make the
+    // caller's barrier non-uniform to naga).
+    let row = c0 + (i + r) * params.n + j;
+    let inside = i + r < params.m;
+    if (inside && DT_OUT == DT_F32) {
+        for (var q = q0; q < q0 + 8u; q += 1u) {
+            if (j + q < params.n) {
+                let v = epi_value(sg, lane, j, q);
+                if (params.accumulate == 1u) {
+                    out_w[row + q] = bitcast<u32>(bitcast<f32>(out_w[row + q]) + v);
+                } else {
+                    out_w[row + q] = bitcast<u32>(act(v));
+                }
+            }
+        }
+    } else if (inside) {
+        for (var q = q0; q < q0 + 8u; q += 2u) {
+            if (j + q < params.n) {
+                let v0 = act(epi_value(sg, lane, j, q));
+                let v1 = act(epi_value(sg, lane, j, q + 1u));
+                out_w[(row + q) / 2u] = pack_halves(v0, v1, DT_OUT);
+            }
+        }
+    }
+}
+
+// The pre-activation v of the staged fragment's values inside the product.
+fn epi_pre(i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    let r = lane / 2u;
+    let q0 = (lane % 2u) * 8u;
+    let row = c0 + (i + r) * params.n + j;
+    for (var q = q0; q < q0 + 8u; q += 1u) {
+        if (i + r < params.m && j + q < params.n) {
+            pre[row + q] = bitcast<u32>(epi_value(sg, lane, j, q));
+        }
+    }
+}
+
+fn epi_store(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    stage_frag(acc, sg);
+    epi_out(i, j, c0, sg, lane);
+    workgroupBarrier();
+}
+
+fn epi_store_pre(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    stage_frag(acc, sg);
+    epi_pre(i, j, c0, sg, lane);
+    epi_out(i, j, c0, sg, lane);
+    workgroupBarrier();
+}
+
+// The eight accumulators of a subgroup's 32×64 block: cRQ at rows 16·R.., columns 16·Q...
+struct Acc8 {
+    c00: coop_mat16x16<f32, C>,
+    c01: coop_mat16x16<f32, C>,
+    c02: coop_mat16x16<f32, C>,
+    c03: coop_mat16x16<f32, C>,
+    c10: coop_mat16x16<f32, C>,
+    c11: coop_mat16x16<f32, C>,
+    c12: coop_mat16x16<f32, C>,
+    c13: coop_mat16x16<f32, C>,
+}
+
+// A tile's launch: its batch's operand bases and out offset, its origin, and this subgroup's
+// block origin (tile coordinates).
+struct TileAt {
+    abase: u32,
+    bbase: u32,
+    c0: u32,
+    m0: u32,
+    n0: u32,
+    wr: u32,
+    wc: u32,
+}
+
+fn tile_at(tile: u32, sg: u32) -> TileAt {
+    let per_batch = params.tiles_m * params.tiles_n;
     let bi = tile / per_batch;
     let t = tile % per_batch;
-    let m0 = (t / params.tiles_n) * BM;
-    let n0 = (t % params.tiles_n) * BN;
+    return TileAt(params.off_a + bi * params.stride_a, params.off_b + bi * params.stride_b,
+                  params.off_c + bi * params.stride_c, (t / params.tiles_n) * BM,
+                  (t % params.tiles_n) * BN, (sg / 2u) * 32u, (sg % 2u) * 64u);
+}
+
+// Σ over k of this subgroup's 32×64 block of the tile (raw sums, no alpha). Called in uniform
+// control flow by every invocation of the workgroup.
+fn tile_product(at: TileAt, lid: u32) -> Acc8 {
     let akc = TRANS_A == 0u;
     let bkc = TRANS_B == 1u;
-    let abase = params.off_a + bi * params.stride_a;
-    let bbase = params.off_b + bi * params.stride_b;
-    let c0 = params.off_c + bi * params.stride_c;
-    // This subgroup's 32×64 block of the tile (tile coordinates).
-    let wr = (sg / 2u) * 32u;
-    let wc = (sg % 2u) * 64u;
+    let m0 = at.m0;
+    let n0 = at.n0;
+    let abase = at.abase;
+    let bbase = at.bbase;
+    let wr = at.wr;
+    let wc = at.wc;
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c02 = coop_mat16x16<f32, C>();
@@ -269,25 +397,88 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             c13 = coopMultiplyAdd(a1, b3, c13);
         }
     }
-    let i0 = m0 + wr;
-    let j0 = n0 + wc;
-    if (m0 + BM > params.m || n0 + BN > params.n) {
-        acc_store_edge(c00, i0, j0, c0, sg, lane);
-        acc_store_edge(c01, i0, j0 + 16u, c0, sg, lane);
-        acc_store_edge(c02, i0, j0 + 32u, c0, sg, lane);
-        acc_store_edge(c03, i0, j0 + 48u, c0, sg, lane);
-        acc_store_edge(c10, i0 + 16u, j0, c0, sg, lane);
-        acc_store_edge(c11, i0 + 16u, j0 + 16u, c0, sg, lane);
-        acc_store_edge(c12, i0 + 16u, j0 + 32u, c0, sg, lane);
-        acc_store_edge(c13, i0 + 16u, j0 + 48u, c0, sg, lane);
+    return Acc8(c00, c01, c02, c03, c10, c11, c12, c13);
+}
+
+// Each entry computes its tile index itself (`group_index` written out: the early return
+// after it must stay uniform for the cooperative operations that follow).
+
+@compute @workgroup_size(256)
+fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+           @builtin(subgroup_invocation_id) lane: u32) {
+    let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    if (tile >= params.tiles_m * params.tiles_n * params.batch) {
         return;
     }
-    acc_store(c00, i0, j0, c0);
-    acc_store(c01, i0, j0 + 16u, c0);
-    acc_store(c02, i0, j0 + 32u, c0);
-    acc_store(c03, i0, j0 + 48u, c0);
-    acc_store(c10, i0 + 16u, j0, c0);
-    acc_store(c11, i0 + 16u, j0 + 16u, c0);
-    acc_store(c12, i0 + 16u, j0 + 32u, c0);
-    acc_store(c13, i0 + 16u, j0 + 48u, c0);
+    let at = tile_at(tile, sg);
+    let acc = tile_product(at, lid);
+    let i0 = at.m0 + at.wr;
+    let j0 = at.n0 + at.wc;
+    let c0 = at.c0;
+    if (at.m0 + BM > params.m || at.n0 + BN > params.n) {
+        acc_store_edge(acc.c00, i0, j0, c0, sg, lane);
+        acc_store_edge(acc.c01, i0, j0 + 16u, c0, sg, lane);
+        acc_store_edge(acc.c02, i0, j0 + 32u, c0, sg, lane);
+        acc_store_edge(acc.c03, i0, j0 + 48u, c0, sg, lane);
+        acc_store_edge(acc.c10, i0 + 16u, j0, c0, sg, lane);
+        acc_store_edge(acc.c11, i0 + 16u, j0 + 16u, c0, sg, lane);
+        acc_store_edge(acc.c12, i0 + 16u, j0 + 32u, c0, sg, lane);
+        acc_store_edge(acc.c13, i0 + 16u, j0 + 48u, c0, sg, lane);
+        return;
+    }
+    acc_store(acc.c00, i0, j0, c0);
+    acc_store(acc.c01, i0, j0 + 16u, c0);
+    acc_store(acc.c02, i0, j0 + 32u, c0);
+    acc_store(acc.c03, i0, j0 + 48u, c0);
+    acc_store(acc.c10, i0 + 16u, j0, c0);
+    acc_store(acc.c11, i0 + 16u, j0 + 16u, c0);
+    acc_store(acc.c12, i0 + 16u, j0 + 32u, c0);
+    acc_store(acc.c13, i0 + 16u, j0 + 48u, c0);
+}
+
+@compute @workgroup_size(256)
+fn gemm_tc_epilogue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+                    @builtin(subgroup_invocation_id) lane: u32) {
+    let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    if (tile >= params.tiles_m * params.tiles_n * params.batch) {
+        return;
+    }
+    let at = tile_at(tile, sg);
+    let acc = tile_product(at, lid);
+    let i0 = at.m0 + at.wr;
+    let j0 = at.n0 + at.wc;
+    let c0 = at.c0;
+    epi_store(acc.c00, i0, j0, c0, sg, lane);
+    epi_store(acc.c01, i0, j0 + 16u, c0, sg, lane);
+    epi_store(acc.c02, i0, j0 + 32u, c0, sg, lane);
+    epi_store(acc.c03, i0, j0 + 48u, c0, sg, lane);
+    epi_store(acc.c10, i0 + 16u, j0, c0, sg, lane);
+    epi_store(acc.c11, i0 + 16u, j0 + 16u, c0, sg, lane);
+    epi_store(acc.c12, i0 + 16u, j0 + 32u, c0, sg, lane);
+    epi_store(acc.c13, i0 + 16u, j0 + 48u, c0, sg, lane);
+}
+
+@compute @workgroup_size(256)
+fn gemm_tc_epilogue_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+                        @builtin(subgroup_invocation_id) lane: u32) {
+    let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    if (tile >= params.tiles_m * params.tiles_n * params.batch) {
+        return;
+    }
+    let at = tile_at(tile, sg);
+    let acc = tile_product(at, lid);
+    let i0 = at.m0 + at.wr;
+    let j0 = at.n0 + at.wc;
+    let c0 = at.c0;
+    epi_store_pre(acc.c00, i0, j0, c0, sg, lane);
+    epi_store_pre(acc.c01, i0, j0 + 16u, c0, sg, lane);
+    epi_store_pre(acc.c02, i0, j0 + 32u, c0, sg, lane);
+    epi_store_pre(acc.c03, i0, j0 + 48u, c0, sg, lane);
+    epi_store_pre(acc.c10, i0 + 16u, j0, c0, sg, lane);
+    epi_store_pre(acc.c11, i0 + 16u, j0 + 16u, c0, sg, lane);
+    epi_store_pre(acc.c12, i0 + 16u, j0 + 32u, c0, sg, lane);
+    epi_store_pre(acc.c13, i0 + 16u, j0 + 48u, c0, sg, lane);
 }

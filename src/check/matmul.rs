@@ -27,7 +27,8 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 /// engine cannot run it (`matmul::tensor_cores`), one case records that the call is refused
 /// with `MissingFeature` (any other outcome is an error). Where it can: a `[256, 192] ·
 /// [128, 192]ᵀ` forward and its backward with an F16 cotangent (both products on tensor
-/// cores), then a batched A with a shared, non-transposed B, against the f64 reference within
+/// cores), then a batched A with a shared, non-transposed B, then a linear layer's epilogue
+/// (BF16 bias, tanh-GELU) on a ragged tile, against the f64 reference within
 /// `matmul::tensor_core_tolerance`.
 fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
     use crate::matmul::{
@@ -124,6 +125,39 @@ fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
             tensor_core_tolerance(p.batch * p.m),
         ));
     }
+    // A linear layer's epilogue on tensor cores: bias (BF16) and tanh-GELU on a ragged tile.
+    let p = Problem {
+        transpose_b: true,
+        activation: Some(crate::activation::Activation::GeluTanh),
+        ..Problem::new(136, 200, 72)
+    };
+    let (a, a_s) = tensor_from_f64(
+        engine,
+        &rng.vec(p.a_len(), -1.0, 1.0),
+        &[p.m, p.k],
+        DType::F16,
+    )?;
+    let (b, b_s) = tensor_from_f64(
+        engine,
+        &rng.vec(p.b_len(), -1.0, 1.0),
+        &[p.n, p.k],
+        DType::F16,
+    )?;
+    let (bias, bias_s) = tensor_from_f64(engine, &rng.vec(p.n, -1.0, 1.0), &[p.n], DType::BF16)?;
+    let layer = MatmulOptions {
+        activation: p.activation,
+        ..options(true)
+    };
+    let (y, _) = matmul(&a, &b, Some(&bias), &layer)?;
+    cases.push(case(
+        format!(
+            "y = gelu_tanh(a·bᵀ + bias) f16 a [{}, {}] bias bf16, tensor cores",
+            p.m, p.k
+        ),
+        &y.to_f64()?,
+        &reference::matmul::forward(&p, &a_s, &b_s, Some(&bias_s)),
+        tensor_core_tolerance(p.k + 1),
+    ));
     Ok(cases)
 }
 

@@ -1,6 +1,6 @@
 // The uniform parameters of a dense product's launch, shared by `wgsl/matmul.wgsl` and the
-// tensor-core module `wgsl/matmul_tc.wgsl` (which reads the fields up to `accumulate` and
-// leaves the epilogue's and split-K's at their neutral values).
+// tensor-core module `wgsl/matmul_tc.wgsl` (which reads the fields up to `act` and leaves
+// split-K's at their neutral values).
 struct Params {
     m: u32,
     n: u32,
