@@ -1718,7 +1718,8 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 }
 
 /// The fused SwiGLU MLP at a Llama-3-8B layer (rows × hidden × intermediate = 4096 × 4096 ×
-/// 14336; `--quick`: 256 × 256 × 688), F32 and BF16 inputs: forward (three products) and
+/// 14336; `--quick`: 256 × 256 × 688), F32 and BF16 inputs, and F16 with `tensor_cores` where
+/// the engine runs them (gate, up and `dh` products on tensor cores): forward (three products) and
 /// backward with saved products (six products), TFLOP/s to stderr; then forward+backward with
 /// the peak memory, untiled and tiled by a quarter of the rows (`MlpOptions::tile_rows`).
 fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
@@ -1730,7 +1731,15 @@ fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         [4096, 4096, 14336]
     };
     let mut ops = Vec::new();
-    for dtype in [DType::F32, DType::BF16] {
+    let mut runs = vec![(DType::F32, false), (DType::BF16, false)];
+    if wgrad::matmul::tensor_cores(engine) {
+        runs.push((DType::F16, true));
+    }
+    for (dtype, tensor_cores) in runs {
+        let base = MlpOptions {
+            tensor_cores,
+            ..MlpOptions::default()
+        };
         let make = |shape: &[usize], seed: usize| -> Result<Tensor> {
             let len: usize = shape.iter().product();
             let data: Vec<f32> = (0..len)
@@ -1743,7 +1752,11 @@ fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         let wu = make(&[i, h], 3)?;
         let wd = make(&[h, i], 4)?;
         let dy = make(&[t, h], 5)?;
-        let label = if dtype == DType::BF16 { "bf16" } else { "f32" };
+        let label = match dtype {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            _ => "f32",
+        };
         let product = matmul_flops(1, t, i, h);
         eprintln!(
             "  swiglu_mlp {label} T{t} H{h} I{i}: {:.3e} FLOP per forward",
@@ -1754,14 +1767,14 @@ fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 "swiglu_mlp_fwd",
                 label,
                 vec![x.clone(), wg.clone(), wu.clone(), wd.clone()],
-                |v| {
-                    let (y, _) = mlp(&v[0], &v[1], &v[2], &v[3], &MlpOptions::default())?;
+                move |v| {
+                    let (y, _) = mlp(&v[0], &v[1], &v[2], &v[3], &base)?;
                     Ok(vec![y])
                 },
             )
             .with_flops(3.0 * product),
         );
-        let (_, saved) = mlp(&x, &wg, &wu, &wd, &MlpOptions::default())?;
+        let (_, saved) = mlp(&x, &wg, &wu, &wd, &base)?;
         let inputs = vec![x, wg, wu, wd, dy];
         ops.push(
             Op::new("swiglu_mlp_bwd", label, inputs.clone(), move |v| {
@@ -1776,10 +1789,7 @@ fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             ("swiglu_mlp_fwd_bwd", None, 9.0),
             ("swiglu_mlp_tiled_fwd_bwd", Some(t.div_ceil(4)), 11.0),
         ] {
-            let options = MlpOptions {
-                tile_rows,
-                ..MlpOptions::default()
-            };
+            let options = MlpOptions { tile_rows, ..base };
             ops.push(
                 Op::new(name, label, inputs.clone(), move |v| {
                     let (y, saved) = mlp(&v[0], &v[1], &v[2], &v[3], &options)?;
@@ -1796,8 +1806,9 @@ fn mlp_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 
 /// Fused linear cross-entropy forward + backward (mean over targets, a fifth ignored; the
 /// gradients of x, W and the bias come out of the forward, the backward returns them) at
-/// Liger's benchmark shape H 4096, V 128,256, BT 2,048 and 8,192, F32 and BF16 x/W/bias
-/// (`--quick`: H 128, V 2,048, BT 64 and 256), chunked by the default budget (the engine's
+/// Liger's benchmark shape H 4096, V 128,256, BT 2,048 and 8,192, F32 and BF16 x/W/bias, and
+/// F16 with `Chunking::tensor_cores` where the engine runs them (the logits products on tensor
+/// cores) (`--quick`: H 128, V 2,048, BT 64 and 256), chunked by the default budget (the engine's
 /// workspace bound). Inputs are x, W, bias, targets (the shape column is x's). Each row also
 /// reports the peak engine memory of one run beyond the inputs; FLOPs per run
 /// (`6·BT·H·V`: logits, d input, d weight) are printed to stderr.
@@ -1846,9 +1857,16 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         Tensor::from_slice(engine, &t, &[bt])
     };
     let mut ops = Vec::new();
-    for dtype in [DType::F32, DType::BF16] {
+    let mut runs = vec![(DType::F32, false), (DType::BF16, false)];
+    if wgrad::matmul::tensor_cores(engine) {
+        // F16 heads with the logits products on tensor cores.
+        runs.push((DType::F16, true));
+    }
+    for (dtype, tensor_cores) in runs {
         let w = weight(dtype)?;
         let b = scaled(vocab, 0.1, 2, dtype)?;
+        let mut options = options.clone();
+        options.chunking.tensor_cores = tensor_cores;
         for &bt in rows {
             let x = input(bt, dtype)?;
             let t = targets(bt)?;

@@ -206,6 +206,12 @@ pub struct Chunking {
     /// Bytes of scratch the call may use; `None` (default) means the engine's workspace bound,
     /// which is also the ceiling.
     pub memory_budget: Option<u64>,
+    /// Opt-in: each chunk's logits product `x·Wᵀ` on tensor cores where the head's input and
+    /// weight are both F16 ([`crate::matmul::Gemm::tensor_cores`]: exact products, FP32
+    /// accumulation in the hardware's order, [`crate::matmul::tensor_core_tolerance`]; needs
+    /// [`crate::matmul::tensor_cores`], else `MissingFeature`). The gradient products take
+    /// the F32 logit gradient and stay on the FP32 path. Heads of other dtypes ignore it.
+    pub tensor_cores: bool,
 }
 
 /// The chunking of one call.
@@ -255,6 +261,8 @@ struct Head {
     scale: f32,
     /// The bias the logits add: `bias·scale` (F32) when `scale ≠ 1`, else the bias itself.
     logit_bias: Option<Tensor>,
+    /// The logits product on tensor cores ([`Chunking::tensor_cores`] and F16 input and weight).
+    tensor_cores: bool,
 }
 
 impl Head {
@@ -269,7 +277,23 @@ impl Head {
             vocab: h.weight.shape().first().copied().unwrap_or(0),
             scale: 1.0,
             logit_bias: h.bias.cloned(),
+            tensor_cores: false,
         }
+    }
+
+    /// The same head with its logits product on tensor cores when `chunking` asks for them
+    /// and its input and weight are F16; `MissingFeature` (before anything is recorded) when
+    /// the engine cannot run them.
+    fn with_chunking(mut self, chunking: &Chunking) -> Result<Head> {
+        self.tensor_cores = chunking.tensor_cores
+            && self.input.dtype() == DType::F16
+            && self.weight.dtype() == DType::F16;
+        if self.tensor_cores && !crate::matmul::tensor_cores(self.input.engine()) {
+            return Err(Error::MissingFeature {
+                features: "tensor cores (matmul::tensor_cores) for Chunking::tensor_cores".into(),
+            });
+        }
+        Ok(self)
     }
 
     /// The same head with its logits divided by `temperature` (the bias divided once, here).
@@ -301,6 +325,7 @@ impl Head {
         gemm(&Gemm {
             bias: self.logit_bias.as_ref(),
             alpha: self.scale,
+            tensor_cores: self.tensor_cores,
             ..Gemm::plain(
                 GemmOperand {
                     offset: r0 * self.hidden,
@@ -802,7 +827,7 @@ fn cross_entropy_forward(
 ) -> Result<(CrossEntropyOutput, FusedLinearCrossEntropySaved)> {
     const WHAT: &str = "fused_linear_cross_entropy";
     let engine = head.input.engine();
-    let h = check_head(WHAT, engine, &head)?;
+    let h = check_head(WHAT, engine, &head)?.with_chunking(&options.chunking)?;
     loss::check_target_tensor(&format!("{WHAT}: targets"), engine, targets, h.lead())?;
     let ce = &options.cross_entropy;
     let settings = loss::ce_settings(WHAT, engine, ce, h.vocab)?;
@@ -1479,8 +1504,10 @@ pub fn fused_linear_distillation(
 ) -> Result<(DistillationOutput, DistillationSaved)> {
     const WHAT: &str = "fused_linear_distillation";
     let engine = student.input.engine();
-    let s = check_head(&format!("{WHAT}: student"), engine, &student)?;
-    let t = check_head(&format!("{WHAT}: teacher"), engine, &teacher)?;
+    let s = check_head(&format!("{WHAT}: student"), engine, &student)?
+        .with_chunking(&options.chunking)?;
+    let t = check_head(&format!("{WHAT}: teacher"), engine, &teacher)?
+        .with_chunking(&options.chunking)?;
     if t.lead() != s.lead() {
         return Err(Error::shape(
             format!("{WHAT}: teacher input rows"),

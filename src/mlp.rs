@@ -46,6 +46,13 @@ pub struct MlpOptions {
     /// ([`intermediate_bytes`]); it implies recomputation. `None` (the default): every row at
     /// once.
     pub tile_rows: Option<usize>,
+    /// Opt-in: the products whose two operands are F16 run on tensor cores
+    /// ([`matmul::Gemm::tensor_cores`]: FP32 accumulation in the hardware's order, compared
+    /// under [`matmul::tensor_core_tolerance`]): the gate and up products for F16 `x`, `W_g`,
+    /// `W_u`, and `dh = dy·W_d` for an F16 `dy` and `W_d`. The others (their operand `h`, `dg`
+    /// or `du` is F32) run on the FP32 path. Needs [`matmul::tensor_cores`] when any product
+    /// qualifies (else `MissingFeature`).
+    pub tensor_cores: bool,
 }
 
 impl Default for MlpOptions {
@@ -54,6 +61,7 @@ impl Default for MlpOptions {
             activation: Activation::Silu,
             recompute: false,
             tile_rows: None,
+            tensor_cores: false,
         }
     }
 }
@@ -160,7 +168,8 @@ fn rows_of(tensor: &Tensor, first: usize, width: usize, transposed: bool) -> Gem
     }
 }
 
-/// `out[out_offset..] (=|+=) a·b` with logical extents `(m, n, k)`.
+/// `out[out_offset..] (=|+=) a·b` with logical extents `(m, n, k)`; on tensor cores where
+/// `tc` (the options' opt-in) and both operands are F16.
 fn product(
     out: &Tensor,
     out_offset: usize,
@@ -168,9 +177,12 @@ fn product(
     b: GemmOperand,
     extents: (usize, usize, usize),
     accumulate: bool,
+    tc: bool,
 ) -> Result<()> {
+    let tensor_cores = tc && a.tensor.dtype() == DType::F16 && b.tensor.dtype() == DType::F16;
     matmul::gemm(&Gemm {
         out_offset,
+        tensor_cores,
         ..Gemm::plain(a, b, out, extents, accumulate)
     })
 }
@@ -181,9 +193,10 @@ fn fresh(
     b: GemmOperand,
     extents: (usize, usize, usize),
     what: &str,
+    tc: bool,
 ) -> Result<Tensor> {
     let out = Tensor::empty(a.tensor.engine(), &[extents.0, extents.1], DType::F32, what)?;
-    product(&out, 0, a, b, extents, false)?;
+    product(&out, 0, a, b, extents, false, tc)?;
     Ok(out)
 }
 
@@ -193,6 +206,7 @@ fn gate_up(
     gate: &Tensor,
     up: &Tensor,
     (first, count): (usize, usize),
+    tc: bool,
 ) -> Result<(Tensor, Tensor)> {
     let (inter, hidden) = (gate.shape()[0], gate.shape()[1]);
     let extents = (count, inter, hidden);
@@ -202,12 +216,14 @@ fn gate_up(
             GemmOperand::whole(gate, true),
             extents,
             "mlp: gate product",
+            tc,
         )?,
         fresh(
             rows_of(x, first, hidden, false),
             GemmOperand::whole(up, true),
             extents,
             "mlp: up product",
+            tc,
         )?,
     ))
 }
@@ -252,7 +268,7 @@ pub fn mlp(
     let y = Tensor::empty(x.engine(), &out_shape(x, hidden), DType::F32, "mlp: y")?;
     let mut products = None;
     for tile in tiles(rows, options.tile_rows) {
-        let (g, u) = gate_up(x, gate, up, tile)?;
+        let (g, u) = gate_up(x, gate, up, tile, options.tensor_cores)?;
         let (h, _) = activation::forward(
             options.activation,
             &g,
@@ -267,6 +283,7 @@ pub fn mlp(
             GemmOperand::whole(down, true),
             (count, hidden, inter),
             false,
+            options.tensor_cores,
         )?;
         if options.tile_rows.is_none() && !options.recompute {
             products = Some((g, u));
@@ -311,6 +328,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
     }
     let engine = saved.x.engine();
     let (x, gate, up, down) = (&saved.x, &saved.gate, &saved.up, &saved.down);
+    let tc = saved.options.tensor_cores;
     let dx = Tensor::empty(engine, x.shape(), DType::F32, "mlp: dx")?;
     let d_gate = Tensor::empty(engine, &[inter, hidden], DType::F32, "mlp: dW_g")?;
     let d_up = Tensor::empty(engine, &[inter, hidden], DType::F32, "mlp: dW_u")?;
@@ -319,7 +337,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
         let (first, count) = tile;
         let (g, u) = match &saved.products {
             Some(p) => p.clone(),
-            None => gate_up(x, gate, up, tile)?,
+            None => gate_up(x, gate, up, tile, tc)?,
         };
         // dh = dy·W_d  [count, I]
         let dh = fresh(
@@ -327,6 +345,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
             GemmOperand::whole(down, false),
             (count, inter, hidden),
             "mlp: dh",
+            tc,
         )?;
         // The activation's backward recomputes h' from (g, u); h itself is recomputed for dW_d.
         let (h, act_saved) = activation::forward(
@@ -352,6 +371,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
             GemmOperand::whole(&h, false),
             (hidden, inter, count),
             add,
+            tc,
         )?;
         // dx = dg·W_g + du·W_u  [count, H]
         let at = first * hidden;
@@ -363,6 +383,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
             GemmOperand::whole(gate, false),
             extents,
             false,
+            tc,
         )?;
         product(
             &dx,
@@ -371,6 +392,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
             GemmOperand::whole(up, false),
             extents,
             true,
+            tc,
         )?;
         // dW_g (+)= dgᵀ·x, dW_u (+)= duᵀ·x  [I, H]
         let x_rows = rows_of(x, first, hidden, false);
@@ -381,6 +403,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
             x_rows,
             (inter, hidden, count),
             add,
+            tc,
         )?;
         product(
             &d_up,
@@ -389,6 +412,7 @@ pub fn mlp_backward(saved: &MlpSaved, dy: &Tensor) -> Result<MlpGradients> {
             x_rows,
             (inter, hidden, count),
             add,
+            tc,
         )?;
     }
     Ok(MlpGradients {

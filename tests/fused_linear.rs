@@ -142,6 +142,7 @@ fn flce_options(
         chunking: Chunking {
             chunk_rows,
             memory_budget: None,
+            tensor_cores: false,
         },
         gradients_in_forward: true,
         ..FusedLinearCrossEntropyOptions::default()
@@ -725,6 +726,7 @@ fn flce_peak_memory_stays_at_the_chunk_bound() {
         chunking: Chunking {
             chunk_rows: None,
             memory_budget: Some(per_chunk),
+            tensor_cores: false,
         },
         ..FusedLinearCrossEntropyOptions::default()
     };
@@ -904,6 +906,7 @@ fn flce_bad_inputs() {
         chunking: Chunking {
             chunk_rows: Some(0),
             memory_budget: None,
+            tensor_cores: false,
         },
         ..d.clone()
     };
@@ -915,6 +918,7 @@ fn flce_bad_inputs() {
         chunking: Chunking {
             chunk_rows: None,
             memory_budget: Some(100),
+            tensor_cores: false,
         },
         ..d.clone()
     };
@@ -1102,6 +1106,7 @@ fn distill_options(soft: SoftLoss, chunk_rows: usize) -> DistillationOptions {
         chunking: Chunking {
             chunk_rows: Some(chunk_rows),
             memory_budget: None,
+            tensor_cores: false,
         },
         ..DistillationOptions::default()
     }
@@ -1272,6 +1277,7 @@ fn distillation_chunk_sizes_agree_and_recompute_matches() {
             chunking: Chunking {
                 chunk_rows: Some(chunk),
                 memory_budget: None,
+                tensor_cores: false,
             },
             ..base.clone()
         };
@@ -1329,6 +1335,7 @@ fn distillation_peak_memory_stays_at_the_chunk_bound() {
         chunking: Chunking {
             chunk_rows: None,
             memory_budget: Some(budget),
+            tensor_cores: false,
         },
         ..DistillationOptions::default()
     };
@@ -1483,6 +1490,7 @@ fn distillation_bad_inputs() {
         chunking: Chunking {
             chunk_rows: None,
             memory_budget: Some(64),
+            tensor_cores: false,
         },
         ..d.clone()
     };
@@ -2090,6 +2098,7 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
     let chunking = Chunking {
         chunk_rows: None,
         memory_budget: Some(budget),
+        tensor_cores: false,
     };
     let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &chunking).unwrap();
     assert!(
@@ -2100,4 +2109,80 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
         plan.workspace_bytes,
         fl::fused_linear_cross_entropy_workspace_bytes(rows, hidden, vocab, plan.chunk_rows, true)
     );
+}
+
+/// `Chunking::tensor_cores`: an F32 head ignores it (the same bits on any engine); an F16 head
+/// is refused with `MissingFeature` where the engine cannot run tensor cores, and where it
+/// can, the loss (every option, a fifth of the targets ignored, F16 bias) and the gradients
+/// with unit and explicit cotangents match the f64 reference (the logits' products on tensor
+/// cores: their budget over `hidden` products on the loss, the F32 policy's rule on the
+/// gradients), chunks of 48 rows and one chunk agree within that budget, and reruns are
+/// bit-identical.
+#[test]
+fn flce_tensor_cores_match_reference_or_are_refused() {
+    let (lead, hidden, vocab) = ([3usize, 40], 64, 200);
+    let rows = 120;
+    let cfg = as_stored(&all_options(vocab));
+    let targets = targets_for(5, rows, vocab, cfg.ignore_index, 5);
+    let t = Tensor::from_slice(engine(), &targets, &lead).unwrap();
+    let options = |tensor_cores: bool, chunk_rows: Option<usize>| FusedLinearCrossEntropyOptions {
+        chunking: Chunking {
+            tensor_cores,
+            ..flce_options(&cfg, chunk_rows).chunking
+        },
+        ..flce_options(&cfg, chunk_rows)
+    };
+    let head32 = HeadData::new(engine(), 60, &lead, hidden, vocab, true, DType::F32, 0.5);
+    let run = |head: &HeadData, o: &FusedLinearCrossEntropyOptions| {
+        let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, o).unwrap();
+        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+        (out, g)
+    };
+    let (plain, gp) = run(&head32, &options(false, Some(48)));
+    let (asked, ga) = run(&head32, &options(true, Some(48)));
+    assert_eq!(bits(&plain.loss), bits(&asked.loss), "F32 head: loss");
+    assert_eq!(bits(&gp.weight), bits(&ga.weight), "F32 head: d weight");
+    let head = HeadData::new(engine(), 61, &lead, hidden, vocab, true, DType::F16, 0.5);
+    if !wgrad::matmul::tensor_cores(engine()) {
+        assert!(matches!(
+            fused_linear_cross_entropy(head.gpu(), &t, &options(true, Some(48))),
+            Err(Error::MissingFeature { .. })
+        ));
+        return;
+    }
+    let want = reference::fused_linear_cross_entropy(head.reference(), &targets, rows, vocab, &cfg);
+    let tol = wgrad::matmul::tensor_core_tolerance(hidden);
+    for chunk_rows in [Some(48), None] {
+        let what = format!("tensor cores chunk {chunk_rows:?}");
+        let o = options(true, chunk_rows);
+        let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
+        assert_ce_outputs(&what, &out, &want, tol);
+        let ones = [1.0];
+        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+        let want_g = reference::fused_linear_cross_entropy_backward(
+            head.reference(),
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+            &ones,
+        );
+        check_gradients(&format!("{what} (unit)"), &g, &want_g, &head);
+        let ct = tensor_from_f64(engine(), &[-1.5], &[], DType::F32);
+        let g2 = fused_linear_cross_entropy_backward(&saved, Some(&ct)).unwrap();
+        let want_g2 = reference::fused_linear_cross_entropy_backward(
+            head.reference(),
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+            &[-1.5],
+        );
+        check_gradients(&format!("{what} (cotangent)"), &g2, &want_g2, &head);
+        let (out2, saved2) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
+        let g3 = fused_linear_cross_entropy_backward(&saved2, None).unwrap();
+        assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+        assert_eq!(bits(&g.input), bits(&g3.input), "{what}: d input rerun");
+        assert_eq!(bits(&g.weight), bits(&g3.weight), "{what}: d weight rerun");
+    }
 }

@@ -657,6 +657,7 @@ fn fused_linear_head_matches_the_reference() {
                 let chunking = Chunking {
                     chunk_rows: chunk,
                     memory_budget: None,
+                    tensor_cores: false,
                 };
                 let (out, saved) = fused_linear_grpo_loss(head, &gpu_tokens, &o, chunking).unwrap();
                 let g = fused_linear_grpo_loss_backward(&saved, None).unwrap();

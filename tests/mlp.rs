@@ -79,6 +79,7 @@ fn forward_and_gradients_match_reference_in_every_dtype() {
                         activation: kind,
                         recompute,
                         tile_rows: None,
+                        tensor_cores: false,
                     };
                     let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &options).unwrap();
                     assert_eq!(y.shape(), u.x.shape());
@@ -164,6 +165,7 @@ fn reruns_and_recomputation_are_bit_identical() {
             activation: Activation::Silu,
             recompute,
             tile_rows: None,
+            tensor_cores: false,
         };
         let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, &options).unwrap();
         let g = mlp_backward(&saved, &u.dy).unwrap();
@@ -346,4 +348,91 @@ fn row_tiles_bound_the_peak_memory() {
         mlp(&empty, &wg0, &wu0, &wd0, &zero),
         Err(Error::InvalidValue { .. })
     ));
+}
+
+/// The tensor-core opt-in (`MlpOptions::tensor_cores`). F32 inputs: no product has two F16
+/// operands, so the result is the FP32 path's, bit for bit, on any engine. F16 inputs: where
+/// the engine cannot run tensor cores the call is `MissingFeature`; where it can, the forward
+/// and every gradient (F16 and F32 cotangents, saved and recomputed products, row tiles)
+/// match the f64 reference within the tensor-core budget of the products' lengths, and reruns
+/// are bit-identical.
+#[test]
+fn tensor_cores_match_reference_or_are_refused() {
+    let tc = MlpOptions {
+        tensor_cores: true,
+        ..MlpOptions::default()
+    };
+    let e = Extents {
+        t: 37,
+        h: 24,
+        i: 40,
+    };
+    let c = case(31, e, DType::F32);
+    let u = upload(&c, DType::F32, &[e.t]);
+    let run = |u: &Uploaded, options: &MlpOptions, dy: &Tensor| {
+        let (y, saved) = mlp(&u.x, &u.gate, &u.up, &u.down, options).unwrap();
+        let g = mlp_backward(&saved, dy).unwrap();
+        [y, g.x, g.gate, g.up, g.down]
+    };
+    let plain = run(&u, &MlpOptions::default(), &u.dy);
+    let asked = run(&u, &tc, &u.dy);
+    for (p, a) in plain.iter().zip(&asked) {
+        assert_eq!(
+            f32_bits(p),
+            f32_bits(a),
+            "F32 inputs with tensor_cores: the FP32 path"
+        );
+    }
+    if !wgrad::matmul::tensor_cores(engine()) {
+        let u16 = upload(&c, DType::F16, &[e.t]);
+        assert!(matches!(
+            mlp(&u16.x, &u16.gate, &u16.up, &u16.down, &tc),
+            Err(Error::MissingFeature { .. })
+        ));
+        return;
+    }
+    for (n, (t, h, i)) in [(37usize, 24usize, 40usize), (136, 72, 200), (256, 128, 264)]
+        .into_iter()
+        .enumerate()
+    {
+        let e = Extents { t, h, i };
+        let c = case(40 + n as u64, e, DType::F16);
+        let u = upload(&c, DType::F16, &[t]);
+        let dy32 = tensor_from_f64(engine(), &c.dy, &[t, h], DType::F32);
+        let want = reference::forward(Activation::Silu, &c.x, &c.gate, &c.up, &c.down, e);
+        let grads = reference::backward(Activation::Silu, &c.x, &c.gate, &c.up, &c.down, &c.dy, e);
+        let tol = wgrad::matmul::tensor_core_tolerance(t + h + i);
+        for (options, dy) in [
+            (tc, &u.dy),
+            (
+                MlpOptions {
+                    recompute: true,
+                    ..tc
+                },
+                &u.dy,
+            ),
+            (
+                MlpOptions {
+                    tile_rows: Some(64),
+                    ..tc
+                },
+                &u.dy,
+            ),
+            (tc, &dy32),
+        ] {
+            let label = format!(
+                "tensor cores t {t} h {h} i {i} {options:?} dy {}",
+                dy.dtype()
+            );
+            let got = run(&u, &options, dy);
+            let wants = [&want, &grads.x, &grads.gate, &grads.up, &grads.down];
+            for ((what, g), w) in ["y", "dx", "dWg", "dWu", "dWd"].iter().zip(&got).zip(wants) {
+                assert_close(&format!("{label} {what}"), &g.to_f64().unwrap(), w, tol);
+            }
+            let again = run(&u, &options, dy);
+            for (g, a) in got.iter().zip(&again) {
+                assert_eq!(f32_bits(g), f32_bits(a), "{label}: rerun");
+            }
+        }
+    }
 }

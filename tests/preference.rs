@@ -240,6 +240,7 @@ fn chunk_sizes_reruns_and_the_cotangent() {
             chunking: Chunking {
                 chunk_rows: chunk,
                 memory_budget: None,
+                tensor_cores: false,
             },
             ..PreferenceOptions::new(PreferenceLoss::Dpo)
         };

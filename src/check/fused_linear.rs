@@ -129,7 +129,9 @@ fn gradient_cases(
 
 /// Liger's ragged FLCE shape (B·T = 4·47 rows, H 31, V 123) in chunks of 50 rows, every
 /// storage dtype, plain and with every option (a quarter of the targets ignored), each
-/// reduction: loss, z-loss, accuracy and the gradients of x, W and the bias.
+/// reduction: loss, z-loss, accuracy and the gradients of x, W and the bias. Where the engine
+/// runs tensor cores, the same for an F16 head of 192 rows, H 32, V 128 with
+/// `Chunking::tensor_cores` (the loss values within `matmul::tensor_core_tolerance`).
 fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     use crate::Tensor;
     use crate::fused_linear::{
@@ -152,6 +154,7 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
                 chunking: Chunking {
                     chunk_rows: Some(50),
                     memory_budget: None,
+                    tensor_cores: false,
                 },
                 gradients_in_forward: true,
                 ..FusedLinearCrossEntropyOptions::default()
@@ -166,6 +169,56 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
             );
             let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} {dtype}");
             ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
+            let ones = vec![
+                1.0;
+                if reduction == Reduction::None {
+                    rows
+                } else {
+                    1
+                }
+            ];
+            let got = fused_linear_cross_entropy_backward(&saved, None)?;
+            let want = reference::fused_linear::fused_linear_cross_entropy_backward(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+                &ones,
+            );
+            gradient_cases(&mut cases, &label, &got, &want)?;
+        }
+    }
+    if crate::matmul::tensor_cores(engine) {
+        // F16 head with the logits products on tensor cores (rows, hidden and vocab of whole
+        // 16-byte rows), every option, in chunks of 48 rows.
+        let (rows, hidden, vocab) = (4 * 48, 32, 128);
+        let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, DType::F16)?;
+        for (name, cfg) in ce_configs(&mut rng, vocab, 5, 1e-3, 3.0) {
+            let reduction = cfg.reduction;
+            let targets = ce_targets(&mut rng, rows, vocab, cfg.ignore_index);
+            let t = Tensor::from_slice(engine, &targets, &[rows])?;
+            let options = FusedLinearCrossEntropyOptions {
+                cross_entropy: ce_options(engine, &cfg)?,
+                chunking: Chunking {
+                    chunk_rows: Some(48),
+                    memory_budget: None,
+                    tensor_cores: true,
+                },
+                gradients_in_forward: true,
+                ..FusedLinearCrossEntropyOptions::default()
+            };
+            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
+            let want = reference::fused_linear::fused_linear_cross_entropy(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+            );
+            let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} f16 tensor cores");
+            let tol = crate::matmul::tensor_core_tolerance(hidden);
+            ce_output_cases(&mut cases, &label, &out, &want, tol)?;
             let ones = vec![
                 1.0;
                 if reduction == Reduction::None {
@@ -234,6 +287,7 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
                 chunking: Chunking {
                     chunk_rows: Some(16),
                     memory_budget: None,
+                    tensor_cores: false,
                 },
                 ..DistillationOptions::default()
             };
@@ -304,6 +358,7 @@ fn check_fused_linear_cross_entropy_scaled(engine: &Engine) -> Result<Vec<Case>>
                 chunking: Chunking {
                     chunk_rows: Some(16),
                     memory_budget: None,
+                    tensor_cores: false,
                 },
                 temperature,
                 return_entropy: true,
@@ -397,6 +452,7 @@ fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
                 chunking: Chunking {
                     chunk_rows: Some(8),
                     memory_budget: None,
+                    tensor_cores: false,
                 },
                 ..DistillationOptions::default()
             };

@@ -76,6 +76,7 @@ fn check_fused_grpo(engine: &Engine) -> Result<Vec<Case>> {
         let chunking = Chunking {
             chunk_rows: Some(3),
             memory_budget: None,
+            tensor_cores: false,
         };
         let (out, saved) = fused_linear_grpo_loss(head, &tokens, &options, chunking)?;
         let g = fused_linear_grpo_loss_backward(&saved, None)?;

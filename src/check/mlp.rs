@@ -13,25 +13,44 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 
 /// The SwiGLU MLP (saved products), the GeGLU MLP (recomputed products) and the tiled SwiGLU
 /// MLP (tiles of 4 rows, the last one shorter) against the f64 reference in every storage
-/// dtype: output and the four gradients, ragged extents.
+/// dtype: output and the four gradients, ragged extents. Where the engine runs tensor cores
+/// (`matmul::tensor_cores`), also the F16 SwiGLU MLP with `tensor_cores` (gate, up and `dh`
+/// products on them) within `matmul::tensor_core_tolerance`.
 fn check_mlp(engine: &Engine) -> Result<Vec<Case>> {
     use crate::activation::Activation;
-    use crate::matmul::matmul_tolerance;
+    use crate::matmul::{matmul_tolerance, tensor_core_tolerance, tensor_cores};
     use crate::mlp::{MlpOptions, mlp, mlp_backward};
     use reference::mlp::Extents;
     let mut rng = Rng::new(11);
     let mut cases = Vec::new();
-    let e = Extents {
-        t: 21,
-        h: 24,
-        i: 37,
-    };
-    for (kind, recompute, tile_rows) in [
-        (Activation::Silu, false, None),
-        (Activation::GeluTanh, true, None),
-        (Activation::Silu, true, Some(4)),
-    ] {
-        for dtype in DType::FLOATS {
+    let mut configs = vec![
+        (Activation::Silu, false, None, false),
+        (Activation::GeluTanh, true, None, false),
+        (Activation::Silu, true, Some(4), false),
+    ];
+    if tensor_cores(engine) {
+        configs.push((Activation::Silu, false, None, true));
+    }
+    for (kind, recompute, tile_rows, tc) in configs {
+        // Tensor cores take the products of whole 16-byte rows: I a multiple of 8 there.
+        let e = Extents {
+            t: 21,
+            h: 24,
+            i: if tc { 40 } else { 37 },
+        };
+        let dtypes = if tc {
+            &[DType::F16][..]
+        } else {
+            &DType::FLOATS[..]
+        };
+        let tol = |terms: usize| {
+            if tc {
+                tensor_core_tolerance(terms)
+            } else {
+                matmul_tolerance(terms)
+            }
+        };
+        for &dtype in dtypes {
             let (x, xs) =
                 tensor_from_f64(engine, &rng.vec(e.t * e.h, -1.0, 1.0), &[e.t, e.h], dtype)?;
             let (g, gs) =
@@ -46,6 +65,7 @@ fn check_mlp(engine: &Engine) -> Result<Vec<Case>> {
                 activation: kind,
                 recompute,
                 tile_rows,
+                tensor_cores: tc,
             };
             let (y, saved) = mlp(&x, &g, &u, &d, &options)?;
             let grads = mlp_backward(&saved, &dy)?;
@@ -53,35 +73,15 @@ fn check_mlp(engine: &Engine) -> Result<Vec<Case>> {
             let r = reference::mlp::backward(kind, &xs, &gs, &us, &ds, &dys, e);
             let label = |what: &str| {
                 format!(
-                    "{what} {} {dtype} recompute {recompute} tiles {tile_rows:?}",
+                    "{what} {} {dtype} recompute {recompute} tiles {tile_rows:?} tensor cores {tc}",
                     kind.name()
                 )
             };
-            cases.push(case(label("y"), &y.to_f64()?, &want, matmul_tolerance(e.i)));
-            cases.push(case(
-                label("dx"),
-                &grads.x.to_f64()?,
-                &r.x,
-                matmul_tolerance(e.i),
-            ));
-            cases.push(case(
-                label("dWg"),
-                &grads.gate.to_f64()?,
-                &r.gate,
-                matmul_tolerance(e.t),
-            ));
-            cases.push(case(
-                label("dWu"),
-                &grads.up.to_f64()?,
-                &r.up,
-                matmul_tolerance(e.t),
-            ));
-            cases.push(case(
-                label("dWd"),
-                &grads.down.to_f64()?,
-                &r.down,
-                matmul_tolerance(e.t),
-            ));
+            cases.push(case(label("y"), &y.to_f64()?, &want, tol(e.i)));
+            cases.push(case(label("dx"), &grads.x.to_f64()?, &r.x, tol(e.i)));
+            cases.push(case(label("dWg"), &grads.gate.to_f64()?, &r.gate, tol(e.t)));
+            cases.push(case(label("dWu"), &grads.up.to_f64()?, &r.up, tol(e.t)));
+            cases.push(case(label("dWd"), &grads.down.to_f64()?, &r.down, tol(e.t)));
         }
     }
     Ok(cases)
