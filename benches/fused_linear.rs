@@ -51,6 +51,7 @@ fn fused_linear(c: &mut Criterion) {
         chunking: Chunking {
             chunk_rows: Some(64),
             memory_budget: None,
+            tensor_cores: false,
         },
         ..Default::default()
     };
