@@ -1,0 +1,13 @@
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp WGPU_BACKEND=vulkan
+(time timeout 150 .bench/new/matmul-test --test-threads 4) > $OUT/tests.txt 2>&1; grep "test result" $OUT/tests.txt
+timeout 100 .bench/new/check matmul_tensor_cores matmul > $OUT/check.txt 2>&1; tail -3 $OUT/check.txt
+(timeout 100 .bench/v1/matmul-test tensor_core --test-threads 4) > $OUT/tests-v1.txt 2>&1; grep "test result" $OUT/tests-v1.txt
+for r in 1 2; do
+  for v in old new v1; do
+    timeout 100 .bench/$v/bench --only "matmul_fwd_tc,matmul_bwd_tc" > /tmp/$v-$r.txt 2>&1
+    grep -E "TFLOP|rror" /tmp/$v-$r.txt | sed "s/^/$v r$r /"
+  done
+done > $OUT/ab.txt 2>&1
+cat $OUT/ab.txt
