@@ -133,113 +133,104 @@ fn gradient_cases(
 /// runs tensor cores, the same for an F16 head of 192 rows, H 32, V 128 with
 /// `Chunking::tensor_cores` (the loss values within `matmul::tensor_core_tolerance`).
 fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
-    use crate::Tensor;
-    use crate::fused_linear::{
-        Chunking, FusedLinearCrossEntropyOptions, fused_linear_cross_entropy,
-        fused_linear_cross_entropy_backward,
-    };
-    use crate::loss::Reduction;
     let (rows, hidden, vocab) = (4 * 47, 31, 123);
     let mut rng = Rng::new(60);
-    let f32_tol = Tolerance::for_dtype(DType::F32);
     let mut cases = Vec::new();
     for dtype in DType::FLOATS {
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
-        for (name, cfg) in ce_configs(&mut rng, vocab, 5, 1e-3, 3.0) {
-            let reduction = cfg.reduction;
-            let targets = ce_targets(&mut rng, rows, vocab, cfg.ignore_index);
-            let t = Tensor::from_slice(engine, &targets, &[rows])?;
-            let options = FusedLinearCrossEntropyOptions {
-                cross_entropy: ce_options(engine, &cfg)?,
-                chunking: Chunking {
-                    chunk_rows: Some(50),
-                    memory_budget: None,
-                    tensor_cores: false,
-                },
-                gradients_in_forward: true,
-                ..FusedLinearCrossEntropyOptions::default()
-            };
-            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
-            let want = reference::fused_linear::fused_linear_cross_entropy(
-                head.reference(),
-                &targets,
-                rows,
-                vocab,
-                &cfg,
-            );
-            let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} {dtype}");
-            ce_output_cases(&mut cases, &label, &out, &want, f32_tol)?;
-            let ones = vec![
-                1.0;
-                if reduction == Reduction::None {
-                    rows
-                } else {
-                    1
-                }
-            ];
-            let got = fused_linear_cross_entropy_backward(&saved, None)?;
-            let want = reference::fused_linear::fused_linear_cross_entropy_backward(
-                head.reference(),
-                &targets,
-                rows,
-                vocab,
-                &cfg,
-                &ones,
-            );
-            gradient_cases(&mut cases, &label, &got, &want)?;
-        }
+        let plain = (50, false, Tolerance::for_dtype(DType::F32));
+        flce_config_cases(
+            engine,
+            &mut rng,
+            &head,
+            (rows, vocab),
+            plain,
+            &dtype.to_string(),
+            &mut cases,
+        )?;
     }
     if crate::matmul::tensor_cores(engine) {
         // F16 head with the logits products on tensor cores (rows, hidden and vocab of whole
         // 16-byte rows), every option, in chunks of 48 rows.
         let (rows, hidden, vocab) = (4 * 48, 32, 128);
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, DType::F16)?;
-        for (name, cfg) in ce_configs(&mut rng, vocab, 5, 1e-3, 3.0) {
-            let reduction = cfg.reduction;
-            let targets = ce_targets(&mut rng, rows, vocab, cfg.ignore_index);
-            let t = Tensor::from_slice(engine, &targets, &[rows])?;
-            let options = FusedLinearCrossEntropyOptions {
-                cross_entropy: ce_options(engine, &cfg)?,
-                chunking: Chunking {
-                    chunk_rows: Some(48),
-                    memory_budget: None,
-                    tensor_cores: true,
-                },
-                gradients_in_forward: true,
-                ..FusedLinearCrossEntropyOptions::default()
-            };
-            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
-            let want = reference::fused_linear::fused_linear_cross_entropy(
-                head.reference(),
-                &targets,
-                rows,
-                vocab,
-                &cfg,
-            );
-            let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} f16 tensor cores");
-            let tol = crate::matmul::tensor_core_tolerance(hidden);
-            ce_output_cases(&mut cases, &label, &out, &want, tol)?;
-            let ones = vec![
-                1.0;
-                if reduction == Reduction::None {
-                    rows
-                } else {
-                    1
-                }
-            ];
-            let got = fused_linear_cross_entropy_backward(&saved, None)?;
-            let want = reference::fused_linear::fused_linear_cross_entropy_backward(
-                head.reference(),
-                &targets,
-                rows,
-                vocab,
-                &cfg,
-                &ones,
-            );
-            gradient_cases(&mut cases, &label, &got, &want)?;
-        }
+        let tc = (48, true, crate::matmul::tensor_core_tolerance(hidden));
+        flce_config_cases(
+            engine,
+            &mut rng,
+            &head,
+            (rows, vocab),
+            tc,
+            "f16 tensor cores",
+            &mut cases,
+        )?;
     }
     Ok(cases)
+}
+
+/// One head's cases of [`check_fused_linear_cross_entropy`]: each configuration of
+/// `ce_configs` in chunks of `chunk.0` rows (`chunk.1`: `Chunking::tensor_cores`), the loss
+/// values within `chunk.2`, the gradients under the F32 policy.
+fn flce_config_cases(
+    engine: &Engine,
+    rng: &mut Rng,
+    head: &HeadData,
+    (rows, vocab): (usize, usize),
+    chunk: (usize, bool, Tolerance),
+    suffix: &str,
+    cases: &mut Vec<Case>,
+) -> Result<()> {
+    use crate::Tensor;
+    use crate::fused_linear::{
+        Chunking, FusedLinearCrossEntropyOptions, fused_linear_cross_entropy,
+        fused_linear_cross_entropy_backward,
+    };
+    use crate::loss::Reduction;
+    let hidden = head.hidden;
+    for (name, cfg) in ce_configs(rng, vocab, 5, 1e-3, 3.0) {
+        let reduction = cfg.reduction;
+        let targets = ce_targets(rng, rows, vocab, cfg.ignore_index);
+        let t = Tensor::from_slice(engine, &targets, &[rows])?;
+        let options = FusedLinearCrossEntropyOptions {
+            cross_entropy: ce_options(engine, &cfg)?,
+            chunking: Chunking {
+                chunk_rows: Some(chunk.0),
+                memory_budget: None,
+                tensor_cores: chunk.1,
+            },
+            gradients_in_forward: true,
+            ..FusedLinearCrossEntropyOptions::default()
+        };
+        let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options)?;
+        let want = reference::fused_linear::fused_linear_cross_entropy(
+            head.reference(),
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+        );
+        let label = format!("{name} {reduction:?} {rows}x{hidden}->{vocab} {suffix}");
+        ce_output_cases(cases, &label, &out, &want, chunk.2)?;
+        let ones = vec![
+            1.0;
+            if reduction == Reduction::None {
+                rows
+            } else {
+                1
+            }
+        ];
+        let got = fused_linear_cross_entropy_backward(&saved, None)?;
+        let want = reference::fused_linear::fused_linear_cross_entropy_backward(
+            head.reference(),
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+            &ones,
+        );
+        gradient_cases(cases, &label, &got, &want)?;
+    }
+    Ok(())
 }
 
 /// Distillation with each soft term (JSD β = 0.5, KL, TVD, cosine β = 0.5) at temperature 2, with labels (a
