@@ -2186,3 +2186,86 @@ fn flce_tensor_cores_match_reference_or_are_refused() {
         assert_eq!(bits(&g.weight), bits(&g3.weight), "{what}: d weight rerun");
     }
 }
+
+/// `Chunking::tensor_cores` in distillation: F32 heads ignore it (the same bits), F16 heads are
+/// refused with `MissingFeature` where the engine cannot run tensor cores; where it can, an
+/// F16 student and teacher (JSD β 0.5, temperature 2, a hard term) match the FP32 path's run
+/// of the same heads (the loss within the tensor-core budget over `hidden` products, the
+/// gradients under the F32 policy).
+#[test]
+fn distillation_tensor_cores_match_reference_or_are_refused() {
+    let (rows, hidden, vocab) = (48usize, 32usize, 64usize);
+    let labels: Vec<i32> = targets_for(9, rows, vocab, -100, 4);
+    let lt = Tensor::from_slice(engine(), &labels, &[rows]).unwrap();
+    let options = |tensor_cores: bool| DistillationOptions {
+        temperature: 2.0,
+        weight_hard: 0.25,
+        chunking: Chunking {
+            tensor_cores,
+            ..distill_options(SoftLoss::Jsd { beta: 0.5 }, 16).chunking
+        },
+        ..distill_options(SoftLoss::Jsd { beta: 0.5 }, 16)
+    };
+    let s32 = HeadData::new(engine(), 300, &[rows], hidden, vocab, true, DType::F32, 0.5);
+    let t32 = HeadData::new(
+        engine(),
+        301,
+        &[rows],
+        hidden,
+        vocab,
+        false,
+        DType::F32,
+        0.5,
+    );
+    let run = |s: &HeadData, t: &HeadData, o: &DistillationOptions| {
+        let (out, saved) = fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), o).unwrap();
+        (
+            out,
+            fused_linear_distillation_backward(&saved, None).unwrap(),
+        )
+    };
+    let (plain, gp) = run(&s32, &t32, &options(false));
+    let (asked, ga) = run(&s32, &t32, &options(true));
+    assert_eq!(bits(&plain.loss), bits(&asked.loss), "F32 heads: loss");
+    assert_eq!(bits(&gp.input), bits(&ga.input), "F32 heads: d input");
+    let s = HeadData::new(engine(), 302, &[rows], hidden, vocab, true, DType::F16, 0.5);
+    let t = HeadData::new(
+        engine(),
+        303,
+        &[rows],
+        hidden,
+        vocab,
+        false,
+        DType::F16,
+        0.5,
+    );
+    if !wgrad::matmul::tensor_cores(engine()) {
+        assert!(matches!(
+            fused_linear_distillation(s.gpu(), t.gpu(), Some(&lt), &options(true)),
+            Err(Error::MissingFeature { .. })
+        ));
+        return;
+    }
+    // The F32 path's run of the same F16 heads is the comparison (its own agreement with the
+    // reference is `distillation_every_storage_dtype_and_shorthands`).
+    let (want, gw) = run(&s, &t, &options(false));
+    let (got, g) = run(&s, &t, &options(true));
+    let tol = wgrad::matmul::tensor_core_tolerance(hidden);
+    assert_close(
+        "tensor-core distillation loss",
+        &got.loss.to_f64().unwrap(),
+        &want.loss.to_f64().unwrap(),
+        tol,
+    );
+    for (what, a, b) in [
+        ("d input", &g.input, &gw.input),
+        ("d weight", &g.weight, &gw.weight),
+    ] {
+        assert_close(
+            &format!("tensor-core distillation {what}"),
+            &a.to_f64().unwrap(),
+            &b.to_f64().unwrap(),
+            F32,
+        );
+    }
+}
