@@ -6,7 +6,9 @@
 //! with JSD (β = 0, 0.5, 1), KL and TVD soft terms, temperatures, labels and a hard-label
 //! term; several chunk sizes agreeing with each other, bit-identical reruns at a fixed chunk
 //! size, the peak memory staying at the chunk bound, empty batches, and every documented bad
-//! input's error. The reference backwards are checked by finite differences.
+//! input's error; `Chunking::tensor_cores` (F32 heads unchanged, F16 heads refused without
+//! tensor cores, and against the reference or the FP32 path where the engine has them). The
+//! reference backwards are checked by finite differences.
 //!
 //! Tolerance: `Tolerance::for_dtype(F32)` for every loss and gradient (all F32; references use
 //! the stored 16-bit values); distillation loss values, row sums of `vocab` divergence terms,
