@@ -59,7 +59,8 @@ use crate::activation::{self, Activation, ActivationSaved};
 use crate::kernel::{COMMON_ACTIVATION, COMMON_DTYPE, COMMON_LAUNCH, Kernel};
 use crate::{DType, Error, Result, Tensor, reduce};
 
-/// `wgsl/common/gemm_params.wgsl`: the launch parameters of both product modules ([`Params`]).
+/// `wgsl/common/gemm_params.wgsl`: the launch parameters of both product modules ([`Params`])
+/// and their shared epilogue helpers (the bias load, the activation).
 const GEMM_PARAMS: &str = include_str!("../wgsl/common/gemm_params.wgsl");
 
 /// `wgsl/matmul.wgsl`.

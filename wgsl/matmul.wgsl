@@ -140,13 +140,6 @@ fn load_b(i: u32) -> f32 {
     return half_from_word(b[i >> 1u], i, DT_B);
 }
 
-fn load_bias(i: u32) -> f32 {
-    if (params.dt_bias == DT_F32) {
-        return bitcast<f32>(bias[i]);
-    }
-    return half_from_word(bias[i >> 1u], i, params.dt_bias);
-}
-
 // An operand is "k-contiguous" when consecutive k are adjacent in memory: A not transposed
 // ([m, k] rows), B transposed ([n, k] rows).
 fn a_kc() -> bool {
@@ -522,14 +515,6 @@ fn micro_col(lid: u32, h: u32) -> u32 {
 // The bias of the four columns from col (0 past n or without a bias).
 fn bias4(col: u32) -> vec4<f32> {
     return vec4(bias_at(col), bias_at(col + 1u), bias_at(col + 2u), bias_at(col + 3u));
-}
-
-// act(v), or v without an activation.
-fn epilogue(v: f32) -> f32 {
-    if (params.act != 0u) {
-        return activation_eval(params.act - 1u, v).x;
-    }
-    return v;
 }
 
 // F32 out: out ← act(v), or out += v.

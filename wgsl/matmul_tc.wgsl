@@ -219,25 +219,11 @@ fn acc_store_edge(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, 
 
 // ---- the epilogue entries ----
 
-fn load_bias(col: u32) -> f32 {
-    if (params.dt_bias == DT_F32) {
-        return bitcast<f32>(bias[col]);
-    }
-    return half_from_word(bias[col >> 1u], col, params.dt_bias);
-}
-
 // v = alpha·Σ + bias of staged value q (column j + q < n).
 fn epi_value(sg: u32, lane: u32, j: u32, q: u32) -> f32 {
     var v = staged(sg, lane, q) * params.alpha;
     if (params.has_bias == 1u) {
         v = v + load_bias(j + q);
-    }
-    return v;
-}
-
-fn act(v: f32) -> f32 {
-    if (params.act != 0u) {
-        return activation_eval(params.act - 1u, v).x;
     }
     return v;
 }
@@ -258,15 +244,15 @@ fn epi_out(i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
                 if (params.accumulate == 1u) {
                     out_w[row + q] = bitcast<u32>(bitcast<f32>(out_w[row + q]) + v);
                 } else {
-                    out_w[row + q] = bitcast<u32>(act(v));
+                    out_w[row + q] = bitcast<u32>(epilogue(v));
                 }
             }
         }
     } else if (inside) {
         for (var q = q0; q < q0 + 8u; q += 2u) {
             if (j + q < params.n) {
-                let v0 = act(epi_value(sg, lane, j, q));
-                let v1 = act(epi_value(sg, lane, j, q + 1u));
+                let v0 = epilogue(epi_value(sg, lane, j, q));
+                let v1 = epilogue(epi_value(sg, lane, j, q + 1u));
                 out_w[(row + q) / 2u] = pack_halves(v0, v1, DT_OUT);
             }
         }

@@ -1,6 +1,6 @@
-// The uniform parameters of a dense product's launch, shared by `wgsl/matmul.wgsl` and the
-// tensor-core module `wgsl/matmul_tc.wgsl` (which reads the fields up to `act` and leaves
-// split-K's at their neutral values).
+// The uniform parameters of a dense product's launch (and, below, the epilogue's helpers),
+// shared by `wgsl/matmul.wgsl` and the tensor-core module `wgsl/matmul_tc.wgsl` (which reads
+// the fields up to `act` and leaves split-K's at their neutral values).
 struct Params {
     m: u32,
     n: u32,
@@ -21,4 +21,23 @@ struct Params {
     act: u32,        // 0: none; else Activation::code() + 1
     k_slice: u32,    // split-K: elements of k per slice (a multiple of BK; k when unsplit)
     slices: u32,     // split-K: number of slices (1 when unsplit)
+}
+
+// The epilogue's helpers, shared by both product modules (each declares `params` and its
+// `bias` binding, a u32 view of the bias in its dtype `params.dt_bias`).
+
+// bias[i] in FP32.
+fn load_bias(i: u32) -> f32 {
+    if (params.dt_bias == DT_F32) {
+        return bitcast<f32>(bias[i]);
+    }
+    return half_from_word(bias[i >> 1u], i, params.dt_bias);
+}
+
+// act(v), or v without an activation.
+fn epilogue(v: f32) -> f32 {
+    if (params.act != 0u) {
+        return activation_eval(params.act - 1u, v).x;
+    }
+    return v;
 }
