@@ -1,7 +1,7 @@
 //! Bandwidth of every wgrad operator against the copy kernel.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,...] [--copy-mib MIB]
+//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,...] [--copy-mib MIB] [--pipeline-stats]
 //! ```
 //!
 //! Prints the engine, measures the copy bandwidth (256 MiB buffer, at most the device's largest
@@ -18,6 +18,9 @@
 //! comparisons (bit-identical results).
 //!
 //! To add an operator, push one more [`Op`] in `operators`.
+
+#[path = "support/vk_stats.rs"]
+mod vk_stats;
 
 use std::process::ExitCode;
 use wgrad::bench::{self, Report};
@@ -289,9 +292,11 @@ struct Args {
     only: Vec<String>,
     /// Size of the copy the percentages refer to (default 256 MiB, `--quick` 8 MiB).
     copy_mib: Option<u64>,
+    /// After the rows: the driver's statistics of every pipeline they built.
+    pipeline_stats: bool,
 }
 
-const USAGE: &str = "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...] [--copy-mib MIB]";
+const USAGE: &str = "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...] [--copy-mib MIB] [--pipeline-stats]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
@@ -299,6 +304,7 @@ fn parse_args() -> std::result::Result<Args, String> {
     let mut prewarm_s = bench::DEFAULT_PREWARM_S;
     let mut only = Vec::new();
     let mut copy_mib = None;
+    let mut pipeline_stats = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -325,6 +331,7 @@ fn parse_args() -> std::result::Result<Args, String> {
                         .ok_or(format!("--copy-mib: bad size {v:?}"))?,
                 );
             }
+            "--pipeline-stats" => pipeline_stats = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
@@ -342,6 +349,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         prewarm_s,
         only,
         copy_mib,
+        pipeline_stats,
     })
 }
 
@@ -512,6 +520,21 @@ fn run(args: &Args) -> Result<Report> {
                 flops,
                 stats.median_s * 1e3
             );
+        }
+    }
+    if args.pipeline_stats {
+        // `WGRAD_DUMP_IR=DIR`: the driver's internal representations too, one file each.
+        let dump = std::env::var_os("WGRAD_DUMP_IR").map(std::path::PathBuf::from);
+        if let Some(dir) = &dump {
+            std::fs::create_dir_all(dir).map_err(|e| wgrad::Error::Device(e.to_string()))?;
+        }
+        match vk_stats::report(
+            &engine.built_spirv(),
+            Some(&engine.info().adapter),
+            dump.as_deref(),
+        ) {
+            Ok(text) => println!("\n{text}"),
+            Err(e) => eprintln!("pipeline statistics: {e}"),
         }
     }
     Ok(report)

@@ -384,9 +384,38 @@ struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     slots: Vec<BindingSlot>,
+    /// The SPIR-V handed to the driver (strict SPIR-V engines), entry point name included.
+    spirv: Option<(String, Vec<u32>)>,
+}
+
+/// One pipeline an engine has built from strict SPIR-V ([`Engine::built_spirv`]): what a
+/// driver was given, for inspecting what it made of it (the `bench` example's
+/// `--pipeline-stats` asks a Vulkan driver for its statistics of each).
+#[derive(Clone, Debug)]
+pub struct BuiltSpirv {
+    /// The kernel's registry name.
+    pub kernel: &'static str,
+    /// The WGSL entry point.
+    pub entry: String,
+    /// The override constants it was specialized with (as the pipeline cache keys them).
+    pub constants: String,
+    /// The entry point's name in the SPIR-V module.
+    pub entry_name: String,
+    /// The module's words.
+    pub words: Vec<u32>,
+    /// The entry point's descriptor bindings of set 0, in binding-number order.
+    pub bindings: Vec<wgpu::BufferBindingType>,
 }
 
 type PipelineKey = (&'static str, String, String, MathMode);
+
+fn buffer_binding_type(kind: BindingKind) -> wgpu::BufferBindingType {
+    match kind {
+        BindingKind::Uniform => wgpu::BufferBindingType::Uniform,
+        BindingKind::StorageRead => wgpu::BufferBindingType::Storage { read_only: true },
+        BindingKind::StorageReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+    }
+}
 
 /// Recorded, not yet submitted work. Dispatches go into one open compute pass (wgpu orders
 /// and synchronizes the dispatches within it); a buffer copy or clear ends the pass first.
@@ -970,15 +999,7 @@ impl Engine {
                 binding: s.binding,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
-                    ty: match s.kind {
-                        BindingKind::Uniform => wgpu::BufferBindingType::Uniform,
-                        BindingKind::StorageRead => {
-                            wgpu::BufferBindingType::Storage { read_only: true }
-                        }
-                        BindingKind::StorageReadWrite => {
-                            wgpu::BufferBindingType::Storage { read_only: false }
-                        }
-                    },
+                    ty: buffer_binding_type(s.kind),
                     has_dynamic_offset: false,
                     min_binding_size: None,
                 },
@@ -1019,6 +1040,10 @@ impl Engine {
             ))
         } else {
             None
+        };
+        let kept_spirv = match &strict {
+            Some((name, _, _, Some(words))) => Some((name.clone(), words.clone())),
+            _ => None,
         };
         let pipeline = if let Some((entry_name, workgroup_size, msl, spirv)) = strict {
             let entry_points = [wgpu::PassthroughShaderEntryPoint {
@@ -1081,9 +1106,38 @@ impl Engine {
             pipeline,
             layout,
             slots,
+            spirv: kept_spirv,
         });
         lock(&self.inner.pipelines).insert(key, p.clone());
         Ok(p)
+    }
+
+    /// The strict SPIR-V of every pipeline built so far, sorted by kernel, entry and constants
+    /// (empty unless the engine runs strict SPIR-V, the Vulkan default).
+    pub fn built_spirv(&self) -> Vec<BuiltSpirv> {
+        let mut built: Vec<BuiltSpirv> = lock(&self.inner.pipelines)
+            .iter()
+            .filter_map(|((kernel, entry, constants, _), p)| {
+                let (entry_name, words) = p.spirv.clone()?;
+                let bindings = p
+                    .slots
+                    .iter()
+                    .map(|s| buffer_binding_type(s.kind))
+                    .collect();
+                Some(BuiltSpirv {
+                    kernel,
+                    entry: entry.clone(),
+                    constants: constants.clone(),
+                    entry_name,
+                    words,
+                    bindings,
+                })
+            })
+            .collect();
+        built.sort_by(|a, b| {
+            (a.kernel, &a.entry, &a.constants).cmp(&(b.kernel, &b.entry, &b.constants))
+        });
+        built
     }
 
     /// Number of compiled pipelines in the cache.
