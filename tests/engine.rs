@@ -116,6 +116,51 @@ fn pipeline_cache_compiles_once() {
     assert_eq!(e.cached_pipelines(), before + 1);
 }
 
+#[test]
+fn built_spirv_lists_what_the_driver_was_given() {
+    // The strict SPIR-V of each built pipeline (Vulkan's default), sorted, one per pipeline;
+    // nothing on engines that hand WGSL or MSL to wgpu.
+    let e = private_engine();
+    assert!(e.built_spirv().is_empty());
+    let x = Tensor::from_slice(&e, &random_f32(2, 4 * 6), &[4, 6]).unwrap();
+    reduce::sum_rows(&x).unwrap();
+    reduce::max_rows(&x).unwrap();
+    let built = e.built_spirv();
+    if !e.info().strict_spirv {
+        assert!(
+            built.is_empty(),
+            "{} entries without strict SPIR-V",
+            built.len()
+        );
+        return;
+    }
+    assert_eq!(built.len(), e.cached_pipelines());
+    let entries: Vec<(&str, &str)> = built.iter().map(|b| (b.kernel, b.entry.as_str())).collect();
+    assert_eq!(entries, [("reduce", "row_max"), ("reduce", "row_sum")]);
+    for b in &built {
+        assert_eq!(
+            b.words.first(),
+            Some(&0x0723_0203),
+            "{}: not SPIR-V",
+            b.entry
+        );
+        assert!(
+            b.constants.contains("DT"),
+            "{}: constants {}",
+            b.entry,
+            b.constants
+        );
+        assert!(!b.entry_name.is_empty());
+        // A uniform block of parameters and at least one storage buffer.
+        assert!(b.bindings.contains(&wgpu::BufferBindingType::Uniform));
+        assert!(
+            b.bindings
+                .iter()
+                .any(|t| matches!(t, wgpu::BufferBindingType::Storage { .. }))
+        );
+    }
+}
+
 /// A Vulkan adapter of this machine, found the way an app would.
 fn vulkan_adapter() -> wgpu::Adapter {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
