@@ -128,6 +128,13 @@ impl Kernel {
         Ok((x, y, z))
     }
 
+    /// The group-0 bindings the compute entry `entry` uses (those a launch of it must pass, in
+    /// binding order): the globals its call graph reaches.
+    pub fn bindings(&self, entry: &str) -> Result<Vec<BindingSlot>> {
+        let (module, info) = self.module()?;
+        entry_bindings(self, &module, &info, entry)
+    }
+
     /// Names of the module's compute entry points.
     pub fn entry_points(&self) -> Result<Vec<String>> {
         let (module, _) = self.module()?;

@@ -1685,6 +1685,27 @@ fn tensor_core_case(
 /// F16 cotangent matches the reference (with an F32 one it is the FP32 path's), and the dtype
 /// and epilogue errors are typed.
 #[test]
+fn tensor_core_entries_bind_what_their_launches_pass() {
+    // After the parameters (binding 0): `gemm_tc` takes A, B and out; the epilogue entries A,
+    // B, the bias and out's words, `_pre` the pre-activation too. Read from the module, so
+    // checked on every adapter: a binding an entry reaches by mistake (through a shared helper)
+    // would fail its launches with `Error::Kernel` on devices with tensor cores only.
+    for (entry, want) in [
+        ("gemm_tc", vec![0u32, 1, 2, 3]),
+        ("gemm_tc_epilogue", vec![0, 1, 2, 4, 5]),
+        ("gemm_tc_epilogue_pre", vec![0, 1, 2, 4, 5, 6]),
+    ] {
+        let got: Vec<u32> = matmul::TC_KERNEL
+            .bindings(entry)
+            .unwrap()
+            .iter()
+            .map(|s| s.binding)
+            .collect();
+        assert_eq!(got, want, "{entry}");
+    }
+}
+
+#[test]
 fn tensor_core_products_match_reference_or_are_refused() {
     let e = engine();
     let a = tensor_from_f64(e, &data(1, 128 * 64), &[128, 64], DType::F16);

@@ -1,9 +1,10 @@
 //! What a Vulkan driver makes of wgrad's pipelines: each pipeline's strict SPIR-V (as the engine
 //! built it, [`wgrad::Engine::built_spirv`]) compiled again on a device of the same driver that
 //! has `VK_KHR_pipeline_executable_properties`, and the driver's statistics of it printed (on
-//! NVIDIA: registers, shared and local memory; on lavapipe: instruction counts). wgpu creates
-//! its devices without that extension, hence a second, raw device. With `dump_dir`, the
-//! driver's internal representations (where it gives any) are written there, one file each.
+//! NVIDIA: registers a lane, binary size, shared and local memory, the last as 2^36 plus the
+//! bytes of spilled registers). wgpu creates its devices without that extension, hence a
+//! second, raw device. With `dump_dir`, the driver's internal representations (where it gives
+//! any) are written there, one file each.
 
 use ash::vk;
 use std::ffi::CStr;
