@@ -529,7 +529,7 @@ fn run(args: &Args) -> Result<Report> {
             std::fs::create_dir_all(dir).map_err(|e| wgrad::Error::Device(e.to_string()))?;
         }
         match vk_stats::report(
-            &engine.built_spirv(),
+            &engine.built_spirv()?,
             Some(&engine.info().adapter),
             dump.as_deref(),
         ) {

@@ -384,8 +384,9 @@ struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     slots: Vec<BindingSlot>,
-    /// The SPIR-V handed to the driver (strict SPIR-V engines), entry point name included.
-    spirv: Option<(String, Vec<u32>)>,
+    /// Strict SPIR-V engines: the kernel and constants its SPIR-V was made from (regenerated,
+    /// not kept, by [`Engine::built_spirv`]).
+    spirv_source: Option<(&'static Kernel, Constants)>,
 }
 
 /// One pipeline an engine has built from strict SPIR-V ([`Engine::built_spirv`]): what a
@@ -1041,10 +1042,9 @@ impl Engine {
         } else {
             None
         };
-        let kept_spirv = match &strict {
-            Some((name, _, _, Some(words))) => Some((name.clone(), words.clone())),
-            _ => None,
-        };
+        let info = &self.inner.info;
+        let spirv_source =
+            (info.strict_spirv && !info.strict_msl).then(|| (kernel, constants.clone()));
         let pipeline = if let Some((entry_name, workgroup_size, msl, spirv)) = strict {
             let entry_points = [wgpu::PassthroughShaderEntryPoint {
                 name: entry_name.clone().into(),
@@ -1106,38 +1106,48 @@ impl Engine {
             pipeline,
             layout,
             slots,
-            spirv: kept_spirv,
+            spirv_source,
         });
         lock(&self.inner.pipelines).insert(key, p.clone());
         Ok(p)
     }
 
     /// The strict SPIR-V of every pipeline built so far, sorted by kernel, entry and constants
-    /// (empty unless the engine runs strict SPIR-V, the Vulkan default).
-    pub fn built_spirv(&self) -> Vec<BuiltSpirv> {
-        let mut built: Vec<BuiltSpirv> = lock(&self.inner.pipelines)
+    /// (empty unless the engine runs strict SPIR-V, the Vulkan default), made again from the
+    /// kernels: the same words the driver was given.
+    pub fn built_spirv(&self) -> Result<Vec<BuiltSpirv>> {
+        let mut sources: Vec<_> = lock(&self.inner.pipelines)
             .iter()
-            .filter_map(|((kernel, entry, constants, _), p)| {
-                let (entry_name, words) = p.spirv.clone()?;
-                let bindings = p
+            .filter_map(|((_, entry, key, _), p)| {
+                let (kernel, constants) = p.spirv_source.clone()?;
+                let bindings: Vec<_> = p
                     .slots
                     .iter()
                     .map(|s| buffer_binding_type(s.kind))
                     .collect();
-                Some(BuiltSpirv {
+                Some((kernel, entry.clone(), key.clone(), constants, bindings))
+            })
+            .collect();
+        sources.sort_by(|a, b| (a.0.name, &a.1, &a.2).cmp(&(b.0.name, &b.1, &b.2)));
+        sources
+            .into_iter()
+            .map(|(kernel, entry, key, constants, bindings)| {
+                let spirv = crate::spirv::strict_spirv_with(
                     kernel,
-                    entry: entry.clone(),
-                    constants: constants.clone(),
-                    entry_name,
-                    words,
+                    &entry,
+                    &constants,
+                    self.inner.info.shader_checks,
+                )?;
+                Ok(BuiltSpirv {
+                    kernel: kernel.name,
+                    entry,
+                    constants: key,
+                    entry_name: spirv.entry_name,
+                    words: spirv.words,
                     bindings,
                 })
             })
-            .collect();
-        built.sort_by(|a, b| {
-            (a.kernel, &a.entry, &a.constants).cmp(&(b.kernel, &b.entry, &b.constants))
-        });
-        built
+            .collect()
     }
 
     /// Number of compiled pipelines in the cache.
