@@ -495,13 +495,6 @@ fn product(lid: u32, bi: u32, row0: u32, col0: u32, kb: u32, ke: u32) -> Acc {
     return Acc(lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5, lo6, hi6, lo7, hi7);
 }
 
-fn bias_at(col: u32) -> f32 {
-    if (params.has_bias == 1u && col < params.n) {
-        return load_bias(col);
-    }
-    return 0.0;
-}
-
 // Row of accumulator row i (0..8) and first column of half h (0, 1) of this invocation's
 // micro-tile, within the tile.
 fn micro_row(lid: u32, i: u32) -> u32 {
@@ -510,11 +503,6 @@ fn micro_row(lid: u32, i: u32) -> u32 {
 
 fn micro_col(lid: u32, h: u32) -> u32 {
     return h * (BN / 2u) + (lid % (BN / 8u)) * 4u;
-}
-
-// The bias of the four columns from col (0 past n or without a bias).
-fn bias4(col: u32) -> vec4<f32> {
-    return vec4(bias_at(col), bias_at(col + 1u), bias_at(col + 2u), bias_at(col + 3u));
 }
 
 // F32 out: out ← act(v), or out += v.

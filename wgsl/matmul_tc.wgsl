@@ -225,27 +225,13 @@ struct F8 {
     hi: vec4<f32>,
 }
 
-// bias[c] in FP32, 0 past n.
-fn bias_or_zero(c: u32) -> f32 {
-    if (c < params.n) {
-        return load_bias(c);
-    }
-    return 0.0;
-}
-
-// The bias of columns j + q0.. of an invocation's fragment row (zeros without a bias). Each
-// entry loads all of its columns' biases (32) before its first store, and each fragment row's
-// values are formed before any of them is stored: with each bias loaded at its value's store,
-// one after another, the epilogue cost 27% of the plain product's rate on an H200, 22% so.
+// The bias of columns j + q0.. of an invocation's fragment row (zeros past n or without a
+// bias). Each entry loads all of its columns' biases (32) before its first store, and each
+// fragment row's values are formed before any of them is stored: with each bias loaded at its
+// value's store, one after another, the epilogue cost 27% of the plain product's rate on an
+// H200, 22% so.
 fn bias8(j: u32, q0: u32) -> F8 {
-    if (params.has_bias == 0u) {
-        return F8(vec4<f32>(), vec4<f32>());
-    }
-    let c = j + q0;
-    return F8(vec4<f32>(bias_or_zero(c), bias_or_zero(c + 1u), bias_or_zero(c + 2u),
-                        bias_or_zero(c + 3u)),
-              vec4<f32>(bias_or_zero(c + 4u), bias_or_zero(c + 5u), bias_or_zero(c + 6u),
-                        bias_or_zero(c + 7u)));
+    return F8(bias4(j + q0), bias4(j + q0 + 4u));
 }
 
 // v = alpha·Σ (+ bias) of the invocation's eight staged values: row lane / 2 of its

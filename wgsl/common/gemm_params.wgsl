@@ -34,6 +34,19 @@ fn load_bias(i: u32) -> f32 {
     return half_from_word(bias[i >> 1u], i, params.dt_bias);
 }
 
+// The bias of column col in FP32 (0 past n or without a bias).
+fn bias_at(col: u32) -> f32 {
+    if (params.has_bias == 1u && col < params.n) {
+        return load_bias(col);
+    }
+    return 0.0;
+}
+
+// The bias of the four columns from col (0 past n or without a bias).
+fn bias4(col: u32) -> vec4<f32> {
+    return vec4(bias_at(col), bias_at(col + 1u), bias_at(col + 2u), bias_at(col + 3u));
+}
+
 // act(v), or v without an activation.
 fn epilogue(v: f32) -> f32 {
     if (params.act != 0u) {
