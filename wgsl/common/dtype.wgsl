@@ -108,9 +108,10 @@ fn pack_halves(lo: f32, hi: f32, dt: u32) -> u32 {
 
 // Both elements of a 16-bit word, widened for arithmetic (element 2i in `.x`). Exact for every
 // finite value, subnormals included, and cheaper than `half_from_word`: BF16 is a shift or a
-// mask, F16 the hardware conversion. A NaN stays a NaN but keeps its payload unquieted, so use
-// this where the value feeds arithmetic or is narrowed again (`pack_halves` quiets it), and
-// `half_from_word` where the widened bits are stored as they are.
+// mask, F16 the hardware conversion. A NaN stays a NaN, but its payload is the hardware's (BF16:
+// unquieted; F16: whatever the conversion gives, not always the input's on NVIDIA), so use this
+// where the value feeds arithmetic, and `half_from_word` where the widened bits are stored or
+// narrowed again and must match `half` bit for bit.
 fn widen2(word: u32, dt: u32) -> vec2<f32> {
     if (dt == DT_BF16) {
         return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
