@@ -884,3 +884,66 @@ fn max_norm_bad_inputs_and_workspace() {
         Err(Error::WorkspaceExceeded { .. })
     ));
 }
+
+/// `div_rn` of `wgsl/common/dtype.wgsl` in host FP32 arithmetic (no fused operation), with each
+/// division `div` standing in for a GPU's, which need not round correctly.
+fn div_rn(a: f32, n: f32, div: &mut dyn FnMut(f32, f32) -> f32) -> f32 {
+    let split12 = |x: f32| {
+        let t = x * 4097.0;
+        let hi = t - (t - x);
+        (hi, x - hi)
+    };
+    let residual = |a: f32, q: f32| {
+        let p = q * n;
+        let (qh, ql) = split12(q);
+        let (nh, nl) = split12(n);
+        let e = ((qh * nh - p) + qh * nl + ql * nh) + ql * nl;
+        (a - p) - e
+    };
+    let q0 = div(a, n);
+    if !(2f32.powi(-76)..2f32.powi(100)).contains(&a.abs()) {
+        return q0;
+    }
+    let q1 = q0 + div(residual(a, q0), n);
+    let r = residual(a, q1);
+    let b = q1.to_bits();
+    let q2 = f32::from_bits(if (r > 0.0) == (q1 > 0.0) {
+        b + 1
+    } else {
+        b - 1
+    });
+    if r.abs() > (q2 - q1).abs() * 0.5 * n {
+        q2
+    } else {
+        q1
+    }
+}
+
+#[test]
+fn scale_grad_division_rounds_to_nearest_even() {
+    // The kernel's division by a position count, simulated with divisions off by up to 3 units
+    // of the last place (Vulkan allows 2.5), against the host's correctly rounded one: counts
+    // 1..16, 1..1000 and up to 2^24, sums of magnitude 2^-76..2^100 of either sign.
+    let mut rng = Rng::new(0xd1f);
+    let mut off = Rng::new(0x0ff);
+    let mut sloppy = |a: f32, n: f32| {
+        let q = a / n;
+        let k = (off.next_u32() % 7) as i32 - 3;
+        if q == 0.0 || !q.is_finite() {
+            q
+        } else {
+            f32::from_bits(q.to_bits().wrapping_add_signed(k))
+        }
+    };
+    for i in 0..2_000_000u32 {
+        let e = 51 + rng.next_u32() % 176;
+        let a = f32::from_bits(rng.next_u32() & 0x807f_ffff | e << 23);
+        let n = match i % 3 {
+            0 => 1 + rng.next_u32() % 16,
+            1 => 1 + rng.next_u32() % 1000,
+            _ => 1 + rng.next_u32() % (1 << 24),
+        } as f32;
+        let got = div_rn(a, n, &mut sloppy);
+        assert_eq!(got.to_bits(), (a / n).to_bits(), "{a:e} / {n}");
+    }
+}

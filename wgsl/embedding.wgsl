@@ -33,7 +33,8 @@
 // sort of the backward) scaled.
 //
 // scale_grad_by_freq (F_FREQ): `table_grad` divides each row's sum by the number of positions
-// that reference the row (the length of its run of sorted keys).
+// that reference the row (the length of its run of sorted keys), rounded to nearest even
+// (`div_rn`: WGSL's `/` need not be).
 
 override DT: u32 = 0u;       // forward: table dtype; table_grad: cotangent dtype
 const WG: u32 = 256u;
@@ -444,7 +445,7 @@ fn table_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             i = i + 1u;
         }
         if ((params.flags & F_FREQ) != 0u) {
-            acc = acc / f32(i - (first - 1u));
+            acc = div_rn(acc, f32(i - (first - 1u)));
         }
     }
     dtable[t] = bitcast<u32>(acc);
@@ -496,7 +497,9 @@ fn table_grad_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
             i = i + 1u;
         }
         if ((params.flags & F_FREQ) != 0u) {
-            acc = acc / f32(i - (first - 1u));
+            let count = f32(i - (first - 1u));
+            acc = vec4<f32>(div_rn(acc.x, count), div_rn(acc.y, count), div_rn(acc.z, count),
+                            div_rn(acc.w, count));
         }
     }
     dtable4[t] = acc;

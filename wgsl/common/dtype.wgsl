@@ -208,3 +208,43 @@ fn chunk_lo(w: vec4<u32>, dt: u32) -> vec4<f32> {
 fn chunk_hi(w: vec4<u32>, dt: u32) -> vec4<f32> {
     return vec4<f32>(widen2(w.z, dt), widen2(w.w, dt));
 }
+
+// ---- Division rounded to nearest even ----
+
+// x = hi + lo exactly, hi holding x's leading 12 significant bits (Veltkamp's split).
+fn split12(x: f32) -> vec2<f32> {
+    let t = x * 4097.0;
+    let hi = t - (t - x);
+    return vec2<f32>(hi, x - hi);
+}
+
+// a − q·n exactly, for q·n within a few units of the last place of a (Dekker's product: no fused
+// operation, so exact on every adapter under strict math, fused `fma` or not).
+fn div_residual(a: f32, q: f32, n: f32) -> f32 {
+    let p = q * n;
+    let qs = split12(q);
+    let ns = split12(n);
+    let e = ((qs.x * ns.x - p) + qs.x * ns.y + qs.y * ns.x) + qs.y * ns.y;
+    return (a - p) - e;
+}
+
+// a / n rounded to nearest even, for n an integer-valued f32 in [1, 2^24] and 2^-76 ≤ |a| <
+// 2^100 (other a: WGSL's `/`). WGSL's `/` need not round correctly (Vulkan allows 2.5 units of
+// the last place; an H200's differs from the host's division in the last bit): its quotient is
+// corrected once with its exact residual, which leaves it within one unit, then moved to its
+// neighbour when the exact residual says a / n lies past their midpoint (a / n is never on
+// one). `tests/embedding.rs` runs it on the host, every division off by up to 3 units of the
+// last place, against the host's correctly rounded division.
+fn div_rn(a: f32, n: f32) -> f32 {
+    let q0 = a / n;
+    let m = abs(a);
+    if (!(m >= 1.3234889800848443e-23 && m < 1.2676506002282294e30)) {
+        return q0;
+    }
+    let q1 = q0 + div_residual(a, q0, n) / n;
+    let r = div_residual(a, q1, n);
+    // q1's neighbour toward a / n (bits + 1 is the larger magnitude), and half the gap times n.
+    let b = bitcast<u32>(q1);
+    let q2 = bitcast<f32>(select(b - 1u, b + 1u, (r > 0.0) == (q1 > 0.0)));
+    return select(q1, q2, abs(r) > abs(q2 - q1) * 0.5 * n);
+}
