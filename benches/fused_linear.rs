@@ -52,6 +52,7 @@ fn fused_linear(c: &mut Criterion) {
             chunk_rows: Some(64),
             memory_budget: None,
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         ..Default::default()
     };

@@ -1715,6 +1715,52 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 })
                 .with_flops(2.0 * flops),
             );
+            // BF16 operands scaled into F16 (the factors' passes included), forward and
+            // backward with a BF16 cotangent.
+            let x = make(&[m, k], 1, DType::BF16)?;
+            let w = make(&[n, k], 2, DType::BF16)?;
+            let dy = make(&[m, n], 3, DType::BF16)?;
+            ops.push(
+                Op::new(
+                    "matmul_fwd_tc",
+                    "bf16",
+                    vec![x.clone(), w.clone()],
+                    move |i| {
+                        let (y, _) = matmul(&i[0], &i[1], None, &tc)?;
+                        Ok(vec![y])
+                    },
+                )
+                .with_flops(flops),
+            );
+            let (_, saved) = matmul(&x, &w, None, &tc)?;
+            ops.push(
+                Op::new("matmul_bwd_tc", "bf16", vec![x, w, dy], move |i| {
+                    let g = matmul_backward(&saved, &i[2])?;
+                    Ok(vec![g.a, g.b])
+                })
+                .with_flops(2.0 * flops),
+            );
+            // F32 operands rounded to F16 (`round_f32_operands`), `x·Wᵀ` through `gemm`.
+            let x = make(&[m, k], 1, DType::F32)?;
+            let w = make(&[n, k], 2, DType::F32)?;
+            let out = Tensor::zeros(engine, &[m, n], DType::F32)?;
+            ops.push(
+                Op::new("matmul_fwd_tc_rounded", "f32", vec![x, w], move |i| {
+                    wgrad::matmul::gemm(&wgrad::matmul::Gemm {
+                        tensor_cores: true,
+                        round_f32_operands: true,
+                        ..wgrad::matmul::Gemm::plain(
+                            wgrad::matmul::GemmOperand::whole(&i[0], false),
+                            wgrad::matmul::GemmOperand::whole(&i[1], true),
+                            &out,
+                            (m, n, k),
+                            false,
+                        )
+                    })?;
+                    Ok(vec![out.clone()])
+                })
+                .with_flops(flops),
+            );
         }
     }
     let [m, k, n] = if quick {
@@ -1880,23 +1926,33 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         Tensor::from_slice(engine, &t, &[bt])
     };
     let mut ops = Vec::new();
-    let mut runs = vec![(DType::F32, false), (DType::BF16, false)];
+    // (dtype, logits products on tensor cores, gradient products on tensor cores, label).
+    let mut runs = vec![
+        (DType::F32, false, false, "f32"),
+        (DType::BF16, false, false, "bf16"),
+    ];
     if wgrad::matmul::tensor_cores(engine) {
-        // F16 heads with the logits products on tensor cores.
-        runs.push((DType::F16, true));
+        // 16-bit heads with the logits products on tensor cores, then the gradient products
+        // too (the logit gradient rounded to F16), and an F32 head with the latter.
+        runs.extend([
+            (DType::F16, true, false, "f16 tc"),
+            (DType::BF16, true, false, "bf16 tc"),
+            (DType::BF16, true, true, "bf16 tc+grads"),
+            (DType::F32, false, true, "f32 tc grads"),
+        ]);
     }
-    for (dtype, tensor_cores) in runs {
+    for (dtype, tensor_cores, grads, label) in runs {
         let w = weight(dtype)?;
         let b = scaled(vocab, 0.1, 2, dtype)?;
         let mut options = options.clone();
         options.chunking.tensor_cores = tensor_cores;
+        options.chunking.tensor_core_gradients = grads;
         for &bt in rows {
             let x = input(bt, dtype)?;
             let t = targets(bt)?;
             let plan = plan_cross_entropy(engine, bt, hidden, vocab, true, &options.chunking)?;
             eprintln!(
-                "  fused_linear_ce {} BT{bt} H{hidden} V{vocab}: {:.3e} FLOP per run, {} chunks of {} rows, workspace {:.1} MiB",
-                dtype.name(),
+                "  fused_linear_ce {label} BT{bt} H{hidden} V{vocab}: {:.3e} FLOP per run, {} chunks of {} rows, workspace {:.1} MiB",
                 6.0 * (bt * hidden) as f64 * vocab as f64,
                 plan.chunks,
                 plan.chunk_rows,
@@ -1906,26 +1962,21 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             let name: &'static str =
                 Box::leak(format!("fused_linear_ce_fwd_bwd BT{bt}").into_boxed_str());
             ops.push(
-                Op::new(
-                    name,
-                    dtype.name(),
-                    vec![x, w.clone(), b.clone(), t],
-                    move |i| {
-                        let head = LinearHead {
-                            input: &i[0],
-                            weight: &i[1],
-                            bias: Some(&i[2]),
-                        };
-                        let (out, saved) = fused_linear_cross_entropy(head, &i[3], &options)?;
-                        let g = fused_linear_cross_entropy_backward(&saved, None)?;
-                        Ok(vec![
-                            out.loss,
-                            g.input,
-                            g.weight,
-                            g.bias.expect("bias gradient"),
-                        ])
-                    },
-                )
+                Op::new(name, label, vec![x, w.clone(), b.clone(), t], move |i| {
+                    let head = LinearHead {
+                        input: &i[0],
+                        weight: &i[1],
+                        bias: Some(&i[2]),
+                    };
+                    let (out, saved) = fused_linear_cross_entropy(head, &i[3], &options)?;
+                    let g = fused_linear_cross_entropy_backward(&saved, None)?;
+                    Ok(vec![
+                        out.loss,
+                        g.input,
+                        g.weight,
+                        g.bias.expect("bias gradient"),
+                    ])
+                })
                 .with_peak()
                 .with_flops(6.0 * (bt * hidden) as f64 * vocab as f64),
             );

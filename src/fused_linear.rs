@@ -207,11 +207,19 @@ pub struct Chunking {
     /// which is also the ceiling.
     pub memory_budget: Option<u64>,
     /// Opt-in: each chunk's logits product `x·Wᵀ` on tensor cores where the head's input and
-    /// weight are both F16 ([`crate::matmul::Gemm::tensor_cores`]: exact products, FP32
-    /// accumulation in the hardware's order, [`crate::matmul::tensor_core_tolerance`]; needs
-    /// [`crate::matmul::tensor_cores`], else `MissingFeature`). The gradient products take
-    /// the F32 logit gradient and stay on the FP32 path. Heads of other dtypes ignore it.
+    /// weight are both 16-bit, F16 or BF16 ([`crate::matmul::Gemm::tensor_cores`]: BF16
+    /// scaled by a power of two into F16, exact products, FP32 accumulation in the hardware's
+    /// order, [`crate::matmul::tensor_core_tolerance`]; needs [`crate::matmul::tensor_cores`],
+    /// else `MissingFeature`). F32 heads ignore it.
     pub tensor_cores: bool,
+    /// Opt-in: each chunk's two gradient products (`dx = G·W`, `dW += Gᵀ·x`) on tensor cores
+    /// too, any head dtype: the F32 logit gradient `G` (and an F32 head's operand) rounded to
+    /// F16 after a power-of-two scale of its tensor (11 significant bits, TF32's precision;
+    /// [`crate::matmul::Gemm::round_f32_operands`], compared under
+    /// [`crate::matmul::tensor_core_rounded_tolerance`]). The accumulation across chunks stays
+    /// FP32. A reduced-precision mode, hence its own switch; needs
+    /// [`crate::matmul::tensor_cores`], else `MissingFeature`.
+    pub tensor_core_gradients: bool,
 }
 
 /// The chunking of one call.
@@ -261,8 +269,10 @@ struct Head {
     scale: f32,
     /// The bias the logits add: `bias·scale` (F32) when `scale ≠ 1`, else the bias itself.
     logit_bias: Option<Tensor>,
-    /// The logits product on tensor cores ([`Chunking::tensor_cores`] and F16 input and weight).
+    /// The logits product on tensor cores ([`Chunking::tensor_cores`] and a 16-bit head).
     tensor_cores: bool,
+    /// The gradient products on tensor cores ([`Chunking::tensor_core_gradients`]).
+    tensor_core_gradients: bool,
 }
 
 impl Head {
@@ -278,17 +288,21 @@ impl Head {
             scale: 1.0,
             logit_bias: h.bias.cloned(),
             tensor_cores: false,
+            tensor_core_gradients: false,
         }
     }
 
     /// The same head with its logits product on tensor cores when `chunking` asks for them
-    /// and its input and weight are F16; `MissingFeature` (before anything is recorded) when
-    /// the engine cannot run them.
+    /// and its input and weight are 16-bit, and its gradient products when it asks for those;
+    /// `MissingFeature` (before anything is recorded) when the engine cannot run them.
     fn with_chunking(mut self, chunking: &Chunking) -> Result<Head> {
         self.tensor_cores = chunking.tensor_cores
-            && self.input.dtype() == DType::F16
-            && self.weight.dtype() == DType::F16;
-        if self.tensor_cores && !crate::matmul::tensor_cores(self.input.engine()) {
+            && self.input.dtype() != DType::F32
+            && self.weight.dtype() != DType::F32;
+        self.tensor_core_gradients = chunking.tensor_core_gradients;
+        if (self.tensor_cores || self.tensor_core_gradients)
+            && !crate::matmul::tensor_cores(self.input.engine())
+        {
             return Err(Error::MissingFeature {
                 features: "tensor cores (matmul::tensor_cores) for Chunking::tensor_cores".into(),
             });
@@ -453,9 +467,12 @@ impl Accumulator {
     fn add_chunk(&mut self, head: &Head, r0: usize, dlogits: &Tensor) -> Result<()> {
         let rows = dlogits.shape()[0];
         let s = self.scale;
+        let tc = head.tensor_core_gradients;
         gemm(&Gemm {
             out_offset: r0 * head.hidden,
             alpha: s,
+            tensor_cores: tc,
+            round_f32_operands: tc,
             ..Gemm::plain(
                 GemmOperand::whole(dlogits, false),
                 GemmOperand::whole(&head.weight, false),
@@ -466,6 +483,8 @@ impl Accumulator {
         })?;
         gemm(&Gemm {
             alpha: s,
+            tensor_cores: tc,
+            round_f32_operands: tc,
             ..Gemm::plain(
                 GemmOperand::whole(dlogits, true),
                 GemmOperand {

@@ -19,13 +19,21 @@
 //! order by one invocation, so reruns are bit-identical.
 //!
 //! Tensor cores (opt-in: [`MatmulOptions::tensor_cores`], [`Gemm::tensor_cores`]; where
-//! [`tensor_cores`] holds): products of two F16 operands on cooperative matrices
-//! (`wgsl/matmul_tc.wgsl`, 16×16×16 F16 × F16 → F32). The products are exact in FP32 and the
-//! sums FP32, but in the hardware's order and rounding, so the results are compared under
-//! [`tensor_core_tolerance`] instead of carrying the FP32 path's bits; reruns on one device are
-//! bit-identical. The epilogue is the FP32 path's (alpha, bias of any float dtype, activation,
-//! pre-activation, accumulate, an F32 or 16-bit out), applied to the same FP32 sums. Calls
-//! outside [`tensor_core_fits`] run on the FP32 path.
+//! [`tensor_cores`] holds): products of F16 or BF16 operands on cooperative matrices
+//! (`wgsl/matmul_tc.wgsl`, 16×16×16 F16 × F16 → F32). A BF16 operand is multiplied by a power
+//! of two `2^s` chosen from the largest finite magnitude `M` of its tensor (`s = 14 − ⌊log2 M⌋`,
+//! within −113..=126) and converted to F16, and the sums are multiplied back by `2^−s`: every value
+//! within 2³¹ of `M` (binade at least `⌊log2 M⌋ − 31`) converts exactly, smaller ones round on
+//! F16's subnormal grid (an error below `2^−40·M` each). The products are then exact in FP32
+//! and the sums FP32, but in the hardware's order and rounding, so the results are compared
+//! under [`tensor_core_tolerance`] instead of carrying the FP32 path's bits; reruns on one
+//! device are bit-identical. F32 operands take the same route only with
+//! [`Gemm::round_f32_operands`] (each value rounded to 11 significant bits,
+//! [`tensor_core_rounded_tolerance`]). The factors cost one pass over each scaled operand's
+//! tensor (two small launches, no host synchronization). The epilogue is the FP32 path's
+//! (alpha, bias of any float dtype, activation, pre-activation, accumulate, an F32 or 16-bit
+//! out), applied to the same FP32 sums. Calls outside [`tensor_core_fits`] run on the FP32
+//! path.
 //!
 //! Split-K: a product with few output tiles and a long K (e.g. `[256, 4096]` from a K of
 //! 128,256) would leave most of a large GPU idle, so [`gemm`] cuts K into `S` slices
@@ -75,7 +83,7 @@ pub static KERNEL: Kernel = Kernel {
     ],
 };
 
-/// `wgsl/matmul_tc.wgsl`: the tensor-core product of F16 operands (cooperative matrices of
+/// `wgsl/matmul_tc.wgsl`: the tensor-core product of 16-bit operands (cooperative matrices of
 /// 16×16×16, F32 accumulators), for [`Gemm::tensor_cores`] where [`tensor_cores`] says the
 /// engine can run it. Its own module: it starts with `enable wgpu_cooperative_matrix;`.
 pub static TC_KERNEL: Kernel = Kernel {
@@ -249,8 +257,23 @@ pub fn tensor_core_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
     summed_tolerance(1e-6, terms)
 }
 
+/// The comparison budget of a tensor-core product with an F32 operand rounded to F16
+/// ([`Gemm::round_f32_operands`]), for `terms` products of magnitude ≤ 1: each rounded value
+/// is off by at most 2⁻¹¹ of itself (2⁻¹⁰ for a product of two), so the absolute part is
+/// `1e-3·terms` and the relative parts are F16's (the L2 one doubled: a sum of many products
+/// keeps about 2⁻¹¹ of its size).
+pub fn tensor_core_rounded_tolerance(terms: usize) -> crate::gradcheck::Tolerance {
+    let f16 = crate::gradcheck::Tolerance::for_dtype(DType::F16);
+    crate::gradcheck::Tolerance {
+        abs: f16.abs.max(1e-3 * terms as f64),
+        rel_l2: 2.0 * f16.rel_l2,
+        ..f16
+    }
+}
+
 /// The typed errors of a [`Gemm::tensor_cores`] call beyond [`gemm`]'s: the engine cannot run
-/// tensor-core products (`MissingFeature`); an operand that is not F16 (`UnsupportedDType`).
+/// tensor-core products (`MissingFeature`); an operand that is not F16 or BF16, or F32 with
+/// [`Gemm::round_f32_operands`] (`UnsupportedDType`).
 fn check_tensor_core_call(call: &Gemm) -> Result<()> {
     if !tensor_cores(call.out.engine()) {
         return Err(Error::MissingFeature {
@@ -259,12 +282,17 @@ fn check_tensor_core_call(call: &Gemm) -> Result<()> {
                 .into(),
         });
     }
+    let allowed: &[DType] = if call.round_f32_operands {
+        &DType::FLOATS
+    } else {
+        &[DType::F16, DType::BF16]
+    };
     for (t, what) in [
         (call.a.tensor, "gemm (tensor cores): a"),
         (call.b.tensor, "gemm (tensor cores): b"),
     ] {
-        if t.dtype() != DType::F16 {
-            return Err(Error::dtype(what, t.dtype(), &[DType::F16]));
+        if !allowed.contains(&t.dtype()) {
+            return Err(Error::dtype(what, t.dtype(), allowed));
         }
     }
     Ok(())
@@ -302,8 +330,12 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
         ("DT_OUT", f64::from(call.out.dtype().code())),
+        ("DT_A", f64::from(call.a.tensor.dtype().code())),
+        ("DT_B", f64::from(call.b.tensor.dtype().code())),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
+    // F16 operands are staged as they are (A's buffer stands in for the unread factors).
+    let scales = tensor_core_scales(call.a.tensor, call.b.tensor)?;
     let mut buffers = vec![call.a.tensor.buffer(), call.b.tensor.buffer()];
     let plain = call.out.dtype() == DType::F32
         && call.bias.is_none()
@@ -322,9 +354,75 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
             None => "gemm_tc_epilogue",
         }
     };
+    buffers.push(scales.as_ref().unwrap_or(call.a.tensor).buffer());
     call.out
         .engine()
         .launch(&TC_KERNEL, entry, &constants, &params, &buffers, tiles)
+}
+
+/// The launch parameters of `tc_scale_part` and `tc_scale_pick` (`wgsl/matmul.wgsl`).
+#[derive(encase::ShaderType)]
+struct ScaleParams {
+    len: u32,
+    dt: u32,
+    slot: u32,
+    groups: u32,
+}
+
+/// The power-of-two factors a tensor-core product of `a` and `b` stages its operands with
+/// (`None` when both are F16: none): an F32 tensor of 516 values whose first four are `2^sA,
+/// 2^sB, 2^−sA, 2^−sB` (the rest the partial maxima). For a BF16 or F32 tensor,
+/// `s = clamp(14 − ⌊log2 M⌋, −113, 126)` with `M` its largest finite magnitude (a subnormal `M`
+/// counts as binade −127; `s = 0` when no value is finite and nonzero), so every finite value
+/// times `2^s` is below 2¹⁵; `s = 0` for F16. Two launches (partial maxima, then the factors),
+/// no synchronization; runs on any adapter. See `tc_scale_part` in `wgsl/matmul.wgsl`.
+pub fn tensor_core_scales(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+    if a.dtype() == DType::F16 && b.dtype() == DType::F16 {
+        return Ok(None);
+    }
+    let engine = a.engine();
+    let scales = Tensor::empty(engine, &[516], DType::F32, "tensor-core scale factors")?;
+    let mut groups = [0u32; 2];
+    for (i, t) in [a, b].into_iter().enumerate() {
+        if t.dtype() == DType::F16 || t.is_empty() {
+            continue;
+        }
+        let words = if t.dtype() == DType::F32 {
+            t.len()
+        } else {
+            t.len().div_ceil(2)
+        };
+        groups[i] = words.div_ceil(4096).clamp(1, 256) as u32;
+        let params = ScaleParams {
+            len: t.len() as u32,
+            dt: t.dtype().code(),
+            slot: 4 + 256 * i as u32,
+            groups: groups[i],
+        };
+        engine.launch(
+            &KERNEL,
+            "tc_scale_part",
+            &Vec::new(),
+            &params,
+            &[t.buffer(), scales.buffer()],
+            u64::from(groups[i]),
+        )?;
+    }
+    let params = ScaleParams {
+        len: groups[0],
+        dt: 0,
+        slot: 0,
+        groups: groups[1],
+    };
+    engine.launch(
+        &KERNEL,
+        "tc_scale_pick",
+        &Vec::new(),
+        &params,
+        &[scales.buffer()],
+        1,
+    )?;
+    Ok(Some(scales))
 }
 
 /// `(slices, k per slice)` of a product whose scratch may take `allowance` bytes.
@@ -406,12 +504,13 @@ pub struct MatmulOptions {
     pub transpose_b: bool,
     /// Epilogue `act(A·B + bias)`; the FP32 pre-activation is saved for the backward.
     pub activation: Option<Activation>,
-    /// Opt-in: products of two F16 operands on tensor cores ([`Gemm::tensor_cores`]: FP32
-    /// accumulation in the hardware's order, [`tensor_core_tolerance`]), with the same
-    /// epilogue (bias, activation, pre-activation; `matmul_as` stores F16 / BF16). The
-    /// forward takes them for F16 `A` and `B`; the backward for an F16 cotangent without an
-    /// activation (both its products then have F16 operands; F32 gradients, or 16-bit ones
-    /// with `matmul_backward_as`); the other products run on the FP32 path.
+    /// Opt-in: products of two 16-bit operands (F16 or BF16, each either) on tensor cores
+    /// ([`Gemm::tensor_cores`]: BF16 scaled by a power of two into F16, FP32 accumulation in
+    /// the hardware's order, [`tensor_core_tolerance`]), with the same epilogue (bias,
+    /// activation, pre-activation; `matmul_as` stores F16 / BF16). The forward takes them for
+    /// 16-bit `A` and `B` (an F32 operand is refused); the backward for a 16-bit cotangent
+    /// without an activation (both its products then have 16-bit operands; F32 gradients, or
+    /// 16-bit ones with `matmul_backward_as`); the other products run on the FP32 path.
     pub tensor_cores: bool,
 }
 
@@ -555,8 +654,12 @@ pub struct Gemm<'a> {
     pub pre_activation: Option<&'a Tensor>,
     /// Product scale (1.0 normally); must be finite.
     pub alpha: f32,
-    /// Opt-in: run the product on tensor cores (F16 operands; see [`gemm`]).
+    /// Opt-in: run the product on tensor cores (F16 or BF16 operands; see [`gemm`]).
     pub tensor_cores: bool,
+    /// Opt-in, with `tensor_cores`: also take F32 operands, each value rounded to F16 after
+    /// its operand's power-of-two scaling (11 significant bits, the precision of TF32; see
+    /// [`tensor_core_rounded_tolerance`]). A reduced-precision product, hence its own switch.
+    pub round_f32_operands: bool,
 }
 
 impl<'a> Gemm<'a> {
@@ -586,6 +689,7 @@ impl<'a> Gemm<'a> {
             pre_activation: None,
             alpha: 1.0,
             tensor_cores: false,
+            round_f32_operands: false,
         }
     }
 }
@@ -737,8 +841,8 @@ fn invalid(what: &str, got: f64, rule: &str) -> Error {
 /// or pre-activation together with `accumulate`, or `out` / `pre_activation` sharing a buffer
 /// with another argument (`InvalidValue`); tensors of another engine (`EngineMismatch`). With
 /// `tensor_cores`: an engine without them (`MissingFeature`, see [`tensor_cores`]), `a` or `b`
-/// not F16 (`UnsupportedDType`); a call that passes these but not [`tensor_core_fits`] runs on
-/// the FP32 path. With tensor cores the sums are the hardware's FP32 accumulation (see the
+/// not F16 or BF16 (F32 too with `round_f32_operands`; `UnsupportedDType`); a call that passes
+/// these but not [`tensor_core_fits`] runs on the FP32 path. With tensor cores the sums are the hardware's FP32 accumulation (see the
 /// module docs); the epilogue is the same.
 pub fn gemm(call: &Gemm) -> Result<()> {
     gemm_within(call, call.out.engine().workspace_bound())
@@ -1044,7 +1148,7 @@ fn dims(a: &Tensor, b: &Tensor, o: &MatmulOptions) -> Result<Dims> {
 /// (`ShapeMismatch`); a bias of another shape than `[N]` (`ShapeMismatch`); a non-float
 /// dtype (`UnsupportedDType`); tensors of another engine; extents beyond the bounds of
 /// [`gemm`] (`OutOfBounds`); with `options.tensor_cores`, those of [`gemm`]'s tensor cores
-/// (no tensor cores, operands not F16).
+/// (no tensor cores, an operand not F16 or BF16).
 pub fn matmul(
     a: &Tensor,
     b: &Tensor,
@@ -1127,6 +1231,7 @@ pub fn matmul_as(
         pre_activation: pre.as_ref(),
         alpha: 1.0,
         tensor_cores: options.tensor_cores,
+        round_f32_operands: false,
     })?;
     Ok((
         out,
@@ -1285,11 +1390,11 @@ pub fn matmul_backward_as(
         batch_stride,
     };
     // Tensor cores (opted in by the forward's options) where both operands of a product are
-    // F16, i.e. for an F16 cotangent without an activation (F32 or 16-bit gradients).
+    // 16-bit, i.e. for a 16-bit cotangent without an activation (F32 or 16-bit gradients).
     let tc = saved.options.tensor_cores
         && [a.dtype(), b.dtype(), g.dtype()]
             .iter()
-            .all(|&t| t == DType::F16);
+            .all(|&t| t != DType::F32);
     let plain = |a_op, b_op, out, rows, cols, inner, count, out_stride| Gemm {
         batch: count,
         out_batch_stride: out_stride,

@@ -46,11 +46,12 @@ pub struct MlpOptions {
     /// ([`intermediate_bytes`]); it implies recomputation. `None` (the default): every row at
     /// once.
     pub tile_rows: Option<usize>,
-    /// Opt-in: the products whose two operands are F16 run on tensor cores
-    /// ([`matmul::Gemm::tensor_cores`]: FP32 accumulation in the hardware's order, compared
-    /// under [`matmul::tensor_core_tolerance`]): the gate and up products for F16 `x`, `W_g`,
-    /// `W_u`, and `dh = dy·W_d` for an F16 `dy` and `W_d`. The others (their operand `h`, `dg`
-    /// or `du` is F32) run on the FP32 path. Needs [`matmul::tensor_cores`] when any product
+    /// Opt-in: the products whose two operands are 16-bit (F16 or BF16) run on tensor cores
+    /// ([`matmul::Gemm::tensor_cores`]: BF16 scaled by a power of two into F16, FP32
+    /// accumulation in the hardware's order, compared under [`matmul::tensor_core_tolerance`]):
+    /// the gate and up products for 16-bit `x`, `W_g`, `W_u`, and `dh = dy·W_d` for a 16-bit
+    /// `dy` and `W_d`. The others (their operand `h`, `dg` or `du` is F32) run on the FP32
+    /// path. Needs [`matmul::tensor_cores`] when any product
     /// qualifies (else `MissingFeature`).
     pub tensor_cores: bool,
 }
@@ -169,7 +170,7 @@ fn rows_of(tensor: &Tensor, first: usize, width: usize, transposed: bool) -> Gem
 }
 
 /// `out[out_offset..] (=|+=) a·b` with logical extents `(m, n, k)`; on tensor cores where
-/// `tc` (the options' opt-in) and both operands are F16.
+/// `tc` (the options' opt-in) and both operands are 16-bit.
 fn product(
     out: &Tensor,
     out_offset: usize,
@@ -179,7 +180,7 @@ fn product(
     accumulate: bool,
     tc: bool,
 ) -> Result<()> {
-    let tensor_cores = tc && a.tensor.dtype() == DType::F16 && b.tensor.dtype() == DType::F16;
+    let tensor_cores = tc && a.tensor.dtype() != DType::F32 && b.tensor.dtype() != DType::F32;
     matmul::gemm(&Gemm {
         out_offset,
         tensor_cores,

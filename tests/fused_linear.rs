@@ -145,6 +145,7 @@ fn flce_options(
             chunk_rows,
             memory_budget: None,
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         gradients_in_forward: true,
         ..FusedLinearCrossEntropyOptions::default()
@@ -157,19 +158,32 @@ fn check_gradients(
     want: &reference::LinearGradients,
     head: &HeadData,
 ) {
+    check_gradients_within(what, got, want, head, None);
+}
+
+/// [`check_gradients`] with d input and d weight under `tol` instead of the F32 policy (when
+/// given).
+fn check_gradients_within(
+    what: &str,
+    got: &FusedLinearGradients,
+    want: &reference::LinearGradients,
+    head: &HeadData,
+    tol: Option<Tolerance>,
+) {
+    let product_tol = tol.unwrap_or_else(grad_tol);
     assert_eq!(got.input.shape(), head.x.shape(), "{what}");
     assert_eq!(got.input.dtype(), DType::F32, "{what}");
     assert_close(
         &format!("{what} d input"),
         &got.input.to_f64().unwrap(),
         &want.input,
-        grad_tol(),
+        product_tol,
     );
     assert_close(
         &format!("{what} d weight"),
         &got.weight.to_f64().unwrap(),
         &want.weight,
-        grad_tol(),
+        product_tol,
     );
     match (&got.bias, &head.b) {
         (Some(db), Some(_)) => {
@@ -729,6 +743,7 @@ fn flce_peak_memory_stays_at_the_chunk_bound() {
             chunk_rows: None,
             memory_budget: Some(per_chunk),
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         ..FusedLinearCrossEntropyOptions::default()
     };
@@ -909,6 +924,7 @@ fn flce_bad_inputs() {
             chunk_rows: Some(0),
             memory_budget: None,
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         ..d.clone()
     };
@@ -921,6 +937,7 @@ fn flce_bad_inputs() {
             chunk_rows: None,
             memory_budget: Some(100),
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         ..d.clone()
     };
@@ -1109,6 +1126,7 @@ fn distill_options(soft: SoftLoss, chunk_rows: usize) -> DistillationOptions {
             chunk_rows: Some(chunk_rows),
             memory_budget: None,
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         ..DistillationOptions::default()
     }
@@ -1280,6 +1298,7 @@ fn distillation_chunk_sizes_agree_and_recompute_matches() {
                 chunk_rows: Some(chunk),
                 memory_budget: None,
                 tensor_cores: false,
+                tensor_core_gradients: false,
             },
             ..base.clone()
         };
@@ -1338,6 +1357,7 @@ fn distillation_peak_memory_stays_at_the_chunk_bound() {
             chunk_rows: None,
             memory_budget: Some(budget),
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         ..DistillationOptions::default()
     };
@@ -1493,6 +1513,7 @@ fn distillation_bad_inputs() {
             chunk_rows: None,
             memory_budget: Some(64),
             tensor_cores: false,
+            tensor_core_gradients: false,
         },
         ..d.clone()
     };
@@ -2101,6 +2122,7 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
         chunk_rows: None,
         memory_budget: Some(budget),
         tensor_cores: false,
+        tensor_core_gradients: false,
     };
     let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &chunking).unwrap();
     assert!(
@@ -2113,13 +2135,15 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
     );
 }
 
-/// `Chunking::tensor_cores`: an F32 head ignores it (the same bits on any engine); an F16 head
-/// is refused with `MissingFeature` where the engine cannot run tensor cores, and where it
-/// can, the loss (every option, a fifth of the targets ignored, F16 bias) and the gradients
-/// with unit and explicit cotangents match the f64 reference (the logits' products on tensor
-/// cores: their budget over `hidden` products on the loss, the F32 policy's rule on the
-/// gradients), chunks of 48 rows and one chunk agree within that budget, and reruns are
-/// bit-identical.
+/// `Chunking::tensor_cores`: an F32 head ignores it (the same bits on any engine); a 16-bit
+/// head, or `Chunking::tensor_core_gradients` with any head, is refused with `MissingFeature`
+/// where the engine cannot run tensor cores. Where it can, for F16 and BF16 heads (the logits'
+/// products on tensor cores) and with the gradient products on tensor cores too (BF16 and F32
+/// heads, the logit gradient rounded to F16), the loss (every option, a fifth of the targets
+/// ignored, bias) and the gradients with unit and explicit cotangents match the f64 reference
+/// (the loss within the tensor-core budget over `hidden` products; the gradients under the F32
+/// policy, or the rounded budget when their products round), chunks of 48 rows and one chunk
+/// agree within those budgets, and reruns are bit-identical.
 #[test]
 fn flce_tensor_cores_match_reference_or_are_refused() {
     let (lead, hidden, vocab) = ([3usize, 40], 64, 200);
@@ -2127,12 +2151,15 @@ fn flce_tensor_cores_match_reference_or_are_refused() {
     let cfg = as_stored(&all_options(vocab));
     let targets = targets_for(5, rows, vocab, cfg.ignore_index, 5);
     let t = Tensor::from_slice(engine(), &targets, &lead).unwrap();
-    let options = |tensor_cores: bool, chunk_rows: Option<usize>| FusedLinearCrossEntropyOptions {
-        chunking: Chunking {
-            tensor_cores,
-            ..flce_options(&cfg, chunk_rows).chunking
-        },
-        ..flce_options(&cfg, chunk_rows)
+    let options = |tensor_cores: bool, grads: bool, chunk_rows: Option<usize>| {
+        FusedLinearCrossEntropyOptions {
+            chunking: Chunking {
+                tensor_cores,
+                tensor_core_gradients: grads,
+                ..flce_options(&cfg, chunk_rows).chunking
+            },
+            ..flce_options(&cfg, chunk_rows)
+        }
     };
     let head32 = HeadData::new(engine(), 60, &lead, hidden, vocab, true, DType::F32, 0.5);
     let run = |head: &HeadData, o: &FusedLinearCrossEntropyOptions| {
@@ -2140,52 +2167,73 @@ fn flce_tensor_cores_match_reference_or_are_refused() {
         let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
         (out, g)
     };
-    let (plain, gp) = run(&head32, &options(false, Some(48)));
-    let (asked, ga) = run(&head32, &options(true, Some(48)));
+    let (plain, gp) = run(&head32, &options(false, false, Some(48)));
+    let (asked, ga) = run(&head32, &options(true, false, Some(48)));
     assert_eq!(bits(&plain.loss), bits(&asked.loss), "F32 head: loss");
     assert_eq!(bits(&gp.weight), bits(&ga.weight), "F32 head: d weight");
-    let head = HeadData::new(engine(), 61, &lead, hidden, vocab, true, DType::F16, 0.5);
     if !wgrad::matmul::tensor_cores(engine()) {
-        assert!(matches!(
-            fused_linear_cross_entropy(head.gpu(), &t, &options(true, Some(48))),
-            Err(Error::MissingFeature { .. })
-        ));
+        for (dt, grads) in [
+            (DType::F16, false),
+            (DType::BF16, false),
+            (DType::F32, true),
+        ] {
+            let head = HeadData::new(engine(), 61, &lead, hidden, vocab, true, dt, 0.5);
+            assert!(
+                matches!(
+                    fused_linear_cross_entropy(head.gpu(), &t, &options(true, grads, Some(48))),
+                    Err(Error::MissingFeature { .. })
+                ),
+                "{dt:?} head, gradient products {grads}: refused"
+            );
+        }
         return;
     }
-    let want = reference::fused_linear_cross_entropy(head.reference(), &targets, rows, vocab, &cfg);
-    let tol = wgrad::matmul::tensor_core_tolerance(hidden);
-    for chunk_rows in [Some(48), None] {
-        let what = format!("tensor cores chunk {chunk_rows:?}");
-        let o = options(true, chunk_rows);
-        let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
-        assert_ce_outputs(&what, &out, &want, tol);
-        let ones = [1.0];
-        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
-        let want_g = reference::fused_linear_cross_entropy_backward(
-            head.reference(),
-            &targets,
-            rows,
-            vocab,
-            &cfg,
-            &ones,
-        );
-        check_gradients(&format!("{what} (unit)"), &g, &want_g, &head);
-        let ct = tensor_from_f64(engine(), &[-1.5], &[], DType::F32);
-        let g2 = fused_linear_cross_entropy_backward(&saved, Some(&ct)).unwrap();
-        let want_g2 = reference::fused_linear_cross_entropy_backward(
-            head.reference(),
-            &targets,
-            rows,
-            vocab,
-            &cfg,
-            &[-1.5],
-        );
-        check_gradients(&format!("{what} (cotangent)"), &g2, &want_g2, &head);
-        let (out2, saved2) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
-        let g3 = fused_linear_cross_entropy_backward(&saved2, None).unwrap();
-        assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
-        assert_eq!(bits(&g.input), bits(&g3.input), "{what}: d input rerun");
-        assert_eq!(bits(&g.weight), bits(&g3.weight), "{what}: d weight rerun");
+    for (dt, grads) in [
+        (DType::F16, false),
+        (DType::BF16, false),
+        (DType::BF16, true),
+        (DType::F32, true),
+    ] {
+        let head = HeadData::new(engine(), 61, &lead, hidden, vocab, true, dt, 0.5);
+        let want =
+            reference::fused_linear_cross_entropy(head.reference(), &targets, rows, vocab, &cfg);
+        let tol = wgrad::matmul::tensor_core_tolerance(hidden);
+        let grad_tol = grads.then(|| wgrad::matmul::tensor_core_rounded_tolerance(vocab));
+        for chunk_rows in [Some(48), None] {
+            let what =
+                format!("tensor cores {dt:?} gradient products {grads} chunk {chunk_rows:?}");
+            let o = options(true, grads, chunk_rows);
+            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
+            assert_ce_outputs(&what, &out, &want, tol);
+            let ones = [1.0];
+            let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+            let want_g = reference::fused_linear_cross_entropy_backward(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+                &ones,
+            );
+            check_gradients_within(&format!("{what} (unit)"), &g, &want_g, &head, grad_tol);
+            let ct = tensor_from_f64(engine(), &[-1.5], &[], DType::F32);
+            let g2 = fused_linear_cross_entropy_backward(&saved, Some(&ct)).unwrap();
+            let want_g2 = reference::fused_linear_cross_entropy_backward(
+                head.reference(),
+                &targets,
+                rows,
+                vocab,
+                &cfg,
+                &[-1.5],
+            );
+            let label = format!("{what} (cotangent)");
+            check_gradients_within(&label, &g2, &want_g2, &head, grad_tol);
+            let (out2, saved2) = fused_linear_cross_entropy(head.gpu(), &t, &o).unwrap();
+            let g3 = fused_linear_cross_entropy_backward(&saved2, None).unwrap();
+            assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+            assert_eq!(bits(&g.input), bits(&g3.input), "{what}: d input rerun");
+            assert_eq!(bits(&g.weight), bits(&g3.weight), "{what}: d weight rerun");
+        }
     }
 }
 

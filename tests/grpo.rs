@@ -658,6 +658,7 @@ fn fused_linear_head_matches_the_reference() {
                     chunk_rows: chunk,
                     memory_budget: None,
                     tensor_cores: false,
+                    tensor_core_gradients: false,
                 };
                 let (out, saved) = fused_linear_grpo_loss(head, &gpu_tokens, &o, chunking).unwrap();
                 let g = fused_linear_grpo_loss_backward(&saved, None).unwrap();

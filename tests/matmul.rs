@@ -494,6 +494,7 @@ fn gemm_offsets_case(m: usize, n: usize, k: usize, batch: usize, seed: u64) {
                 pre_activation: activation.map(|_| &pre),
                 alpha,
                 tensor_cores: false,
+                round_f32_operands: false,
             };
             gemm(&call).unwrap();
             let mut want = init.clone();
@@ -713,6 +714,7 @@ fn bad_inputs_are_typed_errors() {
         pre_activation: None,
         alpha: 1.0,
         tensor_cores: false,
+        round_f32_operands: false,
     };
     gemm(&base(&out)).unwrap();
     // A 16-bit out of an odd width (two columns a word), an integer out.
@@ -1148,6 +1150,7 @@ fn both_tiles_give_identical_bits() {
                     pre_activation: act.map(|_| &placeholder),
                     alpha,
                     tensor_cores: false,
+                    round_f32_operands: false,
                 };
                 let wide = tile_bits(&call, &init, Some(GemmTile::Wide));
                 let narrow = tile_bits(&call, &init, Some(GemmTile::Narrow));
@@ -1519,6 +1522,7 @@ fn chunked_fetches_give_the_element_path_bits() {
                 pre_activation: None,
                 alpha: 1.0,
                 tensor_cores: false,
+                round_f32_operands: false,
             };
             let label = format!("{m}×{n}×{k} batch {batch} ta {ta} tb {tb} {dt_a}/{dt_b}");
             assert!(chunked_fetches(&call), "{label}: the rule");
@@ -1612,23 +1616,95 @@ fn chunked_fetches_give_the_element_path_bits() {
 #[allow(clippy::too_many_arguments)]
 fn tensor_core_case(
     e: &wgrad::Engine,
-    (m, n, k, batch): (usize, usize, usize, usize),
-    (ta, tb): (bool, bool),
+    shape: (usize, usize, usize, usize),
+    layout: (bool, bool),
     b_shared: bool,
     accumulate: bool,
     alpha: f32,
     tensor_cores: bool,
     seed: u64,
 ) -> Vec<u32> {
+    let case = TcCase {
+        b_shared,
+        accumulate,
+        alpha,
+        tensor_cores,
+        ..TcCase::default()
+    };
+    tensor_core_case_as(e, shape, layout, (DType::F16, DType::F16), case, seed)
+}
+
+/// The options of [`tensor_core_case_as`].
+#[derive(Clone, Copy)]
+struct TcCase {
+    b_shared: bool,
+    accumulate: bool,
+    alpha: f32,
+    tensor_cores: bool,
+    /// `Gemm::round_f32_operands`.
+    round: bool,
+    /// Every value of A times `2^mags.0`, of B times `2^mags.1` (out's first values times
+    /// `2^(mags.0 + mags.1)`); compared after dividing out by the same power.
+    mags: (i32, i32),
+}
+
+impl Default for TcCase {
+    fn default() -> TcCase {
+        TcCase {
+            b_shared: false,
+            accumulate: false,
+            alpha: 1.0,
+            tensor_cores: true,
+            round: false,
+            mags: (0, 0),
+        }
+    }
+}
+
+/// [`tensor_core_case`] with operands of `dtypes` (A, B) and the options of `c`, under the
+/// rounded budget when an F32 operand is rounded. A BF16 or F32 operand's values are `data`
+/// (|v| ≤ 1) times `2^-j`, j cycling over 0..=30 every 7 values (so they span 31 binades
+/// below the largest), then times `2^mags`.
+fn tensor_core_case_as(
+    e: &wgrad::Engine,
+    (m, n, k, batch): (usize, usize, usize, usize),
+    (ta, tb): (bool, bool),
+    (dt_a, dt_b): (DType, DType),
+    c: TcCase,
+    seed: u64,
+) -> Vec<u32> {
+    let TcCase {
+        b_shared,
+        accumulate,
+        alpha,
+        tensor_cores,
+        round,
+        mags,
+    } = c;
     let (a_off, a_stride) = (8, m * k + 16);
     let (b_off, b_stride) = (16, if b_shared { 0 } else { k * n + 8 });
     let (c_off, c_stride) = (4, m * n + 12);
-    let a = stored(&data(seed, a_off + batch * a_stride), DType::F16);
+    let spread = |v: Vec<f64>, dt: DType, mag: i32| -> Vec<f64> {
+        let v = v.iter().enumerate();
+        v.map(|(i, x)| match dt {
+            DType::F16 => *x,
+            _ => x * 2f64.powi(mag - ((i / 7) % 31) as i32),
+        })
+        .collect()
+    };
+    let a = stored(
+        &spread(data(seed, a_off + batch * a_stride), dt_a, mags.0),
+        dt_a,
+    );
     let b_len = b_off + batch.max(1) * (k * n + 8);
-    let b = stored(&data(seed + 1, b_len), DType::F16);
-    let init = data(seed + 2, c_off + batch * c_stride + 4);
-    let at = tensor_from_f64(e, &a, &[a.len()], DType::F16);
-    let bt = tensor_from_f64(e, &b, &[b.len()], DType::F16);
+    let b = stored(&spread(data(seed + 1, b_len), dt_b, mags.1), dt_b);
+    let unit = 2f64.powi(mags.0 + mags.1);
+    let init: Vec<f64> = data(seed + 2, c_off + batch * c_stride + 4)
+        .iter()
+        .map(|v| v * unit)
+        .collect();
+    let at = tensor_from_f64(e, &a, &[a.len()], dt_a);
+    let bt = tensor_from_f64(e, &b, &[b.len()], dt_b);
     let out = tensor_from_f64(e, &init, &[init.len()], DType::F32);
     let call = Gemm {
         a: operand(&at, a_off, ta, a_stride),
@@ -1646,6 +1722,7 @@ fn tensor_core_case(
         pre_activation: None,
         alpha,
         tensor_cores,
+        round_f32_operands: round,
     };
     gemm(&call).unwrap();
     let mut want = init.clone();
@@ -1664,14 +1741,21 @@ fn tensor_core_case(
     );
     let label = format!(
         "tensor cores {tensor_cores}: m {m} n {n} k {k} batch {batch} ta {ta} tb {tb} \
-         shared b {b_shared} accumulate {accumulate} alpha {alpha}"
+         shared b {b_shared} accumulate {accumulate} alpha {alpha} {dt_a:?}×{dt_b:?} \
+         rounded {round}"
     );
+    let tol = if round && (dt_a == DType::F32 || dt_b == DType::F32) {
+        matmul::tensor_core_rounded_tolerance(k)
+    } else {
+        matmul::tensor_core_tolerance(k)
+    };
     // Elements outside the product (gaps, before and after) keep their values.
+    let unscaled = |v: Vec<f64>| v.iter().map(|x| x / unit).collect::<Vec<_>>();
     assert_close(
         &label,
-        &out.to_f64().unwrap(),
-        &want,
-        matmul::tensor_core_tolerance(k),
+        &unscaled(out.to_f64().unwrap()),
+        &unscaled(want),
+        tol,
     );
     f32_bits(&out)
 }
@@ -1687,13 +1771,14 @@ fn tensor_core_case(
 #[test]
 fn tensor_core_entries_bind_what_their_launches_pass() {
     // After the parameters (binding 0): `gemm_tc` takes A, B and out; the epilogue entries A,
-    // B, the bias and out's words, `_pre` the pre-activation too. Read from the module, so
+    // B, the bias and out's words, `_pre` the pre-activation too; each the scale factors
+    // last (binding 7, read only for BF16 or F32 operands). Read from the module, so
     // checked on every adapter: a binding an entry reaches by mistake (through a shared helper)
     // would fail its launches with `Error::Kernel` on devices with tensor cores only.
     for (entry, want) in [
-        ("gemm_tc", vec![0u32, 1, 2, 3]),
-        ("gemm_tc_epilogue", vec![0, 1, 2, 4, 5]),
-        ("gemm_tc_epilogue_pre", vec![0, 1, 2, 4, 5, 6]),
+        ("gemm_tc", vec![0u32, 1, 2, 3, 7]),
+        ("gemm_tc_epilogue", vec![0, 1, 2, 4, 5, 7]),
+        ("gemm_tc_epilogue_pre", vec![0, 1, 2, 4, 5, 6, 7]),
     ] {
         let got: Vec<u32> = matmul::TC_KERNEL
             .bindings(entry)
@@ -1755,6 +1840,36 @@ fn tensor_core_products_match_reference_or_are_refused() {
             assert_eq!(bits, again, "tensor-core rerun {shape:?} ta {ta} tb {tb}");
         }
     }
+    // BF16 operands (either or both), scaled into F16 by powers of two: every layout, values
+    // over 31 binades, magnitudes F16 cannot hold (2^-60, 2^40) that only the scaling brings
+    // into its range; F32 operands rounded (`round_f32_operands`), alone or with BF16.
+    for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+        for (dtypes, mags, round) in [
+            ((DType::BF16, DType::BF16), (0, 0), false),
+            ((DType::BF16, DType::F16), (-60, 0), false),
+            ((DType::F16, DType::BF16), (0, 40), false),
+            ((DType::BF16, DType::BF16), (-60, 40), false),
+            ((DType::F32, DType::BF16), (-30, 20), true),
+            ((DType::F32, DType::F32), (0, 0), true),
+        ] {
+            for (shape, b_shared, accumulate, alpha) in [
+                ((136, 120, 72, 2), false, true, 0.5f32),
+                ((128, 256, 200, 1), true, false, 1.0),
+            ] {
+                let c = TcCase {
+                    b_shared,
+                    accumulate,
+                    alpha,
+                    round,
+                    mags,
+                    ..TcCase::default()
+                };
+                let bits = tensor_core_case_as(e, shape, (ta, tb), dtypes, c, 77);
+                let again = tensor_core_case_as(e, shape, (ta, tb), dtypes, c, 77);
+                assert_eq!(bits, again, "rerun {dtypes:?} {shape:?} ta {ta} tb {tb}");
+            }
+        }
+    }
     // Outside the rule (k, n not whole chunks or rows of out): the FP32 path's bits.
     for shape in [(128, 122, 64, 1), (128, 128, 12, 2)] {
         let fp32 = tensor_core_case(e, shape, (false, true), false, false, 1.0, false, 9);
@@ -1779,9 +1894,12 @@ fn tensor_core_products_match_reference_or_are_refused() {
         matmul::tensor_core_tolerance(64),
     );
     drop((y, saved));
-    // The backward with an F16 cotangent on tensor cores (every layout, a batched A with a
-    // shared B); with an F32 cotangent on the FP32 path (its bits).
-    for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+    // The backward with a 16-bit cotangent on tensor cores (every layout, a batched A with a
+    // shared B, F16 and BF16); with an F32 cotangent on the FP32 path (its bits).
+    for ((ta, tb), dt) in [(false, true), (false, false), (true, false), (true, true)]
+        .into_iter()
+        .flat_map(|l| [(l, DType::F16), (l, DType::BF16)])
+    {
         for (batch, m, n, k) in [(1, 256, 128, 384), (2, 128, 256, 128)] {
             let p = Problem {
                 transpose_a: ta,
@@ -1792,14 +1910,14 @@ fn tensor_core_products_match_reference_or_are_refused() {
                 ..Problem::new(m, n, k)
             };
             let (sa, sb) = shapes(&p);
-            let av = stored(&data(40, p.a_len()), DType::F16);
-            let bv = stored(&data(41, p.b_len()), DType::F16);
-            let dyv = stored(&data(42, p.out_len()), DType::F16);
-            let at = tensor_from_f64(e, &av, &sa, DType::F16);
-            let bt = tensor_from_f64(e, &bv, &sb, DType::F16);
+            let av = stored(&data(40, p.a_len()), dt);
+            let bv = stored(&data(41, p.b_len()), dt);
+            let dyv = stored(&data(42, p.out_len()), dt);
+            let at = tensor_from_f64(e, &av, &sa, dt);
+            let bt = tensor_from_f64(e, &bv, &sb, dt);
             let mut out_shape = if batch > 1 { vec![batch] } else { vec![] };
             out_shape.extend([m, n]);
-            let dy16 = tensor_from_f64(e, &dyv, &out_shape, DType::F16);
+            let dy16 = tensor_from_f64(e, &dyv, &out_shape, dt);
             let options = MatmulOptions {
                 transpose_a: ta,
                 transpose_b: tb,
@@ -1808,7 +1926,7 @@ fn tensor_core_products_match_reference_or_are_refused() {
             let (_, saved) = mm(&at, &bt, None, &options).unwrap();
             let g = matmul_backward(&saved, &dy16).unwrap();
             let (want_a, want_b, _) = reference::backward(&p, &av, &bv, None, &dyv);
-            let label = format!("tensor-core backward ta {ta} tb {tb} batch {batch}");
+            let label = format!("tensor-core backward {dt:?} ta {ta} tb {tb} batch {batch}");
             let tol = matmul::tensor_core_tolerance(batch * m.max(n));
             assert_close(&format!("{label} dA"), &g.a.to_f64().unwrap(), &want_a, tol);
             assert_close(&format!("{label} dB"), &g.b.to_f64().unwrap(), &want_b, tol);
@@ -2040,4 +2158,111 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
     let (y16, _) = matmul::matmul_as(&a, &b, Some(&bias), &tc, DType::F16).unwrap();
     let rounded = wgrad::cast::cast(&y32, DType::F16).unwrap();
     assert_same_bits("matmul_as F16 with tensor cores", &y16, &rounded);
+}
+
+/// The power-of-two factors of tensor-core products (`matmul::tensor_core_scales`, run on any
+/// adapter): none for two F16 operands; for BF16 and F32 tensors (random values times 2^-60
+/// or 2^90, infinities and NaNs among them, subnormals only, zeros only, ±0, an odd BF16
+/// length whose buffer holds a larger value past the end, a tensor of 1.2 million values that
+/// takes every partial group and loops, an empty one) exactly the host's rule from the
+/// largest finite magnitude; and every finite BF16 value times its factor is below 2^15 and,
+/// within 2^31 of the largest, an F16 value exactly.
+#[test]
+fn tensor_core_scales_follow_the_largest_finite_magnitude() {
+    let e = engine();
+    let f16 = tensor_from_f64(e, &[1.0; 8], &[8], DType::F16);
+    assert!(matmul::tensor_core_scales(&f16, &f16).unwrap().is_none());
+    // The host's rule: s from the largest finite magnitude.
+    let exponent = |values: &[f64], dt: DType| -> i32 {
+        let m = values
+            .iter()
+            .filter(|v| v.is_finite())
+            .map(|v| (v.abs() as f32).to_bits())
+            .max()
+            .unwrap_or(0);
+        if m == 0 {
+            return 0;
+        }
+        assert!(dt != DType::F16);
+        (14 - ((m >> 23) as i32 - 127)).clamp(-113, 126)
+    };
+    let mut rng = Rng::new(5);
+    let random = |rng: &mut Rng, n: usize, p: i32| -> Vec<f64> {
+        rng.vec(n, -1.0, 1.0)
+            .iter()
+            .map(|v| v * 2f64.powi(p))
+            .collect()
+    };
+    let mut specials = random(&mut rng, 300, -60);
+    specials[3] = f64::INFINITY;
+    specials[17] = f64::NEG_INFINITY;
+    specials[200] = f64::NAN;
+    let subnormal: Vec<f64> = (1..40).map(|i| f64::from(i) * 2f64.powi(-140)).collect();
+    let cases: Vec<(&str, Vec<f64>)> = vec![
+        ("2^-60 with inf and NaN", specials),
+        ("2^90", random(&mut rng, 1000, 90)),
+        ("the top binade", vec![3.0e38, -1.0, 2.5e38]),
+        ("subnormal", subnormal),
+        ("zeros", vec![0.0; 64]),
+        ("signed zeros", vec![-0.0, 0.0, -0.0]),
+        ("1.2 million", random(&mut rng, 1_200_000, 3)),
+        ("one", vec![-0.75]),
+        ("empty", vec![]),
+    ];
+    for dt in [DType::BF16, DType::F32] {
+        for (name, values) in &cases {
+            let v = stored(values, dt);
+            let t = tensor_from_f64(e, &v, &[v.len()], dt);
+            let other = tensor_from_f64(e, &random(&mut rng, 24, -3), &[24], DType::BF16);
+            for (a, b, va) in [(&t, &f16, true), (&other, &t, false)] {
+                let got = matmul::tensor_core_scales(a, b)
+                    .unwrap()
+                    .unwrap()
+                    .to_f64()
+                    .unwrap();
+                let s = exponent(&v, dt);
+                let (sa, sb) = if va {
+                    (s, 0)
+                } else {
+                    (exponent(&other.to_f64().unwrap(), DType::BF16), s)
+                };
+                let want = [sa, sb, -sa, -sb].map(|p| 2f64.powi(p));
+                assert_eq!(
+                    &got[..4],
+                    &want,
+                    "{dt:?} {name} as {}",
+                    if va { "a" } else { "b" }
+                );
+            }
+            if dt == DType::BF16 {
+                let s = exponent(&v, dt);
+                let top = v
+                    .iter()
+                    .filter(|x| x.is_finite())
+                    .fold(0f64, |m, x| m.max(x.abs()));
+                for x in v.iter().filter(|x| x.is_finite() && **x != 0.0) {
+                    let y = x * 2f64.powi(s);
+                    assert!(y.abs() < 32768.0, "{name}: {x} scales to {y}");
+                    if x.abs().log2().floor() >= top.log2().floor() - 31.0 {
+                        let h = half::f16::from_f64(y).to_f64();
+                        assert_eq!(h, y, "{name}: {x} times 2^{s} is not an F16 value");
+                    }
+                }
+            }
+        }
+    }
+    // An odd BF16 length: the half after the last element (here about 2^100) is not read.
+    let values = [0.5, -0.25, 1.0, 2.0, 0.125, 3.0, -1.5, 1e30];
+    let padded = tensor_from_f64(e, &values, &[8], DType::BF16);
+    let seven = Tensor::from_buffer(e, padded.buffer().clone(), &[7], DType::BF16).unwrap();
+    let got = matmul::tensor_core_scales(&seven, &f16)
+        .unwrap()
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    assert_eq!(
+        got[0],
+        2f64.powi(13),
+        "the largest of seven is 3.0 (binade 1)"
+    );
 }

@@ -241,6 +241,7 @@ fn chunk_sizes_reruns_and_the_cotangent() {
                 chunk_rows: chunk,
                 memory_budget: None,
                 tensor_cores: false,
+                tensor_core_gradients: false,
             },
             ..PreferenceOptions::new(PreferenceLoss::Dpo)
         };

@@ -728,3 +728,109 @@ fn gemm_finish_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
     store_out(f.y, bitcast<f32>(f.x));
 }
+
+// ---- Power-of-two operand scales of the tensor-core product (`wgsl/matmul_tc.wgsl`) ----
+//
+// A BF16 or F32 operand reaches the F16 tensor cores multiplied by 2^s, with s chosen from its
+// largest finite magnitude M: E = M's binade (⌊log2 M⌋, −127 for a subnormal M) and
+// s = clamp(14 − E, −113, 126) (s = 0 when every value is zero or not finite). The scaled
+// values stay below 2^15, so none overflows F16 (infinities and NaNs stay what they are), and
+// a BF16 value whose binade is at least E − 31 scales to an F16 value exactly. The product's
+// accumulators are multiplied back by 2^−s of each operand.
+//
+// `tc_scale_part`: workgroup g (of `groups`) takes the maximum of the finite magnitudes of the
+// source's words g·256 + lane, + groups·256, ... (F32 bits, or BF16 halves moved to F32's
+// position) and writes it to word `slot + g`. `tc_scale_pick`: one workgroup takes the
+// maxima of A's `groups_a` partials (words 4..) and B's `groups_b` (words 260..) and writes the
+// four factors 2^sA, 2^sB, 2^−sA, 2^−sB (F32 bits) to words 0..4. A maximum of integers does
+// not depend on the order it is taken in, so the factors are exact and reproducible.
+
+struct ScaleParams {
+    len: u32,       // elements of the source (tc_scale_part); A's partials (tc_scale_pick)
+    dt: u32,        // the source's dtype code, F32 or BF16 (tc_scale_part)
+    slot: u32,      // first partial word written (tc_scale_part)
+    groups: u32,    // workgroups of the launch (tc_scale_part); B's partials (tc_scale_pick)
+}
+
+@group(0) @binding(9) var<uniform> sparams: ScaleParams;
+@group(0) @binding(10) var<storage, read> scale_src: array<u32>;
+@group(0) @binding(11) var<storage, read_write> scale_words: array<u32>;
+
+var<workgroup> scale_tree: array<u32, 512>;
+
+// The finite magnitude of an F32 value's bits (0 for an infinity or a NaN).
+fn finite_magnitude(bits: u32) -> u32 {
+    let m = bits & 0x7fffffffu;
+    return select(0u, m, m < 0x7f800000u);
+}
+
+// The largest finite magnitude (F32 bits) of source word w: one F32 value, or the two BF16
+// halves inside the source's `len` elements.
+fn word_magnitude(w: u32) -> u32 {
+    let bits = scale_src[w];
+    if (sparams.dt == DT_F32) {
+        return finite_magnitude(bits);
+    }
+    let lo = finite_magnitude(bits << 16u);
+    let hi = select(0u, finite_magnitude(bits & 0xffff0000u), 2u * w + 1u < sparams.len);
+    return max(lo, hi);
+}
+
+// Maximum of scale_tree[base .. base + 256) into scale_tree[base] (every invocation calls it).
+fn tree_max(base: u32, lid: u32) {
+    for (var half = 128u; half > 0u; half >>= 1u) {
+        workgroupBarrier();
+        if (lid < half) {
+            scale_tree[base + lid] = max(scale_tree[base + lid], scale_tree[base + lid + half]);
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn tc_scale_part(@builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    var words = sparams.len;
+    if (sparams.dt != DT_F32) {
+        words = (sparams.len + 1u) / 2u;
+    }
+    var m = 0u;
+    for (var w = wid.x * 256u + lid; w < words; w += sparams.groups * 256u) {
+        m = max(m, word_magnitude(w));
+    }
+    scale_tree[lid] = m;
+    tree_max(0u, lid);
+    if (lid == 0u) {
+        scale_words[sparams.slot + wid.x] = scale_tree[0];
+    }
+}
+
+// The exponent s of an operand whose largest finite magnitude has the bits `m`.
+fn scale_exponent(m: u32) -> i32 {
+    if (m == 0u) {
+        return 0;
+    }
+    let binade = i32(m >> 23u) - 127;
+    return clamp(14 - binade, -113, 126);
+}
+
+// 2^s as F32 bits (|s| ≤ 126: a normal number).
+fn power_of_two(s: i32) -> u32 {
+    return u32(s + 127) << 23u;
+}
+
+@compute @workgroup_size(256)
+fn tc_scale_pick(@builtin(local_invocation_index) lid: u32) {
+    scale_tree[lid] = select(0u, scale_words[4u + lid], lid < sparams.len);
+    scale_tree[256u + lid] = select(0u, scale_words[260u + lid], lid < sparams.groups);
+    tree_max(0u, lid);
+    tree_max(256u, lid);
+    if (lid == 0u) {
+        let sa = scale_exponent(scale_tree[0]);
+        let sb = scale_exponent(scale_tree[256]);
+        scale_words[0] = power_of_two(sa);
+        scale_words[1] = power_of_two(sb);
+        scale_words[2] = power_of_two(-sa);
+        scale_words[3] = power_of_two(-sb);
+    }
+}

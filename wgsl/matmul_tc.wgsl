@@ -45,6 +45,10 @@
 override TRANS_A: u32 = 0u;     // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;     // 1: B stored [n, k]
 override DT_OUT: u32 = 0u;      // dtype code of out (the epilogue entries)
+override DT_A: u32 = 1u;        // dtype codes of A and B: F16 (as staged), or BF16 / F32
+override DT_B: u32 = 1u;        // (scaled, see `tc_scale`)
+// A BF16 or F32 operand: both are staged times their factors and the sums multiplied back.
+override SCALED: bool = DT_A != DT_F16 || DT_B != DT_F16;
 
 const BM: u32 = 128u;
 const BN: u32 = 128u;
@@ -63,6 +67,8 @@ const TILE_QUADS: u32 = 2304u;
 @group(0) @binding(4) var<storage, read> bias: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out_w: array<u32>;
 @group(0) @binding(6) var<storage, read_write> pre: array<u32>;
+// With SCALED: 2^sA, 2^sB, 2^−sA, 2^−sB (`tc_scale_pick` of `wgsl/matmul.wgsl`).
+@group(0) @binding(7) var<storage, read> tc_scale: array<f32>;
 
 var<workgroup> a_tile: array<vec4<f16>, TILE_QUADS>;
 var<workgroup> b_tile: array<vec4<f16>, TILE_QUADS>;
@@ -91,7 +97,8 @@ fn chunk_slot(kc: bool, c: u32) -> vec2<u32> {
 
 // Chunk c of the step at k0 of an operand: `rows` its extent along the tile's 128 (m or n),
 // `base` its batch's first element, tile row/column origin `x0`. kc: consecutive k adjacent.
-fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool) -> H8 {
+fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool,
+         scale: f32) -> H8 {
     let s = chunk_slot(kc, c);
     var x: u32;
     var kk: u32;
@@ -105,20 +112,57 @@ fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool) -
         x = x0 + s.y;
         e = base + kk * rows + x;
     }
-    // No early return: a return under a branch on the invocation would make the callers'
-    // cooperative operations non-uniform to naga. Chunks past k, or past m or n in a ragged
-    // last tile, read chunk 0 and are zeroed.
+    // One return, at the end: a return under a branch on the invocation (or an argument)
+    // would make the callers' cooperative operations non-uniform to naga. Chunks past k, or
+    // past m or n in a ragged last tile, read chunk 0 and are zeroed. BF16 and F32 values are
+    // multiplied by their operand's factor `scale` (exact) before they are rounded to F16.
     let inside = kk < params.k && x < rows;
-    let at = select(0u, e / 8u, inside);
+    let dt = select(DT_B, DT_A, is_a);
+    var h: H8;
+    if (dt == DT_F32) {
+        // Eight F32 values: two chunks, scaled, then rounded to F16.
+        let at = select(0u, e / 4u, inside);
+        let lo = select(vec4<f32>(), bitcast<vec4<f32>>(chunk(is_a, at)), inside) * scale;
+        let hi = select(vec4<f32>(), bitcast<vec4<f32>>(chunk(is_a, at + 1u)), inside) * scale;
+        h = H8(vec4<f16>(lo), vec4<f16>(hi));
+    } else {
+        let at = select(0u, e / 8u, inside);
+        let w = select(vec4<u32>(), chunk(is_a, at), inside);
+        if (dt == DT_BF16) {
+            h = H8(vec4<f16>(bf16_pair(w.x, w.y) * scale), vec4<f16>(bf16_pair(w.z, w.w) * scale));
+        } else {
+            h = H8(vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))),
+                   vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))));
+        }
+    }
+    return h;
+}
+
+// The 16-byte chunk `at` of A or B.
+fn chunk(is_a: bool, at: u32) -> vec4<u32> {
     var w: vec4<u32>;
     if (is_a) {
         w = a4[at];
     } else {
         w = b4[at];
     }
-    w = select(vec4<u32>(), w, inside);
-    return H8(vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))),
-              vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))));
+    return w;
+}
+
+// The four BF16 values of two words, widened exactly.
+fn bf16_pair(x: u32, y: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(vec4<u32>(x << 16u, x & 0xffff0000u, y << 16u, y & 0xffff0000u));
+}
+
+// The factors the sums are multiplied by: (2^−sA, alpha·2^−sB), or (1, alpha) for F16
+// operands (then the bits of `acc · alpha`). Two multiplications, each exact but for
+// underflow, so the sums are rounded once.
+fn factors() -> vec2<f32> {
+    var f = vec2<f32>(1.0, params.alpha);
+    if (SCALED) {
+        f = vec2<f32>(tc_scale[2], params.alpha * tc_scale[3]);
+    }
+    return f;
 }
 
 // Store fetched chunk c into its operand's staged tile (two quads).
@@ -170,7 +214,8 @@ fn acc_store(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32) {
     // inline in `coopStore`'s arguments.
     let stride = params.n;
     let at = c0 + i * stride + j;
-    var v = acc * params.alpha;
+    let f = factors();
+    var v = acc * f.x * f.y;
     if (params.accumulate == 1u) {
         v = v + coopLoadT<coop_mat16x16<f32, C>>(&out[at], stride);
     }
@@ -201,7 +246,8 @@ fn edge_out(i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
         for (var q = q0; q < q0 + 8u; q += 1u) {
             if (j + q < params.n) {
                 let at = c0 + (i + r) * params.n + j + q;
-                var v = staged(sg, lane, q) * params.alpha;
+                let f = factors();
+                var v = staged(sg, lane, q) * f.x * f.y;
                 if (params.accumulate == 1u) {
                     v = v + out[at];
                 }
@@ -240,8 +286,9 @@ fn epi_values(sg: u32, lane: u32, b: F8) -> F8 {
     let at = sg * 256u + (lane / 2u) * 16u + (lane % 2u) * 8u;
     var lo = vec4<f32>(c_tile[at], c_tile[at + 1u], c_tile[at + 2u], c_tile[at + 3u]);
     var hi = vec4<f32>(c_tile[at + 4u], c_tile[at + 5u], c_tile[at + 6u], c_tile[at + 7u]);
-    lo = lo * params.alpha;
-    hi = hi * params.alpha;
+    let f = factors();
+    lo = lo * f.x * f.y;
+    hi = hi * f.x * f.y;
     if (params.has_bias == 1u) {
         lo = lo + b.lo;
         hi = hi + b.hi;
@@ -380,6 +427,13 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
     let bbase = at.bbase;
     let wr = at.wr;
     let wc = at.wc;
+    // The operands' scale factors (1 for F16, see `factors`).
+    var sa = 1.0;
+    var sb = 1.0;
+    if (SCALED) {
+        sa = tc_scale[0];
+        sb = tc_scale[1];
+    }
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c02 = coop_mat16x16<f32, C>();
@@ -388,14 +442,14 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
-    var fa0 = fetch(akc, lid, m0, 0u, params.m, abase, true);
-    var fa1 = fetch(akc, lid + 256u, m0, 0u, params.m, abase, true);
-    var fa2 = fetch(akc, lid + 512u, m0, 0u, params.m, abase, true);
-    var fa3 = fetch(akc, lid + 768u, m0, 0u, params.m, abase, true);
-    var fb0 = fetch(bkc, lid, n0, 0u, params.n, bbase, false);
-    var fb1 = fetch(bkc, lid + 256u, n0, 0u, params.n, bbase, false);
-    var fb2 = fetch(bkc, lid + 512u, n0, 0u, params.n, bbase, false);
-    var fb3 = fetch(bkc, lid + 768u, n0, 0u, params.n, bbase, false);
+    var fa0 = fetch(akc, lid, m0, 0u, params.m, abase, true, sa);
+    var fa1 = fetch(akc, lid + 256u, m0, 0u, params.m, abase, true, sa);
+    var fa2 = fetch(akc, lid + 512u, m0, 0u, params.m, abase, true, sa);
+    var fa3 = fetch(akc, lid + 768u, m0, 0u, params.m, abase, true, sa);
+    var fb0 = fetch(bkc, lid, n0, 0u, params.n, bbase, false, sb);
+    var fb1 = fetch(bkc, lid + 256u, n0, 0u, params.n, bbase, false, sb);
+    var fb2 = fetch(bkc, lid + 512u, n0, 0u, params.n, bbase, false, sb);
+    var fb3 = fetch(bkc, lid + 768u, n0, 0u, params.n, bbase, false, sb);
     for (var k0 = 0u; k0 < params.k; k0 += BK) {
         workgroupBarrier();
         store_a(akc, lid, fa0);
@@ -409,14 +463,14 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
         workgroupBarrier();
         let kn = k0 + BK;
         if (kn < params.k) {
-            fa0 = fetch(akc, lid, m0, kn, params.m, abase, true);
-            fa1 = fetch(akc, lid + 256u, m0, kn, params.m, abase, true);
-            fa2 = fetch(akc, lid + 512u, m0, kn, params.m, abase, true);
-            fa3 = fetch(akc, lid + 768u, m0, kn, params.m, abase, true);
-            fb0 = fetch(bkc, lid, n0, kn, params.n, bbase, false);
-            fb1 = fetch(bkc, lid + 256u, n0, kn, params.n, bbase, false);
-            fb2 = fetch(bkc, lid + 512u, n0, kn, params.n, bbase, false);
-            fb3 = fetch(bkc, lid + 768u, n0, kn, params.n, bbase, false);
+            fa0 = fetch(akc, lid, m0, kn, params.m, abase, true, sa);
+            fa1 = fetch(akc, lid + 256u, m0, kn, params.m, abase, true, sa);
+            fa2 = fetch(akc, lid + 512u, m0, kn, params.m, abase, true, sa);
+            fa3 = fetch(akc, lid + 768u, m0, kn, params.m, abase, true, sa);
+            fb0 = fetch(bkc, lid, n0, kn, params.n, bbase, false, sb);
+            fb1 = fetch(bkc, lid + 256u, n0, kn, params.n, bbase, false, sb);
+            fb2 = fetch(bkc, lid + 512u, n0, kn, params.n, bbase, false, sb);
+            fb3 = fetch(bkc, lid + 768u, n0, kn, params.n, bbase, false, sb);
         }
         for (var kk = 0u; kk < BK; kk += 16u) {
             let a0 = frag_a(wr, kk);

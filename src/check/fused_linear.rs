@@ -197,6 +197,7 @@ fn flce_config_cases(
                 chunk_rows: Some(chunk.0),
                 memory_budget: None,
                 tensor_cores: chunk.1,
+                tensor_core_gradients: false,
             },
             gradients_in_forward: true,
             ..FusedLinearCrossEntropyOptions::default()
@@ -279,6 +280,7 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
                     chunk_rows: Some(16),
                     memory_budget: None,
                     tensor_cores: false,
+                    tensor_core_gradients: false,
                 },
                 ..DistillationOptions::default()
             };
@@ -350,6 +352,7 @@ fn check_fused_linear_cross_entropy_scaled(engine: &Engine) -> Result<Vec<Case>>
                     chunk_rows: Some(16),
                     memory_budget: None,
                     tensor_cores: false,
+                    tensor_core_gradients: false,
                 },
                 temperature,
                 return_entropy: true,
@@ -444,6 +447,7 @@ fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
                     chunk_rows: Some(8),
                     memory_budget: None,
                     tensor_cores: false,
+                    tensor_core_gradients: false,
                 },
                 ..DistillationOptions::default()
             };
