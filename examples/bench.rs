@@ -1669,23 +1669,21 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             );
         }
         if wgrad::matmul::tensor_cores(engine) {
-            // F16 inputs: the FP32 path and the opt-in tensor-core product (same operands).
-            let x = make(&[m, k], 1, DType::F16)?;
-            let w = make(&[n, k], 2, DType::F16)?;
             let flops = matmul_flops(1, m, n, k);
             let tc = MatmulOptions {
                 tensor_cores: true,
                 ..options
             };
-            for (name, opts) in [("matmul_fwd", options), ("matmul_fwd_tc", tc)] {
-                ops.push(
-                    Op::new(name, "f16", vec![x.clone(), w.clone()], move |i| {
-                        let (y, _) = matmul(&i[0], &i[1], None, &opts)?;
-                        Ok(vec![y])
-                    })
-                    .with_flops(flops),
-                );
-            }
+            // F16 inputs: the FP32 path beside the tensor cores (same operands).
+            let x = make(&[m, k], 1, DType::F16)?;
+            let w = make(&[n, k], 2, DType::F16)?;
+            ops.push(
+                Op::new("matmul_fwd", "f16", vec![x.clone(), w.clone()], move |i| {
+                    let (y, _) = matmul(&i[0], &i[1], None, &options)?;
+                    Ok(vec![y])
+                })
+                .with_flops(flops),
+            );
             // A linear layer on tensor cores: bias, tanh-GELU and an F16 out from the epilogue
             // (fragments through workgroup memory), the pre-activation saved.
             let bias = make(&[n], 4, DType::F16)?;
@@ -1697,7 +1695,7 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 Op::new(
                     "matmul_fwd_tc_epilogue",
                     "f16",
-                    vec![x.clone(), w.clone(), bias],
+                    vec![x, w, bias],
                     move |i| {
                         let (y, _) = matmul_as(&i[0], &i[1], Some(&i[2]), &layer, DType::F16)?;
                         Ok(vec![y])
@@ -1705,41 +1703,34 @@ fn matmul_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 )
                 .with_flops(flops),
             );
-            // The backward with an F16 cotangent: both products on tensor cores.
-            let dy = make(&[m, n], 3, DType::F16)?;
-            let (_, saved) = matmul(&x, &w, None, &tc)?;
-            ops.push(
-                Op::new("matmul_bwd_tc", "f16", vec![x, w, dy], move |i| {
-                    let g = matmul_backward(&saved, &i[2])?;
-                    Ok(vec![g.a, g.b])
-                })
-                .with_flops(2.0 * flops),
-            );
-            // BF16 operands scaled into F16 (the factors' passes included), forward and
-            // backward with a BF16 cotangent.
-            let x = make(&[m, k], 1, DType::BF16)?;
-            let w = make(&[n, k], 2, DType::BF16)?;
-            let dy = make(&[m, n], 3, DType::BF16)?;
-            ops.push(
-                Op::new(
-                    "matmul_fwd_tc",
-                    "bf16",
-                    vec![x.clone(), w.clone()],
-                    move |i| {
-                        let (y, _) = matmul(&i[0], &i[1], None, &tc)?;
-                        Ok(vec![y])
-                    },
-                )
-                .with_flops(flops),
-            );
-            let (_, saved) = matmul(&x, &w, None, &tc)?;
-            ops.push(
-                Op::new("matmul_bwd_tc", "bf16", vec![x, w, dy], move |i| {
-                    let g = matmul_backward(&saved, &i[2])?;
-                    Ok(vec![g.a, g.b])
-                })
-                .with_flops(2.0 * flops),
-            );
+            // The tensor-core product of F16 operands, and of BF16 ones scaled into F16 (the
+            // factors' passes included): forward, and the backward with a cotangent of the
+            // same dtype (both its products on tensor cores).
+            for (dtype, label) in [(DType::F16, "f16"), (DType::BF16, "bf16")] {
+                let x = make(&[m, k], 1, dtype)?;
+                let w = make(&[n, k], 2, dtype)?;
+                let dy = make(&[m, n], 3, dtype)?;
+                ops.push(
+                    Op::new(
+                        "matmul_fwd_tc",
+                        label,
+                        vec![x.clone(), w.clone()],
+                        move |i| {
+                            let (y, _) = matmul(&i[0], &i[1], None, &tc)?;
+                            Ok(vec![y])
+                        },
+                    )
+                    .with_flops(flops),
+                );
+                let (_, saved) = matmul(&x, &w, None, &tc)?;
+                ops.push(
+                    Op::new("matmul_bwd_tc", label, vec![x, w, dy], move |i| {
+                        let g = matmul_backward(&saved, &i[2])?;
+                        Ok(vec![g.a, g.b])
+                    })
+                    .with_flops(2.0 * flops),
+                );
+            }
             // F32 operands rounded to F16 (`round_f32_operands`), `x·Wᵀ` through `gemm`.
             let x = make(&[m, k], 1, DType::F32)?;
             let w = make(&[n, k], 2, DType::F32)?;
@@ -1925,6 +1916,22 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             .collect();
         Tensor::from_slice(engine, &t, &[bt])
     };
+    // One timed run: the loss and the three gradients of inputs x, W, bias, targets.
+    let fwd_bwd = |i: &[Tensor], options: &FusedLinearCrossEntropyOptions| -> Result<Vec<Tensor>> {
+        let head = LinearHead {
+            input: &i[0],
+            weight: &i[1],
+            bias: Some(&i[2]),
+        };
+        let (out, saved) = fused_linear_cross_entropy(head, &i[3], options)?;
+        let g = fused_linear_cross_entropy_backward(&saved, None)?;
+        Ok(vec![
+            out.loss,
+            g.input,
+            g.weight,
+            g.bias.expect("bias gradient"),
+        ])
+    };
     let mut ops = Vec::new();
     // (dtype, logits products on tensor cores, gradient products on tensor cores, label).
     let mut runs = vec![
@@ -1963,19 +1970,7 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 Box::leak(format!("fused_linear_ce_fwd_bwd BT{bt}").into_boxed_str());
             ops.push(
                 Op::new(name, label, vec![x, w.clone(), b.clone(), t], move |i| {
-                    let head = LinearHead {
-                        input: &i[0],
-                        weight: &i[1],
-                        bias: Some(&i[2]),
-                    };
-                    let (out, saved) = fused_linear_cross_entropy(head, &i[3], &options)?;
-                    let g = fused_linear_cross_entropy_backward(&saved, None)?;
-                    Ok(vec![
-                        out.loss,
-                        g.input,
-                        g.weight,
-                        g.bias.expect("bias gradient"),
-                    ])
+                    fwd_bwd(i, &options)
                 })
                 .with_peak()
                 .with_flops(6.0 * (bt * hidden) as f64 * vocab as f64),
@@ -2010,21 +2005,7 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 let engine = i[0].engine();
                 let bound = engine.workspace_bound();
                 engine.set_workspace_bound(bound.max(budget));
-                let head = LinearHead {
-                    input: &i[0],
-                    weight: &i[1],
-                    bias: Some(&i[2]),
-                };
-                let run =
-                    fused_linear_cross_entropy(head, &i[3], &options).and_then(|(out, saved)| {
-                        let g = fused_linear_cross_entropy_backward(&saved, None)?;
-                        Ok(vec![
-                            out.loss,
-                            g.input,
-                            g.weight,
-                            g.bias.expect("bias gradient"),
-                        ])
-                    });
+                let run = fwd_bwd(i, &options);
                 engine.set_workspace_bound(bound);
                 run
             })

@@ -295,15 +295,22 @@ fn summation_order_is_one_fma_per_term_in_increasing_k() {
 
 #[test]
 fn workgroup_memory_is_as_stated() {
-    // The kernel's workgroup variables add up to `WORKGROUP_BYTES`, within the WebGPU default
-    // limit every adapter offers (16 KiB).
+    // The products' workgroup variables add up to `WORKGROUP_BYTES`, within the WebGPU default
+    // limit every adapter offers (16 KiB); the tensor-core factors' entries use only their own
+    // tree (2 KiB).
     let (module, _) = matmul::KERNEL.module().unwrap();
-    let bytes: u64 = module
-        .global_variables
-        .iter()
-        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
-        .map(|(_, v)| u64::from(module.types[v.ty].inner.size(module.to_ctx())))
-        .sum();
+    let size = |name: Option<&str>| -> u64 {
+        module
+            .global_variables
+            .iter()
+            .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+            .filter(|(_, v)| name.is_none_or(|n| v.name.as_deref() == Some(n)))
+            .map(|(_, v)| u64::from(module.types[v.ty].inner.size(module.to_ctx())))
+            .sum()
+    };
+    let scale_tree = size(Some("scale_tree"));
+    assert_eq!(scale_tree, 2048);
+    let bytes = size(None) - scale_tree;
     assert_eq!(bytes, matmul::WORKGROUP_BYTES);
     assert!(bytes <= 16 * 1024);
 }
