@@ -30,7 +30,9 @@
 //! device are bit-identical. F32 operands take the same route only with
 //! [`Gemm::round_f32_operands`] (each value rounded to 11 significant bits,
 //! [`tensor_core_rounded_tolerance`]). The factors cost one pass over each scaled operand's
-//! tensor (two small launches, no host synchronization). The epilogue is the FP32 path's
+//! tensor (two small launches, no host synchronization); an operand staged by many tiles is
+//! converted once into an F16 copy (scratch, `tc_stage_f16`, see [`TC_COPY_MIN_TILES`]), the
+//! others on each tile, with the same values either way. The epilogue is the FP32 path's
 //! (alpha, bias of any float dtype, activation, pre-activation, accumulate, an F32 or 16-bit
 //! out), applied to the same FP32 sums. Calls outside [`tensor_core_fits`] run on the FP32
 //! path.
@@ -330,13 +332,23 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
         ("DT_OUT", f64::from(call.out.dtype().code())),
-        ("DT_A", f64::from(call.a.tensor.dtype().code())),
-        ("DT_B", f64::from(call.b.tensor.dtype().code())),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
     // F16 operands are staged as they are (A's buffer stands in for the unread factors).
     let scales = tensor_core_scales(call.a.tensor, call.b.tensor)?;
-    let mut buffers = vec![call.a.tensor.buffer(), call.b.tensor.buffer()];
+    let copies = match &scales {
+        Some(f) => f16_copies(call, f, (tiles_m, tiles_n))?,
+        None => [None, None],
+    };
+    let [a, b] = [(&copies[0], call.a.tensor), (&copies[1], call.b.tensor)]
+        .map(|(copy, t)| copy.as_ref().unwrap_or(t));
+    let mut constants = constants;
+    constants.extend([
+        ("SCALED", f64::from(u8::from(scales.is_some()))),
+        ("DT_A", f64::from(a.dtype().code())),
+        ("DT_B", f64::from(b.dtype().code())),
+    ]);
+    let mut buffers = vec![a.buffer(), b.buffer()];
     let plain = call.out.dtype() == DType::F32
         && call.bias.is_none()
         && call.activation.is_none()
@@ -358,6 +370,72 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
     call.out
         .engine()
         .launch(&TC_KERNEL, entry, &constants, &params, &buffers, tiles)
+}
+
+/// Tiles that must stage a BF16 or F32 operand's values before a tensor-core product converts
+/// it once into an F16 copy (scratch within the workspace bound) instead of on every tile (H200, `notes/measurements.md`: copies of operands staged by
+/// 32–112 tiles made BF16 products 2–5% and rounded F32 ones 13–17% faster; FLCE's weight,
+/// staged by 8 row tiles a chunk, is 1 GB, whose copy would cost that memory for little).
+pub const TC_COPY_MIN_TILES: usize = 16;
+
+/// The F16 copies (scaled by their factors, `tc_stage_f16`) a tensor-core product stages
+/// instead of its BF16 or F32 operands: `[A's, B's]`, `None` for an F16 operand or one that each
+/// tile converts as it stages it. An operand is copied when at least [`TC_COPY_MIN_TILES`] tiles
+/// stage its values (A's: the tiles of a row of tiles, times the batches when A is shared; B's
+/// likewise by columns), within the engine's workspace bound (the copies are scratch): both
+/// when both fit, else the one staged by more tiles when it fits alone, else none. A copy holds
+/// the F16 values the kernel's own conversion makes, so the product's bits do not depend on
+/// the choice.
+fn f16_copies(call: &Gemm, factors: &Tensor, tiles: (usize, usize)) -> Result<[Option<Tensor>; 2]> {
+    let engine = call.out.engine();
+    let shared = |op: &GemmOperand| if op.batch_stride == 0 { call.batch } else { 1 };
+    let staged_by = [tiles.1 * shared(&call.a), tiles.0 * shared(&call.b)];
+    let operands = [call.a.tensor, call.b.tensor];
+    let wanted =
+        [0, 1].map(|i| operands[i].dtype() != DType::F16 && staged_by[i] >= TC_COPY_MIN_TILES);
+    let bytes = operands.map(|t| DType::F16.buffer_bytes(t.len()) as u64);
+    let bound = engine.workspace_bound();
+    let size = |take: [bool; 2]| -> u64 { (0..2).filter(|&i| take[i]).map(|i| bytes[i]).sum() };
+    let first = if staged_by[0] >= staged_by[1] { 0 } else { 1 };
+    let mut take = wanted;
+    if size(take) > bound {
+        take = [false, false];
+        take[first] = wanted[first];
+        if size(take) > bound {
+            take[first] = false;
+            take[1 - first] = wanted[1 - first] && bytes[1 - first] <= bound;
+        }
+    }
+    engine.check_workspace("gemm (tensor-core F16 copies)", size(take))?;
+    let mut out = [None, None];
+    for (i, t) in [call.a.tensor, call.b.tensor].into_iter().enumerate() {
+        if take[i] {
+            out[i] = Some(f16_copy(t, factors, i)?);
+        }
+    }
+    Ok(out)
+}
+
+/// `t` (BF16 or F32) times factor `slot` of `factors` (0: A's, 1: B's), as an F16 tensor of
+/// `t.len()` values (`tc_stage_f16`).
+fn f16_copy(t: &Tensor, factors: &Tensor, slot: usize) -> Result<Tensor> {
+    let engine = t.engine();
+    let copy = Tensor::empty(engine, &[t.len()], DType::F16, "tensor-core F16 copy")?;
+    let params = ScaleParams {
+        len: t.len() as u32,
+        dt: t.dtype().code(),
+        slot: slot as u32,
+        groups: 0,
+    };
+    engine.launch(
+        &KERNEL,
+        "tc_stage_f16",
+        &Vec::new(),
+        &params,
+        &[t.buffer(), factors.buffer(), copy.buffer()],
+        (t.len() as u64).div_ceil(512),
+    )?;
+    Ok(copy)
 }
 
 /// The launch parameters of `tc_scale_part` and `tc_scale_pick` (`wgsl/matmul.wgsl`).
@@ -1531,4 +1609,54 @@ pub fn matmul_backward_as(
         b: stored(db)?,
         bias: bias.map(stored).transpose()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tc_stage_f16` on any adapter: each BF16 value times its operand's factor exactly when
+    /// it lies within 2³¹ of the tensor's largest (F16's subnormal grid below that), F32
+    /// values within half an F16 unit of the scaled value, odd lengths included.
+    #[test]
+    fn f16_copies_hold_the_scaled_values() {
+        let e = crate::Engine::new().unwrap();
+        let f16 = crate::cast::cast(
+            &Tensor::from_slice(&e, &[1.0f32; 8], &[8]).unwrap(),
+            DType::F16,
+        )
+        .unwrap();
+        for dt in [DType::BF16, DType::F32] {
+            for len in [1usize, 7, 1000, 70_001] {
+                let v: Vec<f32> = (0..len)
+                    .map(|i| {
+                        let x = ((i * 7919) % 2001) as f32 / 1000.0 - 1.0;
+                        x * 2f32.powi(-20 - (i / 5 % 40) as i32)
+                    })
+                    .collect();
+                let t = Tensor::from_slice(&e, &v, &[len]).unwrap();
+                let t = crate::cast::cast(&t, dt).unwrap();
+                let stored = t.to_f64().unwrap();
+                let factors = tensor_core_scales(&t, &f16).unwrap().unwrap();
+                let s = factors.to_f64().unwrap()[0];
+                let copy = f16_copy(&t, &factors, 0).unwrap().to_f64().unwrap();
+                let top = stored.iter().fold(0f64, |m, x| m.max(x.abs()));
+                assert!(
+                    top * s < 32768.0 && top * s >= 8192.0,
+                    "{dt:?} {len}: factor {s}"
+                );
+                for (i, (&x, &c)) in stored.iter().zip(&copy).enumerate() {
+                    let want = x * s;
+                    let err = (c - want).abs();
+                    let unit = (want.abs() * 2f64.powi(-11)).max(2f64.powi(-25));
+                    let label = format!("{dt:?} len {len} value {i}: {x} × {s} → {c}");
+                    if dt == DType::BF16 && x.abs() >= top * 2f64.powi(-31) {
+                        assert_eq!(c, want, "{label}");
+                    } else {
+                        assert!(err <= unit, "{label}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1877,6 +1877,37 @@ fn tensor_core_products_match_reference_or_are_refused() {
             }
         }
     }
+    // The operands' F16 copies (A's, B's, both: operands staged by at least
+    // `TC_COPY_MIN_TILES` tiles, scratch within the workspace bound), one copy (room for one),
+    // or none (a bound too small, or operands staged by few tiles): the same bits.
+    let own = common::private_engine();
+    for (dtypes, round) in [
+        ((DType::BF16, DType::BF16), false),
+        ((DType::F32, DType::BF16), true),
+        ((DType::BF16, DType::F16), false),
+    ] {
+        for shape in [
+            (136, 2056, 72, 1),
+            (2056, 120, 40, 1),
+            (2056, 2056, 8, 1),
+            (136, 264, 72, 2),
+        ] {
+            let c = TcCase {
+                round,
+                accumulate: true,
+                alpha: 0.75,
+                ..TcCase::default()
+            };
+            let label = format!("{dtypes:?} {shape:?}");
+            let copied = tensor_core_case_as(&own, shape, (false, true), dtypes, c, 91);
+            for bound in [16, 40_000] {
+                own.set_workspace_bound(bound);
+                let converted = tensor_core_case_as(&own, shape, (false, true), dtypes, c, 91);
+                own.set_workspace_bound(wgrad::engine::DEFAULT_WORKSPACE_BOUND);
+                assert_eq!(copied, converted, "{label}: copies or not, bound {bound}");
+            }
+        }
+    }
     // Outside the rule (k, n not whole chunks or rows of out): the FP32 path's bits.
     for shape in [(128, 122, 64, 1), (128, 128, 12, 2)] {
         let fp32 = tensor_core_case(e, shape, (false, true), false, false, 1.0, false, 9);

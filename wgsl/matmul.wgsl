@@ -834,3 +834,33 @@ fn tc_scale_pick(@builtin(local_invocation_index) lid: u32) {
         scale_words[3] = power_of_two(-sb);
     }
 }
+
+// `tc_stage_f16`: an F16 copy of a BF16 or F32 source times its factor (word `slot` of the
+// factors: 0 for A, 1 for B), so that the tensor-core product stages it as it comes instead
+// of converting every value on every tile. Invocation w writes word w of the copy (elements
+// 2w and 2w + 1; the half past an odd `len` is 0). BF16 values convert exactly, as in the
+// kernel's own conversion; F32 ones take the device's rounding to F16.
+@group(0) @binding(12) var<storage, read_write> f16_copy: array<u32>;
+
+// Element i of the source, widened to F32 (0 past `len`).
+fn scale_src_value(i: u32) -> f32 {
+    if (i >= sparams.len) {
+        return 0.0;
+    }
+    if (sparams.dt == DT_F32) {
+        return bitcast<f32>(scale_src[i]);
+    }
+    let w = scale_src[i / 2u];
+    return bitcast<f32>(select(w << 16u, w & 0xffff0000u, i % 2u == 1u));
+}
+
+@compute @workgroup_size(256)
+fn tc_stage_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let w = group_index(wid, nwg) * 256u + lid;
+    if (2u * w >= sparams.len) {
+        return;
+    }
+    let f = bitcast<f32>(scale_words[sparams.slot]);
+    f16_copy[w] = pack2x16float(vec2<f32>(scale_src_value(2u * w), scale_src_value(2u * w + 1u)) * f);
+}
