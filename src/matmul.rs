@@ -334,7 +334,8 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         ("DT_OUT", f64::from(call.out.dtype().code())),
     ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
-    // F16 operands are staged as they are (A's buffer stands in for the unread factors).
+    // The factors of BF16 / F32 operands (none for two F16 ones: A's buffer then stands in for
+    // the unread factors), and the F16 copies the kernel stages in their place (F16 codes).
     let scales = tensor_core_scales(call.a.tensor, call.b.tensor)?;
     let copies = match &scales {
         Some(f) => f16_copies(call, f, (tiles_m, tiles_n))?,
