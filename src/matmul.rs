@@ -327,12 +327,6 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
     // Without a bias, A's buffer is bound in its place (never read).
     let bias = call.bias.unwrap_or(call.a.tensor);
     let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
-    let flag = |b: bool| if b { 1.0 } else { 0.0 };
-    let constants = vec![
-        ("TRANS_A", flag(call.a.transposed)),
-        ("TRANS_B", flag(call.b.transposed)),
-        ("DT_OUT", f64::from(call.out.dtype().code())),
-    ];
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
     // The factors of BF16 / F32 operands (none for two F16 ones: A's buffer then stands in for
     // the unread factors), and the F16 copies the kernel stages in their place (F16 codes).
@@ -343,12 +337,15 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
     };
     let [a, b] = [(&copies[0], call.a.tensor), (&copies[1], call.b.tensor)]
         .map(|(copy, t)| copy.as_ref().unwrap_or(t));
-    let mut constants = constants;
-    constants.extend([
-        ("SCALED", f64::from(u8::from(scales.is_some()))),
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    let constants = vec![
+        ("TRANS_A", flag(call.a.transposed)),
+        ("TRANS_B", flag(call.b.transposed)),
+        ("DT_OUT", f64::from(call.out.dtype().code())),
+        ("SCALED", flag(scales.is_some())),
         ("DT_A", f64::from(a.dtype().code())),
         ("DT_B", f64::from(b.dtype().code())),
-    ]);
+    ];
     let mut buffers = vec![a.buffer(), b.buffer()];
     let plain = call.out.dtype() == DType::F32
         && call.bias.is_none()

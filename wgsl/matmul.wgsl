@@ -756,6 +756,10 @@ struct ScaleParams {
 @group(0) @binding(10) var<storage, read> scale_src: array<u32>;
 @group(0) @binding(11) var<storage, read_write> scale_words: array<u32>;
 
+// The maxima are taken over integer bits in a tree of their own rather than with
+// `workgroup_max` of `wgsl/common/reduce.wgsl`: a float maximum may flush a subnormal to zero
+// on devices that do not preserve F32 denormals, which would lose a tensor whose largest value
+// is subnormal.
 var<workgroup> scale_tree: array<u32, 512>;
 
 // The finite magnitude of an F32 value's bits (0 for an infinity or a NaN).
@@ -842,16 +846,15 @@ fn tc_scale_pick(@builtin(local_invocation_index) lid: u32) {
 // kernel's own conversion; F32 ones take the device's rounding to F16.
 @group(0) @binding(12) var<storage, read_write> f16_copy: array<u32>;
 
-// Element i of the source, widened to F32 (0 past `len`).
-fn scale_src_value(i: u32) -> f32 {
-    if (i >= sparams.len) {
-        return 0.0;
-    }
+// Elements 2w and 2w + 1 of the source, widened to F32 as the tensor-core kernel widens them
+// (`widen2`; the second 0 past `len`).
+fn scale_src_pair(w: u32) -> vec2<f32> {
+    var v = widen2(scale_src[w], sparams.dt);
     if (sparams.dt == DT_F32) {
-        return bitcast<f32>(scale_src[i]);
+        let second = min(2u * w + 1u, sparams.len - 1u);
+        v = vec2<f32>(bitcast<f32>(scale_src[2u * w]), bitcast<f32>(scale_src[second]));
     }
-    let w = scale_src[i / 2u];
-    return bitcast<f32>(select(w << 16u, w & 0xffff0000u, i % 2u == 1u));
+    return select(vec2<f32>(v.x, 0.0), v, 2u * w + 1u < sparams.len);
 }
 
 @compute @workgroup_size(256)
@@ -862,5 +865,5 @@ fn tc_stage_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let f = bitcast<f32>(scale_words[sparams.slot]);
-    f16_copy[w] = pack2x16float(vec2<f32>(scale_src_value(2u * w), scale_src_value(2u * w + 1u)) * f);
+    f16_copy[w] = pack2x16float(scale_src_pair(w) * f);
 }

@@ -1,12 +1,15 @@
 // Dense matrix product on tensor cores (cooperative matrices), the opt-in path of
-// `matmul::gemm` for F16 operands (`Gemm::tensor_cores`, `MatmulOptions::tensor_cores`):
+// `matmul::gemm` for 16-bit operands (`Gemm::tensor_cores`, `MatmulOptions::tensor_cores`):
 //
 //   out[off_c + b·stride_c + i·n + j] (=|+=) alpha · Σ_{l < k} A_b(i, l) · B_b(l, j)
 //
 // with A_b(i, l) at off_a + b·stride_a + i·k + l ([m, k] rows), or + l·m + i when TRANS_A, and
 // B_b(l, j) at off_b + b·stride_b + l·n + j ([k, n] rows), or + j·k + l when TRANS_B ([n, k]).
-// A and B are F16 (two halves a u32 word). Products of two F16 values are exact in
-// FP32; the sums are the tensor cores' FP32 accumulation, whose order and rounding inside one
+// A and B are F16 (two halves a u32 word), or with DT_A / DT_B BF16 (two halves a word) or F32
+// (`Gemm::round_f32_operands`), staged times their operand's power of two (`tc_scale`) as F16:
+// exact for BF16 within 2^31 of its tensor's largest value, F32 rounded to 11 bits. (Operands
+// staged by many tiles reach the kernel as F16 copies made by `tc_stage_f16` instead, with the
+// same values.) Products of two F16 values are exact in FP32; the sums are the tensor cores' FP32 accumulation, whose order and rounding inside one
 // 16-wide k step are the hardware's, not one IEEE fma per term: the results are deterministic on
 // one device (a fixed schedule, no atomics) but not the bits of the FP32 path
 // (`wgsl/matmul.wgsl`), hence an opt-in with its own tolerance (`matmul::tensor_core_tolerance`).
@@ -129,7 +132,8 @@ fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool,
         let at = select(0u, e / 8u, inside);
         let w = select(vec4<u32>(), chunk(is_a, at), inside);
         if (dt == DT_BF16) {
-            h = H8(vec4<f16>(bf16_pair(w.x, w.y) * scale), vec4<f16>(bf16_pair(w.z, w.w) * scale));
+            h = H8(vec4<f16>(chunk_lo(w, DT_BF16) * scale),
+                   vec4<f16>(chunk_hi(w, DT_BF16) * scale));
         } else {
             h = H8(vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y))),
                    vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w))));
@@ -147,11 +151,6 @@ fn chunk(is_a: bool, at: u32) -> vec4<u32> {
         w = b4[at];
     }
     return w;
-}
-
-// The four BF16 values of two words, widened exactly.
-fn bf16_pair(x: u32, y: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(vec4<u32>(x << 16u, x & 0xffff0000u, y << 16u, y & 0xffff0000u));
 }
 
 // The factors the sums are multiplied by: (2^−sA, alpha·2^−sB), or (1, alpha) for F16
