@@ -576,6 +576,12 @@ fn main() -> ExitCode {
             .ok()
             .and_then(|v| v.parse().ok()),
     );
+    // The tensor-core products' tile rows per band of the launch order (a number).
+    wgrad::matmul::force_tensor_core_group_rows(
+        std::env::var("WGRAD_TC_GROUP")
+            .ok()
+            .and_then(|v| v.parse().ok()),
+    );
     // Measurement switch of the attention launches' order of query blocks (bit-identical).
     wgrad::attention::force_ascending_blocks(std::env::var_os("WGRAD_ATTN_ASCENDING").is_some());
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {

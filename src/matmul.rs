@@ -185,6 +185,18 @@ const K_STEP: usize = 16;
 std::thread_local! {
     static CHUNKED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    static TC_GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Tile rows per band of a tensor-core launch's tile order (`GROUP_M` of
+/// `wgsl/matmul_tc.wgsl`; the order of the tiles, not their values).
+pub const TC_TILE_GROUP_ROWS: u32 = 1;
+
+/// Overrides [`TC_TILE_GROUP_ROWS`] for launches from the calling thread (at least 1; `None`:
+/// the constant). The results are the same bits. For tests and measurements.
+#[doc(hidden)]
+pub fn force_tensor_core_group_rows(rows: Option<u32>) {
+    TC_GROUP_M.with(|f| f.set(rows.map(|r| r.max(1))));
 }
 
 /// Tile rows per band of a launch's tile order (see `tile_of` in `wgsl/matmul.wgsl`).
@@ -345,6 +357,14 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         ("SCALED", flag(scales.is_some())),
         ("DT_A", f64::from(a.dtype().code())),
         ("DT_B", f64::from(b.dtype().code())),
+        (
+            "GROUP_M",
+            f64::from(
+                TC_GROUP_M
+                    .with(std::cell::Cell::get)
+                    .unwrap_or(TC_TILE_GROUP_ROWS),
+            ),
+        ),
     ];
     let mut buffers = vec![a.buffer(), b.buffer()];
     let plain = call.out.dtype() == DType::F32

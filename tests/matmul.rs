@@ -1845,6 +1845,16 @@ fn tensor_core_products_match_reference_or_are_refused() {
             let again =
                 tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
             assert_eq!(bits, again, "tensor-core rerun {shape:?} ta {ta} tb {tb}");
+            // Tiles in bands of two rows (a shorter last band where the tile rows are odd):
+            // the same bits.
+            matmul::force_tensor_core_group_rows(Some(2));
+            let other =
+                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+            matmul::force_tensor_core_group_rows(None);
+            assert_eq!(
+                bits, other,
+                "tensor-core schedule {shape:?} ta {ta} tb {tb}"
+            );
         }
     }
     // BF16 operands (either or both), scaled into F16 by powers of two: every layout, values

@@ -52,6 +52,8 @@ override DT_A: u32 = 1u;        // dtype codes of A and B: F16 (as staged), or B
 override DT_B: u32 = 1u;        // (scaled, see `tc_scale`)
 // A BF16 or F32 operand: both are staged times their factors and the sums multiplied back.
 override SCALED: bool = DT_A != DT_F16 || DT_B != DT_F16;
+// Tile rows per band of the launch order (`tile_at`; 1: row after row).
+override GROUP_M: u32 = 1u;
 
 const BM: u32 = 128u;
 const BN: u32 = 128u;
@@ -406,13 +408,23 @@ struct TileAt {
     wc: u32,
 }
 
+// Within a batch, tiles go in bands of GROUP_M tile rows (the last band may be shorter): down
+// a band's column, then on to its next column, so that workgroups running together share B's
+// tiles (GROUP_M = 1: row after row), as `tile_of` in `wgsl/matmul.wgsl`.
 fn tile_at(tile: u32, sg: u32) -> TileAt {
     let per_batch = params.tiles_m * params.tiles_n;
     let bi = tile / per_batch;
     let t = tile % per_batch;
+    let per_band = GROUP_M * params.tiles_n;
+    let band = t / per_band;
+    let first = band * GROUP_M;
+    let rows = max(min(GROUP_M, params.tiles_m - min(first, params.tiles_m)), 1u);
+    let r = t - band * per_band;
+    let tn = r / rows;
+    let tm = first + (r - tn * rows);
     return TileAt(params.off_a + bi * params.stride_a, params.off_b + bi * params.stride_b,
-                  params.off_c + bi * params.stride_c, (t / params.tiles_n) * BM,
-                  (t % params.tiles_n) * BN, (sg / 2u) * 32u, (sg % 2u) * 64u);
+                  params.off_c + bi * params.stride_c, tm * BM, tn * BN, (sg / 2u) * 32u,
+                  (sg % 2u) * 64u);
 }
 
 // Σ over k of this subgroup's 32×64 block of the tile (raw sums, no alpha). Called in uniform
