@@ -23,13 +23,15 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     ]
 }
 
-/// The opt-in tensor-core product (`MatmulOptions::tensor_cores`, F16 operands). Where the
+/// The opt-in tensor-core product (`MatmulOptions::tensor_cores`, F16 or BF16 operands). Where the
 /// engine cannot run it (`matmul::tensor_cores`), one case records that the call is refused
 /// with `MissingFeature` (any other outcome is an error). Where it can: a `[256, 192] ·
 /// [128, 192]ᵀ` forward and its backward with an F16 cotangent (both products on tensor
 /// cores), then a batched A with a shared, non-transposed B, then a linear layer's epilogue
 /// (BF16 bias, tanh-GELU) on a ragged tile, against the f64 reference within
-/// `matmul::tensor_core_tolerance`.
+/// `matmul::tensor_core_tolerance`; between them, BF16 operands outside F16's range (A below
+/// 2^-20, B near 2^20), which the product scales into it by powers of two, forward and
+/// backward.
 fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
     use crate::matmul::{
         MatmulOptions, matmul, matmul_backward, tensor_core_tolerance, tensor_cores,
@@ -125,6 +127,57 @@ fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
             tensor_core_tolerance(p.batch * p.m),
         ));
     }
+    // BF16 operands, each scaled into F16 by its power of two: A's values below 2^-20 and
+    // B's near 2^20 (neither within F16's normal range), a `[N, K]` B, then the backward
+    // with a BF16 cotangent; compared with the powers divided out (exactly).
+    let p = Problem {
+        transpose_b: true,
+        ..Problem::new(160, 136, 96)
+    };
+    let spread = |v: Vec<f64>, power: i32| -> Vec<f64> {
+        v.into_iter().map(|x| x * 2f64.powi(power)).collect()
+    };
+    let (a, a_s) = tensor_from_f64(
+        engine,
+        &spread(rng.vec(p.a_len(), -1.0, 1.0), -20),
+        &[p.m, p.k],
+        DType::BF16,
+    )?;
+    let (b, b_s) = tensor_from_f64(
+        engine,
+        &spread(rng.vec(p.b_len(), -1.0, 1.0), 20),
+        &[p.n, p.k],
+        DType::BF16,
+    )?;
+    let (dy, dy_s) = tensor_from_f64(
+        engine,
+        &rng.vec(p.out_len(), -1.0, 1.0),
+        &[p.m, p.n],
+        DType::BF16,
+    )?;
+    let (y, saved) = matmul(&a, &b, None, &options(true))?;
+    let grads = matmul_backward(&saved, &dy)?;
+    let (da, db, _) = reference::matmul::backward(&p, &a_s, &b_s, None, &dy_s);
+    let label = |what: &str| format!("{what} bf16 a [160, 96]·2^-20 b [136, 96]·2^20 tensor cores");
+    let unscale = |v: Vec<f64>, power: i32| spread(v, -power);
+    cases.push(case(
+        label("y"),
+        &y.to_f64()?,
+        &reference::matmul::forward(&p, &a_s, &b_s, None),
+        tensor_core_tolerance(p.k),
+    ));
+    cases.push(case(
+        label("dA·2^-20"),
+        &unscale(grads.a.to_f64()?, 20),
+        &unscale(da, 20),
+        tensor_core_tolerance(p.n),
+    ));
+    cases.push(case(
+        label("dB·2^20"),
+        &unscale(grads.b.to_f64()?, -20),
+        &unscale(db, -20),
+        tensor_core_tolerance(p.m),
+    ));
     // A linear layer's epilogue on tensor cores: bias (BF16) and tanh-GELU on a ragged tile.
     let p = Problem {
         transpose_b: true,
