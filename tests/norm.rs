@@ -1099,6 +1099,98 @@ fn bf16_register_forwards_round_bit_for_bit() {
     }
 }
 
+/// The BF16 rounding of FP32 products at its edges, through RMSNorm (Gemma casting: the output
+/// is `n·w` rounded once) of rows of ones with an F32 weight holding the edge values: exact
+/// ties and their neighbours, values whose product with 2^16 + 1 overflows (near 5.2e33) and
+/// beyond, the largest finite values, subnormals (ties on BF16's subnormal grid among them),
+/// the smallest normal values, signed zeros, infinities and NaNs, chunks of eight holding only
+/// ordinary values beside chunks that mix in one edge value. Every output is the host's
+/// nearest-even rounding (`half`) of the product formed with the saved inverse, bit for bit.
+#[test]
+fn bf16_rounding_of_products_at_its_edges() {
+    let mut rng = Rng::new(1300);
+    let edges: Vec<f32> = [
+        0x3f80_8000u32, // 1 + 2^-8: a tie, to even (down)
+        0x3f81_8000,    // a tie, to even (up)
+        0x3f80_8001,
+        0x3f80_7fff,
+        0x3f81_7fff,
+        0x3f81_8001,
+        0x777f_fe00, // the products with 2^16 + 1 overflow from about here
+        0x777f_ff00,
+        0x777f_ffff,
+        0x7780_0000,
+        0x7f7f_8000, // the largest BF16 tie: to infinity
+        0x7f7f_7fff,
+        0x7f7f_ffff,
+        0x0000_0001, // subnormals
+        0x0000_8000, // a tie on BF16's subnormal grid, to even (down)
+        0x0001_8000, // a tie, to even (up)
+        0x0000_8001,
+        0x007f_ffff,
+        0x0040_0000,
+        0x0080_0000, // the smallest normal and its neighbours
+        0x0080_8000,
+        0x0080_7fff,
+        0x0000_0000,
+        0x8000_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_1234,
+        0xffa0_0001,
+    ]
+    .iter()
+    .flat_map(|&b| [f32::from_bits(b), -f32::from_bits(b)])
+    .collect();
+    let cols = 64;
+    let rows = 3;
+    // Row 0: every edge value next to ordinary ones (each chunk of eight mixes one in); row 1:
+    // ordinary values only; row 2: the edges packed together.
+    let mut ws = rng
+        .vec(cols, -3.0, 3.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect::<Vec<f32>>();
+    let mut weights = Vec::new();
+    for chunk in edges.chunks(cols) {
+        let mut w = ws.clone();
+        for (k, &e) in chunk.iter().enumerate() {
+            if k < cols / 8 {
+                w[8 * k + 3] = e;
+            }
+        }
+        weights.push(w);
+        let mut packed = ws.clone();
+        packed[..chunk.len()].copy_from_slice(chunk);
+        weights.push(packed);
+    }
+    for k in (0..edges.len()).step_by(cols / 8) {
+        let mut w = ws.clone();
+        for (j, &e) in edges[k..(k + cols / 8).min(edges.len())].iter().enumerate() {
+            w[8 * j + 5] = e;
+        }
+        weights.push(w);
+    }
+    ws[0] = 1.0;
+    weights.push(ws);
+    let (x, _) = upload(&vec![1.0; rows * cols], &[rows, cols], DType::BF16);
+    for (t, w) in weights.iter().enumerate() {
+        let w = Tensor::from_slice(engine(), w, &[cols]).unwrap();
+        let ws = w.to_vec::<f32>().unwrap();
+        let o = RmsNormOptions {
+            eps: f32::MIN_POSITIVE,
+            casting: CastingMode::Gemma,
+            ..RmsNormOptions::default()
+        };
+        let (y, saved) = norm::rms_norm(&x, Some(&w), &o).unwrap();
+        let (y, inv) = (bf16_values(&y), saved.inverse.to_vec::<f32>().unwrap());
+        for (i, &got) in y.iter().enumerate() {
+            let want = inv[i / cols] * ws[i % cols];
+            assert_bf16(&format!("weight {t}"), i, got, want, want);
+        }
+    }
+}
+
 #[test]
 fn backward_does_not_change_its_inputs() {
     let mut rng = Rng::new(1100);
