@@ -1105,7 +1105,10 @@ fn bf16_register_forwards_round_bit_for_bit() {
 /// beyond, the largest finite values, subnormals (ties on BF16's subnormal grid among them),
 /// the smallest normal values, signed zeros, infinities and NaNs, chunks of eight holding only
 /// ordinary values beside chunks that mix in one edge value. Every output is the host's
-/// nearest-even rounding (`half`) of the product formed with the saved inverse, bit for bit.
+/// nearest-even rounding (`half`) of the product formed with the saved inverse, bit for bit,
+/// except that a subnormal product may come out as a zero: the device's FP32 arithmetic may
+/// flush subnormals to zero (the H200's Vulkan driver does, lavapipe does not;
+/// `notes/measurements.md`), and the rounding keeps the zero.
 #[test]
 fn bf16_rounding_of_products_at_its_edges() {
     let mut rng = Rng::new(1300);
@@ -1186,7 +1189,10 @@ fn bf16_rounding_of_products_at_its_edges() {
         let (y, inv) = (bf16_values(&y), saved.inverse.to_vec::<f32>().unwrap());
         for (i, &got) in y.iter().enumerate() {
             let want = inv[i / cols] * ws[i % cols];
-            assert_bf16(&format!("weight {t}"), i, got, want, want);
+            let flushed = want != 0.0 && want.abs() < f32::MIN_POSITIVE && got == 0.0;
+            if !flushed {
+                assert_bf16(&format!("weight {t}"), i, got, want, want);
+            }
         }
     }
 }
