@@ -587,6 +587,12 @@ fn main() -> ExitCode {
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
         print_cooperative_matrices();
     }
+    if std::env::var_os("WGRAD_PROBE_FLOAT_CONTROLS").is_some() {
+        match vk_stats::float_controls() {
+            Ok(lines) => print!("{lines}"),
+            Err(e) => eprintln!("float controls: {e}"),
+        }
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -32,6 +32,49 @@ pub fn report(
     result
 }
 
+/// Each Vulkan device's float controls (Vulkan 1.2): whether it can keep FP32 subnormals
+/// (`DenormPreserve`), flush them, keep signed zeros, infinities and NaNs, and round to
+/// nearest even, as the SPIR-V execution modes of `SPV_KHR_float_controls` would ask. One line
+/// a device.
+pub fn float_controls() -> Result<String, String> {
+    let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("Vulkan loader: {e}"))?;
+    let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
+    let instance = unsafe {
+        entry.create_instance(
+            &vk::InstanceCreateInfo::default().application_info(&app),
+            None,
+        )
+    }
+    .map_err(|e| format!("instance: {e}"))?;
+    let mut out = String::new();
+    let physicals = unsafe { instance.enumerate_physical_devices() };
+    for p in physicals.map_err(|e| format!("devices: {e}"))? {
+        let mut fc = vk::PhysicalDeviceFloatControlsProperties::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut fc);
+        unsafe { instance.get_physical_device_properties2(p, &mut props) };
+        let name = props
+            .properties
+            .device_name_as_c_str()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{name}: FP32 denorm preserve {}, flush to zero {}, signed zero/inf/NaN preserve {}, \
+             round to nearest even {}; FP16 denorm preserve {}; denorm independence {:?}, \
+             rounding independence {:?}",
+            fc.shader_denorm_preserve_float32,
+            fc.shader_denorm_flush_to_zero_float32,
+            fc.shader_signed_zero_inf_nan_preserve_float32,
+            fc.shader_rounding_mode_rte_float32,
+            fc.shader_denorm_preserve_float16,
+            fc.denorm_behavior_independence,
+            fc.rounding_mode_independence,
+        );
+    }
+    unsafe { instance.destroy_instance(None) };
+    Ok(out)
+}
+
 fn with_instance(
     instance: &ash::Instance,
     built: &[wgrad::BuiltSpirv],
