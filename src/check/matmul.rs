@@ -23,15 +23,14 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     ]
 }
 
-/// The opt-in tensor-core product (`MatmulOptions::tensor_cores`, F16 or BF16 operands). Where the
-/// engine cannot run it (`matmul::tensor_cores`), one case records that the call is refused
-/// with `MissingFeature` (any other outcome is an error). Where it can: a `[256, 192] ·
-/// [128, 192]ᵀ` forward and its backward with an F16 cotangent (both products on tensor
-/// cores), then a batched A with a shared, non-transposed B, then a linear layer's epilogue
-/// (BF16 bias, tanh-GELU) on a ragged tile, against the f64 reference within
-/// `matmul::tensor_core_tolerance`; between them, BF16 operands outside F16's range (A below
-/// 2^-20, B near 2^20), which the product scales into it by powers of two, forward and
-/// backward.
+/// The opt-in tensor-core product (`MatmulOptions::tensor_cores`, F16 or BF16 operands).
+/// Where the engine cannot run it (`matmul::tensor_cores`), one case records that the call is
+/// refused with `MissingFeature` (any other outcome is an error). Where it can, against the
+/// f64 reference within `matmul::tensor_core_tolerance`: a `[256, 192] · [128, 192]ᵀ` forward
+/// and its backward with an F16 cotangent (both products on tensor cores); a batched A with a
+/// shared, non-transposed B; BF16 operands outside F16's range (A below 2^-20, B near 2^20,
+/// which the product scales into it by powers of two), forward and backward with a BF16
+/// cotangent; a linear layer's epilogue (BF16 bias, tanh-GELU) on a ragged tile.
 fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
     use crate::matmul::{
         MatmulOptions, matmul, matmul_backward, tensor_core_tolerance, tensor_cores,
