@@ -18,6 +18,15 @@ pub fn report(
     adapter: Option<&str>,
     dump_dir: Option<&std::path::Path>,
 ) -> Result<String, String> {
+    let (_entry, instance) = raw_instance()?;
+    let result = with_instance(&instance, built, adapter, dump_dir);
+    unsafe { instance.destroy_instance(None) };
+    result
+}
+
+/// A Vulkan 1.3 instance of the system's loader, beside wgpu's (the entry must outlive it; the
+/// caller destroys the instance).
+fn raw_instance() -> Result<(ash::Entry, ash::Instance), String> {
     let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("Vulkan loader: {e}"))?;
     let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
     let instance = unsafe {
@@ -27,9 +36,7 @@ pub fn report(
         )
     }
     .map_err(|e| format!("instance: {e}"))?;
-    let result = with_instance(&instance, built, adapter, dump_dir);
-    unsafe { instance.destroy_instance(None) };
-    result
+    Ok((entry, instance))
 }
 
 /// Each Vulkan device's float controls (Vulkan 1.2): whether it can keep FP32 subnormals
@@ -37,15 +44,7 @@ pub fn report(
 /// nearest even, as the SPIR-V execution modes of `SPV_KHR_float_controls` would ask. One line
 /// a device.
 pub fn float_controls() -> Result<String, String> {
-    let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("Vulkan loader: {e}"))?;
-    let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
-    let instance = unsafe {
-        entry.create_instance(
-            &vk::InstanceCreateInfo::default().application_info(&app),
-            None,
-        )
-    }
-    .map_err(|e| format!("instance: {e}"))?;
+    let (_entry, instance) = raw_instance()?;
     let mut out = String::new();
     let physicals = unsafe { instance.enumerate_physical_devices() };
     for p in physicals.map_err(|e| format!("devices: {e}"))? {
