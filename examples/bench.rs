@@ -592,6 +592,10 @@ fn main() -> ExitCode {
             Ok(lines) => print!("{lines}"),
             Err(e) => eprintln!("float controls: {e}"),
         }
+        match vk_stats::bf16_support() {
+            Ok(lines) => print!("{lines}"),
+            Err(e) => eprintln!("bf16 support: {e}"),
+        }
     }
     let args = match parse_args() {
         Ok(a) => a,

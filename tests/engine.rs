@@ -525,3 +525,47 @@ fn from_wgpu_adapter_knows_the_cooperative_matrices() {
     assert!(plain.info().cooperative_matrices.is_empty());
     assert!(!wgrad::matmul::tensor_cores(&plain));
 }
+
+#[test]
+fn bf16_conversion_in_hardware_gives_the_integer_roundings_bits() {
+    // An engine with the device's BF16 conversion (where the device offers it: on lavapipe it
+    // does not, and both engines round with integers) against one without: BF16 softmax and
+    // RMSNorm outputs (both hooks: packed outputs and the Llama mode's rounding kept in F32),
+    // over values from subnormal to near overflow, bit for bit.
+    let on = Engine::builder().bf16_conversion(true).build().unwrap();
+    let off = Engine::builder().bf16_conversion(false).build().unwrap();
+    assert!(!off.info().bf16_conversion);
+    if on.info().bf16_conversion {
+        assert!(on.info().strict_spirv, "{}", on.info());
+        assert!(on.info().to_string().contains("BF16 conversion"));
+    }
+    eprintln!("with the conversion asked for: {}", on.info());
+    let (rows, cols) = (24, 4104);
+    let mut rng = random_f64(41, rows * cols, -1.0, 1.0);
+    for (i, v) in rng.iter_mut().enumerate() {
+        // Rows of different scales: 2^-130 .. 2^120.
+        *v *= 2f64.powi((i / cols) as i32 * 10 - 130);
+    }
+    let words = |t: &Tensor| t.to_vec::<half::bf16>().unwrap();
+    let run = |e: &Engine| {
+        let x = common::tensor_from_f64(e, &rng, &[rows, cols], DType::BF16);
+        let w = common::tensor_from_f64(e, &random_f64(42, cols, -2.0, 2.0), &[cols], DType::BF16);
+        let (p, _) = wgrad::loss::softmax(&x).unwrap();
+        let (lp, _) = wgrad::loss::log_softmax(&x).unwrap();
+        let (y, _) =
+            wgrad::norm::rms_norm(&x, Some(&w), &wgrad::norm::RmsNormOptions::default()).unwrap();
+        (words(&p), words(&lp), words(&y))
+    };
+    let (a, b) = (run(&on), run(&off));
+    for (name, got, want) in [
+        ("softmax", &a.0, &b.0),
+        ("log_softmax", &a.1, &b.1),
+        ("rms_norm", &a.2, &b.2),
+    ] {
+        let diff = got
+            .iter()
+            .zip(want)
+            .position(|(g, w)| g.to_bits() != w.to_bits());
+        assert_eq!(diff, None, "{name}: first differing element {diff:?}");
+    }
+}

@@ -74,6 +74,69 @@ pub fn float_controls() -> Result<String, String> {
     Ok(out)
 }
 
+/// Each Vulkan device's support for `VK_KHR_shader_bfloat16` (the extension, then its three
+/// features), and its driver version: whether shaders may convert to BF16 in hardware.
+pub fn bf16_support() -> Result<String, String> {
+    let (_entry, instance) = raw_instance()?;
+    let mut out = String::new();
+    let physicals = unsafe { instance.enumerate_physical_devices() };
+    for p in physicals.map_err(|e| format!("devices: {e}"))? {
+        let props = unsafe { instance.get_physical_device_properties(p) };
+        let name = props
+            .device_name_as_c_str()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let exts = unsafe { instance.enumerate_device_extension_properties(p) }
+            .map_err(|e| format!("extensions: {e}"))?;
+        let names: Vec<String> = exts
+            .iter()
+            .filter_map(|e| e.extension_name_as_c_str().ok())
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|n| n.contains("bfloat16") || n.contains("float_controls2"))
+            .collect();
+        let mut bf = Bf16Features::default();
+        let mut features = vk::PhysicalDeviceFeatures2::default();
+        features.p_next = (&mut bf as *mut Bf16Features).cast();
+        unsafe { instance.get_physical_device_features2(p, &mut features) };
+        let _ = writeln!(
+            out,
+            "{name}: api {}.{}.{}, driver {:#x}; extensions {names:?}; shaderBFloat16Type {}, \
+             DotProduct {}, CooperativeMatrix {}",
+            vk::api_version_major(props.api_version),
+            vk::api_version_minor(props.api_version),
+            vk::api_version_patch(props.api_version),
+            props.driver_version,
+            bf.shader_bfloat16_type,
+            bf.shader_bfloat16_dot_product,
+            bf.shader_bfloat16_cooperative_matrix,
+        );
+    }
+    unsafe { instance.destroy_instance(None) };
+    Ok(out)
+}
+
+/// `VkPhysicalDeviceShaderBfloat16FeaturesKHR` (newer than the `ash` release in use).
+#[repr(C)]
+struct Bf16Features {
+    s_type: vk::StructureType,
+    p_next: *mut std::ffi::c_void,
+    shader_bfloat16_type: vk::Bool32,
+    shader_bfloat16_dot_product: vk::Bool32,
+    shader_bfloat16_cooperative_matrix: vk::Bool32,
+}
+
+impl Default for Bf16Features {
+    fn default() -> Self {
+        Bf16Features {
+            s_type: vk::StructureType::from_raw(1_000_141_000),
+            p_next: std::ptr::null_mut(),
+            shader_bfloat16_type: 0,
+            shader_bfloat16_dot_product: 0,
+            shader_bfloat16_cooperative_matrix: 0,
+        }
+    }
+}
+
 fn with_instance(
     instance: &ash::Instance,
     built: &[wgrad::BuiltSpirv],
