@@ -454,8 +454,10 @@ mod vulkan_bf16 {
             return false;
         }
         let mut wanted = Features::new(false);
-        let mut features = vk::PhysicalDeviceFeatures2::default();
-        features.p_next = (&mut wanted as *mut Features).cast();
+        let mut features = vk::PhysicalDeviceFeatures2 {
+            p_next: (&mut wanted as *mut Features).cast(),
+            ..Default::default()
+        };
         // SAFETY: a features query of the adapter's own physical device, with a chain of one
         // structure of the layout the extension defines (the device supports the extension).
         unsafe {

@@ -95,8 +95,10 @@ pub fn bf16_support() -> Result<String, String> {
             .filter(|n| n.contains("bfloat16") || n.contains("float_controls2"))
             .collect();
         let mut bf = Bf16Features::default();
-        let mut features = vk::PhysicalDeviceFeatures2::default();
-        features.p_next = (&mut bf as *mut Bf16Features).cast();
+        let mut features = vk::PhysicalDeviceFeatures2 {
+            p_next: (&mut bf as *mut Bf16Features).cast(),
+            ..Default::default()
+        };
         unsafe { instance.get_physical_device_features2(p, &mut features) };
         let _ = writeln!(
             out,
