@@ -251,6 +251,7 @@ pub fn bf16_conversion_words(words: &[u32]) -> std::result::Result<Vec<u32>, Str
     };
     let bf16 = fresh();
     let bf16x4 = fresh();
+    let mut rounded = Vec::new();
     let mut out = Vec::with_capacity(words.len() + 32);
     out.extend_from_slice(&words[..5]);
     let mut declared = false;
@@ -284,6 +285,7 @@ pub fn bf16_conversion_words(words: &[u32]) -> std::result::Result<Vec<u32>, Str
                 }
                 let converted = fresh();
                 let result = fresh();
+                rounded.push(converted);
                 out.extend_from_slice(&[(4 << 16) | OP_FCONVERT, bf16x4, converted, param]);
                 let back = if kind == 0 { OP_BITCAST } else { OP_FCONVERT };
                 out.extend_from_slice(&[(4 << 16) | back, result_type, result, converted]);
@@ -309,6 +311,60 @@ pub fn bf16_conversion_words(words: &[u32]) -> std::result::Result<Vec<u32>, Str
         i += 1;
     }
     out[3] = bound;
+    // Round to nearest even, asked for on each conversion: NVIDIA's driver (580) truncates
+    // without it.
+    let decorations: Vec<u32> = rounded
+        .into_iter()
+        .flat_map(|id| {
+            [
+                (4 << 16) | OP_DECORATE,
+                id,
+                DECORATION_FP_ROUNDING_MODE,
+                ROUNDING_RTE,
+            ]
+        })
+        .collect();
+    let list = instructions(&out)?;
+    let mut out = with_annotations(&out, &list, &decorations);
+    if std::env::var_os("WGRAD_BF16_RTE_EXECUTION_MODE").is_some() {
+        out = with_rte_execution_mode(&out)?;
+    }
+    Ok(out)
+}
+
+/// `FPRoundingMode` in SPIR-V's decoration enumeration, and its `RTE` value.
+pub const DECORATION_FP_ROUNDING_MODE: u32 = 39;
+const ROUNDING_RTE: u32 = 0;
+
+/// `words` with the entry point's `RoundingModeRTE 16` execution mode (`SPV_KHR_float_controls`)
+/// as well: a measurement switch (`WGRAD_BF16_RTE_EXECUTION_MODE`), for drivers that would
+/// ignore the decoration.
+fn with_rte_execution_mode(words: &[u32]) -> std::result::Result<Vec<u32>, String> {
+    const OP_ENTRY_POINT: u32 = 15;
+    const OP_EXECUTION_MODE: u32 = 16;
+    let list = instructions(words)?;
+    let mut out = Vec::with_capacity(words.len() + 16);
+    out.extend_from_slice(&words[..5]);
+    let entry = list
+        .iter()
+        .find(|(op, _)| *op == OP_ENTRY_POINT)
+        .map(|(_, inst)| inst[2])
+        .ok_or("no entry point")?;
+    for (i, (op, inst)) in list.iter().enumerate() {
+        out.extend_from_slice(inst);
+        let next = list.get(i + 1).map(|(op, _)| *op);
+        if *op == OP_CAPABILITY && next != Some(OP_CAPABILITY) {
+            out.extend_from_slice(&[(2 << 16) | OP_CAPABILITY, 4467]);
+            let name = literal_words("SPV_KHR_float_controls");
+            out.push(((1 + name.len() as u32) << 16) | OP_EXTENSION);
+            out.extend_from_slice(&name);
+        }
+        if (*op == OP_ENTRY_POINT || *op == OP_EXECUTION_MODE)
+            && !matches!(next, Some(OP_ENTRY_POINT | OP_EXECUTION_MODE))
+        {
+            out.extend_from_slice(&[(4 << 16) | OP_EXECUTION_MODE, entry, 4462, 16]);
+        }
+    }
     Ok(out)
 }
 
@@ -358,21 +414,28 @@ pub fn no_contraction(words: &[u32]) -> std::result::Result<Vec<u32>, String> {
         }
     }
     targets.retain(|id| decorated.insert(*id));
-    // Insert before the first instruction past the annotations.
+    let extra: Vec<u32> = targets
+        .into_iter()
+        .flat_map(|id| [(3 << 16) | OP_DECORATE, id, NO_CONTRACTION])
+        .collect();
+    Ok(with_annotations(words, &list, &extra))
+}
+
+/// `words` (parsed as `list`) with the instructions `extra` inserted after its annotations,
+/// before the first instruction of the types section.
+fn with_annotations(words: &[u32], list: &[(u32, &[u32])], extra: &[u32]) -> Vec<u32> {
     let mut at = 5;
-    for (op, inst) in &list {
+    for (op, inst) in list {
         if !PREAMBLE.contains(op) {
             break;
         }
         at += inst.len();
     }
-    let mut out = Vec::with_capacity(words.len() + 3 * targets.len());
+    let mut out = Vec::with_capacity(words.len() + extra.len());
     out.extend_from_slice(&words[..at]);
-    for id in targets {
-        out.extend_from_slice(&[(3 << 16) | OP_DECORATE, id, NO_CONTRACTION]);
-    }
+    out.extend_from_slice(extra);
     out.extend_from_slice(&words[at..]);
-    Ok(out)
+    out
 }
 
 /// Result ids of float arithmetic instructions without `NoContraction` (empty for strict

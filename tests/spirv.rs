@@ -8,8 +8,9 @@
 use wgrad::ShaderChecks;
 use wgrad::kernel::registry;
 use wgrad::spirv::{
-    CAPABILITY_BFLOAT16_TYPE, FLOAT_ARITHMETIC, NO_CONTRACTION, OP_FCONVERT, contractible_results,
-    instructions, no_contraction, strict_spirv, strict_spirv_for,
+    CAPABILITY_BFLOAT16_TYPE, DECORATION_FP_ROUNDING_MODE, FLOAT_ARITHMETIC, NO_CONTRACTION,
+    OP_FCONVERT, contractible_results, instructions, no_contraction, strict_spirv,
+    strict_spirv_for,
 };
 
 const OP_DECORATE: u32 = 71;
@@ -86,7 +87,7 @@ fn replaced_hooks(with: &[u32], without: &[u32], what: &str) -> usize {
     let b = instructions(without).unwrap();
     assert_eq!(with[..3], without[..3], "{what}: header");
     let bound = with[3];
-    let (mut i, mut j, mut replaced, mut added) = (0, 0, 0, 0);
+    let (mut i, mut j, mut replaced, mut added, mut decorations) = (0, 0, 0, 0, 0);
     let mut bf16_vector = None;
     while i < a.len() {
         let (op, inst) = a[i];
@@ -124,6 +125,12 @@ fn replaced_hooks(with: &[u32], without: &[u32], what: &str) -> usize {
                 "{what}: SPV_KHR_bfloat16"
             ),
             OP_TYPE_FLOAT => assert_eq!(inst[2..], [16, 0], "{what}: BFloat16KHR"),
+            OP_DECORATE => {
+                assert_eq!(inst[2..], [DECORATION_FP_ROUNDING_MODE, 0], "{what}: RTE");
+                decorations += 1;
+                i += 1;
+                continue;
+            }
             OP_TYPE_VECTOR => {
                 assert_eq!(inst[3], 4, "{what}");
                 bf16_vector = Some(inst[1]);
@@ -135,6 +142,10 @@ fn replaced_hooks(with: &[u32], without: &[u32], what: &str) -> usize {
     }
     assert_eq!(j, b.len(), "{what}: instructions missing");
     assert_eq!(added, if replaced > 0 { 4 } else { 0 }, "{what}");
+    assert_eq!(
+        decorations, replaced,
+        "{what}: one rounding mode a conversion"
+    );
     replaced
 }
 

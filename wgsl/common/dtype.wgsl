@@ -135,7 +135,10 @@ fn narrow2(v: vec2<f32>, dt: u32) -> u32 {
 // `bf16x4_nearest` and `bf16_round_nan_free` are the hardware hooks: on a Vulkan device with
 // `VK_KHR_shader_bfloat16` the strict SPIR-V replaces their bodies by the device's conversion
 // (`OpFConvert` to BF16, round to nearest even; `src/spirv.rs`), which gives the same bits for
-// every value they take. Their names and signatures are what the rewrite looks for.
+// every value arithmetic on the device produces. An NVIDIA H200 flushes FP32 subnormals in its
+// arithmetic and in this conversion alike, so values that reach a narrowing without arithmetic
+// (copies of subnormal inputs) take `narrow8_copied` instead. Their names and signatures are
+// what the rewrite looks for.
 fn bf16_rne(v: vec4<f32>) -> vec4<u32> {
     let b = bitcast<vec4<u32>>(v);
     return b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
@@ -177,6 +180,16 @@ fn narrow8(lo: vec4<f32>, hi: vec4<f32>, dt: u32) -> vec4<u32> {
         if (nan_free8(lo, hi)) {
             return vec4<u32>(bf16x4_nearest(lo), bf16x4_nearest(hi));
         }
+        return vec4<u32>(bf16_pack(lo), bf16_pack(hi));
+    }
+    return vec4<u32>(narrow4(lo, dt), narrow4(hi, dt));
+}
+
+// `narrow8` without the hardware hook: for values that reach the narrowing without arithmetic
+// (copies), which may be FP32 subnormals; the device's conversion flushes those (measured on
+// an H200), the integer rounding keeps them.
+fn narrow8_copied(lo: vec4<f32>, hi: vec4<f32>, dt: u32) -> vec4<u32> {
+    if (dt == DT_BF16) {
         return vec4<u32>(bf16_pack(lo), bf16_pack(hi));
     }
     return vec4<u32>(narrow4(lo, dt), narrow4(hi, dt));
