@@ -130,19 +130,13 @@ pub struct EngineInfo {
     /// created the device, or [`Engine::from_wgpu_adapter`]; [`Engine::from_wgpu`] has no
     /// adapter to ask: none).
     pub cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
-    /// Whether strict SPIR-V kernels round F32 to BF16 with the device's own conversion
-    /// (`VK_KHR_shader_bfloat16`: the engine made the device with the extension's
-    /// `shaderBFloat16Type`; see [`crate::spirv`]) instead of integer arithmetic: the same
-    /// bits, fewer instructions. Off with `WGRAD_BF16_CONVERSION=0` or
-    /// [`EngineBuilder::bf16_conversion`]; off for devices an app made.
-    pub bf16_conversion: bool,
 }
 
 impl std::fmt::Display for EngineInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({:?}, {:?}), driver {}; math {:?}{}{}{}; checks {:?}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
+            "{} ({:?}, {:?}), driver {}; math {:?}{}{}; checks {:?}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
             self.adapter,
             self.backend,
             self.device_type,
@@ -151,11 +145,6 @@ impl std::fmt::Display for EngineInfo {
             if self.strict_msl { " (strict MSL)" } else { "" },
             if self.strict_spirv {
                 " (strict SPIR-V)"
-            } else {
-                ""
-            },
-            if self.bf16_conversion {
-                ", BF16 conversion in hardware"
             } else {
                 ""
             },
@@ -212,7 +201,6 @@ pub struct EngineBuilder {
     shader_checks: Option<ShaderChecks>,
     pool_limit: u64,
     workspace_bound: u64,
-    bf16_conversion: Option<bool>,
 }
 
 /// Default per-call workspace bound: 1 GiB. It is also the default memory budget of the fused
@@ -228,7 +216,6 @@ impl Default for EngineBuilder {
             shader_checks: None,
             pool_limit: 1 << 30,
             workspace_bound: DEFAULT_WORKSPACE_BOUND,
-            bf16_conversion: None,
         }
     }
 }
@@ -288,15 +275,6 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether to make a Vulkan device with `VK_KHR_shader_bfloat16` where the adapter offers
-    /// its `shaderBFloat16Type`, so that kernels round F32 to BF16 with the hardware's
-    /// conversion (default on; overrides `WGRAD_BF16_CONVERSION=0|1`). The results are the same
-    /// bits either way ([`EngineInfo::bf16_conversion`]).
-    pub fn bf16_conversion(mut self, on: bool) -> Self {
-        self.bf16_conversion = Some(on);
-        self
-    }
-
     /// Create the engine: Metal on Apple, Vulkan elsewhere; a hardware adapter when there is
     /// one, else a software one (lavapipe).
     pub fn build(self) -> Result<Engine> {
@@ -344,14 +322,7 @@ impl EngineBuilder {
             })?;
         let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
-        let want_bf16 = match self.bf16_conversion {
-            Some(on) => on,
-            None => env("WGRAD_BF16_CONVERSION").is_none_or(|v| v != "0"),
-        };
-        let bf16_conversion = want_bf16
-            && features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
-            && vulkan_bf16::supported(&adapter);
-        let descriptor = wgpu::DeviceDescriptor {
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("wgrad"),
             required_features: features,
             required_limits: limits,
@@ -368,13 +339,8 @@ impl EngineBuilder {
             },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
-        };
-        let (device, queue) = if bf16_conversion {
-            vulkan_bf16::open(&adapter, &descriptor)?
-        } else {
-            pollster::block_on(adapter.request_device(&descriptor))
-                .map_err(|e| Error::Device(format!("request_device: {e}")))?
-        };
+        }))
+        .map_err(|e| Error::Device(format!("request_device: {e}")))?;
         let shader_checks = match self.shader_checks {
             Some(c) => c,
             None => ShaderChecks::from_env()?.unwrap_or_default(),
@@ -399,124 +365,9 @@ impl EngineBuilder {
                 pool_limit: self.pool_limit,
                 workspace_bound: self.workspace_bound,
                 cooperative_matrices,
-                bf16_conversion,
             },
             true,
         )
-    }
-}
-
-/// Vulkan devices with `VK_KHR_shader_bfloat16`, which wgpu does not enable itself: the
-/// engine opens the device through wgpu-hal, adding the extension and its `shaderBFloat16Type`
-/// feature, and the strict SPIR-V then converts F32 to BF16 with `OpFConvert`.
-#[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
-mod vulkan_bf16 {
-    use crate::{Error, Result};
-    use ash::vk;
-    use std::ffi::{CStr, c_void};
-    use wgpu::hal::api::Vulkan;
-
-    const EXTENSION: &CStr = c"VK_KHR_shader_bfloat16";
-
-    /// `VkPhysicalDeviceShaderBfloat16FeaturesKHR` (newer than the `ash` release wgpu uses).
-    #[repr(C)]
-    struct Features {
-        s_type: vk::StructureType,
-        p_next: *mut c_void,
-        shader_bfloat16_type: vk::Bool32,
-        shader_bfloat16_dot_product: vk::Bool32,
-        shader_bfloat16_cooperative_matrix: vk::Bool32,
-    }
-
-    impl Features {
-        fn new(bf16_type: bool) -> Features {
-            Features {
-                // VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR
-                s_type: vk::StructureType::from_raw(1_000_141_000),
-                p_next: std::ptr::null_mut(),
-                shader_bfloat16_type: bf16_type.into(),
-                shader_bfloat16_dot_product: vk::FALSE,
-                shader_bfloat16_cooperative_matrix: vk::FALSE,
-            }
-        }
-    }
-
-    /// Whether `adapter` is a Vulkan adapter offering the extension with `shaderBFloat16Type`.
-    pub(super) fn supported(adapter: &wgpu::Adapter) -> bool {
-        // SAFETY: the hal adapter is only queried, while the guard holds it.
-        let Some(hal) = (unsafe { adapter.as_hal::<Vulkan>() }) else {
-            return false;
-        };
-        if !hal
-            .physical_device_capabilities()
-            .supports_extension(EXTENSION)
-        {
-            return false;
-        }
-        let mut wanted = Features::new(false);
-        let mut features = vk::PhysicalDeviceFeatures2 {
-            p_next: (&mut wanted as *mut Features).cast(),
-            ..Default::default()
-        };
-        // SAFETY: a features query of the adapter's own physical device, with a chain of one
-        // structure of the layout the extension defines (the device supports the extension).
-        unsafe {
-            hal.shared_instance()
-                .raw_instance()
-                .get_physical_device_features2(hal.raw_physical_device(), &mut features)
-        };
-        wanted.shader_bfloat16_type == vk::TRUE
-    }
-
-    /// The device and queue `request_device(descriptor)` would make, with the extension and
-    /// `shaderBFloat16Type` enabled as well.
-    pub(super) fn open(
-        adapter: &wgpu::Adapter,
-        descriptor: &wgpu::DeviceDescriptor<'_>,
-    ) -> Result<(wgpu::Device, wgpu::Queue)> {
-        let mut enabled = Features::new(true);
-        let open = {
-            // SAFETY: as in `supported`.
-            let hal = unsafe { adapter.as_hal::<Vulkan>() }
-                .ok_or_else(|| Error::Device("not a Vulkan adapter".into()))?;
-            let chain = &mut enabled;
-            let callback: Box<wgpu::hal::vulkan::CreateDeviceCallback<'_>> =
-                Box::new(move |args| {
-                    args.extensions.push(EXTENSION);
-                    chain.p_next = args.create_info.p_next as *mut c_void;
-                    args.create_info.p_next = (chain as *mut Features).cast_const().cast();
-                });
-            // SAFETY: the callback adds an extension the device supports (`supported`) and
-            // enables a feature it reports, and removes nothing; `enabled` outlives the call.
-            unsafe {
-                hal.open_with_callback(
-                    descriptor.required_features,
-                    &descriptor.required_limits,
-                    &descriptor.memory_hints,
-                    Some(callback),
-                )
-            }
-            .map_err(|e| Error::Device(format!("open device with {EXTENSION:?}: {e}")))?
-        };
-        // SAFETY: `open` was made from this adapter's hal adapter with the descriptor's
-        // features and limits.
-        unsafe { adapter.create_device_from_hal(open, descriptor) }
-            .map_err(|e| Error::Device(format!("request_device: {e}")))
-    }
-}
-
-/// Where wgpu builds no Vulkan backend of its own (Apple, the web): never.
-#[cfg(any(target_vendor = "apple", target_arch = "wasm32"))]
-mod vulkan_bf16 {
-    pub(super) fn supported(_: &wgpu::Adapter) -> bool {
-        false
-    }
-
-    pub(super) fn open(
-        _: &wgpu::Adapter,
-        _: &wgpu::DeviceDescriptor<'_>,
-    ) -> crate::Result<(wgpu::Device, wgpu::Queue)> {
-        Err(crate::Error::Device("no Vulkan backend".into()))
     }
 }
 
@@ -527,7 +378,6 @@ struct Settings {
     pool_limit: u64,
     workspace_bound: u64,
     cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
-    bf16_conversion: bool,
 }
 
 struct Pipeline {
@@ -807,7 +657,6 @@ impl Engine {
                 pool_limit: 1 << 30,
                 workspace_bound: DEFAULT_WORKSPACE_BOUND,
                 cooperative_matrices,
-                bf16_conversion: false,
             },
             false,
         )
@@ -826,7 +675,6 @@ impl Engine {
             pool_limit,
             workspace_bound,
             cooperative_matrices,
-            bf16_conversion,
         } = settings;
         let device_error = Arc::new(Mutex::new(None::<String>));
         if own_device {
@@ -871,7 +719,6 @@ impl Engine {
                 0
             },
             cooperative_matrices,
-            bf16_conversion: bf16_conversion && strict_spirv,
         };
         let stand_in = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wgrad stand-in binding"),
@@ -1180,12 +1027,11 @@ impl Engine {
             )?;
             Some((msl.entry_name, msl.workgroup_size, Some(msl.source), None))
         } else if self.inner.info.strict_spirv {
-            let spirv = crate::spirv::strict_spirv_for(
+            let spirv = crate::spirv::strict_spirv_with(
                 kernel,
                 entry,
                 constants,
                 self.inner.info.shader_checks,
-                self.inner.info.bf16_conversion,
             )?;
             Some((
                 spirv.entry_name,
@@ -1286,12 +1132,11 @@ impl Engine {
         sources
             .into_iter()
             .map(|(kernel, entry, key, constants, bindings)| {
-                let spirv = crate::spirv::strict_spirv_for(
+                let spirv = crate::spirv::strict_spirv_with(
                     kernel,
                     &entry,
                     &constants,
                     self.inner.info.shader_checks,
-                    self.inner.info.bf16_conversion,
                 )?;
                 Ok(BuiltSpirv {
                     kernel: kernel.name,

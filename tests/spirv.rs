@@ -5,12 +5,10 @@
 //! other test runs its kernels through this path on a Vulkan adapter in the default strict
 //! mode.)
 
-use wgrad::ShaderChecks;
 use wgrad::kernel::registry;
 use wgrad::spirv::{
-    CAPABILITY_BFLOAT16_TYPE, DECORATION_FP_ROUNDING_MODE, FLOAT_ARITHMETIC, NO_CONTRACTION,
-    OP_FCONVERT, contractible_results, instructions, no_contraction, strict_spirv,
-    strict_spirv_for,
+    FLOAT_ARITHMETIC, NO_CONTRACTION, contractible_results, instructions, no_contraction,
+    strict_spirv,
 };
 
 const OP_DECORATE: u32 = 71;
@@ -68,130 +66,6 @@ fn every_kernel_translates_to_strict_spirv() {
     }
     assert!(entries >= registry().len());
     assert!(decorated > 1000, "only {decorated} float instructions seen");
-}
-
-/// How `with` (the BF16 hooks converted by the device) differs from `without` (the integer
-/// bodies), instruction by instruction: the capability, the extension and the two BF16 types
-/// added, and hook bodies replaced by a conversion, its bitcast or conversion back, and the
-/// return; anything else is a failure. Returns the number of bodies replaced.
-fn replaced_hooks(with: &[u32], without: &[u32], what: &str) -> usize {
-    const OP_EXTENSION: u32 = 10;
-    const OP_CAPABILITY: u32 = 17;
-    const OP_TYPE_FLOAT: u32 = 22;
-    const OP_TYPE_VECTOR: u32 = 23;
-    const OP_FUNCTION_END: u32 = 56;
-    const OP_BITCAST: u32 = 124;
-    const OP_RETURN_VALUE: u32 = 254;
-    const OP_LABEL: u32 = 248;
-    let a = instructions(with).unwrap();
-    let b = instructions(without).unwrap();
-    assert_eq!(with[..3], without[..3], "{what}: header");
-    let bound = with[3];
-    let (mut i, mut j, mut replaced, mut added, mut decorations) = (0, 0, 0, 0, 0);
-    let mut bf16_vector = None;
-    while i < a.len() {
-        let (op, inst) = a[i];
-        if j < b.len() && inst == b[j].1 {
-            i += 1;
-            j += 1;
-            // A hook's body: the first block's label, then the conversion in place of the rest.
-            if op == OP_LABEL && a.get(i).is_some_and(|(op, _)| *op == OP_FCONVERT) {
-                let convert = a[i].1;
-                assert_eq!(Some(convert[1]), bf16_vector, "{what}: conversion type");
-                let back = a[i + 1].1;
-                assert!(
-                    [OP_BITCAST, OP_FCONVERT].contains(&a[i + 1].0) && back[3] == convert[2],
-                    "{what}: {back:?}"
-                );
-                assert_eq!(a[i + 2].1, [(2 << 16) | OP_RETURN_VALUE, back[2]], "{what}");
-                assert_eq!(a[i + 3].0, OP_FUNCTION_END, "{what}");
-                assert!(
-                    convert[2] < bound && back[2] < bound,
-                    "{what}: ids past the bound"
-                );
-                while b[j].0 != OP_FUNCTION_END {
-                    j += 1;
-                }
-                i += 3;
-                replaced += 1;
-            }
-            continue;
-        }
-        match op {
-            OP_CAPABILITY => assert_eq!(inst[1], CAPABILITY_BFLOAT16_TYPE, "{what}"),
-            OP_EXTENSION => assert_eq!(
-                inst[1..],
-                [0x5f56_5053, 0x5f52_484b, 0x6f6c_6662, 0x3631_7461, 0],
-                "{what}: SPV_KHR_bfloat16"
-            ),
-            OP_TYPE_FLOAT => assert_eq!(inst[2..], [16, 0], "{what}: BFloat16KHR"),
-            OP_DECORATE => {
-                assert_eq!(inst[2..], [DECORATION_FP_ROUNDING_MODE, 0], "{what}: RTE");
-                decorations += 1;
-                i += 1;
-                continue;
-            }
-            OP_TYPE_VECTOR => {
-                assert_eq!(inst[3], 4, "{what}");
-                bf16_vector = Some(inst[1]);
-            }
-            _ => panic!("{what}: unexpected {inst:?} at instruction {i}"),
-        }
-        added += 1;
-        i += 1;
-    }
-    assert_eq!(j, b.len(), "{what}: instructions missing");
-    assert_eq!(added, if replaced > 0 { 4 } else { 0 }, "{what}");
-    assert_eq!(
-        decorations, replaced,
-        "{what}: one rounding mode a conversion"
-    );
-    replaced
-}
-
-#[test]
-fn bf16_hooks_become_the_devices_conversion() {
-    // Every entry point, with its default constants and with 16-bit dtypes where the kernel
-    // has them: the rewrite adds the extension and types and replaces only hook bodies.
-    let mut rewritten = 0;
-    let mut replaced = 0;
-    for kernel in registry() {
-        for entry in kernel.entry_points().unwrap() {
-            for constants in [vec![], vec![("DT", 2.0)]] {
-                let Ok(plain) =
-                    strict_spirv_for(kernel, &entry, &constants, ShaderChecks::Trusted, false)
-                else {
-                    continue; // a kernel without DT
-                };
-                let what = format!("{}::{entry} {constants:?}", kernel.name);
-                let hw = strict_spirv_for(kernel, &entry, &constants, ShaderChecks::Trusted, true)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert_eq!(
-                    plain.words,
-                    strict_spirv(kernel, &entry, &constants).unwrap().words
-                );
-                assert_eq!(contractible_results(&hw.words).unwrap(), Vec::<u32>::new());
-                let n = replaced_hooks(&hw.words, &plain.words, &what);
-                rewritten += usize::from(n > 0);
-                replaced += n;
-            }
-        }
-    }
-    eprintln!("{rewritten} modules, {replaced} hook bodies");
-    assert!(rewritten > 20, "only {rewritten} modules use a hook");
-    // The 16-bit softmax forward rounds through `bf16x4_nearest`, the BF16 norm forwards
-    // through both hooks.
-    let softmax = strict_spirv_for(
-        &wgrad::loss::KERNEL,
-        "softmax_fwd_c",
-        &vec![("DT", 2.0)],
-        ShaderChecks::Trusted,
-        true,
-    )
-    .unwrap();
-    let plain = strict_spirv(&wgrad::loss::KERNEL, "softmax_fwd_c", &vec![("DT", 2.0)]).unwrap();
-    assert!(replaced_hooks(&softmax.words, &plain.words, "softmax_fwd_c") >= 1);
-    assert!(replaced >= rewritten);
 }
 
 #[test]

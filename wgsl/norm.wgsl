@@ -802,13 +802,17 @@ fn vals(w: vec4<u32>, dt: u32) -> Vals {
 }
 
 // BF16 rounding kept in FP32 (the low half zero), bit for bit as `f32_to_bf16`:
-// `bf16_round` any value (`bf16_bits` of `common/dtype.wgsl`); values known not to be NaN take
-// `bf16_round_nan_free` there.
+// `bf16_round` any value, `bf16_round_clean` values known not to be NaN (the shared
+// `bf16_rne` / `bf16_bits` of `common/dtype.wgsl`).
 // With BF16 sources the register forwards are bound by these integer operations rather than
 // by memory (measured on an H200, `notes/measurements.md`): a NaN-free chunk (`clean`) takes
 // the shorter form.
 fn bf16_round(v: vec4<f32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(bf16_bits(v));
+}
+
+fn bf16_round_clean(v: vec4<f32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bf16_rne(v) & vec4<u32>(0xffff0000u));
 }
 
 // Whether none of a chunk's values is NaN (`nan_free8`; opposite infinities take the longer
@@ -876,7 +880,7 @@ fn vround(v: Vals, no_nan: bool) -> Vals {
     }
     if (DX == DT_BF16) {
         if (no_nan || clean(v)) {
-            return Vals(bf16_round_nan_free(v.lo), bf16_round_nan_free(v.hi));
+            return Vals(bf16_round_clean(v.lo), bf16_round_clean(v.hi));
         }
         return Vals(bf16_round(v.lo), bf16_round(v.hi));
     }

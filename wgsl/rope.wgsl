@@ -878,8 +878,7 @@ fn backward_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 // (BHSD), so a warp's accesses are contiguous. Each element is computed as the other kernels
 // compute it, bit for bit: rotated values widen with `widen2` (exact for every value that is
 // not NaN), copied suffix values with the exact `half_from_word`, and a forward's 16-bit
-// output narrows with `narrow8` (copied values `narrow8_copied`; the same bits as
-// `pack_halves`).
+// output narrows with `narrow8` (the same bits as `pack_halves`).
 // The tensor read is the values (forward) or the cotangent (backward), both of dtype DT_Y; the
 // output is DT_Y (forward) or DT_G (backward: F32, or the F32 gradient rounded once).
 
@@ -956,15 +955,11 @@ fn put4(is_k: bool, i: u32, w: vec4<u32>) {
 }
 
 // Store step v at element e of the output: 8 values of a 16-bit output (DT_Y forward, DT_G
-// backward, SPAN 8) rounded once (`copied`: values of a suffix, with no arithmetic), or 4 F32.
-fn store_step(is_k: bool, e: u32, v: Step, fwd: bool, copied: bool) {
+// backward, SPAN 8) rounded once, or 4 F32.
+fn store_step(is_k: bool, e: u32, v: Step, fwd: bool) {
     let dt = select(DT_G, DT_Y, fwd);
     if (dt != DT_F32) {
-        if (copied) {
-            put4(is_k, e / 8u, narrow8_copied(v.lo, v.hi, dt));
-        } else {
-            put4(is_k, e / 8u, narrow8(v.lo, v.hi, dt));
-        }
+        put4(is_k, e / 8u, narrow8(v.lo, v.hi, dt));
         return;
     }
     put4(is_k, e / 4u, bitcast<vec4<u32>>(v.lo));
@@ -1142,9 +1137,9 @@ fn finish_unit(w: Work, j: u32, words: Words, fwd: bool) {
         r = rotate_step_unit(r, w.c, w.s, fwd);
     }
     let e = elements(w, j);
-    store_step(w.is_k, e.x, r.a, fwd, !w.rotary);
+    store_step(w.is_k, e.x, r.a, fwd);
     if (w.pair) {
-        store_step(w.is_k, e.y, r.b, fwd, false);
+        store_step(w.is_k, e.y, r.b, fwd);
     }
 }
 

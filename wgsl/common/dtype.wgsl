@@ -130,15 +130,7 @@ fn narrow2(v: vec2<f32>, dt: u32) -> u32 {
 // infinity; the low half keeps the rounding's carry bits, for the callers to mask or shift
 // out); `bf16_bits` any value, without branches (the high halves). `bf16x4_nearest` packs
 // values known not to be NaN into two words (`.x` in the low half of the first; a NaN may come
-// out as anything), `bf16_pack` any values; `bf16_round_nan_free` rounds values known not to
-// be NaN and keeps them in F32 (the low half zero).
-// `bf16x4_nearest` and `bf16_round_nan_free` are the hardware hooks: on a Vulkan device with
-// `VK_KHR_shader_bfloat16` the strict SPIR-V replaces their bodies by the device's conversion
-// (`OpFConvert` to BF16, round to nearest even; `src/spirv.rs`), which gives the same bits for
-// every value arithmetic on the device produces. An NVIDIA H200 flushes FP32 subnormals in its
-// arithmetic and in this conversion alike, so values that reach a narrowing without arithmetic
-// (copies of subnormal inputs) take `narrow8_copied` instead. Their names and signatures are
-// what the rewrite looks for.
+// out as anything), `bf16_pack` any values.
 fn bf16_rne(v: vec4<f32>) -> vec4<u32> {
     let b = bitcast<vec4<u32>>(v);
     return b + (vec4<u32>(0x7fffu) + ((b >> vec4<u32>(16u)) & vec4<u32>(1u)));
@@ -154,10 +146,6 @@ fn bf16_bits(v: vec4<f32>) -> vec4<u32> {
 fn bf16x4_nearest(v: vec4<f32>) -> vec2<u32> {
     let h = bf16_rne(v);
     return vec2<u32>((h.x >> 16u) | (h.y & 0xffff0000u), (h.z >> 16u) | (h.w & 0xffff0000u));
-}
-
-fn bf16_round_nan_free(v: vec4<f32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(bf16_rne(v) & vec4<u32>(0xffff0000u));
 }
 
 fn bf16_pack(v: vec4<f32>) -> vec2<u32> {
@@ -180,16 +168,6 @@ fn narrow8(lo: vec4<f32>, hi: vec4<f32>, dt: u32) -> vec4<u32> {
         if (nan_free8(lo, hi)) {
             return vec4<u32>(bf16x4_nearest(lo), bf16x4_nearest(hi));
         }
-        return vec4<u32>(bf16_pack(lo), bf16_pack(hi));
-    }
-    return vec4<u32>(narrow4(lo, dt), narrow4(hi, dt));
-}
-
-// `narrow8` without the hardware hook: for values that reach the narrowing without arithmetic
-// (copies), which may be FP32 subnormals; the device's conversion flushes those (measured on
-// an H200), the integer rounding keeps them.
-fn narrow8_copied(lo: vec4<f32>, hi: vec4<f32>, dt: u32) -> vec4<u32> {
-    if (dt == DT_BF16) {
         return vec4<u32>(bf16_pack(lo), bf16_pack(hi));
     }
     return vec4<u32>(narrow4(lo, dt), narrow4(hi, dt));
