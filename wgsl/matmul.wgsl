@@ -397,22 +397,11 @@ fn stage(lid: u32, av: Eight, bv: Eight) {
     stage_b(lid, 7u, bv.hi.w);
 }
 
-// The tile of workgroup `g`: (batch, row0, col0, 1), or w = 0 past the last tile. Within a
-// batch, tiles go in bands of GROUP_M tile rows (the last band may be shorter): down a band's
-// column, then on to its next column, so that workgroups launched together share B's tiles
-// (GROUP_M = 1: row after row).
+// The tile of workgroup `g`: (batch, row0, col0, 1), or w = 0 past the last tile; in bands of
+// GROUP_M tile rows (`banded_tile` of `common/gemm_params.wgsl`).
 fn tile_of(g: u32) -> vec4<u32> {
-    let per_batch = params.tiles_m * params.tiles_n;
-    let bi = g / per_batch;
-    let t = g - bi * per_batch;
-    let per_band = GROUP_M * params.tiles_n;
-    let band = t / per_band;
-    let first = band * GROUP_M;
-    let rows = min(GROUP_M, params.tiles_m - min(first, params.tiles_m));
-    let r = t - band * per_band;
-    let tn = r / max(rows, 1u);
-    let tm = first + (r - tn * max(rows, 1u));
-    return vec4(bi, tm * BM, tn * BN, u32(bi < params.batch));
+    let t = banded_tile(g, GROUP_M);
+    return vec4(t.x, t.y * BM, t.z * BN, u32(t.x < params.batch));
 }
 
 // Σ_{kb ≤ l < ke} A(row, l)·B(l, col) over this invocation's micro-tile (kb a multiple of BK,

@@ -408,22 +408,13 @@ struct TileAt {
     wc: u32,
 }
 
-// Within a batch, tiles go in bands of GROUP_M tile rows (the last band may be shorter): down
-// a band's column, then on to its next column, so that workgroups running together share B's
-// tiles (GROUP_M = 1: row after row), as `tile_of` in `wgsl/matmul.wgsl`.
+// The tile's operands, output and subgroup block, in bands of GROUP_M tile rows
+// (`banded_tile` of `common/gemm_params.wgsl`, the FP32 module's order).
 fn tile_at(tile: u32, sg: u32) -> TileAt {
-    let per_batch = params.tiles_m * params.tiles_n;
-    let bi = tile / per_batch;
-    let t = tile % per_batch;
-    let per_band = GROUP_M * params.tiles_n;
-    let band = t / per_band;
-    let first = band * GROUP_M;
-    let rows = max(min(GROUP_M, params.tiles_m - min(first, params.tiles_m)), 1u);
-    let r = t - band * per_band;
-    let tn = r / rows;
-    let tm = first + (r - tn * rows);
+    let t = banded_tile(tile, GROUP_M);
+    let bi = t.x;
     return TileAt(params.off_a + bi * params.stride_a, params.off_b + bi * params.stride_b,
-                  params.off_c + bi * params.stride_c, tm * BM, tn * BN, (sg / 2u) * 32u,
+                  params.off_c + bi * params.stride_c, t.y * BM, t.z * BN, (sg / 2u) * 32u,
                   (sg % 2u) * 64u);
 }
 

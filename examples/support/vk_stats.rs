@@ -75,9 +75,12 @@ pub fn float_controls() -> Result<String, String> {
 }
 
 /// Each Vulkan device's support for `VK_KHR_shader_bfloat16` (the extension, then its three
-/// features), and its driver version: whether shaders may convert to BF16 in hardware.
+/// features), and its driver version: whether shaders may convert to BF16 in hardware; then the
+/// cooperative-matrix configurations the driver lists (`VK_KHR_cooperative_matrix`), raw
+/// component types included (BF16 is 1000141000, which wgpu does not map).
 pub fn bf16_support() -> Result<String, String> {
-    let (_entry, instance) = raw_instance()?;
+    let (entry, instance) = raw_instance()?;
+    let coop = ash::khr::cooperative_matrix::Instance::new(&entry, &instance);
     let mut out = String::new();
     let physicals = unsafe { instance.enumerate_physical_devices() };
     for p in physicals.map_err(|e| format!("devices: {e}"))? {
@@ -86,12 +89,9 @@ pub fn bf16_support() -> Result<String, String> {
             .device_name_as_c_str()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let exts = unsafe { instance.enumerate_device_extension_properties(p) }
-            .map_err(|e| format!("extensions: {e}"))?;
-        let names: Vec<String> = exts
+        let all = exts_all(&instance, p);
+        let names: Vec<&String> = all
             .iter()
-            .filter_map(|e| e.extension_name_as_c_str().ok())
-            .map(|n| n.to_string_lossy().into_owned())
             .filter(|n| n.contains("bfloat16") || n.contains("float_controls2"))
             .collect();
         let mut bf = Bf16Features::default();
@@ -112,9 +112,37 @@ pub fn bf16_support() -> Result<String, String> {
             bf.shader_bfloat16_dot_product,
             bf.shader_bfloat16_cooperative_matrix,
         );
+        if all.iter().any(|n| n == "VK_KHR_cooperative_matrix") {
+            let configs = unsafe { coop.get_physical_device_cooperative_matrix_properties(p) }
+                .map_err(|e| format!("cooperative matrices: {e}"))?;
+            for c in configs {
+                let _ = writeln!(
+                    out,
+                    "  cooperative matrix {}x{}x{}: A {} B {} C {} result {} ({:?})",
+                    c.m_size,
+                    c.n_size,
+                    c.k_size,
+                    c.a_type.as_raw(),
+                    c.b_type.as_raw(),
+                    c.c_type.as_raw(),
+                    c.result_type.as_raw(),
+                    c.scope,
+                );
+            }
+        }
     }
     unsafe { instance.destroy_instance(None) };
     Ok(out)
+}
+
+/// Every extension name of a physical device.
+fn exts_all(instance: &ash::Instance, p: vk::PhysicalDevice) -> Vec<String> {
+    unsafe { instance.enumerate_device_extension_properties(p) }
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e.extension_name_as_c_str().ok())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect()
 }
 
 /// `VkPhysicalDeviceShaderBfloat16FeaturesKHR` (newer than the `ash` release in use).

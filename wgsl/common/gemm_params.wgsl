@@ -23,6 +23,24 @@ struct Params {
     slices: u32,     // split-K: number of slices (1 when unsplit)
 }
 
+// Tile g of a launch whose tiles go in bands of `group` tile rows: (batch, tile row, tile
+// column). Within a batch: down a band's column, then on to its next column (the last band may
+// be shorter), so that workgroups running together share B's tiles; group 1: row after row.
+// Both product modules launch in this order (each with its own GROUP_M); g past the last tile
+// gives a batch past `params.batch`.
+fn banded_tile(g: u32, group: u32) -> vec3<u32> {
+    let per_batch = params.tiles_m * params.tiles_n;
+    let bi = g / per_batch;
+    let t = g - bi * per_batch;
+    let per_band = group * params.tiles_n;
+    let band = t / per_band;
+    let first = band * group;
+    let rows = max(min(group, params.tiles_m - min(first, params.tiles_m)), 1u);
+    let r = t - band * per_band;
+    let tn = r / rows;
+    return vec3(bi, first + (r - tn * rows), tn);
+}
+
 // The epilogue's helpers, shared by both product modules (each declares `params` and its
 // `bias` binding, a u32 view of the bias in its dtype `params.dt_bias`).
 
