@@ -189,9 +189,10 @@ std::thread_local! {
 }
 
 /// Tile rows per band of a tensor-core launch's tile order (`GROUP_M` of
-/// `wgsl/matmul_tc.wgsl`; the order of the tiles, not their values). Bands of 8 rows let the
-/// workgroups running together share B's tiles: on an H200 the 8192×4096×14336 forwards ran
-/// 3–4% faster than row after row, the rest within ±1.5% (`notes/measurements.md`).
+/// `wgsl/matmul_tc.wgsl`, the order `banded_tile`; the order of the tiles, not their values).
+/// Bands of 8 rows let the workgroups running together share B's tiles: on an H200 the
+/// 8192×4096×14336 forwards ran 3–4% faster than row after row, the rest within ±1.5%
+/// (`notes/measurements.md`).
 pub const TC_TILE_GROUP_ROWS: u32 = 8;
 
 /// Overrides [`TC_TILE_GROUP_ROWS`] for launches from the calling thread (at least 1; `None`:
@@ -201,7 +202,8 @@ pub fn force_tensor_core_group_rows(rows: Option<u32>) {
     TC_GROUP_M.with(|f| f.set(rows.map(|r| r.max(1))));
 }
 
-/// Tile rows per band of a launch's tile order (see `tile_of` in `wgsl/matmul.wgsl`).
+/// Tile rows per band of a launch's tile order (`GROUP_M` of `wgsl/matmul.wgsl`; the order is
+/// `banded_tile` of `wgsl/common/gemm_params.wgsl`, shared with the tensor-core module).
 pub const TILE_GROUP_ROWS: u32 = 1;
 
 /// Overrides [`TILE_GROUP_ROWS`] for launches from the calling thread (at least 1; the order
