@@ -89,7 +89,7 @@ pub fn bf16_support() -> Result<String, String> {
             .device_name_as_c_str()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let all = exts_all(&instance, p);
+        let all = extension_names(&instance, p);
         let names: Vec<&String> = all
             .iter()
             .filter(|n| n.contains("bfloat16") || n.contains("float_controls2"))
@@ -136,7 +136,7 @@ pub fn bf16_support() -> Result<String, String> {
 }
 
 /// Every extension name of a physical device.
-fn exts_all(instance: &ash::Instance, p: vk::PhysicalDevice) -> Vec<String> {
+fn extension_names(instance: &ash::Instance, p: vk::PhysicalDevice) -> Vec<String> {
     unsafe { instance.enumerate_device_extension_properties(p) }
         .unwrap_or_default()
         .iter()
