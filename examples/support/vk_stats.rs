@@ -51,11 +51,7 @@ pub fn float_controls() -> Result<String, String> {
         let mut fc = vk::PhysicalDeviceFloatControlsProperties::default();
         let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut fc);
         unsafe { instance.get_physical_device_properties2(p, &mut props) };
-        let name = props
-            .properties
-            .device_name_as_c_str()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = device_name(&props.properties);
         let _ = writeln!(
             out,
             "{name}: FP32 denorm preserve {}, flush to zero {}, signed zero/inf/NaN preserve {}, \
@@ -85,10 +81,7 @@ pub fn bf16_support() -> Result<String, String> {
     let physicals = unsafe { instance.enumerate_physical_devices() };
     for p in physicals.map_err(|e| format!("devices: {e}"))? {
         let props = unsafe { instance.get_physical_device_properties(p) };
-        let name = props
-            .device_name_as_c_str()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = device_name(&props);
         let all = extension_names(&instance, p);
         let names: Vec<&String> = all
             .iter()
@@ -135,6 +128,14 @@ pub fn bf16_support() -> Result<String, String> {
     Ok(out)
 }
 
+/// A physical device's name.
+fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
+    props
+        .device_name_as_c_str()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// Every extension name of a physical device.
 fn extension_names(instance: &ash::Instance, p: vk::PhysicalDevice) -> Vec<String> {
     unsafe { instance.enumerate_device_extension_properties(p) }
@@ -178,10 +179,7 @@ fn with_instance(
     let mut chosen = None;
     for p in physicals {
         let props = unsafe { instance.get_physical_device_properties(p) };
-        let name = props
-            .device_name_as_c_str()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = device_name(&props);
         if adapter.is_none_or(|a| name.contains(a)) {
             chosen = Some((p, name));
             break;
