@@ -53,6 +53,7 @@ fn fused_linear(c: &mut Criterion) {
             memory_budget: None,
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         ..Default::default()
     };

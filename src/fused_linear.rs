@@ -60,7 +60,8 @@
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Kernel};
 use crate::loss::{
-    self, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings, Reduction,
+    self, CeBlock, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings,
+    Reduction,
 };
 use crate::matmul::{Gemm, GemmOperand, gemm, gemm_workspace_bytes};
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
@@ -186,6 +187,24 @@ fn take_column(mat: &Tensor, column: usize, lead: &[usize]) -> Result<Tensor> {
 
 // ---- shared pieces ----------------------------------------------------------------------------
 
+/// A fresh F32 tensor holding elements `start..start + len` of the F32 vector `v` (a copy).
+fn f32_range(v: &Tensor, start: usize, len: usize, what: &str) -> Result<Tensor> {
+    let engine = v.engine();
+    let out = Tensor::empty(engine, &[len], DType::F32, what)?;
+    if len > 0 {
+        engine.record(|enc| {
+            enc.copy_buffer_to_buffer(
+                v.buffer(),
+                4 * start as u64,
+                out.buffer(),
+                0,
+                4 * len as u64,
+            )
+        });
+    }
+    Ok(out)
+}
+
 /// One linear head: `logits = input·weightᵀ + bias`.
 #[derive(Debug, Clone, Copy)]
 pub struct LinearHead<'a> {
@@ -220,6 +239,20 @@ pub struct Chunking {
     /// FP32. A reduced-precision mode, hence its own switch; needs
     /// [`crate::matmul::tensor_cores`], else `MissingFeature`.
     pub tensor_core_gradients: bool,
+    /// Opt-in ([`fused_linear_cross_entropy`] only): the input and weight gradients in the
+    /// head's own dtypes — `dx` in the input's, `dW` in the weight's (the bias gradient stays
+    /// F32) — each value an FP32 sum over the whole batch rounded once to nearest-even, and no
+    /// F32 `[vocab, hidden]` buffer: the weight gradient is computed vocabulary block by block
+    /// after the row chunks, recomputing each block's logits for every row (one more logits
+    /// product), so a BF16 head's extra memory is its BF16 gradients plus one chunk or block.
+    /// Each logit gradient is written over its logits where the rows allow it (see
+    /// [`fused_linear_cross_entropy_blocked_workspace_bytes`]). A 16-bit head needs an even
+    /// hidden size (`InvalidValue`).
+    pub head_dtype_gradients: bool,
+    /// With `head_dtype_gradients`: vocabulary columns per block of the weight-gradient pass;
+    /// `None` (default) picks the largest that fits the budget (a multiple of 4, evened out
+    /// over the blocks). An explicit value is checked against the engine's workspace bound.
+    pub vocab_block: Option<usize>,
 }
 
 /// The chunking of one call.
@@ -233,6 +266,10 @@ pub struct ChunkPlan {
     pub chunks: usize,
     /// Scratch bytes of the call at this chunk size (the `*_workspace_bytes` figure).
     pub workspace_bytes: u64,
+    /// Vocabulary columns per block of the weight-gradient pass
+    /// ([`Chunking::head_dtype_gradients`]); `None` when the weight gradient is summed chunk by
+    /// chunk.
+    pub vocab_block: Option<usize>,
 }
 
 impl ChunkPlan {
@@ -329,15 +366,21 @@ impl Head {
 
     /// F32 `[rows, vocab]` logits of rows `r0..r0 + rows`.
     fn logits(&self, r0: usize, rows: usize) -> Result<Tensor> {
+        self.logits_of((r0, rows), (0, self.vocab), self.logit_bias.as_ref())
+    }
+
+    /// F32 `[rows, cols]` logits of rows `r0..r0 + rows` and vocabulary columns
+    /// `v0..v0 + cols`, `bias` the logit bias of those columns (`[cols]`).
+    fn logits_of(
+        &self,
+        (r0, rows): (usize, usize),
+        (v0, cols): (usize, usize),
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let engine = self.input.engine();
-        let out = Tensor::empty(
-            engine,
-            &[rows, self.vocab],
-            DType::F32,
-            "fused_linear logits",
-        )?;
+        let out = Tensor::empty(engine, &[rows, cols], DType::F32, "fused_linear logits")?;
         gemm(&Gemm {
-            bias: self.logit_bias.as_ref(),
+            bias,
             alpha: self.scale,
             tensor_cores: self.tensor_cores,
             ..Gemm::plain(
@@ -345,9 +388,12 @@ impl Head {
                     offset: r0 * self.hidden,
                     ..GemmOperand::whole(&self.input, false)
                 },
-                GemmOperand::whole(&self.weight, true),
+                GemmOperand {
+                    offset: v0 * self.hidden,
+                    ..GemmOperand::whole(&self.weight, true)
+                },
                 &out,
-                (rows, self.vocab, self.hidden),
+                (rows, cols, self.hidden),
                 false,
             )
         })?;
@@ -423,7 +469,9 @@ fn check_head(what: &str, engine: &Engine, h: &LinearHead) -> Result<Head> {
     Ok(Head::of(h))
 }
 
-/// F32 gradient buffers filled chunk by chunk.
+/// Gradient buffers filled chunk by chunk (F32), or with
+/// [`Chunking::head_dtype_gradients`] `dx` chunk by chunk and `dW`, `db` block by block of
+/// vocabulary columns (`dx`, `dW` in the head's dtypes, `db` F32).
 struct Accumulator {
     dx: Tensor,
     dw: Tensor,
@@ -433,20 +481,28 @@ struct Accumulator {
     /// The head's logit scale `1/T`: the chunk gradients are with respect to the scaled
     /// logits, so each product (and the bias sums) takes this factor.
     scale: f32,
+    /// Columns per block of the weight-gradient pass ([`Accumulator::add_blocks`]); `None`:
+    /// the chunks sum `dW` and `db` themselves.
+    vocab_block: Option<usize>,
 }
 
 impl Accumulator {
-    /// Output buffers for `head` (allocated before anything is launched).
-    fn new(head: &Head) -> Result<Accumulator> {
+    /// Output buffers for `head` (allocated before anything is launched), F32 or, with a
+    /// vocabulary block, `dx` and `dW` in the input's and weight's dtypes.
+    fn new(head: &Head, vocab_block: Option<usize>) -> Result<Accumulator> {
         let engine = head.input.engine();
-        let dx = Tensor::empty(engine, head.input.shape(), DType::F32, "d input")?;
+        let (dx_dtype, dw_dtype) = match vocab_block {
+            Some(_) => (head.input.dtype(), head.weight.dtype()),
+            None => (DType::F32, DType::F32),
+        };
+        let dx = Tensor::empty(engine, head.input.shape(), dx_dtype, "d input")?;
         let dw = if head.rows == 0 {
-            Tensor::zeros(engine, &[head.vocab, head.hidden], DType::F32)?
+            Tensor::zeros(engine, &[head.vocab, head.hidden], dw_dtype)?
         } else {
-            Tensor::empty(engine, &[head.vocab, head.hidden], DType::F32, "d weight")?
+            Tensor::empty(engine, &[head.vocab, head.hidden], dw_dtype, "d weight")?
         };
         let bias = head.bias.is_some();
-        let db = if bias && head.rows == 0 {
+        let db = if bias && (head.rows == 0 || vocab_block.is_some()) {
             Some(Tensor::zeros(engine, &[head.vocab], DType::F32)?)
         } else {
             None
@@ -458,12 +514,84 @@ impl Accumulator {
             db,
             first: true,
             scale: head.scale,
+            vocab_block,
         })
+    }
+
+    /// The weight-gradient pass of [`Chunking::head_dtype_gradients`] (nothing without a
+    /// vocabulary block, or without rows): for each block of columns `v0..v0 + w`, the
+    /// logits of every row `z = x·W[v0..]ᵀ/T + b[v0..]/T` (recomputed), their gradient
+    /// `dz = grad(z, block)` (which may write over `z`), then
+    /// `dW[v0..] = s·dzᵀ·x` (one product over all rows, FP32 sums, rounded once to the
+    /// weight's dtype) and `db[v0..] = s·Σ_r dz`.
+    fn add_blocks(
+        &mut self,
+        head: &Head,
+        grad: &mut dyn FnMut(&Tensor, CeBlock) -> Result<Tensor>,
+    ) -> Result<()> {
+        let Some(block) = self.vocab_block else {
+            return Ok(());
+        };
+        if head.rows == 0 {
+            return Ok(());
+        }
+        let engine = head.input.engine();
+        // The logit bias in F32, sliced block by block.
+        let bias = match &head.logit_bias {
+            Some(b) if b.dtype() == DType::F32 => Some(b.clone()),
+            Some(b) => Some(combine(b, 1.0, None, None)?),
+            None => None,
+        };
+        let s = self.scale;
+        let tc = head.tensor_core_gradients;
+        for v0 in (0..head.vocab).step_by(block) {
+            let w = block.min(head.vocab - v0);
+            let block_bias = bias
+                .as_ref()
+                .map(|b| f32_range(b, v0, w, "fused_linear block bias"))
+                .transpose()?;
+            let z = head.logits_of((0, head.rows), (v0, w), block_bias.as_ref())?;
+            drop(block_bias);
+            let dz = grad(&z, CeBlock { row0: 0, col0: v0 })?;
+            drop(z);
+            gemm(&Gemm {
+                out_offset: v0 * head.hidden,
+                alpha: s,
+                tensor_cores: tc,
+                round_f32_operands: tc,
+                ..Gemm::plain(
+                    GemmOperand::whole(&dz, true),
+                    GemmOperand::whole(&head.input, false),
+                    &self.dw,
+                    (w, head.hidden, head.rows),
+                    false,
+                )
+            })?;
+            if let Some(db) = &self.db {
+                let sums = sum_columns(&dz)?;
+                let sums = if s == 1.0 {
+                    sums
+                } else {
+                    combine(&sums, s, None, None)?
+                };
+                engine.record(|enc| {
+                    enc.copy_buffer_to_buffer(
+                        sums.buffer(),
+                        0,
+                        db.buffer(),
+                        4 * v0 as u64,
+                        4 * w as u64,
+                    )
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Take the logit gradient `dlogits` (`[rows, vocab]` F32) of rows `r0..` back through
     /// the head: `dx[r0..] = s·dlogits·W`, `dW (+)= s·dlogitsᵀ·x[r0..]`,
-    /// `db (+)= s·Σ_r dlogits`, `s` the head's logit scale.
+    /// `db (+)= s·Σ_r dlogits`, `s` the head's logit scale (with a vocabulary block, `dx`
+    /// only: [`Accumulator::add_blocks`] does the rest).
     fn add_chunk(&mut self, head: &Head, r0: usize, dlogits: &Tensor) -> Result<()> {
         let rows = dlogits.shape()[0];
         let s = self.scale;
@@ -481,6 +609,9 @@ impl Accumulator {
                 false,
             )
         })?;
+        if self.vocab_block.is_some() {
+            return Ok(());
+        }
         gemm(&Gemm {
             alpha: s,
             tensor_cores: tc,
@@ -549,6 +680,69 @@ fn products_scratch(
         .unwrap_or(0)
 }
 
+/// Why [`piece_size`] found no size.
+enum PieceError {
+    /// An explicit size of 0, or one whose F32 block would not fit one binding.
+    Err(Error),
+    /// Not even the smallest piece fits.
+    OneTooLarge,
+}
+
+/// The size of the pieces `items` are cut into (rows into chunks, vocabulary columns into
+/// blocks): `explicit` (at most `items`; 0 is `OutOfBounds`), checked against the binding
+/// limit (`bytes(size)` of its F32 block); or else the largest multiple of `granule` (or
+/// `items` itself) whose block fits the binding and for which `fits` holds, evened out over
+/// the pieces. `fits` need not be monotone (the products' split-K scratch is not): the
+/// evened-out size is checked again, and the smallest piece is known to fit.
+fn piece_size(
+    what: &str,
+    explicit: Option<usize>,
+    items: usize,
+    granule: usize,
+    bytes: impl Fn(usize) -> u64,
+    binding: u64,
+    fits: impl Fn(usize) -> bool,
+) -> std::result::Result<usize, PieceError> {
+    let most = items.max(1);
+    if let Some(size) = explicit {
+        if size == 0 {
+            return Err(PieceError::Err(Error::bounds(what, 0, 1, u64::MAX)));
+        }
+        let size = size.min(most);
+        if bytes(size) > binding {
+            return Err(PieceError::Err(Error::LimitExceeded {
+                what: format!("{what}: F32 block of {size}"),
+                bytes: bytes(size),
+                limit: binding,
+                limit_name: "max_storage_buffer_binding_size",
+            }));
+        }
+        return Ok(size);
+    }
+    let size_of = |units: usize| (units * granule).min(most);
+    let ok = |size: usize| bytes(size) <= binding && fits(size);
+    if !ok(size_of(1)) {
+        return Err(PieceError::OneTooLarge);
+    }
+    // The largest number of granules in [1, units] that fits.
+    let (mut lo, mut hi) = (1, most.div_ceil(granule));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if ok(size_of(mid)) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    // Evened out over the pieces (a multiple of the granule), checked again.
+    let evened = |pieces: usize| size_of(most.div_ceil(pieces).div_ceil(granule));
+    let mut pieces = most.div_ceil(size_of(lo));
+    while !ok(evened(pieces)) {
+        pieces += 1;
+    }
+    Ok(evened(pieces))
+}
+
 /// A large chunk (evened out over the chunks) whose workspace fits `budget`, or the
 /// explicit chunk size checked against the bound.
 fn plan(
@@ -562,52 +756,23 @@ fn plan(
     let bound = engine.workspace_bound();
     let budget = chunking.memory_budget.unwrap_or(bound).min(bound);
     let binding = engine.max_binding_bytes();
-    let fits_binding = |c: usize| (c as u64) * (vocab as u64) * 4 <= binding;
-    let chunk_rows = match chunking.chunk_rows {
-        Some(0) => {
-            return Err(Error::bounds(format!("{what}: chunk_rows"), 0, 1, u64::MAX));
-        }
-        Some(c) => {
-            let c = c.min(rows.max(1));
-            if !fits_binding(c) {
-                return Err(Error::LimitExceeded {
-                    what: format!("{what}: logits of a chunk of {c} rows"),
-                    bytes: (c as u64) * (vocab as u64) * 4,
-                    limit: binding,
-                    limit_name: "max_storage_buffer_binding_size",
-                });
-            }
-            c
-        }
-        None => {
-            let most = rows.max(1);
-            let fits = |c: usize| fits_binding(c) && workspace(c) <= budget;
-            if !fits(1) {
-                return Err(Error::WorkspaceExceeded {
-                    what: format!("{what} (one row per chunk)"),
-                    needed: workspace(1),
-                    bound: budget,
-                });
-            }
-            // Largest c in [1, most] that fits (the workspace grows with c).
-            let (mut lo, mut hi) = (1, most);
-            while lo < hi {
-                let mid = lo + (hi - lo).div_ceil(2);
-                if fits(mid) {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            // Evened out over the chunks; the products' split-K scratch is not monotone in
-            // the chunk size, so the evened-out size is checked again (one row fits).
-            let mut chunks = most.div_ceil(lo);
-            while !fits(most.div_ceil(chunks)) {
-                chunks += 1;
-            }
-            most.div_ceil(chunks)
-        }
-    };
+    let chunk_rows = piece_size(
+        &format!("{what}: chunk_rows"),
+        chunking.chunk_rows,
+        rows,
+        1,
+        |c| (c as u64) * (vocab as u64) * 4,
+        binding,
+        |c| workspace(c) <= budget,
+    )
+    .map_err(|e| match e {
+        PieceError::Err(e) => e,
+        PieceError::OneTooLarge => Error::WorkspaceExceeded {
+            what: format!("{what} (one row per chunk)"),
+            needed: workspace(1),
+            bound: budget,
+        },
+    })?;
     let needed = workspace(chunk_rows);
     engine.check_workspace(what, needed)?;
     Ok(ChunkPlan {
@@ -615,6 +780,7 @@ fn plan(
         chunk_rows,
         chunks: rows.div_ceil(chunk_rows),
         workspace_bytes: needed,
+        vocab_block: None,
     })
 }
 
@@ -624,20 +790,43 @@ fn scalar_cotangent(what: &str, engine: &Engine, c: Option<&Tensor>) -> Result<T
     Ok(t)
 }
 
-/// The saved gradients times a GPU-side cotangent (or as they are without one).
+/// The saved gradients times a GPU-side cotangent (or as they are without one), each in its
+/// own dtype (a 16-bit gradient's products rounded once more).
 fn scaled(g: &FusedLinearGradients, cot: Option<&Tensor>) -> Result<FusedLinearGradients> {
     let Some(c) = cot else {
         return Ok(g.clone());
     };
+    let times = |t: &Tensor| {
+        if t.dtype() == DType::F32 {
+            combine(t, 1.0, None, Some(c))
+        } else {
+            scale_words(t, c)
+        }
+    };
     Ok(FusedLinearGradients {
-        input: combine(&g.input, 1.0, None, Some(c))?,
-        weight: combine(&g.weight, 1.0, None, Some(c))?,
-        bias: g
-            .bias
-            .as_ref()
-            .map(|b| combine(b, 1.0, None, Some(c)))
-            .transpose()?,
+        input: times(&g.input)?,
+        weight: times(&g.weight)?,
+        bias: g.bias.as_ref().map(times).transpose()?,
     })
+}
+
+/// A 16-bit tensor times the one-element F32 tensor `c`, in its dtype: each product
+/// rounded once to nearest-even.
+fn scale_words(t: &Tensor, c: &Tensor) -> Result<Tensor> {
+    let engine = t.engine();
+    let out = Tensor::empty(engine, t.shape(), t.dtype(), "fused_linear scaled gradient")?;
+    engine.launch(
+        &KERNEL,
+        "scale_words",
+        &vec![("XT", f64::from(t.dtype().code())), ("YT", 0.0)],
+        &Params {
+            n: t.len() as u32,
+            ..Params::default()
+        },
+        &[t.buffer(), c.buffer(), out.buffer()],
+        (t.len().div_ceil(2) as u64).div_ceil(WG),
+    )?;
+    Ok(out)
 }
 
 /// An F32 `[8]` finish vector with unit scales (sum and none reductions need no count).
@@ -738,10 +927,121 @@ pub fn fused_linear_cross_entropy_workspace_bytes(
         + products
 }
 
-/// The chunking [`fused_linear_cross_entropy`] would use for these shapes and options.
-/// Errors: `WorkspaceExceeded` when not even one row per chunk fits the budget (or an explicit
-/// chunk size exceeds the engine's bound), `LimitExceeded` when a chunk's logits would not fit
-/// one binding, `OutOfBounds` for `chunk_rows = Some(0)`.
+/// Scratch bytes of [`fused_linear_cross_entropy`] with [`Chunking::head_dtype_gradients`]
+/// (forward and backward; `entropy_cotangent`: a backward given an entropy cotangent), for
+/// `rows` rows, chunks of `chunk_rows` rows and blocks of `vocab_block` vocabulary columns:
+/// the per-row matrix and its sums as in [`fused_linear_cross_entropy_workspace_bytes`], with a
+/// bias its F32 copy divided by the temperature (`4·vocab`), and the larger of
+/// * a chunk: its F32 logits `[chunk_rows, vocab]`, plus the largest split-K scratch of its
+///   logits and `dx` products;
+/// * a block: its F32 logits `[rows, vocab_block]`, with a bias their column-sum partials and
+///   `12·vocab_block` bytes, plus the largest split-K scratch of its logits and `dW`
+///   products.
+///
+/// Each logit gradient is written over its logits when the vocabulary and the block are
+/// multiples of 4 (and no entropy cotangent needs both); otherwise it takes another F32
+/// buffer of the logits' size, so chunk and block count 8 bytes a logit.
+pub fn fused_linear_cross_entropy_blocked_workspace_bytes(
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+    chunk_rows: usize,
+    vocab_block: usize,
+    bias: bool,
+    entropy_cotangent: bool,
+) -> u64 {
+    let c = chunk_rows.min(rows.max(1));
+    let b = vocab_block.min(vocab.max(1));
+    let over = gradient_over_logits(vocab, b) && !entropy_cotangent;
+    let per_logit: u64 = if over { 4 } else { 8 };
+    let chunk = per_logit * (c as u64) * (vocab as u64)
+        + products_scratch(rows, c, |r| vec![(r, vocab, hidden), (r, hidden, vocab)]);
+    let block_bias = if bias {
+        sum_columns_workspace_bytes(rows, b) + 12 * b as u64
+    } else {
+        0
+    };
+    let block = per_logit * (rows as u64) * (b as u64)
+        + block_bias
+        + products_scratch(vocab, b, |w| vec![(rows, w, hidden), (w, hidden, rows)]);
+    let f32_bias = if bias { 4 * vocab as u64 } else { 0 };
+    loss::cross_entropy_workspace_bytes(rows) + 32 + 16 + f32_bias + chunk.max(block)
+}
+
+/// Whether the logit gradients of [`Chunking::head_dtype_gradients`] are written over their
+/// logits: every row of a chunk (`vocab` wide) and of a block (`vocab_block` wide, the last
+/// one too) whole 16-byte chunks.
+fn gradient_over_logits(vocab: usize, vocab_block: usize) -> bool {
+    vocab.is_multiple_of(4) && vocab_block.is_multiple_of(4)
+}
+
+/// [`plan_cross_entropy`] with [`Chunking::head_dtype_gradients`]: the chunk and the block are
+/// live one after the other, so each is sized against the budget with the other at its
+/// smallest.
+fn plan_blocked(
+    engine: &Engine,
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+    bias: bool,
+    chunking: &Chunking,
+) -> Result<ChunkPlan> {
+    const WHAT: &str = "fused_linear_cross_entropy";
+    let bound = engine.workspace_bound();
+    let budget = chunking.memory_budget.unwrap_or(bound).min(bound);
+    let binding = engine.max_binding_bytes();
+    let ws = |c: usize, b: usize| {
+        fused_linear_cross_entropy_blocked_workspace_bytes(rows, hidden, vocab, c, b, bias, false)
+    };
+    let smallest_block = 4.min(vocab);
+    let too_large = |what: &str, needed: u64| Error::WorkspaceExceeded {
+        what: format!("{WHAT} ({what})"),
+        needed,
+        bound: budget,
+    };
+    let chunk_rows = piece_size(
+        &format!("{WHAT}: chunk_rows"),
+        chunking.chunk_rows,
+        rows,
+        1,
+        |c| (c as u64) * (vocab as u64) * 4,
+        binding,
+        |c| ws(c, smallest_block) <= budget,
+    )
+    .map_err(|e| match e {
+        PieceError::Err(e) => e,
+        PieceError::OneTooLarge => too_large("one row per chunk", ws(1, smallest_block)),
+    })?;
+    let vocab_block = piece_size(
+        &format!("{WHAT}: vocab_block"),
+        chunking.vocab_block,
+        vocab,
+        4,
+        |b| (rows.max(1) as u64) * (b as u64) * 4,
+        binding,
+        |b| ws(1, b) <= budget,
+    )
+    .map_err(|e| match e {
+        PieceError::Err(e) => e,
+        PieceError::OneTooLarge => too_large("four columns per block", ws(1, smallest_block)),
+    })?;
+    let needed = ws(chunk_rows, vocab_block);
+    engine.check_workspace(WHAT, needed)?;
+    Ok(ChunkPlan {
+        rows,
+        chunk_rows,
+        chunks: rows.div_ceil(chunk_rows),
+        workspace_bytes: needed,
+        vocab_block: Some(vocab_block),
+    })
+}
+
+/// The chunking [`fused_linear_cross_entropy`] would use for these shapes and options (with
+/// [`Chunking::head_dtype_gradients`] also the vocabulary block).
+/// Errors: `WorkspaceExceeded` when not even one row per chunk (or four columns per block)
+/// fits the budget, or explicit sizes exceed the engine's bound; `LimitExceeded` when a
+/// chunk's or a block's F32 logits would not fit one binding; `OutOfBounds` for
+/// `chunk_rows = Some(0)` or `vocab_block = Some(0)`.
 pub fn plan_cross_entropy(
     engine: &Engine,
     rows: usize,
@@ -750,6 +1050,9 @@ pub fn plan_cross_entropy(
     bias: bool,
     chunking: &Chunking,
 ) -> Result<ChunkPlan> {
+    if chunking.head_dtype_gradients {
+        return plan_blocked(engine, rows, hidden, vocab, bias, chunking);
+    }
     plan(
         "fused_linear_cross_entropy",
         engine,
@@ -838,6 +1141,33 @@ pub(crate) fn scaled_gradients(
     }
 }
 
+/// What a cross-entropy logit gradient of a block needs besides its logits.
+struct CeGrad<'a> {
+    targets: &'a Tensor,
+    settings: &'a CeSettings,
+    mat: &'a Tensor,
+    scales: &'a Tensor,
+    cot: &'a Tensor,
+    per_row: bool,
+    /// Written over the logits ([`gradient_over_logits`]).
+    over: bool,
+}
+
+impl CeGrad<'_> {
+    /// The F32 logit gradient of the block `logits` at `at`: the logits' own tensor when
+    /// written over them, else a fresh one.
+    fn of(&self, logits: &Tensor, at: CeBlock) -> Result<Tensor> {
+        let (targets, settings, mat) = (self.targets, self.settings, self.mat);
+        let (scales, cot, per_row) = (self.scales, self.cot, self.per_row);
+        if self.over {
+            loss::ce_grad_block_over(logits, targets, settings, at, mat, scales, cot, per_row)?;
+            Ok(logits.clone())
+        } else {
+            loss::ce_grad_block(logits, targets, settings, at, mat, scales, cot, per_row)
+        }
+    }
+}
+
 fn cross_entropy_forward(
     head: LinearHead,
     targets: &Tensor,
@@ -848,6 +1178,14 @@ fn cross_entropy_forward(
     let engine = head.input.engine();
     let h = check_head(WHAT, engine, &head)?.with_chunking(&options.chunking)?;
     loss::check_target_tensor(&format!("{WHAT}: targets"), engine, targets, h.lead())?;
+    let narrow = h.input.dtype() != DType::F32 || h.weight.dtype() != DType::F32;
+    if options.chunking.head_dtype_gradients && narrow && !h.hidden.is_multiple_of(2) {
+        return Err(Error::InvalidValue {
+            what: format!("{WHAT}: hidden size with head_dtype_gradients and a 16-bit head"),
+            got: h.hidden as f64,
+            rule: "must be even (16-bit gradients are written two values a word)".into(),
+        });
+    }
     let ce = &options.cross_entropy;
     let settings = loss::ce_settings(WHAT, engine, ce, h.vocab)?;
     let t = options.temperature;
@@ -876,6 +1214,9 @@ fn cross_entropy_forward(
     let h = h.tempered(t)?;
     let cap = ce.softcap.unwrap_or(0.0);
     let per_row = rows_cotangent.is_some();
+    let over = plan
+        .vocab_block
+        .is_some_and(|b| gradient_over_logits(h.vocab, b));
     if per_row && ce.reduction != Reduction::None {
         return Err(Error::InvalidValue {
             what: format!("{WHAT}: per-row cotangents"),
@@ -897,9 +1238,21 @@ fn cross_entropy_forward(
         None
     };
     let mut acc = if eager {
-        Some(Accumulator::new(&h)?)
+        Some(Accumulator::new(&h, plan.vocab_block)?)
     } else {
         None
+    };
+    let grad = |logits: &Tensor, at: CeBlock, scales: &Tensor, cot: &Tensor| {
+        CeGrad {
+            targets,
+            settings: &settings,
+            mat: &mat,
+            scales,
+            cot,
+            per_row,
+            over,
+        }
+        .of(logits, at)
     };
     let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
     let scales = if eager && ce.reduction == Reduction::Mean {
@@ -923,11 +1276,14 @@ fn cross_entropy_forward(
                 }
                 None => &unit,
             };
-            let dlogits =
-                loss::ce_grad_block(&logits, targets, &settings, r0, &mat, &scales, cot, per_row)?;
+            let dlogits = grad(&logits, CeBlock { row0: r0, col0: 0 }, &scales, cot)?;
             drop(logits);
             acc.add_chunk(&h, r0, &dlogits)?;
         }
+    }
+    if let Some(acc) = acc.as_mut() {
+        let cot = rows_cotangent.as_ref().map_or(&unit, |c| c.cotangent);
+        acc.add_blocks(&h, &mut |z, at| grad(z, at, &scales, cot))?;
     }
     let finish = loss::ce_finish_values(engine, &mat, &settings)?;
     let output = loss::ce_outputs(engine, &mat, &finish, settings.reduction, h.lead())?;
@@ -1130,29 +1486,48 @@ pub fn fused_linear_cross_entropy_backward_with_entropy(
     if let (Some(g), None) = (&saved.gradients, entropy) {
         return scaled(g, cotangent.map(|_| &cot));
     }
-    engine.check_workspace(
-        "fused_linear_cross_entropy_backward",
-        saved.plan.workspace_bytes,
-    )?;
-    let mut acc = Accumulator::new(h)?;
-    for (r0, rows) in saved.plan.ranges() {
-        let logits = h.logits(r0, rows)?;
-        let dlogits = loss::ce_grad_block(
-            &logits,
-            &saved.targets,
-            &saved.settings,
-            r0,
-            &saved.rows_matrix,
-            &saved.finish,
-            &cot,
-            per_row,
-        )?;
+    let plan = &saved.plan;
+    let needed = match plan.vocab_block {
+        // Both the logits and their gradient are needed for the entropy's term.
+        Some(b) if entropy.is_some() => fused_linear_cross_entropy_blocked_workspace_bytes(
+            h.rows,
+            h.hidden,
+            h.vocab,
+            plan.chunk_rows,
+            b,
+            h.bias.is_some(),
+            true,
+        ),
+        _ => plan.workspace_bytes,
+    };
+    engine.check_workspace("fused_linear_cross_entropy_backward", needed)?;
+    let ce = CeGrad {
+        targets: &saved.targets,
+        settings: &saved.settings,
+        mat: &saved.rows_matrix,
+        scales: &saved.finish,
+        cot: &cot,
+        per_row,
+        over: entropy.is_none()
+            && plan
+                .vocab_block
+                .is_some_and(|b| gradient_over_logits(h.vocab, b)),
+    };
+    let grad = |logits: &Tensor, at: CeBlock| {
+        let dlogits = ce.of(logits, at)?;
         if let Some((entropy, ecot)) = entropy {
-            entropy_grad(&logits, &dlogits, saved, entropy, ecot, r0)?;
+            entropy_grad(logits, &dlogits, saved, entropy, ecot, at.row0)?;
         }
+        Ok(dlogits)
+    };
+    let mut acc = Accumulator::new(h, plan.vocab_block)?;
+    for (r0, rows) in plan.ranges() {
+        let logits = h.logits(r0, rows)?;
+        let dlogits = grad(&logits, CeBlock { row0: r0, col0: 0 })?;
         drop(logits);
         acc.add_chunk(h, r0, &dlogits)?;
     }
+    acc.add_blocks(h, &mut |z, at| grad(z, at))?;
     Ok(acc.finish())
 }
 
@@ -1342,6 +1717,13 @@ pub fn plan_distillation(
     bias: bool,
     chunking: &Chunking,
 ) -> Result<ChunkPlan> {
+    if chunking.head_dtype_gradients {
+        return Err(Error::InvalidValue {
+            what: "fused_linear_distillation: Chunking::head_dtype_gradients".into(),
+            got: 1.0,
+            rule: "supported by the cross-entropy heads only".into(),
+        });
+    }
     plan(
         "fused_linear_distillation",
         engine,
@@ -1403,7 +1785,7 @@ impl DistillationSaved {
                     &student,
                     labels,
                     &h.settings,
-                    r0,
+                    CeBlock { row0: r0, col0: 0 },
                     &h.mat,
                     &h.scales,
                     cot,
@@ -1644,7 +2026,7 @@ pub fn fused_linear_distillation(
         scales: Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?,
     };
     let mut acc = if o.gradients_in_forward && !per_row {
-        Some(Accumulator::new(&s)?)
+        Some(Accumulator::new(&s, None)?)
     } else {
         None
     };
@@ -1770,7 +2152,7 @@ pub fn fused_linear_distillation_backward(
         "fused_linear_distillation_backward",
         saved.plan.workspace_bytes,
     )?;
-    let mut acc = Accumulator::new(&saved.student)?;
+    let mut acc = Accumulator::new(&saved.student, None)?;
     for (r0, rows) in saved.plan.ranges() {
         let d = saved
             .chunk(r0, rows, None, Some(&cot), row_cot.as_ref())?

@@ -193,6 +193,11 @@ struct Params {
     /// First row of the per-row tensors (targets/labels, per-row statistics, predictions,
     /// per-row cotangents) when a launch covers a block of rows of a larger batch.
     row0: u32,
+    /// Cross-entropy gradients over a block of columns: the class of column 0.
+    col0: u32,
+    /// Cross-entropy: the number of classes when a launch covers a block of columns (0: the
+    /// row width).
+    classes: u32,
 }
 
 fn constants(dt: DType, tdt: DType, odt: DType, mode: u32) -> Constants {
@@ -269,7 +274,7 @@ fn chunk_len(dtype: DType) -> usize {
 
 /// Whether rows of `cols` elements of `dtype` are whole vec4<u32> chunks (4 F32 or 8 16-bit
 /// elements), so the vectorized entry points apply.
-fn vectorized(dtype: DType, cols: usize) -> bool {
+pub(crate) fn vectorized(dtype: DType, cols: usize) -> bool {
     cols > 0 && cols.is_multiple_of(chunk_len(dtype))
 }
 
@@ -734,6 +739,8 @@ pub(crate) struct CeSettings {
     cap: f32,
     weight: Option<Tensor>,
     pub(crate) reduction: Reduction,
+    /// The number of classes (0: each launch's row width).
+    classes: usize,
 }
 
 impl CeSettings {
@@ -747,6 +754,8 @@ impl CeSettings {
             b: self.z_loss,
             c: self.cap,
             row0: row0 as u32,
+            col0: 0,
+            classes: self.classes as u32,
         }
     }
 
@@ -759,6 +768,7 @@ impl CeSettings {
             cap: 0.0,
             weight: None,
             reduction,
+            classes: 0,
         }
     }
 }
@@ -819,6 +829,7 @@ pub(crate) fn ce_settings(
         cap,
         weight: options.weight.clone(),
         reduction: options.reduction,
+        classes: cols,
     })
 }
 
@@ -1035,15 +1046,40 @@ pub(crate) fn ce_cotangent(
     }
 }
 
-/// dlogits (F32, `logits`' shape) of a block of rows `row0..row0 + rows` (see
-/// [`ce_rows_block`]): `mat` holds the per-row statistics of the whole batch, `finish` the
+/// Where a block of logits lies in the whole `[rows, classes]` matrix of a cross-entropy:
+/// its rows are rows `row0..` of the batch (of the targets, the per-row statistics and
+/// per-row cotangents), its columns classes `col0..` (whole rows: `col0` 0).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CeBlock {
+    pub row0: usize,
+    pub col0: usize,
+}
+
+impl CeSettings {
+    /// The parameters of a gradient launch over the block `logits` at `at`.
+    fn block_params(&self, logits: &Tensor, at: CeBlock, per_row: bool) -> Params {
+        let (rows, cols) = rows_cols(logits);
+        let mut flags = self.flags;
+        if per_row {
+            flags |= F_COT_ROW;
+        }
+        Params {
+            col0: at.col0 as u32,
+            ..self.params(rows, cols, at.row0, flags)
+        }
+    }
+}
+
+/// dlogits (F32, `logits`' shape) of a block of logits at `at` (see [`ce_rows_block`] for
+/// rows; a block of columns needs settings that know the number of classes, those of
+/// [`ce_settings`]): `mat` holds the per-row statistics of the whole batch, `finish` the
 /// scales (values 3 and 4), `cot` one value or one per row of the whole batch (`per_row`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ce_grad_block(
     logits: &Tensor,
     targets: &Tensor,
     s: &CeSettings,
-    row0: usize,
+    at: CeBlock,
     mat: &Tensor,
     finish: &Tensor,
     cot: &Tensor,
@@ -1051,11 +1087,7 @@ pub(crate) fn ce_grad_block(
 ) -> Result<Tensor> {
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
-    let mut flags = s.flags;
-    if per_row {
-        flags |= F_COT_ROW;
-    }
-    let params = s.params(rows, cols, row0, flags);
+    let params = s.block_params(logits, at, per_row);
     let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
     let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
@@ -1095,6 +1127,56 @@ pub(crate) fn ce_grad_block(
         )?;
     }
     Ok(dx)
+}
+
+/// [`ce_grad_block`] written over `logits` (`ce_grad_over`, the values bit for bit) when its
+/// rows are whole 16-byte chunks ([`vectorized`]); otherwise (F32 logits only) the gradient
+/// is computed into a fresh tensor and copied over the logits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ce_grad_block_over(
+    logits: &Tensor,
+    targets: &Tensor,
+    s: &CeSettings,
+    at: CeBlock,
+    mat: &Tensor,
+    finish: &Tensor,
+    cot: &Tensor,
+    per_row: bool,
+) -> Result<()> {
+    let engine = logits.engine();
+    let (rows, cols) = rows_cols(logits);
+    if !vectorized(logits.dtype(), cols) {
+        let dx = ce_grad_block(logits, targets, s, at, mat, finish, cot, per_row)?;
+        let bytes = dx.byte_len();
+        if logits.dtype() == DType::F32 && bytes > 0 {
+            engine
+                .record(|enc| enc.copy_buffer_to_buffer(dx.buffer(), 0, logits.buffer(), 0, bytes));
+            return Ok(());
+        }
+        return Err(Error::dtype(
+            "cross-entropy gradient over the logits",
+            logits.dtype(),
+            &[DType::F32],
+        ));
+    }
+    let groups = ((rows * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
+    // Without class weights the binding is unused; the targets (read-only) stand in.
+    let weight_buffer = s.weight.as_ref().unwrap_or(targets).buffer();
+    engine.launch(
+        &KERNEL,
+        "ce_grad_over",
+        &constants(logits.dtype(), DType::F32, DType::F32, 0),
+        &s.block_params(logits, at, per_row),
+        &[
+            mat.buffer(),
+            targets.buffer(),
+            weight_buffer,
+            finish.buffer(),
+            cot.buffer(),
+            logits.buffer(),
+        ],
+        groups,
+    )
 }
 
 /// Cross-entropy of `logits` (`[..., classes]`, F32/F16/BF16) against integer `targets` (I32,
@@ -1178,7 +1260,7 @@ pub fn cross_entropy_in_place(
     targets: &Tensor,
     options: &CrossEntropyOptions,
 ) -> Result<CrossEntropyOutput> {
-    let (rows, cols) = matrix(logits, "cross_entropy_in_place: logits")?;
+    let (_, cols) = matrix(logits, "cross_entropy_in_place: logits")?;
     let engine = logits.engine();
     check_target_tensor(
         "cross_entropy_in_place: targets",
@@ -1205,23 +1287,15 @@ pub fn cross_entropy_in_place(
         saved.settings.reduction,
         leading(logits),
     )?;
-    let groups = ((rows * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
-    // Without class weights the binding is unused; the targets (read-only) stand in.
-    let weight_buffer = saved.settings.weight.as_ref().unwrap_or(targets).buffer();
-    engine.launch(
-        &KERNEL,
-        "ce_grad_over",
-        &constants(logits.dtype(), DType::F32, DType::F32, 0),
-        &saved.settings.params(rows, cols, 0, saved.settings.flags),
-        &[
-            saved.rows_matrix.buffer(),
-            targets.buffer(),
-            weight_buffer,
-            saved.finish.buffer(),
-            unit.buffer(),
-            logits.buffer(),
-        ],
-        groups,
+    ce_grad_block_over(
+        logits,
+        targets,
+        &saved.settings,
+        CeBlock::default(),
+        &saved.rows_matrix,
+        &saved.finish,
+        &unit,
+        false,
     )?;
     Ok(output)
 }
@@ -1279,7 +1353,7 @@ pub fn cross_entropy_backward(
         logits,
         targets,
         &saved.settings,
-        0,
+        CeBlock::default(),
         &saved.rows_matrix,
         &saved.finish,
         &cot,

@@ -38,6 +38,28 @@ fn grad_tol() -> Tolerance {
     F32
 }
 
+/// A 16-bit gradient (an FP32 sum rounded `units` times) against the f64 reference rounded
+/// to the same dtype: `units` units in the last place, relative, plus the F32 policy's
+/// absolute part for values whose FP32 sums cancel.
+fn rounded_tol(dtype: DType, units: f64) -> Tolerance {
+    let significant = match dtype {
+        DType::BF16 => 8,
+        DType::F16 => 11,
+        _ => 24,
+    };
+    let rel = units * 2f64.powi(1 - significant);
+    Tolerance {
+        abs: F32.abs,
+        rel,
+        rel_l2: rel,
+    }
+}
+
+/// The bits of any float tensor, widened to f64.
+fn wide_bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64().unwrap().into_iter().map(f64::to_bits).collect()
+}
+
 fn data(seed: u64, n: usize, lo: f64, hi: f64) -> Vec<f64> {
     Rng::new(seed).vec(n, lo, hi)
 }
@@ -146,6 +168,7 @@ fn flce_options(
             memory_budget: None,
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         gradients_in_forward: true,
         ..FusedLinearCrossEntropyOptions::default()
@@ -172,19 +195,26 @@ fn check_gradients_within(
 ) {
     let product_tol = tol.unwrap_or_else(grad_tol);
     assert_eq!(got.input.shape(), head.x.shape(), "{what}");
-    assert_eq!(got.input.dtype(), DType::F32, "{what}");
-    assert_close(
-        &format!("{what} d input"),
-        &got.input.to_f64().unwrap(),
-        &want.input,
-        product_tol,
-    );
-    assert_close(
-        &format!("{what} d weight"),
-        &got.weight.to_f64().unwrap(),
-        &want.weight,
-        product_tol,
-    );
+    // F32, or with `Chunking::head_dtype_gradients` the head's dtypes: FP32 sums rounded
+    // once (twice with an explicit cotangent on gradients computed in the forward).
+    for (name, t, want, stored) in [
+        ("d input", &got.input, &want.input, head.x.dtype()),
+        ("d weight", &got.weight, &want.weight, head.w.dtype()),
+    ] {
+        let what = format!("{what} {name}");
+        if t.dtype() == DType::F32 {
+            assert_close(&what, &t.to_f64().unwrap(), want, product_tol);
+        } else {
+            assert_eq!(t.dtype(), stored, "{what}: dtype");
+            let rounded = common::stored(want, stored);
+            assert_close(
+                &what,
+                &t.to_f64().unwrap(),
+                &rounded,
+                rounded_tol(stored, 2.0),
+            );
+        }
+    }
     match (&got.bias, &head.b) {
         (Some(db), Some(_)) => {
             assert_close(
@@ -744,6 +774,7 @@ fn flce_peak_memory_stays_at_the_chunk_bound() {
             memory_budget: Some(per_chunk),
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         ..FusedLinearCrossEntropyOptions::default()
     };
@@ -925,6 +956,7 @@ fn flce_bad_inputs() {
             memory_budget: None,
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         ..d.clone()
     };
@@ -938,6 +970,7 @@ fn flce_bad_inputs() {
             memory_budget: Some(100),
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         ..d.clone()
     };
@@ -1127,6 +1160,7 @@ fn distill_options(soft: SoftLoss, chunk_rows: usize) -> DistillationOptions {
             memory_budget: None,
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         ..DistillationOptions::default()
     }
@@ -1299,6 +1333,7 @@ fn distillation_chunk_sizes_agree_and_recompute_matches() {
                 memory_budget: None,
                 tensor_cores: false,
                 tensor_core_gradients: false,
+                ..Chunking::default()
             },
             ..base.clone()
         };
@@ -1358,6 +1393,7 @@ fn distillation_peak_memory_stays_at_the_chunk_bound() {
             memory_budget: Some(budget),
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         ..DistillationOptions::default()
     };
@@ -1514,6 +1550,7 @@ fn distillation_bad_inputs() {
             memory_budget: Some(64),
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         },
         ..d.clone()
     };
@@ -1681,23 +1718,26 @@ fn scaled_case(
     dtype: DType,
     cfg: &CrossEntropyConfig,
     t: f32,
-    chunk_rows: Option<usize>,
+    (chunk_rows, vocab_block): (Option<usize>, Option<usize>),
     seed: u64,
 ) {
     let rows: usize = lead.iter().product();
     let what = format!(
-        "{what} {dtype} T{t} lead {lead:?} H{hidden} V{vocab} bias={bias} {:?}",
+        "{what} {dtype} T{t} lead {lead:?} H{hidden} V{vocab} bias={bias} {:?} block \
+         {vocab_block:?}",
         cfg.reduction
     );
     let head = HeadData::new(engine(), seed, lead, hidden, vocab, bias, dtype, 0.7);
     let targets = targets_for(seed + 1, rows, vocab, cfg.ignore_index, 3);
     let tt = Tensor::from_slice(engine(), &targets, lead).unwrap();
     let cfg = as_stored(cfg);
-    let options = FusedLinearCrossEntropyOptions {
+    let mut options = FusedLinearCrossEntropyOptions {
         temperature: t,
         return_entropy: true,
         ..flce_options(&cfg, chunk_rows)
     };
+    options.chunking.head_dtype_gradients = vocab_block.is_some();
+    options.chunking.vocab_block = vocab_block;
     let (out, saved) = fused_linear_cross_entropy(head.gpu(), &tt, &options).unwrap();
     let tf = f64::from(t);
     let (want, want_h) = reference::fused_linear_cross_entropy_scaled(
@@ -1764,8 +1804,16 @@ fn scaled_case(
     );
     let g2 = fl::fused_linear_cross_entropy_backward_with_entropy(&saved2, Some(&ct), Some(&ect))
         .unwrap();
-    assert_eq!(bits(&g.input), bits(&g2.input), "{what}: d input rerun");
-    assert_eq!(bits(&g.weight), bits(&g2.weight), "{what}: d weight rerun");
+    assert_eq!(
+        wide_bits(&g.input),
+        wide_bits(&g2.input),
+        "{what}: d input rerun"
+    );
+    assert_eq!(
+        wide_bits(&g.weight),
+        wide_bits(&g2.weight),
+        "{what}: d weight rerun"
+    );
 }
 
 #[test]
@@ -1794,7 +1842,7 @@ fn flce_temperature_and_entropy_match_the_reference() {
                 DType::F32,
                 &cfg,
                 t,
-                Some(7),
+                (Some(7), None),
                 400 + 10 * k as u64,
             );
         }
@@ -1815,7 +1863,7 @@ fn flce_temperature_and_entropy_every_storage_dtype() {
             dtype,
             &cfg,
             2.5,
-            Some(6),
+            (Some(6), None),
             450,
         );
     }
@@ -2123,6 +2171,7 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
         memory_budget: Some(budget),
         tensor_cores: false,
         tensor_core_gradients: false,
+        ..Chunking::default()
     };
     let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &chunking).unwrap();
     assert!(
@@ -2318,4 +2367,320 @@ fn distillation_tensor_cores_match_reference_or_are_refused() {
             F32,
         );
     }
+}
+
+// ---- gradients in the head's dtypes (`Chunking::head_dtype_gradients`) -----------------------
+
+fn blocked(chunk_rows: Option<usize>, vocab_block: Option<usize>) -> Chunking {
+    Chunking {
+        chunk_rows,
+        vocab_block,
+        head_dtype_gradients: true,
+        ..Chunking::default()
+    }
+}
+
+/// The fused linear cross-entropy with its gradients in the head's dtypes against the
+/// reference: every output, then the gradients with a unit cotangent (one rounding: one unit
+/// in the last place of the reference rounded to the dtype) and an explicit one, in their
+/// dtypes (`dx` the input's, `dW` the weight's, `db` F32), and a rerun's bits.
+#[allow(clippy::too_many_arguments)]
+fn blocked_case(
+    what: &str,
+    lead: &[usize],
+    (hidden, vocab): (usize, usize),
+    bias: bool,
+    dtype: DType,
+    cfg: &CrossEntropyConfig,
+    (chunk_rows, vocab_block): (Option<usize>, Option<usize>),
+    seed: u64,
+) {
+    let rows: usize = lead.iter().product();
+    let what = format!(
+        "{what} {dtype} lead {lead:?} H{hidden} V{vocab} bias={bias} {:?} chunk {chunk_rows:?} \
+         block {vocab_block:?}",
+        cfg.reduction
+    );
+    let head = HeadData::new(engine(), seed, lead, hidden, vocab, bias, dtype, 0.5);
+    let targets = targets_for(seed + 1, rows, vocab, cfg.ignore_index, 3);
+    let t = Tensor::from_slice(engine(), &targets, lead).unwrap();
+    let cfg = as_stored(cfg);
+    let options = FusedLinearCrossEntropyOptions {
+        chunking: blocked(chunk_rows, vocab_block),
+        ..flce_options(&cfg, None)
+    };
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    let plan = saved.plan();
+    assert!(plan.vocab_block.is_some(), "{what}: plan {plan:?}");
+    if let Some(b) = vocab_block {
+        assert_eq!(plan.vocab_block, Some(b.min(vocab)), "{what}");
+    }
+    let want = reference::fused_linear_cross_entropy(head.reference(), &targets, rows, vocab, &cfg);
+    assert_ce_outputs(&what, &out, &want, F32);
+    let scalar = cfg.reduction != Reduction::None;
+    let n_loss = if scalar { 1 } else { rows };
+    let loss_shape: &[usize] = if scalar { &[] } else { lead };
+    let want_g = |cot: &[f64]| {
+        reference::fused_linear_cross_entropy_backward(
+            head.reference(),
+            &targets,
+            rows,
+            vocab,
+            &cfg,
+            cot,
+        )
+    };
+    // Unit cotangent: each value rounded once from its FP32 sum.
+    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+    let want_unit = want_g(&vec![1.0; n_loss]);
+    assert_eq!(g.input.dtype(), dtype, "{what}: d input dtype");
+    assert_eq!(g.weight.dtype(), dtype, "{what}: d weight dtype");
+    for (name, got, want) in [
+        ("d input", &g.input, &want_unit.input),
+        ("d weight", &g.weight, &want_unit.weight),
+    ] {
+        let (want, tol) = if dtype == DType::F32 {
+            (want.clone(), grad_tol())
+        } else {
+            (common::stored(want, dtype), rounded_tol(dtype, 1.0))
+        };
+        assert_close(
+            &format!("{what} {name} (unit)"),
+            &got.to_f64().unwrap(),
+            &want,
+            tol,
+        );
+    }
+    if let Some(db) = &g.bias {
+        assert_eq!(db.dtype(), DType::F32, "{what}: d bias dtype");
+    }
+    check_gradients(&format!("{what} (unit)"), &g, &want_unit, &head);
+    // Explicit cotangent.
+    let c = common::stored(&data(seed + 9, n_loss, -2.0, 2.0), DType::F32);
+    let ct = tensor_from_f64(engine(), &c, loss_shape, DType::F32);
+    let g2 = fused_linear_cross_entropy_backward(&saved, Some(&ct)).unwrap();
+    check_gradients(&format!("{what} (cotangent)"), &g2, &want_g(&c), &head);
+    // Reruns are bit-identical.
+    let (out2, saved2) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    assert_eq!(bits(&out.loss), bits(&out2.loss), "{what}: loss rerun");
+    let g3 = fused_linear_cross_entropy_backward(&saved2, Some(&ct)).unwrap();
+    assert_eq!(
+        wide_bits(&g2.input),
+        wide_bits(&g3.input),
+        "{what}: d input rerun"
+    );
+    assert_eq!(
+        wide_bits(&g2.weight),
+        wide_bits(&g3.weight),
+        "{what}: d weight rerun"
+    );
+    if let (Some(a), Some(b)) = (&g2.bias, &g3.bias) {
+        assert_eq!(bits(a), bits(b), "{what}: d bias rerun");
+    }
+}
+
+#[test]
+fn flce_head_dtype_gradients_match_the_reference() {
+    // A vocabulary of whole 4-column groups (gradients written over the logits, a ragged
+    // last block of 4) and one of 37 (separate gradient buffers, a last block of 5).
+    for (k, (vocab, block)) in [(100, Some(12)), (37, Some(8)), (64, None)]
+        .into_iter()
+        .enumerate()
+    {
+        for dtype in DType::FLOATS {
+            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+                let cfg = CrossEntropyConfig {
+                    reduction,
+                    ..all_options(vocab)
+                };
+                blocked_case(
+                    "all options",
+                    &[3, 17],
+                    (24, vocab),
+                    k != 2,
+                    dtype,
+                    &cfg,
+                    (Some(16), block),
+                    600 + 10 * k as u64,
+                );
+            }
+        }
+    }
+    // Plain options, one chunk and one block.
+    blocked_case(
+        "plain",
+        &[9],
+        (6, 20),
+        true,
+        DType::BF16,
+        &CrossEntropyConfig::default(),
+        (None, None),
+        640,
+    );
+}
+
+#[test]
+fn flce_head_dtype_gradients_with_temperature_and_entropy() {
+    for dtype in DType::FLOATS {
+        for reduction in [Reduction::Mean, Reduction::None] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                ..all_options(40)
+            };
+            scaled_case(
+                "all options",
+                &[19],
+                20,
+                40,
+                true,
+                dtype,
+                &cfg,
+                1.8,
+                (Some(6), Some(12)),
+                650,
+            );
+        }
+    }
+}
+
+#[test]
+fn flce_head_dtype_gradients_agree_with_the_f32_ones() {
+    // The same sums in another order: an F32 head's blocked gradients agree with the
+    // default ones to FP32 rounding, and a BF16 head's are theirs rounded to BF16 (one unit).
+    let (rows, hidden, vocab) = (40, 32, 96);
+    for dtype in [DType::F32, DType::BF16] {
+        let head = HeadData::new(engine(), 660, &[rows], hidden, vocab, true, dtype, 0.6);
+        let targets = targets_for(661, rows, vocab, -100, 4);
+        let t = Tensor::from_slice(engine(), &targets, &[rows]).unwrap();
+        let run = |chunking: Chunking| {
+            let options = FusedLinearCrossEntropyOptions {
+                chunking,
+                ..FusedLinearCrossEntropyOptions::default()
+            };
+            let (_, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+            fused_linear_cross_entropy_backward(&saved, None).unwrap()
+        };
+        let f32s = run(Chunking {
+            chunk_rows: Some(16),
+            ..Chunking::default()
+        });
+        let ours = run(blocked(Some(16), Some(32)));
+        for (name, got, want) in [
+            ("d input", &ours.input, &f32s.input),
+            ("d weight", &ours.weight, &f32s.weight),
+            (
+                "d bias",
+                ours.bias.as_ref().unwrap(),
+                f32s.bias.as_ref().unwrap(),
+            ),
+        ] {
+            let want = want.to_f64().unwrap();
+            let (want, tol) = if got.dtype() == DType::F32 {
+                (want, F32)
+            } else {
+                (
+                    common::stored(&want, got.dtype()),
+                    rounded_tol(got.dtype(), 1.0),
+                )
+            };
+            assert_close(
+                &format!("{dtype} {name}"),
+                &got.to_f64().unwrap(),
+                &want,
+                tol,
+            );
+        }
+    }
+}
+
+#[test]
+fn flce_head_dtype_gradients_peak_memory() {
+    // A private engine: the memory statistics are engine-wide.
+    let e = common::private_engine();
+    let (rows, hidden, vocab) = (256, 64, 1024);
+    let head = HeadData::new(&e, 670, &[rows], hidden, vocab, true, DType::BF16, 0.3);
+    let targets = targets_for(671, rows, vocab, -100, 5);
+    let t = Tensor::from_slice(&e, &targets, &[rows]).unwrap();
+    e.synchronize().unwrap();
+    // A budget for chunks of 16 rows and blocks of 64 columns.
+    let budget = fl::fused_linear_cross_entropy_blocked_workspace_bytes(
+        rows, hidden, vocab, 16, 64, true, false,
+    );
+    let chunking = Chunking {
+        memory_budget: Some(budget),
+        ..blocked(None, None)
+    };
+    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &chunking).unwrap();
+    assert!(plan.workspace_bytes <= budget, "{plan:?} over {budget}");
+    assert_eq!(plan.chunk_rows, 16, "{plan:?}");
+    let block = plan.vocab_block.unwrap();
+    assert!(block >= 64 && block.is_multiple_of(4), "{plan:?}");
+    let options = FusedLinearCrossEntropyOptions {
+        chunking,
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let before = e.memory().live_bytes;
+    e.reset_peak();
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+    e.synchronize().unwrap();
+    let peak = e.memory().peak_bytes - before;
+    // Outputs: BF16 d input and d weight, F32 d bias, the predictions and a few scalars.
+    let outputs = ((rows * hidden + vocab * hidden) * 2 + (vocab + rows) * 4) as u64 + 4096;
+    let bound = (outputs + plan.workspace_bytes) * 9 / 8;
+    assert!(
+        peak <= bound,
+        "peak {peak} bytes above outputs + workspace {bound}"
+    );
+    let f32_weight_gradient = (vocab * hidden * 4) as u64;
+    assert!(
+        peak < f32_weight_gradient,
+        "peak {peak} bytes: no F32 [vocab, hidden] buffer ({f32_weight_gradient} bytes) may exist"
+    );
+    assert_eq!(g.weight.dtype(), DType::BF16);
+    drop((out, saved, g));
+}
+
+#[test]
+fn flce_head_dtype_gradients_bad_inputs() {
+    let e = engine();
+    let t = Tensor::from_slice(e, &[0i32, 1, 2, 3], &[4]).unwrap();
+    let options = |chunking: Chunking| FusedLinearCrossEntropyOptions {
+        chunking,
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let head = HeadData::new(e, 680, &[4], 6, 10, true, DType::BF16, 0.5);
+    // A block of no columns.
+    assert!(matches!(
+        fused_linear_cross_entropy(head.gpu(), &t, &options(blocked(None, Some(0)))),
+        Err(Error::OutOfBounds { .. })
+    ));
+    // A budget below one row per chunk and four columns per block.
+    let tiny = Chunking {
+        memory_budget: Some(64),
+        ..blocked(None, None)
+    };
+    assert!(matches!(
+        fused_linear_cross_entropy(head.gpu(), &t, &options(tiny)),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+    // A 16-bit head with an odd hidden size.
+    let odd = HeadData::new(e, 681, &[4], 7, 10, false, DType::BF16, 0.5);
+    match fused_linear_cross_entropy(odd.gpu(), &t, &options(blocked(None, None))) {
+        Err(Error::InvalidValue { got, .. }) => assert_eq!(got, 7.0),
+        other => panic!("odd hidden size: {other:?}"),
+    }
+    // An F32 head with an odd hidden size is fine.
+    let odd32 = HeadData::new(e, 682, &[4], 7, 10, false, DType::F32, 0.5);
+    assert!(fused_linear_cross_entropy(odd32.gpu(), &t, &options(blocked(None, None))).is_ok());
+    // The distillation losses do not take it.
+    let d = DistillationOptions {
+        chunking: blocked(None, None),
+        ..DistillationOptions::default()
+    };
+    let teacher = HeadData::new(e, 683, &[4], 6, 10, false, DType::BF16, 0.5);
+    assert!(matches!(
+        fused_linear_distillation(head.gpu(), teacher.gpu(), None, &d),
+        Err(Error::InvalidValue { .. })
+    ));
 }

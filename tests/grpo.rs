@@ -659,6 +659,7 @@ fn fused_linear_head_matches_the_reference() {
                     memory_budget: None,
                     tensor_cores: false,
                     tensor_core_gradients: false,
+                    ..Chunking::default()
                 };
                 let (out, saved) = fused_linear_grpo_loss(head, &gpu_tokens, &o, chunking).unwrap();
                 let g = fused_linear_grpo_loss_backward(&saved, None).unwrap();

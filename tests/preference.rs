@@ -242,6 +242,7 @@ fn chunk_sizes_reruns_and_the_cotangent() {
                 memory_budget: None,
                 tensor_cores: false,
                 tensor_core_gradients: false,
+                ..Chunking::default()
             },
             ..PreferenceOptions::new(PreferenceLoss::Dpo)
         };

@@ -9,6 +9,10 @@
 // gradients, the running bias-gradient sum across chunks (in chunk order) and the cotangent
 // scaling of gradients.
 //
+// scale_words: the cotangent scaling of a 16-bit gradient (XT) kept in its dtype, one word
+// (two elements) an invocation: out_words[i] = narrow(x[2i]·scale[0], x[2i+1]·scale[0]), each
+// product rounded once to nearest-even (the word past an odd end gets 0 in its high half).
+//
 // entropy_rows: the entropy H = −Σ_c p_c log p_c of softmax(z) for each row of a block of F32
 // logits, z the (softcapped) logits, p recomputed from the row maximum and log denominator the
 // cross-entropy forward stored in the per-row matrix (columns 5 and 6); rows that the
@@ -58,6 +62,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> stats: array<f32>;
 @group(0) @binding(6) var<storage, read> entropy: array<f32>;
+@group(0) @binding(7) var<storage, read_write> out_words: array<u32>;
 
 fn ld_x(i: u32) -> f32 {
     if (XT == DT_F32) {
@@ -91,6 +96,22 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         v = v * scale[params.row0 + i / params.cols];
     }
     out[i] = v;
+}
+
+@compute @workgroup_size(WG)
+fn scale_words(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (2u * i >= params.n) {
+        return;
+    }
+    let s = scale[0];
+    let lo = half_from_word(x[i], 0u, XT) * s;
+    var hi = 0.0;
+    if (2u * i + 1u < params.n) {
+        hi = half_from_word(x[i], 1u, XT) * s;
+    }
+    out_words[i] = pack_halves(lo, hi, XT);
 }
 
 fn capped(v: f32) -> f32 {

@@ -50,6 +50,9 @@ struct Params {
     c: f32,  // cross-entropy: softcap (0 = off)
     row0: u32, // first row of the per-row tensors (targets/labels, per-row statistics,
               // predictions, per-row cotangents) for a launch over a block of rows; 0 otherwise
+    col0: u32, // cross-entropy gradients: the class of a launch's column 0 (a block of columns)
+    classes: u32, // cross-entropy: the number of classes when a launch covers a block of
+                  // columns; 0: the row width `cols`
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -366,7 +369,16 @@ fn class_weight(c: u32) -> f32 {
 // Whether the row's target counts: not ignore_index and inside [0, cols) (out-of-range targets
 // are rejected on the host unless the caller turned the check off; then they count as ignored).
 fn target_valid(t: i32) -> bool {
-    return t != params.ignore_index && t >= 0 && u32(t) < params.cols;
+    return t != params.ignore_index && t >= 0 && u32(t) < ce_classes();
+}
+
+// The cross-entropy's number of classes: the row width, or `classes` for a launch over a block
+// of columns (whose column c is class col0 + c).
+fn ce_classes() -> u32 {
+    if (params.classes == 0u) {
+        return params.cols;
+    }
+    return params.classes;
 }
 
 // Per-row cross-entropy with integer targets into stats_out ([rows, CE_COLS], see above) and
@@ -637,18 +649,19 @@ fn ce_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let wsum = gr.wsum;
     let f_ce = gr.f_ce;
     let f_z = gr.f_z;
-    let spread_w = eps / f32(cols);
+    let spread_w = eps / f32(ce_classes());
     for (var c = lid; c < cols; c = c + WG) {
         let raw = ld_x(base + c);
         let z = softcapped(raw);
         let p = exp((z - m) - logden);
+        let label = params.col0 + c;
         var onehot = 0.0;
-        if (c == ti) {
+        if (label == ti) {
             onehot = 1.0;
         }
         var d = (1.0 - eps) * wy * (p - onehot);
         if (eps > 0.0) {
-            d = d + spread_w * (wsum * p - class_weight(c));
+            d = d + spread_w * (wsum * p - class_weight(label));
         }
         d = d * f_ce + p * f_z;
         if (params.c > 0.0) {
@@ -1193,9 +1206,10 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 // Four gradient values of the cross-entropy backward (see ce_bwd), in vector form:
 // p·((1 − ε)·w_y·f_ce + f_z) − [c = y]·(1 − ε)·w_y·f_ce + ε/C·f_ce·(W·p − w_c), times the
 // softcap derivative.
-fn ce_grad4(raw: vec4<f32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32, wsum: f32,
+fn ce_grad4(raw: vec4<f32>, column: u32, ti: u32, m: f32, logden: f32, wy: f32, wsum: f32,
             f_ce: f32, f_z: f32) -> vec4<f32> {
     let eps = params.a;
+    let first = params.col0 + column; // the class of raw.x
     let z = softcapped4(raw);
     let p = exp((z - vec4<f32>(m)) - vec4<f32>(logden));
     let target_scale = (1.0 - eps) * wy * f_ce;
@@ -1206,7 +1220,7 @@ fn ce_grad4(raw: vec4<f32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32, w
     if (eps > 0.0) {
         let w = vec4<f32>(class_weight(first), class_weight(first + 1u),
                           class_weight(first + 2u), class_weight(first + 3u));
-        d = d + (eps / f32(params.cols) * f_ce) * (wsum * p - w);
+        d = d + (eps / f32(ce_classes()) * f_ce) * (wsum * p - w);
     }
     if (params.c > 0.0) {
         let th = z / params.c;

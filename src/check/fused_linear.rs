@@ -198,6 +198,7 @@ fn flce_config_cases(
                 memory_budget: None,
                 tensor_cores: chunk.1,
                 tensor_core_gradients: false,
+                ..Chunking::default()
             },
             gradients_in_forward: true,
             ..FusedLinearCrossEntropyOptions::default()
@@ -281,6 +282,7 @@ fn check_fused_linear_distillation(engine: &Engine) -> Result<Vec<Case>> {
                     memory_budget: None,
                     tensor_cores: false,
                     tensor_core_gradients: false,
+                    ..Chunking::default()
                 },
                 ..DistillationOptions::default()
             };
@@ -353,6 +355,7 @@ fn check_fused_linear_cross_entropy_scaled(engine: &Engine) -> Result<Vec<Case>>
                     memory_budget: None,
                     tensor_cores: false,
                     tensor_core_gradients: false,
+                    ..Chunking::default()
                 },
                 temperature,
                 return_entropy: true,
@@ -448,6 +451,7 @@ fn check_fused_linear_distillation_none(engine: &Engine) -> Result<Vec<Case>> {
                     memory_budget: None,
                     tensor_cores: false,
                     tensor_core_gradients: false,
+                    ..Chunking::default()
                 },
                 ..DistillationOptions::default()
             };

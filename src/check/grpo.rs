@@ -78,6 +78,7 @@ fn check_fused_grpo(engine: &Engine) -> Result<Vec<Case>> {
             memory_budget: None,
             tensor_cores: false,
             tensor_core_gradients: false,
+            ..Chunking::default()
         };
         let (out, saved) = fused_linear_grpo_loss(head, &tokens, &options, chunking)?;
         let g = fused_linear_grpo_loss_backward(&saved, None)?;
