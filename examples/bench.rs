@@ -1949,41 +1949,58 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         ])
     };
     let mut ops = Vec::new();
-    // (dtype, logits products on tensor cores, gradient products on tensor cores, label).
+    // (dtype, logits products on tensor cores, gradient products on tensor cores, gradients
+    // in the head's dtypes, memory budget in MiB, label).
     let mut runs = vec![
-        (DType::F32, false, false, "f32"),
-        (DType::BF16, false, false, "bf16"),
+        (DType::F32, false, false, false, None, "f32"),
+        (DType::BF16, false, false, false, None, "bf16"),
+        (DType::BF16, false, false, true, None, "bf16 head"),
     ];
     if wgrad::matmul::tensor_cores(engine) {
         // 16-bit heads with the logits products on tensor cores, then the gradient products
-        // too (the logit gradient rounded to F16), and an F32 head with the latter.
+        // too (the logit gradient rounded to F16), and an F32 head with the latter; then the
+        // gradients in the head's dtypes, with the default budget and with 40 MiB (the
+        // scratch beside the BF16 gradients within Liger's peak).
         runs.extend([
-            (DType::F16, true, false, "f16 tc"),
-            (DType::BF16, true, false, "bf16 tc"),
-            (DType::BF16, true, true, "bf16 tc+grads"),
-            (DType::F32, false, true, "f32 tc grads"),
+            (DType::F16, true, false, false, None, "f16 tc"),
+            (DType::BF16, true, false, false, None, "bf16 tc"),
+            (DType::BF16, true, true, false, None, "bf16 tc+grads"),
+            (DType::F32, false, true, false, None, "f32 tc grads"),
+            (DType::BF16, true, true, true, None, "bf16 tc+grads head"),
+            (
+                DType::BF16,
+                true,
+                true,
+                true,
+                Some(40u64),
+                "bf16 tc+grads head",
+            ),
         ]);
     }
-    for (dtype, tensor_cores, grads, label) in runs {
+    for (dtype, tensor_cores, grads, head_dtype, budget_mib, label) in runs {
         let w = weight(dtype)?;
         let b = scaled(vocab, 0.1, 2, dtype)?;
         let mut options = options.clone();
         options.chunking.tensor_cores = tensor_cores;
         options.chunking.tensor_core_gradients = grads;
+        options.chunking.head_dtype_gradients = head_dtype;
+        options.chunking.memory_budget = budget_mib.map(|m| m << 20);
+        let budget_name = budget_mib.map_or(String::new(), |m| format!(" budget {m}M"));
         for &bt in rows {
             let x = input(bt, dtype)?;
             let t = targets(bt)?;
             let plan = plan_cross_entropy(engine, bt, hidden, vocab, true, &options.chunking)?;
             eprintln!(
-                "  fused_linear_ce {label} BT{bt} H{hidden} V{vocab}: {:.3e} FLOP per run, {} chunks of {} rows, workspace {:.1} MiB",
+                "  fused_linear_ce {label}{budget_name} BT{bt} H{hidden} V{vocab}: {:.3e} FLOP per run, {} chunks of {} rows, vocabulary blocks {:?}, workspace {:.1} MiB",
                 6.0 * (bt * hidden) as f64 * vocab as f64,
                 plan.chunks,
                 plan.chunk_rows,
+                plan.vocab_block,
                 plan.workspace_bytes as f64 / 1048576.0
             );
             let options = options.clone();
             let name: &'static str =
-                Box::leak(format!("fused_linear_ce_fwd_bwd BT{bt}").into_boxed_str());
+                Box::leak(format!("fused_linear_ce_fwd_bwd BT{bt}{budget_name}").into_boxed_str());
             ops.push(
                 Op::new(name, label, vec![x, w.clone(), b.clone(), t], move |i| {
                     fwd_bwd(i, &options)

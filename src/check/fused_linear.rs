@@ -104,18 +104,34 @@ fn gradient_cases(
     want: &reference::fused_linear::LinearGradients,
 ) -> Result<()> {
     let tol = Tolerance::for_dtype(DType::F32);
-    cases.push(case(
-        format!("{label} d input"),
-        &got.input.to_f64()?,
-        &want.input,
-        tol,
-    ));
-    cases.push(case(
-        format!("{label} d weight"),
-        &got.weight.to_f64()?,
-        &want.weight,
-        tol,
-    ));
+    // F32, or (`Chunking::head_dtype_gradients`) an FP32 sum rounded once to the head's
+    // 16-bit dtype: one unit in the last place of the reference rounded the same way.
+    let rounded = |t: &crate::Tensor, want: &[f64]| -> Result<(Vec<f64>, Vec<f64>, Tolerance)> {
+        let got = t.to_f64()?;
+        Ok(match t.dtype() {
+            DType::F32 => (got, want.to_vec(), tol),
+            dtype => {
+                let rel = if dtype == DType::BF16 {
+                    2f64.powi(-7)
+                } else {
+                    2f64.powi(-10)
+                };
+                let unit = Tolerance {
+                    rel,
+                    rel_l2: rel,
+                    ..tol
+                };
+                (got, crate::gradcheck::stored_values(want, dtype), unit)
+            }
+        })
+    };
+    for (name, t, want) in [
+        ("d input", &got.input, &want.input),
+        ("d weight", &got.weight, &want.weight),
+    ] {
+        let (got, want, tol) = rounded(t, want)?;
+        cases.push(case(format!("{label} {name}"), &got, &want, tol));
+    }
     if let Some(db) = &got.bias {
         cases.push(case(
             format!("{label} d bias"),
@@ -129,7 +145,8 @@ fn gradient_cases(
 
 /// Liger's ragged FLCE shape (B·T = 4·47 rows, H 31, V 123) in chunks of 50 rows, every
 /// storage dtype, plain and with every option (a quarter of the targets ignored), each
-/// reduction: loss, z-loss, accuracy and the gradients of x, W and the bias. Where the engine
+/// reduction: loss, z-loss, accuracy and the gradients of x, W and the bias; then BF16 and
+/// F16 heads (H 32, V 124) with `Chunking::head_dtype_gradients` in blocks of 40 columns. Where the engine
 /// runs tensor cores, the same for an F16 head of 192 rows, H 32, V 128 with
 /// `Chunking::tensor_cores` (the loss values within `matmul::tensor_core_tolerance`).
 fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
@@ -145,7 +162,25 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
             &head,
             (rows, vocab),
             plain,
+            None,
             &dtype.to_string(),
+            &mut cases,
+        )?;
+    }
+    // Gradients in the head's dtypes (an even hidden size; a vocabulary of whole 4-column
+    // groups, so the logit gradients are written over the logits), blocks of 40 columns.
+    for dtype in [DType::BF16, DType::F16] {
+        let (hidden, vocab) = (32, 124);
+        let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
+        let plain = (50, false, Tolerance::for_dtype(DType::F32));
+        flce_config_cases(
+            engine,
+            &mut rng,
+            &head,
+            (rows, vocab),
+            plain,
+            Some(40),
+            &format!("{dtype} head-dtype gradients"),
             &mut cases,
         )?;
     }
@@ -161,6 +196,7 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
             &head,
             (rows, vocab),
             tc,
+            None,
             "f16 tensor cores",
             &mut cases,
         )?;
@@ -177,6 +213,7 @@ fn flce_config_cases(
     head: &HeadData,
     (rows, vocab): (usize, usize),
     chunk: (usize, bool, Tolerance),
+    vocab_block: Option<usize>,
     suffix: &str,
     cases: &mut Vec<Case>,
 ) -> Result<()> {
@@ -198,6 +235,8 @@ fn flce_config_cases(
                 memory_budget: None,
                 tensor_cores: chunk.1,
                 tensor_core_gradients: false,
+                head_dtype_gradients: vocab_block.is_some(),
+                vocab_block,
                 ..Chunking::default()
             },
             gradients_in_forward: true,
