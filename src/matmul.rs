@@ -342,17 +342,36 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
     let tiles_n = n.div_ceil(TILE_N);
     // Without a bias, A's buffer is bound in its place (never read).
     let bias = call.bias.unwrap_or(call.a.tensor);
-    let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
     let tiles = (tiles_m as u64) * (tiles_n as u64) * (batch as u64);
-    // The factors of BF16 / F32 operands (none for two F16 ones: A's buffer then stands in for
-    // the unread factors), and the F16 copies the kernel stages in their place (F16 codes).
-    let scales = tensor_core_scales(call.a.tensor, call.b.tensor)?;
+    // The factors of BF16 / F32 operands, taken over the elements the product reads (none for
+    // two F16 ones: A's buffer then stands in for the unread factors), and the F16 copies of
+    // those elements the kernel stages in their place (F16 codes, read from element 0).
+    let regions = [
+        Region::of(&call.a, batch, call.m * call.k),
+        Region::of(&call.b, batch, call.k * call.n),
+    ];
+    let scales = scales_of(regions)?;
     let copies = match &scales {
-        Some(f) => f16_copies(call, f, (tiles_m, tiles_n))?,
+        Some(f) => f16_copies(regions, f, (tiles_m, tiles_n), batch)?,
         None => [None, None],
     };
-    let [a, b] = [(&copies[0], call.a.tensor), (&copies[1], call.b.tensor)]
-        .map(|(copy, t)| copy.as_ref().unwrap_or(t));
+    fn staged<'b>(op: GemmOperand<'b>, copy: &'b Option<Tensor>) -> GemmOperand<'b> {
+        match copy {
+            Some(t) => GemmOperand {
+                tensor: t,
+                offset: 0,
+                ..op
+            },
+            None => op,
+        }
+    }
+    let call = &Gemm {
+        a: staged(call.a, &copies[0]),
+        b: staged(call.b, &copies[1]),
+        ..*call
+    };
+    let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
+    let [a, b] = [call.a.tensor, call.b.tensor];
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let constants = vec![
         ("TRANS_A", flag(call.a.transposed)),
@@ -407,15 +426,19 @@ pub const TC_COPY_MIN_TILES: usize = 16;
 /// likewise by columns), within the engine's workspace bound (the copies are scratch): both
 /// when both fit, else the one staged by more tiles when it fits alone, else none. A copy holds
 /// the F16 values the kernel's own conversion makes, so the product's bits do not depend on
-/// the choice.
-fn f16_copies(call: &Gemm, factors: &Tensor, tiles: (usize, usize)) -> Result<[Option<Tensor>; 2]> {
-    let engine = call.out.engine();
-    let shared = |op: &GemmOperand| if op.batch_stride == 0 { call.batch } else { 1 };
-    let staged_by = [tiles.1 * shared(&call.a), tiles.0 * shared(&call.b)];
-    let operands = [call.a.tensor, call.b.tensor];
-    let wanted =
-        [0, 1].map(|i| operands[i].dtype() != DType::F16 && staged_by[i] >= TC_COPY_MIN_TILES);
-    let bytes = operands.map(|t| DType::F16.buffer_bytes(t.len()) as u64);
+/// the choice; it holds the operand's region only (the elements the product reads).
+fn f16_copies(
+    regions: [Region; 2],
+    factors: &Tensor,
+    tiles: (usize, usize),
+    batch: usize,
+) -> Result<[Option<Tensor>; 2]> {
+    let engine = regions[0].tensor.engine();
+    let shared = |r: &Region| if r.shared { batch } else { 1 };
+    let staged_by = [tiles.1 * shared(&regions[0]), tiles.0 * shared(&regions[1])];
+    let wanted = [0, 1]
+        .map(|i| regions[i].tensor.dtype() != DType::F16 && staged_by[i] >= TC_COPY_MIN_TILES);
+    let bytes = regions.map(|r| DType::F16.buffer_bytes(r.len) as u64);
     let bound = engine.workspace_bound();
     let size = |take: [bool; 2]| -> u64 { (0..2).filter(|&i| take[i]).map(|i| bytes[i]).sum() };
     let first = if staged_by[0] >= staged_by[1] { 0 } else { 1 };
@@ -430,43 +453,98 @@ fn f16_copies(call: &Gemm, factors: &Tensor, tiles: (usize, usize)) -> Result<[O
     }
     engine.check_workspace("gemm (tensor-core F16 copies)", size(take))?;
     let mut out = [None, None];
-    for (i, t) in [call.a.tensor, call.b.tensor].into_iter().enumerate() {
+    for (i, r) in regions.into_iter().enumerate() {
         if take[i] {
-            out[i] = Some(f16_copy(t, factors, i)?);
+            out[i] = Some(f16_copy(r, factors, i)?);
         }
     }
     Ok(out)
 }
 
-/// `t` (BF16 or F32) times factor `slot` of `factors` (0: A's, 1: B's), as an F16 tensor of
-/// `t.len()` values (`tc_stage_f16`).
-fn f16_copy(t: &Tensor, factors: &Tensor, slot: usize) -> Result<Tensor> {
-    let engine = t.engine();
-    let copy = Tensor::empty(engine, &[t.len()], DType::F16, "tensor-core F16 copy")?;
+/// The region `r` (BF16 or F32) times factor `slot` of `factors` (0: A's, 1: B's), as an F16
+/// tensor of `r.len` values (`tc_stage_f16`).
+fn f16_copy(r: Region, factors: &Tensor, slot: usize) -> Result<Tensor> {
+    let engine = r.tensor.engine();
+    let copy = Tensor::empty(engine, &[r.len], DType::F16, "tensor-core F16 copy")?;
     let params = ScaleParams {
-        len: t.len() as u32,
-        dt: t.dtype().code(),
         slot: slot as u32,
-        groups: 0,
+        ..r.params()
     };
     engine.launch(
         &KERNEL,
         "tc_stage_f16",
         &Vec::new(),
         &params,
-        &[t.buffer(), factors.buffer(), copy.buffer()],
-        (t.len() as u64).div_ceil(512),
+        &[r.tensor.buffer(), factors.buffer(), copy.buffer()],
+        (r.len as u64).div_ceil(512),
     )?;
     Ok(copy)
 }
 
+/// The elements of a tensor that a product reads: `len` from `start` (even for 16-bit
+/// tensors: tensor-core products take offsets that are multiples of 8).
+#[derive(Clone, Copy)]
+struct Region<'a> {
+    tensor: &'a Tensor,
+    start: usize,
+    len: usize,
+    /// One matrix for every batch.
+    shared: bool,
+}
+
+impl<'a> Region<'a> {
+    fn whole(tensor: &'a Tensor) -> Region<'a> {
+        Region {
+            tensor,
+            start: 0,
+            len: tensor.len(),
+            shared: false,
+        }
+    }
+
+    /// The region of `op` in a product of `batch` batches of `matrix` elements each.
+    fn of(op: &GemmOperand<'a>, batch: usize, matrix: usize) -> Region<'a> {
+        let shared = op.batch_stride == 0;
+        let span = if shared || batch == 0 {
+            matrix
+        } else {
+            (batch - 1) * op.batch_stride + matrix
+        };
+        Region {
+            tensor: op.tensor,
+            start: op.offset,
+            len: span.min(op.tensor.len().saturating_sub(op.offset)),
+            shared,
+        }
+    }
+
+    /// The scale kernels' parameters for this region (slot and groups left 0).
+    fn params(&self) -> ScaleParams {
+        let base = if self.tensor.dtype() == DType::F32 {
+            self.start
+        } else {
+            self.start / 2
+        };
+        ScaleParams {
+            len: self.len as u32,
+            dt: self.tensor.dtype().code(),
+            base: base as u32,
+            ..ScaleParams::default()
+        }
+    }
+}
+
 /// The launch parameters of `tc_scale_part` and `tc_scale_pick` (`wgsl/matmul.wgsl`).
-#[derive(encase::ShaderType)]
+#[derive(encase::ShaderType, Default)]
 struct ScaleParams {
     len: u32,
     dt: u32,
     slot: u32,
     groups: u32,
+    base: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 /// The power-of-two factors a tensor-core product of `a` and `b` stages its operands with
@@ -477,42 +555,47 @@ struct ScaleParams {
 /// times `2^s` is below 2¹⁵; `s = 0` for F16. Two launches (partial maxima, then the factors),
 /// no synchronization; runs on any adapter. See `tc_scale_part` in `wgsl/matmul.wgsl`.
 pub fn tensor_core_scales(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+    scales_of([Region::whole(a), Region::whole(b)])
+}
+
+/// [`tensor_core_scales`] of two regions: each factor from the largest finite magnitude of its
+/// region's elements.
+fn scales_of(regions: [Region; 2]) -> Result<Option<Tensor>> {
+    let [a, b] = regions.map(|r| r.tensor);
     if a.dtype() == DType::F16 && b.dtype() == DType::F16 {
         return Ok(None);
     }
     let engine = a.engine();
     let scales = Tensor::empty(engine, &[516], DType::F32, "tensor-core scale factors")?;
     let mut groups = [0u32; 2];
-    for (i, t) in [a, b].into_iter().enumerate() {
-        if t.dtype() == DType::F16 || t.is_empty() {
+    for (i, r) in regions.into_iter().enumerate() {
+        if r.tensor.dtype() == DType::F16 || r.len == 0 {
             continue;
         }
-        let words = if t.dtype() == DType::F32 {
-            t.len()
+        let words = if r.tensor.dtype() == DType::F32 {
+            r.len
         } else {
-            t.len().div_ceil(2)
+            r.len.div_ceil(2)
         };
         groups[i] = words.div_ceil(4096).clamp(1, 256) as u32;
         let params = ScaleParams {
-            len: t.len() as u32,
-            dt: t.dtype().code(),
             slot: 4 + 256 * i as u32,
             groups: groups[i],
+            ..r.params()
         };
         engine.launch(
             &KERNEL,
             "tc_scale_part",
             &Vec::new(),
             &params,
-            &[t.buffer(), scales.buffer()],
+            &[r.tensor.buffer(), scales.buffer()],
             u64::from(groups[i]),
         )?;
     }
     let params = ScaleParams {
         len: groups[0],
-        dt: 0,
-        slot: 0,
         groups: groups[1],
+        ..ScaleParams::default()
     };
     engine.launch(
         &KERNEL,
@@ -1661,7 +1744,33 @@ mod tests {
                 let stored = t.to_f64().unwrap();
                 let factors = tensor_core_scales(&t, &f16).unwrap().unwrap();
                 let s = factors.to_f64().unwrap()[0];
-                let copy = f16_copy(&t, &factors, 0).unwrap().to_f64().unwrap();
+                let copy = f16_copy(Region::whole(&t), &factors, 0)
+                    .unwrap()
+                    .to_f64()
+                    .unwrap();
+                // A region's copy (an even start, as tensor-core offsets are) holds the same
+                // values as the whole tensor's copy there; its own factor is that of its
+                // largest magnitude.
+                if len >= 8 {
+                    let (start, n) = (len / 4 & !1, len / 2 + 1);
+                    let region = Region {
+                        tensor: &t,
+                        start,
+                        len: n,
+                        shared: true,
+                    };
+                    let part = f16_copy(region, &factors, 0).unwrap().to_f64().unwrap();
+                    assert_eq!(part, copy[start..start + n], "{dt:?} {len}: region copy");
+                    let own = scales_of([region, Region::whole(&f16)]).unwrap().unwrap();
+                    let top = stored[start..start + n]
+                        .iter()
+                        .fold(0f64, |m, x| m.max(x.abs()));
+                    let s = own.to_f64().unwrap()[0];
+                    assert!(
+                        top * s < 32768.0 && top * s >= 8192.0,
+                        "{dt:?} {len}: region factor {s}"
+                    );
+                }
                 let top = stored.iter().fold(0f64, |m, x| m.max(x.abs()));
                 assert!(
                     top * s < 32768.0 && top * s >= 8192.0,

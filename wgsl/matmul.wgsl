@@ -728,7 +728,8 @@ fn gemm_finish_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 // accumulators are multiplied back by 2^−s of each operand.
 //
 // `tc_scale_part`: workgroup g (of `groups`) takes the maximum of the finite magnitudes of the
-// source's words g·256 + lane, + groups·256, ... (F32 bits, or BF16 halves moved to F32's
+// source's words g·256 + lane, + groups·256, ... (counted from word `base`: the region of the
+// tensor a product reads) (F32 bits, or BF16 halves moved to F32's
 // position) and writes it to word `slot + g`. `tc_scale_pick`: one workgroup takes the
 // maxima of A's `groups_a` partials (words 4..) and B's `groups_b` (words 260..) and writes the
 // four factors 2^sA, 2^sB, 2^−sA, 2^−sB (F32 bits) to words 0..4. A maximum of integers does
@@ -739,6 +740,10 @@ struct ScaleParams {
     dt: u32,        // the source's dtype code, F32 or BF16 (tc_scale_part)
     slot: u32,      // first partial word written (tc_scale_part)
     groups: u32,    // workgroups of the launch (tc_scale_part); B's partials (tc_scale_pick)
+    base: u32,      // the source's first word (tc_scale_part, tc_stage_f16: an operand's region)
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(9) var<uniform> sparams: ScaleParams;
@@ -760,7 +765,7 @@ fn finite_magnitude(bits: u32) -> u32 {
 // The largest finite magnitude (F32 bits) of source word w: one F32 value, or the two BF16
 // halves inside the source's `len` elements.
 fn word_magnitude(w: u32) -> u32 {
-    let bits = scale_src[w];
+    let bits = scale_src[sparams.base + w];
     if (sparams.dt == DT_F32) {
         return finite_magnitude(bits);
     }
@@ -838,10 +843,12 @@ fn tc_scale_pick(@builtin(local_invocation_index) lid: u32) {
 // Elements 2w and 2w + 1 of the source, widened to F32 as the tensor-core kernel widens them
 // (`widen2`; the second 0 past `len`).
 fn scale_src_pair(w: u32) -> vec2<f32> {
-    var v = widen2(scale_src[w], sparams.dt);
+    let base = sparams.base;
+    var v = widen2(scale_src[base + w], sparams.dt);
     if (sparams.dt == DT_F32) {
         let second = min(2u * w + 1u, sparams.len - 1u);
-        v = vec2<f32>(bitcast<f32>(scale_src[2u * w]), bitcast<f32>(scale_src[second]));
+        v = vec2<f32>(bitcast<f32>(scale_src[base + 2u * w]),
+                      bitcast<f32>(scale_src[base + second]));
     }
     return select(vec2<f32>(v.x, 0.0), v, 2u * w + 1u < sparams.len);
 }
