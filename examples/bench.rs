@@ -1977,6 +1977,12 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             ),
         ]);
     }
+    // `WGRAD_FLCE_LABELS`: only the runs of these labels (comma-separated; "f32 budget" for
+    // the smaller-budget F32 rows), for a shorter call.
+    let keep = |label: &str| {
+        std::env::var("WGRAD_FLCE_LABELS").map_or(true, |v| v.split(',').any(|l| l == label))
+    };
+    runs.retain(|run| keep(run.5));
     for (dtype, tensor_cores, grads, head_dtype, budget_mib, label) in runs {
         let w = weight(dtype)?;
         let b = scaled(vocab, 0.1, 2, dtype)?;
@@ -2013,7 +2019,8 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     // The same call with smaller memory budgets than the default 1 GiB bound (F32, the largest
     // BT): more, shorter chunks.
     let bt = *rows.last().expect("a row count");
-    for budget_mib in [256u64, 512] {
+    let budgets: &[u64] = if keep("f32 budget") { &[256, 512] } else { &[] };
+    for &budget_mib in budgets {
         let budget = budget_mib << 20;
         let (x, w) = (input(bt, DType::F32)?, weight(DType::F32)?);
         let (b, t) = (scaled(vocab, 0.1, 2, DType::F32)?, targets(bt)?);

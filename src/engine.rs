@@ -523,15 +523,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Size class of a pooled buffer: a multiple of 256 bytes below 4 KiB, else rounded up to a
-/// multiple of one eighth of the next power of two (slack below a quarter of the size: just
-/// above a power of two P the step is P/4, so 1,025 MiB takes 1,280).
+/// Size class of a pooled buffer: a multiple of 256 bytes below 4 KiB, a multiple of 1 MiB
+/// above 64 MiB (slack below 1.6%: a 1,002 MiB weight gradient takes 1,002 MiB, not the
+/// 1,024 of the coarser classes), else rounded up to a multiple of one eighth of the next
+/// power of two (slack below a quarter of the size).
 pub(crate) fn size_class(bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
     let bytes = bytes.max(4);
     if bytes <= 4096 {
         return bytes.div_ceil(256) * 256;
     }
-    let step = bytes.next_power_of_two() / 8;
+    let step = if bytes > 64 * MIB {
+        MIB
+    } else {
+        bytes.next_power_of_two() / 8
+    };
     bytes.div_ceil(step) * step
 }
 
@@ -1367,5 +1373,37 @@ impl Engine {
                 stamped,
             },
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    /// Classes hold their request, grow with it, and waste little: under a quarter up to
+    /// 64 MiB, under 1 MiB above (a 1,002 MiB buffer takes 1,002 MiB).
+    #[test]
+    fn size_classes_hold_their_request_with_bounded_slack() {
+        const MIB: u64 = 1 << 20;
+        let mut last = 0;
+        let mut n = 1u64;
+        while n < 3 << 30 {
+            for bytes in [n, n + 1, n * 3 / 2, n * 2 - 1] {
+                let class = size_class(bytes);
+                assert!(class >= bytes, "{bytes}: class {class}");
+                let slack = class - bytes;
+                if bytes > 64 * MIB {
+                    assert!(slack < MIB, "{bytes}: class {class}");
+                } else if bytes > 4096 {
+                    assert!(slack * 4 < bytes, "{bytes}: class {class}");
+                }
+            }
+            let class = size_class(n);
+            assert!(class >= last, "{n}: class {class} below {last}");
+            last = class;
+            n = n * 5 / 4 + 1;
+        }
+        assert_eq!(size_class(128_256 * 4096 * 2), 1002 * MIB);
+        assert_eq!(size_class(100), 256);
     }
 }

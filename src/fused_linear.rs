@@ -310,6 +310,10 @@ struct Head {
     tensor_cores: bool,
     /// The gradient products on tensor cores ([`Chunking::tensor_core_gradients`]).
     tensor_core_gradients: bool,
+    /// The tensor-core products' F16 copies at most this many bytes
+    /// ([`crate::matmul::Gemm::copy_bytes`]; with [`Chunking::head_dtype_gradients`], what the
+    /// budget leaves beside the plan's scratch).
+    copy_bytes: Option<u64>,
 }
 
 impl Head {
@@ -326,6 +330,7 @@ impl Head {
             logit_bias: h.bias.cloned(),
             tensor_cores: false,
             tensor_core_gradients: false,
+            copy_bytes: None,
         }
     }
 
@@ -383,6 +388,7 @@ impl Head {
             bias,
             alpha: self.scale,
             tensor_cores: self.tensor_cores,
+            copy_bytes: self.copy_bytes,
             ..Gemm::plain(
                 GemmOperand {
                     offset: r0 * self.hidden,
@@ -559,6 +565,7 @@ impl Accumulator {
                 alpha: s,
                 tensor_cores: tc,
                 round_f32_operands: tc,
+                copy_bytes: head.copy_bytes,
                 ..Gemm::plain(
                     GemmOperand::whole(&dz, true),
                     GemmOperand::whole(&head.input, false),
@@ -601,6 +608,7 @@ impl Accumulator {
             alpha: s,
             tensor_cores: tc,
             round_f32_operands: tc,
+            copy_bytes: head.copy_bytes,
             ..Gemm::plain(
                 GemmOperand::whole(dlogits, false),
                 GemmOperand::whole(&head.weight, false),
@@ -940,7 +948,9 @@ pub fn fused_linear_cross_entropy_workspace_bytes(
 ///
 /// Each logit gradient is written over its logits when the vocabulary and the block are
 /// multiples of 4 (and no entropy cotangent needs both); otherwise it takes another F32
-/// buffer of the logits' size, so chunk and block count 8 bytes a logit.
+/// buffer of the logits' size, so chunk and block count 8 bytes a logit. The tensor-core
+/// products' F16 operand copies take only what the budget leaves beside this figure
+/// ([`crate::matmul::Gemm::copy_bytes`]).
 pub fn fused_linear_cross_entropy_blocked_workspace_bytes(
     rows: usize,
     hidden: usize,
@@ -1211,7 +1221,12 @@ fn cross_entropy_forward(
             h.vocab,
         )?;
     }
-    let h = h.tempered(t)?;
+    let mut h = h.tempered(t)?;
+    if plan.vocab_block.is_some() {
+        let bound = engine.workspace_bound();
+        let budget = options.chunking.memory_budget.unwrap_or(bound).min(bound);
+        h.copy_bytes = Some(budget.saturating_sub(plan.workspace_bytes));
+    }
     let cap = ce.softcap.unwrap_or(0.0);
     let per_row = rows_cotangent.is_some();
     let over = plan

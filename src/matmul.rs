@@ -352,7 +352,11 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
     ];
     let scales = scales_of(regions)?;
     let copies = match &scales {
-        Some(f) => f16_copies(regions, f, (tiles_m, tiles_n), batch)?,
+        Some(f) => {
+            let bound = call.out.engine().workspace_bound();
+            let allowance = call.copy_bytes.map_or(bound, |b| b.min(bound));
+            f16_copies(regions, f, (tiles_m, tiles_n), batch, allowance)?
+        }
         None => [None, None],
     };
     fn staged<'b>(op: GemmOperand<'b>, copy: &'b Option<Tensor>) -> GemmOperand<'b> {
@@ -423,7 +427,8 @@ pub const TC_COPY_MIN_TILES: usize = 16;
 /// instead of its BF16 or F32 operands: `[A's, B's]`, `None` for an F16 operand or one that each
 /// tile converts as it stages it. An operand is copied when at least [`TC_COPY_MIN_TILES`] tiles
 /// stage its values (A's: the tiles of a row of tiles, times the batches when A is shared; B's
-/// likewise by columns), within the engine's workspace bound (the copies are scratch): both
+/// likewise by columns), within `bound` (the engine's workspace bound, or the call's
+/// `copy_bytes`; the copies are scratch): both
 /// when both fit, else the one staged by more tiles when it fits alone, else none. A copy holds
 /// the F16 values the kernel's own conversion makes, so the product's bits do not depend on
 /// the choice; it holds the operand's region only (the elements the product reads).
@@ -432,6 +437,7 @@ fn f16_copies(
     factors: &Tensor,
     tiles: (usize, usize),
     batch: usize,
+    bound: u64,
 ) -> Result<[Option<Tensor>; 2]> {
     let engine = regions[0].tensor.engine();
     let shared = |r: &Region| if r.shared { batch } else { 1 };
@@ -439,7 +445,6 @@ fn f16_copies(
     let wanted = [0, 1]
         .map(|i| regions[i].tensor.dtype() != DType::F16 && staged_by[i] >= TC_COPY_MIN_TILES);
     let bytes = regions.map(|r| DType::F16.buffer_bytes(r.len) as u64);
-    let bound = engine.workspace_bound();
     let size = |take: [bool; 2]| -> u64 { (0..2).filter(|&i| take[i]).map(|i| bytes[i]).sum() };
     let first = if staged_by[0] >= staged_by[1] { 0 } else { 1 };
     let mut take = wanted;
@@ -843,6 +848,10 @@ pub struct Gemm<'a> {
     /// its operand's power-of-two scaling (11 significant bits, the precision of TF32; see
     /// [`tensor_core_rounded_tolerance`]). A reduced-precision product, hence its own switch.
     pub round_f32_operands: bool,
+    /// With `tensor_cores`: at most this many bytes of F16 operand copies (see
+    /// [`TC_COPY_MIN_TILES`]); `None` (default): the engine's workspace bound. For callers
+    /// that hold a memory budget; the bits do not depend on it.
+    pub copy_bytes: Option<u64>,
 }
 
 impl<'a> Gemm<'a> {
@@ -873,6 +882,7 @@ impl<'a> Gemm<'a> {
             alpha: 1.0,
             tensor_cores: false,
             round_f32_operands: false,
+            copy_bytes: None,
         }
     }
 }
@@ -1415,6 +1425,7 @@ pub fn matmul_as(
         alpha: 1.0,
         tensor_cores: options.tensor_cores,
         round_f32_operands: false,
+        copy_bytes: None,
     })?;
     Ok((
         out,

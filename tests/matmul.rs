@@ -502,6 +502,7 @@ fn gemm_offsets_case(m: usize, n: usize, k: usize, batch: usize, seed: u64) {
                 alpha,
                 tensor_cores: false,
                 round_f32_operands: false,
+                copy_bytes: None,
             };
             gemm(&call).unwrap();
             let mut want = init.clone();
@@ -722,6 +723,7 @@ fn bad_inputs_are_typed_errors() {
         alpha: 1.0,
         tensor_cores: false,
         round_f32_operands: false,
+        copy_bytes: None,
     };
     gemm(&base(&out)).unwrap();
     // A 16-bit out of an odd width (two columns a word), an integer out.
@@ -1158,6 +1160,7 @@ fn both_tiles_give_identical_bits() {
                     alpha,
                     tensor_cores: false,
                     round_f32_operands: false,
+                    copy_bytes: None,
                 };
                 let wide = tile_bits(&call, &init, Some(GemmTile::Wide));
                 let narrow = tile_bits(&call, &init, Some(GemmTile::Narrow));
@@ -1530,6 +1533,7 @@ fn chunked_fetches_give_the_element_path_bits() {
                 alpha: 1.0,
                 tensor_cores: false,
                 round_f32_operands: false,
+                copy_bytes: None,
             };
             let label = format!("{m}×{n}×{k} batch {batch} ta {ta} tb {tb} {dt_a}/{dt_b}");
             assert!(chunked_fetches(&call), "{label}: the rule");
@@ -1730,6 +1734,7 @@ fn tensor_core_case_as(
         alpha,
         tensor_cores,
         round_f32_operands: round,
+        copy_bytes: None,
     };
     gemm(&call).unwrap();
     let mut want = init.clone();
