@@ -1959,7 +1959,7 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     if wgrad::matmul::tensor_cores(engine) {
         // 16-bit heads with the logits products on tensor cores, then the gradient products
         // too (the logit gradient rounded to F16), and an F32 head with the latter; then the
-        // gradients in the head's dtypes, with the default budget and with 40 MiB (the
+        // gradients in the head's dtypes, with the default budget, 256 MiB and 40 MiB (the
         // scratch beside the BF16 gradients within Liger's peak).
         runs.extend([
             (DType::F16, true, false, false, None, "f16 tc"),
@@ -1972,7 +1972,15 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 true,
                 true,
                 true,
-                Some(40u64),
+                Some(256),
+                "bf16 tc+grads head",
+            ),
+            (
+                DType::BF16,
+                true,
+                true,
+                true,
+                Some(40),
                 "bf16 tc+grads head",
             ),
         ]);
