@@ -1763,7 +1763,7 @@ mod tests {
                 // values as the whole tensor's copy there; its own factor is that of its
                 // largest magnitude.
                 if len >= 8 {
-                    let (start, n) = (len / 4 & !1, len / 2 + 1);
+                    let (start, n) = ((len / 4) & !1, len / 2 + 1);
                     let region = Region {
                         tensor: &t,
                         start,

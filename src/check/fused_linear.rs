@@ -155,14 +155,13 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     let mut cases = Vec::new();
     for dtype in DType::FLOATS {
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
-        let plain = (50, false, Tolerance::for_dtype(DType::F32));
+        let plain = (50, false, Tolerance::for_dtype(DType::F32), None);
         flce_config_cases(
             engine,
             &mut rng,
             &head,
             (rows, vocab),
             plain,
-            None,
             &dtype.to_string(),
             &mut cases,
         )?;
@@ -172,14 +171,13 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     for dtype in [DType::BF16, DType::F16] {
         let (hidden, vocab) = (32, 124);
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
-        let plain = (50, false, Tolerance::for_dtype(DType::F32));
+        let blocked = (50, false, Tolerance::for_dtype(DType::F32), Some(40));
         flce_config_cases(
             engine,
             &mut rng,
             &head,
             (rows, vocab),
-            plain,
-            Some(40),
+            blocked,
             &format!("{dtype} head-dtype gradients"),
             &mut cases,
         )?;
@@ -189,14 +187,13 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
         // 16-byte rows), every option, in chunks of 48 rows.
         let (rows, hidden, vocab) = (4 * 48, 32, 128);
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, DType::F16)?;
-        let tc = (48, true, crate::matmul::tensor_core_tolerance(hidden));
+        let tc = (48, true, crate::matmul::tensor_core_tolerance(hidden), None);
         flce_config_cases(
             engine,
             &mut rng,
             &head,
             (rows, vocab),
             tc,
-            None,
             "f16 tensor cores",
             &mut cases,
         )?;
@@ -206,14 +203,14 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
 
 /// One head's cases of [`check_fused_linear_cross_entropy`]: each configuration of
 /// `ce_configs` in chunks of `chunk.0` rows (`chunk.1`: `Chunking::tensor_cores`), the loss
-/// values within `chunk.2`, the gradients under the F32 policy.
+/// values within `chunk.2`, the gradients under the F32 policy (`chunk.3`: a vocabulary block,
+/// `Chunking::head_dtype_gradients`, 16-bit gradients within one unit of the reference).
 fn flce_config_cases(
     engine: &Engine,
     rng: &mut Rng,
     head: &HeadData,
     (rows, vocab): (usize, usize),
-    chunk: (usize, bool, Tolerance),
-    vocab_block: Option<usize>,
+    chunk: (usize, bool, Tolerance, Option<usize>),
     suffix: &str,
     cases: &mut Vec<Case>,
 ) -> Result<()> {
@@ -235,9 +232,8 @@ fn flce_config_cases(
                 memory_budget: None,
                 tensor_cores: chunk.1,
                 tensor_core_gradients: false,
-                head_dtype_gradients: vocab_block.is_some(),
-                vocab_block,
-                ..Chunking::default()
+                head_dtype_gradients: chunk.3.is_some(),
+                vocab_block: chunk.3,
             },
             gradients_in_forward: true,
             ..FusedLinearCrossEntropyOptions::default()
