@@ -60,8 +60,8 @@
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, COMMON_SOFTCAP, Kernel};
 use crate::loss::{
-    self, CeBlock, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction, DivSettings,
-    Reduction,
+    self, CeBlock, CeGradInputs, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction,
+    DivSettings, Reduction,
 };
 use crate::matmul::{Gemm, GemmOperand, gemm, gemm_workspace_bytes};
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
@@ -1151,15 +1151,10 @@ pub(crate) fn scaled_gradients(
     }
 }
 
-/// What a cross-entropy logit gradient of a block needs besides its logits.
+/// A cross-entropy logit gradient of a block, written over its logits or not
+/// ([`gradient_over_logits`]).
 struct CeGrad<'a> {
-    targets: &'a Tensor,
-    settings: &'a CeSettings,
-    mat: &'a Tensor,
-    scales: &'a Tensor,
-    cot: &'a Tensor,
-    per_row: bool,
-    /// Written over the logits ([`gradient_over_logits`]).
+    inputs: CeGradInputs<'a>,
     over: bool,
 }
 
@@ -1167,13 +1162,11 @@ impl CeGrad<'_> {
     /// The F32 logit gradient of the block `logits` at `at`: the logits' own tensor when
     /// written over them, else a fresh one.
     fn of(&self, logits: &Tensor, at: CeBlock) -> Result<Tensor> {
-        let (targets, settings, mat) = (self.targets, self.settings, self.mat);
-        let (scales, cot, per_row) = (self.scales, self.cot, self.per_row);
         if self.over {
-            loss::ce_grad_block_over(logits, targets, settings, at, mat, scales, cot, per_row)?;
+            loss::ce_grad_block_over(logits, at, &self.inputs)?;
             Ok(logits.clone())
         } else {
-            loss::ce_grad_block(logits, targets, settings, at, mat, scales, cot, per_row)
+            loss::ce_grad_block(logits, at, &self.inputs)
         }
     }
 }
@@ -1257,14 +1250,16 @@ fn cross_entropy_forward(
     } else {
         None
     };
-    let grad = |logits: &Tensor, at: CeBlock, scales: &Tensor, cot: &Tensor| {
+    let grad = |logits: &Tensor, at: CeBlock, finish: &Tensor, cot: &Tensor| {
         CeGrad {
-            targets,
-            settings: &settings,
-            mat: &mat,
-            scales,
-            cot,
-            per_row,
+            inputs: CeGradInputs {
+                targets,
+                settings: &settings,
+                mat: &mat,
+                finish,
+                cot,
+                per_row,
+            },
             over,
         }
         .of(logits, at)
@@ -1517,12 +1512,14 @@ pub fn fused_linear_cross_entropy_backward_with_entropy(
     };
     engine.check_workspace("fused_linear_cross_entropy_backward", needed)?;
     let ce = CeGrad {
-        targets: &saved.targets,
-        settings: &saved.settings,
-        mat: &saved.rows_matrix,
-        scales: &saved.finish,
-        cot: &cot,
-        per_row,
+        inputs: CeGradInputs {
+            targets: &saved.targets,
+            settings: &saved.settings,
+            mat: &saved.rows_matrix,
+            finish: &saved.finish,
+            cot: &cot,
+            per_row,
+        },
         over: entropy.is_none()
             && plan
                 .vocab_block
@@ -1796,15 +1793,18 @@ impl DistillationSaved {
                 loss::ce_rows_block(&student, labels, &h.settings, r0, &h.mat, predicted)?;
             }
             if let Some(cot) = cot {
+                let inputs = loss::CeGradInputs {
+                    targets: labels,
+                    settings: &h.settings,
+                    mat: &h.mat,
+                    finish: &h.scales,
+                    cot,
+                    per_row: false,
+                };
                 d_hard = Some(loss::ce_grad_block(
                     &student,
-                    labels,
-                    &h.settings,
                     CeBlock { row0: r0, col0: 0 },
-                    &h.mat,
-                    &h.scales,
-                    cot,
-                    false,
+                    &inputs,
                 )?);
             }
         }

@@ -1070,21 +1070,30 @@ impl CeSettings {
     }
 }
 
-/// dlogits (F32, `logits`' shape) of a block of logits at `at` (see [`ce_rows_block`] for
-/// rows; a block of columns needs settings that know the number of classes, those of
-/// [`ce_settings`]): `mat` holds the per-row statistics of the whole batch, `finish` the
+/// What the cross-entropy gradient of a block of logits needs besides the logits: the
+/// targets and settings (a block of columns needs settings that know the number of classes,
+/// those of [`ce_settings`]), `mat` the per-row statistics of the whole batch, `finish` the
 /// scales (values 3 and 4), `cot` one value or one per row of the whole batch (`per_row`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn ce_grad_block(
-    logits: &Tensor,
-    targets: &Tensor,
-    s: &CeSettings,
-    at: CeBlock,
-    mat: &Tensor,
-    finish: &Tensor,
-    cot: &Tensor,
-    per_row: bool,
-) -> Result<Tensor> {
+pub(crate) struct CeGradInputs<'a> {
+    pub targets: &'a Tensor,
+    pub settings: &'a CeSettings,
+    pub mat: &'a Tensor,
+    pub finish: &'a Tensor,
+    pub cot: &'a Tensor,
+    pub per_row: bool,
+}
+
+/// dlogits (F32, `logits`' shape) of a block of logits at `at` (see [`ce_rows_block`] for
+/// rows).
+pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> Result<Tensor> {
+    let CeGradInputs {
+        targets,
+        settings: s,
+        mat,
+        finish,
+        cot,
+        per_row,
+    } = *g;
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
     let params = s.block_params(logits, at, per_row);
@@ -1132,21 +1141,19 @@ pub(crate) fn ce_grad_block(
 /// [`ce_grad_block`] written over `logits` (`ce_grad_over`, the values bit for bit) when its
 /// rows are whole 16-byte chunks ([`vectorized`]); otherwise (F32 logits only) the gradient
 /// is computed into a fresh tensor and copied over the logits.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn ce_grad_block_over(
-    logits: &Tensor,
-    targets: &Tensor,
-    s: &CeSettings,
-    at: CeBlock,
-    mat: &Tensor,
-    finish: &Tensor,
-    cot: &Tensor,
-    per_row: bool,
-) -> Result<()> {
+pub(crate) fn ce_grad_block_over(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> Result<()> {
+    let CeGradInputs {
+        targets,
+        settings: s,
+        mat,
+        finish,
+        cot,
+        per_row,
+    } = *g;
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
     if !vectorized(logits.dtype(), cols) {
-        let dx = ce_grad_block(logits, targets, s, at, mat, finish, cot, per_row)?;
+        let dx = ce_grad_block(logits, at, g)?;
         let bytes = dx.byte_len();
         if logits.dtype() == DType::F32 && bytes > 0 {
             engine
@@ -1287,16 +1294,15 @@ pub fn cross_entropy_in_place(
         saved.settings.reduction,
         leading(logits),
     )?;
-    ce_grad_block_over(
-        logits,
+    let inputs = CeGradInputs {
         targets,
-        &saved.settings,
-        CeBlock::default(),
-        &saved.rows_matrix,
-        &saved.finish,
-        &unit,
-        false,
-    )?;
+        settings: &saved.settings,
+        mat: &saved.rows_matrix,
+        finish: &saved.finish,
+        cot: &unit,
+        per_row: false,
+    };
+    ce_grad_block_over(logits, CeBlock::default(), &inputs)?;
     Ok(output)
 }
 
@@ -1349,16 +1355,15 @@ pub fn cross_entropy_backward(
         return Ok(dx);
     }
     let targets = saved.targets.as_ref().expect("integer targets");
-    ce_grad_block(
-        logits,
+    let inputs = CeGradInputs {
         targets,
-        &saved.settings,
-        CeBlock::default(),
-        &saved.rows_matrix,
-        &saved.finish,
-        &cot,
+        settings: &saved.settings,
+        mat: &saved.rows_matrix,
+        finish: &saved.finish,
+        cot: &cot,
         per_row,
-    )
+    };
+    ce_grad_block(logits, CeBlock::default(), &inputs)
 }
 
 /// [`cross_entropy_backward`] with the gradient stored in `dtype`: F32 gives that function's
