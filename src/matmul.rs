@@ -29,10 +29,11 @@
 //! under [`tensor_core_tolerance`] instead of carrying the FP32 path's bits; reruns on one
 //! device are bit-identical. F32 operands take the same route only with
 //! [`Gemm::round_f32_operands`] (each value rounded to 11 significant bits,
-//! [`tensor_core_rounded_tolerance`]). The factors cost one pass over each scaled operand's
-//! tensor (two small launches, no host synchronization); an operand staged by many tiles is
-//! converted once into an F16 copy (scratch, `tc_stage_f16`, see [`TC_COPY_MIN_TILES`]), the
-//! others on each tile, with the same values either way. The epilogue is the FP32 path's
+//! [`tensor_core_rounded_tolerance`]). The factors cost one pass over the elements of each
+//! scaled operand that the product reads (two small launches, no host synchronization); an
+//! operand staged by many tiles is converted once into an F16 copy of those elements
+//! (scratch, `tc_stage_f16`, see [`TC_COPY_MIN_TILES`]), the others on each tile, with the
+//! same values either way. The epilogue is the FP32 path's
 //! (alpha, bias of any float dtype, activation, pre-activation, accumulate, an F32 or 16-bit
 //! out), applied to the same FP32 sums. Calls outside [`tensor_core_fits`] run on the FP32
 //! path.
@@ -46,7 +47,9 @@
 //! applies the epilogue (alpha, bias, activation, pre-activation, accumulate) as the unsplit
 //! kernel does. Results differ from the unsplit product only by that summation order and
 //! reruns are bit-identical. Under a workspace bound too small for the scratch the product
-//! uses fewer slices or none: it never fails for lack of a split.
+//! uses fewer slices or none: it never fails for lack of a split. Tensor-core products split
+//! by the same rule (slices of whole 64-element K steps, so at most the same scratch): pass 1
+//! runs the tensor-core kernel on each slice, pass 2 is the same finish.
 //!
 //! Kernel (`wgsl/matmul.wgsl`): [`TILE_M`]×[`TILE_N`] = 128×128 output tile per workgroup of
 //! 256 invocations, 8×8 micro-tile per invocation (sixteen vec4 accumulators), K steps of 16
@@ -336,7 +339,7 @@ pub fn tensor_core_fits(call: &Gemm) -> bool {
 /// Launch a checked, fitting tensor-core product (128×128 tiles, one workgroup each): an F32
 /// out without bias, activation or pre-activation takes `gemm_tc` (fragments stored whole),
 /// anything else the epilogue entries (fragments through workgroup memory).
-fn gemm_tc(call: &Gemm) -> Result<()> {
+fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     let (m, n, batch) = (call.m, call.n, call.batch);
     let tiles_m = m.div_ceil(TILE_M);
     let tiles_n = n.div_ceil(TILE_N);
@@ -374,13 +377,18 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
         b: staged(call.b, &copies[1]),
         ..*call
     };
-    let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
     let [a, b] = [call.a.tensor, call.b.tensor];
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    let (slices, k_slice) = tc_split_plan(m, n, call.k, batch, allowance);
+    let out_dtype = if slices > 1 {
+        DType::F32
+    } else {
+        call.out.dtype()
+    };
     let constants = vec![
         ("TRANS_A", flag(call.a.transposed)),
         ("TRANS_B", flag(call.b.transposed)),
-        ("DT_OUT", f64::from(call.out.dtype().code())),
+        ("DT_OUT", f64::from(out_dtype.code())),
         ("SCALED", flag(scales.is_some())),
         ("DT_A", f64::from(a.dtype().code())),
         ("DT_B", f64::from(b.dtype().code())),
@@ -393,6 +401,45 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
             ),
         ),
     ];
+    let factors = scales.as_ref().unwrap_or(call.a.tensor).buffer();
+    let engine = call.out.engine();
+    if slices > 1 {
+        // Split-K: each slice's raw sums (alpha 1) into F32 scratch [slices, batch, m, n] by
+        // the plain entry, then the FP32 module's fixed-order finish with the epilogue.
+        engine.check_workspace(
+            "gemm (tensor-core split-K slice sums)",
+            split_scratch(m, n, batch, slices),
+        )?;
+        let part = Tensor::empty(
+            engine,
+            &[slices * batch * m * n],
+            DType::F32,
+            "gemm split-K slice sums",
+        )?;
+        let partial = Gemm {
+            out: &part,
+            out_offset: 0,
+            out_batch_stride: m * n,
+            alpha: 1.0,
+            bias: None,
+            accumulate: false,
+            activation: None,
+            pre_activation: None,
+            ..*call
+        };
+        let params = Params::new(&partial, (tiles_m, tiles_n), (slices, k_slice), a);
+        engine.launch(
+            &TC_KERNEL,
+            "gemm_tc",
+            &constants,
+            &params,
+            &[a.buffer(), b.buffer(), part.buffer(), factors],
+            tiles * slices as u64,
+        )?;
+        let params = Params::new(call, (tiles_m, tiles_n), (slices, k_slice), bias);
+        return split_finish(call, &params, bias, &part);
+    }
+    let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
     let mut buffers = vec![a.buffer(), b.buffer()];
     let plain = call.out.dtype() == DType::F32
         && call.bias.is_none()
@@ -411,10 +458,51 @@ fn gemm_tc(call: &Gemm) -> Result<()> {
             None => "gemm_tc_epilogue",
         }
     };
-    buffers.push(scales.as_ref().unwrap_or(call.a.tensor).buffer());
-    call.out
-        .engine()
-        .launch(&TC_KERNEL, entry, &constants, &params, &buffers, tiles)
+    buffers.push(factors);
+    engine.launch(&TC_KERNEL, entry, &constants, &params, &buffers, tiles)
+}
+
+/// K step of the tensor-core kernel (`BK` of `wgsl/matmul_tc.wgsl`).
+const TC_K_STEP: usize = 64;
+
+/// `(slices, k per slice)` of a tensor-core product: [`split_plan`]'s split (the same rule as
+/// the FP32 path's: few output tiles, a long K) with slices of whole K steps, so its scratch
+/// is at most the FP32 split's ([`gemm_workspace_bytes`]).
+fn tc_split_plan(m: usize, n: usize, k: usize, batch: usize, allowance: u64) -> (usize, usize) {
+    let (slices, slice) = split_plan(m, n, k, batch, allowance);
+    if slices < 2 {
+        return (1, k);
+    }
+    let slice = slice.div_ceil(TC_K_STEP) * TC_K_STEP;
+    match k.div_ceil(slice) {
+        0 | 1 => (1, k),
+        slices => (slices, slice),
+    }
+}
+
+/// The second pass of a split product: `gemm_finish` (`_pre` with a pre-activation) adds the
+/// slice sums of `part` in increasing slice order and applies `call`'s epilogue, one element
+/// (one word of a 16-bit out) an invocation.
+fn split_finish(call: &Gemm, params: &Params, bias: &Tensor, part: &Tensor) -> Result<()> {
+    let mut buffers = vec![bias.buffer(), call.out.buffer()];
+    let entry = match call.pre_activation {
+        Some(pre) => {
+            buffers.push(pre.buffer());
+            "gemm_finish_pre"
+        }
+        None => "gemm_finish",
+    };
+    buffers.push(part.buffer());
+    let span = if call.out.dtype() == DType::F32 { 1 } else { 2 };
+    let elements = (call.batch as u64) * (call.m as u64) * (call.n as u64);
+    call.out.engine().launch(
+        &KERNEL,
+        entry,
+        &vec![("DT_OUT", f64::from(call.out.dtype().code()))],
+        params,
+        &buffers,
+        (elements / span).div_ceil(256),
+    )
 }
 
 /// Tiles that must stage a BF16 or F32 operand's values before a tensor-core product converts
@@ -1185,7 +1273,8 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
         return Ok(());
     }
     if call.tensor_cores && tensor_core_fits(call) {
-        return gemm_tc(call);
+        let bound = engine.workspace_bound().min(engine.max_binding_bytes());
+        return gemm_tc(call, allowance.min(bound));
     }
     let tile = tile.unwrap_or_else(|| gemm_tile(m, n, batch));
     let tiles_m = m.div_ceil(tile.rows());
@@ -1242,26 +1331,7 @@ fn gemm_tiled(call: &Gemm, allowance: u64, tile: Option<GemmTile>) -> Result<()>
             ],
             tiles * slices as u64,
         )?;
-        let mut buffers = vec![bias.buffer(), call.out.buffer()];
-        let entry = match call.pre_activation {
-            Some(pre) => {
-                buffers.push(pre.buffer());
-                "gemm_finish_pre"
-            }
-            None => "gemm_finish",
-        };
-        buffers.push(part.buffer());
-        // One element an invocation, or one word (two elements) of a 16-bit out.
-        let span = if narrow_out { 2 } else { 1 };
-        let elements = (batch as u64) * (m as u64) * (n as u64);
-        return engine.launch(
-            &KERNEL,
-            entry,
-            &vec![("DT_OUT", f64::from(call.out.dtype().code()))],
-            &params,
-            &buffers,
-            (elements / span).div_ceil(256),
-        );
+        return split_finish(call, &params, bias, &part);
     }
     let mut buffers = vec![
         call.a.tensor.buffer(),

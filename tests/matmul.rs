@@ -1843,6 +1843,10 @@ fn tensor_core_products_match_reference_or_are_refused() {
             ((384, 128, 1008, 3), false, true, 1.0),
             ((136, 120, 72, 2), false, true, 0.5),
             ((200, 264, 64, 1), true, false, 2.0),
+            // Few tiles and a long K: split into K slices (a shorter last one), the slices
+            // summed by the FP32 module's finish (accumulate, alpha, a shared B).
+            ((64, 128, 8200, 1), false, true, 0.5),
+            ((128, 64, 4160, 3), true, false, -1.25),
         ] {
             let seed = 700 + shape.2 as u64;
             let bits =
@@ -2174,6 +2178,8 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
         ((128, 128, 64), false),
         ((136, 120, 72), true),
         ((200, 264, 200), false),
+        // Split into K slices: the epilogue applied by the FP32 module's finish.
+        ((72, 136, 4160), true),
     ] {
         for (i, &(bias_dt, act, out_dt)) in cases.iter().enumerate() {
             let seed = 900 + 10 * i as u64;

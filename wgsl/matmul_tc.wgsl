@@ -14,6 +14,12 @@
 // one device (a fixed schedule, no atomics) but not the bits of the FP32 path
 // (`wgsl/matmul.wgsl`), hence an opt-in with its own tolerance (`matmul::tensor_core_tolerance`).
 //
+// Split-K (`slices` > 1, the plain entry only): workgroup g computes tile g mod T (T tiles of
+// the product) over the k slice s = g / T, [s·k_slice, min(k, (s+1)·k_slice)), and stores its
+// raw sums (alpha 1, no accumulate: the caller's parameters) at slice s's place of the F32
+// scratch [slices, batch, m, n]; the FP32 module's `gemm_finish` then adds the slices in
+// increasing order and applies the epilogue, as for its own split products.
+//
 // This module starts with `enable wgpu_cooperative_matrix;` (its own file for that reason) and
 // runs only where `matmul::tensor_cores` holds: a Vulkan device with
 // `EXPERIMENTAL_COOPERATIVE_MATRIX` and a 16×16×16 F16 × F16 → F32 configuration, subgroups
@@ -102,7 +108,7 @@ fn chunk_slot(kc: bool, c: u32) -> vec2<u32> {
 
 // Chunk c of the step at k0 of an operand: `rows` its extent along the tile's 128 (m or n),
 // `base` its batch's first element, tile row/column origin `x0`. kc: consecutive k adjacent.
-fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool,
+fn fetch(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32, is_a: bool,
          scale: f32) -> H8 {
     let s = chunk_slot(kc, c);
     var x: u32;
@@ -119,9 +125,10 @@ fn fetch(kc: bool, c: u32, x0: u32, k0: u32, rows: u32, base: u32, is_a: bool,
     }
     // One return, at the end: a return under a branch on the invocation (or an argument)
     // would make the callers' cooperative operations non-uniform to naga. Chunks past k, or
-    // past m or n in a ragged last tile, read chunk 0 and are zeroed. BF16 and F32 values are
+    // past m or n in a ragged last tile, read chunk 0 and are zeroed (past `kend`: the end of
+    // the k slice). BF16 and F32 values are
     // multiplied by their operand's factor `scale` (exact) before they are rounded to F16.
-    let inside = kk < params.k && x < rows;
+    let inside = kk < kend && x < rows;
     let dt = select(DT_B, DT_A, is_a);
     var h: H8;
     if (dt == DT_F32) {
@@ -396,8 +403,8 @@ struct Acc8 {
     c13: coop_mat16x16<f32, C>,
 }
 
-// A tile's launch: its batch's operand bases and out offset, its origin, and this subgroup's
-// block origin (tile coordinates).
+// A tile's launch: its batch's operand bases and out offset, its origin, this subgroup's
+// block origin (tile coordinates), and its k range (a slice of k with split-K).
 struct TileAt {
     abase: u32,
     bbase: u32,
@@ -406,16 +413,28 @@ struct TileAt {
     n0: u32,
     wr: u32,
     wc: u32,
+    k0: u32,
+    k1: u32,
 }
 
 // The tile's operands, output and subgroup block, in bands of GROUP_M tile rows
 // (`banded_tile` of `common/gemm_params.wgsl`, the FP32 module's order).
 fn tile_at(tile: u32, sg: u32) -> TileAt {
-    let t = banded_tile(tile, GROUP_M);
+    let per_slice = params.tiles_m * params.tiles_n * params.batch;
+    let slice = tile / per_slice;
+    let t = banded_tile(tile - slice * per_slice, GROUP_M);
     let bi = t.x;
+    let k0 = slice * params.k_slice;
     return TileAt(params.off_a + bi * params.stride_a, params.off_b + bi * params.stride_b,
-                  params.off_c + bi * params.stride_c, t.y * BM, t.z * BN, (sg / 2u) * 32u,
-                  (sg % 2u) * 64u);
+                  params.off_c + (slice * params.batch + bi) * params.stride_c, t.y * BM,
+                  t.z * BN, (sg / 2u) * 32u, (sg % 2u) * 64u, k0,
+                  min(params.k, k0 + params.k_slice));
+}
+
+// Whether workgroup `tile` has a tile to compute (uniform: the early return before the
+// cooperative operations stays uniform).
+fn tile_launched(tile: u32) -> bool {
+    return tile < params.tiles_m * params.tiles_n * params.batch * params.slices;
 }
 
 // Σ over k of this subgroup's 32×64 block of the tile (raw sums, no alpha). Called in uniform
@@ -429,6 +448,8 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
     let bbase = at.bbase;
     let wr = at.wr;
     let wc = at.wc;
+    let k_lo = at.k0;
+    let k_hi = at.k1;
     // The operands' scale factors (1 for F16, see `factors`).
     var sa = 1.0;
     var sb = 1.0;
@@ -444,15 +465,15 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
-    var fa0 = fetch(akc, lid, m0, 0u, params.m, abase, true, sa);
-    var fa1 = fetch(akc, lid + 256u, m0, 0u, params.m, abase, true, sa);
-    var fa2 = fetch(akc, lid + 512u, m0, 0u, params.m, abase, true, sa);
-    var fa3 = fetch(akc, lid + 768u, m0, 0u, params.m, abase, true, sa);
-    var fb0 = fetch(bkc, lid, n0, 0u, params.n, bbase, false, sb);
-    var fb1 = fetch(bkc, lid + 256u, n0, 0u, params.n, bbase, false, sb);
-    var fb2 = fetch(bkc, lid + 512u, n0, 0u, params.n, bbase, false, sb);
-    var fb3 = fetch(bkc, lid + 768u, n0, 0u, params.n, bbase, false, sb);
-    for (var k0 = 0u; k0 < params.k; k0 += BK) {
+    var fa0 = fetch(akc, lid, m0, k_lo, k_hi, params.m, abase, true, sa);
+    var fa1 = fetch(akc, lid + 256u, m0, k_lo, k_hi, params.m, abase, true, sa);
+    var fa2 = fetch(akc, lid + 512u, m0, k_lo, k_hi, params.m, abase, true, sa);
+    var fa3 = fetch(akc, lid + 768u, m0, k_lo, k_hi, params.m, abase, true, sa);
+    var fb0 = fetch(bkc, lid, n0, k_lo, k_hi, params.n, bbase, false, sb);
+    var fb1 = fetch(bkc, lid + 256u, n0, k_lo, k_hi, params.n, bbase, false, sb);
+    var fb2 = fetch(bkc, lid + 512u, n0, k_lo, k_hi, params.n, bbase, false, sb);
+    var fb3 = fetch(bkc, lid + 768u, n0, k_lo, k_hi, params.n, bbase, false, sb);
+    for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         workgroupBarrier();
         store_a(akc, lid, fa0);
         store_a(akc, lid + 256u, fa1);
@@ -464,15 +485,15 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
         store_b(bkc, lid + 768u, fb3);
         workgroupBarrier();
         let kn = k0 + BK;
-        if (kn < params.k) {
-            fa0 = fetch(akc, lid, m0, kn, params.m, abase, true, sa);
-            fa1 = fetch(akc, lid + 256u, m0, kn, params.m, abase, true, sa);
-            fa2 = fetch(akc, lid + 512u, m0, kn, params.m, abase, true, sa);
-            fa3 = fetch(akc, lid + 768u, m0, kn, params.m, abase, true, sa);
-            fb0 = fetch(bkc, lid, n0, kn, params.n, bbase, false, sb);
-            fb1 = fetch(bkc, lid + 256u, n0, kn, params.n, bbase, false, sb);
-            fb2 = fetch(bkc, lid + 512u, n0, kn, params.n, bbase, false, sb);
-            fb3 = fetch(bkc, lid + 768u, n0, kn, params.n, bbase, false, sb);
+        if (kn < k_hi) {
+            fa0 = fetch(akc, lid, m0, kn, k_hi, params.m, abase, true, sa);
+            fa1 = fetch(akc, lid + 256u, m0, kn, k_hi, params.m, abase, true, sa);
+            fa2 = fetch(akc, lid + 512u, m0, kn, k_hi, params.m, abase, true, sa);
+            fa3 = fetch(akc, lid + 768u, m0, kn, k_hi, params.m, abase, true, sa);
+            fb0 = fetch(bkc, lid, n0, kn, k_hi, params.n, bbase, false, sb);
+            fb1 = fetch(bkc, lid + 256u, n0, kn, k_hi, params.n, bbase, false, sb);
+            fb2 = fetch(bkc, lid + 512u, n0, kn, k_hi, params.n, bbase, false, sb);
+            fb3 = fetch(bkc, lid + 768u, n0, kn, k_hi, params.n, bbase, false, sb);
         }
         for (var kk = 0u; kk < BK; kk += 16u) {
             let a0 = frag_a(wr, kk);
@@ -502,7 +523,7 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
            @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
            @builtin(subgroup_invocation_id) lane: u32) {
     let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-    if (tile >= params.tiles_m * params.tiles_n * params.batch) {
+    if (!tile_launched(tile)) {
         return;
     }
     let at = tile_at(tile, sg);
@@ -536,7 +557,7 @@ fn gemm_tc_epilogue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
                     @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
                     @builtin(subgroup_invocation_id) lane: u32) {
     let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-    if (tile >= params.tiles_m * params.tiles_n * params.batch) {
+    if (!tile_launched(tile)) {
         return;
     }
     let at = tile_at(tile, sg);
@@ -565,7 +586,7 @@ fn gemm_tc_epilogue_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_work
                         @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
                         @builtin(subgroup_invocation_id) lane: u32) {
     let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-    if (tile >= params.tiles_m * params.tiles_n * params.batch) {
+    if (!tile_launched(tile)) {
         return;
     }
     let at = tile_at(tile, sg);
