@@ -425,9 +425,10 @@ fn tile_at(tile: u32, sg: u32) -> TileAt {
     let t = banded_tile(tile - slice * per_slice, GROUP_M);
     let bi = t.x;
     let k0 = slice * params.k_slice;
-    return TileAt(params.off_a + bi * params.stride_a, params.off_b + bi * params.stride_b,
-                  params.off_c + (slice * params.batch + bi) * params.stride_c, t.y * BM,
-                  t.z * BN, (sg / 2u) * 32u, (sg % 2u) * 64u, k0,
+    // A slice's sums go to its [batch, m, n] of the scratch (stride_c is 0 for one batch).
+    let c0 = params.off_c + bi * params.stride_c + slice * params.batch * params.m * params.n;
+    return TileAt(params.off_a + bi * params.stride_a, params.off_b + bi * params.stride_b, c0,
+                  t.y * BM, t.z * BN, (sg / 2u) * 32u, (sg % 2u) * 64u, k0,
                   min(params.k, k0 + params.k_slice));
 }
 
