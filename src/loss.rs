@@ -1086,17 +1086,10 @@ pub(crate) struct CeGradInputs<'a> {
 /// dlogits (F32, `logits`' shape) of a block of logits at `at` (see [`ce_rows_block`] for
 /// rows).
 pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> Result<Tensor> {
-    let CeGradInputs {
-        targets,
-        settings: s,
-        mat,
-        finish,
-        cot,
-        per_row,
-    } = *g;
+    let s = g.settings;
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
-    let params = s.block_params(logits, at, per_row);
+    let params = s.block_params(logits, at, g.per_row);
     let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
     let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
@@ -1107,11 +1100,11 @@ pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> R
             &consts,
             &params,
             &[
-                mat.buffer(),
-                targets.buffer(),
+                g.mat.buffer(),
+                g.targets.buffer(),
                 weight_buffer,
-                finish.buffer(),
-                cot.buffer(),
+                g.finish.buffer(),
+                g.cot.buffer(),
                 logits.buffer(),
                 dx.buffer(),
             ],
@@ -1125,12 +1118,12 @@ pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> R
             &params,
             &[
                 logits.buffer(),
-                mat.buffer(),
+                g.mat.buffer(),
                 dx.buffer(),
-                targets.buffer(),
+                g.targets.buffer(),
                 weight_buffer,
-                finish.buffer(),
-                cot.buffer(),
+                g.finish.buffer(),
+                g.cot.buffer(),
             ],
             rows as u64,
         )?;
@@ -1142,14 +1135,7 @@ pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> R
 /// rows are whole 16-byte chunks ([`vectorized`]); otherwise (F32 logits only) the gradient
 /// is computed into a fresh tensor and copied over the logits.
 pub(crate) fn ce_grad_block_over(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> Result<()> {
-    let CeGradInputs {
-        targets,
-        settings: s,
-        mat,
-        finish,
-        cot,
-        per_row,
-    } = *g;
+    let s = g.settings;
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
     if !vectorized(logits.dtype(), cols) {
@@ -1168,18 +1154,18 @@ pub(crate) fn ce_grad_block_over(logits: &Tensor, at: CeBlock, g: &CeGradInputs)
     }
     let groups = ((rows * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
     // Without class weights the binding is unused; the targets (read-only) stand in.
-    let weight_buffer = s.weight.as_ref().unwrap_or(targets).buffer();
+    let weight_buffer = s.weight.as_ref().unwrap_or(g.targets).buffer();
     engine.launch(
         &KERNEL,
         "ce_grad_over",
         &constants(logits.dtype(), DType::F32, DType::F32, 0),
-        &s.block_params(logits, at, per_row),
+        &s.block_params(logits, at, g.per_row),
         &[
-            mat.buffer(),
-            targets.buffer(),
+            g.mat.buffer(),
+            g.targets.buffer(),
             weight_buffer,
-            finish.buffer(),
-            cot.buffer(),
+            g.finish.buffer(),
+            g.cot.buffer(),
             logits.buffer(),
         ],
         groups,

@@ -768,15 +768,25 @@ fn flce_all_ignored_and_empty_batches() {
     }
 }
 
-#[test]
-fn flce_peak_memory_stays_at_the_chunk_bound() {
-    // A private engine: the memory statistics are engine-wide.
+/// A private engine (the memory statistics are engine-wide) with a head of `rows` rows and a
+/// bias, and targets (a fifth ignored), all uploaded.
+fn memory_case(
+    seed: u64,
+    (rows, hidden, vocab): (usize, usize, usize),
+    dtype: DType,
+) -> (Engine, HeadData, Tensor) {
     let e = common::private_engine();
-    let (rows, hidden, vocab) = (512, 16, 1024);
-    let head = HeadData::new(&e, 90, &[rows], hidden, vocab, true, DType::F32, 0.3);
-    let targets = targets_for(91, rows, vocab, -100, 5);
+    let head = HeadData::new(&e, seed, &[rows], hidden, vocab, true, dtype, 0.3);
+    let targets = targets_for(seed + 1, rows, vocab, -100, 5);
     let t = Tensor::from_slice(&e, &targets, &[rows]).unwrap();
     e.synchronize().unwrap();
+    (e, head, t)
+}
+
+#[test]
+fn flce_peak_memory_stays_at_the_chunk_bound() {
+    let (rows, hidden, vocab) = (512, 16, 1024);
+    let (e, head, t) = memory_case(90, (rows, hidden, vocab), DType::F32);
     let logits_bytes = (rows * vocab * 4) as u64;
     // A budget for chunks of about 32 rows: a sixteenth of the logits.
     let per_chunk = fl::fused_linear_cross_entropy_workspace_bytes(rows, hidden, vocab, 32, true);
@@ -2586,13 +2596,8 @@ fn flce_head_dtype_gradients_agree_with_the_f32_ones() {
 
 #[test]
 fn flce_head_dtype_gradients_peak_memory() {
-    // A private engine: the memory statistics are engine-wide.
-    let e = common::private_engine();
     let (rows, hidden, vocab) = (256, 64, 1024);
-    let head = HeadData::new(&e, 670, &[rows], hidden, vocab, true, DType::BF16, 0.3);
-    let targets = targets_for(671, rows, vocab, -100, 5);
-    let t = Tensor::from_slice(&e, &targets, &[rows]).unwrap();
-    e.synchronize().unwrap();
+    let (e, head, t) = memory_case(670, (rows, hidden, vocab), DType::BF16);
     // A budget for chunks of 16 rows and blocks of 64 columns.
     let budget = fl::fused_linear_cross_entropy_blocked_workspace_bytes(
         rows, hidden, vocab, 16, 64, true, false,
