@@ -27,6 +27,19 @@
 //! equal size; see [`plan_cross_entropy`], [`fused_linear_cross_entropy_workspace_bytes`] and
 //! their distillation counterparts.
 //!
+//! # Gradients in the head's dtypes
+//!
+//! The F32 weight gradient summed chunk by chunk is the largest buffer of a call (2 GB at
+//! V 128,256, H 4,096). With [`Chunking::head_dtype_gradients`] the cross-entropy heads return
+//! `dx` and `dW` in the input's and weight's dtypes, each value an FP32 sum over the whole
+//! batch rounded once: the row chunks compute the losses, the statistics and `dx[chunk]` (one
+//! product over the vocabulary), then blocks of vocabulary columns recompute their logits for
+//! every row and take `dW[block] = dzᵀ·x` in one product over the rows (and `db[block]`). No
+//! F32 `[vocab, hidden]` buffer exists; the price is one more logits-sized product. Logit
+//! gradients are written over their logits where the rows allow it, and the tensor-core
+//! products' F16 copies stay within what the budget leaves
+//! ([`fused_linear_cross_entropy_blocked_workspace_bytes`]).
+//!
 //! # Forward / backward split
 //!
 //! For a scalar loss (reductions sum and mean, and every distillation loss) the forward
@@ -282,7 +295,9 @@ impl ChunkPlan {
     }
 }
 
-/// Gradients of a fused linear loss, all F32 and FP32-accumulated.
+/// Gradients of a fused linear loss, FP32-accumulated: all F32, or with
+/// [`Chunking::head_dtype_gradients`] d input and d weight in the input's and weight's dtypes
+/// (each value rounded once from its FP32 sum) and d bias F32.
 #[derive(Debug, Clone)]
 pub struct FusedLinearGradients {
     /// d input, the input's shape.
