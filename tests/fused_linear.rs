@@ -38,23 +38,6 @@ fn grad_tol() -> Tolerance {
     F32
 }
 
-/// A 16-bit gradient (an FP32 sum rounded `units` times) against the f64 reference rounded
-/// to the same dtype: `units` units in the last place, relative, plus the F32 policy's
-/// absolute part for values whose FP32 sums cancel.
-fn rounded_tol(dtype: DType, units: f64) -> Tolerance {
-    let significant = match dtype {
-        DType::BF16 => 8,
-        DType::F16 => 11,
-        _ => 24,
-    };
-    let rel = units * 2f64.powi(1 - significant);
-    Tolerance {
-        abs: F32.abs,
-        rel,
-        rel_l2: rel,
-    }
-}
-
 /// The bits of any float tensor, widened to f64.
 fn wide_bits(t: &Tensor) -> Vec<u64> {
     t.to_f64().unwrap().into_iter().map(f64::to_bits).collect()
@@ -223,7 +206,7 @@ fn check_gradients_within(
                 &what,
                 &t.to_f64().unwrap(),
                 &rounded,
-                rounded_tol(stored, 2.0),
+                common::rounded_tolerance(stored, 2.0),
             );
         }
     }
@@ -2455,7 +2438,10 @@ fn blocked_case(
         let (want, tol) = if dtype == DType::F32 {
             (want.clone(), grad_tol())
         } else {
-            (common::stored(want, dtype), rounded_tol(dtype, 1.0))
+            (
+                common::stored(want, dtype),
+                common::rounded_tolerance(dtype, 1.0),
+            )
         };
         assert_close(
             &format!("{what} {name} (unit)"),
@@ -2581,7 +2567,7 @@ fn flce_head_dtype_gradients_agree_with_the_f32_ones() {
             } else {
                 (
                     common::stored(&want, got.dtype()),
-                    rounded_tol(got.dtype(), 1.0),
+                    common::rounded_tolerance(got.dtype(), 1.0),
                 )
             };
             assert_close(

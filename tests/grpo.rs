@@ -593,7 +593,7 @@ fn bad_inputs_are_typed_errors() {
 /// `fused_linear_grpo_loss` on a head `x [B, L, H]`, `W [V, H]`, bias against the reference on
 /// the materialized logits `x·Wᵀ + b` (then dx = dlogits·W, dW = dlogitsᵀ·x, dbias = Σ
 /// dlogits): every dtype of the head, each normalization, temperature 0.7, β, a mask, chunks
-/// of 1 row and of every row; reruns bit-identical.
+/// of 1 row and of every row; reruns bit-identical; gradients in the head's dtypes.
 #[test]
 fn fused_linear_head_matches_the_reference() {
     use wgrad::fused_linear::{Chunking, LinearHead};
@@ -708,6 +708,32 @@ fn fused_linear_head_matches_the_reference() {
                     );
                 }
             }
+            // Gradients in the head's dtypes (`Chunking::head_dtype_gradients`, blocks of 8
+            // of the 41 columns): each value the reference's rounded once to the dtype (one
+            // unit), the bias gradient F32.
+            let chunking = Chunking {
+                chunk_rows: Some(3),
+                vocab_block: Some(8),
+                head_dtype_gradients: true,
+                ..Chunking::default()
+            };
+            let (out, saved) = fused_linear_grpo_loss(head, &gpu_tokens, &o, chunking).unwrap();
+            let g = fused_linear_grpo_loss_backward(&saved, None).unwrap();
+            let what = format!("{dtype} {loss_type:?} head dtypes");
+            assert_close(&what, &out.loss.to_f64().unwrap(), &[want.loss], tol);
+            let rounded = common::rounded_tolerance(dtype, 1.0);
+            for (name, got, want) in [("dx", &g.input, &dx), ("dW", &g.weight, &dw)] {
+                assert_eq!(got.dtype(), dtype, "{what} {name} dtype");
+                assert_close(
+                    &format!("{what} {name}"),
+                    &got.to_f64().unwrap(),
+                    &stored(want, dtype),
+                    rounded,
+                );
+            }
+            let gb = g.bias.expect("bias gradient");
+            assert_eq!(gb.dtype(), DType::F32, "{what} dbias dtype");
+            assert_close(&format!("{what} dbias"), &gb.to_f64().unwrap(), &db, tol);
         }
     }
     // A head that is not [B, L, H].

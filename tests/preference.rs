@@ -290,6 +290,52 @@ fn chunk_sizes_reruns_and_the_cotangent() {
     }
 }
 
+/// DPO with gradients in the head's dtypes (`Chunking::head_dtype_gradients`, chunks of 5
+/// rows, blocks of 8 of the 37 columns; the backward recomputes with per-token cotangents):
+/// d input and d weight the reference's rounded once to the dtype (one unit), d bias F32.
+#[test]
+fn head_dtype_gradients_match_the_reference() {
+    let tol = Tolerance::for_dtype(DType::F32);
+    for dtype in DType::FLOATS {
+        let c = case(140, SIZES, dtype);
+        let u = upload(&c, dtype);
+        let o = PreferenceOptions {
+            chunking: Chunking {
+                chunk_rows: Some(5),
+                vocab_block: Some(8),
+                head_dtype_gradients: true,
+                ..Chunking::default()
+            },
+            ..PreferenceOptions::new(PreferenceLoss::Dpo)
+        };
+        let (out, saved) = preference_loss(head(&u), &u.targets, Some(log_probs(&u)), &o).unwrap();
+        let set = settings(&o);
+        let inp = inputs(&c, true);
+        let want = reference::forward(c.s, &inp, &set);
+        assert_close(
+            &format!("{dtype} loss"),
+            &out.loss.to_f64().unwrap(),
+            &[want.loss],
+            tol,
+        );
+        let g = preference_loss_backward(&saved, None).unwrap();
+        let (dx, dw, db) = reference::backward(c.s, &inp, &set, 1.0);
+        let rounded = common::rounded_tolerance(dtype, 1.0);
+        for (name, got, want) in [("dx", &g.input, &dx), ("dW", &g.weight, &dw)] {
+            assert_eq!(got.dtype(), dtype, "{dtype} {name} dtype");
+            assert_close(
+                &format!("{dtype} {name}"),
+                &got.to_f64().unwrap(),
+                &stored(want, dtype),
+                rounded,
+            );
+        }
+        let gb = g.bias.expect("bias gradient");
+        assert_eq!(gb.dtype(), DType::F32);
+        assert_close(&format!("{dtype} dbias"), &gb.to_f64().unwrap(), &db, tol);
+    }
+}
+
 #[test]
 fn empty_batches() {
     let e = engine();

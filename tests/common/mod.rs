@@ -61,6 +61,24 @@ pub fn f32_bits(t: &Tensor) -> Vec<u32> {
         .collect()
 }
 
+/// A 16-bit value rounded `units` times from an FP32 sum, against the f64 reference rounded to
+/// the same dtype: `units` units in the last place, relative, plus the F32 policy's absolute
+/// part (for sums that cancel); F32 values: the F32 policy.
+pub fn rounded_tolerance(dtype: DType, units: f64) -> Tolerance {
+    let f32 = Tolerance::for_dtype(DType::F32);
+    let significant = match dtype {
+        DType::BF16 => 8,
+        DType::F16 => 11,
+        _ => return f32,
+    };
+    let rel = units * 2f64.powi(1 - significant);
+    Tolerance {
+        rel,
+        rel_l2: rel,
+        ..f32
+    }
+}
+
 /// Assert that `got` matches `want` within `tol`; the message names the worst element. Returns
 /// the comparison for tests that look further (its worst error, say).
 pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: Tolerance) -> Comparison {
