@@ -200,24 +200,6 @@ fn take_column(mat: &Tensor, column: usize, lead: &[usize]) -> Result<Tensor> {
 
 // ---- shared pieces ----------------------------------------------------------------------------
 
-/// A fresh F32 tensor holding elements `start..start + len` of the F32 vector `v` (a copy).
-fn f32_range(v: &Tensor, start: usize, len: usize, what: &str) -> Result<Tensor> {
-    let engine = v.engine();
-    let out = Tensor::empty(engine, &[len], DType::F32, what)?;
-    if len > 0 {
-        engine.record(|enc| {
-            enc.copy_buffer_to_buffer(
-                v.buffer(),
-                4 * start as u64,
-                out.buffer(),
-                0,
-                4 * len as u64,
-            )
-        });
-    }
-    Ok(out)
-}
-
 /// One linear head: `logits = input·weightᵀ + bias`.
 #[derive(Debug, Clone, Copy)]
 pub struct LinearHead<'a> {
@@ -252,12 +234,14 @@ pub struct Chunking {
     /// FP32. A reduced-precision mode, hence its own switch; needs
     /// [`crate::matmul::tensor_cores`], else `MissingFeature`.
     pub tensor_core_gradients: bool,
-    /// Opt-in ([`fused_linear_cross_entropy`] only): the input and weight gradients in the
-    /// head's own dtypes — `dx` in the input's, `dW` in the weight's (the bias gradient stays
-    /// F32) — each value an FP32 sum over the whole batch rounded once to nearest-even, and no
-    /// F32 `[vocab, hidden]` buffer: the weight gradient is computed vocabulary block by block
-    /// after the row chunks, recomputing each block's logits for every row (one more logits
-    /// product), so a BF16 head's extra memory is its BF16 gradients plus one chunk or block.
+    /// Opt-in (the cross-entropy heads: [`fused_linear_cross_entropy`] and the GRPO and
+    /// preference losses built on it; the distillation losses refuse it): the input and weight
+    /// gradients in the head's own dtypes — `dx` in the input's, `dW` in the weight's (the bias
+    /// gradient stays F32) — each value an FP32 sum over the whole batch rounded once to
+    /// nearest-even, and no F32 `[vocab, hidden]` buffer: the weight gradient is computed
+    /// vocabulary block by block after the row chunks, recomputing each block's logits for
+    /// every row (one more logits product), so a BF16 head's extra memory is its BF16
+    /// gradients plus one chunk or block.
     /// Each logit gradient is written over its logits where the rows allow it (see
     /// [`fused_linear_cross_entropy_blocked_workspace_bytes`]). A 16-bit head needs an even
     /// hidden size (`InvalidValue`).
@@ -292,6 +276,13 @@ impl ChunkPlan {
             let r0 = j * self.chunk_rows;
             (r0, self.chunk_rows.min(self.rows - r0))
         })
+    }
+
+    /// Whether this plan's logit gradients are written over their logits (a vocabulary block,
+    /// [`gradient_over_logits`]; not with an entropy cotangent, which needs both).
+    fn gradient_over_logits(&self, vocab: usize) -> bool {
+        self.vocab_block
+            .is_some_and(|b| gradient_over_logits(vocab, b))
     }
 }
 
@@ -569,7 +560,7 @@ impl Accumulator {
             let w = block.min(head.vocab - v0);
             let block_bias = bias
                 .as_ref()
-                .map(|b| f32_range(b, v0, w, "fused_linear block bias"))
+                .map(|b| b.f32_range(v0, &[w], "fused_linear block bias"))
                 .transpose()?;
             let z = head.logits_of((0, head.rows), (v0, w), block_bias.as_ref())?;
             drop(block_bias);
@@ -703,6 +694,13 @@ fn products_scratch(
         .unwrap_or(0)
 }
 
+/// The scratch budget of a call: `Chunking::memory_budget`, at most the engine's workspace
+/// bound (which is also the default).
+fn budget_of(engine: &Engine, chunking: &Chunking) -> u64 {
+    let bound = engine.workspace_bound();
+    chunking.memory_budget.unwrap_or(bound).min(bound)
+}
+
 /// Why [`piece_size`] found no size.
 enum PieceError {
     /// An explicit size of 0, or one whose F32 block would not fit one binding.
@@ -776,8 +774,7 @@ fn plan(
     chunking: &Chunking,
     workspace: impl Fn(usize) -> u64,
 ) -> Result<ChunkPlan> {
-    let bound = engine.workspace_bound();
-    let budget = chunking.memory_budget.unwrap_or(bound).min(bound);
+    let budget = budget_of(engine, chunking);
     let binding = engine.max_binding_bytes();
     let chunk_rows = piece_size(
         &format!("{what}: chunk_rows"),
@@ -1012,8 +1009,7 @@ fn plan_blocked(
     chunking: &Chunking,
 ) -> Result<ChunkPlan> {
     const WHAT: &str = "fused_linear_cross_entropy";
-    let bound = engine.workspace_bound();
-    let budget = chunking.memory_budget.unwrap_or(bound).min(bound);
+    let budget = budget_of(engine, chunking);
     let binding = engine.max_binding_bytes();
     let ws = |c: usize, b: usize| {
         fused_linear_cross_entropy_blocked_workspace_bytes(rows, hidden, vocab, c, b, bias, false)
@@ -1231,15 +1227,12 @@ fn cross_entropy_forward(
     }
     let mut h = h.tempered(t)?;
     if plan.vocab_block.is_some() {
-        let bound = engine.workspace_bound();
-        let budget = options.chunking.memory_budget.unwrap_or(bound).min(bound);
+        let budget = budget_of(engine, &options.chunking);
         h.copy_bytes = Some(budget.saturating_sub(plan.workspace_bytes));
     }
     let cap = ce.softcap.unwrap_or(0.0);
     let per_row = rows_cotangent.is_some();
-    let over = plan
-        .vocab_block
-        .is_some_and(|b| gradient_over_logits(h.vocab, b));
+    let over = plan.gradient_over_logits(h.vocab);
     if per_row && ce.reduction != Reduction::None {
         return Err(Error::InvalidValue {
             what: format!("{WHAT}: per-row cotangents"),
@@ -1535,10 +1528,7 @@ pub fn fused_linear_cross_entropy_backward_with_entropy(
             cot: &cot,
             per_row,
         },
-        over: entropy.is_none()
-            && plan
-                .vocab_block
-                .is_some_and(|b| gradient_over_logits(h.vocab, b)),
+        over: entropy.is_none() && plan.gradient_over_logits(h.vocab),
     };
     let grad = |logits: &Tensor, at: CeBlock| {
         let dlogits = ce.of(logits, at)?;

@@ -1294,9 +1294,8 @@ pub fn cross_entropy_in_place(
 
 /// A scalar `[]` F32 tensor holding element `index` of an F32 vector (a GPU copy).
 pub(crate) fn slice_scalar(engine: &Engine, v: &Tensor, index: u64) -> Result<Tensor> {
-    let out = Tensor::empty(engine, &[], DType::F32, "loss scalar")?;
-    engine.record(|enc| enc.copy_buffer_to_buffer(v.buffer(), index * 4, out.buffer(), 0, 4));
-    Ok(out)
+    v.check_engine(engine, "loss scalar")?;
+    v.f32_range(index as usize, &[], "loss scalar")
 }
 
 /// Gradient of [`cross_entropy`] or [`cross_entropy_soft`] with respect to the logits (F32,

@@ -340,6 +340,7 @@ pub fn tensor_core_fits(call: &Gemm) -> bool {
 /// out without bias, activation or pre-activation takes `gemm_tc` (fragments stored whole),
 /// anything else the epilogue entries (fragments through workgroup memory).
 fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
+    let engine = call.out.engine();
     let (m, n, batch) = (call.m, call.n, call.batch);
     let tiles_m = m.div_ceil(TILE_M);
     let tiles_n = n.div_ceil(TILE_N);
@@ -356,9 +357,9 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     let scales = scales_of(regions)?;
     let copies = match &scales {
         Some(f) => {
-            let bound = call.out.engine().workspace_bound();
-            let allowance = call.copy_bytes.map_or(bound, |b| b.min(bound));
-            f16_copies(regions, f, (tiles_m, tiles_n), batch, allowance)?
+            let bound = engine.workspace_bound();
+            let copies = call.copy_bytes.map_or(bound, |b| b.min(bound));
+            f16_copies(regions, f, (tiles_m, tiles_n), batch, copies)?
         }
         None => [None, None],
     };
@@ -402,7 +403,6 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
         ),
     ];
     let factors = scales.as_ref().unwrap_or(call.a.tensor).buffer();
-    let engine = call.out.engine();
     if slices > 1 {
         // Split-K: each slice's raw sums (alpha 1) into F32 scratch [slices, batch, m, n] by
         // the plain entry, then the FP32 module's fixed-order finish with the epilogue.

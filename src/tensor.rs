@@ -233,6 +233,20 @@ impl Tensor {
         })
     }
 
+    /// A fresh F32 tensor of shape `shape` holding elements `start..start + n` of this F32
+    /// tensor (`n` the shape's element count; a GPU copy, recorded).
+    pub(crate) fn f32_range(&self, start: usize, shape: &[usize], what: &str) -> Result<Tensor> {
+        let engine = self.engine();
+        let out = Tensor::empty(engine, shape, DType::F32, what)?;
+        let bytes = 4 * out.len() as u64;
+        if bytes > 0 {
+            engine.record(|enc| {
+                enc.copy_buffer_to_buffer(self.buffer(), 4 * start as u64, out.buffer(), 0, bytes)
+            });
+        }
+        Ok(out)
+    }
+
     /// Check that this tensor lives on `engine`.
     pub(crate) fn check_engine(&self, engine: &Engine, what: &str) -> Result<()> {
         if self.engine().same(engine) {
