@@ -882,18 +882,30 @@ fn fitting_rows(engine: &Engine, rows: usize, cols: usize) -> usize {
     rows.min(max_rows).max(1)
 }
 
-/// Logits-like data of `shape` in `dtype`: ordinary values in [-8, 8).
+/// Logits-like data of `shape` in `dtype`: ordinary values in [-8, 8) (multiples of 1/256,
+/// exact in every float dtype), made in the dtype on the host.
 fn logits(engine: &Engine, shape: &[usize], dtype: DType) -> Result<Tensor> {
     let len: usize = shape.iter().product();
-    let data: Vec<f32> = (0..len)
-        .map(|i| ((i.wrapping_mul(2_654_435_761) % 4096) as f32 - 2048.0) / 256.0)
-        .collect();
-    cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+    let value = |i: usize| ((i.wrapping_mul(2_654_435_761) % 4096) as f32 - 2048.0) / 256.0;
+    match dtype {
+        DType::BF16 => {
+            let data: Vec<half::bf16> = (0..len).map(|i| half::bf16::from_f32(value(i))).collect();
+            Tensor::from_slice(engine, &data, shape)
+        }
+        DType::F16 => {
+            let data: Vec<half::f16> = (0..len).map(|i| half::f16::from_f32(value(i))).collect();
+            Tensor::from_slice(engine, &data, shape)
+        }
+        _ => {
+            let data: Vec<f32> = (0..len).map(value).collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        }
+    }
 }
 
 /// The loss family on the issue's shapes (cross-entropy at B·T = 8·2048 rows of 131,072 and
-/// 128,256 classes, as many rows as fit one binding for the F32 gradient; softmax and the
-/// others at 4096×32,000), or small ones with `--quick`. Forward and backward separately,
+/// 128,256 classes, in windows of rows where a tensor exceeds one binding, as many rows as one
+/// buffer holds; softmax and the others at 4096×32,000), or small ones with `--quick`. Forward and backward separately,
 /// plus cross-entropy forward+backward. Targets are not read back (`check_targets: false`:
 /// the check synchronizes, which a timed section must not do).
 fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
@@ -908,10 +920,25 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     for dtype in [DType::F32, DType::BF16] {
         let dname: &'static str = dtype.name();
         for &cols in vocabularies {
-            let rows = fitting_rows(engine, ce_rows, cols);
+            // The logits in windows of the binding, as many rows as one buffer holds
+            // (`max_buffer_size`: 4 GiB on the H200, so all 16,384 BF16 rows); the F32
+            // gradient's rows likewise (8,188 / 8,367 rows of 131,072 / 128,256 classes there).
+            let fit = |bytes: usize| {
+                ((engine.max_tensor_bytes() / (cols * bytes) as u64) as usize).clamp(1, ce_rows)
+            };
+            let rows = fit(dtype.size());
+            let grad_rows = fit(4);
             let x = logits(engine, &[rows, cols], dtype)?;
             let targets: Vec<i32> = (0..rows).map(|r| ((r * 7919) % cols) as i32).collect();
             let t = Tensor::from_slice(engine, &targets, &[rows])?;
+            let (xg, tg) = if grad_rows < rows {
+                (
+                    logits(engine, &[grad_rows, cols], dtype)?,
+                    Tensor::from_slice(engine, &targets[..grad_rows], &[grad_rows])?,
+                )
+            } else {
+                (x.clone(), t.clone())
+            };
             let opts = CrossEntropyOptions {
                 check_targets: false,
                 ..Default::default()
@@ -922,19 +949,18 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             engine.reset_peak();
             let before = engine.memory().live_bytes;
             {
-                let (_, s) = loss::cross_entropy(&x, &t, &opts)?;
+                let (_, s) = loss::cross_entropy(&xg, &tg, &opts)?;
                 let dx = loss::cross_entropy_backward(&s, None)?;
                 engine.synchronize()?;
                 drop(dx);
             }
             eprintln!(
-                "  cross_entropy fwd+bwd {dname} {rows}x{cols}: peak {:.1} MiB above the inputs \
-                 (logits {:.1} MiB, dlogits {:.1} MiB)",
+                "  cross_entropy fwd+bwd {dname} {grad_rows}x{cols}: peak {:.1} MiB above the \
+                 inputs (logits {:.1} MiB, dlogits {:.1} MiB)",
                 (engine.memory().peak_bytes - before) as f64 / 1048576.0,
-                x.byte_len() as f64 / 1048576.0,
-                (rows * cols * 4) as f64 / 1048576.0
+                xg.byte_len() as f64 / 1048576.0,
+                (grad_rows * cols * 4) as f64 / 1048576.0
             );
-            let (_, saved) = loss::cross_entropy(&x, &t, &opts)?;
             let o = opts.clone();
             ops.push(Op::new(
                 "cross_entropy",
@@ -951,23 +977,25 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     ])
                 },
             ));
+            let (_, saved) = loss::cross_entropy(&xg, &tg, &opts)?;
             let m = saved.rows_matrix().clone();
             ops.push(Op::new(
                 "cross_entropy_backward",
                 dname,
-                vec![x.clone(), t.clone(), m],
+                vec![xg.clone(), tg.clone(), m],
                 move |_| Ok(vec![loss::cross_entropy_backward(&saved, None)?]),
             ));
             let o = opts.clone();
             ops.push(Op::new(
                 "cross_entropy_fwd_bwd",
                 dname,
-                vec![x.clone(), t.clone()],
+                vec![xg.clone(), tg.clone()],
                 move |i| {
                     let (out, saved) = loss::cross_entropy(&i[0], &i[1], &o)?;
                     Ok(vec![out.loss, loss::cross_entropy_backward(&saved, None)?])
                 },
             ));
+            drop(xg);
             // 16-bit logits: the gradient in their dtype, in a fresh tensor.
             if dtype != DType::F32 {
                 let (_, saved) = loss::cross_entropy(&x, &t, &opts)?;

@@ -114,14 +114,21 @@ pub fn probe_in_place(probe: &str, x: &Tensor, out: &Tensor) -> Result<()> {
     )
 }
 
-/// Copy `x` into a new tensor of the same shape and dtype with the `copy_vec4` kernel.
+/// Copy `x` into a new tensor of the same shape and dtype with the `copy_vec4` kernel (a
+/// tensor past one storage binding: with the queue's buffer copy).
 ///
 /// `x`'s byte length ([`Tensor::byte_len`]) must be a multiple of 16 (error
 /// [`Error::InvalidValue`]) and at most `u32::MAX` vec4s ([`Error::OutOfBounds`]).
 pub fn copy(x: &Tensor) -> Result<Tensor> {
-    let vec4s = copy_vec4s("copy", x.byte_len())?;
     let engine = x.engine();
     let out = Tensor::empty(engine, x.shape(), x.dtype(), "copy")?;
+    if x.byte_len() > engine.max_binding_bytes() {
+        // Past one binding: the queue's buffer copy.
+        let bytes = x.byte_len();
+        engine.record(|enc| enc.copy_buffer_to_buffer(x.buffer(), 0, out.buffer(), 0, bytes));
+        return Ok(out);
+    }
+    let vec4s = copy_vec4s("copy", x.byte_len())?;
     launch_copy(engine, x.buffer(), out.buffer(), vec4s)?;
     Ok(out)
 }

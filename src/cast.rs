@@ -7,6 +7,7 @@
 //! identity; rounding is not differentiated).
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
+use crate::tensor::row_windows;
 use crate::{DType, Error, Result, Tensor};
 
 /// `wgsl/cast.wgsl`.
@@ -28,7 +29,8 @@ struct Params {
 }
 
 /// Convert `x` to the floating dtype `to` (a new tensor; the same handle when `to` is
-/// already `x`'s dtype). Errors: a non-float source or target dtype.
+/// already `x`'s dtype). Tensors past one storage binding are converted in windows of it.
+/// Errors: a non-float source or target dtype.
 pub fn cast(x: &Tensor, to: DType) -> Result<Tensor> {
     if !x.dtype().is_float() {
         return Err(Error::dtype("cast: source", x.dtype(), &DType::FLOATS));
@@ -43,19 +45,24 @@ pub fn cast(x: &Tensor, to: DType) -> Result<Tensor> {
     let out = Tensor::empty(engine, x.shape(), to, "cast")?;
     let count = x.len();
     let pairs = count.div_ceil(2);
-    engine.launch(
-        &KERNEL,
-        "convert",
-        &vec![
-            ("SRC", f64::from(x.dtype().code())),
-            ("DST", f64::from(to.code())),
-        ],
-        &Params {
-            count: count as u32,
-            pairs: pairs as u32,
-        },
-        &[x.buffer(), out.buffer()],
-        (pairs as u64).div_ceil(WG),
-    )?;
+    // Pairs of values as rows, in windows when a tensor exceeds one binding.
+    let pair_bytes = [2 * x.dtype().size() as u64, 2 * to.size() as u64];
+    for w in row_windows(engine, "cast", pairs, &pair_bytes)? {
+        let n = (2 * w.end).min(count) - 2 * w.start;
+        engine.launch_bound(
+            &KERNEL,
+            "convert",
+            &vec![
+                ("SRC", f64::from(x.dtype().code())),
+                ("DST", f64::from(to.code())),
+            ],
+            &Params {
+                count: n as u32,
+                pairs: n.div_ceil(2) as u32,
+            },
+            &[x.bind_rows(&w, 2), out.bind_rows(&w, 2)],
+            (n.div_ceil(2) as u64).div_ceil(WG),
+        )?;
+    }
     Ok(out)
 }

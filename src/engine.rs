@@ -201,6 +201,7 @@ pub struct EngineBuilder {
     shader_checks: Option<ShaderChecks>,
     pool_limit: u64,
     workspace_bound: u64,
+    binding_limit: Option<u64>,
 }
 
 /// Default per-call workspace bound: 1 GiB. It is also the default memory budget of the fused
@@ -216,6 +217,7 @@ impl Default for EngineBuilder {
             shader_checks: None,
             pool_limit: 1 << 30,
             workspace_bound: DEFAULT_WORKSPACE_BOUND,
+            binding_limit: None,
         }
     }
 }
@@ -272,6 +274,16 @@ impl EngineBuilder {
     /// `*_workspace_bytes` query.
     pub fn workspace_bound(mut self, bytes: u64) -> Self {
         self.workspace_bound = bytes;
+        self
+    }
+
+    /// Bind at most this many bytes of a buffer at once (default: the device's
+    /// `max_storage_buffer_binding_size`; a larger value keeps the device's). Ops that run over
+    /// windows of rows (see [`Engine::max_binding_bytes`]) then take smaller windows; the others
+    /// refuse tensors past it. For running as a device with a smaller limit would (a WebGPU
+    /// browser's 128 MiB), and for testing the windows with small tensors.
+    pub fn binding_limit(mut self, bytes: u64) -> Self {
+        self.binding_limit = Some(bytes);
         self
     }
 
@@ -364,6 +376,7 @@ impl EngineBuilder {
                 shader_checks,
                 pool_limit: self.pool_limit,
                 workspace_bound: self.workspace_bound,
+                binding_limit: self.binding_limit,
                 cooperative_matrices,
             },
             true,
@@ -377,6 +390,7 @@ struct Settings {
     shader_checks: ShaderChecks,
     pool_limit: u64,
     workspace_bound: u64,
+    binding_limit: Option<u64>,
     cooperative_matrices: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
@@ -502,6 +516,26 @@ pub(crate) struct Inner {
 
 /// Bytes of [`Inner::stand_in`]: more than any binding's element.
 const STAND_IN_BYTES: u64 = 256;
+
+/// One storage binding of a launch ([`Engine::launch_bound`]): bytes `offset..offset + size`
+/// of `buffer`.
+#[derive(Clone, Copy)]
+pub(crate) struct Bind<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl<'a> Bind<'a> {
+    /// The whole buffer.
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Bind<'a> {
+        Bind {
+            buffer,
+            offset: 0,
+            size: buffer.size(),
+        }
+    }
+}
 
 /// The handle every operation runs through. See the module documentation.
 #[derive(Clone)]
@@ -662,6 +696,7 @@ impl Engine {
                 shader_checks: ShaderChecks::from_env()?.unwrap_or_default(),
                 pool_limit: 1 << 30,
                 workspace_bound: DEFAULT_WORKSPACE_BOUND,
+                binding_limit: None,
                 cooperative_matrices,
             },
             false,
@@ -680,8 +715,16 @@ impl Engine {
             shader_checks,
             pool_limit,
             workspace_bound,
+            binding_limit,
             cooperative_matrices,
         } = settings;
+        let mut limits = device.limits();
+        if let Some(cap) = binding_limit {
+            // At least 4 bytes and 4-byte granular, as binding sizes are.
+            limits.max_storage_buffer_binding_size = limits
+                .max_storage_buffer_binding_size
+                .min(cap.max(4) / 4 * 4);
+        }
         let device_error = Arc::new(Mutex::new(None::<String>));
         if own_device {
             // Device errors (out of memory, validation) come back as `Error::Device` from the
@@ -709,7 +752,7 @@ impl Engine {
                 .trim()
                 .to_string(),
             features: features & WANTED_FEATURES,
-            limits: device.limits(),
+            limits,
             math_mode,
             strict_msl,
             strict_spirv,
@@ -823,23 +866,52 @@ impl Engine {
         Ok(())
     }
 
-    /// The largest storage binding, in bytes (every tensor must fit one binding).
+    /// The largest storage binding, in bytes: the device's `max_storage_buffer_binding_size`,
+    /// or less with [`EngineBuilder::binding_limit`]. A tensor may be larger (up to
+    /// [`Engine::max_tensor_bytes`]); ops bind whole tensors unless their documentation says
+    /// they run over windows of rows, and return `Error::LimitExceeded` for a tensor past one
+    /// binding otherwise.
     pub fn max_binding_bytes(&self) -> u64 {
         self.inner.info.limits.max_storage_buffer_binding_size
     }
 
+    /// The largest tensor, in bytes: the device's `max_buffer_size`.
+    pub fn max_tensor_bytes(&self) -> u64 {
+        self.inner.info.limits.max_buffer_size
+    }
+
+    /// Where a storage binding may start: offsets are multiples of this many bytes (the
+    /// device's `min_storage_buffer_offset_alignment`).
+    pub fn binding_alignment(&self) -> u64 {
+        u64::from(
+            self.inner
+                .info
+                .limits
+                .min_storage_buffer_offset_alignment
+                .max(4),
+        )
+    }
+
     /// A storage buffer of at least `bytes` bytes from the pool (contents undefined).
     pub(crate) fn alloc(&self, bytes: u64, what: &str) -> Result<PooledBuffer> {
-        let limit = self.max_binding_bytes();
+        let limit = self.max_tensor_bytes();
         if bytes > limit {
             return Err(Error::LimitExceeded {
                 what: what.into(),
                 bytes,
                 limit,
-                limit_name: "max_storage_buffer_binding_size",
+                limit_name: "max_buffer_size",
             });
         }
-        let class = size_class(bytes).min(limit.max(bytes));
+        // A buffer within one binding stays within it (its size class is capped there); one
+        // past it is allocated at its size (4-byte granular), so that a binding of all of it
+        // names the tensor's bytes.
+        let binding = self.max_binding_bytes();
+        let class = if bytes <= binding {
+            size_class(bytes).min(binding)
+        } else {
+            bytes.div_ceil(4) * 4
+        };
         let mut pool = lock(&self.inner.pool);
         let reused = pool.free.get_mut(&class).and_then(|v| v.pop());
         let buffer = match reused {
@@ -877,27 +949,30 @@ impl Engine {
 
     /// Record a copy of host bytes into `dest` (ordered after everything recorded before).
     pub(crate) fn upload(&self, dest: &wgpu::Buffer, bytes: &[u8]) {
-        if bytes.is_empty() {
-            return;
+        // Through staging buffers of at most 256 MiB each, so that a tensor of gigabytes
+        // does not need a mapped buffer of its size.
+        const PIECE: usize = 256 << 20;
+        for (k, piece) in bytes.chunks(PIECE).enumerate() {
+            let padded = piece.len().div_ceil(4) * 4;
+            let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgrad upload"),
+                size: padded as u64,
+                usage: wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: true,
+            });
+            {
+                let mut view = staging
+                    .slice(..)
+                    .get_mapped_range_mut()
+                    .expect("buffer mapped at creation");
+                view.slice(..piece.len()).copy_from_slice(piece);
+                view.slice(piece.len()..)
+                    .copy_from_slice(&[0u8; 4][..padded - piece.len()]);
+            }
+            staging.unmap();
+            let at = (k * PIECE) as u64;
+            self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dest, at, padded as u64));
         }
-        let padded = bytes.len().div_ceil(4) * 4;
-        let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgrad upload"),
-            size: padded as u64,
-            usage: wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: true,
-        });
-        {
-            let mut view = staging
-                .slice(..)
-                .get_mapped_range_mut()
-                .expect("buffer mapped at creation");
-            view.slice(..bytes.len()).copy_from_slice(bytes);
-            view.slice(bytes.len()..)
-                .copy_from_slice(&[0u8; 4][..padded - bytes.len()]);
-        }
-        staging.unmap();
-        self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dest, 0, padded as u64));
     }
 
     /// Record zero-filling the first `bytes` (a multiple of 4) of `dest`.
@@ -1187,8 +1262,50 @@ impl Engine {
         buffers: &[&wgpu::Buffer],
         groups: u64,
     ) -> Result<()> {
+        let whole: Vec<Bind> = buffers.iter().map(|b| Bind::whole(b)).collect();
+        self.launch_bound(kernel, entry, constants, params, &whole, groups)
+    }
+
+    /// [`Engine::launch`] with each storage binding a byte range of its buffer ([`Bind`]):
+    /// how an op runs a kernel over a window of a tensor larger than one binding. Every range
+    /// must fit the binding limit ([`Engine::max_binding_bytes`]; `Error::LimitExceeded`
+    /// naming the kernel, entry and binding otherwise, before anything is recorded) and start
+    /// at a multiple of `min_storage_buffer_offset_alignment` ([`Engine::binding_alignment`]).
+    pub(crate) fn launch_bound<P: encase::ShaderType + encase::internal::WriteInto>(
+        &self,
+        kernel: &'static Kernel,
+        entry: &str,
+        constants: &Constants,
+        params: &P,
+        buffers: &[Bind],
+        groups: u64,
+    ) -> Result<()> {
         if groups == 0 {
             return Ok(());
+        }
+        let limit = self.max_binding_bytes();
+        let align = self.binding_alignment();
+        for (i, b) in buffers.iter().enumerate() {
+            if b.size > limit {
+                return Err(Error::LimitExceeded {
+                    what: format!("{}.{entry}: storage binding {i}", kernel.name),
+                    bytes: b.size,
+                    limit,
+                    limit_name: "max_storage_buffer_binding_size",
+                });
+            }
+            if b.offset % align != 0 || b.offset + b.size > b.buffer.size() {
+                return Err(Error::Kernel {
+                    kernel: kernel.name.into(),
+                    message: format!(
+                        "{entry}: binding {i} at bytes {}..{} of a {}-byte buffer (offsets \
+                         multiples of {align})",
+                        b.offset,
+                        b.offset + b.size,
+                        b.buffer.size()
+                    ),
+                });
+            }
         }
         let pipeline = self.pipeline(kernel, entry, constants)?;
         let storage_slots = pipeline
@@ -1244,11 +1361,17 @@ impl Engine {
                         // A buffer smaller than one element of the binding (a tiny app buffer
                         // under a 16-byte view) holds nothing the kernel may access there; the
                         // engine's stand-in is bound instead, so that the binding is valid.
-                        let buffer = storage.next().expect("counted above");
-                        if buffer.size() < s.min_bytes && s.min_bytes <= STAND_IN_BYTES {
+                        let b = storage.next().expect("counted above");
+                        if b.size < s.min_bytes && s.min_bytes <= STAND_IN_BYTES {
                             self.inner.stand_in.as_entire_binding()
+                        } else if b.offset == 0 && b.size == b.buffer.size() {
+                            b.buffer.as_entire_binding()
                         } else {
-                            buffer.as_entire_binding()
+                            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: b.buffer,
+                                offset: b.offset,
+                                size: std::num::NonZeroU64::new(b.size),
+                            })
                         }
                     }
                 },

@@ -38,17 +38,25 @@
 //! then a one-thread finish kernel; no atomics, reruns are bit-identical.
 //!
 //! Bounds: any number of columns ≥ 1 (cross-entropy, sparsemax, divergences; softmax also
-//! accepts 0) and of rows, as long as every tensor (the F32 gradient included) fits one storage
-//! binding, else `Error::LimitExceeded`; row counts are exact up to 2²⁴ counted rows (they
-//! are summed in F32). Scratch beyond the outputs: the per-row matrix of the cross-entropy
+//! accepts 0) and of rows. A tensor may exceed one storage binding (up to the device's
+//! `max_buffer_size`, `Engine::max_tensor_bytes`): every entry here runs over windows of rows
+//! that each fit a binding (`Engine::max_binding_bytes`), launching its kernels once a window
+//! with the same per-row arithmetic, so the results are the bits of a one-binding run. Only a
+//! row too wide for one window (the binding alignment's rows of the widest tensor past the
+//! binding) and per-row tensors (targets, statistics: 32 bytes a row at most) past one binding
+//! give `Error::LimitExceeded`. Row counts are exact up to 2²⁴ counted rows (they are summed
+//! in F32). Scratch beyond the outputs: the per-row matrix of the cross-entropy
 //! (`32·rows` bytes plus its column-sum partials) and of the divergences (`8·rows`), see
 //! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`].
 
+use crate::engine::Bind;
 use crate::kernel::{
     COMMON_ROWS, COMMON_ROWS_SUBGROUP, COMMON_SOFTCAP, Constants, Kernel, rows_module,
 };
 use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
+use crate::tensor::row_windows;
 use crate::{DType, Engine, Error, Result, Tensor};
+use std::ops::Range;
 
 /// `wgsl/loss.wgsl` with a row-reduction snippet and a workgroup size.
 macro_rules! loss_module {
@@ -299,61 +307,74 @@ fn row_output(
     let odt = if direct { x.dtype() } else { DType::F32 };
     let out = Tensor::empty(engine, x.shape(), odt, entry)?;
     let stats = Tensor::empty(engine, &[rows, 2], DType::F32, entry)?;
-    let params = Params {
-        rows: rows as u32,
-        cols: cols as u32,
-        ..Default::default()
-    };
     let consts = constants(x.dtype(), DType::F32, odt, mode);
     let chunks = (cols / chunk_len(x.dtype())) as u64;
-    if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
-        // 16-bit rows of up to 4,096 chunks and wide rows stay in registers (one read);
-        // others take two passes.
-        if let Some(per_lane) = held_row(x.dtype(), chunks) {
-            let mut consts = consts;
-            consts.push(("CHUNKS", per_lane as f64));
-            // Subgroup reductions where the adapter has them: 1.3% faster on an H200
-            // (`notes/h200/2026-12-01-es/subgroups/`).
-            let kernel =
-                crate::reduce::rows_kernel(engine, &KERNEL, &KERNEL_SUBGROUP, true, &mut consts);
-            engine.launch(
-                kernel,
-                "softmax_fwd_c",
-                &consts,
-                &params,
-                &[stats.buffer(), x.buffer(), out.buffer()],
-                rows as u64,
-            )?;
-        } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
-            let mut consts = consts;
-            consts.push(("RK", per_lane as f64));
-            engine.launch(
-                kernel,
-                "softmax_fwd_r",
-                &consts,
-                &params,
-                &[stats.buffer(), x.buffer(), out.buffer()],
-                rows as u64,
-            )?;
+    // Every tensor is per row (the statistics two F32 values a row): windows of rows bind
+    // each one's rows where a tensor exceeds one binding.
+    let row_bytes = [
+        (cols * x.dtype().size()) as u64,
+        (cols * odt.size()) as u64,
+        8,
+    ];
+    for w in row_windows(engine, entry, rows, &row_bytes)? {
+        let params = Params {
+            rows: w.len() as u32,
+            cols: cols as u32,
+            ..Default::default()
+        };
+        let (xb, ob, sb) = (
+            x.bind_rows(&w, cols),
+            out.bind_rows(&w, cols),
+            stats.bind_rows(&w, 2),
+        );
+        let groups = w.len() as u64;
+        if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
+            // 16-bit rows of up to 4,096 chunks and wide rows stay in registers (one read);
+            // others take two passes.
+            if let Some(per_lane) = held_row(x.dtype(), chunks) {
+                let mut consts = consts.clone();
+                consts.push(("CHUNKS", per_lane as f64));
+                // Subgroup reductions where the adapter has them: 1.3% faster on an H200
+                // (`notes/h200/2026-12-01-es/subgroups/`).
+                let kernel = crate::reduce::rows_kernel(
+                    engine,
+                    &KERNEL,
+                    &KERNEL_SUBGROUP,
+                    true,
+                    &mut consts,
+                );
+                engine.launch_bound(
+                    kernel,
+                    "softmax_fwd_c",
+                    &consts,
+                    &params,
+                    &[sb, xb, ob],
+                    groups,
+                )?;
+            } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
+                let mut consts = consts.clone();
+                consts.push(("RK", per_lane as f64));
+                engine.launch_bound(
+                    kernel,
+                    "softmax_fwd_r",
+                    &consts,
+                    &params,
+                    &[sb, xb, ob],
+                    groups,
+                )?;
+            } else {
+                engine.launch_bound(
+                    &KERNEL,
+                    "softmax_fwd_v",
+                    &consts,
+                    &params,
+                    &[sb, xb, ob],
+                    groups,
+                )?;
+            }
         } else {
-            engine.launch(
-                &KERNEL,
-                "softmax_fwd_v",
-                &consts,
-                &params,
-                &[stats.buffer(), x.buffer(), out.buffer()],
-                rows as u64,
-            )?;
+            engine.launch_bound(&KERNEL, entry, &consts, &params, &[xb, ob, sb], groups)?;
         }
-    } else {
-        engine.launch(
-            &KERNEL,
-            entry,
-            &consts,
-            &params,
-            &[x.buffer(), out.buffer(), stats.buffer()],
-            rows as u64,
-        )?;
     }
     let out = if direct {
         out
@@ -397,7 +418,7 @@ fn softmax_forward(x: &Tensor, log: bool) -> Result<(Tensor, SoftmaxSaved)> {
 
 /// `softmax(x)` over the last axis, in `x`'s dtype, with the saved context for
 /// [`softmax_backward`]. Rows are shifted by their maximum; a row of −∞ gives NaN (as PyTorch).
-/// Errors: a non-float `x`, extents past the binding limit.
+/// Errors: a non-float `x`, rows too wide for one binding window (`LimitExceeded`; see the module bounds).
 pub fn softmax(x: &Tensor) -> Result<(Tensor, SoftmaxSaved)> {
     softmax_forward(x, false)
 }
@@ -456,7 +477,7 @@ fn softmax_backward_inputs(what: &str, x: &Tensor, dy: &Tensor, dtype: DType) ->
 /// computed for softmax. Same kernels and paths as [`softmax_backward_as`].
 ///
 /// Errors: a non-float `y`, `dy` or `dtype` (`UnsupportedDType`), shapes that differ,
-/// tensors of another engine, extents past the binding limit.
+/// tensors of another engine, rows too wide for one binding window (`LimitExceeded`; see the module bounds).
 pub fn softmax_backward_from_output(
     y: &Tensor,
     dy: &Tensor,
@@ -479,8 +500,6 @@ fn softmax_backward_launch(
     dtype: DType,
 ) -> Result<Tensor> {
     let engine = x.engine();
-    // Without statistics the kernels do not read their binding: `x` stands in.
-    let stats_buffer = stats.unwrap_or(x).buffer();
     let (rows, cols) = rows_cols(x);
     let vector = dy.dtype() == x.dtype() && vectorized(x.dtype(), cols);
     // Wide rows: x and dy held in registers, each read once.
@@ -498,64 +517,83 @@ fn softmax_backward_launch(
         );
     }
     let dx = Tensor::empty(engine, x.shape(), dtype, "softmax_backward")?;
-    let params = Params {
-        rows: rows as u32,
-        cols: cols as u32,
-        ..Default::default()
-    };
     let mut consts = constants(x.dtype(), dy.dtype(), dtype, u32::from(log));
     consts.push(("FROM_OUT", f64::from(u8::from(stats.is_none()))));
-    if let Some((kernel, per_lane)) = halves {
-        // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4, or its four
-        // values rounded to `dtype`, a half chunk, so the stores are contiguous), twice as
-        // many a lane as whole chunks.
-        let mut consts = consts;
-        consts.push(("HB", (2 * per_lane) as f64));
-        // The trees by default: subgroups measured no faster here (H200,
-        // `notes/h200/2026-12-01-es/subgroups/`).
-        let kernel =
-            crate::reduce::rows_kernel(engine, kernel, subgroup_twin(kernel), false, &mut consts);
-        engine.launch(
-            kernel,
-            "softmax_bwd_h",
-            &consts,
-            &params,
-            &[
-                stats_buffer,
-                dx.buffer(),
-                x.buffer(),
-                dy.buffer(),
-                dx.buffer(),
-            ],
-            rows as u64,
-        )?;
-    } else if vector {
-        let (kernel, name, consts) = match register {
-            Some((kernel, per_lane)) => {
-                let mut consts = consts;
-                consts.push(("RB", per_lane as f64));
-                (kernel, "softmax_bwd_r", consts)
-            }
-            None => (&KERNEL, "softmax_bwd_v", consts),
+    // Per-row tensors in windows of rows where one exceeds a binding (see `row_output`).
+    let row_bytes = [
+        (cols * x.dtype().size()) as u64,
+        (cols * dy.dtype().size()) as u64,
+        (cols * dtype.size()) as u64,
+        8,
+    ];
+    for w in row_windows(engine, "softmax_backward", rows, &row_bytes)? {
+        let params = Params {
+            rows: w.len() as u32,
+            cols: cols as u32,
+            ..Default::default()
         };
-        // Both write a 16-bit dx through their `y4` binding, an F32 one through dx4.
-        let buffers = [
-            stats_buffer,
-            x.buffer(),
-            dx.buffer(),
-            dy.buffer(),
-            dx.buffer(),
-        ];
-        engine.launch(kernel, name, &consts, &params, &buffers, rows as u64)?;
-    } else {
-        engine.launch(
-            &KERNEL,
-            "softmax_bwd",
-            &consts,
-            &params,
-            &[x.buffer(), stats_buffer, dy.buffer(), dx.buffer()],
-            rows as u64,
-        )?;
+        let (xb, dyb, dxb) = (
+            x.bind_rows(&w, cols),
+            dy.bind_rows(&w, cols),
+            dx.bind_rows(&w, cols),
+        );
+        // Without statistics the kernels do not read their binding: `x` stands in.
+        let sb = match stats {
+            Some(st) => st.bind_rows(&w, 2),
+            None => xb,
+        };
+        let groups = w.len() as u64;
+        if let Some((kernel, per_lane)) = halves {
+            // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4, or its four
+            // values rounded to `dtype`, a half chunk, so the stores are contiguous), twice as
+            // many a lane as whole chunks.
+            let mut consts = consts.clone();
+            consts.push(("HB", (2 * per_lane) as f64));
+            // The trees by default: subgroups measured no faster here (H200,
+            // `notes/h200/2026-12-01-es/subgroups/`).
+            let kernel = crate::reduce::rows_kernel(
+                engine,
+                kernel,
+                subgroup_twin(kernel),
+                false,
+                &mut consts,
+            );
+            engine.launch_bound(
+                kernel,
+                "softmax_bwd_h",
+                &consts,
+                &params,
+                &[sb, dxb, xb, dyb, dxb],
+                groups,
+            )?;
+        } else if vector {
+            let (kernel, name, consts) = match register {
+                Some((kernel, per_lane)) => {
+                    let mut consts = consts.clone();
+                    consts.push(("RB", per_lane as f64));
+                    (kernel, "softmax_bwd_r", consts)
+                }
+                None => (&KERNEL, "softmax_bwd_v", consts.clone()),
+            };
+            // Both write a 16-bit dx through their `y4` binding, an F32 one through dx4.
+            engine.launch_bound(
+                kernel,
+                name,
+                &consts,
+                &params,
+                &[sb, xb, dxb, dyb, dxb],
+                groups,
+            )?;
+        } else {
+            engine.launch_bound(
+                &KERNEL,
+                "softmax_bwd",
+                &consts,
+                &params,
+                &[xb, sb, dyb, dxb],
+                groups,
+            )?;
+        }
     }
     Ok(dx)
 }
@@ -582,7 +620,7 @@ impl SparsemaxSaved {
 /// τ is found exactly by Michelot's fixed point: each round is one pass over the row and the
 /// support only shrinks, so it ends; typical rows take 5–15 rounds (13 for 262,144 uniform
 /// values), the worst case one round per support element. Elements equal to τ are outside the support. Errors: a non-float `x`, zero
-/// columns (`OutOfBounds`), extents past the binding limit.
+/// columns (`OutOfBounds`), rows too wide for one binding window (`LimitExceeded`; see the module bounds).
 pub fn sparsemax(x: &Tensor) -> Result<(Tensor, SparsemaxSaved)> {
     let (rows, cols) = matrix(x, "sparsemax")?;
     if rows > 0 {
@@ -607,18 +645,31 @@ pub fn sparsemax_backward(saved: &SparsemaxSaved, dy: &Tensor) -> Result<Tensor>
     same_shape("sparsemax_backward: dy", x, dy)?;
     let (rows, cols) = rows_cols(x);
     let dx = Tensor::empty(engine, x.shape(), DType::F32, "sparsemax_backward")?;
-    engine.launch(
-        &KERNEL,
-        "sparsemax_bwd",
-        &constants(x.dtype(), dy.dtype(), DType::F32, 0),
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            ..Default::default()
-        },
-        &[x.buffer(), saved.stats.buffer(), dy.buffer(), dx.buffer()],
-        rows as u64,
-    )?;
+    let row_bytes = [
+        (cols * x.dtype().size()) as u64,
+        (cols * dy.dtype().size()) as u64,
+        (cols * 4) as u64,
+        8,
+    ];
+    for w in row_windows(engine, "sparsemax_backward", rows, &row_bytes)? {
+        engine.launch_bound(
+            &KERNEL,
+            "sparsemax_bwd",
+            &constants(x.dtype(), dy.dtype(), DType::F32, 0),
+            &Params {
+                rows: w.len() as u32,
+                cols: cols as u32,
+                ..Default::default()
+            },
+            &[
+                x.bind_rows(&w, cols),
+                saved.stats.bind_rows(&w, 2),
+                dy.bind_rows(&w, cols),
+                dx.bind_rows(&w, cols),
+            ],
+            w.len() as u64,
+        )?;
+    }
     Ok(dx)
 }
 
@@ -899,40 +950,38 @@ pub(crate) fn ce_rows_block(
 ) -> Result<()> {
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
-    let params = s.params(rows, cols, row0, s.flags);
-    let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
+    let weight = Bind::whole(s.weight.as_ref().unwrap_or(targets).buffer());
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
-    if vectorized(logits.dtype(), cols) {
-        engine.launch(
-            &KERNEL,
-            "ce_fwd_v",
-            &consts,
-            &params,
-            &[
-                mat.buffer(),
-                targets.buffer(),
-                weight_buffer,
-                predicted.buffer(),
-                logits.buffer(),
-            ],
-            rows as u64,
-        )
-    } else {
-        engine.launch(
-            &KERNEL,
-            "ce_fwd",
-            &consts,
-            &params,
-            &[
-                logits.buffer(),
-                mat.buffer(),
-                targets.buffer(),
-                weight_buffer,
-                predicted.buffer(),
-            ],
-            rows as u64,
-        )
+    let row_bytes = (cols * logits.dtype().size()) as u64;
+    for w in row_windows(engine, "cross_entropy: logits", rows, &[row_bytes])? {
+        let params = s.params(w.len(), cols, row0 + w.start, s.flags);
+        let x = logits.bind_rows(&w, cols);
+        let (mat, targets, predicted) = (
+            Bind::whole(mat.buffer()),
+            Bind::whole(targets.buffer()),
+            Bind::whole(predicted.buffer()),
+        );
+        if vectorized(logits.dtype(), cols) {
+            engine.launch_bound(
+                &KERNEL,
+                "ce_fwd_v",
+                &consts,
+                &params,
+                &[mat, targets, weight, predicted, x],
+                w.len() as u64,
+            )?;
+        } else {
+            engine.launch_bound(
+                &KERNEL,
+                "ce_fwd",
+                &consts,
+                &params,
+                &[x, mat, targets, weight, predicted],
+                w.len() as u64,
+            )?;
+        }
     }
+    Ok(())
 }
 
 /// Counting pass over every target: writes the target weight and the counted flag of each
@@ -1056,16 +1105,22 @@ pub(crate) struct CeBlock {
 }
 
 impl CeSettings {
-    /// The parameters of a gradient launch over the block `logits` at `at`.
-    fn block_params(&self, logits: &Tensor, at: CeBlock, per_row: bool) -> Params {
-        let (rows, cols) = rows_cols(logits);
+    /// The parameters of a gradient launch over rows `w` of the block `logits` at `at`.
+    fn block_params(
+        &self,
+        logits: &Tensor,
+        at: CeBlock,
+        w: &Range<usize>,
+        per_row: bool,
+    ) -> Params {
+        let (_, cols) = rows_cols(logits);
         let mut flags = self.flags;
         if per_row {
             flags |= F_COT_ROW;
         }
         Params {
             col0: at.col0 as u32,
-            ..self.params(rows, cols, at.row0, flags)
+            ..self.params(w.len(), cols, at.row0 + w.start, flags)
         }
     }
 }
@@ -1083,50 +1138,47 @@ pub(crate) struct CeGradInputs<'a> {
     pub per_row: bool,
 }
 
+impl CeGradInputs<'_> {
+    /// The bindings of the per-row statistics, targets, class weights (without them, the
+    /// targets stand in: the binding is not read), finish values and cotangent.
+    fn whole_binds(&self) -> [Bind<'_>; 5] {
+        let weight = self.settings.weight.as_ref().unwrap_or(self.targets);
+        [self.mat, self.targets, weight, self.finish, self.cot].map(|t| Bind::whole(t.buffer()))
+    }
+}
+
 /// dlogits (F32, `logits`' shape) of a block of logits at `at` (see [`ce_rows_block`] for
 /// rows).
 pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> Result<Tensor> {
     let s = g.settings;
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
-    let params = s.block_params(logits, at, g.per_row);
     let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
-    let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
-    if vectorized(logits.dtype(), cols) {
-        engine.launch(
-            &KERNEL,
-            "ce_bwd_v",
-            &consts,
-            &params,
-            &[
-                g.mat.buffer(),
-                g.targets.buffer(),
-                weight_buffer,
-                g.finish.buffer(),
-                g.cot.buffer(),
-                logits.buffer(),
-                dx.buffer(),
-            ],
-            rows as u64,
-        )?;
-    } else {
-        engine.launch(
-            &KERNEL,
-            "ce_bwd",
-            &consts,
-            &params,
-            &[
-                logits.buffer(),
-                g.mat.buffer(),
-                dx.buffer(),
-                g.targets.buffer(),
-                weight_buffer,
-                g.finish.buffer(),
-                g.cot.buffer(),
-            ],
-            rows as u64,
-        )?;
+    let row_bytes = [(cols * logits.dtype().size()) as u64, (cols * 4) as u64];
+    for w in row_windows(engine, "cross_entropy_backward", rows, &row_bytes)? {
+        let params = s.block_params(logits, at, &w, g.per_row);
+        let (x, d) = (logits.bind_rows(&w, cols), dx.bind_rows(&w, cols));
+        let [mat, targets, weight, finish, cot] = g.whole_binds();
+        if vectorized(logits.dtype(), cols) {
+            engine.launch_bound(
+                &KERNEL,
+                "ce_bwd_v",
+                &consts,
+                &params,
+                &[mat, targets, weight, finish, cot, x, d],
+                w.len() as u64,
+            )?;
+        } else {
+            engine.launch_bound(
+                &KERNEL,
+                "ce_bwd",
+                &consts,
+                &params,
+                &[x, mat, d, targets, weight, finish, cot],
+                w.len() as u64,
+            )?;
+        }
     }
     Ok(dx)
 }
@@ -1152,24 +1204,27 @@ pub(crate) fn ce_grad_block_over(logits: &Tensor, at: CeBlock, g: &CeGradInputs)
             &[DType::F32],
         ));
     }
-    let groups = ((rows * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
-    // Without class weights the binding is unused; the targets (read-only) stand in.
-    let weight_buffer = s.weight.as_ref().unwrap_or(g.targets).buffer();
-    engine.launch(
-        &KERNEL,
-        "ce_grad_over",
-        &constants(logits.dtype(), DType::F32, DType::F32, 0),
-        &s.block_params(logits, at, g.per_row),
-        &[
-            g.mat.buffer(),
-            g.targets.buffer(),
-            weight_buffer,
-            g.finish.buffer(),
-            g.cot.buffer(),
-            logits.buffer(),
-        ],
-        groups,
-    )
+    let row_bytes = (cols * logits.dtype().size()) as u64;
+    for w in row_windows(engine, "cross_entropy gradient", rows, &[row_bytes])? {
+        let groups = ((w.len() * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
+        let [mat, targets, weight, finish, cot] = g.whole_binds();
+        engine.launch_bound(
+            &KERNEL,
+            "ce_grad_over",
+            &constants(logits.dtype(), DType::F32, DType::F32, 0),
+            &s.block_params(logits, at, &w, g.per_row),
+            &[
+                mat,
+                targets,
+                weight,
+                finish,
+                cot,
+                logits.bind_rows(&w, cols),
+            ],
+            groups,
+        )?;
+    }
+    Ok(())
 }
 
 /// Cross-entropy of `logits` (`[..., classes]`, F32/F16/BF16) against integer `targets` (I32,
@@ -1183,7 +1238,7 @@ pub(crate) fn ce_grad_block_over(logits: &Tensor, at: CeBlock, g: &CeGradInputs)
 /// negative or non-finite z-loss, a softcap not > 0 (`InvalidValue`), a target outside
 /// `[0, classes)` other than `ignore_index` (`OutOfBounds` past the end, `InvalidValue` when
 /// negative; only with `check_targets`, which synchronizes), a weight that is not F32, scratch over the workspace bound
-/// (`WorkspaceExceeded`), tensors past the binding limit (`LimitExceeded`).
+/// (`WorkspaceExceeded`), rows too wide for one binding window (`LimitExceeded`).
 pub fn cross_entropy(
     logits: &Tensor,
     targets: &Tensor,
@@ -1308,7 +1363,7 @@ pub fn cross_entropy_backward(
 ) -> Result<Tensor> {
     let logits = &saved.logits;
     let engine = logits.engine();
-    let (rows, cols) = rows_cols(logits);
+    let (_, cols) = rows_cols(logits);
     let (cot, per_row) = ce_cotangent(
         "cross_entropy_backward: cotangent",
         engine,
@@ -1322,21 +1377,30 @@ pub fn cross_entropy_backward(
             flags |= F_COT_ROW;
         }
         let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
-        engine.launch(
-            &KERNEL,
-            "ce_soft_bwd",
-            &constants(logits.dtype(), soft.dtype(), DType::F32, 0),
-            &saved.settings.params(rows, cols, 0, flags),
-            &[
-                logits.buffer(),
-                saved.rows_matrix.buffer(),
-                soft.buffer(),
-                dx.buffer(),
-                saved.finish.buffer(),
-                cot.buffer(),
-            ],
-            rows as u64,
+        let windows = div_windows(
+            engine,
+            "cross_entropy_backward",
+            logits,
+            soft,
+            Some(&[DType::F32]),
         )?;
+        for w in windows {
+            engine.launch_bound(
+                &KERNEL,
+                "ce_soft_bwd",
+                &constants(logits.dtype(), soft.dtype(), DType::F32, 0),
+                &saved.settings.params(w.len(), cols, w.start, flags),
+                &[
+                    logits.bind_rows(&w, cols),
+                    Bind::whole(saved.rows_matrix.buffer()),
+                    soft.bind_rows(&w, cols),
+                    dx.bind_rows(&w, cols),
+                    Bind::whole(saved.finish.buffer()),
+                    Bind::whole(cot.buffer()),
+                ],
+                w.len() as u64,
+            )?;
+        }
         return Ok(dx);
     }
     let targets = saved.targets.as_ref().expect("integer targets");
@@ -1401,23 +1465,35 @@ pub fn cross_entropy_backward_as(
         flags |= F_COT_ROW;
     }
     let dx = Tensor::empty(engine, logits.shape(), dtype, "cross_entropy_backward_as")?;
-    let weight_buffer = s.weight.as_ref().unwrap_or(logits).buffer();
-    engine.launch(
-        &KERNEL,
-        "ce_bwd_n",
-        &constants(logits.dtype(), DType::F32, DType::F32, 0),
-        &s.params(rows, cols, 0, flags),
-        &[
-            saved.rows_matrix.buffer(),
-            targets.buffer(),
-            weight_buffer,
-            saved.finish.buffer(),
-            cot.buffer(),
-            logits.buffer(),
-            dx.buffer(),
-        ],
-        rows as u64,
-    )?;
+    let inputs = CeGradInputs {
+        targets,
+        settings: s,
+        mat: &saved.rows_matrix,
+        finish: &saved.finish,
+        cot: &cot,
+        per_row,
+    };
+    // Logits and gradient share the dtype, so one row's bytes.
+    let row_bytes = (cols * dtype.size()) as u64;
+    for w in row_windows(engine, "cross_entropy_backward_as", rows, &[row_bytes])? {
+        let [mat, targets, weight, finish, cot] = inputs.whole_binds();
+        engine.launch_bound(
+            &KERNEL,
+            "ce_bwd_n",
+            &constants(logits.dtype(), DType::F32, DType::F32, 0),
+            &s.params(w.len(), cols, w.start, flags),
+            &[
+                mat,
+                targets,
+                weight,
+                finish,
+                cot,
+                logits.bind_rows(&w, cols),
+                dx.bind_rows(&w, cols),
+            ],
+            w.len() as u64,
+        )?;
+    }
     Ok(dx)
 }
 
@@ -1438,18 +1514,25 @@ pub fn cross_entropy_soft(
     classes_at_least_one("cross_entropy_soft", cols)?;
     engine.check_workspace("cross_entropy_soft", cross_entropy_workspace_bytes(rows))?;
     let mat = Tensor::empty(engine, &[rows, CE_COLS], DType::F32, "cross_entropy rows")?;
-    engine.launch(
-        &KERNEL,
-        "ce_soft_fwd",
-        &constants(logits.dtype(), targets.dtype(), DType::F32, 0),
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            ..Default::default()
-        },
-        &[logits.buffer(), mat.buffer(), targets.buffer()],
-        rows as u64,
-    )?;
+    for w in div_windows(engine, "cross_entropy_soft", logits, targets, None)? {
+        engine.launch_bound(
+            &KERNEL,
+            "ce_soft_fwd",
+            &constants(logits.dtype(), targets.dtype(), DType::F32, 0),
+            &Params {
+                rows: w.len() as u32,
+                cols: cols as u32,
+                row0: w.start as u32,
+                ..Default::default()
+            },
+            &[
+                logits.bind_rows(&w, cols),
+                Bind::whole(mat.buffer()),
+                targets.bind_rows(&w, cols),
+            ],
+            w.len() as u64,
+        )?;
+    }
     let settings = CeSettings::plain(reduction);
     let finish = ce_finish_values(engine, &mat, &settings)?;
     let output = ce_outputs(engine, &mat, &finish, reduction, leading(logits))?;
@@ -1559,28 +1642,52 @@ pub(crate) fn div_rows_block(
     mat: &Tensor,
 ) -> Result<()> {
     let engine = input.engine();
-    let (rows, cols) = rows_cols(input);
-    let labels_buffer = labels.unwrap_or(input).buffer();
-    let params = s.params(rows, cols, row0, s.flags);
-    if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
-        engine.launch(
-            &KERNEL,
-            "div_rows_v",
-            &s.constants(input, target),
-            &params,
-            &[mat.buffer(), labels_buffer, input.buffer(), target.buffer()],
-            rows as u64,
-        )
-    } else {
-        engine.launch(
-            &KERNEL,
-            "div_rows",
-            &s.constants(input, target),
-            &params,
-            &[input.buffer(), mat.buffer(), target.buffer(), labels_buffer],
-            rows as u64,
-        )
+    let (_, cols) = rows_cols(input);
+    for w in div_windows(engine, "divergence", input, target, None)? {
+        let params = s.params(w.len(), cols, row0 + w.start, s.flags);
+        let (x, t) = (input.bind_rows(&w, cols), target.bind_rows(&w, cols));
+        // Without labels the binding is not read: the input stands in.
+        let l = labels.map_or(x, |l| Bind::whole(l.buffer()));
+        let m = Bind::whole(mat.buffer());
+        if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+            engine.launch_bound(
+                &KERNEL,
+                "div_rows_v",
+                &s.constants(input, target),
+                &params,
+                &[m, l, x, t],
+                w.len() as u64,
+            )?;
+        } else {
+            engine.launch_bound(
+                &KERNEL,
+                "div_rows",
+                &s.constants(input, target),
+                &params,
+                &[x, m, t, l],
+                w.len() as u64,
+            )?;
+        }
     }
+    Ok(())
+}
+
+/// Windows of rows for a divergence launch over `input`, `target` and an optional per-element
+/// output of F32 or `out`'s dtype (see [`row_windows`]).
+fn div_windows(
+    engine: &Engine,
+    what: &str,
+    input: &Tensor,
+    target: &Tensor,
+    out: Option<&[DType]>,
+) -> Result<Vec<Range<usize>>> {
+    let (rows, cols) = rows_cols(input);
+    let mut row_bytes = vec![
+        (cols * input.dtype().size()) as u64,
+        (cols * target.dtype().size()) as u64,
+    ];
+    row_bytes.extend(out.unwrap_or(&[]).iter().map(|d| (cols * d.size()) as u64));
+    row_windows(engine, what, rows, &row_bytes)
 }
 
 /// Counting pass: `mat[r] = (0, counted)` for each of `rows` rows, so that
@@ -1657,7 +1764,7 @@ pub(crate) fn div_grad_block(
     dtype: DType,
 ) -> Result<Tensor> {
     let engine = input.engine();
-    let (rows, cols) = rows_cols(input);
+    let (_, cols) = rows_cols(input);
     let vector = target.dtype() == input.dtype() && vectorized(input.dtype(), cols);
     if dtype != DType::F32 && !(vector && input.dtype() != DType::F32) {
         let dx = div_grad_block(
@@ -1677,43 +1784,46 @@ pub(crate) fn div_grad_block(
     if per_element {
         flags |= F_COT_ELEM;
     }
-    let params = s.params(rows, cols, row0, flags);
     let dx = Tensor::empty(engine, input.shape(), dtype, "divergence_backward")?;
-    let labels_buffer = labels.unwrap_or(input).buffer();
-    if vector {
-        let chunk = chunk_len(input.dtype()) as u64;
-        engine.launch(
-            &KERNEL,
-            "div_bwd_v",
-            &constants(input.dtype(), target.dtype(), dtype, s.mode),
-            &params,
-            &[
-                labels_buffer,
-                finish.buffer(),
-                cot.buffer(),
-                input.buffer(),
-                dx.buffer(),
-                target.buffer(),
-                dx.buffer(),
-            ],
-            (input.len() as u64 / chunk).div_ceil(WG),
-        )?;
-    } else {
-        engine.launch(
-            &KERNEL,
-            "div_bwd",
-            &s.constants(input, target),
-            &params,
-            &[
-                input.buffer(),
-                target.buffer(),
-                dx.buffer(),
-                labels_buffer,
-                finish.buffer(),
-                cot.buffer(),
-            ],
-            (input.len() as u64).div_ceil(WG),
-        )?;
+    let outs = [dtype, DType::F32];
+    let outs = if per_element { &outs[..] } else { &outs[..1] };
+    for w in div_windows(engine, "divergence_backward", input, target, Some(outs))? {
+        let params = s.params(w.len(), cols, row0 + w.start, flags);
+        let (x, t, d) = (
+            input.bind_rows(&w, cols),
+            target.bind_rows(&w, cols),
+            dx.bind_rows(&w, cols),
+        );
+        // Without labels the binding is not read: the input stands in.
+        let l = labels.map_or(x, |l| Bind::whole(l.buffer()));
+        let f = Bind::whole(finish.buffer());
+        // A per-element cotangent has the input's rows; a scalar one is bound whole.
+        let c = if per_element {
+            cot.bind_rows(&w, cols)
+        } else {
+            Bind::whole(cot.buffer())
+        };
+        let elements = (w.len() * cols) as u64;
+        if vector {
+            let chunk = chunk_len(input.dtype()) as u64;
+            engine.launch_bound(
+                &KERNEL,
+                "div_bwd_v",
+                &constants(input.dtype(), target.dtype(), dtype, s.mode),
+                &params,
+                &[l, f, c, x, d, t, d],
+                (elements / chunk).div_ceil(WG),
+            )?;
+        } else {
+            engine.launch_bound(
+                &KERNEL,
+                "div_bwd",
+                &s.constants(input, target),
+                &params,
+                &[x, t, d, l, f, c],
+                elements.div_ceil(WG),
+            )?;
+        }
     }
     Ok(dx)
 }
@@ -1761,28 +1871,37 @@ fn divergence_forward(
     );
     let (loss, finish) = if reduction == DivReduction::None {
         let out = Tensor::empty(engine, input.shape(), DType::F32, what)?;
-        let labels_buffer = labels.unwrap_or(input).buffer();
-        let params = settings.params(rows, cols, 0, settings.flags);
         let consts = settings.constants(input, target);
-        if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
-            let chunk = chunk_len(input.dtype()) as u64;
-            engine.launch(
-                &KERNEL,
-                "div_elems_v",
-                &consts,
-                &params,
-                &[labels_buffer, input.buffer(), target.buffer(), out.buffer()],
-                (input.len() as u64 / chunk).div_ceil(WG),
-            )?;
-        } else {
-            engine.launch(
-                &KERNEL,
-                "div_elems",
-                &consts,
-                &params,
-                &[input.buffer(), target.buffer(), labels_buffer, out.buffer()],
-                (input.len() as u64).div_ceil(WG),
-            )?;
+        for w in div_windows(engine, what, input, target, Some(&[DType::F32]))? {
+            let params = settings.params(w.len(), cols, w.start, settings.flags);
+            let (x, t, o) = (
+                input.bind_rows(&w, cols),
+                target.bind_rows(&w, cols),
+                out.bind_rows(&w, cols),
+            );
+            // Without labels the binding is not read: the input stands in.
+            let l = labels.map_or(x, |l| Bind::whole(l.buffer()));
+            let elements = (w.len() * cols) as u64;
+            if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+                let chunk = chunk_len(input.dtype()) as u64;
+                engine.launch_bound(
+                    &KERNEL,
+                    "div_elems_v",
+                    &consts,
+                    &params,
+                    &[l, x, t, o],
+                    (elements / chunk).div_ceil(WG),
+                )?;
+            } else {
+                engine.launch_bound(
+                    &KERNEL,
+                    "div_elems",
+                    &consts,
+                    &params,
+                    &[x, t, l, o],
+                    elements.div_ceil(WG),
+                )?;
+            }
         }
         (out, Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?)
     } else {

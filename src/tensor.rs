@@ -5,7 +5,7 @@
 //! deliberate exception is an optimizer step ([`crate::optim`]), which updates the parameter
 //! tensors it was given in place. Cloning a tensor clones the handle, not the data.
 
-use crate::engine::{Engine, PooledBuffer};
+use crate::engine::{Bind, Engine, PooledBuffer};
 use crate::{DType, Element, Error, Result};
 use std::sync::Arc;
 
@@ -122,12 +122,12 @@ impl Tensor {
                 u64::MAX,
             ));
         }
-        if needed > engine.max_binding_bytes() {
+        if needed > engine.max_tensor_bytes() {
             return Err(Error::LimitExceeded {
                 what: "from_buffer".into(),
                 bytes: needed,
-                limit: engine.max_binding_bytes(),
-                limit_name: "max_storage_buffer_binding_size",
+                limit: engine.max_tensor_bytes(),
+                limit_name: "max_buffer_size",
             });
         }
         Ok(Tensor {
@@ -177,6 +177,24 @@ impl Tensor {
     /// Bytes of the tensor's data, padded to a 4-byte word.
     pub fn byte_len(&self) -> u64 {
         self.inner.dtype.buffer_bytes(self.len()) as u64
+    }
+
+    /// The binding of rows `rows` of the tensor viewed as rows of `cols` elements (the last
+    /// row may be partial): the whole buffer when they are all of it, else their bytes
+    /// (rounded up to a 4-byte word, within [`Tensor::byte_len`]), for a launch over a window
+    /// ([`row_windows`] gives windows that start where a binding may).
+    pub(crate) fn bind_rows(&self, rows: &std::ops::Range<usize>, cols: usize) -> Bind<'_> {
+        let row_bytes = (cols * self.dtype().size()) as u64;
+        let offset = rows.start as u64 * row_bytes;
+        let size = (rows.len() as u64 * row_bytes).div_ceil(4) * 4;
+        if offset == 0 && size >= self.byte_len() {
+            return Bind::whole(self.buffer());
+        }
+        Bind {
+            buffer: self.buffer(),
+            offset,
+            size: size.min(self.byte_len() - offset),
+        }
     }
 
     /// Copy the data back to the host (submits pending work and waits). `T` must be the
@@ -285,5 +303,101 @@ impl Tensor {
             return Err(Error::shape(what, shape, self.shape()));
         }
         Ok(())
+    }
+}
+
+/// Windows of rows for a row-wise launch over tensors that may exceed one storage binding:
+/// `row_bytes` holds the bytes of one row of each tensor the launch windows (the others it
+/// binds whole). One window of every row when each tensor fits a binding; otherwise the
+/// largest windows whose rows of every tensor fit one binding and start at a multiple of the
+/// binding alignment (`Engine::binding_alignment`), in row order. `LimitExceeded` when even
+/// the fewest rows a window can start on do not fit.
+pub(crate) fn row_windows(
+    engine: &Engine,
+    what: &str,
+    rows: usize,
+    row_bytes: &[u64],
+) -> Result<Vec<std::ops::Range<usize>>> {
+    let limit = engine.max_binding_bytes();
+    let widest = row_bytes.iter().copied().max().unwrap_or(0);
+    if rows == 0 || (rows as u64 * widest).div_ceil(4) * 4 <= limit {
+        return Ok(std::iter::once(0..rows).collect());
+    }
+    let align = engine.binding_alignment();
+    // Rows between window starts: each tensor's start must be a multiple of `align` bytes.
+    let step = row_bytes
+        .iter()
+        .map(|&b| align / gcd(b, align))
+        .max()
+        .unwrap_or(1);
+    let window = (limit / widest) / step * step;
+    if window == 0 {
+        return Err(Error::LimitExceeded {
+            what: format!("{what}: a window of {step} rows"),
+            bytes: step * widest,
+            limit,
+            limit_name: "max_storage_buffer_binding_size",
+        });
+    }
+    let window = window as usize;
+    Ok((0..rows)
+        .step_by(window)
+        .map(|r0| r0..(r0 + window).min(rows))
+        .collect())
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_windows_fit_the_binding_and_start_aligned() {
+        let limit = 64 << 10;
+        let e = Engine::builder().binding_limit(limit).build().unwrap();
+        let align = e.binding_alignment();
+        // Everything fits: one window, also for no rows.
+        assert_eq!(row_windows(&e, "t", 10, &[400, 800]).unwrap(), vec![0..10]);
+        assert_eq!(row_windows(&e, "t", 0, &[1 << 20]).unwrap(), vec![0..0]);
+        for (rows, row_bytes) in [
+            (1000, vec![4000u64]),
+            (3001, vec![14, 28, 8]),
+            (777, vec![2048, 4096]),
+            (50_000, vec![6, 2]),
+        ] {
+            let w = row_windows(&e, "t", rows, &row_bytes).unwrap();
+            assert!(w.len() > 1, "{rows} rows of {row_bytes:?}");
+            // In order, covering every row once.
+            assert_eq!(w.first().unwrap().start, 0);
+            assert_eq!(w.last().unwrap().end, rows);
+            assert!(w.windows(2).all(|p| p[0].end == p[1].start));
+            for r in &w {
+                for &b in &row_bytes {
+                    assert_eq!(r.start as u64 * b % align, 0, "{r:?} of {b}-byte rows");
+                    assert!((r.len() as u64 * b).div_ceil(4) * 4 <= limit);
+                }
+            }
+            // The largest such windows: one more step of rows would not fit.
+            let step = row_bytes
+                .iter()
+                .map(|&b| align / gcd(b, align))
+                .max()
+                .unwrap();
+            let widest = row_bytes.iter().copied().max().unwrap();
+            assert!((w[0].len() as u64 + step) * widest > limit);
+        }
+        // A row too wide for the fewest rows a window can start on.
+        match row_windows(&e, "t", 4, &[limit + 4]) {
+            Err(Error::LimitExceeded {
+                bytes, limit: l, ..
+            }) => {
+                assert_eq!(l, limit);
+                assert!(bytes > limit);
+            }
+            other => panic!("expected LimitExceeded, got {other:?}"),
+        }
     }
 }

@@ -1612,10 +1612,11 @@ fn more_than_65535_rows_fold_the_launch() {
 }
 
 #[test]
-fn a_gradient_past_the_binding_limit_is_a_typed_error() {
-    // BF16 logits that fit one binding whose F32 gradient does not: the backward refuses
-    // before launching. Sized from this device's limit (128 MiB on lavapipe); on devices
-    // with a much larger limit the case would need gigabytes, so it runs where it is cheap.
+fn a_gradient_past_the_binding_limit_runs_in_windows() {
+    // BF16 logits that fit one binding whose F32 gradient does not: the backward writes the
+    // gradient in windows of rows. Sized from this device's limit (128 MiB on lavapipe); on
+    // devices with a much larger limit the case would need gigabytes, so it runs where it is
+    // cheap (the small-limit engine of the next test covers every device).
     let e = engine();
     let limit = e.max_binding_bytes();
     if limit > 512 << 20 {
@@ -1632,11 +1633,246 @@ fn a_gradient_past_the_binding_limit_is_a_typed_error() {
         (l - (cols as f64).ln()).abs() < 1e-4,
         "uniform logits: loss {l}"
     );
-    match cross_entropy_backward(&saved, None) {
+    let dx = cross_entropy_backward(&saved, None).unwrap();
+    assert!(
+        dx.byte_len() > limit,
+        "the gradient must exceed one binding"
+    );
+    // Mean over the rows of uniform logits with target 0: (1/cols − [c = 0]) / rows.
+    let got = dx.to_vec::<f32>().unwrap();
+    for (i, &g) in got.iter().enumerate() {
+        let p = 1.0 / cols as f64 - if i % cols == 0 { 1.0 } else { 0.0 };
+        let want = p / rows as f64;
+        assert!(
+            (f64::from(g) - want).abs() <= 1e-6 * want.abs(),
+            "dx[{}][{}] = {g}, want {want}",
+            i / cols,
+            i % cols
+        );
+    }
+}
+
+/// Every output and gradient of the cross-entropy entries on `e` for the given data, as f64
+/// values (the bits of F32, F16 and BF16 values): loss, z-loss, accuracy, predicted, the F32
+/// gradient, the gradient in the logits' dtype and the logits after `cross_entropy_in_place`.
+fn ce_everything(
+    e: &wgrad::Engine,
+    xs: &[f64],
+    targets: &[i32],
+    shape: [usize; 2],
+    dtype: DType,
+    reduction: Reduction,
+) -> Vec<Vec<f64>> {
+    let [rows, cols] = shape;
+    let x = tensor_from_f64(e, xs, &shape, dtype);
+    let t = Tensor::from_slice(e, targets, &[rows]).unwrap();
+    let weights: Vec<f32> = (0..cols).map(|c| 0.5 + (c % 5) as f32 * 0.25).collect();
+    let opts = CrossEntropyOptions {
+        ignore_index: 3,
+        label_smoothing: 0.1,
+        z_loss: 1e-4,
+        softcap: Some(30.0),
+        weight: Some(Tensor::from_slice(e, &weights, &[cols]).unwrap()),
+        reduction,
+        check_targets: true,
+    };
+    let cot = (reduction == Reduction::None).then(|| {
+        let c: Vec<f32> = (0..rows).map(|r| 1.0 - (r % 7) as f32 * 0.3).collect();
+        Tensor::from_slice(e, &c, &[rows]).unwrap()
+    });
+    let (out, saved) = cross_entropy(&x, &t, &opts).unwrap();
+    let dx = cross_entropy_backward(&saved, cot.as_ref()).unwrap();
+    let dx_as = loss::cross_entropy_backward_as(&saved, cot.as_ref(), dtype).unwrap();
+    let over = tensor_from_f64(e, xs, &shape, dtype);
+    loss::cross_entropy_in_place(&over, &t, &opts).unwrap();
+    let predicted = out.predicted.as_ref().unwrap().to_vec::<i32>().unwrap();
+    vec![
+        out.loss.to_f64().unwrap(),
+        out.z_loss.to_f64().unwrap(),
+        out.accuracy.to_f64().unwrap(),
+        predicted.iter().map(|&p| f64::from(p)).collect(),
+        dx.to_f64().unwrap(),
+        dx_as.to_f64().unwrap(),
+        over.to_f64().unwrap(),
+    ]
+}
+
+#[test]
+fn cross_entropy_past_the_binding_limit_runs_in_windows_with_the_same_bits() {
+    // An engine that binds at most 64 KiB: every case's logits span several windows of rows
+    // (16-byte chunked rows and element-by-element ones, row counts that leave a short last
+    // window; the per-row tensors, bound whole, still fit), and every output and gradient is
+    // the one-binding run's, bit for bit, with every option on, for a mean and per-row
+    // cotangents.
+    let limit = 64 << 10;
+    let small = wgrad::Engine::builder()
+        .binding_limit(limit)
+        .build()
+        .unwrap();
+    assert_eq!(
+        small.max_binding_bytes(),
+        limit.min(engine().max_binding_bytes())
+    );
+    let cases = [
+        (DType::F32, 1000, 70),
+        (DType::BF16, 1024, 90),
+        (DType::F16, 77, 701),
+        (DType::F32, 21, 1501),
+    ];
+    for (i, (dtype, cols, rows)) in cases.into_iter().enumerate() {
+        assert!(
+            (rows * cols * dtype.size()) as u64 > limit,
+            "case {i} must need windows"
+        );
+        let xs = data(700 + i as u64, rows * cols, -6.0, 6.0);
+        let mut rng = Rng::new(800 + i as u64);
+        let targets: Vec<i32> = (0..rows)
+            .map(|r| {
+                if r % 9 == 4 {
+                    3
+                } else {
+                    (rng.uniform(0.0, cols as f64) as i32).min(cols as i32 - 1)
+                }
+            })
+            .collect();
+        for reduction in [Reduction::Mean, Reduction::None] {
+            let one = ce_everything(engine(), &xs, &targets, [rows, cols], dtype, reduction);
+            let windows = ce_everything(&small, &xs, &targets, [rows, cols], dtype, reduction);
+            for (k, (a, b)) in one.iter().zip(&windows).enumerate() {
+                let same =
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "case {i} ({dtype:?} {rows}x{cols}, {reduction:?}): output {k} differs"
+                );
+            }
+        }
+    }
+}
+
+/// Every output of the row-wise loss entries on `e` for input data `xs` and target data `ts`
+/// (`[rows, cols]`, `dtype`), as bit patterns: softmax and log-softmax (forward, backward,
+/// 16-bit backward, from the output), sparsemax, soft-target cross-entropy, KL (sum, none with
+/// a per-element cotangent), JSD with labels and TVD (mean), each with its gradient in F32 and
+/// in `dtype`.
+fn row_losses_everything(
+    e: &wgrad::Engine,
+    xs: &[f64],
+    ts: &[f64],
+    shape: [usize; 2],
+    dtype: DType,
+) -> Vec<Vec<u64>> {
+    let [rows, _] = shape;
+    let x = tensor_from_f64(e, xs, &shape, dtype);
+    let t = tensor_from_f64(e, ts, &shape, dtype);
+    let dy = tensor_from_f64(e, ts, &shape, DType::F32);
+    let labels: Vec<i32> = (0..rows as i32)
+        .map(|r| if r % 5 == 2 { -100 } else { r })
+        .collect();
+    let labels = Tensor::from_slice(e, &labels, &[rows]).unwrap();
+    let mut outs: Vec<Tensor> = Vec::new();
+    for log in [false, true] {
+        let (y, saved) = if log {
+            loss::log_softmax(&x).unwrap()
+        } else {
+            loss::softmax(&x).unwrap()
+        };
+        outs.push(loss::softmax_backward(&saved, &dy).unwrap());
+        outs.push(loss::softmax_backward_as(&saved, &t, dtype).unwrap());
+        outs.push(loss::softmax_backward_from_output(&y, &t, log, dtype).unwrap());
+        outs.push(y);
+    }
+    let (y, saved) = loss::sparsemax(&x).unwrap();
+    outs.push(loss::sparsemax_backward(&saved, &dy).unwrap());
+    outs.push(y);
+    let (out, saved) = loss::cross_entropy_soft(&x, &t, Reduction::Mean).unwrap();
+    outs.push(cross_entropy_backward(&saved, None).unwrap());
+    outs.push(out.loss);
+    let divergences = [
+        loss::kl_div(&x, &t, true, DivReduction::Sum).unwrap(),
+        loss::kl_div(&x, &t, true, DivReduction::None).unwrap(),
+        loss::jsd(&x, &t, 0.5, Some(&labels), -100).unwrap(),
+        loss::tvd(&x, &t, DivReduction::Mean, Some(&labels), -100).unwrap(),
+    ];
+    for (k, (value, saved)) in divergences.into_iter().enumerate() {
+        let cot = (k == 1).then_some(&dy);
+        outs.push(loss::divergence_backward(&saved, cot).unwrap());
+        outs.push(loss::divergence_backward_as(&saved, cot, dtype).unwrap());
+        outs.push(value);
+    }
+    outs.iter()
+        .map(|o| o.to_f64().unwrap().iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn row_losses_past_the_binding_limit_run_in_windows_with_the_same_bits() {
+    // The softmax family, sparsemax, soft-target cross-entropy and the divergences on an
+    // engine binding at most 64 KiB (inputs, targets and gradients many windows long; chunked
+    // rows and element-by-element ones) give the one-binding run's bits.
+    let limit = 64 << 10;
+    let small = wgrad::Engine::builder()
+        .binding_limit(limit)
+        .build()
+        .unwrap();
+    for (i, (dtype, cols, rows)) in [
+        (DType::F32, 1000, 70),
+        (DType::BF16, 1024, 90),
+        (DType::F16, 77, 701),
+        (DType::F32, 21, 1501),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(
+            (rows * cols * 4) as u64 > limit,
+            "case {i} must need windows"
+        );
+        let xs = data(900 + i as u64, rows * cols, -5.0, 1.0);
+        let ts: Vec<f64> = data(950 + i as u64, rows * cols, 0.0, 1.0)
+            .iter()
+            .map(|v| v / cols as f64 * 2.0)
+            .collect();
+        let one = row_losses_everything(engine(), &xs, &ts, [rows, cols], dtype);
+        let windows = row_losses_everything(&small, &xs, &ts, [rows, cols], dtype);
+        assert_eq!(one.len(), windows.len());
+        for (k, (a, b)) in one.iter().zip(&windows).enumerate() {
+            assert!(
+                a == b,
+                "case {i} ({dtype:?} {rows}x{cols}): output {k} differs"
+            );
+        }
+    }
+}
+
+#[test]
+fn ops_that_bind_whole_tensors_refuse_ones_past_the_binding_limit() {
+    // Tensors may exceed one binding; an op that does not run in windows returns
+    // LimitExceeded naming its binding (nothing panics), and a cross-entropy row wider than
+    // one binding can hold is refused the same way.
+    let limit = 4 << 10;
+    let small = wgrad::Engine::builder()
+        .binding_limit(limit)
+        .build()
+        .unwrap();
+    let x = Tensor::zeros(&small, &[64, 100], DType::F32).unwrap();
+    assert!(x.byte_len() > limit);
+    match wgrad::reduce::sum_rows(&x) {
         Err(Error::LimitExceeded {
             bytes, limit: l, ..
         }) => {
-            assert_eq!((bytes, l), ((rows * cols * 4) as u64, limit))
+            assert_eq!((bytes, l), (x.byte_len(), limit));
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+    let wide = Tensor::zeros(&small, &[2, 2000], DType::F32).unwrap();
+    let t = Tensor::from_slice(&small, &[0i32, 1], &[2]).unwrap();
+    match cross_entropy(&wide, &t, &CrossEntropyOptions::default()) {
+        Err(Error::LimitExceeded {
+            bytes, limit: l, ..
+        }) => {
+            assert_eq!(l, limit);
+            assert!(bytes >= 8000, "{bytes}");
         }
         other => panic!("expected LimitExceeded, got {other:?}"),
     }
