@@ -14,8 +14,9 @@
 //!
 //! Storage F32, F16 or BF16 for every input (each may differ); the output has the gate's
 //! dtype; math is FP32; gradients are F32 ([`backward`]) or rounded once to F16/BF16
-//! ([`backward_as`]: 16-bit step kernels write them directly). Any element count, odd and empty included (one
-//! storage binding per tensor). The backward recomputes the activation from the saved inputs.
+//! ([`backward_as`]: 16-bit step kernels write them directly). Any element count, odd and empty
+//! included; tensors past one storage binding run in windows of it (units of 16 elements,
+//! packed rows), with the one-binding bits. The backward recomputes the activation from the saved inputs.
 //! Counts that are multiples of 4 (packed: row widths) run step kernels: 16-byte loads and
 //! stores of F32 tensors, 16-byte (every tensor 16-bit, counts multiples of 8) or 8-byte
 //! ones of 16-bit tensors, one launch per pass; other counts a per-element kernel. Both
@@ -26,8 +27,11 @@
 //! (Taylor series below 1, a fitted `erfc` tail above; a few f32 ulps, see
 //! `wgsl/common/activation.wgsl`).
 
+use crate::engine::Bind;
 use crate::kernel::{COMMON_ACTIVATION, COMMON_DTYPE, COMMON_LAUNCH, Kernel};
-use crate::{DType, Error, Result, Tensor};
+use crate::tensor::row_windows;
+use crate::{DType, Engine, Error, Result, Tensor};
+use std::ops::Range;
 
 /// `wgsl/activation.wgsl` (formulas in `wgsl/common/activation.wgsl`).
 pub static KERNEL: Kernel = Kernel {
@@ -260,6 +264,42 @@ struct Pass {
     step: usize,
 }
 
+/// The windows of an element-wise pass over `count` output elements (packed: rows of
+/// `width`), so that tensors past one storage binding run a window at a time: units of 16
+/// output elements (packed: rows), each window a range of units and its output elements.
+/// `tensors`: the dtype of each tensor and its elements per output element (packed inputs and
+/// gradients 2, else 1).
+fn windows(
+    engine: &Engine,
+    count: usize,
+    width: Option<usize>,
+    tensors: &[(DType, usize)],
+) -> Result<Vec<(Range<usize>, usize)>> {
+    let unit = unit_elements(width);
+    let row_bytes: Vec<u64> = tensors
+        .iter()
+        .map(|&(d, k)| (unit * k * d.size()) as u64)
+        .collect();
+    let units = count.div_ceil(unit);
+    Ok(row_windows(engine, "activation", units, &row_bytes)?
+        .into_iter()
+        .map(|w| {
+            let n = (w.end * unit).min(count) - w.start * unit;
+            (w, n)
+        })
+        .collect())
+}
+
+/// Output elements per window unit: a packed row, else 16.
+fn unit_elements(width: Option<usize>) -> usize {
+    width.unwrap_or(STEP_ELEMENTS as usize).max(1)
+}
+
+/// The binding of window `w` of `t`, which holds `k` elements per output element.
+fn bind_window<'a>(t: &'a Tensor, w: &Range<usize>, width: Option<usize>, k: usize) -> Bind<'a> {
+    t.bind_rows(w, unit_elements(width) * k)
+}
+
 /// `tensors`: (binding bytes, dtype) of every tensor the pass reads or writes (gradients
 /// included).
 fn pass(
@@ -311,11 +351,7 @@ impl Pass {
     /// The launch's buffers: each tensor once for the per-element kernel; for the step
     /// kernels each of `views` twice (its 16-byte and 8-byte views), then the gradients
     /// `single` once.
-    fn buffers<'a>(
-        &self,
-        views: &[&'a wgpu::Buffer],
-        single: &[&'a wgpu::Buffer],
-    ) -> Vec<&'a wgpu::Buffer> {
+    fn buffers<'a>(&self, views: &[Bind<'a>], single: &[Bind<'a>]) -> Vec<Bind<'a>> {
         let mut v = Vec::new();
         for b in views {
             v.push(*b);
@@ -346,69 +382,44 @@ pub fn forward(
     let engine = gate.engine();
     let count = gate.len();
     let out = Tensor::empty(engine, gate.shape(), gate.dtype(), "activation output")?;
+    if let Some(up) = up {
+        check_float(up, "activation: up")?;
+        up.check_engine(engine, "activation: up")?;
+        if up.shape() != gate.shape() {
+            return Err(Error::shape("activation: up", gate.shape(), up.shape()));
+        }
+    }
+    let mut tensors = vec![(gate.dtype(), 1)];
+    tensors.extend(up.map(|u| (u.dtype(), 1)));
+    tensors.push((out.dtype(), 1));
+    let (general, stepped) = match up {
+        None => ("forward_unary", "forward_unary_steps"),
+        Some(_) => ("forward_gated", "forward_gated_steps"),
+    };
+    let up_dtype = up.map_or(gate.dtype(), |u| u.dtype());
+    let consts = constants(kind, gate.dtype(), up_dtype, gate.dtype(), false);
+    for (w, n) in windows(engine, count, None, &tensors)? {
+        let mut views = vec![bind_window(gate, &w, None, 1)];
+        views.extend(up.map(|u| bind_window(u, &w, None, 1)));
+        views.push(bind_window(&out, &w, None, 1));
+        let sizes: Vec<(u64, DType)> = views
+            .iter()
+            .zip(&tensors)
+            .map(|(b, &(d, _))| (b.size, d))
+            .collect();
+        let p = pass(general, stepped, n, None, &sizes, options);
+        engine.launch_bound(
+            &KERNEL,
+            p.entry,
+            &p.constants(consts.clone()),
+            &p.params,
+            &p.buffers(&views, &[]),
+            p.groups,
+        )?;
+    }
     let inputs = match up {
-        None => {
-            let p = pass(
-                "forward_unary",
-                "forward_unary_steps",
-                count,
-                None,
-                &[
-                    (gate.buffer().size(), gate.dtype()),
-                    (out.buffer().size(), out.dtype()),
-                ],
-                options,
-            );
-            engine.launch(
-                &KERNEL,
-                p.entry,
-                &p.constants(constants(
-                    kind,
-                    gate.dtype(),
-                    gate.dtype(),
-                    gate.dtype(),
-                    false,
-                )),
-                &p.params,
-                &p.buffers(&[gate.buffer(), out.buffer()], &[]),
-                p.groups,
-            )?;
-            Inputs::Unary(gate.clone())
-        }
-        Some(up) => {
-            check_float(up, "activation: up")?;
-            up.check_engine(engine, "activation: up")?;
-            if up.shape() != gate.shape() {
-                return Err(Error::shape("activation: up", gate.shape(), up.shape()));
-            }
-            let p = pass(
-                "forward_gated",
-                "forward_gated_steps",
-                count,
-                None,
-                &[
-                    (gate.buffer().size(), gate.dtype()),
-                    (up.buffer().size(), up.dtype()),
-                    (out.buffer().size(), out.dtype()),
-                ],
-                options,
-            );
-            engine.launch(
-                &KERNEL,
-                p.entry,
-                &p.constants(constants(
-                    kind,
-                    gate.dtype(),
-                    up.dtype(),
-                    gate.dtype(),
-                    false,
-                )),
-                &p.params,
-                &p.buffers(&[gate.buffer(), up.buffer(), out.buffer()], &[]),
-                p.groups,
-            )?;
-            Inputs::Gated(gate.clone(), up.clone())
-        }
+        None => Inputs::Unary(gate.clone()),
+        Some(up) => Inputs::Gated(gate.clone(), up.clone()),
     };
     Ok((
         out,
@@ -450,25 +461,29 @@ pub fn packed_forward(
     let count = x.len() / 2;
     let engine = x.engine();
     let out = Tensor::empty(engine, &out_shape, x.dtype(), "activation output")?;
-    let p = pass(
-        "forward_gated",
-        "forward_gated_steps",
-        count,
-        Some(width),
-        &[
-            (x.buffer().size(), x.dtype()),
-            (out.buffer().size(), out.dtype()),
-        ],
-        options,
-    );
-    engine.launch(
-        &KERNEL,
-        p.entry,
-        &p.constants(constants(kind, x.dtype(), x.dtype(), x.dtype(), true)),
-        &p.params,
-        &p.buffers(&[x.buffer(), x.buffer(), out.buffer()], &[]),
-        p.groups,
-    )?;
+    let tensors = [(x.dtype(), 2), (out.dtype(), 1)];
+    for (w, n) in windows(engine, count, Some(width), &tensors)? {
+        let (xb, ob) = (
+            bind_window(x, &w, Some(width), 2),
+            bind_window(&out, &w, Some(width), 1),
+        );
+        let p = pass(
+            "forward_gated",
+            "forward_gated_steps",
+            n,
+            Some(width),
+            &[(xb.size, x.dtype()), (ob.size, out.dtype())],
+            options,
+        );
+        engine.launch_bound(
+            &KERNEL,
+            p.entry,
+            &p.constants(constants(kind, x.dtype(), x.dtype(), x.dtype(), true)),
+            &p.params,
+            &p.buffers(&[xb, xb, ob], &[]),
+            p.groups,
+        )?;
+    }
     Ok((
         out,
         ActivationSaved {
@@ -524,18 +539,26 @@ pub fn backward_as(saved: &ActivationSaved, dy: &Tensor, dtype: DType) -> Result
     dy.check_engine(g.engine(), "activation: dy")?;
     let engine = g.engine();
     let count = dy.len();
-    let grad_bytes = (g.len() * dtype.size()) as u64;
-    let mut tensors = vec![(g.buffer().size(), g.dtype())];
-    if let Some(u) = up {
-        tensors.push((u.buffer().size(), u.dtype()));
-    }
-    tensors.push((dy.buffer().size(), dy.dtype()));
+    // Elements of the input and gradients per output element: 2 packed.
+    let k = if width.is_some() { 2 } else { 1 };
+    let mut tensors = vec![(g.dtype(), k)];
+    tensors.extend(up.map(|u| (u.dtype(), 1)));
+    tensors.push((dy.dtype(), 1));
     tensors.extend(std::iter::repeat_n(
-        (grad_bytes, dtype),
+        (dtype, k),
         1 + usize::from(up.is_some()),
     ));
-    let p = pass(general, stepped, count, width, &tensors, &saved.options);
-    if dtype != DType::F32 && p.step != 8 {
+    let plan = windows(engine, count, width, &tensors)?;
+    // The kernel for the whole tensors; 16-bit gradients need every window on the 16-bit step
+    // kernel (the whole count in steps of 8 and every binding a vec4).
+    let whole: Vec<(u64, DType)> = tensors
+        .iter()
+        .map(|&(d, kk)| ((count * kk * d.size()) as u64, d))
+        .collect();
+    let direct = |n: usize, sizes: &[(u64, DType)]| {
+        pass(general, stepped, n, width, sizes, &saved.options).step == 8
+    };
+    if dtype != DType::F32 && !direct(count, &whole) {
         // The 16-bit gradient kernels need 16-bit tensors in whole steps of 8: F32 gradients,
         // then one rounding each.
         let f32_grads = backward_as(saved, dy, DType::F32)?;
@@ -552,27 +575,37 @@ pub fn backward_as(saved: &ActivationSaved, dy: &Tensor, dtype: DType) -> Result
         .map(|_| Tensor::empty(engine, g.shape(), dtype, "activation dup"))
         .transpose()?;
     let up_dtype = up.map_or(g.dtype(), |u| u.dtype());
-    let mut c = p.constants(constants(
-        saved.kind,
-        g.dtype(),
-        up_dtype,
-        dy.dtype(),
-        width.is_some(),
-    ));
-    c.push(("DT_D", f64::from(dtype.code())));
-    let mut views = vec![g.buffer()];
-    views.extend(up.map(|u| u.buffer()));
-    views.push(dy.buffer());
-    let mut grads = vec![dgate.buffer()];
-    grads.extend(dup.as_ref().map(|d| d.buffer()));
-    engine.launch(
-        &KERNEL,
-        p.entry,
-        &c,
-        &p.params,
-        &p.buffers(&views, &grads),
-        p.groups,
-    )?;
+    let base = constants(saved.kind, g.dtype(), up_dtype, dy.dtype(), width.is_some());
+    for (w, n) in plan {
+        let mut views = vec![bind_window(g, &w, width, k)];
+        views.extend(up.map(|u| bind_window(u, &w, width, 1)));
+        views.push(bind_window(dy, &w, width, 1));
+        let mut grads = vec![bind_window(&dgate, &w, width, k)];
+        grads.extend(dup.as_ref().map(|d| bind_window(d, &w, width, 1)));
+        let sizes: Vec<(u64, DType)> = views
+            .iter()
+            .chain(&grads)
+            .zip(&tensors)
+            .map(|(b, &(d, _))| (b.size, d))
+            .collect();
+        let p = pass(general, stepped, n, width, &sizes, &saved.options);
+        if dtype != DType::F32 && p.step != 8 {
+            return Err(Error::Kernel {
+                kernel: KERNEL.name.into(),
+                message: format!("a {n}-element window cannot take the 16-bit step kernel"),
+            });
+        }
+        let mut c = p.constants(base.clone());
+        c.push(("DT_D", f64::from(dtype.code())));
+        engine.launch_bound(
+            &KERNEL,
+            p.entry,
+            &c,
+            &p.params,
+            &p.buffers(&views, &grads),
+            p.groups,
+        )?;
+    }
     Ok(ActivationGrads { dgate, dup })
 }
 

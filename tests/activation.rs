@@ -929,3 +929,71 @@ fn backward_as_is_the_f32_gradient_rounded_once() {
     assert_eq!(got.dgate.shape(), &[0, 8]);
     assert_eq!(got.dgate.dtype(), BF16);
 }
+
+/// Every output and gradient of the activation entries on `e` (bit patterns): unary SiLU and
+/// tanh-GELU, gated SwiGLU (F32 `up` beside a 16-bit gate too), packed GeGLU, each backward
+/// with F32 gradients and with gradients in `dtype`.
+fn activations_everything(
+    e: &wgrad::Engine,
+    n: usize,
+    width: usize,
+    dtype: DType,
+) -> Vec<Vec<u64>> {
+    let shape = [n / width, width];
+    let g = tensor_from_f64(e, &data(31, n, 4.0), &shape, dtype);
+    let u = tensor_from_f64(e, &data(32, n, 2.0), &shape, dtype);
+    let u32_ = tensor_from_f64(e, &data(33, n, 2.0), &shape, DType::F32);
+    let dy = tensor_from_f64(e, &data(34, n, 1.0), &shape, dtype);
+    let packed = tensor_from_f64(e, &data(35, 2 * n, 3.0), &[n / width, 2 * width], dtype);
+    let opts = ActivationOptions {
+        gate_multiplier: 0.75,
+        down_multiplier: 1.5,
+    };
+    let mut outs = Vec::new();
+    let runs = [
+        activation::forward(Activation::Silu, &g, None, &opts).unwrap(),
+        activation::forward(Activation::GeluTanh, &g, None, &opts).unwrap(),
+        activation::forward(Activation::Silu, &g, Some(&u), &opts).unwrap(),
+        activation::forward(Activation::Silu, &g, Some(&u32_), &opts).unwrap(),
+        activation::packed_forward(Activation::GeluTanh, &packed, &opts).unwrap(),
+    ];
+    for (y, saved) in runs {
+        for d in [DType::F32, dtype] {
+            let grads = activation::backward_as(&saved, &dy, d).unwrap();
+            outs.push(grads.dgate);
+            outs.extend(grads.dup);
+        }
+        outs.push(y);
+    }
+    outs.iter()
+        .map(|t| t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn activations_past_the_binding_limit_run_in_windows_with_the_same_bits() {
+    // An engine binding at most 16 KiB: inputs, outputs and gradients many windows long (units
+    // of 16 elements, packed rows), in element counts that take the 16-byte, 8-byte and
+    // per-element kernels, give the one-binding run's bits.
+    let small = wgrad::Engine::builder()
+        .binding_limit(16 << 10)
+        .build()
+        .unwrap();
+    for (n, width, dtype) in [
+        (40_000, 40, DType::BF16),
+        (30_000, 12, DType::F16),
+        (21_000, 100, DType::F32),
+        (9_999, 101, DType::BF16),
+        (12_345, 5, DType::F32),
+    ] {
+        assert!(n * 4 > 16 << 10);
+        let one = activations_everything(engine(), n, width, dtype);
+        let windows = activations_everything(&small, n, width, dtype);
+        for (k, (a, b)) in one.iter().zip(&windows).enumerate() {
+            assert!(
+                a == b,
+                "{n} elements, rows of {width}, {dtype:?}: output {k} differs"
+            );
+        }
+    }
+}
