@@ -1804,7 +1804,17 @@ pub(crate) fn div_grad_block(
             Bind::whole(cot.buffer())
         };
         let elements = (w.len() * cols) as u64;
-        if vector {
+        if vector && input.dtype() != DType::F32 && dtype == DType::F32 {
+            // 16-bit inputs, F32 gradient: half chunks a lane, contiguous stores (`div_bwd_h`).
+            engine.launch_bound(
+                &KERNEL,
+                "div_bwd_h",
+                &s.constants(input, target),
+                &params,
+                &[l, f, c, d, x, t],
+                (elements / 4).div_ceil(WG),
+            )?;
+        } else if vector {
             let chunk = chunk_len(input.dtype()) as u64;
             engine.launch_bound(
                 &KERNEL,
@@ -1882,7 +1892,18 @@ fn divergence_forward(
             // Without labels the binding is not read: the input stands in.
             let l = labels.map_or(x, |l| Bind::whole(l.buffer()));
             let elements = (w.len() * cols) as u64;
-            if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+            let vector = target.dtype() == input.dtype() && vectorized(input.dtype(), cols);
+            if vector && input.dtype() != DType::F32 {
+                // 16-bit inputs: half chunks a lane, contiguous F32 stores (`div_elems_h`).
+                engine.launch_bound(
+                    &KERNEL,
+                    "div_elems_h",
+                    &consts,
+                    &params,
+                    &[l, o, x, t],
+                    (elements / 4).div_ceil(WG),
+                )?;
+            } else if vector {
                 let chunk = chunk_len(input.dtype()) as u64;
                 engine.launch_bound(
                     &KERNEL,

@@ -1432,6 +1432,34 @@ fn div_bwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
 }
 
+// The 16-bit entries with F32 outputs take one half chunk (four values) an invocation: each lane
+// loads 8 bytes of x and of the target (`x2`, `second2`) and stores one vec4, so a workgroup's
+// stores are contiguous (a lane of whole chunks stores two vec4s 32 bytes apart, which costs
+// half the store bandwidth). The same values as the whole-chunk entries.
+fn half_vals(h: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(widen2(h.x, DT), widen2(h.y, DT));
+}
+
+@compute @workgroup_size(WG)
+fn div_elems_h(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= (params.rows * params.cols) / 4u) {
+        return;
+    }
+    dx4[i] = divergence_loss_out4(half_vals(x2[i]), half_vals(second2[i]), i * 4u);
+}
+
+@compute @workgroup_size(WG)
+fn div_bwd_h(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= (params.rows * params.cols) / 4u) {
+        return;
+    }
+    dx4[i] = divergence_grad_out4(half_vals(x2[i]), half_vals(second2[i]), i * 4u);
+}
+
 // ---- register-resident softmax forward ---------------------------------------------------
 // For rows of up to RK·WG chunks, each lane keeps its RK chunks in registers, so the row is
 // read once: each lane's maximum, then its Σ exp(x − that maximum), then the row's pair by one
