@@ -293,6 +293,25 @@ fn check_engine(engine: &Engine, tensors: &[(&Tensor, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// The parameters of a row launch over the window `w` of rows of `cols` columns.
+fn window_params(w: &Range<usize>, cols: usize) -> Params {
+    Params {
+        rows: w.len() as u32,
+        cols: cols as u32,
+        ..Default::default()
+    }
+}
+
+/// Bytes of one row of `cols` values of each dtype, then `extra` (the windows' rows of each
+/// tensor, [`row_windows`]).
+fn row_bytes_of(cols: usize, dtypes: &[DType], extra: &[u64]) -> Vec<u64> {
+    dtypes
+        .iter()
+        .map(|d| (cols * d.size()) as u64)
+        .chain(extra.iter().copied())
+        .collect()
+}
+
 /// A row output of `x`'s shape and dtype, written by `entry` (directly, or through an F32
 /// temporary narrowed by `cast` when a 16-bit row does not start on a word boundary).
 fn row_output(
@@ -311,17 +330,9 @@ fn row_output(
     let chunks = (cols / chunk_len(x.dtype())) as u64;
     // Every tensor is per row (the statistics two F32 values a row): windows of rows bind
     // each one's rows where a tensor exceeds one binding.
-    let row_bytes = [
-        (cols * x.dtype().size()) as u64,
-        (cols * odt.size()) as u64,
-        8,
-    ];
+    let row_bytes = row_bytes_of(cols, &[x.dtype(), odt], &[8]);
     for w in row_windows(engine, entry, rows, &row_bytes)? {
-        let params = Params {
-            rows: w.len() as u32,
-            cols: cols as u32,
-            ..Default::default()
-        };
+        let params = window_params(&w, cols);
         let (xb, ob, sb) = (
             x.bind_rows(&w, cols),
             out.bind_rows(&w, cols),
@@ -520,18 +531,9 @@ fn softmax_backward_launch(
     let mut consts = constants(x.dtype(), dy.dtype(), dtype, u32::from(log));
     consts.push(("FROM_OUT", f64::from(u8::from(stats.is_none()))));
     // Per-row tensors in windows of rows where one exceeds a binding (see `row_output`).
-    let row_bytes = [
-        (cols * x.dtype().size()) as u64,
-        (cols * dy.dtype().size()) as u64,
-        (cols * dtype.size()) as u64,
-        8,
-    ];
+    let row_bytes = row_bytes_of(cols, &[x.dtype(), dy.dtype(), dtype], &[8]);
     for w in row_windows(engine, "softmax_backward", rows, &row_bytes)? {
-        let params = Params {
-            rows: w.len() as u32,
-            cols: cols as u32,
-            ..Default::default()
-        };
+        let params = window_params(&w, cols);
         let (xb, dyb, dxb) = (
             x.bind_rows(&w, cols),
             dy.bind_rows(&w, cols),
@@ -645,22 +647,13 @@ pub fn sparsemax_backward(saved: &SparsemaxSaved, dy: &Tensor) -> Result<Tensor>
     same_shape("sparsemax_backward: dy", x, dy)?;
     let (rows, cols) = rows_cols(x);
     let dx = Tensor::empty(engine, x.shape(), DType::F32, "sparsemax_backward")?;
-    let row_bytes = [
-        (cols * x.dtype().size()) as u64,
-        (cols * dy.dtype().size()) as u64,
-        (cols * 4) as u64,
-        8,
-    ];
+    let row_bytes = row_bytes_of(cols, &[x.dtype(), dy.dtype(), DType::F32], &[8]);
     for w in row_windows(engine, "sparsemax_backward", rows, &row_bytes)? {
         engine.launch_bound(
             &KERNEL,
             "sparsemax_bwd",
             &constants(x.dtype(), dy.dtype(), DType::F32, 0),
-            &Params {
-                rows: w.len() as u32,
-                cols: cols as u32,
-                ..Default::default()
-            },
+            &window_params(&w, cols),
             &[
                 x.bind_rows(&w, cols),
                 saved.stats.bind_rows(&w, 2),
@@ -1155,7 +1148,7 @@ pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> R
     let (rows, cols) = rows_cols(logits);
     let dx = Tensor::empty(engine, logits.shape(), DType::F32, "cross_entropy_backward")?;
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
-    let row_bytes = [(cols * logits.dtype().size()) as u64, (cols * 4) as u64];
+    let row_bytes = row_bytes_of(cols, &[logits.dtype(), DType::F32], &[]);
     for w in row_windows(engine, "cross_entropy_backward", rows, &row_bytes)? {
         let params = s.block_params(logits, at, &w, g.per_row);
         let (x, d) = (logits.bind_rows(&w, cols), dx.bind_rows(&w, cols));
@@ -1520,10 +1513,8 @@ pub fn cross_entropy_soft(
             "ce_soft_fwd",
             &constants(logits.dtype(), targets.dtype(), DType::F32, 0),
             &Params {
-                rows: w.len() as u32,
-                cols: cols as u32,
                 row0: w.start as u32,
-                ..Default::default()
+                ..window_params(&w, cols)
             },
             &[
                 logits.bind_rows(&w, cols),
@@ -1682,12 +1673,9 @@ fn div_windows(
     out: Option<&[DType]>,
 ) -> Result<Vec<Range<usize>>> {
     let (rows, cols) = rows_cols(input);
-    let mut row_bytes = vec![
-        (cols * input.dtype().size()) as u64,
-        (cols * target.dtype().size()) as u64,
-    ];
-    row_bytes.extend(out.unwrap_or(&[]).iter().map(|d| (cols * d.size()) as u64));
-    row_windows(engine, what, rows, &row_bytes)
+    let mut dtypes = vec![input.dtype(), target.dtype()];
+    dtypes.extend_from_slice(out.unwrap_or(&[]));
+    row_windows(engine, what, rows, &row_bytes_of(cols, &dtypes, &[]))
 }
 
 /// Counting pass: `mat[r] = (0, counted)` for each of `rows` rows, so that
