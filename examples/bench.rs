@@ -565,6 +565,12 @@ fn main() -> ExitCode {
     let lanes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     wgrad::norm::force_forward_lanes(lanes("WGRAD_NORM_FWD_LANES"));
     wgrad::norm::force_backward_lanes(lanes("WGRAD_NORM_BWD_LANES"));
+    // The most blocks of the norm register backwards (unset: `norm::REGISTER_BLOCKS`).
+    wgrad::norm::force_register_blocks(
+        std::env::var("WGRAD_NORM_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok()),
+    );
     wgrad::loss::force_row_lanes(lanes("WGRAD_ROW_LANES"));
     // Measurement switches of the dense products: element-by-element operand fetches (0),
     // and the tile rows per band of the launch order (a number).

@@ -92,7 +92,16 @@ pub fn force_backward_lanes(lanes: Option<u64>) {
     FORCED_BACKWARD_LANES.with(|f| f.set(lanes));
 }
 
+/// Forces the most blocks of the register backwards ([`REGISTER_BLOCKS`] by default; half as
+/// many on 1,024 lanes) for launches from the calling thread; `None` for the default. The
+/// parameter gradients then add their rows in other groups (last bits); for measurements.
+#[doc(hidden)]
+pub fn force_register_blocks(blocks: Option<usize>) {
+    FORCED_REGISTER_BLOCKS.with(|f| f.set(blocks));
+}
+
 thread_local! {
+    static FORCED_REGISTER_BLOCKS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     static FORCED_FORWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     static FORCED_BACKWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
@@ -495,11 +504,11 @@ pub fn backward_workspace_bytes(
 /// at least [`REGISTER_MIN_BLOCK_ROWS`] rows (the last may be shorter; half as many blocks
 /// for workgroups of 1,024 lanes), a function of the shape only.
 fn register_blocks(rows: usize, wide: bool) -> (usize, usize) {
-    let most = if wide {
-        REGISTER_BLOCKS / 2
-    } else {
-        REGISTER_BLOCKS
-    };
+    let blocks = FORCED_REGISTER_BLOCKS
+        .with(|f| f.get())
+        .unwrap_or(REGISTER_BLOCKS)
+        .max(2);
+    let most = if wide { blocks / 2 } else { blocks };
     let block_rows = rows.div_ceil(most).max(REGISTER_MIN_BLOCK_ROWS);
     (block_rows, rows.div_ceil(block_rows))
 }

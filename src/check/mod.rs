@@ -48,6 +48,11 @@ pub fn operators() -> Vec<OperatorCheck> {
             run: check_cast,
         },
         OperatorCheck {
+            name: "binding_windows",
+            kernels: &["loss", "activation", "cast"],
+            run: check_binding_windows,
+        },
+        OperatorCheck {
             name: "sum_rows",
             kernels: &["reduce"],
             run: |e| check_reduction(e, Reduction::SumRows),
@@ -241,6 +246,80 @@ fn check_cast(engine: &Engine) -> Result<Vec<Case>> {
         }
     }
     Ok(cases)
+}
+
+/// Tensors past one storage binding: the ops that run in windows of rows (cross-entropy with
+/// every option, softmax, KL, packed SwiGLU, cast) on an engine of the same adapter whose
+/// bindings are capped at 64 KiB, against this engine's one-binding results: the same bits.
+fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::activation;
+    use crate::loss::{self, CrossEntropyOptions, DivReduction, Reduction};
+    let info = engine.info();
+    let capped = Engine::builder()
+        .backends(info.backend.into())
+        .adapter_name(info.adapter.clone())
+        .math_mode(info.math_mode)
+        .shader_checks(info.shader_checks)
+        .binding_limit(64 << 10)
+        .build()?;
+    let (rows, cols) = (90, 1024);
+    let mut rng = Rng::new(31);
+    let xs = rng.vec(rows * cols, -6.0, 6.0);
+    let ts = rng.vec(rows * cols, 0.0, 2.0 / cols as f64);
+    let targets: Vec<i32> = (0..rows)
+        .map(|r| if r % 7 == 3 { -100 } else { ((r * 389) % cols) as i32 })
+        .collect();
+    let weights: Vec<f32> = (0..cols).map(|c| 0.5 + (c % 4) as f32 * 0.25).collect();
+    // Every output of every op on `e`, by name.
+    let run = |e: &Engine| -> Result<Vec<(String, Vec<f64>)>> {
+        let dt = DType::BF16;
+        let x = tensor_from_f64(e, &xs, &[rows, cols], dt)?.0;
+        let t = tensor_from_f64(e, &ts, &[rows, cols], dt)?.0;
+        let y = crate::Tensor::from_slice(e, &targets, &[rows])?;
+        let opts = CrossEntropyOptions {
+            label_smoothing: 0.1,
+            z_loss: 1e-4,
+            softcap: Some(30.0),
+            weight: Some(crate::Tensor::from_slice(e, &weights, &[cols])?),
+            reduction: Reduction::Mean,
+            ..Default::default()
+        };
+        let (ce, saved) = loss::cross_entropy(&x, &y, &opts)?;
+        let (sm, sm_saved) = loss::softmax(&x)?;
+        let (kl, kl_saved) = loss::kl_div(&x, &t, true, DivReduction::BatchMean)?;
+        let (sw, sw_saved) = activation::swiglu_packed(&x)?;
+        let half = sw.clone();
+        let outputs = [
+            ("cross_entropy loss", ce.loss),
+            ("cross_entropy dx", loss::cross_entropy_backward(&saved, None)?),
+            ("cross_entropy dx bf16", loss::cross_entropy_backward_as(&saved, None, dt)?),
+            ("softmax y", sm),
+            ("softmax dx", loss::softmax_backward(&sm_saved, &t)?),
+            ("kl_div", kl),
+            ("kl_div dx", loss::divergence_backward(&kl_saved, None)?),
+            ("swiglu_packed y", sw),
+            ("swiglu_packed dx", activation::backward(&sw_saved, &half)?.dgate),
+            ("cast f32", cast::cast(&x, DType::F32)?),
+        ];
+        outputs
+            .into_iter()
+            .map(|(name, v)| Ok((name.to_string(), v.to_f64()?)))
+            .collect()
+    };
+    let want = run(engine)?;
+    let got = run(&capped)?;
+    Ok(want
+        .iter()
+        .zip(&got)
+        .map(|((name, w), (_, g))| {
+            case(
+                format!("{name} {rows}x{cols} bf16, 64 KiB bindings"),
+                g,
+                w,
+                Tolerance::EXACT,
+            )
+        })
+        .collect())
 }
 
 enum Reduction {
