@@ -2666,3 +2666,27 @@ fn flce_head_dtype_gradients_bad_inputs() {
         Err(Error::InvalidValue { .. })
     ));
 }
+
+#[test]
+fn a_weight_past_the_binding_limit_is_a_typed_error() {
+    // The dense products bind whole operands: a head whose weight exceeds one binding (a
+    // tensor may, up to `max_tensor_bytes`) is refused with LimitExceeded, nothing panics.
+    let small = Engine::builder().binding_limit(64 << 10).build().unwrap();
+    let (rows, hidden, vocab) = (8, 256, 100);
+    let x = Tensor::zeros(&small, &[rows, hidden], DType::F32).unwrap();
+    let w = Tensor::zeros(&small, &[vocab, hidden], DType::F32).unwrap();
+    assert!(w.byte_len() > small.max_binding_bytes());
+    let t = Tensor::from_slice(&small, &vec![1i32; rows], &[rows]).unwrap();
+    let head = LinearHead {
+        input: &x,
+        weight: &w,
+        bias: None,
+    };
+    match fused_linear_cross_entropy(head, &t, &FusedLinearCrossEntropyOptions::default()) {
+        Err(Error::LimitExceeded { bytes, limit, .. }) => {
+            assert_eq!(limit, small.max_binding_bytes());
+            assert!(bytes > limit, "{bytes}");
+        }
+        other => panic!("expected LimitExceeded, got {:?}", other.map(|_| ())),
+    }
+}
