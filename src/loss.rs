@@ -954,25 +954,12 @@ pub(crate) fn ce_rows_block(
             Bind::whole(targets.buffer()),
             Bind::whole(predicted.buffer()),
         );
-        if vectorized(logits.dtype(), cols) {
-            engine.launch_bound(
-                &KERNEL,
-                "ce_fwd_v",
-                &consts,
-                &params,
-                &[mat, targets, weight, predicted, x],
-                w.len() as u64,
-            )?;
+        let (entry, binds) = if vectorized(logits.dtype(), cols) {
+            ("ce_fwd_v", [mat, targets, weight, predicted, x])
         } else {
-            engine.launch_bound(
-                &KERNEL,
-                "ce_fwd",
-                &consts,
-                &params,
-                &[x, mat, targets, weight, predicted],
-                w.len() as u64,
-            )?;
-        }
+            ("ce_fwd", [x, mat, targets, weight, predicted])
+        };
+        engine.launch_bound(&KERNEL, entry, &consts, &params, &binds, w.len() as u64)?;
     }
     Ok(())
 }
@@ -1153,25 +1140,12 @@ pub(crate) fn ce_grad_block(logits: &Tensor, at: CeBlock, g: &CeGradInputs) -> R
         let params = s.block_params(logits, at, &w, g.per_row);
         let (x, d) = (logits.bind_rows(&w, cols), dx.bind_rows(&w, cols));
         let [mat, targets, weight, finish, cot] = g.whole_binds();
-        if vectorized(logits.dtype(), cols) {
-            engine.launch_bound(
-                &KERNEL,
-                "ce_bwd_v",
-                &consts,
-                &params,
-                &[mat, targets, weight, finish, cot, x, d],
-                w.len() as u64,
-            )?;
+        let (entry, binds) = if vectorized(logits.dtype(), cols) {
+            ("ce_bwd_v", [mat, targets, weight, finish, cot, x, d])
         } else {
-            engine.launch_bound(
-                &KERNEL,
-                "ce_bwd",
-                &consts,
-                &params,
-                &[x, mat, d, targets, weight, finish, cot],
-                w.len() as u64,
-            )?;
-        }
+            ("ce_bwd", [x, mat, d, targets, weight, finish, cot])
+        };
+        engine.launch_bound(&KERNEL, entry, &consts, &params, &binds, w.len() as u64)?;
     }
     Ok(dx)
 }
@@ -1640,25 +1614,13 @@ pub(crate) fn div_rows_block(
         // Without labels the binding is not read: the input stands in.
         let l = labels.map_or(x, |l| Bind::whole(l.buffer()));
         let m = Bind::whole(mat.buffer());
-        if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
-            engine.launch_bound(
-                &KERNEL,
-                "div_rows_v",
-                &s.constants(input, target),
-                &params,
-                &[m, l, x, t],
-                w.len() as u64,
-            )?;
+        let (entry, binds) = if target.dtype() == input.dtype() && vectorized(input.dtype(), cols) {
+            ("div_rows_v", [m, l, x, t])
         } else {
-            engine.launch_bound(
-                &KERNEL,
-                "div_rows",
-                &s.constants(input, target),
-                &params,
-                &[x, m, t, l],
-                w.len() as u64,
-            )?;
-        }
+            ("div_rows", [x, m, t, l])
+        };
+        let consts = s.constants(input, target);
+        engine.launch_bound(&KERNEL, entry, &consts, &params, &binds, w.len() as u64)?;
     }
     Ok(())
 }
@@ -1792,36 +1754,31 @@ pub(crate) fn div_grad_block(
             Bind::whole(cot.buffer())
         };
         let elements = (w.len() * cols) as u64;
-        if vector && input.dtype() != DType::F32 && dtype == DType::F32 {
-            // 16-bit inputs, F32 gradient: half chunks a lane, contiguous stores (`div_bwd_h`).
-            engine.launch_bound(
-                &KERNEL,
-                "div_bwd_h",
-                &s.constants(input, target),
-                &params,
-                &[l, f, c, d, x, t],
-                (elements / 4).div_ceil(WG),
-            )?;
-        } else if vector {
-            let chunk = chunk_len(input.dtype()) as u64;
-            engine.launch_bound(
-                &KERNEL,
-                "div_bwd_v",
-                &constants(input.dtype(), target.dtype(), dtype, s.mode),
-                &params,
-                &[l, f, c, x, d, t, d],
-                (elements / chunk).div_ceil(WG),
-            )?;
-        } else {
-            engine.launch_bound(
-                &KERNEL,
-                "div_bwd",
-                &s.constants(input, target),
-                &params,
-                &[x, t, d, l, f, c],
-                elements.div_ceil(WG),
-            )?;
-        }
+        // 16-bit inputs with an F32 gradient: half chunks a lane, contiguous stores
+        // (`div_bwd_h`); other whole chunks: `div_bwd_v` (16-bit gradients one chunk a lane);
+        // else element by element.
+        let chunk = chunk_len(input.dtype()) as u64;
+        let (entry, consts, binds, per_invocation) =
+            if vector && input.dtype() != DType::F32 && dtype == DType::F32 {
+                (
+                    "div_bwd_h",
+                    s.constants(input, target),
+                    vec![l, f, c, d, x, t],
+                    4,
+                )
+            } else if vector {
+                let consts = constants(input.dtype(), target.dtype(), dtype, s.mode);
+                ("div_bwd_v", consts, vec![l, f, c, x, d, t, d], chunk)
+            } else {
+                (
+                    "div_bwd",
+                    s.constants(input, target),
+                    vec![x, t, d, l, f, c],
+                    1,
+                )
+            };
+        let groups = (elements / per_invocation).div_ceil(WG);
+        engine.launch_bound(&KERNEL, entry, &consts, &params, &binds, groups)?;
     }
     Ok(dx)
 }
@@ -1881,36 +1838,16 @@ fn divergence_forward(
             let l = labels.map_or(x, |l| Bind::whole(l.buffer()));
             let elements = (w.len() * cols) as u64;
             let vector = target.dtype() == input.dtype() && vectorized(input.dtype(), cols);
-            if vector && input.dtype() != DType::F32 {
-                // 16-bit inputs: half chunks a lane, contiguous F32 stores (`div_elems_h`).
-                engine.launch_bound(
-                    &KERNEL,
-                    "div_elems_h",
-                    &consts,
-                    &params,
-                    &[l, o, x, t],
-                    (elements / 4).div_ceil(WG),
-                )?;
+            // 16-bit inputs: half chunks a lane, contiguous F32 stores (`div_elems_h`).
+            let (entry, binds, per_invocation) = if vector && input.dtype() != DType::F32 {
+                ("div_elems_h", [l, o, x, t], 4)
             } else if vector {
-                let chunk = chunk_len(input.dtype()) as u64;
-                engine.launch_bound(
-                    &KERNEL,
-                    "div_elems_v",
-                    &consts,
-                    &params,
-                    &[l, x, t, o],
-                    (elements / chunk).div_ceil(WG),
-                )?;
+                ("div_elems_v", [l, x, t, o], chunk_len(input.dtype()) as u64)
             } else {
-                engine.launch_bound(
-                    &KERNEL,
-                    "div_elems",
-                    &consts,
-                    &params,
-                    &[x, t, l, o],
-                    elements.div_ceil(WG),
-                )?;
-            }
+                ("div_elems", [x, t, l, o], 1)
+            };
+            let groups = (elements / per_invocation).div_ceil(WG);
+            engine.launch_bound(&KERNEL, entry, &consts, &params, &binds, groups)?;
         }
         (out, Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?)
     } else {

@@ -267,7 +267,13 @@ fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
     let xs = rng.vec(rows * cols, -6.0, 6.0);
     let ts = rng.vec(rows * cols, 0.0, 2.0 / cols as f64);
     let targets: Vec<i32> = (0..rows)
-        .map(|r| if r % 7 == 3 { -100 } else { ((r * 389) % cols) as i32 })
+        .map(|r| {
+            if r % 7 == 3 {
+                -100
+            } else {
+                ((r * 389) % cols) as i32
+            }
+        })
         .collect();
     let weights: Vec<f32> = (0..cols).map(|c| 0.5 + (c % 4) as f32 * 0.25).collect();
     // Every output of every op on `e`, by name.
@@ -291,14 +297,23 @@ fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
         let half = sw.clone();
         let outputs = [
             ("cross_entropy loss", ce.loss),
-            ("cross_entropy dx", loss::cross_entropy_backward(&saved, None)?),
-            ("cross_entropy dx bf16", loss::cross_entropy_backward_as(&saved, None, dt)?),
+            (
+                "cross_entropy dx",
+                loss::cross_entropy_backward(&saved, None)?,
+            ),
+            (
+                "cross_entropy dx bf16",
+                loss::cross_entropy_backward_as(&saved, None, dt)?,
+            ),
             ("softmax y", sm),
             ("softmax dx", loss::softmax_backward(&sm_saved, &t)?),
             ("kl_div", kl),
             ("kl_div dx", loss::divergence_backward(&kl_saved, None)?),
             ("swiglu_packed y", sw),
-            ("swiglu_packed dx", activation::backward(&sw_saved, &half)?.dgate),
+            (
+                "swiglu_packed dx",
+                activation::backward(&sw_saved, &half)?.dgate,
+            ),
             ("cast f32", cast::cast(&x, DType::F32)?),
         ];
         outputs
