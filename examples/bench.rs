@@ -927,8 +927,8 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         let dname: &'static str = dtype.name();
         for &cols in vocabularies {
             // The logits in windows of the binding, as many rows as one buffer holds
-            // (`max_buffer_size`: 4 GiB on the H200, so all 16,384 BF16 rows); the F32
-            // gradient's rows likewise (8,188 / 8,367 rows of 131,072 / 128,256 classes there).
+            // (`max_buffer_size`: 4 GiB − 2 MiB on the H200, so 16,376 / 16,384 BF16 rows of
+            // 131,072 / 128,256 classes); the F32 gradient's rows likewise (8,188 / 8,367).
             let fit = |bytes: usize| {
                 ((engine.max_tensor_bytes() / (cols * bytes) as u64) as usize).clamp(1, ce_rows)
             };
