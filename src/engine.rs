@@ -517,6 +517,12 @@ pub(crate) struct Inner {
 /// Bytes of [`Inner::stand_in`]: more than any binding's element.
 const STAND_IN_BYTES: u64 = 256;
 
+/// The engine's binding limit: the device's, or `cap` where that is smaller (at least 4
+/// bytes and 4-byte granular, as binding sizes are; [`EngineBuilder::binding_limit`]).
+fn capped_binding(device: u64, cap: Option<u64>) -> u64 {
+    cap.map_or(device, |c| device.min(c.max(4) / 4 * 4))
+}
+
 /// One storage binding of a launch ([`Engine::launch_bound`]): bytes `offset..offset + size`
 /// of `buffer`.
 #[derive(Clone, Copy)]
@@ -719,12 +725,8 @@ impl Engine {
             cooperative_matrices,
         } = settings;
         let mut limits = device.limits();
-        if let Some(cap) = binding_limit {
-            // At least 4 bytes and 4-byte granular, as binding sizes are.
-            limits.max_storage_buffer_binding_size = limits
-                .max_storage_buffer_binding_size
-                .min(cap.max(4) / 4 * 4);
-        }
+        limits.max_storage_buffer_binding_size =
+            capped_binding(limits.max_storage_buffer_binding_size, binding_limit);
         let device_error = Arc::new(Mutex::new(None::<String>));
         if own_device {
             // Device errors (out of memory, validation) come back as `Error::Device` from the
@@ -1501,7 +1503,17 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{capped_binding, size_class};
+
+    #[test]
+    fn a_binding_cap_only_lowers_the_device_limit() {
+        let device = 2047 << 20;
+        assert_eq!(capped_binding(device, None), device);
+        assert_eq!(capped_binding(device, Some(1 << 20)), 1 << 20);
+        assert_eq!(capped_binding(device, Some(u64::MAX)), device);
+        assert_eq!(capped_binding(device, Some(1_000_003)), 1_000_000);
+        assert_eq!(capped_binding(device, Some(0)), 4);
+    }
 
     /// Classes hold their request, grow with it, and waste little: under a quarter up to
     /// 64 MiB, under 1 MiB above (a 1,002 MiB buffer takes 1,002 MiB).
