@@ -45,6 +45,10 @@ pub fn cast(x: &Tensor, to: DType) -> Result<Tensor> {
     let out = Tensor::empty(engine, x.shape(), to, "cast")?;
     let count = x.len();
     let pairs = count.div_ceil(2);
+    let consts = vec![
+        ("SRC", f64::from(x.dtype().code())),
+        ("DST", f64::from(to.code())),
+    ];
     // Pairs of values as rows, in windows when a tensor exceeds one binding.
     let pair_bytes = [2 * x.dtype().size() as u64, 2 * to.size() as u64];
     for w in row_windows(engine, "cast", pairs, &pair_bytes)? {
@@ -52,10 +56,7 @@ pub fn cast(x: &Tensor, to: DType) -> Result<Tensor> {
         engine.launch_bound(
             &KERNEL,
             "convert",
-            &vec![
-                ("SRC", f64::from(x.dtype().code())),
-                ("DST", f64::from(to.code())),
-            ],
+            &consts,
             &Params {
                 count: n as u32,
                 pairs: n.div_ceil(2) as u32,

@@ -326,66 +326,45 @@ fn row_output(
     let odt = if direct { x.dtype() } else { DType::F32 };
     let out = Tensor::empty(engine, x.shape(), odt, entry)?;
     let stats = Tensor::empty(engine, &[rows, 2], DType::F32, entry)?;
-    let consts = constants(x.dtype(), DType::F32, odt, mode);
+    let mut consts = constants(x.dtype(), DType::F32, odt, mode);
     let chunks = (cols / chunk_len(x.dtype())) as u64;
+    // The kernel and entry (the same for every window); `stats_first`: the chunked softmax
+    // entries bind the statistics before the rows.
+    let (kernel, entry, stats_first) = if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
+        // 16-bit rows of up to 4,096 chunks and wide rows stay in registers (one read);
+        // others take two passes.
+        if let Some(per_lane) = held_row(x.dtype(), chunks) {
+            consts.push(("CHUNKS", per_lane as f64));
+            // Subgroup reductions where the adapter has them: 1.3% faster on an H200
+            // (`notes/h200/2026-12-01-es/subgroups/`).
+            let kernel =
+                crate::reduce::rows_kernel(engine, &KERNEL, &KERNEL_SUBGROUP, true, &mut consts);
+            (kernel, "softmax_fwd_c", true)
+        } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
+            consts.push(("RK", per_lane as f64));
+            (kernel, "softmax_fwd_r", true)
+        } else {
+            (&KERNEL, "softmax_fwd_v", true)
+        }
+    } else {
+        (&KERNEL, entry, false)
+    };
     // Every tensor is per row (the statistics two F32 values a row): windows of rows bind
     // each one's rows where a tensor exceeds one binding.
     let row_bytes = row_bytes_of(cols, &[x.dtype(), odt], &[8]);
     for w in row_windows(engine, entry, rows, &row_bytes)? {
-        let params = window_params(&w, cols);
         let (xb, ob, sb) = (
             x.bind_rows(&w, cols),
             out.bind_rows(&w, cols),
             stats.bind_rows(&w, 2),
         );
-        let groups = w.len() as u64;
-        if entry == "softmax_fwd" && vectorized(x.dtype(), cols) {
-            // 16-bit rows of up to 4,096 chunks and wide rows stay in registers (one read);
-            // others take two passes.
-            if let Some(per_lane) = held_row(x.dtype(), chunks) {
-                let mut consts = consts.clone();
-                consts.push(("CHUNKS", per_lane as f64));
-                // Subgroup reductions where the adapter has them: 1.3% faster on an H200
-                // (`notes/h200/2026-12-01-es/subgroups/`).
-                let kernel = crate::reduce::rows_kernel(
-                    engine,
-                    &KERNEL,
-                    &KERNEL_SUBGROUP,
-                    true,
-                    &mut consts,
-                );
-                engine.launch_bound(
-                    kernel,
-                    "softmax_fwd_c",
-                    &consts,
-                    &params,
-                    &[sb, xb, ob],
-                    groups,
-                )?;
-            } else if let Some((kernel, per_lane)) = register_row(engine, chunks, 1) {
-                let mut consts = consts.clone();
-                consts.push(("RK", per_lane as f64));
-                engine.launch_bound(
-                    kernel,
-                    "softmax_fwd_r",
-                    &consts,
-                    &params,
-                    &[sb, xb, ob],
-                    groups,
-                )?;
-            } else {
-                engine.launch_bound(
-                    &KERNEL,
-                    "softmax_fwd_v",
-                    &consts,
-                    &params,
-                    &[sb, xb, ob],
-                    groups,
-                )?;
-            }
+        let binds = if stats_first {
+            [sb, xb, ob]
         } else {
-            engine.launch_bound(&KERNEL, entry, &consts, &params, &[xb, ob, sb], groups)?;
-        }
+            [xb, ob, sb]
+        };
+        let params = window_params(&w, cols);
+        engine.launch_bound(kernel, entry, &consts, &params, &binds, w.len() as u64)?;
     }
     let out = if direct {
         out
@@ -530,72 +509,55 @@ fn softmax_backward_launch(
     let dx = Tensor::empty(engine, x.shape(), dtype, "softmax_backward")?;
     let mut consts = constants(x.dtype(), dy.dtype(), dtype, u32::from(log));
     consts.push(("FROM_OUT", f64::from(u8::from(stats.is_none()))));
+    /// The bindings' order of an entry.
+    enum Order {
+        /// `softmax_bwd_h`: statistics, dx, x, dy, dx.
+        Halves,
+        /// `softmax_bwd_r` / `_v`: statistics, x, dx, dy, dx (a 16-bit dx through `y4`, an
+        /// F32 one through `dx4`).
+        Chunks,
+        /// `softmax_bwd`: x, statistics, dy, dx.
+        Elements,
+    }
+    // The kernel and entry, the same for every window.
+    let (kernel, entry, order) = if let Some((kernel, per_lane)) = halves {
+        // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4, or its four
+        // values rounded to `dtype`, a half chunk, so the stores are contiguous), twice as
+        // many a lane as whole chunks.
+        consts.push(("HB", (2 * per_lane) as f64));
+        // The trees by default: subgroups measured no faster here (H200,
+        // `notes/h200/2026-12-01-es/subgroups/`).
+        let kernel =
+            crate::reduce::rows_kernel(engine, kernel, subgroup_twin(kernel), false, &mut consts);
+        (kernel, "softmax_bwd_h", Order::Halves)
+    } else if vector {
+        match register {
+            Some((kernel, per_lane)) => {
+                consts.push(("RB", per_lane as f64));
+                (kernel, "softmax_bwd_r", Order::Chunks)
+            }
+            None => (&KERNEL, "softmax_bwd_v", Order::Chunks),
+        }
+    } else {
+        (&KERNEL, "softmax_bwd", Order::Elements)
+    };
     // Per-row tensors in windows of rows where one exceeds a binding (see `row_output`).
     let row_bytes = row_bytes_of(cols, &[x.dtype(), dy.dtype(), dtype], &[8]);
     for w in row_windows(engine, "softmax_backward", rows, &row_bytes)? {
-        let params = window_params(&w, cols);
         let (xb, dyb, dxb) = (
             x.bind_rows(&w, cols),
             dy.bind_rows(&w, cols),
             dx.bind_rows(&w, cols),
         );
         // Without statistics the kernels do not read their binding: `x` stands in.
-        let sb = match stats {
-            Some(st) => st.bind_rows(&w, 2),
-            None => xb,
+        let sb = stats.map_or(xb, |st| st.bind_rows(&w, 2));
+        let binds = match order {
+            Order::Halves => vec![sb, dxb, xb, dyb, dxb],
+            Order::Chunks => vec![sb, xb, dxb, dyb, dxb],
+            Order::Elements => vec![xb, sb, dyb, dxb],
         };
-        let groups = w.len() as u64;
-        if let Some((kernel, per_lane)) = halves {
-            // 16-bit rows are held by half chunks (`softmax_bwd_h`: one F32 vec4, or its four
-            // values rounded to `dtype`, a half chunk, so the stores are contiguous), twice as
-            // many a lane as whole chunks.
-            let mut consts = consts.clone();
-            consts.push(("HB", (2 * per_lane) as f64));
-            // The trees by default: subgroups measured no faster here (H200,
-            // `notes/h200/2026-12-01-es/subgroups/`).
-            let kernel = crate::reduce::rows_kernel(
-                engine,
-                kernel,
-                subgroup_twin(kernel),
-                false,
-                &mut consts,
-            );
-            engine.launch_bound(
-                kernel,
-                "softmax_bwd_h",
-                &consts,
-                &params,
-                &[sb, dxb, xb, dyb, dxb],
-                groups,
-            )?;
-        } else if vector {
-            let (kernel, name, consts) = match register {
-                Some((kernel, per_lane)) => {
-                    let mut consts = consts.clone();
-                    consts.push(("RB", per_lane as f64));
-                    (kernel, "softmax_bwd_r", consts)
-                }
-                None => (&KERNEL, "softmax_bwd_v", consts.clone()),
-            };
-            // Both write a 16-bit dx through their `y4` binding, an F32 one through dx4.
-            engine.launch_bound(
-                kernel,
-                name,
-                &consts,
-                &params,
-                &[sb, xb, dxb, dyb, dxb],
-                groups,
-            )?;
-        } else {
-            engine.launch_bound(
-                &KERNEL,
-                "softmax_bwd",
-                &consts,
-                &params,
-                &[xb, sb, dyb, dxb],
-                groups,
-            )?;
-        }
+        let params = window_params(&w, cols);
+        engine.launch_bound(kernel, entry, &consts, &params, &binds, w.len() as u64)?;
     }
     Ok(dx)
 }

@@ -806,8 +806,7 @@ fn tensors_of_another_engine_are_rejected() {
 fn backward_as_is_the_f32_gradient_rounded_once() {
     use DType::{BF16, F16, F32};
     let e = engine();
-    let bits =
-        |t: &Tensor| -> Vec<u64> { t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect() };
+    let bits = common::value_bits;
     let narrowed = |t: &Tensor, d: DType| {
         if d == F32 {
             t.clone()
@@ -965,9 +964,7 @@ fn activations_everything(
         }
         outs.push(y);
     }
-    outs.iter()
-        .map(|t| t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect())
-        .collect()
+    outs.iter().map(common::value_bits).collect()
 }
 
 #[test]
@@ -975,10 +972,7 @@ fn activations_past_the_binding_limit_run_in_windows_with_the_same_bits() {
     // An engine binding at most 16 KiB: inputs, outputs and gradients many windows long (units
     // of 16 elements, packed rows), in element counts that take the 16-byte, 8-byte and
     // per-element kernels, give the one-binding run's bits.
-    let small = wgrad::Engine::builder()
-        .binding_limit(16 << 10)
-        .build()
-        .unwrap();
+    let small = common::capped_engine(16 << 10);
     for (n, width, dtype) in [
         (40_000, 40, DType::BF16),
         (30_000, 12, DType::F16),

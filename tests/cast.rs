@@ -380,10 +380,7 @@ fn casts_past_the_binding_limit_run_in_windows() {
     // An engine binding at most 4 KiB: odd counts of F32, F16 and BF16 values many bindings
     // long convert to the same bits as on the shared engine (windows of whole pairs; the last
     // one short and ending inside a word).
-    let small = wgrad::Engine::builder()
-        .binding_limit(4 << 10)
-        .build()
-        .unwrap();
+    let small = common::capped_engine(4 << 10);
     let n = 12_345;
     let values: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 10_007) as f32 / 37.0 - 130.0)
@@ -396,7 +393,7 @@ fn casts_past_the_binding_limit_run_in_windows() {
             let on = |e: &wgrad::Engine| -> Vec<u64> {
                 let x = cast(&Tensor::from_slice(e, &values, &[n]).unwrap(), from).unwrap();
                 let y = cast(&x, to).unwrap();
-                y.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
+                common::value_bits(&y)
             };
             assert!((n * 2) as u64 > 4 << 10);
             assert_eq!(on(engine()), on(&small), "{from:?} -> {to:?}");

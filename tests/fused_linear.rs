@@ -2671,7 +2671,7 @@ fn flce_head_dtype_gradients_bad_inputs() {
 fn a_weight_past_the_binding_limit_is_a_typed_error() {
     // The dense products bind whole operands: a head whose weight exceeds one binding (a
     // tensor may, up to `max_tensor_bytes`) is refused with LimitExceeded, nothing panics.
-    let small = Engine::builder().binding_limit(64 << 10).build().unwrap();
+    let small = common::capped_engine(64 << 10);
     let (rows, hidden, vocab) = (8, 256, 100);
     let x = Tensor::zeros(&small, &[rows, hidden], DType::F32).unwrap();
     let w = Tensor::zeros(&small, &[vocab, hidden], DType::F32).unwrap();

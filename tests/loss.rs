@@ -1652,8 +1652,8 @@ fn a_gradient_past_the_binding_limit_runs_in_windows() {
     }
 }
 
-/// Every output and gradient of the cross-entropy entries on `e` for the given data, as f64
-/// values (the bits of F32, F16 and BF16 values): loss, z-loss, accuracy, predicted, the F32
+/// Every output and gradient of the cross-entropy entries on `e` for the given data, as bit
+/// patterns ([`common::value_bits`]; predicted classes as they are): loss, z-loss, accuracy, predicted, the F32
 /// gradient, the gradient in the logits' dtype and the logits after `cross_entropy_in_place`.
 fn ce_everything(
     e: &wgrad::Engine,
@@ -1662,7 +1662,7 @@ fn ce_everything(
     shape: [usize; 2],
     dtype: DType,
     reduction: Reduction,
-) -> Vec<Vec<f64>> {
+) -> Vec<Vec<u64>> {
     let [rows, cols] = shape;
     let x = tensor_from_f64(e, xs, &shape, dtype);
     let t = Tensor::from_slice(e, targets, &[rows]).unwrap();
@@ -1686,14 +1686,15 @@ fn ce_everything(
     let over = tensor_from_f64(e, xs, &shape, dtype);
     loss::cross_entropy_in_place(&over, &t, &opts).unwrap();
     let predicted = out.predicted.as_ref().unwrap().to_vec::<i32>().unwrap();
+    let bits = common::value_bits;
     vec![
-        out.loss.to_f64().unwrap(),
-        out.z_loss.to_f64().unwrap(),
-        out.accuracy.to_f64().unwrap(),
-        predicted.iter().map(|&p| f64::from(p)).collect(),
-        dx.to_f64().unwrap(),
-        dx_as.to_f64().unwrap(),
-        over.to_f64().unwrap(),
+        bits(&out.loss),
+        bits(&out.z_loss),
+        bits(&out.accuracy),
+        predicted.iter().map(|&p| p as u64).collect(),
+        bits(&dx),
+        bits(&dx_as),
+        bits(&over),
     ]
 }
 
@@ -1705,10 +1706,7 @@ fn cross_entropy_past_the_binding_limit_runs_in_windows_with_the_same_bits() {
     // the one-binding run's, bit for bit, with every option on, for a mean and per-row
     // cotangents.
     let limit = 64 << 10;
-    let small = wgrad::Engine::builder()
-        .binding_limit(limit)
-        .build()
-        .unwrap();
+    let small = common::capped_engine(limit);
     assert_eq!(
         small.max_binding_bytes(),
         limit.min(engine().max_binding_bytes())
@@ -1739,10 +1737,8 @@ fn cross_entropy_past_the_binding_limit_runs_in_windows_with_the_same_bits() {
             let one = ce_everything(engine(), &xs, &targets, [rows, cols], dtype, reduction);
             let windows = ce_everything(&small, &xs, &targets, [rows, cols], dtype, reduction);
             for (k, (a, b)) in one.iter().zip(&windows).enumerate() {
-                let same =
-                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(
-                    same,
+                    a == b,
                     "case {i} ({dtype:?} {rows}x{cols}, {reduction:?}): output {k} differs"
                 );
             }
@@ -1800,9 +1796,7 @@ fn row_losses_everything(
         outs.push(loss::divergence_backward_as(&saved, cot, dtype).unwrap());
         outs.push(value);
     }
-    outs.iter()
-        .map(|o| o.to_f64().unwrap().iter().map(|v| v.to_bits()).collect())
-        .collect()
+    outs.iter().map(common::value_bits).collect()
 }
 
 #[test]
@@ -1811,10 +1805,7 @@ fn row_losses_past_the_binding_limit_run_in_windows_with_the_same_bits() {
     // engine binding at most 64 KiB (inputs, targets and gradients many windows long; chunked
     // rows and element-by-element ones) give the one-binding run's bits.
     let limit = 64 << 10;
-    let small = wgrad::Engine::builder()
-        .binding_limit(limit)
-        .build()
-        .unwrap();
+    let small = common::capped_engine(limit);
     for (i, (dtype, cols, rows)) in [
         (DType::F32, 1000, 70),
         (DType::BF16, 1024, 90),
@@ -1851,10 +1842,7 @@ fn ops_that_bind_whole_tensors_refuse_ones_past_the_binding_limit() {
     // LimitExceeded naming its binding (nothing panics), and a cross-entropy row wider than
     // one binding can hold is refused the same way.
     let limit = 4 << 10;
-    let small = wgrad::Engine::builder()
-        .binding_limit(limit)
-        .build()
-        .unwrap();
+    let small = common::capped_engine(limit);
     let x = Tensor::zeros(&small, &[64, 100], DType::F32).unwrap();
     assert!(x.byte_len() > limit);
     match wgrad::reduce::sum_rows(&x) {
@@ -2294,8 +2282,8 @@ fn register_rows_on_every_lane_count() {
                 if dtype != DType::F32 {
                     let narrow = loss::softmax_backward_as(&saved, &dy, dtype).unwrap();
                     assert_eq!(
-                        bits_any(&narrow),
-                        bits_any(&wgrad::cast::cast(&dx, dtype).unwrap()),
+                        common::value_bits(&narrow),
+                        common::value_bits(&wgrad::cast::cast(&dx, dtype).unwrap()),
                         "{what} log {log}: 16-bit gradient"
                     );
                 }
@@ -2375,7 +2363,7 @@ fn cross_entropy_backward_as_is_the_f32_gradient_rounded_once() {
                     let (cfg, t, v) = ce_setup(300, (rows, cols), all, reduction, 2);
                     let what = format!("{dtype} -> {out} [{rows}, {cols}] all={all}");
                     let (x, _) = upload(&v, &[rows, cols], dtype);
-                    let before = bits_any(&x);
+                    let before = common::value_bits(&x);
                     let (_, saved) = cross_entropy(&x, &t, &options_for(&cfg)).unwrap();
                     // Reduction none: a per-row cotangent (one row's zero included).
                     let cot = (reduction == Reduction::None).then(|| {
@@ -2392,10 +2380,18 @@ fn cross_entropy_backward_as_is_the_f32_gradient_rounded_once() {
                     let got = loss::cross_entropy_backward_as(&saved, cot.as_ref(), out).unwrap();
                     assert_eq!(got.dtype(), out, "{what}");
                     assert_eq!(got.shape(), x.shape(), "{what}");
-                    assert_eq!(bits_any(&got), bits_any(&want), "{what}: gradient");
+                    assert_eq!(
+                        common::value_bits(&got),
+                        common::value_bits(&want),
+                        "{what}: gradient"
+                    );
                     let again = loss::cross_entropy_backward_as(&saved, cot.as_ref(), out).unwrap();
-                    assert_eq!(bits_any(&again), bits_any(&got), "{what}: rerun");
-                    assert_eq!(bits_any(&x), before, "{what}: logits untouched");
+                    assert_eq!(
+                        common::value_bits(&again),
+                        common::value_bits(&got),
+                        "{what}: rerun"
+                    );
+                    assert_eq!(common::value_bits(&x), before, "{what}: logits untouched");
                 }
             }
         }
@@ -2408,7 +2404,11 @@ fn cross_entropy_backward_as_is_the_f32_gradient_rounded_once() {
     let want =
         wgrad::cast::cast(&cross_entropy_backward(&saved, None).unwrap(), DType::BF16).unwrap();
     let got = loss::cross_entropy_backward_as(&saved, None, DType::BF16).unwrap();
-    assert_eq!(bits_any(&got), bits_any(&want), "soft targets");
+    assert_eq!(
+        common::value_bits(&got),
+        common::value_bits(&want),
+        "soft targets"
+    );
     // A dtype that is not a float dtype.
     match loss::cross_entropy_backward_as(&saved, None, DType::I32) {
         Err(Error::UnsupportedDType { .. }) => {}
@@ -2437,11 +2437,6 @@ fn ce_setup(
     let t = i32_tensor(&targets, &[rows]);
     let v = data(seed + 1 + rows as u64, rows * cols, -8.0, 8.0);
     (cfg, t, v)
-}
-
-/// The stored bits of a tensor of any dtype (16-bit halves widened to u32 words).
-fn bits_any(t: &Tensor) -> Vec<u64> {
-    t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
 /// `softmax_backward_as` stores the gradient as the F32 gradient rounded once: bit for bit
@@ -2495,7 +2490,11 @@ fn softmax_backward_as_is_the_f32_gradient_rounded_once() {
                     assert_eq!(got.shape(), x.shape(), "{what}");
                     common::assert_same_bits(&what, &got, &want);
                     let again = loss::softmax_backward_as(&saved, &dy, out).unwrap();
-                    assert_eq!(bits_any(&again), bits_any(&got), "{what}: rerun");
+                    assert_eq!(
+                        common::value_bits(&again),
+                        common::value_bits(&got),
+                        "{what}: rerun"
+                    );
                 }
             }
         }

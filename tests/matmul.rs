@@ -2014,11 +2014,6 @@ fn tensor_core_products_match_reference_or_are_refused() {
     ));
 }
 
-/// The bits of a tensor's values widened to f64 (exact for every float dtype).
-fn f64_bits(t: &Tensor) -> Vec<u64> {
-    t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
-}
-
 /// One tensor-core product with an epilogue: F16 operands `[m, k]` (`ta`: stored `[k, m]`)
 /// and `[n, k]`, a bias of `bias_dt` (none: `None`), an activation with its pre-activation,
 /// `out_dt` out, alpha 0.75, at gapped offsets. Returns the bits of out's values and of the
@@ -2110,12 +2105,12 @@ fn tensor_core_epilogue_case(
             &want_pre,
             tol,
         );
-        f64_bits(&pre)
+        common::value_bits(&pre)
     } else {
         Vec::new()
     };
     if out_dt == DType::F32 {
-        return (f64_bits(&out32), pre_bits);
+        return (common::value_bits(&out32), pre_bits);
     }
     let (out16, _) = run(out_dt);
     let rounded = wgrad::cast::cast(&out32, out_dt).unwrap();
@@ -2124,7 +2119,7 @@ fn tensor_core_epilogue_case(
         &out16,
         &rounded,
     );
-    (f64_bits(&out16), pre_bits)
+    (common::value_bits(&out16), pre_bits)
 }
 
 /// The tensor-core product's epilogue (bias of every float dtype, activations with their

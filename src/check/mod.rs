@@ -294,7 +294,8 @@ fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
         let (sm, sm_saved) = loss::softmax(&x)?;
         let (kl, kl_saved) = loss::kl_div(&x, &t, true, DivReduction::BatchMean)?;
         let (sw, sw_saved) = activation::swiglu_packed(&x)?;
-        let half = sw.clone();
+        // The output doubles as the SwiGLU cotangent.
+        let sw_dy = sw.clone();
         let outputs = [
             ("cross_entropy loss", ce.loss),
             (
@@ -312,7 +313,7 @@ fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
             ("swiglu_packed y", sw),
             (
                 "swiglu_packed dx",
-                activation::backward(&sw_saved, &half)?.dgate,
+                activation::backward(&sw_saved, &sw_dy)?.dgate,
             ),
             ("cast f32", cast::cast(&x, DType::F32)?),
         ];

@@ -29,6 +29,21 @@ pub fn private_engine() -> Engine {
     Engine::new().expect("create a private engine")
 }
 
+/// An engine of its own whose storage bindings hold at most `bytes` (`EngineBuilder::
+/// binding_limit`): tensors past it run the windowed ops a window at a time.
+pub fn capped_engine(bytes: u64) -> Engine {
+    Engine::builder()
+        .binding_limit(bytes)
+        .build()
+        .expect("create an engine with capped bindings")
+}
+
+/// The values of a float tensor as the bit patterns of their exact f64 widening (bit-for-bit
+/// comparisons of runs).
+pub fn value_bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
 /// `n` f32 values uniform in [-1, 1), determined by `seed`.
 pub fn random_f32(seed: u64, n: usize) -> Vec<f32> {
     let mut rng = Rng::new(seed);
