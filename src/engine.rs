@@ -1,7 +1,8 @@
 //! The engine: device and queue, pipeline cache, batched submission, buffer pool, memory
 //! statistics and GPU timing. Cheap to clone (an `Arc`), `Send + Sync`: one engine may be used
 //! from several threads; recording is serialized by a lock, so ops from different threads
-//! interleave whole.
+//! interleave whole. Engines built on one adapter share its device, which is never destroyed
+//! (see [`EngineBuilder::build`]).
 
 use crate::kernel::{BindingKind, BindingSlot, Constants, Kernel, entry_bindings};
 use crate::{Error, Result};
@@ -288,7 +289,11 @@ impl EngineBuilder {
     }
 
     /// Create the engine: Metal on Apple, Vulkan elsewhere; a hardware adapter when there is
-    /// one, else a software one (lavapipe).
+    /// one, else a software one (lavapipe). Engines built on one adapter share its device and
+    /// queue, made by the first build and kept until the process exits (destroying a Vulkan
+    /// device while other threads use the GPU has deadlocked NVIDIA's driver); each keeps its
+    /// own pool, statistics, pipeline cache and settings. A device error reaches the next
+    /// flush or readback of whichever of its engines comes first.
     pub fn build(self) -> Result<Engine> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let backends = match self.backends {
@@ -303,56 +308,7 @@ impl EngineBuilder {
             },
         };
         let name = self.adapter_name.clone().or_else(|| env("WGRAD_ADAPTER"));
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = backends;
-        let instance = wgpu::Instance::new(desc);
-        let adapters = pollster::block_on(instance.enumerate_adapters(backends));
-        let rank = |t: wgpu::DeviceType| match t {
-            wgpu::DeviceType::DiscreteGpu => 0,
-            wgpu::DeviceType::IntegratedGpu => 1,
-            wgpu::DeviceType::VirtualGpu => 2,
-            wgpu::DeviceType::Other => 3,
-            wgpu::DeviceType::Cpu => 4,
-        };
-        let seen: Vec<String> = adapters
-            .iter()
-            .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
-            .collect();
-        let adapter = adapters
-            .into_iter()
-            .filter(|a| {
-                let n = a.get_info().name.to_ascii_lowercase();
-                name.as_ref()
-                    .is_none_or(|want| n.contains(&want.to_ascii_lowercase()))
-            })
-            .min_by_key(|a| rank(a.get_info().device_type))
-            .ok_or_else(|| {
-                Error::NoAdapter(format!(
-                    "backends {backends:?}, name filter {name:?}; adapters seen: {seen:?}. \
-                     On Debian/Ubuntu without a GPU: apt-get install mesa-vulkan-drivers"
-                ))
-            })?;
-        let features = adapter.features() & WANTED_FEATURES;
-        let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("wgrad"),
-            required_features: features,
-            required_limits: limits,
-            experimental_features: if features.intersects(
-                wgpu::Features::PASSTHROUGH_SHADERS
-                    | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
-            ) {
-                // SAFETY: passthrough modules are only created from naga's translations of
-                // validated modules (strict MSL, strict SPIR-V); cooperative matrices are
-                // used only in configurations the adapter reports (`matmul::tensor_cores`).
-                unsafe { wgpu::ExperimentalFeatures::enabled() }
-            } else {
-                wgpu::ExperimentalFeatures::disabled()
-            },
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| Error::Device(format!("request_device: {e}")))?;
+        let shared = shared_device(backends, name)?;
         let shader_checks = match self.shader_checks {
             Some(c) => c,
             None => ShaderChecks::from_env()?.unwrap_or_default(),
@@ -361,16 +317,19 @@ impl EngineBuilder {
             Some(m) => m,
             None => MathMode::from_env()?.unwrap_or_default(),
         };
-        let cooperative_matrices =
-            if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-                adapter.cooperative_matrix_properties()
-            } else {
-                Vec::new()
-            };
+        let cooperative_matrices = if shared
+            .device
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            shared.adapter.cooperative_matrix_properties()
+        } else {
+            Vec::new()
+        };
         Engine::assemble(
-            device,
-            queue,
-            adapter.get_info(),
+            shared.device,
+            shared.queue,
+            shared.adapter.get_info(),
             Settings {
                 math_mode,
                 shader_checks,
@@ -379,9 +338,129 @@ impl EngineBuilder {
                 binding_limit: self.binding_limit,
                 cooperative_matrices,
             },
-            true,
+            Some(shared.errors),
         )
     }
+}
+
+/// A device wgrad created: shared by every engine [`EngineBuilder::build`] makes on its
+/// adapter, and never destroyed (see [`shared_device`]).
+#[derive(Clone)]
+struct SharedDevice {
+    adapter: wgpu::Adapter,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    /// The first uncaptured error of the device, taken by the next flush of any of its engines.
+    errors: Arc<Mutex<Option<String>>>,
+}
+
+/// One set of backends: its instance, the adapters it found, and the device made on each (at
+/// most one, on first use).
+struct BackendSet {
+    backends: wgpu::Backends,
+    _instance: wgpu::Instance,
+    adapters: Vec<wgpu::Adapter>,
+    devices: Vec<Option<SharedDevice>>,
+}
+
+/// Every instance and device wgrad created in this process. Nothing in it is ever dropped:
+/// destroying a Vulkan device while other threads submit work to the GPU deadlocked NVIDIA's
+/// driver (580.159; `vkDestroyDevice` waiting on a driver thread while submissions and device
+/// creations of other threads waited on the driver's locks: parallel test threads that each
+/// built and dropped engines hung in 2 of 4 runs on an H200). So engines share their adapter's
+/// device, made once under this lock, and an engine's drop frees its buffers and pipelines but
+/// leaves the device.
+static BACKEND_SETS: Mutex<Vec<BackendSet>> = Mutex::new(Vec::new());
+
+/// The device of the best adapter of `backends` (a hardware adapter before a software one)
+/// whose name contains `name` (case-insensitive), made on first use with the adapter's
+/// features among [`WANTED_FEATURES`] and its limits.
+fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<SharedDevice> {
+    let mut sets = lock(&BACKEND_SETS);
+    let k = match sets.iter().position(|s| s.backends == backends) {
+        Some(k) => k,
+        None => {
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+            desc.backends = backends;
+            let instance = wgpu::Instance::new(desc);
+            let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+            let devices = vec![None; adapters.len()];
+            sets.push(BackendSet {
+                backends,
+                _instance: instance,
+                adapters,
+                devices,
+            });
+            sets.len() - 1
+        }
+    };
+    let set = &mut sets[k];
+    let rank = |t: wgpu::DeviceType| match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let seen: Vec<String> = set
+        .adapters
+        .iter()
+        .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
+        .collect();
+    let i = (0..set.adapters.len())
+        .filter(|&i| {
+            let n = set.adapters[i].get_info().name.to_ascii_lowercase();
+            name.as_ref()
+                .is_none_or(|want| n.contains(&want.to_ascii_lowercase()))
+        })
+        .min_by_key(|&i| rank(set.adapters[i].get_info().device_type))
+        .ok_or_else(|| {
+            Error::NoAdapter(format!(
+                "backends {backends:?}, name filter {name:?}; adapters seen: {seen:?}. \
+                 On Debian/Ubuntu without a GPU: apt-get install mesa-vulkan-drivers"
+            ))
+        })?;
+    if let Some(d) = &set.devices[i] {
+        return Ok(d.clone());
+    }
+    let adapter = set.adapters[i].clone();
+    let features = adapter.features() & WANTED_FEATURES;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("wgrad"),
+        required_features: features,
+        required_limits: adapter.limits(),
+        experimental_features: if features.intersects(
+            wgpu::Features::PASSTHROUGH_SHADERS | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+        ) {
+            // SAFETY: passthrough modules are only created from naga's translations of
+            // validated modules (strict MSL, strict SPIR-V); cooperative matrices are
+            // used only in configurations the adapter reports (`matmul::tensor_cores`).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        },
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }))
+    .map_err(|e| Error::Device(format!("request_device: {e}")))?;
+    // Device errors (out of memory, validation) come back as `Error::Device` from the next
+    // flush or readback of an engine on the device instead of wgpu's default panic.
+    let errors = Arc::new(Mutex::new(None::<String>));
+    let sink = errors.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        let mut slot = lock(&sink);
+        if slot.is_none() {
+            *slot = Some(e.to_string());
+        }
+    }));
+    let d = SharedDevice {
+        adapter,
+        device,
+        queue,
+        errors,
+    };
+    set.devices[i] = Some(d.clone());
+    Ok(d)
 }
 
 /// The engine-wide settings [`Engine::assemble`] takes from the builder or `from_wgpu`.
@@ -705,7 +784,7 @@ impl Engine {
                 binding_limit: None,
                 cooperative_matrices,
             },
-            false,
+            None,
         )
     }
 
@@ -714,7 +793,7 @@ impl Engine {
         queue: wgpu::Queue,
         adapter: wgpu::AdapterInfo,
         settings: Settings,
-        own_device: bool,
+        errors: Option<Arc<Mutex<Option<String>>>>,
     ) -> Result<Engine> {
         let Settings {
             math_mode,
@@ -727,18 +806,9 @@ impl Engine {
         let mut limits = device.limits();
         limits.max_storage_buffer_binding_size =
             capped_binding(limits.max_storage_buffer_binding_size, binding_limit);
-        let device_error = Arc::new(Mutex::new(None::<String>));
-        if own_device {
-            // Device errors (out of memory, validation) come back as `Error::Device` from the
-            // next flush or readback instead of wgpu's default panic.
-            let sink = device_error.clone();
-            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-                let mut slot = lock(&sink);
-                if slot.is_none() {
-                    *slot = Some(e.to_string());
-                }
-            }));
-        }
+        // A device wgrad made reports its uncaptured errors to `errors`; an app's device keeps
+        // the app's handler, and the engine's slot stays empty.
+        let device_error = errors.unwrap_or_default();
         let features = device.features();
         let strict_msl = adapter.backend == wgpu::Backend::Metal
             && math_mode == MathMode::Strict

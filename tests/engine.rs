@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{engine, private_engine, random_f32, random_f64};
+use common::{engine, private_engine, random_f32, random_f64, vulkan_adapter};
 use wgrad::reference;
 use wgrad::{DType, Engine, Error, MathMode, Tensor, TimingSource, reduce};
 
@@ -166,25 +166,16 @@ fn built_spirv_lists_what_the_driver_was_given() {
     }
 }
 
-/// A Vulkan adapter of this machine, found the way an app would.
-fn vulkan_adapter() -> wgpu::Adapter {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN;
-    let instance = wgpu::Instance::new(desc);
-    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
-    adapters
-        .into_iter()
-        .next()
-        .expect("a Vulkan adapter (lavapipe)")
-}
-
+/// A device of `adapter` with `limits`, as an app makes it.
 fn app_device(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> (wgpu::Device, wgpu::Queue) {
-    pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("app device"),
-        required_limits: limits,
-        ..Default::default()
-    }))
-    .expect("request_device")
+    common::app_device(
+        adapter,
+        &wgpu::DeviceDescriptor {
+            label: Some("app device"),
+            required_limits: limits,
+            ..Default::default()
+        },
+    )
 }
 
 #[test]
@@ -506,15 +497,17 @@ fn from_wgpu_adapter_knows_the_cooperative_matrices() {
     }
     let wanted = coop | (adapter.features() & wgrad::engine::WANTED_FEATURES);
     let request = |_| {
-        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("app device with cooperative matrices"),
-            required_features: wanted,
-            required_limits: adapter.limits(),
-            // SAFETY: the test only asks the engine for its configurations and products.
-            experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
-            ..Default::default()
-        }))
-        .expect("request_device with cooperative matrices")
+        common::app_device(
+            &adapter,
+            &wgpu::DeviceDescriptor {
+                label: Some("app device with cooperative matrices"),
+                required_features: wanted,
+                required_limits: adapter.limits(),
+                // SAFETY: the test only asks the engine for its configurations and products.
+                experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+                ..Default::default()
+            },
+        )
     };
     let (device, queue) = request(());
     let e = Engine::from_wgpu_adapter(&adapter, device, queue).unwrap();
@@ -526,4 +519,41 @@ fn from_wgpu_adapter_knows_the_cooperative_matrices() {
     let plain = Engine::from_wgpu(device, queue).unwrap();
     assert!(plain.info().cooperative_matrices.is_empty());
     assert!(!wgrad::matmul::tensor_cores(&plain));
+}
+
+/// Engines built for one adapter share its device (made once, never destroyed: see
+/// `wgrad::engine`), each with its own pool, statistics and pipeline cache; dropping one leaves
+/// the others working, and a new one gets the same device.
+#[test]
+fn built_engines_share_their_adapters_device() {
+    let a = private_engine();
+    let b = Engine::builder()
+        .math_mode(MathMode::Relaxed)
+        .binding_limit(1 << 16)
+        .build()
+        .unwrap();
+    assert!(!a.same(&b));
+    assert!(a.device() == b.device() && a.device() == engine().device());
+    let x = Tensor::from_slice(&b, &[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let (a0, b0) = (a.memory(), b.memory());
+    let y = Tensor::from_slice(&a, &[0.5f32; 6], &[3, 2]).unwrap();
+    assert!(a.memory().live_bytes > a0.live_bytes);
+    assert_eq!(
+        b.memory(),
+        b0,
+        "another engine's tensor counts on its own engine only"
+    );
+    drop(y);
+    drop(a);
+    assert_eq!(
+        reduce::sum_rows(&x).unwrap().to_vec::<f32>().unwrap(),
+        vec![3.0, 7.0]
+    );
+    let c = private_engine();
+    assert!(c.device() == b.device());
+    let z = Tensor::from_slice(&c, &[2.0f32; 3], &[1, 3]).unwrap();
+    assert_eq!(
+        reduce::sum_rows(&z).unwrap().to_vec::<f32>().unwrap(),
+        vec![6.0]
+    );
 }

@@ -2298,19 +2298,14 @@ fn register_rows_and_in_place_on_a_256_lane_adapter() {
     // An app device with WebGPU's default limits (256 invocations a workgroup): the register
     // rows and the in-place cross-entropy run the 256-lane module (F32 32,000 columns: 32
     // chunks a lane forward, the two-pass backward; BF16: 16 chunks a lane both ways).
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN;
-    let instance = wgpu::Instance::new(desc);
-    let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN))
-        .into_iter()
-        .next()
-        .expect("a Vulkan adapter (lavapipe)");
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("256 lanes"),
-        required_limits: wgpu::Limits::default(),
-        ..Default::default()
-    }))
-    .expect("request_device");
+    let (device, queue) = common::app_device(
+        &common::vulkan_adapter(),
+        &wgpu::DeviceDescriptor {
+            label: Some("256 lanes"),
+            required_limits: wgpu::Limits::default(),
+            ..Default::default()
+        },
+    );
     let e = wgrad::Engine::from_wgpu(device, queue).unwrap();
     assert_eq!(e.info().limits.max_compute_invocations_per_workgroup, 256);
     let (rows, cols) = (2, 32_000);

@@ -7,7 +7,7 @@
 
 pub mod cross_entropy;
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use wgrad::gradcheck::{Comparison, Tolerance, compare};
 use wgrad::{DType, Engine, Tensor};
 
@@ -27,6 +27,38 @@ pub fn engine() -> &'static Engine {
 /// pipeline cache) which the tests running in parallel on the shared engine would disturb.
 pub fn private_engine() -> Engine {
     Engine::new().expect("create a private engine")
+}
+
+/// A Vulkan adapter of this machine, found the way an app would (one instance for the test
+/// binary, kept).
+pub fn vulkan_adapter() -> wgpu::Adapter {
+    static ADAPTER: OnceLock<(wgpu::Instance, wgpu::Adapter)> = OnceLock::new();
+    let (_, adapter) = ADAPTER.get_or_init(|| {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::VULKAN;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN))
+            .into_iter()
+            .next()
+            .expect("a Vulkan adapter (lavapipe)");
+        (instance, adapter)
+    });
+    adapter.clone()
+}
+
+/// A device made on `adapter` the way an app makes one, for `Engine::from_wgpu`. Devices are
+/// made one at a time and a handle of each is kept until the test binary exits: destroying a
+/// Vulkan device while other test threads use the GPU deadlocked NVIDIA's driver (see
+/// `wgrad::engine`'s shared devices).
+pub fn app_device(
+    adapter: &wgpu::Adapter,
+    desc: &wgpu::DeviceDescriptor<'_>,
+) -> (wgpu::Device, wgpu::Queue) {
+    static KEPT: Mutex<Vec<(wgpu::Device, wgpu::Queue)>> = Mutex::new(Vec::new());
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    let (device, queue) = pollster::block_on(adapter.request_device(desc)).expect("request_device");
+    kept.push((device.clone(), queue.clone()));
+    (device, queue)
 }
 
 /// An engine of its own whose storage bindings hold at most `bytes` (`EngineBuilder::
