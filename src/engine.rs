@@ -352,15 +352,18 @@ struct SharedDevice {
     queue: wgpu::Queue,
     /// The first uncaptured error of the device, taken by the next flush of any of its engines.
     errors: Arc<Mutex<Option<String>>>,
+    /// Set by the device-lost callback: the next build makes a new device.
+    lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// One set of backends: its instance, the adapters it found, and the device made on each (at
-/// most one, on first use).
+/// One set of backends: its instance, the adapters it found, the device in use on each (made
+/// on first use) and the lost devices it replaced (kept, like the others, never destroyed).
 struct BackendSet {
     backends: wgpu::Backends,
     _instance: wgpu::Instance,
     adapters: Vec<wgpu::Adapter>,
     devices: Vec<Option<SharedDevice>>,
+    lost: Vec<SharedDevice>,
 }
 
 /// Every instance and device wgrad created in this process. Nothing in it is ever dropped:
@@ -374,7 +377,8 @@ static BACKEND_SETS: Mutex<Vec<BackendSet>> = Mutex::new(Vec::new());
 
 /// The device of the best adapter of `backends` (a hardware adapter before a software one)
 /// whose name contains `name` (case-insensitive), made on first use with the adapter's
-/// features among [`WANTED_FEATURES`] and its limits.
+/// features among [`WANTED_FEATURES`] and its limits, and made anew when the last one was lost
+/// (its engines keep the lost one and get `Error::Device` from it).
 fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<SharedDevice> {
     let mut sets = lock(&BACKEND_SETS);
     let k = match sets.iter().position(|s| s.backends == backends) {
@@ -390,6 +394,7 @@ fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<Share
                 _instance: instance,
                 adapters,
                 devices,
+                lost: Vec::new(),
             });
             sets.len() - 1
         }
@@ -420,8 +425,15 @@ fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<Share
                  On Debian/Ubuntu without a GPU: apt-get install mesa-vulkan-drivers"
             ))
         })?;
-    if let Some(d) = &set.devices[i] {
-        return Ok(d.clone());
+    if let Some(d) = set.devices[i].take() {
+        // A destroyed device calls its lost callback from wgpu's maintenance, which a
+        // non-blocking poll runs (its result does not matter here).
+        let _ = d.device.poll(wgpu::PollType::Poll);
+        if !d.lost.load(std::sync::atomic::Ordering::SeqCst) {
+            set.devices[i] = Some(d.clone());
+            return Ok(d);
+        }
+        set.lost.push(d);
     }
     let adapter = set.adapters[i].clone();
     let features = adapter.features() & WANTED_FEATURES;
@@ -453,11 +465,17 @@ fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<Share
             *slot = Some(e.to_string());
         }
     }));
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = lost.clone();
+    device.set_device_lost_callback(move |_, _| {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
     let d = SharedDevice {
         adapter,
         device,
         queue,
         errors,
+        lost,
     };
     set.devices[i] = Some(d.clone());
     Ok(d)
@@ -1020,31 +1038,47 @@ impl Engine {
     }
 
     /// Record a copy of host bytes into `dest` (ordered after everything recorded before).
-    pub(crate) fn upload(&self, dest: &wgpu::Buffer, bytes: &[u8]) {
+    /// `Error::Device` when the device cannot map a staging buffer (a lost device).
+    pub(crate) fn upload(&self, dest: &wgpu::Buffer, bytes: &[u8]) -> Result<()> {
         // Through staging buffers of at most 256 MiB each, so that a tensor of gigabytes
         // does not need a mapped buffer of its size.
         const PIECE: usize = 256 << 20;
         for (k, piece) in bytes.chunks(PIECE).enumerate() {
             let padded = piece.len().div_ceil(4) * 4;
-            let staging = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgrad upload"),
-                size: padded as u64,
-                usage: wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: true,
-            });
-            {
-                let mut view = staging
-                    .slice(..)
-                    .get_mapped_range_mut()
-                    .expect("buffer mapped at creation");
-                view.slice(..piece.len()).copy_from_slice(piece);
-                view.slice(piece.len()..)
-                    .copy_from_slice(&[0u8; 4][..padded - piece.len()]);
-            }
-            staging.unmap();
+            let staging =
+                self.mapped_buffer("wgrad upload", wgpu::BufferUsages::COPY_SRC, piece, padded)?;
             let at = (k * PIECE) as u64;
             self.record(|enc| enc.copy_buffer_to_buffer(&staging, 0, dest, at, padded as u64));
         }
+        Ok(())
+    }
+
+    /// A buffer of `size` bytes (a multiple of 4, at least `bytes.len()`) holding `bytes` then
+    /// zeros, written through its mapping at creation; `Error::Device` where the device cannot
+    /// map it (a lost device).
+    fn mapped_buffer(
+        &self,
+        label: &str,
+        usage: wgpu::BufferUsages,
+        bytes: &[u8],
+        size: usize,
+    ) -> Result<wgpu::Buffer> {
+        let buffer = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size as u64,
+            usage,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buffer
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| Error::Device(format!("{label}: {e}")))?;
+            view.slice(..bytes.len()).copy_from_slice(bytes);
+            view.slice(bytes.len()..).fill(0);
+        }
+        buffer.unmap();
+        Ok(buffer)
     }
 
     /// Record zero-filling the first `bytes` (a multiple of 4) of `dest`.
@@ -1403,21 +1437,17 @@ impl Engine {
             .slots
             .iter()
             .any(|s| s.kind == BindingKind::Uniform);
-        let uniform_buffer = needs_uniform.then(|| {
-            let b = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgrad params"),
-                size: uniform_bytes.len().max(16) as u64,
-                usage: wgpu::BufferUsages::UNIFORM,
-                mapped_at_creation: true,
-            });
-            b.slice(..)
-                .get_mapped_range_mut()
-                .expect("buffer mapped at creation")
-                .slice(..uniform_bytes.len())
-                .copy_from_slice(&uniform_bytes);
-            b.unmap();
-            b
-        });
+        let uniform_buffer = if needs_uniform {
+            let size = uniform_bytes.len().max(16).div_ceil(4) * 4;
+            Some(self.mapped_buffer(
+                "wgrad params",
+                wgpu::BufferUsages::UNIFORM,
+                &uniform_bytes,
+                size,
+            )?)
+        } else {
+            None
+        };
         let mut storage = buffers.iter();
         let entries: Vec<wgpu::BindGroupEntry> = pipeline
             .slots

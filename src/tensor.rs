@@ -86,7 +86,7 @@ impl Tensor {
             });
         }
         let t = Tensor::empty(engine, shape, T::DTYPE, "from_slice")?;
-        engine.upload(t.buffer(), bytemuck::cast_slice(data));
+        engine.upload(t.buffer(), bytemuck::cast_slice(data))?;
         Ok(t)
     }
 
