@@ -363,7 +363,7 @@ struct BackendSet {
     _instance: wgpu::Instance,
     adapters: Vec<wgpu::Adapter>,
     devices: Vec<Option<SharedDevice>>,
-    lost: Vec<SharedDevice>,
+    retired: Vec<SharedDevice>,
 }
 
 /// Every instance and device wgrad created in this process. Nothing in it is ever dropped:
@@ -394,7 +394,7 @@ fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<Share
                 _instance: instance,
                 adapters,
                 devices,
-                lost: Vec::new(),
+                retired: Vec::new(),
             });
             sets.len() - 1
         }
@@ -433,7 +433,7 @@ fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<Share
             set.devices[i] = Some(d.clone());
             return Ok(d);
         }
-        set.lost.push(d);
+        set.retired.push(d);
     }
     let adapter = set.adapters[i].clone();
     let features = adapter.features() & WANTED_FEATURES;
