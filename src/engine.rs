@@ -1516,7 +1516,8 @@ impl Engine {
     /// recorded pass's start to the last one's end, by GPU timestamps (at most 4,095 passes are
     /// stamped). Without it: wall clock around recording, submission and completion. Work
     /// recorded before the call is submitted first and not counted. Work recorded by other
-    /// threads during `f` is counted.
+    /// threads during `f` is counted, and so is other engines' work on the same device (they
+    /// share its queue) that runs between the section's first and last pass.
     ///
     /// One section at a time per engine: a nested or concurrent call returns
     /// `Error::TimingInProgress`.
