@@ -407,11 +407,6 @@ fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<Share
         wgpu::DeviceType::Other => 3,
         wgpu::DeviceType::Cpu => 4,
     };
-    let seen: Vec<String> = set
-        .adapters
-        .iter()
-        .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
-        .collect();
     let i = (0..set.adapters.len())
         .filter(|&i| {
             let n = set.adapters[i].get_info().name.to_ascii_lowercase();
@@ -420,6 +415,11 @@ fn shared_device(backends: wgpu::Backends, name: Option<String>) -> Result<Share
         })
         .min_by_key(|&i| rank(set.adapters[i].get_info().device_type))
         .ok_or_else(|| {
+            let seen: Vec<String> = set
+                .adapters
+                .iter()
+                .map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend))
+                .collect();
             Error::NoAdapter(format!(
                 "backends {backends:?}, name filter {name:?}; adapters seen: {seen:?}. \
                  On Debian/Ubuntu without a GPU: apt-get install mesa-vulkan-drivers"
