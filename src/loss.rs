@@ -53,7 +53,10 @@ use crate::engine::Bind;
 use crate::kernel::{
     COMMON_ROWS, COMMON_ROWS_SUBGROUP, COMMON_SOFTCAP, Constants, Kernel, rows_module,
 };
-use crate::reduce::{rows_cols, sum_columns, sum_columns_workspace_bytes};
+use crate::reduce::{
+    BLOCK_ROWS, column_partials_at, rows_cols, sum_columns, sum_columns_workspace_bytes,
+    sum_partials,
+};
 use crate::tensor::row_windows;
 use crate::{DType, Engine, Error, Result, Tensor};
 use std::ops::Range;
@@ -728,6 +731,39 @@ pub fn cross_entropy_workspace_bytes(rows: usize) -> u64 {
     (rows * CE_COLS * 4) as u64 + sum_columns_workspace_bytes(rows, CE_COLS) + 64
 }
 
+/// Rows of logits [`cross_entropy_in_place`] takes at a time: its per-row statistics exist for
+/// one block of rows (32 bytes a row), so its scratch stays small at any batch (a multiple of
+/// [`BLOCK_ROWS`], so that the blocks' column partials are those of the whole batch).
+const IN_PLACE_ROWS: usize = 2048;
+
+thread_local! {
+    static FORCED_IN_PLACE_ROWS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces the rows a block of [`cross_entropy_in_place`] takes, for launches from the calling
+/// thread (rounded up to a multiple of 64; `None`: 2,048). Results are the same bits for every
+/// block size; for tests and measurements.
+#[doc(hidden)]
+pub fn force_in_place_rows(rows: Option<usize>) {
+    FORCED_IN_PLACE_ROWS.with(|f| f.set(rows.map(|r| r.max(1).next_multiple_of(BLOCK_ROWS))));
+}
+
+fn in_place_rows() -> usize {
+    FORCED_IN_PLACE_ROWS
+        .with(std::cell::Cell::get)
+        .unwrap_or(IN_PLACE_ROWS)
+}
+
+/// Scratch bytes [`cross_entropy_in_place`] allocates for `rows` rows of whole 16-byte chunks
+/// beyond its outputs: one block's per-row matrix (`[min(rows, 2048), 8]` F32), two sets of
+/// column partials (the counting pass's and the loss's, `[⌈rows / 64⌉, 8]` F32 each), their
+/// sums and finish values and the unit cotangent. Rows of other widths take
+/// [`cross_entropy`] and [`cross_entropy_backward_as`] instead (see there).
+pub fn cross_entropy_in_place_workspace_bytes(rows: usize) -> u64 {
+    let partials = sum_columns_workspace_bytes(rows, CE_COLS);
+    (rows.min(in_place_rows()) * CE_COLS * 4) as u64 + 2 * partials + 4 * 32 + 4
+}
+
 /// Scratch bytes [`kl_div`], [`jsd`] and [`tvd`] allocate for `rows` rows: the per-row
 /// `[rows, 2]` matrix, its column-sum partials and the 2-value finish buffer.
 pub fn divergence_workspace_bytes(rows: usize) -> u64 {
@@ -946,11 +982,15 @@ pub(crate) fn ce_count(targets: &Tensor, s: &CeSettings, cols: usize, mat: &Tens
 /// The 8 finish values `[loss, z-loss, accuracy, ce scale, z scale, counted rows, 0, 0]` from
 /// the per-row matrix: fixed-order column sums, then `ce_finish`.
 pub(crate) fn ce_finish_values(engine: &Engine, mat: &Tensor, s: &CeSettings) -> Result<Tensor> {
+    ce_finish_of_sums(engine, &sum_columns(mat)?, s)
+}
+
+/// [`ce_finish_values`] from the column sums of the per-row matrix (`[CE_COLS]` F32).
+fn ce_finish_of_sums(engine: &Engine, sums: &Tensor, s: &CeSettings) -> Result<Tensor> {
     let mut flags = s.flags;
     if s.reduction == Reduction::Mean {
         flags |= F_MEAN;
     }
-    let sums = sum_columns(mat)?;
     let finish = Tensor::empty(engine, &[8], DType::F32, "cross_entropy finish")?;
     engine.launch(
         &KERNEL,
@@ -1217,18 +1257,23 @@ pub fn cross_entropy(
 /// return `logits` holds `d loss / d logits` for a unit cotangent (for reduction none, every
 /// row's cotangent 1), **in the logits' dtype** (the FP32 gradient rounded to F16/BF16 for
 /// 16-bit logits), and the returned outputs are those of [`cross_entropy`] (the same bits).
-/// Nothing of the size of the logits is allocated: scratch is the per-row matrix of
-/// [`cross_entropy_workspace_bytes`], `predicted` and a few scalars.
+/// Nothing of the size of the logits is allocated, and for rows of whole chunks nothing of the
+/// size of the batch but `predicted` (and the per-row loss for reduction none): scratch is
+/// [`cross_entropy_in_place_workspace_bytes`] (one block of 2,048 rows' statistics, 64 KiB, and
+/// 64 bytes for every 64 rows).
 ///
-/// How it runs: [`cross_entropy`]'s forward (the row statistics: one read of the logits), then
-/// `ce_grad_over` writes the gradient over the logits, one 16-byte chunk an invocation over a
-/// flat grid of every row's chunks (a second read and a write), the values of
-/// [`cross_entropy_backward_as`] with a unit cotangent, bit for bit. A kernel whose lanes
-/// walked a row, loading chunks from the binding they had just stored to, ran at half the copy
-/// rate on an H200 (a grid of row segments measured 1–2% slower than the flat one). Rows of
-/// whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for F16/BF16) take that
-/// path; other widths run the forward and the backward and then store the gradient over the
-/// logits (an F32 gradient is allocated meanwhile).
+/// How it runs, rows of whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for
+/// F16/BF16): a counting pass over the targets gives the mean's scales; then, a block of
+/// 2,048 rows at a time, [`cross_entropy`]'s forward (the row statistics: one read of the
+/// logits), whose column partials go to their place among the whole batch's (so the loss has
+/// [`cross_entropy`]'s bits), then `ce_grad_over` writes the gradient over the block's logits,
+/// one 16-byte chunk an invocation over a flat grid of every row's chunks (a second read and a
+/// write), the values of [`cross_entropy_backward_as`] with a unit cotangent, bit for bit. A
+/// kernel whose lanes walked a row, loading chunks from the binding they had just stored to,
+/// ran at half the copy rate on an H200 (a grid of row segments measured 1–2% slower than the
+/// flat one). Other widths (and zero rows) run [`cross_entropy`] and
+/// [`cross_entropy_backward_as`] and then store the gradient over the logits (an F32 gradient
+/// of the logits' size is allocated meanwhile).
 ///
 /// Every other holder of `logits` (a clone, a saved context) sees the gradient afterwards; do
 /// not pass logits that are still needed. Errors: those of [`cross_entropy`].
@@ -1237,7 +1282,7 @@ pub fn cross_entropy_in_place(
     targets: &Tensor,
     options: &CrossEntropyOptions,
 ) -> Result<CrossEntropyOutput> {
-    let (_, cols) = matrix(logits, "cross_entropy_in_place: logits")?;
+    let (rows, cols) = matrix(logits, "cross_entropy_in_place: logits")?;
     let engine = logits.engine();
     check_target_tensor(
         "cross_entropy_in_place: targets",
@@ -1246,8 +1291,8 @@ pub fn cross_entropy_in_place(
         leading(logits),
     )?;
     classes_at_least_one("cross_entropy_in_place", cols)?;
-    let (output, saved) = cross_entropy(logits, targets, options)?;
-    if !vectorized(logits.dtype(), cols) {
+    if rows == 0 || !vectorized(logits.dtype(), cols) {
+        let (output, saved) = cross_entropy(logits, targets, options)?;
         let dx = cross_entropy_backward_as(&saved, None, logits.dtype())?;
         drop(saved);
         let bytes = dx.byte_len();
@@ -1257,23 +1302,162 @@ pub fn cross_entropy_in_place(
         }
         return Ok(output);
     }
-    let (unit, _) = ce_cotangent(
+    let settings = ce_settings("cross_entropy_in_place", engine, options, cols)?;
+    engine.check_workspace(
         "cross_entropy_in_place",
-        engine,
-        None,
-        saved.settings.reduction,
-        leading(logits),
+        cross_entropy_in_place_workspace_bytes(rows),
     )?;
-    let inputs = CeGradInputs {
-        targets,
-        settings: &saved.settings,
-        mat: &saved.rows_matrix,
-        finish: &saved.finish,
-        cot: &unit,
-        per_row: false,
+    if options.check_targets {
+        check_target_range(
+            "cross_entropy_in_place: targets",
+            targets,
+            options.ignore_index,
+            cols,
+        )?;
+    }
+    ce_in_place_blocks(logits, targets, &settings)
+}
+
+/// The blocks of rows of [`cross_entropy_in_place`] (rows of whole chunks): a counting pass over
+/// the targets gives the mean's scales (`ce_count`, block by block, into column partials);
+/// then each block's forward writes its per-row matrix (`ce_fwd_v`), whose column partials go
+/// to their place among the whole batch's, and its gradient over the logits (`ce_grad_over`).
+/// The loss is finished from the partials: the bits of [`cross_entropy`], whose matrix covers
+/// every row.
+fn ce_in_place_blocks(
+    logits: &Tensor,
+    targets: &Tensor,
+    s: &CeSettings,
+) -> Result<CrossEntropyOutput> {
+    let engine = logits.engine();
+    let (rows, cols) = rows_cols(logits);
+    let lead = leading(logits);
+    let block = rows.min(in_place_rows());
+    let f32_rows = |r: usize, label: &str| Tensor::empty(engine, &[r, CE_COLS], DType::F32, label);
+    let mat = f32_rows(block, "cross_entropy_in_place rows")?;
+    let partial_rows = rows.div_ceil(BLOCK_ROWS);
+    let counts = f32_rows(partial_rows, "cross_entropy_in_place count partials")?;
+    let sums = f32_rows(partial_rows, "cross_entropy_in_place loss partials")?;
+    let predicted = Tensor::empty(
+        engine,
+        targets.shape(),
+        DType::I32,
+        "cross_entropy predicted",
+    )?;
+    let per_row = if s.reduction == Reduction::None {
+        Some((
+            Tensor::empty(engine, lead, DType::F32, "cross_entropy loss")?,
+            Tensor::empty(engine, lead, DType::F32, "cross_entropy z_loss")?,
+        ))
+    } else {
+        None
     };
-    ce_grad_block_over(logits, CeBlock::default(), &inputs)?;
-    Ok(output)
+    let weight = s.weight.as_ref().unwrap_or(targets);
+    let plain = constants(DType::F32, DType::F32, DType::F32, 0);
+    let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+    let blocks: Vec<Range<usize>> = (0..rows)
+        .step_by(block)
+        .map(|r0| r0..(r0 + block).min(rows))
+        .collect();
+    for b in &blocks {
+        engine.launch_bound(
+            &KERNEL,
+            "ce_count",
+            &plain,
+            &s.params(b.len(), cols, 0, s.flags),
+            &[
+                Bind::whole(mat.buffer()),
+                targets.bind_rows(b, 1),
+                Bind::whole(weight.buffer()),
+            ],
+            (b.len() as u64).div_ceil(WG),
+        )?;
+        column_partials_at(&mat, b.len(), &counts, b.start / BLOCK_ROWS)?;
+    }
+    let scales = ce_finish_of_sums(engine, &sum_partials(engine, &counts)?, s)?;
+    let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+    let row_bytes = [
+        (cols * logits.dtype().size()) as u64,
+        4,
+        (CE_COLS * 4) as u64,
+    ];
+    for b in &blocks {
+        let windows = row_windows(
+            engine,
+            "cross_entropy_in_place: logits",
+            b.len(),
+            &row_bytes,
+        )?;
+        for w in &windows {
+            let at = b.start + w.start..b.start + w.end;
+            engine.launch_bound(
+                &KERNEL,
+                "ce_fwd_v",
+                &consts,
+                &s.params(w.len(), cols, 0, s.flags),
+                &[
+                    mat.bind_rows(w, CE_COLS),
+                    targets.bind_rows(&at, 1),
+                    Bind::whole(weight.buffer()),
+                    predicted.bind_rows(&at, 1),
+                    logits.bind_rows(&at, cols),
+                ],
+                w.len() as u64,
+            )?;
+        }
+        column_partials_at(&mat, b.len(), &sums, b.start / BLOCK_ROWS)?;
+        if let Some((loss, z)) = &per_row {
+            engine.launch_bound(
+                &KERNEL,
+                "ce_rows",
+                &plain,
+                &Params {
+                    rows: b.len() as u32,
+                    ..Default::default()
+                },
+                &[
+                    Bind::whole(mat.buffer()),
+                    loss.bind_rows(b, 1),
+                    z.bind_rows(b, 1),
+                ],
+                (b.len() as u64).div_ceil(WG),
+            )?;
+        }
+        for w in &windows {
+            let at = b.start + w.start..b.start + w.end;
+            let groups = ((w.len() * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
+            engine.launch_bound(
+                &KERNEL,
+                "ce_grad_over",
+                &consts,
+                &s.params(w.len(), cols, 0, s.flags),
+                &[
+                    mat.bind_rows(w, CE_COLS),
+                    targets.bind_rows(&at, 1),
+                    Bind::whole(weight.buffer()),
+                    Bind::whole(scales.buffer()),
+                    Bind::whole(unit.buffer()),
+                    logits.bind_rows(&at, cols),
+                ],
+                groups,
+            )?;
+        }
+    }
+    let finish = ce_finish_of_sums(engine, &sum_partials(engine, &sums)?, s)?;
+    let (loss, z_loss) = match per_row {
+        Some(pair) => pair,
+        None => (
+            slice_scalar(engine, &finish, 0)?,
+            slice_scalar(engine, &finish, 1)?,
+        ),
+    };
+    Ok(CrossEntropyOutput {
+        loss,
+        z_loss,
+        accuracy: slice_scalar(engine, &finish, 2)?,
+        predicted: Some(predicted),
+        entropy: None,
+    })
 }
 
 /// A scalar `[]` F32 tensor holding element `index` of an F32 vector (a GPU copy).

@@ -143,8 +143,42 @@ pub fn sum_columns(x: &Tensor) -> Result<Tensor> {
     let blocks = rows.div_ceil(BLOCK_ROWS);
     engine.check_workspace("sum_columns", sum_columns_workspace_bytes(rows, cols))?;
     let partials = Tensor::empty(engine, &[blocks, cols], DType::F32, "sum_columns partials")?;
+    column_partials_at(x, rows, &partials, 0)?;
+    sum_partials(engine, &partials)
+}
+
+/// The first pass of [`sum_columns`] over the first `rows` rows of `x` (`[≥ rows, cols]`),
+/// written as partial rows `first_block..` of `partials` (`[blocks, cols]` F32). Rows taken a
+/// block of rows at a time (each block's `x` starting at a multiple of [`BLOCK_ROWS`] of the
+/// whole) fill the partials the whole matrix would: [`sum_partials`] then gives the bits of
+/// [`sum_columns`] of the whole.
+pub(crate) fn column_partials_at(
+    x: &Tensor,
+    rows: usize,
+    partials: &Tensor,
+    first_block: usize,
+) -> Result<()> {
+    let (_, cols) = rows_cols(x);
+    let blocks = rows.div_ceil(BLOCK_ROWS);
     let total = blocks * cols;
-    engine.launch(
+    let base = first_block * cols;
+    if rows * cols > x.len() {
+        return Err(Error::bounds(
+            "column partials: elements read",
+            (rows * cols) as u64,
+            0,
+            x.len() as u64,
+        ));
+    }
+    if base + total > partials.len() {
+        return Err(Error::bounds(
+            "column partials: partial elements written",
+            (base + total) as u64,
+            0,
+            partials.len() as u64,
+        ));
+    }
+    x.engine().launch(
         &KERNEL,
         "column_partials",
         &dt(x),
@@ -153,12 +187,11 @@ pub fn sum_columns(x: &Tensor) -> Result<Tensor> {
             cols: cols as u32,
             blocks: blocks as u32,
             total: total as u32,
-            base: 0,
+            base: base as u32,
         },
         &[x.buffer(), partials.buffer()],
         (total as u64).div_ceil(WG),
-    )?;
-    sum_partials(engine, &partials)
+    )
 }
 
 /// Scratch bytes [`sum_columns`] allocates for a `[rows, cols]` input (its block partials).

@@ -2212,6 +2212,71 @@ fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
 }
 
 #[test]
+fn cross_entropy_in_place_takes_rows_a_block_at_a_time() {
+    // Blocks of 64 and 128 rows (forced) over 229 rows: the blocks' column partials are the
+    // whole batch's, so every output and the gradient are the bits of `cross_entropy` and its
+    // backward, every dtype, reduction and option (with ignored rows).
+    let (rows, cols) = (229, 16);
+    for block in [64, 128] {
+        loss::force_in_place_rows(Some(block));
+        for dtype in DType::FLOATS {
+            for reduction in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+                for all in [false, true] {
+                    let (cfg, t, v) = ce_setup(240, (rows, cols), all, reduction, 40);
+                    let what = format!("blocks of {block} {dtype} {reduction:?} all={all}");
+                    let (x, _) = upload(&v, &[rows, cols], dtype);
+                    let opts = options_for(&cfg);
+                    let (want, saved) = cross_entropy(&x, &t, &opts).unwrap();
+                    let dx = loss::cross_entropy_backward_as(&saved, None, dtype).unwrap();
+                    let (y, _) = upload(&v, &[rows, cols], dtype);
+                    let got = loss::cross_entropy_in_place(&y, &t, &opts).unwrap();
+                    assert_eq!(bits(&got.loss), bits(&want.loss), "{what}: loss");
+                    assert_eq!(bits(&got.z_loss), bits(&want.z_loss), "{what}: z-loss");
+                    assert_eq!(bits(&got.accuracy), bits(&want.accuracy), "{what}");
+                    assert_eq!(
+                        got.predicted.unwrap().to_vec::<i32>().unwrap(),
+                        want.predicted.unwrap().to_vec::<i32>().unwrap(),
+                        "{what}: predicted"
+                    );
+                    common::assert_same_bits(&format!("{what}: gradient"), &y, &dx);
+                }
+            }
+        }
+    }
+    loss::force_in_place_rows(None);
+    // Scratch: one block's statistics (2,048 rows), not the batch's: the peak grows by the
+    // query's bytes and `predicted`, below the 32 bytes a row a whole-batch matrix takes.
+    let private = common::private_engine();
+    let (rows, cols) = (5000, 8);
+    let v = data(241, rows * cols, -4.0, 4.0);
+    let x = tensor_from_f64(&private, &v, &[rows, cols], DType::BF16);
+    let targets: Vec<i32> = (0..rows).map(|r| (r % cols) as i32).collect();
+    let t = Tensor::from_slice(&private, &targets, &[rows]).unwrap();
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let opts = CrossEntropyOptions::default();
+    let out = loss::cross_entropy_in_place(&x, &t, &opts).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let query = loss::cross_entropy_in_place_workspace_bytes(rows);
+    let bound = (query + 4 * rows as u64) * 5 / 4 + 4096;
+    assert!(
+        grown <= bound && grown < 32 * rows as u64,
+        "peak grew {grown} bytes (query {query}, bound {bound})"
+    );
+    drop(out);
+    // The query is the bound's: one byte less is a typed error, the logits untouched.
+    let y = tensor_from_f64(&private, &v, &[rows, cols], DType::BF16);
+    private.set_workspace_bound(query - 1);
+    match loss::cross_entropy_in_place(&y, &t, &opts) {
+        Err(Error::WorkspaceExceeded { .. }) => {}
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+    assert_eq!(y.to_f64().unwrap(), common::stored(&v, DType::BF16));
+}
+
+#[test]
 fn cross_entropy_in_place_bad_inputs_leave_the_logits() {
     let v = data(210, 3 * 8, -1.0, 1.0);
     let x = f32_tensor(&v, &[3, 8]);

@@ -12,7 +12,7 @@ struct Params {
     cols: u32,
     blocks: u32,  // column_partials: ceil(rows / BLOCK_ROWS); column_finish: rows per group
     total: u32,   // column passes: threads needed
-    base: u32,    // column_finish: first word of the partials
+    base: u32,    // column_partials: first word written; column_finish: first word of the partials
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -60,7 +60,8 @@ fn row_max(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
 }
 
-// dest[block, col] = sum of source[row, col] for the rows of that block, top to bottom.
+// dest[base + block·cols + col] = sum of source[row, col] for the rows of that block, top to
+// bottom.
 @compute @workgroup_size(WG)
 fn column_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
@@ -76,7 +77,7 @@ fn column_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     for (var r = first; r < last; r = r + 1u) {
         acc = acc + load(r * params.cols + col);
     }
-    dest[t] = acc;
+    dest[params.base + t] = acc;
 }
 
 // Groups of per-block partials (source F32 `[groups * per_group, cols]` from word `base` on):

@@ -249,7 +249,7 @@ fn check_cast(engine: &Engine) -> Result<Vec<Case>> {
 }
 
 /// Tensors past one storage binding: the ops that run in windows of rows (cross-entropy with
-/// every option, softmax, KL, packed SwiGLU, cast) on an engine of the same adapter whose
+/// every option, also in place, softmax, KL, packed SwiGLU, cast) on an engine of the same adapter whose
 /// bindings are capped at 64 KiB, against this engine's one-binding results: the same bits.
 fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
     use crate::activation;
@@ -294,6 +294,8 @@ fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
         let (sm, sm_saved) = loss::softmax(&x)?;
         let (kl, kl_saved) = loss::kl_div(&x, &t, true, DivReduction::BatchMean)?;
         let (sw, sw_saved) = activation::swiglu_packed(&x)?;
+        let over = tensor_from_f64(e, &xs, &[rows, cols], dt)?.0;
+        let in_place = loss::cross_entropy_in_place(&over, &y, &opts)?;
         // The output doubles as the SwiGLU cotangent.
         let sw_dy = sw.clone();
         let outputs = [
@@ -306,6 +308,8 @@ fn check_binding_windows(engine: &Engine) -> Result<Vec<Case>> {
                 "cross_entropy dx bf16",
                 loss::cross_entropy_backward_as(&saved, None, dt)?,
             ),
+            ("cross_entropy_in_place loss", in_place.loss),
+            ("cross_entropy_in_place gradient", over),
             ("softmax y", sm),
             ("softmax dx", loss::softmax_backward(&sm_saved, &t)?),
             ("kl_div", kl),
