@@ -572,6 +572,12 @@ fn main() -> ExitCode {
             .and_then(|v| v.parse().ok()),
     );
     wgrad::loss::force_row_lanes(lanes("WGRAD_ROW_LANES"));
+    // The rows a block of the in-place cross-entropy takes (unset: 2,048).
+    wgrad::loss::force_in_place_rows(
+        std::env::var("WGRAD_IN_PLACE_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok()),
+    );
     // Measurement switches of the dense products: element-by-element operand fetches (0),
     // and the tile rows per band of the launch order (a number).
     if std::env::var("WGRAD_CHUNKED_FETCHES").as_deref() == Ok("0") {
