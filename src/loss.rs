@@ -735,6 +735,8 @@ pub fn cross_entropy_workspace_bytes(rows: usize) -> u64 {
 /// one block of rows (32 bytes a row), so its scratch stays small at any batch (a multiple of
 /// [`BLOCK_ROWS`], so that the blocks' column partials are those of the whole batch).
 const IN_PLACE_ROWS: usize = 2048;
+// `ce_count_partials` sums blocks of COUNT_ROWS = 64 rows, the column sums' blocks.
+const _: () = assert!(BLOCK_ROWS == 64);
 
 thread_local! {
     static FORCED_IN_PLACE_ROWS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
@@ -1345,7 +1347,7 @@ pub fn cross_entropy_in_place(
 }
 
 /// The blocks of rows of [`cross_entropy_in_place`] (rows of whole chunks): a counting pass over
-/// the targets gives the mean's scales (`ce_count`, block by block, into column partials);
+/// the targets gives the mean's scales (`ce_count_partials`: `ce_count`'s column partials);
 /// then each block's forward writes its per-row matrix (`ce_fwd_v`), whose column partials go
 /// to their place among the whole batch's, and its gradient over the logits (`ce_grad_over`).
 /// The loss is finished from the partials: the bits of [`cross_entropy`], whose matrix covers
@@ -1385,21 +1387,15 @@ fn ce_in_place_blocks(
         .step_by(block)
         .map(|r0| r0..(r0 + block).min(rows))
         .collect();
-    for b in &blocks {
-        engine.launch_bound(
-            &KERNEL,
-            "ce_count",
-            &plain,
-            &s.params(b.len(), cols, 0, s.flags),
-            &[
-                Bind::whole(mat.buffer()),
-                targets.bind_rows(b, 1),
-                Bind::whole(weight.buffer()),
-            ],
-            (b.len() as u64).div_ceil(WG),
-        )?;
-        column_partials_at(&mat, b.len(), &counts, b.start / BLOCK_ROWS)?;
-    }
+    // The counting pass, written as the column partials of `ce_count`'s matrix (one launch).
+    engine.launch(
+        &KERNEL,
+        "ce_count_partials",
+        &plain,
+        &s.params(rows, cols, 0, s.flags),
+        &[counts.buffer(), targets.buffer(), weight.buffer()],
+        (partial_rows as u64).div_ceil(WG),
+    )?;
     let scales = ce_finish_of_sums(engine, &sum_partials(engine, &counts)?, s)?;
     let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
     let row_bytes = [

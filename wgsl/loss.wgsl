@@ -584,6 +584,42 @@ fn ce_count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     stats_out[o + CE_VALID] = valid;
 }
 
+// The counting pass straight into column partials (`cross_entropy_in_place`): one invocation
+// per block of COUNT_ROWS rows (reduce's BLOCK_ROWS) writes the block's row [CE_COLS] of the
+// partials of reduce's `column_partials` over ce_count's matrix, the same sums in the same
+// order (from 0, row after row, an ignored row adding 0), so the same bits, without the matrix.
+const COUNT_ROWS: u32 = 64u;
+
+@compute @workgroup_size(WG)
+fn ce_count_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let b = group_index(wid, nwg) * WG + lid;
+    let first = b * COUNT_ROWS;
+    if (first >= params.rows) {
+        return;
+    }
+    let last = min(first + COUNT_ROWS, params.rows);
+    var wsum = 0.0;
+    var counted = 0.0;
+    for (var r = first; r < last; r = r + 1u) {
+        let t = labels[r];
+        var wy = 0.0;
+        var valid = 0.0;
+        if (target_valid(t)) {
+            wy = class_weight(u32(t));
+            valid = 1.0;
+        }
+        wsum = wsum + wy;
+        counted = counted + valid;
+    }
+    let o = b * CE_COLS;
+    for (var k = 0u; k < CE_COLS; k = k + 1u) {
+        stats_out[o + k] = 0.0;
+    }
+    stats_out[o + CE_WEIGHT] = wsum;
+    stats_out[o + CE_VALID] = counted;
+}
+
 fn row_cotangent(row: u32) -> f32 {
     if ((params.flags & F_COT_ROW) != 0u) {
         return cot[row];
