@@ -572,7 +572,6 @@ fn main() -> ExitCode {
             .and_then(|v| v.parse().ok()),
     );
     wgrad::loss::force_row_lanes(lanes("WGRAD_ROW_LANES"));
-    wgrad::loss::force_ce_lanes(lanes("WGRAD_CE_LANES"));
     // The rows a block of the in-place cross-entropy takes (unset: 2,048).
     wgrad::loss::force_in_place_rows(
         std::env::var("WGRAD_IN_PLACE_ROWS")

@@ -750,28 +750,6 @@ pub fn force_in_place_rows(rows: Option<usize>) {
     FORCED_IN_PLACE_ROWS.with(|f| f.set(rows.map(|r| r.max(1).next_multiple_of(BLOCK_ROWS))));
 }
 
-thread_local! {
-    static FORCED_CE_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-}
-
-/// Forces the lanes of the cross-entropy forward rows (`ce_fwd_v`) for launches from the
-/// calling thread: 1,024 (`ROWS_KERNEL`, where the adapter allows it) or 256 (`None`: the
-/// rule). For measurements.
-#[doc(hidden)]
-pub fn force_ce_lanes(lanes: Option<u64>) {
-    FORCED_CE_LANES.with(|f| f.set(lanes));
-}
-
-/// The module of the cross-entropy forward rows.
-fn ce_fwd_kernel(engine: &Engine) -> &'static Kernel {
-    let allowed = u64::from(engine.info().limits.max_compute_invocations_per_workgroup) >= ROWS_WG;
-    if allowed && FORCED_CE_LANES.with(std::cell::Cell::get) == Some(ROWS_WG) {
-        &ROWS_KERNEL
-    } else {
-        &KERNEL
-    }
-}
-
 fn in_place_rows() -> usize {
     FORCED_IN_PLACE_ROWS
         .with(std::cell::Cell::get)
@@ -976,16 +954,12 @@ pub(crate) fn ce_rows_block(
             Bind::whole(targets.buffer()),
             Bind::whole(predicted.buffer()),
         );
-        let (kernel, entry, binds) = if vectorized(logits.dtype(), cols) {
-            (
-                ce_fwd_kernel(engine),
-                "ce_fwd_v",
-                [mat, targets, weight, predicted, x],
-            )
+        let (entry, binds) = if vectorized(logits.dtype(), cols) {
+            ("ce_fwd_v", [mat, targets, weight, predicted, x])
         } else {
-            (&KERNEL, "ce_fwd", [x, mat, targets, weight, predicted])
+            ("ce_fwd", [x, mat, targets, weight, predicted])
         };
-        engine.launch_bound(kernel, entry, &consts, &params, &binds, w.len() as u64)?;
+        engine.launch_bound(&KERNEL, entry, &consts, &params, &binds, w.len() as u64)?;
     }
     Ok(())
 }
@@ -1413,7 +1387,7 @@ fn ce_in_place_blocks(
         for w in &windows {
             let at = b.start + w.start..b.start + w.end;
             engine.launch_bound(
-                ce_fwd_kernel(engine),
+                &KERNEL,
                 "ce_fwd_v",
                 &consts,
                 &s.params(w.len(), cols, 0, s.flags),
