@@ -14,7 +14,8 @@ use common::cross_entropy::{as_stored, assert_ce_outputs, options_for};
 use common::{Rng, assert_close, engine, tensor_from_f64};
 use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::loss::{
-    self, CrossEntropyOptions, DivReduction, Reduction, cross_entropy, cross_entropy_backward,
+    self, CrossEntropyOptions, CrossEntropyOutput, DivReduction, Reduction, cross_entropy,
+    cross_entropy_backward,
 };
 use wgrad::reference::loss as reference;
 use wgrad::reference::loss::{CrossEntropyConfig, Divergence};
@@ -2147,6 +2148,20 @@ fn softmax_16bit_backward_held_by_half_chunks() {
     }
 }
 
+/// Every output of two cross-entropy calls bit for bit: loss, z-loss, accuracy, predicted.
+fn assert_same_ce_outputs(what: &str, got: &CrossEntropyOutput, want: &CrossEntropyOutput) {
+    assert_eq!(bits(&got.loss), bits(&want.loss), "{what}: loss");
+    assert_eq!(bits(&got.z_loss), bits(&want.z_loss), "{what}: z-loss");
+    assert_eq!(
+        bits(&got.accuracy),
+        bits(&want.accuracy),
+        "{what}: accuracy"
+    );
+    let predicted =
+        |o: &CrossEntropyOutput| o.predicted.as_ref().map(|p| p.to_vec::<i32>().unwrap());
+    assert_eq!(predicted(got), predicted(want), "{what}: predicted");
+}
+
 #[test]
 fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
     // Whole-chunk rows run the forward, then the gradient over the logits one chunk an
@@ -2184,14 +2199,7 @@ fn cross_entropy_in_place_gives_the_forward_and_the_gradient() {
                     };
                     let (y, _) = upload(&v, &[rows, cols], dtype);
                     let got = loss::cross_entropy_in_place(&y, &t, &opts).unwrap();
-                    assert_eq!(bits(&got.loss), bits(&want.loss), "{what}: loss");
-                    assert_eq!(bits(&got.z_loss), bits(&want.z_loss), "{what}: z-loss");
-                    assert_eq!(bits(&got.accuracy), bits(&want.accuracy), "{what}");
-                    assert_eq!(
-                        got.predicted.unwrap().to_vec::<i32>().unwrap(),
-                        want.predicted.unwrap().to_vec::<i32>().unwrap(),
-                        "{what}: predicted"
-                    );
+                    assert_same_ce_outputs(&what, &got, &want);
                     assert_eq!(y.dtype(), dtype);
                     let grad = y.to_f64().unwrap();
                     assert!(
@@ -2230,14 +2238,7 @@ fn cross_entropy_in_place_takes_rows_a_block_at_a_time() {
                     let dx = loss::cross_entropy_backward_as(&saved, None, dtype).unwrap();
                     let (y, _) = upload(&v, &[rows, cols], dtype);
                     let got = loss::cross_entropy_in_place(&y, &t, &opts).unwrap();
-                    assert_eq!(bits(&got.loss), bits(&want.loss), "{what}: loss");
-                    assert_eq!(bits(&got.z_loss), bits(&want.z_loss), "{what}: z-loss");
-                    assert_eq!(bits(&got.accuracy), bits(&want.accuracy), "{what}");
-                    assert_eq!(
-                        got.predicted.unwrap().to_vec::<i32>().unwrap(),
-                        want.predicted.unwrap().to_vec::<i32>().unwrap(),
-                        "{what}: predicted"
-                    );
+                    assert_same_ce_outputs(&what, &got, &want);
                     common::assert_same_bits(&format!("{what}: gradient"), &y, &dx);
                 }
             }

@@ -569,19 +569,21 @@ fn ce_count(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if (r >= params.rows) {
         return;
     }
-    let t = labels[r];
-    var wy = 0.0;
-    var valid = 0.0;
-    if (target_valid(t)) {
-        wy = class_weight(u32(t));
-        valid = 1.0;
-    }
+    let counted = target_count(labels[r]);
     let o = r * CE_COLS;
     for (var k = 0u; k < CE_COLS; k = k + 1u) {
         stats_out[o + k] = 0.0;
     }
-    stats_out[o + CE_WEIGHT] = wy;
-    stats_out[o + CE_VALID] = valid;
+    stats_out[o + CE_WEIGHT] = counted.x;
+    stats_out[o + CE_VALID] = counted.y;
+}
+
+// A target's (weight, counted) pair of the counting passes: (w_t, 1), or (0, 0) when ignored.
+fn target_count(t: i32) -> vec2<f32> {
+    if (target_valid(t)) {
+        return vec2<f32>(class_weight(u32(t)), 1.0);
+    }
+    return vec2<f32>(0.0, 0.0);
 }
 
 // The counting pass straight into column partials (`cross_entropy_in_place`): one invocation
@@ -602,15 +604,9 @@ fn ce_count_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     var wsum = 0.0;
     var counted = 0.0;
     for (var r = first; r < last; r = r + 1u) {
-        let t = labels[r];
-        var wy = 0.0;
-        var valid = 0.0;
-        if (target_valid(t)) {
-            wy = class_weight(u32(t));
-            valid = 1.0;
-        }
-        wsum = wsum + wy;
-        counted = counted + valid;
+        let c = target_count(labels[r]);
+        wsum = wsum + c.x;
+        counted = counted + c.y;
     }
     let o = b * CE_COLS;
     for (var k = 0u; k < CE_COLS; k = k + 1u) {
