@@ -47,7 +47,9 @@
 //! give `Error::LimitExceeded`. Row counts are exact up to 2²⁴ counted rows (they are summed
 //! in F32). Scratch beyond the outputs: the per-row matrix of the cross-entropy
 //! (`32·rows` bytes plus its column-sum partials) and of the divergences (`8·rows`), see
-//! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`].
+//! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`]; the in-place
+//! cross-entropy keeps one block of 2,048 rows' matrix
+//! ([`cross_entropy_in_place_workspace_bytes`]).
 
 use crate::engine::Bind;
 use crate::kernel::{
