@@ -1019,33 +1019,72 @@ pub(crate) fn ce_outputs(
     reduction: Reduction,
     lead: &[usize],
 ) -> Result<CrossEntropyOutput> {
-    let rows: usize = lead.iter().product();
-    let accuracy = slice_scalar(engine, finish, 2)?;
-    let (loss, z_loss) = if reduction == Reduction::None {
-        let loss = Tensor::empty(engine, lead, DType::F32, "cross_entropy loss")?;
-        let z = Tensor::empty(engine, lead, DType::F32, "cross_entropy z_loss")?;
-        engine.launch(
-            &KERNEL,
-            "ce_rows",
-            &constants(DType::F32, DType::F32, DType::F32, 0),
-            &Params {
-                rows: rows as u32,
-                ..Default::default()
-            },
-            &[mat.buffer(), loss.buffer(), z.buffer()],
-            (rows as u64).div_ceil(WG),
-        )?;
-        (loss, z)
-    } else {
-        (
+    let per_row = ce_loss_rows(engine, reduction, lead)?;
+    if let Some((loss, z)) = &per_row {
+        ce_row_losses(engine, mat, &(0..lead.iter().product()), loss, z)?;
+    }
+    ce_finished(engine, finish, per_row)
+}
+
+/// For reduction none, the per-row loss and z-loss tensors (shape `lead`, F32) to fill.
+fn ce_loss_rows(
+    engine: &Engine,
+    reduction: Reduction,
+    lead: &[usize],
+) -> Result<Option<(Tensor, Tensor)>> {
+    if reduction != Reduction::None {
+        return Ok(None);
+    }
+    Ok(Some((
+        Tensor::empty(engine, lead, DType::F32, "cross_entropy loss")?,
+        Tensor::empty(engine, lead, DType::F32, "cross_entropy z_loss")?,
+    )))
+}
+
+/// Rows `rows` of the per-row loss and z-loss (`ce_rows`) from rows `0..rows.len()` of the
+/// per-row matrix `mat`.
+fn ce_row_losses(
+    engine: &Engine,
+    mat: &Tensor,
+    rows: &Range<usize>,
+    loss: &Tensor,
+    z: &Tensor,
+) -> Result<()> {
+    engine.launch_bound(
+        &KERNEL,
+        "ce_rows",
+        &constants(DType::F32, DType::F32, DType::F32, 0),
+        &Params {
+            rows: rows.len() as u32,
+            ..Default::default()
+        },
+        &[
+            Bind::whole(mat.buffer()),
+            loss.bind_rows(rows, 1),
+            z.bind_rows(rows, 1),
+        ],
+        (rows.len() as u64).div_ceil(WG),
+    )
+}
+
+/// The outputs from the finish values: the per-row tensors for reduction none, else the
+/// finish values' loss and z-loss scalars; the accuracy scalar (without `predicted`).
+fn ce_finished(
+    engine: &Engine,
+    finish: &Tensor,
+    per_row: Option<(Tensor, Tensor)>,
+) -> Result<CrossEntropyOutput> {
+    let (loss, z_loss) = match per_row {
+        Some(pair) => pair,
+        None => (
             slice_scalar(engine, finish, 0)?,
             slice_scalar(engine, finish, 1)?,
-        )
+        ),
     };
     Ok(CrossEntropyOutput {
         loss,
         z_loss,
-        accuracy,
+        accuracy: slice_scalar(engine, finish, 2)?,
         predicted: None,
         entropy: None,
     })
@@ -1348,14 +1387,7 @@ fn ce_in_place_blocks(
         DType::I32,
         "cross_entropy predicted",
     )?;
-    let per_row = if s.reduction == Reduction::None {
-        Some((
-            Tensor::empty(engine, lead, DType::F32, "cross_entropy loss")?,
-            Tensor::empty(engine, lead, DType::F32, "cross_entropy z_loss")?,
-        ))
-    } else {
-        None
-    };
+    let per_row = ce_loss_rows(engine, s.reduction, lead)?;
     let weight = s.weight.as_ref().unwrap_or(targets);
     let plain = constants(DType::F32, DType::F32, DType::F32, 0);
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
@@ -1373,7 +1405,7 @@ fn ce_in_place_blocks(
         (partial_rows as u64).div_ceil(WG),
     )?;
     let scales = ce_finish_of_sums(engine, &sum_partials(engine, &counts)?, s)?;
-    let unit = Tensor::from_slice(engine, &[1.0f32], &[1])?;
+    let (unit, _) = ce_cotangent("cross_entropy_in_place", engine, None, s.reduction, lead)?;
     let row_bytes = [
         (cols * logits.dtype().size()) as u64,
         4,
@@ -1405,21 +1437,7 @@ fn ce_in_place_blocks(
         }
         column_partials_at(&mat, b.len(), &sums, b.start / BLOCK_ROWS)?;
         if let Some((loss, z)) = &per_row {
-            engine.launch_bound(
-                &KERNEL,
-                "ce_rows",
-                &plain,
-                &Params {
-                    rows: b.len() as u32,
-                    ..Default::default()
-                },
-                &[
-                    Bind::whole(mat.buffer()),
-                    loss.bind_rows(b, 1),
-                    z.bind_rows(b, 1),
-                ],
-                (b.len() as u64).div_ceil(WG),
-            )?;
+            ce_row_losses(engine, &mat, b, loss, z)?;
         }
         for w in &windows {
             let at = b.start + w.start..b.start + w.end;
@@ -1442,19 +1460,9 @@ fn ce_in_place_blocks(
         }
     }
     let finish = ce_finish_of_sums(engine, &sum_partials(engine, &sums)?, s)?;
-    let (loss, z_loss) = match per_row {
-        Some(pair) => pair,
-        None => (
-            slice_scalar(engine, &finish, 0)?,
-            slice_scalar(engine, &finish, 1)?,
-        ),
-    };
     Ok(CrossEntropyOutput {
-        loss,
-        z_loss,
-        accuracy: slice_scalar(engine, &finish, 2)?,
         predicted: Some(predicted),
-        entropy: None,
+        ..ce_finished(engine, &finish, per_row)?
     })
 }
 
