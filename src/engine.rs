@@ -638,6 +638,16 @@ impl<'a> Bind<'a> {
             size: buffer.size(),
         }
     }
+
+    /// A binding the kernel never reaches in this launch: an empty view, so the engine binds
+    /// its stand-in there (no usage of `buffer`, which may be bound elsewhere in the launch).
+    pub fn unused(buffer: &'a wgpu::Buffer) -> Bind<'a> {
+        Bind {
+            buffer,
+            offset: 0,
+            size: 0,
+        }
+    }
 }
 
 /// The handle every operation runs through. See the module documentation.

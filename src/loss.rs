@@ -193,6 +193,7 @@ const F_COT_ROW: u32 = 8;
 const F_COT_ELEM: u32 = 16;
 const F_MEAN: u32 = 32;
 const F_BATCHMEAN: u32 = 64;
+const F_PARTIALS: u32 = 128;
 
 #[derive(encase::ShaderType, Default)]
 struct Params {
@@ -211,6 +212,8 @@ struct Params {
     /// Cross-entropy: the number of classes when a launch covers a block of columns (0: the
     /// row width).
     classes: u32,
+    /// `ce_grad_over` with `F_PARTIALS`: the first word of its block's column partials.
+    partials: u32,
 }
 
 fn constants(dt: DType, tdt: DType, odt: DType, mode: u32) -> Constants {
@@ -802,6 +805,7 @@ impl CeSettings {
             row0: row0 as u32,
             col0: 0,
             classes: self.classes as u32,
+            partials: 0,
         }
     }
 
@@ -1226,6 +1230,7 @@ pub(crate) fn ce_grad_block_over(logits: &Tensor, at: CeBlock, g: &CeGradInputs)
             &constants(logits.dtype(), DType::F32, DType::F32, 0),
             &s.block_params(logits, at, &w, g.per_row),
             &[
+                Bind::unused(g.targets.buffer()),
                 mat,
                 targets,
                 weight,
@@ -1435,19 +1440,30 @@ fn ce_in_place_blocks(
                 w.len() as u64,
             )?;
         }
-        column_partials_at(&mat, b.len(), &sums, b.start / BLOCK_ROWS)?;
+        // A block in one window: its gradient launch also writes the block's column partials.
+        let fold = windows.len() == 1;
+        if !fold {
+            column_partials_at(&mat, b.len(), &sums, b.start / BLOCK_ROWS)?;
+        }
         if let Some((loss, z)) = &per_row {
             ce_row_losses(engine, &mat, b, loss, z)?;
         }
         for w in &windows {
             let at = b.start + w.start..b.start + w.end;
-            let groups = ((w.len() * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
+            let mut groups = ((w.len() * (cols / chunk_len(logits.dtype()))) as u64).div_ceil(WG);
+            let mut params = s.params(w.len(), cols, 0, s.flags);
+            if fold {
+                params.flags |= F_PARTIALS;
+                params.partials = (b.start / BLOCK_ROWS * CE_COLS) as u32;
+                groups += ((w.len().div_ceil(BLOCK_ROWS) * CE_COLS) as u64).div_ceil(WG);
+            }
             engine.launch_bound(
                 &KERNEL,
                 "ce_grad_over",
                 &consts,
-                &s.params(w.len(), cols, 0, s.flags),
+                &params,
                 &[
+                    Bind::whole(sums.buffer()),
                     mat.bind_rows(w, CE_COLS),
                     targets.bind_rows(&at, 1),
                     Bind::whole(weight.buffer()),

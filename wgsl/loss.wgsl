@@ -39,6 +39,7 @@ const F_COT_ROW: u32 = 8u;   // cotangent per row (cross-entropy, reduction none
 const F_COT_ELEM: u32 = 16u; // cotangent per element (divergences, reduction none)
 const F_MEAN: u32 = 32u;     // finish: mean reduction
 const F_BATCHMEAN: u32 = 64u;// divergence finish: divide by counted rows
+const F_PARTIALS: u32 = 128u;// ce_grad_over: also the column partials of the block's matrix
 
 struct Params {
     rows: u32,
@@ -53,6 +54,7 @@ struct Params {
     col0: u32, // cross-entropy gradients: the class of a launch's column 0 (a block of columns)
     classes: u32, // cross-entropy: the number of classes when a launch covers a block of
                   // columns; 0: the row width `cols`
+    partials: u32, // ce_grad_over with F_PARTIALS: the first word of the block's column partials
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -614,6 +616,24 @@ fn ce_count_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
     stats_out[o + CE_WEIGHT] = wsum;
     stats_out[o + CE_VALID] = counted;
+}
+
+// Partial t of the column partials of reduce's `column_partials` over the launch's per-row
+// matrix (stats_in, `[params.rows, CE_COLS]`): column t % CE_COLS summed over the t / CE_COLS-th
+// block of COUNT_ROWS rows, from 0, top to bottom, so the same bits; written at word
+// params.partials + t of stats_out.
+fn ce_block_partials(t: u32) {
+    if (t >= ((params.rows + COUNT_ROWS - 1u) / COUNT_ROWS) * CE_COLS) {
+        return;
+    }
+    let col = t % CE_COLS;
+    let first = (t / CE_COLS) * COUNT_ROWS;
+    let last = min(first + COUNT_ROWS, params.rows);
+    var acc = 0.0;
+    for (var r = first; r < last; r = r + 1u) {
+        acc = acc + stats_in[r * CE_COLS + col];
+    }
+    stats_out[params.partials + t] = acc;
 }
 
 fn row_cotangent(row: u32) -> f32 {
@@ -1341,12 +1361,22 @@ fn ce_grad_chunk(w: vec4<u32>, first: u32, ti: u32, m: f32, logden: f32, wy: f32
 // forward): one chunk of y4 (the logits) an invocation over the chunks of every row, a flat
 // grid (no lane walks a row: a load after a store to the binding it reads waits for it), with
 // ce_bwd_n's values (F32 logits: ce_bwd_v's) from the row's statistics and cotangent.
+// With F_PARTIALS the workgroups past the gradient's also write the column partials of the
+// launch's per-row matrix (`ce_block_partials`), which it only reads, so no launch of their own.
 @compute @workgroup_size(WG)
 fn ce_grad_over(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
     let cw = chunk_width(DT);
     let nv = params.cols / cw;
-    let i = group_index(wid, nwg) * WG + lid;
+    let gid = group_index(wid, nwg);
+    let grad_groups = (params.rows * nv + WG - 1u) / WG;
+    if (gid >= grad_groups) {
+        if ((params.flags & F_PARTIALS) != 0u) {
+            ce_block_partials((gid - grad_groups) * WG + lid);
+        }
+        return;
+    }
+    let i = gid * WG + lid;
     if (i >= params.rows * nv) {
         return;
     }
