@@ -572,7 +572,7 @@ fn main() -> ExitCode {
             .and_then(|v| v.parse().ok()),
     );
     wgrad::loss::force_row_lanes(lanes("WGRAD_ROW_LANES"));
-    // The rows a block of the in-place cross-entropy takes (unset: 2,048).
+    // The rows a block of the in-place cross-entropy takes (unset: 4,096).
     wgrad::loss::force_in_place_rows(
         std::env::var("WGRAD_IN_PLACE_ROWS")
             .ok()
@@ -1034,19 +1034,32 @@ fn loss_operators(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             }
             // The gradient written over the logits (a copy of them: each run overwrites its
             // input, which only changes the values the next run reads). Bytes: the logits
-            // read and the gradient written, in their dtype, as the peers count theirs.
+            // read and the gradient written, in their dtype, as the peers count theirs. Timed
+            // with the peers' outputs (no predictions); the peak also with predictions.
             let xc = wgrad::bench::copy(&x)?;
             drop(x);
-            engine.synchronize()?;
-            engine.reset_peak();
-            let before = engine.memory().live_bytes;
-            drop(loss::cross_entropy_in_place(&xc, &t, &opts)?);
-            engine.synchronize()?;
+            let mut peaks = Vec::new();
+            for predicted in [false, true] {
+                engine.synchronize()?;
+                engine.reset_peak();
+                let before = engine.memory().live_bytes;
+                let o = CrossEntropyOptions {
+                    predicted,
+                    ..opts.clone()
+                };
+                drop(loss::cross_entropy_in_place(&xc, &t, &o)?);
+                engine.synchronize()?;
+                peaks.push((engine.memory().peak_bytes - before) as f64 / 1048576.0);
+            }
             eprintln!(
-                "  cross_entropy_in_place {dname} {rows}x{cols}: peak {:.2} MiB above the inputs",
-                (engine.memory().peak_bytes - before) as f64 / 1048576.0,
+                "  cross_entropy_in_place {dname} {rows}x{cols}: peak {:.3} MiB above the inputs \
+                 ({:.3} MiB with predictions)",
+                peaks[0], peaks[1],
             );
-            let o = opts.clone();
+            let o = CrossEntropyOptions {
+                predicted: false,
+                ..opts.clone()
+            };
             ops.push(Op::new(
                 "cross_entropy_in_place",
                 dname,

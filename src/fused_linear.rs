@@ -1242,7 +1242,10 @@ fn cross_entropy_forward(
     }
     let eager = (options.gradients_in_forward && ce.reduction != Reduction::None) || per_row;
     let mat = Tensor::empty(engine, &[h.rows, 8], DType::F32, "fused_linear rows")?;
-    let predicted = Tensor::empty(engine, h.lead(), DType::I32, "fused_linear predicted")?;
+    let predicted = ce
+        .predicted
+        .then(|| Tensor::empty(engine, h.lead(), DType::I32, "fused_linear predicted"))
+        .transpose()?;
     let entropy = if options.return_entropy {
         Some(Tensor::empty(
             engine,
@@ -1282,7 +1285,7 @@ fn cross_entropy_forward(
     };
     for (r0, rows) in plan.ranges() {
         let logits = h.logits(r0, rows)?;
-        loss::ce_rows_block(&logits, targets, &settings, r0, &mat, &predicted)?;
+        loss::ce_rows_block(&logits, targets, &settings, r0, &mat, predicted.as_ref())?;
         if let Some(entropy) = &entropy {
             entropy_rows(&logits, &mat, entropy, r0, cap)?;
         }
@@ -1307,7 +1310,7 @@ fn cross_entropy_forward(
     let output = loss::ce_outputs(engine, &mat, &finish, settings.reduction, h.lead())?;
     Ok((
         CrossEntropyOutput {
-            predicted: Some(predicted),
+            predicted,
             entropy: entropy.clone(),
             ..output
         },
@@ -1795,7 +1798,7 @@ impl DistillationSaved {
         let mut d_hard = None;
         if let (Some(h), Some(labels)) = (&self.hard, labels) {
             if let Some(predicted) = predicted {
-                loss::ce_rows_block(&student, labels, &h.settings, r0, &h.mat, predicted)?;
+                loss::ce_rows_block(&student, labels, &h.settings, r0, &h.mat, Some(predicted))?;
             }
             if let Some(cot) = cot {
                 let inputs = loss::CeGradInputs {

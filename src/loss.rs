@@ -48,7 +48,7 @@
 //! in F32). Scratch beyond the outputs: the per-row matrix of the cross-entropy
 //! (`32·rows` bytes plus its column-sum partials) and of the divergences (`8·rows`), see
 //! [`cross_entropy_workspace_bytes`] and [`divergence_workspace_bytes`]; the in-place
-//! cross-entropy keeps one block of 2,048 rows' matrix
+//! cross-entropy keeps one block of 4,096 rows' matrix
 //! ([`cross_entropy_in_place_workspace_bytes`]).
 
 use crate::engine::Bind;
@@ -194,6 +194,7 @@ const F_COT_ELEM: u32 = 16;
 const F_MEAN: u32 = 32;
 const F_BATCHMEAN: u32 = 64;
 const F_PARTIALS: u32 = 128;
+const F_NO_PRED: u32 = 256;
 
 #[derive(encase::ShaderType, Default)]
 struct Params {
@@ -676,6 +677,9 @@ pub struct CrossEntropyOptions {
     /// submits pending work and waits for it. With `false` nothing is read back and such rows
     /// are treated as ignored by the kernels (they are never used as an index).
     pub check_targets: bool,
+    /// Return the per-row argmax, [`CrossEntropyOutput::predicted`] (default true). With
+    /// `false` it is `None` and neither written nor allocated (4 bytes a row less).
+    pub predicted: bool,
 }
 
 impl Default for CrossEntropyOptions {
@@ -688,6 +692,7 @@ impl Default for CrossEntropyOptions {
             weight: None,
             reduction: Reduction::Mean,
             check_targets: true,
+            predicted: true,
         }
     }
 }
@@ -703,7 +708,7 @@ pub struct CrossEntropyOutput {
     /// row; 0 for soft targets).
     pub accuracy: Tensor,
     /// Argmax of the raw logits per row (ties to the lowest index), I32, leading shape; −1 on
-    /// ignored rows. Soft targets: absent.
+    /// ignored rows. Absent for soft targets and with `CrossEntropyOptions::predicted` false.
     pub predicted: Option<Tensor>,
     /// Per-row entropy of the softmax, F32 of the leading shape: only from
     /// `fused_linear::fused_linear_cross_entropy` with `return_entropy` (absent otherwise).
@@ -739,7 +744,7 @@ pub fn cross_entropy_workspace_bytes(rows: usize) -> u64 {
 /// Rows of logits [`cross_entropy_in_place`] takes at a time: its per-row statistics exist for
 /// one block of rows (32 bytes a row), so its scratch stays small at any batch (a multiple of
 /// [`BLOCK_ROWS`], so that the blocks' column partials are those of the whole batch).
-const IN_PLACE_ROWS: usize = 2048;
+const IN_PLACE_ROWS: usize = 4096;
 // `ce_count_partials` sums blocks of COUNT_ROWS = 64 rows, the column sums' blocks.
 const _: () = assert!(BLOCK_ROWS == 64);
 
@@ -748,7 +753,7 @@ thread_local! {
 }
 
 /// Forces the rows a block of [`cross_entropy_in_place`] takes, for launches from the calling
-/// thread (rounded up to a multiple of 64; `None`: 2,048). Results are the same bits for every
+/// thread (rounded up to a multiple of 64; `None`: 4,096). Results are the same bits for every
 /// block size; for tests and measurements.
 #[doc(hidden)]
 pub fn force_in_place_rows(rows: Option<usize>) {
@@ -762,7 +767,7 @@ fn in_place_rows() -> usize {
 }
 
 /// Scratch bytes [`cross_entropy_in_place`] allocates for `rows` rows of whole 16-byte chunks
-/// beyond its outputs: one block's per-row matrix (`[min(rows, 2048), 8]` F32), two sets of
+/// beyond its outputs: one block's per-row matrix (`[min(rows, 4096), 8]` F32), two sets of
 /// column partials (the counting pass's and the loss's, `[⌈rows / 64⌉, 8]` F32 each), their
 /// sums and finish values and the unit cotangent. Rows of other widths take
 /// [`cross_entropy`] and [`cross_entropy_backward_as`] instead (see there).
@@ -935,17 +940,34 @@ pub(crate) fn check_target_range(
     Ok(())
 }
 
+/// The forwards' flag for "no predictions asked" (their `pred` binding then unused).
+fn no_pred(predicted: Option<&Tensor>) -> u32 {
+    if predicted.is_some() { 0 } else { F_NO_PRED }
+}
+
+/// `[lead]` I32 predictions when `options` asks for them.
+fn predictions(
+    engine: &Engine,
+    options: &CrossEntropyOptions,
+    lead: &[usize],
+) -> Result<Option<Tensor>> {
+    options
+        .predicted
+        .then(|| Tensor::empty(engine, lead, DType::I32, "cross_entropy predicted"))
+        .transpose()
+}
+
 /// Per-row cross-entropy statistics of a block of rows: `logits` holds rows
 /// `row0..row0 + rows` of the whole batch (`[rows, cols]`, any float dtype); `targets`,
-/// `mat` (`[all rows, 8]` F32) and `predicted` (I32) cover the whole batch and are read or
-/// written at rows `row0..`.
+/// `mat` (`[all rows, 8]` F32) and `predicted` (I32, if asked for) cover the whole batch and
+/// are read or written at rows `row0..`.
 pub(crate) fn ce_rows_block(
     logits: &Tensor,
     targets: &Tensor,
     s: &CeSettings,
     row0: usize,
     mat: &Tensor,
-    predicted: &Tensor,
+    predicted: Option<&Tensor>,
 ) -> Result<()> {
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
@@ -953,12 +975,12 @@ pub(crate) fn ce_rows_block(
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
     let row_bytes = (cols * logits.dtype().size()) as u64;
     for w in row_windows(engine, "cross_entropy: logits", rows, &[row_bytes])? {
-        let params = s.params(w.len(), cols, row0 + w.start, s.flags);
+        let params = s.params(w.len(), cols, row0 + w.start, s.flags | no_pred(predicted));
         let x = logits.bind_rows(&w, cols);
         let (mat, targets, predicted) = (
             Bind::whole(mat.buffer()),
             Bind::whole(targets.buffer()),
-            Bind::whole(predicted.buffer()),
+            predicted.map_or(Bind::unused(mat.buffer()), |p| Bind::whole(p.buffer())),
         );
         let (entry, binds) = if vectorized(logits.dtype(), cols) {
             ("ce_fwd_v", [mat, targets, weight, predicted, x])
@@ -1276,18 +1298,13 @@ pub fn cross_entropy(
         )?;
     }
     let mat = Tensor::empty(engine, &[rows, CE_COLS], DType::F32, "cross_entropy rows")?;
-    let predicted = Tensor::empty(
-        engine,
-        targets.shape(),
-        DType::I32,
-        "cross_entropy predicted",
-    )?;
-    ce_rows_block(logits, targets, &settings, 0, &mat, &predicted)?;
+    let predicted = predictions(engine, options, targets.shape())?;
+    ce_rows_block(logits, targets, &settings, 0, &mat, predicted.as_ref())?;
     let finish = ce_finish_values(engine, &mat, &settings)?;
     let output = ce_outputs(engine, &mat, &finish, settings.reduction, leading(logits))?;
     Ok((
         CrossEntropyOutput {
-            predicted: Some(predicted),
+            predicted,
             ..output
         },
         CrossEntropySaved {
@@ -1307,12 +1324,13 @@ pub fn cross_entropy(
 /// 16-bit logits), and the returned outputs are those of [`cross_entropy`] (the same bits).
 /// Nothing of the size of the logits is allocated, and for rows of whole chunks nothing of the
 /// size of the batch but `predicted` (and the per-row loss for reduction none): scratch is
-/// [`cross_entropy_in_place_workspace_bytes`] (one block of 2,048 rows' statistics, 64 KiB, and
-/// 64 bytes for every 64 rows).
+/// [`cross_entropy_in_place_workspace_bytes`] (one block of 4,096 rows' statistics, 128 KiB,
+/// and 64 bytes for every 64 rows); `predicted` can be switched off
+/// ([`CrossEntropyOptions::predicted`]).
 ///
 /// How it runs, rows of whole `vec4<u32>` chunks (classes a multiple of 4 for F32, of 8 for
 /// F16/BF16): a counting pass over the targets gives the mean's scales; then, a block of
-/// 2,048 rows at a time, [`cross_entropy`]'s forward (the row statistics: one read of the
+/// 4,096 rows at a time, [`cross_entropy`]'s forward (the row statistics: one read of the
 /// logits), whose column partials go to their place among the whole batch's (so the loss has
 /// [`cross_entropy`]'s bits), then `ce_grad_over` writes the gradient over the block's logits,
 /// one 16-byte chunk an invocation over a flat grid of every row's chunks (a second read and a
@@ -1363,19 +1381,22 @@ pub fn cross_entropy_in_place(
             cols,
         )?;
     }
-    ce_in_place_blocks(logits, targets, &settings)
+    let predicted = predictions(engine, options, targets.shape())?;
+    ce_in_place_blocks(logits, targets, &settings, predicted)
 }
 
 /// The blocks of rows of [`cross_entropy_in_place`] (rows of whole chunks): a counting pass over
 /// the targets gives the mean's scales (`ce_count_partials`: `ce_count`'s column partials);
-/// then each block's forward writes its per-row matrix (`ce_fwd_v`), whose column partials go
-/// to their place among the whole batch's, and its gradient over the logits (`ce_grad_over`).
+/// then each block's forward writes its per-row matrix (`ce_fwd_v`), and its gradient over the
+/// logits (`ce_grad_over`) also writes the matrix's column partials at their place among the
+/// whole batch's (a block in one binding window; else `column_partials_at` launches them).
 /// The loss is finished from the partials: the bits of [`cross_entropy`], whose matrix covers
 /// every row.
 fn ce_in_place_blocks(
     logits: &Tensor,
     targets: &Tensor,
     s: &CeSettings,
+    predicted: Option<Tensor>,
 ) -> Result<CrossEntropyOutput> {
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
@@ -1386,12 +1407,6 @@ fn ce_in_place_blocks(
     let partial_rows = rows.div_ceil(BLOCK_ROWS);
     let counts = f32_rows(partial_rows, "cross_entropy_in_place count partials")?;
     let sums = f32_rows(partial_rows, "cross_entropy_in_place loss partials")?;
-    let predicted = Tensor::empty(
-        engine,
-        targets.shape(),
-        DType::I32,
-        "cross_entropy predicted",
-    )?;
     let per_row = ce_loss_rows(engine, s.reduction, lead)?;
     let weight = s.weight.as_ref().unwrap_or(targets);
     let plain = constants(DType::F32, DType::F32, DType::F32, 0);
@@ -1429,12 +1444,14 @@ fn ce_in_place_blocks(
                 &KERNEL,
                 "ce_fwd_v",
                 &consts,
-                &s.params(w.len(), cols, 0, s.flags),
+                &s.params(w.len(), cols, 0, s.flags | no_pred(predicted.as_ref())),
                 &[
                     mat.bind_rows(w, CE_COLS),
                     targets.bind_rows(&at, 1),
                     Bind::whole(weight.buffer()),
-                    predicted.bind_rows(&at, 1),
+                    predicted
+                        .as_ref()
+                        .map_or(Bind::unused(mat.buffer()), |p| p.bind_rows(&at, 1)),
                     logits.bind_rows(&at, cols),
                 ],
                 w.len() as u64,
@@ -1477,7 +1494,7 @@ fn ce_in_place_blocks(
     }
     let finish = ce_finish_of_sums(engine, &sum_partials(engine, &sums)?, s)?;
     Ok(CrossEntropyOutput {
-        predicted: Some(predicted),
+        predicted,
         ..ce_finished(engine, &finish, per_row)?
     })
 }

@@ -640,6 +640,16 @@ fn flce_chunk_sizes_agree_and_reruns_are_bit_identical() {
         );
         assert_eq!(bits(&g.input), bits(&g2.input), "{what}: d input rerun");
     }
+    // Without predictions (`CrossEntropyOptions::predicted` false): none returned, the loss
+    // and the gradients the same bits.
+    let mut options = flce_options(&cfg, Some(7));
+    options.cross_entropy.predicted = false;
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+    let (_, want, g_want) = run(Some(7));
+    assert!(out.predicted.is_none(), "predictions returned");
+    assert_eq!(bits(&out.loss), bits(&want.loss), "no predictions: loss");
+    assert_same_gradient_bits("no predictions", &g, &g_want);
 }
 
 #[test]

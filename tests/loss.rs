@@ -1675,7 +1675,7 @@ fn ce_everything(
         softcap: Some(30.0),
         weight: Some(Tensor::from_slice(e, &weights, &[cols]).unwrap()),
         reduction,
-        check_targets: true,
+        ..Default::default()
     };
     let cot = (reduction == Reduction::None).then(|| {
         let c: Vec<f32> = (0..rows).map(|r| 1.0 - (r % 7) as f32 * 0.3).collect();
@@ -2245,28 +2245,43 @@ fn cross_entropy_in_place_takes_rows_a_block_at_a_time() {
         }
     }
     loss::force_in_place_rows(None);
-    // Scratch: one block's statistics (2,048 rows), not the batch's: the peak grows by the
-    // query's bytes and `predicted`, below the 32 bytes a row a whole-batch matrix takes.
+    // Scratch: one block's statistics (4,096 rows), not the batch's: the peak grows by the
+    // query's bytes and, when asked for, `predicted`'s 4 bytes a row, below the 32 bytes a row
+    // a whole-batch matrix takes.
     let private = common::private_engine();
-    let (rows, cols) = (5000, 8);
+    let (rows, cols) = (10_000, 8);
     let v = data(241, rows * cols, -4.0, 4.0);
-    let x = tensor_from_f64(&private, &v, &[rows, cols], DType::BF16);
     let targets: Vec<i32> = (0..rows).map(|r| (r % cols) as i32).collect();
     let t = Tensor::from_slice(&private, &targets, &[rows]).unwrap();
-    private.synchronize().unwrap();
-    let before = private.memory().live_bytes;
-    private.reset_peak();
-    let opts = CrossEntropyOptions::default();
-    let out = loss::cross_entropy_in_place(&x, &t, &opts).unwrap();
-    private.synchronize().unwrap();
-    let grown = private.memory().peak_bytes - before;
     let query = loss::cross_entropy_in_place_workspace_bytes(rows);
-    let bound = (query + 4 * rows as u64) * 5 / 4 + 4096;
+    let mut grown = Vec::new();
+    for predicted in [true, false] {
+        let x = tensor_from_f64(&private, &v, &[rows, cols], DType::BF16);
+        private.synchronize().unwrap();
+        let before = private.memory().live_bytes;
+        private.reset_peak();
+        let opts = CrossEntropyOptions {
+            predicted,
+            ..Default::default()
+        };
+        let out = loss::cross_entropy_in_place(&x, &t, &opts).unwrap();
+        private.synchronize().unwrap();
+        let g = private.memory().peak_bytes - before;
+        let bound = (query + u64::from(predicted) * 4 * rows as u64) * 5 / 4 + 4096;
+        assert!(
+            g <= bound && g < 32 * rows as u64,
+            "predicted {predicted}: peak grew {g} bytes (query {query}, bound {bound})"
+        );
+        assert_eq!(out.predicted.is_some(), predicted);
+        grown.push(g);
+    }
     assert!(
-        grown <= bound && grown < 32 * rows as u64,
-        "peak grew {grown} bytes (query {query}, bound {bound})"
+        grown[0] >= grown[1] + 4 * rows as u64,
+        "predictions off saved {} bytes of {}",
+        grown[0] - grown[1],
+        4 * rows
     );
-    drop(out);
+    let opts = CrossEntropyOptions::default();
     // The query is the bound's: one byte less is a typed error, the logits untouched.
     let y = tensor_from_f64(&private, &v, &[rows, cols], DType::BF16);
     private.set_workspace_bound(query - 1);
@@ -2275,6 +2290,47 @@ fn cross_entropy_in_place_takes_rows_a_block_at_a_time() {
         other => panic!("expected WorkspaceExceeded, got {other:?}"),
     }
     assert_eq!(y.to_f64().unwrap(), common::stored(&v, DType::BF16));
+}
+
+#[test]
+fn cross_entropy_without_predictions_keeps_every_other_output() {
+    // `predicted: false`: no predictions, and the loss, z-loss, accuracy and gradient are the
+    // bits of the call with them: `cross_entropy` (reductions none and mean, every option,
+    // ignored rows) and its in-place form in one block and in blocks of 64, every dtype.
+    let (rows, cols) = (229, 16);
+    for dtype in DType::FLOATS {
+        for reduction in [Reduction::None, Reduction::Mean] {
+            let (cfg, t, v) = ce_setup(243, (rows, cols), true, reduction, 40);
+            let what = format!("{dtype} {reduction:?}");
+            let with = options_for(&cfg);
+            let without = CrossEntropyOptions {
+                predicted: false,
+                ..with.clone()
+            };
+            let (x, _) = upload(&v, &[rows, cols], dtype);
+            let (want, saved) = cross_entropy(&x, &t, &with).unwrap();
+            let dx = loss::cross_entropy_backward_as(&saved, None, dtype).unwrap();
+            let (got, saved) = cross_entropy(&x, &t, &without).unwrap();
+            assert!(got.predicted.is_none(), "{what}: predictions returned");
+            let no_predictions = CrossEntropyOutput {
+                predicted: None,
+                ..want.clone()
+            };
+            assert_same_ce_outputs(&what, &got, &no_predictions);
+            let dx_without = loss::cross_entropy_backward_as(&saved, None, dtype).unwrap();
+            common::assert_same_bits(&format!("{what}: gradient"), &dx_without, &dx);
+            for block in [None, Some(64)] {
+                loss::force_in_place_rows(block);
+                let (y, _) = upload(&v, &[rows, cols], dtype);
+                let got = loss::cross_entropy_in_place(&y, &t, &without).unwrap();
+                let what = format!("{what} in place, blocks {block:?}");
+                assert!(got.predicted.is_none(), "{what}: predictions returned");
+                assert_same_ce_outputs(&what, &got, &no_predictions);
+                common::assert_same_bits(&format!("{what}: gradient"), &y, &dx);
+            }
+            loss::force_in_place_rows(None);
+        }
+    }
 }
 
 #[test]

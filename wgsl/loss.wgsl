@@ -40,6 +40,7 @@ const F_COT_ELEM: u32 = 16u; // cotangent per element (divergences, reduction no
 const F_MEAN: u32 = 32u;     // finish: mean reduction
 const F_BATCHMEAN: u32 = 64u;// divergence finish: divide by counted rows
 const F_PARTIALS: u32 = 128u;// ce_grad_over: also the column partials of the block's matrix
+const F_NO_PRED: u32 = 256u; // cross-entropy forwards: no predictions asked (`pred` unbound)
 
 struct Params {
     rows: u32,
@@ -448,9 +449,9 @@ fn ce_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             if (arg == ti) {
                 correct = 1.0;
             }
-            pred[params.row0 + row] = i32(arg);
+            store_pred(row, i32(arg));
         } else {
-            pred[params.row0 + row] = -1;
+            store_pred(row, -1);
         }
         stats_out[o + CE_LOSS] = loss;
         stats_out[o + CE_Z] = zl;
@@ -634,6 +635,13 @@ fn ce_block_partials(t: u32) {
         acc = acc + stats_in[r * CE_COLS + col];
     }
     stats_out[params.partials + t] = acc;
+}
+
+// A row's prediction (argmax, −1 ignored), unless none was asked for.
+fn store_pred(row: u32, p: i32) {
+    if ((params.flags & F_NO_PRED) == 0u) {
+        pred[params.row0 + row] = p;
+    }
 }
 
 fn row_cotangent(row: u32) -> f32 {
@@ -1194,9 +1202,9 @@ fn ce_write_row(row: u32, rs: vec2<f32>, sum_wz: f32, sum_w: f32, arg: u32, raw_
         if (arg == ti) {
             correct = 1.0;
         }
-        pred[params.row0 + row] = i32(arg);
+        store_pred(row, i32(arg));
     } else {
-        pred[params.row0 + row] = -1;
+        store_pred(row, -1);
     }
     stats_out[o + CE_LOSS] = loss;
     stats_out[o + CE_Z] = zl;

@@ -181,7 +181,7 @@ fn ce_options(
             None => None,
         },
         reduction: cfg.reduction,
-        check_targets: true,
+        ..Default::default()
     })
 }
 

@@ -20,7 +20,7 @@ pub fn options_for(cfg: &CrossEntropyConfig) -> CrossEntropyOptions {
             .as_ref()
             .map(|w| tensor_from_f64(engine(), w, &[w.len()], DType::F32)),
         reduction: cfg.reduction,
-        check_targets: true,
+        ..Default::default()
     }
 }
 
