@@ -640,7 +640,8 @@ impl<'a> Bind<'a> {
     }
 
     /// A binding the kernel never reaches in this launch: an empty view, so the engine binds
-    /// its stand-in there (no usage of `buffer`, which may be bound elsewhere in the launch).
+    /// its stand-in there (no usage of `buffer`, which may be bound elsewhere in the launch;
+    /// for bindings whose element is at most the stand-in's 256 bytes).
     pub fn unused(buffer: &'a wgpu::Buffer) -> Bind<'a> {
         Bind {
             buffer,

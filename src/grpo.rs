@@ -485,6 +485,8 @@ pub fn fused_linear_grpo_loss(
             ignore_index: i32::MIN,
             reduction: Reduction::None,
             check_targets: false,
+            // The head's predictions are not used.
+            predicted: false,
             ..CrossEntropyOptions::default()
         },
         chunking,

@@ -716,6 +716,7 @@ impl Model {
             &FusedLinearCrossEntropyOptions {
                 cross_entropy: CrossEntropyOptions {
                     check_targets: false,
+                    predicted: false,
                     ..CrossEntropyOptions::default()
                 },
                 ..FusedLinearCrossEntropyOptions::default()

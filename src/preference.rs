@@ -172,6 +172,7 @@ fn head_cross_entropy(
             ignore_index: o.ignore_index,
             reduction: Reduction::None,
             check_targets: o.check_targets,
+            predicted: false,
             ..CrossEntropyOptions::default()
         },
         chunking: o.chunking,
