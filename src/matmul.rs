@@ -442,12 +442,15 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
     let mut buffers = vec![a.buffer(), b.buffer()];
     let plain = call.out.dtype() == DType::F32
-        && call.bias.is_none()
         && call.activation.is_none()
         && call.pre_activation.is_none();
-    let entry = if plain {
+    let entry = if plain && call.bias.is_none() {
         buffers.push(call.out.buffer());
         "gemm_tc"
+    } else if plain {
+        // The bias added to whole fragments (no per-value epilogue).
+        buffers.extend([call.out.buffer(), bias.buffer()]);
+        "gemm_tc_bias"
     } else {
         buffers.extend([bias.buffer(), call.out.buffer()]);
         match call.pre_activation {

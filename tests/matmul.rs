@@ -1782,13 +1782,15 @@ fn tensor_core_case_as(
 /// and epilogue errors are typed.
 #[test]
 fn tensor_core_entries_bind_what_their_launches_pass() {
-    // After the parameters (binding 0): `gemm_tc` takes A, B and out; the epilogue entries A,
-    // B, the bias and out's words, `_pre` the pre-activation too; each the scale factors
+    // After the parameters (binding 0): `gemm_tc` takes A, B and out, `gemm_tc_bias` the bias
+    // too; the epilogue entries A, B, the bias and out's words, `_pre` the pre-activation
+    // too; each the scale factors
     // last (binding 7, read only for BF16 or F32 operands). Read from the module, so
     // checked on every adapter: a binding an entry reaches by mistake (through a shared helper)
     // would fail its launches with `Error::Kernel` on devices with tensor cores only.
     for (entry, want) in [
         ("gemm_tc", vec![0u32, 1, 2, 3, 7]),
+        ("gemm_tc_bias", vec![0, 1, 2, 3, 4, 7]),
         ("gemm_tc_epilogue", vec![0, 1, 2, 4, 5, 7]),
         ("gemm_tc_epilogue_pre", vec![0, 1, 2, 4, 5, 6, 7]),
     ] {
@@ -2206,6 +2208,70 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
             f32_bits(&out)
         };
         assert_eq!(product(None), product(Some(&zero)), "{shape:?}: zero bias");
+    }
+    // An F32 out with a bias and no activation (the bias added to whole fragments,
+    // `gemm_tc_bias`): bit for bit the pre-activation the epilogue entry saves, for biases of
+    // each dtype, whole and ragged tiles, F16 and BF16 (scaled) operands, and accumulate.
+    for (m, n, k) in [(128, 128, 64), (200, 264, 200)] {
+        for (i, dt) in [DType::F32, DType::F16, DType::BF16]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 950 + 10 * i as u64;
+            let x_dt = if dt == DType::BF16 { dt } else { DType::F16 };
+            let x = tensor_from_f64(e, &data(seed, m * k), &[m, k], x_dt);
+            let w = tensor_from_f64(e, &data(seed + 1, n * k), &[n, k], DType::BF16);
+            let bias = tensor_from_f64(e, &data(seed + 2, n), &[n], dt);
+            let plain = MatmulOptions {
+                transpose_b: true,
+                tensor_cores: true,
+                ..Default::default()
+            };
+            let (y, _) = mm(&x, &w, Some(&bias), &plain).unwrap();
+            let act = MatmulOptions {
+                activation: Some(Activation::Relu),
+                ..plain
+            };
+            let (_, saved) = mm(&x, &w, Some(&bias), &act).unwrap();
+            let pre = saved.pre_activation().expect("pre-activation");
+            assert_same_bits(&format!("bias {dt:?} {m}x{n}x{k}"), &y, pre);
+            // accumulate: out + (alpha·Σ + bias), the epilogue's F32 store.
+            let start = tensor_from_f64(e, &data(seed + 3, m * n), &[m * n], DType::F32);
+            let acc = tensor_from_f64(e, &data(seed + 3, m * n), &[m * n], DType::F32);
+            let run = |out: &Tensor, accumulate: bool| {
+                gemm(&Gemm {
+                    bias: Some(&bias),
+                    tensor_cores: true,
+                    alpha: 0.75,
+                    ..Gemm::plain(
+                        operand(&x, 0, false, 0),
+                        operand(&w, 0, true, 0),
+                        out,
+                        (m, n, k),
+                        accumulate,
+                    )
+                })
+                .unwrap()
+            };
+            run(&acc, true);
+            let fresh = Tensor::zeros(e, &[m * n], DType::F32).unwrap();
+            run(&fresh, false);
+            let want: Vec<f64> = start
+                .to_f64()
+                .unwrap()
+                .iter()
+                .zip(fresh.to_f64().unwrap())
+                .map(|(s, v)| f64::from(*s as f32 + v as f32))
+                .collect();
+            let got = acc.to_f64().unwrap();
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "accumulate {dt:?} {m}x{n}x{k} at {j}"
+                );
+            }
+        }
     }
     // matmul_as with a bias and activation, F16 out: the F32 result rounded once.
     let (y32, _) = mm(&a, &b, Some(&bias), &tc).unwrap();

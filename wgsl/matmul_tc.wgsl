@@ -28,8 +28,10 @@
 // Tiling: a workgroup of 256 invocations (8 subgroups of 32) computes a 128×128 output tile;
 // subgroup s owns rows 32·(s / 2).. and columns 64·(s % 2).., 2 × 4 fragments of 16×16 held
 // as F32 accumulators. K advances in steps of BK = 64: the step's A (128×64) and B (64×128)
-// F16 values, four 16-byte chunks of each per invocation, are fetched into registers while
-// the previous step is multiplied, then stored to workgroup memory as F16 quads in the
+// values, four 16-byte chunks of each per invocation, are loaded into registers while the
+// previous step is multiplied (their raw words, untouched until staged: a conversion right
+// after the loads would wait for them before the products), then converted and stored to
+// workgroup memory as F16 quads in the
 // operand's own layout (rows along its contiguous axis, padded by 8 halves: eight
 // consecutive rows of a fragment start 4 banks apart), from which each subgroup loads its
 // fragments (four k fragments a step). Chunks past k, m or n are zeros. Whole tiles store
@@ -41,7 +43,9 @@
 // chunks), n, out's offset and batch stride multiples of 4 (16-byte rows of out).
 //
 // Entry points: `gemm_tc`, out F32 without bias, activation or pre-activation (the fragments
-// stored straight to out, `alpha` and accumulate applied to whole fragments); `gemm_tc_epilogue`
+// stored straight to out, `alpha` and accumulate applied to whole fragments); `gemm_tc_bias`,
+// the same with a bias (any float dtype, staged as 16 F32 rows and loaded as fragments: the
+// epilogue's `alpha·Σ + bias[j]` on whole fragments, the same values); `gemm_tc_epilogue`
 // and `gemm_tc_epilogue_pre`, the epilogue of `wgsl/matmul.wgsl` (`v = alpha·Σ + bias[j]`, out
 // ← act(v) or out += v; out F32, or F16 / BF16 with DT_OUT, each value rounded once, two
 // columns a word; `_pre` also stores v, F32, with out's indexing): every fragment goes through
@@ -49,7 +53,8 @@
 //
 // Measured on an H200 (`notes/measurements.md`) and not kept: fragments loaded straight from
 // the buffers (no staging), chunks fetched as F16 quads, K steps of 32, two staging buffers
-// with one barrier a step, 64×64 subgroup tiles on 128 invocations, B staged transposed.
+// with one barrier a step, 64×64 subgroup tiles on 128 invocations, B staged transposed (all
+// before the raw words were held), and two steps in flight instead of one (after).
 
 override TRANS_A: u32 = 0u;     // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;     // 1: B stored [n, k]
@@ -106,10 +111,16 @@ fn chunk_slot(kc: bool, c: u32) -> vec2<u32> {
     return vec2<u32>(c / (BM / 8u), (c % (BM / 8u)) * 8u);
 }
 
-// Chunk c of the step at k0 of an operand: `rows` its extent along the tile's 128 (m or n),
-// `base` its batch's first element, tile row/column origin `x0`. kc: consecutive k adjacent.
-fn fetch(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32, is_a: bool,
-         scale: f32) -> H8 {
+// Chunk c of the step at k0 of an operand: its element index and whether it lies inside the
+// operand (k below `kend`, the end of the k slice, and row below `rows`, its extent along the
+// tile's 128: m or n). `base` is its batch's first element, `x0` the tile's row/column origin;
+// kc: consecutive k adjacent.
+struct ChunkAt {
+    e: u32,
+    inside: bool,
+}
+
+fn chunk_at(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32) -> ChunkAt {
     let s = chunk_slot(kc, c);
     var x: u32;
     var kk: u32;
@@ -123,23 +134,44 @@ fn fetch(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32, is
         x = x0 + s.y;
         e = base + kk * rows + x;
     }
-    // One return, at the end: a return under a branch on the invocation (or an argument)
-    // would make the callers' cooperative operations non-uniform to naga. Chunks past k, or
-    // past m or n in a ragged last tile, read chunk 0 and are zeroed (past `kend`: the end of
-    // the k slice). BF16 and F32 values are
-    // multiplied by their operand's factor `scale` (exact) before they are rounded to F16.
-    let inside = kk < kend && x < rows;
+    return ChunkAt(e, kk < kend && x < rows);
+}
+
+// The raw words of one chunk (two 16-byte chunks for F32 operands), loaded and not yet used:
+// a fetched step is converted only when it is staged, after the next step's products, so the
+// loads stay in flight through them (a use right after the load would wait for it).
+struct Raw {
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+}
+
+// One return, at the end: a return under a branch on the invocation (or an argument) would
+// make the callers' cooperative operations non-uniform to naga. Chunks past k, or past m or n
+// in a ragged last tile, read chunk 0 (zeroed when staged, `to_h8`).
+fn fetch(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32, is_a: bool) -> Raw {
+    let p = chunk_at(kc, c, x0, k0, kend, rows, base);
+    let dt = select(DT_B, DT_A, is_a);
+    var r: Raw;
+    if (dt == DT_F32) {
+        let at = select(0u, p.e / 4u, p.inside);
+        r = Raw(chunk(is_a, at), chunk(is_a, at + 1u));
+    } else {
+        r = Raw(chunk(is_a, select(0u, p.e / 8u, p.inside)), vec4<u32>());
+    }
+    return r;
+}
+
+// A fetched chunk as eight F16 values (zeros outside the operand). BF16 and F32 values are
+// multiplied by their operand's factor `scale` (exact) before they are rounded to F16.
+fn to_h8(r: Raw, inside: bool, is_a: bool, scale: f32) -> H8 {
     let dt = select(DT_B, DT_A, is_a);
     var h: H8;
     if (dt == DT_F32) {
-        // Eight F32 values: two chunks, scaled, then rounded to F16.
-        let at = select(0u, e / 4u, inside);
-        let lo = select(vec4<f32>(), bitcast<vec4<f32>>(chunk(is_a, at)), inside) * scale;
-        let hi = select(vec4<f32>(), bitcast<vec4<f32>>(chunk(is_a, at + 1u)), inside) * scale;
+        let lo = select(vec4<f32>(), bitcast<vec4<f32>>(r.lo), inside) * scale;
+        let hi = select(vec4<f32>(), bitcast<vec4<f32>>(r.hi), inside) * scale;
         h = H8(vec4<f16>(lo), vec4<f16>(hi));
     } else {
-        let at = select(0u, e / 8u, inside);
-        let w = select(vec4<u32>(), chunk(is_a, at), inside);
+        let w = select(vec4<u32>(), r.lo, inside);
         if (dt == DT_BF16) {
             h = H8(vec4<f16>(chunk_lo(w, DT_BF16) * scale),
                    vec4<f16>(chunk_hi(w, DT_BF16) * scale));
@@ -245,16 +277,15 @@ fn staged(sg: u32, lane: u32, q: u32) -> f32 {
 }
 
 // The staged fragment at output rows i.., columns j.. of a tile that reaches past m or n (the
-// whole workgroup takes this path): the values inside the product, times alpha (added to
+// whole workgroup takes this path): the values inside the product, times f.x·f.y (added to
 // out's with accumulate).
-fn edge_out(i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+fn edge_out(i: u32, j: u32, c0: u32, sg: u32, lane: u32, f: vec2<f32>) {
     let r = lane / 2u;
     let q0 = (lane % 2u) * 8u;
     if (i + r < params.m) {
         for (var q = q0; q < q0 + 8u; q += 1u) {
             if (j + q < params.n) {
                 let at = c0 + (i + r) * params.n + j + q;
-                let f = factors();
                 var v = staged(sg, lane, q) * f.x * f.y;
                 if (params.accumulate == 1u) {
                     v = v + out[at];
@@ -267,7 +298,46 @@ fn edge_out(i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
 
 fn acc_store_edge(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
     stage_frag(acc, sg);
-    edge_out(i, j, c0, sg, lane);
+    edge_out(i, j, c0, sg, lane, factors());
+    workgroupBarrier();
+}
+
+// ---- `gemm_tc_bias`: F32 out with a bias, no activation ----
+
+// c_tile ← 16 rows of the tile's 128 column biases in FP32 (zeros past n): the bias fragment
+// of tile columns c.. is then a 16×16 load at c_tile[c] with a stride of 128.
+fn stage_bias_rows(n0: u32, lid: u32) {
+    for (var e = lid; e < 2048u; e += 256u) {
+        c_tile[e] = bias_at(n0 + e % 128u);
+    }
+    workgroupBarrier();
+}
+
+fn bias_frag(c: u32) -> coop_mat16x16<f32, C> {
+    return coopLoadT<coop_mat16x16<f32, C>>(&c_tile[c], 128u);
+}
+
+// v = alpha·Σ + bias of a whole accumulator (the epilogue's operations in its order), to out
+// (or added to out's values with accumulate).
+fn bias_store(acc: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32) {
+    let stride = params.n;
+    let at = c0 + i * stride + j;
+    let f = factors();
+    var v = acc * f.x * f.y + b;
+    if (params.accumulate == 1u) {
+        v = v + coopLoadT<coop_mat16x16<f32, C>>(&out[at], stride);
+    }
+    let result = v;
+    coopStoreT(result, &out[at], stride);
+}
+
+// The same for a tile reaching past m or n: v staged, then its values inside the product
+// written (times 1, exact).
+fn bias_store_edge(acc: coop_mat16x16<f32, C>, b: coop_mat16x16<f32, C>, i: u32, j: u32,
+                   c0: u32, sg: u32, lane: u32) {
+    let f = factors();
+    stage_frag(acc * f.x * f.y + b, sg);
+    edge_out(i, j, c0, sg, lane, vec2<f32>(1.0, 1.0));
     workgroupBarrier();
 }
 
@@ -438,82 +508,111 @@ fn tile_launched(tile: u32) -> bool {
     return tile < params.tiles_m * params.tiles_n * params.batch * params.slices;
 }
 
-// Σ over k of this subgroup's 32×64 block of the tile (raw sums, no alpha). Called in uniform
-// control flow by every invocation of the workgroup.
-fn tile_product(at: TileAt, lid: u32) -> Acc8 {
+// A step's chunks of both operands for one invocation: chunks lid + 256·q of A (aQ) and B (bQ).
+struct Step {
+    a0: Raw,
+    a1: Raw,
+    a2: Raw,
+    a3: Raw,
+    b0: Raw,
+    b1: Raw,
+    b2: Raw,
+    b3: Raw,
+}
+
+// The invocation's chunks of the step at k0 (loads only).
+fn fetch_step(at: TileAt, k0: u32, lid: u32) -> Step {
     let akc = TRANS_A == 0u;
     let bkc = TRANS_B == 1u;
     let m0 = at.m0;
     let n0 = at.n0;
-    let abase = at.abase;
-    let bbase = at.bbase;
-    let wr = at.wr;
-    let wc = at.wc;
+    let ab = at.abase;
+    let bb = at.bbase;
+    let kend = at.k1;
+    return Step(fetch(akc, lid, m0, k0, kend, params.m, ab, true),
+                fetch(akc, lid + 256u, m0, k0, kend, params.m, ab, true),
+                fetch(akc, lid + 512u, m0, k0, kend, params.m, ab, true),
+                fetch(akc, lid + 768u, m0, k0, kend, params.m, ab, true),
+                fetch(bkc, lid, n0, k0, kend, params.n, bb, false),
+                fetch(bkc, lid + 256u, n0, k0, kend, params.n, bb, false),
+                fetch(bkc, lid + 512u, n0, k0, kend, params.n, bb, false),
+                fetch(bkc, lid + 768u, n0, k0, kend, params.n, bb, false));
+}
+
+// The step at k0, fetched by `fetch_step`, staged in workgroup memory as F16 (between the
+// caller's barriers). `sc`: the operands' factors (1 for F16).
+fn stage_step(t: Step, at: TileAt, k0: u32, lid: u32, sc: vec2<f32>) {
+    let akc = TRANS_A == 0u;
+    let bkc = TRANS_B == 1u;
+    let m0 = at.m0;
+    let n0 = at.n0;
+    let kend = at.k1;
+    let m = params.m;
+    let n = params.n;
+    store_a(akc, lid, to_h8(t.a0, chunk_at(akc, lid, m0, k0, kend, m, 0u).inside, true, sc.x));
+    store_a(akc, lid + 256u,
+            to_h8(t.a1, chunk_at(akc, lid + 256u, m0, k0, kend, m, 0u).inside, true, sc.x));
+    store_a(akc, lid + 512u,
+            to_h8(t.a2, chunk_at(akc, lid + 512u, m0, k0, kend, m, 0u).inside, true, sc.x));
+    store_a(akc, lid + 768u,
+            to_h8(t.a3, chunk_at(akc, lid + 768u, m0, k0, kend, m, 0u).inside, true, sc.x));
+    store_b(bkc, lid, to_h8(t.b0, chunk_at(bkc, lid, n0, k0, kend, n, 0u).inside, false, sc.y));
+    store_b(bkc, lid + 256u,
+            to_h8(t.b1, chunk_at(bkc, lid + 256u, n0, k0, kend, n, 0u).inside, false, sc.y));
+    store_b(bkc, lid + 512u,
+            to_h8(t.b2, chunk_at(bkc, lid + 512u, n0, k0, kend, n, 0u).inside, false, sc.y));
+    store_b(bkc, lid + 768u,
+            to_h8(t.b3, chunk_at(bkc, lid + 768u, n0, k0, kend, n, 0u).inside, false, sc.y));
+}
+
+// The staged step's products added to this subgroup's accumulators (block rows wr.., columns
+// wc.. of the tile): four k fragments, eight products each.
+fn step_products(c: Acc8, wr: u32, wc: u32) -> Acc8 {
+    var r = c;
+    for (var kk = 0u; kk < BK; kk += 16u) {
+        let a0 = frag_a(wr, kk);
+        let a1 = frag_a(wr + 16u, kk);
+        let b0 = frag_b(kk, wc);
+        let b1 = frag_b(kk, wc + 16u);
+        let b2 = frag_b(kk, wc + 32u);
+        let b3 = frag_b(kk, wc + 48u);
+        r.c00 = coopMultiplyAdd(a0, b0, r.c00);
+        r.c01 = coopMultiplyAdd(a0, b1, r.c01);
+        r.c02 = coopMultiplyAdd(a0, b2, r.c02);
+        r.c03 = coopMultiplyAdd(a0, b3, r.c03);
+        r.c10 = coopMultiplyAdd(a1, b0, r.c10);
+        r.c11 = coopMultiplyAdd(a1, b1, r.c11);
+        r.c12 = coopMultiplyAdd(a1, b2, r.c12);
+        r.c13 = coopMultiplyAdd(a1, b3, r.c13);
+    }
+    return r;
+}
+
+// Σ over k of this subgroup's 32×64 block of the tile (raw sums, no alpha). Called in uniform
+// control flow by every invocation of the workgroup. Each step is fetched one step before it
+// is staged, its loads in flight through the products of the step between.
+fn tile_product(at: TileAt, lid: u32) -> Acc8 {
     let k_lo = at.k0;
     let k_hi = at.k1;
     // The operands' scale factors (1 for F16, see `factors`).
-    var sa = 1.0;
-    var sb = 1.0;
+    var sc = vec2<f32>(1.0, 1.0);
     if (SCALED) {
-        sa = tc_scale[0];
-        sb = tc_scale[1];
+        sc = vec2<f32>(tc_scale[0], tc_scale[1]);
     }
-    var c00 = coop_mat16x16<f32, C>();
-    var c01 = coop_mat16x16<f32, C>();
-    var c02 = coop_mat16x16<f32, C>();
-    var c03 = coop_mat16x16<f32, C>();
-    var c10 = coop_mat16x16<f32, C>();
-    var c11 = coop_mat16x16<f32, C>();
-    var c12 = coop_mat16x16<f32, C>();
-    var c13 = coop_mat16x16<f32, C>();
-    var fa0 = fetch(akc, lid, m0, k_lo, k_hi, params.m, abase, true, sa);
-    var fa1 = fetch(akc, lid + 256u, m0, k_lo, k_hi, params.m, abase, true, sa);
-    var fa2 = fetch(akc, lid + 512u, m0, k_lo, k_hi, params.m, abase, true, sa);
-    var fa3 = fetch(akc, lid + 768u, m0, k_lo, k_hi, params.m, abase, true, sa);
-    var fb0 = fetch(bkc, lid, n0, k_lo, k_hi, params.n, bbase, false, sb);
-    var fb1 = fetch(bkc, lid + 256u, n0, k_lo, k_hi, params.n, bbase, false, sb);
-    var fb2 = fetch(bkc, lid + 512u, n0, k_lo, k_hi, params.n, bbase, false, sb);
-    var fb3 = fetch(bkc, lid + 768u, n0, k_lo, k_hi, params.n, bbase, false, sb);
+    let z = coop_mat16x16<f32, C>();
+    var acc = Acc8(z, z, z, z, z, z, z, z);
+    // Fetches are unconditional (a step past the slice reads chunk 0, never staged): a fetch
+    // under a branch would merge its registers with the old ones, a copy that waits for the
+    // loads.
+    var s = fetch_step(at, k_lo, lid);
     for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         workgroupBarrier();
-        store_a(akc, lid, fa0);
-        store_a(akc, lid + 256u, fa1);
-        store_a(akc, lid + 512u, fa2);
-        store_a(akc, lid + 768u, fa3);
-        store_b(bkc, lid, fb0);
-        store_b(bkc, lid + 256u, fb1);
-        store_b(bkc, lid + 512u, fb2);
-        store_b(bkc, lid + 768u, fb3);
+        stage_step(s, at, k0, lid, sc);
         workgroupBarrier();
-        let kn = k0 + BK;
-        if (kn < k_hi) {
-            fa0 = fetch(akc, lid, m0, kn, k_hi, params.m, abase, true, sa);
-            fa1 = fetch(akc, lid + 256u, m0, kn, k_hi, params.m, abase, true, sa);
-            fa2 = fetch(akc, lid + 512u, m0, kn, k_hi, params.m, abase, true, sa);
-            fa3 = fetch(akc, lid + 768u, m0, kn, k_hi, params.m, abase, true, sa);
-            fb0 = fetch(bkc, lid, n0, kn, k_hi, params.n, bbase, false, sb);
-            fb1 = fetch(bkc, lid + 256u, n0, kn, k_hi, params.n, bbase, false, sb);
-            fb2 = fetch(bkc, lid + 512u, n0, kn, k_hi, params.n, bbase, false, sb);
-            fb3 = fetch(bkc, lid + 768u, n0, kn, k_hi, params.n, bbase, false, sb);
-        }
-        for (var kk = 0u; kk < BK; kk += 16u) {
-            let a0 = frag_a(wr, kk);
-            let a1 = frag_a(wr + 16u, kk);
-            let b0 = frag_b(kk, wc);
-            let b1 = frag_b(kk, wc + 16u);
-            let b2 = frag_b(kk, wc + 32u);
-            let b3 = frag_b(kk, wc + 48u);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c02 = coopMultiplyAdd(a0, b2, c02);
-            c03 = coopMultiplyAdd(a0, b3, c03);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
-            c12 = coopMultiplyAdd(a1, b2, c12);
-            c13 = coopMultiplyAdd(a1, b3, c13);
-        }
+        s = fetch_step(at, k0 + BK, lid);
+        acc = step_products(acc, at.wr, at.wc);
     }
-    return Acc8(c00, c01, c02, c03, c10, c11, c12, c13);
+    return acc;
 }
 
 // Each entry computes its tile index itself (`group_index` written out: the early return
@@ -551,6 +650,50 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     acc_store(acc.c11, i0 + 16u, j0 + 16u, c0);
     acc_store(acc.c12, i0 + 16u, j0 + 32u, c0);
     acc_store(acc.c13, i0 + 16u, j0 + 48u, c0);
+}
+
+// F32 out with a bias and no activation or pre-activation: the bias added to whole fragments
+// (loaded from 16 staged rows of biases), the same values as `gemm_tc_epilogue`'s at the
+// plain entry's stores.
+@compute @workgroup_size(256)
+fn gemm_tc_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+                @builtin(subgroup_invocation_id) lane: u32) {
+    let tile = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    if (!tile_launched(tile)) {
+        return;
+    }
+    let at = tile_at(tile, sg);
+    let acc = tile_product(at, lid);
+    let i0 = at.m0 + at.wr;
+    let j0 = at.n0 + at.wc;
+    let c0 = at.c0;
+    stage_bias_rows(at.n0, lid);
+    let b0 = bias_frag(at.wc);
+    let b1 = bias_frag(at.wc + 16u);
+    let b2 = bias_frag(at.wc + 32u);
+    let b3 = bias_frag(at.wc + 48u);
+    if (at.m0 + BM > params.m || at.n0 + BN > params.n) {
+        // The staged fragments go where the biases were.
+        workgroupBarrier();
+        bias_store_edge(acc.c00, b0, i0, j0, c0, sg, lane);
+        bias_store_edge(acc.c01, b1, i0, j0 + 16u, c0, sg, lane);
+        bias_store_edge(acc.c02, b2, i0, j0 + 32u, c0, sg, lane);
+        bias_store_edge(acc.c03, b3, i0, j0 + 48u, c0, sg, lane);
+        bias_store_edge(acc.c10, b0, i0 + 16u, j0, c0, sg, lane);
+        bias_store_edge(acc.c11, b1, i0 + 16u, j0 + 16u, c0, sg, lane);
+        bias_store_edge(acc.c12, b2, i0 + 16u, j0 + 32u, c0, sg, lane);
+        bias_store_edge(acc.c13, b3, i0 + 16u, j0 + 48u, c0, sg, lane);
+        return;
+    }
+    bias_store(acc.c00, b0, i0, j0, c0);
+    bias_store(acc.c01, b1, i0, j0 + 16u, c0);
+    bias_store(acc.c02, b2, i0, j0 + 32u, c0);
+    bias_store(acc.c03, b3, i0, j0 + 48u, c0);
+    bias_store(acc.c10, b0, i0 + 16u, j0, c0);
+    bias_store(acc.c11, b1, i0 + 16u, j0 + 16u, c0);
+    bias_store(acc.c12, b2, i0 + 16u, j0 + 32u, c0);
+    bias_store(acc.c13, b3, i0 + 16u, j0 + 48u, c0);
 }
 
 @compute @workgroup_size(256)
