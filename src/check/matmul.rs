@@ -30,7 +30,8 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 /// and its backward with an F16 cotangent (both products on tensor cores); a batched A with a
 /// shared, non-transposed B; BF16 operands outside F16's range (A below 2^-20, B near 2^20,
 /// which the product scales into it by powers of two), forward and backward with a BF16
-/// cotangent; a linear layer's epilogue (BF16 bias, tanh-GELU) on a ragged tile.
+/// cotangent; a linear layer (BF16 bias, with tanh-GELU and without an activation) on a
+/// ragged tile.
 fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
     use crate::matmul::{
         MatmulOptions, matmul, matmul_backward, tensor_core_tolerance, tensor_cores,
@@ -177,39 +178,44 @@ fn check_matmul_tensor_cores(engine: &Engine) -> Result<Vec<Case>> {
         &unscale(db, -20),
         tensor_core_tolerance(p.m),
     ));
-    // A linear layer's epilogue on tensor cores: bias (BF16) and tanh-GELU on a ragged tile.
-    let p = Problem {
-        transpose_b: true,
-        activation: Some(crate::activation::Activation::GeluTanh),
-        ..Problem::new(136, 200, 72)
-    };
-    let (a, a_s) = tensor_from_f64(
-        engine,
-        &rng.vec(p.a_len(), -1.0, 1.0),
-        &[p.m, p.k],
-        DType::F16,
-    )?;
-    let (b, b_s) = tensor_from_f64(
-        engine,
-        &rng.vec(p.b_len(), -1.0, 1.0),
-        &[p.n, p.k],
-        DType::F16,
-    )?;
-    let (bias, bias_s) = tensor_from_f64(engine, &rng.vec(p.n, -1.0, 1.0), &[p.n], DType::BF16)?;
-    let layer = MatmulOptions {
-        activation: p.activation,
-        ..options(true)
-    };
-    let (y, _) = matmul(&a, &b, Some(&bias), &layer)?;
-    cases.push(case(
-        format!(
-            "y = gelu_tanh(a·bᵀ + bias) f16 a [{}, {}] bias bf16, tensor cores",
-            p.m, p.k
-        ),
-        &y.to_f64()?,
-        &reference::matmul::forward(&p, &a_s, &b_s, Some(&bias_s)),
-        tensor_core_tolerance(p.k + 1),
-    ));
+    // A linear layer on tensor cores, bias (BF16) on a ragged tile: with tanh-GELU (the
+    // epilogue entry), and without an activation (the bias added to whole fragments).
+    for activation in [Some(crate::activation::Activation::GeluTanh), None] {
+        let p = Problem {
+            transpose_b: true,
+            activation,
+            ..Problem::new(136, 200, 72)
+        };
+        let (a, a_s) = tensor_from_f64(
+            engine,
+            &rng.vec(p.a_len(), -1.0, 1.0),
+            &[p.m, p.k],
+            DType::F16,
+        )?;
+        let (b, b_s) = tensor_from_f64(
+            engine,
+            &rng.vec(p.b_len(), -1.0, 1.0),
+            &[p.n, p.k],
+            DType::F16,
+        )?;
+        let (bias, bias_s) =
+            tensor_from_f64(engine, &rng.vec(p.n, -1.0, 1.0), &[p.n], DType::BF16)?;
+        let layer = MatmulOptions {
+            activation: p.activation,
+            ..options(true)
+        };
+        let (y, _) = matmul(&a, &b, Some(&bias), &layer)?;
+        let act = activation.map_or("".to_string(), |a| format!("{a:?} of "));
+        cases.push(case(
+            format!(
+                "y = {act}a·bᵀ + bias, f16 a [{}, {}] bias bf16, tensor cores",
+                p.m, p.k
+            ),
+            &y.to_f64()?,
+            &reference::matmul::forward(&p, &a_s, &b_s, Some(&bias_s)),
+            tensor_core_tolerance(p.k + 1),
+        ));
+    }
     Ok(cases)
 }
 
