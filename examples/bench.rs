@@ -1,7 +1,7 @@
 //! Bandwidth of every wgrad operator against the copy kernel.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,...] [--copy-mib MIB] [--pipeline-stats]
+//! cargo run --release --example bench -- [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,...] [--copy-mib MIB] [--pipeline-stats] [--profile]
 //! ```
 //!
 //! Prints the engine, measures the copy bandwidth (256 MiB buffer, at most the device's largest
@@ -294,9 +294,10 @@ struct Args {
     copy_mib: Option<u64>,
     /// After the rows: the driver's statistics of every pipeline they built.
     pipeline_stats: bool,
+    profile: bool,
 }
 
-const USAGE: &str = "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...] [--copy-mib MIB] [--pipeline-stats]";
+const USAGE: &str = "usage: bench [--quick] [--json PATH] [--prewarm SECONDS] [--only NAME,NAME...] [--copy-mib MIB] [--pipeline-stats] [--profile]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut quick = false;
@@ -305,6 +306,7 @@ fn parse_args() -> std::result::Result<Args, String> {
     let mut only = Vec::new();
     let mut copy_mib = None;
     let mut pipeline_stats = false;
+    let mut profile = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -332,6 +334,7 @@ fn parse_args() -> std::result::Result<Args, String> {
                 );
             }
             "--pipeline-stats" => pipeline_stats = true,
+            "--profile" => profile = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}; {USAGE}")),
         }
@@ -350,6 +353,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         only,
         copy_mib,
         pipeline_stats,
+        profile,
     })
 }
 
@@ -520,6 +524,24 @@ fn run(args: &Args) -> Result<Report> {
                 flops,
                 stats.median_s * 1e3
             );
+        }
+        if args.profile {
+            // One more run, each launch in a stamped pass of its own: GPU time by kernel entry.
+            let (r, times) = engine.profile(|| (op.run)(&op.inputs).map(drop))?;
+            r?;
+            let total: f64 = times.iter().map(|t| t.seconds).sum();
+            for t in &times {
+                eprintln!(
+                    "    profile {} {}: {}.{} ×{} {:.3} ms ({:.1}%)",
+                    op.name,
+                    op.dtype,
+                    t.kernel,
+                    t.entry,
+                    t.launches,
+                    t.seconds * 1e3,
+                    100.0 * t.seconds / total.max(f64::MIN_POSITIVE)
+                );
+            }
         }
     }
     if args.pipeline_stats {

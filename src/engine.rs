@@ -193,6 +193,19 @@ pub struct Timing {
     pub stamped: u32,
 }
 
+/// One kernel entry's share of a profiled section ([`Engine::profile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelTime {
+    /// The kernel (module) name, as in the `check` report and the operator registry.
+    pub kernel: &'static str,
+    /// The entry point.
+    pub entry: String,
+    /// Launches of this entry in the section.
+    pub launches: u32,
+    /// GPU seconds over those launches (the sum of each launch's pass, start to end).
+    pub seconds: f64,
+}
+
 /// Options for [`Engine::new`]-style construction.
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {
@@ -535,6 +548,7 @@ struct Pending {
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     timing: Option<TimingState>,
+    profile: Option<ProfileState>,
 }
 
 impl Pending {
@@ -576,6 +590,47 @@ impl Pending {
         self.pass.as_mut().expect("pass begun above")
     }
 
+    /// While profiling: a compute pass of its own for the next dispatch (any open pass ended),
+    /// stamped at its start and end (queries 2i and 2i + 1 of dispatch i's set); the caller
+    /// ends it after the dispatch.
+    fn profiled_pass(
+        &mut self,
+        device: &wgpu::Device,
+        kernel: &'static str,
+        entry: &str,
+    ) -> &mut wgpu::ComputePass<'static> {
+        self.pass = None;
+        let encoder = self.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgrad"),
+            })
+        });
+        let profile = self.profile.as_mut().expect("profiling");
+        let i = profile.launches.len();
+        if i / PROFILE_SET_LAUNCHES == profile.sets.len() {
+            profile
+                .sets
+                .push(device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("wgrad profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2 * PROFILE_SET_LAUNCHES as u32,
+                }));
+        }
+        profile.launches.push((kernel, entry.to_string()));
+        let slot = (i % PROFILE_SET_LAUNCHES) as u32;
+        let pass = encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("wgrad profile"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &profile.sets[i / PROFILE_SET_LAUNCHES],
+                    beginning_of_pass_write_index: Some(2 * slot),
+                    end_of_pass_write_index: Some(2 * slot + 1),
+                }),
+            })
+            .forget_lifetime();
+        self.pass.insert(pass)
+    }
+
     /// The finished command buffer of everything recorded, if any.
     fn finish(&mut self) -> Option<wgpu::CommandBuffer> {
         self.pass = None;
@@ -587,6 +642,15 @@ struct TimingState {
     queries: wgpu::QuerySet,
     capacity: u32,
     passes: u32,
+}
+
+/// Launches a profile's query set stamps (two timestamps each).
+const PROFILE_SET_LAUNCHES: usize = wgpu::QUERY_SET_MAX_QUERIES as usize / 2;
+
+struct ProfileState {
+    sets: Vec<wgpu::QuerySet>,
+    /// (kernel, entry) of each launch, in order.
+    launches: Vec<(&'static str, String)>,
 }
 
 #[derive(Default)]
@@ -887,6 +951,7 @@ impl Engine {
                     pass: None,
                     encoder: None,
                     timing: None,
+                    profile: None,
                 }),
                 pool: Mutex::new(Pool::default()),
                 pool_limit,
@@ -1516,10 +1581,18 @@ impl Engine {
             ));
         }
         let mut pending = lock(&self.inner.pending);
-        let pass = pending.pass(&self.inner.device);
+        let profiling = pending.profile.is_some();
+        let pass = if profiling {
+            pending.profiled_pass(&self.inner.device, kernel.name, entry)
+        } else {
+            pending.pass(&self.inner.device)
+        };
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(x as u32, y as u32, 1);
+        if profiling {
+            pending.pass = None;
+        }
         Ok(())
     }
 
@@ -1533,7 +1606,7 @@ impl Engine {
     /// One section at a time per engine: a nested or concurrent call returns
     /// `Error::TimingInProgress`.
     pub fn time<R>(&self, f: impl FnOnce() -> R) -> Result<(R, Timing)> {
-        if lock(&self.inner.pending).timing.is_some() {
+        if self.timing_open() {
             return Err(Error::TimingInProgress);
         }
         self.synchronize()?;
@@ -1610,6 +1683,88 @@ impl Engine {
                 stamped,
             },
         ))
+    }
+}
+
+impl Engine {
+    /// Whether a timed or profiled section is open.
+    fn timing_open(&self) -> bool {
+        let pending = lock(&self.inner.pending);
+        pending.timing.is_some() || pending.profile.is_some()
+    }
+
+    /// Profile the GPU work that `f` records: each launch runs in a compute pass of its own,
+    /// stamped at its start and end, and the result is every kernel entry's launches and GPU
+    /// seconds (the sum of its launches' spans), in the order of first launch. Launches in
+    /// passes of their own can take a little longer than in a shared pass, so the totals are a
+    /// breakdown, not a replacement for [`Engine::time`]. Work recorded before the call is
+    /// submitted first and not counted.
+    ///
+    /// `Error::MissingFeature` without `TIMESTAMP_QUERY`; one timed or profiled section at a
+    /// time per engine (`Error::TimingInProgress`).
+    pub fn profile<R>(&self, f: impl FnOnce() -> R) -> Result<(R, Vec<KernelTime>)> {
+        if !self
+            .inner
+            .info
+            .features
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            return Err(Error::MissingFeature {
+                features: "TIMESTAMP_QUERY".into(),
+            });
+        }
+        if self.timing_open() {
+            return Err(Error::TimingInProgress);
+        }
+        self.synchronize()?;
+        lock(&self.inner.pending).profile = Some(ProfileState {
+            sets: Vec::new(),
+            launches: Vec::new(),
+        });
+        let r = f();
+        let state = lock(&self.inner.pending)
+            .profile
+            .take()
+            .expect("profile state");
+        let mut stamps = Vec::with_capacity(2 * state.launches.len());
+        for (s, set) in state.sets.iter().enumerate() {
+            let count =
+                2 * (state.launches.len() - s * PROFILE_SET_LAUNCHES).min(PROFILE_SET_LAUNCHES);
+            let bytes = count as u64 * 8;
+            let resolve = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgrad profile"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            self.record(|enc| enc.resolve_query_set(set, 0..count as u32, &resolve, 0));
+            let raw = self.read_bytes(&resolve, 0, bytes)?;
+            stamps.extend(
+                raw.chunks_exact(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
+            );
+        }
+        let period = f64::from(self.inner.queue.get_timestamp_period());
+        let mut times: Vec<KernelTime> = Vec::new();
+        for (i, (kernel, entry)) in state.launches.into_iter().enumerate() {
+            let seconds = stamps[2 * i + 1].saturating_sub(stamps[2 * i]) as f64 * period * 1e-9;
+            match times
+                .iter_mut()
+                .find(|t| t.kernel == kernel && t.entry == entry)
+            {
+                Some(t) => {
+                    t.launches += 1;
+                    t.seconds += seconds;
+                }
+                None => times.push(KernelTime {
+                    kernel,
+                    entry,
+                    launches: 1,
+                    seconds,
+                }),
+            }
+        }
+        Ok((r, times))
     }
 }
 

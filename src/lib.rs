@@ -46,8 +46,8 @@ pub mod tensor;
 
 pub use dtype::{DType, Element};
 pub use engine::{
-    BuiltSpirv, Engine, EngineBuilder, EngineInfo, MathMode, MemoryStats, ShaderChecks, Timing,
-    TimingSource,
+    BuiltSpirv, Engine, EngineBuilder, EngineInfo, KernelTime, MathMode, MemoryStats, ShaderChecks,
+    Timing, TimingSource,
 };
 pub use error::{Error, Result};
 pub use tensor::Tensor;

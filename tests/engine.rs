@@ -417,6 +417,82 @@ fn time_reports_gpu_time() {
     assert_eq!(again.passes, 1);
 }
 
+/// `Engine::profile`: every launch counted under its kernel and entry, in the order of first
+/// launch, with finite GPU seconds; the same results as without it; more launches than one
+/// query set holds; nothing recorded gives nothing; one timed or profiled section at a time.
+#[test]
+fn profile_counts_every_launch_by_kernel_entry() {
+    let e = private_engine();
+    let x = Tensor::from_slice(&e, &random_f32(6, 64 * 1000), &[64, 1000]).unwrap();
+    if !e.info().features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+        assert!(matches!(
+            e.profile(|| ()),
+            Err(Error::MissingFeature { .. })
+        ));
+        return;
+    }
+    let (_, rows) = e.profile(|| reduce::sum_rows(&x).unwrap()).unwrap();
+    let (_, columns) = e.profile(|| reduce::sum_columns(&x).unwrap()).unwrap();
+    assert!(!rows.is_empty() && !columns.is_empty());
+    let launches = |t: &[wgrad::KernelTime]| t.iter().map(|k| k.launches).sum::<u32>();
+    let ((a, b, c), both) = e
+        .profile(|| {
+            (
+                reduce::sum_rows(&x).unwrap(),
+                reduce::sum_columns(&x).unwrap(),
+                reduce::sum_rows(&x).unwrap(),
+            )
+        })
+        .unwrap();
+    assert_eq!(launches(&both), 2 * launches(&rows) + launches(&columns));
+    assert_eq!(
+        (both[0].kernel, &both[0].entry),
+        (rows[0].kernel, &rows[0].entry)
+    );
+    for (i, t) in both.iter().enumerate() {
+        assert!(t.seconds.is_finite() && t.seconds >= 0.0, "{t:?}");
+        assert!(
+            both[..i]
+                .iter()
+                .all(|u| (u.kernel, &u.entry) != (t.kernel, &t.entry)),
+            "{t:?} listed twice"
+        );
+    }
+    let plain = reduce::sum_rows(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap(), plain);
+    assert_eq!(c.to_vec::<f32>().unwrap(), plain);
+    assert_eq!(
+        b.to_vec::<f32>().unwrap(),
+        reduce::sum_columns(&x).unwrap().to_vec::<f32>().unwrap()
+    );
+    // More launches than one query set stamps (2,048 a set).
+    let small = Tensor::from_slice(&e, &[1.0f32, 2.0], &[1, 2]).unwrap();
+    let (_, one) = e.profile(|| reduce::sum_rows(&small).unwrap()).unwrap();
+    let n = 2100;
+    let (_, many) = e
+        .profile(|| {
+            for _ in 0..n {
+                reduce::sum_rows(&small).unwrap();
+            }
+        })
+        .unwrap();
+    assert_eq!(launches(&many), n * launches(&one));
+    assert!(
+        many.iter()
+            .all(|t| t.seconds.is_finite() && t.seconds >= 0.0)
+    );
+    // Nothing recorded.
+    let ((), none) = e.profile(|| ()).unwrap();
+    assert!(none.is_empty());
+    // One section at a time, either way.
+    let (inner, _) = e.profile(|| e.time(|| ()).map(|_| ())).unwrap();
+    assert!(matches!(inner, Err(Error::TimingInProgress)), "{inner:?}");
+    let (inner, _) = e.time(|| e.profile(|| ()).map(|_| ())).unwrap();
+    assert!(matches!(inner, Err(Error::TimingInProgress)), "{inner:?}");
+    let (inner, _) = e.profile(|| e.profile(|| ()).map(|_| ())).unwrap();
+    assert!(matches!(inner, Err(Error::TimingInProgress)), "{inner:?}");
+}
+
 #[test]
 fn time_stamps_at_most_the_query_set_capacity() {
     let e = private_engine();
