@@ -2283,7 +2283,8 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
 /// The power-of-two factors of tensor-core products (`matmul::tensor_core_scales`, run on any
 /// adapter): none for two F16 operands; for BF16 and F32 tensors (random values times 2^-60
 /// or 2^90, infinities and NaNs among them, subnormals only, zeros only, ±0, an odd BF16
-/// length whose buffer holds a larger value past the end, a tensor of 1.2 million values that
+/// length whose buffer holds a larger value past the end, tensors of 5 million values with the
+/// largest inside the sixteen-word steps or after them, a tensor of 1.2 million values that
 /// takes every partial group and loops, an empty one) exactly the host's rule from the
 /// largest finite magnitude; and every finite BF16 value times its factor is below 2^15 and,
 /// within 2^31 of the largest, an F16 value exactly.
@@ -2318,7 +2319,15 @@ fn tensor_core_scales_follow_the_largest_finite_magnitude() {
     specials[17] = f64::NEG_INFINITY;
     specials[200] = f64::NAN;
     let subnormal: Vec<f64> = (1..40).map(|i| f64::from(i) * 2f64.powi(-140)).collect();
+    // Five million values, the largest inside the steps of sixteen words an invocation, or
+    // in the words after them.
+    let mut inside = random(&mut rng, 5_000_000, 3);
+    inside[1_234_567] = 3.0e6;
+    let mut last = random(&mut rng, 5_000_000, 3);
+    last[4_999_999] = -3.0e6;
     let cases: Vec<(&str, Vec<f64>)> = vec![
+        ("5 million, the largest in a step", inside),
+        ("5 million, the largest last", last),
         ("2^-60 with inf and NaN", specials),
         ("2^90", random(&mut rng, 1000, 90)),
         ("the top binade", vec![3.0e38, -1.0, 2.5e38]),

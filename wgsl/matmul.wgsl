@@ -762,16 +762,32 @@ fn finite_magnitude(bits: u32) -> u32 {
     return select(0u, m, m < 0x7f800000u);
 }
 
-// The largest finite magnitude (F32 bits) of source word w: one F32 value, or the two BF16
-// halves inside the source's `len` elements.
-fn word_magnitude(w: u32) -> u32 {
-    let bits = scale_src[sparams.base + w];
-    if (sparams.dt == DT_F32) {
-        return finite_magnitude(bits);
-    }
+// The largest finite magnitude (F32 bits) of source word w, whose bits are `bits`: one F32
+// value, or the two BF16 halves inside the source's `len` elements. Without branches, so that
+// a run of loaded words can all be in flight before any is used.
+fn word_magnitude(bits: u32, w: u32) -> u32 {
     let lo = finite_magnitude(bits << 16u);
     let hi = select(0u, finite_magnitude(bits & 0xffff0000u), 2u * w + 1u < sparams.len);
-    return max(lo, hi);
+    return select(max(lo, hi), finite_magnitude(bits), sparams.dt == DT_F32);
+}
+
+// The largest finite magnitude of the eight source words w + i·stride (i < 8), all loaded
+// first.
+fn eight_magnitude(w: u32, stride: u32) -> u32 {
+    let b = sparams.base + w;
+    let b0 = scale_src[b];
+    let b1 = scale_src[b + stride];
+    let b2 = scale_src[b + 2u * stride];
+    let b3 = scale_src[b + 3u * stride];
+    let b4 = scale_src[b + 4u * stride];
+    let b5 = scale_src[b + 5u * stride];
+    let b6 = scale_src[b + 6u * stride];
+    let b7 = scale_src[b + 7u * stride];
+    let m0 = max(word_magnitude(b0, w), word_magnitude(b1, w + stride));
+    let m1 = max(word_magnitude(b2, w + 2u * stride), word_magnitude(b3, w + 3u * stride));
+    let m2 = max(word_magnitude(b4, w + 4u * stride), word_magnitude(b5, w + 5u * stride));
+    let m3 = max(word_magnitude(b6, w + 6u * stride), word_magnitude(b7, w + 7u * stride));
+    return max(max(m0, m1), max(m2, m3));
 }
 
 // Maximum of scale_tree[base .. base + 256) into scale_tree[base] (every invocation calls it).
@@ -792,9 +808,18 @@ fn tc_scale_part(@builtin(workgroup_id) wid: vec3<u32>,
     if (sparams.dt != DT_F32) {
         words = (sparams.len + 1u) / 2u;
     }
+    // Sixteen words an invocation a step, loaded before any is used (one word a step kept one
+    // load in flight an invocation); then the rest one at a time. The maximum does not depend
+    // on the order.
+    let stride = sparams.groups * 256u;
     var m = 0u;
-    for (var w = wid.x * 256u + lid; w < words; w += sparams.groups * 256u) {
-        m = max(m, word_magnitude(w));
+    var w = wid.x * 256u + lid;
+    while (w + 15u * stride < words) {
+        m = max(m, max(eight_magnitude(w, stride), eight_magnitude(w + 8u * stride, stride)));
+        w += 16u * stride;
+    }
+    for (; w < words; w += stride) {
+        m = max(m, word_magnitude(scale_src[sparams.base + w], w));
     }
     scale_tree[lid] = m;
     tree_max(0u, lid);
