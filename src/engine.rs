@@ -1698,7 +1698,7 @@ impl Engine {
     /// seconds (the sum of its launches' spans), in the order of first launch. Launches in
     /// passes of their own can take a little longer than in a shared pass, so the totals are a
     /// breakdown, not a replacement for [`Engine::time`]. Work recorded before the call is
-    /// submitted first and not counted.
+    /// submitted first and not counted; launches recorded by other threads during `f` are.
     ///
     /// `Error::MissingFeature` without `TIMESTAMP_QUERY`; one timed or profiled section at a
     /// time per engine (`Error::TimingInProgress`).
