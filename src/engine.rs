@@ -599,12 +599,8 @@ impl Pending {
         kernel: &'static str,
         entry: &str,
     ) -> &mut wgpu::ComputePass<'static> {
-        self.pass = None;
-        let encoder = self.encoder.get_or_insert_with(|| {
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("wgrad"),
-            })
-        });
+        self.encoder(device);
+        let encoder = self.encoder.as_mut().expect("begun above");
         let profile = self.profile.as_mut().expect("profiling");
         let i = profile.launches.len();
         if i / PROFILE_SET_LAUNCHES == profile.sets.len() {
@@ -1660,17 +1656,7 @@ impl Engine {
             ));
         }
         let stamped = state.passes.min(state.capacity);
-        let count = stamped + 1;
-        let bytes = u64::from(count) * 8;
-        let resolve = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgrad timestamps"),
-            size: bytes,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        self.record(|enc| enc.resolve_query_set(&state.queries, 0..count, &resolve, 0));
-        let raw = self.read_bytes(&resolve, 0, bytes)?;
-        let stamps: &[u64] = bytemuck::cast_slice(&raw);
+        let stamps = self.read_timestamps(&[(&state.queries, stamped + 1)])?;
         let first = stamps[0];
         let last = stamps[stamps.len() - 1];
         let period = f64::from(self.inner.queue.get_timestamp_period());
@@ -1687,6 +1673,44 @@ impl Engine {
 }
 
 impl Engine {
+    /// The first `count` timestamps of each query set, in order: resolved into one buffer and
+    /// read back once.
+    fn read_timestamps(&self, sets: &[(&wgpu::QuerySet, u32)]) -> Result<Vec<u64>> {
+        // Each set's stamps start at a multiple of the resolve alignment (256 bytes).
+        let offsets: Vec<u64> = sets
+            .iter()
+            .scan(0u64, |at, &(_, count)| {
+                let here = *at;
+                *at += (u64::from(count) * 8).div_ceil(256) * 256;
+                Some(here)
+            })
+            .collect();
+        let Some((&last, &(_, last_count))) = offsets.last().zip(sets.last()) else {
+            return Ok(Vec::new());
+        };
+        let bytes = last + u64::from(last_count) * 8;
+        let resolve = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgrad timestamps"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.record(|enc| {
+            for (&(set, count), &at) in sets.iter().zip(&offsets) {
+                enc.resolve_query_set(set, 0..count, &resolve, at);
+            }
+        });
+        let raw = self.read_bytes(&resolve, 0, bytes)?;
+        let word =
+            |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        Ok(sets
+            .iter()
+            .zip(&offsets)
+            .flat_map(|(&(_, count), &at)| (0..count as usize).map(move |j| (at / 8) as usize + j))
+            .map(word)
+            .collect())
+    }
+
     /// Whether a timed or profiled section is open.
     fn timing_open(&self) -> bool {
         let pending = lock(&self.inner.pending);
@@ -1726,24 +1750,17 @@ impl Engine {
             .profile
             .take()
             .expect("profile state");
-        let mut stamps = Vec::with_capacity(2 * state.launches.len());
-        for (s, set) in state.sets.iter().enumerate() {
-            let count =
-                2 * (state.launches.len() - s * PROFILE_SET_LAUNCHES).min(PROFILE_SET_LAUNCHES);
-            let bytes = count as u64 * 8;
-            let resolve = self.inner.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgrad profile"),
-                size: bytes,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            self.record(|enc| enc.resolve_query_set(set, 0..count as u32, &resolve, 0));
-            let raw = self.read_bytes(&resolve, 0, bytes)?;
-            stamps.extend(
-                raw.chunks_exact(8)
-                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
-            );
-        }
+        let sets: Vec<(&wgpu::QuerySet, u32)> = state
+            .sets
+            .iter()
+            .enumerate()
+            .map(|(s, set)| {
+                let launches =
+                    (state.launches.len() - s * PROFILE_SET_LAUNCHES).min(PROFILE_SET_LAUNCHES);
+                (set, 2 * launches as u32)
+            })
+            .collect();
+        let stamps = self.read_timestamps(&sets)?;
         let period = f64::from(self.inner.queue.get_timestamp_period());
         let mut times: Vec<KernelTime> = Vec::new();
         for (i, (kernel, entry)) in state.launches.into_iter().enumerate() {
