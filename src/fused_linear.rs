@@ -76,9 +76,12 @@ use crate::loss::{
     self, CeBlock, CeGradInputs, CeSettings, CrossEntropyOptions, CrossEntropyOutput, DivReduction,
     DivSettings, Reduction,
 };
-use crate::matmul::{Gemm, GemmOperand, gemm, gemm_workspace_bytes};
+use crate::matmul::{
+    Gemm, GemmOperand, OperandMaxima, gemm, gemm_workspace_bytes, tensor_core_maxima,
+};
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
+use std::sync::OnceLock;
 
 /// `wgsl/fused_linear.wgsl`.
 pub static KERNEL: Kernel = Kernel {
@@ -247,8 +250,9 @@ pub struct Chunking {
     /// hidden size (`InvalidValue`).
     pub head_dtype_gradients: bool,
     /// With `head_dtype_gradients`: vocabulary columns per block of the weight-gradient pass;
-    /// `None` (default) picks the largest that fits the budget (a multiple of 4, evened out
-    /// over the blocks). An explicit value is checked against the engine's workspace bound.
+    /// `None` (default) picks the largest that fits the budget (a multiple of 8, evened out
+    /// over the blocks: the block's F32 logit gradient is then a tensor-core operand for
+    /// [`Chunking::tensor_core_gradients`], whose rows must be whole 32-byte chunks). An explicit value is checked against the engine's workspace bound.
     pub vocab_block: Option<usize>,
 }
 
@@ -320,6 +324,12 @@ struct Head {
     /// ([`crate::matmul::Gemm::copy_bytes`]; with [`Chunking::head_dtype_gradients`], what the
     /// budget leaves beside the plan's scratch).
     copy_bytes: Option<u64>,
+    /// The weight's and the input's partial maxima for the tensor-core products that read
+    /// them whole (every chunk reads the whole weight, every block the whole input), taken at
+    /// the first such product ([`crate::matmul::Gemm::maxima`]): one scan a call instead of
+    /// one a product.
+    weight_maxima: OnceLock<Option<OperandMaxima>>,
+    input_maxima: OnceLock<Option<OperandMaxima>>,
 }
 
 impl Head {
@@ -337,7 +347,20 @@ impl Head {
             tensor_cores: false,
             tensor_core_gradients: false,
             copy_bytes: None,
+            weight_maxima: OnceLock::new(),
+            input_maxima: OnceLock::new(),
         }
+    }
+
+    /// The weight's partial maxima for a tensor-core product (`tc`) that reads all of it
+    /// (`whole`); `None` otherwise, or for an F16 weight.
+    fn weight_maxima(&self, tc: bool, whole: bool) -> Result<Option<&OperandMaxima>> {
+        maxima_of(&self.weight_maxima, &self.weight, tc && whole)
+    }
+
+    /// The input's, likewise.
+    fn input_maxima(&self, tc: bool, whole: bool) -> Result<Option<&OperandMaxima>> {
+        maxima_of(&self.input_maxima, &self.input, tc && whole)
     }
 
     /// The same head with its logits product on tensor cores when `chunking` asks for them
@@ -390,11 +413,16 @@ impl Head {
     ) -> Result<Tensor> {
         let engine = self.input.engine();
         let out = Tensor::empty(engine, &[rows, cols], DType::F32, "fused_linear logits")?;
+        let tc = self.tensor_cores;
         gemm(&Gemm {
             bias,
             alpha: self.scale,
-            tensor_cores: self.tensor_cores,
+            tensor_cores: tc,
             copy_bytes: self.copy_bytes,
+            maxima: [
+                self.input_maxima(tc, r0 == 0 && rows == self.rows)?,
+                self.weight_maxima(tc, v0 == 0 && cols == self.vocab)?,
+            ],
             ..Gemm::plain(
                 GemmOperand {
                     offset: r0 * self.hidden,
@@ -411,6 +439,21 @@ impl Head {
         })?;
         Ok(out)
     }
+}
+
+/// `t`'s partial maxima, taken into `cell` the first time they are `wanted`.
+fn maxima_of<'c>(
+    cell: &'c OnceLock<Option<OperandMaxima>>,
+    t: &Tensor,
+    wanted: bool,
+) -> Result<Option<&'c OperandMaxima>> {
+    if !wanted {
+        return Ok(None);
+    }
+    if cell.get().is_none() {
+        let _ = cell.set(tensor_core_maxima(t)?);
+    }
+    Ok(cell.get().and_then(Option::as_ref))
 }
 
 fn float_tensor(what: &str, t: &Tensor) -> Result<()> {
@@ -572,6 +615,7 @@ impl Accumulator {
                 tensor_cores: tc,
                 round_f32_operands: tc,
                 copy_bytes: head.copy_bytes,
+                maxima: [None, head.input_maxima(tc, true)?],
                 ..Gemm::plain(
                     GemmOperand::whole(&dz, true),
                     GemmOperand::whole(&head.input, false),
@@ -615,6 +659,7 @@ impl Accumulator {
             tensor_cores: tc,
             round_f32_operands: tc,
             copy_bytes: head.copy_bytes,
+            maxima: [None, head.weight_maxima(tc, true)?],
             ..Gemm::plain(
                 GemmOperand::whole(dlogits, false),
                 GemmOperand::whole(&head.weight, false),
@@ -630,6 +675,7 @@ impl Accumulator {
             alpha: s,
             tensor_cores: tc,
             round_f32_operands: tc,
+            maxima: [None, head.input_maxima(tc, rows == head.rows)?],
             ..Gemm::plain(
                 GemmOperand::whole(dlogits, true),
                 GemmOperand {
@@ -997,6 +1043,9 @@ fn gradient_over_logits(vocab: usize, vocab_block: usize) -> bool {
     vocab.is_multiple_of(4) && vocab_block.is_multiple_of(4)
 }
 
+/// The vocabulary blocks' size is a multiple of this (see [`Chunking::vocab_block`]).
+const BLOCK_GRANULE: usize = 8;
+
 /// [`plan_cross_entropy`] with [`Chunking::head_dtype_gradients`]: the chunk and the block are
 /// live one after the other, so each is sized against the budget with the other at its
 /// smallest.
@@ -1014,7 +1063,7 @@ fn plan_blocked(
     let ws = |c: usize, b: usize| {
         fused_linear_cross_entropy_blocked_workspace_bytes(rows, hidden, vocab, c, b, bias, false)
     };
-    let smallest_block = 4.min(vocab);
+    let smallest_block = BLOCK_GRANULE.min(vocab);
     let too_large = |what: &str, needed: u64| Error::WorkspaceExceeded {
         what: format!("{WHAT} ({what})"),
         needed,
@@ -1037,14 +1086,14 @@ fn plan_blocked(
         &format!("{WHAT}: vocab_block"),
         chunking.vocab_block,
         vocab,
-        4,
+        BLOCK_GRANULE,
         |b| (rows.max(1) as u64) * (b as u64) * 4,
         binding,
         |b| ws(1, b) <= budget,
     )
     .map_err(|e| match e {
         PieceError::Err(e) => e,
-        PieceError::OneTooLarge => too_large("four columns per block", ws(1, smallest_block)),
+        PieceError::OneTooLarge => too_large("eight columns per block", ws(1, smallest_block)),
     })?;
     let needed = ws(chunk_rows, vocab_block);
     engine.check_workspace(WHAT, needed)?;
@@ -1059,7 +1108,7 @@ fn plan_blocked(
 
 /// The chunking [`fused_linear_cross_entropy`] would use for these shapes and options (with
 /// [`Chunking::head_dtype_gradients`] also the vocabulary block).
-/// Errors: `WorkspaceExceeded` when not even one row per chunk (or four columns per block)
+/// Errors: `WorkspaceExceeded` when not even one row per chunk (or eight columns per block)
 /// fits the budget, or explicit sizes exceed the engine's bound; `LimitExceeded` when a
 /// chunk's or a block's F32 logits would not fit one binding; `OutOfBounds` for
 /// `chunk_rows = Some(0)` or `vocab_block = Some(0)`.

@@ -354,7 +354,13 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
         Region::of(&call.a, batch, call.m * call.k),
         Region::of(&call.b, batch, call.k * call.n),
     ];
-    let scales = scales_of(regions)?;
+    let maxima = [0, 1].map(|i| call.maxima[i].filter(|_| scan_groups(&regions[i]).is_some()));
+    for (i, m) in maxima.iter().enumerate() {
+        if let Some(m) = m {
+            check_maxima(["A", "B"][i], m, &regions[i])?;
+        }
+    }
+    let scales = scales_of(regions, maxima)?;
     let copies = match &scales {
         Some(f) => {
             let bound = engine.workspace_bound();
@@ -651,12 +657,115 @@ struct ScaleParams {
 /// times `2^s` is below 2¹⁵; `s = 0` for F16. Two launches (partial maxima, then the factors),
 /// no synchronization; runs on any adapter. See `tc_scale_part` in `wgsl/matmul.wgsl`.
 pub fn tensor_core_scales(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
-    scales_of([Region::whole(a), Region::whole(b)])
+    scales_of([Region::whole(a), Region::whole(b)], [None, None])
+}
+
+/// The partial maxima of a BF16 or F32 tensor's finite magnitudes: the scan a tensor-core
+/// product of it starts with (see [`tensor_core_scales`]), taken once by
+/// [`tensor_core_maxima`] so that products reading the whole tensor again can skip it
+/// ([`Gemm::maxima`]).
+#[derive(Debug, Clone)]
+pub struct OperandMaxima {
+    /// `groups` partial maxima (F32 bits), one a workgroup of the scan.
+    partials: Tensor,
+    groups: u32,
+    /// The tensor scanned (its buffer, dtype and length).
+    buffer: wgpu::Buffer,
+    dtype: DType,
+    len: usize,
+}
+
+impl OperandMaxima {
+    /// The partial maxima: F32 `[groups]` holding the bits of each scan workgroup's largest
+    /// finite magnitude (as F32 values: the largest of them is the tensor's).
+    pub fn partials(&self) -> &Tensor {
+        &self.partials
+    }
+}
+
+/// The partial maxima of every element of `t` (F32 or BF16; `None` for an F16 or empty
+/// tensor, which needs no factor), for [`Gemm::maxima`]: one launch, no synchronization.
+/// Valid as long as `t`'s values do not change.
+pub fn tensor_core_maxima(t: &Tensor) -> Result<Option<OperandMaxima>> {
+    let region = Region::whole(t);
+    let Some(groups) = scan_groups(&region) else {
+        return Ok(None);
+    };
+    let partials = Tensor::empty(t.engine(), &[groups as usize], DType::F32, "operand maxima")?;
+    scan(&region, groups, &partials, 0)?;
+    Ok(Some(OperandMaxima {
+        partials,
+        groups,
+        buffer: t.buffer().clone(),
+        dtype: t.dtype(),
+        len: t.len(),
+    }))
+}
+
+/// Workgroups of the maxima scan of `r` (at most 256, each at least 4,096 words); `None` when
+/// it has no factor to find (F16 or empty).
+fn scan_groups(r: &Region) -> Option<u32> {
+    if r.tensor.dtype() == DType::F16 || r.len == 0 {
+        return None;
+    }
+    let words = if r.tensor.dtype() == DType::F32 {
+        r.len
+    } else {
+        r.len.div_ceil(2)
+    };
+    Some(words.div_ceil(4096).clamp(1, 256) as u32)
+}
+
+/// `tc_scale_part` over `r`: its `groups` partial maxima to words `slot..` of `dest`.
+fn scan(r: &Region, groups: u32, dest: &Tensor, slot: u32) -> Result<()> {
+    let params = ScaleParams {
+        slot,
+        groups,
+        ..r.params()
+    };
+    r.tensor.engine().launch(
+        &KERNEL,
+        "tc_scale_part",
+        &Vec::new(),
+        &params,
+        &[r.tensor.buffer(), dest.buffer()],
+        u64::from(groups),
+    )
+}
+
+/// Whether `m` was taken over exactly the elements of `r` (`InvalidValue` otherwise).
+fn check_maxima(what: &str, m: &OperandMaxima, r: &Region) -> Result<()> {
+    let same = m.buffer == *r.tensor.buffer()
+        && m.dtype == r.tensor.dtype()
+        && r.start == 0
+        && m.len == r.len;
+    if same {
+        return Ok(());
+    }
+    Err(Error::InvalidValue {
+        what: format!("matmul: maxima of {what}"),
+        got: m.len as f64,
+        rule: format!(
+            "taken over {} {:?} elements; the product reads {} {:?} elements from element {} \
+             of {}",
+            m.len,
+            m.dtype,
+            r.len,
+            r.tensor.dtype(),
+            r.start,
+            if m.buffer == *r.tensor.buffer() {
+                "the same tensor"
+            } else {
+                "another tensor"
+            },
+        ),
+    })
 }
 
 /// [`tensor_core_scales`] of two regions: each factor from the largest finite magnitude of its
-/// region's elements.
-fn scales_of(regions: [Region; 2]) -> Result<Option<Tensor>> {
+/// region's elements, scanned here or taken from `maxima` (checked against the region by the
+/// caller).
+fn scales_of(regions: [Region; 2], maxima: [Option<&OperandMaxima>; 2]) -> Result<Option<Tensor>> {
     let [a, b] = regions.map(|r| r.tensor);
     if a.dtype() == DType::F16 && b.dtype() == DType::F16 {
         return Ok(None);
@@ -665,28 +774,28 @@ fn scales_of(regions: [Region; 2]) -> Result<Option<Tensor>> {
     let scales = Tensor::empty(engine, &[516], DType::F32, "tensor-core scale factors")?;
     let mut groups = [0u32; 2];
     for (i, r) in regions.into_iter().enumerate() {
-        if r.tensor.dtype() == DType::F16 || r.len == 0 {
+        let Some(g) = scan_groups(&r) else {
             continue;
+        };
+        let slot = 4 + 256 * i as u32;
+        match maxima[i] {
+            Some(m) => {
+                groups[i] = m.groups;
+                engine.record(|enc| {
+                    enc.copy_buffer_to_buffer(
+                        m.partials.buffer(),
+                        0,
+                        scales.buffer(),
+                        4 * u64::from(slot),
+                        4 * u64::from(m.groups),
+                    )
+                });
+            }
+            None => {
+                groups[i] = g;
+                scan(&r, g, &scales, slot)?;
+            }
         }
-        let words = if r.tensor.dtype() == DType::F32 {
-            r.len
-        } else {
-            r.len.div_ceil(2)
-        };
-        groups[i] = words.div_ceil(4096).clamp(1, 256) as u32;
-        let params = ScaleParams {
-            slot: 4 + 256 * i as u32,
-            groups: groups[i],
-            ..r.params()
-        };
-        engine.launch(
-            &KERNEL,
-            "tc_scale_part",
-            &Vec::new(),
-            &params,
-            &[r.tensor.buffer(), scales.buffer()],
-            u64::from(groups[i]),
-        )?;
     }
     let params = ScaleParams {
         len: groups[0],
@@ -943,6 +1052,13 @@ pub struct Gemm<'a> {
     /// [`TC_COPY_MIN_TILES`]); `None` (default): the engine's workspace bound. For callers
     /// that hold a memory budget; the bits do not depend on it.
     pub copy_bytes: Option<u64>,
+    /// With `tensor_cores`: A's and B's partial maxima taken beforehand by
+    /// [`tensor_core_maxima`] (for products that read one whole tensor many times, such as a
+    /// fused linear head's weight), in place of the product's own scan of that operand: the
+    /// same factors, so the same bits. Each must have been taken over the very elements the
+    /// product reads (its whole tensor), else `InvalidValue`; ignored by products not on
+    /// tensor cores and for F16 operands (`None` from `tensor_core_maxima`).
+    pub maxima: [Option<&'a OperandMaxima>; 2],
 }
 
 impl<'a> Gemm<'a> {
@@ -974,6 +1090,7 @@ impl<'a> Gemm<'a> {
             tensor_cores: false,
             round_f32_operands: false,
             copy_bytes: None,
+            maxima: [None, None],
         }
     }
 }
@@ -1499,6 +1616,7 @@ pub fn matmul_as(
         tensor_cores: options.tensor_cores,
         round_f32_operands: false,
         copy_bytes: None,
+        maxima: [None, None],
     })?;
     Ok((
         out,
@@ -1845,7 +1963,9 @@ mod tests {
                     };
                     let part = f16_copy(region, &factors, 0).unwrap().to_f64().unwrap();
                     assert_eq!(part, copy[start..start + n], "{dt:?} {len}: region copy");
-                    let own = scales_of([region, Region::whole(&f16)]).unwrap().unwrap();
+                    let own = scales_of([region, Region::whole(&f16)], [None, None])
+                        .unwrap()
+                        .unwrap();
                     let top = stored[start..start + n]
                         .iter()
                         .fold(0f64, |m, x| m.max(x.abs()));

@@ -2606,7 +2606,7 @@ fn flce_head_dtype_gradients_peak_memory() {
     assert!(plan.workspace_bytes <= budget, "{plan:?} over {budget}");
     assert_eq!(plan.chunk_rows, 16, "{plan:?}");
     let block = plan.vocab_block.unwrap();
-    assert!(block >= 64 && block.is_multiple_of(4), "{plan:?}");
+    assert!(block >= 64 && block.is_multiple_of(8), "{plan:?}");
     let options = FusedLinearCrossEntropyOptions {
         chunking,
         ..FusedLinearCrossEntropyOptions::default()
@@ -2647,7 +2647,7 @@ fn flce_head_dtype_gradients_bad_inputs() {
         fused_linear_cross_entropy(head.gpu(), &t, &options(blocked(None, Some(0)))),
         Err(Error::OutOfBounds { .. })
     ));
-    // A budget below one row per chunk and four columns per block.
+    // A budget below one row per chunk and eight columns per block.
     let tiny = Chunking {
         memory_budget: Some(64),
         ..blocked(None, None)

@@ -503,6 +503,7 @@ fn gemm_offsets_case(m: usize, n: usize, k: usize, batch: usize, seed: u64) {
                 tensor_cores: false,
                 round_f32_operands: false,
                 copy_bytes: None,
+                maxima: [None, None],
             };
             gemm(&call).unwrap();
             let mut want = init.clone();
@@ -724,6 +725,7 @@ fn bad_inputs_are_typed_errors() {
         tensor_cores: false,
         round_f32_operands: false,
         copy_bytes: None,
+        maxima: [None, None],
     };
     gemm(&base(&out)).unwrap();
     // A 16-bit out of an odd width (two columns a word), an integer out.
@@ -1161,6 +1163,7 @@ fn both_tiles_give_identical_bits() {
                     tensor_cores: false,
                     round_f32_operands: false,
                     copy_bytes: None,
+                    maxima: [None, None],
                 };
                 let wide = tile_bits(&call, &init, Some(GemmTile::Wide));
                 let narrow = tile_bits(&call, &init, Some(GemmTile::Narrow));
@@ -1534,6 +1537,7 @@ fn chunked_fetches_give_the_element_path_bits() {
                 tensor_cores: false,
                 round_f32_operands: false,
                 copy_bytes: None,
+                maxima: [None, None],
             };
             let label = format!("{m}×{n}×{k} batch {batch} ta {ta} tb {tb} {dt_a}/{dt_b}");
             assert!(chunked_fetches(&call), "{label}: the rule");
@@ -1735,6 +1739,7 @@ fn tensor_core_case_as(
         tensor_cores,
         round_f32_operands: round,
         copy_bytes: None,
+        maxima: [None, None],
     };
     gemm(&call).unwrap();
     let mut want = init.clone();
@@ -2002,6 +2007,53 @@ fn tensor_core_products_match_reference_or_are_refused() {
             let asked = matmul_backward(&saved, &dy32).unwrap();
             assert_eq!(f32_bits(&fp32.a), f32_bits(&asked.a), "{label}: F32 dy, dA");
             assert_eq!(f32_bits(&fp32.b), f32_bits(&asked.b), "{label}: F32 dy, dB");
+        }
+    }
+    // Maxima taken ahead (`Gemm::maxima`, `tensor_core_maxima`) in place of the product's
+    // own scans: the same bits, BF16 and rounded F32 operands, whole and ragged tiles, split
+    // K; maxima of other elements are refused.
+    for (dt, (m, n, k)) in [
+        (DType::BF16, (128, 128, 64)),
+        (DType::F32, (200, 264, 72)),
+        (DType::BF16, (64, 128, 4160)),
+    ] {
+        let x = tensor_from_f64(e, &data(31, m * k), &[m, k], dt);
+        let w = tensor_from_f64(e, &data(32, n * k), &[n, k], DType::BF16);
+        let mx = matmul::tensor_core_maxima(&x).unwrap();
+        let mw = matmul::tensor_core_maxima(&w).unwrap();
+        assert!(mx.is_some() && mw.is_some());
+        let run = |maxima: [Option<&matmul::OperandMaxima>; 2], rows: usize| {
+            let out = Tensor::zeros(e, &[m * n], DType::F32).unwrap();
+            gemm(&Gemm {
+                tensor_cores: true,
+                round_f32_operands: true,
+                maxima,
+                ..Gemm::plain(
+                    operand(&x, 0, false, 0),
+                    operand(&w, 0, true, 0),
+                    &out,
+                    (rows, n, k),
+                    false,
+                )
+            })
+            .map(|()| f32_bits(&out))
+        };
+        let own = run([None, None], m).unwrap();
+        let label = format!("{dt:?} {m}x{n}x{k}");
+        assert_eq!(
+            own,
+            run([mx.as_ref(), mw.as_ref()], m).unwrap(),
+            "{label}: both"
+        );
+        assert_eq!(own, run([None, mw.as_ref()], m).unwrap(), "{label}: B's");
+        // A's maxima for B, and A's maxima for fewer rows of A than it was taken over.
+        match run([None, mx.as_ref()], m) {
+            Err(Error::InvalidValue { what, .. }) => assert!(what.contains("of B"), "{what}"),
+            other => panic!("{label}: B given A's maxima: {other:?}"),
+        }
+        match run([mx.as_ref(), None], m - 8) {
+            Err(Error::InvalidValue { got, .. }) => assert_eq!(got, (m * k) as f64),
+            other => panic!("{label}: maxima of more rows: {other:?}"),
         }
     }
     // Typed errors.
@@ -2293,6 +2345,7 @@ fn tensor_core_scales_follow_the_largest_finite_magnitude() {
     let e = engine();
     let f16 = tensor_from_f64(e, &[1.0; 8], &[8], DType::F16);
     assert!(matmul::tensor_core_scales(&f16, &f16).unwrap().is_none());
+    assert!(matmul::tensor_core_maxima(&f16).unwrap().is_none());
     // The host's rule: s from the largest finite magnitude.
     let exponent = |values: &[f64], dt: DType| -> i32 {
         let m = values
@@ -2343,6 +2396,20 @@ fn tensor_core_scales_follow_the_largest_finite_magnitude() {
             let v = stored(values, dt);
             let t = tensor_from_f64(e, &v, &[v.len()], dt);
             let other = tensor_from_f64(e, &random(&mut rng, 24, -3), &[24], DType::BF16);
+            // The partial maxima taken ahead (`Gemm::maxima`): their largest is the host's
+            // largest finite magnitude (none for an empty tensor).
+            let top = v
+                .iter()
+                .filter(|x| x.is_finite())
+                .map(|x| (x.abs() as f32).to_bits())
+                .max();
+            match matmul::tensor_core_maxima(&t).unwrap() {
+                Some(m) => {
+                    let got = f32_bits(m.partials()).into_iter().max();
+                    assert_eq!(got, Some(top.unwrap_or(0)), "{dt:?} {name}: maxima");
+                }
+                None => assert!(v.is_empty(), "{dt:?} {name}: no maxima"),
+            }
             for (a, b, va) in [(&t, &f16, true), (&other, &t, false)] {
                 let got = matmul::tensor_core_scales(a, b)
                     .unwrap()
