@@ -189,6 +189,24 @@ std::thread_local! {
     static CHUNKED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     static TC_GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    static TC_ROWS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Rows of a tensor-core product's output tile (`BM` of `wgsl/matmul_tc.wgsl`): 64 (four
+/// subgroups, 128 invocations) for a product of at most 64 rows, whose rows would leave more
+/// than half of a 128-row tile empty (a fused linear head's short chunks), else 128. Each
+/// subgroup computes the same 32×64 block in the same order either way: the same bits.
+pub fn tensor_core_tile_rows(m: usize) -> usize {
+    TC_ROWS
+        .with(std::cell::Cell::get)
+        .unwrap_or(if m <= 64 { 64 } else { 128 })
+}
+
+/// Overrides [`tensor_core_tile_rows`] for launches from the calling thread (64 or 128;
+/// `None`: the rule). For tests and measurements.
+#[doc(hidden)]
+pub fn force_tensor_core_tile_rows(rows: Option<usize>) {
+    TC_ROWS.with(|f| f.set(rows.map(|r| if r <= 64 { 64 } else { 128 })));
 }
 
 /// Tile rows per band of a tensor-core launch's tile order (`GROUP_M` of
@@ -336,13 +354,15 @@ pub fn tensor_core_fits(call: &Gemm) -> bool {
         && (call.batch < 2 || call.out_batch_stride.is_multiple_of(4))
 }
 
-/// Launch a checked, fitting tensor-core product (128×128 tiles, one workgroup each): an F32
+/// Launch a checked, fitting tensor-core product (128×128 tiles, or 64×128 for at most 64 rows,
+/// [`tensor_core_tile_rows`]; one workgroup each): an F32
 /// out without bias, activation or pre-activation takes `gemm_tc` (fragments stored whole),
 /// anything else the epilogue entries (fragments through workgroup memory).
 fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     let engine = call.out.engine();
     let (m, n, batch) = (call.m, call.n, call.batch);
-    let tiles_m = m.div_ceil(TILE_M);
+    let tile_rows = tensor_core_tile_rows(m);
+    let tiles_m = m.div_ceil(tile_rows);
     let tiles_n = n.div_ceil(TILE_N);
     // Without a bias, A's buffer is bound in its place (never read).
     let bias = call.bias.unwrap_or(call.a.tensor);
@@ -407,6 +427,7 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
                     .unwrap_or(TC_TILE_GROUP_ROWS),
             ),
         ),
+        ("BM", tile_rows as f64),
     ];
     let factors = scales.as_ref().unwrap_or(call.a.tensor).buffer();
     if slices > 1 {

@@ -1806,6 +1806,18 @@ fn tensor_core_entries_bind_what_their_launches_pass() {
             .map(|s| s.binding)
             .collect();
         assert_eq!(got, want, "{entry}");
+        // Both tile sizes (`matmul::tensor_core_tile_rows`) translate to strict SPIR-V with
+        // two invocations a tile row.
+        for rows in [64.0, 128.0] {
+            let constants = vec![("BM", rows), ("SCALED", 1.0)];
+            let spirv = wgrad::spirv::strict_spirv(&matmul::TC_KERNEL, entry, &constants)
+                .unwrap_or_else(|e| panic!("{entry} BM {rows}: {e}"));
+            assert_eq!(
+                spirv.workgroup_size,
+                (2 * rows as u32, 1, 1),
+                "{entry} BM {rows}"
+            );
+        }
     }
 }
 
@@ -1871,6 +1883,14 @@ fn tensor_core_products_match_reference_or_are_refused() {
                 bits, other,
                 "tensor-core schedule {shape:?} ta {ta} tb {tb}"
             );
+            // The other tile height (`matmul::tensor_core_tile_rows`: 64 rows for at most
+            // 64, else 128): the same bits.
+            let rows = if shape.0 <= 64 { 128 } else { 64 };
+            matmul::force_tensor_core_tile_rows(Some(rows));
+            let tiled =
+                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+            matmul::force_tensor_core_tile_rows(None);
+            assert_eq!(bits, tiled, "{rows}-row tiles {shape:?} ta {ta} tb {tb}");
         }
     }
     // BF16 operands (either or both), scaled into F16 by powers of two: every layout, values
@@ -2237,6 +2257,11 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
                 let again = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
                 assert_eq!(first, again, "tensor-core epilogue rerun {shape:?}");
             }
+            // 64-row tiles (`matmul::force_tensor_core_tile_rows`): the same bits.
+            matmul::force_tensor_core_tile_rows(Some(64));
+            let tiled = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
+            matmul::force_tensor_core_tile_rows(None);
+            assert_eq!(first, tiled, "64-row tiles, epilogue {shape:?} case {i}");
         }
         // A zero bias: the epilogue entry's sums are the plain entry's.
         let (m, n, k) = shape;

@@ -25,14 +25,15 @@
 // `EXPERIMENTAL_COOPERATIVE_MATRIX` and a 16×16×16 F16 × F16 → F32 configuration, subgroups
 // of exactly 32 invocations and 40 KiB of workgroup memory.
 //
-// Tiling: a workgroup of 256 invocations (8 subgroups of 32) computes a 128×128 output tile;
-// subgroup s owns rows 32·(s / 2).. and columns 64·(s % 2).., 2 × 4 fragments of 16×16 held
-// as F32 accumulators. K advances in steps of BK = 64: the step's A (128×64) and B (64×128)
-// values, four 16-byte chunks of each per invocation, are loaded into registers while the
-// previous step is multiplied (their raw words, untouched until staged: a conversion right
-// after the loads would wait for them before the products), then converted and stored to
-// workgroup memory as F16 quads in the
-// operand's own layout (rows along its contiguous axis, padded by 8 halves: eight
+// Tiling: a workgroup of 256 invocations (8 subgroups of 32) computes a 128×128 output tile,
+// or with BM = 64 (products of at most 64 rows, `matmul::tensor_core_tile_rows`) one of 128
+// invocations a 64×128 tile; subgroup s owns rows 32·(s / 2).. and columns 64·(s % 2).., 2 × 4
+// fragments of 16×16 held as F32 accumulators (the same blocks, sums and bits either way). K
+// advances in steps of BK = 64: the step's A (BM×64) and B (64×128) values, four 16-byte
+// chunks of A and four of B per invocation (eight of B with BM = 64), are loaded into
+// registers while the previous step is multiplied (their raw words, untouched until staged: a
+// conversion right after the loads would wait for them before the products), then converted
+// and stored to workgroup memory as F16 quads in the operand's own layout (rows along its contiguous axis, padded by 8 halves: eight
 // consecutive rows of a fragment start 4 banks apart), from which each subgroup loads its
 // fragments (four k fragments a step). Chunks past k, m or n are zeros. Whole tiles store
 // their fragments straight to out; a tile reaching past m or n stores each through
@@ -54,7 +55,8 @@
 // Measured on an H200 (`notes/measurements.md`) and not kept: fragments loaded straight from
 // the buffers (no staging), chunks fetched as F16 quads, K steps of 32, two staging buffers
 // with one barrier a step, 64×64 subgroup tiles on 128 invocations, B staged transposed (all
-// before the raw words were held), and two steps in flight instead of one (after).
+// before the raw words were held), and two steps in flight instead of one, K steps of 32
+// staged in two buffers, and 64-row tiles for every product (after).
 
 override TRANS_A: u32 = 0u;     // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;     // 1: B stored [n, k]
@@ -65,8 +67,11 @@ override DT_B: u32 = 1u;        // (scaled, see `tc_scale`)
 override SCALED: bool = DT_A != DT_F16 || DT_B != DT_F16;
 // Tile rows per band of the launch order (`tile_at`; 1: row after row).
 override GROUP_M: u32 = 1u;
+// Tile rows: 128 (8 subgroups), or 64 (4 subgroups: short products, whose rows would leave
+// most of a 128-row tile empty). Each subgroup computes 32×64 either way.
+override BM: u32 = 128u;
+override WG: u32 = 2u * BM;
 
-const BM: u32 = 128u;
 const BN: u32 = 128u;
 const BK: u32 = 64u;
 const PAD: u32 = 8u;
@@ -98,17 +103,18 @@ struct H8 {
 }
 
 // Halves per staged row: a k-contiguous operand (A not transposed, B transposed) is staged as
-// 128 rows of BK halves, the other as BK rows of 128.
-fn pitch(kc: bool) -> u32 {
-    return select(BM + PAD, BK + PAD, kc);
+// `w` rows of BK halves, the other as BK rows of `w` (w: the tile's extent along the operand,
+// BM for A, BN for B).
+fn pitch(kc: bool, w: u32) -> u32 {
+    return select(w + PAD, BK + PAD, kc);
 }
 
-// The staging slot of chunk c (0..1024) of a step: (row, first column) in the staged layout.
-fn chunk_slot(kc: bool, c: u32) -> vec2<u32> {
+// The staging slot of chunk c (0..w·BK/8) of a step: (row, first column) in the staged layout.
+fn chunk_slot(kc: bool, c: u32, w: u32) -> vec2<u32> {
     if (kc) {
         return vec2<u32>(c / (BK / 8u), (c % (BK / 8u)) * 8u);
     }
-    return vec2<u32>(c / (BM / 8u), (c % (BM / 8u)) * 8u);
+    return vec2<u32>(c / (w / 8u), (c % (w / 8u)) * 8u);
 }
 
 // Chunk c of the step at k0 of an operand: its element index and whether it lies inside the
@@ -120,8 +126,9 @@ struct ChunkAt {
     inside: bool,
 }
 
-fn chunk_at(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32) -> ChunkAt {
-    let s = chunk_slot(kc, c);
+fn chunk_at(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32,
+            w: u32) -> ChunkAt {
+    let s = chunk_slot(kc, c, w);
     var x: u32;
     var kk: u32;
     var e: u32;
@@ -149,7 +156,7 @@ struct Raw {
 // make the callers' cooperative operations non-uniform to naga. Chunks past k, or past m or n
 // in a ragged last tile, read chunk 0 (zeroed when staged, `to_h8`).
 fn fetch(kc: bool, c: u32, x0: u32, k0: u32, kend: u32, rows: u32, base: u32, is_a: bool) -> Raw {
-    let p = chunk_at(kc, c, x0, k0, kend, rows, base);
+    let p = chunk_at(kc, c, x0, k0, kend, rows, base, select(BN, BM, is_a));
     let dt = select(DT_B, DT_A, is_a);
     var r: Raw;
     if (dt == DT_F32) {
@@ -207,15 +214,15 @@ fn factors() -> vec2<f32> {
 
 // Store fetched chunk c into its operand's staged tile (two quads).
 fn store_a(kc: bool, c: u32, h: H8) {
-    let s = chunk_slot(kc, c);
-    let at = (s.x * pitch(kc) + s.y) / 4u;
+    let s = chunk_slot(kc, c, BM);
+    let at = (s.x * pitch(kc, BM) + s.y) / 4u;
     a_tile[at] = h.lo;
     a_tile[at + 1u] = h.hi;
 }
 
 fn store_b(kc: bool, c: u32, h: H8) {
-    let s = chunk_slot(kc, c);
-    let at = (s.x * pitch(kc) + s.y) / 4u;
+    let s = chunk_slot(kc, c, BN);
+    let at = (s.x * pitch(kc, BN) + s.y) / 4u;
     b_tile[at] = h.lo;
     b_tile[at + 1u] = h.hi;
 }
@@ -307,7 +314,7 @@ fn acc_store_edge(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, 
 // c_tile ← 16 rows of the tile's 128 column biases in FP32 (zeros past n): the bias fragment
 // of tile columns c.. is then a 16×16 load at c_tile[c] with a stride of 128.
 fn stage_bias_rows(n0: u32, lid: u32) {
-    for (var e = lid; e < 2048u; e += 256u) {
+    for (var e = lid; e < 2048u; e += WG) {
         c_tile[e] = bias_at(n0 + e % 128u);
     }
     workgroupBarrier();
@@ -508,7 +515,9 @@ fn tile_launched(tile: u32) -> bool {
     return tile < params.tiles_m * params.tiles_n * params.batch * params.slices;
 }
 
-// A step's chunks of both operands for one invocation: chunks lid + 256·q of A (aQ) and B (bQ).
+// A step's chunks of both operands for one invocation: chunks lid + WG·q of A (aQ, 4·WG =
+// BM·BK/8 of them) and B (bQ, BN·BK/8 = 1,024: four an invocation, or eight with BM = 64,
+// b4..b7 then used).
 struct Step {
     a0: Raw,
     a1: Raw,
@@ -518,6 +527,15 @@ struct Step {
     b1: Raw,
     b2: Raw,
     b3: Raw,
+    b4: Raw,
+    b5: Raw,
+    b6: Raw,
+    b7: Raw,
+}
+
+// Whether each invocation stages eight B chunks a step (a 64-row tile's 128 invocations).
+fn eight_b() -> bool {
+    return WG * 4u < BN * BK / 8u;
 }
 
 // The invocation's chunks of the step at k0 (loads only).
@@ -529,14 +547,35 @@ fn fetch_step(at: TileAt, k0: u32, lid: u32) -> Step {
     let ab = at.abase;
     let bb = at.bbase;
     let kend = at.k1;
-    return Step(fetch(akc, lid, m0, k0, kend, params.m, ab, true),
-                fetch(akc, lid + 256u, m0, k0, kend, params.m, ab, true),
-                fetch(akc, lid + 512u, m0, k0, kend, params.m, ab, true),
-                fetch(akc, lid + 768u, m0, k0, kend, params.m, ab, true),
-                fetch(bkc, lid, n0, k0, kend, params.n, bb, false),
-                fetch(bkc, lid + 256u, n0, k0, kend, params.n, bb, false),
-                fetch(bkc, lid + 512u, n0, k0, kend, params.n, bb, false),
-                fetch(bkc, lid + 768u, n0, k0, kend, params.n, bb, false));
+    let m = params.m;
+    let n = params.n;
+    var t = Step(fetch(akc, lid, m0, k0, kend, m, ab, true),
+                 fetch(akc, lid + WG, m0, k0, kend, m, ab, true),
+                 fetch(akc, lid + 2u * WG, m0, k0, kend, m, ab, true),
+                 fetch(akc, lid + 3u * WG, m0, k0, kend, m, ab, true),
+                 fetch(bkc, lid, n0, k0, kend, n, bb, false),
+                 fetch(bkc, lid + WG, n0, k0, kend, n, bb, false),
+                 fetch(bkc, lid + 2u * WG, n0, k0, kend, n, bb, false),
+                 fetch(bkc, lid + 3u * WG, n0, k0, kend, n, bb, false),
+                 Raw(), Raw(), Raw(), Raw());
+    // A branch on a pipeline constant: compiled away.
+    if (eight_b()) {
+        t.b4 = fetch(bkc, lid + 4u * WG, n0, k0, kend, n, bb, false);
+        t.b5 = fetch(bkc, lid + 5u * WG, n0, k0, kend, n, bb, false);
+        t.b6 = fetch(bkc, lid + 6u * WG, n0, k0, kend, n, bb, false);
+        t.b7 = fetch(bkc, lid + 7u * WG, n0, k0, kend, n, bb, false);
+    }
+    return t;
+}
+
+// B's chunk c of the step at k0, staged (`t`: its fetched words).
+fn stage_b(t: Raw, bkc: bool, c: u32, at: TileAt, k0: u32, sc: f32) {
+    store_b(bkc, c, to_h8(t, chunk_at(bkc, c, at.n0, k0, at.k1, params.n, 0u, BN).inside, false, sc));
+}
+
+// A's, likewise.
+fn stage_a(t: Raw, akc: bool, c: u32, at: TileAt, k0: u32, sc: f32) {
+    store_a(akc, c, to_h8(t, chunk_at(akc, c, at.m0, k0, at.k1, params.m, 0u, BM).inside, true, sc));
 }
 
 // The step at k0, fetched by `fetch_step`, staged in workgroup memory as F16 (between the
@@ -544,25 +583,20 @@ fn fetch_step(at: TileAt, k0: u32, lid: u32) -> Step {
 fn stage_step(t: Step, at: TileAt, k0: u32, lid: u32, sc: vec2<f32>) {
     let akc = TRANS_A == 0u;
     let bkc = TRANS_B == 1u;
-    let m0 = at.m0;
-    let n0 = at.n0;
-    let kend = at.k1;
-    let m = params.m;
-    let n = params.n;
-    store_a(akc, lid, to_h8(t.a0, chunk_at(akc, lid, m0, k0, kend, m, 0u).inside, true, sc.x));
-    store_a(akc, lid + 256u,
-            to_h8(t.a1, chunk_at(akc, lid + 256u, m0, k0, kend, m, 0u).inside, true, sc.x));
-    store_a(akc, lid + 512u,
-            to_h8(t.a2, chunk_at(akc, lid + 512u, m0, k0, kend, m, 0u).inside, true, sc.x));
-    store_a(akc, lid + 768u,
-            to_h8(t.a3, chunk_at(akc, lid + 768u, m0, k0, kend, m, 0u).inside, true, sc.x));
-    store_b(bkc, lid, to_h8(t.b0, chunk_at(bkc, lid, n0, k0, kend, n, 0u).inside, false, sc.y));
-    store_b(bkc, lid + 256u,
-            to_h8(t.b1, chunk_at(bkc, lid + 256u, n0, k0, kend, n, 0u).inside, false, sc.y));
-    store_b(bkc, lid + 512u,
-            to_h8(t.b2, chunk_at(bkc, lid + 512u, n0, k0, kend, n, 0u).inside, false, sc.y));
-    store_b(bkc, lid + 768u,
-            to_h8(t.b3, chunk_at(bkc, lid + 768u, n0, k0, kend, n, 0u).inside, false, sc.y));
+    stage_a(t.a0, akc, lid, at, k0, sc.x);
+    stage_a(t.a1, akc, lid + WG, at, k0, sc.x);
+    stage_a(t.a2, akc, lid + 2u * WG, at, k0, sc.x);
+    stage_a(t.a3, akc, lid + 3u * WG, at, k0, sc.x);
+    stage_b(t.b0, bkc, lid, at, k0, sc.y);
+    stage_b(t.b1, bkc, lid + WG, at, k0, sc.y);
+    stage_b(t.b2, bkc, lid + 2u * WG, at, k0, sc.y);
+    stage_b(t.b3, bkc, lid + 3u * WG, at, k0, sc.y);
+    if (eight_b()) {
+        stage_b(t.b4, bkc, lid + 4u * WG, at, k0, sc.y);
+        stage_b(t.b5, bkc, lid + 5u * WG, at, k0, sc.y);
+        stage_b(t.b6, bkc, lid + 6u * WG, at, k0, sc.y);
+        stage_b(t.b7, bkc, lid + 7u * WG, at, k0, sc.y);
+    }
 }
 
 // The staged step's products added to this subgroup's accumulators (block rows wr.., columns
@@ -618,7 +652,7 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
 // Each entry computes its tile index itself (`group_index` written out: the early return
 // after it must stay uniform for the cooperative operations that follow).
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
            @builtin(subgroup_invocation_id) lane: u32) {
@@ -655,7 +689,7 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 // F32 out with a bias and no activation or pre-activation: the bias added to whole fragments
 // (loaded from 16 staged rows of biases), the same values as `gemm_tc_epilogue`'s at the
 // plain entry's stores.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn gemm_tc_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
                 @builtin(subgroup_invocation_id) lane: u32) {
@@ -696,7 +730,7 @@ fn gemm_tc_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     bias_store(acc.c13, b3, i0 + 16u, j0 + 48u, c0);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn gemm_tc_epilogue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
                     @builtin(subgroup_invocation_id) lane: u32) {
@@ -725,7 +759,7 @@ fn gemm_tc_epilogue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     epi_store(acc.c13, i0 + 16u, j0 + 48u, c0, sg, lane, b3);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn gemm_tc_epilogue_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
                         @builtin(subgroup_invocation_id) lane: u32) {
