@@ -252,7 +252,8 @@ pub struct Chunking {
     /// With `head_dtype_gradients`: vocabulary columns per block of the weight-gradient pass;
     /// `None` (default) picks the largest that fits the budget (a multiple of 8, evened out
     /// over the blocks: the block's F32 logit gradient is then a tensor-core operand for
-    /// [`Chunking::tensor_core_gradients`], whose rows must be whole 32-byte chunks). An explicit value is checked against the engine's workspace bound.
+    /// [`Chunking::tensor_core_gradients`], whose rows must be whole 32-byte chunks). An
+    /// explicit value is checked against the engine's workspace bound.
     pub vocab_block: Option<usize>,
 }
 

@@ -23,7 +23,7 @@
 // This module starts with `enable wgpu_cooperative_matrix;` (its own file for that reason) and
 // runs only where `matmul::tensor_cores` holds: a Vulkan device with
 // `EXPERIMENTAL_COOPERATIVE_MATRIX` and a 16×16×16 F16 × F16 → F32 configuration, subgroups
-// of exactly 32 invocations and 40 KiB of workgroup memory.
+// of exactly 32 invocations and 44 KiB of workgroup memory.
 //
 // Tiling: a workgroup of 256 invocations (8 subgroups of 32) computes a 128×128 output tile,
 // or with BM = 64 (products of at most 64 rows, `matmul::tensor_core_tile_rows`) one of 128
@@ -33,8 +33,9 @@
 // chunks of A and four of B per invocation (eight of B with BM = 64), are loaded into
 // registers while the previous step is multiplied (their raw words, untouched until staged: a
 // conversion right after the loads would wait for them before the products), then converted
-// and stored to workgroup memory as F16 quads in the operand's own layout (rows along its contiguous axis, padded by 8 halves: eight
-// consecutive rows of a fragment start 4 banks apart), from which each subgroup loads its
+// and stored to workgroup memory as F16 quads in the operand's own layout (rows along its
+// contiguous axis, padded by 8 halves: eight consecutive rows of a fragment start 4 banks
+// apart), from which each subgroup loads its
 // fragments (four k fragments a step). Chunks past k, m or n are zeros. Whole tiles store
 // their fragments straight to out; a tile reaching past m or n stores each through
 // workgroup memory and writes the values inside the product (a cooperative store cannot be
@@ -570,12 +571,14 @@ fn fetch_step(at: TileAt, k0: u32, lid: u32) -> Step {
 
 // B's chunk c of the step at k0, staged (`t`: its fetched words).
 fn stage_b(t: Raw, bkc: bool, c: u32, at: TileAt, k0: u32, sc: f32) {
-    store_b(bkc, c, to_h8(t, chunk_at(bkc, c, at.n0, k0, at.k1, params.n, 0u, BN).inside, false, sc));
+    let inside = chunk_at(bkc, c, at.n0, k0, at.k1, params.n, 0u, BN).inside;
+    store_b(bkc, c, to_h8(t, inside, false, sc));
 }
 
 // A's, likewise.
 fn stage_a(t: Raw, akc: bool, c: u32, at: TileAt, k0: u32, sc: f32) {
-    store_a(akc, c, to_h8(t, chunk_at(akc, c, at.m0, k0, at.k1, params.m, 0u, BM).inside, true, sc));
+    let inside = chunk_at(akc, c, at.m0, k0, at.k1, params.m, 0u, BM).inside;
+    store_a(akc, c, to_h8(t, inside, true, sc));
 }
 
 // The step at k0, fetched by `fetch_step`, staged in workgroup memory as F16 (between the
