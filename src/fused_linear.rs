@@ -327,8 +327,9 @@ struct Head {
     copy_bytes: Option<u64>,
     /// The weight's and the input's partial maxima for the tensor-core products that read
     /// them whole (every chunk reads the whole weight, every block the whole input), taken at
-    /// the first such product ([`crate::matmul::Gemm::maxima`]): one scan a call instead of
-    /// one a product.
+    /// the first such product ([`crate::matmul::Gemm::maxima`]): one scan instead of one a
+    /// product. A recomputing backward reuses the forward's (the head's tensors must not
+    /// change in between, as for the statistics the forward saved).
     weight_maxima: OnceLock<Option<OperandMaxima>>,
     input_maxima: OnceLock<Option<OperandMaxima>>,
 }
