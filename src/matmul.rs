@@ -685,15 +685,14 @@ pub fn tensor_core_scales(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
 /// product of it starts with (see [`tensor_core_scales`]), taken once by
 /// [`tensor_core_maxima`] so that products reading the whole tensor again can skip it
 /// ([`Gemm::maxima`]).
+/// It holds the scanned tensor, so that its buffer cannot pass to another tensor while the
+/// maxima exist.
 #[derive(Debug, Clone)]
 pub struct OperandMaxima {
-    /// `groups` partial maxima (F32 bits), one a workgroup of the scan.
+    /// One partial maximum (F32 bits) a workgroup of the scan.
     partials: Tensor,
-    groups: u32,
-    /// The tensor scanned (its buffer, dtype and length).
-    buffer: wgpu::Buffer,
-    dtype: DType,
-    len: usize,
+    /// The tensor scanned.
+    source: Tensor,
 }
 
 impl OperandMaxima {
@@ -701,6 +700,11 @@ impl OperandMaxima {
     /// finite magnitude (as F32 values: the largest of them is the tensor's).
     pub fn partials(&self) -> &Tensor {
         &self.partials
+    }
+
+    /// Workgroups of the scan (partial maxima).
+    fn groups(&self) -> u32 {
+        self.partials.len() as u32
     }
 }
 
@@ -716,10 +720,7 @@ pub fn tensor_core_maxima(t: &Tensor) -> Result<Option<OperandMaxima>> {
     scan(&region, groups, &partials, 0)?;
     Ok(Some(OperandMaxima {
         partials,
-        groups,
-        buffer: t.buffer().clone(),
-        dtype: t.dtype(),
-        len: t.len(),
+        source: t.clone(),
     }))
 }
 
@@ -756,25 +757,23 @@ fn scan(r: &Region, groups: u32, dest: &Tensor, slot: u32) -> Result<()> {
 
 /// Whether `m` was taken over exactly the elements of `r` (`InvalidValue` otherwise).
 fn check_maxima(what: &str, m: &OperandMaxima, r: &Region) -> Result<()> {
-    let same = m.buffer == *r.tensor.buffer()
-        && m.dtype == r.tensor.dtype()
-        && r.start == 0
-        && m.len == r.len;
+    let (src, same_buffer) = (&m.source, m.source.buffer() == r.tensor.buffer());
+    let same = same_buffer && src.dtype() == r.tensor.dtype() && r.start == 0 && src.len() == r.len;
     if same {
         return Ok(());
     }
     Err(Error::InvalidValue {
         what: format!("matmul: maxima of {what}"),
-        got: m.len as f64,
+        got: src.len() as f64,
         rule: format!(
             "taken over {} {:?} elements; the product reads {} {:?} elements from element {} \
              of {}",
-            m.len,
-            m.dtype,
+            src.len(),
+            src.dtype(),
             r.len,
             r.tensor.dtype(),
             r.start,
-            if m.buffer == *r.tensor.buffer() {
+            if same_buffer {
                 "the same tensor"
             } else {
                 "another tensor"
@@ -801,14 +800,14 @@ fn scales_of(regions: [Region; 2], maxima: [Option<&OperandMaxima>; 2]) -> Resul
         let slot = 4 + 256 * i as u32;
         match maxima[i] {
             Some(m) => {
-                groups[i] = m.groups;
+                groups[i] = m.groups();
                 engine.record(|enc| {
                     enc.copy_buffer_to_buffer(
                         m.partials.buffer(),
                         0,
                         scales.buffer(),
                         4 * u64::from(slot),
-                        4 * u64::from(m.groups),
+                        4 * u64::from(m.groups()),
                     )
                 });
             }
