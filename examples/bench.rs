@@ -616,6 +616,15 @@ fn main() -> ExitCode {
             .ok()
             .and_then(|v| v.parse().ok()),
     );
+    // The tensor-core products' tile, `ROWSxBLOCK` (e.g. 256x64; the same bits).
+    let tile = std::env::var("WGRAD_TC_TILE").ok().and_then(|v| {
+        let (r, b) = v.split_once('x')?;
+        Some(wgrad::matmul::TcTile {
+            rows: r.parse().ok()?,
+            block_rows: b.parse().ok()?,
+        })
+    });
+    wgrad::matmul::force_tensor_core_tile(tile);
     // Measurement switch of the attention launches' order of query blocks (bit-identical).
     wgrad::attention::force_ascending_blocks(std::env::var_os("WGRAD_ATTN_ASCENDING").is_some());
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {

@@ -189,24 +189,78 @@ std::thread_local! {
     static CHUNKED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     static TC_GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-    static TC_ROWS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static TC_TILE: std::cell::Cell<Option<TcTile>> = const { std::cell::Cell::new(None) };
 }
 
-/// Rows of a tensor-core product's output tile (`BM` of `wgsl/matmul_tc.wgsl`): 64 (four
-/// subgroups, 128 invocations) for a product of at most 64 rows, whose rows would leave more
-/// than half of a 128-row tile empty (a fused linear head's short chunks), else 128. Each
-/// subgroup computes the same 32×64 block in the same order either way: the same bits.
-pub fn tensor_core_tile_rows(m: usize) -> usize {
-    TC_ROWS
-        .with(std::cell::Cell::get)
-        .unwrap_or(if m <= 64 { 64 } else { 128 })
+/// The output tile of a tensor-core launch (`BM`, `SB`, `BK` of `wgsl/matmul_tc.wgsl`): `rows`
+/// × 128 outputs, each subgroup computing `block_rows` × 64 of them (2 × 4 or 4 × 4 fragments
+/// of 16×16), K advancing `2048 / block_rows` a step. Every fragment's sums run in the same
+/// order in every tile: the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcTile {
+    /// 64, 128 or 256 (256 only with 64-row blocks).
+    pub rows: usize,
+    /// 32 or 64.
+    pub block_rows: usize,
 }
 
-/// Overrides [`tensor_core_tile_rows`] for launches from the calling thread (64 or 128;
-/// `None`: the rule). For tests and measurements.
+impl TcTile {
+    /// The K step (`BK`).
+    pub fn k_step(self) -> usize {
+        2048 / self.block_rows
+    }
+
+    /// Invocations of its workgroup (`WG`): a subgroup of 32 a block.
+    pub fn invocations(self) -> usize {
+        64 * self.rows / self.block_rows
+    }
+
+    /// The tiles the kernel has: rows 64 or 128 with 32- or 64-row blocks, 256 with 64.
+    pub fn supported(self) -> bool {
+        matches!(
+            (self.rows, self.block_rows),
+            (64 | 128, 32) | (64 | 128 | 256, 64)
+        )
+    }
+}
+
+/// The tile of a checked tensor-core product (the rule, measured on an H200,
+/// `notes/measurements.md`):
+/// * at most 64 rows: 64×128 (four subgroups; a short product, a fused linear head's chunk,
+///   would leave more than half of a 128-row tile empty);
+/// * more than 128 rows, B not transposed (the backward's `G·B` and `Aᵀ·G` of an `x·Wᵀ`
+///   layer), fragments stored whole (an F32 out without activation or pre-activation):
+///   256×128 with 64×64 subgroup blocks (6–9% faster there; slower for `x·Wᵀ` itself and for
+///   the epilogue entries, which stage each fragment with two barriers);
+/// * else 128×128 with 32×64 blocks.
+///
+/// Every fragment's sums run in the same order in every tile: the same bits.
+pub fn tensor_core_tile(call: &Gemm) -> TcTile {
+    let whole = call.out.dtype() == DType::F32
+        && call.activation.is_none()
+        && call.pre_activation.is_none();
+    let rule = match call.m {
+        m if m <= 64 => TcTile {
+            rows: 64,
+            block_rows: 32,
+        },
+        m if m > 128 && !call.b.transposed && whole => TcTile {
+            rows: 256,
+            block_rows: 64,
+        },
+        _ => TcTile {
+            rows: 128,
+            block_rows: 32,
+        },
+    };
+    TC_TILE.with(std::cell::Cell::get).unwrap_or(rule)
+}
+
+/// Overrides [`tensor_core_tile`] for launches from the calling thread (`None`: the rule; a
+/// tile that is not [`TcTile::supported`] is ignored). For tests and measurements.
 #[doc(hidden)]
-pub fn force_tensor_core_tile_rows(rows: Option<usize>) {
-    TC_ROWS.with(|f| f.set(rows.map(|r| if r <= 64 { 64 } else { 128 })));
+pub fn force_tensor_core_tile(tile: Option<TcTile>) {
+    TC_TILE.with(|f| f.set(tile.filter(|t| t.supported())));
 }
 
 /// Tile rows per band of a tensor-core launch's tile order (`GROUP_M` of
@@ -354,15 +408,15 @@ pub fn tensor_core_fits(call: &Gemm) -> bool {
         && (call.batch < 2 || call.out_batch_stride.is_multiple_of(4))
 }
 
-/// Launch a checked, fitting tensor-core product (128×128 tiles, or 64×128 for at most 64 rows,
-/// [`tensor_core_tile_rows`]; one workgroup each): an F32
+/// Launch a checked, fitting tensor-core product ([`tensor_core_tile`]; one workgroup a tile):
+/// an F32
 /// out without bias, activation or pre-activation takes `gemm_tc` (fragments stored whole),
 /// anything else the epilogue entries (fragments through workgroup memory).
 fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     let engine = call.out.engine();
     let (m, n, batch) = (call.m, call.n, call.batch);
-    let tile_rows = tensor_core_tile_rows(m);
-    let tiles_m = m.div_ceil(tile_rows);
+    let tile = tensor_core_tile(call);
+    let tiles_m = m.div_ceil(tile.rows);
     let tiles_n = n.div_ceil(TILE_N);
     // Without a bias, A's buffer is bound in its place (never read).
     let bias = call.bias.unwrap_or(call.a.tensor);
@@ -427,7 +481,9 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
                     .unwrap_or(TC_TILE_GROUP_ROWS),
             ),
         ),
-        ("BM", tile_rows as f64),
+        ("BM", tile.rows as f64),
+        ("SB", tile.block_rows as f64),
+        ("BK", tile.k_step() as f64),
     ];
     let factors = scales.as_ref().unwrap_or(call.a.tensor).buffer();
     if slices > 1 {
@@ -492,7 +548,8 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     engine.launch(&TC_KERNEL, entry, &constants, &params, &buffers, tiles)
 }
 
-/// K step of the tensor-core kernel (`BK` of `wgsl/matmul_tc.wgsl`).
+/// The longest K step of the tensor-core kernel (`BK` of `wgsl/matmul_tc.wgsl`, 64 or 32):
+/// split slices are whole multiples of it.
 const TC_K_STEP: usize = 64;
 
 /// `(slices, k per slice)` of a tensor-core product: [`split_plan`]'s split (the same rule as

@@ -1785,6 +1785,15 @@ fn tensor_core_case_as(
 /// or n not whole chunks or rows of out) take the FP32 path (its bits), the backward with an
 /// F16 cotangent matches the reference (with an F32 one it is the FP32 path's), and the dtype
 /// and epilogue errors are typed.
+/// Every tensor-core tile the kernel has (`matmul::TcTile::supported`).
+fn tensor_core_tiles() -> Vec<matmul::TcTile> {
+    [(64, 32), (128, 32), (64, 64), (128, 64), (256, 64)]
+        .into_iter()
+        .map(|(rows, block_rows)| matmul::TcTile { rows, block_rows })
+        .filter(|t| t.supported())
+        .collect()
+}
+
 #[test]
 fn tensor_core_entries_bind_what_their_launches_pass() {
     // After the parameters (binding 0): `gemm_tc` takes A, B and out, `gemm_tc_bias` the bias
@@ -1806,16 +1815,21 @@ fn tensor_core_entries_bind_what_their_launches_pass() {
             .map(|s| s.binding)
             .collect();
         assert_eq!(got, want, "{entry}");
-        // Both tile sizes (`matmul::tensor_core_tile_rows`) translate to strict SPIR-V with
-        // two invocations a tile row.
-        for rows in [64.0, 128.0] {
-            let constants = vec![("BM", rows), ("SCALED", 1.0)];
+        // Every tile (`matmul::TcTile`) translates to strict SPIR-V with a subgroup of 32
+        // invocations a block.
+        for tile in tensor_core_tiles() {
+            let constants = vec![
+                ("BM", tile.rows as f64),
+                ("SB", tile.block_rows as f64),
+                ("BK", tile.k_step() as f64),
+                ("SCALED", 1.0),
+            ];
             let spirv = wgrad::spirv::strict_spirv(&matmul::TC_KERNEL, entry, &constants)
-                .unwrap_or_else(|e| panic!("{entry} BM {rows}: {e}"));
+                .unwrap_or_else(|e| panic!("{entry} {tile:?}: {e}"));
             assert_eq!(
                 spirv.workgroup_size,
-                (2 * rows as u32, 1, 1),
-                "{entry} BM {rows}"
+                (tile.invocations() as u32, 1, 1),
+                "{entry} {tile:?}"
             );
         }
     }
@@ -1883,14 +1897,14 @@ fn tensor_core_products_match_reference_or_are_refused() {
                 bits, other,
                 "tensor-core schedule {shape:?} ta {ta} tb {tb}"
             );
-            // The other tile height (`matmul::tensor_core_tile_rows`: 64 rows for at most
-            // 64, else 128): the same bits.
-            let rows = if shape.0 <= 64 { 128 } else { 64 };
-            matmul::force_tensor_core_tile_rows(Some(rows));
-            let tiled =
-                tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
-            matmul::force_tensor_core_tile_rows(None);
-            assert_eq!(bits, tiled, "{rows}-row tiles {shape:?} ta {ta} tb {tb}");
+            // Every tile (`matmul::TcTile`): the same bits.
+            for tile in tensor_core_tiles() {
+                matmul::force_tensor_core_tile(Some(tile));
+                let tiled =
+                    tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
+                matmul::force_tensor_core_tile(None);
+                assert_eq!(bits, tiled, "{tile:?} {shape:?} ta {ta} tb {tb}");
+            }
         }
     }
     // BF16 operands (either or both), scaled into F16 by powers of two: every layout, values
@@ -2257,11 +2271,13 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
                 let again = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
                 assert_eq!(first, again, "tensor-core epilogue rerun {shape:?}");
             }
-            // 64-row tiles (`matmul::force_tensor_core_tile_rows`): the same bits.
-            matmul::force_tensor_core_tile_rows(Some(64));
-            let tiled = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
-            matmul::force_tensor_core_tile_rows(None);
-            assert_eq!(first, tiled, "64-row tiles, epilogue {shape:?} case {i}");
+            // Every tile (`matmul::TcTile`): the same bits.
+            for tile in tensor_core_tiles() {
+                matmul::force_tensor_core_tile(Some(tile));
+                let tiled = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
+                matmul::force_tensor_core_tile(None);
+                assert_eq!(first, tiled, "{tile:?}, epilogue {shape:?} case {i}");
+            }
         }
         // A zero bias: the epilogue entry's sums are the plain entry's.
         let (m, n, k) = shape;

@@ -25,18 +25,21 @@
 // `EXPERIMENTAL_COOPERATIVE_MATRIX` and a 16×16×16 F16 × F16 → F32 configuration, subgroups
 // of exactly 32 invocations and 44 KiB of workgroup memory.
 //
-// Tiling: a workgroup of 256 invocations (8 subgroups of 32) computes a 128×128 output tile,
-// or with BM = 64 (products of at most 64 rows, `matmul::tensor_core_tile_rows`) one of 128
-// invocations a 64×128 tile; subgroup s owns rows 32·(s / 2).. and columns 64·(s % 2).., 2 × 4
-// fragments of 16×16 held as F32 accumulators (the same blocks, sums and bits either way). K
-// advances in steps of BK = 64: the step's A (BM×64) and B (64×128) values, four 16-byte
-// chunks of A and four of B per invocation (eight of B with BM = 64), are loaded into
-// registers while the previous step is multiplied (their raw words, untouched until staged: a
-// conversion right after the loads would wait for them before the products), then converted
-// and stored to workgroup memory as F16 quads in the operand's own layout (rows along its
-// contiguous axis, padded by 8 halves: eight consecutive rows of a fragment start 4 banks
-// apart), from which each subgroup loads its
-// fragments (four k fragments a step). Chunks past k, m or n are zeros. Whole tiles store
+// Tiling (`matmul::tensor_core_tile`, pipeline constants BM, SB, BK): a workgroup computes a
+// BM×128 output tile with one subgroup of 32 invocations per SB×64 block: subgroup s owns rows
+// SB·(s / 2).. and columns 64·(s % 2).., 2 × 4 (SB = 32) or 4 × 4 (SB = 64) fragments of 16×16
+// held as F32 accumulators. The tiles: 128×128 with 32-row blocks (256 invocations), 64×128
+// with 32-row blocks (128; products of at most 64 rows) and 256×128 with 64-row blocks (256;
+// the backward's layouts); 64×128 and 128×128 with 64-row blocks are tested, not chosen. Each
+// fragment adds its k fragments in increasing k in every tile: the same sums and bits. K
+// advances in steps of BK = 2048 / SB (64, or 32 for 64-row blocks): the step's A (BM×BK) and
+// B (BK×128) values, four 16-byte chunks of A and 2, 4 or 8 of B per invocation, are loaded
+// into registers while the previous step is multiplied (their raw words, untouched until
+// staged: a conversion right after the loads would wait for them before the products), then
+// converted and stored to workgroup memory as F16 quads in the operand's own layout (rows
+// along its contiguous axis, padded by 8 halves: eight consecutive rows of a fragment start 4
+// banks apart; at most 44 KiB with the fragment staging), from which each subgroup loads its
+// fragments (BK / 16 k fragments a step). Chunks past k, m or n are zeros. Whole tiles store
 // their fragments straight to out; a tile reaching past m or n stores each through
 // workgroup memory and writes the values inside the product (a cooperative store cannot be
 // skipped for one subgroup: a cooperative operation may not sit under a branch on the
@@ -57,7 +60,10 @@
 // the buffers (no staging), chunks fetched as F16 quads, K steps of 32, two staging buffers
 // with one barrier a step, 64×64 subgroup tiles on 128 invocations, B staged transposed (all
 // before the raw words were held), and two steps in flight instead of one, K steps of 32
-// staged in two buffers, and 64-row tiles for every product (after).
+// staged in two buffers, and 64-row tiles for every product (after); 256×128 tiles of 64-row
+// blocks for `x·Wᵀ` (2–5% slower) and for the epilogue entries (6–12%), whose fragments
+// each take two barriers to stage; 128×128 tiles of 64-row blocks (22–43% slower); 64×128 tiles
+// of 64-row blocks for the short products of a fused linear head (3% slower).
 
 override TRANS_A: u32 = 0u;     // 1: A stored [k, m]
 override TRANS_B: u32 = 0u;     // 1: B stored [n, k]
@@ -68,16 +74,20 @@ override DT_B: u32 = 1u;        // (scaled, see `tc_scale`)
 override SCALED: bool = DT_A != DT_F16 || DT_B != DT_F16;
 // Tile rows per band of the launch order (`tile_at`; 1: row after row).
 override GROUP_M: u32 = 1u;
-// Tile rows: 128 (8 subgroups), or 64 (4 subgroups: short products, whose rows would leave
-// most of a 128-row tile empty). Each subgroup computes 32×64 either way.
+// Tile rows BM, subgroup block rows SB and K step BK (`matmul::TcTile`): 128 / 32 / 64 (8
+// subgroups), 64 / 32 / 64 (4 subgroups: short products, whose rows would leave most of a
+// 128-row tile empty), or with SB = 64 (4 × 4 fragments a subgroup) BK = 32. Each subgroup
+// computes SB×64 and each of its fragments the same sums in the same order in every shape.
 override BM: u32 = 128u;
-override WG: u32 = 2u * BM;
+override SB: u32 = 32u;
+override BK: u32 = 64u;
+override WG: u32 = 64u * BM / SB;
 
 const BN: u32 = 128u;
-const BK: u32 = 64u;
 const PAD: u32 = 8u;
-// Quads of halves per staged operand: the larger of 128 · (64 + 8) and 64 · (128 + 8) halves.
-const TILE_QUADS: u32 = 2304u;
+// Quads of halves per staged operand: k-contiguous, w rows of BK + PAD; else BK rows of w + PAD.
+override A_QUADS: u32 = max(BM * (BK + PAD), BK * (BM + PAD)) / 4u;
+override B_QUADS: u32 = max(BN * (BK + PAD), BK * (BN + PAD)) / 4u;
 
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -92,8 +102,8 @@ const TILE_QUADS: u32 = 2304u;
 // With SCALED: 2^sA, 2^sB, 2^−sA, 2^−sB (`tc_scale_pick` of `wgsl/matmul.wgsl`).
 @group(0) @binding(7) var<storage, read> tc_scale: array<f32>;
 
-var<workgroup> a_tile: array<vec4<f16>, TILE_QUADS>;
-var<workgroup> b_tile: array<vec4<f16>, TILE_QUADS>;
+var<workgroup> a_tile: array<vec4<f16>, A_QUADS>;
+var<workgroup> b_tile: array<vec4<f16>, B_QUADS>;
 // One 16×16 F32 fragment a subgroup: how a ragged tile's accumulators reach out.
 var<workgroup> c_tile: array<f32, 2048>;
 
@@ -469,7 +479,7 @@ fn epi_store_pre(acc: coop_mat16x16<f32, C>, i: u32, j: u32, c0: u32, sg: u32, l
     workgroupBarrier();
 }
 
-// The eight accumulators of a subgroup's 32×64 block: cRQ at rows 16·R.., columns 16·Q...
+// Eight accumulators of a subgroup's block: cRQ at rows 16·R.., columns 16·Q.. of its 32×64.
 struct Acc8 {
     c00: coop_mat16x16<f32, C>,
     c01: coop_mat16x16<f32, C>,
@@ -479,6 +489,13 @@ struct Acc8 {
     c11: coop_mat16x16<f32, C>,
     c12: coop_mat16x16<f32, C>,
     c13: coop_mat16x16<f32, C>,
+}
+
+// A subgroup's SB×64 block: rows 0..32 (`t`) and, with SB = 64, rows 32..64 (`u`; zeros and
+// unused otherwise).
+struct Acc {
+    t: Acc8,
+    u: Acc8,
 }
 
 // A tile's launch: its batch's operand bases and out offset, its origin, this subgroup's
@@ -506,7 +523,7 @@ fn tile_at(tile: u32, sg: u32) -> TileAt {
     // A slice's sums go to its [batch, m, n] of the scratch (stride_c is 0 for one batch).
     let c0 = params.off_c + bi * params.stride_c + slice * params.batch * params.m * params.n;
     return TileAt(params.off_a + bi * params.stride_a, params.off_b + bi * params.stride_b, c0,
-                  t.y * BM, t.z * BN, (sg / 2u) * 32u, (sg % 2u) * 64u, k0,
+                  t.y * BM, t.z * BN, (sg / 2u) * SB, (sg % 2u) * 64u, k0,
                   min(params.k, k0 + params.k_slice));
 }
 
@@ -516,9 +533,9 @@ fn tile_launched(tile: u32) -> bool {
     return tile < params.tiles_m * params.tiles_n * params.batch * params.slices;
 }
 
-// A step's chunks of both operands for one invocation: chunks lid + WG·q of A (aQ, 4·WG =
-// BM·BK/8 of them) and B (bQ, BN·BK/8 = 1,024: four an invocation, or eight with BM = 64,
-// b4..b7 then used).
+// A step's chunks of both operands for one invocation: chunks lid + WG·q of A (aQ; BM·BK/8 =
+// 4·WG of them) and of B (bQ; BN·BK/8 of them: 2, 4 or 8 an invocation, `b_chunks`, the
+// others left empty).
 struct Step {
     a0: Raw,
     a1: Raw,
@@ -534,12 +551,13 @@ struct Step {
     b7: Raw,
 }
 
-// Whether each invocation stages eight B chunks a step (a 64-row tile's 128 invocations).
-fn eight_b() -> bool {
-    return WG * 4u < BN * BK / 8u;
+// B chunks an invocation stages a step.
+fn b_chunks() -> u32 {
+    return BN * BK / (8u * WG);
 }
 
-// The invocation's chunks of the step at k0 (loads only).
+// The invocation's chunks of the step at k0 (loads only). The branches are on pipeline
+// constants: compiled away.
 fn fetch_step(at: TileAt, k0: u32, lid: u32) -> Step {
     let akc = TRANS_A == 0u;
     let bkc = TRANS_B == 1u;
@@ -556,11 +574,12 @@ fn fetch_step(at: TileAt, k0: u32, lid: u32) -> Step {
                  fetch(akc, lid + 3u * WG, m0, k0, kend, m, ab, true),
                  fetch(bkc, lid, n0, k0, kend, n, bb, false),
                  fetch(bkc, lid + WG, n0, k0, kend, n, bb, false),
-                 fetch(bkc, lid + 2u * WG, n0, k0, kend, n, bb, false),
-                 fetch(bkc, lid + 3u * WG, n0, k0, kend, n, bb, false),
-                 Raw(), Raw(), Raw(), Raw());
-    // A branch on a pipeline constant: compiled away.
-    if (eight_b()) {
+                 Raw(), Raw(), Raw(), Raw(), Raw(), Raw());
+    if (b_chunks() >= 4u) {
+        t.b2 = fetch(bkc, lid + 2u * WG, n0, k0, kend, n, bb, false);
+        t.b3 = fetch(bkc, lid + 3u * WG, n0, k0, kend, n, bb, false);
+    }
+    if (b_chunks() == 8u) {
         t.b4 = fetch(bkc, lid + 4u * WG, n0, k0, kend, n, bb, false);
         t.b5 = fetch(bkc, lid + 5u * WG, n0, k0, kend, n, bb, false);
         t.b6 = fetch(bkc, lid + 6u * WG, n0, k0, kend, n, bb, false);
@@ -592,9 +611,11 @@ fn stage_step(t: Step, at: TileAt, k0: u32, lid: u32, sc: vec2<f32>) {
     stage_a(t.a3, akc, lid + 3u * WG, at, k0, sc.x);
     stage_b(t.b0, bkc, lid, at, k0, sc.y);
     stage_b(t.b1, bkc, lid + WG, at, k0, sc.y);
-    stage_b(t.b2, bkc, lid + 2u * WG, at, k0, sc.y);
-    stage_b(t.b3, bkc, lid + 3u * WG, at, k0, sc.y);
-    if (eight_b()) {
+    if (b_chunks() >= 4u) {
+        stage_b(t.b2, bkc, lid + 2u * WG, at, k0, sc.y);
+        stage_b(t.b3, bkc, lid + 3u * WG, at, k0, sc.y);
+    }
+    if (b_chunks() == 8u) {
         stage_b(t.b4, bkc, lid + 4u * WG, at, k0, sc.y);
         stage_b(t.b5, bkc, lid + 5u * WG, at, k0, sc.y);
         stage_b(t.b6, bkc, lid + 6u * WG, at, k0, sc.y);
@@ -602,33 +623,45 @@ fn stage_step(t: Step, at: TileAt, k0: u32, lid: u32, sc: vec2<f32>) {
     }
 }
 
+// The products of one k fragment (k columns kk.. of the staged step) added to the eight
+// accumulators of block rows r.., columns wc..: B's four fragments given.
+fn rows_products(c: Acc8, r: u32, kk: u32, b0: coop_mat16x16<f16, B>, b1: coop_mat16x16<f16, B>,
+                 b2: coop_mat16x16<f16, B>, b3: coop_mat16x16<f16, B>) -> Acc8 {
+    let a0 = frag_a(r, kk);
+    let a1 = frag_a(r + 16u, kk);
+    var x = c;
+    x.c00 = coopMultiplyAdd(a0, b0, x.c00);
+    x.c01 = coopMultiplyAdd(a0, b1, x.c01);
+    x.c02 = coopMultiplyAdd(a0, b2, x.c02);
+    x.c03 = coopMultiplyAdd(a0, b3, x.c03);
+    x.c10 = coopMultiplyAdd(a1, b0, x.c10);
+    x.c11 = coopMultiplyAdd(a1, b1, x.c11);
+    x.c12 = coopMultiplyAdd(a1, b2, x.c12);
+    x.c13 = coopMultiplyAdd(a1, b3, x.c13);
+    return x;
+}
+
 // The staged step's products added to this subgroup's accumulators (block rows wr.., columns
-// wc.. of the tile): four k fragments, eight products each.
-fn step_products(c: Acc8, wr: u32, wc: u32) -> Acc8 {
+// wc.. of the tile): BK / 16 k fragments, 8 products each for every 32 block rows.
+fn step_products(c: Acc, wr: u32, wc: u32) -> Acc {
     var r = c;
     for (var kk = 0u; kk < BK; kk += 16u) {
-        let a0 = frag_a(wr, kk);
-        let a1 = frag_a(wr + 16u, kk);
         let b0 = frag_b(kk, wc);
         let b1 = frag_b(kk, wc + 16u);
         let b2 = frag_b(kk, wc + 32u);
         let b3 = frag_b(kk, wc + 48u);
-        r.c00 = coopMultiplyAdd(a0, b0, r.c00);
-        r.c01 = coopMultiplyAdd(a0, b1, r.c01);
-        r.c02 = coopMultiplyAdd(a0, b2, r.c02);
-        r.c03 = coopMultiplyAdd(a0, b3, r.c03);
-        r.c10 = coopMultiplyAdd(a1, b0, r.c10);
-        r.c11 = coopMultiplyAdd(a1, b1, r.c11);
-        r.c12 = coopMultiplyAdd(a1, b2, r.c12);
-        r.c13 = coopMultiplyAdd(a1, b3, r.c13);
+        r.t = rows_products(r.t, wr, kk, b0, b1, b2, b3);
+        if (SB == 64u) {
+            r.u = rows_products(r.u, wr + 32u, kk, b0, b1, b2, b3);
+        }
     }
     return r;
 }
 
-// Σ over k of this subgroup's 32×64 block of the tile (raw sums, no alpha). Called in uniform
+// Σ over k of this subgroup's SB×64 block of the tile (raw sums, no alpha). Called in uniform
 // control flow by every invocation of the workgroup. Each step is fetched one step before it
 // is staged, its loads in flight through the products of the step between.
-fn tile_product(at: TileAt, lid: u32) -> Acc8 {
+fn tile_product(at: TileAt, lid: u32) -> Acc {
     let k_lo = at.k0;
     let k_hi = at.k1;
     // The operands' scale factors (1 for F16, see `factors`).
@@ -637,7 +670,8 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
         sc = vec2<f32>(tc_scale[0], tc_scale[1]);
     }
     let z = coop_mat16x16<f32, C>();
-    var acc = Acc8(z, z, z, z, z, z, z, z);
+    let z8 = Acc8(z, z, z, z, z, z, z, z);
+    var acc = Acc(z8, z8);
     // Fetches are unconditional (a step past the slice reads chunk 0, never staged): a fetch
     // under a branch would merge its registers with the old ones, a copy that waits for the
     // loads.
@@ -652,8 +686,98 @@ fn tile_product(at: TileAt, lid: u32) -> Acc8 {
     return acc;
 }
 
+// Eight accumulators (rows i.., columns j.. of out) to out, whole or (`acc_store_edge`)
+// through workgroup memory.
+fn acc8_store(a: Acc8, i: u32, j: u32, c0: u32) {
+    acc_store(a.c00, i, j, c0);
+    acc_store(a.c01, i, j + 16u, c0);
+    acc_store(a.c02, i, j + 32u, c0);
+    acc_store(a.c03, i, j + 48u, c0);
+    acc_store(a.c10, i + 16u, j, c0);
+    acc_store(a.c11, i + 16u, j + 16u, c0);
+    acc_store(a.c12, i + 16u, j + 32u, c0);
+    acc_store(a.c13, i + 16u, j + 48u, c0);
+}
+
+fn acc8_store_edge(a: Acc8, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    acc_store_edge(a.c00, i, j, c0, sg, lane);
+    acc_store_edge(a.c01, i, j + 16u, c0, sg, lane);
+    acc_store_edge(a.c02, i, j + 32u, c0, sg, lane);
+    acc_store_edge(a.c03, i, j + 48u, c0, sg, lane);
+    acc_store_edge(a.c10, i + 16u, j, c0, sg, lane);
+    acc_store_edge(a.c11, i + 16u, j + 16u, c0, sg, lane);
+    acc_store_edge(a.c12, i + 16u, j + 32u, c0, sg, lane);
+    acc_store_edge(a.c13, i + 16u, j + 48u, c0, sg, lane);
+}
+
+// The four bias fragments of a subgroup's 64 columns.
+struct Bias4 {
+    b0: coop_mat16x16<f32, C>,
+    b1: coop_mat16x16<f32, C>,
+    b2: coop_mat16x16<f32, C>,
+    b3: coop_mat16x16<f32, C>,
+}
+
+fn bias8_store(a: Acc8, b: Bias4, i: u32, j: u32, c0: u32) {
+    bias_store(a.c00, b.b0, i, j, c0);
+    bias_store(a.c01, b.b1, i, j + 16u, c0);
+    bias_store(a.c02, b.b2, i, j + 32u, c0);
+    bias_store(a.c03, b.b3, i, j + 48u, c0);
+    bias_store(a.c10, b.b0, i + 16u, j, c0);
+    bias_store(a.c11, b.b1, i + 16u, j + 16u, c0);
+    bias_store(a.c12, b.b2, i + 16u, j + 32u, c0);
+    bias_store(a.c13, b.b3, i + 16u, j + 48u, c0);
+}
+
+fn bias8_store_edge(a: Acc8, b: Bias4, i: u32, j: u32, c0: u32, sg: u32, lane: u32) {
+    bias_store_edge(a.c00, b.b0, i, j, c0, sg, lane);
+    bias_store_edge(a.c01, b.b1, i, j + 16u, c0, sg, lane);
+    bias_store_edge(a.c02, b.b2, i, j + 32u, c0, sg, lane);
+    bias_store_edge(a.c03, b.b3, i, j + 48u, c0, sg, lane);
+    bias_store_edge(a.c10, b.b0, i + 16u, j, c0, sg, lane);
+    bias_store_edge(a.c11, b.b1, i + 16u, j + 16u, c0, sg, lane);
+    bias_store_edge(a.c12, b.b2, i + 16u, j + 32u, c0, sg, lane);
+    bias_store_edge(a.c13, b.b3, i + 16u, j + 48u, c0, sg, lane);
+}
+
+// The biases of an invocation's 32 columns (see `bias8`): columns j + 16·Q + q0...
+struct Bias32 {
+    b0: F8,
+    b1: F8,
+    b2: F8,
+    b3: F8,
+}
+
+fn bias32(j: u32, lane: u32) -> Bias32 {
+    let q0 = (lane % 2u) * 8u;
+    return Bias32(bias8(j, q0), bias8(j + 16u, q0), bias8(j + 32u, q0), bias8(j + 48u, q0));
+}
+
+fn epi8_store(a: Acc8, i: u32, j: u32, c0: u32, sg: u32, lane: u32, b: Bias32) {
+    epi_store(a.c00, i, j, c0, sg, lane, b.b0);
+    epi_store(a.c01, i, j + 16u, c0, sg, lane, b.b1);
+    epi_store(a.c02, i, j + 32u, c0, sg, lane, b.b2);
+    epi_store(a.c03, i, j + 48u, c0, sg, lane, b.b3);
+    epi_store(a.c10, i + 16u, j, c0, sg, lane, b.b0);
+    epi_store(a.c11, i + 16u, j + 16u, c0, sg, lane, b.b1);
+    epi_store(a.c12, i + 16u, j + 32u, c0, sg, lane, b.b2);
+    epi_store(a.c13, i + 16u, j + 48u, c0, sg, lane, b.b3);
+}
+
+fn epi8_store_pre(a: Acc8, i: u32, j: u32, c0: u32, sg: u32, lane: u32, b: Bias32) {
+    epi_store_pre(a.c00, i, j, c0, sg, lane, b.b0);
+    epi_store_pre(a.c01, i, j + 16u, c0, sg, lane, b.b1);
+    epi_store_pre(a.c02, i, j + 32u, c0, sg, lane, b.b2);
+    epi_store_pre(a.c03, i, j + 48u, c0, sg, lane, b.b3);
+    epi_store_pre(a.c10, i + 16u, j, c0, sg, lane, b.b0);
+    epi_store_pre(a.c11, i + 16u, j + 16u, c0, sg, lane, b.b1);
+    epi_store_pre(a.c12, i + 16u, j + 32u, c0, sg, lane, b.b2);
+    epi_store_pre(a.c13, i + 16u, j + 48u, c0, sg, lane, b.b3);
+}
+
 // Each entry computes its tile index itself (`group_index` written out: the early return
-// after it must stay uniform for the cooperative operations that follow).
+// after it must stay uniform for the cooperative operations that follow). The branches on
+// SB are on a pipeline constant, uniform.
 
 @compute @workgroup_size(WG)
 fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -669,24 +793,16 @@ fn gemm_tc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let j0 = at.n0 + at.wc;
     let c0 = at.c0;
     if (at.m0 + BM > params.m || at.n0 + BN > params.n) {
-        acc_store_edge(acc.c00, i0, j0, c0, sg, lane);
-        acc_store_edge(acc.c01, i0, j0 + 16u, c0, sg, lane);
-        acc_store_edge(acc.c02, i0, j0 + 32u, c0, sg, lane);
-        acc_store_edge(acc.c03, i0, j0 + 48u, c0, sg, lane);
-        acc_store_edge(acc.c10, i0 + 16u, j0, c0, sg, lane);
-        acc_store_edge(acc.c11, i0 + 16u, j0 + 16u, c0, sg, lane);
-        acc_store_edge(acc.c12, i0 + 16u, j0 + 32u, c0, sg, lane);
-        acc_store_edge(acc.c13, i0 + 16u, j0 + 48u, c0, sg, lane);
+        acc8_store_edge(acc.t, i0, j0, c0, sg, lane);
+        if (SB == 64u) {
+            acc8_store_edge(acc.u, i0 + 32u, j0, c0, sg, lane);
+        }
         return;
     }
-    acc_store(acc.c00, i0, j0, c0);
-    acc_store(acc.c01, i0, j0 + 16u, c0);
-    acc_store(acc.c02, i0, j0 + 32u, c0);
-    acc_store(acc.c03, i0, j0 + 48u, c0);
-    acc_store(acc.c10, i0 + 16u, j0, c0);
-    acc_store(acc.c11, i0 + 16u, j0 + 16u, c0);
-    acc_store(acc.c12, i0 + 16u, j0 + 32u, c0);
-    acc_store(acc.c13, i0 + 16u, j0 + 48u, c0);
+    acc8_store(acc.t, i0, j0, c0);
+    if (SB == 64u) {
+        acc8_store(acc.u, i0 + 32u, j0, c0);
+    }
 }
 
 // F32 out with a bias and no activation or pre-activation: the bias added to whole fragments
@@ -706,31 +822,21 @@ fn gemm_tc_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let j0 = at.n0 + at.wc;
     let c0 = at.c0;
     stage_bias_rows(at.n0, lid);
-    let b0 = bias_frag(at.wc);
-    let b1 = bias_frag(at.wc + 16u);
-    let b2 = bias_frag(at.wc + 32u);
-    let b3 = bias_frag(at.wc + 48u);
+    let b = Bias4(bias_frag(at.wc), bias_frag(at.wc + 16u), bias_frag(at.wc + 32u),
+                  bias_frag(at.wc + 48u));
     if (at.m0 + BM > params.m || at.n0 + BN > params.n) {
         // The staged fragments go where the biases were.
         workgroupBarrier();
-        bias_store_edge(acc.c00, b0, i0, j0, c0, sg, lane);
-        bias_store_edge(acc.c01, b1, i0, j0 + 16u, c0, sg, lane);
-        bias_store_edge(acc.c02, b2, i0, j0 + 32u, c0, sg, lane);
-        bias_store_edge(acc.c03, b3, i0, j0 + 48u, c0, sg, lane);
-        bias_store_edge(acc.c10, b0, i0 + 16u, j0, c0, sg, lane);
-        bias_store_edge(acc.c11, b1, i0 + 16u, j0 + 16u, c0, sg, lane);
-        bias_store_edge(acc.c12, b2, i0 + 16u, j0 + 32u, c0, sg, lane);
-        bias_store_edge(acc.c13, b3, i0 + 16u, j0 + 48u, c0, sg, lane);
+        bias8_store_edge(acc.t, b, i0, j0, c0, sg, lane);
+        if (SB == 64u) {
+            bias8_store_edge(acc.u, b, i0 + 32u, j0, c0, sg, lane);
+        }
         return;
     }
-    bias_store(acc.c00, b0, i0, j0, c0);
-    bias_store(acc.c01, b1, i0, j0 + 16u, c0);
-    bias_store(acc.c02, b2, i0, j0 + 32u, c0);
-    bias_store(acc.c03, b3, i0, j0 + 48u, c0);
-    bias_store(acc.c10, b0, i0 + 16u, j0, c0);
-    bias_store(acc.c11, b1, i0 + 16u, j0 + 16u, c0);
-    bias_store(acc.c12, b2, i0 + 16u, j0 + 32u, c0);
-    bias_store(acc.c13, b3, i0 + 16u, j0 + 48u, c0);
+    bias8_store(acc.t, b, i0, j0, c0);
+    if (SB == 64u) {
+        bias8_store(acc.u, b, i0 + 32u, j0, c0);
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -745,21 +851,12 @@ fn gemm_tc_epilogue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let acc = tile_product(at, lid);
     let i0 = at.m0 + at.wr;
     let j0 = at.n0 + at.wc;
-    let c0 = at.c0;
     // Every bias this invocation adds, loaded before the first store (see `bias8`).
-    let q0 = (lane % 2u) * 8u;
-    let b0 = bias8(j0, q0);
-    let b1 = bias8(j0 + 16u, q0);
-    let b2 = bias8(j0 + 32u, q0);
-    let b3 = bias8(j0 + 48u, q0);
-    epi_store(acc.c00, i0, j0, c0, sg, lane, b0);
-    epi_store(acc.c01, i0, j0 + 16u, c0, sg, lane, b1);
-    epi_store(acc.c02, i0, j0 + 32u, c0, sg, lane, b2);
-    epi_store(acc.c03, i0, j0 + 48u, c0, sg, lane, b3);
-    epi_store(acc.c10, i0 + 16u, j0, c0, sg, lane, b0);
-    epi_store(acc.c11, i0 + 16u, j0 + 16u, c0, sg, lane, b1);
-    epi_store(acc.c12, i0 + 16u, j0 + 32u, c0, sg, lane, b2);
-    epi_store(acc.c13, i0 + 16u, j0 + 48u, c0, sg, lane, b3);
+    let b = bias32(j0, lane);
+    epi8_store(acc.t, i0, j0, at.c0, sg, lane, b);
+    if (SB == 64u) {
+        epi8_store(acc.u, i0 + 32u, j0, at.c0, sg, lane, b);
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -774,19 +871,10 @@ fn gemm_tc_epilogue_pre(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_work
     let acc = tile_product(at, lid);
     let i0 = at.m0 + at.wr;
     let j0 = at.n0 + at.wc;
-    let c0 = at.c0;
     // Every bias this invocation adds, loaded before the first store (see `bias8`).
-    let q0 = (lane % 2u) * 8u;
-    let b0 = bias8(j0, q0);
-    let b1 = bias8(j0 + 16u, q0);
-    let b2 = bias8(j0 + 32u, q0);
-    let b3 = bias8(j0 + 48u, q0);
-    epi_store_pre(acc.c00, i0, j0, c0, sg, lane, b0);
-    epi_store_pre(acc.c01, i0, j0 + 16u, c0, sg, lane, b1);
-    epi_store_pre(acc.c02, i0, j0 + 32u, c0, sg, lane, b2);
-    epi_store_pre(acc.c03, i0, j0 + 48u, c0, sg, lane, b3);
-    epi_store_pre(acc.c10, i0 + 16u, j0, c0, sg, lane, b0);
-    epi_store_pre(acc.c11, i0 + 16u, j0 + 16u, c0, sg, lane, b1);
-    epi_store_pre(acc.c12, i0 + 16u, j0 + 32u, c0, sg, lane, b2);
-    epi_store_pre(acc.c13, i0 + 16u, j0 + 48u, c0, sg, lane, b3);
+    let b = bias32(j0, lane);
+    epi8_store_pre(acc.t, i0, j0, at.c0, sg, lane, b);
+    if (SB == 64u) {
+        epi8_store_pre(acc.u, i0 + 32u, j0, at.c0, sg, lane, b);
+    }
 }
