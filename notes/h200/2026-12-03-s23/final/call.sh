@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# t3 = t2 + WGRAD_TC_SHORT_TILE (the tile of products of at most 64 rows): the FLCE rows and
+# t3 = t2 + WGRAD_TC_SHORT_TILE (the tile of products of at most 64 rows; a measurement switch
+# of this build only, not kept): the FLCE rows and
 # the tensor-core products of the default rule; the 40 MiB rows with 64x64 short tiles
 # alternating with the default; then the peer script's FLCE section (BF16) in the same command.
 set -uo pipefail
