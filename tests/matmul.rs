@@ -2056,14 +2056,14 @@ fn tensor_core_products_match_reference_or_are_refused() {
         let mx = matmul::tensor_core_maxima(&x).unwrap();
         let mw = matmul::tensor_core_maxima(&w).unwrap();
         assert!(mx.is_some() && mw.is_some());
-        let run = |maxima: [Option<&matmul::OperandMaxima>; 2], rows: usize| {
+        let run_from = |maxima: [Option<&matmul::OperandMaxima>; 2], row0: usize, rows: usize| {
             let out = Tensor::zeros(e, &[m * n], DType::F32).unwrap();
             gemm(&Gemm {
                 tensor_cores: true,
                 round_f32_operands: true,
                 maxima,
                 ..Gemm::plain(
-                    operand(&x, 0, false, 0),
+                    operand(&x, row0 * k, false, 0),
                     operand(&w, 0, true, 0),
                     &out,
                     (rows, n, k),
@@ -2072,6 +2072,8 @@ fn tensor_core_products_match_reference_or_are_refused() {
             })
             .map(|()| f32_bits(&out))
         };
+        let run =
+            |maxima: [Option<&matmul::OperandMaxima>; 2], rows: usize| run_from(maxima, 0, rows);
         let own = run([None, None], m).unwrap();
         let label = format!("{dt:?} {m}x{n}x{k}");
         assert_eq!(
@@ -2088,6 +2090,13 @@ fn tensor_core_products_match_reference_or_are_refused() {
         match run([mx.as_ref(), None], m - 8) {
             Err(Error::InvalidValue { got, .. }) => assert_eq!(got, (m * k) as f64),
             other => panic!("{label}: maxima of more rows: {other:?}"),
+        }
+        // A's maxima for its rows after the first 8 (a region at an offset of A's tensor).
+        match run_from([mx.as_ref(), None], 8, m - 8) {
+            Err(Error::InvalidValue { rule, .. }) => {
+                assert!(rule.contains(&format!("from element {}", 8 * k)), "{rule}")
+            }
+            other => panic!("{label}: maxima for an offset region: {other:?}"),
         }
     }
     // Typed errors.
