@@ -215,12 +215,22 @@ impl TcTile {
         64 * self.rows / self.block_rows
     }
 
-    /// The tiles the kernel has: rows 64 or 128 with 32- or 64-row blocks, 256 with 64.
+    /// Every tile the kernel has: rows 64 or 128 with 32- or 64-row blocks, 256 with 64.
+    pub const ALL: [TcTile; 5] = [
+        TcTile::new(64, 32),
+        TcTile::new(128, 32),
+        TcTile::new(64, 64),
+        TcTile::new(128, 64),
+        TcTile::new(256, 64),
+    ];
+
+    const fn new(rows: usize, block_rows: usize) -> TcTile {
+        TcTile { rows, block_rows }
+    }
+
+    /// Whether the kernel has this tile (one of [`TcTile::ALL`]).
     pub fn supported(self) -> bool {
-        matches!(
-            (self.rows, self.block_rows),
-            (64 | 128, 32) | (64 | 128 | 256, 64)
-        )
+        Self::ALL.contains(&self)
     }
 }
 
@@ -236,24 +246,19 @@ impl TcTile {
 ///
 /// Every fragment's sums run in the same order in every tile: the same bits.
 pub fn tensor_core_tile(call: &Gemm) -> TcTile {
-    let whole = call.out.dtype() == DType::F32
-        && call.activation.is_none()
-        && call.pre_activation.is_none();
+    let whole = whole_fragments(call);
     let rule = match call.m {
-        m if m <= 64 => TcTile {
-            rows: 64,
-            block_rows: 32,
-        },
-        m if m > 128 && !call.b.transposed && whole => TcTile {
-            rows: 256,
-            block_rows: 64,
-        },
-        _ => TcTile {
-            rows: 128,
-            block_rows: 32,
-        },
+        m if m <= 64 => TcTile::new(64, 32),
+        m if m > 128 && !call.b.transposed && whole => TcTile::new(256, 64),
+        _ => TcTile::new(128, 32),
     };
     TC_TILE.with(std::cell::Cell::get).unwrap_or(rule)
+}
+
+/// Whether a tensor-core product stores whole fragments (`gemm_tc`, `gemm_tc_bias`: an F32 out
+/// without activation or pre-activation) rather than through the epilogue entries.
+fn whole_fragments(call: &Gemm) -> bool {
+    call.out.dtype() == DType::F32 && call.activation.is_none() && call.pre_activation.is_none()
 }
 
 /// Overrides [`tensor_core_tile`] for launches from the calling thread (`None`: the rule; a
@@ -524,9 +529,7 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     }
     let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
     let mut buffers = vec![a.buffer(), b.buffer()];
-    let plain = call.out.dtype() == DType::F32
-        && call.activation.is_none()
-        && call.pre_activation.is_none();
+    let plain = whole_fragments(call);
     let entry = if plain && call.bias.is_none() {
         buffers.push(call.out.buffer());
         "gemm_tc"

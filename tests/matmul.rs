@@ -1785,15 +1785,6 @@ fn tensor_core_case_as(
 /// or n not whole chunks or rows of out) take the FP32 path (its bits), the backward with an
 /// F16 cotangent matches the reference (with an F32 one it is the FP32 path's), and the dtype
 /// and epilogue errors are typed.
-/// Every tensor-core tile the kernel has (`matmul::TcTile::supported`).
-fn tensor_core_tiles() -> Vec<matmul::TcTile> {
-    [(64, 32), (128, 32), (64, 64), (128, 64), (256, 64)]
-        .into_iter()
-        .map(|(rows, block_rows)| matmul::TcTile { rows, block_rows })
-        .filter(|t| t.supported())
-        .collect()
-}
-
 #[test]
 fn tensor_core_entries_bind_what_their_launches_pass() {
     // After the parameters (binding 0): `gemm_tc` takes A, B and out, `gemm_tc_bias` the bias
@@ -1817,7 +1808,7 @@ fn tensor_core_entries_bind_what_their_launches_pass() {
         assert_eq!(got, want, "{entry}");
         // Every tile (`matmul::TcTile`) translates to strict SPIR-V with a subgroup of 32
         // invocations a block.
-        for tile in tensor_core_tiles() {
+        for tile in matmul::TcTile::ALL {
             let constants = vec![
                 ("BM", tile.rows as f64),
                 ("SB", tile.block_rows as f64),
@@ -1898,7 +1889,7 @@ fn tensor_core_products_match_reference_or_are_refused() {
                 "tensor-core schedule {shape:?} ta {ta} tb {tb}"
             );
             // Every tile (`matmul::TcTile`): the same bits.
-            for tile in tensor_core_tiles() {
+            for tile in matmul::TcTile::ALL {
                 matmul::force_tensor_core_tile(Some(tile));
                 let tiled =
                     tensor_core_case(e, shape, (ta, tb), b_shared, accumulate, alpha, true, seed);
@@ -2281,7 +2272,7 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
                 assert_eq!(first, again, "tensor-core epilogue rerun {shape:?}");
             }
             // Every tile (`matmul::TcTile`): the same bits.
-            for tile in tensor_core_tiles() {
+            for tile in matmul::TcTile::ALL {
                 matmul::force_tensor_core_tile(Some(tile));
                 let tiled = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
                 matmul::force_tensor_core_tile(None);
