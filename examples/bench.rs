@@ -2034,11 +2034,11 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     };
     let mut ops = Vec::new();
     // (dtype, logits products on tensor cores, gradient products on tensor cores, gradients
-    // in the head's dtypes, memory budget in MiB, label).
+    // in the head's dtypes (2: with block statistics too), memory budget in MiB, label).
     let mut runs = vec![
-        (DType::F32, false, false, false, None, "f32"),
-        (DType::BF16, false, false, false, None, "bf16"),
-        (DType::BF16, false, false, true, None, "bf16 head"),
+        (DType::F32, false, false, 0u8, None, "f32"),
+        (DType::BF16, false, false, 0, None, "bf16"),
+        (DType::BF16, false, false, 1, None, "bf16 head"),
     ];
     if wgrad::matmul::tensor_cores(engine) {
         // 16-bit heads with the logits products on tensor cores, then the gradient products
@@ -2046,28 +2046,20 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         // gradients in the head's dtypes, with the default budget, 256 MiB and 40 MiB (the
         // scratch beside the BF16 gradients within Liger's peak).
         runs.extend([
-            (DType::F16, true, false, false, None, "f16 tc"),
-            (DType::BF16, true, false, false, None, "bf16 tc"),
-            (DType::BF16, true, true, false, None, "bf16 tc+grads"),
-            (DType::F32, false, true, false, None, "f32 tc grads"),
-            (DType::BF16, true, true, true, None, "bf16 tc+grads head"),
-            (
-                DType::BF16,
-                true,
-                true,
-                true,
-                Some(256),
-                "bf16 tc+grads head",
-            ),
-            (
-                DType::BF16,
-                true,
-                true,
-                true,
-                Some(40),
-                "bf16 tc+grads head",
-            ),
+            (DType::F16, true, false, 0, None, "f16 tc"),
+            (DType::BF16, true, false, 0, None, "bf16 tc"),
+            (DType::BF16, true, true, 0, None, "bf16 tc+grads"),
+            (DType::F32, false, true, 0, None, "f32 tc grads"),
+            (DType::BF16, true, true, 1, None, "bf16 tc+grads head"),
+            (DType::BF16, true, true, 1, Some(256), "bf16 tc+grads head"),
+            (DType::BF16, true, true, 1, Some(40), "bf16 tc+grads head"),
         ]);
+        // Block statistics (no row chunks): the default budget, 48 MiB (the scratch beside
+        // the BF16 gradients within Liger's peak at BT 2,048) and 160 MiB (the F32 dx sum of
+        // BT 8,192 is 128 MiB).
+        for budget in [None, Some(48), Some(160)] {
+            runs.push((DType::BF16, true, true, 2, budget, "bf16 tc+grads blocks"));
+        }
     }
     // `WGRAD_FLCE_LABELS`: only the runs of these labels (comma-separated; "f32 budget" for
     // the smaller-budget F32 rows), for a shorter call.
@@ -2081,13 +2073,22 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         let mut options = options.clone();
         options.chunking.tensor_cores = tensor_cores;
         options.chunking.tensor_core_gradients = grads;
-        options.chunking.head_dtype_gradients = head_dtype;
+        options.chunking.head_dtype_gradients = head_dtype > 0;
+        options.chunking.block_statistics = head_dtype == 2;
         options.chunking.memory_budget = budget_mib.map(|m| m << 20);
         let budget_name = budget_mib.map_or(String::new(), |m| format!(" budget {m}M"));
         for &bt in rows {
             let x = input(bt, dtype)?;
             let t = targets(bt)?;
-            let plan = plan_cross_entropy(engine, bt, hidden, vocab, true, &options.chunking)?;
+            let plan =
+                match plan_cross_entropy(engine, bt, hidden, vocab, true, dtype, &options.chunking)
+                {
+                    Ok(plan) => plan,
+                    Err(e) => {
+                        eprintln!("  fused_linear_ce {label}{budget_name} BT{bt}: skipped ({e})");
+                        continue;
+                    }
+                };
             eprintln!(
                 "  fused_linear_ce {label}{budget_name} BT{bt} H{hidden} V{vocab}: {:.3e} FLOP per run, {} chunks of {} rows, vocabulary blocks {:?}, workspace {:.1} MiB",
                 6.0 * (bt * hidden) as f64 * vocab as f64,
@@ -2120,7 +2121,15 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         options.chunking.memory_budget = Some(budget);
         let bound = engine.workspace_bound();
         engine.set_workspace_bound(bound.max(budget));
-        let plan = plan_cross_entropy(engine, bt, hidden, vocab, true, &options.chunking);
+        let plan = plan_cross_entropy(
+            engine,
+            bt,
+            hidden,
+            vocab,
+            true,
+            DType::F32,
+            &options.chunking,
+        );
         engine.set_workspace_bound(bound);
         let plan = plan?;
         eprintln!(

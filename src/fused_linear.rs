@@ -255,6 +255,18 @@ pub struct Chunking {
     /// [`Chunking::tensor_core_gradients`], whose rows must be whole 32-byte chunks). An
     /// explicit value is checked against the engine's workspace bound.
     pub vocab_block: Option<usize>,
+    /// Opt-in, with `head_dtype_gradients` (cross-entropy heads only): no row chunks at all.
+    /// The loss statistics are taken block by block of vocabulary columns too — a first pass
+    /// of logits products over the blocks folds each row's running maximum, sum of
+    /// exponentials, argmax, smoothing sums and target logit into a per-row state — and the
+    /// gradient pass over the blocks then adds `dx += dz·W[block]` as well (an F32
+    /// `[rows, hidden]` sum, rounded once to the input's dtype at the end). So every product
+    /// spans all rows (`M` = rows) however small the budget, at the cost of that F32 `dx`
+    /// (`4·rows·hidden` bytes of scratch for a 16-bit input); the number of products is the
+    /// same as with row chunks (two logits products, `dx` and `dW`). Refused
+    /// (`InvalidValue`) without `head_dtype_gradients` and with `return_entropy`; at most
+    /// 2^24 classes (`OutOfBounds`).
+    pub block_statistics: bool,
 }
 
 /// The chunking of one call.
@@ -272,10 +284,12 @@ pub struct ChunkPlan {
     /// ([`Chunking::head_dtype_gradients`]); `None` when the weight gradient is summed chunk by
     /// chunk.
     pub vocab_block: Option<usize>,
+    /// [`Chunking::block_statistics`]: no row chunks (`chunks` is 0), only vocabulary blocks.
+    pub block_statistics: bool,
 }
 
 impl ChunkPlan {
-    /// `(first row, rows)` of each chunk, in order.
+    /// `(first row, rows)` of each chunk, in order (none with block statistics).
     pub fn ranges(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         (0..self.chunks).map(move |j| {
             let r0 = j * self.chunk_rows;
@@ -541,14 +555,21 @@ struct Accumulator {
     /// Columns per block of the weight-gradient pass ([`Accumulator::add_blocks`]); `None`:
     /// the chunks sum `dW` and `db` themselves.
     vocab_block: Option<usize>,
+    /// [`Chunking::block_statistics`]: the blocks sum `dx` too, into `dx` as F32 (rounded to
+    /// the input's dtype after the last block).
+    dx_blocks: bool,
 }
 
 impl Accumulator {
-    /// Output buffers for `head` (allocated before anything is launched), F32 or, with a
-    /// vocabulary block, `dx` and `dW` in the input's and weight's dtypes.
-    fn new(head: &Head, vocab_block: Option<usize>) -> Result<Accumulator> {
+    /// Output buffers for `plan` (allocated before anything is launched), F32 or, with a
+    /// vocabulary block, `dx` and `dW` in the input's and weight's dtypes (`dx` summed in F32
+    /// first with block statistics).
+    fn new(head: &Head, plan: &ChunkPlan) -> Result<Accumulator> {
         let engine = head.input.engine();
+        let vocab_block = plan.vocab_block;
+        let dx_blocks = plan.block_statistics && head.rows > 0;
         let (dx_dtype, dw_dtype) = match vocab_block {
+            Some(_) if dx_blocks => (DType::F32, head.weight.dtype()),
             Some(_) => (head.input.dtype(), head.weight.dtype()),
             None => (DType::F32, DType::F32),
         };
@@ -572,6 +593,7 @@ impl Accumulator {
             first: true,
             scale: head.scale,
             vocab_block,
+            dx_blocks,
         })
     }
 
@@ -580,7 +602,8 @@ impl Accumulator {
     /// logits of every row `z = x·W[v0..]ᵀ/T + b[v0..]/T` (recomputed), their gradient
     /// `dz = grad(z, block)` (which may write over `z`), then
     /// `dW[v0..] = s·dzᵀ·x` (one product over all rows, FP32 sums, rounded once to the
-    /// weight's dtype) and `db[v0..] = s·Σ_r dz`.
+    /// weight's dtype) and `db[v0..] = s·Σ_r dz`; with block statistics also
+    /// `dx += s·dz·W[v0..]` (F32, block after block), rounded to the input's dtype at the end.
     fn add_blocks(
         &mut self,
         head: &Head,
@@ -589,28 +612,30 @@ impl Accumulator {
         let Some(block) = self.vocab_block else {
             return Ok(());
         };
-        if head.rows == 0 {
-            return Ok(());
-        }
         let engine = head.input.engine();
-        // The logit bias in F32, sliced block by block.
-        let bias = match &head.logit_bias {
-            Some(b) if b.dtype() == DType::F32 => Some(b.clone()),
-            Some(b) => Some(combine(b, 1.0, None, None)?),
-            None => None,
-        };
         let s = self.scale;
         let tc = head.tensor_core_gradients;
-        for v0 in (0..head.vocab).step_by(block) {
-            let w = block.min(head.vocab - v0);
-            let block_bias = bias
-                .as_ref()
-                .map(|b| b.f32_range(v0, &[w], "fused_linear block bias"))
-                .transpose()?;
-            let z = head.logits_of((0, head.rows), (v0, w), block_bias.as_ref())?;
-            drop(block_bias);
-            let dz = grad(&z, CeBlock { row0: 0, col0: v0 })?;
-            drop(z);
+        for_blocks(head, block, &mut |v0, z| {
+            let w = z.shape()[1];
+            let dz = grad(z, CeBlock { row0: 0, col0: v0 })?;
+            if self.dx_blocks {
+                gemm(&Gemm {
+                    alpha: s,
+                    tensor_cores: tc,
+                    round_f32_operands: tc,
+                    copy_bytes: head.copy_bytes,
+                    ..Gemm::plain(
+                        GemmOperand::whole(&dz, false),
+                        GemmOperand {
+                            offset: v0 * head.hidden,
+                            ..GemmOperand::whole(&head.weight, false)
+                        },
+                        &self.dx,
+                        (head.rows, head.hidden, w),
+                        v0 > 0,
+                    )
+                })?;
+            }
             gemm(&Gemm {
                 out_offset: v0 * head.hidden,
                 alpha: s,
@@ -643,6 +668,10 @@ impl Accumulator {
                     )
                 });
             }
+            Ok(())
+        })?;
+        if self.dx_blocks {
+            self.dx = crate::cast::cast(&self.dx, head.input.dtype())?;
         }
         Ok(())
     }
@@ -708,6 +737,62 @@ impl Accumulator {
             bias: self.db,
         }
     }
+}
+
+/// For each block of `block` vocabulary columns `v0..v0 + w` of `head` (none without rows),
+/// in order: `f(v0, z)` with `z` the F32 logits `[rows, w]` of every row,
+/// `x·W[v0..]ᵀ/T + b[v0..]/T`.
+fn for_blocks(
+    head: &Head,
+    block: usize,
+    f: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
+) -> Result<()> {
+    if head.rows == 0 {
+        return Ok(());
+    }
+    // The logit bias in F32, sliced block by block.
+    let bias = match &head.logit_bias {
+        Some(b) if b.dtype() == DType::F32 => Some(b.clone()),
+        Some(b) => Some(combine(b, 1.0, None, None)?),
+        None => None,
+    };
+    for v0 in (0..head.vocab).step_by(block) {
+        let w = block.min(head.vocab - v0);
+        let block_bias = bias
+            .as_ref()
+            .map(|b| b.f32_range(v0, &[w], "fused_linear block bias"))
+            .transpose()?;
+        let z = head.logits_of((0, head.rows), (v0, w), block_bias.as_ref())?;
+        drop(block_bias);
+        f(v0, &z)?;
+    }
+    Ok(())
+}
+
+/// [`Chunking::block_statistics`]' first pass: every block's logits folded into a per-row
+/// state ([`loss::ce_stats_block`]), then the per-row matrix `mat` and the predictions from it.
+fn block_statistics(
+    head: &Head,
+    block: usize,
+    targets: &Tensor,
+    settings: &CeSettings,
+    mat: &Tensor,
+    predicted: Option<&Tensor>,
+) -> Result<()> {
+    if head.rows == 0 {
+        return Ok(());
+    }
+    let engine = head.input.engine();
+    let state = Tensor::empty(
+        engine,
+        &[head.rows, 8],
+        DType::F32,
+        "fused_linear block state",
+    )?;
+    for_blocks(head, block, &mut |v0, z| {
+        loss::ce_stats_block(z, targets, settings, v0, &state)
+    })?;
+    loss::ce_stats_finish(&state, targets, settings, head.vocab, mat, predicted)
 }
 
 /// Scratch of the chunk work beyond the `n_logits` F32 `[chunk_rows, vocab]` buffers: the
@@ -849,6 +934,7 @@ fn plan(
         chunks: rows.div_ceil(chunk_rows),
         workspace_bytes: needed,
         vocab_block: None,
+        block_statistics: false,
     })
 }
 
@@ -1038,6 +1124,51 @@ pub fn fused_linear_cross_entropy_blocked_workspace_bytes(
     loss::cross_entropy_workspace_bytes(rows) + 32 + 16 + f32_bias + chunk.max(block)
 }
 
+/// Scratch bytes of [`fused_linear_cross_entropy`] with [`Chunking::block_statistics`]
+/// (forward and backward) for `rows` rows and blocks of `vocab_block` vocabulary columns: the
+/// per-row matrix and its sums as in [`fused_linear_cross_entropy_workspace_bytes`], the
+/// blocks' per-row state (`32·rows`), with a bias its F32 copy divided by the temperature
+/// (`4·vocab`), the F32 `dx` sum `[rows, hidden]` unless the input is F32 (`input_f32`; then
+/// it is the output itself), and a block: its F32 logits `[rows, vocab_block]` (8 bytes a
+/// logit when its gradient cannot be written over them, see
+/// [`fused_linear_cross_entropy_blocked_workspace_bytes`]), with a bias their column-sum
+/// partials and `12·vocab_block` bytes, plus the largest split-K scratch of its logits, `dx`
+/// and `dW` products.
+pub fn fused_linear_cross_entropy_block_statistics_workspace_bytes(
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+    vocab_block: usize,
+    bias: bool,
+    input_f32: bool,
+) -> u64 {
+    let b = vocab_block.min(vocab.max(1));
+    let per_logit: u64 = if gradient_over_logits(vocab, b) { 4 } else { 8 };
+    let block_bias = if bias {
+        sum_columns_workspace_bytes(rows, b) + 12 * b as u64
+    } else {
+        0
+    };
+    let block = per_logit * (rows as u64) * (b as u64)
+        + block_bias
+        + products_scratch(vocab, b, |w| {
+            vec![(rows, w, hidden), (rows, hidden, w), (w, hidden, rows)]
+        });
+    let f32_bias = if bias { 4 * vocab as u64 } else { 0 };
+    let dx_sum = if input_f32 {
+        0
+    } else {
+        4 * (rows as u64) * (hidden as u64)
+    };
+    loss::cross_entropy_workspace_bytes(rows)
+        + 32
+        + 16
+        + 32 * rows as u64
+        + f32_bias
+        + dx_sum
+        + block
+}
+
 /// Whether the logit gradients of [`Chunking::head_dtype_gradients`] are written over their
 /// logits: every row of a chunk (`vocab` wide) and of a block (`vocab_block` wide, the last
 /// one too) whole 16-byte chunks.
@@ -1053,15 +1184,48 @@ const BLOCK_GRANULE: usize = 8;
 /// smallest.
 fn plan_blocked(
     engine: &Engine,
-    rows: usize,
-    hidden: usize,
-    vocab: usize,
+    (rows, hidden, vocab): (usize, usize, usize),
     bias: bool,
+    input_f32: bool,
     chunking: &Chunking,
 ) -> Result<ChunkPlan> {
     const WHAT: &str = "fused_linear_cross_entropy";
     let budget = budget_of(engine, chunking);
     let binding = engine.max_binding_bytes();
+    if chunking.block_statistics {
+        let ws = |b: usize| {
+            fused_linear_cross_entropy_block_statistics_workspace_bytes(
+                rows, hidden, vocab, b, bias, input_f32,
+            )
+        };
+        let vocab_block = piece_size(
+            &format!("{WHAT}: vocab_block"),
+            chunking.vocab_block,
+            vocab,
+            BLOCK_GRANULE,
+            |b| (rows.max(1) as u64) * (b as u64) * 4,
+            binding,
+            |b| ws(b) <= budget,
+        )
+        .map_err(|e| match e {
+            PieceError::Err(e) => e,
+            PieceError::OneTooLarge => Error::WorkspaceExceeded {
+                what: format!("{WHAT} (eight columns per block)"),
+                needed: ws(BLOCK_GRANULE.min(vocab)),
+                bound: budget,
+            },
+        })?;
+        let needed = ws(vocab_block);
+        engine.check_workspace(WHAT, needed)?;
+        return Ok(ChunkPlan {
+            rows,
+            chunk_rows: rows.max(1),
+            chunks: 0,
+            workspace_bytes: needed,
+            vocab_block: Some(vocab_block),
+            block_statistics: true,
+        });
+    }
     let ws = |c: usize, b: usize| {
         fused_linear_cross_entropy_blocked_workspace_bytes(rows, hidden, vocab, c, b, bias, false)
     };
@@ -1105,25 +1269,49 @@ fn plan_blocked(
         chunks: rows.div_ceil(chunk_rows),
         workspace_bytes: needed,
         vocab_block: Some(vocab_block),
+        block_statistics: false,
     })
 }
 
 /// The chunking [`fused_linear_cross_entropy`] would use for these shapes and options (with
-/// [`Chunking::head_dtype_gradients`] also the vocabulary block).
+/// [`Chunking::head_dtype_gradients`] also the vocabulary block), for a head whose input has
+/// dtype `input` (with [`Chunking::block_statistics`], a 16-bit input's `dx` is summed in an
+/// F32 scratch buffer).
 /// Errors: `WorkspaceExceeded` when not even one row per chunk (or eight columns per block)
 /// fits the budget, or explicit sizes exceed the engine's bound; `LimitExceeded` when a
 /// chunk's or a block's F32 logits would not fit one binding; `OutOfBounds` for
-/// `chunk_rows = Some(0)` or `vocab_block = Some(0)`.
+/// `chunk_rows = Some(0)` or `vocab_block = Some(0)`, and for block statistics over more
+/// than 2^24 classes; `InvalidValue` for block statistics without `head_dtype_gradients`.
 pub fn plan_cross_entropy(
     engine: &Engine,
     rows: usize,
     hidden: usize,
     vocab: usize,
     bias: bool,
+    input: DType,
     chunking: &Chunking,
 ) -> Result<ChunkPlan> {
+    const WHAT: &str = "fused_linear_cross_entropy";
+    if chunking.block_statistics {
+        if !chunking.head_dtype_gradients {
+            return Err(Error::InvalidValue {
+                what: format!("{WHAT}: Chunking::block_statistics"),
+                got: 1.0,
+                rule: "needs Chunking::head_dtype_gradients".into(),
+            });
+        }
+        if vocab > loss::CE_BLOCK_MAX_CLASSES {
+            return Err(Error::bounds(
+                format!("{WHAT}: vocabulary with Chunking::block_statistics"),
+                vocab as u64,
+                1,
+                loss::CE_BLOCK_MAX_CLASSES as u64,
+            ));
+        }
+    }
     if chunking.head_dtype_gradients {
-        return plan_blocked(engine, rows, hidden, vocab, bias, chunking);
+        let input_f32 = input == DType::F32;
+        return plan_blocked(engine, (rows, hidden, vocab), bias, input_f32, chunking);
     }
     plan(
         "fused_linear_cross_entropy",
@@ -1260,12 +1448,20 @@ fn cross_entropy_forward(
         "must be finite and > 0",
         t > 0.0,
     )?;
+    if options.chunking.block_statistics && options.return_entropy {
+        return Err(Error::InvalidValue {
+            what: format!("{WHAT}: return_entropy with Chunking::block_statistics"),
+            got: 1.0,
+            rule: "the entropy needs row chunks".into(),
+        });
+    }
     let plan = plan_cross_entropy(
         engine,
         h.rows,
         h.hidden,
         h.vocab,
         h.bias.is_some(),
+        h.input.dtype(),
         &options.chunking,
     )?;
     if ce.check_targets {
@@ -1308,7 +1504,7 @@ fn cross_entropy_forward(
         None
     };
     let mut acc = if eager {
-        Some(Accumulator::new(&h, plan.vocab_block)?)
+        Some(Accumulator::new(&h, &plan)?)
     } else {
         None
     };
@@ -1334,6 +1530,12 @@ fn cross_entropy_forward(
     } else {
         unit_ce_scales(engine)?
     };
+    if let (true, Some(block)) = (plan.block_statistics, plan.vocab_block) {
+        block_statistics(&h, block, targets, &settings, &mat, predicted.as_ref())?;
+        if let Some(c) = rows_cotangent.as_mut() {
+            (c.fill)(0, h.rows, &mat)?;
+        }
+    }
     for (r0, rows) in plan.ranges() {
         let logits = h.logits(r0, rows)?;
         loss::ce_rows_block(&logits, targets, &settings, r0, &mat, predicted.as_ref())?;
@@ -1591,7 +1793,7 @@ pub fn fused_linear_cross_entropy_backward_with_entropy(
         }
         Ok(dlogits)
     };
-    let mut acc = Accumulator::new(h, plan.vocab_block)?;
+    let mut acc = Accumulator::new(h, plan)?;
     for (r0, rows) in plan.ranges() {
         let logits = h.logits(r0, rows)?;
         let dlogits = grad(&logits, CeBlock { row0: r0, col0: 0 })?;
@@ -1788,12 +1990,17 @@ pub fn plan_distillation(
     bias: bool,
     chunking: &Chunking,
 ) -> Result<ChunkPlan> {
-    if chunking.head_dtype_gradients {
-        return Err(Error::InvalidValue {
-            what: "fused_linear_distillation: Chunking::head_dtype_gradients".into(),
-            got: 1.0,
-            rule: "supported by the cross-entropy heads only".into(),
-        });
+    for (set, name) in [
+        (chunking.head_dtype_gradients, "head_dtype_gradients"),
+        (chunking.block_statistics, "block_statistics"),
+    ] {
+        if set {
+            return Err(Error::InvalidValue {
+                what: format!("fused_linear_distillation: Chunking::{name}"),
+                got: 1.0,
+                rule: "supported by the cross-entropy heads only".into(),
+            });
+        }
     }
     plan(
         "fused_linear_distillation",
@@ -2100,7 +2307,7 @@ pub fn fused_linear_distillation(
         scales: Tensor::from_slice(engine, &[0.0f32, 1.0], &[2])?,
     };
     let mut acc = if o.gradients_in_forward && !per_row {
-        Some(Accumulator::new(&s, None)?)
+        Some(Accumulator::new(&s, &plan)?)
     } else {
         None
     };
@@ -2226,7 +2433,7 @@ pub fn fused_linear_distillation_backward(
         "fused_linear_distillation_backward",
         saved.plan.workspace_bytes,
     )?;
-    let mut acc = Accumulator::new(&saved.student, None)?;
+    let mut acc = Accumulator::new(&saved.student, &saved.plan)?;
     for (r0, rows) in saved.plan.ranges() {
         let d = saved
             .chunk(r0, rows, None, Some(&cot), row_cot.as_ref())?

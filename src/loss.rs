@@ -992,6 +992,80 @@ pub(crate) fn ce_rows_block(
     Ok(())
 }
 
+/// The most classes [`ce_block_stats`] takes (its running argmax is held as an F32 value).
+pub(crate) const CE_BLOCK_MAX_CLASSES: usize = 1 << 24;
+
+/// One block of columns of a cross-entropy whose logits exist a block at a time: `logits`
+/// (`[rows, w]` F32, every row of the batch) holds classes `col0..col0 + w`; their running
+/// maximum, sum of exponentials, argmax, smoothing sums and target logit are folded into
+/// `state` (`[rows, 8]` F32), which the block at `col0 = 0` starts. Blocks must come in
+/// increasing `col0`; [`ce_stats_finish`] then gives the per-row matrix. Needs `s` made for
+/// all the classes ([`ce_settings`]), at most [`CE_BLOCK_MAX_CLASSES`].
+pub(crate) fn ce_stats_block(
+    logits: &Tensor,
+    targets: &Tensor,
+    s: &CeSettings,
+    col0: usize,
+    state: &Tensor,
+) -> Result<()> {
+    let engine = logits.engine();
+    let (rows, cols) = rows_cols(logits);
+    let weight = Bind::whole(s.weight.as_ref().unwrap_or(targets).buffer());
+    let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
+    let row_bytes = (cols * logits.dtype().size()) as u64;
+    for w in row_windows(engine, "cross_entropy block statistics", rows, &[row_bytes])? {
+        let params = Params {
+            col0: col0 as u32,
+            ..s.params(w.len(), cols, w.start, s.flags)
+        };
+        let binds = [
+            logits.bind_rows(&w, cols),
+            Bind::whole(state.buffer()),
+            Bind::whole(targets.buffer()),
+            weight,
+        ];
+        engine.launch_bound(
+            &KERNEL,
+            "ce_block_stats",
+            &consts,
+            &params,
+            &binds,
+            w.len() as u64,
+        )?;
+    }
+    Ok(())
+}
+
+/// The per-row matrix `mat` (`[rows, 8]`, as [`ce_rows_block`] writes it) and the predictions
+/// of a cross-entropy over `classes` classes from the `state` its blocks left
+/// ([`ce_stats_block`]).
+pub(crate) fn ce_stats_finish(
+    state: &Tensor,
+    targets: &Tensor,
+    s: &CeSettings,
+    classes: usize,
+    mat: &Tensor,
+    predicted: Option<&Tensor>,
+) -> Result<()> {
+    let rows = targets.len();
+    let weight = s.weight.as_ref().unwrap_or(targets);
+    let binds = [
+        Bind::whole(mat.buffer()),
+        Bind::whole(state.buffer()),
+        Bind::whole(targets.buffer()),
+        Bind::whole(weight.buffer()),
+        predicted.map_or(Bind::unused(mat.buffer()), |p| Bind::whole(p.buffer())),
+    ];
+    targets.engine().launch_bound(
+        &KERNEL,
+        "ce_block_finish",
+        &constants(DType::F32, DType::F32, DType::F32, 0),
+        &s.params(rows, classes, 0, s.flags | no_pred(predicted)),
+        &binds,
+        (rows as u64).div_ceil(WG),
+    )
+}
+
 /// Counting pass over every target: writes the target weight and the counted flag of each
 /// row into `mat` (`[rows, 8]`, the other columns 0), so that [`ce_finish_values`] gives the
 /// mean scales before any logits exist.

@@ -793,7 +793,8 @@ fn flce_peak_memory_stays_at_the_chunk_bound() {
         },
         ..FusedLinearCrossEntropyOptions::default()
     };
-    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &options.chunking).unwrap();
+    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, DType::F32, &options.chunking)
+        .unwrap();
     assert_eq!((plan.chunk_rows, plan.chunks), (32, 16));
     assert!(plan.workspace_bytes <= per_chunk);
     let before = e.memory().live_bytes;
@@ -2154,7 +2155,8 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
     let t = Tensor::from_slice(&e, &targets, &[rows]).unwrap();
     e.synchronize().unwrap();
     let options = FusedLinearCrossEntropyOptions::default();
-    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &options.chunking).unwrap();
+    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, DType::F32, &options.chunking)
+        .unwrap();
     assert_eq!((plan.chunk_rows, plan.workspace_bytes), (rows, counted));
     let before = e.memory().live_bytes;
     e.reset_peak();
@@ -2179,7 +2181,8 @@ fn flce_with_a_split_k_input_gradient_stays_within_its_workspace() {
         tensor_core_gradients: false,
         ..Chunking::default()
     };
-    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &chunking).unwrap();
+    let plan =
+        fl::plan_cross_entropy(&e, rows, hidden, vocab, true, DType::F32, &chunking).unwrap();
     assert!(
         plan.chunk_rows < rows && plan.workspace_bytes <= budget,
         "{plan:?}"
@@ -2398,26 +2401,31 @@ fn blocked_case(
     bias: bool,
     dtype: DType,
     cfg: &CrossEntropyConfig,
-    (chunk_rows, vocab_block): (Option<usize>, Option<usize>),
+    chunking: Chunking,
     seed: u64,
 ) {
     let rows: usize = lead.iter().product();
+    let (chunk_rows, vocab_block) = (chunking.chunk_rows, chunking.vocab_block);
     let what = format!(
         "{what} {dtype} lead {lead:?} H{hidden} V{vocab} bias={bias} {:?} chunk {chunk_rows:?} \
-         block {vocab_block:?}",
-        cfg.reduction
+         block {vocab_block:?} block statistics {}",
+        cfg.reduction, chunking.block_statistics
     );
     let head = HeadData::new(engine(), seed, lead, hidden, vocab, bias, dtype, 0.5);
     let targets = targets_for(seed + 1, rows, vocab, cfg.ignore_index, 3);
     let t = Tensor::from_slice(engine(), &targets, lead).unwrap();
     let cfg = as_stored(cfg);
     let options = FusedLinearCrossEntropyOptions {
-        chunking: blocked(chunk_rows, vocab_block),
+        chunking,
         ..flce_options(&cfg, None)
     };
     let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
     let plan = saved.plan();
     assert!(plan.vocab_block.is_some(), "{what}: plan {plan:?}");
+    assert_eq!(plan.block_statistics, chunking.block_statistics, "{what}");
+    if chunking.block_statistics {
+        assert_eq!(plan.ranges().count(), 0, "{what}: no row chunks");
+    }
     if let Some(b) = vocab_block {
         assert_eq!(plan.vocab_block, Some(b.min(vocab)), "{what}");
     }
@@ -2497,7 +2505,7 @@ fn flce_head_dtype_gradients_match_the_reference() {
                     k != 2,
                     dtype,
                     &cfg,
-                    (Some(16), block),
+                    blocked(Some(16), block),
                     600 + 10 * k as u64,
                 );
             }
@@ -2511,7 +2519,7 @@ fn flce_head_dtype_gradients_match_the_reference() {
         true,
         DType::BF16,
         &CrossEntropyConfig::default(),
-        (None, None),
+        blocked(None, None),
         640,
     );
 }
@@ -2602,7 +2610,8 @@ fn flce_head_dtype_gradients_peak_memory() {
         memory_budget: Some(budget),
         ..blocked(None, None)
     };
-    let plan = fl::plan_cross_entropy(&e, rows, hidden, vocab, true, &chunking).unwrap();
+    let plan =
+        fl::plan_cross_entropy(&e, rows, hidden, vocab, true, DType::F32, &chunking).unwrap();
     assert!(plan.workspace_bytes <= budget, "{plan:?} over {budget}");
     assert_eq!(plan.chunk_rows, 16, "{plan:?}");
     let block = plan.vocab_block.unwrap();
@@ -2675,6 +2684,345 @@ fn flce_head_dtype_gradients_bad_inputs() {
         fused_linear_distillation(head.gpu(), teacher.gpu(), None, &d),
         Err(Error::InvalidValue { .. })
     ));
+}
+
+// ---- block statistics (`Chunking::block_statistics`): no row chunks ----------------------------
+
+fn block_stats(vocab_block: Option<usize>) -> Chunking {
+    Chunking {
+        block_statistics: true,
+        ..blocked(None, vocab_block)
+    }
+}
+
+#[test]
+fn flce_block_statistics_match_the_reference() {
+    // Ragged last blocks (100 in blocks of 12: a last block of 4; 37 in blocks of 8: of 5,
+    // with separate gradient buffers), one block of the whole vocabulary, and a block of 8
+    // columns over 201 (26 blocks folded into the row state).
+    for (k, (vocab, block)) in [(100, Some(12)), (37, Some(8)), (64, None), (201, Some(8))]
+        .into_iter()
+        .enumerate()
+    {
+        for dtype in DType::FLOATS {
+            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+                let cfg = CrossEntropyConfig {
+                    reduction,
+                    ..all_options(vocab)
+                };
+                blocked_case(
+                    "all options",
+                    &[3, 17],
+                    (24, vocab),
+                    k != 2,
+                    dtype,
+                    &cfg,
+                    block_stats(block),
+                    700 + 10 * k as u64,
+                );
+            }
+        }
+    }
+    for (name, cfg) in [
+        ("plain", CrossEntropyConfig::default()),
+        (
+            "smoothing only",
+            CrossEntropyConfig {
+                label_smoothing: 0.2,
+                reduction: Reduction::Sum,
+                ..CrossEntropyConfig::default()
+            },
+        ),
+        (
+            "half the targets ignored",
+            CrossEntropyConfig {
+                ignore_index: -100,
+                ..CrossEntropyConfig::default()
+            },
+        ),
+    ] {
+        blocked_case(
+            name,
+            &[9],
+            (6, 20),
+            true,
+            DType::BF16,
+            &cfg,
+            block_stats(Some(8)),
+            750,
+        );
+    }
+}
+
+#[test]
+fn flce_block_statistics_agree_with_row_chunks() {
+    // The same loss in another order: the loss values, statistics and predictions of the
+    // block order agree with the row chunks' to FP32 rounding (the predictions exactly), and
+    // so do the gradients (16-bit ones within one unit).
+    let (rows, hidden, vocab) = (40, 32, 96);
+    for dtype in [DType::F32, DType::BF16] {
+        let head = HeadData::new(engine(), 760, &[rows], hidden, vocab, true, dtype, 0.6);
+        let targets = targets_for(761, rows, vocab, -100, 4);
+        let t = Tensor::from_slice(engine(), &targets, &[rows]).unwrap();
+        let run = |chunking: Chunking| {
+            let options = FusedLinearCrossEntropyOptions {
+                chunking,
+                cross_entropy: CrossEntropyOptions {
+                    predicted: true,
+                    label_smoothing: 0.1,
+                    z_loss: 1e-3,
+                    ..CrossEntropyOptions::default()
+                },
+                ..FusedLinearCrossEntropyOptions::default()
+            };
+            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+            let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+            (out, saved.rows_matrix().to_f64().unwrap(), g)
+        };
+        let (rows_out, rows_mat, rows_g) = run(blocked(Some(16), Some(32)));
+        let (ours, mat, g) = run(block_stats(Some(32)));
+        assert_eq!(
+            ours.predicted.as_ref().unwrap().to_vec::<i32>().unwrap(),
+            rows_out
+                .predicted
+                .as_ref()
+                .unwrap()
+                .to_vec::<i32>()
+                .unwrap(),
+            "{dtype} predictions"
+        );
+        for (name, got, want) in [
+            (
+                "loss",
+                ours.loss.to_f64().unwrap(),
+                rows_out.loss.to_f64().unwrap(),
+            ),
+            (
+                "z-loss",
+                ours.z_loss.to_f64().unwrap(),
+                rows_out.z_loss.to_f64().unwrap(),
+            ),
+            ("rows matrix", mat, rows_mat),
+        ] {
+            assert_close(&format!("{dtype} {name}"), &got, &want, F32);
+        }
+        for (name, got, want) in [
+            ("d input", &g.input, &rows_g.input),
+            ("d weight", &g.weight, &rows_g.weight),
+            (
+                "d bias",
+                g.bias.as_ref().unwrap(),
+                rows_g.bias.as_ref().unwrap(),
+            ),
+        ] {
+            let tol = if got.dtype() == DType::F32 {
+                F32
+            } else {
+                common::rounded_tolerance(got.dtype(), 1.0)
+            };
+            assert_close(
+                &format!("{dtype} {name}"),
+                &got.to_f64().unwrap(),
+                &want.to_f64().unwrap(),
+                tol,
+            );
+        }
+    }
+}
+
+#[test]
+fn flce_block_statistics_argmax_ties_go_to_the_lowest_class() {
+    // Classes 3, 21 and 45 (blocks 0, 2 and 5 of 8 columns) have the same weight row, larger
+    // than any other, and the input is positive: their logits are equal and the largest in
+    // every row, so every prediction is class 3, as with whole rows.
+    let (rows, hidden, vocab) = (12, 8, 48);
+    let xs = data(770, rows * hidden, 0.1, 1.0);
+    let mut ws = data(771, vocab * hidden, -0.2, 0.2);
+    for class in [3, 21, 45] {
+        for j in 0..hidden {
+            ws[class * hidden + j] = 0.5 + 0.05 * j as f64;
+        }
+    }
+    let x = tensor_from_f64(engine(), &xs, &[rows, hidden], DType::F32);
+    let w = tensor_from_f64(engine(), &ws, &[vocab, hidden], DType::F32);
+    let targets: Vec<i32> = (0..rows as i32)
+        .map(|r| if r == 5 { -100 } else { r })
+        .collect();
+    let t = Tensor::from_slice(engine(), &targets, &[rows]).unwrap();
+    let head = LinearHead {
+        input: &x,
+        weight: &w,
+        bias: None,
+    };
+    for chunking in [blocked(Some(5), Some(8)), block_stats(Some(8))] {
+        let options = FusedLinearCrossEntropyOptions {
+            chunking,
+            cross_entropy: CrossEntropyOptions {
+                predicted: true,
+                ..CrossEntropyOptions::default()
+            },
+            ..FusedLinearCrossEntropyOptions::default()
+        };
+        let (out, _) = fused_linear_cross_entropy(head, &t, &options).unwrap();
+        let want: Vec<i32> = (0..rows).map(|r| if r == 5 { -1 } else { 3 }).collect();
+        assert_eq!(
+            out.predicted.unwrap().to_vec::<i32>().unwrap(),
+            want,
+            "block statistics {}",
+            chunking.block_statistics
+        );
+        // Target 3 (row 3) is predicted; no other counted row's is.
+        assert_close(
+            &format!("accuracy, block statistics {}", chunking.block_statistics),
+            &out.accuracy.to_f64().unwrap(),
+            &[1.0 / 11.0],
+            F32,
+        );
+    }
+}
+
+#[test]
+fn flce_block_statistics_peak_memory() {
+    let (rows, hidden, vocab) = (256, 64, 1024);
+    let (e, head, t) = memory_case(780, (rows, hidden, vocab), DType::BF16);
+    // A budget for blocks of 64 columns; the F32 dx sum counts.
+    let budget = fl::fused_linear_cross_entropy_block_statistics_workspace_bytes(
+        rows, hidden, vocab, 64, true, false,
+    );
+    let dx_sum = (rows * hidden * 4) as u64;
+    assert!(budget > dx_sum + (rows * 64 * 4) as u64, "{budget}");
+    let chunking = Chunking {
+        memory_budget: Some(budget),
+        ..block_stats(None)
+    };
+    let plan =
+        fl::plan_cross_entropy(&e, rows, hidden, vocab, true, DType::BF16, &chunking).unwrap();
+    assert_eq!((plan.chunks, plan.vocab_block), (0, Some(64)), "{plan:?}");
+    assert_eq!(plan.workspace_bytes, budget);
+    let options = FusedLinearCrossEntropyOptions {
+        chunking,
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let before = e.memory().live_bytes;
+    e.reset_peak();
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+    e.synchronize().unwrap();
+    let peak = e.memory().peak_bytes - before;
+    let outputs = ((rows * hidden + vocab * hidden) * 2 + (vocab + rows) * 4) as u64 + 4096;
+    let bound = (outputs + plan.workspace_bytes) * 9 / 8;
+    assert!(
+        peak <= bound,
+        "peak {peak} bytes above outputs + workspace {bound}"
+    );
+    assert_eq!(g.input.dtype(), DType::BF16);
+    assert_eq!(g.weight.dtype(), DType::BF16);
+    drop((out, saved, g));
+}
+
+#[test]
+fn flce_block_statistics_all_ignored_and_empty_batches() {
+    let (hidden, vocab) = (8, 20);
+    for (rows, dtype) in [(6, DType::F32), (0, DType::BF16)] {
+        let head = HeadData::new(engine(), 795, &[rows], hidden, vocab, true, dtype, 0.5);
+        let t = Tensor::from_slice(engine(), &vec![-100i32; rows], &[rows]).unwrap();
+        for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+            let cfg = CrossEntropyConfig {
+                reduction,
+                ..CrossEntropyConfig::default()
+            };
+            let options = FusedLinearCrossEntropyOptions {
+                chunking: block_stats(Some(8)),
+                ..flce_options(&cfg, None)
+            };
+            let what = format!("{rows} rows {reduction:?}");
+            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+            assert!(
+                out.loss.to_f64().unwrap().iter().all(|&v| v == 0.0),
+                "{what}"
+            );
+            let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+            assert_eq!(g.input.shape(), &[rows, hidden], "{what}");
+            assert_eq!(
+                (g.input.dtype(), g.weight.dtype()),
+                (dtype, dtype),
+                "{what}"
+            );
+            for (name, t) in [("dx", &g.input), ("dW", &g.weight)] {
+                assert!(
+                    t.to_f64().unwrap().iter().all(|&v| v == 0.0),
+                    "{what} {name}"
+                );
+            }
+            assert!(g.bias.unwrap().to_f64().unwrap().iter().all(|&v| v == 0.0));
+        }
+    }
+}
+
+#[test]
+fn flce_block_statistics_bad_inputs() {
+    let e = engine();
+    let t = Tensor::from_slice(e, &[0i32, 1, 2, 3], &[4]).unwrap();
+    let head = HeadData::new(e, 790, &[4], 6, 10, true, DType::BF16, 0.5);
+    let run = |chunking: Chunking, entropy: bool| {
+        let options = FusedLinearCrossEntropyOptions {
+            chunking,
+            return_entropy: entropy,
+            ..FusedLinearCrossEntropyOptions::default()
+        };
+        fused_linear_cross_entropy(head.gpu(), &t, &options).map(|_| ())
+    };
+    // Without gradients in the head's dtypes.
+    let alone = Chunking {
+        block_statistics: true,
+        ..Chunking::default()
+    };
+    assert!(
+        matches!(run(alone, false), Err(Error::InvalidValue { ref what, .. }) if what.contains("block_statistics")),
+        "{:?}",
+        run(alone, false)
+    );
+    // With the entropy output.
+    assert!(matches!(
+        run(block_stats(None), true),
+        Err(Error::InvalidValue { .. })
+    ));
+    // A budget below eight columns per block beside the F32 dx sum.
+    let tiny = Chunking {
+        memory_budget: Some(256),
+        ..block_stats(None)
+    };
+    assert!(matches!(
+        run(tiny, false),
+        Err(Error::WorkspaceExceeded { .. })
+    ));
+    // More classes than the row state's F32 argmax holds exactly (planned, nothing allocated).
+    match fl::plan_cross_entropy(
+        e,
+        4,
+        8,
+        (1 << 24) + 1,
+        false,
+        DType::BF16,
+        &block_stats(None),
+    ) {
+        Err(Error::OutOfBounds { got, max, .. }) => {
+            assert_eq!((got, max), ((1 << 24) + 1, 1 << 24));
+        }
+        other => panic!("2^24 + 1 classes: {other:?}"),
+    }
+    // The distillation losses do not take it.
+    let d = DistillationOptions {
+        chunking: alone,
+        ..DistillationOptions::default()
+    };
+    let teacher = HeadData::new(e, 791, &[4], 6, 10, false, DType::BF16, 0.5);
+    assert!(matches!(
+        fused_linear_distillation(head.gpu(), teacher.gpu(), None, &d),
+        Err(Error::InvalidValue { .. })
+    ));
+    // Without anything wrong it runs.
+    assert!(run(block_stats(None), false).is_ok());
 }
 
 #[test]

@@ -709,31 +709,37 @@ fn fused_linear_head_matches_the_reference() {
                 }
             }
             // Gradients in the head's dtypes (`Chunking::head_dtype_gradients`, blocks of 8
-            // of the 41 columns): each value the reference's rounded once to the dtype (one
-            // unit), the bias gradient F32.
-            let chunking = Chunking {
-                chunk_rows: Some(3),
-                vocab_block: Some(8),
-                head_dtype_gradients: true,
-                ..Chunking::default()
-            };
-            let (out, saved) = fused_linear_grpo_loss(head, &gpu_tokens, &o, chunking).unwrap();
-            let g = fused_linear_grpo_loss_backward(&saved, None).unwrap();
-            let what = format!("{dtype} {loss_type:?} head dtypes");
-            assert_close(&what, &out.loss.to_f64().unwrap(), &[want.loss], tol);
-            let rounded = common::rounded_tolerance(dtype, 1.0);
-            for (name, got, want) in [("dx", &g.input, &dx), ("dW", &g.weight, &dw)] {
-                assert_eq!(got.dtype(), dtype, "{what} {name} dtype");
-                assert_close(
-                    &format!("{what} {name}"),
-                    &got.to_f64().unwrap(),
-                    &stored(want, dtype),
-                    rounded,
+            // of the 41 columns; then with `Chunking::block_statistics`, the per-token
+            // cotangents formed once after the statistics pass): each value the reference's
+            // rounded once to the dtype (one unit), the bias gradient F32.
+            for block_statistics in [false, true] {
+                let chunking = Chunking {
+                    chunk_rows: Some(3),
+                    vocab_block: Some(8),
+                    head_dtype_gradients: true,
+                    block_statistics,
+                    ..Chunking::default()
+                };
+                let (out, saved) = fused_linear_grpo_loss(head, &gpu_tokens, &o, chunking).unwrap();
+                let g = fused_linear_grpo_loss_backward(&saved, None).unwrap();
+                let what = format!(
+                    "{dtype} {loss_type:?} head dtypes, block statistics {block_statistics}"
                 );
+                assert_close(&what, &out.loss.to_f64().unwrap(), &[want.loss], tol);
+                let rounded = common::rounded_tolerance(dtype, 1.0);
+                for (name, got, want) in [("dx", &g.input, &dx), ("dW", &g.weight, &dw)] {
+                    assert_eq!(got.dtype(), dtype, "{what} {name} dtype");
+                    assert_close(
+                        &format!("{what} {name}"),
+                        &got.to_f64().unwrap(),
+                        &stored(want, dtype),
+                        rounded,
+                    );
+                }
+                let gb = g.bias.expect("bias gradient");
+                assert_eq!(gb.dtype(), DType::F32, "{what} dbias dtype");
+                assert_close(&format!("{what} dbias"), &gb.to_f64().unwrap(), &db, tol);
             }
-            let gb = g.bias.expect("bias gradient");
-            assert_eq!(gb.dtype(), DType::F32, "{what} dbias dtype");
-            assert_close(&format!("{what} dbias"), &gb.to_f64().unwrap(), &db, tol);
         }
     }
     // A head that is not [B, L, H].

@@ -291,12 +291,16 @@ fn chunk_sizes_reruns_and_the_cotangent() {
 }
 
 /// DPO with gradients in the head's dtypes (`Chunking::head_dtype_gradients`, chunks of 5
-/// rows, blocks of 8 of the 37 columns; the backward recomputes with per-token cotangents):
-/// d input and d weight the reference's rounded once to the dtype (one unit), d bias F32.
+/// rows, blocks of 8 of the 37 columns; the backward recomputes with per-token cotangents),
+/// and again with `Chunking::block_statistics` (no row chunks): d input and d weight the
+/// reference's rounded once to the dtype (one unit), d bias F32.
 #[test]
 fn head_dtype_gradients_match_the_reference() {
     let tol = Tolerance::for_dtype(DType::F32);
-    for dtype in DType::FLOATS {
+    for (dtype, block_statistics) in DType::FLOATS
+        .into_iter()
+        .flat_map(|d| [(d, false), (d, true)])
+    {
         let c = case(140, SIZES, dtype);
         let u = upload(&c, dtype);
         let o = PreferenceOptions {
@@ -304,6 +308,7 @@ fn head_dtype_gradients_match_the_reference() {
                 chunk_rows: Some(5),
                 vocab_block: Some(8),
                 head_dtype_gradients: true,
+                block_statistics,
                 ..Chunking::default()
             },
             ..PreferenceOptions::new(PreferenceLoss::Dpo)
@@ -313,7 +318,7 @@ fn head_dtype_gradients_match_the_reference() {
         let inp = inputs(&c, true);
         let want = reference::forward(c.s, &inp, &set);
         assert_close(
-            &format!("{dtype} loss"),
+            &format!("{dtype} (block statistics {block_statistics}) loss"),
             &out.loss.to_f64().unwrap(),
             &[want.loss],
             tol,
@@ -324,7 +329,7 @@ fn head_dtype_gradients_match_the_reference() {
         for (name, got, want) in [("dx", &g.input, &dx), ("dW", &g.weight, &dw)] {
             assert_eq!(got.dtype(), dtype, "{dtype} {name} dtype");
             assert_close(
-                &format!("{dtype} {name}"),
+                &format!("{dtype} (block statistics {block_statistics}) {name}"),
                 &got.to_f64().unwrap(),
                 &stored(want, dtype),
                 rounded,
@@ -332,7 +337,12 @@ fn head_dtype_gradients_match_the_reference() {
         }
         let gb = g.bias.expect("bias gradient");
         assert_eq!(gb.dtype(), DType::F32);
-        assert_close(&format!("{dtype} dbias"), &gb.to_f64().unwrap(), &db, tol);
+        assert_close(
+            &format!("{dtype} (block statistics {block_statistics}) dbias"),
+            &gb.to_f64().unwrap(),
+            &db,
+            tol,
+        );
     }
 }
 

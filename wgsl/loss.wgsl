@@ -1263,6 +1263,133 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
+// ---- cross-entropy statistics by blocks of columns ------------------------------------------
+
+// The fused linear heads' block order ([rows, classes] logits that exist one block of columns at
+// a time): ce_block_stats folds the block x = [rows, cols] of classes col0.. into a running
+// per-row state [rows, CE_COLS] (stats_out), the first block (col0 = 0) starting it; then
+// ce_block_finish turns the state (stats_in) into the per-row matrix and predictions that
+// ce_fwd writes for whole rows. State columns:
+const CS_MAX: u32 = 0u;   // running maximum m of the (softcapped) logits
+const CS_SUM: u32 = 1u;   // Σ exp(z − m)
+const CS_BEST: u32 = 2u;  // largest raw logit so far (NaN-free)
+const CS_INDEX: u32 = 3u; // its class, the lowest of equal values (as F32: classes ≤ 2^24)
+const CS_WZ: u32 = 4u;    // Σ w_c (z_c − reference) (label smoothing)
+const CS_WSUM: u32 = 5u;  // Σ w_c (label smoothing)
+const CS_RAW_Y: u32 = 6u; // the target's raw logit (once its block has passed)
+const CS_REF: u32 = 7u;   // reference: the softcapped logit of class 0
+
+@compute @workgroup_size(WG)
+fn ce_block_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let cols = params.cols;
+    let base = row * cols;
+    let o = (params.row0 + row) * CE_COLS;
+    let first = params.col0 == 0u;
+    var reference = 0.0;
+    if (first) {
+        reference = softcapped(ld_x(base));
+    } else {
+        reference = stats_out[o + CS_REF];
+    }
+    let eps = params.a;
+    var st = vec2<f32>(neg_inf(), 0.0);
+    var best = neg_inf();
+    var best_index = params.col0;
+    var wz = 0.0;
+    var wsum = 0.0;
+    for (var c = lid; c < cols; c = c + WG) {
+        let raw = ld_x(base + c);
+        let z = softcapped(raw);
+        st = online(st, z);
+        if (raw > best) {
+            best = raw;
+            best_index = params.col0 + c;
+        }
+        if (eps > 0.0) {
+            let w = class_weight(params.col0 + c);
+            wz = wz + w * (z - reference);
+            wsum = wsum + w;
+        }
+    }
+    let m = workgroup_max(st.x, lid);
+    var part = 0.0;
+    if (st.y > 0.0) {
+        part = st.y * exp(st.x - m);
+    }
+    let s = workgroup_sum(part, lid);
+    var sum_wz = 0.0;
+    var sum_w = 0.0;
+    if (eps > 0.0) { // uniform: a parameter
+        sum_wz = workgroup_sum(wz, lid);
+        sum_w = workgroup_sum(wsum, lid);
+    }
+    let arg = workgroup_argmax(best, best_index, lid);
+    if (lid == 0u) {
+        var m_out = m;
+        var s_out = s;
+        var best_out = ld_x(base + arg - params.col0);
+        if (!(best_out > neg_inf())) {
+            best_out = neg_inf(); // no value beat −∞ in this block (NaNs never count)
+        }
+        var index_out = f32(arg);
+        var raw_y = 0.0;
+        if (!first) {
+            // Earlier blocks first: their maximum, sums and (on ties) their argmax win.
+            let m0 = stats_out[o + CS_MAX];
+            let s0 = stats_out[o + CS_SUM];
+            let mm = max(m0, m);
+            s_out = 0.0;
+            if (s0 > 0.0) {
+                s_out = s0 * exp(m0 - mm);
+            }
+            if (s > 0.0) {
+                s_out = s_out + s * exp(m - mm);
+            }
+            m_out = mm;
+            let b0 = stats_out[o + CS_BEST];
+            if (!(best_out > b0)) {
+                best_out = b0;
+                index_out = stats_out[o + CS_INDEX];
+            }
+            sum_wz = stats_out[o + CS_WZ] + sum_wz;
+            sum_w = stats_out[o + CS_WSUM] + sum_w;
+            raw_y = stats_out[o + CS_RAW_Y];
+        }
+        let t = labels[params.row0 + row];
+        if (target_valid(t) && u32(t) >= params.col0 && u32(t) - params.col0 < cols) {
+            raw_y = ld_x(base + u32(t) - params.col0);
+        }
+        stats_out[o + CS_MAX] = m_out;
+        stats_out[o + CS_SUM] = s_out;
+        stats_out[o + CS_BEST] = best_out;
+        stats_out[o + CS_INDEX] = index_out;
+        stats_out[o + CS_WZ] = sum_wz;
+        stats_out[o + CS_WSUM] = sum_w;
+        stats_out[o + CS_RAW_Y] = raw_y;
+        stats_out[o + CS_REF] = reference;
+    }
+}
+
+// One invocation per row: the per-row matrix (stats_out) and prediction of a row from its
+// finished block state (stats_in), as ce_fwd / ce_fwd_v write them (params.cols: the classes).
+@compute @workgroup_size(WG)
+fn ce_block_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg) * WG + lid;
+    if (row >= params.rows) {
+        return;
+    }
+    let o = (params.row0 + row) * CE_COLS;
+    let rs = vec2<f32>(stats_in[o + CS_MAX], log(stats_in[o + CS_SUM]));
+    ce_write_row(row, rs, stats_in[o + CS_WZ], stats_in[o + CS_WSUM], u32(stats_in[o + CS_INDEX]),
+                 stats_in[o + CS_RAW_Y], stats_in[o + CS_REF]);
+}
+
 // Four gradient values of the cross-entropy backward (see ce_bwd), in vector form:
 // p·((1 − ε)·w_y·f_ce + f_z) − [c = y]·(1 − ε)·w_y·f_ce + ε/C·f_ce·(W·p − w_c), times the
 // softcap derivative.

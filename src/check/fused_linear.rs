@@ -146,7 +146,8 @@ fn gradient_cases(
 /// Liger's ragged FLCE shape (B·T = 4·47 rows, H 31, V 123) in chunks of 50 rows, every
 /// storage dtype, plain and with every option (a quarter of the targets ignored), each
 /// reduction: loss, z-loss, accuracy and the gradients of x, W and the bias; then BF16 and
-/// F16 heads (H 32, V 124) with `Chunking::head_dtype_gradients` in blocks of 40 columns. Where the engine
+/// F16 heads (H 32, V 124) with `Chunking::head_dtype_gradients` in blocks of 40 columns, then
+/// F32 and BF16 heads with `Chunking::block_statistics` too (V 123 and 124). Where the engine
 /// runs tensor cores, the same for an F16 head of 192 rows, H 32, V 128 with
 /// `Chunking::tensor_cores` (the loss values within `matmul::tensor_core_tolerance`).
 fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
@@ -171,7 +172,12 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
     for dtype in [DType::BF16, DType::F16] {
         let (hidden, vocab) = (32, 124);
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
-        let blocked = (50, false, Tolerance::for_dtype(DType::F32), Some(40));
+        let blocked = (
+            50,
+            false,
+            Tolerance::for_dtype(DType::F32),
+            Some((40, false)),
+        );
         flce_config_cases(
             engine,
             &mut rng,
@@ -179,6 +185,26 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
             (rows, vocab),
             blocked,
             &format!("{dtype} head-dtype gradients"),
+            &mut cases,
+        )?;
+    }
+    // Block statistics: no row chunks, every logits product over all rows (F32 with a ragged
+    // last block of 3 columns).
+    for (dtype, hidden, vocab) in [(DType::F32, 31, 123), (DType::BF16, 32, 124)] {
+        let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
+        let blocked = (
+            50,
+            false,
+            Tolerance::for_dtype(DType::F32),
+            Some((40, true)),
+        );
+        flce_config_cases(
+            engine,
+            &mut rng,
+            &head,
+            (rows, vocab),
+            blocked,
+            &format!("{dtype} block statistics"),
             &mut cases,
         )?;
     }
@@ -204,13 +230,14 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
 /// One head's cases of [`check_fused_linear_cross_entropy`]: each configuration of
 /// `ce_configs` in chunks of `chunk.0` rows (`chunk.1`: `Chunking::tensor_cores`), the loss
 /// values within `chunk.2`, the gradients under the F32 policy (`chunk.3`: a vocabulary block,
-/// `Chunking::head_dtype_gradients`, 16-bit gradients within one unit of the reference).
+/// `Chunking::head_dtype_gradients`, 16-bit gradients within one unit of the reference, and
+/// whether `Chunking::block_statistics`).
 fn flce_config_cases(
     engine: &Engine,
     rng: &mut Rng,
     head: &HeadData,
     (rows, vocab): (usize, usize),
-    chunk: (usize, bool, Tolerance, Option<usize>),
+    chunk: (usize, bool, Tolerance, Option<(usize, bool)>),
     suffix: &str,
     cases: &mut Vec<Case>,
 ) -> Result<()> {
@@ -233,7 +260,8 @@ fn flce_config_cases(
                 tensor_cores: chunk.1,
                 tensor_core_gradients: false,
                 head_dtype_gradients: chunk.3.is_some(),
-                vocab_block: chunk.3,
+                vocab_block: chunk.3.map(|b| b.0),
+                block_statistics: chunk.3.is_some_and(|b| b.1),
             },
             gradients_in_forward: true,
             ..FusedLinearCrossEntropyOptions::default()
