@@ -78,10 +78,15 @@ use crate::loss::{
 };
 use crate::matmul::{
     Gemm, GemmOperand, OperandMaxima, gemm, gemm_workspace_bytes, tensor_core_maxima,
+    tensor_core_maxima_of,
 };
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
 use crate::{DType, Engine, Error, Result, Tensor};
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Partial maxima of blocks of a head's weight rows, by `(first row, rows)`.
+type BlockMaxima = HashMap<(usize, usize), Option<OperandMaxima>>;
 
 /// `wgsl/fused_linear.wgsl`.
 pub static KERNEL: Kernel = Kernel {
@@ -345,6 +350,9 @@ struct Head {
     /// product. A recomputing backward reuses the forward's (the head's tensors must not
     /// change in between, as for the statistics the forward saved).
     weight_maxima: OnceLock<Option<OperandMaxima>>,
+    /// The weight's partial maxima over blocks of its rows (vocabulary blocks), by
+    /// `(first row, rows)`, each taken the first time a product reads that block.
+    block_maxima: Arc<Mutex<BlockMaxima>>,
     input_maxima: OnceLock<Option<OperandMaxima>>,
 }
 
@@ -364,6 +372,7 @@ impl Head {
             tensor_core_gradients: false,
             copy_bytes: None,
             weight_maxima: OnceLock::new(),
+            block_maxima: Arc::default(),
             input_maxima: OnceLock::new(),
         }
     }
@@ -372,6 +381,29 @@ impl Head {
     /// (`whole`); `None` otherwise, or for an F16 weight.
     fn weight_maxima(&self, tc: bool, whole: bool) -> Result<Option<&OperandMaxima>> {
         maxima_of(&self.weight_maxima, &self.weight, tc && whole)
+    }
+
+    /// The weight's partial maxima over its rows `v0..v0 + rows` for a tensor-core product
+    /// (`tc`) that reads exactly them (the whole weight's when that is the block).
+    fn block_weight_maxima(
+        &self,
+        tc: bool,
+        (v0, rows): (usize, usize),
+    ) -> Result<Option<OperandMaxima>> {
+        if !tc {
+            return Ok(None);
+        }
+        if v0 == 0 && rows == self.vocab {
+            return Ok(self.weight_maxima(tc, true)?.cloned());
+        }
+        let mut cache = self.block_maxima.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cache.get(&(v0, rows)) {
+            return Ok(m.clone());
+        }
+        let h = self.hidden;
+        let m = tensor_core_maxima_of(&self.weight, v0 * h, rows * h)?;
+        cache.insert((v0, rows), m.clone());
+        Ok(m)
     }
 
     /// The input's, likewise.
@@ -430,6 +462,7 @@ impl Head {
         let engine = self.input.engine();
         let out = Tensor::empty(engine, &[rows, cols], DType::F32, "fused_linear logits")?;
         let tc = self.tensor_cores;
+        let weight_maxima = self.block_weight_maxima(tc, (v0, cols))?;
         gemm(&Gemm {
             bias,
             alpha: self.scale,
@@ -437,7 +470,7 @@ impl Head {
             copy_bytes: self.copy_bytes,
             maxima: [
                 self.input_maxima(tc, r0 == 0 && rows == self.rows)?,
-                self.weight_maxima(tc, v0 == 0 && cols == self.vocab)?,
+                weight_maxima.as_ref(),
             ],
             ..Gemm::plain(
                 GemmOperand {
@@ -618,12 +651,21 @@ impl Accumulator {
         for_blocks(head, block, &mut |v0, z| {
             let w = z.shape()[1];
             let dz = grad(z, CeBlock { row0: 0, col0: v0 })?;
+            // Both products read all of dz: one scan for its tensor-core factor.
+            let dz_maxima = match (tc, self.dx_blocks) {
+                (true, true) => tensor_core_maxima(&dz)?,
+                _ => None,
+            };
             if self.dx_blocks {
                 gemm(&Gemm {
                     alpha: s,
                     tensor_cores: tc,
                     round_f32_operands: tc,
                     copy_bytes: head.copy_bytes,
+                    maxima: [
+                        dz_maxima.as_ref(),
+                        head.block_weight_maxima(tc, (v0, w))?.as_ref(),
+                    ],
                     ..Gemm::plain(
                         GemmOperand::whole(&dz, false),
                         GemmOperand {
@@ -642,7 +684,7 @@ impl Accumulator {
                 tensor_cores: tc,
                 round_f32_operands: tc,
                 copy_bytes: head.copy_bytes,
-                maxima: [None, head.input_maxima(tc, true)?],
+                maxima: [dz_maxima.as_ref(), head.input_maxima(tc, true)?],
                 ..Gemm::plain(
                     GemmOperand::whole(&dz, true),
                     GemmOperand::whole(&head.input, false),
@@ -888,9 +930,17 @@ fn piece_size(
             hi = mid - 1;
         }
     }
-    // Evened out over the pieces (a multiple of the granule), checked again.
+    // Evened out over the pieces (a multiple of the granule), checked again. Since `fits`
+    // need not be monotone (a short last piece may take a split-K scratch that even pieces
+    // do not), fewer pieces of even size are tried first, up to SCAN_PIECES of them.
+    const SCAN_PIECES: usize = 4096;
     let evened = |pieces: usize| size_of(most.div_ceil(pieces).div_ceil(granule));
     let mut pieces = most.div_ceil(size_of(lo));
+    if pieces <= SCAN_PIECES {
+        if let Some(fewer) = (1..pieces).find(|&p| ok(evened(p))) {
+            return Ok(evened(fewer));
+        }
+    }
     while !ok(evened(pieces)) {
         pieces += 1;
     }

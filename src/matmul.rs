@@ -753,6 +753,9 @@ pub struct OperandMaxima {
     partials: Tensor,
     /// The tensor scanned.
     source: Tensor,
+    /// The elements scanned: `len` of them from element `start`.
+    start: usize,
+    len: usize,
 }
 
 impl OperandMaxima {
@@ -772,7 +775,32 @@ impl OperandMaxima {
 /// tensor, which needs no factor), for [`Gemm::maxima`]: one launch, no synchronization.
 /// Valid as long as `t`'s values do not change.
 pub fn tensor_core_maxima(t: &Tensor) -> Result<Option<OperandMaxima>> {
-    let region = Region::whole(t);
+    tensor_core_maxima_of(t, 0, t.len())
+}
+
+/// [`tensor_core_maxima`] of the `len` elements of `t` from element `start`, for products
+/// that read exactly that region (an operand at that offset, of that many elements).
+/// Errors: a region past the end of `t` (`OutOfBounds`).
+pub fn tensor_core_maxima_of(
+    t: &Tensor,
+    start: usize,
+    len: usize,
+) -> Result<Option<OperandMaxima>> {
+    let end = start.checked_add(len).unwrap_or(usize::MAX);
+    if end > t.len() {
+        return Err(Error::bounds(
+            "tensor_core_maxima_of: end of the region",
+            end as u64,
+            0,
+            t.len() as u64,
+        ));
+    }
+    let region = Region {
+        tensor: t,
+        start,
+        len,
+        shared: false,
+    };
     let Some(groups) = scan_groups(&region) else {
         return Ok(None);
     };
@@ -781,6 +809,8 @@ pub fn tensor_core_maxima(t: &Tensor) -> Result<Option<OperandMaxima>> {
     Ok(Some(OperandMaxima {
         partials,
         source: t.clone(),
+        start,
+        len,
     }))
 }
 
@@ -818,18 +848,20 @@ fn scan(r: &Region, groups: u32, dest: &Tensor, slot: u32) -> Result<()> {
 /// Whether `m` was taken over exactly the elements of `r` (`InvalidValue` otherwise).
 fn check_maxima(what: &str, m: &OperandMaxima, r: &Region) -> Result<()> {
     let (src, same_buffer) = (&m.source, m.source.buffer() == r.tensor.buffer());
-    let same = same_buffer && src.dtype() == r.tensor.dtype() && r.start == 0 && src.len() == r.len;
+    let same =
+        same_buffer && src.dtype() == r.tensor.dtype() && (m.start, m.len) == (r.start, r.len);
     if same {
         return Ok(());
     }
     Err(Error::InvalidValue {
         what: format!("matmul: maxima of {what}"),
-        got: src.len() as f64,
+        got: m.len as f64,
         rule: format!(
-            "taken over {} {:?} elements; the product reads {} {:?} elements from element {} \
-             of {}",
-            src.len(),
+            "taken over {} {:?} elements from element {}; the product reads {} {:?} elements \
+             from element {} of {}",
+            m.len,
             src.dtype(),
+            m.start,
             r.len,
             r.tensor.dtype(),
             r.start,

@@ -2089,6 +2089,18 @@ fn tensor_core_products_match_reference_or_are_refused() {
             }
             other => panic!("{label}: maxima for an offset region: {other:?}"),
         }
+        // Maxima taken over exactly that region (`tensor_core_maxima_of`): the same bits as
+        // the product's own scan; a region past the end is refused.
+        let region = matmul::tensor_core_maxima_of(&x, 8 * k, (m - 8) * k).unwrap();
+        assert_eq!(
+            run_from([None, None], 8, m - 8).unwrap(),
+            run_from([region.as_ref(), mw.as_ref()], 8, m - 8).unwrap(),
+            "{label}: region maxima"
+        );
+        assert!(matches!(
+            matmul::tensor_core_maxima_of(&x, 8 * k, (m - 7) * k),
+            Err(Error::OutOfBounds { .. })
+        ));
     }
     // Typed errors.
     let f32_a = Tensor::zeros(e, &[128, 64], DType::F32).unwrap();
