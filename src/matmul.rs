@@ -786,7 +786,7 @@ pub fn tensor_core_maxima_of(
     start: usize,
     len: usize,
 ) -> Result<Option<OperandMaxima>> {
-    let end = start.checked_add(len).unwrap_or(usize::MAX);
+    let end = start.saturating_add(len);
     if end > t.len() {
         return Err(Error::bounds(
             "tensor_core_maxima_of: end of the region",
