@@ -1242,13 +1242,15 @@ fn plan_blocked(
     const WHAT: &str = "fused_linear_cross_entropy";
     let budget = budget_of(engine, chunking);
     let binding = engine.max_binding_bytes();
-    if chunking.block_statistics {
-        let ws = |b: usize| {
-            fused_linear_cross_entropy_block_statistics_workspace_bytes(
-                rows, hidden, vocab, b, bias, input_f32,
-            )
-        };
-        let vocab_block = piece_size(
+    let smallest_block = BLOCK_GRANULE.min(vocab);
+    let too_large = |what: &str, needed: u64| Error::WorkspaceExceeded {
+        what: format!("{WHAT} ({what})"),
+        needed,
+        bound: budget,
+    };
+    // The largest vocabulary block whose workspace `ws(block)` fits the budget.
+    let block_size = |ws: &dyn Fn(usize) -> u64| {
+        piece_size(
             &format!("{WHAT}: vocab_block"),
             chunking.vocab_block,
             vocab,
@@ -1259,12 +1261,16 @@ fn plan_blocked(
         )
         .map_err(|e| match e {
             PieceError::Err(e) => e,
-            PieceError::OneTooLarge => Error::WorkspaceExceeded {
-                what: format!("{WHAT} (eight columns per block)"),
-                needed: ws(BLOCK_GRANULE.min(vocab)),
-                bound: budget,
-            },
-        })?;
+            PieceError::OneTooLarge => too_large("eight columns per block", ws(smallest_block)),
+        })
+    };
+    if chunking.block_statistics {
+        let ws = |b: usize| {
+            fused_linear_cross_entropy_block_statistics_workspace_bytes(
+                rows, hidden, vocab, b, bias, input_f32,
+            )
+        };
+        let vocab_block = block_size(&ws)?;
         let needed = ws(vocab_block);
         engine.check_workspace(WHAT, needed)?;
         return Ok(ChunkPlan {
@@ -1279,12 +1285,6 @@ fn plan_blocked(
     let ws = |c: usize, b: usize| {
         fused_linear_cross_entropy_blocked_workspace_bytes(rows, hidden, vocab, c, b, bias, false)
     };
-    let smallest_block = BLOCK_GRANULE.min(vocab);
-    let too_large = |what: &str, needed: u64| Error::WorkspaceExceeded {
-        what: format!("{WHAT} ({what})"),
-        needed,
-        bound: budget,
-    };
     let chunk_rows = piece_size(
         &format!("{WHAT}: chunk_rows"),
         chunking.chunk_rows,
@@ -1298,19 +1298,7 @@ fn plan_blocked(
         PieceError::Err(e) => e,
         PieceError::OneTooLarge => too_large("one row per chunk", ws(1, smallest_block)),
     })?;
-    let vocab_block = piece_size(
-        &format!("{WHAT}: vocab_block"),
-        chunking.vocab_block,
-        vocab,
-        BLOCK_GRANULE,
-        |b| (rows.max(1) as u64) * (b as u64) * 4,
-        binding,
-        |b| ws(1, b) <= budget,
-    )
-    .map_err(|e| match e {
-        PieceError::Err(e) => e,
-        PieceError::OneTooLarge => too_large("eight columns per block", ws(1, smallest_block)),
-    })?;
+    let vocab_block = block_size(&|b| ws(1, b))?;
     let needed = ws(chunk_rows, vocab_block);
     engine.check_workspace(WHAT, needed)?;
     Ok(ChunkPlan {

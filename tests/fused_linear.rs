@@ -2570,31 +2570,37 @@ fn flce_head_dtype_gradients_agree_with_the_f32_ones() {
             ..Chunking::default()
         });
         let ours = run(blocked(Some(16), Some(32)));
-        for (name, got, want) in [
-            ("d input", &ours.input, &f32s.input),
-            ("d weight", &ours.weight, &f32s.weight),
+        assert_gradients_agree(&dtype.to_string(), &ours, &f32s);
+    }
+}
+
+/// `got`'s gradients against `want`'s, the same sums in another order: F32 ones to FP32
+/// rounding, 16-bit ones within one unit of `want`'s rounded to their dtype.
+fn assert_gradients_agree(what: &str, got: &FusedLinearGradients, want: &FusedLinearGradients) {
+    for (name, got, want) in [
+        ("d input", &got.input, &want.input),
+        ("d weight", &got.weight, &want.weight),
+        (
+            "d bias",
+            got.bias.as_ref().unwrap(),
+            want.bias.as_ref().unwrap(),
+        ),
+    ] {
+        let want = want.to_f64().unwrap();
+        let (want, tol) = if got.dtype() == DType::F32 {
+            (want, F32)
+        } else {
             (
-                "d bias",
-                ours.bias.as_ref().unwrap(),
-                f32s.bias.as_ref().unwrap(),
-            ),
-        ] {
-            let want = want.to_f64().unwrap();
-            let (want, tol) = if got.dtype() == DType::F32 {
-                (want, F32)
-            } else {
-                (
-                    common::stored(&want, got.dtype()),
-                    common::rounded_tolerance(got.dtype(), 1.0),
-                )
-            };
-            assert_close(
-                &format!("{dtype} {name}"),
-                &got.to_f64().unwrap(),
-                &want,
-                tol,
-            );
-        }
+                common::stored(&want, got.dtype()),
+                common::rounded_tolerance(got.dtype(), 1.0),
+            )
+        };
+        assert_close(
+            &format!("{what} {name}"),
+            &got.to_f64().unwrap(),
+            &want,
+            tol,
+        );
     }
 }
 
@@ -2806,27 +2812,7 @@ fn flce_block_statistics_agree_with_row_chunks() {
         ] {
             assert_close(&format!("{dtype} {name}"), &got, &want, F32);
         }
-        for (name, got, want) in [
-            ("d input", &g.input, &rows_g.input),
-            ("d weight", &g.weight, &rows_g.weight),
-            (
-                "d bias",
-                g.bias.as_ref().unwrap(),
-                rows_g.bias.as_ref().unwrap(),
-            ),
-        ] {
-            let tol = if got.dtype() == DType::F32 {
-                F32
-            } else {
-                common::rounded_tolerance(got.dtype(), 1.0)
-            };
-            assert_close(
-                &format!("{dtype} {name}"),
-                &got.to_f64().unwrap(),
-                &want.to_f64().unwrap(),
-                tol,
-            );
-        }
+        assert_gradients_agree(&dtype.to_string(), &g, &rows_g);
     }
 }
 

@@ -106,15 +106,20 @@ fn online(state: vec2<f32>, z: f32) -> vec2<f32> {
     return vec2<f32>(state.x, state.y + exp(z - state.x));
 }
 
-// Row maximum and log denominator from the lanes' online states (uniform control flow).
-fn row_stats(state: vec2<f32>, lid: u32) -> vec2<f32> {
+// Row maximum and Σ exp(z − maximum) from the lanes' online states (uniform control flow).
+fn row_max_sum(state: vec2<f32>, lid: u32) -> vec2<f32> {
     let m = workgroup_max(state.x, lid);
     var part = 0.0;
     if (state.y > 0.0) {
         part = state.y * exp(state.x - m);
     }
-    let s = workgroup_sum(part, lid);
-    return vec2<f32>(m, log(s));
+    return vec2<f32>(m, workgroup_sum(part, lid));
+}
+
+// Row maximum and log denominator from the lanes' online states (uniform control flow).
+fn row_stats(state: vec2<f32>, lid: u32) -> vec2<f32> {
+    let ms = row_max_sum(state, lid);
+    return vec2<f32>(ms.x, log(ms.y));
 }
 
 // Argmax over the lanes' (best value, lowest index) pairs: ties go to the lower index.
@@ -384,6 +389,48 @@ fn ce_classes() -> u32 {
     return params.classes;
 }
 
+// The columns of the launch's row from word `base` (lane t: t, t + WG, ...; column c is class
+// col0 + c), reduced over the workgroup in fixed trees (uniform control flow): the maximum and
+// Σ exp(z − maximum) of the softcapped logits z, the label smoothing's Σ w_c (z_c − reference)
+// and Σ w_c (0 without smoothing), and the argmax of the raw logits (ties to the lowest class).
+struct CeScan {
+    ms: vec2<f32>,
+    sum_wz: f32,
+    sum_w: f32,
+    arg: u32,
+}
+
+fn ce_scan(base: u32, col0: u32, reference: f32, lid: u32) -> CeScan {
+    let eps = params.a;
+    var st = vec2<f32>(neg_inf(), 0.0);
+    var best = neg_inf();
+    var best_index = col0;
+    var wz = 0.0;
+    var wsum = 0.0;
+    for (var c = lid; c < params.cols; c = c + WG) {
+        let raw = ld_x(base + c);
+        let z = softcapped(raw);
+        st = online(st, z);
+        if (raw > best) {
+            best = raw;
+            best_index = col0 + c;
+        }
+        if (eps > 0.0) {
+            let w = class_weight(col0 + c);
+            wz = wz + w * (z - reference);
+            wsum = wsum + w;
+        }
+    }
+    let ms = row_max_sum(st, lid);
+    var sum_wz = 0.0;
+    var sum_w = 0.0;
+    if (eps > 0.0) { // uniform: a parameter
+        sum_wz = workgroup_sum(wz, lid);
+        sum_w = workgroup_sum(wsum, lid);
+    }
+    return CeScan(ms, sum_wz, sum_w, workgroup_argmax(best, best_index, lid));
+}
+
 // Per-row cross-entropy with integer targets into stats_out ([rows, CE_COLS], see above) and
 // the argmax of the raw logits into pred (ties to the lowest index; −1 for an ignored row).
 // loss = (1 − ε) w_y (lse − z_y) + ε/C Σ_c w_c (lse − z_c), z = softcap(x), lse = max + logden,
@@ -399,33 +446,11 @@ fn ce_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let base = row * cols;
     let eps = params.a;
     let reference = softcapped(ld_x(base));
-    var st = vec2<f32>(neg_inf(), 0.0);
-    var best = neg_inf();
-    var best_index = 0u;
-    var wz = 0.0;   // Σ w_c (z_c − reference)
-    var wsum = 0.0; // Σ w_c
-    for (var c = lid; c < cols; c = c + WG) {
-        let raw = ld_x(base + c);
-        let z = softcapped(raw);
-        st = online(st, z);
-        if (raw > best) {
-            best = raw;
-            best_index = c;
-        }
-        if (eps > 0.0) {
-            let w = class_weight(c);
-            wz = wz + w * (z - reference);
-            wsum = wsum + w;
-        }
-    }
-    let rs = row_stats(st, lid);
-    var sum_wz = 0.0;
-    var sum_w = 0.0;
-    if (eps > 0.0) { // uniform: a parameter
-        sum_wz = workgroup_sum(wz, lid);
-        sum_w = workgroup_sum(wsum, lid);
-    }
-    let arg = workgroup_argmax(best, best_index, lid);
+    let scan = ce_scan(base, 0u, reference, lid);
+    let rs = vec2<f32>(scan.ms.x, log(scan.ms.y));
+    let sum_wz = scan.sum_wz;
+    let sum_w = scan.sum_w;
+    let arg = scan.arg;
     if (lid == 0u) {
         let t = labels[params.row0 + row];
         let o = (params.row0 + row) * CE_COLS;
@@ -1296,39 +1321,12 @@ fn ce_block_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     } else {
         reference = stats_out[o + CS_REF];
     }
-    let eps = params.a;
-    var st = vec2<f32>(neg_inf(), 0.0);
-    var best = neg_inf();
-    var best_index = params.col0;
-    var wz = 0.0;
-    var wsum = 0.0;
-    for (var c = lid; c < cols; c = c + WG) {
-        let raw = ld_x(base + c);
-        let z = softcapped(raw);
-        st = online(st, z);
-        if (raw > best) {
-            best = raw;
-            best_index = params.col0 + c;
-        }
-        if (eps > 0.0) {
-            let w = class_weight(params.col0 + c);
-            wz = wz + w * (z - reference);
-            wsum = wsum + w;
-        }
-    }
-    let m = workgroup_max(st.x, lid);
-    var part = 0.0;
-    if (st.y > 0.0) {
-        part = st.y * exp(st.x - m);
-    }
-    let s = workgroup_sum(part, lid);
-    var sum_wz = 0.0;
-    var sum_w = 0.0;
-    if (eps > 0.0) { // uniform: a parameter
-        sum_wz = workgroup_sum(wz, lid);
-        sum_w = workgroup_sum(wsum, lid);
-    }
-    let arg = workgroup_argmax(best, best_index, lid);
+    let scan = ce_scan(base, params.col0, reference, lid);
+    let m = scan.ms.x;
+    let s = scan.ms.y;
+    var sum_wz = scan.sum_wz;
+    var sum_w = scan.sum_w;
+    let arg = scan.arg;
     if (lid == 0u) {
         var m_out = m;
         var s_out = s;
