@@ -2076,6 +2076,12 @@ fn fused_linear_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         options.chunking.head_dtype_gradients = head_dtype > 0;
         options.chunking.block_statistics = head_dtype == 2;
         options.chunking.memory_budget = budget_mib.map(|m| m << 20);
+        // `WGRAD_FLCE_BLOCK`: a set vocabulary block for the block-statistics rows.
+        if head_dtype == 2 {
+            options.chunking.vocab_block = std::env::var("WGRAD_FLCE_BLOCK")
+                .ok()
+                .and_then(|v| v.parse().ok());
+        }
         let budget_name = budget_mib.map_or(String::new(), |m| format!(" budget {m}M"));
         for &bt in rows {
             let x = input(bt, dtype)?;
