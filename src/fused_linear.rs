@@ -77,7 +77,7 @@ use crate::loss::{
     DivSettings, Reduction,
 };
 use crate::matmul::{
-    Gemm, GemmOperand, OperandMaxima, gemm, gemm_workspace_bytes, tensor_core_maxima,
+    Gemm, GemmOperand, OperandMaxima, gemm_within, gemm_workspace_bytes, tensor_core_maxima,
     tensor_core_maxima_of,
 };
 use crate::reduce::{sum_columns, sum_columns_workspace_bytes};
@@ -347,6 +347,10 @@ struct Head {
     /// ([`crate::matmul::Gemm::copy_bytes`]; with [`Chunking::head_dtype_gradients`], what the
     /// budget leaves beside the plan's scratch).
     copy_bytes: Option<u64>,
+    /// The products' split-K scratch at most this many bytes (`None`: the engine's workspace
+    /// bound; with [`Chunking::block_statistics`], part of what the budget leaves beside the
+    /// plan's scratch).
+    split_bytes: Option<u64>,
     /// The weight's and the input's partial maxima for the tensor-core products that read
     /// them whole (every chunk reads the whole weight, every block the whole input), taken at
     /// the first such product ([`crate::matmul::Gemm::maxima`]): one scan instead of one a
@@ -374,6 +378,7 @@ impl Head {
             tensor_cores: false,
             tensor_core_gradients: false,
             copy_bytes: None,
+            split_bytes: None,
             weight_maxima: OnceLock::new(),
             block_maxima: Arc::default(),
             input_maxima: OnceLock::new(),
@@ -412,6 +417,11 @@ impl Head {
     /// The input's, likewise.
     fn input_maxima(&self, tc: bool, whole: bool) -> Result<Option<&OperandMaxima>> {
         maxima_of(&self.input_maxima, &self.input, tc && whole)
+    }
+
+    /// One of the head's products, its split-K scratch within `split_bytes`.
+    fn gemm(&self, call: &Gemm) -> Result<()> {
+        gemm_within(call, self.split_bytes.unwrap_or(u64::MAX))
     }
 
     /// The same head with its logits product on tensor cores when `chunking` asks for them
@@ -466,7 +476,7 @@ impl Head {
         let out = Tensor::empty(engine, &[rows, cols], DType::F32, "fused_linear logits")?;
         let tc = self.tensor_cores;
         let weight_maxima = self.block_weight_maxima(tc, (v0, cols))?;
-        gemm(&Gemm {
+        self.gemm(&Gemm {
             bias,
             alpha: self.scale,
             tensor_cores: tc,
@@ -660,7 +670,7 @@ impl Accumulator {
                 _ => None,
             };
             if self.dx_blocks {
-                gemm(&Gemm {
+                head.gemm(&Gemm {
                     alpha: s,
                     tensor_cores: tc,
                     round_f32_operands: tc,
@@ -681,7 +691,7 @@ impl Accumulator {
                     )
                 })?;
             }
-            gemm(&Gemm {
+            head.gemm(&Gemm {
                 out_offset: v0 * head.hidden,
                 alpha: s,
                 tensor_cores: tc,
@@ -729,7 +739,7 @@ impl Accumulator {
         let rows = dlogits.shape()[0];
         let s = self.scale;
         let tc = head.tensor_core_gradients;
-        gemm(&Gemm {
+        head.gemm(&Gemm {
             out_offset: r0 * head.hidden,
             alpha: s,
             tensor_cores: tc,
@@ -747,7 +757,7 @@ impl Accumulator {
         if self.vocab_block.is_some() {
             return Ok(());
         }
-        gemm(&Gemm {
+        head.gemm(&Gemm {
             alpha: s,
             tensor_cores: tc,
             round_f32_operands: tc,
@@ -1185,8 +1195,10 @@ pub fn fused_linear_cross_entropy_blocked_workspace_bytes(
 /// it is the output itself), and a block: its F32 logits `[rows, vocab_block]` (8 bytes a
 /// logit when its gradient cannot be written over them, see
 /// [`fused_linear_cross_entropy_blocked_workspace_bytes`]), with a bias their column-sum
-/// partials and `12·vocab_block` bytes, plus the largest split-K scratch of its logits, `dx`
-/// and `dW` products.
+/// partials and `12·vocab_block` bytes. The products' split-K scratch
+/// ([`fused_linear_cross_entropy_block_split_bytes`]) and the tensor-core F16 copies are not in this figure: they take
+/// only what the budget leaves beside it (the split first), so a tight budget gives longer
+/// blocks whose products split less.
 pub fn fused_linear_cross_entropy_block_statistics_workspace_bytes(
     rows: usize,
     hidden: usize,
@@ -1202,11 +1214,7 @@ pub fn fused_linear_cross_entropy_block_statistics_workspace_bytes(
     } else {
         0
     };
-    let block = per_logit * (rows as u64) * (b as u64)
-        + block_bias
-        + products_scratch(vocab, b, |w| {
-            vec![(rows, w, hidden), (rows, hidden, w), (w, hidden, rows)]
-        });
+    let block = per_logit * (rows as u64) * (b as u64) + block_bias;
     let f32_bias = if bias { 4 * vocab as u64 } else { 0 };
     let dx_sum = if input_f32 {
         0
@@ -1220,6 +1228,21 @@ pub fn fused_linear_cross_entropy_block_statistics_workspace_bytes(
         + f32_bias
         + dx_sum
         + block
+}
+
+/// The largest split-K scratch ([`gemm_workspace_bytes`]) of the products of a
+/// [`Chunking::block_statistics`] block of `vocab_block` columns (and of the last, shorter
+/// one): the logits `[rows, block]`, `dx [rows, hidden]` (K = block) and
+/// `dW [block, hidden]` (K = rows).
+pub fn fused_linear_cross_entropy_block_split_bytes(
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+    vocab_block: usize,
+) -> u64 {
+    products_scratch(vocab, vocab_block, |w| {
+        vec![(rows, w, hidden), (rows, hidden, w), (w, hidden, rows)]
+    })
 }
 
 /// Whether the logit gradients of [`Chunking::head_dtype_gradients`] are written over their
@@ -1514,9 +1537,17 @@ fn cross_entropy_forward(
         )?;
     }
     let mut h = h.tempered(t)?;
-    if plan.vocab_block.is_some() {
+    if let Some(block) = plan.vocab_block {
         let budget = budget_of(engine, &options.chunking);
-        h.copy_bytes = Some(budget.saturating_sub(plan.workspace_bytes));
+        let mut left = budget.saturating_sub(plan.workspace_bytes);
+        if plan.block_statistics {
+            let split = left.min(fused_linear_cross_entropy_block_split_bytes(
+                h.rows, h.hidden, h.vocab, block,
+            ));
+            h.split_bytes = Some(split);
+            left -= split;
+        }
+        h.copy_bytes = Some(left);
     }
     let cap = ce.softcap.unwrap_or(0.0);
     let per_row = rows_cotangent.is_some();

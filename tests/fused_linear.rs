@@ -2907,6 +2907,44 @@ fn flce_block_statistics_peak_memory() {
 }
 
 #[test]
+fn flce_block_statistics_split_within_the_budget() {
+    // Hidden 4,096: each block's logits product (128 × 64 outputs, K 4,096) splits K in two
+    // when the budget leaves room for its scratch beside the plan's figure, and runs unsplit
+    // when it leaves half of it; the peak stays within outputs + budget either way, and the
+    // two agree to FP32 rounding.
+    let (rows, hidden, vocab, block) = (128, 4096, 256, 64);
+    let (e, head, t) = memory_case(785, (rows, hidden, vocab), DType::BF16);
+    let ws = fl::fused_linear_cross_entropy_block_statistics_workspace_bytes(
+        rows, hidden, vocab, block, true, false,
+    );
+    let split = fl::fused_linear_cross_entropy_block_split_bytes(rows, hidden, vocab, block);
+    assert!(split >= (2 * rows * block * 4) as u64, "{split}");
+    let mut grads = Vec::new();
+    for budget in [ws + split, ws + split / 2] {
+        let options = FusedLinearCrossEntropyOptions {
+            chunking: Chunking {
+                memory_budget: Some(budget),
+                ..block_stats(Some(block))
+            },
+            ..FusedLinearCrossEntropyOptions::default()
+        };
+        let before = e.memory().live_bytes;
+        e.reset_peak();
+        let (_, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+        e.synchronize().unwrap();
+        let peak = e.memory().peak_bytes - before;
+        let outputs = ((rows * hidden + vocab * hidden) * 2 + (vocab + rows) * 4) as u64 + 4096;
+        assert!(
+            peak <= outputs + budget,
+            "budget {budget}: peak {peak} above outputs {outputs} + budget"
+        );
+        grads.push(g);
+    }
+    assert_gradients_agree("split / unsplit", &grads[0], &grads[1]);
+}
+
+#[test]
 fn flce_block_statistics_all_ignored_and_empty_batches() {
     let (hidden, vocab) = (8, 20);
     for (rows, dtype) in [(6, DType::F32), (0, DType::BF16)] {
