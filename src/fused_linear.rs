@@ -269,9 +269,7 @@ pub struct Chunking {
     /// spans all rows (`M` = rows) however small the budget, at the cost of that F32 `dx`
     /// (`4·rows·hidden` bytes of scratch for a 16-bit input); the number of products is the
     /// same as with row chunks (two logits products, `dx` and `dW`). On an H200 it was the
-    /// faster order with the default budget and with 256 MiB, and the slower one where the
-    /// budget leaves it blocks of a few hundred columns beside the dx sum (README, FLCE
-    /// table). Refused
+    /// faster order at every budget measured where it fits (README, FLCE table). Refused
     /// (`InvalidValue`) without `head_dtype_gradients` and with `return_entropy`; at most
     /// 2^24 classes (`OutOfBounds`).
     pub block_statistics: bool,
