@@ -269,9 +269,9 @@ pub struct Chunking {
     /// spans all rows (`M` = rows) however small the budget, at the cost of that F32 `dx`
     /// (`4·rows·hidden` bytes of scratch for a 16-bit input); the number of products is the
     /// same as with row chunks (two logits products, `dx` and `dW`). On an H200 it was the
-    /// faster order at every budget measured where it fits (README, FLCE table). Refused
-    /// (`InvalidValue`) without `head_dtype_gradients` and with `return_entropy`; at most
-    /// 2^24 classes (`OutOfBounds`).
+    /// faster order at every budget measured where it fits (README, FLCE table). With
+    /// `return_entropy` the state also folds the entropy's `Σ exp(z − m)·(z − m)`. Refused
+    /// (`InvalidValue`) without `head_dtype_gradients`; at most 2^24 classes (`OutOfBounds`).
     pub block_statistics: bool,
 }
 
@@ -830,7 +830,7 @@ fn block_statistics(
     targets: &Tensor,
     settings: &CeSettings,
     mat: &Tensor,
-    predicted: Option<&Tensor>,
+    (predicted, entropy): (Option<&Tensor>, Option<&Tensor>),
 ) -> Result<()> {
     if head.rows == 0 {
         return Ok(());
@@ -838,14 +838,17 @@ fn block_statistics(
     let engine = head.input.engine();
     let state = Tensor::empty(
         engine,
-        &[head.rows, 8],
+        &[head.rows, loss::CE_BLOCK_STATE],
         DType::F32,
         "fused_linear block state",
     )?;
+    let with_entropy = entropy.is_some();
     for_blocks(head, block, &mut |v0, z| {
-        loss::ce_stats_block(z, targets, settings, v0, &state)
+        loss::ce_stats_block(z, targets, settings, v0, &state, with_entropy)
     })?;
-    loss::ce_stats_finish(&state, targets, settings, head.vocab, mat, predicted)
+    loss::ce_stats_finish(
+        &state, targets, settings, head.vocab, mat, predicted, entropy,
+    )
 }
 
 /// Scratch of the chunk work beyond the `n_logits` F32 `[chunk_rows, vocab]` buffers: the
@@ -1186,12 +1189,13 @@ pub fn fused_linear_cross_entropy_blocked_workspace_bytes(
 }
 
 /// Scratch bytes of [`fused_linear_cross_entropy`] with [`Chunking::block_statistics`]
-/// (forward and backward) for `rows` rows and blocks of `vocab_block` vocabulary columns: the
-/// per-row matrix and its sums as in [`fused_linear_cross_entropy_workspace_bytes`], the
-/// blocks' per-row state (`32·rows`), with a bias its F32 copy divided by the temperature
-/// (`4·vocab`), the F32 `dx` sum `[rows, hidden]` unless the input is F32 (`input_f32`; then
-/// it is the output itself), and a block: its F32 logits `[rows, vocab_block]` (8 bytes a
-/// logit when its gradient cannot be written over them, see
+/// (forward and backward; `entropy_cotangent`: a backward given an entropy cotangent) for
+/// `rows` rows and blocks of `vocab_block` vocabulary columns: the per-row matrix and its sums
+/// as in [`fused_linear_cross_entropy_workspace_bytes`], the blocks' per-row state
+/// (`36·rows`), with a bias its F32 copy divided by the temperature (`4·vocab`), the F32 `dx`
+/// sum `[rows, hidden]` unless the input is F32 (`input_f32`; then it is the output itself),
+/// and a block: its F32 logits `[rows, vocab_block]` (8 bytes a logit when its gradient cannot
+/// be written over them, or with an entropy cotangent, which needs both, see
 /// [`fused_linear_cross_entropy_blocked_workspace_bytes`]), with a bias their column-sum
 /// partials and `12·vocab_block` bytes. The products' split-K scratch
 /// ([`fused_linear_cross_entropy_block_split_bytes`]) and the tensor-core F16 copies are not in this figure: they take
@@ -1204,9 +1208,11 @@ pub fn fused_linear_cross_entropy_block_statistics_workspace_bytes(
     vocab_block: usize,
     bias: bool,
     input_f32: bool,
+    entropy_cotangent: bool,
 ) -> u64 {
     let b = vocab_block.min(vocab.max(1));
-    let per_logit: u64 = if gradient_over_logits(vocab, b) { 4 } else { 8 };
+    let over = gradient_over_logits(vocab, b) && !entropy_cotangent;
+    let per_logit: u64 = if over { 4 } else { 8 };
     let block_bias = if bias {
         sum_columns_workspace_bytes(rows, b) + 12 * b as u64
     } else {
@@ -1222,7 +1228,7 @@ pub fn fused_linear_cross_entropy_block_statistics_workspace_bytes(
     loss::cross_entropy_workspace_bytes(rows)
         + 32
         + 16
-        + 32 * rows as u64
+        + 4 * (loss::CE_BLOCK_STATE * rows) as u64
         + f32_bias
         + dx_sum
         + block
@@ -1291,7 +1297,7 @@ fn plan_blocked(
     if chunking.block_statistics {
         let ws = |b: usize| {
             fused_linear_cross_entropy_block_statistics_workspace_bytes(
-                rows, hidden, vocab, b, bias, input_f32,
+                rows, hidden, vocab, b, bias, input_f32, false,
             )
         };
         let vocab_block = block_size(&ws)?;
@@ -1510,13 +1516,6 @@ fn cross_entropy_forward(
         "must be finite and > 0",
         t > 0.0,
     )?;
-    if options.chunking.block_statistics && options.return_entropy {
-        return Err(Error::InvalidValue {
-            what: format!("{WHAT}: return_entropy with Chunking::block_statistics"),
-            got: 1.0,
-            rule: "the entropy needs row chunks".into(),
-        });
-    }
     let plan = plan_cross_entropy(
         engine,
         h.rows,
@@ -1601,7 +1600,8 @@ fn cross_entropy_forward(
         unit_ce_scales(engine)?
     };
     if let (true, Some(block)) = (plan.block_statistics, plan.vocab_block) {
-        block_statistics(&h, block, targets, &settings, &mat, predicted.as_ref())?;
+        let outputs = (predicted.as_ref(), entropy.as_ref());
+        block_statistics(&h, block, targets, &settings, &mat, outputs)?;
         if let Some(c) = rows_cotangent.as_mut() {
             (c.fill)(0, h.rows, &mat)?;
         }
@@ -1833,6 +1833,17 @@ pub fn fused_linear_cross_entropy_backward_with_entropy(
     let plan = &saved.plan;
     let needed = match plan.vocab_block {
         // Both the logits and their gradient are needed for the entropy's term.
+        Some(b) if entropy.is_some() && plan.block_statistics => {
+            fused_linear_cross_entropy_block_statistics_workspace_bytes(
+                h.rows,
+                h.hidden,
+                h.vocab,
+                b,
+                h.bias.is_some(),
+                h.input.dtype() == DType::F32,
+                true,
+            )
+        }
         Some(b) if entropy.is_some() => fused_linear_cross_entropy_blocked_workspace_bytes(
             h.rows,
             h.hidden,

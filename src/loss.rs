@@ -195,6 +195,7 @@ const F_MEAN: u32 = 32;
 const F_BATCHMEAN: u32 = 64;
 const F_PARTIALS: u32 = 128;
 const F_NO_PRED: u32 = 256;
+const F_ENTROPY: u32 = 512;
 
 #[derive(encase::ShaderType, Default)]
 struct Params {
@@ -992,21 +993,26 @@ pub(crate) fn ce_rows_block(
     Ok(())
 }
 
-/// The most classes [`ce_block_stats`] takes (its running argmax is held as an F32 value).
+/// The most classes [`ce_stats_block`] takes (its running argmax is held as an F32 value).
 pub(crate) const CE_BLOCK_MAX_CLASSES: usize = 1 << 24;
+
+/// Values a row of [`ce_stats_block`]'s state.
+pub(crate) const CE_BLOCK_STATE: usize = 9;
 
 /// One block of columns of a cross-entropy whose logits exist a block at a time: `logits`
 /// (`[rows, w]` F32, every row of the batch) holds classes `col0..col0 + w`; their running
-/// maximum, sum of exponentials, argmax, smoothing sums and target logit are folded into
-/// `state` (`[rows, 8]` F32), which the block at `col0 = 0` starts. Blocks must come in
-/// increasing `col0`; [`ce_stats_finish`] then gives the per-row matrix. Needs `s` made for
-/// all the classes ([`ce_settings`]), at most [`CE_BLOCK_MAX_CLASSES`].
+/// maximum, sum of exponentials, argmax, smoothing sums and target logit (and with `entropy`
+/// the entropy's `Σ exp(z − m)·(z − m)`) are folded into `state` (`[rows, CE_BLOCK_STATE]`
+/// F32), which the block at `col0 = 0` starts. Blocks must come in increasing `col0`;
+/// [`ce_stats_finish`] then gives the per-row matrix. Needs `s` made for all the classes
+/// ([`ce_settings`]), at most [`CE_BLOCK_MAX_CLASSES`].
 pub(crate) fn ce_stats_block(
     logits: &Tensor,
     targets: &Tensor,
     s: &CeSettings,
     col0: usize,
     state: &Tensor,
+    entropy: bool,
 ) -> Result<()> {
     let engine = logits.engine();
     let (rows, cols) = rows_cols(logits);
@@ -1014,9 +1020,10 @@ pub(crate) fn ce_stats_block(
     let consts = constants(logits.dtype(), DType::F32, DType::F32, 0);
     let row_bytes = (cols * logits.dtype().size()) as u64;
     for w in row_windows(engine, "cross_entropy block statistics", rows, &[row_bytes])? {
+        let flags = s.flags | if entropy { F_ENTROPY } else { 0 };
         let params = Params {
             col0: col0 as u32,
-            ..s.params(w.len(), cols, w.start, s.flags)
+            ..s.params(w.len(), cols, w.start, flags)
         };
         let binds = [
             logits.bind_rows(&w, cols),
@@ -1038,7 +1045,8 @@ pub(crate) fn ce_stats_block(
 
 /// The per-row matrix `mat` (`[rows, 8]`, as [`ce_rows_block`] writes it) and the predictions
 /// of a cross-entropy over `classes` classes from the `state` its blocks left
-/// ([`ce_stats_block`]).
+/// ([`ce_stats_block`]); with `entropy` (blocks folded with theirs) each row's entropy
+/// `−Σ p·log p` of the softcapped logits (0 on a row not counted), F32 `[rows]`.
 pub(crate) fn ce_stats_finish(
     state: &Tensor,
     targets: &Tensor,
@@ -1046,6 +1054,7 @@ pub(crate) fn ce_stats_finish(
     classes: usize,
     mat: &Tensor,
     predicted: Option<&Tensor>,
+    entropy: Option<&Tensor>,
 ) -> Result<()> {
     let rows = targets.len();
     let weight = s.weight.as_ref().unwrap_or(targets);
@@ -1055,12 +1064,14 @@ pub(crate) fn ce_stats_finish(
         Bind::whole(targets.buffer()),
         Bind::whole(weight.buffer()),
         predicted.map_or(Bind::unused(mat.buffer()), |p| Bind::whole(p.buffer())),
+        entropy.map_or(Bind::unused(mat.buffer()), |e| Bind::whole(e.buffer())),
     ];
+    let flags = s.flags | no_pred(predicted) | if entropy.is_some() { F_ENTROPY } else { 0 };
     targets.engine().launch_bound(
         &KERNEL,
         "ce_block_finish",
         &constants(DType::F32, DType::F32, DType::F32, 0),
-        &s.params(rows, classes, 0, s.flags | no_pred(predicted)),
+        &s.params(rows, classes, 0, flags),
         &binds,
         (rows as u64).div_ceil(WG),
     )

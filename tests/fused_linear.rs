@@ -1734,13 +1734,13 @@ fn scaled_case(
     dtype: DType,
     cfg: &CrossEntropyConfig,
     t: f32,
-    (chunk_rows, vocab_block): (Option<usize>, Option<usize>),
+    (chunk_rows, vocab_block, block_statistics): (Option<usize>, Option<usize>, bool),
     seed: u64,
 ) {
     let rows: usize = lead.iter().product();
     let what = format!(
         "{what} {dtype} T{t} lead {lead:?} H{hidden} V{vocab} bias={bias} {:?} block \
-         {vocab_block:?}",
+         {vocab_block:?} block statistics {block_statistics}",
         cfg.reduction
     );
     let head = HeadData::new(engine(), seed, lead, hidden, vocab, bias, dtype, 0.7);
@@ -1754,6 +1754,7 @@ fn scaled_case(
     };
     options.chunking.head_dtype_gradients = vocab_block.is_some();
     options.chunking.vocab_block = vocab_block;
+    options.chunking.block_statistics = block_statistics;
     let (out, saved) = fused_linear_cross_entropy(head.gpu(), &tt, &options).unwrap();
     let tf = f64::from(t);
     let (want, want_h) = reference::fused_linear_cross_entropy_scaled(
@@ -1849,7 +1850,7 @@ fn flce_temperature_and_entropy_match_the_reference() {
                 DType::F32,
                 &cfg,
                 t,
-                (Some(7), None),
+                (Some(7), None, false),
                 400 + 10 * k as u64,
             );
         }
@@ -1870,7 +1871,7 @@ fn flce_temperature_and_entropy_every_storage_dtype() {
             dtype,
             &cfg,
             2.5,
-            (Some(6), None),
+            (Some(6), None, false),
             450,
         );
     }
@@ -2526,7 +2527,12 @@ fn flce_head_dtype_gradients_match_the_reference() {
 
 #[test]
 fn flce_head_dtype_gradients_with_temperature_and_entropy() {
-    for dtype in DType::FLOATS {
+    // Row chunks, then block statistics (the entropy folded block by block into the row
+    // state; the last block of 4 columns).
+    for (dtype, block_statistics) in DType::FLOATS
+        .into_iter()
+        .flat_map(|d| [(d, false), (d, true)])
+    {
         for reduction in [Reduction::Mean, Reduction::None] {
             let cfg = CrossEntropyConfig {
                 reduction,
@@ -2541,7 +2547,7 @@ fn flce_head_dtype_gradients_with_temperature_and_entropy() {
                 dtype,
                 &cfg,
                 1.8,
-                (Some(6), Some(12)),
+                (Some(6), Some(12), block_statistics),
                 650,
             );
         }
@@ -2873,7 +2879,7 @@ fn flce_block_statistics_peak_memory() {
     let (e, head, t) = memory_case(780, (rows, hidden, vocab), DType::BF16);
     // A budget for blocks of 64 columns; the F32 dx sum counts.
     let budget = fl::fused_linear_cross_entropy_block_statistics_workspace_bytes(
-        rows, hidden, vocab, 64, true, false,
+        rows, hidden, vocab, 64, true, false, false,
     );
     let dx_sum = (rows * hidden * 4) as u64;
     assert!(budget > dx_sum + (rows * 64 * 4) as u64, "{budget}");
@@ -2915,7 +2921,7 @@ fn flce_block_statistics_split_within_the_budget() {
     let (rows, hidden, vocab, block) = (128, 4096, 256, 64);
     let (e, head, t) = memory_case(785, (rows, hidden, vocab), DType::BF16);
     let ws = fl::fused_linear_cross_entropy_block_statistics_workspace_bytes(
-        rows, hidden, vocab, block, true, false,
+        rows, hidden, vocab, block, true, false, false,
     );
     let split = fl::fused_linear_cross_entropy_block_split_bytes(rows, hidden, vocab, block);
     assert!(split >= (2 * rows * block * 4) as u64, "{split}");
@@ -3006,11 +3012,8 @@ fn flce_block_statistics_bad_inputs() {
         "{:?}",
         run(alone, false)
     );
-    // With the entropy output.
-    assert!(matches!(
-        run(block_stats(None), true),
-        Err(Error::InvalidValue { .. })
-    ));
+    // The entropy output is taken (its values: `flce_head_dtype_gradients_with_temperature_and_entropy`).
+    assert!(run(block_stats(None), true).is_ok());
     // A budget below eight columns per block beside the F32 dx sum.
     let tiny = Chunking {
         memory_budget: Some(256),

@@ -41,6 +41,7 @@ const F_MEAN: u32 = 32u;     // finish: mean reduction
 const F_BATCHMEAN: u32 = 64u;// divergence finish: divide by counted rows
 const F_PARTIALS: u32 = 128u;// ce_grad_over: also the column partials of the block's matrix
 const F_NO_PRED: u32 = 256u; // cross-entropy forwards: no predictions asked (`pred` unbound)
+const F_ENTROPY: u32 = 512u; // ce_block_stats / ce_block_finish: the entropy's sum too
 
 struct Params {
     rows: u32,
@@ -390,19 +391,33 @@ fn ce_classes() -> u32 {
 }
 
 // The columns of the launch's row from word `base` (lane t: t, t + WG, ...; column c is class
-// col0 + c), reduced over the workgroup in fixed trees (uniform control flow): the maximum and
-// Σ exp(z − maximum) of the softcapped logits z, the label smoothing's Σ w_c (z_c − reference)
-// and Σ w_c (0 without smoothing), and the argmax of the raw logits (ties to the lowest class).
+// col0 + c), reduced over the workgroup in fixed trees (uniform control flow): the maximum m and
+// Σ exp(z − m) of the softcapped logits z, the label smoothing's Σ w_c (z_c − reference) and
+// Σ w_c (0 without smoothing), the argmax of the raw logits (ties to the lowest class), and
+// with F_ENTROPY the entropy's Σ exp(z − m)·(z − m) (else 0).
 struct CeScan {
     ms: vec2<f32>,
     sum_wz: f32,
     sum_w: f32,
     arg: u32,
+    t: f32,
+}
+
+// Σ exp(z − m)·(z − m) of a state (m, s, t) rescaled to the maximum `to` ≥ m: the terms'
+// common factor exp(m − to) and their shift (m − to) times Σ exp(z − m). An empty state (s 0)
+// gives 0.
+fn entropy_sum_at(m: f32, s: f32, t: f32, to: f32) -> f32 {
+    if (s > 0.0) {
+        return exp(m - to) * (t + (m - to) * s);
+    }
+    return 0.0;
 }
 
 fn ce_scan(base: u32, col0: u32, reference: f32, lid: u32) -> CeScan {
     let eps = params.a;
+    let with_t = (params.flags & F_ENTROPY) != 0u;
     var st = vec2<f32>(neg_inf(), 0.0);
+    var t = 0.0;
     var best = neg_inf();
     var best_index = col0;
     var wz = 0.0;
@@ -410,6 +425,13 @@ fn ce_scan(base: u32, col0: u32, reference: f32, lid: u32) -> CeScan {
     for (var c = lid; c < params.cols; c = c + WG) {
         let raw = ld_x(base + c);
         let z = softcapped(raw);
+        if (with_t) {
+            if (z > st.x) {
+                t = entropy_sum_at(st.x, st.y, t, z);
+            } else if (z != neg_inf()) {
+                t = t + exp(z - st.x) * (z - st.x);
+            }
+        }
         st = online(st, z);
         if (raw > best) {
             best = raw;
@@ -428,7 +450,11 @@ fn ce_scan(base: u32, col0: u32, reference: f32, lid: u32) -> CeScan {
         sum_wz = workgroup_sum(wz, lid);
         sum_w = workgroup_sum(wsum, lid);
     }
-    return CeScan(ms, sum_wz, sum_w, workgroup_argmax(best, best_index, lid));
+    var sum_t = 0.0;
+    if (with_t) { // uniform: a parameter
+        sum_t = workgroup_sum(entropy_sum_at(st.x, st.y, t, ms.x), lid);
+    }
+    return CeScan(ms, sum_wz, sum_w, workgroup_argmax(best, best_index, lid), sum_t);
 }
 
 // Per-row cross-entropy with integer targets into stats_out ([rows, CE_COLS], see above) and
@@ -1294,7 +1320,8 @@ fn ce_fwd_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 // a time): ce_block_stats folds the block x = [rows, cols] of classes col0.. into a running
 // per-row state [rows, CE_COLS] (stats_out), the first block (col0 = 0) starting it; then
 // ce_block_finish turns the state (stats_in) into the per-row matrix and predictions that
-// ce_fwd writes for whole rows. State columns:
+// ce_fwd writes for whole rows. State columns (CS_COLS a row):
+const CS_COLS: u32 = 9u;
 const CS_MAX: u32 = 0u;   // running maximum m of the (softcapped) logits
 const CS_SUM: u32 = 1u;   // Σ exp(z − m)
 const CS_BEST: u32 = 2u;  // largest raw logit so far (NaN-free)
@@ -1303,6 +1330,7 @@ const CS_WZ: u32 = 4u;    // Σ w_c (z_c − reference) (label smoothing)
 const CS_WSUM: u32 = 5u;  // Σ w_c (label smoothing)
 const CS_RAW_Y: u32 = 6u; // the target's raw logit (once its block has passed)
 const CS_REF: u32 = 7u;   // reference: the softcapped logit of class 0
+const CS_T: u32 = 8u;     // Σ exp(z − m)·(z − m) (with F_ENTROPY)
 
 @compute @workgroup_size(WG)
 fn ce_block_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -1313,7 +1341,7 @@ fn ce_block_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     }
     let cols = params.cols;
     let base = row * cols;
-    let o = (params.row0 + row) * CE_COLS;
+    let o = (params.row0 + row) * CS_COLS;
     let first = params.col0 == 0u;
     var reference = 0.0;
     if (first) {
@@ -1330,6 +1358,7 @@ fn ce_block_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     if (lid == 0u) {
         var m_out = m;
         var s_out = s;
+        var t_out = scan.t;
         var best_out = ld_x(base + arg - params.col0);
         if (!(best_out > neg_inf())) {
             best_out = neg_inf(); // no value beat −∞ in this block (NaNs never count)
@@ -1349,6 +1378,8 @@ fn ce_block_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                 s_out = s_out + s * exp(m - mm);
             }
             m_out = mm;
+            t_out = entropy_sum_at(m0, s0, stats_out[o + CS_T], mm) +
+                    entropy_sum_at(m, s, scan.t, mm);
             let b0 = stats_out[o + CS_BEST];
             if (!(best_out > b0)) {
                 best_out = b0;
@@ -1370,11 +1401,13 @@ fn ce_block_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         stats_out[o + CS_WSUM] = sum_w;
         stats_out[o + CS_RAW_Y] = raw_y;
         stats_out[o + CS_REF] = reference;
+        stats_out[o + CS_T] = t_out;
     }
 }
 
 // One invocation per row: the per-row matrix (stats_out) and prediction of a row from its
-// finished block state (stats_in), as ce_fwd / ce_fwd_v write them (params.cols: the classes).
+// finished block state (stats_in), as ce_fwd / ce_fwd_v write them (params.cols: the classes);
+// with F_ENTROPY also the row's entropy H = log s − t/s into out_f32 (0 on a row not counted).
 @compute @workgroup_size(WG)
 fn ce_block_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
@@ -1382,10 +1415,18 @@ fn ce_block_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     if (row >= params.rows) {
         return;
     }
-    let o = (params.row0 + row) * CE_COLS;
-    let rs = vec2<f32>(stats_in[o + CS_MAX], log(stats_in[o + CS_SUM]));
+    let o = (params.row0 + row) * CS_COLS;
+    let s = stats_in[o + CS_SUM];
+    let rs = vec2<f32>(stats_in[o + CS_MAX], log(s));
     ce_write_row(row, rs, stats_in[o + CS_WZ], stats_in[o + CS_WSUM], u32(stats_in[o + CS_INDEX]),
                  stats_in[o + CS_RAW_Y], stats_in[o + CS_REF]);
+    if ((params.flags & F_ENTROPY) != 0u) {
+        var h = 0.0;
+        if (target_valid(labels[params.row0 + row])) {
+            h = rs.y - stats_in[o + CS_T] / s;
+        }
+        out_f32[params.row0 + row] = h;
+    }
 }
 
 // Four gradient values of the cross-entropy backward (see ce_bwd), in vector form:
