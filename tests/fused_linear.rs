@@ -2485,14 +2485,15 @@ fn blocked_case(
     assert_same_gradient_bits(&what, &g2, &g3);
 }
 
-#[test]
-fn flce_head_dtype_gradients_match_the_reference() {
-    // A vocabulary of whole 4-column groups (gradients written over the logits, a ragged
-    // last block of 4) and one of 37 (separate gradient buffers, a last block of 5).
-    for (k, (vocab, block)) in [(100, Some(12)), (37, Some(8)), (64, None)]
-        .into_iter()
-        .enumerate()
-    {
+/// [`blocked_case`] with every option and each reduction in every dtype, for each
+/// `(vocab, block)` of `shapes` (51 rows, H 24, a bias but on the third), chunked by
+/// `chunking(block)`.
+fn all_options_blocked_cases(
+    shapes: &[(usize, Option<usize>)],
+    chunking: impl Fn(Option<usize>) -> Chunking,
+    seed: u64,
+) {
+    for (k, &(vocab, block)) in shapes.iter().enumerate() {
         for dtype in DType::FLOATS {
             for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
                 let cfg = CrossEntropyConfig {
@@ -2506,12 +2507,20 @@ fn flce_head_dtype_gradients_match_the_reference() {
                     k != 2,
                     dtype,
                     &cfg,
-                    blocked(Some(16), block),
-                    600 + 10 * k as u64,
+                    chunking(block),
+                    seed + 10 * k as u64,
                 );
             }
         }
     }
+}
+
+#[test]
+fn flce_head_dtype_gradients_match_the_reference() {
+    // A vocabulary of whole 4-column groups (gradients written over the logits, a ragged
+    // last block of 4) and one of 37 (separate gradient buffers, a last block of 5).
+    let shapes = [(100, Some(12)), (37, Some(8)), (64, None)];
+    all_options_blocked_cases(&shapes, |b| blocked(Some(16), b), 600);
     // Plain options, one chunk and one block.
     blocked_case(
         "plain",
@@ -2555,9 +2564,11 @@ fn flce_head_dtype_gradients_with_temperature_and_entropy() {
 }
 
 #[test]
-fn flce_head_dtype_gradients_agree_with_the_f32_ones() {
-    // The same sums in another order: an F32 head's blocked gradients agree with the
-    // default ones to FP32 rounding, and a BF16 head's are theirs rounded to BF16 (one unit).
+fn flce_orders_agree() {
+    // The same sums in other orders: the gradients of the head's dtypes by row chunks and by
+    // block statistics agree with the default F32 ones (F32 heads to FP32 rounding, BF16 ones
+    // within one unit of them rounded), and the two head-dtype orders give the same loss
+    // values and per-row statistics to FP32 rounding and the same predictions.
     let (rows, hidden, vocab) = (40, 32, 96);
     for dtype in [DType::F32, DType::BF16] {
         let head = HeadData::new(engine(), 660, &[rows], hidden, vocab, true, dtype, 0.6);
@@ -2566,17 +2577,45 @@ fn flce_head_dtype_gradients_agree_with_the_f32_ones() {
         let run = |chunking: Chunking| {
             let options = FusedLinearCrossEntropyOptions {
                 chunking,
+                cross_entropy: CrossEntropyOptions {
+                    predicted: true,
+                    label_smoothing: 0.1,
+                    z_loss: 1e-3,
+                    ..CrossEntropyOptions::default()
+                },
                 ..FusedLinearCrossEntropyOptions::default()
             };
-            let (_, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
-            fused_linear_cross_entropy_backward(&saved, None).unwrap()
+            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
+            let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+            (out, saved.rows_matrix().to_f64().unwrap(), g)
         };
-        let f32s = run(Chunking {
+        let (_, _, f32s) = run(Chunking {
             chunk_rows: Some(16),
             ..Chunking::default()
         });
-        let ours = run(blocked(Some(16), Some(32)));
-        assert_gradients_agree(&dtype.to_string(), &ours, &f32s);
+        let (rows_out, rows_mat, rows_g) = run(blocked(Some(16), Some(32)));
+        let (ours, mat, g) = run(block_stats(Some(32)));
+        assert_gradients_agree(&format!("{dtype} row chunks"), &rows_g, &f32s);
+        assert_gradients_agree(&format!("{dtype} block statistics"), &g, &f32s);
+        let preds = |o: &wgrad::loss::CrossEntropyOutput| {
+            o.predicted.as_ref().unwrap().to_vec::<i32>().unwrap()
+        };
+        assert_eq!(preds(&ours), preds(&rows_out), "{dtype} predictions");
+        for (name, got, want) in [
+            (
+                "loss",
+                ours.loss.to_f64().unwrap(),
+                rows_out.loss.to_f64().unwrap(),
+            ),
+            (
+                "z-loss",
+                ours.z_loss.to_f64().unwrap(),
+                rows_out.z_loss.to_f64().unwrap(),
+            ),
+            ("rows matrix", mat, rows_mat),
+        ] {
+            assert_close(&format!("{dtype} {name}"), &got, &want, F32);
+        }
     }
 }
 
@@ -2610,6 +2649,31 @@ fn assert_gradients_agree(what: &str, got: &FusedLinearGradients, want: &FusedLi
     }
 }
 
+/// Forward and backward of a 16-bit `head` with a bias and `chunking` on its private engine
+/// `e`: the gradients, the peak bytes above what was live before, and the bytes of the
+/// outputs (16-bit d input and d weight, F32 d bias, the predictions and a few scalars).
+fn head_dtype_peak(
+    e: &Engine,
+    head: &HeadData,
+    t: &Tensor,
+    chunking: Chunking,
+) -> (FusedLinearGradients, u64, u64) {
+    let (rows, vocab) = (head.x.len() / head.hidden, head.w.shape()[0]);
+    let options = FusedLinearCrossEntropyOptions {
+        chunking,
+        ..FusedLinearCrossEntropyOptions::default()
+    };
+    let before = e.memory().live_bytes;
+    e.reset_peak();
+    let (out, saved) = fused_linear_cross_entropy(head.gpu(), t, &options).unwrap();
+    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
+    e.synchronize().unwrap();
+    let peak = e.memory().peak_bytes - before;
+    drop((out, saved));
+    let outputs = ((rows * head.hidden + vocab * head.hidden) * 2 + (vocab + rows) * 4) as u64;
+    (g, peak, outputs + 4096)
+}
+
 #[test]
 fn flce_head_dtype_gradients_peak_memory() {
     let (rows, hidden, vocab) = (256, 64, 1024);
@@ -2628,18 +2692,7 @@ fn flce_head_dtype_gradients_peak_memory() {
     assert_eq!(plan.chunk_rows, 16, "{plan:?}");
     let block = plan.vocab_block.unwrap();
     assert!(block >= 64 && block.is_multiple_of(8), "{plan:?}");
-    let options = FusedLinearCrossEntropyOptions {
-        chunking,
-        ..FusedLinearCrossEntropyOptions::default()
-    };
-    let before = e.memory().live_bytes;
-    e.reset_peak();
-    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
-    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
-    e.synchronize().unwrap();
-    let peak = e.memory().peak_bytes - before;
-    // Outputs: BF16 d input and d weight, F32 d bias, the predictions and a few scalars.
-    let outputs = ((rows * hidden + vocab * hidden) * 2 + (vocab + rows) * 4) as u64 + 4096;
+    let (g, peak, outputs) = head_dtype_peak(&e, &head, &t, chunking);
     let bound = (outputs + plan.workspace_bytes) * 9 / 8;
     assert!(
         peak <= bound,
@@ -2651,7 +2704,7 @@ fn flce_head_dtype_gradients_peak_memory() {
         "peak {peak} bytes: no F32 [vocab, hidden] buffer ({f32_weight_gradient} bytes) may exist"
     );
     assert_eq!(g.weight.dtype(), DType::BF16);
-    drop((out, saved, g));
+    drop(g);
 }
 
 #[test]
@@ -2712,29 +2765,8 @@ fn flce_block_statistics_match_the_reference() {
     // Ragged last blocks (100 in blocks of 12: a last block of 4; 37 in blocks of 8: of 5,
     // with separate gradient buffers), one block of the whole vocabulary, and a block of 8
     // columns over 201 (26 blocks folded into the row state).
-    for (k, (vocab, block)) in [(100, Some(12)), (37, Some(8)), (64, None), (201, Some(8))]
-        .into_iter()
-        .enumerate()
-    {
-        for dtype in DType::FLOATS {
-            for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
-                let cfg = CrossEntropyConfig {
-                    reduction,
-                    ..all_options(vocab)
-                };
-                blocked_case(
-                    "all options",
-                    &[3, 17],
-                    (24, vocab),
-                    k != 2,
-                    dtype,
-                    &cfg,
-                    block_stats(block),
-                    700 + 10 * k as u64,
-                );
-            }
-        }
-    }
+    let shapes = [(100, Some(12)), (37, Some(8)), (64, None), (201, Some(8))];
+    all_options_blocked_cases(&shapes, block_stats, 700);
     for (name, cfg) in [
         ("plain", CrossEntropyConfig::default()),
         (
@@ -2763,62 +2795,6 @@ fn flce_block_statistics_match_the_reference() {
             block_stats(Some(8)),
             750,
         );
-    }
-}
-
-#[test]
-fn flce_block_statistics_agree_with_row_chunks() {
-    // The same loss in another order: the loss values, statistics and predictions of the
-    // block order agree with the row chunks' to FP32 rounding (the predictions exactly), and
-    // so do the gradients (16-bit ones within one unit).
-    let (rows, hidden, vocab) = (40, 32, 96);
-    for dtype in [DType::F32, DType::BF16] {
-        let head = HeadData::new(engine(), 760, &[rows], hidden, vocab, true, dtype, 0.6);
-        let targets = targets_for(761, rows, vocab, -100, 4);
-        let t = Tensor::from_slice(engine(), &targets, &[rows]).unwrap();
-        let run = |chunking: Chunking| {
-            let options = FusedLinearCrossEntropyOptions {
-                chunking,
-                cross_entropy: CrossEntropyOptions {
-                    predicted: true,
-                    label_smoothing: 0.1,
-                    z_loss: 1e-3,
-                    ..CrossEntropyOptions::default()
-                },
-                ..FusedLinearCrossEntropyOptions::default()
-            };
-            let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
-            let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
-            (out, saved.rows_matrix().to_f64().unwrap(), g)
-        };
-        let (rows_out, rows_mat, rows_g) = run(blocked(Some(16), Some(32)));
-        let (ours, mat, g) = run(block_stats(Some(32)));
-        assert_eq!(
-            ours.predicted.as_ref().unwrap().to_vec::<i32>().unwrap(),
-            rows_out
-                .predicted
-                .as_ref()
-                .unwrap()
-                .to_vec::<i32>()
-                .unwrap(),
-            "{dtype} predictions"
-        );
-        for (name, got, want) in [
-            (
-                "loss",
-                ours.loss.to_f64().unwrap(),
-                rows_out.loss.to_f64().unwrap(),
-            ),
-            (
-                "z-loss",
-                ours.z_loss.to_f64().unwrap(),
-                rows_out.z_loss.to_f64().unwrap(),
-            ),
-            ("rows matrix", mat, rows_mat),
-        ] {
-            assert_close(&format!("{dtype} {name}"), &got, &want, F32);
-        }
-        assert_gradients_agree(&dtype.to_string(), &g, &rows_g);
     }
 }
 
@@ -2891,17 +2867,7 @@ fn flce_block_statistics_peak_memory() {
         fl::plan_cross_entropy(&e, rows, hidden, vocab, true, DType::BF16, &chunking).unwrap();
     assert_eq!((plan.chunks, plan.vocab_block), (0, Some(64)), "{plan:?}");
     assert_eq!(plan.workspace_bytes, budget);
-    let options = FusedLinearCrossEntropyOptions {
-        chunking,
-        ..FusedLinearCrossEntropyOptions::default()
-    };
-    let before = e.memory().live_bytes;
-    e.reset_peak();
-    let (out, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
-    let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
-    e.synchronize().unwrap();
-    let peak = e.memory().peak_bytes - before;
-    let outputs = ((rows * hidden + vocab * hidden) * 2 + (vocab + rows) * 4) as u64 + 4096;
+    let (g, peak, outputs) = head_dtype_peak(&e, &head, &t, chunking);
     let bound = (outputs + plan.workspace_bytes) * 9 / 8;
     assert!(
         peak <= bound,
@@ -2909,7 +2875,7 @@ fn flce_block_statistics_peak_memory() {
     );
     assert_eq!(g.input.dtype(), DType::BF16);
     assert_eq!(g.weight.dtype(), DType::BF16);
-    drop((out, saved, g));
+    drop(g);
 }
 
 #[test]
@@ -2927,20 +2893,11 @@ fn flce_block_statistics_split_within_the_budget() {
     assert!(split >= (2 * rows * block * 4) as u64, "{split}");
     let mut grads = Vec::new();
     for budget in [ws + split, ws + split / 2] {
-        let options = FusedLinearCrossEntropyOptions {
-            chunking: Chunking {
-                memory_budget: Some(budget),
-                ..block_stats(Some(block))
-            },
-            ..FusedLinearCrossEntropyOptions::default()
+        let chunking = Chunking {
+            memory_budget: Some(budget),
+            ..block_stats(Some(block))
         };
-        let before = e.memory().live_bytes;
-        e.reset_peak();
-        let (_, saved) = fused_linear_cross_entropy(head.gpu(), &t, &options).unwrap();
-        let g = fused_linear_cross_entropy_backward(&saved, None).unwrap();
-        e.synchronize().unwrap();
-        let peak = e.memory().peak_bytes - before;
-        let outputs = ((rows * hidden + vocab * hidden) * 2 + (vocab + rows) * 4) as u64 + 4096;
+        let (g, peak, outputs) = head_dtype_peak(&e, &head, &t, chunking);
         assert!(
             peak <= outputs + budget,
             "budget {budget}: peak {peak} above outputs {outputs} + budget"
