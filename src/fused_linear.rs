@@ -1412,7 +1412,9 @@ pub fn plan_cross_entropy(
 /// `[vocab, hidden]`, a bias not `[vocab]`, targets not of `x`'s leading shape
 /// (`ShapeMismatch`); zero hidden size or vocabulary, `chunk_rows = Some(0)`
 /// (`OutOfBounds`); every cross-entropy option error of `loss::cross_entropy` (the target
-/// check synchronizes); a temperature that is not finite and > 0 (`InvalidValue`); scratch over the budget or the workspace bound
+/// check synchronizes); a temperature that is not finite and > 0, `Chunking::block_statistics`
+/// without `head_dtype_gradients` (`InvalidValue`); block statistics over more than 2^24
+/// classes (`OutOfBounds`); scratch over the budget or the workspace bound
 /// (`WorkspaceExceeded`); outputs or chunks past the binding limit (`LimitExceeded`);
 /// tensors of another engine (`EngineMismatch`).
 pub fn fused_linear_cross_entropy(
