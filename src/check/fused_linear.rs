@@ -167,44 +167,32 @@ fn check_fused_linear_cross_entropy(engine: &Engine) -> Result<Vec<Case>> {
             &mut cases,
         )?;
     }
-    // Gradients in the head's dtypes (an even hidden size; a vocabulary of whole 4-column
-    // groups, so the logit gradients are written over the logits), blocks of 40 columns.
-    for dtype in [DType::BF16, DType::F16] {
-        let (hidden, vocab) = (32, 124);
+    // Gradients in the head's dtypes (an even hidden size for 16-bit heads; a vocabulary of
+    // whole 4-column groups, so the logit gradients are written over the logits), blocks of 40
+    // columns; then with block statistics (no row chunks, every logits product over all rows;
+    // F32 with a ragged last block of 3 columns).
+    let heads = [
+        (DType::BF16, 32, 124, false),
+        (DType::F16, 32, 124, false),
+        (DType::F32, 31, 123, true),
+        (DType::BF16, 32, 124, true),
+    ];
+    for (dtype, hidden, vocab, block_statistics) in heads {
         let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
-        let blocked = (
-            50,
-            false,
-            Tolerance::for_dtype(DType::F32),
-            Some((40, false)),
-        );
+        let f32_tol = Tolerance::for_dtype(DType::F32);
+        let blocked = (50, false, f32_tol, Some((40, block_statistics)));
+        let label = if block_statistics {
+            "block statistics"
+        } else {
+            "head-dtype gradients"
+        };
         flce_config_cases(
             engine,
             &mut rng,
             &head,
             (rows, vocab),
             blocked,
-            &format!("{dtype} head-dtype gradients"),
-            &mut cases,
-        )?;
-    }
-    // Block statistics: no row chunks, every logits product over all rows (F32 with a ragged
-    // last block of 3 columns).
-    for (dtype, hidden, vocab) in [(DType::F32, 31, 123), (DType::BF16, 32, 124)] {
-        let head = HeadData::new(engine, &mut rng, rows, hidden, vocab, true, dtype)?;
-        let blocked = (
-            50,
-            false,
-            Tolerance::for_dtype(DType::F32),
-            Some((40, true)),
-        );
-        flce_config_cases(
-            engine,
-            &mut rng,
-            &head,
-            (rows, vocab),
-            blocked,
-            &format!("{dtype} block statistics"),
+            &format!("{dtype} {label}"),
             &mut cases,
         )?;
     }
