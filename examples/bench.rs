@@ -625,6 +625,11 @@ fn main() -> ExitCode {
         })
     });
     wgrad::matmul::force_tensor_core_tile(tile);
+    // Tensor-core products that need the epilogue: `1` staged in F32 scratch for the finish
+    // pass, `0` through workgroup memory (the same bits).
+    wgrad::matmul::force_tensor_core_staging(
+        std::env::var("WGRAD_TC_STAGE").ok().map(|v| v == "1"),
+    );
     // Measurement switch of the attention launches' order of query blocks (bit-identical).
     wgrad::attention::force_ascending_blocks(std::env::var_os("WGRAD_ATTN_ASCENDING").is_some());
     if std::env::var_os("WGRAD_PROBE_COOP").is_some() {
@@ -1395,7 +1400,7 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     } else {
         (4, 1024, 4096, 128_256)
     };
-    for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+    for (dtype, label, chunking) in head_chunkings(engine) {
         let x = ramp(engine, &[b, l, h], 1.0, dtype)?;
         let w = ramp(engine, &[v, h], 0.02, dtype)?;
         let ids: Vec<i32> = (0..b * l).map(|i| ((i * 7919) % v) as i32).collect();
@@ -1432,7 +1437,6 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                         ref_logp: Some(&i[4]),
                         mask: None,
                     };
-                    let chunking = wgrad::fused_linear::Chunking::default();
                     let (out, saved) = fused_linear_grpo_loss(head, &tokens, &options, chunking)?;
                     let g = fused_linear_grpo_loss_backward(&saved, None)?;
                     Ok(vec![out.loss, g.input, g.weight])
@@ -1443,6 +1447,35 @@ fn grpo_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         );
     }
     Ok(ops)
+}
+
+/// The post-training heads' configurations: F32 and BF16 with the default chunking, and where
+/// the engine has tensor cores BF16 with every head product on them (`bf16 tc+grads`), then
+/// also with gradients in the head's dtypes by vocabulary-block statistics (`bf16 tc+grads
+/// blocks`, the default budget).
+fn head_chunkings(engine: &Engine) -> Vec<(DType, &'static str, wgrad::fused_linear::Chunking)> {
+    use wgrad::fused_linear::Chunking;
+    let mut runs = vec![
+        (DType::F32, "f32", Chunking::default()),
+        (DType::BF16, "bf16", Chunking::default()),
+    ];
+    if wgrad::matmul::tensor_cores(engine) {
+        let tc = Chunking {
+            tensor_cores: true,
+            tensor_core_gradients: true,
+            ..Chunking::default()
+        };
+        let blocks = Chunking {
+            head_dtype_gradients: true,
+            block_statistics: true,
+            ..tc
+        };
+        runs.extend([
+            (DType::BF16, "bf16 tc+grads", tc),
+            (DType::BF16, "bf16 tc+grads blocks", blocks),
+        ]);
+    }
+    runs
 }
 
 /// The DPO loss on a fused head, forward + backward against a reference head (Liger's
@@ -1463,7 +1496,7 @@ fn preference_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     };
     let rows = 2 * pairs * t;
     let mut ops = Vec::new();
-    for (dtype, label) in [(DType::F32, "f32"), (DType::BF16, "bf16")] {
+    for (dtype, label, chunking) in head_chunkings(engine) {
         let x = ramp(engine, &[2 * pairs, t, h], 1.0, dtype)?;
         let w = ramp(engine, &[v, h], 0.02, dtype)?;
         let targets: Vec<i32> = (0..rows).map(|i| ((i * 7919) % v) as i32).collect();
@@ -1473,6 +1506,7 @@ fn preference_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         eprintln!("  preference_dpo {label} rows {rows} H{h} V{v}: {flops:.3e} FLOP per run");
         let options = PreferenceOptions {
             check_targets: false,
+            chunking,
             ..PreferenceOptions::new(PreferenceLoss::Dpo)
         };
         ops.push(

@@ -190,6 +190,7 @@ std::thread_local! {
     static GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     static TC_GROUP_M: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     static TC_TILE: std::cell::Cell<Option<TcTile>> = const { std::cell::Cell::new(None) };
+    static TC_STAGING: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// The output tile of a tensor-core launch (`BM`, `SB`, `BK` of `wgsl/matmul_tc.wgsl`): `rows`
@@ -239,14 +240,20 @@ impl TcTile {
 /// * at most 64 rows: 64×128 (four subgroups; a short product, a fused linear head's chunk,
 ///   would leave more than half of a 128-row tile empty);
 /// * more than 128 rows, B not transposed (the backward's `G·B` and `Aᵀ·G` of an `x·Wᵀ`
-///   layer), fragments stored whole (an F32 out without activation or pre-activation):
+///   layer), fragments stored whole (an F32 out without activation or pre-activation; a
+///   launch staged for its epilogue, [`TC_STAGE_EPILOGUES`], takes this tile too):
 ///   256×128 with 64×64 subgroup blocks (6–9% faster there; slower for `x·Wᵀ` itself and for
 ///   the epilogue entries, which stage each fragment with two barriers);
 /// * else 128×128 with 32×64 blocks.
 ///
 /// Every fragment's sums run in the same order in every tile: the same bits.
 pub fn tensor_core_tile(call: &Gemm) -> TcTile {
-    let whole = whole_fragments(call);
+    tile_for(call, whole_fragments(call))
+}
+
+/// [`tensor_core_tile`] for a launch that stores whole fragments (`whole`: `gemm_tc`,
+/// `gemm_tc_bias`, or the sums of a product staged for its epilogue) or not.
+fn tile_for(call: &Gemm, whole: bool) -> TcTile {
     let rule = match call.m {
         m if m <= 64 => TcTile::new(64, 32),
         m if m > 128 && !call.b.transposed && whole => TcTile::new(256, 64),
@@ -259,6 +266,31 @@ pub fn tensor_core_tile(call: &Gemm) -> TcTile {
 /// without activation or pre-activation) rather than through the epilogue entries.
 fn whole_fragments(call: &Gemm) -> bool {
     call.out.dtype() == DType::F32 && call.activation.is_none() && call.pre_activation.is_none()
+}
+
+/// Whether a tensor-core product that needs the epilogue (a 16-bit out, an activation or a
+/// pre-activation) and is not split stores its sums as whole fragments into F32 scratch
+/// (`4·batch·m·n` bytes, taken only where [`Gemm::copy_bytes`] leaves room beside the F16
+/// copies) and then applies the epilogue in the FP32 module's `gemm_finish` pass, rather than
+/// staging each fragment through workgroup memory (`gemm_tc_epilogue`): the same bits either
+/// way (`alpha` is applied to the sums as the epilogue entries do, the finish adds the bias).
+pub const TC_STAGE_EPILOGUES: bool = true;
+
+/// Overrides [`TC_STAGE_EPILOGUES`] for launches from the calling thread (`None`: the
+/// constant). The results are the same bits. For tests and measurements.
+#[doc(hidden)]
+pub fn force_tensor_core_staging(stage: Option<bool>) {
+    TC_STAGING.with(|f| f.set(stage));
+}
+
+/// The F32 scratch of a tensor-core product staged for its epilogue (see
+/// [`TC_STAGE_EPILOGUES`]), `None` when the product stores its fragments itself.
+fn epilogue_staging(call: &Gemm, slices: usize) -> Option<u64> {
+    let stage = TC_STAGING
+        .with(std::cell::Cell::get)
+        .unwrap_or(TC_STAGE_EPILOGUES);
+    (stage && slices == 1 && !whole_fragments(call))
+        .then(|| 4 * (call.batch as u64) * (call.m as u64) * (call.n as u64))
 }
 
 /// Overrides [`tensor_core_tile`] for launches from the calling thread (`None`: the rule; a
@@ -414,13 +446,20 @@ pub fn tensor_core_fits(call: &Gemm) -> bool {
 }
 
 /// Launch a checked, fitting tensor-core product ([`tensor_core_tile`]; one workgroup a tile):
-/// an F32
-/// out without bias, activation or pre-activation takes `gemm_tc` (fragments stored whole),
-/// anything else the epilogue entries (fragments through workgroup memory).
+/// an F32 out without activation or pre-activation takes `gemm_tc` / `gemm_tc_bias`
+/// (fragments stored whole); anything else is staged in F32 scratch for `gemm_finish` where
+/// [`Gemm::copy_bytes`] leaves room for it ([`TC_STAGE_EPILOGUES`]), else takes the epilogue
+/// entries (fragments through workgroup memory).
 fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     let engine = call.out.engine();
     let (m, n, batch) = (call.m, call.n, call.batch);
-    let tile = tensor_core_tile(call);
+    let (slices, k_slice) = tc_split_plan(m, n, call.k, batch, allowance);
+    // Scratch for the F16 copies, then for the staged sums (the bits do not depend on it).
+    let scratch = call.copy_bytes.map_or(engine.workspace_bound(), |b| {
+        b.min(engine.workspace_bound())
+    });
+    let staging = epilogue_staging(call, slices).filter(|&b| b <= scratch);
+    let tile = tile_for(call, whole_fragments(call) || staging.is_some());
     let tiles_m = m.div_ceil(tile.rows);
     let tiles_n = n.div_ceil(TILE_N);
     // Without a bias, A's buffer is bound in its place (never read).
@@ -441,13 +480,11 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     }
     let scales = scales_of(regions, maxima)?;
     let copies = match &scales {
-        Some(f) => {
-            let bound = engine.workspace_bound();
-            let copies = call.copy_bytes.map_or(bound, |b| b.min(bound));
-            f16_copies(regions, f, (tiles_m, tiles_n), batch, copies)?
-        }
+        Some(f) => f16_copies(regions, f, (tiles_m, tiles_n), batch, scratch)?,
         None => [None, None],
     };
+    let copied: u64 = copies.iter().flatten().map(Tensor::byte_len).sum();
+    let staging = staging.filter(|&b| copied + b <= scratch);
     fn staged<'b>(op: GemmOperand<'b>, copy: &'b Option<Tensor>) -> GemmOperand<'b> {
         match copy {
             Some(t) => GemmOperand {
@@ -465,8 +502,7 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     };
     let [a, b] = [call.a.tensor, call.b.tensor];
     let flag = |b: bool| if b { 1.0 } else { 0.0 };
-    let (slices, k_slice) = tc_split_plan(m, n, call.k, batch, allowance);
-    let out_dtype = if slices > 1 {
+    let out_dtype = if slices > 1 || staging.is_some() {
         DType::F32
     } else {
         call.out.dtype()
@@ -491,24 +527,27 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
         ("BK", tile.k_step() as f64),
     ];
     let factors = scales.as_ref().unwrap_or(call.a.tensor).buffer();
-    if slices > 1 {
+    if slices > 1 || staging.is_some() {
         // Split-K: each slice's raw sums (alpha 1) into F32 scratch [slices, batch, m, n] by
-        // the plain entry, then the FP32 module's fixed-order finish with the epilogue.
-        engine.check_workspace(
-            "gemm (tensor-core split-K slice sums)",
-            split_scratch(m, n, batch, slices),
-        )?;
-        let part = Tensor::empty(
-            engine,
-            &[slices * batch * m * n],
-            DType::F32,
-            "gemm split-K slice sums",
-        )?;
+        // the plain entry, then the FP32 module's fixed-order finish with the epilogue. Staged
+        // for the epilogue (one slice): the sums times alpha, formed as the epilogue entries
+        // form them, then a finish with alpha 1 (exact) that adds the bias and stores.
+        let (what, alpha, finish_alpha) = if slices > 1 {
+            ("gemm (tensor-core split-K slice sums)", 1.0, call.alpha)
+        } else {
+            (
+                "gemm (tensor-core sums staged for the epilogue)",
+                call.alpha,
+                1.0,
+            )
+        };
+        engine.check_workspace(what, 4 * (slices * batch * m * n) as u64)?;
+        let part = Tensor::empty(engine, &[slices * batch * m * n], DType::F32, what)?;
         let partial = Gemm {
             out: &part,
             out_offset: 0,
             out_batch_stride: m * n,
-            alpha: 1.0,
+            alpha,
             bias: None,
             accumulate: false,
             activation: None,
@@ -524,8 +563,12 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
             &[a.buffer(), b.buffer(), part.buffer(), factors],
             tiles * slices as u64,
         )?;
-        let params = Params::new(call, (tiles_m, tiles_n), (slices, k_slice), bias);
-        return split_finish(call, &params, bias, &part);
+        let finish = Gemm {
+            alpha: finish_alpha,
+            ..*call
+        };
+        let params = Params::new(&finish, (tiles_m, tiles_n), (slices, k_slice), bias);
+        return split_finish(&finish, &params, bias, &part);
     }
     let params = Params::new(call, (tiles_m, tiles_n), (1, call.k), bias);
     let mut buffers = vec![a.buffer(), b.buffer()];
@@ -1161,7 +1204,8 @@ pub struct Gemm<'a> {
     /// [`tensor_core_rounded_tolerance`]). A reduced-precision product, hence its own switch.
     pub round_f32_operands: bool,
     /// With `tensor_cores`: at most this many bytes of F16 operand copies (see
-    /// [`TC_COPY_MIN_TILES`]); `None` (default): the engine's workspace bound. For callers
+    /// [`TC_COPY_MIN_TILES`]) and, beside them, of F32 sums staged for the epilogue (see
+    /// [`TC_STAGE_EPILOGUES`]); `None` (default): the engine's workspace bound. For callers
     /// that hold a memory budget; the bits do not depend on it.
     pub copy_bytes: Option<u64>,
     /// With `tensor_cores`: A's and B's partial maxima taken beforehand by

@@ -2290,6 +2290,12 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
                 matmul::force_tensor_core_tile(None);
                 assert_eq!(first, tiled, "{tile:?}, epilogue {shape:?} case {i}");
             }
+            // Through workgroup memory (`gemm_tc_epilogue`) instead of staged in F32 scratch
+            // for `gemm_finish` (the rule, where the scratch fits): the same bits.
+            matmul::force_tensor_core_staging(Some(false));
+            let direct = tensor_core_epilogue_case(e, shape, ta, bias_dt, act, out_dt, seed);
+            matmul::force_tensor_core_staging(None);
+            assert_eq!(first, direct, "unstaged epilogue {shape:?} case {i}");
         }
         // A zero bias: the epilogue entry's sums are the plain entry's.
         let (m, n, k) = shape;
@@ -2313,6 +2319,35 @@ fn tensor_core_epilogues_match_reference_or_are_refused() {
             f32_bits(&out)
         };
         assert_eq!(product(None), product(Some(&zero)), "{shape:?}: zero bias");
+        // Sums of zero times a negative alpha (−0) into a 16-bit out without a bias: staged
+        // or through workgroup memory, both add the (zero) bias, so the same bits (+0).
+        let zeros = Tensor::zeros(e, &[m * k], DType::F16).unwrap();
+        let negated = |stage: bool| {
+            let out = Tensor::zeros(e, &[m * n], DType::BF16).unwrap();
+            matmul::force_tensor_core_staging(Some(stage));
+            gemm(&Gemm {
+                alpha: -1.0,
+                tensor_cores: true,
+                ..Gemm::plain(
+                    operand(&zeros, 0, ta, 0),
+                    operand(&b16, 0, true, 0),
+                    &out,
+                    (m, n, k),
+                    false,
+                )
+            })
+            .unwrap();
+            matmul::force_tensor_core_staging(None);
+            out.to_f64().unwrap()
+        };
+        let (staged, direct) = (negated(true), negated(false));
+        assert!(
+            staged
+                .iter()
+                .zip(&direct)
+                .all(|(s, d)| s.to_bits() == d.to_bits() && s.to_bits() == 0),
+            "{shape:?}: −0 sums"
+        );
     }
     // An F32 out with a bias and no activation (the bias added to whole fragments,
     // `gemm_tc_bias`): bit for bit the pre-activation the epilogue entry saves, for biases of

@@ -54,7 +54,9 @@
 // and `gemm_tc_epilogue_pre`, the epilogue of `wgsl/matmul.wgsl` (`v = alpha·Σ + bias[j]`, out
 // ← act(v) or out += v; out F32, or F16 / BF16 with DT_OUT, each value rounded once, two
 // columns a word; `_pre` also stores v, F32, with out's indexing): every fragment goes through
-// workgroup memory, where each invocation takes eight of its values.
+// workgroup memory, where each invocation takes eight of its values. Where the workspace
+// allows, the host runs such a product as `gemm_tc` into F32 scratch and the FP32 module's
+// `gemm_finish` instead (`matmul::TC_STAGE_EPILOGUES`, the same bits).
 //
 // Measured on an H200 (`notes/measurements.md`) and not kept: fragments loaded straight from
 // the buffers (no staging), chunks fetched as F16 quads, K steps of 32, two staging buffers
@@ -376,20 +378,16 @@ fn bias8(j: u32, q0: u32) -> F8 {
     return F8(bias4(j + q0), bias4(j + q0 + 4u));
 }
 
-// v = alpha·Σ (+ bias) of the invocation's eight staged values: row lane / 2 of its
-// subgroup's fragment, columns q0 = 8·(lane % 2)...
+// v = alpha·Σ + bias of the invocation's eight staged values: row lane / 2 of its subgroup's
+// fragment, columns q0 = 8·(lane % 2)... The bias (zeros without one) is always added, as
+// `gemm_finish` adds it to a product staged in F32 scratch (`matmul::TC_STAGE_EPILOGUES`):
+// the same bits, a sum of −0 included.
 fn epi_values(sg: u32, lane: u32, b: F8) -> F8 {
     let at = sg * 256u + (lane / 2u) * 16u + (lane % 2u) * 8u;
-    var lo = vec4<f32>(c_tile[at], c_tile[at + 1u], c_tile[at + 2u], c_tile[at + 3u]);
-    var hi = vec4<f32>(c_tile[at + 4u], c_tile[at + 5u], c_tile[at + 6u], c_tile[at + 7u]);
+    let lo = vec4<f32>(c_tile[at], c_tile[at + 1u], c_tile[at + 2u], c_tile[at + 3u]);
+    let hi = vec4<f32>(c_tile[at + 4u], c_tile[at + 5u], c_tile[at + 6u], c_tile[at + 7u]);
     let f = factors();
-    lo = lo * f.x * f.y;
-    hi = hi * f.x * f.y;
-    if (params.has_bias == 1u) {
-        lo = lo + b.lo;
-        hi = hi + b.hi;
-    }
-    return F8(lo, hi);
+    return F8(lo * f.x * f.y + b.lo, hi * f.x * f.y + b.hi);
 }
 
 // Value q (0..8) of eight.
