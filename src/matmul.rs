@@ -479,12 +479,18 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
         }
     }
     let scales = scales_of(regions, maxima)?;
+    // The staging first (it spares the product a pass through workgroup memory a fragment),
+    // then the copies in what is left.
     let copies = match &scales {
-        Some(f) => f16_copies(regions, f, (tiles_m, tiles_n), batch, scratch)?,
+        Some(f) => f16_copies(
+            regions,
+            f,
+            (tiles_m, tiles_n),
+            batch,
+            scratch - staging.unwrap_or(0),
+        )?,
         None => [None, None],
     };
-    let copied: u64 = copies.iter().flatten().map(Tensor::byte_len).sum();
-    let staging = staging.filter(|&b| copied + b <= scratch);
     fn staged<'b>(op: GemmOperand<'b>, copy: &'b Option<Tensor>) -> GemmOperand<'b> {
         match copy {
             Some(t) => GemmOperand {
