@@ -270,8 +270,8 @@ fn whole_fragments(call: &Gemm) -> bool {
 
 /// Whether a tensor-core product that needs the epilogue (a 16-bit out, an activation or a
 /// pre-activation) and is not split stores its sums as whole fragments into F32 scratch
-/// (`4·batch·m·n` bytes, taken only where [`Gemm::copy_bytes`] leaves room beside the F16
-/// copies) and then applies the epilogue in the FP32 module's `gemm_finish` pass, rather than
+/// (`4·batch·m·n` bytes, where [`Gemm::copy_bytes`], or the workspace bound, has room for them;
+/// the F16 copies then take what is left) and then applies the epilogue in the FP32 module's `gemm_finish` pass, rather than
 /// staging each fragment through workgroup memory (`gemm_tc_epilogue`): the same bits either
 /// way (`alpha` is applied to the sums as the epilogue entries do, the finish adds the bias).
 pub const TC_STAGE_EPILOGUES: bool = true;
@@ -454,7 +454,7 @@ fn gemm_tc(call: &Gemm, allowance: u64) -> Result<()> {
     let engine = call.out.engine();
     let (m, n, batch) = (call.m, call.n, call.batch);
     let (slices, k_slice) = tc_split_plan(m, n, call.k, batch, allowance);
-    // Scratch for the F16 copies, then for the staged sums (the bits do not depend on it).
+    // Scratch for the staged sums, then for the F16 copies (the bits do not depend on it).
     let scratch = call.copy_bytes.map_or(engine.workspace_bound(), |b| {
         b.min(engine.workspace_bound())
     });
@@ -1031,7 +1031,9 @@ pub fn gemm_split_within(m: usize, n: usize, k: usize, batch: usize, bytes: u64)
 /// Scratch bytes of [`gemm`] for this shape beyond its outputs: the F32 slice sums
 /// `[S, batch, m, n]` of a split product (`4·S·batch·m·n`, `S` = [`gemm_split`]), 0 when it is
 /// not split. Under a smaller workspace bound `gemm` uses less (fewer slices or none), never
-/// more; callers that plan memory count this figure for each product they issue.
+/// more; callers that plan memory count this figure for each product they issue. A
+/// tensor-core product may also take F16 copies of its operands and F32 sums staged for its
+/// epilogue, within [`Gemm::copy_bytes`] (the workspace bound by default).
 pub fn gemm_workspace_bytes(m: usize, n: usize, k: usize, batch: usize) -> u64 {
     split_scratch(m, n, batch, gemm_split(m, n, k, batch))
 }
@@ -1210,8 +1212,8 @@ pub struct Gemm<'a> {
     /// [`tensor_core_rounded_tolerance`]). A reduced-precision product, hence its own switch.
     pub round_f32_operands: bool,
     /// With `tensor_cores`: at most this many bytes of F16 operand copies (see
-    /// [`TC_COPY_MIN_TILES`]) and, beside them, of F32 sums staged for the epilogue (see
-    /// [`TC_STAGE_EPILOGUES`]); `None` (default): the engine's workspace bound. For callers
+    /// [`TC_COPY_MIN_TILES`]) and of F32 sums staged for the epilogue (see
+    /// [`TC_STAGE_EPILOGUES`]; taken first); `None` (default): the engine's workspace bound. For callers
     /// that hold a memory budget; the bits do not depend on it.
     pub copy_bytes: Option<u64>,
     /// With `tensor_cores`: A's and B's partial maxima taken beforehand by
