@@ -1,0 +1,970 @@
+//! Hostile inputs: the public entries of the normalization, activation, RoPE, loss, dense
+//! product, embedding and fused linear families, given tensors of every dtype and of
+//! degenerate shapes (no axes, zero-length axes, lengths that match nothing, another engine's
+//! tensors) in each argument, and option values outside their domains (NaN, ±∞, zero,
+//! negative, past the bounds), return `Ok` or a typed `Err`: none panics. Afterwards the
+//! engine still computes a correct result.
+//!
+//! Each sweep starts from a valid call (which must succeed) and replaces one argument at a
+//! time, so every hostile value meets otherwise valid company.
+
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use common::engine;
+use wgrad::activation::{self, Activation, ActivationOptions};
+use wgrad::embedding::{self, EmbeddingOptions};
+use wgrad::fused_linear::{self, Chunking, FusedLinearCrossEntropyOptions, LinearHead};
+use wgrad::loss::{self, CrossEntropyOptions, DivReduction, Reduction};
+use wgrad::matmul::{self, MatmulOptions};
+use wgrad::norm::{self, GroupNormOptions, LayerNormOptions, PolyNormOptions, RmsNormOptions};
+use wgrad::rope::{self, RopeOptions, RopeQkOptions, RopeScaling};
+use wgrad::{DType, Engine, Error, Result, Tensor};
+
+const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32];
+
+/// Shapes of the pool: no axes, zero-length axes, lengths that fit the bases' and lengths that
+/// fit nothing.
+const SHAPES: [&[usize]; 13] = [
+    &[],
+    &[0],
+    &[1],
+    &[3],
+    &[8],
+    &[2, 0],
+    &[0, 8],
+    &[2, 8],
+    &[3, 8],
+    &[4, 2],
+    &[2, 2, 8],
+    &[1, 2, 2, 8],
+    &[2, 4, 2, 8],
+];
+
+/// A tensor of `shape` and `dtype` with small values: floats in [-2, 2], integers in
+/// {-100, -1, 0, 1, 2, 7, 2^30} (targets, indices and positions in and out of range).
+fn make(engine: &Engine, shape: &[usize], dtype: DType, seed: u64) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    match dtype {
+        DType::I32 => {
+            let pick = [-100, -1, 0, 1, 2, 7, 1 << 30];
+            let v: Vec<i32> = (0..n)
+                .map(|i| pick[(i + seed as usize) % pick.len()])
+                .collect();
+            Tensor::from_slice(engine, &v, shape)
+        }
+        DType::U32 => {
+            let v: Vec<u32> = (0..n).map(|i| ((i as u64 + seed) % 9) as u32).collect();
+            Tensor::from_slice(engine, &v, shape)
+        }
+        _ => {
+            let v: Vec<f32> = common::random_f32(seed, n)
+                .iter()
+                .map(|x| 2.0 * x)
+                .collect();
+            let t = Tensor::from_slice(engine, &v, shape)?;
+            wgrad::cast::cast(&t, dtype)
+        }
+    }
+}
+
+/// The hostile tensors: every shape in every dtype, and three of another engine.
+fn pool() -> &'static Vec<(String, Tensor)> {
+    static POOL: std::sync::OnceLock<Vec<(String, Tensor)>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let e = engine();
+        let mut out = Vec::new();
+        for (i, shape) in SHAPES.iter().enumerate() {
+            for dtype in DTYPES {
+                // A shape the engine refuses to hold is itself a typed error, never a panic.
+                match catch_unwind(AssertUnwindSafe(|| make(e, shape, dtype, i as u64))) {
+                    Ok(Ok(t)) => out.push((format!("{dtype:?}{shape:?}"), t)),
+                    Ok(Err(_)) => {}
+                    Err(_) => panic!("making a {dtype:?} tensor of shape {shape:?} panicked"),
+                }
+            }
+        }
+        let other = common::private_engine();
+        for (shape, dtype) in [
+            (&[2usize, 8][..], DType::F32),
+            (&[3, 8][..], DType::F32),
+            (&[2, 2, 8][..], DType::BF16),
+        ] {
+            let t = make(&other, shape, dtype, 99).expect("another engine's tensor");
+            out.push((format!("other engine {dtype:?}{shape:?}"), t));
+        }
+        out
+    })
+}
+
+/// Calls made and the panics they raised.
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    err: usize,
+    panics: Vec<String>,
+}
+
+impl Tally {
+    /// One call; a panic is recorded with `what`.
+    fn call(&mut self, what: &str, f: impl FnOnce() -> Result<()>) {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(Ok(())) => self.ok += 1,
+            Ok(Err(_)) => self.err += 1,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                self.panics.push(format!("{what}: {msg}"));
+            }
+        }
+    }
+
+    /// The valid call `f(base)` (which must succeed), then `f` with each argument in turn
+    /// replaced by each pool tensor.
+    fn sweep(&mut self, op: &str, base: &[&Tensor], f: impl Fn(&[&Tensor]) -> Result<()>) {
+        match catch_unwind(AssertUnwindSafe(|| f(base))) {
+            Ok(Ok(())) => self.ok += 1,
+            Ok(Err(e)) => panic!("{op}: the valid base call failed: {e}"),
+            Err(_) => panic!("{op}: the valid base call panicked"),
+        }
+        for slot in 0..base.len() {
+            for (name, t) in pool() {
+                let mut args = base.to_vec();
+                args[slot] = t;
+                self.call(&format!("{op}, argument {slot} = {name}"), || f(&args));
+            }
+        }
+    }
+
+    /// `f` once per hostile value (each call is expected to be refused or to succeed, never to
+    /// panic).
+    fn values<V: std::fmt::Debug + Copy>(
+        &mut self,
+        op: &str,
+        values: &[V],
+        f: impl Fn(V) -> Result<()>,
+    ) {
+        for &v in values {
+            self.call(&format!("{op} with {v:?}"), || f(v));
+        }
+    }
+
+    fn assert_clean(&self, family: &str) {
+        eprintln!(
+            "{family}: {} calls, {} ok, {} refused, {} panics",
+            self.ok + self.err + self.panics.len(),
+            self.ok,
+            self.err,
+            self.panics.len()
+        );
+        assert!(
+            self.panics.is_empty(),
+            "{family}: {} calls panicked:\n{}",
+            self.panics.len(),
+            self.panics.join("\n")
+        );
+        assert!(
+            self.err > 0 && self.ok > 0,
+            "{family}: the sweep must both pass and refuse calls"
+        );
+    }
+}
+
+/// Out-of-domain floats for ε, multipliers, smoothing, β and the like.
+const BAD_F32: [f32; 7] = [
+    0.0,
+    -1.0,
+    -0.0,
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    1e30,
+];
+const DTYPE_ARGS: [DType; 5] = DTYPES;
+
+fn f32_tensor(shape: &[usize], seed: u64) -> Tensor {
+    make(engine(), shape, DType::F32, seed).unwrap()
+}
+
+fn int_tensor(values: &[i32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(engine(), values, shape).unwrap()
+}
+
+/// After a sweep the engine must still compute: RMSNorm of a known row against the host.
+fn assert_engine_still_computes() {
+    let x = f32_tensor(&[3, 8], 5);
+    let (y, _) = norm::rms_norm(&x, None, &RmsNormOptions::default()).unwrap();
+    let xs = x.to_f64().unwrap();
+    let ys = y.to_f64().unwrap();
+    for (row, got) in xs.chunks(8).zip(ys.chunks(8)) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / 8.0;
+        let inv = 1.0 / (ms + 1e-5).sqrt();
+        for (v, g) in row.iter().zip(got) {
+            assert!(
+                (v * inv - g).abs() < 1e-5,
+                "rms_norm after the sweep: {g} against {}",
+                v * inv
+            );
+        }
+    }
+}
+
+#[test]
+fn norms_never_panic() {
+    let mut t = Tally::default();
+    let x = f32_tensor(&[3, 8], 1);
+    let w = f32_tensor(&[8], 2);
+    let b = f32_tensor(&[8], 3);
+    let dy = f32_tensor(&[3, 8], 4);
+    let rms = RmsNormOptions::default();
+    t.sweep("rms_norm", &[&x, &w], |a| {
+        norm::rms_norm(a[0], Some(a[1]), &rms).map(drop)
+    });
+    t.values("rms_norm eps", &BAD_F32, |eps| {
+        norm::rms_norm(&x, Some(&w), &RmsNormOptions { eps, ..rms }).map(drop)
+    });
+    t.values("rms_norm offset", &BAD_F32, |offset| {
+        norm::rms_norm(&x, Some(&w), &RmsNormOptions { offset, ..rms }).map(drop)
+    });
+    let ln = LayerNormOptions::default();
+    t.sweep("layer_norm", &[&x, &w, &b], |a| {
+        norm::layer_norm(a[0], Some(a[1]), Some(a[2]), &ln).map(drop)
+    });
+    t.values("layer_norm eps", &BAD_F32, |eps| {
+        norm::layer_norm(&x, Some(&w), Some(&b), &LayerNormOptions { eps }).map(drop)
+    });
+    t.sweep("add_rms_norm", &[&x, &dy, &w], |a| {
+        norm::add_rms_norm(a[0], a[1], Some(a[2]), &rms).map(drop)
+    });
+    let mods = f32_tensor(&[1, 8], 6);
+    t.sweep("modulated_rms_norm", &[&x, &w, &mods, &mods], |a| {
+        norm::modulated_rms_norm(a[0], Some(a[1]), a[2], a[3], &rms).map(drop)
+    });
+    let gx = f32_tensor(&[2, 4, 2, 8], 7);
+    let gw = f32_tensor(&[4], 8);
+    let gn = GroupNormOptions::default();
+    t.sweep("group_norm", &[&gx, &gw, &gw], |a| {
+        norm::group_norm(a[0], 2, Some(a[1]), Some(a[2]), &gn).map(drop)
+    });
+    t.values("group_norm groups", &[0usize, 3, 5, usize::MAX], |g| {
+        norm::group_norm(&gx, g, Some(&gw), Some(&gw), &gn).map(drop)
+    });
+    let scalar = f32_tensor(&[1], 9);
+    t.sweep("dyt", &[&x, &scalar, &w, &b], |a| {
+        norm::dyt(a[0], a[1], a[2], Some(a[3])).map(drop)
+    });
+    let pw = f32_tensor(&[3], 10);
+    t.sweep("poly_norm", &[&x, &pw, &scalar], |a| {
+        norm::poly_norm(a[0], a[1], Some(a[2]), &PolyNormOptions::default()).map(drop)
+    });
+    t.values("poly_norm eps", &BAD_F32, |eps| {
+        norm::poly_norm(&x, &pw, None, &PolyNormOptions { eps }).map(drop)
+    });
+
+    // Backwards: every cotangent slot and every requested dtype.
+    let saved = [
+        norm::rms_norm(&x, Some(&w), &rms).unwrap().1,
+        norm::layer_norm(&x, Some(&w), Some(&b), &ln).unwrap().1,
+        norm::add_rms_norm(&x, &dy, Some(&w), &rms).unwrap().2,
+        norm::modulated_rms_norm(&x, Some(&w), &mods, &mods, &rms)
+            .unwrap()
+            .1,
+    ];
+    for (i, s) in saved.iter().enumerate() {
+        // Only add+RMSNorm has a residual-sum output, so only it takes that cotangent.
+        if i == 2 {
+            t.sweep("norm_backward add", &[&dy, &dy], |a| {
+                norm::norm_backward(s, a[0], Some(a[1])).map(drop)
+            });
+        } else {
+            t.sweep(&format!("norm_backward {i}"), &[&dy], |a| {
+                norm::norm_backward(s, a[0], None).map(drop)
+            });
+            t.call(
+                &format!("norm_backward {i} with a residual cotangent"),
+                || norm::norm_backward(s, &dy, Some(&dy)).map(drop),
+            );
+        }
+        t.values(&format!("norm_backward_as {i}"), &DTYPE_ARGS, |d| {
+            norm::norm_backward_as(s, &dy, None, d).map(drop)
+        });
+    }
+    let g = norm::group_norm(&gx, 2, Some(&gw), Some(&gw), &gn)
+        .unwrap()
+        .1;
+    let gdy = f32_tensor(&[2, 4, 2, 8], 11);
+    t.sweep("group_norm backward", &[&gdy], |a| {
+        norm::norm_backward(&g, a[0], None).map(drop)
+    });
+    let d = norm::dyt(&x, &scalar, &w, Some(&b)).unwrap().1;
+    t.sweep("dyt_backward", &[&dy], |a| {
+        norm::dyt_backward(&d, a[0]).map(drop)
+    });
+    let p = norm::poly_norm(&x, &pw, Some(&scalar), &PolyNormOptions::default())
+        .unwrap()
+        .1;
+    t.sweep("poly_norm_backward", &[&dy], |a| {
+        norm::poly_norm_backward(&p, a[0]).map(drop)
+    });
+    t.assert_clean("norms");
+    assert_engine_still_computes();
+}
+
+#[test]
+fn activations_never_panic() {
+    let mut t = Tally::default();
+    let g = f32_tensor(&[3, 8], 1);
+    let u = f32_tensor(&[3, 8], 2);
+    let packed = f32_tensor(&[3, 8], 3);
+    let half_dy = f32_tensor(&[3, 4], 4);
+    let opts = ActivationOptions::default();
+    for kind in [Activation::Silu, Activation::Gelu, Activation::Relu] {
+        t.sweep(&format!("{kind:?} gated"), &[&g, &u], |a| {
+            activation::forward(kind, a[0], Some(a[1]), &opts).map(drop)
+        });
+        t.sweep(&format!("{kind:?} packed"), &[&packed], |a| {
+            activation::packed_forward(kind, a[0], &opts).map(drop)
+        });
+    }
+    t.values("gate multiplier", &BAD_F32, |m| {
+        let o = ActivationOptions {
+            gate_multiplier: m,
+            ..opts
+        };
+        activation::forward(Activation::Silu, &g, Some(&u), &o).map(drop)
+    });
+    t.values("down multiplier", &BAD_F32, |m| {
+        let o = ActivationOptions {
+            down_multiplier: m,
+            ..opts
+        };
+        activation::forward(Activation::Silu, &g, None, &o).map(drop)
+    });
+    let gated = activation::swiglu(&g, &u).unwrap().1;
+    let unary = activation::silu(&g).unwrap().1;
+    let pk = activation::swiglu_packed(&packed).unwrap().1;
+    for (name, saved, dy) in [
+        ("gated", &gated, &u),
+        ("unary", &unary, &u),
+        ("packed", &pk, &half_dy),
+    ] {
+        t.sweep(&format!("backward {name}"), &[dy], |a| {
+            activation::backward(saved, a[0]).map(drop)
+        });
+        t.values(&format!("backward_as {name}"), &DTYPE_ARGS, |d| {
+            activation::backward_as(saved, dy, d).map(drop)
+        });
+    }
+    t.sweep("erf", &[&g], |a| activation::erf(a[0]).map(drop));
+    t.assert_clean("activations");
+    assert_engine_still_computes();
+}
+
+#[test]
+fn rope_never_panics() {
+    let mut t = Tally::default();
+    // values [rows 4, dim 8] with tables [4, 4].
+    let v = f32_tensor(&[4, 8], 1);
+    let cos = f32_tensor(&[4, 4], 2);
+    let sin = f32_tensor(&[4, 4], 3);
+    let o = RopeOptions::default();
+    t.sweep("rope forward", &[&v, &cos, &sin], |a| {
+        rope::forward(a[0], a[1], a[2], &o).map(drop)
+    });
+    t.values(
+        "rope rotary_dim",
+        &[Some(0usize), Some(3), Some(6), Some(10), Some(usize::MAX)],
+        |r| rope::forward(&v, &cos, &sin, &RopeOptions { rotary_dim: r, ..o }).map(drop),
+    );
+    let saved = rope::forward(
+        &v,
+        &cos,
+        &sin,
+        &RopeOptions {
+            table_grads: true,
+            ..o
+        },
+    )
+    .unwrap()
+    .1;
+    t.sweep("rope backward", &[&v], |a| {
+        rope::backward(&saved, a[0]).map(drop)
+    });
+    t.values("rope backward_as", &DTYPE_ARGS, |d| {
+        rope::backward_as(&saved, &v, d).map(drop)
+    });
+
+    // q [1, 2, 2, 8] and k [1, 2, 2, 8] (batch, seq, heads, dim), tables [2, 4].
+    let q = f32_tensor(&[1, 2, 2, 8], 4);
+    let k = f32_tensor(&[1, 2, 2, 8], 5);
+    let tc = f32_tensor(&[2, 4], 6);
+    let ts = f32_tensor(&[2, 4], 7);
+    let pos = int_tensor(&[0, 1], &[1, 2]);
+    let qo = RopeQkOptions::default();
+    t.sweep("qk_forward", &[&q, &k, &tc, &ts, &pos], |a| {
+        rope::qk_forward(a[0], a[1], a[2], a[3], Some(a[4]), &qo).map(drop)
+    });
+    t.sweep("qk_forward unchecked positions", &[&pos], |a| {
+        let o = RopeQkOptions {
+            check_positions: false,
+            ..qo
+        };
+        rope::qk_forward(&q, &k, &tc, &ts, Some(a[0]), &o).map(drop)
+    });
+    t.values(
+        "qk_forward mrope_section",
+        &[[0usize, 0, 0], [1, 1, 1], [4, 4, 4], [usize::MAX, 1, 1]],
+        |s| {
+            let o = RopeQkOptions {
+                mrope_section: Some(s),
+                ..qo
+            };
+            rope::qk_forward(&q, &k, &tc, &ts, None, &o).map(drop)
+        },
+    );
+    let qs = rope::qk_forward(
+        &q,
+        &k,
+        &tc,
+        &ts,
+        Some(&pos),
+        &RopeQkOptions {
+            table_grads: true,
+            ..qo
+        },
+    )
+    .unwrap()
+    .1;
+    t.sweep("qk_backward", &[&q, &k], |a| {
+        rope::qk_backward(&qs, a[0], a[1]).map(drop)
+    });
+    t.values("qk_backward_as", &DTYPE_ARGS, |d| {
+        rope::qk_backward_as(&qs, &q, &k, d).map(drop)
+    });
+    let freqs = f32_tensor(&[2, 4, 2], 8);
+    t.sweep("llama4_forward", &[&q, &k, &freqs, &pos], |a| {
+        rope::llama4_forward(a[0], a[1], a[2], Some(a[3]), &qo).map(drop)
+    });
+    let ls = rope::llama4_forward(
+        &q,
+        &k,
+        &freqs,
+        None,
+        &RopeQkOptions {
+            table_grads: true,
+            ..qo
+        },
+    )
+    .unwrap()
+    .1;
+    t.sweep("llama4_backward", &[&q, &k], |a| {
+        rope::llama4_backward(&ls, a[0], a[1]).map(drop)
+    });
+
+    // Host tables: bad sizes, bases and scalings.
+    let scalings = [
+        RopeScaling::None,
+        RopeScaling::Linear { factor: f64::NAN },
+        RopeScaling::Linear { factor: 0.0 },
+        RopeScaling::Ntk { factor: -1.0 },
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_positions: 0,
+            beta_fast: f64::INFINITY,
+            beta_slow: -1.0,
+            attention_factor: Some(f64::NAN),
+        },
+    ];
+    for s in &scalings {
+        for (rows, dim, base) in [
+            (4usize, 8usize, 10000.0),
+            (0, 8, 1.0),
+            (4, 0, 10000.0),
+            (4, 7, 10000.0),
+            (4, 8, f64::NAN),
+            (4, 8, 0.0),
+            (4, 8, -5.0),
+        ] {
+            t.call(&format!("tables {rows} {dim} {base} {s:?}"), || {
+                rope::tables(engine(), rows, dim, base, s, DType::BF16).map(drop)
+            });
+            t.call(&format!("llama4_freqs {rows} {dim} {base} {s:?}"), || {
+                rope::llama4_freqs(engine(), rows, dim, base, s).map(drop)
+            });
+        }
+    }
+    t.assert_clean("rope");
+    assert_engine_still_computes();
+}
+
+#[test]
+fn losses_never_panic() {
+    let mut t = Tally::default();
+    let x = f32_tensor(&[3, 8], 1);
+    let dy = f32_tensor(&[3, 8], 2);
+    t.sweep("softmax", &[&x], |a| loss::softmax(a[0]).map(drop));
+    t.sweep("log_softmax", &[&x], |a| loss::log_softmax(a[0]).map(drop));
+    t.sweep("sparsemax", &[&x], |a| loss::sparsemax(a[0]).map(drop));
+    let (y, s) = loss::softmax(&x).unwrap();
+    t.sweep("softmax_backward", &[&dy], |a| {
+        loss::softmax_backward(&s, a[0]).map(drop)
+    });
+    t.values("softmax_backward_as", &DTYPE_ARGS, |d| {
+        loss::softmax_backward_as(&s, &dy, d).map(drop)
+    });
+    t.sweep("softmax_backward_from_output", &[&y, &dy], |a| {
+        loss::softmax_backward_from_output(a[0], a[1], false, DType::F32).map(drop)
+    });
+    let sp = loss::sparsemax(&x).unwrap().1;
+    t.sweep("sparsemax_backward", &[&dy], |a| {
+        loss::sparsemax_backward(&sp, a[0]).map(drop)
+    });
+
+    // Cross-entropy: targets with an ignored row; class weights F32 [8].
+    let targets = int_tensor(&[1, -100, 7], &[3]);
+    let cw = f32_tensor(&[8], 3)
+        .to_f64()
+        .unwrap()
+        .iter()
+        .map(|v| v.abs() as f32)
+        .collect::<Vec<_>>();
+    let cw = Tensor::from_slice(engine(), &cw, &[8]).unwrap();
+    let all = CrossEntropyOptions {
+        label_smoothing: 0.1,
+        z_loss: 1e-4,
+        softcap: Some(30.0),
+        weight: Some(cw.clone()),
+        ..Default::default()
+    };
+    t.sweep("cross_entropy", &[&x, &targets, &cw], |a| {
+        let o = CrossEntropyOptions {
+            weight: Some(a[2].clone()),
+            ..all.clone()
+        };
+        loss::cross_entropy(a[0], a[1], &o).map(drop)
+    });
+    t.sweep("cross_entropy unchecked targets", &[&targets], |a| {
+        let o = CrossEntropyOptions {
+            check_targets: false,
+            ..all.clone()
+        };
+        loss::cross_entropy(&x, a[0], &o).map(drop)
+    });
+    t.sweep("cross_entropy_in_place", &[&x, &targets], |a| {
+        // The logits are overwritten: a copy of whatever the slot holds.
+        let logits = wgrad::cast::cast(a[0], a[0].dtype())?;
+        loss::cross_entropy_in_place(&logits, a[1], &all).map(drop)
+    });
+    t.values("label_smoothing", &BAD_F32, |v| {
+        loss::cross_entropy(
+            &x,
+            &targets,
+            &CrossEntropyOptions {
+                label_smoothing: v,
+                ..all.clone()
+            },
+        )
+        .map(drop)
+    });
+    t.values("z_loss", &BAD_F32, |v| {
+        loss::cross_entropy(
+            &x,
+            &targets,
+            &CrossEntropyOptions {
+                z_loss: v,
+                ..all.clone()
+            },
+        )
+        .map(drop)
+    });
+    t.values("softcap", &BAD_F32, |v| {
+        loss::cross_entropy(
+            &x,
+            &targets,
+            &CrossEntropyOptions {
+                softcap: Some(v),
+                ..all.clone()
+            },
+        )
+        .map(drop)
+    });
+    t.values("ignore_index", &[i32::MIN, -1, 0, 7, 8, i32::MAX], |v| {
+        loss::cross_entropy(
+            &x,
+            &targets,
+            &CrossEntropyOptions {
+                ignore_index: v,
+                ..all.clone()
+            },
+        )
+        .map(drop)
+    });
+    for reduction in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+        let s = loss::cross_entropy(
+            &x,
+            &targets,
+            &CrossEntropyOptions {
+                reduction,
+                ..all.clone()
+            },
+        )
+        .unwrap()
+        .1;
+        let cot = match reduction {
+            Reduction::None => f32_tensor(&[3], 4),
+            _ => f32_tensor(&[1], 4),
+        };
+        t.sweep(
+            &format!("cross_entropy_backward {reduction:?}"),
+            &[&cot],
+            |a| loss::cross_entropy_backward(&s, Some(a[0])).map(drop),
+        );
+        t.values(
+            &format!("cross_entropy_backward_as {reduction:?}"),
+            &DTYPE_ARGS,
+            |d| loss::cross_entropy_backward_as(&s, None, d).map(drop),
+        );
+    }
+    let soft = f32_tensor(&[3, 8], 5);
+    t.sweep("cross_entropy_soft", &[&x, &soft], |a| {
+        loss::cross_entropy_soft(a[0], a[1], Reduction::Mean).map(drop)
+    });
+
+    // Divergences: log-probabilities of input and target, labels with an ignored row.
+    let (lp, _) = loss::log_softmax(&x).unwrap();
+    let (lt, _) = loss::log_softmax(&dy).unwrap();
+    let labels = int_tensor(&[0, -100, 2], &[3]);
+    t.sweep("kl_div", &[&lp, &lt], |a| {
+        loss::kl_div(a[0], a[1], true, DivReduction::BatchMean).map(drop)
+    });
+    t.sweep("jsd", &[&lp, &lt, &labels], |a| {
+        loss::jsd(a[0], a[1], 0.5, Some(a[2]), -100).map(drop)
+    });
+    t.values("jsd beta", &BAD_F32, |beta| {
+        loss::jsd(&lp, &lt, beta, None, -100).map(drop)
+    });
+    t.sweep("tvd", &[&lp, &lt, &labels], |a| {
+        loss::tvd(a[0], a[1], DivReduction::Sum, Some(a[2]), -100).map(drop)
+    });
+    for (name, saved) in [
+        (
+            "kl_div",
+            loss::kl_div(&lp, &lt, false, DivReduction::None).unwrap().1,
+        ),
+        (
+            "jsd",
+            loss::jsd(&lp, &lt, 0.2, Some(&labels), -100).unwrap().1,
+        ),
+        (
+            "tvd",
+            loss::tvd(&lp, &lt, DivReduction::Mean, None, -100)
+                .unwrap()
+                .1,
+        ),
+    ] {
+        let cot = if name == "kl_div" {
+            f32_tensor(&[3, 8], 6)
+        } else {
+            f32_tensor(&[1], 6)
+        };
+        t.sweep(&format!("divergence_backward {name}"), &[&cot], |a| {
+            loss::divergence_backward(&saved, Some(a[0])).map(drop)
+        });
+        t.values(
+            &format!("divergence_backward_as {name}"),
+            &DTYPE_ARGS,
+            |d| loss::divergence_backward_as(&saved, None, d).map(drop),
+        );
+    }
+    t.assert_clean("losses");
+    assert_engine_still_computes();
+}
+
+#[test]
+fn products_embedding_and_heads_never_panic() {
+    let mut t = Tally::default();
+    // A [3, 8] · B [8, 4] (and B stored [4, 8], transposed), bias [4].
+    let a = f32_tensor(&[3, 8], 1);
+    let b = f32_tensor(&[8, 4], 2);
+    let bt = f32_tensor(&[4, 8], 3);
+    let bias = f32_tensor(&[4], 4);
+    let mo = MatmulOptions::default();
+    t.sweep("matmul", &[&a, &b, &bias], |x| {
+        matmul::matmul(x[0], x[1], Some(x[2]), &mo).map(drop)
+    });
+    let mt = MatmulOptions {
+        transpose_b: true,
+        activation: Some(Activation::GeluTanh),
+        ..mo
+    };
+    t.sweep("matmul transposed", &[&a, &bt], |x| {
+        matmul::matmul(x[0], x[1], None, &mt).map(drop)
+    });
+    t.values("matmul_as", &DTYPE_ARGS, |d| {
+        matmul::matmul_as(&a, &b, Some(&bias), &mo, d).map(drop)
+    });
+    let (y, s) = matmul::matmul(&a, &bt, Some(&bias), &mt).unwrap();
+    t.sweep("matmul_backward", &[&y], |x| {
+        matmul::matmul_backward(&s, x[0]).map(drop)
+    });
+    t.values("matmul_backward_as", &DTYPE_ARGS, |d| {
+        matmul::matmul_backward_as(&s, &y, d).map(drop)
+    });
+
+    // Embedding: table [8, 8], indices [2, 3] in range.
+    let table = f32_tensor(&[8, 8], 5);
+    let idx = int_tensor(&[0, 1, 7, 2, 2, 0], &[2, 3]);
+    let eo = EmbeddingOptions {
+        padding_index: Some(2),
+        ..Default::default()
+    };
+    t.sweep("embedding", &[&table, &idx], |x| {
+        embedding::embedding(x[0], x[1], &eo).map(drop)
+    });
+    t.values(
+        "embedding padding_index",
+        &[Some(8usize), Some(usize::MAX)],
+        |p| {
+            embedding::embedding(
+                &table,
+                &idx,
+                &EmbeddingOptions {
+                    padding_index: p,
+                    ..eo
+                },
+            )
+            .map(drop)
+        },
+    );
+    t.values("embedding max_norm", &BAD_F32, |m| {
+        embedding::embedding(
+            &table,
+            &idx,
+            &EmbeddingOptions {
+                max_norm: Some(m),
+                ..eo
+            },
+        )
+        .map(drop)
+    });
+    t.values("embedding norm_type", &BAD_F32, |p| {
+        embedding::embedding(
+            &table,
+            &idx,
+            &EmbeddingOptions {
+                max_norm: Some(1.0),
+                norm_type: p,
+                ..eo
+            },
+        )
+        .map(drop)
+    });
+    let (rows, es) = embedding::embedding(&table, &idx, &eo).unwrap();
+    t.sweep("embedding_backward", &[&rows], |x| {
+        embedding::embedding_backward(&es, x[0]).map(drop)
+    });
+
+    // Fused linear cross-entropy: x [3, 8], W [4, 8], bias [4], targets [3].
+    let targets = int_tensor(&[1, -100, 3], &[3]);
+    let fo = FusedLinearCrossEntropyOptions::default();
+    t.sweep(
+        "fused_linear_cross_entropy",
+        &[&a, &bt, &bias, &targets],
+        |x| {
+            let head = LinearHead {
+                input: x[0],
+                weight: x[1],
+                bias: Some(x[2]),
+            };
+            fused_linear::fused_linear_cross_entropy(head, x[3], &fo).map(drop)
+        },
+    );
+    t.values(
+        "fused_linear_cross_entropy temperature",
+        &BAD_F32,
+        |temperature| {
+            let head = LinearHead {
+                input: &a,
+                weight: &bt,
+                bias: None,
+            };
+            let o = FusedLinearCrossEntropyOptions {
+                temperature,
+                ..fo.clone()
+            };
+            fused_linear::fused_linear_cross_entropy(head, &targets, &o).map(drop)
+        },
+    );
+    let chunkings = [
+        Chunking {
+            chunk_rows: Some(0),
+            ..Default::default()
+        },
+        Chunking {
+            memory_budget: Some(0),
+            ..Default::default()
+        },
+        Chunking {
+            vocab_block: Some(0),
+            head_dtype_gradients: true,
+            ..Default::default()
+        },
+        Chunking {
+            block_statistics: true,
+            ..Default::default()
+        },
+        Chunking {
+            chunk_rows: Some(usize::MAX),
+            ..Default::default()
+        },
+    ];
+    for (i, chunking) in chunkings.iter().enumerate() {
+        t.call(&format!("fused_linear_cross_entropy chunking {i}"), || {
+            let head = LinearHead {
+                input: &a,
+                weight: &bt,
+                bias: Some(&bias),
+            };
+            let o = FusedLinearCrossEntropyOptions {
+                chunking: *chunking,
+                ..fo.clone()
+            };
+            fused_linear::fused_linear_cross_entropy(head, &targets, &o).map(drop)
+        });
+    }
+    let head = LinearHead {
+        input: &a,
+        weight: &bt,
+        bias: Some(&bias),
+    };
+    let fs = fused_linear::fused_linear_cross_entropy(head, &targets, &fo)
+        .unwrap()
+        .1;
+    let one = f32_tensor(&[1], 6);
+    t.sweep("fused_linear_cross_entropy_backward", &[&one], |x| {
+        fused_linear::fused_linear_cross_entropy_backward(&fs, Some(x[0])).map(drop)
+    });
+
+    // Distillation: the teacher head [4, 6] over its own hidden size, labels with an ignored row.
+    let tx = f32_tensor(&[3, 6], 7);
+    let tw = f32_tensor(&[4, 6], 8);
+    let dopt = fused_linear::DistillationOptions::default();
+    t.sweep("fused_linear_jsd", &[&a, &bt, &tx, &tw, &targets], |x| {
+        let student = LinearHead {
+            input: x[0],
+            weight: x[1],
+            bias: None,
+        };
+        let teacher = LinearHead {
+            input: x[2],
+            weight: x[3],
+            bias: None,
+        };
+        fused_linear::fused_linear_jsd(student, teacher, Some(x[4]), 0.5, &dopt).map(drop)
+    });
+    t.values("fused_linear_jsd beta", &BAD_F32, |beta| {
+        let student = LinearHead {
+            input: &a,
+            weight: &bt,
+            bias: None,
+        };
+        let teacher = LinearHead {
+            input: &tx,
+            weight: &tw,
+            bias: None,
+        };
+        fused_linear::fused_linear_jsd(student, teacher, None, beta, &dopt).map(drop)
+    });
+    t.values("fused_linear_kl temperature", &BAD_F32, |temperature| {
+        let student = LinearHead {
+            input: &a,
+            weight: &bt,
+            bias: None,
+        };
+        let teacher = LinearHead {
+            input: &tx,
+            weight: &tw,
+            bias: None,
+        };
+        let o = fused_linear::DistillationOptions {
+            temperature,
+            ..dopt.clone()
+        };
+        fused_linear::fused_linear_kl(student, teacher, Some(&targets), &o).map(drop)
+    });
+    let student = LinearHead {
+        input: &a,
+        weight: &bt,
+        bias: None,
+    };
+    let teacher = LinearHead {
+        input: &tx,
+        weight: &tw,
+        bias: None,
+    };
+    let ds = fused_linear::fused_linear_tvd(student, teacher, Some(&targets), &dopt)
+        .unwrap()
+        .1;
+    t.sweep("fused_linear_distillation_backward", &[&one], |x| {
+        fused_linear::fused_linear_distillation_backward(&ds, Some(x[0])).map(drop)
+    });
+
+    // Fused gated MLP: x [3, 8], gate and up [4, 8], down [8, 4].
+    let wg = f32_tensor(&[4, 8], 9);
+    let wu = f32_tensor(&[4, 8], 10);
+    let wd = f32_tensor(&[8, 4], 11);
+    let mopt = wgrad::mlp::MlpOptions::default();
+    t.sweep("mlp", &[&a, &wg, &wu, &wd], |x| {
+        wgrad::mlp::mlp(x[0], x[1], x[2], x[3], &mopt).map(drop)
+    });
+    t.values(
+        "mlp tile_rows",
+        &[Some(0usize), Some(1), Some(usize::MAX)],
+        |tile_rows| {
+            let o = wgrad::mlp::MlpOptions { tile_rows, ..mopt };
+            wgrad::mlp::mlp(&a, &wg, &wu, &wd, &o).map(drop)
+        },
+    );
+    let (my, ms) = wgrad::mlp::mlp(&a, &wg, &wu, &wd, &mopt).unwrap();
+    t.sweep("mlp_backward", &[&my], |x| {
+        wgrad::mlp::mlp_backward(&ms, x[0]).map(drop)
+    });
+    t.assert_clean("products, embedding and heads");
+    assert_engine_still_computes();
+}
+
+/// The typed error of a hostile call names what was wrong (spot checks of the sweep's
+/// refusals: a scalar source, another engine's weight, a NaN ε).
+#[test]
+fn hostile_refusals_are_typed() {
+    let x = f32_tensor(&[3, 8], 1);
+    let scalar = make(engine(), &[], DType::F32, 2).unwrap();
+    let other = common::private_engine();
+    let w_other = make(&other, &[8], DType::F32, 3).unwrap();
+    let r = norm::rms_norm(&scalar, None, &RmsNormOptions::default());
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "scalar source: {r:?}"
+    );
+    let r = norm::rms_norm(&x, Some(&w_other), &RmsNormOptions::default());
+    assert!(
+        matches!(r, Err(Error::EngineMismatch { .. })),
+        "another engine's weight: {r:?}"
+    );
+    let r = norm::rms_norm(
+        &x,
+        None,
+        &RmsNormOptions {
+            eps: f32::NAN,
+            ..Default::default()
+        },
+    );
+    assert!(
+        matches!(r, Err(Error::InvalidValue { .. })),
+        "NaN eps: {r:?}"
+    );
+}
