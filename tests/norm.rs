@@ -326,13 +326,26 @@ fn run_layer(
     seed: u64,
 ) {
     let what = format!("layer_norm {rows}x{cols} {dt} w {weight} b {bias} offset {offset}");
-    let mut rng = Rng::new(seed);
-    let data: Vec<f64> = rng
+    let data: Vec<f64> = Rng::new(seed)
         .vec(rows * cols, -1.0, 1.0)
         .into_iter()
         .map(|v| v + offset)
         .collect();
-    let (x, xs) = upload(&data, &[rows, cols], dt);
+    run_layer_on(&what, &data, (rows, cols), dt, weight, bias, seed);
+}
+
+/// `run_layer` on given source values (`rows × cols`, stored in `dt`).
+fn run_layer_on(
+    what: &str,
+    data: &[f64],
+    (rows, cols): (usize, usize),
+    dt: DType,
+    weight: bool,
+    bias: bool,
+    seed: u64,
+) {
+    let mut rng = Rng::new(seed + 7);
+    let (x, xs) = upload(data, &[rows, cols], dt);
     let w = weight.then(|| upload(&rng.vec(cols, 0.5, 1.5), &[cols], dt));
     let b = bias.then(|| upload(&rng.vec(cols, -0.5, 0.5), &[cols], DType::F32));
     let ws = w.as_ref().map(|w| w.1.as_slice());
@@ -432,6 +445,35 @@ fn layer_norm_register_path_limits() {
     }
     // A large common offset through the register path (F32, 256 = 64 chunks of 4).
     run_layer(5, 256, DType::F32, true, true, 1e4, 580);
+}
+
+#[test]
+fn layer_norm_rows_whose_first_chunk_lies_far_from_their_mean() {
+    // The register forward's variance about the first chunk's mean cancels too much when that
+    // chunk lies far from the row's mean; such rows take the centered second pass. Rows
+    // alternate: the first chunk (4 F32 / 8 16-bit values) at 1e3, 30 or −500 against noise in
+    // [-1, 1) (the second pass), the same rows with the outliers last (one pass), and noise
+    // around a common 1e3 (one pass).
+    for (dt, cols, seed) in [
+        (DType::F32, 256, 590),
+        (DType::BF16, 512, 591),
+        (DType::F32, 8192, 592),
+    ] {
+        let rows = 9;
+        let first = if dt == DType::F32 { 4 } else { 8 };
+        let mut data = Rng::new(seed).vec(rows * cols, -1.0, 1.0);
+        for r in 0..rows {
+            let at = [1e3, 30.0, -500.0][r % 3];
+            let row = &mut data[r * cols..(r + 1) * cols];
+            match r / 3 {
+                0 => row[..first].iter_mut().for_each(|v| *v += at),
+                1 => row[cols - first..].iter_mut().for_each(|v| *v += at),
+                _ => row.iter_mut().for_each(|v| *v += 1e3),
+            }
+        }
+        let what = format!("layer_norm {rows}x{cols} {dt}, outlying first chunks");
+        run_layer_on(&what, &data, (rows, cols), dt, true, true, seed);
+    }
 }
 
 #[test]

@@ -1074,16 +1074,24 @@ fn add_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     rms_put(s7, 7u, lid, n, base, inv, fin);
 }
 
-// LayerNorm: the chunks stay in registers through the sum of differences from the row's
-// first value, the centered squares and the outputs; the mean is kept as `mean` plus the
-// correction `corr`, as in `forward_rows`.
+// LayerNorm: the chunks stay in registers through one pair sum, Σ (x − p) and Σ (x − p)² about
+// a pivot p (the mean of the row's first chunk, the same in every lane), and the outputs; the
+// mean is kept as `mean` plus the correction `corr`, as in `forward_rows`. The variance is
+// Σ (x − p)²/n − δ² (δ = Σ (x − p)/n) where that cancels at most two bits (δ² ≤ ¾ of the
+// spread, so its relative error stays within about 7 FP32 units beside the sums' own), else
+// the centered squares are summed in a second pass. A common offset of the row is in p, so it
+// costs nothing; the second pass is for rows whose first chunk lies far from their mean.
 
-fn ln_delta(w: vec4<u32>, k: u32, lid: u32, n: u32, pivot: f32) -> f32 {
+var<workgroup> ln_one_pass: u32;
+
+// Σ (x − p) and Σ (x − p)² over the lane's k-th chunk.
+fn ln_shifted(w: vec4<u32>, k: u32, lid: u32, n: u32, pivot: f32) -> vec2<f32> {
     if (!has(k, lid, n)) {
-        return 0.0;
+        return vec2<f32>();
     }
     let v = vals(w, DX);
-    return vtotal(Vals(v.lo - pivot, v.hi - pivot));
+    let d = Vals(v.lo - pivot, v.hi - pivot);
+    return vec2<f32>(vtotal(d), vdot(d, d));
 }
 
 fn ln_sq(w: vec4<u32>, k: u32, lid: u32, n: u32, mean: f32, corr: f32) -> f32 {
@@ -1119,19 +1127,30 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let c5 = ld_x4(5u, lid, n, base);
     let c6 = ld_x4(6u, lid, n, base);
     let c7 = ld_x4(7u, lid, n, base);
-    let pivot = vals(x4[base], DX).lo.x;
-    let deltas = ((ln_delta(c0, 0u, lid, n, pivot) + ln_delta(c1, 1u, lid, n, pivot))
-        + (ln_delta(c2, 2u, lid, n, pivot) + ln_delta(c3, 3u, lid, n, pivot)))
-        + ((ln_delta(c4, 4u, lid, n, pivot) + ln_delta(c5, 5u, lid, n, pivot))
-        + (ln_delta(c6, 6u, lid, n, pivot) + ln_delta(c7, 7u, lid, n, pivot)));
-    let delta = row_sum(deltas, lid) / f32(params.cols);
+    // The first chunk's mean, each value scaled first (by a power of two) so the sum cannot
+    // overflow.
+    let pivot = vtotal(vscale(vals(x4[base], DX), 1.0 / f32(chunk_len())));
+    let shifted = ((ln_shifted(c0, 0u, lid, n, pivot) + ln_shifted(c1, 1u, lid, n, pivot))
+        + (ln_shifted(c2, 2u, lid, n, pivot) + ln_shifted(c3, 3u, lid, n, pivot)))
+        + ((ln_shifted(c4, 4u, lid, n, pivot) + ln_shifted(c5, 5u, lid, n, pivot))
+        + (ln_shifted(c6, 6u, lid, n, pivot) + ln_shifted(c7, 7u, lid, n, pivot)));
+    let sums = row_sum2(shifted, lid) / f32(params.cols);
+    let delta = sums.x;
     let mean = pivot + delta;
     let corr = (pivot - mean) + delta;
-    let squares = ((ln_sq(c0, 0u, lid, n, mean, corr) + ln_sq(c1, 1u, lid, n, mean, corr))
-        + (ln_sq(c2, 2u, lid, n, mean, corr) + ln_sq(c3, 3u, lid, n, mean, corr)))
-        + ((ln_sq(c4, 4u, lid, n, mean, corr) + ln_sq(c5, 5u, lid, n, mean, corr))
-        + (ln_sq(c6, 6u, lid, n, mean, corr) + ln_sq(c7, 7u, lid, n, mean, corr)));
-    let inv = 1.0 / sqrt(row_sum(squares, lid) / f32(params.cols) + params.eps);
+    var variance = sums.y - delta * delta;
+    // Every lane holds the same sums; the flag makes the branch uniform for the second pass.
+    if (lid == 0u) {
+        ln_one_pass = select(0u, 1u, delta * delta <= 0.75 * sums.y);
+    }
+    if (workgroupUniformLoad(&ln_one_pass) == 0u) {
+        let squares = ((ln_sq(c0, 0u, lid, n, mean, corr) + ln_sq(c1, 1u, lid, n, mean, corr))
+            + (ln_sq(c2, 2u, lid, n, mean, corr) + ln_sq(c3, 3u, lid, n, mean, corr)))
+            + ((ln_sq(c4, 4u, lid, n, mean, corr) + ln_sq(c5, 5u, lid, n, mean, corr))
+            + (ln_sq(c6, 6u, lid, n, mean, corr) + ln_sq(c7, 7u, lid, n, mean, corr)));
+        variance = row_sum(squares, lid) / f32(params.cols);
+    }
+    let inv = 1.0 / sqrt(variance + params.eps);
     if (lid == 0u) {
         inv_out[row] = inv;
         mean_out[row] = mean;
