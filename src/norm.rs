@@ -22,7 +22,10 @@
 //!   named registers, at most [`REGISTER_CHUNKS`] chunks a lane, and reads it once. The forward
 //!   takes 256, 512 ([`KERNEL_MID`]) or 1,024 lanes ([`KERNEL_WIDE`]) as [`forward_lanes`]
 //!   says (about four chunks a lane; LayerNorm at most 512 where it fits; add+RMSNorm about
-//!   two), within what the adapter allows, up to 32,768 F32 / 65,536 16-bit columns. The
+//!   two), within what the adapter allows, up to 32,768 F32 / 65,536 16-bit columns;
+//!   LayerNorm's takes Σ (x − p) and Σ (x − p)² about the mean p of the row's first chunk in one
+//!   pair sum, and sums the centered squares in a second pass only where their difference would
+//!   cancel more than two bits. The
 //!   backward splits the rows into at most [`REGISTER_BLOCKS`] blocks, one workgroup each: per
 //!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
