@@ -851,11 +851,7 @@ fn products(t: &mut Tally) {
         "fused_linear_cross_entropy temperature",
         &BAD_F32,
         |temperature| {
-            let head = LinearHead {
-                input: &a,
-                weight: &bt,
-                bias: None,
-            };
+            let head = unbiased(&a, &bt);
             let o = FusedLinearCrossEntropyOptions {
                 temperature,
                 ..fo.clone()
@@ -921,58 +917,26 @@ fn products(t: &mut Tally) {
     let tw = f32_tensor(&e, &[4, 6], 8);
     let dopt = fused_linear::DistillationOptions::default();
     t.sweep("fused_linear_jsd", &[&a, &bt, &tx, &tw, &targets], |x| {
-        let student = LinearHead {
-            input: x[0],
-            weight: x[1],
-            bias: None,
-        };
-        let teacher = LinearHead {
-            input: x[2],
-            weight: x[3],
-            bias: None,
-        };
+        let student = unbiased(x[0], x[1]);
+        let teacher = unbiased(x[2], x[3]);
         fused_linear::fused_linear_jsd(student, teacher, Some(x[4]), 0.5, &dopt).map(drop)
     });
     t.values("fused_linear_jsd beta", &BAD_F32, |beta| {
-        let student = LinearHead {
-            input: &a,
-            weight: &bt,
-            bias: None,
-        };
-        let teacher = LinearHead {
-            input: &tx,
-            weight: &tw,
-            bias: None,
-        };
+        let student = unbiased(&a, &bt);
+        let teacher = unbiased(&tx, &tw);
         fused_linear::fused_linear_jsd(student, teacher, None, beta, &dopt).map(drop)
     });
     t.values("fused_linear_kl temperature", &BAD_F32, |temperature| {
-        let student = LinearHead {
-            input: &a,
-            weight: &bt,
-            bias: None,
-        };
-        let teacher = LinearHead {
-            input: &tx,
-            weight: &tw,
-            bias: None,
-        };
+        let student = unbiased(&a, &bt);
+        let teacher = unbiased(&tx, &tw);
         let o = fused_linear::DistillationOptions {
             temperature,
             ..dopt.clone()
         };
         fused_linear::fused_linear_kl(student, teacher, Some(&targets), &o).map(drop)
     });
-    let student = LinearHead {
-        input: &a,
-        weight: &bt,
-        bias: None,
-    };
-    let teacher = LinearHead {
-        input: &tx,
-        weight: &tw,
-        bias: None,
-    };
+    let student = unbiased(&a, &bt);
+    let teacher = unbiased(&tx, &tw);
     let ds = need!(
         t,
         "fused_linear_tvd",
@@ -1007,6 +971,15 @@ fn products(t: &mut Tally) {
     t.sweep("mlp_backward", &[&my], |x| {
         wgrad::mlp::mlp_backward(&ms, x[0]).map(drop)
     });
+}
+
+/// A linear head without bias.
+fn unbiased<'a>(input: &'a Tensor, weight: &'a Tensor) -> LinearHead<'a> {
+    LinearHead {
+        input,
+        weight,
+        bias: None,
+    }
 }
 
 fn sweep_family(name: &str, family: fn(&mut Tally)) {
