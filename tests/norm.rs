@@ -449,15 +449,18 @@ fn layer_norm_register_path_limits() {
 
 #[test]
 fn layer_norm_rows_whose_first_chunk_lies_far_from_their_mean() {
-    // The register forward's variance about the first chunk's mean cancels too much when that
-    // chunk lies far from the row's mean; such rows take the centered second pass. Rows
-    // alternate: the first chunk (4 F32 / 8 16-bit values) at 1e3, 30 or −500 against noise in
-    // [-1, 1) (the second pass), the same rows with the outliers last (one pass), and noise
-    // around a common 1e3 (one pass).
+    // The forwards' variance about the mean of the row's first values (the register path's
+    // first chunk, the general path's first eight) cancels too much when those lie far from
+    // the row's mean; such rows take the centered second pass. Rows alternate: the first
+    // chunk (4 F32 / 8 16-bit values) at 1e3, 30 or −500 against noise in [-1, 1) (the second
+    // pass), the same rows with the outliers last (one pass), and noise around a common 1e3
+    // (one pass). Widths of whole chunks take the register path, the others the general one.
     for (dt, cols, seed) in [
         (DType::F32, 256, 590),
         (DType::BF16, 512, 591),
         (DType::F32, 8192, 592),
+        (DType::F32, 8191, 593),
+        (DType::BF16, 4093, 594),
     ] {
         let rows = 9;
         let first = if dt == DType::F32 { 4 } else { 8 };

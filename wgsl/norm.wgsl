@@ -203,6 +203,23 @@ fn out_value(i: u32, c: u32, batch: u32, mean: f32, corr: f32, inv: f32) -> f32 
     return n * wf;
 }
 
+// Whether a centered row's statistics came from one pair sum (1) or need the second pass over
+// the centered squares (0): written by lane 0, read with `workgroupUniformLoad` so that the
+// branch is uniform.
+var<workgroup> one_pass: u32;
+
+// Whether a centered row's variance may be taken from Σ (x − p)/n = δ and Σ (x − p)²/n = S
+// about a pivot p near the mean, as S − δ²: where that cancels at most two bits (δ² ≤ ¾ S:
+// within about 7 FP32 units beside the sums' own error); else the caller sums the centered
+// squares. A common offset of the row lies in p, so it costs nothing. Uniform (every lane
+// holds the same sums; the flag makes that visible), so the second pass may reduce.
+fn one_pass_ok(sums: vec2<f32>, lid: u32) -> bool {
+    if (lid == 0u) {
+        one_pass = select(0u, 1u, sums.x * sums.x <= 0.75 * sums.y);
+    }
+    return workgroupUniformLoad(&one_pass) == 1u;
+}
+
 @compute @workgroup_size(WG)
 fn forward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -214,26 +231,42 @@ fn forward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let base = row * cols;
     var mean = 0.0;
     var corr = 0.0;
+    var variance = 0.0;
+    var second_pass = true;
     if (centered()) {
-        // Sum the differences from the row's first value, so a large common offset does not
-        // cost the mean its precision; the mean is kept as the FP32 value `mean` plus the
-        // small correction `corr` (mean + corr = pivot + delta to about FP32 precision of
-        // delta), and values are centered as (v - mean) - corr.
-        let pivot = source(base);
-        var acc = 0.0;
-        for (var c = lid; c < cols; c = c + WG) {
-            acc = acc + (source(base + c) - pivot);
+        // Sum the differences (and their squares) from a pivot near the mean, the mean of the
+        // row's first (up to) eight values, so a large common offset does not cost the mean
+        // its precision; the mean is kept as the FP32 value `mean` plus the small correction
+        // `corr` (mean + corr = pivot + delta to about FP32 precision of delta), and values
+        // are centered as (v - mean) - corr.
+        let first = source(base);
+        let k = min(cols, 8u);
+        var t = 0.0;
+        for (var j = 1u; j < k; j = j + 1u) {
+            t = t + (source(base + j) - first);
         }
-        let delta = workgroup_sum(acc, lid) / f32(cols);
+        let pivot = first + t / f32(k);
+        var acc = vec2<f32>();
+        for (var c = lid; c < cols; c = c + WG) {
+            let d = source(base + c) - pivot;
+            acc = acc + vec2<f32>(d, d * d);
+        }
+        let sums = lanes_pairs(acc, lid, PAIR_SUM) / f32(cols);
+        let delta = sums.x;
         mean = pivot + delta;
         corr = (pivot - mean) + delta;
+        variance = sums.y - delta * delta;
+        second_pass = !one_pass_ok(sums, lid);
     }
-    var squares = 0.0;
-    for (var c = lid; c < cols; c = c + WG) {
-        let v = (source(base + c) - mean) - corr;
-        squares = squares + v * v;
+    if (second_pass) {
+        var squares = 0.0;
+        for (var c = lid; c < cols; c = c + WG) {
+            let v = (source(base + c) - mean) - corr;
+            squares = squares + v * v;
+        }
+        variance = workgroup_sum(squares, lid) / f32(cols);
     }
-    let inv = 1.0 / sqrt(workgroup_sum(squares, lid) / f32(cols) + params.eps);
+    let inv = 1.0 / sqrt(variance + params.eps);
     if (lid == 0u) {
         inv_out[row] = inv;
         if (centered()) {
@@ -1082,8 +1115,6 @@ fn add_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // the centered squares are summed in a second pass. A common offset of the row is in p, so it
 // costs nothing; the second pass is for rows whose first chunk lies far from their mean.
 
-var<workgroup> ln_one_pass: u32;
-
 // Σ (x − p) and Σ (x − p)² over the lane's k-th chunk.
 fn ln_shifted(w: vec4<u32>, k: u32, lid: u32, n: u32, pivot: f32) -> vec2<f32> {
     if (!has(k, lid, n)) {
@@ -1139,11 +1170,7 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let mean = pivot + delta;
     let corr = (pivot - mean) + delta;
     var variance = sums.y - delta * delta;
-    // Every lane holds the same sums; the flag makes the branch uniform for the second pass.
-    if (lid == 0u) {
-        ln_one_pass = select(0u, 1u, delta * delta <= 0.75 * sums.y);
-    }
-    if (workgroupUniformLoad(&ln_one_pass) == 0u) {
+    if (!one_pass_ok(sums, lid)) {
         let squares = ((ln_sq(c0, 0u, lid, n, mean, corr) + ln_sq(c1, 1u, lid, n, mean, corr))
             + (ln_sq(c2, 2u, lid, n, mean, corr) + ln_sq(c3, 3u, lid, n, mean, corr)))
             + ((ln_sq(c4, 4u, lid, n, mean, corr) + ln_sq(c5, 5u, lid, n, mean, corr))
