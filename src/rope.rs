@@ -947,10 +947,12 @@ fn qk_plan(
     };
     let sections = match options.mrope_section {
         Some([a, b, c]) => {
-            if a + b + c != half {
+            // Checked: sections past usize must be refused, not wrap to a valid sum.
+            let sum = a.checked_add(b).and_then(|ab| ab.checked_add(c));
+            if sum != Some(half) {
                 return Err(Error::bounds(
                     "rope: mrope_section sum",
-                    (a + b + c) as u64,
+                    sum.map_or(u64::MAX, |s| s as u64),
                     half as u64,
                     half as u64,
                 ));

@@ -475,7 +475,13 @@ fn rope_family(t: &mut Tally) {
     });
     t.values(
         "qk_forward mrope_section",
-        &[[0usize, 0, 0], [1, 1, 1], [4, 4, 4], [usize::MAX, 1, 1]],
+        &[
+            [0usize, 0, 0],
+            [1, 1, 1],
+            [4, 4, 4],
+            [usize::MAX, 1, 1],
+            [usize::MAX, 2, 3],
+        ],
         |s| {
             let o = RopeQkOptions {
                 mrope_section: Some(s),
@@ -1068,5 +1074,19 @@ fn hostile_refusals_are_typed() {
     assert!(
         matches!(r, Err(Error::InvalidValue { .. })),
         "NaN eps: {r:?}"
+    );
+    // mRoPE sections whose sum wraps around usize to the right total (4 frequencies).
+    let e = engine();
+    let q = f32_tensor(e, &[1, 2, 2, 8], 4);
+    let tables = f32_tensor(e, &[2, 4], 6);
+    let pos = int_tensor(e, &[0, 1, 0, 1, 0, 1], &[3, 2]);
+    let o = RopeQkOptions {
+        mrope_section: Some([usize::MAX, 2, 3]),
+        ..Default::default()
+    };
+    let r = rope::qk_forward(&q, &q, &tables, &tables, Some(&pos), &o);
+    assert!(
+        matches!(r, Err(Error::OutOfBounds { .. })),
+        "mRoPE sections wrapping to the sum: {r:?}"
     );
 }
