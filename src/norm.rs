@@ -1555,7 +1555,9 @@ impl Default for GroupNormOptions {
 /// `samples × channels`.
 pub fn group_norm_backward_workspace_bytes(samples: usize, layout: GroupLayout) -> u64 {
     let rows = samples * layout.groups;
-    (rows * ROWINFO * 4 + 2 * rows * layout.channels_per_group * 4) as u64
+    let channels = layout.groups * layout.channels_per_group;
+    (rows * ROWINFO * 4 + 2 * samples * channels * 4) as u64
+        + crate::reduce::sum_columns_workspace_bytes(samples, 2 * channels)
 }
 
 /// GroupNorm: `x` is `[samples, channels, ...]` (the axes after the channels are the
@@ -1639,8 +1641,9 @@ pub fn group_norm(
     ))
 }
 
-/// The weight and bias gradients of GroupNorm: per (sample, channel) sums over the positions,
-/// then the samples summed in order.
+/// The weight and bias gradients of GroupNorm: per (sample, channel) sums over the positions
+/// (`group_partials`: 32 lanes a channel, a fixed tree), then the column sums over the samples
+/// (`reduce::sum_columns`: blocks of 64 samples, then the blocks in order).
 fn group_parameter_gradients(
     saved: &Saved,
     layout: GroupLayout,
@@ -1655,7 +1658,12 @@ fn group_parameter_gradients(
     let channels = layout.groups * layout.channels_per_group;
     let total = samples * channels;
     let (weight, bias) = if saved.weight.is_some() || saved.has_bias {
-        let partials = Tensor::empty(engine, &[2 * total], DType::F32, "group_norm partials")?;
+        let partials = Tensor::empty(
+            engine,
+            &[samples, 2 * channels],
+            DType::F32,
+            "group_norm partials",
+        )?;
         engine.launch(
             &KERNEL,
             "group_partials",
@@ -1668,7 +1676,6 @@ fn group_parameter_gradients(
                 rows: rows as u32,
                 cols: cols as u32,
                 total: total as u32,
-                stride: total as u32,
                 groups: layout.groups as u32,
                 channels_per_group: layout.channels_per_group as u32,
                 spatial: layout.spatial as u32,
@@ -1680,14 +1687,21 @@ fn group_parameter_gradients(
                 rowinfo.buffer(),
                 partials.buffer(),
             ],
-            (total as u64).div_ceil(WG),
+            // `GP_LANES` (32) lanes a (sample, channel).
+            (total as u64).div_ceil(WG / 32),
         )?;
-        let sum = |slot| {
-            finish(engine, &partials, slot, total, 1, samples, channels)?.reshape(&[channels])
-        };
+        // Σ over the samples, in blocks of 64 then the blocks in order: `[2 · channels]`.
+        let sums = crate::reduce::sum_columns(&partials)?;
         (
-            saved.weight.as_ref().map(|_| sum(0)).transpose()?,
-            saved.has_bias.then(|| sum(1)).transpose()?,
+            saved
+                .weight
+                .as_ref()
+                .map(|_| sums.f32_range(0, &[channels], "group_norm dweight"))
+                .transpose()?,
+            saved
+                .has_bias
+                .then(|| sums.f32_range(channels, &[channels], "group_norm dbias"))
+                .transpose()?,
         )
     } else {
         (None, None)

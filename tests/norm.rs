@@ -1719,6 +1719,10 @@ fn group_norm_every_dtype_and_layout() {
     }
     run_group(3, 6, &[4], 2, DType::F32, false, 0.0, 1790);
     run_group(2, 4, &[300], 2, DType::F32, true, 1e4, 1791);
+    // More samples than one block of the parameter gradients' column sums (64), positions
+    // fewer and more than the 32 lanes of a channel's sum.
+    run_group(150, 4, &[33], 2, DType::F32, true, 0.0, 1792);
+    run_group(70, 2, &[5], 1, DType::BF16, true, 0.0, 1793);
 }
 
 #[test]

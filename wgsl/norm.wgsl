@@ -491,35 +491,51 @@ fn backward_column_pairs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 }
 
 // ---- GroupNorm parameter partials ----
-// One invocation per (sample b, channel ch) of total = batch * channels: sums over the
-// channel's `spatial` elements of dy * n (slot 0) and dy (slot 1), position order; the host
-// then sums the samples in order. params.cols is the row length (channels_per_group *
-// spatial), params.stride = batch * channels.
+// One segment of GP_LANES lanes per (sample b, channel ch) of total = batch * channels, so a
+// workgroup takes WG / GP_LANES of them: lane l sums dy * n (slot 0) and dy (slot 1) over the
+// channel's positions l, l + GP_LANES, ... (consecutive lanes read consecutive positions),
+// then the segment's lanes are added by a fixed binary tree. Written as row b of a
+// `[batch, 2 * channels]` matrix (dy * n at column ch, dy at channels + ch), whose columns the
+// host sums over the samples (`reduce::sum_columns`). params.cols is the row length
+// (channels_per_group * spatial).
+const GP_LANES: u32 = 32u;
+var<workgroup> gp_sums: array<vec2<f32>, WG>;
+
 @compute @workgroup_size(WG)
 fn group_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
-    let t = group_index(wid, nwg) * WG + lid;
-    if (t >= params.total) {
-        return;
+    let l = lid % GP_LANES;
+    let t = group_index(wid, nwg) * (WG / GP_LANES) + lid / GP_LANES;
+    var acc = vec2<f32>();
+    if (t < params.total) {
+        let channels = params.groups * params.channels_per_group;
+        let b = t / channels;
+        let ch = t % channels;
+        let row = b * params.groups + ch / params.channels_per_group;
+        let first = row * params.cols + (ch % params.channels_per_group) * params.spatial;
+        let inv = rowinfo[ROWINFO * row];
+        let mean = rowinfo[ROWINFO * row + 1u];
+        let corr = rowinfo[ROWINFO * row + 2u];
+        for (var s = l; s < params.spatial; s = s + GP_LANES) {
+            let i = first + s;
+            let d = ld_dy(i);
+            acc = acc + vec2<f32>(d * (((ld_x(i) - mean) - corr) * inv), d);
+        }
     }
-    let channels = params.groups * params.channels_per_group;
-    let b = t / channels;
-    let ch = t % channels;
-    let row = b * params.groups + ch / params.channels_per_group;
-    let first = row * params.cols + (ch % params.channels_per_group) * params.spatial;
-    let inv = rowinfo[ROWINFO * row];
-    let mean = rowinfo[ROWINFO * row + 1u];
-    let corr = rowinfo[ROWINFO * row + 2u];
-    var pw = 0.0;
-    var pb = 0.0;
-    for (var s = 0u; s < params.spatial; s = s + 1u) {
-        let i = first + s;
-        let d = ld_dy(i);
-        pw = pw + d * (((ld_x(i) - mean) - corr) * inv);
-        pb = pb + d;
+    gp_sums[lid] = acc;
+    workgroupBarrier();
+    for (var h = GP_LANES / 2u; h > 0u; h = h / 2u) {
+        if (l < h) {
+            gp_sums[lid] = gp_sums[lid] + gp_sums[lid + h];
+        }
+        workgroupBarrier();
     }
-    partials[t] = pw;
-    partials[params.stride + t] = pb;
+    if (l == 0u && t < params.total) {
+        let channels = params.groups * params.channels_per_group;
+        let at = (t / channels) * 2u * channels + t % channels;
+        partials[at] = gp_sums[lid].x;
+        partials[at + channels] = gp_sums[lid].y;
+    }
 }
 
 // ---- DyT: y = gamma * tanh(alpha * x) + beta (alpha a scalar in aux[0]) ----
