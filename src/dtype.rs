@@ -42,7 +42,11 @@ impl DType {
 
     /// Bytes a dense buffer of `len` elements occupies, padded to whole 32-bit words.
     pub const fn buffer_bytes(self, len: usize) -> usize {
-        (len * self.size()).div_ceil(4) * 4
+        // Saturating: a length past what memory can hold gives a size every allocation refuses
+        // (`LimitExceeded`), not one that wrapped around to a small buffer.
+        len.saturating_mul(self.size())
+            .div_ceil(4)
+            .saturating_mul(4)
     }
 
     /// The code kernels receive for this dtype (the `DT_*` constants of `wgsl/common/dtype.wgsl`).

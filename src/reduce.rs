@@ -227,17 +227,22 @@ pub fn sum_partial_groups(
             &[DType::F32],
         ));
     }
-    let needed = base + groups * per_group * cols;
-    if needed > partials.len() {
+    // Checked: a caller's sizes past usize must be refused, not wrap to a small count (the
+    // kernel indexes in u32, which the partials' length bounds).
+    let needed = groups
+        .checked_mul(per_group)
+        .and_then(|n| n.checked_mul(cols))
+        .and_then(|n| n.checked_add(base));
+    if needed.is_none_or(|n| n > partials.len()) {
         return Err(Error::bounds(
             "sum_partials: partial elements read",
-            needed as u64,
+            needed.map_or(u64::MAX, |n| n as u64),
             0,
             partials.len() as u64,
         ));
     }
-    let total = groups * cols;
     let out = Tensor::empty(engine, &[groups, cols], DType::F32, "sum_partials")?;
+    let total = out.len();
     engine.launch(
         &KERNEL,
         "column_finish",

@@ -979,6 +979,266 @@ fn products(t: &mut Tally) {
     });
 }
 
+/// Attention, gated delta, GRPO (on logits and fused), preference and KTO heads, casts,
+/// reductions, embedding renormalization and the optimizers.
+fn others(t: &mut Tally) {
+    use wgrad::attention::{self, AttentionOptions};
+    use wgrad::gated_delta::{self, GatedDeltaOptions};
+    use wgrad::grpo::{self, GrpoInputs, GrpoOptions, GrpoTokens};
+    use wgrad::optim::{AdamW, AdamWOptions, Sgd, SgdOptions};
+    use wgrad::preference::{self, PreferenceLoss, PreferenceOptions};
+    let e = t.engine.clone();
+    // Attention: q, k, v [batch 1, heads 2, len 2, head_dim 8].
+    let q = f32_tensor(&e, &[1, 2, 2, 8], 1);
+    let k = f32_tensor(&e, &[1, 2, 2, 8], 2);
+    let v = f32_tensor(&e, &[1, 2, 2, 8], 3);
+    let ao = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    t.sweep("attention_forward", &[&q, &k, &v], |a| {
+        attention::attention_forward(a[0], a[1], a[2], &ao).map(drop)
+    });
+    t.values(
+        "attention scale",
+        &[0.0, -1.0, f64::NAN, f64::INFINITY, 1e300],
+        |scale| {
+            let o = AttentionOptions {
+                scale: Some(scale),
+                ..ao.clone()
+            };
+            attention::attention_forward(&q, &k, &v, &o).map(drop)
+        },
+    );
+    t.values(
+        "attention window",
+        &[
+            (Some(0usize), None),
+            (None, Some(usize::MAX)),
+            (Some(usize::MAX), Some(usize::MAX)),
+        ],
+        |(l, r)| {
+            let o = AttentionOptions {
+                window_left: l,
+                window_right: r,
+                ..ao.clone()
+            };
+            attention::attention_forward(&q, &k, &v, &o).map(drop)
+        },
+    );
+    t.values(
+        "attention causal offset",
+        &[i64::MIN, -3, 5, i64::MAX],
+        |off| {
+            let o = AttentionOptions {
+                causal_offset: Some(off),
+                ..ao.clone()
+            };
+            attention::attention_forward(&q, &k, &v, &o).map(drop)
+        },
+    );
+    let (ao_out, asaved) = need!(
+        t,
+        "attention_forward",
+        attention::attention_forward(&q, &k, &v, &ao)
+    );
+    t.sweep("attention_backward", &[&ao_out], |a| {
+        attention::attention_backward(&asaved, a[0]).map(drop)
+    });
+    t.values("attention_backward_as", &DTYPE_ARGS, |d| {
+        attention::attention_backward_as(&asaved, &ao_out, d).map(drop)
+    });
+
+    // Gated delta: q, k [1, 2, 2, 16] (batch, time, key heads, key dim), v [1, 2, 2, 16], β
+    // and log-decay [1, 2, 2].
+    let (q, k, v) = (
+        f32_tensor(&e, &[1, 2, 2, 16], 16),
+        f32_tensor(&e, &[1, 2, 2, 16], 17),
+        f32_tensor(&e, &[1, 2, 2, 16], 18),
+    );
+    let beta = f32_tensor(&e, &[1, 2, 2], 4);
+    let decay = f32_tensor(&e, &[1, 2, 2], 5);
+    let go = GatedDeltaOptions::default();
+    t.sweep("gated_delta_forward", &[&q, &k, &v, &beta, &decay], |a| {
+        gated_delta::gated_delta_forward(a[0], a[1], a[2], a[3], a[4], None, &go).map(drop)
+    });
+    t.values(
+        "gated_delta checkpoint_interval",
+        &[Some(0usize), Some(1), Some(usize::MAX)],
+        |c| {
+            let o = GatedDeltaOptions {
+                checkpoint_interval: c,
+                ..go
+            };
+            gated_delta::gated_delta_forward(&q, &k, &v, &beta, &decay, None, &o).map(drop)
+        },
+    );
+    let (gout, gsaved) = need!(
+        t,
+        "gated_delta_forward",
+        gated_delta::gated_delta_forward(&q, &k, &v, &beta, &decay, None, &go)
+    );
+    t.sweep("gated_delta_backward", &[&gout.output], |a| {
+        gated_delta::gated_delta_backward(&gsaved, Some(a[0]), None).map(drop)
+    });
+
+    // GRPO on logits [2, 4, 8] (3 completion tokens and a spare position), ids [2, 3].
+    let logits = f32_tensor(&e, &[2, 4, 8], 6);
+    let ids = int_tensor(&e, &[0, 7, 3, 1, 2, 5], &[2, 3]);
+    let adv = f32_tensor(&e, &[2], 7);
+    let mask = int_tensor(&e, &[1, 1, 0, 1, 0, 1], &[2, 3]);
+    let old = f32_tensor(&e, &[2, 3], 8);
+    let gro = GrpoOptions::default();
+    t.sweep("grpo_loss", &[&logits, &ids, &adv, &old, &mask], |a| {
+        let i = GrpoInputs {
+            logits: a[0],
+            completion_ids: a[1],
+            advantages: a[2],
+            old_logp: Some(a[3]),
+            ref_logp: Some(a[3]),
+            mask: Some(a[4]),
+        };
+        grpo::grpo_loss(&i, &gro).map(drop)
+    });
+    t.values("grpo options", &[f64::NAN, 0.0, -1.0, f64::INFINITY], |x| {
+        let i = GrpoInputs {
+            logits: &logits,
+            completion_ids: &ids,
+            advantages: &adv,
+            old_logp: None,
+            ref_logp: None,
+            mask: None,
+        };
+        for o in [
+            GrpoOptions {
+                temperature: x,
+                ..gro
+            },
+            GrpoOptions { beta: x, ..gro },
+            GrpoOptions { eps_low: x, ..gro },
+            GrpoOptions { eps_high: x, ..gro },
+        ] {
+            let _ = grpo::grpo_loss(&i, &o);
+        }
+        Ok(())
+    });
+    // Fused GRPO: x [2, 3, 8] through W [8, 8].
+    let gx = f32_tensor(&e, &[2, 3, 8], 9);
+    let gw = f32_tensor(&e, &[8, 8], 10);
+    t.sweep("fused_linear_grpo_loss", &[&gx, &gw, &ids, &adv], |a| {
+        let tokens = GrpoTokens {
+            completion_ids: a[2],
+            advantages: a[3],
+            old_logp: None,
+            ref_logp: None,
+            mask: None,
+        };
+        grpo::fused_linear_grpo_loss(unbiased(a[0], a[1]), &tokens, &gro, Chunking::default())
+            .map(drop)
+    });
+
+    // DPO: x [2 sequences, 3 tokens, 8] through W [8, 8], targets [2, 3].
+    let px = f32_tensor(&e, &[2, 3, 8], 11);
+    let targets = int_tensor(&e, &[1, -100, 7, 0, 3, 3], &[2, 3]);
+    let dpo = PreferenceOptions::new(PreferenceLoss::Dpo);
+    t.sweep("preference_loss", &[&px, &gw, &targets], |a| {
+        preference::preference_loss(unbiased(a[0], a[1]), a[2], None, &dpo).map(drop)
+    });
+    t.values("preference beta", &BAD_F32, |beta| {
+        let o = PreferenceOptions {
+            beta,
+            ..PreferenceOptions::new(PreferenceLoss::Dpo)
+        };
+        preference::preference_loss(unbiased(&px, &gw), &targets, None, &o).map(drop)
+    });
+    let desirable = int_tensor(&e, &[1, 0], &[2]);
+    let kto = PreferenceOptions::new(PreferenceLoss::Kto);
+    t.sweep("kto_loss", &[&px, &gw, &targets, &desirable], |a| {
+        preference::kto_loss(unbiased(a[0], a[1]), a[2], a[3], None, None, &kto).map(drop)
+    });
+
+    // Casts, reductions, embedding renormalization.
+    let x = f32_tensor(&e, &[3, 8], 12);
+    for to in [DType::F32, DType::F16, DType::BF16] {
+        t.sweep(&format!("cast to {to:?}"), &[&x], |a| {
+            wgrad::cast::cast(a[0], to).map(drop)
+        });
+    }
+    t.values(
+        "cast to an integer dtype",
+        &[DType::I32, DType::U32],
+        |to| wgrad::cast::cast(&x, to).map(drop),
+    );
+    t.sweep("sum_rows", &[&x], |a| {
+        wgrad::reduce::sum_rows(a[0]).map(drop)
+    });
+    t.sweep("max_rows", &[&x], |a| {
+        wgrad::reduce::max_rows(a[0]).map(drop)
+    });
+    t.sweep("sum_columns", &[&x], |a| {
+        wgrad::reduce::sum_columns(a[0]).map(drop)
+    });
+    t.values(
+        "sum_partial_groups",
+        &[
+            (0usize, 1usize, 3usize, 8usize),
+            (1, 1, 3, 8),
+            (0, 0, 0, 0),
+            (0, usize::MAX, 1, 1),
+            (usize::MAX, 1, 1, 1),
+            (0, 2, 2, 8),
+        ],
+        |(base, groups, per_group, cols)| {
+            wgrad::reduce::sum_partial_groups(&e, &x, base, groups, per_group, cols).map(drop)
+        },
+    );
+    let table = f32_tensor(&e, &[8, 8], 13);
+    let idx = int_tensor(&e, &[0, 7, 3], &[3]);
+    t.sweep("embedding_renorm", &[&table, &idx], |a| {
+        embedding::embedding_renorm(a[0], a[1], 1.0, 2.0, true).map(drop)
+    });
+
+    // Optimizers: one parameter [3, 8]; steps with each hostile gradient.
+    let param = f32_tensor(&e, &[3, 8], 14);
+    let grad = f32_tensor(&e, &[3, 8], 15);
+    if let Some(adam) = t.get("AdamW::new", || {
+        AdamW::new(std::slice::from_ref(&param), AdamWOptions::default())
+    }) {
+        let adam = std::cell::RefCell::new(adam);
+        t.sweep("AdamW::step", &[&grad], |a| {
+            adam_step(&mut adam.borrow_mut(), a[0])
+        });
+    }
+    t.values("AdamW lr", &BAD_F32, |lr| {
+        AdamW::new(
+            std::slice::from_ref(&param),
+            AdamWOptions {
+                lr,
+                ..Default::default()
+            },
+        )
+        .map(drop)
+    });
+    t.values("Sgd momentum", &BAD_F32, |momentum| {
+        Sgd::new(
+            std::slice::from_ref(&param),
+            SgdOptions {
+                momentum,
+                ..Default::default()
+            },
+        )
+        .map(drop)
+    });
+    t.sweep("grad_norm", &[&grad], |a| {
+        wgrad::optim::grad_norm(&[a[0]]).map(drop)
+    });
+}
+
+/// One AdamW step with `grad` (the optimizer in a `RefCell`: `sweep` takes a shared closure).
+fn adam_step(adam: &mut wgrad::optim::AdamW, grad: &Tensor) -> Result<()> {
+    adam.step(&[grad], None)
+}
+
 /// A linear head without bias.
 fn unbiased<'a>(input: &'a Tensor, weight: &'a Tensor) -> LinearHead<'a> {
     LinearHead {
@@ -1020,6 +1280,14 @@ fn products_embedding_and_heads_never_panic() {
     sweep_family("products, embedding and heads", products);
 }
 
+#[test]
+fn other_families_never_panic() {
+    sweep_family(
+        "attention, gated delta, GRPO, preference, casts, reductions, optimizers",
+        others,
+    );
+}
+
 /// Engines with tight limits (no workspace, 256 bytes of it, bindings of 64 bytes, no pool):
 /// every family's valid calls and hostile option values are refused with a typed error or
 /// succeed, never panic, and the engine computes correctly afterwards.
@@ -1037,7 +1305,7 @@ fn tight_engines_never_panic() {
     for (name, builder) in configs {
         let e = builder.build().expect("an engine with tight limits");
         let mut t = Tally::on(&e, false);
-        for family in [norms, activations, rope_family, losses, products] {
+        for family in [norms, activations, rope_family, losses, products, others] {
             family(&mut t);
         }
         t.assert_clean(name);
@@ -1075,6 +1343,38 @@ fn hostile_refusals_are_typed() {
         matches!(r, Err(Error::InvalidValue { .. })),
         "NaN eps: {r:?}"
     );
+    // Shapes whose element count fits usize but whose bytes do not (they wrapped to a tiny
+    // buffer under a huge shape), and element counts past usize.
+    for shape in [
+        &[1usize << 62][..],
+        &[usize::MAX][..],
+        &[1 << 40, 1 << 40][..],
+        &[3, 1 << 61][..],
+    ] {
+        for dtype in DTYPES {
+            let r = Tensor::zeros(engine(), shape, dtype);
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::LimitExceeded { .. } | Error::OutOfBounds { .. })
+                ),
+                "a {dtype:?} tensor of shape {shape:?}: {r:?}"
+            );
+        }
+    }
+    // Partial sums read past usize (base, groups, blocks, columns).
+    let p = f32_tensor(engine(), &[3, 8], 7);
+    for (base, groups, per_group, cols) in [
+        (usize::MAX, 1, 1, 1),
+        (0, usize::MAX, 2, 1),
+        (0, 1 << 33, 0, 1 << 33),
+    ] {
+        let r = wgrad::reduce::sum_partial_groups(engine(), &p, base, groups, per_group, cols);
+        assert!(
+            r.is_err(),
+            "sum_partial_groups({base}, {groups}, {per_group}, {cols}): {r:?}"
+        );
+    }
     // mRoPE sections whose sum wraps around usize to the right total (4 frequencies).
     let e = engine();
     let q = f32_tensor(e, &[1, 2, 2, 8], 4);
