@@ -1641,6 +1641,9 @@ pub fn group_norm(
     ))
 }
 
+/// Lanes of `group_partials` a (sample, channel) (`GP_LANES` in `wgsl/norm.wgsl`).
+const GROUP_PARTIAL_LANES: u64 = 32;
+
 /// The weight and bias gradients of GroupNorm: per (sample, channel) sums over the positions
 /// (`group_partials`: 32 lanes a channel, a fixed tree), then the column sums over the samples
 /// (`reduce::sum_columns`: blocks of 64 samples, then the blocks in order).
@@ -1687,8 +1690,7 @@ fn group_parameter_gradients(
                 rowinfo.buffer(),
                 partials.buffer(),
             ],
-            // `GP_LANES` (32) lanes a (sample, channel).
-            (total as u64).div_ceil(WG / 32),
+            (total as u64).div_ceil(WG / GROUP_PARTIAL_LANES),
         )?;
         // Σ over the samples, in blocks of 64 then the blocks in order: `[2 · channels]`.
         let sums = crate::reduce::sum_columns(&partials)?;

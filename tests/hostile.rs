@@ -1,5 +1,6 @@
-//! Hostile inputs: the public entries of the normalization, activation, RoPE, loss, dense
-//! product, embedding and fused linear families, given tensors of every dtype and of
+//! Hostile inputs: the public entries of every operator family (normalization, activation,
+//! RoPE, losses, dense products, embedding, fused linear heads, MLP, attention, gated delta,
+//! GRPO, preference), the casts, reductions and optimizers, given tensors of every dtype and of
 //! degenerate shapes (no axes, zero-length axes, lengths that match nothing, another engine's
 //! tensors) in each argument, and option values outside their domains (NaN, ±∞, zero,
 //! negative, past the bounds), return `Ok` or a typed `Err`: none panics. Afterwards the
@@ -216,7 +217,6 @@ const BAD_F32: [f32; 7] = [
     f32::NEG_INFINITY,
     1e30,
 ];
-const DTYPE_ARGS: [DType; 5] = DTYPES;
 
 /// The value of a call that later steps need, or the end of the family's sweep when the
 /// (tight) engine refused it.
@@ -344,7 +344,7 @@ fn norms(t: &mut Tally) {
                 || norm::norm_backward(s, &dy, Some(&dy)).map(drop),
             );
         }
-        t.values(&format!("norm_backward_as {i}"), &DTYPE_ARGS, |d| {
+        t.values(&format!("norm_backward_as {i}"), &DTYPES, |d| {
             norm::norm_backward_as(s, &dy, None, d).map(drop)
         });
     }
@@ -413,7 +413,7 @@ fn activations(t: &mut Tally) {
         t.sweep(&format!("backward {name}"), &[dy], |a| {
             activation::backward(saved, a[0]).map(drop)
         });
-        t.values(&format!("backward_as {name}"), &DTYPE_ARGS, |d| {
+        t.values(&format!("backward_as {name}"), &DTYPES, |d| {
             activation::backward_as(saved, dy, d).map(drop)
         });
     }
@@ -452,7 +452,7 @@ fn rope_family(t: &mut Tally) {
     t.sweep("rope backward", &[&v], |a| {
         rope::backward(&saved, a[0]).map(drop)
     });
-    t.values("rope backward_as", &DTYPE_ARGS, |d| {
+    t.values("rope backward_as", &DTYPES, |d| {
         rope::backward_as(&saved, &v, d).map(drop)
     });
 
@@ -509,7 +509,7 @@ fn rope_family(t: &mut Tally) {
     t.sweep("qk_backward", &[&q, &k], |a| {
         rope::qk_backward(&qs, a[0], a[1]).map(drop)
     });
-    t.values("qk_backward_as", &DTYPE_ARGS, |d| {
+    t.values("qk_backward_as", &DTYPES, |d| {
         rope::qk_backward_as(&qs, &q, &k, d).map(drop)
     });
     let freqs = f32_tensor(&e, &[2, 4, 2], 8);
@@ -580,7 +580,7 @@ fn losses(t: &mut Tally) {
     t.sweep("softmax_backward", &[&dy], |a| {
         loss::softmax_backward(&s, a[0]).map(drop)
     });
-    t.values("softmax_backward_as", &DTYPE_ARGS, |d| {
+    t.values("softmax_backward_as", &DTYPES, |d| {
         loss::softmax_backward_as(&s, &dy, d).map(drop)
     });
     t.sweep("softmax_backward_from_output", &[&y, &dy], |a| {
@@ -681,7 +681,7 @@ fn losses(t: &mut Tally) {
         );
         t.values(
             &format!("cross_entropy_backward_as {reduction:?}"),
-            &DTYPE_ARGS,
+            &DTYPES,
             |d| loss::cross_entropy_backward_as(&s, None, d).map(drop),
         );
     }
@@ -739,11 +739,9 @@ fn losses(t: &mut Tally) {
         t.sweep(&format!("divergence_backward {name}"), &[&cot], |a| {
             loss::divergence_backward(&saved, Some(a[0])).map(drop)
         });
-        t.values(
-            &format!("divergence_backward_as {name}"),
-            &DTYPE_ARGS,
-            |d| loss::divergence_backward_as(&saved, None, d).map(drop),
-        );
+        t.values(&format!("divergence_backward_as {name}"), &DTYPES, |d| {
+            loss::divergence_backward_as(&saved, None, d).map(drop)
+        });
     }
 }
 
@@ -766,7 +764,7 @@ fn products(t: &mut Tally) {
     t.sweep("matmul transposed", &[&a, &bt], |x| {
         matmul::matmul(x[0], x[1], None, &mt).map(drop)
     });
-    t.values("matmul_as", &DTYPE_ARGS, |d| {
+    t.values("matmul_as", &DTYPES, |d| {
         matmul::matmul_as(&a, &b, Some(&bias), &mo, d).map(drop)
     });
     let (y, s) = need!(
@@ -777,7 +775,7 @@ fn products(t: &mut Tally) {
     t.sweep("matmul_backward", &[&y], |x| {
         matmul::matmul_backward(&s, x[0]).map(drop)
     });
-    t.values("matmul_backward_as", &DTYPE_ARGS, |d| {
+    t.values("matmul_backward_as", &DTYPES, |d| {
         matmul::matmul_backward_as(&s, &y, d).map(drop)
     });
 
@@ -1045,7 +1043,7 @@ fn others(t: &mut Tally) {
     t.sweep("attention_backward", &[&ao_out], |a| {
         attention::attention_backward(&asaved, a[0]).map(drop)
     });
-    t.values("attention_backward_as", &DTYPE_ARGS, |d| {
+    t.values("attention_backward_as", &DTYPES, |d| {
         attention::attention_backward_as(&asaved, &ao_out, d).map(drop)
     });
 
@@ -1100,28 +1098,32 @@ fn others(t: &mut Tally) {
         };
         grpo::grpo_loss(&i, &gro).map(drop)
     });
-    t.values("grpo options", &[f64::NAN, 0.0, -1.0, f64::INFINITY], |x| {
-        let i = GrpoInputs {
-            logits: &logits,
-            completion_ids: &ids,
-            advantages: &adv,
-            old_logp: None,
-            ref_logp: None,
-            mask: None,
-        };
-        for o in [
-            GrpoOptions {
-                temperature: x,
-                ..gro
-            },
-            GrpoOptions { beta: x, ..gro },
-            GrpoOptions { eps_low: x, ..gro },
-            GrpoOptions { eps_high: x, ..gro },
-        ] {
-            let _ = grpo::grpo_loss(&i, &o);
-        }
-        Ok(())
-    });
+    // Each option alone out of its domain.
+    let inputs = GrpoInputs {
+        logits: &logits,
+        completion_ids: &ids,
+        advantages: &adv,
+        old_logp: None,
+        ref_logp: None,
+        mask: None,
+    };
+    type Edit = fn(GrpoOptions, f64) -> GrpoOptions;
+    let edits: [(&str, Edit); 4] = [
+        ("temperature", |o, x| GrpoOptions {
+            temperature: x,
+            ..o
+        }),
+        ("beta", |o, x| GrpoOptions { beta: x, ..o }),
+        ("eps_low", |o, x| GrpoOptions { eps_low: x, ..o }),
+        ("eps_high", |o, x| GrpoOptions { eps_high: x, ..o }),
+    ];
+    for (name, edit) in edits {
+        t.values(
+            &format!("grpo {name}"),
+            &[f64::NAN, 0.0, -1.0, f64::INFINITY],
+            |x| grpo::grpo_loss(&inputs, &edit(gro, x)).map(drop),
+        );
+    }
     // Fused GRPO: x [2, 3, 8] through W [8, 8].
     let gx = f32_tensor(&e, &[2, 3, 8], 9);
     let gw = f32_tensor(&e, &[8, 8], 10);

@@ -251,7 +251,7 @@ fn forward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             let d = source(base + c) - pivot;
             acc = acc + vec2<f32>(d, d * d);
         }
-        let sums = lanes_pairs(acc, lid, PAIR_SUM) / f32(cols);
+        let sums = row_sum2(acc, lid) / f32(cols);
         let delta = sums.x;
         mean = pivot + delta;
         corr = (pivot - mean) + delta;
