@@ -687,7 +687,7 @@ fn print_cooperative_matrices() {
 /// Normalization rows: forward and backward (parameter partials included) of RMSNorm,
 /// LayerNorm and add+RMSNorm in F32 and BF16 on `shape`, and, on the full-size run (8192
 /// columns), also on 4096x4096 and Liger's RMSNorm shape 2048x32768; the other
-/// normalizations (modulated RMSNorm, GroupNorm, PolyNorm, DyT) in F32 on `shape`.
+/// normalizations (modulated RMSNorm, GroupNorm, PolyNorm, DyT) in F32 and BF16 on `shape`.
 fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
     let mut shapes = vec![shape.to_vec()];
     if shape[1] >= 8192 {
@@ -819,107 +819,115 @@ fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
         if s.as_slice() != shape {
             continue;
         }
-        // The other normalizations, F32, on the main shape.
-        let x = x32.clone();
-        let dy = wgrad::bench::copy(&x)?;
-        let w = w32.clone();
-        let m = Tensor::from_slice(engine, &vec![0.125f32; 2 * cols], &[2, cols])?;
-        let o = norm::RmsNormOptions::default();
-        ops.push(Op::new(
-            "modulated_rms_norm fwd",
-            "f32",
-            vec![x.clone(), w.clone(), m.clone(), m.clone()],
-            move |i| {
-                let (y, s) = norm::modulated_rms_norm(&i[0], Some(&i[1]), &i[2], &i[3], &o)?;
-                Ok(vec![y, s.inverse])
-            },
-        ));
-        let (_, saved) = norm::modulated_rms_norm(&x, Some(&w), &m, &m, &o)?;
-        let inputs = vec![
-            x.clone(),
-            x.clone(),
-            w.clone(),
-            m.clone(),
-            saved.inverse.clone(),
-        ];
-        ops.push(Op::new("modulated_rms_norm bwd", "f32", inputs, move |i| {
-            let g = norm::norm_backward(&saved, &i[1], None)?;
-            Ok(vec![
-                g.source,
-                g.weight.expect("dw"),
-                g.scale.expect("dscale"),
-                g.shift.expect("dshift"),
-            ])
-        }));
-
-        let (channels, groups) = (32, 8);
-        let gx = x.reshape(&[rows, channels, cols / channels])?;
-        let gdy = dy.reshape(gx.shape())?;
-        let gw = Tensor::from_slice(engine, &vec![1.25f32; channels], &[channels])?;
-        let go = norm::GroupNormOptions::default();
-        ops.push(Op::new(
-            "group_norm fwd",
-            "f32",
-            vec![gx.clone(), gw.clone(), gw.clone()],
-            move |i| {
-                let (y, s) = norm::group_norm(&i[0], groups, Some(&i[1]), Some(&i[2]), &go)?;
-                Ok(vec![y, s.inverse, s.mean.expect("mean")])
-            },
-        ));
-        let (_, saved) = norm::group_norm(&gx, groups, Some(&gw), Some(&gw), &go)?;
-        ops.push(Op::new(
-            "group_norm bwd",
-            "f32",
-            vec![gx.clone(), gdy, gw.clone()],
-            move |i| {
+        // The other normalizations, F32 and BF16 (parameters in the source's dtype), on the
+        // main shape.
+        for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+            let x = cast::cast(&x32, dtype)?;
+            let dy = wgrad::bench::copy(&x)?;
+            let w = cast::cast(&w32, dtype)?;
+            let m = Tensor::from_slice(engine, &vec![0.125f32; 2 * cols], &[2, cols])?;
+            let m = cast::cast(&m, dtype)?;
+            let o = norm::RmsNormOptions::default();
+            ops.push(Op::new(
+                "modulated_rms_norm fwd",
+                label,
+                vec![x.clone(), w.clone(), m.clone(), m.clone()],
+                move |i| {
+                    let (y, s) = norm::modulated_rms_norm(&i[0], Some(&i[1]), &i[2], &i[3], &o)?;
+                    Ok(vec![y, s.inverse])
+                },
+            ));
+            let (_, saved) = norm::modulated_rms_norm(&x, Some(&w), &m, &m, &o)?;
+            let inputs = vec![
+                x.clone(),
+                x.clone(),
+                w.clone(),
+                m.clone(),
+                saved.inverse.clone(),
+            ];
+            ops.push(Op::new("modulated_rms_norm bwd", label, inputs, move |i| {
                 let g = norm::norm_backward(&saved, &i[1], None)?;
-                Ok(vec![g.source, g.weight.expect("dw"), g.bias.expect("db")])
-            },
-        ));
+                Ok(vec![
+                    g.source,
+                    g.weight.expect("dw"),
+                    g.scale.expect("dscale"),
+                    g.shift.expect("dshift"),
+                ])
+            }));
 
-        let pw = Tensor::from_slice(engine, &[0.5f32, 0.25, 1.0], &[3])?;
-        let pb = Tensor::from_slice(engine, &[0.1f32], &[1])?;
-        let po = norm::PolyNormOptions::default();
-        ops.push(Op::new(
-            "poly_norm fwd",
-            "f32",
-            vec![x.clone(), pw.clone(), pb.clone()],
-            move |i| {
-                let (y, s) = norm::poly_norm(&i[0], &i[1], Some(&i[2]), &po)?;
-                Ok(vec![y, s.inverse])
-            },
-        ));
-        let (_, saved) = norm::poly_norm(&x, &pw, Some(&pb), &po)?;
-        ops.push(Op::new(
-            "poly_norm bwd",
-            "f32",
-            vec![x.clone(), dy.clone(), pw.clone()],
-            move |i| {
-                let g = norm::poly_norm_backward(&saved, &i[1])?;
-                Ok(vec![g.source, g.weight, g.bias.expect("db")])
-            },
-        ));
+            let (channels, groups) = (32, 8);
+            let gx = x.reshape(&[rows, channels, cols / channels])?;
+            let gdy = dy.reshape(gx.shape())?;
+            let gw = Tensor::from_slice(engine, &vec![1.25f32; channels], &[channels])?;
+            let gw = cast::cast(&gw, dtype)?;
+            let go = norm::GroupNormOptions::default();
+            ops.push(Op::new(
+                "group_norm fwd",
+                label,
+                vec![gx.clone(), gw.clone(), gw.clone()],
+                move |i| {
+                    let (y, s) = norm::group_norm(&i[0], groups, Some(&i[1]), Some(&i[2]), &go)?;
+                    Ok(vec![y, s.inverse, s.mean.expect("mean")])
+                },
+            ));
+            let (_, saved) = norm::group_norm(&gx, groups, Some(&gw), Some(&gw), &go)?;
+            ops.push(Op::new(
+                "group_norm bwd",
+                label,
+                vec![gx.clone(), gdy, gw.clone()],
+                move |i| {
+                    let g = norm::norm_backward(&saved, &i[1], None)?;
+                    Ok(vec![g.source, g.weight.expect("dw"), g.bias.expect("db")])
+                },
+            ));
 
-        let alpha = Tensor::from_slice(engine, &[0.5f32], &[1])?;
-        ops.push(Op::new(
-            "dyt fwd",
-            "f32",
-            vec![x.clone(), alpha.clone(), w.clone(), w.clone()],
-            move |i| {
-                let (y, _) = norm::dyt(&i[0], &i[1], &i[2], Some(&i[3]))?;
-                Ok(vec![y])
-            },
-        ));
-        let (_, saved) = norm::dyt(&x, &alpha, &w, Some(&w))?;
-        ops.push(Op::new(
-            "dyt bwd",
-            "f32",
-            vec![x.clone(), dy.clone(), alpha.clone(), w.clone()],
-            move |i| {
-                let g = norm::dyt_backward(&saved, &i[1])?;
-                Ok(vec![g.source, g.alpha, g.gamma, g.beta.expect("dbeta")])
-            },
-        ));
+            let pw = cast::cast(
+                &Tensor::from_slice(engine, &[0.5f32, 0.25, 1.0], &[3])?,
+                dtype,
+            )?;
+            let pb = cast::cast(&Tensor::from_slice(engine, &[0.1f32], &[1])?, dtype)?;
+            let po = norm::PolyNormOptions::default();
+            ops.push(Op::new(
+                "poly_norm fwd",
+                label,
+                vec![x.clone(), pw.clone(), pb.clone()],
+                move |i| {
+                    let (y, s) = norm::poly_norm(&i[0], &i[1], Some(&i[2]), &po)?;
+                    Ok(vec![y, s.inverse])
+                },
+            ));
+            let (_, saved) = norm::poly_norm(&x, &pw, Some(&pb), &po)?;
+            ops.push(Op::new(
+                "poly_norm bwd",
+                label,
+                vec![x.clone(), dy.clone(), pw.clone()],
+                move |i| {
+                    let g = norm::poly_norm_backward(&saved, &i[1])?;
+                    Ok(vec![g.source, g.weight, g.bias.expect("db")])
+                },
+            ));
+
+            let alpha = cast::cast(&Tensor::from_slice(engine, &[0.5f32], &[1])?, dtype)?;
+            ops.push(Op::new(
+                "dyt fwd",
+                label,
+                vec![x.clone(), alpha.clone(), w.clone(), w.clone()],
+                move |i| {
+                    let (y, _) = norm::dyt(&i[0], &i[1], &i[2], Some(&i[3]))?;
+                    Ok(vec![y])
+                },
+            ));
+            let (_, saved) = norm::dyt(&x, &alpha, &w, Some(&w))?;
+            ops.push(Op::new(
+                "dyt bwd",
+                label,
+                vec![x.clone(), dy.clone(), alpha.clone(), w.clone()],
+                move |i| {
+                    let g = norm::dyt_backward(&saved, &i[1])?;
+                    Ok(vec![g.source, g.alpha, g.gamma, g.beta.expect("dbeta")])
+                },
+            ));
+        }
     }
     Ok(ops)
 }

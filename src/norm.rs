@@ -129,7 +129,7 @@ pub fn force_forward_lanes(lanes: Option<u64>) {
 pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64) -> Option<u64> {
     let (per_lane, lo, hi) = match kind {
         NormKind::AddRms => (2, 512, 1024),
-        NormKind::Layer => (4, 256, 512),
+        NormKind::Layer | NormKind::Group => (4, 256, 512),
         _ => (4, 256, 1024),
     };
     let fits = |lanes: u64| {
@@ -633,8 +633,13 @@ fn max_lanes(engine: &Engine) -> u64 {
 /// Chunks of a row of `cols` values of `dtype` (4 F32 or 8 16-bit values a chunk), `None`
 /// when the row is not whole chunks.
 fn row_chunks(cols: usize, dtype: DType) -> Option<usize> {
-    let len = if dtype == DType::F32 { 4 } else { 8 };
+    let len = chunk_len(dtype);
     (cols > 0 && cols.is_multiple_of(len)).then_some(cols / len)
+}
+
+/// Values of a 16-byte chunk of `dtype`: 4 F32 or 8 16-bit values.
+fn chunk_len(dtype: DType) -> usize {
+    if dtype == DType::F32 { 4 } else { 8 }
 }
 
 /// The register path for rows of `cols` values of `dtype`: whole chunks, at most
@@ -656,7 +661,7 @@ fn register_plan(
 }
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
-fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Tensor>)> {
+fn forward<'a>(f: Forward<'a>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Tensor>)> {
     let x = f.x;
     let engine = x.engine();
     let (rows, cols) = rows_cols(x);
@@ -707,15 +712,21 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         ("PAIRS", f64::from(u8::from(pairs))),
         ("OUT_SUM", f64::from(u8::from(with_sum))),
     ];
-    // RMSNorm, LayerNorm and add+RMSNorm rows of whole chunks that fit the lanes' registers
-    // take the register path: one read of the row.
-    let same_residual = f.aux.is_none_or(|r| r.dtype() == dtype);
-    let plan =
-        if matches!(f.kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) && same_residual {
-            register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)
-        } else {
-            None
-        };
+    // Rows of whole chunks that fit the lanes' registers take the register path (one read of
+    // the row): RMSNorm, LayerNorm, modulated RMSNorm, add+RMSNorm with a residual of the
+    // source's dtype, GroupNorm where a chunk lies within one channel.
+    let register_kind = match f.kind {
+        NormKind::AddRms => f.aux.is_none_or(|r| r.dtype() == dtype),
+        NormKind::Group => f
+            .layout
+            .is_some_and(|l| l.spatial.is_multiple_of(chunk_len(dtype))),
+        _ => true,
+    };
+    let plan = if register_kind {
+        register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)
+    } else {
+        None
+    };
     // Lanes of the register forward (see `forward_lanes`), or those forced for a measurement.
     let plan = plan.and_then(|_| {
         let chunks = row_chunks(cols, dtype)?;
@@ -730,37 +741,52 @@ fn forward(f: Forward<'_>) -> Result<(Tensor, Option<Tensor>, Tensor, Option<Ten
         let mut constants = constants;
         constants.push(("CHUNKS", f64::from(plan.chunks)));
         let params = forward_params(&f, rows, cols);
+        // Chunk bindings of per-column parameters (`w4`, `b4`; GroupNorm's are per channel,
+        // read value by value, so the source stands in).
+        let group = f.kind == NormKind::Group;
+        let per_column = |t: Option<&'a Tensor>| if group { x } else { t.unwrap_or(x) };
         let (entry, buffers): (&str, Vec<&wgpu::Buffer>) = match f.kind {
-            NormKind::Layer => (
+            NormKind::Layer | NormKind::Group => (
                 "layer_forward_registers",
                 vec![
+                    f.aux2.unwrap_or(x).buffer(),
+                    f.weight.unwrap_or(x).buffer(),
                     inverse.buffer(),
                     mean.as_ref().unwrap_or(&inverse).buffer(),
                     sum.as_ref().unwrap_or(&inverse).buffer(),
                     x.buffer(),
                     y.buffer(),
-                    f.weight.unwrap_or(x).buffer(),
-                    f.aux2.unwrap_or(x).buffer(),
+                    per_column(f.weight).buffer(),
+                    per_column(f.aux2).buffer(),
                 ],
             ),
             NormKind::AddRms => (
                 "add_forward_registers",
                 vec![
+                    x.buffer(),
+                    x.buffer(),
                     inverse.buffer(),
                     x.buffer(),
                     y.buffer(),
                     f.weight.unwrap_or(x).buffer(),
+                    x.buffer(),
                     f.aux.unwrap_or(x).buffer(),
                     sum.as_ref().unwrap_or(&y).buffer(),
+                    x.buffer(),
                 ],
             ),
+            // RMSNorm and modulated RMSNorm (scale in `aux`/`a4`, shift in `aux2`/`b4`).
             _ => (
                 "rms_forward_registers",
                 vec![
+                    f.aux.unwrap_or(x).buffer(),
+                    f.aux2.unwrap_or(x).buffer(),
                     inverse.buffer(),
                     x.buffer(),
                     y.buffer(),
                     f.weight.unwrap_or(x).buffer(),
+                    f.aux2.unwrap_or(x).buffer(),
+                    f.aux.unwrap_or(x).buffer(),
                 ],
             ),
         };
@@ -1770,16 +1796,49 @@ pub fn dyt(
     let y = Tensor::empty(engine, x.shape(), x.dtype(), "dyt output")?;
     let count = rows * cols;
     let pairs = count.div_ceil(2);
+    let constants: Constants = vec![
+        ("DX", f64::from(x.dtype().code())),
+        ("DA", f64::from(alpha.dtype().code())),
+        ("DB", code(beta)),
+        ("DW", f64::from(gamma.dtype().code())),
+        ("HAS_B", f64::from(u8::from(beta.is_some()))),
+    ];
+    // Rows of whole chunks: one invocation a chunk (16-byte loads and stores).
+    if let Some(chunks) = row_chunks(cols, x.dtype()) {
+        let total = rows * chunks;
+        engine.launch(
+            &KERNEL,
+            "dyt_forward_chunks",
+            &constants,
+            &Params {
+                rows: rows as u32,
+                cols: cols as u32,
+                total: total as u32,
+                ..Params::default()
+            },
+            &[
+                alpha.buffer(),
+                x.buffer(),
+                y.buffer(),
+                gamma.buffer(),
+                beta.unwrap_or(gamma).buffer(),
+            ],
+            (total as u64).div_ceil(WG),
+        )?;
+        return Ok((
+            y,
+            DytSaved {
+                source: x.clone(),
+                alpha: alpha.clone(),
+                gamma: gamma.clone(),
+                has_beta: beta.is_some(),
+            },
+        ));
+    }
     engine.launch(
         &KERNEL,
         "dyt_forward",
-        &vec![
-            ("DX", f64::from(x.dtype().code())),
-            ("DA", f64::from(alpha.dtype().code())),
-            ("DB", code(beta)),
-            ("DW", f64::from(gamma.dtype().code())),
-            ("HAS_B", f64::from(u8::from(beta.is_some()))),
-        ],
+        &constants,
         &Params {
             rows: rows as u32,
             cols: cols as u32,
@@ -1962,6 +2021,56 @@ pub fn poly_norm(
         "poly_norm output",
     )?;
     let inverse = Tensor::empty(engine, &[rows, 3], DType::F32, "poly_norm inverse")?;
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        rows_per_batch: rows as u32,
+        eps: options.eps,
+        ..Params::default()
+    };
+    // Rows of whole chunks within the lanes' registers: one read of the row (the lanes of
+    // RMSNorm's register forward, which holds as much).
+    let plan = register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32).and_then(|_| {
+        let chunks = row_chunks(cols, dtype)?;
+        RegisterPlan::on(
+            forward_lanes(NormKind::Rms, chunks, max_lanes(engine))?,
+            chunks,
+        )
+    });
+    if let Some(plan) = plan {
+        let mut constants: Constants = vec![
+            ("DX", f64::from(dtype.code())),
+            ("DB", code(bias)),
+            ("DW", f64::from(weight.dtype().code())),
+            ("HAS_B", f64::from(u8::from(bias.is_some()))),
+            ("CHUNKS", f64::from(plan.chunks)),
+        ];
+        let kernel = plan.kernel(engine, true, &mut constants);
+        engine.launch(
+            kernel,
+            "poly_forward_registers",
+            &constants,
+            &params,
+            &[
+                bias.unwrap_or(x).buffer(),
+                weight.buffer(),
+                inverse.buffer(),
+                x.buffer(),
+                y.buffer(),
+            ],
+            rows as u64,
+        )?;
+        return Ok((
+            y,
+            PolySaved {
+                source: x.clone(),
+                weight: weight.clone(),
+                has_bias: bias.is_some(),
+                inverse,
+                eps: options.eps,
+            },
+        ));
+    }
     engine.launch(
         &KERNEL,
         "poly_forward",

@@ -702,21 +702,30 @@ fn add_rms_norm_both_residual_seeds() {
     }
 }
 
-fn run_modulated(rows: usize, cols: usize, batches: usize, xdt: DType, weight: bool, seed: u64) {
-    let what = format!("modulated_rms_norm {rows}x{cols} batches {batches} {xdt} w {weight}");
+/// Modulated RMSNorm against the reference; `params`: the weight's, scale's and shift's dtypes.
+fn run_modulated_with(
+    (rows, cols, batches): (usize, usize, usize),
+    xdt: DType,
+    params: [DType; 3],
+    weight: bool,
+    seed: u64,
+) {
+    let what = format!(
+        "modulated_rms_norm {rows}x{cols} batches {batches} {xdt} w {weight} params {params:?}"
+    );
     let mut rng = Rng::new(seed);
     let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
-    let w = weight.then(|| upload(&rng.vec(cols, 0.5, 1.5), &[cols], DType::BF16));
+    let w = weight.then(|| upload(&rng.vec(cols, 0.5, 1.5), &[cols], params[0]));
     let ws = w.as_ref().map(|w| w.1.as_slice());
     let (sc, scs) = upload(
         &rng.vec(batches * cols, -0.5, 0.5),
         &[batches, cols],
-        DType::F16,
+        params[1],
     );
     let (sh, shs) = upload(
         &rng.vec(batches * cols, -0.5, 0.5),
         &[batches, cols],
-        DType::F32,
+        params[2],
     );
     let o = RmsNormOptions {
         offset: 1.0,
@@ -748,6 +757,27 @@ fn run_modulated(rows: usize, cols: usize, batches: usize, xdt: DType, weight: b
     );
     check(&format!("{what}: dscale"), dscale, &r.scale, F32);
     check(&format!("{what}: dshift"), dshift, &r.bias, F32);
+}
+
+fn run_modulated(rows: usize, cols: usize, batches: usize, xdt: DType, weight: bool, seed: u64) {
+    let params = [DType::BF16, DType::F16, DType::F32];
+    run_modulated_with((rows, cols, batches), xdt, params, weight, seed);
+}
+
+#[test]
+fn modulated_rms_norm_register_forward() {
+    // Rows of whole chunks take the register forward (256 and 1,024 lanes): scale and shift of
+    // the source's dtype read as chunks, of other dtypes value by value, with and without a
+    // weight, against the reference.
+    let mut seed = 860;
+    for (rows, cols, batches) in [(6, 8, 3), (70, 128, 2), (4, 4096, 2), (3, 16384, 3)] {
+        for xdt in DType::FLOATS {
+            seed += 1;
+            run_modulated_with((rows, cols, batches), xdt, [xdt; 3], true, seed);
+            run_modulated(rows, cols, batches, xdt, true, seed + 100);
+        }
+    }
+    run_modulated_with((8, 64, 4), DType::BF16, [DType::BF16; 3], false, 990);
 }
 
 #[test]
@@ -1482,6 +1512,19 @@ fn dyt_every_dtype_and_width() {
     run_dyt(40, 65, DType::BF16, DType::F32, false, 3.0, 1350);
     run_dyt(40, 66, DType::F16, DType::BF16, true, -0.2, 1351);
     run_dyt(256, 512, DType::BF16, DType::BF16, true, 0.5, 1352);
+    // Rows of whole chunks, one invocation a chunk: parameters of the source's dtype (read as
+    // chunks) and of others (value by value), with and without β, |αx| on both sides of the
+    // series' bound.
+    for (rows, cols, xdt, pdt, beta, alpha) in [
+        (3, 4, DType::F32, DType::F16, true, 0.01),
+        (9, 8, DType::F32, DType::BF16, false, 0.7),
+        (5, 16, DType::BF16, DType::F32, true, -2.0),
+        (7, 24, DType::F16, DType::F16, true, 0.02),
+        (33, 128, DType::BF16, DType::BF16, false, 1.5),
+        (4, 4096, DType::F32, DType::F32, true, 0.5),
+    ] {
+        run_dyt(rows, cols, xdt, pdt, beta, alpha, 1360 + cols as u64);
+    }
 }
 
 fn run_poly(rows: usize, cols: usize, xdt: DType, bias: bool, seed: u64) {
@@ -1509,7 +1552,13 @@ fn run_poly(rows: usize, cols: usize, xdt: DType, bias: bool, seed: u64) {
     assert_eq!(g.bias.is_some(), bias, "{what}");
     if let Some(db) = &g.bias {
         assert_eq!(db.shape(), &[1]);
-        check(&format!("{what}: db"), db, &[r.bias], F32);
+        // db = Σ dy: an FP32 sum is accurate relative to Σ |dy|, not to its (cancelled) value.
+        let cond = (dys.iter().map(|v| v.abs()).sum::<f64>() / r.bias.abs()).max(1.0);
+        let tol = Tolerance {
+            rel_l2: F32.rel_l2 * cond,
+            ..F32
+        };
+        check(&format!("{what}: db"), db, &[r.bias], tol);
     }
 }
 
@@ -1525,6 +1574,15 @@ fn poly_norm_every_dtype_and_width() {
     }
     run_poly(20, 64, DType::BF16, false, 1450);
     run_poly(256, 512, DType::F32, true, 1451);
+    // Rows of whole chunks on the register forward: one chunk, 256 and 1,024 lanes.
+    for (cols, xdt) in [
+        (8, DType::F16),
+        (4096, DType::F16),
+        (16384, DType::F32),
+        (32768, DType::BF16),
+    ] {
+        run_poly(3, cols, xdt, true, 1452 + cols as u64);
+    }
 }
 
 #[test]
@@ -1723,6 +1781,29 @@ fn group_norm_every_dtype_and_layout() {
     // fewer and more than the 32 lanes of a channel's sum.
     run_group(150, 4, &[33], 2, DType::F32, true, 0.0, 1792);
     run_group(70, 2, &[5], 1, DType::BF16, true, 0.0, 1793);
+}
+
+#[test]
+fn group_norm_register_forward() {
+    // Positions a multiple of the chunk length (4 F32, 8 16-bit values) take the register
+    // forward, a chunk within one channel: every dtype, with and without the affine
+    // parameters, a 1e4 offset, rows of one chunk and rows on 1,024 lanes.
+    let mut seed = 1800;
+    for dt in DType::FLOATS {
+        for (samples, channels, spatial, groups, affine, offset) in [
+            (3, 6, &[8][..], 3, true, 0.0),
+            (5, 8, &[4, 4][..], 2, true, 0.0),
+            (2, 4, &[8][..], 4, false, 0.0),
+            (2, 4, &[256][..], 2, true, 1e4),
+            (2, 16, &[1024][..], 1, true, 0.0),
+        ] {
+            if dt != DType::F32 && offset != 0.0 {
+                continue;
+            }
+            seed += 1;
+            run_group(samples, channels, spatial, groups, dt, affine, offset, seed);
+        }
+    }
 }
 
 #[test]

@@ -594,6 +594,34 @@ fn dyt_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
+// Four tanh_exact values at once, the same operations per value (both branches computed,
+// then selected: no divergence).
+fn tanh_exact4(v: vec4<f32>) -> vec4<f32> {
+    let a = abs(v);
+    let a2 = a * a;
+    let small = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0))));
+    let large = 1.0 - 2.0 / (exp(2.0 * a) + 1.0);
+    let t = select(large, small, a < vec4<f32>(0.05));
+    return select(t, -t, v < vec4<f32>(0.0));
+}
+
+// `dyt_forward` for rows of whole chunks (4 F32 or 8 16-bit values): one invocation per chunk
+// of the flat tensor, γ and β read as chunks of the same columns (`w_chunk`, `b_chunk`), the
+// same values as `dyt_value`. params.total = chunks.
+@compute @workgroup_size(WG)
+fn dyt_forward_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let q = group_index(wid, nwg) * WG + lid;
+    if (q >= params.total) {
+        return;
+    }
+    let alpha = ld_aux(0u);
+    let v = vals(x4[q], DX);
+    let column = q % (params.cols / chunk_len());
+    let t = Vals(tanh_exact4(alpha * v.lo), tanh_exact4(alpha * v.hi));
+    y4[q] = pack(vadd(vmul(w_chunk(column), t), b_chunk(column)), DX);
+}
+
 // One invocation per (block of BLOCK_ROWS rows, column): dx and the block's partials of
 // dgamma (slot 0), dbeta (slot 1) and dalpha (slot 2, per column).
 @compute @workgroup_size(WG)
@@ -1020,12 +1048,48 @@ fn sq(w: vec4<u32>) -> f32 {
     return vdot(v, v);
 }
 
-// RMSNorm output chunk of the source values v (row chunk q), with the casting modes.
-// `finite_row`: the row's sum of squares is finite, so every x is finite, inv finite and
-// positive, and the normalized values n = x·inv hold no NaN.
-fn rms_chunk(v: Vals, q: u32, inv: f32, finite_row: bool) -> vec4<u32> {
+// Modulated RMSNorm: the scale (aux, DA) and shift (aux2, DB) chunk m of `[batches, cols]`
+// (m = batch · chunks a row + row chunk), as chunks where the dtype is the source's, else value
+// by value.
+@group(0) @binding(31) var<storage, read> a4: array<vec4<u32>>;
+
+fn scale_chunk(m: u32) -> Vals {
+    if (DA == DX) {
+        return vals(a4[m], DA);
+    }
+    let c = m * chunk_len();
+    var v = Vals(vec4<f32>(ld_aux(c), ld_aux(c + 1u), ld_aux(c + 2u), ld_aux(c + 3u)), vec4<f32>());
+    if (DX != DT_F32) {
+        v.hi = vec4<f32>(ld_aux(c + 4u), ld_aux(c + 5u), ld_aux(c + 6u), ld_aux(c + 7u));
+    }
+    return v;
+}
+
+fn shift_chunk(m: u32) -> Vals {
+    if (DB == DX) {
+        return vals(b4[m], DB);
+    }
+    let c = m * chunk_len();
+    var v = Vals(vec4<f32>(ld_aux2(c), ld_aux2(c + 1u), ld_aux2(c + 2u), ld_aux2(c + 3u)), vec4<f32>());
+    if (DX != DT_F32) {
+        v.hi = vec4<f32>(ld_aux2(c + 4u), ld_aux2(c + 5u), ld_aux2(c + 6u), ld_aux2(c + 7u));
+    }
+    return v;
+}
+
+// RMSNorm output chunk of the source values v (row chunk q of a row of n chunks in modulation
+// batch `batch`), with the casting modes; modulated RMSNorm `(1 + scale)·(x·inv·wf) + shift`
+// as `out_value` (no casting mode). `finite_row`: the row's sum of squares is finite, so every
+// x is finite, inv finite and positive, and the normalized values n = x·inv hold no NaN.
+fn rms_chunk(v: Vals, q: u32, n_chunks: u32, batch: u32, inv: f32, finite_row: bool) -> vec4<u32> {
     let n = vscale(v, inv);
     let wf = wf_chunk(q);
+    if (KIND == KIND_MOD) {
+        let m = batch * n_chunks + q;
+        let sc = scale_chunk(m);
+        let one = Vals(1.0 + sc.lo, 1.0 + sc.hi);
+        return pack(vadd(vmul(one, vmul(n, wf)), shift_chunk(m)), DX);
+    }
     if (CAST == CAST_LLAMA) {
         return pack(vmul(vround(n, finite_row), wf), DX);
     }
@@ -1038,7 +1102,8 @@ fn rms_chunk(v: Vals, q: u32, inv: f32, finite_row: bool) -> vec4<u32> {
 fn rms_put(v: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32, finite_row: bool) {
     if (has(k, lid, n)) {
         let q = lid + k * WG;
-        y4[base + q] = rms_chunk(v, q, inv, finite_row);
+        let batch = (base / n) / params.rows_per_batch;
+        y4[base + q] = rms_chunk(v, q, n, batch, inv, finite_row);
     }
 }
 
@@ -1149,11 +1214,28 @@ fn ln_sq(w: vec4<u32>, k: u32, lid: u32, n: u32, mean: f32, corr: f32) -> f32 {
     return vdot(d, d);
 }
 
+// GroupNorm (rows (sample, group) of channels_per_group · spatial values, spatial a multiple
+// of the chunk length): the weight factor and bias of row chunk q of row `row`, the same for
+// the chunk's values (one channel), as `out_value`'s.
+fn group_affine(row: u32, q: u32) -> vec2<f32> {
+    let p = (row % params.groups) * params.channels_per_group + (q * chunk_len()) / params.spatial;
+    var b = 0.0;
+    if (HAS_B) {
+        b = ld_aux2(p);
+    }
+    return vec2<f32>(weight_factor(p), b);
+}
+
 fn ln_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32) {
     if (has(k, lid, n)) {
         let q = lid + k * WG;
         let nrm = vscale(vcenter(vals(w, DX), mean, corr), inv);
-        y4[base + q] = pack(vadd(vmul(nrm, wf_chunk(q)), b_chunk(q)), DX);
+        if (KIND == KIND_GROUP) {
+            let a = group_affine(base / n, q);
+            y4[base + q] = pack(Vals(nrm.lo * a.x + a.y, nrm.hi * a.x + a.y), DX);
+        } else {
+            y4[base + q] = pack(vadd(vmul(nrm, wf_chunk(q)), b_chunk(q)), DX);
+        }
     }
 }
 
@@ -1207,6 +1289,80 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     ln_put(c5, 5u, lid, n, base, mean, corr, inv);
     ln_put(c6, 6u, lid, n, base, mean, corr, inv);
     ln_put(c7, 7u, lid, n, base, mean, corr, inv);
+}
+
+// PolyNorm: the chunks stay in registers through the sums of x², x⁴ and x⁶ (one pair sum and
+// one sum) and the outputs, `poly_out`'s formula.
+
+// Σ x², Σ x⁴, Σ x⁶ over the lane's k-th chunk.
+fn poly_sums(w: vec4<u32>, k: u32, lid: u32, n: u32) -> vec3<f32> {
+    if (!has(k, lid, n)) {
+        return vec3<f32>();
+    }
+    let v = vals(w, DX);
+    let v2 = vmul(v, v);
+    let v4 = vmul(v2, v2);
+    return vec3<f32>(vtotal(v2), vtotal(v4), vtotal(vmul(v4, v2)));
+}
+
+fn poly_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, inv: vec3<f32>, coef: vec4<f32>) {
+    if (has(k, lid, n)) {
+        let v = vals(w, DX);
+        let v2 = vmul(v, v);
+        let t3 = vscale(vscale(vmul(v2, v), inv.x), coef.x);
+        let t2 = vscale(vscale(v2, inv.y), coef.y);
+        let t1 = vscale(vscale(v, inv.z), coef.z);
+        let b = Vals(vec4<f32>(coef.w), vec4<f32>(coef.w));
+        y4[base + lid + k * WG] = pack(vadd(vadd(vadd(t3, t2), t1), b), DX);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn poly_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let base = row * n;
+    let c0 = ld_x4(0u, lid, n, base);
+    let c1 = ld_x4(1u, lid, n, base);
+    let c2 = ld_x4(2u, lid, n, base);
+    let c3 = ld_x4(3u, lid, n, base);
+    let c4 = ld_x4(4u, lid, n, base);
+    let c5 = ld_x4(5u, lid, n, base);
+    let c6 = ld_x4(6u, lid, n, base);
+    let c7 = ld_x4(7u, lid, n, base);
+    let sums = ((poly_sums(c0, 0u, lid, n) + poly_sums(c1, 1u, lid, n))
+        + (poly_sums(c2, 2u, lid, n) + poly_sums(c3, 3u, lid, n)))
+        + ((poly_sums(c4, 4u, lid, n) + poly_sums(c5, 5u, lid, n))
+        + (poly_sums(c6, 6u, lid, n) + poly_sums(c7, 7u, lid, n)));
+    let s24 = row_sum2(sums.xy, lid);
+    let s6 = row_sum(sums.z, lid);
+    let count = f32(params.cols);
+    let i1 = 1.0 / sqrt(s24.x / count + params.eps);
+    let i2 = 1.0 / sqrt(s24.y / count + params.eps);
+    let i3 = 1.0 / sqrt(s6 / count + params.eps);
+    if (lid == 0u) {
+        inv_out[3u * row] = i3;
+        inv_out[3u * row + 1u] = i2;
+        inv_out[3u * row + 2u] = i1;
+    }
+    var b = 0.0;
+    if (HAS_B) {
+        b = ld_aux2(0u);
+    }
+    let inv = vec3<f32>(i3, i2, i1);
+    let coef = vec4<f32>(ld_w(0u), ld_w(1u), ld_w(2u), b);
+    poly_put(c0, 0u, lid, n, base, inv, coef);
+    poly_put(c1, 1u, lid, n, base, inv, coef);
+    poly_put(c2, 2u, lid, n, base, inv, coef);
+    poly_put(c3, 3u, lid, n, base, inv, coef);
+    poly_put(c4, 4u, lid, n, base, inv, coef);
+    poly_put(c5, 5u, lid, n, base, inv, coef);
+    poly_put(c6, 6u, lid, n, base, inv, coef);
+    poly_put(c7, 7u, lid, n, base, inv, coef);
 }
 
 // ---- Register backward ----
