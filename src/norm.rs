@@ -480,7 +480,8 @@ fn blocks_for(rows: usize, batches: usize) -> (usize, usize) {
 /// Scratch bytes a normalization backward may allocate (an upper bound over its paths): the
 /// general path's per-row constants (32 bytes a row) and FP32 parameter partials
 /// (`slots × blocks × cols`, blocks of [`BLOCK_ROWS`] rows within each modulation batch;
-/// `batches` = 1 except for [`modulated_rms_norm`]), or the register path's partials
+/// `batches` = 1 except for [`modulated_rms_norm`]) with their finish's sums of runs of blocks
+/// ([`crate::reduce::sum_partial_groups_workspace_bytes`]), or the register path's partials
 /// (`slots × blocks × cols`, at most [`REGISTER_BLOCKS`] blocks), whichever is larger.
 pub fn backward_workspace_bytes(
     kind: NormKind,
@@ -491,9 +492,15 @@ pub fn backward_workspace_bytes(
     has_bias: bool,
 ) -> u64 {
     let batches = batches.max(1);
-    let (_, blocks) = blocks_for(rows, batches);
+    let (per_batch, blocks) = blocks_for(rows, batches);
     let slots = partial_slots(kind, has_weight, has_bias);
-    let general = (rows * ROWINFO * 4 + slots * blocks * cols * 4) as u64;
+    // The partials' finish (one slot at a time) may add its runs' sums.
+    let finish = if slots > 0 {
+        crate::reduce::sum_partial_groups_workspace_bytes(batches, per_batch, cols)
+    } else {
+        0
+    };
+    let general = (rows * ROWINFO * 4 + slots * blocks * cols * 4) as u64 + finish;
     let register = if matches!(kind, NormKind::Rms | NormKind::Layer | NormKind::AddRms) {
         let (_, blocks) = register_blocks(rows, false);
         (slots.max(1) * blocks * cols * 4) as u64
@@ -1773,9 +1780,12 @@ pub struct DytGradients {
 }
 
 /// Scratch bytes [`dyt_backward`] allocates: three FP32 partial slots of `blocks × cols`
-/// (blocks of [`BLOCK_ROWS`] rows) and the per-column α partial sums.
+/// (blocks of [`BLOCK_ROWS`] rows), the per-column α partial sums, and the finish's sums of
+/// runs of blocks ([`crate::reduce::sum_partial_groups_workspace_bytes`]).
 pub fn dyt_backward_workspace_bytes(rows: usize, cols: usize) -> u64 {
-    (3 * rows.div_ceil(BLOCK_ROWS) * cols * 4 + cols * 4) as u64
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    (3 * blocks * cols * 4 + cols * 4) as u64
+        + crate::reduce::sum_partial_groups_workspace_bytes(1, blocks, cols)
 }
 
 /// Dynamic tanh: `y = γ · tanh(α · x) + β` with a trainable scalar α (`[1]`), γ and β
@@ -1987,9 +1997,12 @@ pub struct PolyGradients {
 }
 
 /// Scratch bytes [`poly_norm_backward`] allocates: the per-row constants and four FP32
-/// partial slots of `blocks × cols`, then their per-column sums.
+/// partial slots of `blocks × cols`, then their per-column sums (and the finish's sums of
+/// runs of blocks, [`crate::reduce::sum_partial_groups_workspace_bytes`]).
 pub fn poly_backward_workspace_bytes(rows: usize, cols: usize) -> u64 {
-    (rows * ROWINFO * 4 + 4 * rows.div_ceil(BLOCK_ROWS) * cols * 4 + 4 * cols * 4) as u64
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    (rows * ROWINFO * 4 + 4 * blocks * cols * 4 + 4 * cols * 4) as u64
+        + crate::reduce::sum_partial_groups_workspace_bytes(3, blocks, cols)
 }
 
 /// PolyNorm: `y = w0·n(x³) + w1·n(x²) + w2·n(x) + b` per row, `n(u) = u/sqrt(mean(u²) + ε)`.

@@ -196,7 +196,8 @@ pub(crate) fn column_partials_at(
 
 /// Scratch bytes [`sum_columns`] allocates for a `[rows, cols]` input (its block partials).
 pub fn sum_columns_workspace_bytes(rows: usize, cols: usize) -> u64 {
-    (rows.div_ceil(BLOCK_ROWS) * cols * 4) as u64
+    let blocks = rows.div_ceil(BLOCK_ROWS);
+    (blocks * cols * 4) as u64 + sum_partial_groups_workspace_bytes(1, blocks, cols)
 }
 
 /// Column sums of an F32 partials matrix `[blocks, cols]`, blocks summed in order: the second
@@ -207,10 +208,26 @@ pub fn sum_partials(engine: &Engine, partials: &Tensor) -> Result<Tensor> {
     out.reshape(&[cols])
 }
 
+/// Scratch bytes [`sum_partial_groups`] allocates for `groups` runs of `per_group` partial
+/// rows of `cols` columns: none for runs of at most [`BLOCK_ROWS`] rows; else the first
+/// level's sums of [`BLOCK_ROWS`] rows at a time, and the levels above it.
+pub fn sum_partial_groups_workspace_bytes(groups: usize, per_group: usize, cols: usize) -> u64 {
+    let mut bytes = 0u64;
+    let mut rows = per_group;
+    while rows > BLOCK_ROWS {
+        rows = rows.div_ceil(BLOCK_ROWS);
+        bytes = bytes.saturating_add((groups as u64) * (rows as u64) * (cols as u64) * 4);
+    }
+    bytes
+}
+
 /// Grouped column sums of F32 partials stored from element `base` of `partials` as
-/// `[groups · per_group, cols]`: `out[g, c] = Σ_{j < per_group} p[g·per_group + j, c]`, summed
-/// in block order; shape `[groups, cols]`. Families that keep several partial slots (or
-/// per-batch runs of blocks) in one buffer finish them with this.
+/// `[groups · per_group, cols]`: `out[g, c] = Σ_{j < per_group} p[g·per_group + j, c]`, shape
+/// `[groups, cols]`, in a fixed order: a run of at most [`BLOCK_ROWS`] rows top to bottom; a
+/// longer one as the sums of its consecutive blocks of [`BLOCK_ROWS`] rows (each top to
+/// bottom), summed the same way in turn (scratch: [`sum_partial_groups_workspace_bytes`]).
+/// Families that keep several partial slots (or per-batch runs of blocks) in one buffer
+/// finish them with this.
 pub fn sum_partial_groups(
     engine: &Engine,
     partials: &Tensor,
@@ -240,6 +257,37 @@ pub fn sum_partial_groups(
             0,
             partials.len() as u64,
         ));
+    }
+    if per_group > BLOCK_ROWS {
+        // Runs of BLOCK_ROWS partial rows first (one invocation summing thousands of rows
+        // serially left most of the device idle).
+        engine.check_workspace(
+            "sum_partials",
+            sum_partial_groups_workspace_bytes(groups, per_group, cols),
+        )?;
+        let sub = per_group.div_ceil(BLOCK_ROWS);
+        let runs = Tensor::empty(
+            engine,
+            &[groups * sub, cols],
+            DType::F32,
+            "sum_partials runs",
+        )?;
+        let total = runs.len();
+        engine.launch(
+            &KERNEL,
+            "column_runs",
+            &vec![("DT", 0.0)],
+            &Params {
+                rows: per_group as u32,
+                cols: cols as u32,
+                blocks: sub as u32,
+                total: total as u32,
+                base: base as u32,
+            },
+            &[partials.buffer(), runs.buffer()],
+            (total as u64).div_ceil(WG),
+        )?;
+        return sum_partial_groups(engine, &runs, 0, groups, sub, cols);
     }
     let out = Tensor::empty(engine, &[groups, cols], DType::F32, "sum_partials")?;
     let total = out.len();

@@ -277,6 +277,59 @@ fn sum_partials_matches_the_reference() {
     }
 }
 
+#[test]
+fn long_partial_groups_sum_runs_of_64_rows_first() {
+    // Runs longer than 64 partial rows are summed as the sums of their blocks of 64 rows,
+    // level by level (65 rows: two levels; 4,100: three): against the reference within the
+    // chain of that order, from an offset, several groups; reruns bit-identical; the scratch
+    // of those levels is the query's, and a bound below it is a typed error.
+    let e = engine();
+    for (groups, per_group, cols, base) in [(1, 65, 3, 0), (3, 130, 7, 5), (2, 4100, 2, 11)] {
+        let len = base + groups * per_group * cols;
+        let data = data_for(len as u64, 1, len);
+        let p = common::tensor_from_f64(e, &data, &[len], DType::F32);
+        let stored = p.to_f64().unwrap();
+        let got = reduce::sum_partial_groups(e, &p, base, groups, per_group, cols).unwrap();
+        assert_eq!(got.shape(), &[groups, cols]);
+        let block = &stored[base..];
+        // Chain: 64 additions a level, one level per factor of 64.
+        let levels = (per_group as f64).log(64.0).ceil() as usize;
+        for g in 0..groups {
+            let rows = &block[g * per_group * cols..(g + 1) * per_group * cols];
+            let want = reference::sum_columns(rows, per_group, cols);
+            check_sums(
+                &format!("sum_partial_groups {groups}x{per_group}x{cols} group {g}"),
+                &got.to_f64().unwrap()[g * cols..(g + 1) * cols],
+                &want,
+                &abs_columns(rows, per_group, cols),
+                64 * levels,
+            );
+        }
+        let again = reduce::sum_partial_groups(e, &p, base, groups, per_group, cols).unwrap();
+        assert_eq!(common::f32_bits(&got), common::f32_bits(&again));
+    }
+    let runs = |rows: usize| rows.div_ceil(64);
+    assert_eq!(reduce::sum_partial_groups_workspace_bytes(3, 64, 7), 0);
+    assert_eq!(
+        reduce::sum_partial_groups_workspace_bytes(3, 130, 7),
+        (3 * runs(130) * 7 * 4) as u64
+    );
+    assert_eq!(
+        reduce::sum_partial_groups_workspace_bytes(2, 4100, 2),
+        (2 * (runs(4100) + runs(runs(4100))) * 2 * 4) as u64
+    );
+    let capped = private_engine();
+    let p = Tensor::zeros(&capped, &[3 * 130 * 7], DType::F32).unwrap();
+    let need = reduce::sum_partial_groups_workspace_bytes(3, 130, 7);
+    capped.set_workspace_bound(need - 1);
+    match reduce::sum_partial_groups(&capped, &p, 0, 3, 130, 7) {
+        Err(Error::WorkspaceExceeded { needed, .. }) => assert_eq!(needed, need),
+        r => panic!("expected WorkspaceExceeded, got {r:?}"),
+    }
+    capped.set_workspace_bound(need);
+    assert!(reduce::sum_partial_groups(&capped, &p, 0, 3, 130, 7).is_ok());
+}
+
 fn expect_dtype_error(r: wgrad::Result<Tensor>, bad: DType, what: &str) {
     match r {
         Err(Error::UnsupportedDType { got, accepted, .. }) => {

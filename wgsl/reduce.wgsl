@@ -80,6 +80,31 @@ fn column_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     dest[params.base + t] = acc;
 }
 
+// The first level of a long `column_finish`: groups of per-block partials (source F32
+// `[groups * per_group, cols]` from word `base` on, per_group = params.rows) summed in runs of
+// BLOCK_ROWS partial rows, in row order: dest[(g * sub + s) * cols + col] = the sum of rows
+// s * BLOCK_ROWS .. min((s + 1) * BLOCK_ROWS, per_group) of group g (sub = params.blocks
+// runs a group). params.total = groups * sub * cols.
+@compute @workgroup_size(WG)
+fn column_runs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let cols = params.cols;
+    let run = t / cols;
+    let g = run / params.blocks;
+    let first = (run % params.blocks) * BLOCK_ROWS;
+    let last = min(first + BLOCK_ROWS, params.rows);
+    let at = params.base + g * params.rows * cols + t % cols;
+    var acc = 0.0;
+    for (var r = first; r < last; r = r + 1u) {
+        acc = acc + bitcast<f32>(source[at + r * cols]);
+    }
+    dest[t] = acc;
+}
+
 // Groups of per-block partials (source F32 `[groups * per_group, cols]` from word `base` on):
 // dest[g, col] = sum of the g-th run of `per_group` = params.blocks rows, in row order.
 // params.total = groups * cols.
