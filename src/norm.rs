@@ -1902,38 +1902,62 @@ pub fn dyt_backward(saved: &DytSaved, output_gradient: &Tensor) -> Result<DytGra
     }
     let dx = Tensor::empty(engine, x.shape(), DType::F32, "dyt source gradient")?;
     let partials = Tensor::empty(engine, &[3 * stride], DType::F32, "dyt partials")?;
-    engine.launch(
-        &KERNEL,
-        "dyt_backward_columns",
-        &vec![
-            ("DX", f64::from(x.dtype().code())),
-            ("DA", f64::from(saved.alpha.dtype().code())),
-            ("DW", f64::from(saved.gamma.dtype().code())),
-            ("DY", f64::from(output_gradient.dtype().code())),
-            ("HAS_B", f64::from(u8::from(saved.has_beta))),
-        ],
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            rows_per_batch: rows as u32,
-            blocks_per_batch: blocks as u32,
-            total: stride as u32,
-            stride: stride as u32,
-            base: 0,
-            eps: 0.0,
-            offset: 0.0,
-            ..Params::default()
-        },
-        &[
-            x.buffer(),
-            saved.alpha.buffer(),
-            saved.gamma.buffer(),
-            output_gradient.buffer(),
-            dx.buffer(),
-            partials.buffer(),
-        ],
-        (stride as u64).div_ceil(WG),
-    )?;
+    let constants: Constants = vec![
+        ("DX", f64::from(x.dtype().code())),
+        ("DA", f64::from(saved.alpha.dtype().code())),
+        ("DW", f64::from(saved.gamma.dtype().code())),
+        ("DY", f64::from(output_gradient.dtype().code())),
+        ("HAS_B", f64::from(u8::from(saved.has_beta))),
+    ];
+    let params = Params {
+        rows: rows as u32,
+        cols: cols as u32,
+        rows_per_batch: rows as u32,
+        blocks_per_batch: blocks as u32,
+        total: stride as u32,
+        stride: stride as u32,
+        ..Params::default()
+    };
+    // Rows of whole chunks with dy in x's dtype: one invocation a (block, column chunk), the
+    // same bits.
+    let chunks = row_chunks(cols, x.dtype()).filter(|_| output_gradient.dtype() == x.dtype());
+    if let Some(chunks) = chunks {
+        let total = blocks * chunks;
+        engine.launch(
+            &KERNEL,
+            "dyt_backward_chunks",
+            &constants,
+            &Params {
+                total: total as u32,
+                ..params
+            },
+            &[
+                saved.alpha.buffer(),
+                x.buffer(),
+                saved.gamma.buffer(),
+                output_gradient.buffer(),
+                dx.buffer(),
+                partials.buffer(),
+            ],
+            (total as u64).div_ceil(WG),
+        )?;
+    } else {
+        engine.launch(
+            &KERNEL,
+            "dyt_backward_columns",
+            &constants,
+            &params,
+            &[
+                x.buffer(),
+                saved.alpha.buffer(),
+                saved.gamma.buffer(),
+                output_gradient.buffer(),
+                dx.buffer(),
+                partials.buffer(),
+            ],
+            (stride as u64).div_ceil(WG),
+        )?;
+    }
     let gamma = finish(engine, &partials, 0, stride, 1, blocks, cols)?.reshape(&[cols])?;
     let beta = if saved.has_beta {
         Some(finish(engine, &partials, 1, stride, 1, blocks, cols)?.reshape(&[cols])?)
@@ -2162,6 +2186,63 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
         ));
     }
     let dx = Tensor::empty(engine, x.shape(), DType::F32, "poly_norm source gradient")?;
+    // Rows of whole chunks with dy in x's dtype, within the lanes' registers: one read of x
+    // and dy (the lanes of RMSNorm's register forward), the weights' gradients from per-row
+    // sums.
+    let plan = (output_gradient.dtype() == x.dtype())
+        .then(|| register_plan(engine, cols, x.dtype(), REGISTER_CHUNKS as u32))
+        .flatten()
+        .and_then(|_| {
+            let chunks = row_chunks(cols, x.dtype())?;
+            RegisterPlan::on(
+                forward_lanes(NormKind::Rms, chunks, max_lanes(engine))?,
+                chunks,
+            )
+        });
+    if let Some(plan) = plan {
+        let sums = Tensor::empty(engine, &[4 * rows], DType::F32, "poly_norm row sums")?;
+        let mut constants: Constants = vec![
+            ("DX", f64::from(x.dtype().code())),
+            ("DW", f64::from(saved.weight.dtype().code())),
+            ("CHUNKS", f64::from(plan.chunks)),
+        ];
+        let kernel = plan.kernel(engine, true, &mut constants);
+        engine.launch(
+            kernel,
+            "poly_backward_registers",
+            &constants,
+            &Params {
+                rows: rows as u32,
+                cols: cols as u32,
+                eps: saved.eps,
+                ..Params::default()
+            },
+            &[
+                saved.weight.buffer(),
+                saved.inverse.buffer(),
+                sums.buffer(),
+                x.buffer(),
+                output_gradient.buffer(),
+                dx.buffer(),
+            ],
+            rows as u64,
+        )?;
+        let weight =
+            crate::reduce::sum_partial_groups(engine, &sums, 0, 3, rows, 1)?.reshape(&[3])?;
+        let bias = if saved.has_bias {
+            Some(
+                crate::reduce::sum_partial_groups(engine, &sums, 3 * rows, 1, rows, 1)?
+                    .reshape(&[1])?,
+            )
+        } else {
+            None
+        };
+        return Ok(PolyGradients {
+            source: dx,
+            weight,
+            bias,
+        });
+    }
     let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "poly_norm rows")?;
     let partials = Tensor::empty(engine, &[4 * stride], DType::F32, "poly_norm partials")?;
     let constants: Constants = vec![

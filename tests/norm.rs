@@ -1527,8 +1527,43 @@ fn dyt_every_dtype_and_width() {
     }
 }
 
+#[test]
+fn dyt_backward_by_chunks_gives_the_column_kernels_bits() {
+    // Rows of whole chunks with dy in x's dtype take one invocation a column chunk; the same
+    // cotangent widened to F32 (exactly) takes the column kernel: every gradient the same bits.
+    for (rows, cols, dt, beta) in [
+        (70, 64, DType::BF16, true),
+        (33, 12, DType::F32, false),
+        (5, 4096, DType::F16, true),
+    ] {
+        let mut rng = Rng::new(1390 + cols as u64);
+        let (x, _) = upload(&rng.vec(rows * cols, -3.0, 3.0), &[rows, cols], dt);
+        let (a, _) = upload(&[0.6], &[1], dt);
+        let (g, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], dt);
+        let b = beta.then(|| upload(&rng.vec(cols, -0.5, 0.5), &[cols], dt).0);
+        let (_, saved) = norm::dyt(&x, &a, &g, b.as_ref()).unwrap();
+        let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
+        let (dy32, _) = upload(&dys, &[rows, cols], DType::F32);
+        let chunks = norm::dyt_backward(&saved, &dy).unwrap();
+        let columns = norm::dyt_backward(&saved, &dy32).unwrap();
+        let what = format!("dyt backward {rows}x{cols} {dt}");
+        common::assert_same_bits(&format!("{what}: dx"), &chunks.source, &columns.source);
+        common::assert_same_bits(&format!("{what}: dalpha"), &chunks.alpha, &columns.alpha);
+        common::assert_same_bits(&format!("{what}: dgamma"), &chunks.gamma, &columns.gamma);
+        assert_eq!(chunks.beta.is_some(), beta);
+        if let (Some(p), Some(q)) = (&chunks.beta, &columns.beta) {
+            common::assert_same_bits(&format!("{what}: dbeta"), p, q);
+        }
+    }
+}
+
 fn run_poly(rows: usize, cols: usize, xdt: DType, bias: bool, seed: u64) {
-    let what = format!("poly_norm {rows}x{cols} {xdt} bias {bias}");
+    run_poly_dy(rows, cols, xdt, DType::F32, bias, seed);
+}
+
+/// PolyNorm against the reference with the output gradient in `dydt`.
+fn run_poly_dy(rows: usize, cols: usize, xdt: DType, dydt: DType, bias: bool, seed: u64) {
+    let what = format!("poly_norm {rows}x{cols} {xdt} dy {dydt} bias {bias}");
     let mut rng = Rng::new(seed);
     let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], xdt);
     let (w, ws) = upload(&rng.vec(3, -1.0, 1.0), &[3], DType::F32);
@@ -1543,7 +1578,7 @@ fn run_poly(rows: usize, cols: usize, xdt: DType, bias: bool, seed: u64) {
         .flat_map(|r| reference::poly_inverses(&xs[r * cols..(r + 1) * cols], eps))
         .collect();
     check(&format!("{what}: inverse"), &saved.inverse, &inv, F32);
-    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], DType::F32);
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dydt);
     let g = norm::poly_norm_backward(&saved, &dy).unwrap();
     let r = reference::poly_norm_backward(&xs, rows, cols, &ws, eps, &dys);
     check(&format!("{what}: dx"), &g.source, &r.source, dx_tol(cols));
@@ -1574,14 +1609,18 @@ fn poly_norm_every_dtype_and_width() {
     }
     run_poly(20, 64, DType::BF16, false, 1450);
     run_poly(256, 512, DType::F32, true, 1451);
-    // Rows of whole chunks on the register forward: one chunk, 256 and 1,024 lanes.
-    for (cols, xdt) in [
-        (8, DType::F16),
-        (4096, DType::F16),
-        (16384, DType::F32),
-        (32768, DType::BF16),
+    // Rows of whole chunks on the register forward and, with dy in x's dtype, the register
+    // backward (per-row sums of the weights' gradients): one chunk, 256 and 1,024 lanes, more
+    // rows than a block of the row sums' finish (64).
+    for (rows, cols, xdt) in [
+        (3, 8, DType::F16),
+        (70, 64, DType::BF16),
+        (3, 4096, DType::F16),
+        (2, 16384, DType::F32),
+        (2, 32768, DType::BF16),
     ] {
-        run_poly(3, cols, xdt, true, 1452 + cols as u64);
+        run_poly_dy(rows, cols, xdt, xdt, true, 1452 + cols as u64);
+        run_poly_dy(rows, cols, xdt, DType::F32, false, 1453 + cols as u64);
     }
 }
 

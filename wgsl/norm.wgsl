@@ -1380,6 +1380,147 @@ fn put_dx(g: Vals, i: u32) {
     }
 }
 
+// PolyNorm backward from registers (x and dy of one dtype, rows of whole chunks): the row's
+// chunks of x and dy are loaded once; Σ dy·n_k (n3 = x³·inv3, n2 = x²·inv2, n1 = x·inv1) and
+// Σ dy in two pair sums; m_k = w_k·Σ dy·n_k / n, dx as `poly_backward_columns` from the
+// registers (F32, `put_dx`). The weights are scalars, so their gradients are those row sums
+// summed over the rows: lane 0 writes them k-major, partials[k·rows + row] (k = 0..2 the
+// weights', 3 the bias's), which the host sums in row order.
+
+// (Σ dy·n3, Σ dy·n2, Σ dy·n1, Σ dy) over the lane's k-th chunks.
+fn poly_dots(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, inv: vec3<f32>) -> vec4<f32> {
+    if (!has(k, lid, n)) {
+        return vec4<f32>();
+    }
+    let v = vals(w, DX);
+    let d = vals(g, DX);
+    let v2 = vmul(v, v);
+    let n3 = vscale(vmul(v2, v), inv.x);
+    let n2 = vscale(v2, inv.y);
+    let n1 = vscale(v, inv.z);
+    return vec4<f32>(vdot(d, n3), vdot(d, n2), vdot(d, n1), vtotal(d));
+}
+
+fn poly_dx(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, inv: vec3<f32>,
+           wt: vec3<f32>, m: vec3<f32>) {
+    if (!has(k, lid, n)) {
+        return;
+    }
+    let v = vals(w, DX);
+    let d = vals(g, DX);
+    let v2 = vmul(v, v);
+    let n3 = vscale(vmul(v2, v), inv.x);
+    let n2 = vscale(v2, inv.y);
+    let n1 = vscale(v, inv.z);
+    let g3 = vscale(vsub(vscale(d, wt.x), vscale(n3, m.x)), inv.x);
+    let g2 = vscale(vsub(vscale(d, wt.y), vscale(n2, m.y)), inv.y);
+    let g1 = vscale(vsub(vscale(d, wt.z), vscale(n1, m.z)), inv.z);
+    let dx3 = vmul(g3, vscale(v2, 3.0));
+    let dx2 = vmul(g2, vscale(v, 2.0));
+    put_dx(vadd(vadd(dx3, dx2), g1), base + lid + k * WG);
+}
+
+@compute @workgroup_size(WG)
+fn poly_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let base = row * n;
+    let c0 = ld_x4(0u, lid, n, base);
+    let g0 = ld_dy4(0u, lid, n, base);
+    let c1 = ld_x4(1u, lid, n, base);
+    let g1 = ld_dy4(1u, lid, n, base);
+    let c2 = ld_x4(2u, lid, n, base);
+    let g2 = ld_dy4(2u, lid, n, base);
+    let c3 = ld_x4(3u, lid, n, base);
+    let g3 = ld_dy4(3u, lid, n, base);
+    let c4 = ld_x4(4u, lid, n, base);
+    let g4 = ld_dy4(4u, lid, n, base);
+    let c5 = ld_x4(5u, lid, n, base);
+    let g5 = ld_dy4(5u, lid, n, base);
+    let c6 = ld_x4(6u, lid, n, base);
+    let g6 = ld_dy4(6u, lid, n, base);
+    let c7 = ld_x4(7u, lid, n, base);
+    let g7 = ld_dy4(7u, lid, n, base);
+    let inv = vec3<f32>(inv_in[3u * row], inv_in[3u * row + 1u], inv_in[3u * row + 2u]);
+    let sums = ((poly_dots(c0, g0, 0u, lid, n, inv) + poly_dots(c1, g1, 1u, lid, n, inv))
+        + (poly_dots(c2, g2, 2u, lid, n, inv) + poly_dots(c3, g3, 3u, lid, n, inv)))
+        + ((poly_dots(c4, g4, 4u, lid, n, inv) + poly_dots(c5, g5, 5u, lid, n, inv))
+        + (poly_dots(c6, g6, 6u, lid, n, inv) + poly_dots(c7, g7, 7u, lid, n, inv)));
+    let s32 = row_sum2(sums.xy, lid);
+    let s1b = row_sum2(sums.zw, lid);
+    let count = f32(params.cols);
+    let wt = vec3<f32>(ld_w(0u), ld_w(1u), ld_w(2u));
+    let m = vec3<f32>(wt.x * s32.x / count, wt.y * s32.y / count, wt.z * s1b.x / count);
+    if (lid == 0u) {
+        let rows = params.rows;
+        partials[row] = s32.x;
+        partials[rows + row] = s32.y;
+        partials[2u * rows + row] = s1b.x;
+        partials[3u * rows + row] = s1b.y;
+    }
+    poly_dx(c0, g0, 0u, lid, n, base, inv, wt, m);
+    poly_dx(c1, g1, 1u, lid, n, base, inv, wt, m);
+    poly_dx(c2, g2, 2u, lid, n, base, inv, wt, m);
+    poly_dx(c3, g3, 3u, lid, n, base, inv, wt, m);
+    poly_dx(c4, g4, 4u, lid, n, base, inv, wt, m);
+    poly_dx(c5, g5, 5u, lid, n, base, inv, wt, m);
+    poly_dx(c6, g6, 6u, lid, n, base, inv, wt, m);
+    poly_dx(c7, g7, 7u, lid, n, base, inv, wt, m);
+}
+
+// DyT backward for rows of whole chunks with dy in x's dtype: `dyt_backward_columns` with one
+// invocation per (block of BLOCK_ROWS rows, column chunk), 16-byte loads of x and dy, the same
+// operations per value in the same row order (the same bits); dx F32 (`put_dx`), the block's
+// partials of dγ, dβ and the α columns as vec4s. params.total = blocks · chunks a row.
+@compute @workgroup_size(WG)
+fn dyt_backward_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let block = t / n;
+    let q = t % n;
+    let first = block * BLOCK_ROWS;
+    let last = min(first + BLOCK_ROWS, params.rows);
+    let alpha = ld_aux(0u);
+    let gamma = w_chunk(q);
+    var pg = vzero();
+    var pb = vzero();
+    var pa = vzero();
+    for (var r = first; r < last; r = r + 1u) {
+        let i = r * n + q;
+        let v = vals(x4[i], DX);
+        let d = vals(dy4[i], DX);
+        let th = Vals(tanh_exact4(alpha * v.lo), tanh_exact4(alpha * v.hi));
+        let slope = vmul(vmul(d, gamma), vsub(Vals(vec4<f32>(1.0), vec4<f32>(1.0)), vmul(th, th)));
+        put_dx(vscale(slope, alpha), i);
+        pa = vadd(pa, vmul(slope, v));
+        pg = vadd(pg, vmul(d, th));
+        pb = vadd(pb, d);
+    }
+    // Partials of column chunk q of the block: F32 words block·cols + q·chunk_len onwards.
+    let at = (block * params.cols + q * chunk_len()) / 4u;
+    let slot = params.stride / 4u;
+    part4[at] = pg.lo;
+    part4[2u * slot + at] = pa.lo;
+    if (HAS_B) {
+        part4[slot + at] = pb.lo;
+    }
+    if (DX != DT_F32) {
+        part4[at + 1u] = pg.hi;
+        part4[2u * slot + at + 1u] = pa.hi;
+        if (HAS_B) {
+            part4[slot + at + 1u] = pb.hi;
+        }
+    }
+}
+
 // The block's partials of slot `slot` for the lane's k-th chunk.
 fn put_part(acc: Vals, slot: u32, block: u32, k: u32, lid: u32, n: u32) {
     if (!has(k, lid, n)) {
