@@ -2200,7 +2200,8 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
             )
         });
     if let Some(plan) = plan {
-        let sums = Tensor::empty(engine, &[4 * rows], DType::F32, "poly_norm row sums")?;
+        let sums = Tensor::empty(engine, &[3, rows], DType::F32, "poly_norm row sums")?;
+        let bias_sums = Tensor::empty(engine, &[1, rows], DType::F32, "poly_norm bias sums")?;
         let mut constants: Constants = vec![
             ("DX", f64::from(x.dtype().code())),
             ("DW", f64::from(saved.weight.dtype().code())),
@@ -2220,6 +2221,7 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
             &[
                 saved.weight.buffer(),
                 saved.inverse.buffer(),
+                bias_sums.buffer(),
                 sums.buffer(),
                 x.buffer(),
                 output_gradient.buffer(),
@@ -2227,13 +2229,9 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
             ],
             rows as u64,
         )?;
-        let weight =
-            crate::reduce::sum_partial_groups(engine, &sums, 0, 3, rows, 1)?.reshape(&[3])?;
+        let weight = crate::reduce::sum_rows(&sums)?;
         let bias = if saved.has_bias {
-            Some(
-                crate::reduce::sum_partial_groups(engine, &sums, 3 * rows, 1, rows, 1)?
-                    .reshape(&[1])?,
-            )
+            Some(crate::reduce::sum_rows(&bias_sums)?)
         } else {
             None
         };

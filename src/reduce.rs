@@ -208,14 +208,18 @@ pub fn sum_partials(engine: &Engine, partials: &Tensor) -> Result<Tensor> {
     out.reshape(&[cols])
 }
 
+/// Partial rows a run of [`sum_partial_groups`]'s first levels sums (`RUN_ROWS` in
+/// `wgsl/reduce.wgsl`): short enough that a long finish has many invocations in flight.
+pub const FINISH_RUN_ROWS: usize = 16;
+
 /// Scratch bytes [`sum_partial_groups`] allocates for `groups` runs of `per_group` partial
-/// rows of `cols` columns: none for runs of at most [`BLOCK_ROWS`] rows; else the first
-/// level's sums of [`BLOCK_ROWS`] rows at a time, and the levels above it.
+/// rows of `cols` columns: none for runs of at most [`BLOCK_ROWS`] rows; else each level's
+/// sums of [`FINISH_RUN_ROWS`] rows at a time, until at most [`BLOCK_ROWS`] remain.
 pub fn sum_partial_groups_workspace_bytes(groups: usize, per_group: usize, cols: usize) -> u64 {
     let mut bytes = 0u64;
     let mut rows = per_group;
     while rows > BLOCK_ROWS {
-        rows = rows.div_ceil(BLOCK_ROWS);
+        rows = rows.div_ceil(FINISH_RUN_ROWS);
         bytes = bytes.saturating_add((groups as u64) * (rows as u64) * (cols as u64) * 4);
     }
     bytes
@@ -224,7 +228,7 @@ pub fn sum_partial_groups_workspace_bytes(groups: usize, per_group: usize, cols:
 /// Grouped column sums of F32 partials stored from element `base` of `partials` as
 /// `[groups · per_group, cols]`: `out[g, c] = Σ_{j < per_group} p[g·per_group + j, c]`, shape
 /// `[groups, cols]`, in a fixed order: a run of at most [`BLOCK_ROWS`] rows top to bottom; a
-/// longer one as the sums of its consecutive blocks of [`BLOCK_ROWS`] rows (each top to
+/// longer one as the sums of its consecutive runs of [`FINISH_RUN_ROWS`] rows (each top to
 /// bottom), summed the same way in turn (scratch: [`sum_partial_groups_workspace_bytes`]).
 /// Families that keep several partial slots (or per-batch runs of blocks) in one buffer
 /// finish them with this.
@@ -259,13 +263,13 @@ pub fn sum_partial_groups(
         ));
     }
     if per_group > BLOCK_ROWS {
-        // Runs of BLOCK_ROWS partial rows first (one invocation summing thousands of rows
-        // serially left most of the device idle).
+        // Runs of FINISH_RUN_ROWS partial rows first (one invocation summing thousands of
+        // rows serially left most of the device idle).
         engine.check_workspace(
             "sum_partials",
             sum_partial_groups_workspace_bytes(groups, per_group, cols),
         )?;
-        let sub = per_group.div_ceil(BLOCK_ROWS);
+        let sub = per_group.div_ceil(FINISH_RUN_ROWS);
         let runs = Tensor::empty(
             engine,
             &[groups * sub, cols],

@@ -279,10 +279,11 @@ fn sum_partials_matches_the_reference() {
 
 #[test]
 fn long_partial_groups_sum_runs_of_64_rows_first() {
-    // Runs longer than 64 partial rows are summed as the sums of their blocks of 64 rows,
-    // level by level (65 rows: two levels; 4,100: three): against the reference within the
-    // chain of that order, from an offset, several groups; reruns bit-identical; the scratch
-    // of those levels is the query's, and a bound below it is a typed error.
+    // Runs longer than 64 partial rows are summed as the sums of their runs of 16 rows,
+    // level by level until at most 64 remain (65 rows: two levels; 4,100: three): against the
+    // reference within the chain of that order, from an offset, several groups; reruns
+    // bit-identical; the scratch of those levels is the query's, and a bound below it is a
+    // typed error.
     let e = engine();
     for (groups, per_group, cols, base) in [(1, 65, 3, 0), (3, 130, 7, 5), (2, 4100, 2, 11)] {
         let len = base + groups * per_group * cols;
@@ -292,8 +293,8 @@ fn long_partial_groups_sum_runs_of_64_rows_first() {
         let got = reduce::sum_partial_groups(e, &p, base, groups, per_group, cols).unwrap();
         assert_eq!(got.shape(), &[groups, cols]);
         let block = &stored[base..];
-        // Chain: 64 additions a level, one level per factor of 64.
-        let levels = (per_group as f64).log(64.0).ceil() as usize;
+        // Chain: at most 64 additions a level, one level per factor of 16.
+        let levels = (per_group as f64).log(16.0).ceil() as usize;
         for g in 0..groups {
             let rows = &block[g * per_group * cols..(g + 1) * per_group * cols];
             let want = reference::sum_columns(rows, per_group, cols);
@@ -308,12 +309,13 @@ fn long_partial_groups_sum_runs_of_64_rows_first() {
         let again = reduce::sum_partial_groups(e, &p, base, groups, per_group, cols).unwrap();
         assert_eq!(common::f32_bits(&got), common::f32_bits(&again));
     }
-    let runs = |rows: usize| rows.div_ceil(64);
+    let runs = |rows: usize| rows.div_ceil(16);
     assert_eq!(reduce::sum_partial_groups_workspace_bytes(3, 64, 7), 0);
     assert_eq!(
         reduce::sum_partial_groups_workspace_bytes(3, 130, 7),
         (3 * runs(130) * 7 * 4) as u64
     );
+    // 4,100 rows: 257 runs, then 17 (at most 64: the last level sums them directly).
     assert_eq!(
         reduce::sum_partial_groups_workspace_bytes(2, 4100, 2),
         (2 * (runs(4100) + runs(runs(4100))) * 2 * 4) as u64

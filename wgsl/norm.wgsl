@@ -1384,8 +1384,8 @@ fn put_dx(g: Vals, i: u32) {
 // chunks of x and dy are loaded once; Σ dy·n_k (n3 = x³·inv3, n2 = x²·inv2, n1 = x·inv1) and
 // Σ dy in two pair sums; m_k = w_k·Σ dy·n_k / n, dx as `poly_backward_columns` from the
 // registers (F32, `put_dx`). The weights are scalars, so their gradients are those row sums
-// summed over the rows: lane 0 writes them k-major, partials[k·rows + row] (k = 0..2 the
-// weights', 3 the bias's), which the host sums in row order.
+// summed over the rows: lane 0 writes the weights' k-major, partials[k·rows + row], and the
+// bias's to rowinfo_out[row], which the host sums (`reduce::sum_rows`: a fixed order).
 
 // (Σ dy·n3, Σ dy·n2, Σ dy·n1, Σ dy) over the lane's k-th chunks.
 fn poly_dots(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, inv: vec3<f32>) -> vec4<f32> {
@@ -1460,7 +1460,7 @@ fn poly_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         partials[row] = s32.x;
         partials[rows + row] = s32.y;
         partials[2u * rows + row] = s1b.x;
-        partials[3u * rows + row] = s1b.y;
+        rowinfo_out[row] = s1b.y;
     }
     poly_dx(c0, g0, 0u, lid, n, base, inv, wt, m);
     poly_dx(c1, g1, 1u, lid, n, base, inv, wt, m);

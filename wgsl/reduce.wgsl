@@ -82,9 +82,11 @@ fn column_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 
 // The first level of a long `column_finish`: groups of per-block partials (source F32
 // `[groups * per_group, cols]` from word `base` on, per_group = params.rows) summed in runs of
-// BLOCK_ROWS partial rows, in row order: dest[(g * sub + s) * cols + col] = the sum of rows
-// s * BLOCK_ROWS .. min((s + 1) * BLOCK_ROWS, per_group) of group g (sub = params.blocks
-// runs a group). params.total = groups * sub * cols.
+// RUN_ROWS partial rows, in row order: dest[(g * sub + s) * cols + col] = the sum of rows
+// s * RUN_ROWS .. min((s + 1) * RUN_ROWS, per_group) of group g (sub = params.blocks runs a
+// group). params.total = groups * sub * cols.
+const RUN_ROWS: u32 = 16u;
+
 @compute @workgroup_size(WG)
 fn column_runs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -95,8 +97,8 @@ fn column_runs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let cols = params.cols;
     let run = t / cols;
     let g = run / params.blocks;
-    let first = (run % params.blocks) * BLOCK_ROWS;
-    let last = min(first + BLOCK_ROWS, params.rows);
+    let first = (run % params.blocks) * RUN_ROWS;
+    let last = min(first + RUN_ROWS, params.rows);
     let at = params.base + g * params.rows * cols + t % cols;
     var acc = 0.0;
     for (var r = first; r < last; r = r + 1u) {
