@@ -1285,6 +1285,72 @@ pub fn norm_backward_as(
         return Ok(grads);
     }
     let dx = Tensor::empty(engine, x.shape(), dtype, "norm source gradient")?;
+    // GroupNorm rows within the registers (each chunk in one channel, dy in x's dtype): dx
+    // from one read of x and dy (F32; 16-bit gradients are that rounded, above).
+    let group_plan = saved
+        .group
+        .filter(|l| output_gradient.dtype() == xdt && l.spatial.is_multiple_of(chunk_len(xdt)))
+        .and_then(|_| register_plan(engine, cols, xdt, REGISTER_CHUNKS as u32))
+        .and_then(|_| {
+            let chunks = row_chunks(cols, xdt)?;
+            RegisterPlan::on(
+                forward_lanes(NormKind::Group, chunks, max_lanes(engine))?,
+                chunks,
+            )
+        });
+    if let (Some(plan), Some(l)) = (group_plan, saved.group) {
+        let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "norm row constants")?;
+        let mean = saved
+            .mean
+            .as_ref()
+            .ok_or_else(|| incomplete("GroupNorm needs its mean"))?;
+        let corr = saved
+            .mean_correction
+            .as_ref()
+            .ok_or_else(|| incomplete("GroupNorm needs its mean correction"))?;
+        let mut constants: Constants = vec![
+            ("KIND", NormKind::Group.code()),
+            ("DX", f64::from(xdt.code())),
+            ("DW", code(saved.weight.as_ref())),
+            ("HAS_W", f64::from(u8::from(has_weight))),
+            ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
+            ("CHUNKS", f64::from(plan.chunks)),
+        ];
+        let kernel = plan.kernel(engine, true, &mut constants);
+        engine.launch(
+            kernel,
+            "group_backward_registers",
+            &constants,
+            &Params {
+                rows: rows as u32,
+                cols: cols as u32,
+                offset: saved.offset,
+                groups: l.groups as u32,
+                channels_per_group: l.channels_per_group as u32,
+                spatial: l.spatial as u32,
+                ..Params::default()
+            },
+            &[
+                saved.weight.as_ref().unwrap_or(x).buffer(),
+                saved.inverse.buffer(),
+                rowinfo.buffer(),
+                x.buffer(),
+                output_gradient.buffer(),
+                dx.buffer(),
+                mean.buffer(),
+                corr.buffer(),
+            ],
+            rows as u64,
+        )?;
+        return group_parameter_gradients(
+            saved,
+            l,
+            x,
+            output_gradient,
+            &rowinfo,
+            dx.reshape(saved.source.shape())?,
+        );
+    }
     if let Some(plan) = plan {
         return register_backward(
             saved,

@@ -1744,8 +1744,27 @@ fn run_group(
     offset: f64,
     seed: u64,
 ) {
+    run_group_dy(
+        (samples, channels, spatial, groups),
+        dt,
+        DType::F16,
+        affine,
+        offset,
+        seed,
+    );
+}
+
+/// GroupNorm against the reference with the output gradient in `dydt`.
+fn run_group_dy(
+    (samples, channels, spatial, groups): (usize, usize, &[usize], usize),
+    dt: DType,
+    dydt: DType,
+    affine: bool,
+    offset: f64,
+    seed: u64,
+) {
     let what = format!(
-        "group_norm [{samples}, {channels}, {spatial:?}] groups {groups} {dt} affine {affine}"
+        "group_norm [{samples}, {channels}, {spatial:?}] groups {groups} {dt} dy {dydt} affine {affine}"
     );
     let s: usize = spatial.iter().product();
     let mut shape = vec![samples, channels];
@@ -1785,7 +1804,7 @@ fn run_group(
         &mean,
         F32,
     );
-    let (dy, dys) = upload(&rng.vec(n, -1.0, 1.0), &shape, DType::F16);
+    let (dy, dys) = upload(&rng.vec(n, -1.0, 1.0), &shape, dydt);
     let g = norm::norm_backward(&saved, &dy, None).unwrap();
     assert_eq!(g.source.shape(), &shape[..]);
     let r = reference::group_norm_backward(&xs, samples, channels, s, groups, ws, eps, &dys);
@@ -1823,10 +1842,11 @@ fn group_norm_every_dtype_and_layout() {
 }
 
 #[test]
-fn group_norm_register_forward() {
+fn group_norm_register_forward_and_backward() {
     // Positions a multiple of the chunk length (4 F32, 8 16-bit values) take the register
-    // forward, a chunk within one channel: every dtype, with and without the affine
-    // parameters, a 1e4 offset, rows of one chunk and rows on 1,024 lanes.
+    // forward, a chunk within one channel, and with dy in x's dtype the register backward:
+    // every dtype, with and without the affine parameters, a 1e4 offset, rows of one chunk
+    // and rows of 16,384 values.
     let mut seed = 1800;
     for dt in DType::FLOATS {
         for (samples, channels, spatial, groups, affine, offset) in [
@@ -1840,7 +1860,9 @@ fn group_norm_register_forward() {
                 continue;
             }
             seed += 1;
-            run_group(samples, channels, spatial, groups, dt, affine, offset, seed);
+            let layout = (samples, channels, spatial, groups);
+            run_group_dy(layout, dt, dt, affine, offset, seed);
+            run_group_dy(layout, dt, DType::F32, affine, offset, seed + 100);
         }
     }
 }

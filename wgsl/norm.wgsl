@@ -1217,8 +1217,12 @@ fn ln_sq(w: vec4<u32>, k: u32, lid: u32, n: u32, mean: f32, corr: f32) -> f32 {
 // GroupNorm (rows (sample, group) of channels_per_group · spatial values, spatial a multiple
 // of the chunk length): the weight factor and bias of row chunk q of row `row`, the same for
 // the chunk's values (one channel), as `out_value`'s.
+fn group_channel(row: u32, q: u32) -> u32 {
+    return (row % params.groups) * params.channels_per_group + (q * chunk_len()) / params.spatial;
+}
+
 fn group_affine(row: u32, q: u32) -> vec2<f32> {
-    let p = (row % params.groups) * params.channels_per_group + (q * chunk_len()) / params.spatial;
+    let p = group_channel(row, q);
     var b = 0.0;
     if (HAS_B) {
         b = ld_aux2(p);
@@ -1470,6 +1474,92 @@ fn poly_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     poly_dx(c5, g5, 5u, lid, n, base, inv, wt, m);
     poly_dx(c6, g6, 6u, lid, n, base, inv, wt, m);
     poly_dx(c7, g7, 7u, lid, n, base, inv, wt, m);
+}
+
+// GroupNorm backward from registers (x and dy of one dtype; rows (sample, group) of whole
+// chunks, each chunk within one channel): the row's chunks of x and dy are loaded once;
+// n = ((x − mean) − corr)·inv, dn = dy·(offset + w[channel]); c1 = mean(dn), c2 = mean(dn·n)
+// in one pair sum; dx = inv·((dn − c1) − n·c2) from the registers (F32, `put_dx`), as
+// `backward_rows` and `backward_columns` compute it. Lane 0 writes the row's inv, mean and corr
+// to rowinfo_out for `group_partials`, which sums the parameter gradients per channel.
+
+fn group_n(w: vec4<u32>, mean: f32, corr: f32, inv: f32) -> Vals {
+    return vscale(vcenter(vals(w, DX), mean, corr), inv);
+}
+
+// (Σ dn, Σ dn·n) over the lane's k-th chunks.
+fn group_dots(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row: u32, mean: f32,
+              corr: f32, inv: f32) -> vec2<f32> {
+    if (!has(k, lid, n)) {
+        return vec2<f32>();
+    }
+    let nrm = group_n(w, mean, corr, inv);
+    let dn = vscale(vals(g, DX), weight_factor(group_channel(row, lid + k * WG)));
+    return vec2<f32>(vtotal(dn), vdot(dn, nrm));
+}
+
+fn group_dx(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row: u32, mean: f32,
+            corr: f32, inv: f32, c: vec2<f32>) {
+    if (!has(k, lid, n)) {
+        return;
+    }
+    let q = lid + k * WG;
+    let nrm = group_n(w, mean, corr, inv);
+    let dn = vscale(vals(g, DX), weight_factor(group_channel(row, q)));
+    let c1 = Vals(vec4<f32>(c.x), vec4<f32>(c.x));
+    put_dx(vscale(vsub(vsub(dn, c1), vscale(nrm, c.y)), inv), row * n + q);
+}
+
+@compute @workgroup_size(WG)
+fn group_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let base = row * n;
+    let c0 = ld_x4(0u, lid, n, base);
+    let g0 = ld_dy4(0u, lid, n, base);
+    let c1 = ld_x4(1u, lid, n, base);
+    let g1 = ld_dy4(1u, lid, n, base);
+    let c2 = ld_x4(2u, lid, n, base);
+    let g2 = ld_dy4(2u, lid, n, base);
+    let c3 = ld_x4(3u, lid, n, base);
+    let g3 = ld_dy4(3u, lid, n, base);
+    let c4 = ld_x4(4u, lid, n, base);
+    let g4 = ld_dy4(4u, lid, n, base);
+    let c5 = ld_x4(5u, lid, n, base);
+    let g5 = ld_dy4(5u, lid, n, base);
+    let c6 = ld_x4(6u, lid, n, base);
+    let g6 = ld_dy4(6u, lid, n, base);
+    let c7 = ld_x4(7u, lid, n, base);
+    let g7 = ld_dy4(7u, lid, n, base);
+    let inv = inv_in[row];
+    let mean = mean_in[row];
+    let corr = corr_in[row];
+    let sums = ((group_dots(c0, g0, 0u, lid, n, row, mean, corr, inv)
+        + group_dots(c1, g1, 1u, lid, n, row, mean, corr, inv))
+        + (group_dots(c2, g2, 2u, lid, n, row, mean, corr, inv)
+        + group_dots(c3, g3, 3u, lid, n, row, mean, corr, inv)))
+        + ((group_dots(c4, g4, 4u, lid, n, row, mean, corr, inv)
+        + group_dots(c5, g5, 5u, lid, n, row, mean, corr, inv))
+        + (group_dots(c6, g6, 6u, lid, n, row, mean, corr, inv)
+        + group_dots(c7, g7, 7u, lid, n, row, mean, corr, inv)));
+    let c = row_sum2(sums, lid) / f32(params.cols);
+    if (lid == 0u) {
+        rowinfo_out[ROWINFO * row] = inv;
+        rowinfo_out[ROWINFO * row + 1u] = mean;
+        rowinfo_out[ROWINFO * row + 2u] = corr;
+    }
+    group_dx(c0, g0, 0u, lid, n, row, mean, corr, inv, c);
+    group_dx(c1, g1, 1u, lid, n, row, mean, corr, inv, c);
+    group_dx(c2, g2, 2u, lid, n, row, mean, corr, inv, c);
+    group_dx(c3, g3, 3u, lid, n, row, mean, corr, inv, c);
+    group_dx(c4, g4, 4u, lid, n, row, mean, corr, inv, c);
+    group_dx(c5, g5, 5u, lid, n, row, mean, corr, inv, c);
+    group_dx(c6, g6, 6u, lid, n, row, mean, corr, inv, c);
+    group_dx(c7, g7, 7u, lid, n, row, mean, corr, inv, c);
 }
 
 // DyT backward for rows of whole chunks with dy in x's dtype: `dyt_backward_columns` with one
