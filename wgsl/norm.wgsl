@@ -1043,6 +1043,31 @@ fn ld_dy4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
     return vec4<u32>();
 }
 
+// The lane's eight chunk slots of a row (zeros where it holds none; slots past CHUNKS fold
+// away), for the kernels that take them as one value.
+struct Chunks {
+    c0: vec4<u32>,
+    c1: vec4<u32>,
+    c2: vec4<u32>,
+    c3: vec4<u32>,
+    c4: vec4<u32>,
+    c5: vec4<u32>,
+    c6: vec4<u32>,
+    c7: vec4<u32>,
+}
+
+fn x_chunks(lid: u32, n: u32, base: u32) -> Chunks {
+    return Chunks(ld_x4(0u, lid, n, base), ld_x4(1u, lid, n, base), ld_x4(2u, lid, n, base),
+                  ld_x4(3u, lid, n, base), ld_x4(4u, lid, n, base), ld_x4(5u, lid, n, base),
+                  ld_x4(6u, lid, n, base), ld_x4(7u, lid, n, base));
+}
+
+fn dy_chunks(lid: u32, n: u32, base: u32) -> Chunks {
+    return Chunks(ld_dy4(0u, lid, n, base), ld_dy4(1u, lid, n, base), ld_dy4(2u, lid, n, base),
+                  ld_dy4(3u, lid, n, base), ld_dy4(4u, lid, n, base), ld_dy4(5u, lid, n, base),
+                  ld_dy4(6u, lid, n, base), ld_dy4(7u, lid, n, base));
+}
+
 fn sq(w: vec4<u32>) -> f32 {
     let v = vals(w, DX);
     return vdot(v, v);
@@ -1330,18 +1355,11 @@ fn poly_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let c0 = ld_x4(0u, lid, n, base);
-    let c1 = ld_x4(1u, lid, n, base);
-    let c2 = ld_x4(2u, lid, n, base);
-    let c3 = ld_x4(3u, lid, n, base);
-    let c4 = ld_x4(4u, lid, n, base);
-    let c5 = ld_x4(5u, lid, n, base);
-    let c6 = ld_x4(6u, lid, n, base);
-    let c7 = ld_x4(7u, lid, n, base);
-    let sums = ((poly_sums(c0, 0u, lid, n) + poly_sums(c1, 1u, lid, n))
-        + (poly_sums(c2, 2u, lid, n) + poly_sums(c3, 3u, lid, n)))
-        + ((poly_sums(c4, 4u, lid, n) + poly_sums(c5, 5u, lid, n))
-        + (poly_sums(c6, 6u, lid, n) + poly_sums(c7, 7u, lid, n)));
+    let c = x_chunks(lid, n, base);
+    let sums = ((poly_sums(c.c0, 0u, lid, n) + poly_sums(c.c1, 1u, lid, n))
+        + (poly_sums(c.c2, 2u, lid, n) + poly_sums(c.c3, 3u, lid, n)))
+        + ((poly_sums(c.c4, 4u, lid, n) + poly_sums(c.c5, 5u, lid, n))
+        + (poly_sums(c.c6, 6u, lid, n) + poly_sums(c.c7, 7u, lid, n)));
     let s24 = row_sum2(sums.xy, lid);
     let s6 = row_sum(sums.z, lid);
     let count = f32(params.cols);
@@ -1359,14 +1377,14 @@ fn poly_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     }
     let inv = vec3<f32>(i3, i2, i1);
     let coef = vec4<f32>(ld_w(0u), ld_w(1u), ld_w(2u), b);
-    poly_put(c0, 0u, lid, n, base, inv, coef);
-    poly_put(c1, 1u, lid, n, base, inv, coef);
-    poly_put(c2, 2u, lid, n, base, inv, coef);
-    poly_put(c3, 3u, lid, n, base, inv, coef);
-    poly_put(c4, 4u, lid, n, base, inv, coef);
-    poly_put(c5, 5u, lid, n, base, inv, coef);
-    poly_put(c6, 6u, lid, n, base, inv, coef);
-    poly_put(c7, 7u, lid, n, base, inv, coef);
+    poly_put(c.c0, 0u, lid, n, base, inv, coef);
+    poly_put(c.c1, 1u, lid, n, base, inv, coef);
+    poly_put(c.c2, 2u, lid, n, base, inv, coef);
+    poly_put(c.c3, 3u, lid, n, base, inv, coef);
+    poly_put(c.c4, 4u, lid, n, base, inv, coef);
+    poly_put(c.c5, 5u, lid, n, base, inv, coef);
+    poly_put(c.c6, 6u, lid, n, base, inv, coef);
+    poly_put(c.c7, 7u, lid, n, base, inv, coef);
 }
 
 // ---- Register backward ----
@@ -1433,27 +1451,13 @@ fn poly_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let c0 = ld_x4(0u, lid, n, base);
-    let g0 = ld_dy4(0u, lid, n, base);
-    let c1 = ld_x4(1u, lid, n, base);
-    let g1 = ld_dy4(1u, lid, n, base);
-    let c2 = ld_x4(2u, lid, n, base);
-    let g2 = ld_dy4(2u, lid, n, base);
-    let c3 = ld_x4(3u, lid, n, base);
-    let g3 = ld_dy4(3u, lid, n, base);
-    let c4 = ld_x4(4u, lid, n, base);
-    let g4 = ld_dy4(4u, lid, n, base);
-    let c5 = ld_x4(5u, lid, n, base);
-    let g5 = ld_dy4(5u, lid, n, base);
-    let c6 = ld_x4(6u, lid, n, base);
-    let g6 = ld_dy4(6u, lid, n, base);
-    let c7 = ld_x4(7u, lid, n, base);
-    let g7 = ld_dy4(7u, lid, n, base);
+    let c = x_chunks(lid, n, base);
+    let g = dy_chunks(lid, n, base);
     let inv = vec3<f32>(inv_in[3u * row], inv_in[3u * row + 1u], inv_in[3u * row + 2u]);
-    let sums = ((poly_dots(c0, g0, 0u, lid, n, inv) + poly_dots(c1, g1, 1u, lid, n, inv))
-        + (poly_dots(c2, g2, 2u, lid, n, inv) + poly_dots(c3, g3, 3u, lid, n, inv)))
-        + ((poly_dots(c4, g4, 4u, lid, n, inv) + poly_dots(c5, g5, 5u, lid, n, inv))
-        + (poly_dots(c6, g6, 6u, lid, n, inv) + poly_dots(c7, g7, 7u, lid, n, inv)));
+    let sums = ((poly_dots(c.c0, g.c0, 0u, lid, n, inv) + poly_dots(c.c1, g.c1, 1u, lid, n, inv))
+        + (poly_dots(c.c2, g.c2, 2u, lid, n, inv) + poly_dots(c.c3, g.c3, 3u, lid, n, inv)))
+        + ((poly_dots(c.c4, g.c4, 4u, lid, n, inv) + poly_dots(c.c5, g.c5, 5u, lid, n, inv))
+        + (poly_dots(c.c6, g.c6, 6u, lid, n, inv) + poly_dots(c.c7, g.c7, 7u, lid, n, inv)));
     let s32 = row_sum2(sums.xy, lid);
     let s1b = row_sum2(sums.zw, lid);
     let count = f32(params.cols);
@@ -1466,14 +1470,14 @@ fn poly_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         partials[2u * rows + row] = s1b.x;
         rowinfo_out[row] = s1b.y;
     }
-    poly_dx(c0, g0, 0u, lid, n, base, inv, wt, m);
-    poly_dx(c1, g1, 1u, lid, n, base, inv, wt, m);
-    poly_dx(c2, g2, 2u, lid, n, base, inv, wt, m);
-    poly_dx(c3, g3, 3u, lid, n, base, inv, wt, m);
-    poly_dx(c4, g4, 4u, lid, n, base, inv, wt, m);
-    poly_dx(c5, g5, 5u, lid, n, base, inv, wt, m);
-    poly_dx(c6, g6, 6u, lid, n, base, inv, wt, m);
-    poly_dx(c7, g7, 7u, lid, n, base, inv, wt, m);
+    poly_dx(c.c0, g.c0, 0u, lid, n, base, inv, wt, m);
+    poly_dx(c.c1, g.c1, 1u, lid, n, base, inv, wt, m);
+    poly_dx(c.c2, g.c2, 2u, lid, n, base, inv, wt, m);
+    poly_dx(c.c3, g.c3, 3u, lid, n, base, inv, wt, m);
+    poly_dx(c.c4, g.c4, 4u, lid, n, base, inv, wt, m);
+    poly_dx(c.c5, g.c5, 5u, lid, n, base, inv, wt, m);
+    poly_dx(c.c6, g.c6, 6u, lid, n, base, inv, wt, m);
+    poly_dx(c.c7, g.c7, 7u, lid, n, base, inv, wt, m);
 }
 
 // GroupNorm backward from registers (x and dy of one dtype; rows (sample, group) of whole
@@ -1519,47 +1523,33 @@ fn group_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let c0 = ld_x4(0u, lid, n, base);
-    let g0 = ld_dy4(0u, lid, n, base);
-    let c1 = ld_x4(1u, lid, n, base);
-    let g1 = ld_dy4(1u, lid, n, base);
-    let c2 = ld_x4(2u, lid, n, base);
-    let g2 = ld_dy4(2u, lid, n, base);
-    let c3 = ld_x4(3u, lid, n, base);
-    let g3 = ld_dy4(3u, lid, n, base);
-    let c4 = ld_x4(4u, lid, n, base);
-    let g4 = ld_dy4(4u, lid, n, base);
-    let c5 = ld_x4(5u, lid, n, base);
-    let g5 = ld_dy4(5u, lid, n, base);
-    let c6 = ld_x4(6u, lid, n, base);
-    let g6 = ld_dy4(6u, lid, n, base);
-    let c7 = ld_x4(7u, lid, n, base);
-    let g7 = ld_dy4(7u, lid, n, base);
+    let c = x_chunks(lid, n, base);
+    let g = dy_chunks(lid, n, base);
     let inv = inv_in[row];
     let mean = mean_in[row];
     let corr = corr_in[row];
-    let sums = ((group_dots(c0, g0, 0u, lid, n, row, mean, corr, inv)
-        + group_dots(c1, g1, 1u, lid, n, row, mean, corr, inv))
-        + (group_dots(c2, g2, 2u, lid, n, row, mean, corr, inv)
-        + group_dots(c3, g3, 3u, lid, n, row, mean, corr, inv)))
-        + ((group_dots(c4, g4, 4u, lid, n, row, mean, corr, inv)
-        + group_dots(c5, g5, 5u, lid, n, row, mean, corr, inv))
-        + (group_dots(c6, g6, 6u, lid, n, row, mean, corr, inv)
-        + group_dots(c7, g7, 7u, lid, n, row, mean, corr, inv)));
-    let c = row_sum2(sums, lid) / f32(params.cols);
+    let sums = ((group_dots(c.c0, g.c0, 0u, lid, n, row, mean, corr, inv)
+        + group_dots(c.c1, g.c1, 1u, lid, n, row, mean, corr, inv))
+        + (group_dots(c.c2, g.c2, 2u, lid, n, row, mean, corr, inv)
+        + group_dots(c.c3, g.c3, 3u, lid, n, row, mean, corr, inv)))
+        + ((group_dots(c.c4, g.c4, 4u, lid, n, row, mean, corr, inv)
+        + group_dots(c.c5, g.c5, 5u, lid, n, row, mean, corr, inv))
+        + (group_dots(c.c6, g.c6, 6u, lid, n, row, mean, corr, inv)
+        + group_dots(c.c7, g.c7, 7u, lid, n, row, mean, corr, inv)));
+    let consts = row_sum2(sums, lid) / f32(params.cols);
     if (lid == 0u) {
         rowinfo_out[ROWINFO * row] = inv;
         rowinfo_out[ROWINFO * row + 1u] = mean;
         rowinfo_out[ROWINFO * row + 2u] = corr;
     }
-    group_dx(c0, g0, 0u, lid, n, row, mean, corr, inv, c);
-    group_dx(c1, g1, 1u, lid, n, row, mean, corr, inv, c);
-    group_dx(c2, g2, 2u, lid, n, row, mean, corr, inv, c);
-    group_dx(c3, g3, 3u, lid, n, row, mean, corr, inv, c);
-    group_dx(c4, g4, 4u, lid, n, row, mean, corr, inv, c);
-    group_dx(c5, g5, 5u, lid, n, row, mean, corr, inv, c);
-    group_dx(c6, g6, 6u, lid, n, row, mean, corr, inv, c);
-    group_dx(c7, g7, 7u, lid, n, row, mean, corr, inv, c);
+    group_dx(c.c0, g.c0, 0u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c1, g.c1, 1u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c2, g.c2, 2u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c3, g.c3, 3u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c4, g.c4, 4u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c5, g.c5, 5u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c6, g.c6, 6u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c7, g.c7, 7u, lid, n, row, mean, corr, inv, consts);
 }
 
 // DyT backward for rows of whole chunks with dy in x's dtype: `dyt_backward_columns` with one
