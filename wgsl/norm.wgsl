@@ -1255,12 +1255,22 @@ fn group_affine(row: u32, q: u32) -> vec2<f32> {
     return vec2<f32>(weight_factor(p), b);
 }
 
-fn ln_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32) {
+// GroupNorm: the (weight factor, bias) of the lane's k-th chunk, loaded with the row's chunks
+// (before its reductions, so the loads are not left for after them); zeros otherwise.
+fn held_affine(k: u32, lid: u32, n: u32, row: u32) -> vec2<f32> {
+    if (KIND != KIND_GROUP || !has(k, lid, n)) {
+        return vec2<f32>();
+    }
+    return group_affine(row, lid + k * WG);
+}
+
+// `a`: the chunk's `held_affine` (GroupNorm).
+fn ln_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32,
+          a: vec2<f32>) {
     if (has(k, lid, n)) {
         let q = lid + k * WG;
         let nrm = vscale(vcenter(vals(w, DX), mean, corr), inv);
         if (KIND == KIND_GROUP) {
-            let a = group_affine(base / n, q);
             y4[base + q] = pack(Vals(nrm.lo * a.x + a.y, nrm.hi * a.x + a.y), DX);
         } else {
             y4[base + q] = pack(vadd(vmul(nrm, wf_chunk(q)), b_chunk(q)), DX);
@@ -1285,6 +1295,14 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let c5 = ld_x4(5u, lid, n, base);
     let c6 = ld_x4(6u, lid, n, base);
     let c7 = ld_x4(7u, lid, n, base);
+    let a0 = held_affine(0u, lid, n, row);
+    let a1 = held_affine(1u, lid, n, row);
+    let a2 = held_affine(2u, lid, n, row);
+    let a3 = held_affine(3u, lid, n, row);
+    let a4 = held_affine(4u, lid, n, row);
+    let a5 = held_affine(5u, lid, n, row);
+    let a6 = held_affine(6u, lid, n, row);
+    let a7 = held_affine(7u, lid, n, row);
     // The first chunk's mean, each value scaled first (by a power of two) so the sum cannot
     // overflow.
     let pivot = vtotal(vscale(vals(x4[base], DX), 1.0 / f32(chunk_len())));
@@ -1310,14 +1328,14 @@ fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         mean_out[row] = mean;
         sum_out[row] = bitcast<u32>(corr);
     }
-    ln_put(c0, 0u, lid, n, base, mean, corr, inv);
-    ln_put(c1, 1u, lid, n, base, mean, corr, inv);
-    ln_put(c2, 2u, lid, n, base, mean, corr, inv);
-    ln_put(c3, 3u, lid, n, base, mean, corr, inv);
-    ln_put(c4, 4u, lid, n, base, mean, corr, inv);
-    ln_put(c5, 5u, lid, n, base, mean, corr, inv);
-    ln_put(c6, 6u, lid, n, base, mean, corr, inv);
-    ln_put(c7, 7u, lid, n, base, mean, corr, inv);
+    ln_put(c0, 0u, lid, n, base, mean, corr, inv, a0);
+    ln_put(c1, 1u, lid, n, base, mean, corr, inv, a1);
+    ln_put(c2, 2u, lid, n, base, mean, corr, inv, a2);
+    ln_put(c3, 3u, lid, n, base, mean, corr, inv, a3);
+    ln_put(c4, 4u, lid, n, base, mean, corr, inv, a4);
+    ln_put(c5, 5u, lid, n, base, mean, corr, inv, a5);
+    ln_put(c6, 6u, lid, n, base, mean, corr, inv, a6);
+    ln_put(c7, 7u, lid, n, base, mean, corr, inv, a7);
 }
 
 // PolyNorm: the chunks stay in registers through the sums of x², x⁴ and x⁶ (one pair sum and
