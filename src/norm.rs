@@ -118,10 +118,11 @@ pub fn force_forward_lanes(lanes: Option<u64>) {
     FORCED_FORWARD_LANES.with(|f| f.set(lanes));
 }
 
-/// Lanes of a register forward (RMSNorm, LayerNorm, add+RMSNorm) of rows of `chunks` whole
-/// chunks, on an adapter allowing `max_lanes` invocations a workgroup: the power of two that
-/// gives about four chunks a lane for RMSNorm (256 to 1,024 lanes), the same within 256 to 512
-/// for LayerNorm (its two row sums cost more on 1,024 lanes), about two for add+RMSNorm (512 to
+/// Lanes of a register forward (RMSNorm and modulated RMSNorm, LayerNorm and GroupNorm,
+/// add+RMSNorm; PolyNorm takes RMSNorm's) of rows of `chunks` whole chunks, on an adapter
+/// allowing `max_lanes` invocations a workgroup: the power of two that gives about four chunks
+/// a lane for RMSNorm (256 to 1,024 lanes), the same within 256 to 512 for LayerNorm (its two
+/// row sums cost more on 1,024 lanes), about two for add+RMSNorm (512 to
 /// 1,024), no more lanes than chunks (at least 256); never more than [`REGISTER_CHUNKS`] a
 /// lane, nor more lanes than the adapter allows (then the fewest that fit, or `None`: the
 /// general forward). Measured on an H200 against the other counts
