@@ -12,19 +12,12 @@ import os
 
 import torch
 import torch.nn.functional as F
-from peer_timing import median_ms
+from peer_timing import copy_gbs, median_ms
 
 OUT = os.environ.get("OUT", "/tmp")
 DEV = "cuda"
 ROWS, COLS = 8192, 14336
 rows = []
-
-
-def copy_gbs():
-    src = torch.empty(16384 * 8192, device=DEV, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() * 4 / ms / 1e6
 
 
 def measure(peer, dtype, fn, copy):
