@@ -1871,8 +1871,6 @@ pub fn dyt(
         check_param(b, engine, &[cols], "dyt: beta")?;
     }
     let y = Tensor::empty(engine, x.shape(), x.dtype(), "dyt output")?;
-    let count = rows * cols;
-    let pairs = count.div_ceil(2);
     let constants: Constants = vec![
         ("DX", f64::from(x.dtype().code())),
         ("DA", f64::from(alpha.dtype().code())),
@@ -1880,62 +1878,33 @@ pub fn dyt(
         ("DW", f64::from(gamma.dtype().code())),
         ("HAS_B", f64::from(u8::from(beta.is_some()))),
     ];
-    // Rows of whole chunks: one invocation a chunk (16-byte loads and stores).
-    if let Some(chunks) = row_chunks(cols, x.dtype()) {
-        let total = rows * chunks;
-        engine.launch(
-            &KERNEL,
+    // Rows of whole chunks: one invocation a chunk (16-byte loads and stores); else one a pair
+    // of elements.
+    let (entry, total, buffers) = match row_chunks(cols, x.dtype()) {
+        Some(chunks) => (
             "dyt_forward_chunks",
-            &constants,
-            &Params {
-                rows: rows as u32,
-                cols: cols as u32,
-                total: total as u32,
-                ..Params::default()
-            },
-            &[
-                alpha.buffer(),
-                x.buffer(),
-                y.buffer(),
-                gamma.buffer(),
-                beta.unwrap_or(gamma).buffer(),
-            ],
-            (total as u64).div_ceil(WG),
-        )?;
-        return Ok((
-            y,
-            DytSaved {
-                source: x.clone(),
-                alpha: alpha.clone(),
-                gamma: gamma.clone(),
-                has_beta: beta.is_some(),
-            },
-        ));
-    }
+            rows * chunks,
+            [alpha, x, &y, gamma, beta.unwrap_or(gamma)],
+        ),
+        None => (
+            "dyt_forward",
+            (rows * cols).div_ceil(2),
+            [x, alpha, beta.unwrap_or(x), gamma, &y],
+        ),
+    };
     engine.launch(
         &KERNEL,
-        "dyt_forward",
+        entry,
         &constants,
         &Params {
             rows: rows as u32,
             cols: cols as u32,
             rows_per_batch: rows as u32,
-            blocks_per_batch: 0,
-            total: pairs as u32,
-            stride: 0,
-            base: 0,
-            eps: 0.0,
-            offset: 0.0,
+            total: total as u32,
             ..Params::default()
         },
-        &[
-            x.buffer(),
-            alpha.buffer(),
-            beta.unwrap_or(x).buffer(),
-            gamma.buffer(),
-            y.buffer(),
-        ],
-        (pairs as u64).div_ceil(WG),
+        &buffers.map(Tensor::buffer),
+        (total as u64).div_ceil(WG),
     )?;
     Ok((
         y,
@@ -1976,55 +1945,38 @@ pub fn dyt_backward(saved: &DytSaved, output_gradient: &Tensor) -> Result<DytGra
         ("DY", f64::from(output_gradient.dtype().code())),
         ("HAS_B", f64::from(u8::from(saved.has_beta))),
     ];
-    let params = Params {
-        rows: rows as u32,
-        cols: cols as u32,
-        rows_per_batch: rows as u32,
-        blocks_per_batch: blocks as u32,
-        total: stride as u32,
-        stride: stride as u32,
-        ..Params::default()
-    };
     // Rows of whole chunks with dy in x's dtype: one invocation a (block, column chunk), the
-    // same bits.
+    // same bits; else one a (block, column).
     let chunks = row_chunks(cols, x.dtype()).filter(|_| output_gradient.dtype() == x.dtype());
-    if let Some(chunks) = chunks {
-        let total = blocks * chunks;
-        engine.launch(
-            &KERNEL,
+    let (alpha, gamma) = (&saved.alpha, &saved.gamma);
+    let (entry, total, buffers) = match chunks {
+        Some(chunks) => (
             "dyt_backward_chunks",
-            &constants,
-            &Params {
-                total: total as u32,
-                ..params
-            },
-            &[
-                saved.alpha.buffer(),
-                x.buffer(),
-                saved.gamma.buffer(),
-                output_gradient.buffer(),
-                dx.buffer(),
-                partials.buffer(),
-            ],
-            (total as u64).div_ceil(WG),
-        )?;
-    } else {
-        engine.launch(
-            &KERNEL,
+            blocks * chunks,
+            [alpha, x, gamma, output_gradient, &dx, &partials],
+        ),
+        None => (
             "dyt_backward_columns",
-            &constants,
-            &params,
-            &[
-                x.buffer(),
-                saved.alpha.buffer(),
-                saved.gamma.buffer(),
-                output_gradient.buffer(),
-                dx.buffer(),
-                partials.buffer(),
-            ],
-            (stride as u64).div_ceil(WG),
-        )?;
-    }
+            stride,
+            [x, alpha, gamma, output_gradient, &dx, &partials],
+        ),
+    };
+    engine.launch(
+        &KERNEL,
+        entry,
+        &constants,
+        &Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            rows_per_batch: rows as u32,
+            blocks_per_batch: blocks as u32,
+            total: total as u32,
+            stride: stride as u32,
+            ..Params::default()
+        },
+        &buffers.map(Tensor::buffer),
+        (total as u64).div_ceil(WG),
+    )?;
     let gamma = finish(engine, &partials, 0, stride, 1, blocks, cols)?.reshape(&[cols])?;
     let beta = if saved.has_beta {
         Some(finish(engine, &partials, 1, stride, 1, blocks, cols)?.reshape(&[cols])?)
@@ -2141,69 +2093,35 @@ pub fn poly_norm(
             chunks,
         )
     });
-    if let Some(plan) = plan {
-        let mut constants: Constants = vec![
-            ("DX", f64::from(dtype.code())),
-            ("DB", code(bias)),
-            ("DW", f64::from(weight.dtype().code())),
-            ("HAS_B", f64::from(u8::from(bias.is_some()))),
-            ("CHUNKS", f64::from(plan.chunks)),
-        ];
-        let kernel = plan.kernel(engine, true, &mut constants);
-        engine.launch(
-            kernel,
-            "poly_forward_registers",
-            &constants,
-            &params,
-            &[
-                bias.unwrap_or(x).buffer(),
-                weight.buffer(),
-                inverse.buffer(),
-                x.buffer(),
-                y.buffer(),
-            ],
-            rows as u64,
-        )?;
-        return Ok((
-            y,
-            PolySaved {
-                source: x.clone(),
-                weight: weight.clone(),
-                has_bias: bias.is_some(),
-                inverse,
-                eps: options.eps,
-            },
-        ));
-    }
+    let mut constants: Constants = vec![
+        ("DX", f64::from(dtype.code())),
+        ("DB", code(bias)),
+        ("DW", f64::from(weight.dtype().code())),
+        ("HAS_B", f64::from(u8::from(bias.is_some()))),
+        ("PAIRS", f64::from(u8::from(pairs))),
+    ];
+    let bias_or_x = bias.unwrap_or(x);
+    let (kernel, entry, buffers) = match plan {
+        Some(plan) => {
+            constants.push(("CHUNKS", f64::from(plan.chunks)));
+            (
+                plan.kernel(engine, true, &mut constants),
+                "poly_forward_registers",
+                [bias_or_x, weight, &inverse, x, &y],
+            )
+        }
+        None => (
+            &KERNEL,
+            "poly_forward",
+            [x, bias_or_x, weight, &inverse, &y],
+        ),
+    };
     engine.launch(
-        &KERNEL,
-        "poly_forward",
-        &vec![
-            ("DX", f64::from(dtype.code())),
-            ("DB", code(bias)),
-            ("DW", f64::from(weight.dtype().code())),
-            ("HAS_B", f64::from(u8::from(bias.is_some()))),
-            ("PAIRS", f64::from(u8::from(pairs))),
-        ],
-        &Params {
-            rows: rows as u32,
-            cols: cols as u32,
-            rows_per_batch: rows as u32,
-            blocks_per_batch: 0,
-            total: 0,
-            stride: 0,
-            base: 0,
-            eps: options.eps,
-            offset: 0.0,
-            ..Params::default()
-        },
-        &[
-            x.buffer(),
-            bias.unwrap_or(x).buffer(),
-            weight.buffer(),
-            inverse.buffer(),
-            y.buffer(),
-        ],
+        kernel,
+        entry,
+        &constants,
+        &params,
+        &buffers.map(Tensor::buffer),
         rows as u64,
     )?;
     let y = if direct { y } else { cast::cast(&y, dtype)? };

@@ -79,6 +79,7 @@ struct Params {
     blocks: u32,
     total: u32,
     base: u32,
+    run: u32,
 }
 
 /// (rows, cols) of a tensor read as a matrix whose last axis is the columns.
@@ -117,6 +118,7 @@ fn per_row(x: &Tensor, entry: &str) -> Result<Tensor> {
             blocks: 0,
             total: 0,
             base: 0,
+            run: 0,
         },
         &[x.buffer(), out.buffer()],
         rows as u64,
@@ -188,6 +190,7 @@ pub(crate) fn column_partials_at(
             blocks: blocks as u32,
             total: total as u32,
             base: base as u32,
+            run: 0,
         },
         &[x.buffer(), partials.buffer()],
         (total as u64).div_ceil(WG),
@@ -208,8 +211,8 @@ pub fn sum_partials(engine: &Engine, partials: &Tensor) -> Result<Tensor> {
     out.reshape(&[cols])
 }
 
-/// Partial rows a run of [`sum_partial_groups`]'s first levels sums (`RUN_ROWS` in
-/// `wgsl/reduce.wgsl`): short enough that a long finish has many invocations in flight.
+/// Partial rows a run of [`sum_partial_groups`]'s first levels sums: short enough that a long
+/// finish has many invocations in flight.
 pub const FINISH_RUN_ROWS: usize = 16;
 
 /// Scratch bytes [`sum_partial_groups`] allocates for `groups` runs of `per_group` partial
@@ -262,52 +265,41 @@ pub fn sum_partial_groups(
             partials.len() as u64,
         ));
     }
-    if per_group > BLOCK_ROWS {
-        // Runs of FINISH_RUN_ROWS partial rows first (one invocation summing thousands of
-        // rows serially left most of the device idle).
+    // A long group is first summed in runs of FINISH_RUN_ROWS partial rows (one invocation
+    // summing thousands of rows serially left most of the device idle); a short one in one run.
+    let (run, sub) = if per_group > BLOCK_ROWS {
         engine.check_workspace(
             "sum_partials",
             sum_partial_groups_workspace_bytes(groups, per_group, cols),
         )?;
-        let sub = per_group.div_ceil(FINISH_RUN_ROWS);
-        let runs = Tensor::empty(
-            engine,
-            &[groups * sub, cols],
-            DType::F32,
-            "sum_partials runs",
-        )?;
-        let total = runs.len();
-        engine.launch(
-            &KERNEL,
-            "column_runs",
-            &vec![("DT", 0.0)],
-            &Params {
-                rows: per_group as u32,
-                cols: cols as u32,
-                blocks: sub as u32,
-                total: total as u32,
-                base: base as u32,
-            },
-            &[partials.buffer(), runs.buffer()],
-            (total as u64).div_ceil(WG),
-        )?;
-        return sum_partial_groups(engine, &runs, 0, groups, sub, cols);
-    }
-    let out = Tensor::empty(engine, &[groups, cols], DType::F32, "sum_partials")?;
+        (FINISH_RUN_ROWS, per_group.div_ceil(FINISH_RUN_ROWS))
+    } else {
+        (per_group, 1)
+    };
+    let label = if sub > 1 {
+        "sum_partials runs"
+    } else {
+        "sum_partials"
+    };
+    let out = Tensor::empty(engine, &[groups * sub, cols], DType::F32, label)?;
     let total = out.len();
     engine.launch(
         &KERNEL,
         "column_finish",
         &vec![("DT", 0.0)],
         &Params {
-            rows: 0,
+            rows: per_group as u32,
             cols: cols as u32,
-            blocks: per_group as u32,
+            blocks: sub as u32,
             total: total as u32,
             base: base as u32,
+            run: run as u32,
         },
         &[partials.buffer(), out.buffer()],
         (total as u64).div_ceil(WG),
     )?;
+    if sub > 1 {
+        return sum_partial_groups(engine, &out, 0, groups, sub, cols);
+    }
     Ok(out)
 }

@@ -10,9 +10,10 @@ const BLOCK_ROWS: u32 = 64u;
 struct Params {
     rows: u32,
     cols: u32,
-    blocks: u32,  // column_partials: ceil(rows / BLOCK_ROWS); column_finish: rows per group
+    blocks: u32,  // column_partials: ceil(rows / BLOCK_ROWS); column_finish: runs per group
     total: u32,   // column passes: threads needed
     base: u32,    // column_partials: first word written; column_finish: first word of the partials
+    run: u32,     // column_finish: rows a run
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -80,36 +81,11 @@ fn column_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     dest[params.base + t] = acc;
 }
 
-// The first level of a long `column_finish`: groups of per-block partials (source F32
-// `[groups * per_group, cols]` from word `base` on, per_group = params.rows) summed in runs of
-// RUN_ROWS partial rows, in row order: dest[(g * sub + s) * cols + col] = the sum of rows
-// s * RUN_ROWS .. min((s + 1) * RUN_ROWS, per_group) of group g (sub = params.blocks runs a
-// group). params.total = groups * sub * cols.
-const RUN_ROWS: u32 = 16u;
-
-@compute @workgroup_size(WG)
-fn column_runs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let t = group_index(wid, nwg) * WG + lid;
-    if (t >= params.total) {
-        return;
-    }
-    let cols = params.cols;
-    let run = t / cols;
-    let g = run / params.blocks;
-    let first = (run % params.blocks) * RUN_ROWS;
-    let last = min(first + RUN_ROWS, params.rows);
-    let at = params.base + g * params.rows * cols + t % cols;
-    var acc = 0.0;
-    for (var r = first; r < last; r = r + 1u) {
-        acc = acc + bitcast<f32>(source[at + r * cols]);
-    }
-    dest[t] = acc;
-}
-
-// Groups of per-block partials (source F32 `[groups * per_group, cols]` from word `base` on):
-// dest[g, col] = sum of the g-th run of `per_group` = params.blocks rows, in row order.
-// params.total = groups * cols.
+// Groups of per-block partials (source F32 `[groups * per_group, cols]` from word `base` on,
+// per_group = params.rows) summed in runs of params.run consecutive rows, each in row order:
+// dest[(g * sub + s) * cols + col] = the sum of rows s * run .. min((s + 1) * run, per_group)
+// of group g (sub = params.blocks runs a group; one run of per_group rows is the group's
+// whole sum). params.total = groups * sub * cols.
 @compute @workgroup_size(WG)
 fn column_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
@@ -118,10 +94,14 @@ fn column_finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     let cols = params.cols;
-    let first = params.base + (t / cols) * params.blocks * cols + t % cols;
+    let run = t / cols;
+    let g = run / params.blocks;
+    let first = (run % params.blocks) * params.run;
+    let last = min(first + params.run, params.rows);
+    let at = params.base + g * params.rows * cols + t % cols;
     var acc = 0.0;
-    for (var r = 0u; r < params.blocks; r = r + 1u) {
-        acc = acc + bitcast<f32>(source[first + r * cols]);
+    for (var r = first; r < last; r = r + 1u) {
+        acc = acc + bitcast<f32>(source[at + r * cols]);
     }
     dest[t] = acc;
 }
