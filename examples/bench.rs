@@ -587,6 +587,9 @@ fn main() -> ExitCode {
     let lanes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     wgrad::norm::force_forward_lanes(lanes("WGRAD_NORM_FWD_LANES"));
     wgrad::norm::force_backward_lanes(lanes("WGRAD_NORM_BWD_LANES"));
+    // Lanes a row of the norm register forwards' segments (0: one row a workgroup; unset: the
+    // rule).
+    wgrad::norm::force_forward_segments(lanes("WGRAD_NORM_SEGMENT"));
     // The most blocks of the norm register backwards (unset: `norm::REGISTER_BLOCKS`).
     wgrad::norm::force_register_blocks(
         std::env::var("WGRAD_NORM_BLOCKS")
@@ -686,12 +689,13 @@ fn print_cooperative_matrices() {
 
 /// Normalization rows: forward and backward (parameter partials included) of RMSNorm,
 /// LayerNorm and add+RMSNorm in F32 and BF16 on `shape`, and, on the full-size run (8192
-/// columns), also on 4096x4096 and Liger's RMSNorm shape 2048x32768; the other
+/// columns), also on 4096x4096, Liger's RMSNorm shape 2048x32768 and the narrow rows of
+/// 65536x1024 (a hidden size of 1,024); the other
 /// normalizations (modulated RMSNorm, GroupNorm, PolyNorm, DyT) in F32 and BF16 on `shape`.
 fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
     let mut shapes = vec![shape.to_vec()];
     if shape[1] >= 8192 {
-        for extra in [[4096, 4096], [2048, 32768]] {
+        for extra in [[4096, 4096], [2048, 32768], [65536, 1024]] {
             if (extra[0] * extra[1] * 4) as u64 <= engine.max_binding_bytes() {
                 shapes.push(extra.to_vec());
             }

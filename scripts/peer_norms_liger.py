@@ -3,7 +3,9 @@
 modulated_rms_norm,group_norm,poly_norm,dyt`), on the bench's shapes and values, F32 and BF16:
 modulated RMSNorm `(1 + scale)·RMSNorm(x)·w + shift` on x [8192, 8192] with scale and shift
 [2, 8192] (two batches of 4,096 rows); GroupNorm on [8192, 32, 256], 8 groups, affine;
-PolyNorm on [8192, 8192] with w [3] and a scalar bias; DyT `γ·tanh(αx) + β` on [8192, 8192].
+PolyNorm on [8192, 8192] with w [3] and a scalar bias; DyT `γ·tanh(αx) + β` on [8192, 8192];
+RMSNorm and LayerNorm (weight and bias 1.25) on the narrow rows [65536, 1024] (`bench`'s
+fourth norm shape).
 Forward and backward timed separately (the median of Triton's `do_bench` after 0.3 s of busy
 warm-up, `peer_timing.median_ms`), in the same command as wgrad's bench. Bytes as the bench
 counts them: forward reads x and writes y, backward reads x and dy and writes dx (parameters
@@ -51,7 +53,7 @@ def measure(op, peer, dtype, make, fn, copy):
         gbs = nbytes / ms / 1e6
         row = dict(op=op, peer=peer, dtype=label, mode=mode, ms=ms, gbs=gbs, pct_copy=100 * gbs / copy)
         rows.append(row)
-        print(f"{op:<19} {peer:<12} {label:<5} {mode}  {ms * 1000:9.1f} us  {gbs:8.1f} GB/s  {row['pct_copy']:5.1f}% of copy", flush=True)
+        print(f"{op:<21} {peer:<12} {label:<5} {mode}  {ms * 1000:9.1f} us  {gbs:8.1f} GB/s  {row['pct_copy']:5.1f}% of copy", flush=True)
 
 
 def leaf(t):
@@ -67,6 +69,8 @@ def main():
         ("poly_norm", "liger_kernel.ops.poly_norm", "LigerPolyNormFunction"),
         ("modulated_rms_norm", "liger_kernel.ops.modulated_rms_norm", "LigerModulatedRMSNormFunction"),
         ("group_norm", "liger_kernel.ops.group_norm", "LigerGroupNormFunction"),
+        ("rms_norm", "liger_kernel.ops.rms_norm", "LigerRMSNormFunction"),
+        ("layer_norm", "liger_kernel.ops.layer_norm", "LigerLayerNormFunction"),
     ):
         try:
             liger[name] = getattr(__import__(module, fromlist=[attr]), attr)
@@ -135,6 +139,28 @@ def main():
         measure("dyt", "torch eager", dtype, dyt_make, lambda x, a, g, b: g * torch.tanh(a * x) + b, copy)
         if "dyt" in liger:
             measure("dyt", "liger", dtype, dyt_make, liger["dyt"].apply, copy)
+        # RMSNorm and LayerNorm on rows of 1,024 values.
+        xn = source((65536, 1024), dtype)
+        wn = torch.full((1024,), 1.25, device=DEV, dtype=dtype)
+
+        def narrow_make():
+            return [leaf(xn), leaf(wn)], []
+
+        def narrow_ln_make():
+            return [leaf(xn), leaf(wn), leaf(wn)], []
+
+        measure("rms_norm 65536x1024", "F.rms_norm", dtype, narrow_make,
+                lambda x, w: F.rms_norm(x, (1024,), w, 1e-5), copy)
+        measure("layer_norm 65536x1024", "F.layer_norm", dtype, narrow_ln_make,
+                lambda x, w, b: F.layer_norm(x, (1024,), w, b, 1e-5), copy)
+        if "rms_norm" in liger:
+            f = liger["rms_norm"].apply
+            measure("rms_norm 65536x1024", "liger", dtype, narrow_make,
+                    lambda x, w: f(x, w, 1e-5, 0.0, "llama", False), copy)
+        if "layer_norm" in liger:
+            f = liger["layer_norm"].apply
+            measure("layer_norm 65536x1024", "liger", dtype, narrow_ln_make,
+                    lambda x, w, b: f(x, w, b, 1e-5), copy)
         torch.cuda.empty_cache()
     with open(os.path.join(OUT, "peers_norms.jsonl"), "w") as f:
         for row in rows:

@@ -103,7 +103,18 @@ pub fn force_register_blocks(blocks: Option<usize>) {
     FORCED_REGISTER_BLOCKS.with(|f| f.set(blocks));
 }
 
+/// Forces the segments of the register forwards for launches from the calling thread:
+/// `Some(0)` none (one row a workgroup), `Some(w)` rows of `w` lanes (a power of two, at most
+/// the register rows' subgroup width) where the row fits, `None` the rule (segments as wide as
+/// that subgroup width wherever the row fits [`REGISTER_CHUNKS`] a lane of them). Results
+/// differ in the last bits (the row sums group differently); for tests and measurements.
+#[doc(hidden)]
+pub fn force_forward_segments(width: Option<u64>) {
+    FORCED_SEGMENTS.with(|f| f.set(width));
+}
+
 thread_local! {
+    static FORCED_SEGMENTS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     static FORCED_REGISTER_BLOCKS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     static FORCED_FORWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     static FORCED_BACKWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
@@ -596,6 +607,8 @@ pub fn register_backward_words(add: bool, wide: bool) -> bool {
 struct RegisterPlan {
     lanes: u64,
     chunks: u32,
+    /// Lanes a row in a forward of segments (`SEG`), 0 for one row a workgroup.
+    segment: u64,
 }
 
 impl RegisterPlan {
@@ -606,7 +619,30 @@ impl RegisterPlan {
             .into_iter()
             .find(|&c| u64::from(c) * lanes >= row_chunks as u64)
             .filter(|&c| c as usize <= REGISTER_CHUNKS)
-            .map(|chunks| RegisterPlan { lanes, chunks })
+            .map(|chunks| RegisterPlan {
+                lanes,
+                chunks,
+                segment: 0,
+            })
+    }
+
+    /// A forward of segments: rows of `row_chunks` chunks, `width` lanes each, on workgroups
+    /// of 256 lanes; `None` where the row needs more than [`REGISTER_CHUNKS`] a lane.
+    fn segments(width: u64, row_chunks: usize) -> Option<RegisterPlan> {
+        RegisterPlan::on(width, row_chunks).map(|p| RegisterPlan {
+            lanes: WG,
+            segment: width,
+            ..p
+        })
+    }
+
+    /// Workgroups for `rows` rows.
+    fn workgroups(self, rows: usize) -> u64 {
+        if self.segment == 0 {
+            rows as u64
+        } else {
+            (rows as u64).div_ceil(self.lanes / self.segment)
+        }
     }
 
     /// 1,024 lanes (the backward then reads each row twice).
@@ -627,6 +663,10 @@ impl RegisterPlan {
             MID_WG => (&KERNEL_MID, &KERNEL_MID_SUBGROUP),
             _ => (&KERNEL, &KERNEL_SUBGROUP),
         };
+        if self.segment > 0 {
+            // Segments were planned from `rows_subgroup_width`, so this is the subgroup module.
+            constants.push(("SEG", self.segment as f64));
+        }
         crate::reduce::rows_kernel(engine, plain, subgroup, prefers_subgroups, constants)
     }
 }
@@ -666,6 +706,56 @@ fn register_plan(
             .flatten()
             .filter(|p| p.chunks <= wide_chunks)
     })
+}
+
+/// Segments of a register forward of `kind` over rows of `chunks` chunks of `dtype`, where
+/// the adapter's subgroups allow them: as wide as the register rows' subgroup width, if the
+/// row fits [`REGISTER_CHUNKS`] a lane of it, for every kind but add+RMSNorm of F32 sources
+/// (a width forced by [`force_forward_segments`] instead, for every kind). On an H200
+/// (segments of 32 lanes, `notes/h200/2026-12-04-s28/segments/`, µs against one row a
+/// workgroup): GroupNorm `[8192, 32, 256]` with 8 groups F32 169 → 141, BF16 166 → 92;
+/// 65536×1024 RMSNorm F32 145 → 137, BF16 130 → 77, LayerNorm F32 163 → 139, BF16 157 → 81,
+/// add+RMSNorm BF16 162 → 145, but add+RMSNorm F32 258 → 271.
+fn segment_plan(
+    engine: &Engine,
+    kind: NormKind,
+    chunks: usize,
+    dtype: DType,
+) -> Option<RegisterPlan> {
+    let width = u64::from(crate::reduce::rows_subgroup_width(engine, true)?);
+    let width = match FORCED_SEGMENTS.with(std::cell::Cell::get) {
+        Some(0) => return None,
+        Some(w) if w.is_power_of_two() => w.min(width),
+        _ if kind == NormKind::AddRms && dtype == DType::F32 => return None,
+        _ => width,
+    };
+    RegisterPlan::segments(width, chunks)
+}
+
+/// The plan of a register forward of `kind` (PolyNorm: [`NormKind::Rms`]) over rows of `cols`
+/// values of `dtype`: segments where the row fits ([`segment_plan`]), else the lanes of
+/// [`forward_lanes`] (or those forced by [`force_forward_lanes`], which also turns segments
+/// off); `None` for rows the register path does not hold.
+fn forward_plan(
+    engine: &Engine,
+    kind: NormKind,
+    cols: usize,
+    dtype: DType,
+) -> Option<RegisterPlan> {
+    register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)?;
+    let chunks = row_chunks(cols, dtype)?;
+    let max = max_lanes(engine);
+    if let Some(lanes) = FORCED_FORWARD_LANES.with(std::cell::Cell::get) {
+        if let Some(plan) = Some(lanes)
+            .filter(|&l| l <= max)
+            .and_then(|l| RegisterPlan::on(l, chunks))
+        {
+            return Some(plan);
+        }
+    } else if let Some(plan) = segment_plan(engine, kind, chunks, dtype) {
+        return Some(plan);
+    }
+    RegisterPlan::on(forward_lanes(kind, chunks, max)?, chunks)
 }
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
@@ -731,20 +821,10 @@ fn forward<'a>(f: Forward<'a>) -> Result<(Tensor, Option<Tensor>, Tensor, Option
         _ => true,
     };
     let plan = if register_kind {
-        register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)
+        forward_plan(engine, f.kind, cols, dtype)
     } else {
         None
     };
-    // Lanes of the register forward (see `forward_lanes`), or those forced for a measurement.
-    let plan = plan.and_then(|_| {
-        let chunks = row_chunks(cols, dtype)?;
-        let max = max_lanes(engine);
-        let forced = FORCED_FORWARD_LANES
-            .with(std::cell::Cell::get)
-            .filter(|&l| l <= max)
-            .and_then(|l| RegisterPlan::on(l, chunks));
-        forced.or_else(|| RegisterPlan::on(forward_lanes(f.kind, chunks, max)?, chunks))
-    });
     if let Some(plan) = plan {
         let mut constants = constants;
         constants.push(("CHUNKS", f64::from(plan.chunks)));
@@ -801,7 +881,14 @@ fn forward<'a>(f: Forward<'a>) -> Result<(Tensor, Option<Tensor>, Tensor, Option
         // Subgroup reductions: 1–6% faster than the trees for every register forward on an
         // H200 (`notes/h200/2026-12-01-es/subgroups/`).
         let kernel = plan.kernel(engine, true, &mut constants);
-        engine.launch(kernel, entry, &constants, &params, &buffers, rows as u64)?;
+        engine.launch(
+            kernel,
+            entry,
+            &constants,
+            &params,
+            &buffers,
+            plan.workgroups(rows),
+        )?;
         return Ok((y, sum, inverse, mean));
     }
     let mean_dummy = dummy(engine, "norm mean (unused)")?;
@@ -1287,18 +1374,12 @@ pub fn norm_backward_as(
     }
     let dx = Tensor::empty(engine, x.shape(), dtype, "norm source gradient")?;
     // GroupNorm rows within the registers (each chunk in one channel, dy in x's dtype): dx
-    // from one read of x and dy (F32; 16-bit gradients are that rounded, above).
+    // from one read of x and dy (F32; 16-bit gradients are that rounded, above), on the
+    // forward's lanes or segments.
     let group_plan = saved
         .group
         .filter(|l| output_gradient.dtype() == xdt && l.spatial.is_multiple_of(chunk_len(xdt)))
-        .and_then(|_| register_plan(engine, cols, xdt, REGISTER_CHUNKS as u32))
-        .and_then(|_| {
-            let chunks = row_chunks(cols, xdt)?;
-            RegisterPlan::on(
-                forward_lanes(NormKind::Group, chunks, max_lanes(engine))?,
-                chunks,
-            )
-        });
+        .and_then(|_| forward_plan(engine, NormKind::Group, cols, xdt));
     if let (Some(plan), Some(l)) = (group_plan, saved.group) {
         let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "norm row constants")?;
         let mean = saved
@@ -1341,7 +1422,7 @@ pub fn norm_backward_as(
                 mean.buffer(),
                 corr.buffer(),
             ],
-            rows as u64,
+            plan.workgroups(rows),
         )?;
         return group_parameter_gradients(
             saved,
@@ -2086,13 +2167,7 @@ pub fn poly_norm(
     };
     // Rows of whole chunks within the lanes' registers: one read of the row (the lanes of
     // RMSNorm's register forward, which holds as much).
-    let plan = register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32).and_then(|_| {
-        let chunks = row_chunks(cols, dtype)?;
-        RegisterPlan::on(
-            forward_lanes(NormKind::Rms, chunks, max_lanes(engine))?,
-            chunks,
-        )
-    });
+    let plan = forward_plan(engine, NormKind::Rms, cols, dtype);
     let mut constants: Constants = vec![
         ("DX", f64::from(dtype.code())),
         ("DB", code(bias)),
@@ -2101,19 +2176,21 @@ pub fn poly_norm(
         ("PAIRS", f64::from(u8::from(pairs))),
     ];
     let bias_or_x = bias.unwrap_or(x);
-    let (kernel, entry, buffers) = match plan {
-        Some(plan) => {
-            constants.push(("CHUNKS", f64::from(plan.chunks)));
-            (
-                plan.kernel(engine, true, &mut constants),
-                "poly_forward_registers",
-                [bias_or_x, weight, &inverse, x, &y],
-            )
-        }
+    let (kernel, entry, buffers, workgroups) = match plan {
+        Some(plan) => (
+            {
+                constants.push(("CHUNKS", f64::from(plan.chunks)));
+                plan.kernel(engine, true, &mut constants)
+            },
+            "poly_forward_registers",
+            [bias_or_x, weight, &inverse, x, &y],
+            plan.workgroups(rows),
+        ),
         None => (
             &KERNEL,
             "poly_forward",
             [x, bias_or_x, weight, &inverse, &y],
+            rows as u64,
         ),
     };
     engine.launch(
@@ -2122,7 +2199,7 @@ pub fn poly_norm(
         &constants,
         &params,
         &buffers.map(Tensor::buffer),
-        rows as u64,
+        workgroups,
     )?;
     let y = if direct { y } else { cast::cast(&y, dtype)? };
     Ok((

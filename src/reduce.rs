@@ -49,6 +49,13 @@ pub fn subgroup_width(engine: &Engine) -> Option<u32> {
     (size >= 4 && size.is_power_of_two()).then_some(size.min(32))
 }
 
+/// The subgroup width of a register-row launch that `prefers` subgroups (or not): that of
+/// [`subgroup_width`] where [`rows_kernel`] takes the subgroup module, else `None`.
+pub(crate) fn rows_subgroup_width(engine: &Engine, prefers: bool) -> Option<u32> {
+    let wanted = SUBGROUP_ROWS.with(std::cell::Cell::get).unwrap_or(prefers);
+    subgroup_width(engine).filter(|_| wanted)
+}
+
 /// The module of a register-row launch: `subgroup` (with `SG_WIDTH` added to `constants`)
 /// where the launch `prefers` subgroups (or [`force_subgroup_rows`] says so) and
 /// [`subgroup_width`] gives a width, else `plain`.
@@ -59,8 +66,7 @@ pub(crate) fn rows_kernel(
     prefers: bool,
     constants: &mut crate::kernel::Constants,
 ) -> &'static Kernel {
-    let wanted = SUBGROUP_ROWS.with(std::cell::Cell::get).unwrap_or(prefers);
-    match subgroup_width(engine).filter(|_| wanted) {
+    match rows_subgroup_width(engine, prefers) {
         Some(width) => {
             constants.push(("SG_WIDTH", f64::from(width)));
             subgroup

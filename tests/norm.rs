@@ -558,6 +558,77 @@ fn register_forwards_on_every_lane_count() {
 }
 
 #[test]
+fn register_forwards_in_segments() {
+    // The register forwards with rows of 2 and 4 lanes (segments), the rule (segments of the
+    // adapter's subgroup width where the row fits; without subgroups, one row a workgroup) and
+    // none, against the reference: rows of 1 to 8 chunks a lane, a row count that leaves the
+    // last workgroup part empty, every kind (LayerNorm with a 1e4 offset and with outlying
+    // first chunks, which take the second pass), then reruns bit for bit.
+    let mut seed = 3100;
+    for seg in [Some(2u64), Some(4), None, Some(0)] {
+        norm::force_forward_segments(seg);
+        for (dt, cols) in [
+            (DType::F32, 4),
+            (DType::F32, 24),
+            (DType::F32, 128),
+            (DType::BF16, 64),
+            (DType::F16, 256),
+        ] {
+            seed += 1;
+            run_rms(
+                &RmsCase {
+                    rows: 37,
+                    cols,
+                    x: dt,
+                    weight: Some(dt),
+                    dy: dt,
+                    options: RmsNormOptions::default(),
+                },
+                seed,
+            );
+            run_layer(37, cols, dt, true, true, 1e4, seed + 1);
+            run_add(
+                37,
+                cols,
+                dt,
+                dt,
+                Some(dt),
+                RmsNormOptions::default(),
+                seed + 2,
+            );
+            run_modulated(36, cols, 3, dt, true, seed + 3);
+            run_poly(37, cols, dt, true, seed + 4);
+            let first = if dt == DType::F32 { 4 } else { 8 };
+            let mut data = Rng::new(seed + 5).vec(9 * cols, -1.0, 1.0);
+            for r in 0..9 {
+                data[r * cols..r * cols + first.min(cols)]
+                    .iter_mut()
+                    .for_each(|v| *v += [1e3, 30.0, -500.0][r % 3]);
+            }
+            let what = format!("layer_norm 9x{cols} {dt}, outlying first chunks, seg {seg:?}");
+            run_layer_on(&what, &data, (9, cols), dt, true, true, seed + 5);
+        }
+        for dt in DType::FLOATS {
+            seed += 1;
+            run_group_dy((5, 8, &[16][..], 2), dt, dt, true, 0.0, seed);
+            run_group_dy((3, 4, &[64][..], 1), dt, DType::F32, false, 0.0, seed + 1);
+        }
+        // Reruns: one row a workgroup and in segments each give their bits again.
+        let mut rng = Rng::new(seed);
+        let (x, _) = upload(&rng.vec(70 * 128, -2.0, 2.0), &[70, 128], DType::F32);
+        let (w, _) = upload(&rng.vec(128, 0.5, 1.5), &[128], DType::F32);
+        let run = || {
+            let (y1, s1) = norm::rms_norm(&x, Some(&w), &RmsNormOptions::default()).unwrap();
+            let (y2, s2) =
+                norm::layer_norm(&x, Some(&w), Some(&w), &LayerNormOptions::default()).unwrap();
+            [bits(&y1), bits(&s1.inverse), bits(&y2), bits(&s2.inverse)]
+        };
+        assert!(run() == run(), "segments {seg:?}: second run differs");
+    }
+    norm::force_forward_segments(None);
+}
+
+#[test]
 fn layer_norm_centers_a_large_common_offset() {
     // 1e4 + noise in [-1, 1): F32 (a 16-bit dtype would round the noise away at 1e4).
     for (rows, cols) in [(16, 300), (3, 4097)] {

@@ -214,6 +214,10 @@ var<workgroup> one_pass: u32;
 // squares. A common offset of the row lies in p, so it costs nothing. Uniform (every lane
 // holds the same sums; the flag makes that visible), so the second pass may reduce.
 fn one_pass_ok(sums: vec2<f32>, lid: u32) -> bool {
+    if (SEG != 0u) {
+        // Every lane of the segment holds the same sums (and no barrier may run).
+        return sums.x * sums.x <= 0.75 * sums.y;
+    }
     if (lid == 0u) {
         one_pass = select(0u, 1u, sums.x * sums.x <= 0.75 * sums.y);
     }
@@ -814,7 +818,8 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 //
 // Sums: each lane adds its chunks in a fixed pairwise order, then `row_sum2` adds the lanes in
 // a fixed tree, so reruns are bit-identical (not bit-equal to the general kernels, which add
-// in another order).
+// in another order). The forwards may instead give each row a segment of SEG lanes (see SEG;
+// lane t of a segment then owns chunks t, t + SEG, ...).
 //
 // The backward takes `block_rows` consecutive rows per workgroup: per row it loads the row's
 // source and cotangent chunks once, computes the row constants, writes dx and adds the
@@ -826,6 +831,13 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // "Register backward, words kept").
 
 override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused registers fold away)
+// Segments (the forwards and the GroupNorm backward, subgroup modules only): 0, one row a
+// workgroup; else a power of two no larger than SG_WIDTH, and each run of SEG consecutive
+// lanes (within one subgroup) owns a row of at most CHUNKS × SEG chunks, WG / SEG rows a
+// workgroup, its sums a butterfly over the segment (`segment_pairs`): no workgroup memory and
+// no barrier. For short rows (GroupNorm's (sample, group) rows, narrow models), where one row
+// a workgroup leaves lanes idle and spends its time in the workgroup tree.
+override SEG: u32 = 0u;
 // Backward: load the row's chunks again for dx (from cache) instead of keeping them in
 // registers across the row sum (rows too wide for the registers of the whole row).
 override RELOAD: bool = false;
@@ -850,6 +862,9 @@ override DDX: u32 = 0u;
 // (`workgroup_pairs8`), or subgroup shuffles in the subgroup modules. Call from uniform
 // control flow.
 fn row_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    if (SEG != 0u) {
+        return segment_pairs(v, SEG, PAIR_SUM);
+    }
     return lanes_pairs(v, lid, PAIR_SUM);
 }
 
@@ -1023,22 +1038,39 @@ fn b_chunk(q: u32) -> Vals {
     return v;
 }
 
-// Whether lane `lid` owns its k-th chunk (row chunk lid + k·WG) of a row of n chunks.
+// Lanes sharing a row: the workgroup, or a segment.
+fn lanes() -> u32 {
+    if (SEG == 0u) {
+        return WG;
+    }
+    return SEG;
+}
+
+// (row, lane within the row) of invocation `lid` of a register forward.
+fn row_lane(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> vec2<u32> {
+    if (SEG == 0u) {
+        return vec2<u32>(group_index(wid, nwg), lid);
+    }
+    let seg = max(SEG, 1u); // (the constant folding evaluates this with SEG = 0 too)
+    return vec2<u32>(group_index(wid, nwg) * (WG / seg) + lid / seg, lid % seg);
+}
+
+// Whether lane `lid` owns its k-th chunk (row chunk lid + k·lanes()) of a row of n chunks.
 fn has(k: u32, lid: u32, n: u32) -> bool {
-    return k < CHUNKS && lid + k * WG < n;
+    return k < CHUNKS && lid + k * lanes() < n;
 }
 
 // The lane's k-th source / cotangent chunk of the row starting at chunk `base` (0 if absent).
 fn ld_x4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
     if (has(k, lid, n)) {
-        return x4[base + lid + k * WG];
+        return x4[base + lid + k * lanes()];
     }
     return vec4<u32>();
 }
 
 fn ld_dy4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
     if (has(k, lid, n)) {
-        return dy4[base + lid + k * WG];
+        return dy4[base + lid + k * lanes()];
     }
     return vec4<u32>();
 }
@@ -1126,7 +1158,7 @@ fn rms_chunk(v: Vals, q: u32, n_chunks: u32, batch: u32, inv: f32, finite_row: b
 
 fn rms_put(v: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32, finite_row: bool) {
     if (has(k, lid, n)) {
-        let q = lid + k * WG;
+        let q = lid + k * lanes();
         let batch = (base / n) / params.rows_per_batch;
         y4[base + q] = rms_chunk(v, q, n, batch, inv, finite_row);
     }
@@ -1135,35 +1167,37 @@ fn rms_put(v: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32, finite_row: b
 @compute @workgroup_size(WG)
 fn rms_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg);
+    let at = row_lane(wid, nwg, lid);
+    let row = at.x;
+    let lane = at.y;
     if (row >= params.rows) {
         return;
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let c0 = ld_x4(0u, lid, n, base);
-    let c1 = ld_x4(1u, lid, n, base);
-    let c2 = ld_x4(2u, lid, n, base);
-    let c3 = ld_x4(3u, lid, n, base);
-    let c4 = ld_x4(4u, lid, n, base);
-    let c5 = ld_x4(5u, lid, n, base);
-    let c6 = ld_x4(6u, lid, n, base);
-    let c7 = ld_x4(7u, lid, n, base);
+    let c0 = ld_x4(0u, lane, n, base);
+    let c1 = ld_x4(1u, lane, n, base);
+    let c2 = ld_x4(2u, lane, n, base);
+    let c3 = ld_x4(3u, lane, n, base);
+    let c4 = ld_x4(4u, lane, n, base);
+    let c5 = ld_x4(5u, lane, n, base);
+    let c6 = ld_x4(6u, lane, n, base);
+    let c7 = ld_x4(7u, lane, n, base);
     let squares = ((sq(c0) + sq(c1)) + (sq(c2) + sq(c3))) + ((sq(c4) + sq(c5)) + (sq(c6) + sq(c7)));
-    let total = row_sum(squares, lid);
+    let total = row_sum(squares, lane);
     let inv = 1.0 / sqrt(total / f32(params.cols) + params.eps);
     let fin = finite(total);
-    if (lid == 0u) {
+    if (lane == 0u) {
         inv_out[row] = inv;
     }
-    rms_put(vals(c0, DX), 0u, lid, n, base, inv, fin);
-    rms_put(vals(c1, DX), 1u, lid, n, base, inv, fin);
-    rms_put(vals(c2, DX), 2u, lid, n, base, inv, fin);
-    rms_put(vals(c3, DX), 3u, lid, n, base, inv, fin);
-    rms_put(vals(c4, DX), 4u, lid, n, base, inv, fin);
-    rms_put(vals(c5, DX), 5u, lid, n, base, inv, fin);
-    rms_put(vals(c6, DX), 6u, lid, n, base, inv, fin);
-    rms_put(vals(c7, DX), 7u, lid, n, base, inv, fin);
+    rms_put(vals(c0, DX), 0u, lane, n, base, inv, fin);
+    rms_put(vals(c1, DX), 1u, lane, n, base, inv, fin);
+    rms_put(vals(c2, DX), 2u, lane, n, base, inv, fin);
+    rms_put(vals(c3, DX), 3u, lane, n, base, inv, fin);
+    rms_put(vals(c4, DX), 4u, lane, n, base, inv, fin);
+    rms_put(vals(c5, DX), 5u, lane, n, base, inv, fin);
+    rms_put(vals(c6, DX), 6u, lane, n, base, inv, fin);
+    rms_put(vals(c7, DX), 7u, lane, n, base, inv, fin);
 }
 
 // x + residual of the lane's k-th chunk in FP32 (unrounded; the residual has the source's
@@ -1172,7 +1206,7 @@ fn add_load(k: u32, lid: u32, n: u32, base: u32) -> Vals {
     if (!has(k, lid, n)) {
         return vzero();
     }
-    let i = base + lid + k * WG;
+    let i = base + lid + k * lanes();
     let s = vadd(vals(x4[i], DX), vals(r4[i], DX));
     s4[i] = pack(s, DX);
     return s;
@@ -1181,36 +1215,38 @@ fn add_load(k: u32, lid: u32, n: u32, base: u32) -> Vals {
 @compute @workgroup_size(WG)
 fn add_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg);
+    let at = row_lane(wid, nwg, lid);
+    let row = at.x;
+    let lane = at.y;
     if (row >= params.rows) {
         return;
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let s0 = add_load(0u, lid, n, base);
-    let s1 = add_load(1u, lid, n, base);
-    let s2 = add_load(2u, lid, n, base);
-    let s3 = add_load(3u, lid, n, base);
-    let s4_ = add_load(4u, lid, n, base);
-    let s5 = add_load(5u, lid, n, base);
-    let s6 = add_load(6u, lid, n, base);
-    let s7 = add_load(7u, lid, n, base);
+    let s0 = add_load(0u, lane, n, base);
+    let s1 = add_load(1u, lane, n, base);
+    let s2 = add_load(2u, lane, n, base);
+    let s3 = add_load(3u, lane, n, base);
+    let s4_ = add_load(4u, lane, n, base);
+    let s5 = add_load(5u, lane, n, base);
+    let s6 = add_load(6u, lane, n, base);
+    let s7 = add_load(7u, lane, n, base);
     let squares = ((vdot(s0, s0) + vdot(s1, s1)) + (vdot(s2, s2) + vdot(s3, s3)))
         + ((vdot(s4_, s4_) + vdot(s5, s5)) + (vdot(s6, s6) + vdot(s7, s7)));
-    let total = row_sum(squares, lid);
+    let total = row_sum(squares, lane);
     let inv = 1.0 / sqrt(total / f32(params.cols) + params.eps);
     let fin = finite(total);
-    if (lid == 0u) {
+    if (lane == 0u) {
         inv_out[row] = inv;
     }
-    rms_put(s0, 0u, lid, n, base, inv, fin);
-    rms_put(s1, 1u, lid, n, base, inv, fin);
-    rms_put(s2, 2u, lid, n, base, inv, fin);
-    rms_put(s3, 3u, lid, n, base, inv, fin);
-    rms_put(s4_, 4u, lid, n, base, inv, fin);
-    rms_put(s5, 5u, lid, n, base, inv, fin);
-    rms_put(s6, 6u, lid, n, base, inv, fin);
-    rms_put(s7, 7u, lid, n, base, inv, fin);
+    rms_put(s0, 0u, lane, n, base, inv, fin);
+    rms_put(s1, 1u, lane, n, base, inv, fin);
+    rms_put(s2, 2u, lane, n, base, inv, fin);
+    rms_put(s3, 3u, lane, n, base, inv, fin);
+    rms_put(s4_, 4u, lane, n, base, inv, fin);
+    rms_put(s5, 5u, lane, n, base, inv, fin);
+    rms_put(s6, 6u, lane, n, base, inv, fin);
+    rms_put(s7, 7u, lane, n, base, inv, fin);
 }
 
 // LayerNorm: the chunks stay in registers through one pair sum, Σ (x − p) and Σ (x − p)² about
@@ -1261,14 +1297,14 @@ fn held_affine(k: u32, lid: u32, n: u32, row: u32) -> vec2<f32> {
     if (KIND != KIND_GROUP || !has(k, lid, n)) {
         return vec2<f32>();
     }
-    return group_affine(row, lid + k * WG);
+    return group_affine(row, lid + k * lanes());
 }
 
 // `a`: the chunk's `held_affine` (GroupNorm).
 fn ln_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32,
           a: vec2<f32>) {
     if (has(k, lid, n)) {
-        let q = lid + k * WG;
+        let q = lid + k * lanes();
         let nrm = vscale(vcenter(vals(w, DX), mean, corr), inv);
         if (KIND == KIND_GROUP) {
             y4[base + q] = pack(Vals(nrm.lo * a.x + a.y, nrm.hi * a.x + a.y), DX);
@@ -1281,61 +1317,63 @@ fn ln_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, mean: f32, corr: f3
 @compute @workgroup_size(WG)
 fn layer_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg);
+    let at = row_lane(wid, nwg, lid);
+    let row = at.x;
+    let lane = at.y;
     if (row >= params.rows) {
         return;
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let c0 = ld_x4(0u, lid, n, base);
-    let c1 = ld_x4(1u, lid, n, base);
-    let c2 = ld_x4(2u, lid, n, base);
-    let c3 = ld_x4(3u, lid, n, base);
-    let c4 = ld_x4(4u, lid, n, base);
-    let c5 = ld_x4(5u, lid, n, base);
-    let c6 = ld_x4(6u, lid, n, base);
-    let c7 = ld_x4(7u, lid, n, base);
-    let a0 = held_affine(0u, lid, n, row);
-    let a1 = held_affine(1u, lid, n, row);
-    let a2 = held_affine(2u, lid, n, row);
-    let a3 = held_affine(3u, lid, n, row);
-    let a4 = held_affine(4u, lid, n, row);
-    let a5 = held_affine(5u, lid, n, row);
-    let a6 = held_affine(6u, lid, n, row);
-    let a7 = held_affine(7u, lid, n, row);
+    let c0 = ld_x4(0u, lane, n, base);
+    let c1 = ld_x4(1u, lane, n, base);
+    let c2 = ld_x4(2u, lane, n, base);
+    let c3 = ld_x4(3u, lane, n, base);
+    let c4 = ld_x4(4u, lane, n, base);
+    let c5 = ld_x4(5u, lane, n, base);
+    let c6 = ld_x4(6u, lane, n, base);
+    let c7 = ld_x4(7u, lane, n, base);
+    let a0 = held_affine(0u, lane, n, row);
+    let a1 = held_affine(1u, lane, n, row);
+    let a2 = held_affine(2u, lane, n, row);
+    let a3 = held_affine(3u, lane, n, row);
+    let a4 = held_affine(4u, lane, n, row);
+    let a5 = held_affine(5u, lane, n, row);
+    let a6 = held_affine(6u, lane, n, row);
+    let a7 = held_affine(7u, lane, n, row);
     // The first chunk's mean, each value scaled first (by a power of two) so the sum cannot
     // overflow.
     let pivot = vtotal(vscale(vals(x4[base], DX), 1.0 / f32(chunk_len())));
-    let shifted = ((ln_shifted(c0, 0u, lid, n, pivot) + ln_shifted(c1, 1u, lid, n, pivot))
-        + (ln_shifted(c2, 2u, lid, n, pivot) + ln_shifted(c3, 3u, lid, n, pivot)))
-        + ((ln_shifted(c4, 4u, lid, n, pivot) + ln_shifted(c5, 5u, lid, n, pivot))
-        + (ln_shifted(c6, 6u, lid, n, pivot) + ln_shifted(c7, 7u, lid, n, pivot)));
-    let sums = row_sum2(shifted, lid) / f32(params.cols);
+    let shifted = ((ln_shifted(c0, 0u, lane, n, pivot) + ln_shifted(c1, 1u, lane, n, pivot))
+        + (ln_shifted(c2, 2u, lane, n, pivot) + ln_shifted(c3, 3u, lane, n, pivot)))
+        + ((ln_shifted(c4, 4u, lane, n, pivot) + ln_shifted(c5, 5u, lane, n, pivot))
+        + (ln_shifted(c6, 6u, lane, n, pivot) + ln_shifted(c7, 7u, lane, n, pivot)));
+    let sums = row_sum2(shifted, lane) / f32(params.cols);
     let delta = sums.x;
     let mean = pivot + delta;
     let corr = (pivot - mean) + delta;
     var variance = sums.y - delta * delta;
-    if (!one_pass_ok(sums, lid)) {
-        let squares = ((ln_sq(c0, 0u, lid, n, mean, corr) + ln_sq(c1, 1u, lid, n, mean, corr))
-            + (ln_sq(c2, 2u, lid, n, mean, corr) + ln_sq(c3, 3u, lid, n, mean, corr)))
-            + ((ln_sq(c4, 4u, lid, n, mean, corr) + ln_sq(c5, 5u, lid, n, mean, corr))
-            + (ln_sq(c6, 6u, lid, n, mean, corr) + ln_sq(c7, 7u, lid, n, mean, corr)));
-        variance = row_sum(squares, lid) / f32(params.cols);
+    if (!one_pass_ok(sums, lane)) {
+        let squares = ((ln_sq(c0, 0u, lane, n, mean, corr) + ln_sq(c1, 1u, lane, n, mean, corr))
+            + (ln_sq(c2, 2u, lane, n, mean, corr) + ln_sq(c3, 3u, lane, n, mean, corr)))
+            + ((ln_sq(c4, 4u, lane, n, mean, corr) + ln_sq(c5, 5u, lane, n, mean, corr))
+            + (ln_sq(c6, 6u, lane, n, mean, corr) + ln_sq(c7, 7u, lane, n, mean, corr)));
+        variance = row_sum(squares, lane) / f32(params.cols);
     }
     let inv = 1.0 / sqrt(variance + params.eps);
-    if (lid == 0u) {
+    if (lane == 0u) {
         inv_out[row] = inv;
         mean_out[row] = mean;
         sum_out[row] = bitcast<u32>(corr);
     }
-    ln_put(c0, 0u, lid, n, base, mean, corr, inv, a0);
-    ln_put(c1, 1u, lid, n, base, mean, corr, inv, a1);
-    ln_put(c2, 2u, lid, n, base, mean, corr, inv, a2);
-    ln_put(c3, 3u, lid, n, base, mean, corr, inv, a3);
-    ln_put(c4, 4u, lid, n, base, mean, corr, inv, a4);
-    ln_put(c5, 5u, lid, n, base, mean, corr, inv, a5);
-    ln_put(c6, 6u, lid, n, base, mean, corr, inv, a6);
-    ln_put(c7, 7u, lid, n, base, mean, corr, inv, a7);
+    ln_put(c0, 0u, lane, n, base, mean, corr, inv, a0);
+    ln_put(c1, 1u, lane, n, base, mean, corr, inv, a1);
+    ln_put(c2, 2u, lane, n, base, mean, corr, inv, a2);
+    ln_put(c3, 3u, lane, n, base, mean, corr, inv, a3);
+    ln_put(c4, 4u, lane, n, base, mean, corr, inv, a4);
+    ln_put(c5, 5u, lane, n, base, mean, corr, inv, a5);
+    ln_put(c6, 6u, lane, n, base, mean, corr, inv, a6);
+    ln_put(c7, 7u, lane, n, base, mean, corr, inv, a7);
 }
 
 // PolyNorm: the chunks stay in registers through the sums of x², x⁴ and x⁶ (one pair sum and
@@ -1360,31 +1398,33 @@ fn poly_put(w: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, inv: vec3<f32>, c
         let t2 = vscale(vscale(v2, inv.y), coef.y);
         let t1 = vscale(vscale(v, inv.z), coef.z);
         let b = Vals(vec4<f32>(coef.w), vec4<f32>(coef.w));
-        y4[base + lid + k * WG] = pack(vadd(vadd(vadd(t3, t2), t1), b), DX);
+        y4[base + lid + k * lanes()] = pack(vadd(vadd(vadd(t3, t2), t1), b), DX);
     }
 }
 
 @compute @workgroup_size(WG)
 fn poly_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg);
+    let at = row_lane(wid, nwg, lid);
+    let row = at.x;
+    let lane = at.y;
     if (row >= params.rows) {
         return;
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let c = x_chunks(lid, n, base);
-    let sums = ((poly_sums(c.c0, 0u, lid, n) + poly_sums(c.c1, 1u, lid, n))
-        + (poly_sums(c.c2, 2u, lid, n) + poly_sums(c.c3, 3u, lid, n)))
-        + ((poly_sums(c.c4, 4u, lid, n) + poly_sums(c.c5, 5u, lid, n))
-        + (poly_sums(c.c6, 6u, lid, n) + poly_sums(c.c7, 7u, lid, n)));
-    let s24 = row_sum2(sums.xy, lid);
-    let s6 = row_sum(sums.z, lid);
+    let c = x_chunks(lane, n, base);
+    let sums = ((poly_sums(c.c0, 0u, lane, n) + poly_sums(c.c1, 1u, lane, n))
+        + (poly_sums(c.c2, 2u, lane, n) + poly_sums(c.c3, 3u, lane, n)))
+        + ((poly_sums(c.c4, 4u, lane, n) + poly_sums(c.c5, 5u, lane, n))
+        + (poly_sums(c.c6, 6u, lane, n) + poly_sums(c.c7, 7u, lane, n)));
+    let s24 = row_sum2(sums.xy, lane);
+    let s6 = row_sum(sums.z, lane);
     let count = f32(params.cols);
     let i1 = 1.0 / sqrt(s24.x / count + params.eps);
     let i2 = 1.0 / sqrt(s24.y / count + params.eps);
     let i3 = 1.0 / sqrt(s6 / count + params.eps);
-    if (lid == 0u) {
+    if (lane == 0u) {
         inv_out[3u * row] = i3;
         inv_out[3u * row + 1u] = i2;
         inv_out[3u * row + 2u] = i1;
@@ -1395,14 +1435,14 @@ fn poly_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     }
     let inv = vec3<f32>(i3, i2, i1);
     let coef = vec4<f32>(ld_w(0u), ld_w(1u), ld_w(2u), b);
-    poly_put(c.c0, 0u, lid, n, base, inv, coef);
-    poly_put(c.c1, 1u, lid, n, base, inv, coef);
-    poly_put(c.c2, 2u, lid, n, base, inv, coef);
-    poly_put(c.c3, 3u, lid, n, base, inv, coef);
-    poly_put(c.c4, 4u, lid, n, base, inv, coef);
-    poly_put(c.c5, 5u, lid, n, base, inv, coef);
-    poly_put(c.c6, 6u, lid, n, base, inv, coef);
-    poly_put(c.c7, 7u, lid, n, base, inv, coef);
+    poly_put(c.c0, 0u, lane, n, base, inv, coef);
+    poly_put(c.c1, 1u, lane, n, base, inv, coef);
+    poly_put(c.c2, 2u, lane, n, base, inv, coef);
+    poly_put(c.c3, 3u, lane, n, base, inv, coef);
+    poly_put(c.c4, 4u, lane, n, base, inv, coef);
+    poly_put(c.c5, 5u, lane, n, base, inv, coef);
+    poly_put(c.c6, 6u, lane, n, base, inv, coef);
+    poly_put(c.c7, 7u, lane, n, base, inv, coef);
 }
 
 // ---- Register backward ----
@@ -1457,7 +1497,7 @@ fn poly_dx(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, base: u32, inv:
     let g1 = vscale(vsub(vscale(d, wt.z), vscale(n1, m.z)), inv.z);
     let dx3 = vmul(g3, vscale(v2, 3.0));
     let dx2 = vmul(g2, vscale(v, 2.0));
-    put_dx(vadd(vadd(dx3, dx2), g1), base + lid + k * WG);
+    put_dx(vadd(vadd(dx3, dx2), g1), base + lid + k * lanes());
 }
 
 @compute @workgroup_size(WG)
@@ -1503,7 +1543,8 @@ fn poly_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
 // n = ((x − mean) − corr)·inv, dn = dy·(offset + w[channel]); c1 = mean(dn), c2 = mean(dn·n)
 // in one pair sum; dx = inv·((dn − c1) − n·c2) from the registers (F32, `put_dx`), as
 // `backward_rows` and `backward_columns` compute it. Lane 0 writes the row's inv, mean and corr
-// to rowinfo_out for `group_partials`, which sums the parameter gradients per channel.
+// to rowinfo_out for `group_partials`, which sums the parameter gradients per channel. One
+// row a workgroup or a segment (SEG), as the forward.
 
 fn group_n(w: vec4<u32>, mean: f32, corr: f32, inv: f32) -> Vals {
     return vscale(vcenter(vals(w, DX), mean, corr), inv);
@@ -1516,7 +1557,7 @@ fn group_dots(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row: u32, me
         return vec2<f32>();
     }
     let nrm = group_n(w, mean, corr, inv);
-    let dn = vscale(vals(g, DX), weight_factor(group_channel(row, lid + k * WG)));
+    let dn = vscale(vals(g, DX), weight_factor(group_channel(row, lid + k * lanes())));
     return vec2<f32>(vtotal(dn), vdot(dn, nrm));
 }
 
@@ -1525,7 +1566,7 @@ fn group_dx(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row: u32, mean
     if (!has(k, lid, n)) {
         return;
     }
-    let q = lid + k * WG;
+    let q = lid + k * lanes();
     let nrm = group_n(w, mean, corr, inv);
     let dn = vscale(vals(g, DX), weight_factor(group_channel(row, q)));
     let c1 = Vals(vec4<f32>(c.x), vec4<f32>(c.x));
@@ -1535,39 +1576,41 @@ fn group_dx(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row: u32, mean
 @compute @workgroup_size(WG)
 fn group_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                             @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg);
+    let at = row_lane(wid, nwg, lid);
+    let row = at.x;
+    let lane = at.y;
     if (row >= params.rows) {
         return;
     }
     let n = params.cols / chunk_len();
     let base = row * n;
-    let c = x_chunks(lid, n, base);
-    let g = dy_chunks(lid, n, base);
+    let c = x_chunks(lane, n, base);
+    let g = dy_chunks(lane, n, base);
     let inv = inv_in[row];
     let mean = mean_in[row];
     let corr = corr_in[row];
-    let sums = ((group_dots(c.c0, g.c0, 0u, lid, n, row, mean, corr, inv)
-        + group_dots(c.c1, g.c1, 1u, lid, n, row, mean, corr, inv))
-        + (group_dots(c.c2, g.c2, 2u, lid, n, row, mean, corr, inv)
-        + group_dots(c.c3, g.c3, 3u, lid, n, row, mean, corr, inv)))
-        + ((group_dots(c.c4, g.c4, 4u, lid, n, row, mean, corr, inv)
-        + group_dots(c.c5, g.c5, 5u, lid, n, row, mean, corr, inv))
-        + (group_dots(c.c6, g.c6, 6u, lid, n, row, mean, corr, inv)
-        + group_dots(c.c7, g.c7, 7u, lid, n, row, mean, corr, inv)));
-    let consts = row_sum2(sums, lid) / f32(params.cols);
-    if (lid == 0u) {
+    let sums = ((group_dots(c.c0, g.c0, 0u, lane, n, row, mean, corr, inv)
+        + group_dots(c.c1, g.c1, 1u, lane, n, row, mean, corr, inv))
+        + (group_dots(c.c2, g.c2, 2u, lane, n, row, mean, corr, inv)
+        + group_dots(c.c3, g.c3, 3u, lane, n, row, mean, corr, inv)))
+        + ((group_dots(c.c4, g.c4, 4u, lane, n, row, mean, corr, inv)
+        + group_dots(c.c5, g.c5, 5u, lane, n, row, mean, corr, inv))
+        + (group_dots(c.c6, g.c6, 6u, lane, n, row, mean, corr, inv)
+        + group_dots(c.c7, g.c7, 7u, lane, n, row, mean, corr, inv)));
+    let consts = row_sum2(sums, lane) / f32(params.cols);
+    if (lane == 0u) {
         rowinfo_out[ROWINFO * row] = inv;
         rowinfo_out[ROWINFO * row + 1u] = mean;
         rowinfo_out[ROWINFO * row + 2u] = corr;
     }
-    group_dx(c.c0, g.c0, 0u, lid, n, row, mean, corr, inv, consts);
-    group_dx(c.c1, g.c1, 1u, lid, n, row, mean, corr, inv, consts);
-    group_dx(c.c2, g.c2, 2u, lid, n, row, mean, corr, inv, consts);
-    group_dx(c.c3, g.c3, 3u, lid, n, row, mean, corr, inv, consts);
-    group_dx(c.c4, g.c4, 4u, lid, n, row, mean, corr, inv, consts);
-    group_dx(c.c5, g.c5, 5u, lid, n, row, mean, corr, inv, consts);
-    group_dx(c.c6, g.c6, 6u, lid, n, row, mean, corr, inv, consts);
-    group_dx(c.c7, g.c7, 7u, lid, n, row, mean, corr, inv, consts);
+    group_dx(c.c0, g.c0, 0u, lane, n, row, mean, corr, inv, consts);
+    group_dx(c.c1, g.c1, 1u, lane, n, row, mean, corr, inv, consts);
+    group_dx(c.c2, g.c2, 2u, lane, n, row, mean, corr, inv, consts);
+    group_dx(c.c3, g.c3, 3u, lane, n, row, mean, corr, inv, consts);
+    group_dx(c.c4, g.c4, 4u, lane, n, row, mean, corr, inv, consts);
+    group_dx(c.c5, g.c5, 5u, lane, n, row, mean, corr, inv, consts);
+    group_dx(c.c6, g.c6, 6u, lane, n, row, mean, corr, inv, consts);
+    group_dx(c.c7, g.c7, 7u, lane, n, row, mean, corr, inv, consts);
 }
 
 // DyT backward for rows of whole chunks with dy in x's dtype: `dyt_backward_columns` with one
@@ -1624,7 +1667,7 @@ fn put_part(acc: Vals, slot: u32, block: u32, k: u32, lid: u32, n: u32) {
     if (!has(k, lid, n)) {
         return;
     }
-    let q = lid + k * WG;
+    let q = lid + k * lanes();
     let at = (slot * params.stride + block * params.cols) / 4u;
     if (DX == DT_F32) {
         part4[at + q] = acc.lo;
@@ -1639,7 +1682,7 @@ fn rms_dot(s: Vals, d: Vals, k: u32, lid: u32, n: u32, inv: f32) -> f32 {
     if (!has(k, lid, n)) {
         return 0.0;
     }
-    return vdot(vmul(d, wf_chunk(lid + k * WG)), vscale(s, inv));
+    return vdot(vmul(d, wf_chunk(lid + k * lanes())), vscale(s, inv));
 }
 
 // dx = inv · (dn − n · c2) (+ the residual-sum cotangent) of the lane's k-th chunk, and the
@@ -1649,7 +1692,7 @@ fn rms_step(acc: ptr<function, Vals>, s_held: Vals, d_held: Vals, k: u32, lid: u
     if (!has(k, lid, n)) {
         return;
     }
-    let q = lid + k * WG;
+    let q = lid + k * lanes();
     var s = s_held;
     var d = d_held;
     if (RELOAD) {
@@ -1670,7 +1713,7 @@ fn rms_source(k: u32, lid: u32, n: u32, base: u32) -> Vals {
     if (!has(k, lid, n)) {
         return vzero();
     }
-    let i = base + lid + k * WG;
+    let i = base + lid + k * lanes();
     if (KIND == KIND_ADD) {
         return vadd(vals(x4[i], DX), vals(r4[i], DX));
     }
@@ -1746,7 +1789,7 @@ fn ln_sums(x: vec4<u32>, d: Vals, k: u32, lid: u32, n: u32, mean: f32, corr: f32
         return vec2<f32>();
     }
     let nrm = vscale(vcenter(vals(x, DX), mean, corr), inv);
-    let dn = vmul(d, wf_chunk(lid + k * WG));
+    let dn = vmul(d, wf_chunk(lid + k * lanes()));
     return vec2<f32>(vtotal(dn), vdot(dn, nrm));
 }
 
@@ -1756,7 +1799,7 @@ fn ln_step(aw: ptr<function, Vals>, ab: ptr<function, Vals>, x: vec4<u32>, d: Va
     if (!has(k, lid, n)) {
         return;
     }
-    let q = lid + k * WG;
+    let q = lid + k * lanes();
     let nrm = vscale(vcenter(vals(x, DX), mean, corr), inv);
     let dn = vmul(d, wf_chunk(q));
     let g = Vals((dn.lo - c.x) - nrm.lo * c.y, (dn.hi - c.x) - nrm.hi * c.y);
@@ -1872,7 +1915,7 @@ var<private> wacc7: Vals;
 // The lane's k-th residual chunk of the row starting at chunk `base` (0 if absent or not add+RMSNorm).
 fn ld_r4(k: u32, lid: u32, n: u32, base: u32) -> vec4<u32> {
     if (KIND == KIND_ADD && has(k, lid, n)) {
-        return r4[base + lid + k * WG];
+        return r4[base + lid + k * lanes()];
     }
     return vec4<u32>();
 }
@@ -1898,7 +1941,7 @@ fn words_dot(x: vec4<u32>, r: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32,
     if (!has(k, lid, n)) {
         return 0.0;
     }
-    return vdot(vmul(vals(g, DX), wf_chunk(lid + k * WG)), vscale(words_src(x, r), inv));
+    return vdot(vmul(vals(g, DX), wf_chunk(lid + k * lanes())), vscale(words_src(x, r), inv));
 }
 
 // `rms_step` from the chunk's words: dx of the lane's k-th chunk, dy · n added to `acc`.
@@ -1907,7 +1950,7 @@ fn words_step(acc: ptr<private, Vals>, x: vec4<u32>, r: vec4<u32>, g: vec4<u32>,
     if (!has(k, lid, n)) {
         return;
     }
-    let q = lid + k * WG;
+    let q = lid + k * lanes();
     let i = base + q;
     var s: Vals;
     var d: Vals;

@@ -43,16 +43,8 @@ var<workgroup> sg_level_b: array<vec2<f32>, WG / 4u>;
 var<workgroup> sg_level_c: array<vec2<f32>, WG / 4u>;
 var<private> sg_in_b: bool = true;
 
-fn sg_butterfly(v: vec2<f32>, op: u32) -> vec2<f32> {
-    var s = v;
-    for (var d = 1u; d < SG_WIDTH; d = d * 2u) {
-        s = sg_op(s, subgroupShuffleXor(s, d), op);
-    }
-    return s;
-}
-
 fn lanes_pairs(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
-    var s = sg_butterfly(v, op);
+    var s = segment_pairs(v, SG_WIDTH, op);
     var count = WG / SG_WIDTH;  // values of the next level
     loop {
         if (count == 1u) {
@@ -79,7 +71,7 @@ fn lanes_pairs(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
                 x = sg_level_c[i];
             }
         }
-        s = sg_butterfly(x, op);
+        s = segment_pairs(x, SG_WIDTH, op);
         sg_in_b = !sg_in_b;
         if (count <= SG_WIDTH) {
             return s;
@@ -87,6 +79,18 @@ fn lanes_pairs(v: vec2<f32>, lid: u32, op: u32) -> vec2<f32> {
         count = count / SG_WIDTH;
     }
     return s; // not reached: the loop returns at its last level
+}
+
+// The `op`-sum of `v` over each aligned run of `width` lanes (a power of two no larger than
+// SG_WIDTH, so the run lies in one subgroup): the butterfly's first levels, the same binary
+// tree over the run's lanes in order, every lane of the run ending with it. No workgroup
+// memory or barrier: a run may stop (return) while the others go on.
+fn segment_pairs(v: vec2<f32>, width: u32, op: u32) -> vec2<f32> {
+    var s = v;
+    for (var d = 1u; d < width; d = d * 2u) {
+        s = sg_op(s, subgroupShuffleXor(s, d), op);
+    }
+    return s;
 }
 
 fn lanes_sum(v: f32, lid: u32) -> f32 {
