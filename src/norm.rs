@@ -1390,6 +1390,16 @@ pub fn norm_backward_as(
             .mean_correction
             .as_ref()
             .ok_or_else(|| incomplete("GroupNorm needs its mean correction"))?;
+        // In segments whose lanes' chunks each lie in one channel, the kernel also writes the
+        // parameter partials (`GROUP_SUMS`), so x and dy are read once in all.
+        let sums = (saved.weight.is_some() || saved.has_bias)
+            && plan.segment > 0
+            && (l.spatial / chunk_len(xdt)).is_multiple_of(plan.segment as usize);
+        let partials = if sums {
+            Some(group_partials_matrix(engine, rows, l)?)
+        } else {
+            None
+        };
         let mut constants: Constants = vec![
             ("KIND", NormKind::Group.code()),
             ("DX", f64::from(xdt.code())),
@@ -1397,6 +1407,7 @@ pub fn norm_backward_as(
             ("HAS_W", f64::from(u8::from(has_weight))),
             ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
             ("CHUNKS", f64::from(plan.chunks)),
+            ("GROUP_SUMS", f64::from(u8::from(sums))),
         ];
         let kernel = plan.kernel(engine, true, &mut constants);
         engine.launch(
@@ -1416,6 +1427,7 @@ pub fn norm_backward_as(
                 saved.weight.as_ref().unwrap_or(x).buffer(),
                 saved.inverse.buffer(),
                 rowinfo.buffer(),
+                partials.as_ref().unwrap_or(&rowinfo).buffer(),
                 x.buffer(),
                 output_gradient.buffer(),
                 dx.buffer(),
@@ -1427,9 +1439,8 @@ pub fn norm_backward_as(
         return group_parameter_gradients(
             saved,
             l,
-            x,
-            output_gradient,
-            &rowinfo,
+            (x, output_gradient, &rowinfo),
+            partials,
             dx.reshape(saved.source.shape())?,
         );
     }
@@ -1546,9 +1557,8 @@ pub fn norm_backward_as(
         return group_parameter_gradients(
             saved,
             l,
-            x,
-            output_gradient,
-            &rowinfo,
+            (x, output_gradient, &rowinfo),
+            None,
             dx.reshape(saved.source.shape())?,
         );
     }
@@ -1828,12 +1838,24 @@ const GROUP_PARTIAL_LANES: u64 = 32;
 /// The weight and bias gradients of GroupNorm: per (sample, channel) sums over the positions
 /// (`group_partials`: 32 lanes a channel, a fixed tree), then the column sums over the samples
 /// (`reduce::sum_columns`: blocks of 64 samples, then the blocks in order).
+fn group_partials_matrix(engine: &Engine, rows: usize, layout: GroupLayout) -> Result<Tensor> {
+    let channels = layout.groups * layout.channels_per_group;
+    Tensor::empty(
+        engine,
+        &[rows / layout.groups, 2 * channels],
+        DType::F32,
+        "group_norm partials",
+    )
+}
+
+/// The parameter gradients of GroupNorm from the `[samples, 2 · channels]` partials matrix:
+/// `written` by the register backward, or summed here (`group_partials`) from x, dy and the
+/// row constants.
 fn group_parameter_gradients(
     saved: &Saved,
     layout: GroupLayout,
-    x: &Tensor,
-    output_gradient: &Tensor,
-    rowinfo: &Tensor,
+    (x, output_gradient, rowinfo): (&Tensor, &Tensor, &Tensor),
+    written: Option<Tensor>,
     dx: Tensor,
 ) -> Result<NormGradients> {
     let engine = x.engine();
@@ -1841,13 +1863,10 @@ fn group_parameter_gradients(
     let samples = rows / layout.groups;
     let channels = layout.groups * layout.channels_per_group;
     let total = samples * channels;
-    let (weight, bias) = if saved.weight.is_some() || saved.has_bias {
-        let partials = Tensor::empty(
-            engine,
-            &[samples, 2 * channels],
-            DType::F32,
-            "group_norm partials",
-        )?;
+    let (weight, bias) = if let Some(partials) = written {
+        group_sums(saved, &partials, channels)?
+    } else if saved.weight.is_some() || saved.has_bias {
+        let partials = group_partials_matrix(engine, rows, layout)?;
         engine.launch(
             &KERNEL,
             "group_partials",
@@ -1873,19 +1892,7 @@ fn group_parameter_gradients(
             ],
             (total as u64).div_ceil(WG / GROUP_PARTIAL_LANES),
         )?;
-        // Σ over the samples, in blocks of 64 then the blocks in order: `[2 · channels]`.
-        let sums = crate::reduce::sum_columns(&partials)?;
-        (
-            saved
-                .weight
-                .as_ref()
-                .map(|_| sums.f32_range(0, &[channels], "group_norm dweight"))
-                .transpose()?,
-            saved
-                .has_bias
-                .then(|| sums.f32_range(channels, &[channels], "group_norm dbias"))
-                .transpose()?,
-        )
+        group_sums(saved, &partials, channels)?
     } else {
         (None, None)
     };
@@ -1897,6 +1904,27 @@ fn group_parameter_gradients(
         scale: None,
         shift: None,
     })
+}
+
+/// (dweight, dbias) of GroupNorm: the column sums of the partials matrix over the samples,
+/// in blocks of 64 then the blocks in order (`reduce::sum_columns`).
+fn group_sums(
+    saved: &Saved,
+    partials: &Tensor,
+    channels: usize,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let sums = crate::reduce::sum_columns(partials)?;
+    Ok((
+        saved
+            .weight
+            .as_ref()
+            .map(|_| sums.f32_range(0, &[channels], "group_norm dweight"))
+            .transpose()?,
+        saved
+            .has_bias
+            .then(|| sums.f32_range(channels, &[channels], "group_norm dbias"))
+            .transpose()?,
+    ))
 }
 
 // ---- DyT ----

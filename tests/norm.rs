@@ -608,10 +608,15 @@ fn register_forwards_in_segments() {
             let what = format!("layer_norm 9x{cols} {dt}, outlying first chunks, seg {seg:?}");
             run_layer_on(&what, &data, (9, cols), dt, true, true, seed + 5);
         }
+        // GroupNorm: the backward in segments too; with the parameter partials from its
+        // registers where a channel's chunks are a multiple of the segment ([16] F32 and [32]
+        // in segments of 2 and 4; [64] and [32] F32 in segments of 8, the rule on lavapipe).
         for dt in DType::FLOATS {
             seed += 1;
             run_group_dy((5, 8, &[16][..], 2), dt, dt, true, 0.0, seed);
             run_group_dy((3, 4, &[64][..], 1), dt, DType::F32, false, 0.0, seed + 1);
+            run_group_dy((4, 6, &[32][..], 3), dt, dt, true, 0.0, seed + 2);
+            run_group_dy((2, 4, &[64][..], 2), dt, dt, true, 0.0, seed + 3);
         }
         // Reruns: one row a workgroup and in segments each give their bits again.
         let mut rng = Rng::new(seed);

@@ -1573,6 +1573,45 @@ fn group_dx(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row: u32, mean
     put_dx(vscale(vsub(vsub(dn, c1), vscale(nrm, c.y)), inv), row * n + q);
 }
 
+// With GROUP_SUMS (segments whose lanes' k-th chunks all lie in one channel: the chunks a
+// channel, spatial / chunk length, a multiple of SEG), the kernel also writes the parameter
+// partials `group_partials` would: per chunk, (Σ dy·n, Σ dy) over its values, summed over the
+// segment's lanes (`segment_pairs`), then over the channel's chunks in order by lane 0, into
+// `partials` as row `sample` of the `[samples, 2 · channels]` matrix. x and dy are then read
+// once in all.
+override GROUP_SUMS: bool = false;
+
+// (Σ dy·n, Σ dy) over the lane's k-th chunk, summed over the segment's lanes.
+fn group_param_sums(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, mean: f32, corr: f32,
+                    inv: f32) -> vec2<f32> {
+    if (k >= CHUNKS) {
+        return vec2<f32>();
+    }
+    var p = vec2<f32>();
+    if (has(k, lid, n)) {
+        let d = vals(g, DX);
+        p = vec2<f32>(vdot(d, group_n(w, mean, corr, inv)), vtotal(d));
+    }
+    return segment_pairs(p, SEG, PAIR_SUM);
+}
+
+// Adds the k-th chunks' sums `p` to `acc`; at the channel's last chunk writes and clears it.
+fn group_param_put(acc: ptr<function, vec2<f32>>, p: vec2<f32>, k: u32, n: u32, row: u32) {
+    if (k >= CHUNKS || k * SEG >= n) {
+        return;
+    }
+    *acc = *acc + p;
+    let per_channel = params.spatial / chunk_len();
+    if (((k + 1u) * SEG) % per_channel == 0u) {
+        let channels = params.groups * params.channels_per_group;
+        let ch = (row % params.groups) * params.channels_per_group + (k * SEG) / per_channel;
+        let at = (row / params.groups) * 2u * channels + ch;
+        partials[at] = (*acc).x;
+        partials[at + channels] = (*acc).y;
+        *acc = vec2<f32>();
+    }
+}
+
 @compute @workgroup_size(WG)
 fn group_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                             @builtin(local_invocation_index) lid: u32) {
@@ -1611,6 +1650,27 @@ fn group_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
     group_dx(c.c5, g.c5, 5u, lane, n, row, mean, corr, inv, consts);
     group_dx(c.c6, g.c6, 6u, lane, n, row, mean, corr, inv, consts);
     group_dx(c.c7, g.c7, 7u, lane, n, row, mean, corr, inv, consts);
+    if (GROUP_SUMS) {
+        let p0 = group_param_sums(c.c0, g.c0, 0u, lane, n, mean, corr, inv);
+        let p1 = group_param_sums(c.c1, g.c1, 1u, lane, n, mean, corr, inv);
+        let p2 = group_param_sums(c.c2, g.c2, 2u, lane, n, mean, corr, inv);
+        let p3 = group_param_sums(c.c3, g.c3, 3u, lane, n, mean, corr, inv);
+        let p4 = group_param_sums(c.c4, g.c4, 4u, lane, n, mean, corr, inv);
+        let p5 = group_param_sums(c.c5, g.c5, 5u, lane, n, mean, corr, inv);
+        let p6 = group_param_sums(c.c6, g.c6, 6u, lane, n, mean, corr, inv);
+        let p7 = group_param_sums(c.c7, g.c7, 7u, lane, n, mean, corr, inv);
+        if (lane == 0u) {
+            var acc = vec2<f32>();
+            group_param_put(&acc, p0, 0u, n, row);
+            group_param_put(&acc, p1, 1u, n, row);
+            group_param_put(&acc, p2, 2u, n, row);
+            group_param_put(&acc, p3, 3u, n, row);
+            group_param_put(&acc, p4, 4u, n, row);
+            group_param_put(&acc, p5, 5u, n, row);
+            group_param_put(&acc, p6, 6u, n, row);
+            group_param_put(&acc, p7, 7u, n, row);
+        }
+    }
 }
 
 // DyT backward for rows of whole chunks with dy in x's dtype: `dyt_backward_columns` with one
