@@ -25,7 +25,12 @@
 //!   two), within what the adapter allows, up to 32,768 F32 / 65,536 16-bit columns;
 //!   LayerNorm's takes Σ (x − p) and Σ (x − p)² about the mean p of the row's first chunk in one
 //!   pair sum, and sums the centered squares in a second pass only where their difference would
-//!   cancel more than two bits. The
+//!   cancel more than two bits. Rows of at most [`REGISTER_CHUNKS`] chunks a lane of the
+//!   adapter's subgroup (1,024 F32 / 2,048 16-bit values on 32-lane subgroups) are taken in
+//!   segments instead ([`force_forward_segments`]): a row per run of subgroup-width lanes, 256 /
+//!   width rows a workgroup, the row sums by shuffles within the run (no workgroup memory, no
+//!   barrier; not add+RMSNorm of F32 sources); GroupNorm's register backward likewise, which
+//!   then also takes its per-channel parameter partials from the registers. The
 //!   backward splits the rows into at most [`REGISTER_BLOCKS`] blocks, one workgroup each: per
 //!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
@@ -638,10 +643,9 @@ impl RegisterPlan {
 
     /// Workgroups for `rows` rows.
     fn workgroups(self, rows: usize) -> u64 {
-        if self.segment == 0 {
-            rows as u64
-        } else {
-            (rows as u64).div_ceil(self.lanes / self.segment)
+        match self.lanes.checked_div(self.segment) {
+            Some(rows_a_workgroup) => (rows as u64).div_ceil(rows_a_workgroup),
+            None => rows as u64,
         }
     }
 
