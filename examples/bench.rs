@@ -587,9 +587,9 @@ fn main() -> ExitCode {
     let lanes = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     wgrad::norm::force_forward_lanes(lanes("WGRAD_NORM_FWD_LANES"));
     wgrad::norm::force_backward_lanes(lanes("WGRAD_NORM_BWD_LANES"));
-    // Lanes a row of the norm register forwards' segments (0: one row a workgroup; unset: the
-    // rule).
-    wgrad::norm::force_forward_segments(lanes("WGRAD_NORM_SEGMENT"));
+    // Lanes a row of the norm register forwards' and backwards' segments (0: one row a
+    // workgroup; unset: the rules).
+    wgrad::norm::force_segments(lanes("WGRAD_NORM_SEGMENT"));
     // The most blocks of the norm register backwards (unset: `norm::REGISTER_BLOCKS`).
     wgrad::norm::force_register_blocks(
         std::env::var("WGRAD_NORM_BLOCKS")

@@ -27,14 +27,17 @@
 //!   pair sum, and sums the centered squares in a second pass only where their difference would
 //!   cancel more than two bits. Rows of at most [`REGISTER_CHUNKS`] chunks a lane of the
 //!   adapter's subgroup (1,024 F32 / 2,048 16-bit values on 32-lane subgroups) are taken in
-//!   segments instead ([`force_forward_segments`]): a row per run of subgroup-width lanes, 256 /
+//!   segments instead ([`force_segments`]): a row per run of subgroup-width lanes, 256 /
 //!   width rows a workgroup, the row sums by shuffles within the run (no workgroup memory, no
 //!   barrier; not add+RMSNorm of F32 sources); GroupNorm's register backward likewise, which
 //!   then also takes its per-channel parameter partials from the registers. The
 //!   backward splits the rows into at most [`REGISTER_BLOCKS`] blocks, one workgroup each: per
 //!   row it loads x and dy once, computes the row constants, writes dx and adds the weight
 //!   (and bias) partials of its columns in registers; the blocks' partial rows are summed in
-//!   block order. 256 lanes (512 where [`mid_backward`] says) up to 8,192 / 16,384 columns;
+//!   block order. In segments (the same rows as the forwards', every kind) each segment takes
+//!   its share of the block's rows in turn and the segments' partials are added in segment
+//!   order (workgroup memory) into the block's. 256 lanes (512 where [`mid_backward`] says)
+//!   up to 8,192 / 16,384 columns;
 //!   for RMSNorm and add+RMSNorm 1,024 lanes that read the row a second time for dx (mostly
 //!   from cache) up to 16,384 / 32,768.
 //!   add+RMSNorm on 256 lanes, and every 1,024-lane launch, hold the
@@ -108,13 +111,14 @@ pub fn force_register_blocks(blocks: Option<usize>) {
     FORCED_REGISTER_BLOCKS.with(|f| f.set(blocks));
 }
 
-/// Forces the segments of the register forwards for launches from the calling thread:
-/// `Some(0)` none (one row a workgroup), `Some(w)` rows of `w` lanes (a power of two, at most
-/// the register rows' subgroup width) where the row fits, `None` the rule (segments as wide as
-/// that subgroup width wherever the row fits [`REGISTER_CHUNKS`] a lane of them). Results
-/// differ in the last bits (the row sums group differently); for tests and measurements.
+/// Forces the segments of the register forwards and backwards for launches from the calling
+/// thread: `Some(0)` none (one row a workgroup), `Some(w)` rows of `w` lanes (a power of two,
+/// at most the register rows' subgroup width) where the row fits, `None` the rule (segments
+/// as wide as that subgroup width wherever the row fits [`REGISTER_CHUNKS`] a lane of them;
+/// [`segment_plan`]). Results differ in the last bits (the row sums
+/// group differently); for tests and measurements.
 #[doc(hidden)]
-pub fn force_forward_segments(width: Option<u64>) {
+pub fn force_segments(width: Option<u64>) {
     FORCED_SEGMENTS.with(|f| f.set(width));
 }
 
@@ -712,25 +716,24 @@ fn register_plan(
     })
 }
 
-/// Segments of a register forward of `kind` over rows of `chunks` chunks of `dtype`, where
-/// the adapter's subgroups allow them: as wide as the register rows' subgroup width, if the
-/// row fits [`REGISTER_CHUNKS`] a lane of it, for every kind but add+RMSNorm of F32 sources
-/// (a width forced by [`force_forward_segments`] instead, for every kind). On an H200
-/// (segments of 32 lanes, `notes/h200/2026-12-04-s28/segments/`, µs against one row a
-/// workgroup): GroupNorm `[8192, 32, 256]` with 8 groups F32 169 → 141, BF16 166 → 92;
-/// 65536×1024 RMSNorm F32 145 → 137, BF16 130 → 77, LayerNorm F32 163 → 139, BF16 157 → 81,
-/// add+RMSNorm BF16 162 → 145, but add+RMSNorm F32 258 → 271.
-fn segment_plan(
-    engine: &Engine,
-    kind: NormKind,
-    chunks: usize,
-    dtype: DType,
-) -> Option<RegisterPlan> {
+/// Segments (`SEG`) for rows of `chunks` chunks, where the adapter's subgroups allow them: as
+/// wide as the register rows' subgroup width, if the row fits [`REGISTER_CHUNKS`] a lane of it
+/// and the launch's rule `allows` them; a width forced by [`force_segments`] instead, whatever
+/// the rule. The forwards take them for every kind but add+RMSNorm of F32 sources, the
+/// register backwards (RMSNorm, LayerNorm, add+RMSNorm; GroupNorm's follows its forward) for
+/// every kind. On an H200 (segments of 32 lanes against one row a workgroup, µs; forwards
+/// `notes/h200/2026-12-04-s28/segments/`, backwards `narrow-backward/`): GroupNorm
+/// `[8192, 32, 256]` with 8 groups forward F32 169 → 141, BF16 166 → 92; 65536×1024 forwards
+/// RMSNorm F32 145 → 137, BF16 130 → 77, LayerNorm F32 163 → 139, BF16 157 → 81, add+RMSNorm
+/// BF16 162 → 145, but add+RMSNorm F32 258 → 271; 65536×1024 backwards RMSNorm F32 330 → 220,
+/// BF16 334 → 161, LayerNorm F32 339 → 240, BF16 339 → 183, add+RMSNorm F32 374 → 292, BF16
+/// 349 → 212.
+fn segment_plan(engine: &Engine, chunks: usize, allows: bool) -> Option<RegisterPlan> {
     let width = u64::from(crate::reduce::rows_subgroup_width(engine, true)?);
     let width = match FORCED_SEGMENTS.with(std::cell::Cell::get) {
         Some(0) => return None,
         Some(w) if w.is_power_of_two() => w.min(width),
-        _ if kind == NormKind::AddRms && dtype == DType::F32 => return None,
+        _ if !allows => return None,
         _ => width,
     };
     RegisterPlan::segments(width, chunks)
@@ -756,7 +759,11 @@ fn forward_plan(
         {
             return Some(plan);
         }
-    } else if let Some(plan) = segment_plan(engine, kind, chunks, dtype) {
+    } else if let Some(plan) = segment_plan(
+        engine,
+        chunks,
+        !(kind == NormKind::AddRms && dtype == DType::F32),
+    ) {
         return Some(plan);
     }
     RegisterPlan::on(forward_lanes(kind, chunks, max)?, chunks)
@@ -1347,7 +1354,8 @@ pub fn norm_backward_as(
         let plan = register_plan(engine, cols, xdt, wide_chunks);
         // 512 lanes instead of 256 (`mid_backward`), or the lanes forced for a measurement
         // (512, or 1,024 reading rows twice up to 4 chunks a lane, where they fit).
-        let lanes = match FORCED_BACKWARD_LANES.with(std::cell::Cell::get) {
+        let forced = FORCED_BACKWARD_LANES.with(std::cell::Cell::get);
+        let lanes = match forced {
             Some(l @ (MID_WG | WIDE_WG)) => Some(l),
             Some(_) => None,
             None => plan
@@ -1356,10 +1364,18 @@ pub fn norm_backward_as(
                 })
                 .map(|_| MID_WG),
         };
+        // Rows within 8 chunks a lane of a subgroup: segments (`segment_plan`), unless lanes
+        // are forced. Each segment takes its rows of the block in turn; the segments'
+        // parameter partials are added in segment order before the block's partial row is
+        // written.
+        let segments = plan
+            .filter(|_| forced.is_none())
+            .and_then(|_| segment_plan(engine, row_chunks(cols, xdt)?, true));
         lanes
             .filter(|&l| plan.is_some() && l <= max_lanes(engine))
             .and_then(|l| RegisterPlan::on(l, row_chunks(cols, xdt)?))
             .filter(|p| !p.wide() || p.chunks <= 4)
+            .or(segments)
             .or(plan)
     } else {
         None
@@ -1644,7 +1660,7 @@ fn register_backward(
     // Subgroup reductions only for the 1,024-lane backwards (4–6% faster on an H200); on 256
     // and 512 lanes they were no faster, and 5–12% slower for the 16-bit LayerNorm backward
     // (`notes/h200/2026-12-01-es/subgroups/`).
-    let kernel = plan.kernel(engine, plan.wide(), &mut constants);
+    let kernel = plan.kernel(engine, plan.wide() || plan.segment > 0, &mut constants);
     if saved.kind == NormKind::Layer {
         let (Some(mean), Some(corr)) = (&saved.mean, &saved.mean_correction) else {
             return Err(incomplete(
@@ -1669,7 +1685,9 @@ fn register_backward(
             blocks as u64,
         )?;
     } else {
-        let words = register_backward_words(saved.kind == NormKind::AddRms, plan.wide());
+        // Segments hold widened values (the words kernel has no segments; the same bits).
+        let words = plan.segment == 0
+            && register_backward_words(saved.kind == NormKind::AddRms, plan.wide());
         engine.launch(
             kernel,
             if words {

@@ -558,15 +558,16 @@ fn register_forwards_on_every_lane_count() {
 }
 
 #[test]
-fn register_forwards_in_segments() {
-    // The register forwards with rows of 2 and 4 lanes (segments), the rule (segments of the
-    // adapter's subgroup width where the row fits; without subgroups, one row a workgroup) and
-    // none, against the reference: rows of 1 to 8 chunks a lane, a row count that leaves the
+fn register_paths_in_segments() {
+    // The register forwards and backwards with rows of 2 and 4 lanes (segments), the rule
+    // (segments of the adapter's subgroup width where the row fits; without subgroups, one row
+    // a workgroup) and none, against the reference (the backwards' parameter gradients add the
+    // segments' partials): rows of 1 to 8 chunks a lane, a row count that leaves the
     // last workgroup part empty, every kind (LayerNorm with a 1e4 offset and with outlying
     // first chunks, which take the second pass), then reruns bit for bit.
     let mut seed = 3100;
     for seg in [Some(2u64), Some(4), None, Some(0)] {
-        norm::force_forward_segments(seg);
+        norm::force_segments(seg);
         for (dt, cols) in [
             (DType::F32, 4),
             (DType::F32, 24),
@@ -630,7 +631,7 @@ fn register_forwards_in_segments() {
         };
         assert!(run() == run(), "segments {seg:?}: second run differs");
     }
-    norm::force_forward_segments(None);
+    norm::force_segments(None);
 }
 
 #[test]

@@ -831,12 +831,13 @@ fn poly_backward_columns(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 // "Register backward, words kept").
 
 override CHUNKS: u32 = 8u; // chunks per lane: 1, 2, 4 or 8 (the unused registers fold away)
-// Segments (the forwards and the GroupNorm backward, subgroup modules only): 0, one row a
-// workgroup; else a power of two no larger than SG_WIDTH, and each run of SEG consecutive
-// lanes (within one subgroup) owns a row of at most CHUNKS × SEG chunks, WG / SEG rows a
-// workgroup, its sums a butterfly over the segment (`segment_pairs`): no workgroup memory and
-// no barrier. For short rows (GroupNorm's (sample, group) rows, narrow models), where one row
-// a workgroup leaves lanes idle and spends its time in the workgroup tree.
+// Segments (the register forwards and backwards, 256-lane subgroup modules only): 0, one row
+// a workgroup; else a power of two no larger than SG_WIDTH, and each run of SEG consecutive
+// lanes (within one subgroup) owns a row of at most CHUNKS × SEG chunks, WG / SEG rows at a
+// time a workgroup, its sums a butterfly over the segment (`segment_pairs`): no workgroup
+// memory and no barrier (the backwards add their segments' parameter partials once, at the
+// end: `put_block_part`). For short rows (GroupNorm's (sample, group) rows, narrow models),
+// where one row a workgroup leaves lanes idle and spends its time in the workgroup tree.
 override SEG: u32 = 0u;
 // Backward: load the row's chunks again for dx (from cache) instead of keeping them in
 // registers across the row sum (rows too wide for the registers of the whole row).
@@ -1722,6 +1723,59 @@ fn dyt_backward_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
     }
 }
 
+// The rows of block `block` (params.block_rows rows from block · block_rows) that invocation
+// `lid` of a register backward takes, and its lane within its row: every row, one after the
+// other (SEG 0); or, in segments, segment s = lid / SEG takes rows first + s, first + s + WG /
+// SEG, ... (its own row sums, `segment_pairs`).
+struct RowsOf {
+    first: u32,
+    last: u32,
+    step: u32,
+    lane: u32,
+    segment: u32,
+}
+
+fn rows_of(block: u32, lid: u32) -> RowsOf {
+    let first = block * params.block_rows;
+    let last = min(first + params.block_rows, params.rows);
+    if (SEG == 0u) {
+        return RowsOf(first, last, 1u, lid, 0u);
+    }
+    let seg = max(SEG, 1u);
+    return RowsOf(first + lid / seg, last, WG / seg, lid % seg, lid / seg);
+}
+
+// The segments' partials of one chunk slot, added across the segments (segments run on
+// 256-lane workgroups only): the low and high vec4 of each invocation's Vals.
+var<workgroup> segment_parts: array<vec4<f32>, 512>;
+
+// The block's partials of slot `slot` for the lane's k-th chunk (`put_part`); in segments,
+// first the segments' sums of the same columns added in segment order (through workgroup
+// memory: two barriers; call from uniform control flow).
+fn put_block_part(acc: Vals, slot: u32, block: u32, k: u32, r: RowsOf, n: u32) {
+    if (SEG == 0u) {
+        put_part(acc, slot, block, k, r.lane, n);
+        return;
+    }
+    if (k >= CHUNKS) {
+        return;
+    }
+    let seg = max(SEG, 1u);
+    let me = r.segment * seg + r.lane;
+    segment_parts[me] = acc.lo;
+    segment_parts[256u + me] = acc.hi;
+    workgroupBarrier();
+    if (r.segment == 0u) {
+        var total = vzero();
+        for (var t = 0u; t < WG / seg; t = t + 1u) {
+            let at = t * seg + r.lane;
+            total = vadd(total, Vals(segment_parts[at], segment_parts[256u + at]));
+        }
+        put_part(total, slot, block, k, r.lane, n);
+    }
+    workgroupBarrier();
+}
+
 // The block's partials of slot `slot` for the lane's k-th chunk.
 fn put_part(acc: Vals, slot: u32, block: u32, k: u32, lid: u32, n: u32) {
     if (!has(k, lid, n)) {
@@ -1784,11 +1838,11 @@ fn rms_source(k: u32, lid: u32, n: u32, base: u32) -> Vals {
 fn rms_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let block = group_index(wid, nwg);
-    let first = block * params.block_rows;
-    if (first >= params.rows) {
+    if (block * params.block_rows >= params.rows) {
         return;
     }
-    let last = min(first + params.block_rows, params.rows);
+    let r = rows_of(block, lid);
+    let lane = r.lane;
     let n = params.cols / chunk_len();
     var a0 = vzero();
     var a1 = vzero();
@@ -1798,48 +1852,48 @@ fn rms_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     var a5 = vzero();
     var a6 = vzero();
     var a7 = vzero();
-    for (var row = first; row < last; row = row + 1u) {
+    for (var row = r.first; row < r.last; row = row + r.step) {
         let base = row * n;
         let inv = inv_in[row];
-        let s0 = rms_source(0u, lid, n, base);
-        let s1 = rms_source(1u, lid, n, base);
-        let s2 = rms_source(2u, lid, n, base);
-        let s3 = rms_source(3u, lid, n, base);
-        let s4_ = rms_source(4u, lid, n, base);
-        let s5 = rms_source(5u, lid, n, base);
-        let s6 = rms_source(6u, lid, n, base);
-        let s7 = rms_source(7u, lid, n, base);
-        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
-        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
-        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
-        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
-        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
-        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
-        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
-        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
-        let t = ((rms_dot(s0, d0, 0u, lid, n, inv) + rms_dot(s1, d1, 1u, lid, n, inv))
-            + (rms_dot(s2, d2, 2u, lid, n, inv) + rms_dot(s3, d3, 3u, lid, n, inv)))
-            + ((rms_dot(s4_, d4, 4u, lid, n, inv) + rms_dot(s5, d5, 5u, lid, n, inv))
-            + (rms_dot(s6, d6, 6u, lid, n, inv) + rms_dot(s7, d7, 7u, lid, n, inv)));
-        let c2 = row_sum(t, lid) / f32(params.cols);
-        rms_step(&a0, s0, d0, 0u, lid, n, base, inv, c2);
-        rms_step(&a1, s1, d1, 1u, lid, n, base, inv, c2);
-        rms_step(&a2, s2, d2, 2u, lid, n, base, inv, c2);
-        rms_step(&a3, s3, d3, 3u, lid, n, base, inv, c2);
-        rms_step(&a4, s4_, d4, 4u, lid, n, base, inv, c2);
-        rms_step(&a5, s5, d5, 5u, lid, n, base, inv, c2);
-        rms_step(&a6, s6, d6, 6u, lid, n, base, inv, c2);
-        rms_step(&a7, s7, d7, 7u, lid, n, base, inv, c2);
+        let s0 = rms_source(0u, lane, n, base);
+        let s1 = rms_source(1u, lane, n, base);
+        let s2 = rms_source(2u, lane, n, base);
+        let s3 = rms_source(3u, lane, n, base);
+        let s4_ = rms_source(4u, lane, n, base);
+        let s5 = rms_source(5u, lane, n, base);
+        let s6 = rms_source(6u, lane, n, base);
+        let s7 = rms_source(7u, lane, n, base);
+        let d0 = vals(ld_dy4(0u, lane, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lane, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lane, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lane, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lane, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lane, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lane, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lane, n, base), DX);
+        let t = ((rms_dot(s0, d0, 0u, lane, n, inv) + rms_dot(s1, d1, 1u, lane, n, inv))
+            + (rms_dot(s2, d2, 2u, lane, n, inv) + rms_dot(s3, d3, 3u, lane, n, inv)))
+            + ((rms_dot(s4_, d4, 4u, lane, n, inv) + rms_dot(s5, d5, 5u, lane, n, inv))
+            + (rms_dot(s6, d6, 6u, lane, n, inv) + rms_dot(s7, d7, 7u, lane, n, inv)));
+        let c2 = row_sum(t, lane) / f32(params.cols);
+        rms_step(&a0, s0, d0, 0u, lane, n, base, inv, c2);
+        rms_step(&a1, s1, d1, 1u, lane, n, base, inv, c2);
+        rms_step(&a2, s2, d2, 2u, lane, n, base, inv, c2);
+        rms_step(&a3, s3, d3, 3u, lane, n, base, inv, c2);
+        rms_step(&a4, s4_, d4, 4u, lane, n, base, inv, c2);
+        rms_step(&a5, s5, d5, 5u, lane, n, base, inv, c2);
+        rms_step(&a6, s6, d6, 6u, lane, n, base, inv, c2);
+        rms_step(&a7, s7, d7, 7u, lane, n, base, inv, c2);
     }
     if (HAS_W) {
-        put_part(a0, 0u, block, 0u, lid, n);
-        put_part(a1, 0u, block, 1u, lid, n);
-        put_part(a2, 0u, block, 2u, lid, n);
-        put_part(a3, 0u, block, 3u, lid, n);
-        put_part(a4, 0u, block, 4u, lid, n);
-        put_part(a5, 0u, block, 5u, lid, n);
-        put_part(a6, 0u, block, 6u, lid, n);
-        put_part(a7, 0u, block, 7u, lid, n);
+        put_block_part(a0, 0u, block, 0u, r, n);
+        put_block_part(a1, 0u, block, 1u, r, n);
+        put_block_part(a2, 0u, block, 2u, r, n);
+        put_block_part(a3, 0u, block, 3u, r, n);
+        put_block_part(a4, 0u, block, 4u, r, n);
+        put_block_part(a5, 0u, block, 5u, r, n);
+        put_block_part(a6, 0u, block, 6u, r, n);
+        put_block_part(a7, 0u, block, 7u, r, n);
     }
 }
 
@@ -1872,11 +1926,11 @@ fn ln_step(aw: ptr<function, Vals>, ab: ptr<function, Vals>, x: vec4<u32>, d: Va
 fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                             @builtin(local_invocation_index) lid: u32) {
     let block = group_index(wid, nwg);
-    let first = block * params.block_rows;
-    if (first >= params.rows) {
+    if (block * params.block_rows >= params.rows) {
         return;
     }
-    let last = min(first + params.block_rows, params.rows);
+    let r = rows_of(block, lid);
+    let lane = r.lane;
     let n = params.cols / chunk_len();
     var a0 = vzero();
     var a1 = vzero();
@@ -1894,60 +1948,60 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
     var b5 = vzero();
     var b6 = vzero();
     var b7 = vzero();
-    for (var row = first; row < last; row = row + 1u) {
+    for (var row = r.first; row < r.last; row = row + r.step) {
         let base = row * n;
         let inv = inv_in[row];
         let mean = mean_in[row];
         let corr = corr_in[row];
-        let x0 = ld_x4(0u, lid, n, base);
-        let x1 = ld_x4(1u, lid, n, base);
-        let x2 = ld_x4(2u, lid, n, base);
-        let x3 = ld_x4(3u, lid, n, base);
-        let x4_ = ld_x4(4u, lid, n, base);
-        let x5 = ld_x4(5u, lid, n, base);
-        let x6 = ld_x4(6u, lid, n, base);
-        let x7 = ld_x4(7u, lid, n, base);
-        let d0 = vals(ld_dy4(0u, lid, n, base), DX);
-        let d1 = vals(ld_dy4(1u, lid, n, base), DX);
-        let d2 = vals(ld_dy4(2u, lid, n, base), DX);
-        let d3 = vals(ld_dy4(3u, lid, n, base), DX);
-        let d4 = vals(ld_dy4(4u, lid, n, base), DX);
-        let d5 = vals(ld_dy4(5u, lid, n, base), DX);
-        let d6 = vals(ld_dy4(6u, lid, n, base), DX);
-        let d7 = vals(ld_dy4(7u, lid, n, base), DX);
-        let t = ((ln_sums(x0, d0, 0u, lid, n, mean, corr, inv) + ln_sums(x1, d1, 1u, lid, n, mean, corr, inv))
-            + (ln_sums(x2, d2, 2u, lid, n, mean, corr, inv) + ln_sums(x3, d3, 3u, lid, n, mean, corr, inv)))
-            + ((ln_sums(x4_, d4, 4u, lid, n, mean, corr, inv) + ln_sums(x5, d5, 5u, lid, n, mean, corr, inv))
-            + (ln_sums(x6, d6, 6u, lid, n, mean, corr, inv) + ln_sums(x7, d7, 7u, lid, n, mean, corr, inv)));
-        let c = row_sum2(t, lid) / f32(params.cols);
-        ln_step(&a0, &b0, x0, d0, 0u, lid, n, base, mean, corr, inv, c);
-        ln_step(&a1, &b1, x1, d1, 1u, lid, n, base, mean, corr, inv, c);
-        ln_step(&a2, &b2, x2, d2, 2u, lid, n, base, mean, corr, inv, c);
-        ln_step(&a3, &b3, x3, d3, 3u, lid, n, base, mean, corr, inv, c);
-        ln_step(&a4, &b4_, x4_, d4, 4u, lid, n, base, mean, corr, inv, c);
-        ln_step(&a5, &b5, x5, d5, 5u, lid, n, base, mean, corr, inv, c);
-        ln_step(&a6, &b6, x6, d6, 6u, lid, n, base, mean, corr, inv, c);
-        ln_step(&a7, &b7, x7, d7, 7u, lid, n, base, mean, corr, inv, c);
+        let x0 = ld_x4(0u, lane, n, base);
+        let x1 = ld_x4(1u, lane, n, base);
+        let x2 = ld_x4(2u, lane, n, base);
+        let x3 = ld_x4(3u, lane, n, base);
+        let x4_ = ld_x4(4u, lane, n, base);
+        let x5 = ld_x4(5u, lane, n, base);
+        let x6 = ld_x4(6u, lane, n, base);
+        let x7 = ld_x4(7u, lane, n, base);
+        let d0 = vals(ld_dy4(0u, lane, n, base), DX);
+        let d1 = vals(ld_dy4(1u, lane, n, base), DX);
+        let d2 = vals(ld_dy4(2u, lane, n, base), DX);
+        let d3 = vals(ld_dy4(3u, lane, n, base), DX);
+        let d4 = vals(ld_dy4(4u, lane, n, base), DX);
+        let d5 = vals(ld_dy4(5u, lane, n, base), DX);
+        let d6 = vals(ld_dy4(6u, lane, n, base), DX);
+        let d7 = vals(ld_dy4(7u, lane, n, base), DX);
+        let t = ((ln_sums(x0, d0, 0u, lane, n, mean, corr, inv) + ln_sums(x1, d1, 1u, lane, n, mean, corr, inv))
+            + (ln_sums(x2, d2, 2u, lane, n, mean, corr, inv) + ln_sums(x3, d3, 3u, lane, n, mean, corr, inv)))
+            + ((ln_sums(x4_, d4, 4u, lane, n, mean, corr, inv) + ln_sums(x5, d5, 5u, lane, n, mean, corr, inv))
+            + (ln_sums(x6, d6, 6u, lane, n, mean, corr, inv) + ln_sums(x7, d7, 7u, lane, n, mean, corr, inv)));
+        let c = row_sum2(t, lane) / f32(params.cols);
+        ln_step(&a0, &b0, x0, d0, 0u, lane, n, base, mean, corr, inv, c);
+        ln_step(&a1, &b1, x1, d1, 1u, lane, n, base, mean, corr, inv, c);
+        ln_step(&a2, &b2, x2, d2, 2u, lane, n, base, mean, corr, inv, c);
+        ln_step(&a3, &b3, x3, d3, 3u, lane, n, base, mean, corr, inv, c);
+        ln_step(&a4, &b4_, x4_, d4, 4u, lane, n, base, mean, corr, inv, c);
+        ln_step(&a5, &b5, x5, d5, 5u, lane, n, base, mean, corr, inv, c);
+        ln_step(&a6, &b6, x6, d6, 6u, lane, n, base, mean, corr, inv, c);
+        ln_step(&a7, &b7, x7, d7, 7u, lane, n, base, mean, corr, inv, c);
     }
     if (HAS_W) {
-        put_part(a0, 0u, block, 0u, lid, n);
-        put_part(a1, 0u, block, 1u, lid, n);
-        put_part(a2, 0u, block, 2u, lid, n);
-        put_part(a3, 0u, block, 3u, lid, n);
-        put_part(a4, 0u, block, 4u, lid, n);
-        put_part(a5, 0u, block, 5u, lid, n);
-        put_part(a6, 0u, block, 6u, lid, n);
-        put_part(a7, 0u, block, 7u, lid, n);
+        put_block_part(a0, 0u, block, 0u, r, n);
+        put_block_part(a1, 0u, block, 1u, r, n);
+        put_block_part(a2, 0u, block, 2u, r, n);
+        put_block_part(a3, 0u, block, 3u, r, n);
+        put_block_part(a4, 0u, block, 4u, r, n);
+        put_block_part(a5, 0u, block, 5u, r, n);
+        put_block_part(a6, 0u, block, 6u, r, n);
+        put_block_part(a7, 0u, block, 7u, r, n);
     }
     if (HAS_B) {
-        put_part(b0, 1u, block, 0u, lid, n);
-        put_part(b1, 1u, block, 1u, lid, n);
-        put_part(b2, 1u, block, 2u, lid, n);
-        put_part(b3, 1u, block, 3u, lid, n);
-        put_part(b4_, 1u, block, 4u, lid, n);
-        put_part(b5, 1u, block, 5u, lid, n);
-        put_part(b6, 1u, block, 6u, lid, n);
-        put_part(b7, 1u, block, 7u, lid, n);
+        put_block_part(b0, 1u, block, 0u, r, n);
+        put_block_part(b1, 1u, block, 1u, r, n);
+        put_block_part(b2, 1u, block, 2u, r, n);
+        put_block_part(b3, 1u, block, 3u, r, n);
+        put_block_part(b4_, 1u, block, 4u, r, n);
+        put_block_part(b5, 1u, block, 5u, r, n);
+        put_block_part(b6, 1u, block, 6u, r, n);
+        put_block_part(b7, 1u, block, 7u, r, n);
     }
 }
 
