@@ -1660,6 +1660,10 @@ fn register_backward(
     // Subgroup reductions only for the 1,024-lane backwards (4–6% faster on an H200); on 256
     // and 512 lanes they were no faster, and 5–12% slower for the 16-bit LayerNorm backward
     // (`notes/h200/2026-12-01-es/subgroups/`).
+    if plan.segment > 0 {
+        // Workgroup memory for the segments' partials (two vec4s a lane of 256).
+        constants.push(("SEG_PARTS", 512.0));
+    }
     let kernel = plan.kernel(engine, plan.wide() || plan.segment > 0, &mut constants);
     if saved.kind == NormKind::Layer {
         let (Some(mean), Some(corr)) = (&saved.mean, &saved.mean_correction) else {

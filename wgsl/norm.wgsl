@@ -1746,8 +1746,11 @@ fn rows_of(block: u32, lid: u32) -> RowsOf {
 }
 
 // The segments' partials of one chunk slot, added across the segments (segments run on
-// 256-lane workgroups only): the low and high vec4 of each invocation's Vals.
-var<workgroup> segment_parts: array<vec4<f32>, 512>;
+// 256-lane workgroups only): the low and high vec4 of each invocation's Vals. Sized by the host:
+// 512 for a backward in segments, else 1, so that no other pipeline holds workgroup memory it
+// does not use (8 KiB of it had made the H200's 8,192-wide backwards up to 30% slower).
+override SEG_PARTS: u32 = 1u;
+var<workgroup> segment_parts: array<vec4<f32>, SEG_PARTS>;
 
 // The block's partials of slot `slot` for the lane's k-th chunk (`put_part`); in segments,
 // first the segments' sums of the same columns added in segment order (through workgroup
