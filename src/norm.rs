@@ -115,8 +115,8 @@ pub fn force_register_blocks(blocks: Option<usize>) {
 /// thread: `Some(0)` none (one row a workgroup), `Some(w)` rows of `w` lanes (a power of two,
 /// at most the register rows' subgroup width) where the row fits, `None` the rule (segments
 /// as wide as that subgroup width wherever the row fits [`REGISTER_CHUNKS`] a lane of them;
-/// [`segment_plan`]). Results differ in the last bits (the row sums
-/// group differently); for tests and measurements.
+/// [`segment_plan`]). Results differ in the last bits (the row sums group differently); for
+/// tests and measurements.
 #[doc(hidden)]
 pub fn force_segments(width: Option<u64>) {
     FORCED_SEGMENTS.with(|f| f.set(width));
@@ -616,7 +616,7 @@ pub fn register_backward_words(add: bool, wide: bool) -> bool {
 struct RegisterPlan {
     lanes: u64,
     chunks: u32,
-    /// Lanes a row in a forward of segments (`SEG`), 0 for one row a workgroup.
+    /// Lanes a row in segments (`SEG`), 0 for one row a workgroup.
     segment: u64,
 }
 
@@ -635,8 +635,8 @@ impl RegisterPlan {
             })
     }
 
-    /// A forward of segments: rows of `row_chunks` chunks, `width` lanes each, on workgroups
-    /// of 256 lanes; `None` where the row needs more than [`REGISTER_CHUNKS`] a lane.
+    /// Segments: rows of `row_chunks` chunks, `width` lanes each, on workgroups of 256
+    /// lanes; `None` where the row needs more than [`REGISTER_CHUNKS`] a lane.
     fn segments(width: u64, row_chunks: usize) -> Option<RegisterPlan> {
         RegisterPlan::on(width, row_chunks).map(|p| RegisterPlan {
             lanes: WG,
