@@ -723,9 +723,9 @@ fn register_plan(
 /// register backwards (RMSNorm, LayerNorm, add+RMSNorm; GroupNorm's follows its forward) for
 /// every kind. On an H200 (segments of 32 lanes against one row a workgroup, µs; forwards
 /// `notes/h200/2026-12-04-s28/segments/`, backwards `narrow-backward/`): GroupNorm
-/// `[8192, 32, 256]` with 8 groups forward F32 169 → 141, BF16 166 → 92; 65536×1024 forwards
-/// RMSNorm F32 145 → 137, BF16 130 → 77, LayerNorm F32 163 → 139, BF16 157 → 81, add+RMSNorm
-/// BF16 162 → 145, but add+RMSNorm F32 258 → 271; 65536×1024 backwards RMSNorm F32 330 → 220,
+/// `[8192, 32, 256]` with 8 groups forward F32 169 → 140, BF16 166 → 93; 65536×1024 forwards
+/// RMSNorm F32 145 → 137, BF16 130 → 77, LayerNorm F32 162 → 140, BF16 157 → 81, add+RMSNorm
+/// BF16 162 → 146, but add+RMSNorm F32 258 → 271; 65536×1024 backwards RMSNorm F32 330 → 220,
 /// BF16 334 → 161, LayerNorm F32 339 → 240, BF16 339 → 183, add+RMSNorm F32 374 → 292, BF16
 /// 349 → 212.
 fn segment_plan(engine: &Engine, chunks: usize, allows: bool) -> Option<RegisterPlan> {
@@ -752,21 +752,18 @@ fn forward_plan(
     register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)?;
     let chunks = row_chunks(cols, dtype)?;
     let max = max_lanes(engine);
-    if let Some(lanes) = FORCED_FORWARD_LANES.with(std::cell::Cell::get) {
-        if let Some(plan) = Some(lanes)
-            .filter(|&l| l <= max)
-            .and_then(|l| RegisterPlan::on(l, chunks))
-        {
-            return Some(plan);
-        }
-    } else if let Some(plan) = segment_plan(
-        engine,
-        chunks,
-        !(kind == NormKind::AddRms && dtype == DType::F32),
-    ) {
-        return Some(plan);
-    }
-    RegisterPlan::on(forward_lanes(kind, chunks, max)?, chunks)
+    let forced = FORCED_FORWARD_LANES.with(std::cell::Cell::get);
+    let allows = !(kind == NormKind::AddRms && dtype == DType::F32);
+    forced
+        .filter(|&l| l <= max)
+        .and_then(|l| RegisterPlan::on(l, chunks))
+        .or_else(|| {
+            forced
+                .is_none()
+                .then(|| segment_plan(engine, chunks, allows))
+                .flatten()
+        })
+        .or_else(|| RegisterPlan::on(forward_lanes(kind, chunks, max)?, chunks))
 }
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
@@ -1661,8 +1658,8 @@ fn register_backward(
     // and 512 lanes they were no faster, and 5–12% slower for the 16-bit LayerNorm backward
     // (`notes/h200/2026-12-01-es/subgroups/`).
     if plan.segment > 0 {
-        // Workgroup memory for the segments' partials (two vec4s a lane of 256).
-        constants.push(("SEG_PARTS", 512.0));
+        // Workgroup memory for the segments' partials: two vec4s a lane.
+        constants.push(("SEG_PARTS", (2 * plan.lanes) as f64));
     }
     let kernel = plan.kernel(engine, plan.wide() || plan.segment > 0, &mut constants);
     if saved.kind == NormKind::Layer {

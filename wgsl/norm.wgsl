@@ -1746,9 +1746,9 @@ fn rows_of(block: u32, lid: u32) -> RowsOf {
 }
 
 // The segments' partials of one chunk slot, added across the segments (segments run on
-// 256-lane workgroups only): the low and high vec4 of each invocation's Vals. Sized by the host:
-// 512 for a backward in segments, else 1, so that no other pipeline holds workgroup memory it
-// does not use (8 KiB of it had made the H200's 8,192-wide backwards up to 30% slower).
+// 256-lane workgroups only): the low and high vec4 of each invocation's Vals, at [lid] and
+// [WG + lid]. Sized by the host: 2 · WG for a backward in segments, else 1, so that no other pipeline holds workgroup memory it
+// does not use (8 KiB of it had made the H200's 8,192-wide backwards up to 27% slower).
 override SEG_PARTS: u32 = 1u;
 var<workgroup> segment_parts: array<vec4<f32>, SEG_PARTS>;
 
@@ -1766,13 +1766,13 @@ fn put_block_part(acc: Vals, slot: u32, block: u32, k: u32, r: RowsOf, n: u32) {
     let seg = max(SEG, 1u);
     let me = r.segment * seg + r.lane;
     segment_parts[me] = acc.lo;
-    segment_parts[256u + me] = acc.hi;
+    segment_parts[WG + me] = acc.hi;
     workgroupBarrier();
     if (r.segment == 0u) {
         var total = vzero();
         for (var t = 0u; t < WG / seg; t = t + 1u) {
             let at = t * seg + r.lane;
-            total = vadd(total, Vals(segment_parts[at], segment_parts[256u + at]));
+            total = vadd(total, Vals(segment_parts[at], segment_parts[WG + at]));
         }
         put_part(total, slot, block, k, r.lane, n);
     }
