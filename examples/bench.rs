@@ -590,6 +590,13 @@ fn main() -> ExitCode {
     // Lanes a row of the norm register forwards' and backwards' segments (0: one row a
     // workgroup; unset: the rules).
     wgrad::norm::force_segments(lanes("WGRAD_NORM_SEGMENT"));
+    // The norm backwards' chunk passes (0: never, the general passes; 1: wherever the rows are
+    // whole chunks; unset: the rule).
+    wgrad::norm::force_chunk_passes(match std::env::var("WGRAD_NORM_CHUNK_PASSES").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
     // The most blocks of the norm register backwards (unset: `norm::REGISTER_BLOCKS`).
     wgrad::norm::force_register_blocks(
         std::env::var("WGRAD_NORM_BLOCKS")

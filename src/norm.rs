@@ -122,7 +122,18 @@ pub fn force_segments(width: Option<u64>) {
     FORCED_SEGMENTS.with(|f| f.set(width));
 }
 
+/// Forces the chunk passes of the backward (`Some(true)`: for every RMSNorm, LayerNorm and
+/// add+RMSNorm of whole-chunk rows whose residual and cotangents share the source's dtype,
+/// even where the register backward holds the row; `Some(false)`: never, the general passes
+/// instead; `None`: the rule, rows the register backward does not hold) for launches from the
+/// calling thread. Results differ in the last bits between paths; for tests and measurements.
+#[doc(hidden)]
+pub fn force_chunk_passes(on: Option<bool>) {
+    FORCED_CHUNK_PASSES.with(|f| f.set(on));
+}
+
 thread_local! {
+    static FORCED_CHUNK_PASSES: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static FORCED_SEGMENTS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     static FORCED_REGISTER_BLOCKS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     static FORCED_FORWARD_LANES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
@@ -1338,13 +1349,13 @@ pub fn norm_backward_as(
     // take the register backward when the rows fit 256 lanes' registers.
     let xdt = x.dtype();
     let same = |t: Option<&Tensor>| t.is_none_or(|t| t.dtype() == xdt);
-    let plan = if matches!(
+    let same_dtypes = matches!(
         saved.kind,
         NormKind::Rms | NormKind::Layer | NormKind::AddRms
     ) && output_gradient.dtype() == xdt
         && same(saved.residual.as_ref())
-        && same(residual_output_gradient)
-    {
+        && same(residual_output_gradient);
+    let plan = if same_dtypes {
         // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice,
         // up to 4 chunks a lane (more would not fit the registers of 1,024 lanes).
         let wide_chunks = if saved.kind == NormKind::Layer { 0 } else { 4 };
@@ -1377,6 +1388,14 @@ pub fn norm_backward_as(
     } else {
         None
     };
+    // Rows of whole chunks that the register backward does not hold take the chunk passes
+    // (or wherever forced, [`force_chunk_passes`]).
+    let chunked = same_dtypes
+        && row_chunks(cols, xdt).is_some()
+        && FORCED_CHUNK_PASSES
+            .with(std::cell::Cell::get)
+            .unwrap_or(plan.is_none());
+    let plan = plan.filter(|_| !chunked);
     // 16-bit sources of an even width (not GroupNorm) take the column pass that owns two
     // columns a lane (`backward_column_pairs`), which also stores a 16-bit gradient.
     let pairs = saved.group.is_none() && xdt != DType::F32 && cols.is_multiple_of(2);
@@ -1517,57 +1536,20 @@ pub fn norm_backward_as(
         spatial: saved.group.map_or(1, |l| l.spatial as u32),
         block_rows: 0,
     };
-    engine.launch(
-        &KERNEL,
-        "backward_rows",
-        &constants,
-        &params,
-        &[
-            x.buffer(),
-            aux.unwrap_or(x).buffer(),
-            saved.mean_correction.as_ref().unwrap_or(x).buffer(),
-            weight.unwrap_or(x).buffer(),
-            saved.inverse.buffer(),
-            output_gradient.buffer(),
-            rowinfo.buffer(),
-        ],
-        rows as u64,
-    )?;
-    // Binding order: the inputs and row constants, then dx and the partials (`dxw`, the
-    // pairs' dx, comes after the partials).
-    let mut columns = vec![
-        x.buffer(),
-        aux.unwrap_or(x).buffer(),
-        weight.unwrap_or(x).buffer(),
-        output_gradient.buffer(),
-        residual_output_gradient.unwrap_or(x).buffer(),
-        rowinfo.buffer(),
-    ];
-    if pairs {
-        columns.extend([partials.buffer(), dx.buffer()]);
-        let mut constants = constants.clone();
-        constants.push(("DDX", f64::from(dtype.code())));
-        let params = Params {
-            total: (stride / 2) as u32,
-            ..params
-        };
-        engine.launch(
-            &KERNEL,
-            "backward_column_pairs",
-            &constants,
-            &params,
-            &columns,
-            (stride as u64 / 2).div_ceil(WG),
+    if chunked {
+        chunk_passes(
+            saved,
+            (x, output_gradient, residual_output_gradient),
+            (&dx, &rowinfo, &partials),
+            params,
         )?;
     } else {
-        columns.extend([dx.buffer(), partials.buffer()]);
-        engine.launch(
-            &KERNEL,
-            "backward_columns",
-            &constants,
-            &params,
-            &columns,
-            (stride as u64).div_ceil(WG),
+        general_passes(
+            saved,
+            (x, aux, output_gradient, residual_output_gradient),
+            (&dx, &rowinfo, &partials),
+            (constants, params),
+            pairs,
         )?;
     }
     if let Some(l) = saved.group {
@@ -1596,6 +1578,161 @@ pub fn norm_backward_as(
         scale,
         shift,
     })
+}
+
+/// The general backward's row pass (`backward_rows`) and column pass (`backward_columns`, or
+/// `backward_column_pairs` for `pairs`), writing dx, the row constants and the partials.
+fn general_passes(
+    saved: &Saved,
+    (x, aux, output_gradient, residual_output_gradient): (
+        &Tensor,
+        Option<&Tensor>,
+        &Tensor,
+        Option<&Tensor>,
+    ),
+    (dx, rowinfo, partials): (&Tensor, &Tensor, &Tensor),
+    (constants, params): (Constants, Params),
+    pairs: bool,
+) -> Result<()> {
+    let engine = x.engine();
+    let weight = saved.weight.as_ref();
+    let stride = params.stride as usize;
+    engine.launch(
+        &KERNEL,
+        "backward_rows",
+        &constants,
+        &params,
+        &[
+            x.buffer(),
+            aux.unwrap_or(x).buffer(),
+            saved.mean_correction.as_ref().unwrap_or(x).buffer(),
+            weight.unwrap_or(x).buffer(),
+            saved.inverse.buffer(),
+            output_gradient.buffer(),
+            rowinfo.buffer(),
+        ],
+        u64::from(params.rows),
+    )?;
+    // Binding order: the inputs and row constants, then dx and the partials (`dxw`, the
+    // pairs' dx, comes after the partials).
+    let mut columns = vec![
+        x.buffer(),
+        aux.unwrap_or(x).buffer(),
+        weight.unwrap_or(x).buffer(),
+        output_gradient.buffer(),
+        residual_output_gradient.unwrap_or(x).buffer(),
+        rowinfo.buffer(),
+    ];
+    if pairs {
+        columns.extend([partials.buffer(), dx.buffer()]);
+        let mut constants = constants.clone();
+        constants.push(("DDX", f64::from(dx.dtype().code())));
+        let params = Params {
+            total: (stride / 2) as u32,
+            ..params
+        };
+        engine.launch(
+            &KERNEL,
+            "backward_column_pairs",
+            &constants,
+            &params,
+            &columns,
+            (stride as u64 / 2).div_ceil(WG),
+        )?;
+    } else {
+        columns.extend([dx.buffer(), partials.buffer()]);
+        engine.launch(
+            &KERNEL,
+            "backward_columns",
+            &constants,
+            &params,
+            &columns,
+            (stride as u64).div_ceil(WG),
+        )?;
+    }
+    Ok(())
+}
+
+/// The chunk passes (`backward_rows_chunks`, then `backward_column_units`; see
+/// `wgsl/norm.wgsl`) of RMSNorm, LayerNorm and add+RMSNorm rows of whole chunks whose
+/// residual and cotangents share the source's dtype: the general passes' row constants, dx
+/// (F32, or 16 bits for a 16-bit source) and partials, read 16 bytes a lane.
+fn chunk_passes(
+    saved: &Saved,
+    (x, output_gradient, residual_output_gradient): (&Tensor, &Tensor, Option<&Tensor>),
+    (dx, rowinfo, partials): (&Tensor, &Tensor, &Tensor),
+    params: Params,
+) -> Result<()> {
+    let engine = x.engine();
+    let weight = saved.weight.as_ref();
+    let mut constants: Constants = vec![
+        ("KIND", saved.kind.code()),
+        ("DX", f64::from(x.dtype().code())),
+        ("DW", code(weight)),
+        ("HAS_W", f64::from(u8::from(weight.is_some()))),
+        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+        (
+            "HAS_DRES",
+            f64::from(u8::from(residual_output_gradient.is_some())),
+        ),
+        ("DDX", f64::from(dx.dtype().code())),
+    ];
+    let column_constants = constants.clone();
+    let rows_kernel =
+        crate::reduce::rows_kernel(engine, &KERNEL, &KERNEL_SUBGROUP, true, &mut constants);
+    let (mean, corr) = match (&saved.mean, &saved.mean_correction) {
+        (Some(m), Some(c)) => (m, c),
+        _ if saved.kind == NormKind::Layer => {
+            return Err(incomplete(
+                "a centered norm needs its mean and mean correction",
+            ));
+        }
+        _ => (x, x),
+    };
+    let residual = saved.residual.as_ref().unwrap_or(x);
+    engine.launch(
+        rows_kernel,
+        "backward_rows_chunks",
+        &constants,
+        &params,
+        &[
+            saved.inverse.buffer(),
+            rowinfo.buffer(),
+            x.buffer(),
+            weight.unwrap_or(x).buffer(),
+            residual.buffer(),
+            output_gradient.buffer(),
+            mean.buffer(),
+            corr.buffer(),
+        ],
+        u64::from(params.rows),
+    )?;
+    // Values a lane owns: a whole 16-bit chunk where dx is 16-bit too, else 4.
+    let unit = if x.dtype() != DType::F32 && dx.dtype() != DType::F32 {
+        8
+    } else {
+        4
+    };
+    let total = params.stride / unit;
+    engine.launch(
+        &KERNEL,
+        "backward_column_units",
+        &column_constants,
+        &Params { total, ..params },
+        &[
+            rowinfo.buffer(),
+            x.buffer(),
+            weight.unwrap_or(x).buffer(),
+            residual.buffer(),
+            output_gradient.buffer(),
+            residual_output_gradient.unwrap_or(x).buffer(),
+            dx.buffer(),
+            partials.buffer(),
+        ],
+        u64::from(total).div_ceil(WG),
+    )?;
+    Ok(())
 }
 
 /// The register backward of RMSNorm, LayerNorm and add+RMSNorm (see `wgsl/norm.wgsl`): one

@@ -2008,6 +2008,203 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
     }
 }
 
+// ---- Chunk passes: rows too wide for the register backward ----
+// RMSNorm, LayerNorm and add+RMSNorm rows of whole chunks (residual and cotangents in the
+// source's dtype) that the register backward does not hold: the general path's two passes and
+// its partials, read in 16-byte chunks instead of word by word.
+// * `backward_rows_chunks`: one workgroup a row; lane t adds Σ dn and Σ dn·n over the row's
+//   chunks t, t + WG, ... (four loaded at a time, in that order), then the row sum; rowinfo as
+//   `backward_rows` writes it.
+// * `backward_column_units`: invocation t owns unit t mod (cols / UNIT) of block
+//   t / (cols / UNIT) (blocks of BLOCK_ROWS rows, `block_rows`), UNIT = `unit_len()` values:
+//   a whole chunk (8 values) where both the source and dx are 16-bit (one 16-byte store of
+//   dx), else 4 (an F32 chunk, or half of a 16-bit chunk, whose lane then writes one F32 vec4
+//   of dx: a workgroup's stores stay contiguous). It walks the block's rows two at a time
+//   (both rows' loads first), writes dx = inv·((dn − c1) − n·c2) (+ the residual-sum
+//   cotangent) and the block's partials of its columns (dy·n in slot 0, dy in slot 1).
+
+// Values of one unit of `backward_column_units`.
+fn unit_len() -> u32 {
+    if (DX != DT_F32 && DDX != DT_F32) {
+        return 8u;
+    }
+    return 4u;
+}
+
+// The row chunk holding unit u, and the unit's values from that chunk's words.
+fn unit_chunk(u: u32) -> u32 {
+    if (DX != DT_F32 && DDX == DT_F32) {
+        return u >> 1u;
+    }
+    return u;
+}
+
+fn unit_vals(w: vec4<u32>, u: u32) -> Vals {
+    if (DX != DT_F32 && DDX == DT_F32) {
+        let h = select(w.xy, w.zw, (u & 1u) == 1u);
+        return Vals(vec4<f32>(widen2(h.x, DX), widen2(h.y, DX)), vec4<f32>());
+    }
+    return vals(w, DX);
+}
+
+// Weight factors of unit u (offset + w, or 1 without a weight), value by value.
+fn unit_wf(u: u32) -> Vals {
+    if (!HAS_W) {
+        return Vals(vec4<f32>(1.0), vec4<f32>(1.0));
+    }
+    let c = u * unit_len();
+    var v = Vals(vec4<f32>(w_one(c), w_one(c + 1u), w_one(c + 2u), w_one(c + 3u)), vec4<f32>());
+    if (unit_len() == 8u) {
+        v.hi = vec4<f32>(w_one(c + 4u), w_one(c + 5u), w_one(c + 6u), w_one(c + 7u));
+    }
+    if (HAS_OFFSET) {
+        v = Vals(v.lo + params.offset, v.hi + params.offset);
+    }
+    return v;
+}
+
+// (Σ dn, Σ dn·n) of row chunk q (row starting at chunk `base`, n chunks; zeros past the row).
+fn chunk_sums(q: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32) -> vec2<f32> {
+    if (q >= n) {
+        return vec2<f32>();
+    }
+    var s = vals(x4[base + q], DX);
+    if (KIND == KIND_ADD) {
+        s = vadd(s, vals(r4[base + q], DX));
+    }
+    let dn = vmul(vals(dy4[base + q], DX), wf_chunk(q));
+    return vec2<f32>(vtotal(dn), vdot(dn, vscale(vcenter(s, mean, corr), inv)));
+}
+
+@compute @workgroup_size(WG)
+fn backward_rows_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let base = row * n;
+    let inv = inv_in[row];
+    var mean = 0.0;
+    var corr = 0.0;
+    if (centered()) {
+        mean = mean_in[row];
+        corr = corr_in[row];
+    }
+    var acc = vec2<f32>();
+    for (var q = lid; q < n; q = q + 4u * WG) {
+        let t = (chunk_sums(q, n, base, mean, corr, inv) + chunk_sums(q + WG, n, base, mean, corr, inv))
+            + (chunk_sums(q + 2u * WG, n, base, mean, corr, inv) + chunk_sums(q + 3u * WG, n, base, mean, corr, inv));
+        acc = acc + t;
+    }
+    let sums = row_sum2(acc, lid) / f32(params.cols);
+    if (lid == 0u) {
+        rowinfo_out[ROWINFO * row] = inv;
+        rowinfo_out[ROWINFO * row + 1u] = mean;
+        rowinfo_out[ROWINFO * row + 2u] = corr;
+        rowinfo_out[ROWINFO * row + 3u] = select(0.0, sums.x, centered());
+        rowinfo_out[ROWINFO * row + 4u] = sums.y;
+    }
+}
+
+// One row's loaded words of a unit: source, residual (add+RMSNorm), cotangent, residual-sum
+// cotangent (HAS_DRES).
+struct UnitWords {
+    x: vec4<u32>,
+    r: vec4<u32>,
+    d: vec4<u32>,
+    dr: vec4<u32>,
+}
+
+fn unit_words(row: u32, n: u32, q: u32) -> UnitWords {
+    let i = row * n + q;
+    var w = UnitWords(x4[i], vec4<u32>(), dy4[i], vec4<u32>());
+    if (KIND == KIND_ADD) {
+        w.r = r4[i];
+    }
+    if (HAS_DRES) {
+        w.dr = dr4[i];
+    }
+    return w;
+}
+
+// dx of unit u of `row` from its words; dy·n added to `pw`, dy to `pb`.
+fn unit_step(pw: ptr<function, Vals>, pb: ptr<function, Vals>, w: UnitWords, row: u32, u: u32,
+             g: Vals) {
+    let inv = rowinfo[ROWINFO * row];
+    let mean = rowinfo[ROWINFO * row + 1u];
+    let corr = rowinfo[ROWINFO * row + 2u];
+    let c1 = rowinfo[ROWINFO * row + 3u];
+    let c2 = rowinfo[ROWINFO * row + 4u];
+    var s = unit_vals(w.x, u);
+    if (KIND == KIND_ADD) {
+        s = vadd(s, unit_vals(w.r, u));
+    }
+    let d = unit_vals(w.d, u);
+    let nrm = vscale(vcenter(s, mean, corr), inv);
+    let dn = vmul(d, g);
+    var v = vscale(Vals((dn.lo - c1) - nrm.lo * c2, (dn.hi - c1) - nrm.hi * c2), inv);
+    if (HAS_DRES) {
+        v = vadd(v, unit_vals(w.dr, u));
+    }
+    let units = params.cols / unit_len();
+    if (unit_len() == 8u) {
+        dx4[row * units + u] = narrow8(v.lo, v.hi, DDX);
+    } else if (DX == DT_F32 || DDX == DT_F32) {
+        dx4[row * units + u] = bitcast<vec4<u32>>(v.lo);
+    }
+    *pw = vadd(*pw, vmul(d, nrm));
+    *pb = vadd(*pb, d);
+}
+
+// The block's partials of slot `slot` for unit u.
+fn put_unit_part(acc: Vals, slot: u32, block: u32, u: u32) {
+    let at = (slot * params.stride + block * params.cols) / 4u;
+    if (unit_len() == 8u) {
+        part4[at + 2u * u] = acc.lo;
+        part4[at + 2u * u + 1u] = acc.hi;
+    } else {
+        part4[at + u] = acc.lo;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn backward_column_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let units = params.cols / unit_len();
+    let block = t / units;
+    let u = t % units;
+    let q = unit_chunk(u);
+    let n = params.cols / chunk_len();
+    let span = block_rows(block);
+    let g = unit_wf(u);
+    var pw = vzero();
+    var pb = vzero();
+    for (var row = span.x; row < span.y; row = row + 2u) {
+        let a = unit_words(row, n, q);
+        let two = row + 1u < span.y;
+        var b = a;
+        if (two) {
+            b = unit_words(row + 1u, n, q);
+        }
+        unit_step(&pw, &pb, a, row, u, g);
+        if (two) {
+            unit_step(&pw, &pb, b, row + 1u, u, g);
+        }
+    }
+    if (HAS_W) {
+        put_unit_part(pw, 0u, block, u);
+    }
+    if (HAS_B) {
+        put_unit_part(pb, 1u, block, u);
+    }
+}
+
 // ---- Register backward, words kept: add+RMSNorm 16-bit and the 1,024-lane path ----
 // `rms_backward_words` computes what `rms_backward_registers` does, with the same operations in
 // the same order (bit-identical results), but holds the source, residual and cotangent chunks
