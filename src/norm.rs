@@ -39,10 +39,19 @@
 //!   order (workgroup memory) into the block's. 256 lanes (512 where [`mid_backward`] says)
 //!   up to 8,192 / 16,384 columns;
 //!   for RMSNorm and add+RMSNorm 1,024 lanes that read the row a second time for dx (mostly
-//!   from cache) up to 16,384 / 32,768.
+//!   from cache) up to 16,384 / 32,768 (RMSNorm of F32 sources up to 32,768: 8 chunks a lane),
+//!   except 16-bit sources with an F32 dx, which take the chunk passes.
 //!   add+RMSNorm on 256 lanes, and every 1,024-lane launch, hold the
 //!   loaded words rather than their widened values across the row sum (same operations in the
 //!   same order, so bit-identical; see [`register_backward_words`]).
+//! * Chunk passes (RMSNorm, LayerNorm, add+RMSNorm rows of whole chunks, residual and
+//!   cotangents in the source's dtype, that the register backward does not hold; see
+//!   [`force_chunk_passes`]): the general backward's two passes read 16 bytes a lane: one
+//!   workgroup per row for its constants, then one invocation per (block of [`BLOCK_ROWS`]
+//!   rows, 4 columns; 8 where dx is 16-bit), two rows a step, writing dx (F32, or 16 bits
+//!   for 16-bit sources) and the block's partials, finished as the register backward's.
+//!   Each row is read twice (49–59% of copy bandwidth at 2048×32768 on an H200, where the
+//!   general kernels reached 33–54%).
 //! * General kernels (every operator, any width): the forward takes one workgroup per row and
 //!   reads the row in chunks of 256 columns (mean, squares, outputs). The backward takes one
 //!   workgroup per row for the two row constants of the input gradient, then one invocation
@@ -1356,9 +1365,16 @@ pub fn norm_backward_as(
         && same(saved.residual.as_ref())
         && same(residual_output_gradient);
     let plan = if same_dtypes {
-        // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice,
-        // up to 4 chunks a lane (more would not fit the registers of 1,024 lanes).
-        let wide_chunks = if saved.kind == NormKind::Layer { 0 } else { 4 };
+        // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice: up
+        // to 8 chunks a lane for RMSNorm of F32 sources (32 weight partials a lane; 2048×32768
+        // on an H200 313 µs, against 335 by the chunk passes, `notes/h200/2026-12-04-s29/
+        // finish-wide8/`), else up to 4 (add+RMSNorm F32 at 8 spills: 945 µs against 453;
+        // 16-bit values hold twice the partials a chunk).
+        let wide_chunks = match (saved.kind, xdt) {
+            (NormKind::Layer, _) => 0,
+            (NormKind::Rms, DType::F32) => 8,
+            _ => 4,
+        };
         let plan = register_plan(engine, cols, xdt, wide_chunks);
         // 512 lanes instead of 256 (`mid_backward`), or the lanes forced for a measurement
         // (512, or 1,024 reading rows twice up to 4 chunks a lane, where they fit).
@@ -1388,13 +1404,16 @@ pub fn norm_backward_as(
     } else {
         None
     };
-    // Rows of whole chunks that the register backward does not hold take the chunk passes
-    // (or wherever forced, [`force_chunk_passes`]).
+    // Rows of whole chunks that the register backward does not hold take the chunk passes,
+    // and so do 16-bit sources with an F32 dx that the 1,024-lane register backward would
+    // take (its lanes store two F32 vec4s 32 bytes apart; RMSNorm bf16 2048×32768 235 → 219
+    // µs, add+RMSNorm 314 → 283 on an H200, `notes/h200/2026-12-04-s29/`); or wherever forced
+    // ([`force_chunk_passes`]).
     let chunked = same_dtypes
         && row_chunks(cols, xdt).is_some()
         && FORCED_CHUNK_PASSES
             .with(std::cell::Cell::get)
-            .unwrap_or(plan.is_none());
+            .unwrap_or(plan.is_none_or(|p| p.wide() && dtype == DType::F32 && xdt != DType::F32));
     let plan = plan.filter(|_| !chunked);
     // 16-bit sources of an even width (not GroupNorm) take the column pass that owns two
     // columns a lane (`backward_column_pairs`), which also stores a 16-bit gradient.
@@ -1561,7 +1580,13 @@ pub fn norm_backward_as(
             dx.reshape(saved.source.shape())?,
         );
     }
-    let all = |slot| finish(engine, &partials, slot, stride, 1, blocks, cols)?.reshape(&[cols]);
+    // The chunk passes' partials (one batch, columns of whole quads) by the register
+    // backward's finish, eight column quads a workgroup: 13–15 → 9–10 µs a slot at
+    // 2048×32768 on an H200 (`notes/h200/2026-12-04-s29/profile-wide8-try/`, `finish-wide8/`).
+    let all = |slot| match chunked {
+        true => partials_finish(&partials, slot * stride, blocks, cols),
+        false => finish(engine, &partials, slot, stride, 1, blocks, cols)?.reshape(&[cols]),
+    };
     let per_batch_sum = |slot| finish(engine, &partials, slot, stride, batches, per_batch, cols);
     let weight_grad = if has_weight { Some(all(0)?) } else { None };
     let (bias, scale, shift) = match saved.kind {
@@ -1735,6 +1760,28 @@ fn chunk_passes(
     Ok(())
 }
 
+/// A parameter gradient from the blocks' partial rows of a slot starting at word `base`
+/// (`partials_finish`: columns in quads, each a fixed-order sum over the blocks; `cols` and
+/// `base` multiples of 4).
+fn partials_finish(partials: &Tensor, base: usize, blocks: usize, cols: usize) -> Result<Tensor> {
+    let engine = partials.engine();
+    let out = Tensor::empty(engine, &[cols], DType::F32, "norm parameter gradient")?;
+    engine.launch(
+        &KERNEL,
+        "partials_finish",
+        &Constants::new(),
+        &Params {
+            cols: cols as u32,
+            blocks_per_batch: blocks as u32,
+            base: base as u32,
+            ..Params::default()
+        },
+        &[out.buffer(), partials.buffer()],
+        (cols as u64).div_ceil(FINISH_COLUMNS),
+    )?;
+    Ok(out)
+}
+
 /// The register backward of RMSNorm, LayerNorm and add+RMSNorm (see `wgsl/norm.wgsl`): one
 /// workgroup per block of rows, one read of the source and cotangent, the blocks' parameter
 /// partials summed in block order.
@@ -1848,23 +1895,7 @@ fn register_backward(
             blocks as u64,
         )?;
     }
-    let all = |slot: usize| -> Result<Tensor> {
-        let out = Tensor::empty(engine, &[cols], DType::F32, "norm parameter gradient")?;
-        engine.launch(
-            &KERNEL,
-            "partials_finish",
-            &Constants::new(),
-            &Params {
-                cols: cols as u32,
-                blocks_per_batch: blocks as u32,
-                base: (slot * stride) as u32,
-                ..Params::default()
-            },
-            &[out.buffer(), partials.buffer()],
-            (cols as u64).div_ceil(FINISH_COLUMNS),
-        )?;
-        Ok(out)
-    };
+    let all = |slot: usize| partials_finish(&partials, slot * stride, blocks, cols);
     let weight_grad = if weight.is_some() {
         Some(all(0)?)
     } else {

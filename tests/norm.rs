@@ -165,9 +165,10 @@ fn rms_norm_casting_modes_offsets_and_mixed_dtypes() {
 fn rms_norm_register_path_limits() {
     // The register paths hold at most 8 chunks of 4 (F32) or 8 (16-bit) values per lane:
     // 256 lanes (forward and one-read backward) up to 8,192 F32 / 16,384 16-bit columns; then
-    // 1,024 lanes: the two-read backward up to 4 chunks a lane (16,384 / 32,768 columns), the
-    // forward up to 8 (32,768 / 65,536); then the general kernels. Each limit and the next
-    // width up; the weight alternately in the source's dtype (read as chunks) and in F32.
+    // 1,024 lanes: the two-read backward up to 8 chunks a lane for F32 (32,768 columns), 4 for
+    // 16-bit (32,768), the forward up to 8 (32,768 / 65,536); then the chunk passes (the
+    // backward) and the general kernels. Each limit and the next width up; the weight
+    // alternately in the source's dtype (read as chunks) and in F32.
     for (i, (xdt, cols)) in [
         (DType::F32, 8192),
         (DType::F32, 8196),
@@ -2363,9 +2364,10 @@ fn run_chunk_case(kind: u8, (rows, cols): (usize, usize), dt: DType, seed: u64) 
 #[test]
 fn chunk_passes_match_reference() {
     // The chunk passes of the backward: forced onto rows of 1, 3, 65 and 1,030 chunks (the
-    // row pass takes 1,024 chunks a step), and by the rule on rows too wide for the register
-    // backward (4,097 chunks: LayerNorm past 8 chunks a lane of 256, the others past 4 a lane
-    // of 1,024); 37 rows leave a last block of 5 (an odd row of the two-row steps).
+    // row pass takes 1,024 chunks a step), and by the rule at 4,097 chunks (LayerNorm past 8
+    // chunks a lane of 256, add+RMSNorm and 16-bit RMSNorm past 4 a lane of 1,024; F32
+    // RMSNorm there takes 1,024 lanes of 5 chunks); 37 rows leave a last block of 5 (an odd
+    // row of the two-row steps).
     let mut seed = 4200;
     for (forced, rows, chunks) in [
         (Some(true), 37, &[1usize, 3, 65, 1030][..]),

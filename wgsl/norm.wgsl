@@ -19,7 +19,8 @@
 //
 // RMSNorm, LayerNorm and add+RMSNorm rows of whole 4/8-value chunks take the register paths
 // instead (see "Register paths" below): `*_forward_registers`, `*_backward_registers`,
-// `rms_backward_words` and `partials_finish`.
+// `rms_backward_words` and `partials_finish`; their backwards of rows too wide for the
+// registers take the chunk passes (`backward_rows_chunks`, `backward_column_units`).
 //
 // The order of every addition depends only on the shape, so reruns give identical bits.
 
