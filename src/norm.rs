@@ -1366,10 +1366,10 @@ pub fn norm_backward_as(
         && same(residual_output_gradient);
     let plan = if same_dtypes {
         // Wide rows of RMSNorm and add+RMSNorm take 1,024 lanes that read each row twice: up
-        // to 8 chunks a lane for RMSNorm of F32 sources (32 weight partials a lane; 2048×32768
-        // on an H200 313 µs, against 335 by the chunk passes, `notes/h200/2026-12-04-s29/
-        // finish-wide8/`), else up to 4 (add+RMSNorm F32 at 8 spills: 945 µs against 453;
-        // 16-bit values hold twice the partials a chunk).
+        // to 8 chunks a lane for RMSNorm of F32 sources (32 weight partials a lane; medians at
+        // 2048×32768 on an H200 313 µs, against 337 by the chunk passes, `notes/h200/
+        // 2026-12-04-s29/finish-wide8/`), else up to 4 (add+RMSNorm F32 at 8 spills: 954 µs
+        // against 456; 16-bit values hold twice the partials a chunk).
         let wide_chunks = match (saved.kind, xdt) {
             (NormKind::Layer, _) => 0,
             (NormKind::Rms, DType::F32) => 8,
@@ -1406,9 +1406,9 @@ pub fn norm_backward_as(
     };
     // Rows of whole chunks that the register backward does not hold take the chunk passes,
     // and so do 16-bit sources with an F32 dx that the 1,024-lane register backward would
-    // take (its lanes store two F32 vec4s 32 bytes apart; RMSNorm bf16 2048×32768 235 → 219
-    // µs, add+RMSNorm 314 → 283 on an H200, `notes/h200/2026-12-04-s29/`); or wherever forced
-    // ([`force_chunk_passes`]).
+    // take (its lanes store two F32 vec4s 32 bytes apart; medians on an H200, RMSNorm bf16
+    // 2048×32768 241 → 225 µs, add+RMSNorm 321 → 291, `notes/h200/2026-12-04-s29/
+    // chunk-passes/`); or wherever forced ([`force_chunk_passes`]).
     let chunked = same_dtypes
         && row_chunks(cols, xdt).is_some()
         && FORCED_CHUNK_PASSES
