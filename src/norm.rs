@@ -1405,15 +1405,18 @@ pub fn norm_backward_as(
         None
     };
     // Rows of whole chunks that the register backward does not hold take the chunk passes,
-    // and so do 16-bit sources with an F32 dx that the 1,024-lane register backward would
-    // take (its lanes store two F32 vec4s 32 bytes apart; medians on an H200, RMSNorm bf16
-    // 2048×32768 241 → 225 µs, add+RMSNorm 321 → 291, `notes/h200/2026-12-04-s29/
-    // chunk-passes/`); or wherever forced ([`force_chunk_passes`]).
+    // and so does add+RMSNorm of 16-bit sources that the 1,024-lane register backward would
+    // take (medians at 2048×32768 on an H200, `notes/h200/2026-12-04-s29/chunk-passes/`: F32
+    // dx 321 → 291 µs, its lanes storing two F32 vec4s 32 bytes apart; BF16 dx 240 → 244);
+    // or wherever forced ([`force_chunk_passes`]). The choice does not depend on dx's dtype,
+    // so a 16-bit dx is the F32 one rounded, and the parameter gradients are the same.
     let chunked = same_dtypes
         && row_chunks(cols, xdt).is_some()
         && FORCED_CHUNK_PASSES
             .with(std::cell::Cell::get)
-            .unwrap_or(plan.is_none_or(|p| p.wide() && dtype == DType::F32 && xdt != DType::F32));
+            .unwrap_or(plan.is_none_or(|p| {
+                p.wide() && saved.kind == NormKind::AddRms && xdt != DType::F32
+            }));
     let plan = plan.filter(|_| !chunked);
     // 16-bit sources of an even width (not GroupNorm) take the column pass that owns two
     // columns a lane (`backward_column_pairs`), which also stores a 16-bit gradient.

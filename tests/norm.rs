@@ -2364,14 +2364,16 @@ fn run_chunk_case(kind: u8, (rows, cols): (usize, usize), dt: DType, seed: u64) 
 #[test]
 fn chunk_passes_match_reference() {
     // The chunk passes of the backward: forced onto rows of 1, 3, 65 and 1,030 chunks (the
-    // row pass takes 1,024 chunks a step), and by the rule at 4,097 chunks (LayerNorm past 8
-    // chunks a lane of 256, add+RMSNorm and 16-bit RMSNorm past 4 a lane of 1,024; F32
-    // RMSNorm there takes 1,024 lanes of 5 chunks); 37 rows leave a last block of 5 (an odd
-    // row of the two-row steps).
+    // row pass takes 1,024 chunks a step), and by the rule at 4,096 chunks (LayerNorm, past 8
+    // chunks a lane of 256; add+RMSNorm of 16-bit sources, which 1,024 lanes would hold; the
+    // others on 1,024 lanes) and 4,097 (add+RMSNorm and 16-bit RMSNorm past 4 a lane of 1,024;
+    // F32 RMSNorm there on 1,024 lanes of 5 chunks): each 16-bit dx the F32 one rounded, the
+    // parameter gradients the same; 37 rows leave a last block of 5 (an odd row of the two-row
+    // steps).
     let mut seed = 4200;
     for (forced, rows, chunks) in [
         (Some(true), 37, &[1usize, 3, 65, 1030][..]),
-        (None, 3, &[4097][..]),
+        (None, 3, &[4096, 4097][..]),
     ] {
         norm::force_chunk_passes(forced);
         for dt in DType::FLOATS {
