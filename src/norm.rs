@@ -40,7 +40,7 @@
 //!   up to 8,192 / 16,384 columns;
 //!   for RMSNorm and add+RMSNorm 1,024 lanes that read the row a second time for dx (mostly
 //!   from cache) up to 16,384 / 32,768 (RMSNorm of F32 sources up to 32,768: 8 chunks a lane),
-//!   except 16-bit sources with an F32 dx, which take the chunk passes.
+//!   except add+RMSNorm of 16-bit sources, which takes the chunk passes.
 //!   add+RMSNorm on 256 lanes, and every 1,024-lane launch, hold the
 //!   loaded words rather than their widened values across the row sum (same operations in the
 //!   same order, so bit-identical; see [`register_backward_words`]).
@@ -50,8 +50,9 @@
 //!   workgroup per row for its constants, then one invocation per (block of [`BLOCK_ROWS`]
 //!   rows, 4 columns; 8 where dx is 16-bit), two rows a step, writing dx (F32, or 16 bits
 //!   for 16-bit sources) and the block's partials, finished as the register backward's.
-//!   Each row is read twice (49–59% of copy bandwidth at 2048×32768 on an H200, where the
-//!   general kernels reached 33–54%).
+//!   Each row is read twice (49–58% of copy bandwidth at 2048×32768 on an H200, where the
+//!   general kernels reached 33–54%). Whether a backward takes them does not depend on dx's
+//!   dtype, so a 16-bit dx is the F32 one rounded and the parameter gradients are the same.
 //! * General kernels (every operator, any width): the forward takes one workgroup per row and
 //!   reads the row in chunks of 256 columns (mean, squares, outputs). The backward takes one
 //!   workgroup per row for the two row constants of the input gradient, then one invocation
@@ -1412,11 +1413,9 @@ pub fn norm_backward_as(
     // so a 16-bit dx is the F32 one rounded, and the parameter gradients are the same.
     let chunked = same_dtypes
         && row_chunks(cols, xdt).is_some()
-        && FORCED_CHUNK_PASSES
-            .with(std::cell::Cell::get)
-            .unwrap_or(plan.is_none_or(|p| {
-                p.wide() && saved.kind == NormKind::AddRms && xdt != DType::F32
-            }));
+        && FORCED_CHUNK_PASSES.with(std::cell::Cell::get).unwrap_or(
+            plan.is_none_or(|p| p.wide() && saved.kind == NormKind::AddRms && xdt != DType::F32),
+        );
     let plan = plan.filter(|_| !chunked);
     // 16-bit sources of an even width (not GroupNorm) take the column pass that owns two
     // columns a lane (`backward_column_pairs`), which also stores a 16-bit gradient.
