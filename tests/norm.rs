@@ -2253,7 +2253,7 @@ fn norm_backward_as_is_the_f32_gradient_rounded_once() {
 
 /// One chunk-pass case: `kind` 0 RMSNorm (weight in `dt`), 1 RMSNorm with an F32 weight and
 /// the Gemma offset, 2 LayerNorm with weight and bias, 3 LayerNorm with neither, 4 add+RMSNorm
-/// with a residual-sum cotangent, 5 without. Checks dx and every parameter gradient against
+/// with a residual-sum cotangent, 5 without, 6 LayerNorm with a bias alone. Checks dx and every parameter gradient against
 /// the reference, the 16-bit dx (16-bit sources) against the F32 one rounded (bit for bit, the
 /// parameter gradients equal), and a rerun bit for bit.
 fn run_chunk_case(kind: u8, (rows, cols): (usize, usize), dt: DType, seed: u64) {
@@ -2285,11 +2285,11 @@ fn run_chunk_case(kind: u8, (rows, cols): (usize, usize), dt: DType, seed: u64) 
                 &dys,
             ),
         ),
-        2 | 3 => {
-            let (wb, bb) = if kind == 2 {
-                (Some(&w), Some(&b))
-            } else {
-                (None, None)
+        2 | 3 | 6 => {
+            let (wb, bb) = match kind {
+                2 => (Some(&w), Some(&b)),
+                3 => (None, None),
+                _ => (None, Some(&b)),
             };
             let saved = norm::layer_norm(&x, wb, bb, &LayerNormOptions::default())
                 .unwrap()
@@ -2322,7 +2322,7 @@ fn run_chunk_case(kind: u8, (rows, cols): (usize, usize), dt: DType, seed: u64) 
         &want.source,
         dx_tol(cols),
     );
-    if kind >= 4 {
+    if matches!(kind, 4 | 5) {
         let residual = g.residual.as_ref().expect("residual gradient");
         assert_eq!(bits(residual), bits(&g.source), "{what}: dresidual");
     }
@@ -2336,7 +2336,9 @@ fn run_chunk_case(kind: u8, (rows, cols): (usize, usize), dt: DType, seed: u64) 
                 check(&format!("{what}: {name}"), got, want, F32);
             }
             None => assert!(
-                kind == 3 || (*name == "db" && kind != 2),
+                kind == 3
+                    || (*name == "db" && kind != 2 && kind != 6)
+                    || (*name == "dw" && kind == 6),
                 "{what}: {name} missing"
             ),
         }
@@ -2379,7 +2381,7 @@ fn chunk_passes_match_reference() {
         for dt in DType::FLOATS {
             let len = if dt == DType::F32 { 4 } else { 8 };
             for &c in chunks {
-                for kind in 0..6 {
+                for kind in 0..7 {
                     seed += 1;
                     run_chunk_case(kind, (rows, c * len), dt, seed);
                 }
