@@ -2020,7 +2020,7 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
 //   t / (cols / UNIT) (blocks of BLOCK_ROWS rows, `block_rows`), UNIT = `unit_len()` values:
 //   a whole chunk (8 values) where both the source and dx are 16-bit (one 16-byte store of
 //   dx), else 4 (an F32 chunk, or half of a 16-bit chunk, whose lane then writes one F32 vec4
-//   of dx: a workgroup's stores stay contiguous). It walks the block's rows two at a time
+//   of dx, so a workgroup's stores stay contiguous; two lanes load that chunk, one sector). It walks the block's rows two at a time
 //   (both rows' loads first), writes dx = inv·((dn − c1) − n·c2) (+ the residual-sum
 //   cotangent) and the block's partials of its columns (dy·n in slot 0, dy in slot 1).
 
@@ -2152,7 +2152,7 @@ fn unit_step(pw: ptr<function, Vals>, pb: ptr<function, Vals>, w: UnitWords, row
     let units = params.cols / unit_len();
     if (unit_len() == 8u) {
         dx4[row * units + u] = narrow8(v.lo, v.hi, DDX);
-    } else if (DX == DT_F32 || DDX == DT_F32) {
+    } else {
         dx4[row * units + u] = bitcast<vec4<u32>>(v.lo);
     }
     *pw = vadd(*pw, vmul(d, nrm));
