@@ -135,8 +135,9 @@ pub fn force_segments(width: Option<u64>) {
 /// Forces the chunk passes of the backward (`Some(true)`: for every RMSNorm, LayerNorm and
 /// add+RMSNorm of whole-chunk rows whose residual and cotangents share the source's dtype,
 /// even where the register backward holds the row; `Some(false)`: never, the general passes
-/// instead; `None`: the rule, rows the register backward does not hold) for launches from the
-/// calling thread. Results differ in the last bits between paths; for tests and measurements.
+/// instead; `None`: the rule, rows the register backward does not hold and add+RMSNorm of
+/// 16-bit sources that 1,024 lanes would hold) for launches from the calling thread. Results
+/// differ in the last bits between paths; for tests and measurements.
 #[doc(hidden)]
 pub fn force_chunk_passes(on: Option<bool>) {
     FORCED_CHUNK_PASSES.with(|f| f.set(on));
