@@ -2388,5 +2388,12 @@ fn chunk_passes_match_reference() {
             }
         }
     }
+    // More rows than one dispatch dimension holds (65,535 workgroups): the row pass's
+    // workgroups in two dimensions.
+    norm::force_chunk_passes(Some(true));
+    for (kind, dt, cols) in [(2, DType::F32, 4), (4, DType::BF16, 8)] {
+        seed += 1;
+        run_chunk_case(kind, (70_001, cols), dt, seed);
+    }
     norm::force_chunk_passes(None);
 }
