@@ -1520,29 +1520,6 @@ pub fn norm_backward_as(
         DType::F32,
         "norm partials",
     )?;
-    // aux: residual (add), scale (modulated), mean (LayerNorm).
-    let aux = match saved.kind {
-        NormKind::AddRms => saved.residual.as_ref(),
-        NormKind::Modulated => saved.scale.as_ref(),
-        NormKind::Layer | NormKind::Group => saved.mean.as_ref(),
-        NormKind::Rms => None,
-    };
-    let weight = saved.weight.as_ref();
-    let constants: Constants = vec![
-        ("KIND", saved.kind.code()),
-        ("DX", f64::from(x.dtype().code())),
-        ("DA", code(aux)),
-        ("DW", code(weight)),
-        ("DY", f64::from(output_gradient.dtype().code())),
-        ("DR", code(residual_output_gradient)),
-        ("HAS_W", f64::from(u8::from(has_weight))),
-        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
-        ("HAS_B", f64::from(u8::from(saved.has_bias))),
-        (
-            "HAS_DRES",
-            f64::from(u8::from(residual_output_gradient.is_some())),
-        ),
-    ];
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -1568,9 +1545,9 @@ pub fn norm_backward_as(
     } else {
         general_passes(
             saved,
-            (x, aux, output_gradient, residual_output_gradient),
+            (x, output_gradient, residual_output_gradient),
             (&dx, &rowinfo, &partials),
-            (constants, params),
+            params,
             pairs,
         )?;
     }
@@ -1591,16 +1568,31 @@ pub fn norm_backward_as(
         false => finish(engine, &partials, slot, stride, 1, blocks, cols)?.reshape(&[cols]),
     };
     let per_batch_sum = |slot| finish(engine, &partials, slot, stride, batches, per_batch, cols);
-    let weight_grad = if has_weight { Some(all(0)?) } else { None };
+    gradients(saved, dx, all, per_batch_sum)
+}
+
+/// The gradients of a backward from its dx and the sums of its partial slots: `all(slot)`
+/// over every row (weight: slot 0; LayerNorm's bias: slot 1), `per_batch(slot)` per
+/// modulation batch (modulated RMSNorm's scale: slot 2, shift: slot 1).
+fn gradients(
+    saved: &Saved,
+    dx: Tensor,
+    all: impl Fn(usize) -> Result<Tensor>,
+    per_batch: impl Fn(usize) -> Result<Tensor>,
+) -> Result<NormGradients> {
+    let weight = match saved.weight {
+        Some(_) => Some(all(0)?),
+        None => None,
+    };
     let (bias, scale, shift) = match saved.kind {
         NormKind::Layer if saved.has_bias => (Some(all(1)?), None, None),
-        NormKind::Modulated => (None, Some(per_batch_sum(2)?), Some(per_batch_sum(1)?)),
+        NormKind::Modulated => (None, Some(per_batch(2)?), Some(per_batch(1)?)),
         _ => (None, None, None),
     };
     let residual = (saved.kind == NormKind::AddRms).then(|| dx.clone());
     Ok(NormGradients {
         source: dx,
-        weight: weight_grad,
+        weight,
         bias,
         residual,
         scale,
@@ -1612,18 +1604,35 @@ pub fn norm_backward_as(
 /// `backward_column_pairs` for `pairs`), writing dx, the row constants and the partials.
 fn general_passes(
     saved: &Saved,
-    (x, aux, output_gradient, residual_output_gradient): (
-        &Tensor,
-        Option<&Tensor>,
-        &Tensor,
-        Option<&Tensor>,
-    ),
+    (x, output_gradient, residual_output_gradient): (&Tensor, &Tensor, Option<&Tensor>),
     (dx, rowinfo, partials): (&Tensor, &Tensor, &Tensor),
-    (constants, params): (Constants, Params),
+    params: Params,
     pairs: bool,
 ) -> Result<()> {
     let engine = x.engine();
     let weight = saved.weight.as_ref();
+    // aux: residual (add), scale (modulated), mean (LayerNorm).
+    let aux = match saved.kind {
+        NormKind::AddRms => saved.residual.as_ref(),
+        NormKind::Modulated => saved.scale.as_ref(),
+        NormKind::Layer | NormKind::Group => saved.mean.as_ref(),
+        NormKind::Rms => None,
+    };
+    let constants: Constants = vec![
+        ("KIND", saved.kind.code()),
+        ("DX", f64::from(x.dtype().code())),
+        ("DA", code(aux)),
+        ("DW", code(weight)),
+        ("DY", f64::from(output_gradient.dtype().code())),
+        ("DR", code(residual_output_gradient)),
+        ("HAS_W", f64::from(u8::from(weight.is_some()))),
+        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+        (
+            "HAS_DRES",
+            f64::from(u8::from(residual_output_gradient.is_some())),
+        ),
+    ];
     let stride = params.stride as usize;
     engine.launch(
         &KERNEL,
@@ -1898,26 +1907,9 @@ fn register_backward(
             blocks as u64,
         )?;
     }
+    // One batch: the register backward takes no modulated rows.
     let all = |slot: usize| partials_finish(&partials, slot * stride, blocks, cols);
-    let weight_grad = if weight.is_some() {
-        Some(all(0)?)
-    } else {
-        None
-    };
-    let bias = if saved.kind == NormKind::Layer && saved.has_bias {
-        Some(all(1)?)
-    } else {
-        None
-    };
-    let residual = (saved.kind == NormKind::AddRms).then(|| dx.clone());
-    Ok(NormGradients {
-        source: dx,
-        weight: weight_grad,
-        bias,
-        residual,
-        scale: None,
-        shift: None,
-    })
+    gradients(saved, dx, all, all)
 }
 
 // ---- GroupNorm ----

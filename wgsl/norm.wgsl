@@ -2048,20 +2048,14 @@ fn unit_vals(w: vec4<u32>, u: u32) -> Vals {
     return vals(w, DX);
 }
 
-// Weight factors of unit u (offset + w, or 1 without a weight), value by value.
+// Weight factors of unit u (offset + w, or 1 without a weight): `wf_chunk` of its chunk, or
+// that chunk's half.
 fn unit_wf(u: u32) -> Vals {
-    if (!HAS_W) {
-        return Vals(vec4<f32>(1.0), vec4<f32>(1.0));
+    let w = wf_chunk(unit_chunk(u));
+    if (DX != DT_F32 && DDX == DT_F32) {
+        return Vals(select(w.lo, w.hi, (u & 1u) == 1u), vec4<f32>());
     }
-    let c = u * unit_len();
-    var v = Vals(vec4<f32>(w_one(c), w_one(c + 1u), w_one(c + 2u), w_one(c + 3u)), vec4<f32>());
-    if (unit_len() == 8u) {
-        v.hi = vec4<f32>(w_one(c + 4u), w_one(c + 5u), w_one(c + 6u), w_one(c + 7u));
-    }
-    if (HAS_OFFSET) {
-        v = Vals(v.lo + params.offset, v.hi + params.offset);
-    }
-    return v;
+    return w;
 }
 
 // (Σ dn, Σ dn·n) of row chunk q (row starting at chunk `base`, n chunks; zeros past the row).
