@@ -591,7 +591,7 @@ fn main() -> ExitCode {
     // workgroup; unset: the rules).
     wgrad::norm::force_segments(lanes("WGRAD_NORM_SEGMENT"));
     // The norm backwards' chunk passes (0: never, the general passes; 1: wherever the rows are
-    // whole chunks; unset: the rule).
+    // whole chunks, modulated RMSNorm's included; unset: the rule).
     wgrad::norm::force_chunk_passes(match std::env::var("WGRAD_NORM_CHUNK_PASSES").as_deref() {
         Ok("0") => Some(false),
         Ok("1") => Some(true),

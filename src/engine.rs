@@ -137,7 +137,7 @@ impl std::fmt::Display for EngineInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({:?}, {:?}), driver {}; math {:?}{}{}; checks {:?}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}",
+            "{} ({:?}, {:?}), driver {}; math {:?}{}{}; checks {:?}; features {:?}; max storage binding {} MiB, max workgroup storage {} KiB, max invocations {}, subgroups {}..={}",
             self.adapter,
             self.backend,
             self.device_type,
@@ -154,6 +154,8 @@ impl std::fmt::Display for EngineInfo {
             self.limits.max_storage_buffer_binding_size >> 20,
             self.limits.max_compute_workgroup_storage_size >> 10,
             self.limits.max_compute_invocations_per_workgroup,
+            self.subgroup_min_size,
+            self.subgroup_max_size,
         )
     }
 }

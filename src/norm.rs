@@ -134,10 +134,11 @@ pub fn force_segments(width: Option<u64>) {
 
 /// Forces the chunk passes of the backward (`Some(true)`: for every RMSNorm, LayerNorm and
 /// add+RMSNorm of whole-chunk rows whose residual and cotangents share the source's dtype,
-/// even where the register backward holds the row; `Some(false)`: never, the general passes
-/// instead; `None`: the rule, rows the register backward does not hold and add+RMSNorm of
-/// 16-bit sources that 1,024 lanes would hold) for launches from the calling thread. Results
-/// differ in the last bits between paths; for tests and measurements.
+/// even where the register backward holds the row, and for modulated RMSNorm of whole-chunk
+/// rows whose cotangent does; `Some(false)`: never, the general passes instead; `None`: the
+/// rule, rows the register backward does not hold and add+RMSNorm of 16-bit sources that
+/// 1,024 lanes would hold, never modulated RMSNorm) for launches from the calling thread.
+/// Results differ in the last bits between paths; for tests and measurements.
 #[doc(hidden)]
 pub fn force_chunk_passes(on: Option<bool>) {
     FORCED_CHUNK_PASSES.with(|f| f.set(on));
@@ -1412,10 +1413,16 @@ pub fn norm_backward_as(
     // dx 321 → 291 µs, its lanes storing two F32 vec4s 32 bytes apart; BF16 dx 240 → 244);
     // or wherever forced ([`force_chunk_passes`]). The choice does not depend on dx's dtype,
     // so a 16-bit dx is the F32 one rounded, and the parameter gradients are the same.
-    let chunked = same_dtypes
+    // Modulated RMSNorm (cotangent of the source's dtype, the scale of any) takes them only
+    // where forced: not yet timed against the general passes.
+    let modulated = saved.kind == NormKind::Modulated && output_gradient.dtype() == xdt;
+    let chunked = (same_dtypes || modulated)
         && row_chunks(cols, xdt).is_some()
         && FORCED_CHUNK_PASSES.with(std::cell::Cell::get).unwrap_or(
-            plan.is_none_or(|p| p.wide() && saved.kind == NormKind::AddRms && xdt != DType::F32),
+            !modulated
+                && plan.is_none_or(|p| {
+                    p.wide() && saved.kind == NormKind::AddRms && xdt != DType::F32
+                }),
         );
     let plan = plan.filter(|_| !chunked);
     // 16-bit sources of an even width (not GroupNorm) take the column pass that owns two
@@ -1692,8 +1699,10 @@ fn general_passes(
 
 /// The chunk passes (`backward_rows_chunks`, then `backward_column_units`; see
 /// `wgsl/norm.wgsl`) of RMSNorm, LayerNorm and add+RMSNorm rows of whole chunks whose
-/// residual and cotangents share the source's dtype: the general passes' row constants, dx
-/// (F32, or 16 bits for a 16-bit source) and partials, read 16 bytes a lane.
+/// residual and cotangents share the source's dtype, and of modulated RMSNorm rows whose
+/// cotangent does (`mod_backward_rows_chunks`, `mod_backward_column_units`): the general
+/// passes' row constants, dx (F32, or 16 bits for a 16-bit source) and partials, read 16
+/// bytes a lane.
 fn chunk_passes(
     saved: &Saved,
     (x, output_gradient, residual_output_gradient): (&Tensor, &Tensor, Option<&Tensor>),
@@ -1715,6 +1724,18 @@ fn chunk_passes(
         ),
         ("DDX", f64::from(dx.dtype().code())),
     ];
+    let scale = match saved.kind {
+        NormKind::Modulated => Some(
+            saved
+                .scale
+                .as_ref()
+                .ok_or_else(|| incomplete("modulated RMSNorm needs its scale"))?,
+        ),
+        _ => None,
+    };
+    if let Some(scale) = scale {
+        constants.push(("DA", f64::from(scale.dtype().code())));
+    }
     let column_constants = constants.clone();
     let rows_kernel =
         crate::reduce::rows_kernel(engine, &KERNEL, &KERNEL_SUBGROUP, true, &mut constants);
@@ -1728,21 +1749,41 @@ fn chunk_passes(
         _ => (x, x),
     };
     let residual = saved.residual.as_ref().unwrap_or(x);
+    // The scale is bound twice: as words (`aux`) and as chunks (`a4`).
+    let (entries, row_buffers) = match scale {
+        Some(scale) => (
+            ["mod_backward_rows_chunks", "mod_backward_column_units"],
+            [
+                scale,
+                &saved.inverse,
+                rowinfo,
+                x,
+                weight.unwrap_or(x),
+                x,
+                output_gradient,
+                scale,
+            ],
+        ),
+        None => (
+            ["backward_rows_chunks", "backward_column_units"],
+            [
+                &saved.inverse,
+                rowinfo,
+                x,
+                weight.unwrap_or(x),
+                residual,
+                output_gradient,
+                mean,
+                corr,
+            ],
+        ),
+    };
     engine.launch(
         rows_kernel,
-        "backward_rows_chunks",
+        entries[0],
         &constants,
         &params,
-        &[
-            saved.inverse.buffer(),
-            rowinfo.buffer(),
-            x.buffer(),
-            weight.unwrap_or(x).buffer(),
-            residual.buffer(),
-            output_gradient.buffer(),
-            mean.buffer(),
-            corr.buffer(),
-        ],
+        &row_buffers.map(Tensor::buffer),
         u64::from(params.rows),
     )?;
     // Values a lane owns: a whole 16-bit chunk where dx is 16-bit too, else 4.
@@ -1752,21 +1793,34 @@ fn chunk_passes(
         4
     };
     let total = params.stride / unit;
+    let column_buffers = match scale {
+        Some(scale) => [
+            scale,
+            rowinfo,
+            x,
+            weight.unwrap_or(x),
+            output_gradient,
+            dx,
+            partials,
+            scale,
+        ],
+        None => [
+            rowinfo,
+            x,
+            weight.unwrap_or(x),
+            residual,
+            output_gradient,
+            residual_output_gradient.unwrap_or(x),
+            dx,
+            partials,
+        ],
+    };
     engine.launch(
         &KERNEL,
-        "backward_column_units",
+        entries[1],
         &column_constants,
         &Params { total, ..params },
-        &[
-            rowinfo.buffer(),
-            x.buffer(),
-            weight.unwrap_or(x).buffer(),
-            residual.buffer(),
-            output_gradient.buffer(),
-            residual_output_gradient.unwrap_or(x).buffer(),
-            dx.buffer(),
-            partials.buffer(),
-        ],
+        &column_buffers.map(Tensor::buffer),
         u64::from(total).div_ceil(WG),
     )?;
     Ok(())

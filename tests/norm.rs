@@ -2343,23 +2343,30 @@ fn run_chunk_case(kind: u8, (rows, cols): (usize, usize), dt: DType, seed: u64) 
             ),
         }
     }
-    let again = norm::norm_backward(&saved, &dy, dres).unwrap();
+    assert_rerun_and_rounded_dx(&what, &saved, (&dy, dres), dt, &g);
+}
+
+/// The backward run again gives every gradient of `g` bit for bit, and for a 16-bit `dt`
+/// `norm_backward_as` gives `g`'s dx rounded to it and the same parameter gradients.
+fn assert_rerun_and_rounded_dx(
+    what: &str,
+    saved: &norm::Saved,
+    (dy, dres): (&Tensor, Option<&Tensor>),
+    dt: DType,
+    g: &norm::NormGradients,
+) {
+    let all = |g: &norm::NormGradients| {
+        [&g.weight, &g.bias, &g.scale, &g.shift].map(|t| t.as_ref().map(bits))
+    };
+    let again = norm::norm_backward(saved, dy, dres).unwrap();
     assert_eq!(bits(&again.source), bits(&g.source), "{what}: rerun dx");
-    if let (Some(a), Some(b)) = (&again.weight, &g.weight) {
-        assert_eq!(bits(a), bits(b), "{what}: rerun dw");
-    }
+    assert_eq!(all(&again), all(g), "{what}: rerun parameter gradients");
     if dt != DType::F32 {
-        let h = norm::norm_backward_as(&saved, &dy, dres, dt).unwrap();
+        let h = norm::norm_backward_as(saved, dy, dres, dt).unwrap();
         assert_eq!(h.source.dtype(), dt, "{what}");
         let rounded = wgrad::cast::cast(&g.source, dt).unwrap();
         assert_eq!(bits(&h.source), bits(&rounded), "{what}: 16-bit dx");
-        for (a, b) in [(&h.weight, &g.weight), (&h.bias, &g.bias)] {
-            assert_eq!(
-                a.as_ref().map(bits),
-                b.as_ref().map(bits),
-                "{what}: 16-bit dx's params"
-            );
-        }
+        assert_eq!(all(&h), all(g), "{what}: 16-bit dx's params");
     }
 }
 
@@ -2394,6 +2401,107 @@ fn chunk_passes_match_reference() {
     for (kind, dt, cols) in [(2, DType::F32, 4), (4, DType::BF16, 8)] {
         seed += 1;
         run_chunk_case(kind, (70_001, cols), dt, seed);
+    }
+    norm::force_chunk_passes(None);
+}
+
+/// Modulated RMSNorm's backward by the chunk passes (forced): `rows` in `batches` modulation
+/// batches, dy in x's dtype, scale and shift in `sdt`, against the f64 reference; reruns bit
+/// for bit; a 16-bit dx the F32 one rounded with the same parameter gradients.
+fn run_modulated_chunk_case(
+    (rows, cols, batches): (usize, usize, usize),
+    dt: DType,
+    sdt: DType,
+    weight: bool,
+    seed: u64,
+) {
+    let what = format!(
+        "modulated chunk passes {rows}x{cols} batches {batches} {dt} scale {sdt} weight {weight}"
+    );
+    let mut rng = Rng::new(seed);
+    let (x, xs) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
+    let w = weight.then(|| upload(&rng.vec(cols, 0.5, 1.5), &[cols], dt));
+    let ws = w.as_ref().map(|w| w.1.as_slice());
+    let (sc, scs) = upload(&rng.vec(batches * cols, -0.5, 0.5), &[batches, cols], sdt);
+    let (sh, _) = upload(&rng.vec(batches * cols, -0.5, 0.5), &[batches, cols], sdt);
+    let (dy, dys) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
+    let o = RmsNormOptions {
+        offset: 1.0,
+        ..RmsNormOptions::default()
+    };
+    let saved = norm::modulated_rms_norm(&x, w.as_ref().map(|w| &w.0), &sc, &sh, &o)
+        .unwrap()
+        .1;
+    let eps = f64::from(norm::DEFAULT_EPS);
+    let want =
+        reference::modulated_rms_norm_backward(&xs, rows, cols, batches, ws, 1.0, &scs, eps, &dys);
+    let g = norm::norm_backward(&saved, &dy, None).unwrap();
+    check(
+        &format!("{what}: dx"),
+        &g.source,
+        &want.source,
+        dx_tol(cols),
+    );
+    match &g.weight {
+        Some(dw) => {
+            check(&format!("{what}: dw"), dw, &want.weight, F32);
+        }
+        None => assert!(!weight, "{what}: dw missing"),
+    }
+    let dscale = g.scale.as_ref().expect("scale gradient");
+    let dshift = g.shift.as_ref().expect("shift gradient");
+    check(&format!("{what}: dscale"), dscale, &want.scale, F32);
+    check(&format!("{what}: dshift"), dshift, &want.bias, F32);
+    assert_rerun_and_rounded_dx(&what, &saved, (&dy, None), dt, &g);
+}
+
+#[test]
+fn modulated_chunk_passes_match_reference() {
+    // Forced onto rows of 1, 3, 65 and 1,030 chunks: one batch of 37 rows (a last block of 5,
+    // an odd row of the two-row steps), two of 33 (a block of 32 and one of 1 in each), three
+    // of 2 and five of 1; scale and shift in x's dtype (read as chunks) and in another (value
+    // by value); with and without a weight; every dtype.
+    let mut seed = 4400;
+    norm::force_chunk_passes(Some(true));
+    for dt in DType::FLOATS {
+        let len = if dt == DType::F32 { 4 } else { 8 };
+        let other = if dt == DType::F32 {
+            DType::BF16
+        } else {
+            DType::F32
+        };
+        for (rows, batches, chunks) in [
+            (37, 1, &[1usize, 3, 65, 1030][..]),
+            (66, 2, &[3, 65][..]),
+            (6, 3, &[1, 65][..]),
+            (5, 5, &[3][..]),
+        ] {
+            for &c in chunks {
+                for (sdt, weight) in [(dt, true), (other, true), (dt, false)] {
+                    seed += 1;
+                    run_modulated_chunk_case((rows, c * len, batches), dt, sdt, weight, seed);
+                }
+            }
+        }
+    }
+    // The entries taken: the chunk passes where forced, the general passes by the rule.
+    let e = engine();
+    let (x, _) = upload(&Rng::new(1).vec(4 * 64, -2.0, 2.0), &[4, 64], DType::F32);
+    let (sc, _) = upload(&Rng::new(2).vec(2 * 64, -0.5, 0.5), &[2, 64], DType::F32);
+    let o = RmsNormOptions::default();
+    let saved = norm::modulated_rms_norm(&x, None, &sc, &sc, &o).unwrap().1;
+    for (forced, taken) in [(Some(true), true), (None, false)] {
+        norm::force_chunk_passes(forced);
+        let kernels = match e.profile(|| norm::norm_backward(&saved, &x, None).unwrap()) {
+            Ok((_, kernels)) => kernels,
+            // No timestamps on this adapter: the entries cannot be listed.
+            Err(Error::MissingFeature { .. }) => break,
+            Err(other) => panic!("profile: {other:?}"),
+        };
+        let launched = |entry: &str| kernels.iter().any(|k| k.entry == entry);
+        for entry in ["mod_backward_rows_chunks", "mod_backward_column_units"] {
+            assert_eq!(launched(entry), taken, "{entry} with {forced:?}");
+        }
     }
     norm::force_chunk_passes(None);
 }

@@ -20,7 +20,9 @@
 // RMSNorm, LayerNorm and add+RMSNorm rows of whole 4/8-value chunks take the register paths
 // instead (see "Register paths" below): `*_forward_registers`, `*_backward_registers`,
 // `rms_backward_words` and `partials_finish`; their backwards of rows too wide for the
-// registers take the chunk passes (`backward_rows_chunks`, `backward_column_units`).
+// registers take the chunk passes (`backward_rows_chunks`, `backward_column_units`; modulated
+// RMSNorm's, `mod_backward_rows_chunks` and `mod_backward_column_units`, where the host forces
+// them).
 //
 // The order of every addition depends only on the shape, so reruns give identical bits.
 
@@ -2051,11 +2053,15 @@ fn unit_vals(w: vec4<u32>, u: u32) -> Vals {
 // Weight factors of unit u (offset + w, or 1 without a weight): `wf_chunk` of its chunk, or
 // that chunk's half.
 fn unit_wf(u: u32) -> Vals {
-    let w = wf_chunk(unit_chunk(u));
+    return unit_part(wf_chunk(unit_chunk(u)), u);
+}
+
+// Unit u's values of its chunk's values v: all of them, or the half it owns.
+fn unit_part(v: Vals, u: u32) -> Vals {
     if (DX != DT_F32 && DDX == DT_F32) {
-        return Vals(select(w.lo, w.hi, (u & 1u) == 1u), vec4<f32>());
+        return Vals(select(v.lo, v.hi, (u & 1u) == 1u), vec4<f32>());
     }
-    return w;
+    return v;
 }
 
 // (Σ dn, Σ dn·n) of row chunk q (row starting at chunk `base`, n chunks; zeros past the row).
@@ -2063,12 +2069,26 @@ fn chunk_sums(q: u32, n: u32, base: u32, mean: f32, corr: f32, inv: f32) -> vec2
     if (q >= n) {
         return vec2<f32>();
     }
+    return chunk_sums_by(q, base, mean, corr, inv, wf_chunk(q));
+}
+
+// (Σ dn, Σ dn·n) of row chunk q whose dn = dy·g.
+fn chunk_sums_by(q: u32, base: u32, mean: f32, corr: f32, inv: f32, g: Vals) -> vec2<f32> {
     var s = vals(x4[base + q], DX);
     if (KIND == KIND_ADD) {
         s = vadd(s, vals(r4[base + q], DX));
     }
-    let dn = vmul(vals(dy4[base + q], DX), wf_chunk(q));
+    let dn = vmul(vals(dy4[base + q], DX), g);
     return vec2<f32>(vtotal(dn), vdot(dn, vscale(vcenter(s, mean, corr), inv)));
+}
+
+// The row constants of `row` from the means (Σ dn, Σ dn·n)/cols, as `backward_rows` writes them.
+fn put_rowinfo(row: u32, inv: f32, mean: f32, corr: f32, sums: vec2<f32>) {
+    rowinfo_out[ROWINFO * row] = inv;
+    rowinfo_out[ROWINFO * row + 1u] = mean;
+    rowinfo_out[ROWINFO * row + 2u] = corr;
+    rowinfo_out[ROWINFO * row + 3u] = select(0.0, sums.x, centered());
+    rowinfo_out[ROWINFO * row + 4u] = sums.y;
 }
 
 @compute @workgroup_size(WG)
@@ -2095,11 +2115,7 @@ fn backward_rows_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_work
     }
     let sums = row_sum2(acc, lid) / f32(params.cols);
     if (lid == 0u) {
-        rowinfo_out[ROWINFO * row] = inv;
-        rowinfo_out[ROWINFO * row + 1u] = mean;
-        rowinfo_out[ROWINFO * row + 2u] = corr;
-        rowinfo_out[ROWINFO * row + 3u] = select(0.0, sums.x, centered());
-        rowinfo_out[ROWINFO * row + 4u] = sums.y;
+        put_rowinfo(row, inv, mean, corr, sums);
     }
 }
 
@@ -2114,7 +2130,7 @@ struct UnitWords {
 
 fn unit_words(row: u32, n: u32, q: u32) -> UnitWords {
     let i = row * n + q;
-    var w = UnitWords(x4[i], vec4<u32>(), dy4[i], vec4<u32>());
+    var w = plain_unit_words(row, n, q);
     if (KIND == KIND_ADD) {
         w.r = r4[i];
     }
@@ -2124,7 +2140,13 @@ fn unit_words(row: u32, n: u32, q: u32) -> UnitWords {
     return w;
 }
 
-// dx of unit u of `row` from its words; dy·n added to `pw`, dy to `pb`.
+// The source and cotangent words only (no residual words).
+fn plain_unit_words(row: u32, n: u32, q: u32) -> UnitWords {
+    let i = row * n + q;
+    return UnitWords(x4[i], vec4<u32>(), dy4[i], vec4<u32>());
+}
+
+// dx of unit u of `row` from its words (dn = dy·g); dy·n added to `pw`, dy to `pb`.
 fn unit_step(pw: ptr<function, Vals>, pb: ptr<function, Vals>, w: UnitWords, row: u32, u: u32,
              g: Vals) {
     let inv = rowinfo[ROWINFO * row];
@@ -2198,6 +2220,88 @@ fn backward_column_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     if (HAS_B) {
         put_unit_part(pb, 1u, block, u);
     }
+}
+
+// ---- Chunk passes of modulated RMSNorm ----
+// The two passes above for modulated RMSNorm (source and cotangent of one dtype, the scale of
+// any), in entries of their own: the scale's bindings would take the others past eight
+// storage bindings. A row of modulation batch b has dn = dy·(offset + w)·(1 + scale[b]); a
+// column pass block lies in one batch, so it sums dy·n and dy over its rows and writes the
+// partials `backward_columns` writes, each product taken once at the end: (1 + scale)·Σ dy·n
+// (slot 0, the weight), Σ dy (slot 1, the shift), (offset + w)·Σ dy·n (slot 2, the scale).
+
+// 1 + scale of row chunk q of modulation batch `batch` (rows of n chunks).
+fn scale_factors(batch: u32, n: u32, q: u32) -> Vals {
+    let s = scale_chunk(batch * n + q);
+    return Vals(1.0 + s.lo, 1.0 + s.hi);
+}
+
+// `chunk_sums` of a modulated row of batch `batch`.
+fn mod_chunk_sums(q: u32, n: u32, base: u32, batch: u32, inv: f32) -> vec2<f32> {
+    if (q >= n) {
+        return vec2<f32>();
+    }
+    return chunk_sums_by(q, base, 0.0, 0.0, inv, vmul(wf_chunk(q), scale_factors(batch, n, q)));
+}
+
+@compute @workgroup_size(WG)
+fn mod_backward_rows_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if (row >= params.rows) {
+        return;
+    }
+    let n = params.cols / chunk_len();
+    let base = row * n;
+    let batch = row / params.rows_per_batch;
+    let inv = inv_in[row];
+    var acc = vec2<f32>();
+    for (var q = lid; q < n; q = q + 4u * WG) {
+        let t = (mod_chunk_sums(q, n, base, batch, inv) + mod_chunk_sums(q + WG, n, base, batch, inv))
+            + (mod_chunk_sums(q + 2u * WG, n, base, batch, inv) + mod_chunk_sums(q + 3u * WG, n, base, batch, inv));
+        acc = acc + t;
+    }
+    let sums = row_sum2(acc, lid) / f32(params.cols);
+    if (lid == 0u) {
+        put_rowinfo(row, inv, 0.0, 0.0, sums);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn mod_backward_column_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                             @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    if (t >= params.total) {
+        return;
+    }
+    let units = params.cols / unit_len();
+    let block = t / units;
+    let u = t % units;
+    let q = unit_chunk(u);
+    let n = params.cols / chunk_len();
+    let span = block_rows(block);
+    let wf = unit_wf(u);
+    let sc = unit_part(scale_factors(block / params.blocks_per_batch, n, q), u);
+    let g = vmul(wf, sc);
+    var pn = vzero();
+    var pd = vzero();
+    for (var row = span.x; row < span.y; row = row + 2u) {
+        let a = plain_unit_words(row, n, q);
+        let two = row + 1u < span.y;
+        var b = a;
+        if (two) {
+            b = plain_unit_words(row + 1u, n, q);
+        }
+        unit_step(&pn, &pd, a, row, u, g);
+        if (two) {
+            unit_step(&pn, &pd, b, row + 1u, u, g);
+        }
+    }
+    if (HAS_W) {
+        put_unit_part(vmul(sc, pn), 0u, block, u);
+    }
+    put_unit_part(pd, 1u, block, u);
+    put_unit_part(vmul(wf, pn), 2u, block, u);
 }
 
 // ---- Register backward, words kept: add+RMSNorm 16-bit and the 1,024-lane path ----
