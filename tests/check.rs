@@ -76,3 +76,80 @@ fn every_operator_check_passes_and_matches_guarded_kernels() {
         }
     }
 }
+
+/// Subgroup sizes the operator checks run with again, in child processes, on lavapipe: its
+/// vector width in bits sets them (`LP_NATIVE_VECTOR_WIDTH`: 128 bits give subgroups of 4,
+/// 512 of 16; the default on an AVX2 machine is 256, subgroups of 8). Subgroups of 16 are
+/// those of many Intel and Arm GPUs; 4 is the smallest wgrad takes (`reduce::subgroup_width`).
+/// Lavapipe (Mesa 22.3) past 512 bits reports subgroups of 32 but runs 16 lanes, so 32
+/// (NVIDIA, Apple, AMD's wave32) is checked on those devices.
+const OTHER_SUBGROUPS: [(&str, u32); 2] = [("128", 4), ("512", 16)];
+
+/// Set in the child processes: the subgroup size the child's adapter must report.
+const CHILD_SUBGROUP: &str = "WGRAD_TEST_SUBGROUP_SIZE";
+
+/// The register rows' subgroup reductions at other widths than the adapter's own: where the
+/// adapter is lavapipe, every operator check passes again with subgroups of 4 and of 16 lanes
+/// (each run by `operator_checks_pass_at_the_set_subgroup_size` in a child process of this
+/// test binary, with lavapipe's vector width set). Elsewhere it says so and checks nothing.
+#[test]
+fn operator_checks_pass_with_other_subgroup_sizes() {
+    let info = common::engine().info();
+    if !info.adapter.starts_with("llvmpipe") || std::env::var_os(CHILD_SUBGROUP).is_some() {
+        eprintln!(
+            "not lavapipe ({}): other subgroup sizes not checked",
+            info.adapter
+        );
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    for (bits, size) in OTHER_SUBGROUPS {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "operator_checks_pass_at_the_set_subgroup_size",
+                "--include-ignored",
+                "--test-threads=1",
+            ])
+            .env("LP_NATIVE_VECTOR_WIDTH", bits)
+            .env(CHILD_SUBGROUP, size.to_string())
+            .output()
+            .expect("run this test binary again");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "subgroups of {size} ({bits}-bit lavapipe): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Run by `operator_checks_pass_with_other_subgroup_sizes` with `WGRAD_TEST_SUBGROUP_SIZE`
+/// set: the adapter reports that subgroup size, and every operator check passes.
+#[test]
+#[ignore = "run in a child process by operator_checks_pass_with_other_subgroup_sizes"]
+fn operator_checks_pass_at_the_set_subgroup_size() {
+    let Some(size) = std::env::var(CHILD_SUBGROUP).ok() else {
+        eprintln!("{CHILD_SUBGROUP} not set: nothing to check");
+        return;
+    };
+    let engine = Engine::builder().build().expect("create an engine");
+    let info = engine.info();
+    let sizes = (info.subgroup_min_size, info.subgroup_max_size);
+    assert_eq!(
+        (sizes.0.to_string(), sizes.1.to_string()),
+        (size.clone(), size.clone()),
+        "subgroup sizes of {info}"
+    );
+    for op in wgrad::check::operators() {
+        let cases = (op.run)(&engine).unwrap_or_else(|e| panic!("{}: {e}", op.name));
+        assert!(!cases.is_empty(), "{} ran no case", op.name);
+        for c in &cases {
+            assert!(
+                c.comparison.passed,
+                "subgroups of {size}: {} {}: {}",
+                op.name, c.label, c.comparison
+            );
+        }
+    }
+}
