@@ -672,14 +672,7 @@ pub fn attention_backward_with(
         BackwardSchedule::StoredScores { budget } => {
             let per_group =
                 stored_scores_bytes_per_group(plan.q_heads, plan.kv_heads, plan.q_len, plan.k_len);
-            let limit = engine.info().limits.max_storage_buffers_per_shader_stage;
-            if limit < 9 {
-                return Err(Error::InsufficientLimit {
-                    name: "max_storage_buffers_per_shader_stage",
-                    got: limit.into(),
-                    needed: 9,
-                });
-            }
+            engine.require_storage_buffers(9)?;
             let room = budget
                 .min(engine.workspace_bound() - own)
                 .min(engine.max_binding_bytes());

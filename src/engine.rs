@@ -974,6 +974,43 @@ impl Engine {
         &self.inner.queue
     }
 
+    /// Another engine on this engine's device and queue (so the same features and limits)
+    /// with the same settings, whose bindings hold at most `bytes`
+    /// ([`EngineBuilder::binding_limit`]): for comparing windowed launches with whole ones on
+    /// one device. It has a pool, statistics and pipeline cache of its own, and reports device
+    /// errors where this engine's device does.
+    pub(crate) fn with_binding_limit(&self, bytes: u64) -> Result<Engine> {
+        let info = &self.inner.info;
+        Engine::assemble(
+            self.inner.device.clone(),
+            self.inner.queue.clone(),
+            self.inner.device.adapter_info(),
+            Settings {
+                math_mode: info.math_mode,
+                shader_checks: info.shader_checks,
+                pool_limit: self.inner.pool_limit,
+                workspace_bound: self.workspace_bound(),
+                binding_limit: Some(bytes),
+                cooperative_matrices: info.cooperative_matrices.clone(),
+            },
+            Some(self.inner.device_error.clone()),
+        )
+    }
+
+    /// `InsufficientLimit` unless the device allows `needed` storage buffers a shader stage
+    /// (the kernels of a few ops bind more than [`MIN_STORAGE_BUFFERS_PER_STAGE`]).
+    pub(crate) fn require_storage_buffers(&self, needed: u32) -> Result<()> {
+        let got = self.inner.info.limits.max_storage_buffers_per_shader_stage;
+        if got < needed {
+            return Err(Error::InsufficientLimit {
+                name: "max_storage_buffers_per_shader_stage",
+                got: got.into(),
+                needed: needed.into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether two handles are the same engine.
     pub fn same(&self, other: &Engine) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -40,7 +40,7 @@
 //! (`max_storage_buffers_per_shader_stage`) gets `Error::InsufficientLimit`.
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Constants, Kernel};
-use crate::{DType, Engine, Error, Result, Tensor, cast};
+use crate::{DType, Error, Result, Tensor, cast};
 
 /// `wgsl/gated_delta.wgsl`.
 pub static KERNEL: Kernel = Kernel {
@@ -389,18 +389,6 @@ fn expect_f32(what: &str, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-fn check_limit(engine: &Engine) -> Result<()> {
-    let got = engine.info().limits.max_storage_buffers_per_shader_stage;
-    if got < STORAGE_BUFFERS {
-        return Err(Error::InsufficientLimit {
-            name: "max_storage_buffers_per_shader_stage",
-            got: got.into(),
-            needed: STORAGE_BUFFERS.into(),
-        });
-    }
-    Ok(())
-}
-
 fn constants(dtype: DType, key_dim: usize, per_channel: bool) -> Constants {
     vec![
         ("DT", f64::from(dtype.code())),
@@ -511,7 +499,7 @@ pub fn gated_delta_forward<'a>(
             rule: "must be at least 1".into(),
         });
     }
-    check_limit(&engine)?;
+    engine.require_storage_buffers(STORAGE_BUFFERS)?;
     let shape = GatedDeltaShape {
         batch: bsz,
         time,

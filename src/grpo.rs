@@ -460,7 +460,8 @@ pub struct FusedGrpoSaved {
 /// cost, and the saved context holds `dx`, `dW`, `dbias` (F32) until the backward.
 ///
 /// Errors: those of [`grpo_loss`] for the tokens and options; `x` not of rank 3 `[B, L, H]`
-/// with ids `[B, L]` (`ShapeMismatch`); those of the fused head.
+/// with ids `[B, L]` (`ShapeMismatch`); a device with fewer than nine storage buffers a stage
+/// (`InsufficientLimit`); those of the fused head.
 pub fn fused_linear_grpo_loss(
     head: LinearHead,
     tokens: &GrpoTokens,
@@ -478,6 +479,8 @@ pub fn fused_linear_grpo_loss(
     };
     let vocab = head.weight.shape().first().copied().unwrap_or(0);
     let params = plan(engine, tokens, (batch, seq, seq, vocab), options)?;
+    // `grpo_chunk` binds nine storage buffers.
+    engine.require_storage_buffers(9)?;
     let head_options = FusedLinearCrossEntropyOptions {
         cross_entropy: CrossEntropyOptions {
             // Every id counts in the head (the mask applies in the token terms); ids out of

@@ -860,38 +860,30 @@ fn forward<'a>(f: Forward<'a>) -> Result<(Tensor, Option<Tensor>, Tensor, Option
         let mut constants = constants;
         constants.push(("CHUNKS", f64::from(plan.chunks)));
         let params = forward_params(&f, rows, cols);
-        // Chunk bindings of per-column parameters (`w4`, `b4`; GroupNorm's are per channel,
-        // read value by value, so the source stands in).
-        let group = f.kind == NormKind::Group;
-        let per_column = |t: Option<&'a Tensor>| if group { x } else { t.unwrap_or(x) };
+        // Weight and bias in the chunk bindings `w4`, `b4` (GroupNorm's per channel, read
+        // value by value from them).
         let (entry, buffers): (&str, Vec<&wgpu::Buffer>) = match f.kind {
             NormKind::Layer | NormKind::Group => (
                 "layer_forward_registers",
                 vec![
-                    f.aux2.unwrap_or(x).buffer(),
-                    f.weight.unwrap_or(x).buffer(),
                     inverse.buffer(),
                     mean.as_ref().unwrap_or(&inverse).buffer(),
                     sum.as_ref().unwrap_or(&inverse).buffer(),
                     x.buffer(),
                     y.buffer(),
-                    per_column(f.weight).buffer(),
-                    per_column(f.aux2).buffer(),
+                    f.weight.unwrap_or(x).buffer(),
+                    f.aux2.unwrap_or(x).buffer(),
                 ],
             ),
             NormKind::AddRms => (
                 "add_forward_registers",
                 vec![
-                    x.buffer(),
-                    x.buffer(),
                     inverse.buffer(),
                     x.buffer(),
                     y.buffer(),
                     f.weight.unwrap_or(x).buffer(),
-                    x.buffer(),
                     f.aux.unwrap_or(x).buffer(),
                     sum.as_ref().unwrap_or(&y).buffer(),
-                    x.buffer(),
                 ],
             ),
             // RMSNorm and modulated RMSNorm (scale in `aux`/`a4`, shift in `aux2`/`b4`).
@@ -1491,7 +1483,7 @@ pub fn norm_backward_as(
             &[
                 saved.weight.as_ref().unwrap_or(x).buffer(),
                 saved.inverse.buffer(),
-                rowinfo.buffer(),
+                // The row constants, or the parameter partials where the kernel writes them.
                 partials.as_ref().unwrap_or(&rowinfo).buffer(),
                 x.buffer(),
                 output_gradient.buffer(),

@@ -153,3 +153,103 @@ fn operator_checks_pass_at_the_set_subgroup_size() {
         }
     }
 }
+
+/// Every operator check on an app's device made with WebGPU's default limits and no optional
+/// features (`Engine::from_wgpu`): 256 invocations a workgroup, 8 storage buffers a stage,
+/// 128 MiB bindings, 16 KiB of workgroup memory, no subgroups, no timestamps, no F16 shader
+/// type: the least a device can offer wgrad. Each family must take the paths such a device
+/// allows (the 256-lane modules, the workgroup trees, windows of rows past 128 MiB) or refuse
+/// with a typed error, and give results within the checks' tolerances.
+#[test]
+fn operator_checks_pass_on_a_device_with_webgpu_default_limits() {
+    let (device, queue) = common::app_device(
+        &common::vulkan_adapter(),
+        &wgpu::DeviceDescriptor {
+            label: Some("WebGPU default limits"),
+            required_limits: wgpu::Limits::default(),
+            ..Default::default()
+        },
+    );
+    let engine = Engine::from_wgpu(device, queue).expect("an engine on the app's device");
+    let info = engine.info();
+    assert_eq!(info.limits.max_compute_invocations_per_workgroup, 256);
+    assert!(info.features.is_empty(), "{:?}", info.features);
+    // The ops whose kernels bind more than eight storage buffers, and attention (and the
+    // transformer step built on it), whose tiles take 26 KiB of workgroup memory, refuse such
+    // a device with the limit's typed error.
+    let more_buffers = ["gated_delta", "fused_linear_grpo_loss"];
+    let attention = [
+        "attention",
+        "attention_backward_as",
+        "attention_stored_scores",
+        "transformer_step",
+    ];
+    for op in wgrad::check::operators() {
+        let cases = match (op.run)(&engine) {
+            Err(wgrad::Error::InsufficientLimit { name, got, .. })
+                if more_buffers.contains(&op.name) =>
+            {
+                assert_eq!((name, got), ("max_storage_buffers_per_shader_stage", 8));
+                continue;
+            }
+            Err(wgrad::Error::LimitExceeded {
+                limit, limit_name, ..
+            }) if attention.contains(&op.name) => {
+                assert_eq!(
+                    (limit_name, limit),
+                    ("max_compute_workgroup_storage_size", 16 << 10)
+                );
+                continue;
+            }
+            other => other.unwrap_or_else(|e| panic!("{}: {e}", op.name)),
+        };
+        assert!(!cases.is_empty(), "{} ran no case", op.name);
+        for c in &cases {
+            assert!(
+                c.comparison.passed,
+                "default limits: {} {}: {}",
+                op.name, c.label, c.comparison
+            );
+        }
+    }
+}
+
+/// Every kernel entry point binds at most `MIN_STORAGE_BUFFERS_PER_STAGE` (8) storage buffers,
+/// the fewest a device wgrad takes may offer, except those whose ops check the limit first
+/// and refuse a smaller device (`InsufficientLimit`): the gated delta recurrence, the fused
+/// GRPO head's chunk kernel and attention's stored-score backward.
+#[test]
+fn entry_points_bind_at_most_eight_storage_buffers() {
+    let checked = [
+        ("gated_delta", "forward"),
+        ("gated_delta", "backward"),
+        ("grpo", "grpo_chunk"),
+        ("attention", "attention_dkdv_store"),
+    ];
+    for kernel in wgrad::kernel::registry() {
+        let (module, info) = kernel.module().expect("a valid module");
+        for (i, entry) in module.entry_points.iter().enumerate() {
+            let uses = info.get_entry_point(i);
+            let storage: Vec<&str> = module
+                .global_variables
+                .iter()
+                .filter(|(h, g)| {
+                    matches!(g.space, naga::AddressSpace::Storage { .. }) && !uses[*h].is_empty()
+                })
+                .map(|(_, g)| g.name.as_deref().unwrap_or("?"))
+                .collect();
+            let limit = if checked.contains(&(kernel.name, entry.name.as_str())) {
+                14
+            } else {
+                wgrad::engine::MIN_STORAGE_BUFFERS_PER_STAGE as usize
+            };
+            assert!(
+                storage.len() <= limit,
+                "{}.{} binds {} storage buffers: {storage:?}",
+                kernel.name,
+                entry.name,
+                storage.len()
+            );
+        }
+    }
+}

@@ -1143,14 +1143,22 @@ fn shift_chunk(m: u32) -> Vals {
 // as `out_value` (no casting mode). `finite_row`: the row's sum of squares is finite, so every
 // x is finite, inv finite and positive, and the normalized values n = x·inv hold no NaN.
 fn rms_chunk(v: Vals, q: u32, n_chunks: u32, batch: u32, inv: f32, finite_row: bool) -> vec4<u32> {
-    let n = vscale(v, inv);
-    let wf = wf_chunk(q);
     if (KIND == KIND_MOD) {
+        let n = vscale(v, inv);
+        let wf = wf_chunk(q);
         let m = batch * n_chunks + q;
         let sc = scale_chunk(m);
         let one = Vals(1.0 + sc.lo, 1.0 + sc.hi);
         return pack(vadd(vmul(one, vmul(n, wf)), shift_chunk(m)), DX);
     }
+    return cast_chunk(v, q, inv, finite_row);
+}
+
+// `rms_chunk` without the modulation (add+RMSNorm's outputs: its entry then binds no scale or
+// shift, six storage buffers in all).
+fn cast_chunk(v: Vals, q: u32, inv: f32, finite_row: bool) -> vec4<u32> {
+    let n = vscale(v, inv);
+    let wf = wf_chunk(q);
     if (CAST == CAST_LLAMA) {
         return pack(vmul(vround(n, finite_row), wf), DX);
     }
@@ -1216,6 +1224,14 @@ fn add_load(k: u32, lid: u32, n: u32, base: u32) -> Vals {
     return s;
 }
 
+// `rms_put` of add+RMSNorm (no modulation).
+fn add_put(v: Vals, k: u32, lid: u32, n: u32, base: u32, inv: f32, finite_row: bool) {
+    if (has(k, lid, n)) {
+        let q = lid + k * lanes();
+        y4[base + q] = cast_chunk(v, q, inv, finite_row);
+    }
+}
+
 @compute @workgroup_size(WG)
 fn add_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
@@ -1243,14 +1259,14 @@ fn add_forward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     if (lane == 0u) {
         inv_out[row] = inv;
     }
-    rms_put(s0, 0u, lane, n, base, inv, fin);
-    rms_put(s1, 1u, lane, n, base, inv, fin);
-    rms_put(s2, 2u, lane, n, base, inv, fin);
-    rms_put(s3, 3u, lane, n, base, inv, fin);
-    rms_put(s4_, 4u, lane, n, base, inv, fin);
-    rms_put(s5, 5u, lane, n, base, inv, fin);
-    rms_put(s6, 6u, lane, n, base, inv, fin);
-    rms_put(s7, 7u, lane, n, base, inv, fin);
+    add_put(s0, 0u, lane, n, base, inv, fin);
+    add_put(s1, 1u, lane, n, base, inv, fin);
+    add_put(s2, 2u, lane, n, base, inv, fin);
+    add_put(s3, 3u, lane, n, base, inv, fin);
+    add_put(s4_, 4u, lane, n, base, inv, fin);
+    add_put(s5, 5u, lane, n, base, inv, fin);
+    add_put(s6, 6u, lane, n, base, inv, fin);
+    add_put(s7, 7u, lane, n, base, inv, fin);
 }
 
 // LayerNorm: the chunks stay in registers through one pair sum, Σ (x − p) and Σ (x − p)² about
@@ -1286,13 +1302,23 @@ fn group_channel(row: u32, q: u32) -> u32 {
     return (row % params.groups) * params.channels_per_group + (q * chunk_len()) / params.spatial;
 }
 
+// Read through the chunk bindings `w4` and `b4` that LayerNorm's chunks use, so that the
+// register forward binds at most eight storage buffers (`weight_factor` and `ld_aux2` would add
+// two); the same values.
 fn group_affine(row: u32, q: u32) -> vec2<f32> {
     let p = group_channel(row, q);
     var b = 0.0;
     if (HAS_B) {
-        b = ld_aux2(p);
+        b = b_one(p);
     }
-    return vec2<f32>(weight_factor(p), b);
+    var wf = 1.0;
+    if (HAS_W) {
+        wf = w_one(p);
+        if (HAS_OFFSET) {
+            wf = params.offset + wf;
+        }
+    }
+    return vec2<f32>(wf, b);
 }
 
 // GroupNorm: the (weight factor, bias) of the lane's k-th chunk, loaded with the row's chunks
@@ -1581,8 +1607,8 @@ fn group_dx(w: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, row: u32, mean
 // channel, spatial / chunk length, a multiple of SEG), the kernel also writes the parameter
 // partials `group_partials` would: per chunk, (Σ dy·n, Σ dy) over its values, summed over the
 // segment's lanes (`segment_pairs`), then over the channel's chunks in order by lane 0, into
-// `partials` as row `sample` of the `[samples, 2 · channels]` matrix. x and dy are then read
-// once in all.
+// `rowinfo_out` (bound to the partials then) as row `sample` of the `[samples, 2 · channels]`
+// matrix. x and dy are then read once in all.
 override GROUP_SUMS: bool = false;
 
 // (Σ dy·n, Σ dy) over the lane's k-th chunk, summed over the segment's lanes.
@@ -1610,8 +1636,8 @@ fn group_param_put(acc: ptr<function, vec2<f32>>, p: vec2<f32>, k: u32, n: u32, 
         let channels = params.groups * params.channels_per_group;
         let ch = (row % params.groups) * params.channels_per_group + (k * SEG) / per_channel;
         let at = (row / params.groups) * 2u * channels + ch;
-        partials[at] = (*acc).x;
-        partials[at + channels] = (*acc).y;
+        rowinfo_out[at] = (*acc).x;
+        rowinfo_out[at + channels] = (*acc).y;
         *acc = vec2<f32>();
     }
 }
@@ -1641,7 +1667,9 @@ fn group_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
         + (group_dots(c.c6, g.c6, 6u, lane, n, row, mean, corr, inv)
         + group_dots(c.c7, g.c7, 7u, lane, n, row, mean, corr, inv)));
     let consts = row_sum2(sums, lane) / f32(params.cols);
-    if (lane == 0u) {
+    // With GROUP_SUMS the binding holds the parameter partials instead (eight storage
+    // bindings in all), and no pass reads the row constants.
+    if (lane == 0u && !GROUP_SUMS) {
         rowinfo_out[ROWINFO * row] = inv;
         rowinfo_out[ROWINFO * row + 1u] = mean;
         rowinfo_out[ROWINFO * row + 2u] = corr;
