@@ -1559,7 +1559,30 @@ impl Engine {
         } else {
             None
         };
-        let mut storage = buffers.iter();
+        // A buffer smaller than one element of its binding (an app's tensor of fewer than 16
+        // bytes under a 16-byte view, which the kernel reads value by value): read-only, it is
+        // bound as a copy of its words in a buffer of at least that element; writable, or
+        // empty, it holds nothing the kernel may access there, and the engine's stand-in is
+        // bound instead, so that the binding is valid.
+        let storage_slots = pipeline
+            .slots
+            .iter()
+            .filter(|s| s.kind != BindingKind::Uniform);
+        let mut padded = Vec::new();
+        for (s, b) in storage_slots.zip(buffers) {
+            let copy = if s.kind == BindingKind::StorageRead && b.size >= 4 && b.size < s.min_bytes
+            {
+                let copy = self.alloc(s.min_bytes, "wgrad padded binding")?;
+                let words = b.size / 4 * 4;
+                let to = copy.buffer.as_ref().expect("live pooled buffer");
+                self.record(|enc| enc.copy_buffer_to_buffer(b.buffer, b.offset, to, 0, words));
+                Some(copy)
+            } else {
+                None
+            };
+            padded.push(copy);
+        }
+        let mut storage = buffers.iter().zip(&padded);
         let entries: Vec<wgpu::BindGroupEntry> = pipeline
             .slots
             .iter()
@@ -1571,11 +1594,13 @@ impl Engine {
                         .expect("uniform")
                         .as_entire_binding(),
                     _ => {
-                        // A buffer smaller than one element of the binding (a tiny app buffer
-                        // under a 16-byte view) holds nothing the kernel may access there; the
-                        // engine's stand-in is bound instead, so that the binding is valid.
-                        let b = storage.next().expect("counted above");
-                        if b.size < s.min_bytes && s.min_bytes <= STAND_IN_BYTES {
+                        let (b, copy) = storage.next().expect("counted above");
+                        if let Some(copy) = copy {
+                            copy.buffer
+                                .as_ref()
+                                .expect("live pooled buffer")
+                                .as_entire_binding()
+                        } else if b.size < s.min_bytes && s.min_bytes <= STAND_IN_BYTES {
                             self.inner.stand_in.as_entire_binding()
                         } else if b.offset == 0 && b.size == b.buffer.size() {
                             b.buffer.as_entire_binding()

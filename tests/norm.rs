@@ -2505,3 +2505,56 @@ fn modulated_chunk_passes_match_reference() {
     }
     norm::force_chunk_passes(None);
 }
+
+#[test]
+fn parameters_in_app_buffers_smaller_than_a_chunk() {
+    // Weights (and GroupNorm's bias) in an app's buffer of fewer than 16 bytes, which the
+    // register paths read through 16-byte chunk bindings: the results are those of the same
+    // values in the engine's own tensors. RMSNorm of F32 rows of 4 values with a BF16 weight
+    // (8 bytes); GroupNorm of 2 F32 channels with F32 weight and bias (8 bytes each).
+    let e = engine();
+    // The same values in an engine tensor and in an app's buffer of their bytes.
+    fn both<T: wgrad::Element>(e: &wgrad::Engine, values: &[T]) -> (Tensor, Tensor) {
+        let own = Tensor::from_slice(e, values, &[values.len()]).unwrap();
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let buffer = e.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("app parameter"),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        e.queue().write_buffer(&buffer, 0, bytes);
+        let app = Tensor::from_buffer(e, buffer, &[values.len()], T::DTYPE).unwrap();
+        (own, app)
+    }
+    let mut rng = Rng::new(77);
+    let (x, _) = upload(&rng.vec(12, -2.0, 2.0), &[3, 4], DType::F32);
+    let w: Vec<half::bf16> = rng
+        .vec(4, 0.5, 1.5)
+        .into_iter()
+        .map(half::bf16::from_f64)
+        .collect();
+    let (own, app) = both(e, &w);
+    let o = RmsNormOptions::default();
+    let want = norm::rms_norm(&x, Some(&own), &o).unwrap().0;
+    let got = norm::rms_norm(&x, Some(&app), &o).unwrap().0;
+    assert_eq!(bits(&got), bits(&want), "RMSNorm, BF16 weight of 8 bytes");
+    let (gx, _) = upload(&rng.vec(2 * 2 * 8, -2.0, 2.0), &[2, 2, 8], DType::F32);
+    let f32s = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+    let (ow, aw) = both(e, &f32s(rng.vec(2, 0.5, 1.5)));
+    let (ob, ab) = both(e, &f32s(rng.vec(2, -0.5, 0.5)));
+    let go = norm::GroupNormOptions::default();
+    let want = norm::group_norm(&gx, 1, Some(&ow), Some(&ob), &go)
+        .unwrap()
+        .0;
+    let got = norm::group_norm(&gx, 1, Some(&aw), Some(&ab), &go)
+        .unwrap()
+        .0;
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "GroupNorm, weight and bias of 8 bytes"
+    );
+}
