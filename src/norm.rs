@@ -1741,7 +1741,8 @@ fn chunk_passes(
         _ => (x, x),
     };
     let residual = saved.residual.as_ref().unwrap_or(x);
-    // The scale is bound twice: as words (`aux`) and as chunks (`a4`).
+    // The scale is bound twice, as words (`aux`) and as chunks (`a4`); the source stands in
+    // for the residual binding, which modulated RMSNorm does not read.
     let (entries, row_buffers) = match scale {
         Some(scale) => (
             ["mod_backward_rows_chunks", "mod_backward_column_units"],

@@ -1290,22 +1290,41 @@ fn other_families_never_panic() {
     );
 }
 
-/// Engines with tight limits (no workspace, 256 bytes of it, bindings of 64 bytes, no pool):
-/// every family's valid calls and hostile option values are refused with a typed error or
-/// succeed, never panic, and the engine computes correctly afterwards.
+/// Engines with tight limits (no workspace, 256 bytes of it, bindings of 64 bytes, no pool,
+/// an app's device with WebGPU's default limits and no optional features): every family's
+/// valid calls and hostile option values are refused with a typed error or succeed, never
+/// panic, and the engine computes correctly afterwards.
 #[test]
 fn tight_engines_never_panic() {
+    let build = |b: wgrad::EngineBuilder| b.build().expect("an engine with tight limits");
+    let (device, queue) = common::app_device(
+        &common::vulkan_adapter(),
+        &wgpu::DeviceDescriptor {
+            label: Some("WebGPU default limits"),
+            required_limits: wgpu::Limits::default(),
+            ..Default::default()
+        },
+    );
     let configs = [
-        ("workspace bound 0", Engine::builder().workspace_bound(0)),
+        (
+            "workspace bound 0",
+            build(Engine::builder().workspace_bound(0)),
+        ),
         (
             "workspace bound 256 B",
-            Engine::builder().workspace_bound(256),
+            build(Engine::builder().workspace_bound(256)),
         ),
-        ("bindings of 64 B", Engine::builder().binding_limit(64)),
-        ("pool limit 0", Engine::builder().pool_limit(0)),
+        (
+            "bindings of 64 B",
+            build(Engine::builder().binding_limit(64)),
+        ),
+        ("pool limit 0", build(Engine::builder().pool_limit(0))),
+        (
+            "WebGPU default limits",
+            Engine::from_wgpu(device, queue).expect("an engine on the app's device"),
+        ),
     ];
-    for (name, builder) in configs {
-        let e = builder.build().expect("an engine with tight limits");
+    for (name, e) in configs {
         let mut t = Tally::on(&e, false);
         for family in [norms, activations, rope_family, losses, products, others] {
             family(&mut t);
