@@ -175,15 +175,7 @@ fn assert_operator_checks_pass(
 /// with a typed error, and give results within the checks' tolerances.
 #[test]
 fn operator_checks_pass_on_a_device_with_webgpu_default_limits() {
-    let (device, queue) = common::app_device(
-        &common::vulkan_adapter(),
-        &wgpu::DeviceDescriptor {
-            label: Some("WebGPU default limits"),
-            required_limits: wgpu::Limits::default(),
-            ..Default::default()
-        },
-    );
-    let engine = Engine::from_wgpu(device, queue).expect("an engine on the app's device");
+    let engine = common::webgpu_default_engine();
     let info = engine.info();
     assert_eq!(info.limits.max_compute_invocations_per_workgroup, 256);
     assert!(info.features.is_empty(), "{:?}", info.features);

@@ -1297,14 +1297,6 @@ fn other_families_never_panic() {
 #[test]
 fn tight_engines_never_panic() {
     let build = |b: wgrad::EngineBuilder| b.build().expect("an engine with tight limits");
-    let (device, queue) = common::app_device(
-        &common::vulkan_adapter(),
-        &wgpu::DeviceDescriptor {
-            label: Some("WebGPU default limits"),
-            required_limits: wgpu::Limits::default(),
-            ..Default::default()
-        },
-    );
     let configs = [
         (
             "workspace bound 0",
@@ -1319,10 +1311,7 @@ fn tight_engines_never_panic() {
             build(Engine::builder().binding_limit(64)),
         ),
         ("pool limit 0", build(Engine::builder().pool_limit(0))),
-        (
-            "WebGPU default limits",
-            Engine::from_wgpu(device, queue).expect("an engine on the app's device"),
-        ),
+        ("WebGPU default limits", common::webgpu_default_engine()),
     ];
     for (name, e) in configs {
         let mut t = Tally::on(&e, false);

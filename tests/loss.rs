@@ -2420,15 +2420,7 @@ fn register_rows_and_in_place_on_a_256_lane_adapter() {
     // An app device with WebGPU's default limits (256 invocations a workgroup): the register
     // rows and the in-place cross-entropy run the 256-lane module (F32 32,000 columns: 32
     // chunks a lane forward, the two-pass backward; BF16: 16 chunks a lane both ways).
-    let (device, queue) = common::app_device(
-        &common::vulkan_adapter(),
-        &wgpu::DeviceDescriptor {
-            label: Some("256 lanes"),
-            required_limits: wgpu::Limits::default(),
-            ..Default::default()
-        },
-    );
-    let e = wgrad::Engine::from_wgpu(device, queue).unwrap();
+    let e = common::webgpu_default_engine();
     assert_eq!(e.info().limits.max_compute_invocations_per_workgroup, 256);
     let (rows, cols) = (2, 32_000);
     for dtype in [DType::F32, DType::BF16] {

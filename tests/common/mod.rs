@@ -61,6 +61,21 @@ pub fn app_device(
     (device, queue)
 }
 
+/// An engine on an app's device made with WebGPU's default limits and no optional features
+/// (`Engine::from_wgpu`): 256 invocations a workgroup, 8 storage buffers a stage, 16 KiB of
+/// workgroup memory, 128 MiB bindings, no subgroups or timestamps.
+pub fn webgpu_default_engine() -> Engine {
+    let (device, queue) = app_device(
+        &vulkan_adapter(),
+        &wgpu::DeviceDescriptor {
+            label: Some("WebGPU default limits"),
+            required_limits: wgpu::Limits::default(),
+            ..Default::default()
+        },
+    );
+    Engine::from_wgpu(device, queue).expect("an engine on the app's device")
+}
+
 /// An engine of its own whose storage bindings hold at most `bytes` (`EngineBuilder::
 /// binding_limit`): tensors past it run the windowed ops a window at a time.
 pub fn capped_engine(bytes: u64) -> Engine {
