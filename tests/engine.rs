@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{engine, private_engine, random_f32, random_f64, vulkan_adapter};
+use common::{app_adapter, engine, private_engine, random_f32, random_f64};
 use wgrad::reference;
 use wgrad::{DType, Engine, Error, MathMode, Tensor, TimingSource, reduce};
 
@@ -180,11 +180,11 @@ fn app_device(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> (wgpu::Device, w
 
 #[test]
 fn from_wgpu_runs_ops_on_an_app_device() {
-    let adapter = vulkan_adapter();
+    let adapter = app_adapter();
     let (device, queue) = app_device(&adapter, wgpu::Limits::default());
     let e = Engine::from_wgpu(device, queue).unwrap();
     assert_eq!(e.info().adapter, adapter.get_info().name);
-    assert_eq!(e.info().backend, wgpu::Backend::Vulkan);
+    assert_eq!(e.info().backend, adapter.get_info().backend);
     assert_eq!(e.info().math_mode, MathMode::Strict);
     // No features were requested, so none is reported.
     assert!(e.info().features.is_empty(), "{:?}", e.info().features);
@@ -214,7 +214,7 @@ type LimitCheck = (&'static str, fn(&mut wgpu::Limits), u64, u64);
 
 #[test]
 fn from_wgpu_rejects_low_limits() {
-    let adapter = vulkan_adapter();
+    let adapter = app_adapter();
     // Downlevel limits with fewer invocations per workgroup than wgrad launches.
     let mut low = wgpu::Limits::downlevel_defaults();
     low.max_compute_invocations_per_workgroup = 128;
@@ -560,7 +560,7 @@ fn tensors_of_another_engine_are_rejected() {
 /// the device is asked for it as an app would.
 #[test]
 fn from_wgpu_adapter_knows_the_cooperative_matrices() {
-    let adapter = vulkan_adapter();
+    let adapter = app_adapter();
     let (device, queue) = app_device(&adapter, wgpu::Limits::default());
     let e = Engine::from_wgpu_adapter(&adapter, device, queue).unwrap();
     assert_eq!(e.info().adapter, adapter.get_info().name);

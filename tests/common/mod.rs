@@ -29,18 +29,23 @@ pub fn private_engine() -> Engine {
     Engine::new().expect("create a private engine")
 }
 
-/// A Vulkan adapter of this machine, found the way an app would (one instance for the test
-/// binary, kept).
-pub fn vulkan_adapter() -> wgpu::Adapter {
+/// An adapter of the backend wgrad takes on this platform (Metal on macOS, Vulkan elsewhere),
+/// found the way an app would (one instance for the test binary, kept).
+pub fn app_adapter() -> wgpu::Adapter {
     static ADAPTER: OnceLock<(wgpu::Instance, wgpu::Adapter)> = OnceLock::new();
     let (_, adapter) = ADAPTER.get_or_init(|| {
+        let backends = if cfg!(target_os = "macos") {
+            wgpu::Backends::METAL
+        } else {
+            wgpu::Backends::VULKAN
+        };
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = wgpu::Backends::VULKAN;
+        desc.backends = backends;
         let instance = wgpu::Instance::new(desc);
-        let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN))
+        let adapter = pollster::block_on(instance.enumerate_adapters(backends))
             .into_iter()
             .next()
-            .expect("a Vulkan adapter (lavapipe)");
+            .expect("a Metal or Vulkan adapter (lavapipe without a GPU)");
         (instance, adapter)
     });
     adapter.clone()
@@ -66,7 +71,7 @@ pub fn app_device(
 /// workgroup memory, 128 MiB bindings, no subgroups or timestamps.
 pub fn webgpu_default_engine() -> Engine {
     let (device, queue) = app_device(
-        &vulkan_adapter(),
+        &app_adapter(),
         &wgpu::DeviceDescriptor {
             label: Some("WebGPU default limits"),
             required_limits: wgpu::Limits::default(),
