@@ -207,21 +207,26 @@ fn operator_checks_pass_on_a_device_with_webgpu_default_limits() {
     });
 }
 
-/// Every kernel entry point binds at most `MIN_STORAGE_BUFFERS_PER_STAGE` (8) storage buffers,
-/// the fewest a device wgrad takes may offer, except those whose ops check the limit first
-/// and refuse a smaller device (`InsufficientLimit`): the gated delta recurrence, the fused
-/// GRPO head's chunk kernel and attention's stored-score backward.
+/// Every kernel entry point fits the least device wgrad takes, but those whose ops check the
+/// device's limit first and refuse a smaller one: at most `MIN_STORAGE_BUFFERS_PER_STAGE` (8)
+/// storage buffers, counting every binding its call graph names (`InsufficientLimit`
+/// otherwise: the gated delta recurrence, the fused GRPO head's chunk kernel, attention's
+/// stored-score backward), and at most WebGPU's default 16 KiB of workgroup memory with the
+/// override constants' defaults (attention's tiles: `LimitExceeded`; the tensor-core
+/// products: `MissingFeature` without 44 KiB).
 #[test]
-fn entry_points_bind_at_most_eight_storage_buffers() {
-    let checked = [
+fn entry_points_fit_the_least_device() {
+    let more_buffers = [
         ("gated_delta", "forward"),
         ("gated_delta", "backward"),
         ("grpo", "grpo_chunk"),
         ("attention", "attention_dkdv_store"),
     ];
+    let more_workgroup_memory = ["attention", "matmul_tc"];
     for kernel in wgrad::kernel::registry() {
         let (module, info) = kernel.module().expect("a valid module");
         for (i, entry) in module.entry_points.iter().enumerate() {
+            let what = format!("{}.{}", kernel.name, entry.name);
             let uses = info.get_entry_point(i);
             let storage: Vec<&str> = module
                 .global_variables
@@ -231,18 +236,38 @@ fn entry_points_bind_at_most_eight_storage_buffers() {
                 })
                 .map(|(_, g)| g.name.as_deref().unwrap_or("?"))
                 .collect();
-            let limit = if checked.contains(&(kernel.name, entry.name.as_str())) {
+            let limit = if more_buffers.contains(&(kernel.name, entry.name.as_str())) {
                 14
             } else {
                 wgrad::engine::MIN_STORAGE_BUFFERS_PER_STAGE as usize
             };
             assert!(
                 storage.len() <= limit,
-                "{}.{} binds {} storage buffers: {storage:?}",
-                kernel.name,
-                entry.name,
+                "{what} binds {} storage buffers: {storage:?}",
                 storage.len()
             );
+            // Workgroup arrays sized by override constants: their defaults.
+            let (m, mi) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((entry.stage, entry.name.as_str())),
+                &naga::back::PipelineConstants::default(),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            let at = m.entry_points.iter().position(|e| e.name == entry.name);
+            let uses = mi.get_entry_point(at.expect("the entry point"));
+            let bytes: u32 = m
+                .global_variables
+                .iter()
+                .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
+                .map(|(_, g)| m.types[g.ty].inner.size(m.to_ctx()))
+                .sum();
+            if !more_workgroup_memory.contains(&kernel.name) {
+                assert!(
+                    bytes <= 16 << 10,
+                    "{what} takes {bytes} bytes of workgroup memory"
+                );
+            }
         }
     }
 }
