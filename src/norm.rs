@@ -1599,6 +1599,28 @@ fn gradients(
     })
 }
 
+/// The override constants the general passes and the chunk passes share: the kind, the
+/// source's and the weight's dtypes, and which parameters and cotangents there are.
+fn backward_constants(
+    saved: &Saved,
+    x: &Tensor,
+    residual_output_gradient: Option<&Tensor>,
+) -> Constants {
+    let weight = saved.weight.as_ref();
+    vec![
+        ("KIND", saved.kind.code()),
+        ("DX", f64::from(x.dtype().code())),
+        ("DW", code(weight)),
+        ("HAS_W", f64::from(u8::from(weight.is_some()))),
+        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
+        ("HAS_B", f64::from(u8::from(saved.has_bias))),
+        (
+            "HAS_DRES",
+            f64::from(u8::from(residual_output_gradient.is_some())),
+        ),
+    ]
+}
+
 /// The general backward's row pass (`backward_rows`) and column pass (`backward_columns`, or
 /// `backward_column_pairs` for `pairs`), writing dx, the row constants and the partials.
 fn general_passes(
@@ -1617,21 +1639,12 @@ fn general_passes(
         NormKind::Layer | NormKind::Group => saved.mean.as_ref(),
         NormKind::Rms => None,
     };
-    let constants: Constants = vec![
-        ("KIND", saved.kind.code()),
-        ("DX", f64::from(x.dtype().code())),
+    let mut constants = backward_constants(saved, x, residual_output_gradient);
+    constants.extend([
         ("DA", code(aux)),
-        ("DW", code(weight)),
         ("DY", f64::from(output_gradient.dtype().code())),
         ("DR", code(residual_output_gradient)),
-        ("HAS_W", f64::from(u8::from(weight.is_some()))),
-        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
-        ("HAS_B", f64::from(u8::from(saved.has_bias))),
-        (
-            "HAS_DRES",
-            f64::from(u8::from(residual_output_gradient.is_some())),
-        ),
-    ];
+    ]);
     let stride = params.stride as usize;
     engine.launch(
         &KERNEL,
@@ -1703,19 +1716,8 @@ fn chunk_passes(
 ) -> Result<()> {
     let engine = x.engine();
     let weight = saved.weight.as_ref();
-    let mut constants: Constants = vec![
-        ("KIND", saved.kind.code()),
-        ("DX", f64::from(x.dtype().code())),
-        ("DW", code(weight)),
-        ("HAS_W", f64::from(u8::from(weight.is_some()))),
-        ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
-        ("HAS_B", f64::from(u8::from(saved.has_bias))),
-        (
-            "HAS_DRES",
-            f64::from(u8::from(residual_output_gradient.is_some())),
-        ),
-        ("DDX", f64::from(dx.dtype().code())),
-    ];
+    let mut constants = backward_constants(saved, x, residual_output_gradient);
+    constants.push(("DDX", f64::from(dx.dtype().code())));
     let scale = match saved.kind {
         NormKind::Modulated => Some(
             saved
