@@ -56,8 +56,10 @@
 //! scores and 4 rows × `head_dim/16` columns of its accumulators (named registers); operands
 //! are staged in workgroup memory in 16-column steps (rows padded, or swizzled in the forward
 //! and the dQ pass over stored tiles, against bank conflicts; at most [`WORKGROUP_BYTES`] per
-//! workgroup). A head's query blocks are launched from the last one (the longest under a
-//! causal mask). Tiles the causal/window band hides entirely are skipped. Forward: one
+//! workgroup, or [`COMPACT_WORKGROUP_BYTES`] on a device with less: the tiles of probabilities
+//! and score gradients then go through workgroup memory 32 columns at a time, the same bits).
+//! A head's query blocks are launched from the last one (the longest under a causal mask).
+//! Tiles the causal/window band hides entirely are skipped. Forward: one
 //! workgroup per (batch, query head, 64-query block), online softmax over 64-key tiles.
 //! Backward: a row pass (`D` next to the saved statistics); a pass with one workgroup per
 //! (batch, key/value head, 64-key block) that owns those rows of dK and dV and sums over the
@@ -92,9 +94,12 @@ pub const TILE: usize = 64;
 /// Workgroup memory the attention kernels declare at most (bytes): a 64 × 64 probability tile
 /// and the operand staging, padded against bank conflicts (the backward passes that recompute
 /// scores; the forward and the dQ pass over stored score gradients swizzle the same layouts
-/// instead, 24 KiB). Devices with less are refused (`LimitExceeded`) before anything is
-/// launched.
+/// instead, 24 KiB). A device with less takes the compact layout.
 pub const WORKGROUP_BYTES: u64 = (1088 + 544) * 16;
+/// Workgroup memory of the compact layout (bytes), WebGPU's default limit: every pass swizzled,
+/// the tile held 32 columns at a time (the same products in the same order: the same bits).
+/// Devices with less are refused (`LimitExceeded`) before anything is launched.
+pub const COMPACT_WORKGROUP_BYTES: u64 = (512 + 512) * 16;
 /// Largest head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest query or key length.
@@ -279,15 +284,19 @@ impl Plan {
     }
 }
 
-/// `constants` with the workgroup memory layout of `entry` (`PADDED` in the kernel) and its
-/// order of query blocks (`LAST_FIRST`). The layouts hold the same values, so the bits do
-/// not depend on them; measured on an H200 (`notes/attention.md`, tenth round): the swizzled
-/// layout's smaller footprint makes the forward 10–20% faster and takes 1.7–3.8% off the
-/// stored schedule's forward+backward through its dQ pass, while the passes that recompute
-/// scores in the backward are about 2% faster with the padded layout's constant offsets.
-fn with_layout(mut constants: Constants, entry: &str) -> Constants {
-    let swizzled = matches!(entry, "attention_forward" | "attention_dq_stored");
+/// `constants` with the workgroup memory layout of `entry` (`PADDED` and `P_COLS` in the
+/// kernel) and its order of query blocks (`LAST_FIRST`). The layouts hold the same values, so
+/// the bits do not depend on them; measured on an H200 (`notes/attention.md`, tenth round): the
+/// swizzled layout's smaller footprint makes the forward 10–20% faster and takes 1.7–3.8% off
+/// the stored schedule's forward+backward through its dQ pass, while the passes that recompute
+/// scores in the backward are about 2% faster with the padded layout's constant offsets. On a
+/// device with less than [`WORKGROUP_BYTES`] of workgroup memory every pass takes the compact
+/// layout ([`COMPACT_WORKGROUP_BYTES`]).
+fn with_layout(mut constants: Constants, entry: &str, engine: &Engine) -> Constants {
+    let compact = workgroup_limit(engine) < WORKGROUP_BYTES;
+    let swizzled = compact || matches!(entry, "attention_forward" | "attention_dq_stored");
     constants.push(("PADDED", if swizzled { 0.0 } else { 1.0 }));
+    constants.push(("P_COLS", if compact { 32.0 } else { TILE as f64 }));
     let ascending = FORCED_ASCENDING.with(std::cell::Cell::get);
     constants.push(("LAST_FIRST", if ascending { 0.0 } else { 1.0 }));
     constants
@@ -303,6 +312,10 @@ thread_local! {
 #[doc(hidden)]
 pub fn force_ascending_blocks(ascending: bool) {
     FORCED_ASCENDING.with(|f| f.set(ascending));
+}
+
+fn workgroup_limit(engine: &Engine) -> u64 {
+    u64::from(engine.info().limits.max_compute_workgroup_storage_size)
 }
 
 /// Strides (batch, head, sequence) of a 4-axis tensor in `layout`, and its
@@ -340,11 +353,11 @@ fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions
     let engine = query.engine();
     key.check_engine(engine, "attention: key")?;
     value.check_engine(engine, "attention: value")?;
-    let wg_limit = u64::from(engine.info().limits.max_compute_workgroup_storage_size);
-    if wg_limit < WORKGROUP_BYTES {
+    let wg_limit = workgroup_limit(engine);
+    if wg_limit < COMPACT_WORKGROUP_BYTES {
         return Err(Error::LimitExceeded {
             what: "attention: workgroup memory".into(),
-            bytes: WORKGROUP_BYTES,
+            bytes: COMPACT_WORKGROUP_BYTES,
             limit: wg_limit,
             limit_name: "max_compute_workgroup_storage_size",
         });
@@ -512,7 +525,7 @@ fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions
 /// the key, a mask of another shape (`ShapeMismatch`); a head dim outside 8..=256 or a length
 /// past 2²⁴ (`OutOfBounds`); a head dim not a multiple of 8, query heads not a multiple of
 /// key/value heads, a bad scale or offset (`InvalidValue`); outputs past the binding limit, or
-/// a device with less workgroup memory than [`WORKGROUP_BYTES`] (`LimitExceeded`).
+/// a device with less workgroup memory than [`COMPACT_WORKGROUP_BYTES`] (`LimitExceeded`).
 pub fn attention_forward(
     query: &Tensor,
     key: &Tensor,
@@ -543,7 +556,7 @@ pub fn attention_forward(
     engine.launch(
         &KERNEL,
         "attention_forward",
-        &with_layout(plan.constants(DType::F32), "attention_forward"),
+        &with_layout(plan.constants(DType::F32), "attention_forward", engine),
         &plan.params(options.mask.is_some()),
         &[
             query.buffer(),
@@ -753,7 +766,7 @@ pub fn attention_backward_with(
             engine.launch(
                 &KERNEL,
                 entry,
-                &with_layout(constants.clone(), entry),
+                &with_layout(constants.clone(), entry, engine),
                 &params,
                 &buffers,
                 workgroups as u64,
@@ -794,7 +807,7 @@ pub fn attention_backward_with(
             engine.launch(
                 &KERNEL,
                 entry,
-                &with_layout(constants.clone(), entry),
+                &with_layout(constants.clone(), entry, engine),
                 &params,
                 buffers,
                 workgroups as u64,

@@ -6,7 +6,8 @@
 //! multiples of the 32-row tile); head dims 8/32/72/128/256; a 1e4 common score offset; the
 //! [B,S,H,D] layout; bit-identical reruns; finite differences of the reference backward;
 //! workspace bound; empty shapes; every documented bad input's error; the stored
-//! score-gradient schedule bit-identical to the default one.
+//! score-gradient schedule bit-identical to the default one; the compact 16 KiB layout (a device
+//! with WebGPU's default workgroup memory) bit-identical to the full tiles.
 //!
 //! Tolerance: `Tolerance::for_dtype` of the compared output (the output in its storage dtype,
 //! everything else F32), unscaled: the references use the stored (rounded) inputs, so only
@@ -22,7 +23,7 @@ use wgrad::attention::{
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::attention::{self as reference, Dims, Visibility};
-use wgrad::{DType, Error, Tensor};
+use wgrad::{DType, Engine, Error, Tensor};
 
 /// One configuration: sizes, visibility, dtypes, layout, data seed.
 #[derive(Clone)]
@@ -92,6 +93,10 @@ impl Setup {
     }
 
     fn options(&self) -> AttentionOptions {
+        self.options_on(engine())
+    }
+
+    fn options_on(&self, e: &Engine) -> AttentionOptions {
         let d = &self.dims;
         AttentionOptions {
             causal: self.causal,
@@ -103,7 +108,7 @@ impl Setup {
                 } else {
                     vec![*mb, *mh, d.q_len, d.k_len]
                 };
-                mask_from_bools(engine(), m, &shape).unwrap()
+                mask_from_bools(e, m, &shape).unwrap()
             }),
             window_left: self.window_left,
             window_right: self.window_right,
@@ -168,14 +173,25 @@ struct Run {
 }
 
 fn upload(s: &Setup, x: &[f64], heads: usize, len: usize, dtype: DType) -> (Tensor, Vec<f64>) {
+    upload_on(engine(), s, x, heads, len, dtype)
+}
+
+fn upload_on(
+    e: &Engine,
+    s: &Setup,
+    x: &[f64],
+    heads: usize,
+    len: usize,
+    dtype: DType,
+) -> (Tensor, Vec<f64>) {
     let d = &s.dims;
     let stored = common::stored(x, dtype);
     let t = match s.layout {
         AttentionLayout::BatchHeadSeq => {
-            common::tensor_from_f64(engine(), x, &[d.batch, heads, len, d.head_dim], dtype)
+            common::tensor_from_f64(e, x, &[d.batch, heads, len, d.head_dim], dtype)
         }
         AttentionLayout::BatchSeqHead => common::tensor_from_f64(
-            engine(),
+            e,
             &permute(x, d.batch, heads, len, d.head_dim, false),
             &[d.batch, len, heads, d.head_dim],
             dtype,
@@ -1225,5 +1241,103 @@ fn stored_score_gradients_give_the_recompute_bits() {
             assert_eq!((needed, bound), (rows + per_group, rows + per_group - 1));
         }
         other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+}
+
+/// An engine on an app's device with 16 KiB of workgroup memory (WebGPU's default) and the
+/// adapter's other limits and wanted features: attention takes its compact layout there.
+fn compact_engine() -> Engine {
+    let adapter = common::app_adapter();
+    let (device, queue) = common::app_device(
+        &adapter,
+        &wgpu::DeviceDescriptor {
+            label: Some("16 KiB of workgroup memory"),
+            required_features: adapter.features() & wgrad::engine::WANTED_FEATURES,
+            required_limits: wgpu::Limits {
+                max_compute_workgroup_storage_size: 16 << 10,
+                ..adapter.limits()
+            },
+            ..Default::default()
+        },
+    );
+    Engine::from_wgpu(device, queue).unwrap()
+}
+
+/// The bits of a forward and a backward of `s` on `e`: output, saved F32 output, row maxima,
+/// log denominators, dq, dk, dv.
+fn bits_on(e: &Engine, s: &Setup, grads: DType, schedule: BackwardSchedule) -> Vec<Vec<u32>> {
+    let d = &s.dims;
+    let data = s.data();
+    let (q, _) = upload_on(e, s, &data[0], d.q_heads, d.q_len, s.dtype);
+    let (k, _) = upload_on(e, s, &data[1], d.kv_heads, d.k_len, s.dtype);
+    let (v, _) = upload_on(e, s, &data[2], d.kv_heads, d.k_len, s.dtype);
+    let (go, _) = upload_on(e, s, &data[3], d.q_heads, d.q_len, s.grad_dtype);
+    let (out, saved) = attention_forward(&q, &k, &v, &s.options_on(e)).unwrap();
+    let g = attention_backward_with(&saved, &go, grads, schedule).unwrap();
+    [
+        &out,
+        saved.output_f32(),
+        saved.row_max(),
+        saved.log_denominator(),
+        &g.query,
+        &g.key,
+        &g.value,
+    ]
+    .iter()
+    .map(|t| bits(t))
+    .collect()
+}
+
+#[test]
+fn the_compact_layout_gives_the_bits_of_the_full_tiles() {
+    // With less workgroup memory than `WORKGROUP_BYTES` every pass holds its probability and
+    // score-gradient tiles 32 columns at a time (`COMPACT_WORKGROUP_BYTES`, 16 KiB): the same
+    // products in the same order, so the bits of the full 64-column tiles, for the forward,
+    // both backward schedules, one to four 64-column head-dim chunks and ragged lengths.
+    let compact = compact_engine();
+    let limit = compact.info().limits.max_compute_workgroup_storage_size;
+    assert!(u64::from(limit) < wgrad::attention::WORKGROUP_BYTES);
+    assert_eq!(u64::from(limit), wgrad::attention::COMPACT_WORKGROUP_BYTES);
+    let mut setups = Vec::new();
+    let mut s = Setup::new(dims(2, 4, 2, 17, 17, 8));
+    s.causal = true;
+    setups.push(s);
+    let mut s = Setup::new(dims(1, 4, 1, 65, 130, 72));
+    s.layout = AttentionLayout::BatchSeqHead;
+    s.dtype = DType::BF16;
+    s.grad_dtype = DType::BF16;
+    setups.push(s);
+    let mut s = Setup::new(dims(1, 2, 1, 70, 70, 128));
+    s.causal = true;
+    s.window_left = Some(40);
+    s.dtype = DType::F16;
+    setups.push(s);
+    let mut s = Setup::new(dims(1, 2, 2, 33, 100, 192));
+    s.mask = Some((mask_values(5, 1, 33, 100, &[7]), 1, 1, true));
+    setups.push(s);
+    let mut s = Setup::new(dims(1, 1, 1, 64, 64, 256));
+    s.dtype = DType::BF16;
+    setups.push(s);
+    setups.push(Setup::new(dims(1, 2, 1, 130, 129, 64)));
+    for (n, s) in setups.iter().enumerate() {
+        for grads in [DType::F32, s.grad_dtype] {
+            for schedule in [
+                BackwardSchedule::Recompute,
+                BackwardSchedule::StoredScores { budget: u64::MAX },
+            ] {
+                let want = bits_on(engine(), s, grads, schedule);
+                let got = bits_on(&compact, s, grads, schedule);
+                for (i, name) in ["out", "out_f32", "row_max", "log_den", "dq", "dk", "dv"]
+                    .iter()
+                    .enumerate()
+                {
+                    assert!(
+                        got[i] == want[i],
+                        "setup {n} {:?} grads {grads} {schedule:?}: {name}",
+                        s.dims
+                    );
+                }
+            }
+        }
     }
 }

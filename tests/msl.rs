@@ -145,9 +145,10 @@ fn workgroup_size_overrides_are_evaluated() {
 
 #[test]
 fn attention_layouts_translate_and_size_their_workgroup_memory() {
-    // The attention passes take the padded (25.5 KiB, `WORKGROUP_BYTES`) or the swizzled
-    // (24 KiB) layout of their workgroup arrays from the PADDED override, and their order of
-    // query blocks from LAST_FIRST; every combination translates to strict MSL.
+    // The attention passes take the padded (25.5 KiB, `WORKGROUP_BYTES`), the swizzled
+    // (24 KiB) or the compact (16 KiB, `COMPACT_WORKGROUP_BYTES`: swizzled, 32 tile columns at a
+    // time) layout of their workgroup arrays from the PADDED and P_COLS overrides, and their
+    // order of query blocks from LAST_FIRST; every combination translates to strict MSL.
     let kernel = &wgrad::attention::KERNEL;
     let entries = [
         "attention_forward",
@@ -156,9 +157,18 @@ fn attention_layouts_translate_and_size_their_workgroup_memory() {
         "attention_dq",
         "attention_dq_stored",
     ];
-    for (padded, bytes) in [(1.0, wgrad::attention::WORKGROUP_BYTES), (0.0, 24 * 1024)] {
+    let layouts = [
+        (1.0, 64.0, wgrad::attention::WORKGROUP_BYTES),
+        (0.0, 64.0, 24 * 1024),
+        (0.0, 32.0, wgrad::attention::COMPACT_WORKGROUP_BYTES),
+    ];
+    for (padded, p_cols, bytes) in layouts {
         for last_first in [0.0, 1.0] {
-            let constants = vec![("PADDED", padded), ("LAST_FIRST", last_first)];
+            let constants = vec![
+                ("PADDED", padded),
+                ("P_COLS", p_cols),
+                ("LAST_FIRST", last_first),
+            ];
             for entry in entries {
                 let msl = strict_msl(kernel, entry, &constants).unwrap();
                 check_strict(kernel, entry, &constants, &msl);
@@ -169,7 +179,7 @@ fn attention_layouts_translate_and_size_their_workgroup_memory() {
                     .filter(|(_, v)| matches!(v.name.as_deref(), Some("xs" | "ps")))
                     .map(|(_, v)| u64::from(module.types[v.ty].inner.size(module.to_ctx())))
                     .sum();
-                assert_eq!(staged, bytes, "{entry} PADDED {padded}");
+                assert_eq!(staged, bytes, "{entry} PADDED {padded} P_COLS {p_cols}");
             }
         }
     }

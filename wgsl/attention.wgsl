@@ -264,15 +264,18 @@ fn query_block(g: u32, q_tiles: u32) -> u32 {
 
 // Workgroup memory: `xs` stages operand slices (two blocks of 16 columns × 16 vec4 rows for
 // the score products, `dot_at`; KS rows × RS vec4 for the accumulations; or the row partials
-// of the softmax); `ps` holds a 64 × 64 tile of probabilities or score gradients,
-// column-major by tile column: ps[ps_at(col, ty)] = the 4 rows ty + 16·i of that column.
-// Two layouts of the same values, both free of bank conflicts (see `dot_at`): PADDED (25.5
-// KiB: a column's vec4s 17 apart, so unrolled loops address them by constant offsets) or
+// of the softmax); `ps` holds P_COLS columns of a 64 × 64 tile of probabilities or score
+// gradients, column-major by tile column: ps[ps_at(col, ty)] = the 4 rows ty + 16·i of that
+// column. Two layouts of the same values, both free of bank conflicts (see `dot_at`): PADDED
+// (25.5 KiB: a column's vec4s 17 apart, so unrolled loops address them by constant offsets) or
 // swizzled (24 KiB: 16 apart, the row XOR-ed with the column; one more integer operation a
-// load, a smaller footprint).
+// load, a smaller footprint). P_COLS = 32 (compact, with the swizzled layout: 16 KiB, WebGPU's
+// default limit) holds the tile in two halves of 32 columns, one after the other; the
+// accumulations take the same terms in the same order, so the bits do not change.
 override PADDED: bool = true;
+override P_COLS: u32 = 64u;
 override XS_LEN: u32 = select(512u, 544u, PADDED);
-override PS_LEN: u32 = select(1024u, 1088u, PADDED);
+override PS_LEN: u32 = P_COLS * select(16u, 17u, PADDED);
 var<workgroup> xs: array<vec4<f32>, XS_LEN>;
 var<workgroup> ps: array<vec4<f32>, PS_LEN>;
 
@@ -539,12 +542,21 @@ fn dots(s: Blk, tx: u32, ty: u32) -> Blk {
     return r;
 }
 
-// Writes column j = tx + 16·jj of a block into ps (4 rows ty + 16·i as one vec4).
-fn put_tile(s: Blk, tx: u32, ty: u32) {
-    ps[ps_at(tx, ty)] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
-    ps[ps_at(tx + 16u, ty)] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
-    ps[ps_at(tx + 32u, ty)] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
-    ps[ps_at(tx + 48u, ty)] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
+// Writes column j = tx + 16·jj of a block into ps (4 rows ty + 16·i as one vec4): every
+// column, or (P_COLS = 32) those of half `hf` of the tile, at hf·32 fewer.
+fn put_tile(s: Blk, tx: u32, ty: u32, hf: u32) {
+    if (P_COLS == BT) {
+        ps[ps_at(tx, ty)] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
+        ps[ps_at(tx + 16u, ty)] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
+        ps[ps_at(tx + 32u, ty)] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
+        ps[ps_at(tx + 48u, ty)] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
+    } else if (hf == 0u) {
+        ps[ps_at(tx, ty)] = vec4<f32>(s.r0.x, s.r1.x, s.r2.x, s.r3.x);
+        ps[ps_at(tx + 16u, ty)] = vec4<f32>(s.r0.y, s.r1.y, s.r2.y, s.r3.y);
+    } else {
+        ps[ps_at(tx, ty)] = vec4<f32>(s.r0.z, s.r1.z, s.r2.z, s.r3.z);
+        ps[ps_at(tx + 16u, ty)] = vec4<f32>(s.r0.w, s.r1.w, s.r2.w, s.r3.w);
+    }
 }
 
 // Whether every (query, key) of the tile is in range and inside the band, with no mask:
@@ -665,20 +677,24 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         l = l * alpha + vec4<f32>(sum4(p.r0), sum4(p.r1), sum4(p.r2), sum4(p.r3));
         m = m_new;
         o = acc_scale(o, alpha);
-        put_tile(p, tx, ty);
-        // o += P · V, KS keys per staged step.
+        // o += P · V, P_COLS keys of P at a time, KS keys per staged step.
         // KS · RS = 512 staged vec4: slots lid and lid + 256, prefetched one step ahead.
-        var nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0, params.k_len);
-        for (var ks = 0u; ks < BT; ks = ks + KS) {
-            rows_store(lid, nv, DT == DT_F32);
-            workgroupBarrier();
-            if (ks + KS < BT) {
-                nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k0 + ks + KS, params.k_len);
+        for (var hf = 0u; hf < BT / P_COLS; hf = hf + 1u) {
+            put_tile(p, tx, ty, hf);
+            let k1 = k0 + hf * P_COLS;
+            var nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k1, params.k_len);
+            for (var ks = 0u; ks < P_COLS; ks = ks + KS) {
+                rows_store(lid, nv, DT == DT_F32);
+                workgroupBarrier();
+                if (ks + KS < P_COLS) {
+                    nv = rows_load_fwd(lid, KIND_V, k_base, params.k_ss, k1 + ks + KS,
+                                       params.k_len);
+                }
+                for (var kr = 0u; kr < KS; kr = kr + 1u) {
+                    o = acc_step(o, ps[ps_at(ks + kr, ty)], kr * RS, tx);
+                }
+                workgroupBarrier();
             }
-            for (var kr = 0u; kr < KS; kr = kr + 1u) {
-                o = acc_step(o, ps[ps_at(ks + kr, ty)], kr * RS, tx);
-            }
-            workgroupBarrier();
         }
     }
     // Denominators: the lanes' partial sums of each row, in lane order.
@@ -805,16 +821,16 @@ fn bwd_scores(lid: u32, tx: u32, ty: u32, ka: u32, a_base: u32, a_ss: u32, a0: u
     return s;
 }
 
-// acc += ps-tile · (BT rows of `kind` from r0), KS rows per staged step.
+// acc += the tile's columns in ps · (P_COLS rows of `kind` from r0), KS rows per staged step.
 fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss: u32, r0: u32,
                   len: u32) -> Acc {
     var a = acc;
     if (kind_dt(kind) != DT_F32) {
         var n = rows_load_bwd(lid, kind, base, ss, r0, len);
-        for (var ks = 0u; ks < BT; ks = ks + KS) {
+        for (var ks = 0u; ks < P_COLS; ks = ks + KS) {
             rows_store(lid, n, false);
             workgroupBarrier();
-            if (ks + KS < BT) {
+            if (ks + KS < P_COLS) {
                 n = rows_load_bwd(lid, kind, base, ss, r0 + ks + KS, len);
             }
             for (var kr = 0u; kr < KS; kr = kr + 1u) {
@@ -826,11 +842,11 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
     }
     var n0 = row4_bwd(kind, base, ss, r0 + lid / RS, len, 4u * (lid % RS));
     var n1 = row4_bwd(kind, base, ss, r0 + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
-    for (var ks = 0u; ks < BT; ks = ks + KS) {
+    for (var ks = 0u; ks < P_COLS; ks = ks + KS) {
         xs[lid] = n0;
         xs[lid + WG] = n1;
         workgroupBarrier();
-        if (ks + KS < BT) {
+        if (ks + KS < P_COLS) {
             let r = r0 + ks + KS;
             n0 = row4_bwd(kind, base, ss, r + lid / RS, len, 4u * (lid % RS));
             n1 = row4_bwd(kind, base, ss, r + (lid + WG) / RS, len, 4u * ((lid + WG) % RS));
@@ -839,6 +855,17 @@ fn bwd_accumulate(acc: Acc, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss
             a = acc_step(a, ps[ps_at(ks + kr, ty)], kr * RS, tx);
         }
         workgroupBarrier();
+    }
+    return a;
+}
+
+// acc += tile t · (BT rows of `kind` from r0): the tile put into ps P_COLS columns at a time.
+fn tile_accumulate(acc: Acc, t: Blk, lid: u32, tx: u32, ty: u32, kind: u32, base: u32, ss: u32,
+                   r0: u32, len: u32) -> Acc {
+    var a = acc;
+    for (var hf = 0u; hf < BT / P_COLS; hf = hf + 1u) {
+        put_tile(t, tx, ty, hf);
+        a = bwd_accumulate(a, lid, tx, ty, kind, base, ss, r0 + hf * P_COLS, len);
     }
     return a;
 }
@@ -951,10 +978,10 @@ struct DkDv {
 fn dkdv_accumulate(a: DkDv, t: TileGrads, lid: u32, tx: u32, ty: u32, q_base: u32,
                    q0: u32) -> DkDv {
     var r = a;
-    put_tile(t.p, tx, ty);
-    r.dv = bwd_accumulate(r.dv, lid, tx, ty, KIND_DO, q_base, params.q_ss, q0, params.q_len);
-    put_tile(t.ds, tx, ty);
-    r.dk = bwd_accumulate(r.dk, lid, tx, ty, KIND_Q, q_base, params.q_ss, q0, params.q_len);
+    r.dv = tile_accumulate(r.dv, t.p, lid, tx, ty, KIND_DO, q_base, params.q_ss, q0,
+                           params.q_len);
+    r.dk = tile_accumulate(r.dk, t.ds, lid, tx, ty, KIND_Q, q_base, params.q_ss, q0,
+                           params.q_len);
     return r;
 }
 
@@ -1108,8 +1135,7 @@ fn attention_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         ds.r1 = p.r1 * (dp.r1 - vec4<f32>(i1.z));
         ds.r2 = p.r2 * (dp.r2 - vec4<f32>(i2.z));
         ds.r3 = p.r3 * (dp.r3 - vec4<f32>(i3.z));
-        put_tile(ds, tx, ty);
-        dq = bwd_accumulate(dq, lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len);
+        dq = tile_accumulate(dq, ds, lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len);
     }
     write_acc_a(dq, tx, ty, q_base, params.q_ss, q0, params.q_len, params.scale);
 }
@@ -1147,11 +1173,15 @@ fn attention_dq_stored(@builtin(workgroup_id) wid: vec3<u32>,
             continue;
         }
         let at = ((lq * q_tiles + qb) * k_tiles + kb) * 1024u;
-        for (var r = 0u; r < 4u; r = r + 1u) {
-            let e = lid + WG * r;
-            ps[ps_at(e / 16u, e % 16u)] = ds_store[at + e];
+        for (var hf = 0u; hf < BT / P_COLS; hf = hf + 1u) {
+            // Columns hf·P_COLS .. of the tile: 16 vec4 a column.
+            for (var r = 0u; r < P_COLS / 16u; r = r + 1u) {
+                let e = lid + WG * r;
+                ps[ps_at(e / 16u, e % 16u)] = ds_store[at + 16u * P_COLS * hf + e];
+            }
+            dq = bwd_accumulate(dq, lid, tx, ty, KIND_K, k_base, params.k_ss, k0 + hf * P_COLS,
+                                params.k_len);
         }
-        dq = bwd_accumulate(dq, lid, tx, ty, KIND_K, k_base, params.k_ss, k0, params.k_len);
     }
     write_acc_a(dq, tx, ty, q_base, params.q_ss, q0, params.q_len, params.scale);
 }
