@@ -624,8 +624,8 @@ pub enum BackwardSchedule {
     /// pool's size class, within the budget), evened out (the budget capped by what the
     /// engine's workspace bound leaves and by one binding; at least one group must fit:
     /// `WorkspaceExceeded` otherwise; see [`stored_scores_bytes_per_group`]). Its dK/dV pass
-    /// binds nine storage buffers (`InsufficientLimit` on a device with fewer; the default
-    /// schedule needs eight).
+    /// binds nine storage buffers: on a device with fewer (WebGPU's default 8) the backward
+    /// recomputes instead, which gives the same bits with less memory.
     StoredScores {
         /// Bytes the score-gradient tiles of one slice may take.
         budget: u64,
@@ -650,8 +650,7 @@ const TILE_BYTES: u64 = (TILE * TILE * 4) as u64;
 
 /// [`attention_backward_as`] with the dQ pass's `schedule`. Errors: those of
 /// [`attention_backward_as`]; with [`BackwardSchedule::StoredScores`], a budget (or what the
-/// workspace bound leaves of it) below one group's tiles (`WorkspaceExceeded`), or a device
-/// with fewer than nine storage buffers a stage (`InsufficientLimit`).
+/// workspace bound leaves of it) below one group's tiles (`WorkspaceExceeded`).
 pub fn attention_backward_with(
     saved: &AttentionSaved,
     d_output: &Tensor,
@@ -679,13 +678,15 @@ pub fn attention_backward_with(
     let own = attention_workspace_bytes(plan.batch, plan.q_heads, plan.q_len);
     engine.check_workspace("attention_backward", own)?;
     let groups = plan.batch * plan.kv_heads;
-    // Groups a slice under the stored schedule (None: recompute).
+    // Groups a slice under the stored schedule (None: recompute, also where the device has
+    // fewer storage buffers than `attention_dkdv_store` binds).
+    let stored_fits = engine.require_storage_buffers(9).is_ok();
     let slice = match schedule {
+        BackwardSchedule::StoredScores { .. } if !stored_fits => None,
         BackwardSchedule::Recompute => None,
         BackwardSchedule::StoredScores { budget } => {
             let per_group =
                 stored_scores_bytes_per_group(plan.q_heads, plan.kv_heads, plan.q_len, plan.k_len);
-            engine.require_storage_buffers(9)?;
             let room = budget
                 .min(engine.workspace_bound() - own)
                 .min(engine.max_binding_bytes());

@@ -460,8 +460,7 @@ pub struct FusedGrpoSaved {
 /// cost, and the saved context holds `dx`, `dW`, `dbias` (F32) until the backward.
 ///
 /// Errors: those of [`grpo_loss`] for the tokens and options; `x` not of rank 3 `[B, L, H]`
-/// with ids `[B, L]` (`ShapeMismatch`); a device with fewer than nine storage buffers a stage
-/// (`InsufficientLimit`); those of the fused head.
+/// with ids `[B, L]` (`ShapeMismatch`); those of the fused head.
 pub fn fused_linear_grpo_loss(
     head: LinearHead,
     tokens: &GrpoTokens,
@@ -479,8 +478,6 @@ pub fn fused_linear_grpo_loss(
     };
     let vocab = head.weight.shape().first().copied().unwrap_or(0);
     let params = plan(engine, tokens, (batch, seq, seq, vocab), options)?;
-    // `grpo_chunk` binds nine storage buffers.
-    engine.require_storage_buffers(9)?;
     let head_options = FusedLinearCrossEntropyOptions {
         cross_entropy: CrossEntropyOptions {
             // Every id counts in the head (the mask applies in the token terms); ids out of
@@ -517,16 +514,20 @@ pub fn fused_linear_grpo_loss(
             row_count: count as u32,
             ..params
         };
-        let mut buffers = per_token.to_vec();
-        buffers.extend([weights.buffer(), head_rows.buffer(), cotangent.buffer()]);
-        engine.launch(
-            &KERNEL,
-            "grpo_chunk",
-            &vec![("DT", 0.0)],
-            &chunk,
-            &buffers,
-            (count as u64).div_ceil(256),
-        )
+        let mut terms = per_token.to_vec();
+        terms.push(head_rows.buffer());
+        let cotangents = [stats.buffer(), weights.buffer(), cotangent.buffer()];
+        for (entry, buffers) in [("grpo_chunk", &terms[..]), ("grpo_cotangent", &cotangents)] {
+            engine.launch(
+                &KERNEL,
+                entry,
+                &vec![("DT", 0.0)],
+                &chunk,
+                buffers,
+                (count as u64).div_ceil(256),
+            )?;
+        }
+        Ok(())
     };
     let (_, head_saved) = fused_linear::fused_linear_cross_entropy_rows(
         head,

@@ -1341,3 +1341,34 @@ fn the_compact_layout_gives_the_bits_of_the_full_tiles() {
         }
     }
 }
+
+#[test]
+fn the_stored_schedule_recomputes_on_an_eight_buffer_device() {
+    // `attention_dkdv_store` binds nine storage buffers: on a device with WebGPU's default
+    // eight the stored schedule recomputes: the default schedule's bits and memory, and a
+    // budget below one group's tiles is no error.
+    let small = common::webgpu_default_engine();
+    assert_eq!(small.info().limits.max_storage_buffers_per_shader_stage, 8);
+    let mut s = Setup::new(dims(2, 4, 2, 70, 90, 40));
+    s.causal = true;
+    s.dtype = DType::BF16;
+    s.grad_dtype = DType::BF16;
+    // Bits and the engine's peak bytes of a forward and backward.
+    let run = |schedule| {
+        small.synchronize().unwrap();
+        small.reset_peak();
+        let bits = bits_on(&small, &s, DType::F32, schedule);
+        small.synchronize().unwrap();
+        (bits, small.memory().peak_bytes)
+    };
+    let want = run(BackwardSchedule::Recompute);
+    for budget in [0, u64::MAX] {
+        let got = run(BackwardSchedule::StoredScores { budget });
+        assert!(
+            got == want,
+            "budget {budget}: peak {} against {}",
+            got.1,
+            want.1
+        );
+    }
+}

@@ -18,10 +18,10 @@
 // On a fused linear head (`fused_linear_grpo_loss`) the gradient is formed in the forward:
 // grpo_counted flags the counted tokens and grpo_reduce turns the flags into the weights
 // first (they depend on nothing else); then, per chunk of the head, after the chunk's row
-// statistics, grpo_chunk takes logp = −ce of each token (replacing grpo_rows) and writes the
-// cotangent of its cross-entropy, −weight · d loss_t / d logp, which the chunk's gradient
-// uses at once (no grpo_backward; the backward scales the gradients by d_loss); grpo_reduce
-// then forms the loss.
+// statistics, grpo_chunk takes logp = −ce of each token (replacing grpo_rows) and
+// grpo_cotangent writes the cotangent of its cross-entropy, −weight · d loss_t / d logp, which
+// the chunk's gradient uses at once (no grpo_backward; the backward scales the gradients by
+// d_loss); grpo_reduce then forms the loss.
 //
 // Logits are F32, F16 or BF16 (DT; 16-bit as two halves a word), read element by element;
 // rows of whole 16-byte chunks (V a multiple of 4 for F32, of 8 for 16-bit) take the chunked
@@ -279,9 +279,7 @@ fn grpo_counted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // The fused head, one chunk of tokens row0..row0 + row_count after its row statistics: each
-// token's terms from logp = −ce (column 0 of the head's per-row matrix) and the cotangent of
-// its cross-entropy for a unit d_loss, −weight · d loss_t / d logp (0 when not counted), which
-// the head's chunk gradient takes at once.
+// token's terms from logp = −ce (column 0 of the head's per-row matrix).
 @compute @workgroup_size(WG)
 fn grpo_chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
@@ -292,8 +290,22 @@ fn grpo_chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let r = params.row0 + i;
     let valid = u32(ids[r]) < params.vocab && counted(r);
     token_terms(r, select(0.0, -head_rows[8u * r], valid), valid, vec2<f32>(0.0));
+}
+
+// Then the cotangent of each of the chunk's cross-entropies for a unit d_loss,
+// −weight · d loss_t / d logp (0 when not counted: the flag token_terms stored), which the
+// head's chunk gradient takes at once. (A launch of its own: with grpo_chunk's bindings it
+// would take nine storage buffers.)
+@compute @workgroup_size(WG)
+fn grpo_cotangent(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i >= params.row_count) {
+        return;
+    }
+    let r = params.row0 + i;
     var g = 0.0;
-    if (valid) {
+    if (stats[2u * r + 1u].w != 0.0) {
         g = -weights[r] * stats[2u * r].w;
     }
     head_cotangent[r] = g;
