@@ -2,7 +2,9 @@
 //! `iter_custom`): forward and forward + backward, causal and full, F32 and BF16, on small
 //! shapes so `cargo bench` stays quick on lavapipe. Throughput is in FLOPs
 //! (`attention_flops`, ×3.5 with the backward), so criterion's "elem/s" reads as FLOP/s. The
-//! `bench` example runs the large shapes (B4 H32 S2048 D128, B1 H16 S8192 D128).
+//! `bench` example runs the large shapes (B4 H32 S2048 D128, B1 H16 S8192 D128). Dual chunk
+//! attention (`wgrad::dual_chunk`, chunks of a quarter of the sequence) likewise, forward and
+//! forward + backward, throughput in the causal FLOPs of one attention.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::time::Duration;
@@ -80,6 +82,62 @@ fn attention(c: &mut Criterion) {
     }
 }
 
+fn dual_chunk(c: &mut Criterion) {
+    use wgrad::dual_chunk::{
+        DualChunkOptions, DualChunkQueries, dual_chunk_attention, dual_chunk_attention_backward,
+    };
+    let Ok(engine) = Engine::new() else {
+        eprintln!("no engine, skipping dual chunk benches");
+        return;
+    };
+    let run = |i: &[Tensor], chunk_len: usize, backward: bool| -> Result<()> {
+        let queries = DualChunkQueries {
+            intra: &i[0],
+            successive: &i[1],
+            inter: &i[2],
+        };
+        let options = DualChunkOptions {
+            chunk_len,
+            scale: None,
+            layout: Default::default(),
+        };
+        let (_, saved) = dual_chunk_attention(queries, &i[3], &i[4], &options)?;
+        if backward {
+            dual_chunk_attention_backward(&saved, &i[5])?;
+        }
+        Ok(())
+    };
+    for backward in [false, true] {
+        let name = format!(
+            "dual_chunk_{}_f32",
+            if backward { "fwd_bwd" } else { "fwd" }
+        );
+        let mut group = c.benchmark_group(name);
+        for shape in SHAPES {
+            let inputs: Vec<Tensor> = (0..6)
+                .map(|s| input(&engine, &shape, DType::F32, s))
+                .collect::<Result<_>>()
+                .expect("bench inputs");
+            let chunk_len = shape[2] / 4;
+            run(&inputs, chunk_len, backward).expect("first run");
+            let flops = attention_flops(shape[0], shape[1], shape[2], shape[2], shape[3], true)
+                * if backward { 3.5 } else { 1.0 };
+            group.throughput(Throughput::Elements(flops as u64));
+            group.bench_with_input(
+                BenchmarkId::from_parameter(bench::shape_text(&shape)),
+                &inputs,
+                |b, inputs| {
+                    b.iter_custom(|iters| {
+                        bench::gpu_time_iters(&engine, iters, || run(inputs, chunk_len, backward))
+                            .expect("timed run")
+                    })
+                },
+            );
+        }
+        group.finish();
+    }
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(300))
@@ -90,6 +148,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = attention
+    targets = attention, dual_chunk
 }
 criterion_main!(benches);

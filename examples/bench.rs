@@ -436,6 +436,10 @@ fn run(args: &Args) -> Result<Report> {
             &["attention"],
             Box::new(|| attention_ops(&engine, args.quick)),
         ),
+        (
+            &["dual_chunk"],
+            Box::new(|| dual_chunk_ops(&engine, args.quick)),
+        ),
         (&["matmul"], Box::new(|| matmul_ops(&engine, args.quick))),
         (&["swiglu_mlp"], Box::new(|| mlp_ops(&engine, args.quick))),
         (
@@ -1701,6 +1705,64 @@ fn attention_op_full(
         }
     })
     .with_peak())
+}
+
+/// Dual chunk attention on the first attention shape (B4 H32 S2048 D128; `--quick` B1 H2 S128
+/// D64) in chunks of a quarter of the sequence: forward, and forward + backward (F32
+/// gradients), F32 and BF16; three query branches, key, value, cotangent.
+fn dual_chunk_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::dual_chunk::{
+        DualChunkOptions, DualChunkQueries, dual_chunk_attention, dual_chunk_attention_backward,
+    };
+    let shape = if quick {
+        ATTENTION_QUICK_SHAPES[0]
+    } else {
+        ATTENTION_SHAPES[0]
+    };
+    let len: usize = shape.iter().product();
+    let options = DualChunkOptions {
+        chunk_len: shape[2] / 4,
+        scale: None,
+        layout: Default::default(),
+    };
+    let mut ops = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        for backward in [false, true] {
+            let make = |seed: usize| -> Result<Tensor> {
+                let data: Vec<f32> = (0..len)
+                    .map(|i| (((i * 7 + seed * 13) % 257) as f32 - 128.0) / 128.0)
+                    .collect();
+                cast::cast(&Tensor::from_slice(engine, &data, &shape)?, dtype)
+            };
+            let inputs = (1..=6).map(make).collect::<Result<Vec<_>>>()?;
+            let name = if backward {
+                "dual_chunk_fwd_bwd"
+            } else {
+                "dual_chunk_fwd"
+            };
+            let label = match dtype {
+                DType::F32 => "f32 causal, chunks of S/4",
+                _ => "bf16 causal, chunks of S/4",
+            };
+            ops.push(
+                Op::new(name, label, inputs, move |i| {
+                    let queries = DualChunkQueries {
+                        intra: &i[0],
+                        successive: &i[1],
+                        inter: &i[2],
+                    };
+                    let (out, saved) = dual_chunk_attention(queries, &i[3], &i[4], &options)?;
+                    if !backward {
+                        return Ok(vec![out, saved.output_f32().clone()]);
+                    }
+                    let g = dual_chunk_attention_backward(&saved, &i[5])?;
+                    Ok(vec![out, g.intra, g.successive, g.inter, g.key, g.value])
+                })
+                .with_peak(),
+            );
+        }
+    }
+    Ok(ops)
 }
 
 /// Matmul shapes (M, K, N) of the bench: 4096³ and 8192×4096×14336 (`--quick`: 256³ and

@@ -193,7 +193,7 @@ pub struct AttentionGradients {
 
 /// Resolved shape, strides and visibility of one call.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Plan {
+pub(crate) struct Plan {
     batch: usize,
     q_heads: usize,
     kv_heads: usize,
@@ -208,6 +208,9 @@ struct Plan {
     hi: i32,
     scale: f32,
     dtype: DType,
+    /// Dual-chunk partition: chunk length (0: none) and branch (`crate::dual_chunk`).
+    pub(crate) chunk_len: u32,
+    pub(crate) branch: u32,
 }
 
 #[derive(encase::ShaderType)]
@@ -236,6 +239,8 @@ struct Params {
     same_output: u32,
     first_group: u32,
     groups: u32,
+    chunk_len: u32,
+    branch: u32,
 }
 
 impl Plan {
@@ -268,10 +273,20 @@ impl Plan {
             same_output: u32::from(self.dtype == DType::F32),
             first_group: 0,
             groups: (self.batch * self.kv_heads) as u32,
+            chunk_len: self.chunk_len,
+            branch: self.branch,
         }
     }
 
-    fn rows(&self) -> usize {
+    pub(crate) fn q_len(&self) -> usize {
+        self.q_len
+    }
+
+    pub(crate) fn k_len(&self) -> usize {
+        self.k_len
+    }
+
+    pub(crate) fn rows(&self) -> usize {
         self.batch * self.q_heads * self.q_len
     }
 
@@ -349,7 +364,12 @@ fn rank4(t: &Tensor, what: &str) -> Result<()> {
 }
 
 /// Check every input of a forward and resolve its plan.
-fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions) -> Result<Plan> {
+pub(crate) fn plan(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    options: &AttentionOptions,
+) -> Result<Plan> {
     let engine = query.engine();
     key.check_engine(engine, "attention: key")?;
     value.check_engine(engine, "attention: value")?;
@@ -515,6 +535,8 @@ fn plan(query: &Tensor, key: &Tensor, value: &Tensor, options: &AttentionOptions
         hi: hi as i32,
         scale: scale as f32,
         dtype: query.dtype(),
+        chunk_len: 0,
+        branch: 0,
     })
 }
 
@@ -533,9 +555,28 @@ pub fn attention_forward(
     options: &AttentionOptions,
 ) -> Result<(Tensor, AttentionSaved)> {
     let plan = plan(query, key, value, options)?;
+    let output = Tensor::empty(
+        query.engine(),
+        query.shape(),
+        plan.dtype,
+        "attention output",
+    )?;
+    let saved = forward_planned(query, key, value, options.mask.as_ref(), plan, &output)?;
+    Ok((output, saved))
+}
+
+/// The forward of a checked `plan` into `output` (query's shape and dtype): the saved context,
+/// whose F32 output is `output` itself for an F32 query.
+pub(crate) fn forward_planned(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    mask: Option<&Tensor>,
+    plan: Plan,
+    output: &Tensor,
+) -> Result<AttentionSaved> {
     let engine = query.engine();
     let stats_shape = [plan.batch, plan.q_heads, plan.q_len];
-    let output = Tensor::empty(engine, query.shape(), plan.dtype, "attention output")?;
     // An F32 output is the saved output itself (tensors are immutable): the kernel writes it
     // once and the unused binding gets a one-word placeholder.
     let output_f32 = if plan.dtype == DType::F32 {
@@ -552,12 +593,12 @@ pub fn attention_forward(
     };
     let row_max = Tensor::empty(engine, &stats_shape, DType::F32, "attention row max")?;
     let log_denominator = Tensor::empty(engine, &stats_shape, DType::F32, "attention log den")?;
-    let mask_buffer = options.mask.as_ref().unwrap_or(query).buffer();
+    let mask_buffer = mask.unwrap_or(query).buffer();
     engine.launch(
         &KERNEL,
         "attention_forward",
         &with_layout(plan.constants(DType::F32), "attention_forward", engine),
-        &plan.params(options.mask.is_some()),
+        &plan.params(mask.is_some()),
         &[
             query.buffer(),
             key.buffer(),
@@ -570,17 +611,89 @@ pub fn attention_forward(
         ],
         (plan.batch * plan.q_heads * plan.q_len.div_ceil(TILE)) as u64,
     )?;
-    let saved = AttentionSaved {
+    Ok(AttentionSaved {
         query: query.clone(),
         key: key.clone(),
         value: value.clone(),
-        mask: options.mask.clone(),
+        mask: mask.cloned(),
         output_f32,
         row_max,
         log_denominator,
         plan,
+    })
+}
+
+impl AttentionSaved {
+    /// The context of `self`'s query, keys and plan with another F32 output and row statistics
+    /// (a dual-chunk branch under the merged softmax).
+    pub(crate) fn with_statistics(&self, from: &AttentionSaved) -> AttentionSaved {
+        AttentionSaved {
+            output_f32: from.output_f32.clone(),
+            row_max: from.row_max.clone(),
+            log_denominator: from.log_denominator.clone(),
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+/// Merges the F32 output and row statistics of `src` (attention over other keys of the same
+/// queries) into `acc`'s, in place: the results of attention over both key sets
+/// (`attention_merge`); with `output` (a 16-bit call's last merge) also the rounded output.
+pub(crate) fn merge_into(
+    acc: &AttentionSaved,
+    src: &AttentionSaved,
+    output: Option<&Tensor>,
+) -> Result<()> {
+    let engine = acc.query.engine();
+    let plan = &acc.plan;
+    let placeholder;
+    let output_binding = match output {
+        Some(t) => t.buffer(),
+        None => {
+            placeholder = Tensor::empty(engine, &[1], DType::F32, "attention placeholder")?;
+            placeholder.buffer()
+        }
     };
-    Ok((output, saved))
+    let params = Params {
+        same_output: u32::from(output.is_none()),
+        ..plan.params(false)
+    };
+    engine.launch(
+        &KERNEL,
+        "attention_merge",
+        &plan.constants(DType::F32),
+        &params,
+        &[
+            output_binding,
+            src.output_f32.buffer(),
+            src.row_max.buffer(),
+            src.log_denominator.buffer(),
+            acc.output_f32.buffer(),
+            acc.row_max.buffer(),
+            acc.log_denominator.buffer(),
+        ],
+        (plan.rows() as u64).div_ceil(256),
+    )
+}
+
+/// `acc += src`, elementwise over two F32 tensors of one length (`attention_add`).
+pub(crate) fn add_into(acc: &Tensor, src: &Tensor, plan: &Plan) -> Result<()> {
+    let params = Params {
+        rows: acc.len() as u32,
+        ..plan.params(false)
+    };
+    acc.engine().launch(
+        &KERNEL,
+        "attention_add",
+        &plan.constants(DType::F32),
+        &params,
+        &[src.buffer(), acc.buffer()],
+        (acc.len() as u64).div_ceil(256),
+    )
 }
 
 /// Scratch bytes [`attention_backward`] allocates beyond its gradients (16 bytes per query

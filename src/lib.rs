@@ -22,6 +22,7 @@ pub mod bench;
 pub mod cast;
 pub mod check;
 pub mod dtype;
+pub mod dual_chunk;
 pub mod embedding;
 pub mod engine;
 pub mod error;

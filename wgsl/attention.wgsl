@@ -66,6 +66,8 @@ struct Params {
     same_output: u32, // F32 query: the output is the saved output, output_f32 is not written
     first_group: u32, // dK/dV and stored-dQ passes: first (batch, kv head) group of the launch
     groups: u32,      // and how many (every one: batch · kv_heads, unless sliced)
+    chunk_len: u32,   // dual-chunk partitions: chunk length (0: none)
+    branch: u32,      // and the branch: 0 intra-chunk, 1 successive-chunk, 2 inter-chunk
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -127,17 +129,53 @@ fn load_do(i: u32) -> f32 {
 }
 
 // Whether the band (causal / window) lets some query in [q_first, q_last] see some key in
-// [k_first, k_last]. Uniform per workgroup, so a skipped tile skips its barriers everywhere.
+// [k_first, k_last], and (dual-chunk partitions) whether the branch's chunks can meet there.
+// Uniform per workgroup, so a skipped tile skips its barriers everywhere.
 fn block_visible(q_first: u32, q_last: u32, k_first: u32, k_last: u32) -> bool {
     let rel_min = i32(k_first) - i32(q_last) - params.offset;
     let rel_max = i32(k_last) - i32(q_first) - params.offset;
-    return rel_max >= params.lo && rel_min <= params.hi;
+    if (rel_max < params.lo || rel_min > params.hi) {
+        return false;
+    }
+    if (params.chunk_len == 0u) {
+        return true;
+    }
+    // Query chunks [cq0, cq1] (positions i + offset ≥ 0), key chunks [ck0, ck1].
+    let cq0 = u32(i32(q_first) + params.offset) / params.chunk_len;
+    let cq1 = u32(i32(q_last) + params.offset) / params.chunk_len;
+    let ck0 = k_first / params.chunk_len;
+    let ck1 = k_last / params.chunk_len;
+    if (params.branch == 0u) {
+        return ck0 <= cq1 && cq0 <= ck1;
+    }
+    if (params.branch == 1u) {
+        return ck0 + 1u <= cq1 && cq0 <= ck1 + 1u;
+    }
+    return ck0 + 2u <= cq1;
+}
+
+// Dual-chunk partition of the causal keys of query qi (position p = qi + offset, chunk
+// p / chunk_len): branch 0 the keys of its own chunk (up to p: the band), 1 those of the chunk
+// before, 2 those of every chunk before that.
+fn in_branch(qi: u32, kj: u32) -> bool {
+    let cq = u32(i32(qi) + params.offset) / params.chunk_len;
+    let ck = kj / params.chunk_len;
+    if (params.branch == 0u) {
+        return ck == cq;
+    }
+    if (params.branch == 1u) {
+        return ck + 1u == cq;
+    }
+    return ck + 2u <= cq;
 }
 
 // Whether query qi of (batch b, query head h) sees key kj (both in range).
 fn visible(b: u32, h: u32, qi: u32, kj: u32) -> bool {
     let rel = i32(kj) - i32(qi) - params.offset;
     if (rel < params.lo || rel > params.hi) {
+        return false;
+    }
+    if (params.chunk_len != 0u && !in_branch(qi, kj)) {
         return false;
     }
     if (params.has_mask != 0u) {
@@ -562,7 +600,8 @@ fn put_tile(s: Blk, tx: u32, ty: u32, hf: u32) {
 // Whether every (query, key) of the tile is in range and inside the band, with no mask:
 // then no per-element test is needed. Uniform per workgroup.
 fn block_full(q0: u32, k0: u32) -> bool {
-    if (params.has_mask != 0u || q0 + BT > params.q_len || k0 + BT > params.k_len) {
+    if (params.has_mask != 0u || params.chunk_len != 0u || q0 + BT > params.q_len ||
+        k0 + BT > params.k_len) {
         return false;
     }
     let rel_min = i32(k0) - i32(q0 + BT - 1u) - params.offset;
@@ -1184,4 +1223,70 @@ fn attention_dq_stored(@builtin(workgroup_id) wid: vec3<u32>,
         }
     }
     write_acc_a(dq, tx, ty, q_base, params.q_ss, q0, params.q_len, params.scale);
+}
+
+// ---- Dual-chunk attention: the branches' results merged, and key/value gradients summed ----
+
+// The three branches' bindings (the merge reads branch `src` and updates branch `acc` in place).
+@group(0) @binding(16) var<storage, read> src_out: array<f32>;
+@group(0) @binding(17) var<storage, read> src_max: array<f32>;
+@group(0) @binding(18) var<storage, read> src_log: array<f32>;
+@group(0) @binding(19) var<storage, read_write> acc_out: array<f32>;
+@group(0) @binding(20) var<storage, read_write> acc_max: array<f32>;
+@group(0) @binding(21) var<storage, read_write> acc_log: array<f32>;
+
+// One invocation per query row (b, h, i) of `rows`: the unrounded output, raw maximum and log
+// denominator of two disjoint key sets (acc, src) become those of their union:
+//   m = max(m_a, m_b), w_x = exp(scale·(m_x − m) + log l_x), log l = log(w_a + w_b),
+//   o = (w_a·o_a + w_b·o_b) / (w_a + w_b)
+// (a set with no visible key, m = −∞, weighs 0; both empty: unchanged). With `same_output`
+// 0 the rounded output in DT is written too (the last merge of a 16-bit call).
+@compute @workgroup_size(WG)
+fn attention_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg) * WG + lid;
+    if (row >= params.rows) {
+        return;
+    }
+    let qi = row % params.q_len;
+    let bh = row / params.q_len;
+    let h = bh % params.q_heads;
+    let b = bh / params.q_heads;
+    let base = b * params.q_sb + h * params.q_sh + qi * params.q_ss;
+    let ma = acc_max[row];
+    let mb = src_max[row];
+    let m = max(ma, mb);
+    var wa = 0.0;
+    var wb = 0.0;
+    if (ma != neg_inf()) {
+        wa = exp(params.scale * (ma - m) + acc_log[row]);
+    }
+    if (mb != neg_inf()) {
+        wb = exp(params.scale * (mb - m) + src_log[row]);
+    }
+    let total = wa + wb;
+    if (total > 0.0) {
+        let fa = wa / total;
+        let fb = wb / total;
+        for (var c = 0u; c < HD; c = c + 1u) {
+            acc_out[base + c] = fa * acc_out[base + c] + fb * src_out[base + c];
+        }
+        acc_max[row] = m;
+        acc_log[row] = log(total);
+    }
+    if (params.same_output == 0u) {
+        for (var c = 0u; c < HD; c = c + 2u) {
+            output[(base + c) >> 1u] = pack_halves(acc_out[base + c], acc_out[base + c + 1u], DT);
+        }
+    }
+}
+
+// acc_out[i] += src_out[i] for i < rows (the branches' key or value gradients, in branch order).
+@compute @workgroup_size(WG)
+fn attention_add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    if (i < params.rows) {
+        acc_out[i] = acc_out[i] + src_out[i];
+    }
 }

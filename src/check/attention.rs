@@ -20,7 +20,89 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             kernels: &["attention"],
             run: check_attention_stored_scores,
         },
+        OperatorCheck {
+            name: "dual_chunk_attention",
+            kernels: &["attention"],
+            run: check_dual_chunk_attention,
+        },
     ]
+}
+
+/// Dual chunk attention (`crate::dual_chunk`) forward (output, saved F32 output) and backward
+/// (the three query gradients, dk, dv) against the f64 reference in every storage dtype:
+/// grouped heads (4 query heads on 2), fewer queries than keys (21 of 37), chunks of 6.
+fn check_dual_chunk_attention(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::dual_chunk::{
+        DualChunkOptions, DualChunkQueries, dual_chunk_attention, dual_chunk_attention_backward,
+    };
+    use reference::attention::Dims;
+    let dims = Dims {
+        batch: 2,
+        q_heads: 4,
+        kv_heads: 2,
+        q_len: 21,
+        k_len: 37,
+        head_dim: 16,
+    };
+    let chunk_len = 6;
+    let q_shape = [dims.batch, dims.q_heads, dims.q_len, dims.head_dim];
+    let k_shape = [dims.batch, dims.kv_heads, dims.k_len, dims.head_dim];
+    let scale = 1.0 / (dims.head_dim as f64).sqrt();
+    let options = DualChunkOptions {
+        chunk_len,
+        scale: Some(scale),
+        layout: Default::default(),
+    };
+    let mut rng = Rng::new(5);
+    let mut cases = Vec::new();
+    for dtype in DType::FLOATS {
+        let mut upload = |shape: &[usize]| {
+            let n = shape.iter().product();
+            tensor_from_f64(engine, &rng.vec(n, -1.5, 1.5), shape, dtype)
+        };
+        let (q0, qs0) = upload(&q_shape)?;
+        let (q1, qs1) = upload(&q_shape)?;
+        let (q2, qs2) = upload(&q_shape)?;
+        let (k, ks) = upload(&k_shape)?;
+        let (v, vs) = upload(&k_shape)?;
+        let (go, gos) = upload(&q_shape)?;
+        let queries = DualChunkQueries {
+            intra: &q0,
+            successive: &q1,
+            inter: &q2,
+        };
+        let (out, saved) = dual_chunk_attention(queries, &k, &v, &options)?;
+        let grads = dual_chunk_attention_backward(&saved, &go)?;
+        let qs = [&qs0[..], &qs1[..], &qs2[..]];
+        let want = reference::dual_chunk::forward(qs, &ks, &vs, &dims, chunk_len, scale);
+        let (dq, dk, dv) =
+            reference::dual_chunk::backward(qs, &ks, &vs, &gos, &dims, chunk_len, scale);
+        let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} chunk 6");
+        let f32_tol = Tolerance::for_dtype(DType::F32);
+        cases.push(case(
+            label("output"),
+            &out.to_f64()?,
+            &want.output,
+            Tolerance::for_dtype(dtype),
+        ));
+        cases.push(case(
+            label("output_f32"),
+            &saved.output_f32().to_f64()?,
+            &want.output,
+            f32_tol,
+        ));
+        let [d0, d1, d2] = dq;
+        for (name, got, want) in [
+            ("d intra", &grads.intra, d0),
+            ("d successive", &grads.successive, d1),
+            ("d inter", &grads.inter, d2),
+            ("dk", &grads.key, dk),
+            ("dv", &grads.value, dv),
+        ] {
+            cases.push(case(label(name), &got.to_f64()?, &want, f32_tol));
+        }
+    }
+    Ok(cases)
 }
 
 /// The backward with the stored score-gradient schedule (`attention_backward_with`,

@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod dual_chunk;
 pub mod embedding;
 pub mod fused_linear;
 pub mod gated_delta;
