@@ -278,6 +278,22 @@ impl Plan {
         }
     }
 
+    pub(crate) fn batch(&self) -> usize {
+        self.batch
+    }
+
+    pub(crate) fn q_heads(&self) -> usize {
+        self.q_heads
+    }
+
+    pub(crate) fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+
+    pub(crate) fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     pub(crate) fn q_len(&self) -> usize {
         self.q_len
     }

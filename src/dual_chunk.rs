@@ -94,13 +94,48 @@ pub struct DualChunkGradients {
     pub value: Tensor,
 }
 
+/// Scratch bytes a dual chunk attention call allocates beyond its outputs and saved context,
+/// for `batch` × `q_heads` query rows of `q_len` and `batch` × `kv_heads` key rows of `k_len`,
+/// `head_dim` wide: the larger of the forward's (two branches' F32 outputs and row statistics
+/// until they are merged) and the backward's (attention's row scratch, and two branches' F32
+/// key and value gradients until they are added). Checked against the engine's workspace
+/// bound by both.
+pub fn dual_chunk_workspace_bytes(
+    batch: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    q_len: usize,
+    k_len: usize,
+    head_dim: usize,
+) -> u64 {
+    let rows = (batch * q_heads * q_len) as u64;
+    let q = rows * head_dim as u64;
+    let k = (batch * kv_heads * k_len * head_dim) as u64;
+    let forward = 2 * 4 * (q + 2 * rows);
+    let backward = attention::attention_workspace_bytes(batch, q_heads, q_len) + 2 * 2 * 4 * k;
+    forward.max(backward)
+}
+
+fn workspace(saved: &AttentionSaved) -> u64 {
+    let p = saved.plan();
+    dual_chunk_workspace_bytes(
+        p.batch(),
+        p.q_heads(),
+        p.kv_heads(),
+        p.q_len(),
+        p.k_len(),
+        p.head_dim(),
+    )
+}
+
 /// Dual chunk attention forward: the output (the queries' dtype, shape and layout) and what
 /// the backward needs. Keys and values as [`attention::attention_forward`]'s (grouped heads,
 /// F32/F16/BF16, head dims multiples of 8 up to 256).
 ///
 /// Errors, before anything is launched: those of [`attention::attention_forward`] for each
 /// branch; branches of other shapes or dtypes (`ShapeMismatch` / `UnsupportedDType`); a
-/// `chunk_len` of 0 or past 2²⁴, or fewer keys than queries (`InvalidValue`).
+/// `chunk_len` of 0 or past 2²⁴, or fewer keys than queries (`InvalidValue`); scratch
+/// ([`dual_chunk_workspace_bytes`]) past the engine's workspace bound (`WorkspaceExceeded`).
 pub fn dual_chunk_attention(
     queries: DualChunkQueries<'_>,
     key: &Tensor,
@@ -148,6 +183,16 @@ pub fn dual_chunk_attention(
         });
     }
     let engine = key.engine();
+    let p = &plans[0];
+    let scratch = dual_chunk_workspace_bytes(
+        p.batch(),
+        p.q_heads(),
+        p.kv_heads(),
+        q_len,
+        k_len,
+        p.head_dim(),
+    );
+    engine.check_workspace("dual_chunk_attention", scratch)?;
     let dtype = queries.intra.dtype();
     let output = Tensor::empty(engine, queries.intra.shape(), dtype, "dual chunk output")?;
     // Branch 0 writes the merged results in place; F32 branches 1 and 2 need outputs of their
@@ -175,12 +220,34 @@ pub fn dual_chunk_attention(
 
 /// Dual chunk attention backward from the output's cotangent (`d_output`: the queries' shape,
 /// any float dtype): every gradient in F32. Errors: those of
-/// [`attention::attention_backward`].
+/// [`attention::attention_backward`]; scratch ([`dual_chunk_workspace_bytes`]) past the
+/// engine's workspace bound (`WorkspaceExceeded`).
 pub fn dual_chunk_attention_backward(
     saved: &DualChunkSaved,
     d_output: &Tensor,
 ) -> Result<DualChunkGradients> {
+    dual_chunk_attention_backward_as(saved, d_output, DType::F32)
+}
+
+/// [`dual_chunk_attention_backward`] with the gradients stored in `dtype`: F32 gives that
+/// function's; F16/BF16 give each F32 gradient rounded once (cast after the key and value
+/// gradients are added), bit for bit the cast of the F32 gradients. Errors: those of [`dual_chunk_attention_backward`]; a non-float
+/// `dtype` (`UnsupportedDType`).
+pub fn dual_chunk_attention_backward_as(
+    saved: &DualChunkSaved,
+    d_output: &Tensor,
+    dtype: DType,
+) -> Result<DualChunkGradients> {
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "dual_chunk_attention_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
     let [intra, successive, inter] = [0, 1, 2].map(|b| &saved.branches[b]);
+    let engine = saved.output_f32().engine();
+    engine.check_workspace("dual_chunk_attention_backward", workspace(intra))?;
     let g0 = attention::attention_backward(intra, d_output)?;
     let g1 = attention::attention_backward(successive, d_output)?;
     let g2 = attention::attention_backward(inter, d_output)?;
@@ -189,12 +256,19 @@ pub fn dual_chunk_attention_backward(
         attention::add_into(&g0.key, &g.key, plan)?;
         attention::add_into(&g0.value, &g.value, plan)?;
     }
+    let store = |t: Tensor| -> Result<Tensor> {
+        if dtype == DType::F32 {
+            Ok(t)
+        } else {
+            crate::cast::cast(&t, dtype)
+        }
+    };
     Ok(DualChunkGradients {
-        intra: g0.query,
-        successive: g1.query,
-        inter: g2.query,
-        key: g0.key,
-        value: g0.value,
+        intra: store(g0.query)?,
+        successive: store(g1.query)?,
+        inter: store(g2.query)?,
+        key: store(g0.key)?,
+        value: store(g0.value)?,
     })
 }
 

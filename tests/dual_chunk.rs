@@ -15,12 +15,12 @@ use common::{Rng, engine};
 use wgrad::attention::{AttentionLayout, AttentionOptions, attention_backward, attention_forward};
 use wgrad::dual_chunk::{
     DualChunkOptions, DualChunkQueries, dual_chunk_attention, dual_chunk_attention_backward,
-    dual_chunk_positions,
+    dual_chunk_attention_backward_as, dual_chunk_positions, dual_chunk_workspace_bytes,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare, tensor_from_f64};
 use wgrad::reference::attention::Dims;
 use wgrad::reference::dual_chunk as reference;
-use wgrad::{DType, Error, Tensor};
+use wgrad::{DType, Engine, Error, Tensor};
 
 fn dims(b: usize, hq: usize, hk: usize, q_len: usize, k_len: usize, d: usize) -> Dims {
     Dims {
@@ -370,4 +370,104 @@ fn bad_inputs_give_typed_errors() {
         dual_chunk_attention_backward(&saved, &k).unwrap_err(),
         Error::ShapeMismatch { .. }
     ));
+}
+
+#[test]
+fn backward_as_is_the_f32_gradient_rounded_once() {
+    for dtype in [DType::F16, DType::BF16] {
+        let x = inputs(&dims(1, 4, 2, 50, 60, 16), dtype, 11);
+        let t = &x.tensors;
+        let (_, saved) = dual_chunk_attention(queries(t), &t[3], &t[4], &options(9)).unwrap();
+        let f32 = dual_chunk_attention_backward(&saved, &t[5]).unwrap();
+        let got = dual_chunk_attention_backward_as(&saved, &t[5], dtype).unwrap();
+        for (name, g, w) in [
+            ("d intra", &got.intra, &f32.intra),
+            ("d successive", &got.successive, &f32.successive),
+            ("d inter", &got.inter, &f32.inter),
+            ("dk", &got.key, &f32.key),
+            ("dv", &got.value, &f32.value),
+        ] {
+            assert_eq!((g.dtype(), g.shape()), (dtype, w.shape()), "{name}");
+            let want = wgrad::cast::cast(w, dtype).unwrap();
+            assert!(
+                common::value_bits(g) == common::value_bits(&want),
+                "{dtype} {name}"
+            );
+        }
+    }
+    let x = inputs(&dims(1, 1, 1, 4, 4, 8), DType::F32, 12);
+    let t = &x.tensors;
+    let (_, saved) = dual_chunk_attention(queries(t), &t[3], &t[4], &options(2)).unwrap();
+    assert!(matches!(
+        dual_chunk_attention_backward_as(&saved, &t[5], DType::I32).unwrap_err(),
+        Error::UnsupportedDType { .. }
+    ));
+}
+
+#[test]
+fn scratch_stays_within_the_workspace_query() {
+    // What the engine grows by beyond the results stays within `dual_chunk_workspace_bytes`
+    // (each buffer rounded up to the pool's size class, less than a quarter more; launch
+    // parameters add a few hundred bytes a launch), and a workspace bound below it is refused
+    // before anything runs.
+    let d = dims(2, 4, 2, 70, 90, 16);
+    let scratch = dual_chunk_workspace_bytes(2, 4, 2, 70, 90, 16);
+    let e = Engine::builder().build().unwrap();
+    let mut rng = Rng::new(13);
+    let q_shape = [2, 4, 70, 16];
+    let k_shape = [2, 2, 90, 16];
+    let mut up = |shape: &[usize]| {
+        let n = shape.iter().product();
+        common::tensor_from_f64(&e, &rng.vec(n, -1.0, 1.0), shape, DType::F32)
+    };
+    let t: Vec<Tensor> = [q_shape, q_shape, q_shape, k_shape, k_shape, q_shape]
+        .iter()
+        .map(|s| up(s))
+        .collect();
+    let q_bytes = (d.batch * d.q_heads * d.q_len * d.head_dim * 4) as u64;
+    let k_bytes = (d.batch * d.kv_heads * d.k_len * d.head_dim * 4) as u64;
+    let stats = (d.batch * d.q_heads * d.q_len * 4) as u64;
+    let slack = 8192;
+    e.synchronize().unwrap();
+    let before = e.memory().live_bytes;
+    e.reset_peak();
+    let (out, saved) = dual_chunk_attention(queries(&t), &t[3], &t[4], &options(20)).unwrap();
+    e.synchronize().unwrap();
+    // The F32 output is the saved output; two row statistics are kept.
+    let kept = q_bytes + 2 * stats;
+    let grown = e.memory().peak_bytes - before;
+    assert!(
+        grown <= (kept + scratch) * 5 / 4 + slack,
+        "forward grew {grown}"
+    );
+    let before = e.memory().live_bytes;
+    e.reset_peak();
+    let g = dual_chunk_attention_backward(&saved, &t[5]).unwrap();
+    e.synchronize().unwrap();
+    let grads = 3 * q_bytes + 2 * k_bytes;
+    let grown = e.memory().peak_bytes - before;
+    assert!(
+        grown <= (grads + scratch) * 5 / 4 + slack,
+        "backward grew {grown}"
+    );
+    drop((out, g));
+    // Below the query: refused.
+    let small = Engine::builder()
+        .workspace_bound(scratch - 1)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new(14);
+    let t: Vec<Tensor> = [q_shape, q_shape, q_shape, k_shape, k_shape]
+        .iter()
+        .map(|s| {
+            let n = s.iter().product();
+            common::tensor_from_f64(&small, &rng.vec(n, -1.0, 1.0), s, DType::F32)
+        })
+        .collect();
+    match dual_chunk_attention(queries(&t), &t[3], &t[4], &options(20)) {
+        Err(Error::WorkspaceExceeded { needed, bound, .. }) => {
+            assert_eq!((needed, bound), (scratch, scratch - 1));
+        }
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
 }
