@@ -1,6 +1,6 @@
 //! Hostile inputs: the public entries of every operator family (normalization, activation,
-//! RoPE, losses, dense products, embedding, fused linear heads, MLP, attention, gated delta,
-//! GRPO, preference), the casts, reductions and optimizers, given tensors of every dtype and of
+//! RoPE, losses, dense products, embedding, fused linear heads, MLP, attention, dual chunk
+//! attention, gated delta, GRPO, preference), the casts, reductions and optimizers, given tensors of every dtype and of
 //! degenerate shapes (no axes, zero-length axes, lengths that match nothing, another engine's
 //! tensors) in each argument, and option values outside their domains (NaN, ±∞, zero,
 //! negative, past the bounds), return `Ok` or a typed `Err`: none panics. Afterwards the
@@ -1045,6 +1045,49 @@ fn others(t: &mut Tally) {
     });
     t.values("attention_backward_as", &DTYPES, |d| {
         attention::attention_backward_as(&asaved, &ao_out, d).map(drop)
+    });
+
+    // Dual chunk attention: the three query branches, key and value of attention's shape.
+    use wgrad::dual_chunk::{self, DualChunkOptions, DualChunkQueries};
+    let q2 = f32_tensor(&e, &[1, 2, 2, 8], 6);
+    let q3 = f32_tensor(&e, &[1, 2, 2, 8], 7);
+    let dco = DualChunkOptions {
+        chunk_len: 1,
+        scale: None,
+        layout: Default::default(),
+    };
+    let branches = |a: &[&Tensor]| -> Result<()> {
+        let queries = DualChunkQueries {
+            intra: a[0],
+            successive: a[1],
+            inter: a[2],
+        };
+        dual_chunk::dual_chunk_attention(queries, a[3], a[4], &dco).map(drop)
+    };
+    t.sweep("dual_chunk_attention", &[&q, &q2, &q3, &k, &v], branches);
+    let queries = DualChunkQueries {
+        intra: &q,
+        successive: &q2,
+        inter: &q3,
+    };
+    t.values(
+        "dual_chunk_attention chunk_len",
+        &[0usize, usize::MAX, 1 << 24, (1 << 24) + 1],
+        |chunk_len| {
+            let o = DualChunkOptions { chunk_len, ..dco };
+            dual_chunk::dual_chunk_attention(queries, &k, &v, &o).map(drop)
+        },
+    );
+    let (dc_out, dcsaved) = need!(
+        t,
+        "dual_chunk_attention",
+        dual_chunk::dual_chunk_attention(queries, &k, &v, &dco)
+    );
+    t.sweep("dual_chunk_attention_backward", &[&dc_out], |a| {
+        dual_chunk::dual_chunk_attention_backward(&dcsaved, a[0]).map(drop)
+    });
+    t.values("dual_chunk_attention_backward_as", &DTYPES, |d| {
+        dual_chunk::dual_chunk_attention_backward_as(&dcsaved, &dc_out, d).map(drop)
     });
 
     // Gated delta: q, k [1, 2, 2, 16] (batch, time, key heads, key dim), v [1, 2, 2, 16], β
