@@ -213,7 +213,7 @@ pub(crate) struct Plan {
     pub(crate) branch: u32,
 }
 
-#[derive(encase::ShaderType)]
+#[derive(encase::ShaderType, Default)]
 struct Params {
     batch: u32,
     q_heads: u32,
@@ -696,19 +696,23 @@ pub(crate) fn merge_into(
     )
 }
 
-/// `acc += src`, elementwise over two F32 tensors of one length (`attention_add`).
-pub(crate) fn add_into(acc: &Tensor, src: &Tensor, plan: &Plan) -> Result<()> {
+/// `acc += src`, elementwise over two F32 tensors of one length and engine (`attention_add`;
+/// the gradient sums of dual chunk attention and of attention graphs).
+pub(crate) fn add_tensors(acc: &Tensor, src: &Tensor) -> Result<()> {
+    debug_assert_eq!((acc.len(), acc.dtype()), (src.len(), src.dtype()));
+    let rows = u32::try_from(acc.len())
+        .map_err(|_| Error::bounds("attention_add: elements", acc.len() as u64, 0, 1 << 32))?;
     let params = Params {
-        rows: acc.len() as u32,
-        ..plan.params(false)
+        rows,
+        ..Params::default()
     };
     acc.engine().launch(
         &KERNEL,
         "attention_add",
-        &plan.constants(DType::F32),
+        &vec![],
         &params,
         &[src.buffer(), acc.buffer()],
-        (acc.len() as u64).div_ceil(256),
+        u64::from(rows).div_ceil(256),
     )
 }
 

@@ -251,10 +251,9 @@ pub fn dual_chunk_attention_backward_as(
     let g0 = attention::attention_backward(intra, d_output)?;
     let g1 = attention::attention_backward(successive, d_output)?;
     let g2 = attention::attention_backward(inter, d_output)?;
-    let plan = intra.plan();
     for g in [&g1, &g2] {
-        attention::add_into(&g0.key, &g.key, plan)?;
-        attention::add_into(&g0.value, &g.value, plan)?;
+        attention::add_tensors(&g0.key, &g.key)?;
+        attention::add_tensors(&g0.value, &g.value)?;
     }
     let store = |t: Tensor| -> Result<Tensor> {
         if dtype == DType::F32 {

@@ -29,6 +29,7 @@ pub mod error;
 pub mod fused_linear;
 pub mod gated_delta;
 pub mod gradcheck;
+pub mod graph;
 pub mod grpo;
 pub mod kernel;
 pub mod loss;

@@ -25,7 +25,74 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             kernels: &["attention"],
             run: check_dual_chunk_attention,
         },
+        OperatorCheck {
+            name: "attention_graph",
+            kernels: &["attention"],
+            run: check_attention_graph,
+        },
     ]
+}
+
+/// An attention graph (`crate::graph`) of two chained nodes sharing the key,
+/// `y1 = attention(q, k, v1)` causal and `y2 = attention(y1, k, v2)`, run with a tape and
+/// backward from y2's cotangent, against the f64 references composed: y2 and the gradients of
+/// q, k (both nodes' shares), v1, v2.
+fn check_attention_graph(engine: &Engine) -> Result<Vec<Case>> {
+    use crate::graph::GraphBuilder;
+    use reference::attention::{Dims, Visibility};
+    let dims = Dims {
+        batch: 2,
+        q_heads: 2,
+        kv_heads: 2,
+        q_len: 19,
+        k_len: 19,
+        head_dim: 16,
+    };
+    let shape = [2, 2, 19, 16];
+    let mut b = GraphBuilder::new();
+    let [q, k, v1, v2] = ["q", "k", "v1", "v2"].map(|n| b.input(n));
+    let causal = crate::attention::AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let y1 = b.attention(q, k, v1, causal);
+    let y2 = b.attention(y1, k, v2, Default::default());
+    let graph = b.build(&[y2])?;
+    let mut rng = Rng::new(6);
+    let n = shape.iter().product();
+    let mut x = Vec::new();
+    let mut xs = Vec::new();
+    for _ in 0..5 {
+        let (t, s) = tensor_from_f64(engine, &rng.vec(n, -1.0, 1.0), &shape, DType::F32)?;
+        x.push(t);
+        xs.push(s);
+    }
+    let (outs, tape) = graph.forward_with_tape(&[&x[0], &x[1], &x[2], &x[3]])?;
+    let grads = graph.backward(&tape, &[Some(&x[4])])?;
+    let vis1 = Visibility {
+        causal: true,
+        ..Visibility::full(&dims)
+    };
+    let vis2 = Visibility::full(&dims);
+    let att = &reference::attention::forward;
+    let y1 = att(&xs[0], &xs[1], &xs[2], &dims, &vis1).output;
+    let y2 = att(&y1, &xs[1], &xs[3], &dims, &vis2).output;
+    let (dy1, dk2, dv2) = reference::attention::backward(&y1, &xs[1], &xs[3], &xs[4], &dims, &vis2);
+    let (dq, dk1, dv1) = reference::attention::backward(&xs[0], &xs[1], &xs[2], &dy1, &dims, &vis1);
+    let dk: Vec<f64> = dk1.iter().zip(&dk2).map(|(a, b)| a + b).collect();
+    let tol = Tolerance::for_dtype(DType::F32);
+    let mut cases = Vec::new();
+    for (name, got, want) in [
+        ("y2", &outs[0], &y2),
+        ("dq", &grads[0], &dq),
+        ("dk", &grads[1], &dk),
+        ("dv1", &grads[2], &dv1),
+        ("dv2", &grads[3], &dv2),
+    ] {
+        let label = format!("{name} f32 {shape:?} two chained nodes, shared key");
+        cases.push(case(label, &got.to_f64()?, want, tol));
+    }
+    Ok(cases)
 }
 
 /// Dual chunk attention (`crate::dual_chunk`) forward (output, saved F32 output) and backward
