@@ -207,7 +207,7 @@ pub struct AttentionGraph {
 #[derive(Debug, Clone)]
 enum NodeSaved {
     Attention(AttentionSaved),
-    DualChunk(DualChunkSaved),
+    DualChunk(Box<DualChunkSaved>),
     GatedDelta(GatedDeltaSaved),
 }
 
@@ -317,7 +317,7 @@ impl AttentionGraph {
                         inter,
                     };
                     let (out, s) = dual_chunk::dual_chunk_attention(queries, k, v, options)?;
-                    (vec![out], NodeSaved::DualChunk(s))
+                    (vec![out], NodeSaved::DualChunk(Box::new(s)))
                 }
                 Node::GatedDelta {
                     inputs,
