@@ -178,8 +178,8 @@ fn a_gated_delta_state_edge_gives_the_composed_bits() {
     let names = ["q1", "q2", "k", "v1", "v2", "beta", "decay", "s0"];
     let [q1, q2, k, v1, v2, beta, decay, s0] = names.map(|n| b.input(n));
     let opts = GatedDeltaOptions::default();
-    let (o1, s1) = b.gated_delta(q1, k, v1, beta, decay, Some(s0), opts.clone());
-    let (o2, s2) = b.gated_delta(q2, k, v2, beta, decay, Some(s1), opts.clone());
+    let (o1, s1) = b.gated_delta(q1, k, v1, beta, decay, Some(s0), opts);
+    let (o2, s2) = b.gated_delta(q2, k, v2, beta, decay, Some(s1), opts);
     let graph = b.build(&[o1, o2, s2]).unwrap();
     let x = [
         t(&bt, 50),
