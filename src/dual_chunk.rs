@@ -231,8 +231,8 @@ pub fn dual_chunk_attention_backward(
 
 /// [`dual_chunk_attention_backward`] with the gradients stored in `dtype`: F32 gives that
 /// function's; F16/BF16 give each F32 gradient rounded once (cast after the key and value
-/// gradients are added), bit for bit the cast of the F32 gradients. Errors: those of [`dual_chunk_attention_backward`]; a non-float
-/// `dtype` (`UnsupportedDType`).
+/// gradients are added), bit for bit the cast of the F32 gradients. Errors: those of
+/// [`dual_chunk_attention_backward`]; a non-float `dtype` (`UnsupportedDType`).
 pub fn dual_chunk_attention_backward_as(
     saved: &DualChunkSaved,
     d_output: &Tensor,

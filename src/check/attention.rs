@@ -146,18 +146,7 @@ fn check_dual_chunk_attention(engine: &Engine) -> Result<Vec<Case>> {
             reference::dual_chunk::backward(qs, &ks, &vs, &gos, &dims, chunk_len, scale);
         let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} chunk 6");
         let f32_tol = Tolerance::for_dtype(DType::F32);
-        cases.push(case(
-            label("output"),
-            &out.to_f64()?,
-            &want.output,
-            Tolerance::for_dtype(dtype),
-        ));
-        cases.push(case(
-            label("output_f32"),
-            &saved.output_f32().to_f64()?,
-            &want.output,
-            f32_tol,
-        ));
+        output_cases(&mut cases, &label, [&out, saved.output_f32()], &want.output)?;
         let [d0, d1, d2] = dq;
         for (name, got, want) in [
             ("d intra", &grads.intra, d0),
@@ -170,6 +159,21 @@ fn check_dual_chunk_attention(engine: &Engine) -> Result<Vec<Case>> {
         }
     }
     Ok(cases)
+}
+
+/// The cases of an attention output (at its dtype's tolerance) and of the saved unrounded F32
+/// output, against the reference output.
+fn output_cases(
+    cases: &mut Vec<Case>,
+    label: &dyn Fn(&str) -> String,
+    [out, out_f32]: [&crate::Tensor; 2],
+    want: &[f64],
+) -> Result<()> {
+    let tol = Tolerance::for_dtype(out.dtype());
+    cases.push(case(label("output"), &out.to_f64()?, want, tol));
+    let f32_tol = Tolerance::for_dtype(DType::F32);
+    cases.push(case(label("output_f32"), &out_f32.to_f64()?, want, f32_tol));
+    Ok(())
 }
 
 /// The backward with the stored score-gradient schedule (`attention_backward_with`,
@@ -241,19 +245,7 @@ fn check_attention_with(engine: &Engine, stored: bool, stored_scores: bool) -> R
         let want = reference::attention::forward(&qs, &ks, &vs, &dims, &vis);
         let (dq, dk, dv) = reference::attention::backward(&qs, &ks, &vs, &gos, &dims, &vis);
         let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} causal");
-        let f32_tol = Tolerance::for_dtype(DType::F32);
-        cases.push(case(
-            label("output"),
-            &out.to_f64()?,
-            &want.output,
-            Tolerance::for_dtype(dtype),
-        ));
-        cases.push(case(
-            label("output_f32"),
-            &saved.output_f32().to_f64()?,
-            &want.output,
-            f32_tol,
-        ));
+        output_cases(&mut cases, &label, [&out, saved.output_f32()], &want.output)?;
         let grad_tol = Tolerance::for_dtype(grad_dtype);
         for (name, got, want) in [
             ("dq", &grads.query, dq),
