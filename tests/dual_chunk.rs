@@ -2,7 +2,7 @@
 //! `wgrad::reference::dual_chunk` (every row's scores materialized): output, saved F32 output,
 //! row statistics and the five gradients for F32, F16 and BF16 storage; grouped heads; chunk
 //! lengths from 1 to past the sequence; fewer queries than keys; lengths that are not tile
-//! multiples; head dims 8–128; the `[B,S,H,D]` layout bit for bit the `[B,H,S,D]` one; equal
+//! multiples; empty shapes; head dims 8–128; the `[B,S,H,D]` layout bit for bit the `[B,H,S,D]` one; equal
 //! branches give causal attention; reruns bit-identical; finite differences of the reference
 //! backward; the positions helper; every documented bad input's error.
 //!
@@ -147,6 +147,14 @@ fn fewer_queries_than_keys_ragged_lengths_and_head_dims() {
     check(dims(2, 2, 2, 1, 67, 40), 9, DType::BF16, 4);
     check(dims(1, 2, 1, 65, 129, 128), 50, DType::F16, 5);
     check(dims(1, 1, 1, 3, 3, 72), 2, DType::F32, 6);
+}
+
+#[test]
+fn empty_shapes() {
+    // No queries (with and without keys), no batch: empty outputs, zero key/value gradients.
+    check(dims(1, 2, 1, 0, 5, 8), 2, DType::F32, 15);
+    check(dims(1, 2, 1, 0, 0, 8), 2, DType::BF16, 16);
+    check(dims(0, 2, 1, 4, 4, 8), 2, DType::F32, 17);
 }
 
 #[test]
