@@ -2,9 +2,10 @@
 //! `wgrad::reference::dual_chunk` (every row's scores materialized): output, saved F32 output,
 //! row statistics and the five gradients for F32, F16 and BF16 storage; grouped heads; chunk
 //! lengths from 1 to past the sequence; fewer queries than keys; lengths that are not tile
-//! multiples; empty shapes; head dims 8–128; the `[B,S,H,D]` layout bit for bit the `[B,H,S,D]` one; equal
-//! branches give causal attention; reruns bit-identical; finite differences of the reference
-//! backward; the positions helper; every documented bad input's error.
+//! multiples; empty shapes; head dims 8–128; the `[B,S,H,D]` layout bit for bit the
+//! `[B,H,S,D]` one; equal branches give causal attention; reruns bit-identical; finite
+//! differences of the reference backward; the 16-bit gradients; the scratch against its
+//! query; the positions helper; every documented bad input's error.
 //!
 //! Tolerance: `Tolerance::for_dtype` of the compared output (the output in its storage dtype,
 //! everything else F32), unscaled: the references use the stored (rounded) inputs.
