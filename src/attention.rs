@@ -658,7 +658,8 @@ impl AttentionSaved {
 
 /// Merges the F32 output and row statistics of `src` (attention over other keys of the same
 /// queries) into `acc`'s, in place: the results of attention over both key sets
-/// (`attention_merge`); with `output` (a 16-bit call's last merge) also the rounded output.
+/// (`attention_merge` for the outputs, then `attention_merge_rows` for the statistics); with
+/// `output` (a 16-bit call's last merge) also the rounded output.
 pub(crate) fn merge_into(
     acc: &AttentionSaved,
     src: &AttentionSaved,
@@ -678,6 +679,13 @@ pub(crate) fn merge_into(
         same_output: u32::from(output.is_none()),
         ..plan.params(false)
     };
+    let stats = [
+        src.row_max.buffer(),
+        src.log_denominator.buffer(),
+        acc.row_max.buffer(),
+        acc.log_denominator.buffer(),
+    ];
+    let values = (plan.rows() * plan.head_dim / 2) as u64;
     engine.launch(
         &KERNEL,
         "attention_merge",
@@ -686,12 +694,20 @@ pub(crate) fn merge_into(
         &[
             output_binding,
             src.output_f32.buffer(),
-            src.row_max.buffer(),
-            src.log_denominator.buffer(),
+            stats[0],
+            stats[1],
             acc.output_f32.buffer(),
-            acc.row_max.buffer(),
-            acc.log_denominator.buffer(),
+            stats[2],
+            stats[3],
         ],
+        values.div_ceil(256),
+    )?;
+    engine.launch(
+        &KERNEL,
+        "attention_merge_rows",
+        &plan.constants(DType::F32),
+        &params,
+        &stats,
         (plan.rows() as u64).div_ceil(256),
     )
 }

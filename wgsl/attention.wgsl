@@ -1235,24 +1235,18 @@ fn attention_dq_stored(@builtin(workgroup_id) wid: vec3<u32>,
 @group(0) @binding(20) var<storage, read_write> acc_max: array<f32>;
 @group(0) @binding(21) var<storage, read_write> acc_log: array<f32>;
 
-// One invocation per query row (b, h, i) of `rows`: the unrounded output, raw maximum and log
-// denominator of two disjoint key sets (acc, src) become those of their union:
-//   m = max(m_a, m_b), w_x = exp(scale·(m_x − m) + log l_x), log l = log(w_a + w_b),
-//   o = (w_a·o_a + w_b·o_b) / (w_a + w_b)
-// (a set with no visible key, m = −∞, weighs 0; both empty: unchanged). With `same_output`
-// 0 the rounded output in DT is written too (the last merge of a 16-bit call).
-@compute @workgroup_size(WG)
-fn attention_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    let row = group_index(wid, nwg) * WG + lid;
-    if (row >= params.rows) {
-        return;
-    }
-    let qi = row % params.q_len;
-    let bh = row / params.q_len;
-    let h = bh % params.q_heads;
-    let b = bh / params.q_heads;
-    let base = b * params.q_sb + h * params.q_sh + qi * params.q_ss;
+// The union of two disjoint key sets (acc, src) of query row `row`: with
+//   m = max(m_a, m_b), w_x = exp(scale·(m_x − m) + log l_x),
+// the factors (w_a, w_b) / (w_a + w_b) of the two outputs, m and log l = log(w_a + w_b); a set
+// with no visible key (m = −∞) weighs 0, and with both empty `total` is 0 (nothing changes).
+struct Union {
+    fa: f32,
+    fb: f32,
+    m: f32,
+    total: f32,
+}
+
+fn union_of(row: u32) -> Union {
     let ma = acc_max[row];
     let mb = src_max[row];
     let m = max(ma, mb);
@@ -1265,19 +1259,52 @@ fn attention_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         wb = exp(params.scale * (mb - m) + src_log[row]);
     }
     let total = wa + wb;
-    if (total > 0.0) {
-        let fa = wa / total;
-        let fb = wb / total;
-        for (var c = 0u; c < HD; c = c + 1u) {
-            acc_out[base + c] = fa * acc_out[base + c] + fb * src_out[base + c];
-        }
-        acc_max[row] = m;
-        acc_log[row] = log(total);
+    return Union(wa / total, wb / total, m, total);
+}
+
+// One invocation per two adjacent output values of the `rows` query rows (b, h, i): the
+// unrounded output of the union, o = fa·o_a + fb·o_b, in place in acc_out; with `same_output`
+// 0 also the rounded pair in DT (the last merge of a 16-bit call). `attention_merge_rows` then
+// updates the row statistics (after this launch: every invocation here reads the old ones).
+@compute @workgroup_size(WG)
+fn attention_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid, nwg) * WG + lid;
+    let pairs = HD / 2u;
+    let row = t / pairs;
+    if (row >= params.rows) {
+        return;
+    }
+    let qi = row % params.q_len;
+    let bh = row / params.q_len;
+    let h = bh % params.q_heads;
+    let b = bh / params.q_heads;
+    let at = b * params.q_sb + h * params.q_sh + qi * params.q_ss + 2u * (t % pairs);
+    let u = union_of(row);
+    var o = vec2<f32>(acc_out[at], acc_out[at + 1u]);
+    if (u.total > 0.0) {
+        o = u.fa * o + u.fb * vec2<f32>(src_out[at], src_out[at + 1u]);
+        acc_out[at] = o.x;
+        acc_out[at + 1u] = o.y;
     }
     if (params.same_output == 0u) {
-        for (var c = 0u; c < HD; c = c + 2u) {
-            output[(base + c) >> 1u] = pack_halves(acc_out[base + c], acc_out[base + c + 1u], DT);
-        }
+        output[at >> 1u] = pack_halves(o.x, o.y, DT);
+    }
+}
+
+// One invocation per query row: its raw maximum and log denominator become the union's.
+@compute @workgroup_size(WG)
+fn attention_merge_rows(@builtin(workgroup_id) wid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg) * WG + lid;
+    if (row >= params.rows) {
+        return;
+    }
+    let u = union_of(row);
+    if (u.total > 0.0) {
+        acc_max[row] = u.m;
+        acc_log[row] = log(u.total);
     }
 }
 
