@@ -28,6 +28,8 @@
 //! `rel = j − i − offset`, key `j` is visible when all of these hold:
 //! * `causal`: `rel ≤ 0`;
 //! * sliding window: `rel ≥ −window_left` and `rel ≤ window_right` (each side optional);
+//! * dilation `d`: `rel` a multiple of `d` (with a window, the dilated neighborhood of
+//!   [`AttentionOptions::neighborhood`]: Liger's fused neighborhood attention);
 //! * mask: `mask[i, j] ≠ 0` (boolean / u8 semantics, *not* an additive bias).
 //!
 //! A query with no visible key gets output 0, row maximum and log denominator −∞, and
@@ -136,8 +138,45 @@ pub struct AttentionOptions {
     pub window_left: Option<usize>,
     /// Sliding window: keys more than this many positions right of the diagonal are hidden.
     pub window_right: Option<usize>,
+    /// Dilation: only keys a multiple of this many positions from the diagonal are visible.
+    /// `None` (default) = 1; at least 1 and at most 2²⁴.
+    pub dilation: Option<usize>,
     /// Layout of query, key and value (and of the output and gradients).
     pub layout: AttentionLayout,
+}
+
+impl AttentionOptions {
+    /// Neighborhood attention (Liger's fused neighborhood attention): query `i` sees the keys
+    /// `j` with `|rel| ≤ (kernel_size / 2)·dilation` and `rel` a multiple of `dilation`
+    /// (`rel = j − i − offset`; at the sequence's ends the neighborhood is cut, not shifted).
+    /// Errors: an even or zero `kernel_size`, a zero `dilation`, or a reach past `usize`
+    /// (`InvalidValue`; a reach past 2²⁴ acts as unbounded, and a dilation past 2²⁴ is refused
+    /// by the forward).
+    pub fn neighborhood(kernel_size: usize, dilation: usize) -> Result<AttentionOptions> {
+        if kernel_size.is_multiple_of(2) {
+            return Err(Error::InvalidValue {
+                what: "attention: neighborhood kernel_size".into(),
+                got: kernel_size as f64,
+                rule: "odd".into(),
+            });
+        }
+        let reach = (kernel_size / 2)
+            .checked_mul(dilation)
+            .filter(|_| dilation > 0);
+        let Some(reach) = reach else {
+            return Err(Error::InvalidValue {
+                what: "attention: neighborhood dilation".into(),
+                got: dilation as f64,
+                rule: "at least 1, with (kernel_size / 2)·dilation within usize".into(),
+            });
+        };
+        Ok(AttentionOptions {
+            window_left: Some(reach),
+            window_right: Some(reach),
+            dilation: Some(dilation),
+            ..AttentionOptions::default()
+        })
+    }
 }
 
 /// What the backward needs: the inputs, the unrounded F32 output and the row statistics.
@@ -211,6 +250,7 @@ pub(crate) struct Plan {
     /// Dual-chunk partition: chunk length (0: none) and branch (`crate::dual_chunk`).
     pub(crate) chunk_len: u32,
     pub(crate) branch: u32,
+    dilation: u32,
 }
 
 #[derive(encase::ShaderType, Default)]
@@ -241,6 +281,7 @@ struct Params {
     groups: u32,
     chunk_len: u32,
     branch: u32,
+    dilation: u32,
 }
 
 impl Plan {
@@ -275,6 +316,7 @@ impl Plan {
             groups: (self.batch * self.kv_heads) as u32,
             chunk_len: self.chunk_len,
             branch: self.branch,
+            dilation: self.dilation,
         }
     }
 
@@ -480,6 +522,14 @@ pub(crate) fn plan(
             rule: "finite, positive and a normal f32".into(),
         });
     }
+    let dilation = options.dilation.unwrap_or(1);
+    if !(1..=MAX_LEN).contains(&dilation) {
+        return Err(Error::InvalidValue {
+            what: "attention: dilation".into(),
+            got: dilation as f64,
+            rule: format!("from 1 to {MAX_LEN}"),
+        });
+    }
     let clamp = |w: Option<usize>| w.map_or(UNBOUNDED, |w| (w as i64).min(UNBOUNDED));
     let lo = -clamp(options.window_left);
     let mut hi = clamp(options.window_right);
@@ -553,6 +603,7 @@ pub(crate) fn plan(
         dtype: query.dtype(),
         chunk_len: 0,
         branch: 0,
+        dilation: dilation as u32,
     })
 }
 

@@ -33,6 +33,7 @@ struct Setup {
     offset: Option<i64>,
     window_left: Option<usize>,
     window_right: Option<usize>,
+    dilation: Option<usize>,
     /// (visible, mask batch, mask heads, upload as 2 axes).
     mask: Option<(Vec<bool>, usize, usize, bool)>,
     scale: Option<f64>,
@@ -68,6 +69,7 @@ impl Setup {
             offset: None,
             window_left: None,
             window_right: None,
+            dilation: None,
             mask: None,
             scale: None,
             dtype: DType::F32,
@@ -84,6 +86,7 @@ impl Setup {
             offset: self.offset.unwrap_or(d.k_len as i64 - d.q_len as i64),
             window_left: self.window_left,
             window_right: self.window_right,
+            dilation: self.dilation.unwrap_or(1),
             mask: self
                 .mask
                 .as_ref()
@@ -112,6 +115,7 @@ impl Setup {
             }),
             window_left: self.window_left,
             window_right: self.window_right,
+            dilation: self.dilation,
             layout: self.layout,
         }
     }
@@ -518,6 +522,93 @@ fn sliding_windows() {
     s.window_right = Some(5);
     s.offset = Some(0);
     check("window, offset 0", &s);
+}
+
+#[test]
+fn dilated_windows_and_neighborhoods() {
+    // Dilation alone, with a one-sided window and causal, and top-left aligned.
+    for (dilation, left, right, causal, dtype) in [
+        (3, None, None, false, DType::F32),
+        (2, Some(9), None, true, DType::BF16),
+        (5, Some(20), Some(20), false, DType::F16),
+        (1, Some(4), Some(4), false, DType::F32),
+    ] {
+        let mut s = Setup::new(dims(1, 2, 1, 70, 90, 16));
+        s.dilation = Some(dilation);
+        s.window_left = left;
+        s.window_right = right;
+        s.causal = causal;
+        s.dtype = dtype;
+        s.seed = 51;
+        check(
+            &format!("dilation {dilation} window {left:?} {right:?} causal {causal}"),
+            &s,
+        );
+    }
+    // `AttentionOptions::neighborhood`: Liger's mask, [start, end) = [max(0, i − r),
+    // min(S, i + r + 1)) with r = (kernel_size / 2)·dilation and (j − i) a multiple of the
+    // dilation, built here as a boolean mask: the same bits.
+    let e = engine();
+    for (kernel_size, dilation, len) in [(1, 1, 9), (3, 1, 40), (7, 2, 130), (5, 3, 67), (9, 9, 20)]
+    {
+        let d = dims(2, 2, 2, len, len, 8);
+        let data = Setup::new(d).data();
+        let up = |x: &[f64], h| common::tensor_from_f64(e, x, &[2, h, len, 8], DType::F32);
+        let (q, k, v) = (up(&data[0], 2), up(&data[1], 2), up(&data[2], 2));
+        let r = (kernel_size / 2) * dilation;
+        let visible: Vec<bool> = (0..len * len)
+            .map(|at| {
+                let (i, j) = (at / len, at % len);
+                let (start, end) = (i.saturating_sub(r), (i + r + 1).min(len));
+                (start..end).contains(&j) && j.abs_diff(i) % dilation == 0
+            })
+            .collect();
+        let masked = AttentionOptions {
+            mask: Some(mask_from_bools(e, &visible, &[len, len]).unwrap()),
+            ..Default::default()
+        };
+        let near = AttentionOptions::neighborhood(kernel_size, dilation).unwrap();
+        let (want, _) = attention_forward(&q, &k, &v, &masked).unwrap();
+        let (got, saved) = attention_forward(&q, &k, &v, &near).unwrap();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "kernel {kernel_size} dilation {dilation}"
+        );
+        let (_, want_saved) = attention_forward(&q, &k, &v, &masked).unwrap();
+        let go = up(&data[3], 2);
+        let g = attention_backward(&saved, &go).unwrap();
+        let w = attention_backward(&want_saved, &go).unwrap();
+        for (name, a, b) in [
+            ("dq", &g.query, &w.query),
+            ("dk", &g.key, &w.key),
+            ("dv", &g.value, &w.value),
+        ] {
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "kernel {kernel_size} dilation {dilation} {name}"
+            );
+        }
+    }
+    for (kernel_size, dilation) in [(4, 1), (0, 1), (3, 0), (5, usize::MAX)] {
+        match AttentionOptions::neighborhood(kernel_size, dilation) {
+            Err(Error::InvalidValue { .. }) => {}
+            other => panic!("kernel {kernel_size} dilation {dilation}: {other:?}"),
+        }
+    }
+    // A dilation past 2²⁴ (or 0 set directly) is refused by the forward.
+    let q = zeros(&[1, 1, 4, 8], DType::F32);
+    for dilation in [0, (1 << 24) + 1] {
+        let o = AttentionOptions {
+            dilation: Some(dilation),
+            ..Default::default()
+        };
+        assert!(matches!(
+            forward_err(&q, &q, &q, &o),
+            Error::InvalidValue { .. }
+        ));
+    }
 }
 
 #[test]

@@ -1035,6 +1035,31 @@ fn others(t: &mut Tally) {
             attention::attention_forward(&q, &k, &v, &o).map(drop)
         },
     );
+    t.values(
+        "attention dilation",
+        &[0usize, 1 << 25, usize::MAX],
+        |dilation| {
+            let o = AttentionOptions {
+                dilation: Some(dilation),
+                ..ao.clone()
+            };
+            attention::attention_forward(&q, &k, &v, &o).map(drop)
+        },
+    );
+    t.values(
+        "attention neighborhood",
+        &[
+            (0usize, 1usize),
+            (2, 1),
+            (3, 0),
+            (usize::MAX, usize::MAX),
+            (3, 1 << 25),
+        ],
+        |(kernel, dilation)| {
+            let o = AttentionOptions::neighborhood(kernel, dilation)?;
+            attention::attention_forward(&q, &k, &v, &o).map(drop)
+        },
+    );
     let (ao_out, asaved) = need!(
         t,
         "attention_forward",

@@ -68,6 +68,7 @@ struct Params {
     groups: u32,      // and how many (every one: batch · kv_heads, unless sliced)
     chunk_len: u32,   // dual-chunk partitions: chunk length (0: none)
     branch: u32,      // and the branch: 0 intra-chunk, 1 successive-chunk, 2 inter-chunk
+    dilation: u32,    // visible keys a multiple of this from the diagonal (1: every key)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -176,6 +177,9 @@ fn visible(b: u32, h: u32, qi: u32, kj: u32) -> bool {
         return false;
     }
     if (params.chunk_len != 0u && !in_branch(qi, kj)) {
+        return false;
+    }
+    if (params.dilation > 1u && u32(abs(rel)) % params.dilation != 0u) {
         return false;
     }
     if (params.has_mask != 0u) {
@@ -600,8 +604,8 @@ fn put_tile(s: Blk, tx: u32, ty: u32, hf: u32) {
 // Whether every (query, key) of the tile is in range and inside the band, with no mask:
 // then no per-element test is needed. Uniform per workgroup.
 fn block_full(q0: u32, k0: u32) -> bool {
-    if (params.has_mask != 0u || params.chunk_len != 0u || q0 + BT > params.q_len ||
-        k0 + BT > params.k_len) {
+    if (params.has_mask != 0u || params.chunk_len != 0u || params.dilation > 1u ||
+        q0 + BT > params.q_len || k0 + BT > params.k_len) {
         return false;
     }
     let rel_min = i32(k0) - i32(q0 + BT - 1u) - params.offset;

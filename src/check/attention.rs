@@ -21,6 +21,11 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
             run: check_attention_stored_scores,
         },
         OperatorCheck {
+            name: "neighborhood_attention",
+            kernels: &["attention"],
+            run: check_neighborhood_attention,
+        },
+        OperatorCheck {
             name: "dual_chunk_attention",
             kernels: &["attention"],
             run: check_dual_chunk_attention,
@@ -180,7 +185,14 @@ fn output_cases(
 /// `BackwardSchedule::StoredScores`, one (batch, kv head) group a slice) against the f64
 /// reference, as in `check_attention`.
 fn check_attention_stored_scores(engine: &Engine) -> Result<Vec<Case>> {
-    check_attention_with(engine, false, true)
+    check_attention_with(engine, false, true, false)
+}
+
+/// Neighborhood attention (`AttentionOptions::neighborhood(7, 2)`: keys within 6 positions
+/// either side at even distances) on 21 queries and keys against the f64 reference, as in
+/// `check_attention`.
+fn check_neighborhood_attention(engine: &Engine) -> Result<Vec<Case>> {
+    check_attention_with(engine, false, false, true)
 }
 
 /// Attention forward (output, saved F32 output) and backward (dq, dk, dv) against the f64
@@ -189,12 +201,18 @@ fn check_attention_stored_scores(engine: &Engine) -> Result<Vec<Case>> {
 /// gradients come from `attention_backward_as` in the inputs' dtype and are compared at that
 /// dtype's tolerance.
 fn check_attention(engine: &Engine, stored: bool) -> Result<Vec<Case>> {
-    check_attention_with(engine, stored, false)
+    check_attention_with(engine, stored, false, false)
 }
 
 /// [`check_attention`], the backward under the stored score-gradient schedule when
-/// `stored_scores`.
-fn check_attention_with(engine: &Engine, stored: bool, stored_scores: bool) -> Result<Vec<Case>> {
+/// `stored_scores`, and a dilated neighborhood on 21 queries instead of causal when
+/// `neighborhood`.
+fn check_attention_with(
+    engine: &Engine,
+    stored: bool,
+    stored_scores: bool,
+    neighborhood: bool,
+) -> Result<Vec<Case>> {
     use crate::attention::{
         AttentionOptions, BackwardSchedule, attention_backward_with, attention_forward,
         stored_scores_bytes_per_group,
@@ -204,7 +222,7 @@ fn check_attention_with(engine: &Engine, stored: bool, stored_scores: bool) -> R
         batch: 2,
         q_heads: 4,
         kv_heads: 2,
-        q_len: 13,
+        q_len: if neighborhood { 21 } else { 13 },
         k_len: 21,
         head_dim: 40,
     };
@@ -212,13 +230,24 @@ fn check_attention_with(engine: &Engine, stored: bool, stored_scores: bool) -> R
     let k_shape = [dims.batch, dims.kv_heads, dims.k_len, dims.head_dim];
     let q_len: usize = q_shape.iter().product();
     let k_len: usize = k_shape.iter().product();
-    let vis = Visibility {
-        causal: true,
-        ..Visibility::full(&dims)
-    };
-    let options = AttentionOptions {
-        causal: true,
-        ..Default::default()
+    let (vis, options) = if neighborhood {
+        let vis = Visibility {
+            window_left: Some(6),
+            window_right: Some(6),
+            dilation: 2,
+            ..Visibility::full(&dims)
+        };
+        (vis, AttentionOptions::neighborhood(7, 2)?)
+    } else {
+        let vis = Visibility {
+            causal: true,
+            ..Visibility::full(&dims)
+        };
+        let options = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
+        (vis, options)
     };
     let mut rng = Rng::new(4);
     let mut cases = Vec::new();
@@ -244,7 +273,12 @@ fn check_attention_with(engine: &Engine, stored: bool, stored_scores: bool) -> R
         let grads = attention_backward_with(&saved, &go, grad_dtype, schedule)?;
         let want = reference::attention::forward(&qs, &ks, &vs, &dims, &vis);
         let (dq, dk, dv) = reference::attention::backward(&qs, &ks, &vs, &gos, &dims, &vis);
-        let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} causal");
+        let visibility = if neighborhood {
+            "neighborhood 7, dilation 2"
+        } else {
+            "causal"
+        };
+        let label = |what: &str| format!("{what} {dtype} {q_shape:?} kv {k_shape:?} {visibility}");
         output_cases(&mut cases, &label, [&out, saved.output_f32()], &want.output)?;
         let grad_tol = Tolerance::for_dtype(grad_dtype);
         for (name, got, want) in [

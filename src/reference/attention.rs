@@ -2,7 +2,8 @@
 //! only). Layout `[batch, heads, sequence, head_dim]`, row-major; query heads `h` read
 //! key/value head `h / (q_heads / kv_heads)`. Visibility as `crate::attention` documents it:
 //! with `rel = j − i − offset`, key `j` is visible to query `i` when `rel ≤ 0` (causal),
-//! `−window_left ≤ rel ≤ window_right` (window) and `mask[i, j]` hold.
+//! `−window_left ≤ rel ≤ window_right` (window), `rel` a multiple of `dilation` and
+//! `mask[i, j]` hold.
 
 /// Sizes of one attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,8 @@ pub struct Visibility {
     pub window_left: Option<usize>,
     /// Hide keys more than this many positions right of the diagonal.
     pub window_right: Option<usize>,
+    /// Hide keys whose distance from the diagonal is not a multiple of this (1: none).
+    pub dilation: usize,
     /// Mask `[mask_batch, mask_heads, q_len, k_len]` (true = visible), broadcast along axes of
     /// size 1.
     pub mask: Option<(Vec<bool>, usize, usize)>,
@@ -47,6 +50,7 @@ impl Visibility {
             offset: dims.k_len as i64 - dims.q_len as i64,
             window_left: None,
             window_right: None,
+            dilation: 1,
             mask: None,
             scale: 1.0 / (dims.head_dim as f64).sqrt(),
         }
@@ -62,6 +66,9 @@ impl Visibility {
             return false;
         }
         if self.window_right.is_some_and(|w| rel > w as i64) {
+            return false;
+        }
+        if rel % self.dilation as i64 != 0 {
             return false;
         }
         match &self.mask {
