@@ -116,8 +116,7 @@ pub fn dual_chunk_workspace_bytes(
     forward.max(backward)
 }
 
-fn workspace(saved: &AttentionSaved) -> u64 {
-    let p = saved.plan();
+fn workspace(p: &attention::Plan) -> u64 {
     dual_chunk_workspace_bytes(
         p.batch(),
         p.q_heads(),
@@ -183,16 +182,7 @@ pub fn dual_chunk_attention(
         });
     }
     let engine = key.engine();
-    let p = &plans[0];
-    let scratch = dual_chunk_workspace_bytes(
-        p.batch(),
-        p.q_heads(),
-        p.kv_heads(),
-        q_len,
-        k_len,
-        p.head_dim(),
-    );
-    engine.check_workspace("dual_chunk_attention", scratch)?;
+    engine.check_workspace("dual_chunk_attention", workspace(&plans[0]))?;
     let dtype = queries.intra.dtype();
     let output = Tensor::empty(engine, queries.intra.shape(), dtype, "dual chunk output")?;
     // Branch 0 writes the merged results in place; F32 branches 1 and 2 need outputs of their
@@ -247,7 +237,7 @@ pub fn dual_chunk_attention_backward_as(
     }
     let [intra, successive, inter] = [0, 1, 2].map(|b| &saved.branches[b]);
     let engine = saved.output_f32().engine();
-    engine.check_workspace("dual_chunk_attention_backward", workspace(intra))?;
+    engine.check_workspace("dual_chunk_attention_backward", workspace(intra.plan()))?;
     let g0 = attention::attention_backward(intra, d_output)?;
     let g1 = attention::attention_backward(successive, d_output)?;
     let g2 = attention::attention_backward(inter, d_output)?;
