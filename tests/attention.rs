@@ -1190,17 +1190,22 @@ fn attention_backward_as_is_the_f32_gradient_rounded_once() {
 /// ragged lengths, head dims 8 to 128, the `[B, S, H, D]` layout, 16-bit inputs and
 /// gradients, empty lengths; its scratch is one slice's tiles (engine peak); a budget below one
 /// group's tiles is a typed error.
+/// The first setups of the schedule and layout comparisons: causal grouped queries with
+/// batches (head dim 8), and `[B,S,H,D]` BF16 inputs and gradients with fewer queries than
+/// keys (head dim 72).
+fn schedule_setups() -> Vec<Setup> {
+    let mut causal = Setup::new(dims(2, 4, 2, 17, 17, 8));
+    causal.causal = true;
+    let mut bshd = Setup::new(dims(1, 4, 1, 65, 130, 72));
+    bshd.layout = AttentionLayout::BatchSeqHead;
+    bshd.dtype = DType::BF16;
+    bshd.grad_dtype = DType::BF16;
+    vec![causal, bshd]
+}
+
 #[test]
 fn stored_score_gradients_give_the_recompute_bits() {
-    let mut setups = Vec::new();
-    let mut s = Setup::new(dims(2, 4, 2, 17, 17, 8));
-    s.causal = true;
-    setups.push(s);
-    let mut s = Setup::new(dims(1, 4, 1, 65, 130, 72));
-    s.layout = AttentionLayout::BatchSeqHead;
-    s.dtype = DType::BF16;
-    s.grad_dtype = DType::BF16;
-    setups.push(s);
+    let mut setups = schedule_setups();
     let mut s = Setup::new(dims(1, 2, 1, 17, 17, 16));
     s.mask = Some((mask_values(42, 1, 17, 17, &[3]), 1, 1, true));
     s.causal = true;
@@ -1389,15 +1394,7 @@ fn the_compact_layout_gives_the_bits_of_the_full_tiles() {
     let limit = compact.info().limits.max_compute_workgroup_storage_size;
     assert!(u64::from(limit) < wgrad::attention::WORKGROUP_BYTES);
     assert_eq!(u64::from(limit), wgrad::attention::COMPACT_WORKGROUP_BYTES);
-    let mut setups = Vec::new();
-    let mut s = Setup::new(dims(2, 4, 2, 17, 17, 8));
-    s.causal = true;
-    setups.push(s);
-    let mut s = Setup::new(dims(1, 4, 1, 65, 130, 72));
-    s.layout = AttentionLayout::BatchSeqHead;
-    s.dtype = DType::BF16;
-    s.grad_dtype = DType::BF16;
-    setups.push(s);
+    let mut setups = schedule_setups();
     let mut s = Setup::new(dims(1, 2, 1, 70, 70, 128));
     s.causal = true;
     s.window_left = Some(40);
