@@ -1348,7 +1348,11 @@ fn compact_engine() -> Engine {
         &adapter,
         &wgpu::DeviceDescriptor {
             label: Some("16 KiB of workgroup memory"),
-            required_features: adapter.features() & wgrad::engine::WANTED_FEATURES,
+            // (Not cooperative matrices: an experimental feature the request would have to
+            // enable, and attention does not use it.)
+            required_features: adapter.features()
+                & wgrad::engine::WANTED_FEATURES
+                & !wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             required_limits: wgpu::Limits {
                 max_compute_workgroup_storage_size: 16 << 10,
                 ..adapter.limits()

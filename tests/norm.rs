@@ -2484,13 +2484,14 @@ fn modulated_chunk_passes_match_reference() {
             }
         }
     }
-    // The entries taken: the chunk passes where forced, the general passes by the rule.
+    // The entries taken: the chunk passes by the rule and where forced, the general passes
+    // where they are forced off.
     let e = engine();
     let (x, _) = upload(&Rng::new(1).vec(4 * 64, -2.0, 2.0), &[4, 64], DType::F32);
     let (sc, _) = upload(&Rng::new(2).vec(2 * 64, -0.5, 0.5), &[2, 64], DType::F32);
     let o = RmsNormOptions::default();
     let saved = norm::modulated_rms_norm(&x, None, &sc, &sc, &o).unwrap().1;
-    for (forced, taken) in [(Some(true), true), (None, false)] {
+    for (forced, taken) in [(Some(true), true), (None, true), (Some(false), false)] {
         norm::force_chunk_passes(forced);
         let kernels = match e.profile(|| norm::norm_backward(&saved, &x, None).unwrap()) {
             Ok((_, kernels)) => kernels,
