@@ -1,6 +1,6 @@
-# Not run: no device machine could be started for it. The norm test binary (the modulated
-# chunk-pass rule), the attention test binary (the compact test's device request fixed) and
-# modulated RMSNorm / GroupNorm rows by the rule, twice; .bench/s31/{bench,norm,attention}.
+# Build b5d9293: the norm test binary (the modulated chunk-pass rule), the attention test
+# binary (the compact test's device request fixed), modulated RMSNorm and GroupNorm rows by the
+# rule, twice; .bench/s31/{bench,norm,attention}.
 . .bench/head.sh
 for t in norm attention; do
   echo "== $t tests" >> $R
