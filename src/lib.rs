@@ -26,6 +26,7 @@ pub mod dual_chunk;
 pub mod embedding;
 pub mod engine;
 pub mod error;
+pub mod expr;
 pub mod fused_linear;
 pub mod gated_delta;
 pub mod gradcheck;

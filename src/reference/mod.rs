@@ -6,6 +6,7 @@ pub mod activation;
 pub mod attention;
 pub mod dual_chunk;
 pub mod embedding;
+pub mod expr;
 pub mod fused_linear;
 pub mod gated_delta;
 pub mod grpo;
