@@ -628,10 +628,19 @@ enum Role {
     Output(usize),
 }
 
-/// A generated kernel and the storage bindings each of its entries uses, in binding order.
+/// An entry of a generated kernel and the storage bindings it uses, in binding order.
+#[derive(Clone)]
+struct Entry {
+    name: String,
+    roles: Vec<Role>,
+}
+
+/// A generated kernel: its entries in launch order, in groups (the reductions; the element
+/// outputs, all in one entry and then one entry each; the row outputs likewise). A group runs
+/// its first entry, or, where that binds more storage buffers than the device has, the others.
 struct Compiled {
     kernel: &'static Kernel,
-    entries: Vec<(&'static str, Vec<Role>)>,
+    entries: Vec<Vec<Entry>>,
     /// The row reductions computed, in statistics order.
     reductions: Vec<Key>,
 }
@@ -903,30 +912,15 @@ impl Writer<'_> {
         s
     }
 
-    /// The value function and entry of the outputs written per element (`elements`) or per
-    /// row (`row_outputs`): an invocation per two consecutive ones.
-    fn outputs(&self, outputs: &[OutputSpec], per_element: bool) -> String {
-        let mine: Vec<usize> = (0..outputs.len())
-            .filter(|&o| outputs[o].per_element == per_element)
-            .collect();
-        let (place, name, entry, index, count, total) = if per_element {
-            (
-                Place::Element,
-                "Elements",
-                "elements",
-                "e",
-                "params.count",
-                "params.pairs",
-            )
+    /// The value function and entry `entry` writing the outputs `mine` (all per element, or
+    /// all per row): an invocation per two consecutive elements (rows).
+    fn outputs(&self, outputs: &[OutputSpec], mine: &[usize], entry: &str) -> String {
+        let per_element = outputs[mine[0]].per_element;
+        let name = format!("Values_{entry}");
+        let (place, index, count, total) = if per_element {
+            (Place::Element, "e", "params.count", "params.pairs")
         } else {
-            (
-                Place::Row,
-                "Rows",
-                "row_outputs",
-                "row",
-                "params.rows",
-                "params.row_pairs",
-            )
+            (Place::Row, "row", "params.rows", "params.row_pairs")
         };
         let targets: Vec<usize> = mine
             .iter()
@@ -979,6 +973,18 @@ fn kernels() -> &'static Mutex<HashMap<String, Arc<Compiled>>> {
     KERNELS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Every expression kernel generated in this process so far, in generation order (to inspect
+/// them: their strict MSL, SPIR-V or source).
+pub fn generated_kernels() -> Vec<&'static Kernel> {
+    let map = match kernels().lock() {
+        Ok(m) => m,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let mut all: Vec<&'static Kernel> = map.values().map(|c| c.kernel).collect();
+    all.sort_by_key(|k| k.name[5..].parse::<usize>().unwrap_or(usize::MAX));
+    all
+}
+
 /// The fixed part of every expression kernel, after the shared snippets.
 pub const EXPR_WGSL: &str = include_str!("../wgsl/expr.wgsl");
 
@@ -1009,18 +1015,30 @@ fn compile(
         saved,
     };
     let mut source = w.bindings(outputs, saved_width);
-    let mut entries = Vec::new();
+    // Entry groups: the reductions; the element outputs together, then each alone; the row
+    // outputs likewise (one output an entry binds fewer buffers: the device's limit decides).
+    let mut groups: Vec<Vec<String>> = Vec::new();
     if !a.slot.is_empty() {
         source += &w.reduce_rows();
-        entries.push("reduce_rows");
+        groups.push(vec!["reduce_rows".into()]);
     }
-    if outputs.iter().any(|o| o.per_element) {
-        source += &w.outputs(outputs, true);
-        entries.push("elements");
-    }
-    if outputs.iter().any(|o| !o.per_element) {
-        source += &w.outputs(outputs, false);
-        entries.push("row_outputs");
+    for (per_element, entry) in [(true, "elements"), (false, "row_outputs")] {
+        let mine: Vec<usize> = (0..outputs.len())
+            .filter(|&o| outputs[o].per_element == per_element)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        source += &w.outputs(outputs, &mine, entry);
+        let mut group = vec![entry.to_string()];
+        if mine.len() > 1 {
+            for &o in &mine {
+                let alone = format!("{entry}_{o}");
+                source += &w.outputs(outputs, &[o], &alone);
+                group.push(alone);
+            }
+        }
+        groups.push(group);
     }
     let mut reductions = vec![Key::Input(usize::MAX); a.slot.len()];
     for (k, &s) in &a.slot {
@@ -1054,27 +1072,31 @@ fn compile(
     let kernel: &'static Kernel = Box::leak(Box::new(Kernel { name, parts }));
     let (module, info) = kernel.module()?;
     let n_inputs = inputs.len();
-    let mut roles = Vec::new();
-    for entry in entries {
-        let slots = entry_bindings(kernel, &module, &info, entry)?;
-        let r = slots
-            .iter()
-            .filter(|s| s.binding > 0)
-            .map(|s| {
-                let b = s.binding as usize - 1;
-                match b {
-                    b if b < n_inputs => Role::Input(b),
-                    b if b == n_inputs => Role::Saved,
-                    b if b == n_inputs + 1 => Role::Stats,
-                    b => Role::Output(b - n_inputs - 2),
-                }
-            })
-            .collect();
-        roles.push((entry, r));
+    let mut entries = Vec::new();
+    for group in groups {
+        let mut roled = Vec::new();
+        for entry in group {
+            let slots = entry_bindings(kernel, &module, &info, &entry)?;
+            let roles = slots
+                .iter()
+                .filter(|s| s.binding > 0)
+                .map(|s| {
+                    let b = s.binding as usize - 1;
+                    match b {
+                        b if b < n_inputs => Role::Input(b),
+                        b if b == n_inputs => Role::Saved,
+                        b if b == n_inputs + 1 => Role::Stats,
+                        b => Role::Output(b - n_inputs - 2),
+                    }
+                })
+                .collect();
+            roled.push(Entry { name: entry, roles });
+        }
+        entries.push(roled);
     }
     let compiled = Arc::new(Compiled {
         kernel,
-        entries: roles,
+        entries,
         reductions,
     });
     map.insert(source, compiled.clone());
@@ -1121,28 +1143,45 @@ fn run(
     outputs: &[Tensor],
 ) -> Result<()> {
     let params = x.params();
-    for (entry, roles) in &c.entries {
-        let mut buffers = Vec::new();
-        for r in roles {
-            let t = match *r {
-                Role::Input(i) => inputs.get(i).copied().flatten(),
-                Role::Saved => saved,
-                Role::Stats => stats,
-                Role::Output(o) => outputs.get(o),
-            };
-            let t = t.ok_or_else(|| Error::Kernel {
-                kernel: c.kernel.name.into(),
-                message: format!("{entry}: no tensor for {r:?}"),
-            })?;
-            buffers.push(t.buffer());
-        }
-        engine.require_storage_buffers(buffers.len() as u32)?;
-        let groups = match *entry {
-            "reduce_rows" => x.rows as u64,
-            "elements" => u64::from(params.pairs).div_ceil(WG),
-            _ => u64::from(params.row_pairs).div_ceil(WG),
+    let limit = engine.info().limits.max_storage_buffers_per_shader_stage as usize;
+    for group in &c.entries {
+        let chosen = if group[0].roles.len() <= limit || group.len() == 1 {
+            &group[..1]
+        } else {
+            &group[1..]
         };
-        engine.launch(c.kernel, entry, &Vec::new(), &params, &buffers, groups)?;
+        for entry in chosen {
+            let mut buffers = Vec::new();
+            for r in &entry.roles {
+                let t = match *r {
+                    Role::Input(i) => inputs.get(i).copied().flatten(),
+                    Role::Saved => saved,
+                    Role::Stats => stats,
+                    Role::Output(o) => outputs.get(o),
+                };
+                let t = t.ok_or_else(|| Error::Kernel {
+                    kernel: c.kernel.name.into(),
+                    message: format!("{}: no tensor for {r:?}", entry.name),
+                })?;
+                buffers.push(t.buffer());
+            }
+            engine.require_storage_buffers(buffers.len() as u32)?;
+            let groups = if entry.name == "reduce_rows" {
+                x.rows as u64
+            } else if entry.name.starts_with("elements") {
+                u64::from(params.pairs).div_ceil(WG)
+            } else {
+                u64::from(params.row_pairs).div_ceil(WG)
+            };
+            engine.launch(
+                c.kernel,
+                &entry.name,
+                &Vec::new(),
+                &params,
+                &buffers,
+                groups,
+            )?;
+        }
     }
     Ok(())
 }

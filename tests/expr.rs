@@ -664,3 +664,38 @@ fn bad_inputs_give_typed_errors() {
         |e| matches!(e, Error::WorkspaceExceeded { needed, bound: 8, .. } if *needed == need),
     );
 }
+
+/// On a device with WebGPU's default limits (8 storage buffers a stage) a backward whose
+/// outputs together bind more runs an entry per output: the same bits as one entry for all.
+#[test]
+fn outputs_run_one_entry_each_where_the_device_has_few_buffers() {
+    let small = common::webgpu_default_engine();
+    let case = &cases()[5];
+    assert_eq!(case.kinds.len(), 4, "{}", case.name);
+    let op = ExprOp::new(&case.kinds, &case.outputs).unwrap();
+    let (rows, cols) = (3, 41);
+    let values = data(&case.kinds, rows, cols, 5);
+    let mut results = Vec::new();
+    for e in [engine(), &small] {
+        let tensors: Vec<Tensor> = case
+            .kinds
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| {
+                tensor_from_f64(e, v, &shape_of(*k, rows, cols), DType::BF16)
+                    .unwrap()
+                    .0
+            })
+            .collect();
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let (outs, saved) = op.forward(&refs, &[DType::F32, DType::F16]).unwrap();
+        let given: Vec<Option<&Tensor>> = outs.iter().map(Some).collect();
+        let grads = op.backward(&saved, &given, &[0, 1, 2, 3]).unwrap();
+        let bits: Vec<Vec<u64>> = outs.iter().chain(&grads).map(value_bits).collect();
+        results.push(bits);
+    }
+    assert!(
+        results[0] == results[1],
+        "the default-limits device's bits differ"
+    );
+}

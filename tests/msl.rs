@@ -129,6 +129,35 @@ fn every_kernel_translates_to_strict_msl() {
     assert!(entries >= kernels.len());
 }
 
+/// Kernels `wgrad::expr` generates (every operation, reductions two deep, 16-bit inputs and
+/// outputs, forward and backward) pass the same checks.
+#[test]
+fn expression_kernels_translate_to_strict_msl() {
+    use wgrad::expr::{Expr, ExprOp, Kind, generated_kernels};
+    use wgrad::{DType, Engine, Tensor};
+    let engine = Engine::new().unwrap();
+    let x = Expr::input(0, Kind::Element);
+    let w = Expr::input(1, Kind::Column);
+    let c = &x - x.row_sum() / Expr::width();
+    let pick = Expr::select(&x.less(&w), &x.exp(), &(x.abs() + 1.0).log());
+    let y = (&c * (&c * &c).row_min().sqrt()).tanh() / (x.row_max() - &w).cast(DType::BF16) - pick;
+    let op = ExprOp::new(&[Kind::Element, Kind::Column], &[y, c.row_sum()]).unwrap();
+    let xt = Tensor::from_slice(&engine, &[half::bf16::from_f32(0.5); 6], &[2, 3]).unwrap();
+    let wt = Tensor::from_slice(&engine, &[1.0f32; 3], &[3]).unwrap();
+    let (outs, saved) = op.forward(&[&xt, &wt], &[DType::F16, DType::F32]).unwrap();
+    op.backward(&saved, &[Some(&outs[0]), Some(&outs[1])], &[0, 1])
+        .unwrap();
+    let kernels = generated_kernels();
+    assert!(kernels.len() >= 2, "forward and backward kernels");
+    for kernel in kernels {
+        for entry in &kernel.entry_points().unwrap() {
+            let msl = strict_msl(kernel, entry, &vec![])
+                .unwrap_or_else(|e| panic!("{}::{entry}: {e}", kernel.name));
+            check_strict(kernel, entry, &vec![], &msl);
+        }
+    }
+}
+
 #[test]
 fn workgroup_size_overrides_are_evaluated() {
     // The matmul tile entry points take their workgroup size from the NARROW override.

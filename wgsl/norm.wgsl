@@ -983,14 +983,13 @@ fn vround(v: Vals, no_nan: bool) -> Vals {
     return vals(pack(v, DX), DX);
 }
 
-// Weight value of column c (any float dtype) and the weight chunk of row chunk q.
+// Weight value of column c (any float dtype; one word loaded, not its chunk) and the weight
+// chunk of row chunk q.
 fn w_one(c: u32) -> f32 {
     if (DW == DT_F32) {
-        let v = w4[c >> 2u];
-        return bitcast<f32>(v[c & 3u]);
+        return bitcast<f32>(w4[c >> 2u][c & 3u]);
     }
-    let v = w4[c >> 3u];
-    return half_from_word(v[(c >> 1u) & 3u], c, DW);
+    return half_from_word(w4[c >> 3u][(c >> 1u) & 3u], c, DW);
 }
 
 fn w_chunk(q: u32) -> Vals {
@@ -1019,11 +1018,9 @@ fn wf_chunk(q: u32) -> Vals {
 
 fn b_one(c: u32) -> f32 {
     if (DB == DT_F32) {
-        let v = b4[c >> 2u];
-        return bitcast<f32>(v[c & 3u]);
+        return bitcast<f32>(b4[c >> 2u][c & 3u]);
     }
-    let v = b4[c >> 3u];
-    return half_from_word(v[(c >> 1u) & 3u], c, DB);
+    return half_from_word(b4[c >> 3u][(c >> 1u) & 3u], c, DB);
 }
 
 // Bias chunk of row chunk q (0 without a bias).

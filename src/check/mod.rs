@@ -5,6 +5,7 @@
 
 mod attention;
 mod embedding;
+mod expr;
 mod fused_linear;
 mod gated_delta;
 mod grpo;
@@ -103,6 +104,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(embedding::operators())
     .chain(optim::operators())
     .chain(model::operators())
+    .chain(expr::operators())
     .collect()
 }
 
