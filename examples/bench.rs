@@ -440,6 +440,7 @@ fn run(args: &Args) -> Result<Report> {
             &["dual_chunk"],
             Box::new(|| dual_chunk_ops(&engine, args.quick)),
         ),
+        (&["expr"], Box::new(|| expr_ops(&engine, &shape))),
         (&["matmul"], Box::new(|| matmul_ops(&engine, args.quick))),
         (&["swiglu_mlp"], Box::new(|| mlp_ops(&engine, args.quick))),
         (
@@ -1761,6 +1762,49 @@ fn dual_chunk_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 .with_peak(),
             );
         }
+    }
+    Ok(ops)
+}
+
+/// Expression VJPs (`wgrad::expr`): RMSNorm with a weight written as an expression,
+/// `x / sqrt(Σx²/cols + 1e-5) · w`, forward and backward (dx and dw) on the norm rows' main
+/// shape, beside the hand-written `rms_norm` rows.
+fn expr_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
+    use std::rc::Rc;
+    use wgrad::expr::{Expr, ExprOp, Kind};
+    let cols = shape[1];
+    let x = Expr::input(0, Kind::Element);
+    let w = Expr::input(1, Kind::Column);
+    let y = &x / ((&x * &x).row_sum() / Expr::width() + 1e-5).sqrt() * &w;
+    let op = Rc::new(ExprOp::new(&[Kind::Element, Kind::Column], &[y])?);
+    let len: usize = shape.iter().product();
+    let data: Vec<f32> = (0..len)
+        .map(|i| ((i % 251) as f32 - 125.0) / 64.0)
+        .collect();
+    let x32 = Tensor::from_slice(engine, &data, shape)?;
+    drop(data);
+    let w32 = Tensor::from_slice(engine, &vec![1.25f32; cols], &[cols])?;
+    let mut ops = Vec::new();
+    for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+        let x = cast::cast(&x32, dtype)?;
+        let w = cast::cast(&w32, dtype)?;
+        let dy = wgrad::bench::copy(&x)?;
+        let fwd = op.clone();
+        ops.push(Op::new(
+            "expr_rms_norm fwd",
+            label,
+            vec![x.clone(), w.clone()],
+            move |i| Ok(fwd.forward(&[&i[0], &i[1]], &[dtype])?.0),
+        ));
+        let (_, saved) = op.forward(&[&x, &w], &[dtype])?;
+        let stats = saved.statistics().expect("a row reduction").clone();
+        let bwd = op.clone();
+        ops.push(Op::new(
+            "expr_rms_norm bwd",
+            label,
+            vec![x, dy, w, stats],
+            move |i| bwd.backward(&saved, &[Some(&i[1])], &[0, 1]),
+        ));
     }
     Ok(ops)
 }
