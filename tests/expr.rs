@@ -131,26 +131,56 @@ fn upload(
         .unzip()
 }
 
-fn check_case(case: &Case, rows: usize, cols: usize, dtype: DType, seed: u64) {
-    let what = format!("{} [{rows}, {cols}] {dtype:?}", case.name);
-    let op = ExprOp::new(&case.kinds, &case.outputs).unwrap();
-    let (tensors, stored) = upload(
-        &case.kinds,
-        &data(&case.kinds, rows, cols, seed),
-        rows,
-        cols,
-        dtype,
-    );
-    let refs: Vec<&Tensor> = tensors.iter().collect();
-    let dtypes = vec![dtype; case.outputs.len()];
-    let (outs, saved) = op.forward(&refs, &dtypes).unwrap();
-    let slices: Vec<&[f64]> = stored.iter().map(Vec::as_slice).collect();
-    let p = Problem {
+/// The reference's problem of a case over `inputs`.
+fn problem<'a>(case: &'a Case, rows: usize, cols: usize, inputs: &'a [&'a [f64]]) -> Problem<'a> {
+    Problem {
         rows,
         cols,
         kinds: &case.kinds,
-        inputs: &slices,
-    };
+        inputs,
+    }
+}
+
+/// A case run forward on the GPU: the op, its input tensors and the values they hold, its
+/// outputs and saved context.
+struct Run {
+    op: ExprOp,
+    tensors: Vec<Tensor>,
+    stored: Vec<Vec<f64>>,
+    outs: Vec<Tensor>,
+    saved: wgrad::expr::ExprSaved,
+}
+
+impl Run {
+    fn new(case: &Case, rows: usize, cols: usize, dtype: DType, seed: u64) -> Run {
+        let op = ExprOp::new(&case.kinds, &case.outputs).unwrap();
+        let values = data(&case.kinds, rows, cols, seed);
+        let (tensors, stored) = upload(&case.kinds, &values, rows, cols, dtype);
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let (outs, saved) = op.forward(&refs, &vec![dtype; case.outputs.len()]).unwrap();
+        Run {
+            op,
+            tensors,
+            stored,
+            outs,
+            saved,
+        }
+    }
+
+    /// The stored input values, as the reference's problem takes them.
+    fn slices(&self) -> Vec<&[f64]> {
+        self.stored.iter().map(Vec::as_slice).collect()
+    }
+}
+
+fn check_case(case: &Case, rows: usize, cols: usize, dtype: DType, seed: u64) {
+    let what = format!("{} [{rows}, {cols}] {dtype:?}", case.name);
+    let run = Run::new(case, rows, cols, dtype, seed);
+    let (op, tensors, outs, saved) = (&run.op, &run.tensors, &run.outs, &run.saved);
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    let dtypes = vec![dtype; case.outputs.len()];
+    let slices = run.slices();
+    let p = problem(case, rows, cols, &slices);
     let want = reference::forward(&case.outputs, &p);
     for (o, (got, want)) in outs.iter().zip(&want).enumerate() {
         assert_eq!(got.len(), want.len(), "{what}: output {o} length");
@@ -173,7 +203,7 @@ fn check_case(case: &Case, rows: usize, cols: usize, dtype: DType, seed: u64) {
         .collect();
     let wrt: Vec<usize> = (0..case.kinds.len()).collect();
     let given: Vec<Option<&Tensor>> = cots.iter().map(|c| Some(&c.0)).collect();
-    let grads = op.backward(&saved, &given, &wrt).unwrap();
+    let grads = op.backward(saved, &given, &wrt).unwrap();
     let cot_slices: Vec<Option<&[f64]>> = cots.iter().map(|c| Some(c.1.as_slice())).collect();
     let want = reference::backward(&case.outputs, &p, &cot_slices, &wrt);
     for (i, (got, want)) in grads.iter().zip(&want).enumerate() {
@@ -218,25 +248,10 @@ fn expressions_match_the_reference_in_every_dtype_and_shape() {
 fn empty_rows_and_columns_give_empty_outputs_and_zero_gradients() {
     for case in cases() {
         for (rows, cols) in [(0, 5), (3, 0), (0, 0)] {
-            let op = ExprOp::new(&case.kinds, &case.outputs).unwrap();
-            let (tensors, stored) = upload(
-                &case.kinds,
-                &data(&case.kinds, rows, cols, 7),
-                rows,
-                cols,
-                DType::F32,
-            );
-            let refs: Vec<&Tensor> = tensors.iter().collect();
-            let (outs, saved) = op
-                .forward(&refs, &vec![DType::F32; case.outputs.len()])
-                .unwrap();
-            let slices: Vec<&[f64]> = stored.iter().map(Vec::as_slice).collect();
-            let p = Problem {
-                rows,
-                cols,
-                kinds: &case.kinds,
-                inputs: &slices,
-            };
+            let run = Run::new(&case, rows, cols, DType::F32, 7);
+            let (op, tensors, outs) = (&run.op, &run.tensors, &run.outs);
+            let slices = run.slices();
+            let p = problem(&case, rows, cols, &slices);
             let want = reference::forward(&case.outputs, &p);
             for (got, want) in outs.iter().zip(&want) {
                 // Row outputs of empty rows: sums 0, extremes ∓∞, the same non-finite values.
@@ -253,7 +268,7 @@ fn empty_rows_and_columns_give_empty_outputs_and_zero_gradients() {
                 .collect();
             let given: Vec<Option<&Tensor>> = ones.iter().map(Some).collect();
             let wrt: Vec<usize> = (0..case.kinds.len()).collect();
-            let grads = op.backward(&saved, &given, &wrt).unwrap();
+            let grads = op.backward(&run.saved, &given, &wrt).unwrap();
             for (i, g) in grads.iter().enumerate() {
                 assert_eq!(g.shape(), tensors[i].shape(), "{}: gradient {i}", case.name);
                 if cols == 0 || rows == 0 {
@@ -283,38 +298,20 @@ fn reference_gradients_match_finite_differences() {
         let mut rng = Rng::new(12);
         let outs = {
             let s: Vec<&[f64]> = values.iter().map(Vec::as_slice).collect();
-            reference::forward(
-                &case.outputs,
-                &Problem {
-                    rows,
-                    cols,
-                    kinds: &case.kinds,
-                    inputs: &s,
-                },
-            )
+            reference::forward(&case.outputs, &problem(case, rows, cols, &s))
         };
         let cots: Vec<Vec<f64>> = outs.iter().map(|y| rng.vec(y.len(), -1.0, 1.0)).collect();
         let flat_cot: Vec<f64> = cots.iter().flatten().copied().collect();
         let c: Vec<Option<&[f64]>> = cots.iter().map(|v| Some(v.as_slice())).collect();
         let s: Vec<&[f64]> = values.iter().map(Vec::as_slice).collect();
         let wrt: Vec<usize> = (0..case.kinds.len()).collect();
-        let p = Problem {
-            rows,
-            cols,
-            kinds: &case.kinds,
-            inputs: &s,
-        };
+        let p = problem(case, rows, cols, &s);
         let analytic = reference::backward(&case.outputs, &p, &c, &wrt);
         for i in wrt {
             let forward = |v: &[f64]| -> Vec<f64> {
                 let mut s: Vec<&[f64]> = values.iter().map(Vec::as_slice).collect();
                 s[i] = v;
-                let p = Problem {
-                    rows,
-                    cols,
-                    kinds: &case.kinds,
-                    inputs: &s,
-                };
+                let p = problem(case, rows, cols, &s);
                 reference::forward(&case.outputs, &p)
                     .into_iter()
                     .flatten()
