@@ -623,7 +623,6 @@ struct OutputSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Input(usize),
-    Saved,
     Stats,
     Output(usize),
 }
@@ -834,16 +833,14 @@ impl Writer<'_> {
             );
             b += 1;
         }
-        s += &format!(
-            "@group(0) @binding({b}) var<storage, read> saved_w: array<f32>;\n\
-             fn saved_at(row: u32, s: u32) -> f32 {{\n    return saved_w[row * {}u + s];\n}}\n",
-            saved_width.max(1)
-        );
-        b += 1;
+        // One binding for the statistics: the saved ones (`[rows, saved_width]`, a copy, in
+        // the backward) then this kernel's own (`[rows, m]`).
         s += &format!(
             "@group(0) @binding({b}) var<storage, read_write> stats_w: array<f32>;\n\
-             fn stat_at(row: u32, s: u32) -> f32 {{\n    return stats_w[row * {}u + s];\n}}\n",
-            self.a.slot.len().max(1)
+             fn saved_at(row: u32, s: u32) -> f32 {{\n    return stats_w[row * {saved_width}u + s];\n}}\n\
+             fn stat_index(row: u32, s: u32) -> u32 {{\n    return params.rows * {saved_width}u + row * {}u + s;\n}}\n\
+             fn stat_at(row: u32, s: u32) -> f32 {{\n    return stats_w[stat_index(row, s)];\n}}\n",
+            self.a.slot.len()
         );
         b += 1;
         for o in 0..outputs.len() {
@@ -903,10 +900,7 @@ impl Writer<'_> {
         }
         s += "    if (lid == 0u) {\n";
         for slot in 0..self.a.slot.len() {
-            s += &format!(
-                "        stats_w[row * {}u + {slot}u] = s{slot};\n",
-                self.a.slot.len()
-            );
+            s += &format!("        stats_w[stat_index(row, {slot}u)] = s{slot};\n");
         }
         s += "    }\n}\n";
         s
@@ -1084,9 +1078,8 @@ fn compile(
                     let b = s.binding as usize - 1;
                     match b {
                         b if b < n_inputs => Role::Input(b),
-                        b if b == n_inputs => Role::Saved,
-                        b if b == n_inputs + 1 => Role::Stats,
-                        b => Role::Output(b - n_inputs - 2),
+                        b if b == n_inputs => Role::Stats,
+                        b => Role::Output(b - n_inputs - 1),
                     }
                 })
                 .collect();
@@ -1138,7 +1131,6 @@ fn run(
     c: &Compiled,
     x: Extent,
     inputs: &[Option<&Tensor>],
-    saved: Option<&Tensor>,
     stats: Option<&Tensor>,
     outputs: &[Tensor],
 ) -> Result<()> {
@@ -1155,7 +1147,6 @@ fn run(
             for r in &entry.roles {
                 let t = match *r {
                     Role::Input(i) => inputs.get(i).copied().flatten(),
-                    Role::Saved => saved,
                     Role::Stats => stats,
                     Role::Output(o) => outputs.get(o),
                 };
@@ -1367,7 +1358,7 @@ impl ExprOp {
             })
             .collect::<Result<Vec<_>>>()?;
         let given: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        run(engine, &c, x, &given, None, stats.as_ref(), &outputs)?;
+        run(engine, &c, x, &given, stats.as_ref(), &outputs)?;
         let saved = ExprSaved {
             op: self.id,
             inputs: inputs.iter().map(|t| (*t).clone()).collect(),
@@ -1417,7 +1408,8 @@ impl ExprOp {
     }
 
     /// Scratch bytes [`ExprOp::backward`] allocates for `rows` × `cols` and gradients of
-    /// `wrt`: the backward's row reductions (F32 a row each), the per-row parts of scalar
+    /// `wrt`: the statistics (a copy of the saved ones, then the backward's own row
+    /// reductions; F32 a row each), the per-row parts of scalar
     /// inputs' gradients and the per-element parts of column inputs' (with their column sums'
     /// partials). Errors as the backward's for `wrt`.
     pub fn backward_workspace_bytes(&self, rows: usize, cols: usize, wrt: &[usize]) -> Result<u64> {
@@ -1427,7 +1419,7 @@ impl ExprOp {
             .into_iter()
             .collect();
         let a = analyze(&grads, &saved)?;
-        let mut bytes = (a.slot.len() * rows * 4) as u64;
+        let mut bytes = ((saved.len() + a.slot.len()) * rows * 4) as u64;
         for &i in wrt {
             bytes += match self.kinds[i] {
                 Kind::Scalar => (rows * 4) as u64,
@@ -1517,7 +1509,15 @@ impl ExprOp {
             "expression backward",
             self.backward_workspace_bytes(x.rows, x.cols, wrt)?,
         )?;
-        let stats = self.stats(engine, x, c.reductions.len(), "expression backward scratch")?;
+        // The saved statistics copied ahead of the backward's own, so that one binding holds
+        // both.
+        let width = saved.reductions.len() + c.reductions.len();
+        let stats = self.stats(engine, x, width, "expression backward statistics")?;
+        if let (Some(from), Some(to)) = (&saved.stats, &stats) {
+            engine.record(|e| {
+                e.copy_buffer_to_buffer(from.buffer(), 0, to.buffer(), 0, from.byte_len())
+            });
+        }
         let lead = &shape[..shape.len() - 1];
         let raw = wrt
             .iter()
@@ -1532,15 +1532,7 @@ impl ExprOp {
             .collect::<Result<Vec<_>>>()?;
         let mut inputs: Vec<Option<&Tensor>> = saved.inputs.iter().map(Some).collect();
         inputs.extend(cotangents.iter().copied());
-        run(
-            engine,
-            &c,
-            x,
-            &inputs,
-            saved.stats.as_ref(),
-            stats.as_ref(),
-            &raw,
-        )?;
+        run(engine, &c, x, &inputs, stats.as_ref(), &raw)?;
         wrt.iter()
             .zip(raw)
             .map(|(&i, g)| {
