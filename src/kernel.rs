@@ -175,6 +175,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::fused_linear::KERNEL,
         &crate::embedding::KERNEL,
         &crate::optim::KERNEL,
+        &crate::mta::KERNEL,
     ];
     REGISTRY
 }

@@ -38,6 +38,7 @@ pub mod matmul;
 pub mod mlp;
 pub mod model;
 pub mod msl;
+pub mod mta;
 pub mod norm;
 pub mod optim;
 pub mod preference;

@@ -13,13 +13,14 @@ mod loss;
 mod matmul;
 mod mlp;
 mod model;
+mod mta;
 mod norm;
 mod optim;
 mod pointwise;
 mod preference;
 
 use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
-use crate::{DType, Engine, Result, bench, cast, reduce, reference};
+use crate::{DType, Engine, Result, Tensor, bench, cast, reduce, reference};
 
 /// One operator's check.
 pub struct OperatorCheck {
@@ -105,6 +106,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(optim::operators())
     .chain(model::operators())
     .chain(expr::operators())
+    .chain(mta::operators())
     .collect()
 }
 

@@ -14,6 +14,7 @@ pub mod loss;
 pub mod matmul;
 pub mod mlp;
 pub mod model;
+pub mod mta;
 pub mod norm;
 pub mod optim;
 pub mod preference;
