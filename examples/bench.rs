@@ -441,6 +441,7 @@ fn run(args: &Args) -> Result<Report> {
             Box::new(|| dual_chunk_ops(&engine, args.quick)),
         ),
         (&["expr"], Box::new(|| expr_ops(&engine, &shape))),
+        (&["mta"], Box::new(|| mta_ops(&engine, args.quick))),
         (&["matmul"], Box::new(|| matmul_ops(&engine, args.quick))),
         (&["swiglu_mlp"], Box::new(|| mlp_ops(&engine, args.quick))),
         (
@@ -1805,6 +1806,54 @@ fn expr_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
             vec![x, dy, w, stats],
             move |i| bwd.backward(&saved, &[Some(&i[1])], &[0, 1]),
         ));
+    }
+    Ok(ops)
+}
+
+/// Multi-token attention (`wgrad::mta`) at Liger's benchmark settings: batch 2, 4 heads into 4
+/// channels, a 3 × 3 kernel with padding 1, softmax, bias; L 1,024 and 2,048 (`--quick`: 64);
+/// forward, and forward + backward.
+fn mta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::mta::{MtaOptions, multi_token_attention, multi_token_attention_backward};
+    let sides: &[usize] = if quick { &[64] } else { &[1024, 2048] };
+    let options = MtaOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    let mut ops = Vec::new();
+    for &l in sides {
+        for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+            let shape = [2, 4, l, l];
+            let len: usize = shape.iter().product();
+            let data: Vec<f32> = (0..len)
+                .map(|i| ((i * 7 % 257) as f32 - 128.0) / 32.0)
+                .collect();
+            let scores = cast::cast(&Tensor::from_slice(engine, &data, &shape)?, dtype)?;
+            let dy = wgrad::bench::copy(&scores)?;
+            drop(data);
+            let wdata: Vec<f32> = (0..144).map(|i| ((i % 13) as f32 - 6.0) / 20.0).collect();
+            let weight = cast::cast(&Tensor::from_slice(engine, &wdata, &[4, 4, 3, 3])?, dtype)?;
+            let bias = cast::cast(
+                &Tensor::from_slice(engine, &[0.1f32, -0.2, 0.3, 0.0], &[4])?,
+                dtype,
+            )?;
+            for backward in [false, true] {
+                let name = if backward { "mta_fwd_bwd" } else { "mta_fwd" };
+                let inputs = vec![scores.clone(), weight.clone(), bias.clone(), dy.clone()];
+                ops.push(
+                    Op::new(name, label, inputs, move |i| {
+                        let (y, saved) =
+                            multi_token_attention(&i[0], &i[1], Some(&i[2]), &options)?;
+                        if !backward {
+                            return Ok(vec![y]);
+                        }
+                        let g = multi_token_attention_backward(&saved, &i[3])?;
+                        Ok(vec![y, g.scores, g.weight, g.bias.expect("bias gradient")])
+                    })
+                    .with_peak(),
+                );
+            }
+        }
     }
     Ok(ops)
 }
