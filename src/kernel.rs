@@ -176,6 +176,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::embedding::KERNEL,
         &crate::optim::KERNEL,
         &crate::mta::KERNEL,
+        &crate::attn_res::KERNEL,
     ];
     REGISTRY
 }

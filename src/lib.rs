@@ -18,6 +18,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attn_res;
 pub mod bench;
 pub mod cast;
 pub mod check;

@@ -4,6 +4,7 @@
 //! covered by some check.
 
 mod attention;
+mod attn_res;
 mod embedding;
 mod expr;
 mod fused_linear;
@@ -107,6 +108,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(model::operators())
     .chain(expr::operators())
     .chain(mta::operators())
+    .chain(attn_res::operators())
     .collect()
 }
 

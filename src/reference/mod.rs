@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attn_res;
 pub mod dual_chunk;
 pub mod embedding;
 pub mod expr;

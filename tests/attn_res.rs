@@ -1,0 +1,208 @@
+//! Attention residuals (`wgrad::attn_res`): the output and the gradients of the blocks,
+//! w_query and w_norm against the f64 reference in every dtype (1–64 blocks, widths 7–513, odd
+//! 16-bit widths through F32, leading token axes), the reference against finite differences,
+//! bit-identical reruns, empty token sets, and every documented bad input's typed error.
+
+mod common;
+
+use common::{Rng, assert_close, engine, value_bits};
+use wgrad::attn_res::{AttnResOptions, MAX_BLOCKS, attn_res, attn_res_backward};
+use wgrad::gradcheck::{Tolerance, check_vjp, tensor_from_f64};
+use wgrad::reference::attn_res::{self as reference, AttnResConfig};
+use wgrad::{DType, Engine, Error, Tensor};
+
+/// (blocks, leading token axes, width).
+const SHAPES: [(usize, &[usize], usize); 6] = [
+    (1, &[3], 7),
+    (4, &[2, 8], 123),
+    (3, &[5], 300),
+    (2, &[1], 513),
+    (8, &[3], 64),
+    (MAX_BLOCKS, &[2], 16),
+];
+
+struct Data {
+    v: Vec<f64>,
+    q: Vec<f64>,
+    w: Vec<f64>,
+    dh: Vec<f64>,
+}
+
+fn data(n: usize, tokens: usize, d: usize, seed: u64) -> Data {
+    let mut rng = Rng::new(seed);
+    Data {
+        v: rng.vec(n * tokens * d, -2.0, 2.0),
+        q: rng.vec(d, -0.5, 0.5),
+        w: rng.vec(d, 0.5, 1.5),
+        dh: rng.vec(tokens * d, -1.0, 1.0),
+    }
+}
+
+#[test]
+fn outputs_and_gradients_match_the_reference_in_every_dtype() {
+    for (k, &(n, lead, d)) in SHAPES.iter().enumerate() {
+        let tokens: usize = lead.iter().product();
+        let mut shape = vec![n];
+        shape.extend(lead);
+        shape.push(d);
+        let out_shape = &shape[1..];
+        for dtype in DType::FLOATS {
+            let what = format!("N {n} tokens {lead:?} D {d} {dtype:?}");
+            let x = data(n, tokens, d, k as u64);
+            let up = |v: &[f64], s: &[usize]| tensor_from_f64(engine(), v, s, dtype).unwrap();
+            let ((vt, vs), (qt, qs), (wt, ws), (gt, gs)) = (
+                up(&x.v, &shape),
+                up(&x.q, &[d]),
+                up(&x.w, &[d]),
+                up(&x.dh, out_shape),
+            );
+            let (h, saved) = attn_res(&vt, &qt, &wt, &AttnResOptions::default()).unwrap();
+            assert_eq!((h.shape(), h.dtype()), (out_shape, dtype), "{what}");
+            let c = AttnResConfig {
+                n,
+                tokens,
+                d,
+                eps: f64::from(1e-6f32),
+                dtype,
+            };
+            let want = reference::forward(&vs, &qs, &ws, &c);
+            let tol = Tolerance::for_dtype(dtype).scaled(2.0);
+            assert_close(&format!("{what}: h"), &h.to_f64().unwrap(), &want, tol);
+            let g = attn_res_backward(&saved, &gt).unwrap();
+            let (dv, dq, dw) = reference::backward(&vs, &qs, &ws, &gs, &c);
+            let tol = Tolerance::for_dtype(DType::F32).scaled(10.0);
+            assert_eq!(g.blocks.shape(), shape.as_slice(), "{what}");
+            assert_close(
+                &format!("{what}: d blocks"),
+                &g.blocks.to_f64().unwrap(),
+                &dv,
+                tol,
+            );
+            assert_close(
+                &format!("{what}: d w_query"),
+                &g.query.to_f64().unwrap(),
+                &dq,
+                tol,
+            );
+            assert_close(
+                &format!("{what}: d w_norm"),
+                &g.norm.to_f64().unwrap(),
+                &dw,
+                tol,
+            );
+            let (h2, saved2) = attn_res(&vt, &qt, &wt, &AttnResOptions::default()).unwrap();
+            assert!(value_bits(&h) == value_bits(&h2), "{what}: forward rerun");
+            let g2 = attn_res_backward(&saved2, &gt).unwrap();
+            for (a, b) in [
+                (&g.blocks, &g2.blocks),
+                (&g.query, &g2.query),
+                (&g.norm, &g2.norm),
+            ] {
+                assert!(value_bits(a) == value_bits(b), "{what}: backward rerun");
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_gradients_match_finite_differences() {
+    for (k, &(n, lead, d)) in SHAPES.iter().take(5).enumerate() {
+        let tokens: usize = lead.iter().product::<usize>().min(3);
+        let d = d.min(33);
+        let x = data(n, tokens, d, 50 + k as u64);
+        let c = AttnResConfig {
+            n,
+            tokens,
+            d,
+            eps: 1e-6,
+            dtype: DType::F32,
+        };
+        let (dv, dq, dw) = reference::backward(&x.v, &x.q, &x.w, &x.dh, &c);
+        let cmp = check_vjp(|v| reference::forward(v, &x.q, &x.w, &c), &x.v, &x.dh, &dv);
+        assert!(cmp.passed, "{c:?}: d blocks {cmp}");
+        let cmp = check_vjp(|q| reference::forward(&x.v, q, &x.w, &c), &x.q, &x.dh, &dq);
+        assert!(cmp.passed, "{c:?}: d w_query {cmp}");
+        let cmp = check_vjp(|w| reference::forward(&x.v, &x.q, w, &c), &x.w, &x.dh, &dw);
+        assert!(cmp.passed, "{c:?}: d w_norm {cmp}");
+    }
+}
+
+#[test]
+fn no_tokens_give_empty_outputs_and_zero_weight_gradients() {
+    let e = engine();
+    let v = Tensor::zeros(e, &[3, 0, 5], DType::BF16).unwrap();
+    let w = Tensor::from_slice(e, &[1.0f32; 5], &[5]).unwrap();
+    let (h, saved) = attn_res(&v, &w, &w, &AttnResOptions::default()).unwrap();
+    assert_eq!(h.shape(), &[0, 5]);
+    let dh = Tensor::zeros(e, &[0, 5], DType::F32).unwrap();
+    let g = attn_res_backward(&saved, &dh).unwrap();
+    assert_eq!(g.blocks.shape(), &[3, 0, 5]);
+    assert_eq!(g.query.to_vec::<f32>().unwrap(), vec![0.0; 5]);
+    assert_eq!(g.norm.to_vec::<f32>().unwrap(), vec![0.0; 5]);
+}
+
+fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T, Error>, check: impl Fn(&Error) -> bool) {
+    match r {
+        Err(e) => assert!(check(&e), "{what}: unexpected error {e:?}"),
+        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
+    }
+}
+
+#[test]
+fn bad_inputs_give_typed_errors() {
+    let e = engine();
+    let t = |shape: &[usize]| Tensor::zeros(e, shape, DType::F32).unwrap();
+    let (v, w) = (t(&[3, 2, 4]), t(&[4]));
+    let o = AttnResOptions::default();
+    let bounds = |e: &Error| matches!(e, Error::OutOfBounds { .. });
+    let shape = |e: &Error| matches!(e, Error::ShapeMismatch { .. });
+    expect_err("no blocks", attn_res(&t(&[0, 2, 4]), &w, &w, &o), bounds);
+    expect_err(
+        "65 blocks",
+        attn_res(&t(&[MAX_BLOCKS + 1, 1, 4]), &w, &w, &o),
+        |e| {
+            matches!(
+                e,
+                Error::OutOfBounds {
+                    got: 65,
+                    max: 64,
+                    ..
+                }
+            )
+        },
+    );
+    expect_err("one axis", attn_res(&t(&[4]), &w, &w, &o), shape);
+    expect_err("w_query length", attn_res(&v, &t(&[5]), &w, &o), shape);
+    expect_err("w_norm length", attn_res(&v, &w, &t(&[3]), &o), shape);
+    for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        expect_err("eps", attn_res(&v, &w, &w, &AttnResOptions { eps }), |e| {
+            matches!(e, Error::InvalidValue { .. })
+        });
+    }
+    let ints = Tensor::from_slice(e, &[0i32; 24], &[3, 2, 4]).unwrap();
+    expect_err("integer blocks", attn_res(&ints, &w, &w, &o), |e| {
+        matches!(
+            e,
+            Error::UnsupportedDType {
+                got: DType::I32,
+                ..
+            }
+        )
+    });
+    if let Ok(other) = Engine::builder().build() {
+        let ow = Tensor::zeros(&other, &[4], DType::F32).unwrap();
+        expect_err("another engine", attn_res(&v, &ow, &w, &o), |e| {
+            matches!(e, Error::EngineMismatch { .. })
+        });
+    }
+    let (_, saved) = attn_res(&v, &w, &w, &o).unwrap();
+    expect_err("dh shape", attn_res_backward(&saved, &t(&[2, 5])), shape);
+    let small = Engine::builder().workspace_bound(16).build().unwrap();
+    let sv = Tensor::zeros(&small, &[3, 2, 4], DType::F32).unwrap();
+    let sw = Tensor::zeros(&small, &[4], DType::F32).unwrap();
+    let (_, saved) = attn_res(&sv, &sw, &sw, &o).unwrap();
+    let sg = Tensor::zeros(&small, &[2, 4], DType::F32).unwrap();
+    expect_err("workspace", attn_res_backward(&saved, &sg), |e| {
+        matches!(e, Error::WorkspaceExceeded { bound: 16, .. })
+    });
+}
