@@ -442,6 +442,10 @@ fn run(args: &Args) -> Result<Report> {
         ),
         (&["expr"], Box::new(|| expr_ops(&engine, &shape))),
         (&["mta"], Box::new(|| mta_ops(&engine, args.quick))),
+        (
+            &["attn_res"],
+            Box::new(|| attn_res_ops(&engine, args.quick)),
+        ),
         (&["matmul"], Box::new(|| matmul_ops(&engine, args.quick))),
         (&["swiglu_mlp"], Box::new(|| mlp_ops(&engine, args.quick))),
         (
@@ -1853,6 +1857,46 @@ fn mta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     .with_peak(),
                 );
             }
+        }
+    }
+    Ok(ops)
+}
+
+/// Attention residuals (`wgrad::attn_res`): 8 blocks of 2 × 1,024 tokens of width 4,096
+/// (`--quick`: 4 blocks of 64 tokens of 256); forward, and forward + backward.
+fn attn_res_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::attn_res::{AttnResOptions, attn_res, attn_res_backward};
+    let (n, tokens, d) = if quick { (4, 64, 256) } else { (8, 2048, 4096) };
+    let mut ops = Vec::new();
+    for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+        let make = |len: usize, shape: &[usize], scale: f32| -> Result<Tensor> {
+            let data: Vec<f32> = (0..len)
+                .map(|i| ((i * 7 % 251) as f32 - 125.0) / scale)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        };
+        let v = make(n * tokens * d, &[n, 2, tokens / 2, d], 64.0)?;
+        let q = make(d, &[d], 2000.0)?;
+        let w = make(d, &[d], 500.0)?;
+        let dh = make(tokens * d, &[2, tokens / 2, d], 64.0)?;
+        for backward in [false, true] {
+            let name = if backward {
+                "attn_res_fwd_bwd"
+            } else {
+                "attn_res_fwd"
+            };
+            let inputs = vec![v.clone(), q.clone(), w.clone(), dh.clone()];
+            ops.push(
+                Op::new(name, label, inputs, move |i| {
+                    let (h, saved) = attn_res(&i[0], &i[1], &i[2], &AttnResOptions::default())?;
+                    if !backward {
+                        return Ok(vec![h]);
+                    }
+                    let g = attn_res_backward(&saved, &i[3])?;
+                    Ok(vec![h, g.blocks, g.query, g.norm])
+                })
+                .with_peak(),
+            );
         }
     }
     Ok(ops)
