@@ -48,6 +48,7 @@ pub mod reference;
 pub mod rope;
 pub mod spirv;
 pub mod tensor;
+pub mod vocab_parallel;
 
 pub use dtype::{DType, Element};
 pub use engine::{

@@ -19,6 +19,7 @@ mod norm;
 mod optim;
 mod pointwise;
 mod preference;
+mod vocab_parallel;
 
 use crate::gradcheck::{Comparison, Rng, Tolerance, compare, stored_values, tensor_from_f64};
 use crate::{DType, Engine, Result, Tensor, bench, cast, reduce, reference};
@@ -109,6 +110,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(expr::operators())
     .chain(mta::operators())
     .chain(attn_res::operators())
+    .chain(vocab_parallel::operators())
     .collect()
 }
 

@@ -21,3 +21,4 @@ pub mod optim;
 pub mod preference;
 pub mod reduce;
 pub mod rope;
+pub mod vocab_parallel;
