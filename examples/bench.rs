@@ -446,6 +446,10 @@ fn run(args: &Args) -> Result<Report> {
             &["attn_res"],
             Box::new(|| attn_res_ops(&engine, args.quick)),
         ),
+        (
+            &["vocab_parallel"],
+            Box::new(|| vocab_parallel_ops(&engine, args.quick)),
+        ),
         (&["matmul"], Box::new(|| matmul_ops(&engine, args.quick))),
         (&["swiglu_mlp"], Box::new(|| mlp_ops(&engine, args.quick))),
         (
@@ -1894,6 +1898,61 @@ fn attn_res_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     }
                     let g = attn_res_backward(&saved, &i[3])?;
                     Ok(vec![h, g.blocks, g.query, g.norm])
+                })
+                .with_peak(),
+            );
+        }
+    }
+    Ok(ops)
+}
+
+/// Vocabulary-parallel cross-entropy (`wgrad::vocab_parallel`): 4,096 rows over a vocabulary of
+/// 32,000 in 4 shards (`--quick`: 64 rows of 4 × 500), mean loss; the steps on one engine,
+/// forward and forward + backward.
+fn vocab_parallel_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::vocab_parallel::{
+        VocabParallelOptions, vocab_parallel_cross_entropy, vocab_parallel_cross_entropy_backward,
+    };
+    let (rows, width) = if quick { (64, 500) } else { (4096, 8000) };
+    let targets: Vec<i32> = (0..rows)
+        .map(|r| ((r * 7919) % (4 * width)) as i32)
+        .collect();
+    let t = Tensor::from_slice(engine, &targets, &[rows])?;
+    let dl = Tensor::from_slice(engine, &[1.0f32], &[])?;
+    let mut ops = Vec::new();
+    for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+        let mut inputs = Vec::new();
+        for k in 0..4 {
+            let data: Vec<f32> = (0..rows * width)
+                .map(|i| (((i + k * 31) * 13 % 509) as f32 - 254.0) / 64.0)
+                .collect();
+            inputs.push(cast::cast(
+                &Tensor::from_slice(engine, &data, &[rows, width])?,
+                dtype,
+            )?);
+        }
+        inputs.push(t.clone());
+        inputs.push(dl.clone());
+        for backward in [false, true] {
+            let name = if backward {
+                "vocab_parallel_ce_fwd_bwd"
+            } else {
+                "vocab_parallel_ce_fwd"
+            };
+            ops.push(
+                Op::new(name, label, inputs.clone(), move |i| {
+                    let shards = [&i[0], &i[1], &i[2], &i[3]];
+                    let (loss, saved) = vocab_parallel_cross_entropy(
+                        &shards,
+                        &i[4],
+                        &VocabParallelOptions::default(),
+                    )?;
+                    if !backward {
+                        return Ok(vec![loss]);
+                    }
+                    let mut out = vocab_parallel_cross_entropy_backward(&saved, &shards, &i[5])?;
+                    out.push(loss);
+                    Ok(out)
                 })
                 .with_peak(),
             );
