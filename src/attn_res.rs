@@ -12,7 +12,7 @@
 //! RMSNorm′(v_i)ᵀ(w_query ⊙ w_norm)` (the rounding passed straight through, as Liger's
 //! backward does); `d w_query = Σ_tokens Σ_i dσ_i k_i` and `d w_norm = Σ_tokens Σ_i dσ_i
 //! w_query ⊙ round(v_i r_i)` (the derivatives of the forward's rounded keys), as partial rows of
-//! 16 tokens added in row order (no atomics). Statistics, arithmetic and gradients FP32.
+//! 4 tokens added in row order (no atomics). Statistics, arithmetic and gradients FP32.
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
 use crate::{DType, Error, Result, Tensor, cast, reduce};
@@ -33,7 +33,7 @@ pub static KERNEL: Kernel = Kernel {
 pub const MAX_BLOCKS: usize = 64;
 
 /// Tokens a backward workgroup (and a partial row of the parameter gradients) covers.
-const TOKENS: usize = 16;
+const TOKENS: usize = 4;
 
 /// Options of [`attn_res`].
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -33,7 +33,7 @@ pub static KERNEL: Kernel = Kernel {
 const WG: u64 = 256;
 
 /// Output rows (of `batch · L'`) a block of the parameter partials sums.
-pub const BLOCK_ROWS: usize = 16;
+pub const BLOCK_ROWS: usize = 1;
 
 /// The convolution's settings (PyTorch's `conv2d` arguments, `[height, width]`) and the
 /// activation.

@@ -663,7 +663,9 @@ fn bad_inputs_give_typed_errors() {
 }
 
 /// On a device with WebGPU's default limits (8 storage buffers a stage) a backward whose
-/// outputs together bind more runs an entry per output: the same bits as one entry for all.
+/// outputs together bind more runs an entry per output: the values of one entry for all (bit
+/// for bit on lavapipe; elsewhere within the F32 policy, as two compilations of one formula's
+/// transcendental calls may round differently).
 #[test]
 fn outputs_run_one_entry_each_where_the_device_has_few_buffers() {
     let small = common::webgpu_default_engine();
@@ -688,11 +690,22 @@ fn outputs_run_one_entry_each_where_the_device_has_few_buffers() {
         let (outs, saved) = op.forward(&refs, &[DType::F32, DType::F16]).unwrap();
         let given: Vec<Option<&Tensor>> = outs.iter().map(Some).collect();
         let grads = op.backward(&saved, &given, &[0, 1, 2, 3]).unwrap();
-        let bits: Vec<Vec<u64>> = outs.iter().chain(&grads).map(value_bits).collect();
-        results.push(bits);
+        results.push(outs.into_iter().chain(grads).collect::<Vec<Tensor>>());
     }
-    assert!(
-        results[0] == results[1],
-        "the default-limits device's bits differ"
-    );
+    let lavapipe = engine().info().adapter.starts_with("llvmpipe");
+    for (k, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
+        if lavapipe {
+            assert!(
+                value_bits(a) == value_bits(b),
+                "tensor {k}: the bits differ"
+            );
+        }
+        let tol = Tolerance::for_dtype(a.dtype());
+        assert_close(
+            &format!("tensor {k}"),
+            &b.to_f64().unwrap(),
+            &a.to_f64().unwrap(),
+            tol,
+        );
+    }
 }

@@ -8,10 +8,10 @@
 // the same, in block order), then h by columns (16-bit: a lane owns column pairs, so only for
 // an even D; odd 16-bit D writes F32 and the host narrows it). `backward`: a workgroup for
 // TOKENS consecutive tokens: per token dα_i = Σ dh·v_i, dσ_i = α_i (dα_i − Σ_j α_j dα_j), then
-// per block c_i = Σ q·w·v and dV_i = α_i dh + r_i dσ_i q w − r_i³ dσ_i (c_i / D) v (F32); the
-// parameter partials Σ dσ_i round(n_i)·w (d w_query) and Σ dσ_i q·round(n_i) (d w_norm) added in
-// token and block order into the workgroup's own partial row (each lane its columns), then
-// `reduce::sum_partials` in row order. No atomics.
+// per block c_i = Σ q·w·v, then by columns dV_i = α_i dh + r_i dσ_i q w − r_i³ dσ_i (c_i / D) v
+// (F32) and the parameter terms dσ_i round(n_i)·w (d w_query) and dσ_i q·round(n_i) (d w_norm)
+// summed over the blocks in order, then added (token by token) into the workgroup's own
+// partial row (each lane its columns), then `reduce::sum_partials` in row order. No atomics.
 
 override DV: u32 = 0u;   // blocks' dtype
 override DQ: u32 = 0u;   // w_query dtype
@@ -19,7 +19,7 @@ override DN: u32 = 0u;   // w_norm dtype
 override DG: u32 = 0u;   // cotangent dtype
 override DO: u32 = 0u;   // output dtype (F32 for an odd D of 16-bit blocks)
 const MAX_BLOCKS: u32 = 64u;
-const TOKENS: u32 = 16u;
+const TOKENS: u32 = 4u;
 
 struct Params {
     blocks: u32,
@@ -38,6 +38,7 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> partials: array<f32>;
 
 var<workgroup> block_vals: array<f32, MAX_BLOCKS>;
+var<workgroup> block_cs: array<f32, MAX_BLOCKS>;
 
 fn v_at(i: u32) -> f32 {
     if (DV == DT_F32) {
@@ -186,24 +187,37 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             block_vals[lid] = stats[row + n + lid] * (block_vals[lid] - mix);
         }
         workgroupBarrier();
+        // c_i = Σ q·w·v_i, then each column's dV over the blocks and its parameter terms
+        // summed over the blocks before they join the partial row.
         for (var i = 0u; i < n; i = i + 1u) {
-            let ds = block_vals[i];
-            let r = stats[row + i];
-            let a = stats[row + n + i];
             var c = 0.0;
             for (var d = lid; d < dd; d = d + WG) {
                 c = c + q_at(d) * wn_at(d) * v_at(v_index(i, t, d));
             }
-            let cs = ds * workgroup_sum(c, lid) / f32(dd);
-            for (var d = lid; d < dd; d = d + WG) {
+            let cs = block_vals[i] * workgroup_sum(c, lid) / f32(dd);
+            if (lid == 0u) {
+                block_cs[i] = cs;
+            }
+        }
+        workgroupBarrier();
+        for (var d = lid; d < dd; d = d + WG) {
+            let q = q_at(d);
+            let wn = wn_at(d);
+            let gd = g_at(t * dd + d);
+            var acc_q = 0.0;
+            var acc_n = 0.0;
+            for (var i = 0u; i < n; i = i + 1u) {
+                let ds = block_vals[i];
+                let r = stats[row + i];
                 let v = v_at(v_index(i, t, d));
-                let qw = q_at(d) * wn_at(d);
-                let dv = a * g_at(t * dd + d) + r * ds * qw - r * r * r * cs * v;
+                let dv = stats[row + n + i] * gd + r * ds * (q * wn) - r * r * r * block_cs[i] * v;
                 out[v_index(i, t, d)] = bitcast<u32>(dv);
                 let nr = rounded(v * r);
-                partials[prow + d] = partials[prow + d] + ds * (nr * wn_at(d));
-                partials[prow + dd + d] = partials[prow + dd + d] + ds * (q_at(d) * nr);
+                acc_q = acc_q + ds * (nr * wn);
+                acc_n = acc_n + ds * (q * nr);
             }
+            partials[prow + d] = partials[prow + d] + acc_q;
+            partials[prow + dd + d] = partials[prow + dd + d] + acc_n;
         }
         workgroupBarrier();
     }
