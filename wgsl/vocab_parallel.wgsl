@@ -1,8 +1,8 @@
 // Vocabulary-parallel cross-entropy: logits split by columns into shards (vocabulary ranges
 // [offset, offset + width)), each reduced alone, their statistics combined in shard order.
 //
-// `shard_stats`: a workgroup of WG lanes a row of a shard: m = max, s = Σ exp(x − m) (two
-// fixed-order row sums), z = the target's logit and h = 1 when the target falls in the shard
+// `shard_stats`: a workgroup of WG lanes a row of a shard: m = max, s = Σ exp(x − m) (one read:
+// each lane's running pair, then fixed-order row reductions), z = the target's logit and h = 1 when the target falls in the shard
 // (else 0, 0), written as the row's four values. `combine`: an invocation a row over the
 // stacked `[shards, rows, 4]` statistics in shard order: M = max m, lse = M + log Σ s·exp(m − M),
 // z = Σ h·z, holders = Σ h. `row_losses`: `[2, rows]`, each row's loss then whether it counts: ignored rows (0, 0), rows whose
@@ -61,16 +61,21 @@ fn shard_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         return;
     }
     let base = r * params.cols;
+    // One read: each lane's running maximum and Σ exp(x − it), rescaled when it grows; then
+    // the lanes' sums rescaled to the row's maximum.
     var m = -3.4028235e38;
-    for (var j = lid; j < params.cols; j = j + WG) {
-        m = max(m, logit(base + j));
-    }
-    let top = workgroup_max(m, lid);
     var s = 0.0;
     for (var j = lid; j < params.cols; j = j + WG) {
-        s = s + exp(logit(base + j) - top);
+        let x = logit(base + j);
+        if (x > m) {
+            s = s * exp(m - x) + 1.0;
+            m = x;
+        } else {
+            s = s + exp(x - m);
+        }
     }
-    let total = workgroup_sum(s, lid);
+    let top = workgroup_max(m, lid);
+    let total = workgroup_sum(s * exp(m - top), lid);
     if (lid == 0u) {
         let t = local_target(r);
         var z = 0.0;
