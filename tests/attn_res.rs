@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, engine, value_bits};
+use common::{Rng, assert_close, engine, expect_err, value_bits};
 use wgrad::attn_res::{AttnResOptions, MAX_BLOCKS, attn_res, attn_res_backward};
 use wgrad::gradcheck::{Tolerance, check_vjp, tensor_from_f64};
 use wgrad::reference::attn_res::{self as reference, AttnResConfig};
@@ -139,13 +139,6 @@ fn no_tokens_give_empty_outputs_and_zero_weight_gradients() {
     assert_eq!(g.blocks.shape(), &[3, 0, 5]);
     assert_eq!(g.query.to_vec::<f32>().unwrap(), vec![0.0; 5]);
     assert_eq!(g.norm.to_vec::<f32>().unwrap(), vec![0.0; 5]);
-}
-
-fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T, Error>, check: impl Fn(&Error) -> bool) {
-    match r {
-        Err(e) => assert!(check(&e), "{what}: unexpected error {e:?}"),
-        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
-    }
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, engine, rounded_tolerance, value_bits};
+use common::{Rng, assert_close, engine, expect_err, rounded_tolerance, value_bits};
 use wgrad::expr::{Expr, ExprOp, Kind, MAX_NODES, vjp};
 use wgrad::gradcheck::{Tolerance, check_vjp, tensor_from_f64};
 use wgrad::reference::expr::{self as reference, Problem};
@@ -491,13 +491,6 @@ fn absent_cotangents_contribute_nothing_not_even_a_nan() {
         dy.to_vec::<half::bf16>().unwrap(),
         vec![half::bf16::from_f32(0.5); 4]
     );
-}
-
-fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T, Error>, check: impl Fn(&Error) -> bool) {
-    match r {
-        Err(e) => assert!(check(&e), "{what}: unexpected error {e:?}"),
-        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
-    }
 }
 
 #[test]

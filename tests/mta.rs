@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, engine, value_bits};
+use common::{Rng, assert_close, engine, expect_err, value_bits};
 use wgrad::gradcheck::{Tolerance, check_vjp, tensor_from_f64};
 use wgrad::mta::{MtaOptions, multi_token_attention, multi_token_attention_backward};
 use wgrad::reference::mta::{self as reference, MtaConfig};
@@ -177,13 +177,6 @@ fn reference_gradients_match_finite_differences() {
             &db,
         );
         assert!(cmp.passed, "{c:?}: d bias {cmp}");
-    }
-}
-
-fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T, Error>, check: impl Fn(&Error) -> bool) {
-    match r {
-        Err(e) => assert!(check(&e), "{what}: unexpected error {e:?}"),
-        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
     }
 }
 

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, engine, private_engine, value_bits};
+use common::{Rng, assert_close, engine, expect_err, private_engine, value_bits};
 use wgrad::gradcheck::{Tolerance, tensor_from_f64};
 use wgrad::loss::Reduction;
 use wgrad::reference::vocab_parallel as reference;
@@ -170,13 +170,6 @@ fn ignored_and_out_of_range_targets() {
         l[0].is_finite() && l[1].is_nan() && l[2].is_finite(),
         "{l:?}"
     );
-}
-
-fn expect_err<T: std::fmt::Debug>(what: &str, r: Result<T, Error>, check: impl Fn(&Error) -> bool) {
-    match r {
-        Err(e) => assert!(check(&e), "{what}: unexpected error {e:?}"),
-        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
-    }
 }
 
 #[test]

@@ -179,3 +179,16 @@ pub fn assert_same_bits(what: &str, got: &Tensor, want: &Tensor) {
         );
     }
 }
+
+/// Assert that `r` is an error for which `check` holds; the message names `what` and what came
+/// back instead.
+pub fn expect_err<T: std::fmt::Debug>(
+    what: &str,
+    r: Result<T, wgrad::Error>,
+    check: impl Fn(&wgrad::Error) -> bool,
+) {
+    match r {
+        Err(e) => assert!(check(&e), "{what}: unexpected error {e:?}"),
+        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
+    }
+}
