@@ -1305,6 +1305,123 @@ fn others(t: &mut Tally) {
 }
 
 /// One AdamW step with `grad` (the optimizer in a `RefCell`: `sweep` takes a shared closure).
+/// Expression VJPs, multi-token attention, attention residuals, vocabulary-parallel
+/// cross-entropy.
+fn newer(t: &mut Tally) {
+    let e = t.engine.clone();
+    // Expressions: x [2, 8] (element), w [8] (column), s [2] (row): a weighted RMSNorm plus a
+    // tempered row maximum.
+    use wgrad::expr::{Expr, ExprOp, Kind};
+    let xe = Expr::input(0, Kind::Element);
+    let we = Expr::input(1, Kind::Column);
+    let se = Expr::input(2, Kind::Row);
+    let outs = [
+        &xe / ((&xe * &xe).row_sum() / Expr::width() + 1e-5).sqrt() * &we,
+        (&xe / &se).row_max(),
+    ];
+    let op = ExprOp::new(&[Kind::Element, Kind::Column, Kind::Row], &outs).expect("expression");
+    let (x, w, s) = (
+        f32_tensor(&e, &[2, 8], 1),
+        f32_tensor(&e, &[8], 2),
+        f32_tensor(&e, &[2], 3),
+    );
+    let f32s = [DType::F32, DType::F32];
+    t.sweep("expression forward", &[&x, &w, &s], |a| {
+        op.forward(a, &f32s).map(drop)
+    });
+    t.values("expression output dtype", &DTYPES, |d| {
+        op.forward(&[&x, &w, &s], &[d, DType::F32]).map(drop)
+    });
+    let (eo, esaved) = need!(t, "expression forward", op.forward(&[&x, &w, &s], &f32s));
+    t.sweep("expression backward", &[&eo[0], &eo[1]], |a| {
+        op.backward(&esaved, &[Some(a[0]), Some(a[1])], &[0, 1, 2])
+            .map(drop)
+    });
+    t.values("expression backward wrt", &[3usize, usize::MAX], |i| {
+        op.backward(&esaved, &[None, None], &[i]).map(drop)
+    });
+
+    // Multi-token attention: scores [1, 2, 8, 8], weight [2, 2, 3, 3], bias [2].
+    use wgrad::mta::{self, MtaOptions};
+    let sc = f32_tensor(&e, &[1, 2, 8, 8], 4);
+    let mw = f32_tensor(&e, &[2, 2, 3, 3], 5);
+    let mb = f32_tensor(&e, &[2], 6);
+    let mo = MtaOptions {
+        padding: [1, 1],
+        ..Default::default()
+    };
+    t.sweep("multi_token_attention", &[&sc, &mw, &mb], |a| {
+        mta::multi_token_attention(a[0], a[1], Some(a[2]), &mo).map(drop)
+    });
+    t.values(
+        "multi_token_attention settings",
+        &[0usize, 1, 7, usize::MAX, 1 << 40],
+        |v| {
+            let o = MtaOptions {
+                stride: [v, v],
+                padding: [v, v],
+                dilation: [v, 1],
+                groups: v,
+                sparse: v == 7,
+            };
+            mta::multi_token_attention(&sc, &mw, Some(&mb), &o).map(drop)
+        },
+    );
+    let (my, msaved) = need!(
+        t,
+        "multi_token_attention",
+        mta::multi_token_attention(&sc, &mw, Some(&mb), &mo)
+    );
+    t.sweep("multi_token_attention_backward", &[&my], |a| {
+        mta::multi_token_attention_backward(&msaved, a[0]).map(drop)
+    });
+
+    // Attention residuals: blocks [2, 2, 8], weights [8].
+    use wgrad::attn_res::{self, AttnResOptions};
+    let blocks = f32_tensor(&e, &[2, 2, 8], 7);
+    let wq = f32_tensor(&e, &[8], 8);
+    t.sweep("attn_res", &[&blocks, &wq, &w], |a| {
+        attn_res::attn_res(a[0], a[1], a[2], &AttnResOptions::default()).map(drop)
+    });
+    t.values(
+        "attn_res eps",
+        &[0.0f32, -1.0, f32::NAN, f32::INFINITY, 1e-30],
+        |eps| attn_res::attn_res(&blocks, &wq, &w, &AttnResOptions { eps }).map(drop),
+    );
+    let (ah, asaved) = need!(
+        t,
+        "attn_res",
+        attn_res::attn_res(&blocks, &wq, &w, &AttnResOptions::default())
+    );
+    t.sweep("attn_res_backward", &[&ah], |a| {
+        attn_res::attn_res_backward(&asaved, a[0]).map(drop)
+    });
+
+    // Vocabulary-parallel cross-entropy: two shards [2, 8] and [2, 3], targets [2].
+    use wgrad::vocab_parallel::{self as vp, VocabParallelOptions};
+    let sh2 = f32_tensor(&e, &[2, 3], 9);
+    let tg = int_tensor(&e, &[1, 9], &[2]);
+    let vo = VocabParallelOptions::default();
+    t.sweep("vocab_parallel_cross_entropy", &[&x, &sh2, &tg], |a| {
+        vp::vocab_parallel_cross_entropy(&[a[0], a[1]], a[2], &vo).map(drop)
+    });
+    t.values(
+        "vocab shard offset",
+        &[0usize, i32::MAX as usize, usize::MAX],
+        |offset| vp::shard_statistics(&x, &tg, offset, -100).map(drop),
+    );
+    let (vl, vsaved) = need!(
+        t,
+        "vocab_parallel_cross_entropy",
+        vp::vocab_parallel_cross_entropy(&[&x, &sh2], &tg, &vo)
+    );
+    t.sweep(
+        "vocab_parallel_cross_entropy_backward",
+        &[&vl, &x, &sh2],
+        |a| vp::vocab_parallel_cross_entropy_backward(&vsaved, &[a[1], a[2]], a[0]).map(drop),
+    );
+}
+
 fn adam_step(adam: &mut wgrad::optim::AdamW, grad: &Tensor) -> Result<()> {
     adam.step(&[grad], None)
 }
@@ -1351,6 +1468,14 @@ fn products_embedding_and_heads_never_panic() {
 }
 
 #[test]
+fn newer_operators_never_panic() {
+    sweep_family(
+        "expressions, multi-token attention, attention residuals, vocabulary-parallel CE",
+        newer,
+    );
+}
+
+#[test]
 fn other_families_never_panic() {
     sweep_family(
         "attention, gated delta, GRPO, preference, casts, reductions, optimizers",
@@ -1383,7 +1508,15 @@ fn tight_engines_never_panic() {
     ];
     for (name, e) in configs {
         let mut t = Tally::on(&e, false);
-        for family in [norms, activations, rope_family, losses, products, others] {
+        for family in [
+            norms,
+            activations,
+            rope_family,
+            losses,
+            products,
+            others,
+            newer,
+        ] {
             family(&mut t);
         }
         t.assert_clean(name);
