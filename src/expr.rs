@@ -1177,6 +1177,14 @@ fn run(
     Ok(())
 }
 
+/// F32 statistics `[rows, m]` (none when `m` is 0).
+fn statistics(engine: &Engine, x: Extent, m: usize, what: &str) -> Result<Option<Tensor>> {
+    if m == 0 {
+        return Ok(None);
+    }
+    Tensor::empty(engine, &[x.rows, m], DType::F32, what).map(Some)
+}
+
 static NEXT_OP: AtomicU64 = AtomicU64::new(1);
 
 /// A compiled expression function: inputs of given kinds, one tensor per output. Output `o` is
@@ -1346,7 +1354,7 @@ impl ExprOp {
             .collect();
         let c = compile(&specs, &outs, &HashMap::new(), 0)?;
         let engine = inputs[0].engine();
-        let stats = self.stats(engine, x, c.reductions.len(), "expression statistics")?;
+        let stats = statistics(engine, x, c.reductions.len(), "expression statistics")?;
         let outputs = (0..self.outputs.len())
             .map(|o| {
                 Tensor::empty(
@@ -1366,13 +1374,6 @@ impl ExprOp {
             reductions: c.reductions.clone(),
         };
         Ok((outputs, saved))
-    }
-
-    fn stats(&self, engine: &Engine, x: Extent, m: usize, what: &str) -> Result<Option<Tensor>> {
-        if m == 0 {
-            return Ok(None);
-        }
-        Tensor::empty(engine, &[x.rows, m], DType::F32, what).map(Some)
     }
 
     /// The gradient expressions of inputs `wrt` from cotangent inputs (input `n + o` the
@@ -1512,7 +1513,7 @@ impl ExprOp {
         // The saved statistics copied ahead of the backward's own, so that one binding holds
         // both.
         let width = saved.reductions.len() + c.reductions.len();
-        let stats = self.stats(engine, x, width, "expression backward statistics")?;
+        let stats = statistics(engine, x, width, "expression backward statistics")?;
         if let (Some(from), Some(to)) = (&saved.stats, &stats) {
             engine.record(|e| {
                 e.copy_buffer_to_buffer(from.buffer(), 0, to.buffer(), 0, from.byte_len())
