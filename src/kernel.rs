@@ -178,6 +178,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::mta::KERNEL,
         &crate::attn_res::KERNEL,
         &crate::vocab_parallel::KERNEL,
+        &crate::moe::KERNEL,
     ];
     REGISTRY
 }

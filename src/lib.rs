@@ -38,6 +38,7 @@ pub mod loss;
 pub mod matmul;
 pub mod mlp;
 pub mod model;
+pub mod moe;
 pub mod msl;
 pub mod mta;
 pub mod norm;

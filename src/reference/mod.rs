@@ -15,6 +15,7 @@ pub mod loss;
 pub mod matmul;
 pub mod mlp;
 pub mod model;
+pub mod moe;
 pub mod mta;
 pub mod norm;
 pub mod optim;

@@ -1,0 +1,756 @@
+//! Fused mixture of experts (Liger-Kernel's fused MoE): the routed experts of a sparse MoE
+//! layer, forward and backward, given the router's top-k choice.
+//!
+//! For tokens `x [.., H]` (T rows), experts' `gate_up [E, 2I, H]` (per expert the gate rows
+//! then the up rows, each `[I, H]`, the `[out, in]` layout) and `down [E, H, I]`, and per token
+//! K slots `index [.., K]` (I32 or U32 expert numbers) with weights `w [.., K]`:
+//!
+//! `y_t = Σ_k w_t,k · down_e · (act(gate_e · x_t) ⊙ (up_e · x_t))`, `e = index_t,k`,
+//!
+//! with `act` SiLU (SwiGLU, the default) or any gate of the activation family. Output
+//! `[.., H]` F32; x, the weights' tensors, w and the cotangent F32, F16 or BF16 (each
+//! independently); products accumulate in FP32 and every intermediate is F32.
+//!
+//! How it runs: a routing pass sorts the T·K slots by expert with a stable counting sort on the
+//! GPU (slot order within an expert; [`MoeRouting`]), reads back the E + 1 expert starts (the
+//! one synchronization: the products' extents depend on it), gathers x's rows into expert
+//! order, and per expert with slots runs two products of the matmul family (`[gate ‖ up]` in
+//! one, then `down`) around the packed gated activation; a combine adds each token's K rows
+//! times their weights in slot order. No atomics: every sum has a fixed order, so reruns are
+//! bit-identical.
+//!
+//! Gradients (all F32), with `dy [.., H]`: per slot `s` of token `t` and expert `e`, with
+//! `h_s = act(g_s) ⊙ u_s` and `dhu_s = down_eᵀ·dy_t`: `dw_t,k = ⟨dhu_s, h_s⟩`,
+//! `dh_s = w_s·dhu_s`, `(dg_s, du_s)` through the activation, `dx_t = Σ_k gate_upᵀ_e·[dg_s ‖
+//! du_s]`, `d down_e = Σ_s w_s·dy_t ⊗ h_s`, `d gate_up_e = Σ_s [dg_s ‖ du_s] ⊗ x_t`; the
+//! expert sums are the products' fixed-order reductions over the expert's sorted slots. An
+//! expert with no slots gets zero gradients.
+//!
+//! Slots whose index is E or more (a negative I32 included) route nowhere: they add nothing to
+//! `y`, and their weight gradient is 0 (so a shard of an expert-parallel layer can pass the
+//! global indices minus its first expert and drop the others' slots). Duplicate experts in a
+//! token's top-k are two slots. T = 0 or K = 0 give a zero-row or zero output and zero weight
+//! gradients.
+//!
+//! Memory: the forward keeps the `[slots, 2I]` F32 pre-activations for the backward unless
+//! [`MoeOptions::recompute`] (then the backward recomputes them: one more product an expert);
+//! the sorted x rows are gathered again in the backward rather than kept.
+
+use crate::activation::{self, Activation, ActivationOptions};
+use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
+use crate::matmul::{self, Gemm, GemmOperand};
+use crate::{DType, Error, Result, Tensor};
+
+/// `wgsl/moe.wgsl`.
+pub static KERNEL: Kernel = Kernel {
+    name: "moe",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_REDUCE,
+        include_str!("../wgsl/moe.wgsl"),
+    ],
+};
+
+/// The most experts a call takes.
+pub const MAX_EXPERTS: usize = 4096;
+
+/// Slots a routing invocation counts and scatters (`TILE` of `wgsl/moe.wgsl`).
+const TILE: usize = 256;
+
+/// Lanes of a workgroup (`WG` of `wgsl/moe.wgsl`).
+const WG: usize = 256;
+
+/// Options of [`fused_moe`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeOptions {
+    /// The gate activation: [`Activation::Silu`] (SwiGLU, the default) or another of the
+    /// activation family ([`Activation::GeluTanh`]: GeGLU).
+    pub activation: Activation,
+    /// Recompute the `[gate ‖ up]` products in the backward instead of keeping them.
+    pub recompute: bool,
+    /// Opt-in: products whose two operands are 16-bit run on tensor cores
+    /// ([`matmul::Gemm::tensor_cores`]; see [`crate::mlp::MlpOptions::tensor_cores`]): the
+    /// `[gate ‖ up]` products for 16-bit x and `gate_up`, and `dhu = dy·down` for a 16-bit dy and
+    /// `down`. Needs [`matmul::tensor_cores`] when any product qualifies (else
+    /// `MissingFeature`).
+    pub tensor_cores: bool,
+}
+
+impl Default for MoeOptions {
+    fn default() -> Self {
+        MoeOptions {
+            activation: Activation::Silu,
+            recompute: false,
+            tensor_cores: false,
+        }
+    }
+}
+
+#[derive(encase::ShaderType)]
+struct Params {
+    tokens: u32,
+    k: u32,
+    experts: u32,
+    tiles: u32,
+    width: u32,
+    weighted: u32,
+    rows: u32,
+}
+
+/// The slots of a top-k index sorted by expert: position `p` of the sorted order holds slot
+/// `perm[p]` (slot `f = t·K + k`), slot `f` sits at `inverse[f]` (`u32::MAX` when it routes
+/// nowhere); expert `e`'s slots are positions `starts[e]..starts[e + 1]`, in slot order.
+#[derive(Debug, Clone)]
+pub struct MoeRouting {
+    perm: Tensor,
+    inverse: Tensor,
+    starts: Vec<usize>,
+    tokens: usize,
+    k: usize,
+}
+
+impl MoeRouting {
+    /// U32 `[T·K]`: the slot at each sorted position (the first [`MoeRouting::routed`] are
+    /// meaningful).
+    pub fn permutation(&self) -> &Tensor {
+        &self.perm
+    }
+
+    /// U32 `[T·K]`: each slot's sorted position, `u32::MAX` for a slot that routes nowhere.
+    pub fn inverse(&self) -> &Tensor {
+        &self.inverse
+    }
+
+    /// The `E + 1` expert starts in the sorted order (the host copy).
+    pub fn starts(&self) -> &[usize] {
+        &self.starts
+    }
+
+    /// The slots of each expert.
+    pub fn counts(&self) -> Vec<usize> {
+        self.starts.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    /// Slots routed to some expert.
+    pub fn routed(&self) -> usize {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    fn experts(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    fn params(&self, width: usize, weighted: bool) -> Params {
+        Params {
+            tokens: self.tokens as u32,
+            k: self.k as u32,
+            experts: self.experts() as u32,
+            tiles: 0,
+            width: width as u32,
+            weighted: u32::from(weighted),
+            rows: self.routed() as u32,
+        }
+    }
+}
+
+/// Scratch bytes of [`route`]: the per-(expert, tile) counts and the starts.
+pub fn route_workspace_bytes(slots: usize, experts: usize) -> u64 {
+    4 * (experts * slots.div_ceil(TILE) + experts + 1) as u64
+}
+
+/// Sort the slots of `index [.., K]` (I32 or U32) by expert among `experts`: the GPU counts and
+/// scatters (no atomics: the order is the slot order within each expert), then the E + 1 starts
+/// are read back (this synchronizes with the device).
+///
+/// Errors: `index` not I32/U32 or of rank 0; `experts` outside 1..=[`MAX_EXPERTS`]; more than
+/// 2³¹ slots; scratch past the workspace bound.
+pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
+    let engine = index.engine();
+    if !matches!(index.dtype(), DType::I32 | DType::U32) {
+        return Err(Error::dtype(
+            "moe: index",
+            index.dtype(),
+            &[DType::I32, DType::U32],
+        ));
+    }
+    let Some(&k) = index.shape().last() else {
+        return Err(Error::shape("moe: index [.., K]", &[1], index.shape()));
+    };
+    if experts == 0 || experts > MAX_EXPERTS {
+        return Err(Error::bounds(
+            "moe: experts",
+            experts as u64,
+            1,
+            MAX_EXPERTS as u64,
+        ));
+    }
+    let slots = index.len();
+    if slots > i32::MAX as usize {
+        return Err(Error::bounds(
+            "moe: slots (T·K)",
+            slots as u64,
+            0,
+            i32::MAX as u64,
+        ));
+    }
+    let tokens = if k == 0 { 0 } else { slots / k };
+    let perm = Tensor::empty(engine, &[slots], DType::U32, "moe: permutation")?;
+    let inverse = Tensor::empty(engine, &[slots], DType::U32, "moe: inverse")?;
+    if slots == 0 {
+        return Ok(MoeRouting {
+            perm,
+            inverse,
+            starts: vec![0; experts + 1],
+            tokens,
+            k,
+        });
+    }
+    engine.check_workspace("moe: route", route_workspace_bytes(slots, experts))?;
+    let tiles = slots.div_ceil(TILE);
+    let counts = Tensor::empty(engine, &[experts * tiles], DType::U32, "moe: tile counts")?;
+    let starts = Tensor::empty(engine, &[experts + 1], DType::U32, "moe: starts")?;
+    let params = Params {
+        tokens: tokens as u32,
+        k: k as u32,
+        experts: experts as u32,
+        tiles: tiles as u32,
+        width: 0,
+        weighted: 0,
+        rows: 0,
+    };
+    let grid = (experts * tiles).div_ceil(WG) as u64;
+    engine.launch(
+        &KERNEL,
+        "route_count",
+        &vec![],
+        &params,
+        &[index.buffer(), counts.buffer(), inverse.buffer()],
+        grid,
+    )?;
+    engine.launch(
+        &KERNEL,
+        "route_offsets",
+        &vec![],
+        &params,
+        &[counts.buffer(), starts.buffer()],
+        1,
+    )?;
+    engine.launch(
+        &KERNEL,
+        "route_scatter",
+        &vec![],
+        &params,
+        &[
+            index.buffer(),
+            perm.buffer(),
+            inverse.buffer(),
+            counts.buffer(),
+        ],
+        grid,
+    )?;
+    let starts = starts.to_vec::<u32>()?;
+    Ok(MoeRouting {
+        perm,
+        inverse,
+        starts: starts.into_iter().map(|s| s as usize).collect(),
+        tokens,
+        k,
+    })
+}
+
+/// What [`fused_moe_backward`] needs: the inputs, the routing and, unless recomputing, the F32
+/// `[gate ‖ up]` pre-activations `[routed slots, 2I]`.
+#[derive(Debug, Clone)]
+pub struct MoeSaved {
+    x: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    weights: Tensor,
+    routing: MoeRouting,
+    pre: Option<Tensor>,
+    options: MoeOptions,
+}
+
+impl MoeSaved {
+    /// The routing of the forward.
+    pub fn routing(&self) -> &MoeRouting {
+        &self.routing
+    }
+}
+
+/// Gradients of [`fused_moe`], all F32, each in its input's shape.
+#[derive(Debug, Clone)]
+pub struct MoeGradients {
+    /// `dx [.., H]`.
+    pub x: Tensor,
+    /// `d gate_up [E, 2I, H]`.
+    pub gate_up: Tensor,
+    /// `d down [E, H, I]`.
+    pub down: Tensor,
+    /// `dw [.., K]` (0 for slots that route nowhere).
+    pub weights: Tensor,
+}
+
+/// The extents of a call: tokens T, hidden H, intermediate I, experts E, slots a token K.
+#[derive(Debug, Clone, Copy)]
+struct Extents {
+    t: usize,
+    h: usize,
+    i: usize,
+    e: usize,
+    k: usize,
+}
+
+fn check_float(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
+    }
+}
+
+/// Every input checked; the extents.
+fn extents(
+    x: &Tensor,
+    gate_up: &Tensor,
+    down: &Tensor,
+    index: &Tensor,
+    weights: &Tensor,
+) -> Result<Extents> {
+    let engine = x.engine();
+    for (t, what) in [
+        (x, "moe: x"),
+        (gate_up, "moe: gate_up"),
+        (down, "moe: down"),
+        (index, "moe: index"),
+        (weights, "moe: weights"),
+    ] {
+        t.check_engine(engine, what)?;
+    }
+    for (t, what) in [
+        (x, "moe: x"),
+        (gate_up, "moe: gate_up"),
+        (down, "moe: down"),
+        (weights, "moe: weights"),
+    ] {
+        check_float(t, what)?;
+    }
+    if !matches!(index.dtype(), DType::I32 | DType::U32) {
+        return Err(Error::dtype(
+            "moe: index",
+            index.dtype(),
+            &[DType::I32, DType::U32],
+        ));
+    }
+    let Some((&h, lead)) = x.shape().split_last() else {
+        return Err(Error::shape("moe: x (at least 1-D)", &[1], x.shape()));
+    };
+    let t: usize = lead.iter().product();
+    if gate_up.shape().len() != 3 || gate_up.shape()[2] != h || gate_up.shape()[1] % 2 != 0 {
+        let e = gate_up.shape().first().copied().unwrap_or(1);
+        let two_i = gate_up.shape().get(1).copied().unwrap_or(2);
+        return Err(Error::shape(
+            "moe: gate_up [E, 2I, H]",
+            &[e, two_i + two_i % 2, h],
+            gate_up.shape(),
+        ));
+    }
+    let (e, i) = (gate_up.shape()[0], gate_up.shape()[1] / 2);
+    if e == 0 || e > MAX_EXPERTS {
+        return Err(Error::bounds(
+            "moe: experts",
+            e as u64,
+            1,
+            MAX_EXPERTS as u64,
+        ));
+    }
+    if h == 0 || i == 0 {
+        return Err(Error::bounds(
+            "moe: hidden and intermediate widths",
+            h.min(i) as u64,
+            1,
+            u32::MAX.into(),
+        ));
+    }
+    if down.shape() != [e, h, i] {
+        return Err(Error::shape(
+            "moe: down [E, H, I]",
+            &[e, h, i],
+            down.shape(),
+        ));
+    }
+    let k = index.shape().last().copied().unwrap_or(0);
+    let mut want = lead.to_vec();
+    want.push(k);
+    if index.shape() != want.as_slice() {
+        return Err(Error::shape("moe: index [.., K]", &want, index.shape()));
+    }
+    if weights.shape() != index.shape() {
+        return Err(Error::shape("moe: weights", index.shape(), weights.shape()));
+    }
+    let widest = (t * k).saturating_mul(h.max(2 * i));
+    if widest > u32::MAX as usize {
+        return Err(Error::bounds(
+            "moe: slots × width",
+            widest as u64,
+            0,
+            u32::MAX.into(),
+        ));
+    }
+    Ok(Extents { t, h, i, e, k })
+}
+
+/// Scratch bytes of [`fused_moe`] (beyond the output and the saved pre-activations): the
+/// routing's, the sorted x rows (at most F32), the activation and the expert outputs, F32.
+pub fn fused_moe_workspace_bytes(
+    tokens: usize,
+    k: usize,
+    experts: usize,
+    hidden: usize,
+    inter: usize,
+) -> u64 {
+    let slots = (tokens * k) as u64;
+    route_workspace_bytes(tokens * k, experts) + 4 * slots * (2 * hidden + inter) as u64
+}
+
+/// Scratch bytes of [`fused_moe_backward`] (beyond the gradients): the sorted x and dy rows
+/// (at most F32), `dhu` and the activation, the slot weight gradients, the packed activation
+/// gradient, the sorted dx rows, and the recomputed pre-activations where they were not kept.
+pub fn fused_moe_backward_workspace_bytes(saved: &MoeSaved) -> u64 {
+    let (h, i) = (
+        saved.x.shape().last().copied().unwrap_or(0),
+        saved.down.shape()[2],
+    );
+    let rows = saved.routing.routed() as u64;
+    let recomputed = if saved.pre.is_none() { 2 * i } else { 0 };
+    4 * rows * (3 * h + 4 * i + 1 + recomputed) as u64
+}
+
+/// `out[out_offset..] (=|+=) a·b` of logical extents `(m, n, k)`; on tensor cores where `tc`
+/// and both operands are 16-bit.
+fn product(
+    out: &Tensor,
+    out_offset: usize,
+    a: GemmOperand,
+    b: GemmOperand,
+    extents: (usize, usize, usize),
+    tc: bool,
+) -> Result<()> {
+    let tensor_cores = tc && a.tensor.dtype() != DType::F32 && b.tensor.dtype() != DType::F32;
+    matmul::gemm(&Gemm {
+        out_offset,
+        tensor_cores,
+        ..Gemm::plain(a, b, out, extents, false)
+    })
+}
+
+/// Rows `first..` of a `[rows, width]` tensor as an operand (`transposed`: used as
+/// `[width, rows]`).
+fn rows_from(tensor: &Tensor, first: usize, width: usize, transposed: bool) -> GemmOperand<'_> {
+    GemmOperand {
+        tensor,
+        offset: first * width,
+        transposed,
+        batch_stride: 0,
+    }
+}
+
+/// Expert `e`'s matrix of `per` elements in a stacked weight tensor.
+fn expert_matrix(tensor: &Tensor, e: usize, per: usize, transposed: bool) -> GemmOperand<'_> {
+    GemmOperand {
+        tensor,
+        offset: e * per,
+        transposed,
+        batch_stride: 0,
+    }
+}
+
+/// The experts with slots: `(expert, first sorted row, rows)`.
+fn busy_experts(routing: &MoeRouting) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    routing
+        .starts
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[1] > w[0])
+        .map(|(e, w)| (e, w[0], w[1] - w[0]))
+}
+
+/// `src`'s `[T, width]` rows in sorted order, `[routed, width]` in `src`'s dtype (raw bits).
+fn gather(src: &Tensor, routing: &MoeRouting, width: usize, what: &str) -> Result<Tensor> {
+    let engine = src.engine();
+    let rows = routing.routed();
+    let out = Tensor::empty(engine, &[rows, width], src.dtype(), what)?;
+    let words = src.dtype().buffer_bytes(rows * width).div_ceil(4);
+    engine.launch(
+        &KERNEL,
+        "gather",
+        &vec![("DX", f64::from(src.dtype().code()))],
+        &routing.params(width, false),
+        &[src.buffer(), routing.perm.buffer(), out.buffer()],
+        words.div_ceil(WG) as u64,
+    )?;
+    Ok(out)
+}
+
+/// `out[t] = Σ_k (w[t, k]·) rows[inverse[t·K + k]]`, F32 `shape`.
+fn combine(
+    rows: &Tensor,
+    weights: &Tensor,
+    routing: &MoeRouting,
+    width: usize,
+    weighted: bool,
+    shape: &[usize],
+    what: &str,
+) -> Result<Tensor> {
+    let engine = rows.engine();
+    if routing.routed() == 0 {
+        return Tensor::zeros(engine, shape, DType::F32);
+    }
+    let out = Tensor::empty(engine, shape, DType::F32, what)?;
+    engine.launch(
+        &KERNEL,
+        "combine",
+        &vec![("DW", f64::from(weights.dtype().code()))],
+        &routing.params(width, weighted),
+        &[
+            weights.buffer(),
+            routing.inverse.buffer(),
+            rows.buffer(),
+            out.buffer(),
+        ],
+        (routing.tokens * width).div_ceil(WG) as u64,
+    )?;
+    Ok(out)
+}
+
+/// The `[gate ‖ up]` pre-activations of the sorted rows `xs`, F32 `[routed, 2I]`.
+fn pre_activations(
+    xs: &Tensor,
+    gate_up: &Tensor,
+    routing: &MoeRouting,
+    x: Extents,
+    tc: bool,
+) -> Result<Tensor> {
+    let pre = Tensor::empty(
+        xs.engine(),
+        &[routing.routed(), 2 * x.i],
+        DType::F32,
+        "moe: pre-activations",
+    )?;
+    for (e, first, rows) in busy_experts(routing) {
+        product(
+            &pre,
+            first * 2 * x.i,
+            rows_from(xs, first, x.h, false),
+            expert_matrix(gate_up, e, 2 * x.i * x.h, true),
+            (rows, 2 * x.i, x.h),
+            tc,
+        )?;
+    }
+    Ok(pre)
+}
+
+/// Forward: `y [.., H]` F32 (see the module documentation) and the saved context.
+///
+/// Errors: non-float x / gate_up / down / weights, index not I32/U32; x of rank 0; gate_up not
+/// `[E, 2I, H]` with H x's last extent, down not `[E, H, I]`, index not `[.., K]` over x's
+/// leading extents, weights not index's shape (`ShapeMismatch`); E outside
+/// 1..=[`MAX_EXPERTS`], H or I zero, slots × width past 2³² (`OutOfBounds`); tensors of other
+/// engines; scratch past the workspace bound; the matmul family's bounds.
+pub fn fused_moe(
+    x: &Tensor,
+    gate_up: &Tensor,
+    down: &Tensor,
+    index: &Tensor,
+    weights: &Tensor,
+    options: &MoeOptions,
+) -> Result<(Tensor, MoeSaved)> {
+    let ext = extents(x, gate_up, down, index, weights)?;
+    let engine = x.engine();
+    engine.check_workspace(
+        "fused_moe",
+        fused_moe_workspace_bytes(ext.t, ext.k, ext.e, ext.h, ext.i),
+    )?;
+    let routing = route(index, ext.e)?;
+    let tc = options.tensor_cores;
+    let y_shape = x.shape().to_vec();
+    let (y, pre) = if routing.routed() == 0 {
+        (Tensor::zeros(engine, &y_shape, DType::F32)?, None)
+    } else {
+        let xs = gather(x, &routing, ext.h, "moe: sorted x")?;
+        let pre = pre_activations(&xs, gate_up, &routing, ext, tc)?;
+        let (act, _) =
+            activation::packed_forward(options.activation, &pre, &ActivationOptions::default())?;
+        let ys = Tensor::empty(
+            engine,
+            &[routing.routed(), ext.h],
+            DType::F32,
+            "moe: expert outputs",
+        )?;
+        for (e, first, rows) in busy_experts(&routing) {
+            product(
+                &ys,
+                first * ext.h,
+                rows_from(&act, first, ext.i, false),
+                expert_matrix(down, e, ext.h * ext.i, true),
+                (rows, ext.h, ext.i),
+                tc,
+            )?;
+        }
+        let y = combine(&ys, weights, &routing, ext.h, true, &y_shape, "moe: y")?;
+        (y, Some(pre))
+    };
+    let saved = MoeSaved {
+        x: x.clone(),
+        gate_up: gate_up.clone(),
+        down: down.clone(),
+        weights: weights.clone(),
+        routing,
+        pre: if options.recompute { None } else { pre },
+        options: *options,
+    };
+    Ok((y, saved))
+}
+
+/// Backward: every gradient of [`fused_moe`] from `dy [.., H]` (any float dtype).
+///
+/// Errors: `dy` not the output's shape (`ShapeMismatch`), not a float dtype, or of another
+/// engine; scratch past the workspace bound ([`fused_moe_backward_workspace_bytes`]).
+pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients> {
+    let x = &saved.x;
+    let engine = x.engine();
+    dy.check_engine(engine, "fused_moe_backward: dy")?;
+    check_float(dy, "fused_moe_backward: dy")?;
+    if dy.shape() != x.shape() {
+        return Err(Error::shape(
+            "fused_moe_backward: dy",
+            x.shape(),
+            dy.shape(),
+        ));
+    }
+    let (h, e, i) = (
+        x.shape().last().copied().unwrap_or(0),
+        saved.gate_up.shape()[0],
+        saved.down.shape()[2],
+    );
+    let routing = &saved.routing;
+    let ext = Extents {
+        t: routing.tokens,
+        h,
+        i,
+        e,
+        k: routing.k,
+    };
+    engine.check_workspace(
+        "fused_moe_backward",
+        fused_moe_backward_workspace_bytes(saved),
+    )?;
+    let d_weights = Tensor::empty(engine, saved.weights.shape(), DType::F32, "moe: d weights")?;
+    if routing.routed() == 0 {
+        return Ok(MoeGradients {
+            x: Tensor::zeros(engine, x.shape(), DType::F32)?,
+            gate_up: Tensor::zeros(engine, saved.gate_up.shape(), DType::F32)?,
+            down: Tensor::zeros(engine, saved.down.shape(), DType::F32)?,
+            weights: Tensor::zeros(engine, saved.weights.shape(), DType::F32)?,
+        });
+    }
+    let tc = saved.options.tensor_cores;
+    let rows_all = routing.routed();
+    let xs = gather(x, routing, h, "moe: sorted x")?;
+    let dys = gather(dy, routing, h, "moe: sorted dy")?;
+    let pre = match &saved.pre {
+        Some(p) => p.clone(),
+        None => pre_activations(&xs, &saved.gate_up, routing, ext, tc)?,
+    };
+    // dhu = dy·down_e  [routed, I]
+    let dhu = Tensor::empty(engine, &[rows_all, i], DType::F32, "moe: dhu")?;
+    for (ex, first, rows) in busy_experts(routing) {
+        product(
+            &dhu,
+            first * i,
+            rows_from(&dys, first, h, false),
+            expert_matrix(&saved.down, ex, h * i, false),
+            (rows, i, h),
+            tc,
+        )?;
+    }
+    // The activation again; then per sorted row dw = ⟨dhu, h⟩, dhu ← w·dhu, h ← w·h.
+    let (act, act_saved) = activation::packed_forward(
+        saved.options.activation,
+        &pre,
+        &ActivationOptions::default(),
+    )?;
+    let d_slot = Tensor::empty(engine, &[rows_all], DType::F32, "moe: slot d weights")?;
+    let w = &saved.weights;
+    engine.launch(
+        &KERNEL,
+        "slot_backward",
+        &vec![("DW", f64::from(w.dtype().code()))],
+        &routing.params(i, true),
+        &[
+            w.buffer(),
+            routing.perm.buffer(),
+            act.buffer(),
+            dhu.buffer(),
+            d_slot.buffer(),
+        ],
+        rows_all as u64,
+    )?;
+    let d_pre = activation::backward(&act_saved, &dhu)?.dgate;
+    let d_down = Tensor::empty(engine, saved.down.shape(), DType::F32, "moe: d down")?;
+    let d_gate_up = Tensor::empty(engine, saved.gate_up.shape(), DType::F32, "moe: d gate_up")?;
+    let dxs = Tensor::empty(engine, &[rows_all, h], DType::F32, "moe: sorted dx")?;
+    let starts = &routing.starts;
+    for ex in 0..e {
+        let (first, rows) = (starts[ex], starts[ex + 1] - starts[ex]);
+        // d down_e = dysᵀ·(w·h)  [H, I] (zeros for an expert without slots: k = 0)
+        product(
+            &d_down,
+            ex * h * i,
+            rows_from(&dys, first, h, true),
+            rows_from(&act, first, i, false),
+            (h, i, rows),
+            tc,
+        )?;
+        // d gate_up_e = d_preᵀ·xs  [2I, H]
+        product(
+            &d_gate_up,
+            ex * 2 * i * h,
+            rows_from(&d_pre, first, 2 * i, true),
+            rows_from(&xs, first, h, false),
+            (2 * i, h, rows),
+            tc,
+        )?;
+        if rows > 0 {
+            // sorted dx = d_pre·gate_up_e  [rows, H]
+            product(
+                &dxs,
+                first * h,
+                rows_from(&d_pre, first, 2 * i, false),
+                expert_matrix(&saved.gate_up, ex, 2 * i * h, false),
+                (rows, h, 2 * i),
+                tc,
+            )?;
+        }
+    }
+    let dx = combine(&dxs, w, routing, h, false, x.shape(), "moe: dx")?;
+    engine.launch(
+        &KERNEL,
+        "token_values",
+        &vec![],
+        &routing.params(1, false),
+        &[
+            routing.inverse.buffer(),
+            d_weights.buffer(),
+            d_slot.buffer(),
+        ],
+        (ext.t * ext.k).div_ceil(WG) as u64,
+    )?;
+    Ok(MoeGradients {
+        x: dx,
+        gate_up: d_gate_up,
+        down: d_down,
+        weights: d_weights,
+    })
+}

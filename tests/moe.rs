@@ -1,0 +1,553 @@
+//! The fused mixture of experts against the f64 reference of `wgrad::reference::moe` in every
+//! storage dtype (and mixed), both activations, saved and recomputed pre-activations, I32 and
+//! U32 indices with slots that route nowhere and duplicate experts; the routing's sorted order
+//! against a host sort across tiles; finite differences of the reference backward; empty
+//! calls; bit-identical reruns; bad inputs.
+
+mod common;
+
+use common::{Rng, assert_close, engine, expect_err, f32_bits, stored, tensor_from_f64};
+use wgrad::activation::Activation;
+use wgrad::gradcheck::{Tolerance, check_vjp};
+use wgrad::moe::{
+    MoeOptions, fused_moe, fused_moe_backward, fused_moe_backward_workspace_bytes,
+    fused_moe_workspace_bytes, route,
+};
+use wgrad::reference::moe::{self as reference, Extents};
+use wgrad::{DType, Engine, Error, Tensor};
+
+/// One call's data, every float already rounded to its storage dtype.
+struct Case {
+    x: Vec<f64>,
+    gate_up: Vec<f64>,
+    down: Vec<f64>,
+    index: Vec<i64>,
+    weights: Vec<f64>,
+    dy: Vec<f64>,
+    e: Extents,
+}
+
+/// Storage dtypes of x, gate_up, down, weights and dy.
+type Dtypes = [DType; 5];
+
+/// Random data; each token's slots draw experts from `-1..=E` (so some route nowhere and some
+/// repeat) unless `all_valid`.
+fn case(seed: u64, e: Extents, dt: Dtypes, all_valid: bool) -> Case {
+    let mut rng = Rng::new(seed);
+    let scale = 1.0 / (e.h.max(1) as f64).sqrt();
+    let down_scale = 1.0 / (e.i.max(1) as f64).sqrt();
+    let index = (0..e.t * e.k)
+        .map(|_| {
+            let r = rng.uniform(0.0, 1.0);
+            if all_valid {
+                (r * e.e as f64) as i64 % e.e as i64
+            } else {
+                (r * (e.e + 2) as f64) as i64 - 1
+            }
+        })
+        .collect();
+    Case {
+        x: stored(&rng.vec(e.t * e.h, -1.0, 1.0), dt[0]),
+        gate_up: stored(
+            &rng.vec(e.e * 2 * e.i * e.h, -2.0 * scale, 2.0 * scale),
+            dt[1],
+        ),
+        down: stored(&rng.vec(e.e * e.h * e.i, -down_scale, down_scale), dt[2]),
+        index,
+        weights: stored(&rng.vec(e.t * e.k, 0.0, 1.0), dt[3]),
+        dy: stored(&rng.vec(e.t * e.h, -1.0, 1.0), dt[4]),
+        e,
+    }
+}
+
+struct Uploaded {
+    x: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    index: Tensor,
+    weights: Tensor,
+    dy: Tensor,
+}
+
+/// The index as I32 or U32 (negative values as their two's complement bits).
+fn index_tensor(index: &[i64], shape: &[usize], dtype: DType) -> Tensor {
+    let eng = engine();
+    match dtype {
+        DType::I32 => {
+            let v: Vec<i32> = index.iter().map(|&i| i as i32).collect();
+            Tensor::from_slice(eng, &v, shape).unwrap()
+        }
+        _ => {
+            let v: Vec<u32> = index.iter().map(|&i| i as i32 as u32).collect();
+            Tensor::from_slice(eng, &v, shape).unwrap()
+        }
+    }
+}
+
+fn upload(c: &Case, dt: Dtypes, lead: &[usize], index_dtype: DType) -> Uploaded {
+    let eng = engine();
+    let e = c.e;
+    let with = |last: usize| {
+        let mut s = lead.to_vec();
+        s.push(last);
+        s
+    };
+    Uploaded {
+        x: tensor_from_f64(eng, &c.x, &with(e.h), dt[0]),
+        gate_up: tensor_from_f64(eng, &c.gate_up, &[e.e, 2 * e.i, e.h], dt[1]),
+        down: tensor_from_f64(eng, &c.down, &[e.e, e.h, e.i], dt[2]),
+        index: index_tensor(&c.index, &with(e.k), index_dtype),
+        weights: tensor_from_f64(eng, &c.weights, &with(e.k), dt[3]),
+        dy: tensor_from_f64(eng, &c.dy, &with(e.h), dt[4]),
+    }
+}
+
+/// The GPU's output and every gradient against the reference, saved and recomputed.
+fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded) {
+    let want = reference::forward(kind, &c.x, &c.gate_up, &c.down, &c.index, &c.weights, c.e);
+    let grads = reference::backward(
+        kind, &c.x, &c.gate_up, &c.down, &c.index, &c.weights, &c.dy, c.e,
+    );
+    let tol = Tolerance::for_dtype(DType::F32);
+    for recompute in [false, true] {
+        let options = MoeOptions {
+            activation: kind,
+            recompute,
+            tensor_cores: false,
+        };
+        let label = format!("{label} recompute={recompute}");
+        let (y, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_eq!((y.shape(), y.dtype()), (u.x.shape(), DType::F32));
+        assert_close(&format!("{label} y"), &y.to_f64().unwrap(), &want, tol);
+        let g = fused_moe_backward(&saved, &u.dy).unwrap();
+        assert_eq!(g.x.shape(), u.x.shape());
+        assert_eq!(g.gate_up.shape(), u.gate_up.shape());
+        assert_eq!(g.down.shape(), u.down.shape());
+        assert_eq!(g.weights.shape(), u.weights.shape());
+        for (what, got, want) in [
+            ("dx", &g.x, &grads.x),
+            ("d gate_up", &g.gate_up, &grads.gate_up),
+            ("d down", &g.down, &grads.down),
+            ("d weights", &g.weights, &grads.weights),
+        ] {
+            assert_close(
+                &format!("{label} {what}"),
+                &got.to_f64().unwrap(),
+                want,
+                tol,
+            );
+        }
+    }
+}
+
+#[test]
+fn forward_and_gradients_match_reference_in_every_dtype() {
+    // (leading axes, H, I, E, K): one of everything, a tile-crossing slot count, ragged
+    // widths with leading axes, more slots a token than experts.
+    let shapes = [
+        (vec![1usize], 1usize, 1usize, 1usize, 1usize),
+        (vec![7], 16, 24, 4, 2),
+        (vec![3, 5], 33, 17, 6, 3),
+        (vec![130], 8, 9, 8, 2),
+        (vec![5], 6, 5, 2, 4),
+    ];
+    for (n, (lead, h, i, experts, k)) in shapes.iter().enumerate() {
+        let t = lead.iter().product();
+        let e = Extents {
+            t,
+            h: *h,
+            i: *i,
+            e: *experts,
+            k: *k,
+        };
+        for (d, dtype) in DType::FLOATS.into_iter().enumerate() {
+            let kind = if (n + d) % 2 == 0 {
+                Activation::Silu
+            } else {
+                Activation::GeluTanh
+            };
+            let index_dtype = if d % 2 == 0 { DType::I32 } else { DType::U32 };
+            let dt = [dtype; 5];
+            let c = case(200 + n as u64, e, dt, false);
+            let u = upload(&c, dt, lead, index_dtype);
+            let label = format!("{} {dtype} {index_dtype} {e:?}", kind.name());
+            check_case(&label, kind, &c, &u);
+        }
+    }
+}
+
+/// Each tensor in its own dtype (16-bit x of odd width, so the gathered rows do not start on
+/// word boundaries).
+#[test]
+fn mixed_dtypes_match_reference() {
+    let e = Extents {
+        t: 11,
+        h: 7,
+        i: 10,
+        e: 3,
+        k: 2,
+    };
+    for dt in [
+        [DType::BF16, DType::F16, DType::F32, DType::BF16, DType::F16],
+        [DType::F16, DType::F32, DType::BF16, DType::F32, DType::BF16],
+    ] {
+        let c = case(31, e, dt, false);
+        let u = upload(&c, dt, &[e.t], DType::I32);
+        check_case(&format!("mixed {dt:?}"), Activation::Silu, &c, &u);
+    }
+}
+
+/// The routing against a host stable sort by expert: slots in order within each expert, the
+/// inverse, NONE (u32::MAX) for slots outside `0..E`, over several tiles of 256 slots.
+#[test]
+fn routing_is_a_stable_sort_by_expert() {
+    let eng = engine();
+    for (t, k, experts, seed) in [
+        (1usize, 1usize, 1usize, 1u64),
+        (300, 3, 5, 2),
+        (97, 8, 64, 3),
+    ] {
+        let mut rng = Rng::new(seed);
+        let index: Vec<i64> = (0..t * k)
+            .map(|_| (rng.uniform(0.0, 1.0) * (experts + 2) as f64) as i64 - 1)
+            .collect();
+        for dtype in [DType::I32, DType::U32] {
+            let r = route(&index_tensor(&index, &[t, k], dtype), experts).unwrap();
+            let mut order: Vec<usize> = (0..t * k)
+                .filter(|&f| index[f] >= 0 && (index[f] as usize) < experts)
+                .collect();
+            order.sort_by_key(|&f| index[f]);
+            let routed = order.len();
+            assert_eq!(r.routed(), routed, "{dtype} t={t} k={k}");
+            let perm = r.permutation().to_vec::<u32>().unwrap();
+            let got: Vec<usize> = perm[..routed].iter().map(|&p| p as usize).collect();
+            assert_eq!(got, order, "{dtype} permutation");
+            let inverse = r.inverse().to_vec::<u32>().unwrap();
+            for (f, &p) in inverse.iter().enumerate() {
+                match order.iter().position(|&o| o == f) {
+                    Some(at) => assert_eq!(p as usize, at, "inverse of slot {f}"),
+                    None => assert_eq!(p, u32::MAX, "unrouted slot {f}"),
+                }
+            }
+            let counts: Vec<usize> = (0..experts)
+                .map(|e| index.iter().filter(|&&i| i == e as i64).count())
+                .collect();
+            assert_eq!(r.counts(), counts);
+            assert_eq!(r.starts().len(), experts + 1);
+        }
+    }
+    let _ = eng;
+}
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    let e = Extents {
+        t: 3,
+        h: 4,
+        i: 5,
+        e: 3,
+        k: 2,
+    };
+    for kind in [Activation::Silu, Activation::GeluTanh] {
+        let c = case(7, e, [DType::F32; 5], true);
+        let g = reference::backward(
+            kind, &c.x, &c.gate_up, &c.down, &c.index, &c.weights, &c.dy, e,
+        );
+        let f = |x: &[f64], gu: &[f64], d: &[f64], w: &[f64]| {
+            reference::forward(kind, x, gu, d, &c.index, w, e)
+        };
+        let checks = [
+            (
+                "dx",
+                check_vjp(|p| f(p, &c.gate_up, &c.down, &c.weights), &c.x, &c.dy, &g.x),
+            ),
+            (
+                "d gate_up",
+                check_vjp(
+                    |p| f(&c.x, p, &c.down, &c.weights),
+                    &c.gate_up,
+                    &c.dy,
+                    &g.gate_up,
+                ),
+            ),
+            (
+                "d down",
+                check_vjp(
+                    |p| f(&c.x, &c.gate_up, p, &c.weights),
+                    &c.down,
+                    &c.dy,
+                    &g.down,
+                ),
+            ),
+            (
+                "d weights",
+                check_vjp(
+                    |p| f(&c.x, &c.gate_up, &c.down, p),
+                    &c.weights,
+                    &c.dy,
+                    &g.weights,
+                ),
+            ),
+        ];
+        for (what, check) in checks {
+            assert!(check.passed, "{} {what}: {check}", kind.name());
+        }
+    }
+}
+
+#[test]
+fn reruns_and_recomputation_are_bit_identical() {
+    let e = Extents {
+        t: 90,
+        h: 24,
+        i: 40,
+        e: 6,
+        k: 3,
+    };
+    let dt = [DType::BF16; 5];
+    let c = case(3, e, dt, false);
+    let u = upload(&c, dt, &[e.t], DType::I32);
+    let run = |recompute| {
+        let options = MoeOptions {
+            recompute,
+            ..MoeOptions::default()
+        };
+        let (y, saved) =
+            fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options).unwrap();
+        let g = fused_moe_backward(&saved, &u.dy).unwrap();
+        [y, g.x, g.gate_up, g.down, g.weights].map(|t| f32_bits(&t))
+    };
+    let first = run(false);
+    assert_eq!(first, run(false));
+    assert_eq!(first, run(true));
+}
+
+/// No tokens, no slots a token, and every slot outside `0..E`: zero outputs and gradients of
+/// the right shapes; experts without slots get zero weight gradients.
+#[test]
+fn empty_calls_and_idle_experts_give_zeros() {
+    let eng = engine();
+    let zeros = |t: &Tensor| t.to_f64().unwrap().iter().all(|&v| v == 0.0);
+    for (t, k, nowhere) in [(0usize, 2usize, false), (4, 0, false), (5, 2, true)] {
+        let e = Extents {
+            t,
+            h: 6,
+            i: 4,
+            e: 3,
+            k,
+        };
+        let dt = [DType::F32; 5];
+        let mut c = case(5, e, dt, true);
+        if nowhere {
+            c.index.iter_mut().for_each(|i| *i = 3);
+        }
+        let u = upload(&c, dt, &[t], DType::U32);
+        let (y, saved) = fused_moe(
+            &u.x,
+            &u.gate_up,
+            &u.down,
+            &u.index,
+            &u.weights,
+            &MoeOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[t, 6]);
+        assert!(zeros(&y), "t={t} k={k}: y");
+        let g = fused_moe_backward(&saved, &u.dy).unwrap();
+        assert_eq!(g.weights.shape(), &[t, k]);
+        for (what, grad) in [
+            ("dx", &g.x),
+            ("d gate_up", &g.gate_up),
+            ("d down", &g.down),
+            ("d weights", &g.weights),
+        ] {
+            assert!(zeros(grad), "t={t} k={k} nowhere={nowhere}: {what}");
+        }
+    }
+    // Experts 1 and 3 of 4 get no slots: their gradients are zero, the others' are not.
+    let e = Extents {
+        t: 6,
+        h: 5,
+        i: 3,
+        e: 4,
+        k: 2,
+    };
+    let dt = [DType::F32; 5];
+    let mut c = case(8, e, dt, true);
+    c.index = (0..12).map(|f| if f % 3 == 0 { 2 } else { 0 }).collect();
+    let u = upload(&c, dt, &[e.t], DType::I32);
+    let (_, saved) = fused_moe(
+        &u.x,
+        &u.gate_up,
+        &u.down,
+        &u.index,
+        &u.weights,
+        &MoeOptions::default(),
+    )
+    .unwrap();
+    let g = fused_moe_backward(&saved, &u.dy).unwrap();
+    let down = g.down.to_f64().unwrap();
+    let gate_up = g.gate_up.to_f64().unwrap();
+    let (per_down, per_gu) = (e.h * e.i, 2 * e.i * e.h);
+    for ex in 0..4 {
+        let idle = ex % 2 == 1;
+        let d = &down[ex * per_down..(ex + 1) * per_down];
+        let gu = &gate_up[ex * per_gu..(ex + 1) * per_gu];
+        assert_eq!(d.iter().all(|&v| v == 0.0), idle, "expert {ex} d down");
+        assert_eq!(gu.iter().all(|&v| v == 0.0), idle, "expert {ex} d gate_up");
+    }
+    let _ = eng;
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let e = Extents {
+        t: 4,
+        h: 6,
+        i: 5,
+        e: 3,
+        k: 2,
+    };
+    let dt = [DType::F32; 5];
+    let c = case(9, e, dt, true);
+    let u = upload(&c, dt, &[e.t], DType::I32);
+    let eng = engine();
+    let opts = MoeOptions::default();
+    let zeros = |shape: &[usize]| Tensor::zeros(eng, shape, DType::F32).unwrap();
+    let shape = |r: &Error| matches!(r, Error::ShapeMismatch { .. });
+    let bounds = |r: &Error| matches!(r, Error::OutOfBounds { .. });
+    let dtype = |r: &Error| matches!(r, Error::UnsupportedDType { .. });
+    let run = |x: &Tensor, gu: &Tensor, d: &Tensor, i: &Tensor, w: &Tensor| {
+        fused_moe(x, gu, d, i, w, &opts).map(drop)
+    };
+    expect_err(
+        "gate_up width",
+        run(&u.x, &zeros(&[3, 10, 7]), &u.down, &u.index, &u.weights),
+        shape,
+    );
+    expect_err(
+        "gate_up odd rows",
+        run(&u.x, &zeros(&[3, 9, 6]), &u.down, &u.index, &u.weights),
+        shape,
+    );
+    expect_err(
+        "gate_up rank",
+        run(&u.x, &zeros(&[30, 6]), &u.down, &u.index, &u.weights),
+        shape,
+    );
+    expect_err(
+        "down",
+        run(&u.x, &u.gate_up, &zeros(&[3, 5, 6]), &u.index, &u.weights),
+        shape,
+    );
+    expect_err(
+        "index rows",
+        run(
+            &u.x,
+            &u.gate_up,
+            &u.down,
+            &index_tensor(&[0; 6], &[3, 2], DType::I32),
+            &u.weights,
+        ),
+        shape,
+    );
+    expect_err(
+        "weights shape",
+        run(&u.x, &u.gate_up, &u.down, &u.index, &zeros(&[4, 3])),
+        shape,
+    );
+    expect_err(
+        "no experts",
+        run(
+            &u.x,
+            &zeros(&[0, 10, 6]),
+            &zeros(&[0, 6, 5]),
+            &u.index,
+            &u.weights,
+        ),
+        bounds,
+    );
+    expect_err(
+        "zero intermediate",
+        run(
+            &u.x,
+            &zeros(&[3, 0, 6]),
+            &zeros(&[3, 6, 0]),
+            &u.index,
+            &u.weights,
+        ),
+        bounds,
+    );
+    expect_err(
+        "float index",
+        run(&u.x, &u.gate_up, &u.down, &u.weights, &u.weights),
+        dtype,
+    );
+    let int_x = Tensor::from_slice(eng, &[0i32; 24], &[4, 6]).unwrap();
+    expect_err(
+        "integer x",
+        run(&int_x, &u.gate_up, &u.down, &u.index, &u.weights),
+        dtype,
+    );
+    let int_w = Tensor::from_slice(eng, &[0u32; 8], &[4, 2]).unwrap();
+    expect_err(
+        "integer weights",
+        run(&u.x, &u.gate_up, &u.down, &u.index, &int_w),
+        dtype,
+    );
+    expect_err(
+        "route: too many experts",
+        route(&u.index, wgrad::moe::MAX_EXPERTS + 1).map(drop),
+        bounds,
+    );
+    expect_err("route: float index", route(&u.x, 3).map(drop), dtype);
+    let (_, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &opts).unwrap();
+    expect_err(
+        "dy shape",
+        fused_moe_backward(&saved, &zeros(&[4, 7])).map(drop),
+        shape,
+    );
+    expect_err(
+        "dy dtype",
+        fused_moe_backward(&saved, &int_x).map(drop),
+        dtype,
+    );
+    // The scratch bounds: the forward's exact need passes and one byte less is refused; the
+    // backward needs more than the forward here, so the same engine refuses it.
+    let need = fused_moe_workspace_bytes(e.t, e.k, e.e, e.h, e.i);
+    for (bound, forward_ok) in [(need - 1, false), (need, true)] {
+        let tight = Engine::builder().workspace_bound(bound).build().unwrap();
+        let on = |t: &Tensor, dtype: DType| {
+            tensor_from_f64(&tight, &t.to_f64().unwrap(), t.shape(), dtype)
+        };
+        let index = Tensor::from_slice(&tight, &[0i32, 1, 2, 0, 1, 2, 0, 1], &[4, 2]).unwrap();
+        let (x, gu, d, w) = (
+            on(&u.x, DType::F32),
+            on(&u.gate_up, DType::F32),
+            on(&u.down, DType::F32),
+            on(&u.weights, DType::F32),
+        );
+        let r = fused_moe(&x, &gu, &d, &index, &w, &opts);
+        let workspace = |r: &Error| matches!(r, Error::WorkspaceExceeded { .. });
+        if !forward_ok {
+            expect_err("forward workspace", r.map(drop), workspace);
+            continue;
+        }
+        let (_, saved) = r.unwrap();
+        assert!(fused_moe_backward_workspace_bytes(&saved) > bound);
+        let dy = on(&u.dy, DType::F32);
+        expect_err(
+            "backward workspace",
+            fused_moe_backward(&saved, &dy).map(drop),
+            workspace,
+        );
+    }
+    let other = common::private_engine();
+    let x_elsewhere = tensor_from_f64(&other, &c.x, &[e.t, e.h], DType::F32);
+    expect_err(
+        "engines",
+        run(&x_elsewhere, &u.gate_up, &u.down, &u.index, &u.weights),
+        |r| matches!(r, Error::EngineMismatch { .. }),
+    );
+}
