@@ -450,6 +450,7 @@ fn run(args: &Args) -> Result<Report> {
             &["vocab_parallel"],
             Box::new(|| vocab_parallel_ops(&engine, args.quick)),
         ),
+        (&["fused_moe"], Box::new(|| moe_ops(&engine, args.quick))),
         (&["matmul"], Box::new(|| matmul_ops(&engine, args.quick))),
         (&["swiglu_mlp"], Box::new(|| mlp_ops(&engine, args.quick))),
         (
@@ -1899,6 +1900,74 @@ fn attn_res_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     let g = attn_res_backward(&saved, &i[3])?;
                     Ok(vec![h, g.blocks, g.query, g.norm])
                 })
+                .with_peak(),
+            );
+        }
+    }
+    Ok(ops)
+}
+
+/// Fused mixture of experts (`wgrad::moe`), Qwen3-MoE-30B's experts: 4,096 tokens, 128
+/// experts, H 2,048, I 768, top-8 (`--quick`: 64 tokens, 8 experts, H 128, I 64, top-2), every
+/// expert equally loaded; forward (routing included), and forward + backward. FLOPs are the
+/// products' (three an expert slot forward, six more backward).
+fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::matmul::matmul_flops;
+    use wgrad::moe::{MoeOptions, fused_moe, fused_moe_backward};
+    let [t, e, h, i, k] = if quick {
+        [64, 8, 128, 64, 2]
+    } else {
+        [4096, 128, 2048, 768, 8]
+    };
+    let index: Vec<u32> = (0..t * k)
+        .map(|f| ((f / k * 7 + f % k * (e / k)) % e) as u32)
+        .collect();
+    let idx = Tensor::from_slice(engine, &index, &[t, k])?;
+    let mut ops = Vec::new();
+    for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+        let make = |shape: &[usize], seed: usize, scale: f32| -> Result<Tensor> {
+            let len: usize = shape.iter().product();
+            let data: Vec<f32> = (0..len)
+                .map(|v| (((v * 7 + seed * 13) % 257) as f32 - 128.0) / scale)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        };
+        let x = make(&[t, h], 1, 128.0)?;
+        let gate_up = make(&[e, 2 * i, h], 2, 4096.0)?;
+        let down = make(&[e, h, i], 3, 4096.0)?;
+        let weights = make(&[t, k], 4, 1024.0)?;
+        let dy = make(&[t, h], 5, 128.0)?;
+        let slot_products = matmul_flops(1, t * k, i, h);
+        eprintln!(
+            "  fused_moe {label} T{t} E{e} H{h} I{i} K{k}: {:.3e} FLOP per forward",
+            3.0 * slot_products
+        );
+        for backward in [false, true] {
+            let name = if backward {
+                "fused_moe_fwd_bwd"
+            } else {
+                "fused_moe_fwd"
+            };
+            let inputs = vec![
+                x.clone(),
+                gate_up.clone(),
+                down.clone(),
+                idx.clone(),
+                weights.clone(),
+                dy.clone(),
+            ];
+            let flops = if backward { 9.0 } else { 3.0 } * slot_products;
+            ops.push(
+                Op::new(name, label, inputs, move |v| {
+                    let o = MoeOptions::default();
+                    let (y, saved) = fused_moe(&v[0], &v[1], &v[2], &v[3], &v[4], &o)?;
+                    if !backward {
+                        return Ok(vec![y]);
+                    }
+                    let g = fused_moe_backward(&saved, &v[5])?;
+                    Ok(vec![y, g.x, g.gate_up, g.down, g.weights])
+                })
+                .with_flops(flops)
                 .with_peak(),
             );
         }

@@ -1422,6 +1422,35 @@ fn newer(t: &mut Tally) {
     );
 }
 
+/// The fused mixture of experts: x [2, 8], gate_up [3, 4, 8], down [3, 8, 2], top-2 slots
+/// (one out of range, one negative), and the routing alone.
+fn moe_family(t: &mut Tally) {
+    use wgrad::moe::{self, MoeOptions};
+    let e = t.engine.clone();
+    let x = f32_tensor(&e, &[2, 8], 1);
+    let gate_up = f32_tensor(&e, &[3, 4, 8], 2);
+    let down = f32_tensor(&e, &[3, 8, 2], 3);
+    let index = int_tensor(&e, &[0, 2, 7, -1], &[2, 2]);
+    let weights = f32_tensor(&e, &[2, 2], 4);
+    let o = MoeOptions::default();
+    t.sweep("fused_moe", &[&x, &gate_up, &down, &index, &weights], |a| {
+        moe::fused_moe(a[0], a[1], a[2], a[3], a[4], &o).map(drop)
+    });
+    t.values(
+        "moe route experts",
+        &[0usize, 1, moe::MAX_EXPERTS + 1, usize::MAX],
+        |n| moe::route(&index, n).map(drop),
+    );
+    let (y, saved) = need!(
+        t,
+        "fused_moe",
+        moe::fused_moe(&x, &gate_up, &down, &index, &weights, &o)
+    );
+    t.sweep("fused_moe_backward", &[&y], |a| {
+        moe::fused_moe_backward(&saved, a[0]).map(drop)
+    });
+}
+
 fn adam_step(adam: &mut wgrad::optim::AdamW, grad: &Tensor) -> Result<()> {
     adam.step(&[grad], None)
 }
@@ -1476,6 +1505,11 @@ fn newer_operators_never_panic() {
 }
 
 #[test]
+fn moe_never_panics() {
+    sweep_family("fused mixture of experts", moe_family);
+}
+
+#[test]
 fn other_families_never_panic() {
     sweep_family(
         "attention, gated delta, GRPO, preference, casts, reductions, optimizers",
@@ -1516,6 +1550,7 @@ fn tight_engines_never_panic() {
             products,
             others,
             newer,
+            moe_family,
         ] {
             family(&mut t);
         }

@@ -551,3 +551,71 @@ fn bad_inputs_are_typed_errors() {
         |r| matches!(r, Error::EngineMismatch { .. }),
     );
 }
+
+/// The tensor-core opt-in (`MoeOptions::tensor_cores`). F32 inputs: no product has two 16-bit
+/// operands, so every result is the FP32 path's bit for bit on any engine. F16 inputs: where
+/// the engine cannot run tensor cores the call is `MissingFeature`; where it can, the output
+/// and every gradient match the f64 reference within the tensor-core budget, and reruns are
+/// bit-identical.
+#[test]
+fn tensor_cores_match_reference_or_are_refused() {
+    let tc = MoeOptions {
+        tensor_cores: true,
+        ..MoeOptions::default()
+    };
+    let e = Extents {
+        t: 37,
+        h: 24,
+        i: 16,
+        e: 4,
+        k: 2,
+    };
+    let run = |u: &Uploaded, options: &MoeOptions| {
+        let (y, saved) =
+            fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, options).unwrap();
+        let g = fused_moe_backward(&saved, &u.dy).unwrap();
+        [y, g.x, g.gate_up, g.down, g.weights].map(|t| f32_bits(&t))
+    };
+    let f32s = [DType::F32; 5];
+    let c = case(61, e, f32s, false);
+    let u = upload(&c, f32s, &[e.t], DType::I32);
+    assert_eq!(
+        run(&u, &MoeOptions::default()),
+        run(&u, &tc),
+        "F32 inputs with tensor_cores: the FP32 path"
+    );
+    let f16s = [DType::F16; 5];
+    let c = case(62, e, f16s, false);
+    let u = upload(&c, f16s, &[e.t], DType::I32);
+    if !wgrad::matmul::tensor_cores(engine()) {
+        expect_err(
+            "F16 with tensor_cores on an engine without them",
+            fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &tc).map(drop),
+            |r| matches!(r, Error::MissingFeature { .. }),
+        );
+        return;
+    }
+    let kind = Activation::Silu;
+    let want = reference::forward(kind, &c.x, &c.gate_up, &c.down, &c.index, &c.weights, e);
+    let grads = reference::backward(
+        kind, &c.x, &c.gate_up, &c.down, &c.index, &c.weights, &c.dy, e,
+    );
+    let tol = wgrad::matmul::tensor_core_tolerance(e.t + e.h + e.i);
+    let (y, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &tc).unwrap();
+    let g = fused_moe_backward(&saved, &u.dy).unwrap();
+    for (what, got, want) in [
+        ("y", &y, &want),
+        ("dx", &g.x, &grads.x),
+        ("d gate_up", &g.gate_up, &grads.gate_up),
+        ("d down", &g.down, &grads.down),
+        ("d weights", &g.weights, &grads.weights),
+    ] {
+        assert_close(
+            &format!("tensor cores {what}"),
+            &got.to_f64().unwrap(),
+            want,
+            tol,
+        );
+    }
+    assert_eq!(run(&u, &tc), run(&u, &tc), "tensor cores: reruns");
+}

@@ -14,6 +14,7 @@ mod loss;
 mod matmul;
 mod mlp;
 mod model;
+mod moe;
 mod mta;
 mod norm;
 mod optim;
@@ -111,6 +112,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(mta::operators())
     .chain(attn_res::operators())
     .chain(vocab_parallel::operators())
+    .chain(moe::operators())
     .collect()
 }
 
