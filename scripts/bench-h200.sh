@@ -8,7 +8,10 @@
 # Writes bench.json, bench.txt, peers.jsonl, peers.txt into $OUT (default ./out).
 # LOSS_PEERS=1 also runs scripts/peer_losses_liger.py (Liger's GRPO, fused-linear GRPO, DPO),
 # GEGLU_PEERS=1 scripts/peer_geglu_liger.py (Liger's and PyTorch's GeGLU), SDPA_PEERS=1
-# scripts/peer_sdpa.py (PyTorch's SDPA at the attention bench's shapes, causal and full).
+# scripts/peer_sdpa.py (PyTorch's SDPA at the attention bench's shapes, causal and full),
+# MOE_PEERS=1 scripts/peer_moe_liger.py (Liger's fused MoE and an eager loop over the experts),
+# MTA_PEERS=1 scripts/peer_mta_attnres_liger.py (Liger's and eager multi-token attention and
+# attention residuals; MTA_PEERS_ARGS=--short: L 1,024 only).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; export OUT
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -39,4 +42,10 @@ if [ -n "${SDPA_PEERS:-}" ]; then
 fi
 if [ -n "${TORCH_GDN:-}" ]; then
   timeout "${TORCH_GDN_TIMEOUT:-200}" python3 scripts/peer_gated_delta_torch.py 2>&1 | tee "$OUT/peers_gdn_torch.txt" | tail -8
+fi
+if [ -n "${MOE_PEERS:-}" ]; then
+  timeout "${MOE_PEERS_TIMEOUT:-300}" python3 scripts/peer_moe_liger.py 2>&1 | tee "$OUT/peers_moe.txt" | tail -8
+fi
+if [ -n "${MTA_PEERS:-}" ]; then
+  timeout "${MTA_PEERS_TIMEOUT:-300}" python3 scripts/peer_mta_attnres_liger.py ${MTA_PEERS_ARGS:-} 2>&1 | tee "$OUT/peers_mta_attn_res.txt" | tail -20
 fi
