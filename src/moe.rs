@@ -194,7 +194,7 @@ pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
             i32::MAX as u64,
         ));
     }
-    let tokens = if k == 0 { 0 } else { slots / k };
+    let tokens = slots.checked_div(k).unwrap_or(0);
     let perm = Tensor::empty(engine, &[slots], DType::U32, "moe: permutation")?;
     let inverse = Tensor::empty(engine, &[slots], DType::U32, "moe: inverse")?;
     if slots == 0 {
@@ -347,7 +347,10 @@ fn extents(
         return Err(Error::shape("moe: x (at least 1-D)", &[1], x.shape()));
     };
     let t: usize = lead.iter().product();
-    if gate_up.shape().len() != 3 || gate_up.shape()[2] != h || gate_up.shape()[1] % 2 != 0 {
+    if gate_up.shape().len() != 3
+        || gate_up.shape()[2] != h
+        || !gate_up.shape()[1].is_multiple_of(2)
+    {
         let e = gate_up.shape().first().copied().unwrap_or(1);
         let two_i = gate_up.shape().get(1).copied().unwrap_or(2);
         return Err(Error::shape(
@@ -402,7 +405,8 @@ fn extents(
 }
 
 /// Scratch bytes of [`fused_moe`] (beyond the output and the saved pre-activations): the
-/// routing's, the sorted x rows (at most F32), the activation and the expert outputs, F32.
+/// routing's, the sorted x rows (at most F32), the activation and the expert outputs, F32. The
+/// products' split-K scratch comes on top, within the engine's workspace bound.
 pub fn fused_moe_workspace_bytes(
     tokens: usize,
     k: usize,
@@ -417,6 +421,7 @@ pub fn fused_moe_workspace_bytes(
 /// Scratch bytes of [`fused_moe_backward`] (beyond the gradients): the sorted x and dy rows
 /// (at most F32), `dhu` and the activation, the slot weight gradients, the packed activation
 /// gradient, the sorted dx rows, and the recomputed pre-activations where they were not kept.
+/// The products' split-K scratch comes on top, within the engine's workspace bound.
 pub fn fused_moe_backward_workspace_bytes(saved: &MoeSaved) -> u64 {
     let (h, i) = (
         saved.x.shape().last().copied().unwrap_or(0),
