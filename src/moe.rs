@@ -164,7 +164,7 @@ pub fn route_workspace_bytes(slots: usize, experts: usize) -> u64 {
 /// are read back (this synchronizes with the device).
 ///
 /// Errors: `index` not I32/U32 or of rank 0; `experts` outside 1..=[`MAX_EXPERTS`]; more than
-/// 2³¹ slots; scratch past the workspace bound.
+/// 2³¹ − 1 slots, or experts × ⌈slots / 256⌉ past 2³² − 1; scratch past the workspace bound.
 pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
     let engine = index.engine();
     if !matches!(index.dtype(), DType::I32 | DType::U32) {
@@ -206,8 +206,16 @@ pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
             k,
         });
     }
-    engine.check_workspace("moe: route", route_workspace_bytes(slots, experts))?;
     let tiles = slots.div_ceil(TILE);
+    if experts * tiles > u32::MAX as usize {
+        return Err(Error::bounds(
+            "moe: experts × routing tiles",
+            (experts * tiles) as u64,
+            1,
+            u32::MAX.into(),
+        ));
+    }
+    engine.check_workspace("moe: route", route_workspace_bytes(slots, experts))?;
     let counts = Tensor::empty(engine, &[experts * tiles], DType::U32, "moe: tile counts")?;
     let starts = Tensor::empty(engine, &[experts + 1], DType::U32, "moe: starts")?;
     let params = Params {
