@@ -685,7 +685,7 @@ fn mixed_output(
     run: impl FnOnce(&Tensor, DType) -> Result<()>,
 ) -> Result<Tensor> {
     let dt = x.dtype();
-    let direct = dt == DType::F32 || c % 2 == 0;
+    let direct = dt == DType::F32 || c.is_multiple_of(2);
     let out_dt = if direct { dt } else { DType::F32 };
     let out = Tensor::empty(x.engine(), shape, out_dt, label)?;
     run(&out, out_dt)?;

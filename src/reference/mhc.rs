@@ -250,8 +250,9 @@ pub fn coefficients_backward(
         for i in 0..k {
             let direct: f64 = (0..m).map(|j| gmix[j] * r * phi[i * m + j]).sum();
             grads.x[t * k + i] = direct - through_r * r * r * r * row[i] / k as f64;
-            for j in 0..m {
-                grads.phi[i * m + j] += row[i] * r * gmix[j];
+            let dphi = &mut grads.phi[i * m..(i + 1) * m];
+            for (d, gm) in dphi.iter_mut().zip(&gmix) {
+                *d += row[i] * r * gm;
             }
         }
     }
