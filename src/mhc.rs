@@ -412,16 +412,34 @@ fn constants(set: &[(&'static str, DType)]) -> Vec<(&'static str, f64)> {
     set.iter().map(|&(k, t)| (k, f64::from(t.code()))).collect()
 }
 
+/// The forward's own scratch: the packed b and α.
+fn forward_scratch(n: usize) -> u64 {
+    ((n * n + 2 * n + 3) * 4) as u64
+}
+
+/// The backward's own scratch: the packed b and α with each token's Sinkhorn history and RMS
+/// factor, `dz`, the per-token rows of the parameter sums and their finish.
+fn backward_scratch(tokens: usize, n: usize, tmax: u32) -> u64 {
+    let m = n * n + 2 * n;
+    let scratch = (m + 3 + tokens * (tmax as usize * m + 1)) * 4;
+    let dz = tokens * m * 4;
+    let rows = tokens * (m + 3) * 4;
+    (scratch + dz + rows) as u64 + reduce::sum_partial_groups_workspace_bytes(1, tokens, m + 3)
+}
+
 /// Scratch bytes of [`mhc_coefficients`] for `tokens` tokens of `n` streams of width `c`: the
-/// packed b and α, and the product's split sums.
+/// packed b and α (checked against the workspace bound), and the product's split sums
+/// ([`matmul::gemm_workspace_bytes`]; the product keeps them within the bound by itself).
 pub fn mhc_coefficients_workspace_bytes(tokens: usize, n: usize, c: usize) -> u64 {
     let m = n * n + 2 * n;
-    ((m + 3) * 4) as u64 + matmul::gemm_workspace_bytes(tokens, m, n * c, 1)
+    forward_scratch(n) + matmul::gemm_workspace_bytes(tokens, m, n * c, 1)
 }
 
 /// Scratch bytes of [`mhc_coefficients_backward`]: the packed b and α with each token's
 /// Sinkhorn history and RMS factor (`tmax·M + 1` values), `dz` and the per-token rows of the
-/// parameter sums (`[N, M]`, `[N, M + 3]`), their finish, and the two products' split sums.
+/// parameter sums (`[N, M]`, `[N, M + 3]`) and their finish (these checked against the
+/// workspace bound), and the larger of the two products' split sums (kept within the bound by
+/// the products themselves).
 pub fn mhc_coefficients_backward_workspace_bytes(
     tokens: usize,
     n: usize,
@@ -429,14 +447,9 @@ pub fn mhc_coefficients_backward_workspace_bytes(
     tmax: u32,
 ) -> u64 {
     let (m, k) = (n * n + 2 * n, n * c);
-    let scratch = (m + 3 + tokens * (tmax as usize * m + 1)) * 4;
-    let dz = tokens * m * 4;
-    let rows = tokens * (m + 3) * 4;
     let gemms = matmul::gemm_workspace_bytes(k, m, tokens, 1)
         .max(matmul::gemm_workspace_bytes(tokens, k, m, 1));
-    (scratch + dz + rows) as u64
-        + reduce::sum_partial_groups_workspace_bytes(1, tokens, m + 3)
-        + gemms
+    backward_scratch(tokens, n, tmax) + gemms
 }
 
 /// Pack b and the α into the head of `scratch`.
@@ -482,10 +495,7 @@ pub fn mhc_coefficients(
     let alphas = [alpha_pre, alpha_post, alpha_res];
     let d = check_coefficients(x, phi, b, alphas, options)?;
     let engine = x.engine();
-    engine.check_workspace(
-        "mhc_coefficients",
-        mhc_coefficients_workspace_bytes(d.tokens, d.n, d.c),
-    )?;
+    engine.check_workspace("mhc_coefficients", forward_scratch(d.n))?;
     let (m, k) = (d.m(), d.k());
     let lead = lead(x);
     let mix = Tensor::empty(engine, &[d.tokens, m], DType::F32, "mhc mix")?;
@@ -584,10 +594,7 @@ pub fn mhc_coefficients_backward(
     let scratch_len = m + 3 + d.tokens * (tmax * m + 1);
     fits(engine, &format!("{what}: Sinkhorn history"), scratch_len, 4)?;
     fits(engine, &format!("{what}: rows"), d.tokens * (m + 3), 4)?;
-    engine.check_workspace(
-        what,
-        mhc_coefficients_backward_workspace_bytes(d.tokens, d.n, d.c, s.options.tmax),
-    )?;
+    engine.check_workspace(what, backward_scratch(d.tokens, d.n, s.options.tmax))?;
     let dx = Tensor::empty(engine, s.x.shape(), DType::F32, "mhc d x")?;
     if d.tokens == 0 {
         let zero = || Tensor::zeros(engine, &[1], DType::F32);

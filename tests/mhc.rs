@@ -751,8 +751,10 @@ fn bad_inputs_give_typed_errors() {
         mhc_coefficients(&sx, &sphi, &sb, &sa, &sa, &sa, &o).map(drop),
         |e| matches!(e, Error::WorkspaceExceeded { bound: 16, .. }),
     );
+    // The forward's 44 bytes fit 64, the backward's history (4 tokens of 20 steps) does not.
     let need = mhc_coefficients_backward_workspace_bytes(4, n, c, o.tmax);
-    let mid = Engine::builder().workspace_bound(need - 4).build().unwrap();
+    assert!(need >= 4 * 4 * (20 * m as u64 + 1), "{need}");
+    let mid = Engine::builder().workspace_bound(64).build().unwrap();
     let mt = |shape: &[usize]| Tensor::zeros(&mid, shape, F32).unwrap();
     let (mx, mphi, mb, ma) = (mt(&[4, n, c]), mt(&[n * c, m]), mt(&[m]), mt(&[1]));
     let (_, msaved) = mhc_coefficients(&mx, &mphi, &mb, &ma, &ma, &ma, &o).unwrap();
