@@ -287,6 +287,23 @@ fn coefficients_take_inputs_of_independent_dtypes_and_other_options() {
     }
 }
 
+/// Many tokens: the parameter sums finish in several levels (`reduce::sum_partials`), d phi's
+/// product over the tokens may be split, the dispatch covers thousands of workgroups.
+#[test]
+fn many_tokens_match_the_reference() {
+    let o = MhcOptions::default();
+    let dt = CoefficientDtypes {
+        x: BF16,
+        phi: F32,
+        b: F32,
+        alphas: F32,
+        grads: F32,
+    };
+    coefficients_case(50, &[3, 1500], 2, 3, dt, &o, ALL);
+    // d phi = x_matᵀ · dz: [6, 8] summed over 4,500 tokens, split-K.
+    assert!(wgrad::matmul::gemm_split(6, 8, 4500, 1) >= 2);
+}
+
 #[test]
 fn absent_cotangents_contribute_nothing() {
     let o = MhcOptions::default();
