@@ -407,7 +407,7 @@ fn params(d: Dims, options: &MhcOptions, flags: u32) -> Params {
     }
 }
 
-/// Defaults of every dtype constant, then `set`.
+/// The dtype override constants in `set`; the others keep their WGSL default (F32).
 fn constants(set: &[(&'static str, DType)]) -> Vec<(&'static str, f64)> {
     set.iter().map(|&(k, t)| (k, f64::from(t.code()))).collect()
 }
