@@ -446,6 +446,7 @@ fn run(args: &Args) -> Result<Report> {
             &["attn_res"],
             Box::new(|| attn_res_ops(&engine, args.quick)),
         ),
+        (&["mhc"], Box::new(|| mhc_ops(&engine, args.quick))),
         (
             &["vocab_parallel"],
             Box::new(|| vocab_parallel_ops(&engine, args.quick)),
@@ -1968,6 +1969,95 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     Ok(vec![y, g.x, g.gate_up, g.down, g.weights])
                 })
                 .with_flops(flops)
+                .with_peak(),
+            );
+        }
+    }
+    Ok(ops)
+}
+
+/// Manifold-constrained hyper-connections (`wgrad::mhc`): 2 × 2,048 tokens of 4 streams of
+/// width 4,096 (`--quick`: 64 tokens of 4 × 256); the coefficients (all three cotangents), the
+/// pre-aggregation and the post + residual mix, forward and forward + backward.
+fn mhc_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
+    use wgrad::mhc::{
+        MhcOptions, mhc_coefficients, mhc_coefficients_backward, mhc_post_res,
+        mhc_post_res_backward, mhc_pre, mhc_pre_backward,
+    };
+    let (tokens, n, c) = if quick { (64, 4, 256) } else { (4096, 4, 4096) };
+    let m = n * n + 2 * n;
+    let lead = [2, tokens / 2];
+    let with = |tail: &[usize]| [&lead[..], tail].concat();
+    let mut ops = Vec::new();
+    for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+        let make = |shape: &[usize], scale: f32| -> Result<Tensor> {
+            let len = shape.iter().product();
+            let data: Vec<f32> = (0..len)
+                .map(|i| ((i * 7 % 251) as f32 - 125.0) / scale)
+                .collect();
+            cast::cast(&Tensor::from_slice(engine, &data, shape)?, dtype)
+        };
+        let x = make(&with(&[n, c]), 64.0)?;
+        let phi = make(&[n * c, m], 20000.0)?;
+        let b = make(&[m], 200.0)?;
+        let a = make(&[1], 100.0)?;
+        let f = make(&with(&[c]), 64.0)?;
+        let hp = make(&with(&[n]), 200.0)?;
+        let hr = make(&with(&[n, n]), 500.0)?;
+        let gx = make(&with(&[n, c]), 64.0)?;
+        for backward in [false, true] {
+            let name = if backward {
+                "mhc_coefficients_fwd_bwd"
+            } else {
+                "mhc_coefficients_fwd"
+            };
+            let inputs = vec![x.clone(), phi.clone(), b.clone(), a.clone()];
+            ops.push(
+                Op::new(name, label, inputs, move |i| {
+                    let o = MhcOptions::default();
+                    let (h, saved) =
+                        mhc_coefficients(&i[0], &i[1], &i[2], &i[3], &i[3], &i[3], &o)?;
+                    if !backward {
+                        return Ok(vec![h.h_pre, h.h_post, h.h_res]);
+                    }
+                    let (gp, gq, gr) = (Some(&h.h_post), Some(&h.h_pre), Some(&h.h_res));
+                    let g = mhc_coefficients_backward(&saved, gp, gq, gr)?;
+                    Ok(vec![h.h_res, g.x, g.phi, g.b, g.alpha_res])
+                })
+                .with_peak(),
+            );
+            let name = if backward {
+                "mhc_pre_fwd_bwd"
+            } else {
+                "mhc_pre_fwd"
+            };
+            let inputs = vec![x.clone(), hp.clone(), f.clone()];
+            ops.push(
+                Op::new(name, label, inputs, move |i| {
+                    let (out, saved) = mhc_pre(&i[0], &i[1])?;
+                    if !backward {
+                        return Ok(vec![out]);
+                    }
+                    let g = mhc_pre_backward(&saved, &i[2])?;
+                    Ok(vec![out, g.x, g.h_pre])
+                })
+                .with_peak(),
+            );
+            let name = if backward {
+                "mhc_post_res_fwd_bwd"
+            } else {
+                "mhc_post_res_fwd"
+            };
+            let inputs = vec![x.clone(), f.clone(), hp.clone(), hr.clone(), gx.clone()];
+            ops.push(
+                Op::new(name, label, inputs, move |i| {
+                    let (out, saved) = mhc_post_res(&i[0], &i[1], &i[2], &i[3])?;
+                    if !backward {
+                        return Ok(vec![out]);
+                    }
+                    let g = mhc_post_res_backward(&saved, &i[4])?;
+                    Ok(vec![out, g.x, g.f_out, g.h_post, g.h_res])
+                })
                 .with_peak(),
             );
         }

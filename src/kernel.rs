@@ -177,6 +177,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::optim::KERNEL,
         &crate::mta::KERNEL,
         &crate::attn_res::KERNEL,
+        &crate::mhc::KERNEL,
         &crate::vocab_parallel::KERNEL,
         &crate::moe::KERNEL,
     ];

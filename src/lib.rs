@@ -36,6 +36,7 @@ pub mod grpo;
 pub mod kernel;
 pub mod loss;
 pub mod matmul;
+pub mod mhc;
 pub mod mlp;
 pub mod model;
 pub mod moe;

@@ -1636,3 +1636,105 @@ fn hostile_refusals_are_typed() {
         "mRoPE sections wrapping to the sum: {r:?}"
     );
 }
+
+/// Manifold-constrained hyper-connections: x [2, 2, 8] (2 tokens of 2 streams of width 8),
+/// phi [16, 8], b [8], gains [1], f_out [2, 8]; each option through its hostile values.
+fn mhc_family(t: &mut Tally) {
+    use wgrad::mhc::{self, MhcOptions};
+    let e = t.engine.clone();
+    let x = f32_tensor(&e, &[2, 2, 8], 11);
+    let phi = f32_tensor(&e, &[16, 8], 12);
+    let b = f32_tensor(&e, &[8], 13);
+    let a = f32_tensor(&e, &[1], 14);
+    let f = f32_tensor(&e, &[2, 8], 15);
+    let hp = f32_tensor(&e, &[2, 2], 16);
+    let hr = f32_tensor(&e, &[2, 2, 2], 17);
+    // The mixes first: they need no workspace, so tight engines run them too.
+    t.sweep("mhc_pre", &[&x, &hp], |v| {
+        mhc::mhc_pre(v[0], v[1]).map(drop)
+    });
+    t.sweep("mhc_post_res", &[&x, &f, &hp, &hr], |v| {
+        mhc::mhc_post_res(v[0], v[1], v[2], v[3]).map(drop)
+    });
+    if let Some((p, psaved)) = t.get("mhc_pre", || mhc::mhc_pre(&x, &hp)) {
+        t.sweep("mhc_pre_backward", &[&p], |v| {
+            mhc::mhc_pre_backward(&psaved, v[0]).map(drop)
+        });
+    }
+    if let Some((r, rsaved)) = t.get("mhc_post_res", || mhc::mhc_post_res(&x, &f, &hp, &hr)) {
+        t.sweep("mhc_post_res_backward", &[&r], |v| {
+            mhc::mhc_post_res_backward(&rsaved, v[0]).map(drop)
+        });
+    }
+    let o = MhcOptions::default();
+    let coefficients = |o: MhcOptions| mhc::mhc_coefficients(&x, &phi, &b, &a, &a, &a, &o);
+    t.sweep("mhc_coefficients", &[&x, &phi, &b, &a, &a, &a], |v| {
+        mhc::mhc_coefficients(v[0], v[1], v[2], v[3], v[4], v[5], &o).map(drop)
+    });
+    t.values("mhc tmax", &[0u32, 1, 256, 257, u32::MAX], |tmax| {
+        coefficients(MhcOptions { tmax, ..o }).map(drop)
+    });
+    t.values("mhc rms_eps", &BAD_F32, |rms_eps| {
+        coefficients(MhcOptions { rms_eps, ..o }).map(drop)
+    });
+    t.values("mhc sinkhorn_eps", &BAD_F32, |sinkhorn_eps| {
+        coefficients(MhcOptions { sinkhorn_eps, ..o }).map(drop)
+    });
+    t.values("mhc pre_eps", &BAD_F32, |pre_eps| {
+        coefficients(MhcOptions { pre_eps, ..o }).map(drop)
+    });
+    t.values("mhc post_mult", &BAD_F32, |post_mult| {
+        coefficients(MhcOptions { post_mult, ..o }).map(drop)
+    });
+    let (h, saved) = need!(t, "mhc_coefficients", coefficients(o));
+    t.sweep(
+        "mhc_coefficients_backward",
+        &[&h.h_pre, &h.h_post, &h.h_res],
+        |v| mhc::mhc_coefficients_backward(&saved, Some(v[0]), Some(v[1]), Some(v[2])).map(drop),
+    );
+    t.call("mhc_coefficients_backward without cotangents", || {
+        mhc::mhc_coefficients_backward(&saved, None, None, None).map(drop)
+    });
+}
+
+#[test]
+fn mhc_never_panics() {
+    sweep_family("manifold-constrained hyper-connections", mhc_family);
+}
+
+/// The mHC family on the engines of `tight_engines_never_panic`: its valid calls and hostile
+/// option values are refused with a typed error or succeed, never panic, and the engine
+/// computes correctly afterwards.
+#[test]
+fn mhc_never_panics_on_tight_engines() {
+    let build = |b: wgrad::EngineBuilder| b.build().expect("an engine with tight limits");
+    let configs = [
+        (
+            "workspace bound 0",
+            build(Engine::builder().workspace_bound(0)),
+        ),
+        (
+            "workspace bound 256 B",
+            build(Engine::builder().workspace_bound(256)),
+        ),
+        (
+            "bindings of 64 B",
+            build(Engine::builder().binding_limit(64)),
+        ),
+        ("pool limit 0", build(Engine::builder().pool_limit(0))),
+        ("WebGPU default limits", common::webgpu_default_engine()),
+    ];
+    for (name, e) in configs {
+        let mut t = Tally::on(&e, false);
+        mhc_family(&mut t);
+        // Bindings of 64 bytes refuse every call (x alone is 128 bytes): only panics fail.
+        assert!(
+            t.panics.is_empty(),
+            "{name}: {} calls panicked:\n{}",
+            t.panics.len(),
+            t.panics.join("\n")
+        );
+        assert!(t.ok + t.err > 0, "{name}: no calls");
+        assert_engine_still_computes(&e);
+    }
+}

@@ -12,6 +12,7 @@ mod gated_delta;
 mod grpo;
 mod loss;
 mod matmul;
+mod mhc;
 mod mlp;
 mod model;
 mod moe;
@@ -111,6 +112,7 @@ pub fn operators() -> Vec<OperatorCheck> {
     .chain(expr::operators())
     .chain(mta::operators())
     .chain(attn_res::operators())
+    .chain(mhc::operators())
     .chain(vocab_parallel::operators())
     .chain(moe::operators())
     .collect()

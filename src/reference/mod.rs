@@ -13,6 +13,7 @@ pub mod gated_delta;
 pub mod grpo;
 pub mod loss;
 pub mod matmul;
+pub mod mhc;
 pub mod mlp;
 pub mod model;
 pub mod moe;
