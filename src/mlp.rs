@@ -92,7 +92,7 @@ pub struct MlpGradients {
     pub down: Tensor,
 }
 
-fn check_float(t: &Tensor, what: &str) -> Result<()> {
+pub(crate) fn check_float(t: &Tensor, what: &str) -> Result<()> {
     if t.dtype().is_float() {
         Ok(())
     } else {
@@ -160,7 +160,12 @@ fn tiles(rows: usize, tile_rows: Option<usize>) -> Vec<(usize, usize)> {
 
 /// Rows `first..` of a `[.., width]` tensor as a product operand (stored `[rows, width]`;
 /// `transposed`: used as `[width, rows]`).
-fn rows_of(tensor: &Tensor, first: usize, width: usize, transposed: bool) -> GemmOperand<'_> {
+pub(crate) fn rows_of(
+    tensor: &Tensor,
+    first: usize,
+    width: usize,
+    transposed: bool,
+) -> GemmOperand<'_> {
     GemmOperand {
         tensor,
         offset: first * width,
@@ -171,7 +176,7 @@ fn rows_of(tensor: &Tensor, first: usize, width: usize, transposed: bool) -> Gem
 
 /// `out[out_offset..] (=|+=) a·b` with logical extents `(m, n, k)`; on tensor cores where
 /// `tc` (the options' opt-in) and both operands are 16-bit.
-fn product(
+pub(crate) fn product(
     out: &Tensor,
     out_offset: usize,
     a: GemmOperand,

@@ -38,7 +38,8 @@
 
 use crate::activation::{self, Activation, ActivationOptions};
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
-use crate::matmul::{self, Gemm, GemmOperand};
+use crate::matmul::GemmOperand;
+use crate::mlp::{check_float, product, rows_of};
 use crate::{DType, Error, Result, Tensor};
 
 /// `wgsl/moe.wgsl`.
@@ -70,9 +71,9 @@ pub struct MoeOptions {
     /// Recompute the `[gate ‖ up]` products in the backward instead of keeping them.
     pub recompute: bool,
     /// Opt-in: products whose two operands are 16-bit run on tensor cores
-    /// ([`matmul::Gemm::tensor_cores`]; see [`crate::mlp::MlpOptions::tensor_cores`]): the
+    /// ([`crate::matmul::Gemm::tensor_cores`]; see [`crate::mlp::MlpOptions::tensor_cores`]): the
     /// `[gate ‖ up]` products for 16-bit x and `gate_up`, and `dhu = dy·down` for a 16-bit dy and
-    /// `down`. Needs [`matmul::tensor_cores`] when any product qualifies (else
+    /// `down`. Needs [`crate::matmul::tensor_cores`] when any product qualifies (else
     /// `MissingFeature`).
     pub tensor_cores: bool,
 }
@@ -310,14 +311,6 @@ struct Extents {
     k: usize,
 }
 
-fn check_float(t: &Tensor, what: &str) -> Result<()> {
-    if t.dtype().is_float() {
-        Ok(())
-    } else {
-        Err(Error::dtype(what, t.dtype(), &DType::FLOATS))
-    }
-}
-
 /// Every input checked; the extents.
 fn extents(
     x: &Tensor,
@@ -440,35 +433,6 @@ pub fn fused_moe_backward_workspace_bytes(saved: &MoeSaved) -> u64 {
     4 * rows * (3 * h + 4 * i + 1 + recomputed) as u64
 }
 
-/// `out[out_offset..] (=|+=) a·b` of logical extents `(m, n, k)`; on tensor cores where `tc`
-/// and both operands are 16-bit.
-fn product(
-    out: &Tensor,
-    out_offset: usize,
-    a: GemmOperand,
-    b: GemmOperand,
-    extents: (usize, usize, usize),
-    tc: bool,
-) -> Result<()> {
-    let tensor_cores = tc && a.tensor.dtype() != DType::F32 && b.tensor.dtype() != DType::F32;
-    matmul::gemm(&Gemm {
-        out_offset,
-        tensor_cores,
-        ..Gemm::plain(a, b, out, extents, false)
-    })
-}
-
-/// Rows `first..` of a `[rows, width]` tensor as an operand (`transposed`: used as
-/// `[width, rows]`).
-fn rows_from(tensor: &Tensor, first: usize, width: usize, transposed: bool) -> GemmOperand<'_> {
-    GemmOperand {
-        tensor,
-        offset: first * width,
-        transposed,
-        batch_stride: 0,
-    }
-}
-
 /// Expert `e`'s matrix of `per` elements in a stacked weight tensor.
 fn expert_matrix(tensor: &Tensor, e: usize, per: usize, transposed: bool) -> GemmOperand<'_> {
     GemmOperand {
@@ -555,9 +519,10 @@ fn pre_activations(
         product(
             &pre,
             first * 2 * x.i,
-            rows_from(xs, first, x.h, false),
+            rows_of(xs, first, x.h, false),
             expert_matrix(gate_up, e, 2 * x.i * x.h, true),
             (rows, 2 * x.i, x.h),
+            false,
             tc,
         )?;
     }
@@ -605,9 +570,10 @@ pub fn fused_moe(
             product(
                 &ys,
                 first * ext.h,
-                rows_from(&act, first, ext.i, false),
+                rows_of(&act, first, ext.i, false),
                 expert_matrix(down, e, ext.h * ext.i, true),
                 (rows, ext.h, ext.i),
+                false,
                 tc,
             )?;
         }
@@ -682,9 +648,10 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         product(
             &dhu,
             first * i,
-            rows_from(&dys, first, h, false),
+            rows_of(&dys, first, h, false),
             expert_matrix(&saved.down, ex, h * i, false),
             (rows, i, h),
+            false,
             tc,
         )?;
     }
@@ -721,18 +688,20 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         product(
             &d_down,
             ex * h * i,
-            rows_from(&dys, first, h, true),
-            rows_from(&act, first, i, false),
+            rows_of(&dys, first, h, true),
+            rows_of(&act, first, i, false),
             (h, i, rows),
+            false,
             tc,
         )?;
         // d gate_up_e = d_preᵀ·xs  [2I, H]
         product(
             &d_gate_up,
             ex * 2 * i * h,
-            rows_from(&d_pre, first, 2 * i, true),
-            rows_from(&xs, first, h, false),
+            rows_of(&d_pre, first, 2 * i, true),
+            rows_of(&xs, first, h, false),
             (2 * i, h, rows),
+            false,
             tc,
         )?;
         if rows > 0 {
@@ -740,9 +709,10 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
             product(
                 &dxs,
                 first * h,
-                rows_from(&d_pre, first, 2 * i, false),
+                rows_of(&d_pre, first, 2 * i, false),
                 expert_matrix(&saved.gate_up, ex, 2 * i * h, false),
                 (rows, h, 2 * i),
+                false,
                 tc,
             )?;
         }
