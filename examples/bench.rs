@@ -1943,11 +1943,20 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             "  fused_moe {label} T{t} E{e} H{h} I{i} K{k}: {:.3e} FLOP per forward",
             3.0 * slot_products
         );
-        for backward in [false, true] {
-            let name = if backward {
-                "fused_moe_fwd_bwd"
-            } else {
-                "fused_moe_fwd"
+        // Exact routing, then a capacity of 1.25 × the mean load (every expert equally
+        // loaded here, so nothing drops: the batched launches against the per-expert ones).
+        let capacity = (t * k).div_ceil(e) * 5 / 4;
+        for (backward, capacity) in [
+            (false, None),
+            (true, None),
+            (false, Some(capacity)),
+            (true, Some(capacity)),
+        ] {
+            let name = match (backward, capacity.is_some()) {
+                (false, false) => "fused_moe_fwd",
+                (true, false) => "fused_moe_fwd_bwd",
+                (false, true) => "fused_moe_capacity_fwd",
+                (true, true) => "fused_moe_capacity_fwd_bwd",
             };
             let inputs = vec![
                 x.clone(),
@@ -1960,7 +1969,10 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             let flops = if backward { 9.0 } else { 3.0 } * slot_products;
             ops.push(
                 Op::new(name, label, inputs, move |v| {
-                    let o = MoeOptions::default();
+                    let o = MoeOptions {
+                        capacity,
+                        ..MoeOptions::default()
+                    };
                     let (y, saved) = fused_moe(&v[0], &v[1], &v[2], &v[3], &v[4], &o)?;
                     if !backward {
                         return Ok(vec![y]);

@@ -32,14 +32,19 @@
 //! token's top-k are two slots. T = 0 or K = 0 give a zero-row or zero output and zero weight
 //! gradients.
 //!
+//! With [`MoeOptions::capacity`] `Some(c)` the routing reads nothing back: each expert gets a
+//! block of `c` rows holding its first `c` slots in slot order (later slots are dropped: they
+//! route nowhere), unused rows are zero padding, and each product is one batched launch over
+//! the E blocks ([`route_with_capacity`]).
+//!
 //! Memory: the forward keeps the `[slots, 2I]` F32 pre-activations for the backward unless
 //! [`MoeOptions::recompute`] (then the backward recomputes them: one more product an expert);
 //! the sorted x rows are gathered again in the backward rather than kept.
 
 use crate::activation::{self, Activation, ActivationOptions};
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
-use crate::matmul::GemmOperand;
-use crate::mlp::{check_float, product, rows_of};
+use crate::matmul::{self, Gemm, GemmOperand};
+use crate::mlp::check_float;
 use crate::{DType, Error, Result, Tensor};
 
 /// `wgsl/moe.wgsl`.
@@ -76,6 +81,11 @@ pub struct MoeOptions {
     /// `down`. Needs [`crate::matmul::tensor_cores`] when any product qualifies (else
     /// `MissingFeature`).
     pub tensor_cores: bool,
+    /// `Some(c)`: route with [`route_with_capacity`] — at most `c` slots an expert (the
+    /// later ones, in slot order, dropped: deterministic token dropping), no readback, each
+    /// product one batched launch over the experts' `c`-row blocks (padding rows are zeros).
+    /// `None` (the default): every slot, [`route`]'s one readback, a launch per busy expert.
+    pub capacity: Option<usize>,
 }
 
 impl Default for MoeOptions {
@@ -84,6 +94,7 @@ impl Default for MoeOptions {
             activation: Activation::Silu,
             recompute: false,
             tensor_cores: false,
+            capacity: None,
         }
     }
 }
@@ -97,49 +108,70 @@ struct Params {
     width: u32,
     weighted: u32,
     rows: u32,
+    capacity: u32,
 }
 
-/// The slots of a top-k index sorted by expert: position `p` of the sorted order holds slot
-/// `perm[p]` (slot `f = t·K + k`), slot `f` sits at `inverse[f]` (`u32::MAX` when it routes
-/// nowhere); expert `e`'s slots are positions `starts[e]..starts[e + 1]`, in slot order.
+/// The slots of a top-k index sorted by expert into rows: row `p` holds slot `perm[p]` (slot
+/// `f = t·K + k`), slot `f` sits at row `inverse[f]` (`u32::MAX` when it routes nowhere or is
+/// dropped). Expert `e` owns rows `starts[e]..starts[e + 1]`, its slots in slot order: exactly
+/// its slots ([`route`]), or `capacity` rows (`e·capacity..`, [`route_with_capacity`]) holding
+/// its first `capacity` slots, the unused rows marked `u32::MAX` (gathered as zeros).
 #[derive(Debug, Clone)]
 pub struct MoeRouting {
     perm: Tensor,
     inverse: Tensor,
+    slot_starts: Tensor,
     starts: Vec<usize>,
+    capacity: Option<usize>,
     tokens: usize,
     k: usize,
 }
 
 impl MoeRouting {
-    /// U32 `[T·K]`: the slot at each sorted position (the first [`MoeRouting::routed`] are
-    /// meaningful).
+    /// U32 `[rows]`: the slot of each sorted row (`u32::MAX` for a padding row).
     pub fn permutation(&self) -> &Tensor {
         &self.perm
     }
 
-    /// U32 `[T·K]`: each slot's sorted position, `u32::MAX` for a slot that routes nowhere.
+    /// U32 `[T·K]`: each slot's row, `u32::MAX` for a slot that routes nowhere or is dropped.
     pub fn inverse(&self) -> &Tensor {
         &self.inverse
     }
 
-    /// The `E + 1` expert starts in the sorted order (the host copy).
+    /// The `E + 1` starts of the experts' rows (host).
     pub fn starts(&self) -> &[usize] {
         &self.starts
     }
 
-    /// The slots of each expert.
+    /// The rows of each expert: its slots ([`route`]), or the capacity.
     pub fn counts(&self) -> Vec<usize> {
         self.starts.windows(2).map(|w| w[1] - w[0]).collect()
     }
 
-    /// Slots routed to some expert.
-    pub fn routed(&self) -> usize {
+    /// The sorted rows: the routed slots ([`route`]), or E × capacity.
+    pub fn rows(&self) -> usize {
         self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// The capacity of [`route_with_capacity`] (`None` for [`route`]).
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// U32 `[E + 1]` on the device: the exclusive running sum of the slots routed to each
+    /// expert before any capacity (so expert `e` got `s[e + 1] − s[e]` slots, and with a
+    /// capacity `max(0, s[e + 1] − s[e] − capacity)` of them dropped), with no readback.
+    pub fn slot_starts(&self) -> &Tensor {
+        &self.slot_starts
     }
 
     fn experts(&self) -> usize {
         self.starts.len() - 1
+    }
+
+    /// No slot at all, or no sorted row: every output and gradient is zero.
+    fn idle(&self) -> bool {
+        self.tokens * self.k == 0 || self.rows() == 0
     }
 
     fn params(&self, width: usize, weighted: bool) -> Params {
@@ -150,14 +182,15 @@ impl MoeRouting {
             tiles: 0,
             width: width as u32,
             weighted: u32::from(weighted),
-            rows: self.routed() as u32,
+            rows: self.rows() as u32,
+            capacity: self.capacity.unwrap_or(0) as u32,
         }
     }
 }
 
-/// Scratch bytes of [`route`]: the per-(expert, tile) counts and the starts.
+/// Scratch bytes of [`route`] and [`route_with_capacity`]: the per-(expert, tile) counts.
 pub fn route_workspace_bytes(slots: usize, experts: usize) -> u64 {
-    4 * (experts * slots.div_ceil(TILE) + experts + 1) as u64
+    4 * (experts * slots.div_ceil(TILE)) as u64
 }
 
 /// Sort the slots of `index [.., K]` (I32 or U32) by expert among `experts`: the GPU counts and
@@ -167,6 +200,30 @@ pub fn route_workspace_bytes(slots: usize, experts: usize) -> u64 {
 /// Errors: `index` not I32/U32 or of rank 0; `experts` outside 1..=[`MAX_EXPERTS`]; more than
 /// 2³¹ − 1 slots, or experts × ⌈slots / 256⌉ past 2³² − 1; scratch past the workspace bound.
 pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
+    sort_slots(index, experts, None)
+}
+
+/// [`route`] with `capacity` rows an expert and no readback: expert `e`'s first `capacity`
+/// slots (in slot order) take rows `e·capacity..`, its further slots are dropped (they route
+/// nowhere: nothing added, weight gradient 0), unused rows are padding. Deterministic token
+/// dropping, as a capacity factor does (`capacity = ⌈factor·T·K / E⌉`); the products then run
+/// as one batched launch each.
+///
+/// Errors: those of [`route`]; `capacity` 0, or E × capacity past 2³¹ − 1 (`OutOfBounds`).
+pub fn route_with_capacity(index: &Tensor, experts: usize, capacity: usize) -> Result<MoeRouting> {
+    let rows = experts.saturating_mul(capacity);
+    if capacity == 0 || rows > i32::MAX as usize {
+        return Err(Error::bounds(
+            "moe: capacity (E × capacity rows)",
+            rows as u64,
+            1,
+            i32::MAX as u64,
+        ));
+    }
+    sort_slots(index, experts, Some(capacity))
+}
+
+fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result<MoeRouting> {
     let engine = index.engine();
     if !matches!(index.dtype(), DType::I32 | DType::U32) {
         return Err(Error::dtype(
@@ -195,19 +252,7 @@ pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
             i32::MAX as u64,
         ));
     }
-    let tokens = slots.checked_div(k).unwrap_or(0);
-    let perm = Tensor::empty(engine, &[slots], DType::U32, "moe: permutation")?;
-    let inverse = Tensor::empty(engine, &[slots], DType::U32, "moe: inverse")?;
-    if slots == 0 {
-        return Ok(MoeRouting {
-            perm,
-            inverse,
-            starts: vec![0; experts + 1],
-            tokens,
-            k,
-        });
-    }
-    let tiles = slots.div_ceil(TILE);
+    let tiles = slots.div_ceil(TILE).max(1);
     if experts * tiles > u32::MAX as usize {
         return Err(Error::bounds(
             "moe: experts × routing tiles",
@@ -217,8 +262,11 @@ pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
         ));
     }
     engine.check_workspace("moe: route", route_workspace_bytes(slots, experts))?;
-    let counts = Tensor::empty(engine, &[experts * tiles], DType::U32, "moe: tile counts")?;
-    let starts = Tensor::empty(engine, &[experts + 1], DType::U32, "moe: starts")?;
+    let tokens = slots.checked_div(k).unwrap_or(0);
+    let rows = capacity.map_or(slots, |c| experts * c);
+    let perm = Tensor::empty(engine, &[rows], DType::U32, "moe: permutation")?;
+    let inverse = Tensor::empty(engine, &[slots], DType::U32, "moe: inverse")?;
+    let slot_starts = Tensor::zeros(engine, &[experts + 1], DType::U32)?;
     let params = Params {
         tokens: tokens as u32,
         k: k as u32,
@@ -226,43 +274,68 @@ pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
         tiles: tiles as u32,
         width: 0,
         weighted: 0,
-        rows: 0,
+        rows: rows as u32,
+        capacity: capacity.unwrap_or(0) as u32,
     };
-    let grid = (experts * tiles).div_ceil(WG) as u64;
-    engine.launch(
-        &KERNEL,
-        "route_count",
-        &vec![],
-        &params,
-        &[index.buffer(), counts.buffer(), inverse.buffer()],
-        grid,
-    )?;
-    engine.launch(
-        &KERNEL,
-        "route_offsets",
-        &vec![],
-        &params,
-        &[counts.buffer(), starts.buffer()],
-        1,
-    )?;
-    engine.launch(
-        &KERNEL,
-        "route_scatter",
-        &vec![],
-        &params,
-        &[
-            index.buffer(),
-            perm.buffer(),
-            inverse.buffer(),
-            counts.buffer(),
-        ],
-        grid,
-    )?;
-    let starts = starts.to_vec::<u32>()?;
+    if slots > 0 {
+        let counts = Tensor::empty(engine, &[experts * tiles], DType::U32, "moe: tile counts")?;
+        let grid = (experts * tiles).div_ceil(WG) as u64;
+        engine.launch(
+            &KERNEL,
+            "route_count",
+            &vec![],
+            &params,
+            &[index.buffer(), counts.buffer(), inverse.buffer()],
+            grid,
+        )?;
+        engine.launch(
+            &KERNEL,
+            "route_offsets",
+            &vec![],
+            &params,
+            &[counts.buffer(), slot_starts.buffer()],
+            1,
+        )?;
+        engine.launch(
+            &KERNEL,
+            "route_scatter",
+            &vec![],
+            &params,
+            &[
+                index.buffer(),
+                slot_starts.buffer(),
+                perm.buffer(),
+                inverse.buffer(),
+                counts.buffer(),
+            ],
+            grid,
+        )?;
+    }
+    let starts = match capacity {
+        None if slots == 0 => vec![0; experts + 1],
+        None => slot_starts
+            .to_vec::<u32>()?
+            .into_iter()
+            .map(|s| s as usize)
+            .collect(),
+        Some(c) => {
+            engine.launch(
+                &KERNEL,
+                "pad_rows",
+                &vec![],
+                &params,
+                &[slot_starts.buffer(), perm.buffer()],
+                rows.div_ceil(WG) as u64,
+            )?;
+            (0..=experts).map(|e| e * c).collect()
+        }
+    };
     Ok(MoeRouting {
         perm,
         inverse,
-        starts: starts.into_iter().map(|s| s as usize).collect(),
+        slot_starts,
+        starts,
+        capacity,
         tokens,
         k,
     })
@@ -406,7 +479,8 @@ fn extents(
 }
 
 /// Scratch bytes of [`fused_moe`] (beyond the output and the saved pre-activations): the
-/// routing's, the sorted x rows (at most F32), the activation and the expert outputs, F32. The
+/// routing's, the sorted x rows (at most F32), the activation and the expert outputs, F32, over
+/// the T·K routed rows, or E × capacity rows with [`MoeOptions::capacity`]. The
 /// products' split-K scratch comes on top, within the engine's workspace bound.
 pub fn fused_moe_workspace_bytes(
     tokens: usize,
@@ -414,9 +488,10 @@ pub fn fused_moe_workspace_bytes(
     experts: usize,
     hidden: usize,
     inter: usize,
+    capacity: Option<usize>,
 ) -> u64 {
-    let slots = (tokens * k) as u64;
-    route_workspace_bytes(tokens * k, experts) + 4 * slots * (2 * hidden + inter) as u64
+    let rows = capacity.map_or(tokens * k, |c| experts * c) as u64;
+    route_workspace_bytes(tokens * k, experts) + 4 * rows * (2 * hidden + inter) as u64
 }
 
 /// Scratch bytes of [`fused_moe_backward`] (beyond the gradients): the sorted x and dy rows
@@ -428,35 +503,83 @@ pub fn fused_moe_backward_workspace_bytes(saved: &MoeSaved) -> u64 {
         saved.x.shape().last().copied().unwrap_or(0),
         saved.down.shape()[2],
     );
-    let rows = saved.routing.routed() as u64;
+    let rows = saved.routing.rows() as u64;
     let recomputed = if saved.pre.is_none() { 2 * i } else { 0 };
     4 * rows * (3 * h + 4 * i + 1 + recomputed) as u64
 }
 
-/// Expert `e`'s matrix of `per` elements in a stacked weight tensor.
-fn expert_matrix(tensor: &Tensor, e: usize, per: usize, transposed: bool) -> GemmOperand<'_> {
-    GemmOperand {
-        tensor,
-        offset: e * per,
-        transposed,
-        batch_stride: 0,
+/// An operand or output of the per-expert products: the sorted rows of a `[rows, width]`
+/// tensor (expert `e`'s from its first row), or expert `e`'s matrix of `per` elements in a
+/// stacked `[E, ..]` tensor; `transposed` as [`GemmOperand::transposed`] (outputs never are).
+#[derive(Clone, Copy)]
+enum Part<'a> {
+    Rows(&'a Tensor, usize, bool),
+    Expert(&'a Tensor, usize, bool),
+}
+
+impl<'a> Part<'a> {
+    /// Expert `e`'s operand, its rows starting at sorted row `first`; consecutive experts
+    /// `stride` rows apart (a batched call over a capacity layout).
+    fn operand(self, e: usize, first: usize, stride: usize) -> GemmOperand<'a> {
+        let (tensor, offset, batch_stride, transposed) = match self {
+            Part::Rows(t, width, tr) => (t, first * width, stride * width, tr),
+            Part::Expert(t, per, tr) => (t, e * per, per, tr),
+        };
+        GemmOperand {
+            tensor,
+            offset,
+            transposed,
+            batch_stride,
+        }
     }
 }
 
-/// The experts with slots: `(expert, first sorted row, rows)`.
-fn busy_experts(routing: &MoeRouting) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-    routing
-        .starts
-        .windows(2)
-        .enumerate()
-        .filter(|(_, w)| w[1] > w[0])
-        .map(|(e, w)| (e, w[0], w[1] - w[0]))
+/// `out_e = a_e · b_e` for every expert, `extents(rows)` its `(m, n, k)`: one call an expert
+/// (every expert when `all`, the weight gradients, whose idle experts' products of k = 0 write
+/// zeros; else those with rows), or with a capacity one batched call over the experts. On
+/// tensor cores where `tc` and both operands are 16-bit.
+fn expert_products(
+    routing: &MoeRouting,
+    out: Part,
+    a: Part,
+    b: Part,
+    extents: impl Fn(usize) -> (usize, usize, usize),
+    all: bool,
+    tc: bool,
+) -> Result<()> {
+    let (Part::Rows(out_tensor, ..) | Part::Expert(out_tensor, ..)) = out;
+    let call = |e: usize, first: usize, rows: usize, batch: usize| {
+        let stride = routing.capacity.unwrap_or(0);
+        let (aa, bb, oo) = (
+            a.operand(e, first, stride),
+            b.operand(e, first, stride),
+            out.operand(e, first, stride),
+        );
+        let tensor_cores = tc && aa.tensor.dtype() != DType::F32 && bb.tensor.dtype() != DType::F32;
+        let (m, n, k) = extents(rows);
+        matmul::gemm(&Gemm {
+            out_offset: oo.offset,
+            out_batch_stride: if batch > 1 { oo.batch_stride } else { m * n },
+            batch,
+            tensor_cores,
+            ..Gemm::plain(aa, bb, out_tensor, (m, n, k), false)
+        })
+    };
+    if let Some(capacity) = routing.capacity {
+        return call(0, 0, capacity, routing.experts());
+    }
+    for (e, w) in routing.starts.windows(2).enumerate() {
+        if all || w[1] > w[0] {
+            call(e, w[0], w[1] - w[0], 1)?;
+        }
+    }
+    Ok(())
 }
 
 /// `src`'s `[T, width]` rows in sorted order, `[routed, width]` in `src`'s dtype (raw bits).
 fn gather(src: &Tensor, routing: &MoeRouting, width: usize, what: &str) -> Result<Tensor> {
     let engine = src.engine();
-    let rows = routing.routed();
+    let rows = routing.rows();
     let out = Tensor::empty(engine, &[rows, width], src.dtype(), what)?;
     let words = src.dtype().buffer_bytes(rows * width).div_ceil(4);
     engine.launch(
@@ -481,7 +604,7 @@ fn combine(
     what: &str,
 ) -> Result<Tensor> {
     let engine = rows.engine();
-    if routing.routed() == 0 {
+    if routing.idle() {
         return Tensor::zeros(engine, shape, DType::F32);
     }
     let out = Tensor::empty(engine, shape, DType::F32, what)?;
@@ -511,21 +634,19 @@ fn pre_activations(
 ) -> Result<Tensor> {
     let pre = Tensor::empty(
         xs.engine(),
-        &[routing.routed(), 2 * x.i],
+        &[routing.rows(), 2 * x.i],
         DType::F32,
         "moe: pre-activations",
     )?;
-    for (e, first, rows) in busy_experts(routing) {
-        product(
-            &pre,
-            first * 2 * x.i,
-            rows_of(xs, first, x.h, false),
-            expert_matrix(gate_up, e, 2 * x.i * x.h, true),
-            (rows, 2 * x.i, x.h),
-            false,
-            tc,
-        )?;
-    }
+    expert_products(
+        routing,
+        Part::Rows(&pre, 2 * x.i, false),
+        Part::Rows(xs, x.h, false),
+        Part::Expert(gate_up, 2 * x.i * x.h, true),
+        |rows| (rows, 2 * x.i, x.h),
+        false,
+        tc,
+    )?;
     Ok(pre)
 }
 
@@ -548,12 +669,15 @@ pub fn fused_moe(
     let engine = x.engine();
     engine.check_workspace(
         "fused_moe",
-        fused_moe_workspace_bytes(ext.t, ext.k, ext.e, ext.h, ext.i),
+        fused_moe_workspace_bytes(ext.t, ext.k, ext.e, ext.h, ext.i, options.capacity),
     )?;
-    let routing = route(index, ext.e)?;
+    let routing = match options.capacity {
+        None => route(index, ext.e)?,
+        Some(c) => route_with_capacity(index, ext.e, c)?,
+    };
     let tc = options.tensor_cores;
     let y_shape = x.shape().to_vec();
-    let (y, pre) = if routing.routed() == 0 {
+    let (y, pre) = if routing.idle() {
         (Tensor::zeros(engine, &y_shape, DType::F32)?, None)
     } else {
         let xs = gather(x, &routing, ext.h, "moe: sorted x")?;
@@ -562,21 +686,19 @@ pub fn fused_moe(
             activation::packed_forward(options.activation, &pre, &ActivationOptions::default())?;
         let ys = Tensor::empty(
             engine,
-            &[routing.routed(), ext.h],
+            &[routing.rows(), ext.h],
             DType::F32,
             "moe: expert outputs",
         )?;
-        for (e, first, rows) in busy_experts(&routing) {
-            product(
-                &ys,
-                first * ext.h,
-                rows_of(&act, first, ext.i, false),
-                expert_matrix(down, e, ext.h * ext.i, true),
-                (rows, ext.h, ext.i),
-                false,
-                tc,
-            )?;
-        }
+        expert_products(
+            &routing,
+            Part::Rows(&ys, ext.h, false),
+            Part::Rows(&act, ext.i, false),
+            Part::Expert(down, ext.h * ext.i, true),
+            |rows| (rows, ext.h, ext.i),
+            false,
+            tc,
+        )?;
         let y = combine(&ys, weights, &routing, ext.h, true, &y_shape, "moe: y")?;
         (y, Some(pre))
     };
@@ -626,7 +748,7 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         fused_moe_backward_workspace_bytes(saved),
     )?;
     let d_weights = Tensor::empty(engine, saved.weights.shape(), DType::F32, "moe: d weights")?;
-    if routing.routed() == 0 {
+    if routing.idle() {
         return Ok(MoeGradients {
             x: Tensor::zeros(engine, x.shape(), DType::F32)?,
             gate_up: Tensor::zeros(engine, saved.gate_up.shape(), DType::F32)?,
@@ -635,7 +757,7 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         });
     }
     let tc = saved.options.tensor_cores;
-    let rows_all = routing.routed();
+    let rows_all = routing.rows();
     let xs = gather(x, routing, h, "moe: sorted x")?;
     let dys = gather(dy, routing, h, "moe: sorted dy")?;
     let pre = match &saved.pre {
@@ -644,17 +766,15 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
     };
     // dhu = dy·down_e  [routed, I]
     let dhu = Tensor::empty(engine, &[rows_all, i], DType::F32, "moe: dhu")?;
-    for (ex, first, rows) in busy_experts(routing) {
-        product(
-            &dhu,
-            first * i,
-            rows_of(&dys, first, h, false),
-            expert_matrix(&saved.down, ex, h * i, false),
-            (rows, i, h),
-            false,
-            tc,
-        )?;
-    }
+    expert_products(
+        routing,
+        Part::Rows(&dhu, i, false),
+        Part::Rows(&dys, h, false),
+        Part::Expert(&saved.down, h * i, false),
+        |rows| (rows, i, h),
+        false,
+        tc,
+    )?;
     // The activation again; then per sorted row dw = ⟨dhu, h⟩, dhu ← w·dhu, h ← w·h.
     let (act, act_saved) = activation::packed_forward(
         saved.options.activation,
@@ -681,42 +801,36 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
     let d_down = Tensor::empty(engine, saved.down.shape(), DType::F32, "moe: d down")?;
     let d_gate_up = Tensor::empty(engine, saved.gate_up.shape(), DType::F32, "moe: d gate_up")?;
     let dxs = Tensor::empty(engine, &[rows_all, h], DType::F32, "moe: sorted dx")?;
-    let starts = &routing.starts;
-    for ex in 0..e {
-        let (first, rows) = (starts[ex], starts[ex + 1] - starts[ex]);
-        // d down_e = dysᵀ·(w·h)  [H, I] (zeros for an expert without slots: k = 0)
-        product(
-            &d_down,
-            ex * h * i,
-            rows_of(&dys, first, h, true),
-            rows_of(&act, first, i, false),
-            (h, i, rows),
-            false,
-            tc,
-        )?;
-        // d gate_up_e = d_preᵀ·xs  [2I, H]
-        product(
-            &d_gate_up,
-            ex * 2 * i * h,
-            rows_of(&d_pre, first, 2 * i, true),
-            rows_of(&xs, first, h, false),
-            (2 * i, h, rows),
-            false,
-            tc,
-        )?;
-        if rows > 0 {
-            // sorted dx = d_pre·gate_up_e  [rows, H]
-            product(
-                &dxs,
-                first * h,
-                rows_of(&d_pre, first, 2 * i, false),
-                expert_matrix(&saved.gate_up, ex, 2 * i * h, false),
-                (rows, h, 2 * i),
-                false,
-                tc,
-            )?;
-        }
-    }
+    // d down_e = dysᵀ·(w·h)  [H, I]
+    expert_products(
+        routing,
+        Part::Expert(&d_down, h * i, false),
+        Part::Rows(&dys, h, true),
+        Part::Rows(&act, i, false),
+        |rows| (h, i, rows),
+        true,
+        tc,
+    )?;
+    // d gate_up_e = d_preᵀ·xs  [2I, H]
+    expert_products(
+        routing,
+        Part::Expert(&d_gate_up, 2 * i * h, false),
+        Part::Rows(&d_pre, 2 * i, true),
+        Part::Rows(&xs, h, false),
+        |rows| (2 * i, h, rows),
+        true,
+        tc,
+    )?;
+    // sorted dx = d_pre·gate_up_e  [rows, H]
+    expert_products(
+        routing,
+        Part::Rows(&dxs, h, false),
+        Part::Rows(&d_pre, 2 * i, false),
+        Part::Expert(&saved.gate_up, 2 * i * h, false),
+        |rows| (rows, h, 2 * i),
+        false,
+        tc,
+    )?;
     let dx = combine(&dxs, w, routing, h, false, x.shape(), "moe: dx")?;
     engine.launch(
         &KERNEL,

@@ -1441,6 +1441,13 @@ fn moe_family(t: &mut Tally) {
         &[0usize, 1, moe::MAX_EXPERTS + 1, usize::MAX],
         |n| moe::route(&index, n).map(drop),
     );
+    t.values("fused_moe capacity", &[0usize, 1, 2, usize::MAX], |c| {
+        let capped = MoeOptions {
+            capacity: Some(c),
+            ..o
+        };
+        moe::fused_moe(&x, &gate_up, &down, &index, &weights, &capped).map(drop)
+    });
     let (y, saved) = need!(
         t,
         "fused_moe",

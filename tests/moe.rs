@@ -114,6 +114,7 @@ fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded) {
             activation: kind,
             recompute,
             tensor_cores: false,
+            capacity: None,
         };
         let label = format!("{label} recompute={recompute}");
         let (y, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options)
@@ -219,7 +220,7 @@ fn routing_is_a_stable_sort_by_expert() {
                 .collect();
             order.sort_by_key(|&f| index[f]);
             let routed = order.len();
-            assert_eq!(r.routed(), routed, "{dtype} t={t} k={k}");
+            assert_eq!(r.rows(), routed, "{dtype} t={t} k={k}");
             let perm = r.permutation().to_vec::<u32>().unwrap();
             let got: Vec<usize> = perm[..routed].iter().map(|&p| p as usize).collect();
             assert_eq!(got, order, "{dtype} permutation");
@@ -515,7 +516,7 @@ fn bad_inputs_are_typed_errors() {
     );
     // The scratch bounds: the forward's exact need passes and one byte less is refused; the
     // backward needs more than the forward here, so the same engine refuses it.
-    let need = fused_moe_workspace_bytes(e.t, e.k, e.e, e.h, e.i);
+    let need = fused_moe_workspace_bytes(e.t, e.k, e.e, e.h, e.i, None);
     for (bound, forward_ok) in [(need - 1, false), (need, true)] {
         let tight = Engine::builder().workspace_bound(bound).build().unwrap();
         let on = |t: &Tensor, dtype: DType| {
@@ -618,4 +619,163 @@ fn tensor_cores_match_reference_or_are_refused() {
         );
     }
     assert_eq!(run(&u, &tc), run(&u, &tc), "tensor cores: reruns");
+}
+
+/// A capacity (`MoeOptions::capacity`): every expert keeps its first `capacity` slots in slot
+/// order and drops the rest, against the reference on the index with those slots routed
+/// nowhere, in every dtype and both index dtypes, kept and recomputed; capacities that drop
+/// (1, 3), that just fit and that pad (the largest load, and more) — the last two the exact
+/// routing's values; the routing's rows, inverse and device starts against a host computation.
+#[test]
+fn capacity_drops_late_slots_and_matches_reference() {
+    let e = Extents {
+        t: 23,
+        h: 10,
+        i: 7,
+        e: 4,
+        k: 3,
+    };
+    for (d, dtype) in DType::FLOATS.into_iter().enumerate() {
+        let dt = [dtype; 5];
+        let c = case(70 + d as u64, e, dt, false);
+        let index_dtype = if d % 2 == 0 { DType::U32 } else { DType::I32 };
+        let u = upload(&c, dt, &[e.t], index_dtype);
+        let loads: Vec<usize> = (0..e.e)
+            .map(|x| c.index.iter().filter(|&&i| i == x as i64).count())
+            .collect();
+        let most = *loads.iter().max().unwrap();
+        for capacity in [1, 3, most, most + 5] {
+            let kept = reference::with_capacity(&c.index, e, capacity);
+            let want = reference::forward(
+                Activation::Silu,
+                &c.x,
+                &c.gate_up,
+                &c.down,
+                &kept,
+                &c.weights,
+                e,
+            );
+            let tol = Tolerance::for_dtype(DType::F32);
+            let grads = reference::backward(
+                Activation::Silu,
+                &c.x,
+                &c.gate_up,
+                &c.down,
+                &kept,
+                &c.weights,
+                &c.dy,
+                e,
+            );
+            for recompute in [false, true] {
+                let options = MoeOptions {
+                    recompute,
+                    capacity: Some(capacity),
+                    ..MoeOptions::default()
+                };
+                let label = format!("{dtype} capacity {capacity} recompute {recompute}");
+                let (y, saved) =
+                    fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options).unwrap();
+                assert_close(&format!("{label} y"), &y.to_f64().unwrap(), &want, tol);
+                let g = fused_moe_backward(&saved, &u.dy).unwrap();
+                for (what, got, want) in [
+                    ("dx", &g.x, &grads.x),
+                    ("d gate_up", &g.gate_up, &grads.gate_up),
+                    ("d down", &g.down, &grads.down),
+                    ("d weights", &g.weights, &grads.weights),
+                ] {
+                    assert_close(
+                        &format!("{label} {what}"),
+                        &got.to_f64().unwrap(),
+                        want,
+                        tol,
+                    );
+                }
+            }
+            // The routing: rows e·capacity.. hold expert e's kept slots in slot order.
+            let r = wgrad::moe::route_with_capacity(&u.index, e.e, capacity).unwrap();
+            assert_eq!(r.rows(), e.e * capacity);
+            assert_eq!(r.capacity(), Some(capacity));
+            let perm = r.permutation().to_vec::<u32>().unwrap();
+            let inverse = r.inverse().to_vec::<u32>().unwrap();
+            let mut want_perm = vec![u32::MAX; e.e * capacity];
+            let mut want_inverse = vec![u32::MAX; e.t * e.k];
+            let mut fill = vec![0usize; e.e];
+            for (f, &x) in kept.iter().enumerate() {
+                if x >= 0 {
+                    let row = x as usize * capacity + fill[x as usize];
+                    fill[x as usize] += 1;
+                    want_perm[row] = f as u32;
+                    want_inverse[f] = row as u32;
+                }
+            }
+            assert_eq!(perm, want_perm, "capacity {capacity}: rows");
+            assert_eq!(inverse, want_inverse, "capacity {capacity}: inverse");
+            let starts = r.slot_starts().to_vec::<u32>().unwrap();
+            let want_starts: Vec<u32> = std::iter::once(0)
+                .chain(loads.iter().scan(0, |s, &l| {
+                    *s += l as u32;
+                    Some(*s)
+                }))
+                .collect();
+            assert_eq!(starts, want_starts, "capacity {capacity}: slot starts");
+        }
+    }
+}
+
+/// A capacity run twice and recomputed gives the same bits; a capacity of 0 is refused; no
+/// slots under a capacity give zeros.
+#[test]
+fn capacity_reruns_are_bit_identical_and_bad_capacities_refused() {
+    let e = Extents {
+        t: 40,
+        h: 16,
+        i: 12,
+        e: 5,
+        k: 2,
+    };
+    let dt = [DType::BF16; 5];
+    let c = case(81, e, dt, false);
+    let u = upload(&c, dt, &[e.t], DType::I32);
+    let run = |recompute| {
+        let options = MoeOptions {
+            recompute,
+            capacity: Some(9),
+            ..MoeOptions::default()
+        };
+        let (y, saved) =
+            fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options).unwrap();
+        let g = fused_moe_backward(&saved, &u.dy).unwrap();
+        [y, g.x, g.gate_up, g.down, g.weights].map(|t| f32_bits(&t))
+    };
+    let first = run(false);
+    assert_eq!(first, run(false));
+    assert_eq!(first, run(true));
+    let zero = MoeOptions {
+        capacity: Some(0),
+        ..MoeOptions::default()
+    };
+    expect_err(
+        "capacity 0",
+        fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &zero).map(drop),
+        |r| matches!(r, Error::OutOfBounds { .. }),
+    );
+    expect_err(
+        "route capacity past 2³¹ rows",
+        wgrad::moe::route_with_capacity(&u.index, 5, usize::MAX / 2).map(drop),
+        |r| matches!(r, Error::OutOfBounds { .. }),
+    );
+    let f32s = [DType::F32; 5];
+    let empty = Extents { t: 3, k: 0, ..e };
+    let c = case(82, empty, f32s, true);
+    let u = upload(&c, f32s, &[3], DType::U32);
+    let options = MoeOptions {
+        capacity: Some(4),
+        ..MoeOptions::default()
+    };
+    let (y, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options).unwrap();
+    assert!(y.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    let g = fused_moe_backward(&saved, &u.dy).unwrap();
+    for t in [&g.x, &g.gate_up, &g.down] {
+        assert!(t.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    }
 }

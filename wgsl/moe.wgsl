@@ -13,8 +13,11 @@
 // running sums and their totals, lane 0 scans the totals in expert order into starts `[E + 1]`,
 // then each lane adds its experts' starts to their tile offsets. `route_scatter`: an
 // invocation per (expert, tile) walks the tile in slot order writing perm and inverse.
+// With a capacity C, expert e owns rows e·C .. (e + 1)·C: `route_scatter` puts its first C slots
+// (slot order) there and marks the rest NONE (dropped), `pad_rows` marks the unused rows NONE.
 // `gather`: rows of a `[T, width]` tensor to the `[rows, width]` sorted rows, raw bits
-// (16-bit: an invocation per output word, its two halves from wherever they come).
+// (16-bit: an invocation per output word, its two halves from wherever they come), zeros for
+// padding rows.
 // `combine`: out[t, c] = Σ_k w[t, k]·sorted_rows[inverse[t·K + k], c] (or unweighted), k in order,
 // F32. `slot_backward`: a workgroup per sorted row p of slot f: dw_slot[p] = Σ_i dhu[p, i]·
 // h[p, i] (lane-strided, then the fixed-order tree), then dhu ← w_f·dhu and h ← w_f·h in place.
@@ -34,7 +37,8 @@ struct Params {
     tiles: u32,
     width: u32,
     weighted: u32,
-    rows: u32,       // sorted rows: the slots routed to some expert
+    rows: u32,       // sorted rows: the slots routed to some expert, or E × capacity
+    capacity: u32,   // rows an expert (0: exactly its slots)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -133,23 +137,53 @@ fn route_scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let et = expert_tile(g);
     var p = offsets[g];
+    // With a capacity, expert e's rows are e·capacity.. and its slots past the capacity drop.
+    let first = starts[et.x];
     for (var f = et.y; f < et.z; f = f + 1u) {
         if (index[f] == et.x) {
-            perm[p] = f;
-            inverse[f] = p;
+            if (params.capacity == 0u) {
+                perm[p] = f;
+                inverse[f] = p;
+            } else if (p - first < params.capacity) {
+                let q = et.x * params.capacity + (p - first);
+                perm[q] = f;
+                inverse[f] = q;
+            } else {
+                inverse[f] = NONE;
+            }
             p = p + 1u;
         }
     }
 }
 
-// Element j of the sorted `[slots, width]` rows: the bits of its source element's index.
+// With a capacity: the rows of each expert past its slots hold NONE (gathered as zeros).
+@compute @workgroup_size(WG)
+fn pad_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let q = group_index(wid, nwg) * WG + lid;
+    if (q >= params.experts * params.capacity) {
+        return;
+    }
+    let e = q / params.capacity;
+    if (q % params.capacity >= starts[e + 1u] - starts[e]) {
+        perm[q] = NONE;
+    }
+}
+
+// Element j of the sorted `[rows, width]` rows: its source element's index, or NONE for a
+// padding row.
 fn source_element(j: u32) -> u32 {
-    let p = j / params.width;
-    let t = sorted_perm[p] / params.k;
-    return t * params.width + j % params.width;
+    let f = sorted_perm[j / params.width];
+    if (f == NONE) {
+        return NONE;
+    }
+    return (f / params.k) * params.width + j % params.width;
 }
 
 fn source_half(i: u32) -> u32 {
+    if (i == NONE) {
+        return 0u;
+    }
     return (src[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu;
 }
 
@@ -160,7 +194,12 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let elements = params.rows * params.width;
     if (DX == DT_F32) {
         if (w < elements) {
-            out[w] = src[source_element(w)];
+            let i = source_element(w);
+            var bits = 0u;
+            if (i != NONE) {
+                bits = src[i];
+            }
+            out[w] = bits;
         }
         return;
     }
@@ -207,7 +246,11 @@ fn slot_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (p >= params.rows) {
         return;
     }
-    let w = weight_at(sorted_perm[p]);
+    let f = sorted_perm[p];
+    var w = 0.0;
+    if (f != NONE) {
+        w = weight_at(f);
+    }
     let base = p * params.width;
     var s = 0.0;
     for (var i = lid; i < params.width; i = i + WG) {

@@ -11,7 +11,8 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
     }]
 }
 
-/// The fused MoE (SwiGLU with kept pre-activations, GeGLU recomputed) against the f64
+/// The fused MoE (SwiGLU with kept pre-activations, GeGLU recomputed, SwiGLU with a capacity
+/// of 8 slots an expert, which drops some) against the f64
 /// reference in every storage dtype: output and the four gradients, 19 tokens of 3 slots over
 /// 5 experts (ragged H 21, I 13), slots drawn from −1..=5 so that some route nowhere and some
 /// repeat an expert, I32 indices. Where the engine runs tensor cores
@@ -25,13 +26,14 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
     let mut rng = Rng::new(53);
     let mut cases = Vec::new();
     let mut configs = vec![
-        (Activation::Silu, false, false),
-        (Activation::GeluTanh, true, false),
+        (Activation::Silu, false, false, None),
+        (Activation::GeluTanh, true, false, None),
+        (Activation::Silu, false, false, Some(8)),
     ];
     if tensor_cores(engine) {
-        configs.push((Activation::Silu, false, true));
+        configs.push((Activation::Silu, false, true, None));
     }
-    for (kind, recompute, tc) in configs {
+    for (kind, recompute, tc, capacity) in configs {
         let (h, i) = if tc { (24, 16) } else { (21, 13) };
         let e = Extents {
             t: 19,
@@ -58,6 +60,11 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
                 .collect();
             let idx = Tensor::from_slice(engine, &index, &[e.t, e.k])?;
             let index: Vec<i64> = index.into_iter().map(i64::from).collect();
+            // With a capacity the reference sees the late slots as routed nowhere.
+            let index = match capacity {
+                Some(c) => reference::moe::with_capacity(&index, e, c),
+                None => index,
+            };
             let mut up = |shape: &[usize], lo: f64, hi: f64| {
                 let len = shape.iter().product();
                 tensor_from_f64(engine, &rng.vec(len, lo, hi), shape, dtype)
@@ -71,6 +78,7 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
                 activation: kind,
                 recompute,
                 tensor_cores: tc,
+                capacity,
             };
             let (y, saved) = fused_moe(&x, &gu, &d, &idx, &w, &options)?;
             let g = fused_moe_backward(&saved, &dy)?;
@@ -78,7 +86,7 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
             let r = reference::moe::backward(kind, &xs, &gus, &ds, &index, &ws, &dys, e);
             let label = |what: &str| {
                 format!(
-                    "{what} {} {dtype} T{} K{} E{} H{h} I{i} recompute {recompute} tensor cores {tc}",
+                    "{what} {} {dtype} T{} K{} E{} H{h} I{i} recompute {recompute} tensor cores {tc} capacity {capacity:?}",
                     kind.name(),
                     e.t,
                     e.k,

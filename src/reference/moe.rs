@@ -134,3 +134,21 @@ pub fn backward(
     }
     grads
 }
+
+/// The index as [`forward`] sees it under a capacity of `capacity` slots an expert: each
+/// expert keeps its first `capacity` slots in slot order (`t·K + k`), the later ones become
+/// −1 (routing nowhere), as do slots already outside `0..E`.
+pub fn with_capacity(index: &[i64], ext: Extents, capacity: usize) -> Vec<i64> {
+    let mut taken = vec![0usize; ext.e];
+    (0..ext.t * ext.k)
+        .map(
+            |f| match expert_of(index, f / ext.k.max(1), f % ext.k.max(1), ext) {
+                Some(e) if taken[e] < capacity => {
+                    taken[e] += 1;
+                    e as i64
+                }
+                _ => -1,
+            },
+        )
+        .collect()
+}
