@@ -13,10 +13,10 @@
 //!
 //! How it runs: a routing pass sorts the T·K slots by expert with a stable counting sort on the
 //! GPU (slot order within an expert; [`MoeRouting`]), reads back the E + 1 expert starts (the
-//! one synchronization: the products' extents depend on it), gathers x's rows into expert
-//! order, and per expert with slots runs two products of the matmul family (`[gate ‖ up]` in
-//! one, then `down`) around the packed gated activation; a combine adds each token's K rows
-//! times their weights in slot order. No atomics: every sum has a fixed order, so reruns are
+//! one synchronization, without a capacity: the products' extents depend on it), gathers x's
+//! rows into expert order, and per expert with slots runs two products of the matmul family
+//! (`[gate ‖ up]` in one, then `down`) around the packed gated activation; a combine adds each
+//! token's K rows times their weights in slot order. No atomics: every sum has a fixed order, so reruns are
 //! bit-identical.
 //!
 //! Gradients (all F32), with `dy [.., H]`: per slot `s` of token `t` and expert `e`, with
