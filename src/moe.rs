@@ -190,7 +190,9 @@ impl MoeRouting {
 
 /// Scratch bytes of [`route`] and [`route_with_capacity`]: the per-(expert, tile) counts.
 pub fn route_workspace_bytes(slots: usize, experts: usize) -> u64 {
-    4 * (experts * slots.div_ceil(TILE)) as u64
+    (experts as u64)
+        .saturating_mul(slots.div_ceil(TILE) as u64)
+        .saturating_mul(4)
 }
 
 /// Sort the slots of `index [.., K]` (I32 or U32) by expert among `experts`: the GPU counts and
@@ -490,8 +492,12 @@ pub fn fused_moe_workspace_bytes(
     inter: usize,
     capacity: Option<usize>,
 ) -> u64 {
-    let rows = capacity.map_or(tokens * k, |c| experts * c) as u64;
-    route_workspace_bytes(tokens * k, experts) + 4 * rows * (2 * hidden + inter) as u64
+    // Saturating: a hostile capacity gives a size every bound refuses, not a wrapped one.
+    let slots = tokens.saturating_mul(k);
+    let rows = capacity.map_or(slots, |c| experts.saturating_mul(c)) as u64;
+    let per_row = (2 * hidden as u64).saturating_add(inter as u64);
+    route_workspace_bytes(slots, experts)
+        .saturating_add(rows.saturating_mul(per_row).saturating_mul(4))
 }
 
 /// Scratch bytes of [`fused_moe_backward`] (beyond the gradients): the sorted x and dy rows
@@ -655,8 +661,9 @@ fn pre_activations(
 /// Errors: non-float x / gate_up / down / weights, index not I32/U32; x of rank 0; gate_up not
 /// `[E, 2I, H]` with H x's last extent, down not `[E, H, I]`, index not `[.., K]` over x's
 /// leading extents, weights not index's shape (`ShapeMismatch`); E outside
-/// 1..=[`MAX_EXPERTS`], H or I zero, slots × width past 2³² (`OutOfBounds`); tensors of other
-/// engines; scratch past the workspace bound; the matmul family's bounds.
+/// 1..=[`MAX_EXPERTS`], H or I zero, slots × width past 2³², a capacity of 0 or with
+/// E × capacity × width past 2³² (`OutOfBounds`); tensors of other engines; scratch past the
+/// workspace bound; the matmul family's bounds.
 pub fn fused_moe(
     x: &Tensor,
     gate_up: &Tensor,
@@ -667,6 +674,17 @@ pub fn fused_moe(
 ) -> Result<(Tensor, MoeSaved)> {
     let ext = extents(x, gate_up, down, index, weights)?;
     let engine = x.engine();
+    if let Some(c) = options.capacity {
+        let elements = ext.e.saturating_mul(c).saturating_mul(ext.h.max(2 * ext.i));
+        if c == 0 || elements > u32::MAX as usize {
+            return Err(Error::bounds(
+                "moe: capacity (E × capacity rows × width)",
+                elements as u64,
+                1,
+                u32::MAX.into(),
+            ));
+        }
+    }
     engine.check_workspace(
         "fused_moe",
         fused_moe_workspace_bytes(ext.t, ext.k, ext.e, ext.h, ext.i, options.capacity),
