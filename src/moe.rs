@@ -268,7 +268,12 @@ fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result
     let rows = capacity.map_or(slots, |c| experts * c);
     let perm = Tensor::empty(engine, &[rows], DType::U32, "moe: permutation")?;
     let inverse = Tensor::empty(engine, &[slots], DType::U32, "moe: inverse")?;
-    let slot_starts = Tensor::zeros(engine, &[experts + 1], DType::U32)?;
+    // `route_offsets` writes every start; without slots nothing runs, so they are zeros.
+    let slot_starts = if slots == 0 {
+        Tensor::zeros(engine, &[experts + 1], DType::U32)?
+    } else {
+        Tensor::empty(engine, &[experts + 1], DType::U32, "moe: slot starts")?
+    };
     let params = Params {
         tokens: tokens as u32,
         k: k as u32,
@@ -599,7 +604,8 @@ fn gather(src: &Tensor, routing: &MoeRouting, width: usize, what: &str) -> Resul
     Ok(out)
 }
 
-/// `out[t] = Σ_k (w[t, k]·) rows[inverse[t·K + k]]`, F32 `shape`.
+/// `out[t] = Σ_k (w[t, k]·) rows[inverse[t·K + k]]`, F32 `shape` (callers handle an idle
+/// routing, whose output is zeros).
 fn combine(
     rows: &Tensor,
     weights: &Tensor,
@@ -610,9 +616,6 @@ fn combine(
     what: &str,
 ) -> Result<Tensor> {
     let engine = rows.engine();
-    if routing.idle() {
-        return Tensor::zeros(engine, shape, DType::F32);
-    }
     let out = Tensor::empty(engine, shape, DType::F32, what)?;
     engine.launch(
         &KERNEL,
@@ -765,7 +768,6 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         "fused_moe_backward",
         fused_moe_backward_workspace_bytes(saved),
     )?;
-    let d_weights = Tensor::empty(engine, saved.weights.shape(), DType::F32, "moe: d weights")?;
     if routing.idle() {
         return Ok(MoeGradients {
             x: Tensor::zeros(engine, x.shape(), DType::F32)?,
@@ -776,6 +778,7 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
     }
     let tc = saved.options.tensor_cores;
     let rows_all = routing.rows();
+    let d_weights = Tensor::empty(engine, saved.weights.shape(), DType::F32, "moe: d weights")?;
     let xs = gather(x, routing, h, "moe: sorted x")?;
     let dys = gather(dy, routing, h, "moe: sorted dy")?;
     let pre = match &saved.pre {
