@@ -1924,6 +1924,9 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         .map(|f| ((f / k * 7 + f % k * (e / k)) % e) as u32)
         .collect();
     let idx = Tensor::from_slice(engine, &index, &[t, k])?;
+    // The backward's sorted rows at this shape (T·K = 32,768 of H 2,048 and I 768, F32) take
+    // 1.2 GB of scratch, past the default bound of 1 GiB.
+    engine.set_workspace_bound(engine.workspace_bound().max(4 << 30));
     let mut ops = Vec::new();
     for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
         let make = |shape: &[usize], seed: usize, scale: f32| -> Result<Tensor> {
@@ -1943,21 +1946,29 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             "  fused_moe {label} T{t} E{e} H{h} I{i} K{k}: {:.3e} FLOP per forward",
             3.0 * slot_products
         );
-        // Exact routing, then a capacity of 1.25 × the mean load (every expert equally
-        // loaded here, so nothing drops: the batched launches against the per-expert ones).
+        // Exact routing (padded: every expert equally loaded here), then a capacity of 1.25 ×
+        // the mean load (nothing drops), for F32 the launch an expert (`pad: false`), and for
+        // BF16 the tensor-core products.
         let capacity = (t * k).div_ceil(e) * 5 / 4;
-        for (backward, capacity) in [
-            (false, None),
-            (true, None),
-            (false, Some(capacity)),
-            (true, Some(capacity)),
-        ] {
-            let name = match (backward, capacity.is_some()) {
-                (false, false) => "fused_moe_fwd",
-                (true, false) => "fused_moe_fwd_bwd",
-                (false, true) => "fused_moe_capacity_fwd",
-                (true, true) => "fused_moe_capacity_fwd_bwd",
-            };
+        let mut rows = vec![
+            ("fused_moe_fwd", false, None, true, false),
+            ("fused_moe_fwd_bwd", true, None, true, false),
+            ("fused_moe_capacity_fwd", false, Some(capacity), true, false),
+            (
+                "fused_moe_capacity_fwd_bwd",
+                true,
+                Some(capacity),
+                true,
+                false,
+            ),
+        ];
+        if dtype == DType::F32 {
+            rows.push(("fused_moe_per_expert_fwd", false, None, false, false));
+        } else if wgrad::matmul::tensor_cores(engine) {
+            rows.push(("fused_moe_tc_fwd", false, None, true, true));
+            rows.push(("fused_moe_tc_fwd_bwd", true, None, true, true));
+        }
+        for (name, backward, capacity, pad, tensor_cores) in rows {
             let inputs = vec![
                 x.clone(),
                 gate_up.clone(),
@@ -1971,6 +1982,8 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 Op::new(name, label, inputs, move |v| {
                     let o = MoeOptions {
                         capacity,
+                        pad,
+                        tensor_cores,
                         ..MoeOptions::default()
                     };
                     let (y, saved) = fused_moe(&v[0], &v[1], &v[2], &v[3], &v[4], &o)?;

@@ -14,10 +14,12 @@
 //! How it runs: a routing pass sorts the T·K slots by expert with a stable counting sort on the
 //! GPU (slot order within an expert; [`MoeRouting`]), reads back the E + 1 expert starts (the
 //! one synchronization, without a capacity: the products' extents depend on it), gathers x's
-//! rows into expert order, and per expert with slots runs two products of the matmul family
-//! (`[gate ‖ up]` in one, then `down`) around the packed gated activation; a combine adds each
-//! token's K rows times their weights in slot order. No atomics: every sum has a fixed order, so reruns are
-//! bit-identical.
+//! rows into expert order, and runs two products of the matmul family (`[gate ‖ up]` in one,
+//! then `down`) around the packed gated activation: where the loads are even enough
+//! ([`MoeOptions::pad`]) the slots are laid out again in blocks of the largest load, zero rows
+//! padding the rest, and each product is one batched launch over the experts; else one launch
+//! per busy expert. A combine adds each token's K rows times their weights in slot order. No
+//! atomics: every sum has a fixed order, so reruns are bit-identical.
 //!
 //! Gradients (all F32), with `dy [.., H]`: per slot `s` of token `t` and expert `e`, with
 //! `h_s = act(g_s) ⊙ u_s` and `dhu_s = down_eᵀ·dy_t`: `dw_t,k = ⟨dhu_s, h_s⟩`,
@@ -61,6 +63,9 @@ pub static KERNEL: Kernel = Kernel {
 /// The most experts a call takes.
 pub const MAX_EXPERTS: usize = 4096;
 
+/// Most sorted rows of [`MoeOptions::pad`]'s padded layout, as a multiple of the routed slots.
+pub const PAD_LIMIT: usize = 2;
+
 /// Slots a routing invocation counts and scatters (`TILE` of `wgsl/moe.wgsl`).
 const TILE: usize = 256;
 
@@ -84,8 +89,15 @@ pub struct MoeOptions {
     /// `Some(c)`: route with [`route_with_capacity`] — at most `c` slots an expert (the
     /// later ones, in slot order, dropped: deterministic token dropping), no readback, each
     /// product one batched launch over the experts' `c`-row blocks (padding rows are zeros).
-    /// `None` (the default): every slot, [`route`]'s one readback, a launch per busy expert.
+    /// `None` (the default): every slot, [`route`]'s one readback, then the layout `pad` picks.
     pub capacity: Option<usize>,
+    /// Without a capacity: lay the sorted rows out in blocks of the largest expert load (every
+    /// slot kept, padding rows zeros) where E × that load is at most [`PAD_LIMIT`] × the routed
+    /// slots and the scratch of both passes fits the workspace bound, so each product is one
+    /// batched launch over the experts; otherwise, or when false, a launch per busy expert.
+    /// Default true. Either layout gives every slot the same products (the padded rows add
+    /// zeros to the weight gradients).
+    pub pad: bool,
 }
 
 impl Default for MoeOptions {
@@ -95,6 +107,7 @@ impl Default for MoeOptions {
             recompute: false,
             tensor_cores: false,
             capacity: None,
+            pad: true,
         }
     }
 }
@@ -123,6 +136,7 @@ pub struct MoeRouting {
     slot_starts: Tensor,
     starts: Vec<usize>,
     capacity: Option<usize>,
+    padded: bool,
     tokens: usize,
     k: usize,
 }
@@ -153,9 +167,17 @@ impl MoeRouting {
         self.starts.last().copied().unwrap_or(0)
     }
 
-    /// The capacity of [`route_with_capacity`] (`None` for [`route`]).
+    /// The rows of each expert's block: the capacity of [`route_with_capacity`], or the
+    /// largest load of [`fused_moe`]'s padded layout ([`MoeOptions::pad`]); `None` for
+    /// [`route`]'s rows.
     pub fn capacity(&self) -> Option<usize> {
         self.capacity
+    }
+
+    /// Whether [`fused_moe`] padded an exact routing into blocks of its largest load (nothing
+    /// dropped; [`MoeOptions::pad`]).
+    pub fn padded(&self) -> bool {
+        self.padded
     }
 
     /// U32 `[E + 1]` on the device: the exclusive running sum of the slots routed to each
@@ -343,9 +365,31 @@ fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result
         slot_starts,
         starts,
         capacity,
+        padded: false,
         tokens,
         k,
     })
+}
+
+/// `exact`'s slots laid out again in blocks of its largest load (a capacity routing that drops
+/// nothing) where [`MoeOptions::pad`]'s conditions hold; else `exact`.
+fn padded(exact: MoeRouting, index: &Tensor, x: Extents, recompute: bool) -> Result<MoeRouting> {
+    let load = exact.counts().into_iter().max().unwrap_or(0);
+    let rows = x.e * load;
+    let elements = rows.saturating_mul(x.h.max(2 * x.i));
+    let bound = index.engine().workspace_bound();
+    let scratch = fused_moe_workspace_bytes(x.t, x.k, x.e, x.h, x.i, Some(load))
+        .max(backward_scratch(rows, x.h, x.i, recompute));
+    if load == 0
+        || rows > PAD_LIMIT * exact.rows()
+        || elements > u32::MAX as usize
+        || scratch > bound
+    {
+        return Ok(exact);
+    }
+    let mut routing = route_with_capacity(index, x.e, load)?;
+    routing.padded = true;
+    Ok(routing)
 }
 
 /// What [`fused_moe_backward`] needs: the inputs, the routing and, unless recomputing, the F32
@@ -510,13 +554,18 @@ pub fn fused_moe_workspace_bytes(
 /// gradient, the sorted dx rows, and the recomputed pre-activations where they were not kept.
 /// The products' split-K scratch comes on top, within the engine's workspace bound.
 pub fn fused_moe_backward_workspace_bytes(saved: &MoeSaved) -> u64 {
-    let (h, i) = (
+    backward_scratch(
+        saved.routing.rows(),
         saved.x.shape().last().copied().unwrap_or(0),
         saved.down.shape()[2],
-    );
-    let rows = saved.routing.rows() as u64;
-    let recomputed = if saved.pre.is_none() { 2 * i } else { 0 };
-    4 * rows * (3 * h + 4 * i + 1 + recomputed) as u64
+        saved.pre.is_none(),
+    )
+}
+
+/// [`fused_moe_backward_workspace_bytes`] of `rows` sorted rows.
+fn backward_scratch(rows: usize, h: usize, i: usize, recompute: bool) -> u64 {
+    let recomputed = if recompute { 2 * i } else { 0 };
+    4 * rows as u64 * (3 * h + 4 * i + 1 + recomputed) as u64
 }
 
 /// An operand or output of the per-expert products: the sorted rows of a `[rows, width]`
@@ -693,6 +742,7 @@ pub fn fused_moe(
         fused_moe_workspace_bytes(ext.t, ext.k, ext.e, ext.h, ext.i, options.capacity),
     )?;
     let routing = match options.capacity {
+        None if options.pad => padded(route(index, ext.e)?, index, ext, options.recompute)?,
         None => route(index, ext.e)?,
         Some(c) => route_with_capacity(index, ext.e, c)?,
     };

@@ -114,16 +114,29 @@ fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded, capacity: O
         kind, &c.x, &c.gate_up, &c.down, &index, &c.weights, &c.dy, c.e,
     );
     let tol = Tolerance::for_dtype(DType::F32);
-    for recompute in [false, true] {
+    // Without a capacity: the padded layout (where the loads allow it) and a launch an expert.
+    let pads: &[bool] = if capacity.is_none() {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    for (recompute, &pad) in [false, true]
+        .into_iter()
+        .flat_map(|r| pads.iter().map(move |p| (r, p)))
+    {
         let options = MoeOptions {
             activation: kind,
             recompute,
             tensor_cores: false,
             capacity,
+            pad,
         };
-        let label = format!("{label} capacity={capacity:?} recompute={recompute}");
+        let label = format!("{label} capacity={capacity:?} recompute={recompute} pad={pad}");
         let (y, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options)
             .unwrap_or_else(|e| panic!("{label}: {e}"));
+        if !pad {
+            assert!(!saved.routing().padded(), "{label}: padded without pad");
+        }
         assert_eq!((y.shape(), y.dtype()), (u.x.shape(), DType::F32));
         assert_close(&format!("{label} y"), &y.to_f64().unwrap(), &want, tol);
         let g = fused_moe_backward(&saved, &u.dy).unwrap();
@@ -739,5 +752,116 @@ fn capacity_reruns_are_bit_identical_and_bad_capacities_refused() {
     let g = fused_moe_backward(&saved, &u.dy).unwrap();
     for t in [&g.x, &g.gate_up, &g.down] {
         assert!(t.to_f64().unwrap().iter().all(|&v| v == 0.0));
+    }
+}
+
+/// `MoeOptions::pad`: even loads take the padded layout (blocks of the largest load, one
+/// batched launch a product) and so do uneven ones within `PAD_LIMIT` × the slots, unless the
+/// workspace bound fits only the exact layout's scratch; loads past the limit take a launch an
+/// expert. Every layout matches the reference.
+#[test]
+fn padding_follows_the_loads_and_the_workspace_bound() {
+    let e = Extents {
+        t: 40,
+        h: 12,
+        i: 10,
+        e: 8,
+        k: 2,
+    };
+    let dt = [DType::F32; 5];
+    let tol = Tolerance::for_dtype(DType::F32);
+    // Even: 10 slots an expert. Uneven: expert 0 takes 16 (8 × 16 rows ≤ 2 × 80). Skewed:
+    // expert 0 takes 40 (8 × 40 rows > 2 × 80).
+    let even: Vec<i64> = (0..80).map(|f| f % 8).collect();
+    let uneven: Vec<i64> = (0..80)
+        .map(|f| if f % 5 == 0 { 0 } else { 1 + f % 7 })
+        .collect();
+    let skewed: Vec<i64> = (0..80)
+        .map(|f| if f % 2 == 0 { 0 } else { f % 8 })
+        .collect();
+    let run = |engine: &Engine, c: &Case, options: &MoeOptions| {
+        let up = |v: &[f64], shape: &[usize]| tensor_from_f64(engine, v, shape, DType::F32);
+        let idx: Vec<i32> = c.index.iter().map(|&v| v as i32).collect();
+        let idx = Tensor::from_slice(engine, &idx, &[e.t, e.k]).unwrap();
+        let (y, saved) = fused_moe(
+            &up(&c.x, &[e.t, e.h]),
+            &up(&c.gate_up, &[e.e, 2 * e.i, e.h]),
+            &up(&c.down, &[e.e, e.h, e.i]),
+            &idx,
+            &up(&c.weights, &[e.t, e.k]),
+            options,
+        )
+        .unwrap();
+        let g = fused_moe_backward(&saved, &up(&c.dy, &[e.t, e.h])).unwrap();
+        (saved, [y, g.x, g.gate_up, g.down, g.weights])
+    };
+    for (label, index, load) in [
+        ("even", even, 10),
+        ("uneven", uneven, 16),
+        ("skewed", skewed, 40),
+    ] {
+        let mut c = case(91, e, dt, true);
+        c.index = index;
+        let want = reference::forward(
+            Activation::Silu,
+            &c.x,
+            &c.gate_up,
+            &c.down,
+            &c.index,
+            &c.weights,
+            e,
+        );
+        let r = reference::backward(
+            Activation::Silu,
+            &c.x,
+            &c.gate_up,
+            &c.down,
+            &c.index,
+            &c.weights,
+            &c.dy,
+            e,
+        );
+        let wants = [&want, &r.x, &r.gate_up, &r.down, &r.weights];
+        let exact_options = MoeOptions {
+            pad: false,
+            ..MoeOptions::default()
+        };
+        let (exact, exact_out) = run(engine(), &c, &exact_options);
+        let (padded, padded_out) = run(engine(), &c, &MoeOptions::default());
+        assert!(!exact.routing().padded() && exact.routing().capacity().is_none());
+        let want_padded = e.e * load <= 2 * e.t * e.k;
+        assert_eq!(padded.routing().padded(), want_padded, "{label}");
+        if want_padded {
+            assert_eq!(padded.routing().capacity(), Some(load), "{label}");
+            assert_eq!(padded.routing().rows(), e.e * load, "{label}");
+        }
+        // A bound that fits the exact layout's scratch, forward and backward.
+        let bound = fused_moe_workspace_bytes(e.t, e.k, e.e, e.h, e.i, None)
+            .max(fused_moe_backward_workspace_bytes(&exact));
+        let tight = Engine::builder().workspace_bound(bound).build().unwrap();
+        let (tight_saved, tight_out) = run(&tight, &c, &MoeOptions::default());
+        // Even loads pad to the same rows, so the same bound fits.
+        assert_eq!(
+            tight_saved.routing().padded(),
+            label == "even",
+            "{label} tight"
+        );
+        for (n, what) in ["y", "dx", "d gate_up", "d down", "d weights"]
+            .iter()
+            .enumerate()
+        {
+            for (layout, out) in [
+                ("exact", &exact_out),
+                ("padded", &padded_out),
+                ("tight", &tight_out),
+            ] {
+                assert_close(
+                    &format!("{label} {layout} {what}"),
+                    &out[n].to_f64().unwrap(),
+                    wants[n],
+                    tol,
+                );
+            }
+        }
     }
 }

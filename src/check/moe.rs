@@ -26,14 +26,15 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
     let mut rng = Rng::new(53);
     let mut cases = Vec::new();
     let mut configs = vec![
-        (Activation::Silu, false, false, None),
-        (Activation::GeluTanh, true, false, None),
-        (Activation::Silu, false, false, Some(8)),
+        (Activation::Silu, false, false, None, true),
+        (Activation::GeluTanh, true, false, None, false),
+        (Activation::Silu, false, false, Some(8), true),
     ];
     if tensor_cores(engine) {
-        configs.push((Activation::Silu, false, true, None));
+        configs.push((Activation::Silu, false, true, None, true));
     }
-    for (kind, recompute, tc, capacity) in configs {
+    // `pad`: the default padded layout where the loads allow it, else a launch per expert.
+    for (kind, recompute, tc, capacity, pad) in configs {
         let (h, i) = if tc { (24, 16) } else { (21, 13) };
         let e = Extents {
             t: 19,
@@ -79,6 +80,7 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
                 recompute,
                 tensor_cores: tc,
                 capacity,
+                pad,
             };
             let (y, saved) = fused_moe(&x, &gu, &d, &idx, &w, &options)?;
             let g = fused_moe_backward(&saved, &dy)?;
@@ -86,11 +88,12 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
             let r = reference::moe::backward(kind, &xs, &gus, &ds, &index, &ws, &dys, e);
             let label = |what: &str| {
                 format!(
-                    "{what} {} {dtype} T{} K{} E{} H{h} I{i} recompute {recompute} tensor cores {tc} capacity {capacity:?}",
+                    "{what} {} {dtype} T{} K{} E{} H{h} I{i} recompute {recompute} tensor cores {tc} capacity {capacity:?} padded {}",
                     kind.name(),
                     e.t,
                     e.k,
-                    e.e
+                    e.e,
+                    saved.routing().padded()
                 )
             };
             let per_token = h + i;
