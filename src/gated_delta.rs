@@ -70,9 +70,29 @@ pub struct GatedDeltaOptions {
     /// as T).
     pub checkpoint_interval: Option<usize>,
     /// Keep every state for the backward (checkpoint interval 1; memory O(T·K·V) per
-    /// sequence-head, no recomputation). Default false.
+    /// sequence-head, no recomputation). Default false. Not with [`DeltaAlgorithm::Chunked`].
     pub save_states: bool,
+    /// How the forward runs; default [`DeltaAlgorithm::Recurrent`].
+    pub algorithm: DeltaAlgorithm,
 }
+
+/// The forward's algorithm. Both give the recurrence's output, final state and checkpoints
+/// within the FP32 budget, each bit-identical on reruns; the backward is the same for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeltaAlgorithm {
+    /// Token by token (any decay).
+    #[default]
+    Recurrent,
+    /// The chunked (WY) form over chunks of [`CHUNK`] tokens, scalar decay only: every chunk's
+    /// triangular solve at once, then the chunks in order with the state in registers. The
+    /// checkpoint interval is rounded up to a multiple of [`CHUNK`] (or T, if smaller). Needs
+    /// the workspace of [`gated_delta_forward_workspace_bytes`] (fewer heads a launch under a
+    /// smaller bound, the same bits).
+    Chunked,
+}
+
+/// Tokens per chunk of [`DeltaAlgorithm::Chunked`] (`CH` of `wgsl/gated_delta.wgsl`).
+pub const CHUNK: usize = 64;
 
 /// Sizes of one call (for the memory queries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,11 +118,21 @@ impl GatedDeltaShape {
         if options.save_states {
             1
         } else {
-            options
+            let c = options
                 .checkpoint_interval
                 .unwrap_or_else(|| (t as f64).sqrt().ceil() as usize)
-                .clamp(1, t)
+                .clamp(1, t);
+            match options.algorithm {
+                DeltaAlgorithm::Recurrent => c,
+                DeltaAlgorithm::Chunked => (c.div_ceil(CHUNK) * CHUNK).min(t),
+            }
         }
+    }
+
+    /// Bytes of one value head's chunk workspace (w, u, P and γ of every chunk, F32).
+    fn chunk_head_bytes(&self) -> u64 {
+        let rows = (self.time.div_ceil(CHUNK) * CHUNK) as u64;
+        rows * (self.key_dim + self.value_dim + CHUNK + 1) as u64 * 4
     }
 
     fn state_elems(&self) -> u64 {
@@ -183,13 +213,26 @@ pub fn gated_delta_workspace_bytes(shape: &GatedDeltaShape, options: &GatedDelta
 }
 
 /// Scratch bytes [`gated_delta_forward`] allocates beyond its outputs and checkpoints: the F32
-/// output before narrowing when v is F16/BF16, else nothing.
-pub fn gated_delta_forward_workspace_bytes(shape: &GatedDeltaShape, dtype: DType) -> u64 {
-    if dtype == DType::F32 {
+/// output before narrowing when v is F16/BF16, and for [`DeltaAlgorithm::Chunked`] the chunk
+/// workspace of every value head (`⌈T/64⌉·64·(K + V + 65)` F32 a head; under a smaller bound
+/// the forward takes fewer heads a launch, failing only when one head does not fit).
+pub fn gated_delta_forward_workspace_bytes(
+    shape: &GatedDeltaShape,
+    options: &GatedDeltaOptions,
+    dtype: DType,
+) -> u64 {
+    let narrowing = if dtype == DType::F32 {
         0
     } else {
         (shape.batch * shape.time * shape.value_heads * shape.value_dim) as u64 * 4
-    }
+    };
+    let chunks = match options.algorithm {
+        DeltaAlgorithm::Recurrent => 0,
+        DeltaAlgorithm::Chunked => {
+            (shape.batch * shape.value_heads) as u64 * shape.chunk_head_bytes()
+        }
+    };
+    narrowing + chunks
 }
 
 /// q, k or v as read by the kernels: a dense `[B, T, H, D]` tensor, or a strided view into a
@@ -369,6 +412,7 @@ struct Params {
     sub_interval: u32,
     subs: u32,
     mode: u32,
+    chunks: u32,
 }
 
 fn to_u32(what: &str, x: u64) -> Result<u32> {
@@ -499,6 +543,16 @@ pub fn gated_delta_forward<'a>(
             rule: "must be at least 1".into(),
         });
     }
+    let chunked = options.algorithm == DeltaAlgorithm::Chunked;
+    if chunked && (per_channel || options.save_states) {
+        return Err(Error::InvalidValue {
+            what: what("algorithm"),
+            got: if per_channel { 1.0 } else { 2.0 },
+            rule: "the chunked form takes a scalar decay (1: log_decay per channel) and no \
+                   save_states (2)"
+                .into(),
+        });
+    }
     engine.require_storage_buffers(STORAGE_BUFFERS)?;
     let shape = GatedDeltaShape {
         batch: bsz,
@@ -523,10 +577,33 @@ pub fn gated_delta_forward<'a>(
         to_u32(&what(name), l.row_stride as u64)?;
     }
     to_u32(&what("log_decay"), log_decay.len() as u64)?;
+    // Heads a chunked launch takes: all, or as many as the bound leaves room for.
+    let narrowing = gated_delta_forward_workspace_bytes(
+        &shape,
+        &GatedDeltaOptions {
+            algorithm: DeltaAlgorithm::Recurrent,
+            ..*options
+        },
+        dtype,
+    );
+    let heads = bsz * hv;
+    let launch_heads = if chunked {
+        let room = engine.workspace_bound().saturating_sub(narrowing);
+        let fit = (room / shape.chunk_head_bytes()) as usize;
+        heads.div_ceil(heads.div_ceil(fit.clamp(1, heads)))
+    } else {
+        0
+    };
     engine.check_workspace(
         "gated_delta_forward",
-        gated_delta_forward_workspace_bytes(&shape, dtype),
+        narrowing + launch_heads as u64 * shape.chunk_head_bytes(),
     )?;
+    if chunked {
+        to_u32(
+            &what("chunk workspace elements"),
+            launch_heads as u64 * shape.chunk_head_bytes() / 4,
+        )?;
+    }
 
     let out32 = Tensor::empty(
         &engine,
@@ -573,27 +650,80 @@ pub fn gated_delta_forward<'a>(
         sub_interval: 1,
         subs: 1,
         mode: 0,
+        chunks: 0,
     };
     // An absent initial state binds beta (never read: flag off).
     let init = initial_state.unwrap_or(beta);
-    engine.launch(
-        &KERNEL,
-        "forward",
-        &constants(dtype, kd, per_channel),
-        &params,
-        &[
-            q.tensor.buffer(),
-            k.tensor.buffer(),
-            v.tensor.buffer(),
-            beta.buffer(),
-            log_decay.buffer(),
-            init.buffer(),
-            out32.buffer(),
-            final_state.buffer(),
-            checkpoints.buffer(),
-        ],
-        units as u64,
-    )?;
+    if chunked {
+        let chunks = time.div_ceil(CHUNK);
+        let ws = Tensor::empty(
+            &engine,
+            &[launch_heads * shape.chunk_head_bytes() as usize / 4],
+            DType::F32,
+            "gated_delta chunk workspace",
+        )?;
+        for first in (0..heads).step_by(launch_heads) {
+            let n = launch_heads.min(heads - first);
+            let p = |units: usize| Params {
+                unit_base: first as u32,
+                units: units as u32,
+                chunks: chunks as u32,
+                ..params
+            };
+            let prepare = n * chunks;
+            to_u32(&what("chunk workgroups"), prepare as u64)?;
+            engine.launch(
+                &KERNEL,
+                "chunk_prepare",
+                &constants(dtype, kd, false),
+                &p(prepare),
+                &[
+                    q.tensor.buffer(),
+                    k.tensor.buffer(),
+                    v.tensor.buffer(),
+                    beta.buffer(),
+                    log_decay.buffer(),
+                    ws.buffer(),
+                ],
+                prepare as u64,
+            )?;
+            engine.launch(
+                &KERNEL,
+                "chunk_states",
+                &constants(dtype, kd, false),
+                &p(n * slices),
+                &[
+                    q.tensor.buffer(),
+                    k.tensor.buffer(),
+                    init.buffer(),
+                    out32.buffer(),
+                    final_state.buffer(),
+                    checkpoints.buffer(),
+                    ws.buffer(),
+                ],
+                (n * slices) as u64,
+            )?;
+        }
+    } else {
+        engine.launch(
+            &KERNEL,
+            "forward",
+            &constants(dtype, kd, per_channel),
+            &params,
+            &[
+                q.tensor.buffer(),
+                k.tensor.buffer(),
+                v.tensor.buffer(),
+                beta.buffer(),
+                log_decay.buffer(),
+                init.buffer(),
+                out32.buffer(),
+                final_state.buffer(),
+                checkpoints.buffer(),
+            ],
+            units as u64,
+        )?;
+    }
     let output = cast::cast(&out32, dtype)?;
     drop(out32);
     Ok((
@@ -714,6 +844,7 @@ pub fn gated_delta_backward(
         sub_interval: plan.sub_interval as u32,
         subs: plan.subs as u32,
         mode,
+        chunks: 0,
     };
     let total = plan.total_units;
     let chunks = || {

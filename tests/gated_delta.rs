@@ -13,8 +13,9 @@ mod common;
 
 use common::{Rng, engine, private_engine};
 use wgrad::gated_delta::{
-    GatedDeltaOptions, GatedDeltaShape, SeqView, gated_delta_backward, gated_delta_forward,
-    gated_delta_saved_bytes, gated_delta_workspace_bytes,
+    DeltaAlgorithm, GatedDeltaOptions, GatedDeltaShape, SeqView, gated_delta_backward,
+    gated_delta_forward, gated_delta_forward_workspace_bytes, gated_delta_saved_bytes,
+    gated_delta_workspace_bytes,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::gated_delta::{self as reference, Dims};
@@ -36,6 +37,7 @@ struct Case {
     d_final: bool,
     interval: Option<usize>,
     save_states: bool,
+    chunked: bool,
     seed: u64,
 }
 
@@ -54,10 +56,12 @@ const BASE: Case = Case {
     d_final: true,
     interval: None,
     save_states: false,
+    chunked: false,
     seed: 1,
 };
 
 /// Host data of one case (f64, as stored), dense.
+#[derive(Clone)]
 struct Data {
     q: Vec<f64>,
     k: Vec<f64>,
@@ -195,8 +199,21 @@ fn options(c: &Case) -> GatedDeltaOptions {
     GatedDeltaOptions {
         checkpoint_interval: c.interval,
         save_states: c.save_states,
+        algorithm: if c.chunked {
+            DeltaAlgorithm::Chunked
+        } else {
+            DeltaAlgorithm::Recurrent
+        },
         ..GatedDeltaOptions::default()
     }
+}
+
+/// The case again with the chunked forward, where it applies (scalar decay, no `save_states`).
+fn chunked_twin(c: &Case) -> Option<Case> {
+    (!c.per_channel && !c.save_states && !c.chunked).then_some(Case {
+        chunked: true,
+        ..*c
+    })
 }
 
 struct GpuResult {
@@ -265,8 +282,17 @@ const GRAD_NAMES: [&str; 6] = [
     "d_initial_state",
 ];
 
-/// Forward and every gradient against the reference; returns the GPU result.
+/// Forward and every gradient against the reference, with the recurrent forward and, where it
+/// applies, the chunked one; returns the first GPU result.
 fn check_case(c: &Case) -> GpuResult {
+    let gpu = check_one(c);
+    if let Some(twin) = chunked_twin(c) {
+        check_one(&twin);
+    }
+    gpu
+}
+
+fn check_one(c: &Case) -> GpuResult {
     let x = upload(c, make_data(c));
     let gpu = run_gpu(c, &x);
     let s = &x.stored;
@@ -466,8 +492,11 @@ fn absent_state_and_cotangents() {
     }
 }
 
-/// Upload, run and compare a case whose data the test builds itself.
+/// Upload, run and compare a case whose data the test builds itself (and its chunked twin).
 fn check_data(c: &Case, data: Data) {
+    if let Some(twin) = chunked_twin(c) {
+        check_data(&twin, data.clone());
+    }
     let x = upload(c, data);
     let gpu = run_gpu(c, &x);
     let s = &x.stored;
@@ -1049,5 +1078,142 @@ fn small_workspace_bound_splits_launches_with_the_same_bits() {
             assert_eq!((needed, bound), (partials + unit, partials + unit - 1))
         }
         other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+}
+
+/// The chunked forward over several chunks of 64 tokens: partial last chunks, checkpoint
+/// intervals rounded up to whole chunks (the default ⌈√T⌉, an explicit 100 → 128, one
+/// longer than T), head broadcast through strided views, 16-bit storage, K = V = 128.
+#[test]
+fn chunked_forward_over_many_chunks() {
+    let chunked = Case {
+        chunked: true,
+        ..BASE
+    };
+    for (t, interval) in [(64, None), (65, None), (130, Some(100)), (200, Some(500))] {
+        check_case(&Case {
+            b: 2,
+            t,
+            hk: 1,
+            hv: 2,
+            kd: 32,
+            vd: 40,
+            interval,
+            seed: t as u64,
+            ..chunked
+        });
+    }
+    for dtype in [DType::F16, DType::BF16] {
+        check_case(&Case {
+            t: 150,
+            hk: 2,
+            hv: 6,
+            kd: 16,
+            vd: 24,
+            strided: true,
+            dtype,
+            seed: 150,
+            ..chunked
+        });
+    }
+    check_case(&Case {
+        t: 96,
+        kd: 128,
+        vd: 128,
+        seed: 96,
+        ..chunked
+    });
+    let shape = GatedDeltaShape {
+        batch: 1,
+        time: 8192,
+        key_heads: 16,
+        value_heads: 48,
+        key_dim: 128,
+        value_dim: 128,
+    };
+    let opts = GatedDeltaOptions {
+        algorithm: DeltaAlgorithm::Chunked,
+        ..GatedDeltaOptions::default()
+    };
+    assert_eq!(shape.interval(&opts), 128);
+    // w, u, P and γ of 128 chunks for each of 48 heads.
+    assert_eq!(
+        gated_delta_forward_workspace_bytes(&shape, &opts, DType::F32),
+        48 * 8192 * (128 + 128 + 64 + 1) * 4
+    );
+}
+
+/// Chunked reruns give the same bits, and so does any workspace bound that fits one head
+/// (fewer heads a launch); below that `WorkspaceExceeded`; per-channel decay and
+/// `save_states` are refused.
+#[test]
+fn chunked_reruns_bounds_and_refusals() {
+    let e = private_engine();
+    let c = Case {
+        b: 2,
+        t: 70,
+        hk: 1,
+        hv: 3,
+        kd: 16,
+        vd: 16,
+        chunked: true,
+        seed: 7,
+        ..BASE
+    };
+    let data = make_data(&c);
+    let t = |v: &[f64], s: &[usize]| common::tensor_from_f64(&e, v, s, DType::F32);
+    let q = t(&data.q, &[2, 70, 1, 16]);
+    let k = t(&data.k, &[2, 70, 1, 16]);
+    let v = t(&data.v, &[2, 70, 3, 16]);
+    let beta = t(&data.beta, &[2, 70, 3]);
+    let g = t(&data.g, &[2, 70, 3]);
+    let opts = options(&c);
+    let run = || {
+        let (out, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts).unwrap();
+        [&out.output, &out.final_state, saved.checkpoints()]
+            .map(common::f32_bits)
+            .to_vec()
+    };
+    let first = run();
+    assert!(run() == first, "second run differs");
+    let shape = GatedDeltaShape {
+        batch: 2,
+        time: 70,
+        key_heads: 1,
+        value_heads: 3,
+        key_dim: 16,
+        value_dim: 16,
+    };
+    let all = gated_delta_forward_workspace_bytes(&shape, &opts, DType::F32);
+    let head = all / 6;
+    assert_eq!(head, 128 * (16 + 16 + 64 + 1) * 4);
+    for bound in [head, 2 * head + 1, 4 * head] {
+        e.set_workspace_bound(bound);
+        assert!(run() == first, "bound {bound}: results differ");
+    }
+    e.set_workspace_bound(head - 1);
+    match gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts) {
+        Err(Error::WorkspaceExceeded { needed, bound, .. }) => {
+            assert_eq!((needed, bound), (head, head - 1))
+        }
+        other => panic!("expected WorkspaceExceeded, got {other:?}"),
+    }
+    e.set_workspace_bound(all);
+    let per_channel = t(&vec![-0.1; 2 * 70 * 3 * 16], &[2, 70, 3, 16]);
+    for (what, decay, o) in [
+        ("per-channel decay", &per_channel, opts),
+        (
+            "save_states",
+            &g,
+            GatedDeltaOptions {
+                save_states: true,
+                ..opts
+            },
+        ),
+    ] {
+        match gated_delta_forward(&q, &k, &v, &beta, decay, None, &o) {
+            Err(Error::InvalidValue { .. }) => {}
+            other => panic!("{what}: expected InvalidValue, got {other:?}"),
+        }
     }
 }

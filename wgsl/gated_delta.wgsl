@@ -44,6 +44,7 @@ struct Params {
     sub_interval: u32, // backward: tokens per sub-segment (c2)
     subs: u32,         // backward: most sub-segments per segment, ceil(C / c2)
     mode: u32,         // backward: 0 waves over all segments, 1 one segment, all value heads
+    chunks: u32,       // chunked forward: chunks of CH tokens, ceil(T / CH)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -66,6 +67,7 @@ struct Params {
 @group(0) @binding(17) var<storage, read_write> dg_buf: array<f32>;
 @group(0) @binding(18) var<storage, read> pdq_in: array<f32>;
 @group(0) @binding(19) var<storage, read> pdk_in: array<f32>;
+@group(0) @binding(20) var<storage, read_write> ws_buf: array<f32>;
 
 var<workgroup> sh_q: array<f32, MAXD>;
 var<workgroup> sh_k: array<f32, MAXD>;
@@ -532,4 +534,298 @@ fn sum_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let qi = ((b * params.time + first + tl) * params.key_heads + hk) * KD + i;
     dq_buf[qi] = q;
     dk_buf[qi] = k;
+}
+
+// ---- Chunked (WY) forward, scalar decay ----
+// Chunks of CH tokens. Within a chunk, with γ the running sum of the log decay from its first
+// token and S the state before it:
+//   A_rs = β_r (k_r·k_s) e^{γ_r − γ_s} (s < r),  w = (I + A)⁻¹ diag(β e^γ) K,  u = (I + A)⁻¹ diag(β) V,
+//   P_ts = (q_t·k_s) e^{γ_t − γ_s} (s ≤ t),
+//   U = u − w S,  O = scale·(diag(e^γ) Q S + P U),  S ← e^{γ_last} S + (diag(e^{γ_last − γ}) K)ᵀ U,
+// the recurrence unrolled over the chunk (U_r = β_r e_r). `chunk_prepare` forms w, u, P and γ of
+// every chunk at once (a workgroup a chunk of a head; the solve by forward substitution, one
+// lane a column); `chunk_states` walks the chunks in order, a workgroup a (head, slice of
+// FWD_COLS value columns) with the state in registers as in `forward`. Workspace per head
+// (heads `unit_base..` of the launch): w [chunks, CH, K], u [chunks, CH, V], P [chunks, CH, CH],
+// γ [chunks, CH], F32. Every sum in a fixed order.
+const CH: u32 = 64u;
+const CH_TILE: u32 = 8u;                                 // key dims staged a step
+var<workgroup> sh_ck: array<f32, 512>;                   // CH × CH_TILE keys
+var<workgroup> sh_cq: array<f32, 512>;                   // CH × CH_TILE queries
+var<workgroup> sh_ca: array<f32, 2016>;                  // A, strictly lower: row r at r(r − 1)/2
+var<workgroup> sh_cg: array<f32, CH>;                    // γ
+var<workgroup> sh_cb: array<f32, CH>;                    // β
+var<workgroup> sh_cpart: array<f32, 2048>;               // 8 tokens × FWD_PARTS × FWD_COLS
+var<workgroup> sh_cu: array<f32, 2048>;                  // U of the chunk: CH × FWD_COLS
+
+fn chunk_head_base(hl: u32) -> u32 {
+    return hl * params.chunks * CH * (KD + params.vdim + CH + 1u);
+}
+
+fn cw_at(base: u32, ch: u32, r: u32, i: u32) -> u32 {
+    return base + (ch * CH + r) * KD + i;
+}
+
+fn cu_at(base: u32, ch: u32, r: u32, j: u32) -> u32 {
+    return base + params.chunks * CH * KD + (ch * CH + r) * params.vdim + j;
+}
+
+fn cp_at(base: u32, ch: u32, t: u32, s: u32) -> u32 {
+    return base + params.chunks * CH * (KD + params.vdim) + (ch * CH + t) * CH + s;
+}
+
+fn cg_at(base: u32, ch: u32, r: u32) -> u32 {
+    return base + params.chunks * CH * (KD + params.vdim + CH) + ch * CH + r;
+}
+
+// Column `col` of w (`values` false: right side β e^γ k) or u (true: β v) of one chunk by
+// forward substitution through the unit lower triangular I + A, rows in order.
+fn chunk_solve(base: u32, ch: u32, len: u32, row0: u32, hk: u32, hv: u32, col: u32,
+               values: bool) {
+    var xs: array<f32, CH>;
+    for (var r = 0u; r < CH; r = r + 1u) {
+        var x = 0.0;
+        if (r < len) {
+            if (values) {
+                x = sh_cb[r] * load_v(v_index(row0 + r, hv, col));
+            } else {
+                x = sh_cb[r] * exp(sh_cg[r]) * load_k(k_index(row0 + r, hk, col));
+            }
+            let ar = (r * r - r) / 2u;
+            for (var s = 0u; s < r; s = s + 1u) {
+                x = x - sh_ca[ar + s] * xs[s];
+            }
+        }
+        xs[r] = x;
+        if (values) {
+            ws_buf[cu_at(base, ch, r, col)] = x;
+        } else {
+            ws_buf[cw_at(base, ch, r, col)] = x;
+        }
+    }
+}
+
+// One workgroup per (head of the launch, chunk).
+@compute @workgroup_size(WG)
+fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let unit = group_index(wid, nwg);
+    if (unit >= params.units) {
+        return;
+    }
+    let hl = unit / params.chunks;
+    let ch = unit % params.chunks;
+    let bh = params.unit_base + hl;
+    let hv = bh % params.value_heads;
+    let b = bh / params.value_heads;
+    let hk = hv / params.group;
+    let t0 = ch * CH;
+    let len = min(CH, params.time - t0);
+    let row0 = b * params.time + t0;
+    let base = chunk_head_base(hl);
+    if (lid == 0u) {
+        var g = 0.0;
+        for (var r = 0u; r < CH; r = r + 1u) {
+            var be = 0.0;
+            if (r < len) {
+                let at = (row0 + r) * params.value_heads + hv;
+                g = g + gate_in[at];
+                be = beta_in[at];
+            }
+            sh_cg[r] = g;
+            sh_cb[r] = be;
+            ws_buf[cg_at(base, ch, r)] = g;
+        }
+    }
+    // k_r·k_s and q_t·k_s by 4 × 4 blocks a lane, the key dims in ascending order.
+    let r0 = (lid / 16u) * 4u;
+    let s0 = (lid % 16u) * 4u;
+    var acc_a: array<f32, 16>;
+    var acc_p: array<f32, 16>;
+    for (var e = 0u; e < 16u; e = e + 1u) {
+        acc_a[e] = 0.0;
+        acc_p[e] = 0.0;
+    }
+    for (var i0 = 0u; i0 < KD; i0 = i0 + CH_TILE) {
+        workgroupBarrier();
+        for (var e = lid; e < CH * CH_TILE; e = e + WG) {
+            let r = e / CH_TILE;
+            let i = i0 + e % CH_TILE;
+            var kv = 0.0;
+            var qv = 0.0;
+            if (r < len && i < KD) {
+                kv = load_k(k_index(row0 + r, hk, i));
+                qv = load_q(q_index(row0 + r, hk, i));
+            }
+            sh_ck[e] = kv;
+            sh_cq[e] = qv;
+        }
+        workgroupBarrier();
+        for (var i = 0u; i < CH_TILE; i = i + 1u) {
+            for (var a = 0u; a < 4u; a = a + 1u) {
+                let kr = sh_ck[(r0 + a) * CH_TILE + i];
+                let qr = sh_cq[(r0 + a) * CH_TILE + i];
+                for (var c = 0u; c < 4u; c = c + 1u) {
+                    let ks = sh_ck[(s0 + c) * CH_TILE + i];
+                    acc_a[a * 4u + c] = acc_a[a * 4u + c] + kr * ks;
+                    acc_p[a * 4u + c] = acc_p[a * 4u + c] + qr * ks;
+                }
+            }
+        }
+    }
+    for (var a = 0u; a < 4u; a = a + 1u) {
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let r = r0 + a;
+            let s = s0 + c;
+            var p = 0.0;
+            if (r < len && s <= r) {
+                let dec = exp(sh_cg[r] - sh_cg[s]);
+                p = acc_p[a * 4u + c] * dec;
+                if (s < r) {
+                    sh_ca[(r * r - r) / 2u + s] = sh_cb[r] * acc_a[a * 4u + c] * dec;
+                }
+            }
+            ws_buf[cp_at(base, ch, r, s)] = p;
+        }
+    }
+    workgroupBarrier();
+    if (lid < KD) {
+        chunk_solve(base, ch, len, row0, hk, hv, lid, false);
+    }
+    if (lid < params.vdim) {
+        chunk_solve(base, ch, len, row0, hk, hv, lid, true);
+    }
+}
+
+// One workgroup per (head of the launch, slice of FWD_COLS value columns), chunks in order.
+// Lane (column j, part) keeps rows [part·chunk, ..) of state column j, as in `forward`;
+// checkpoints at chunk starts that are multiples of the interval (a multiple of CH, or T).
+@compute @workgroup_size(WG)
+fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let unit = group_index(wid, nwg);
+    if (unit >= params.units) {
+        return;
+    }
+    let vd = params.vdim;
+    let hl = unit / params.slices;
+    let bh = params.unit_base + hl;
+    let j = lid % FWD_COLS;
+    let part = lid / FWD_COLS;
+    let col = (unit % params.slices) * FWD_COLS + j;
+    let hv = bh % params.value_heads;
+    let b = bh / params.value_heads;
+    let hk = hv / params.group;
+    let col_live = col < vd;
+    let chunk = (KD + FWD_PARTS - 1u) / FWD_PARTS;
+    let i0 = min(part * chunk, KD);
+    let n = min(i0 + chunk, KD) - i0;
+    let sbase = bh * KD * vd;
+    let base = chunk_head_base(hl);
+    var s: array<f32, FWD_CHUNK>;
+    for (var c = 0u; c < chunk; c = c + 1u) {
+        if (c < n) {
+            var x = 0.0;
+            if (col_live && (params.flags & 1u) != 0u) {
+                x = init_in[sbase + (i0 + c) * vd + col];
+            }
+            s[c] = x;
+        }
+    }
+    for (var ch = 0u; ch < params.chunks; ch = ch + 1u) {
+        let t0 = ch * CH;
+        let len = min(CH, params.time - t0);
+        let row0 = b * params.time + t0;
+        if (col_live && t0 % params.interval == 0u) {
+            let cbase = (bh * params.checkpoints + t0 / params.interval) * KD * vd;
+            for (var c = 0u; c < chunk; c = c + 1u) {
+                if (c < n) {
+                    ckpt_buf[cbase + (i0 + c) * vd + col] = s[c];
+                }
+            }
+        }
+        // U = u − w S, eight tokens a round: partial dots over each lane's rows, then the
+        // parts in order by lane (token tg + part, column j).
+        for (var tg = 0u; tg < len; tg = tg + 8u) {
+            for (var a = 0u; a < 8u; a = a + 1u) {
+                var p = 0.0;
+                if (tg + a < len) {
+                    for (var c = 0u; c < chunk; c = c + 1u) {
+                        if (c < n) {
+                            p = p + ws_buf[cw_at(base, ch, tg + a, i0 + c)] * s[c];
+                        }
+                    }
+                }
+                sh_cpart[(a * FWD_PARTS + part) * FWD_COLS + j] = p;
+            }
+            workgroupBarrier();
+            let t = tg + part;
+            if (t < len) {
+                var pt = 0.0;
+                for (var pp = 0u; pp < FWD_PARTS; pp = pp + 1u) {
+                    pt = pt + sh_cpart[(part * FWD_PARTS + pp) * FWD_COLS + j];
+                }
+                var uu = 0.0;
+                if (col_live) {
+                    uu = ws_buf[cu_at(base, ch, t, col)];
+                }
+                sh_cu[t * FWD_COLS + j] = uu - pt;
+            }
+            workgroupBarrier();
+        }
+        // O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s), the same rounds for q·S.
+        for (var tg = 0u; tg < len; tg = tg + 8u) {
+            for (var a = 0u; a < 8u; a = a + 1u) {
+                var p = 0.0;
+                if (tg + a < len) {
+                    for (var c = 0u; c < chunk; c = c + 1u) {
+                        if (c < n) {
+                            p = p + load_q(q_index(row0 + tg + a, hk, i0 + c)) * s[c];
+                        }
+                    }
+                }
+                sh_cpart[(a * FWD_PARTS + part) * FWD_COLS + j] = p;
+            }
+            workgroupBarrier();
+            let t = tg + part;
+            if (t < len && col_live) {
+                var qs = 0.0;
+                for (var pp = 0u; pp < FWD_PARTS; pp = pp + 1u) {
+                    qs = qs + sh_cpart[(part * FWD_PARTS + pp) * FWD_COLS + j];
+                }
+                var pu = 0.0;
+                for (var s2 = 0u; s2 <= t; s2 = s2 + 1u) {
+                    pu = pu + ws_buf[cp_at(base, ch, t, s2)] * sh_cu[s2 * FWD_COLS + j];
+                }
+                let g = ws_buf[cg_at(base, ch, t)];
+                out_buf[((row0 + t) * params.value_heads + hv) * vd + col] =
+                    params.scale * (exp(g) * qs + pu);
+            }
+            workgroupBarrier();
+        }
+        // S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s, tokens in order.
+        let glast = ws_buf[cg_at(base, ch, len - 1u)];
+        let dl = exp(glast);
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                s[c] = dl * s[c];
+            }
+        }
+        for (var s2 = 0u; s2 < len; s2 = s2 + 1u) {
+            let eu = exp(glast - ws_buf[cg_at(base, ch, s2)]) * sh_cu[s2 * FWD_COLS + j];
+            for (var c = 0u; c < chunk; c = c + 1u) {
+                if (c < n) {
+                    s[c] = s[c] + load_k(k_index(row0 + s2, hk, i0 + c)) * eu;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (col_live) {
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                final_buf[sbase + (i0 + c) * vd + col] = s[c];
+            }
+        }
+    }
 }
