@@ -24,7 +24,9 @@ mod vk_stats;
 
 use std::process::ExitCode;
 use wgrad::bench::{self, Report};
-use wgrad::gated_delta::{GatedDeltaOptions, gated_delta_backward, gated_delta_forward};
+use wgrad::gated_delta::{
+    DeltaAlgorithm, GatedDeltaOptions, gated_delta_backward, gated_delta_forward,
+};
 use wgrad::{DType, Engine, Result, Tensor, cast, norm, reduce};
 
 /// Records an operator once on its inputs and returns its outputs.
@@ -1289,7 +1291,7 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
             let g = filled(&[b, t, hv], &|_| -0.1)?;
             let d_out = filled(&[b, t, hv, vd], &|i| ((i % 7) as f32 - 3.0) / 4.0)?;
             let inputs = vec![v, q, k, beta, g, d_out];
-            let fwd = |i: &[Tensor]| {
+            let fwd = |i: &[Tensor], algorithm: DeltaAlgorithm| {
                 gated_delta_forward(
                     &i[1],
                     &i[2],
@@ -1297,58 +1299,74 @@ fn gated_delta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     &i[3],
                     &i[4],
                     None,
-                    &GatedDeltaOptions::default(),
+                    &GatedDeltaOptions {
+                        algorithm,
+                        ..GatedDeltaOptions::default()
+                    },
                 )
             };
-            // Peak memory beyond the inputs.
-            engine.synchronize()?;
-            let base = engine.memory().live_bytes;
-            engine.reset_peak();
-            drop(fwd(&inputs)?);
-            engine.synchronize()?;
-            let peak_fwd = engine.memory().peak_bytes - base;
-            engine.reset_peak();
-            let (_, saved) = fwd(&inputs)?;
-            drop(gated_delta_backward(&saved, Some(&inputs[5]), None)?);
-            drop(saved);
-            engine.synchronize()?;
-            let peak_full = engine.memory().peak_bytes - base;
-            println!(
-                "gated_delta {dtype} B{b} T{t} Hk{hk} Hv{hv} K{kd} V{vd}: peak memory beyond inputs: forward {:.1} MiB, forward+backward {:.1} MiB",
-                peak_fwd as f64 / 1048576.0,
-                peak_full as f64 / 1048576.0
-            );
             let dt: &'static str = dtype.name();
             let name = |what: &str| -> &'static str {
                 Box::leak(format!("{what} Hk{hk}").into_boxed_str())
             };
-            ops.push(Op::new(
-                name("gated_delta_fwd"),
-                dt,
-                inputs[..5].to_vec(),
-                move |i| {
-                    let (out, saved) = fwd(i)?;
+            for (algorithm, fwd_name, full_name) in [
+                (
+                    DeltaAlgorithm::Recurrent,
+                    "gated_delta_fwd",
+                    "gated_delta_fwd_bwd",
+                ),
+                (
+                    DeltaAlgorithm::Chunked,
+                    "gated_delta_chunked_fwd",
+                    "gated_delta_chunked_fwd_bwd",
+                ),
+            ] {
+                // Peak memory beyond the inputs.
+                engine.synchronize()?;
+                let base = engine.memory().live_bytes;
+                engine.reset_peak();
+                drop(fwd(&inputs, algorithm)?);
+                engine.synchronize()?;
+                let peak_fwd = engine.memory().peak_bytes - base;
+                engine.reset_peak();
+                let (_, saved) = fwd(&inputs, algorithm)?;
+                drop(gated_delta_backward(&saved, Some(&inputs[5]), None)?);
+                drop(saved);
+                engine.synchronize()?;
+                let peak_full = engine.memory().peak_bytes - base;
+                println!(
+                    "{fwd_name} {dtype} B{b} T{t} Hk{hk} Hv{hv} K{kd} V{vd}: peak memory beyond inputs: forward {:.1} MiB, forward+backward {:.1} MiB",
+                    peak_fwd as f64 / 1048576.0,
+                    peak_full as f64 / 1048576.0
+                );
+                ops.push(Op::new(
+                    name(fwd_name),
+                    dt,
+                    inputs[..5].to_vec(),
+                    move |i| {
+                        let (out, saved) = fwd(i, algorithm)?;
+                        Ok(vec![
+                            out.output,
+                            out.final_state,
+                            saved.checkpoints().clone(),
+                        ])
+                    },
+                ));
+                ops.push(Op::new(name(full_name), dt, inputs.clone(), move |i| {
+                    let (out, saved) = fwd(i, algorithm)?;
+                    let g = gated_delta_backward(&saved, Some(&i[5]), None)?;
                     Ok(vec![
                         out.output,
                         out.final_state,
-                        saved.checkpoints().clone(),
+                        g.query,
+                        g.key,
+                        g.value,
+                        g.beta,
+                        g.log_decay,
+                        g.initial_state,
                     ])
-                },
-            ));
-            ops.push(Op::new(name("gated_delta_fwd_bwd"), dt, inputs, move |i| {
-                let (out, saved) = fwd(i)?;
-                let g = gated_delta_backward(&saved, Some(&i[5]), None)?;
-                Ok(vec![
-                    out.output,
-                    out.final_state,
-                    g.query,
-                    g.key,
-                    g.value,
-                    g.beta,
-                    g.log_decay,
-                    g.initial_state,
-                ])
-            }));
+                }));
+            }
         }
     }
     Ok(ops)

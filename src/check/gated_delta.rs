@@ -13,14 +13,18 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 
 /// `gated_delta_forward` / `gated_delta_backward` against the f64 reference: output, final
 /// state and all six gradients, for q/k/v stored as F32, F16 and BF16, scalar and per-channel
-/// decay, two value heads sharing one key head, T spanning a partial checkpoint segment.
+/// decay, two value heads sharing one key head, T spanning a partial checkpoint segment; the
+/// chunked forward (scalar decay) over two chunks, the second partial.
 fn check_gated_delta(engine: &Engine) -> Result<Vec<Case>> {
-    use crate::gated_delta::{GatedDeltaOptions, gated_delta_backward, gated_delta_forward};
+    use crate::gated_delta::{
+        DeltaAlgorithm, GatedDeltaOptions, gated_delta_backward, gated_delta_forward,
+    };
     use crate::reference::gated_delta::{Dims, backward, forward};
-    let (b, t, hk, hv, kd, vd) = (1, 7, 1, 2, 32, 16);
+    let (b, hk, hv, kd, vd) = (1, 1, 2, 32, 16);
     let mut cases = Vec::new();
     for dtype in DType::FLOATS {
-        for per_channel in [false, true] {
+        for (per_channel, chunked) in [(false, false), (true, false), (false, true)] {
+            let t = if chunked { 70 } else { 7 };
             let mut rng = Rng::new(40 + u64::from(dtype.code()));
             let d = Dims {
                 batch: b,
@@ -61,6 +65,11 @@ fn check_gated_delta(engine: &Engine) -> Result<Vec<Case>> {
             let (dft, dfs) = f32t(&dfin, &[b, hv, kd, vd])?;
             let options = GatedDeltaOptions {
                 checkpoint_interval: Some(3),
+                algorithm: if chunked {
+                    DeltaAlgorithm::Chunked
+                } else {
+                    DeltaAlgorithm::Recurrent
+                },
                 ..GatedDeltaOptions::default()
             };
             let (out, saved) = gated_delta_forward(&qt, &kt, &vt, &bt, &gt, Some(&st), &options)?;
@@ -77,7 +86,11 @@ fn check_gated_delta(engine: &Engine) -> Result<Vec<Case>> {
                 Some(&dos),
                 Some(&dfs),
             );
-            let decay = if per_channel { "per-channel" } else { "scalar" };
+            let decay = match (per_channel, chunked) {
+                (true, _) => "per-channel",
+                (false, false) => "scalar",
+                (false, true) => "scalar chunked",
+            };
             let label =
                 |what: &str| format!("{dtype} {decay} B{b} T{t} Hk{hk} Hv{hv} K{kd} V{vd} {what}");
             let f32tol = Tolerance::for_dtype(DType::F32);
