@@ -124,7 +124,7 @@ impl GatedDeltaShape {
                 .clamp(1, t);
             match options.algorithm {
                 DeltaAlgorithm::Recurrent => c,
-                DeltaAlgorithm::Chunked => (c.div_ceil(CHUNK) * CHUNK).min(t),
+                DeltaAlgorithm::Chunked => t,
             }
         }
     }
@@ -207,7 +207,15 @@ impl Plan {
 /// workgroups plus the per-value-head dq/dk partials of one segment (`2·B·C·Hv·K` F32). Under a
 /// smaller workspace bound the backward launches fewer workgroups at a time (same results bit
 /// for bit) and fails with `Error::WorkspaceExceeded` only when one workgroup does not fit.
+///
+/// With [`DeltaAlgorithm::Chunked`]: per value head the forward's chunk workspace again, U and
+/// its gradient `[T, V]`, every chunk's first state and state gradient `[⌈T/64⌉, K, V]` and the
+/// dq/dk partials `[T, K]`, F32, plus the scratch of at most 1,024 gradient workgroups
+/// (`64·(4K + V + 256)` F32 each); under a smaller bound fewer key heads a launch (same bits).
 pub fn gated_delta_workspace_bytes(shape: &GatedDeltaShape, options: &GatedDeltaOptions) -> u64 {
+    if options.algorithm == DeltaAlgorithm::Chunked {
+        return chunk_backward_plan(shape, u64::MAX).2;
+    }
     let plan = Plan::new(shape, shape.interval(options));
     plan.workspace(plan.total_units)
 }
@@ -350,6 +358,7 @@ pub struct GatedDeltaSaved {
     per_channel: bool,
     scale: f32,
     interval: usize,
+    chunked: bool,
 }
 
 impl GatedDeltaSaved {
@@ -662,6 +671,8 @@ pub fn gated_delta_forward<'a>(
             DType::F32,
             "gated_delta chunk workspace",
         )?;
+        // Bound where the backward's workspace goes; the forward's mode never reads it.
+        let unused = Tensor::zeros(&engine, &[1], DType::F32)?;
         for first in (0..heads).step_by(launch_heads) {
             let n = launch_heads.min(heads - first);
             let p = |units: usize| Params {
@@ -700,6 +711,7 @@ pub fn gated_delta_forward<'a>(
                     final_state.buffer(),
                     checkpoints.buffer(),
                     ws.buffer(),
+                    unused.buffer(),
                 ],
                 (n * slices) as u64,
             )?;
@@ -745,6 +757,7 @@ pub fn gated_delta_forward<'a>(
             per_channel,
             scale: scale as f32,
             interval,
+            chunked,
         },
     ))
 }
@@ -781,6 +794,9 @@ pub fn gated_delta_backward(
         g.check_engine(&engine, "gated_delta_backward: d_final_state")?;
         expect_f32("gated_delta_backward: d_final_state", g)?;
         expect_shape("gated_delta_backward: d_final_state", g, &[bsz, hv, kd, vd])?;
+    }
+    if saved.chunked {
+        return chunked_backward(saved, d_output, d_final_state);
     }
     let plan = Plan::new(&s, saved.interval);
     let launch_units = plan.launch_units(engine.workspace_bound());
@@ -902,6 +918,221 @@ pub fn gated_delta_backward(
                 }
             }
         }
+    }
+    Ok(GatedDeltaGradients {
+        query: dq,
+        key: dk,
+        value: dv,
+        beta: dbeta,
+        log_decay: dg,
+        initial_state: dstate,
+    })
+}
+
+/// Scratch floats of one `chunk_grads` workgroup (`sc_len` of the WGSL).
+fn chunk_grads_scratch(key_dim: usize, value_dim: usize) -> u64 {
+    (4 * CHUNK * key_dim + CHUNK * value_dim + 4 * CHUNK * CHUNK) as u64
+}
+
+/// Most `chunk_grads` workgroups a launch (each with its own scratch).
+const GRAD_WORKGROUPS: usize = 1024;
+
+/// Bytes of one value head's chunked-backward workspace: the forward's w, u, P and γ, then U,
+/// dU, the chunks' first states and their state gradients, and the dq/dk partials.
+fn chunk_backward_head_bytes(shape: &GatedDeltaShape) -> u64 {
+    let chunks = shape.time.div_ceil(CHUNK) as u64;
+    let (k, v) = (shape.key_dim as u64, shape.value_dim as u64);
+    shape.chunk_head_bytes() + 8 * chunks * (CHUNK as u64 + k) * v + 8 * shape.time as u64 * k
+}
+
+/// The chunked backward's launch plan under `bound`: heads a launch (whole key heads), the
+/// `chunk_grads` workgroups, and the bytes.
+fn chunk_backward_plan(shape: &GatedDeltaShape, bound: u64) -> (usize, usize, u64) {
+    let heads = shape.batch * shape.value_heads;
+    let group = shape.value_heads / shape.key_heads;
+    let units = heads * shape.time.div_ceil(CHUNK);
+    let grads = units.min(GRAD_WORKGROUPS);
+    let scratch = grads as u64 * chunk_grads_scratch(shape.key_dim, shape.value_dim) * 4;
+    let per_group = group as u64 * chunk_backward_head_bytes(shape);
+    let groups = heads / group;
+    let fit = (bound.saturating_sub(scratch) / per_group) as usize;
+    let launch = groups.div_ceil(groups.div_ceil(fit.clamp(1, groups))) * group;
+    (
+        launch,
+        grads,
+        scratch + launch as u64 / group as u64 * per_group,
+    )
+}
+
+/// The backward of [`DeltaAlgorithm::Chunked`] (scalar decay): per launch of whole key heads,
+/// the chunk states again from the saved initial state, the state gradients walked from the
+/// last chunk, every chunk's gradients at once, and each key head's dq/dk summed over its value
+/// heads in head order.
+fn chunked_backward(
+    saved: &GatedDeltaSaved,
+    d_output: Option<&Tensor>,
+    d_final_state: Option<&Tensor>,
+) -> Result<GatedDeltaGradients> {
+    let engine = saved.q.engine().clone();
+    let s = saved.shape;
+    let (bsz, time, hk, hv, kd, vd) = (
+        s.batch,
+        s.time,
+        s.key_heads,
+        s.value_heads,
+        s.key_dim,
+        s.value_dim,
+    );
+    let (launch, grads, workspace) = chunk_backward_plan(&s, engine.workspace_bound());
+    engine.check_workspace("gated_delta_backward", workspace)?;
+    let what = "gated_delta_backward: chunk workspace elements";
+    to_u32(what, launch as u64 * chunk_backward_head_bytes(&s) / 4)?;
+    to_u32(what, grads as u64 * chunk_grads_scratch(kd, vd))?;
+    let f32t = |shape: &[usize], what: &str| Tensor::empty(&engine, shape, DType::F32, what);
+    let dq = f32t(&[bsz, time, hk, kd], "gated_delta dq")?;
+    let dk = f32t(&[bsz, time, hk, kd], "gated_delta dk")?;
+    let dv = f32t(&[bsz, time, hv, vd], "gated_delta dv")?;
+    let dbeta = f32t(&[bsz, time, hv], "gated_delta dbeta")?;
+    let dg = f32t(saved.log_decay.shape(), "gated_delta dlog_decay")?;
+    let dstate = f32t(&[bsz, hv, kd, vd], "gated_delta dinitial_state")?;
+    match d_final_state {
+        Some(g) => {
+            let bytes = dstate.byte_len();
+            engine
+                .record(|enc| enc.copy_buffer_to_buffer(g.buffer(), 0, dstate.buffer(), 0, bytes));
+        }
+        None => engine.zero(dstate.buffer(), dstate.byte_len()),
+    }
+    let chunks = time.div_ceil(CHUNK);
+    let ws = f32t(
+        &[launch * s.chunk_head_bytes() as usize / 4],
+        "gated_delta chunk workspace",
+    )?;
+    let bws = f32t(
+        &[launch * 2 * chunks * (CHUNK + kd) * vd],
+        "gated_delta chunk backward workspace",
+    )?;
+    let sc = f32t(
+        &[grads * chunk_grads_scratch(kd, vd) as usize],
+        "gated_delta chunk gradient scratch",
+    )?;
+    let pdq = f32t(&[launch * time * kd], "gated_delta dq partials")?;
+    let pdk = f32t(&[launch * time * kd], "gated_delta dk partials")?;
+    let unused = Tensor::zeros(&engine, &[1], DType::F32)?;
+    let dout = d_output.unwrap_or(&saved.beta);
+    let constants = constants(saved.q.dtype(), kd, false);
+    let slices = vd.div_ceil(FWD_COLS);
+    let group = hv / hk;
+    let heads = bsz * hv;
+    for first in (0..heads).step_by(launch) {
+        let n = launch.min(heads - first);
+        let params = |units: usize, slices: usize, flags: bool, mode: u32| Params {
+            batch: bsz as u32,
+            time: time as u32,
+            key_heads: hk as u32,
+            value_heads: hv as u32,
+            vdim: vd as u32,
+            group: group as u32,
+            interval: CHUNK as u32,
+            checkpoints: 1,
+            q_off: saved.q_layout.offset as u32,
+            q_stride: saved.q_layout.row_stride as u32,
+            k_off: saved.k_layout.offset as u32,
+            k_stride: saved.k_layout.row_stride as u32,
+            v_off: saved.v_layout.offset as u32,
+            v_stride: saved.v_layout.row_stride as u32,
+            scale: saved.scale,
+            flags: u32::from(flags),
+            sub: 0,
+            units: units as u32,
+            slices: slices as u32,
+            unit_base: first as u32,
+            seg: 0,
+            sub_interval: 1,
+            subs: 1,
+            mode,
+            chunks: chunks as u32,
+        };
+        engine.launch(
+            &KERNEL,
+            "chunk_prepare",
+            &constants,
+            &params(n * chunks, 0, false, 0),
+            &[
+                saved.q.buffer(),
+                saved.k.buffer(),
+                saved.v.buffer(),
+                saved.beta.buffer(),
+                saved.log_decay.buffer(),
+                ws.buffer(),
+            ],
+            (n * chunks) as u64,
+        )?;
+        engine.launch(
+            &KERNEL,
+            "chunk_states",
+            &constants,
+            &params(n * slices, slices, true, 1),
+            &[
+                saved.q.buffer(),
+                saved.k.buffer(),
+                saved.checkpoints.buffer(),
+                unused.buffer(),
+                unused.buffer(),
+                unused.buffer(),
+                ws.buffer(),
+                bws.buffer(),
+            ],
+            (n * slices) as u64,
+        )?;
+        engine.launch(
+            &KERNEL,
+            "chunk_dstate",
+            &constants,
+            &params(n * slices, slices, d_output.is_some(), 0),
+            &[
+                saved.q.buffer(),
+                saved.k.buffer(),
+                dout.buffer(),
+                dstate.buffer(),
+                ws.buffer(),
+                bws.buffer(),
+            ],
+            (n * slices) as u64,
+        )?;
+        let units = n * chunks;
+        let workgroups = units.min(grads);
+        engine.launch(
+            &KERNEL,
+            "chunk_grads",
+            &constants,
+            &params(units, workgroups, d_output.is_some(), 0),
+            &[
+                saved.q.buffer(),
+                saved.k.buffer(),
+                saved.v.buffer(),
+                saved.beta.buffer(),
+                dout.buffer(),
+                dv.buffer(),
+                dbeta.buffer(),
+                dg.buffer(),
+                ws.buffer(),
+                bws.buffer(),
+                sc.buffer(),
+                pdq.buffer(),
+                pdk.buffer(),
+            ],
+            workgroups as u64,
+        )?;
+        let threads = n / group * time * kd;
+        engine.launch(
+            &KERNEL,
+            "chunk_sum_heads",
+            &constants,
+            &params(threads, 0, false, 0),
+            &[dq.buffer(), dk.buffer(), pdq.buffer(), pdk.buffer()],
+            threads.div_ceil(256) as u64,
+        )?;
     }
     Ok(GatedDeltaGradients {
         query: dq,

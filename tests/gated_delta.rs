@@ -1081,9 +1081,9 @@ fn small_workspace_bound_splits_launches_with_the_same_bits() {
     }
 }
 
-/// The chunked forward over several chunks of 64 tokens: partial last chunks, checkpoint
-/// intervals rounded up to whole chunks (the default ⌈√T⌉, an explicit 100 → 128, one
-/// longer than T), head broadcast through strided views, 16-bit storage, K = V = 128.
+/// The chunked forward and backward over several chunks of 64 tokens: partial last chunks,
+/// checkpoint intervals (ignored: the chunked forward saves the initial state alone), head
+/// broadcast through strided views, 16-bit storage, K = V = 128.
 #[test]
 fn chunked_forward_over_many_chunks() {
     let chunked = Case {
@@ -1135,11 +1135,21 @@ fn chunked_forward_over_many_chunks() {
         algorithm: DeltaAlgorithm::Chunked,
         ..GatedDeltaOptions::default()
     };
-    assert_eq!(shape.interval(&opts), 128);
+    assert_eq!(shape.interval(&opts), 8192);
+    assert_eq!(gated_delta_saved_bytes(&shape, &opts), 48 * 128 * 128 * 4);
     // w, u, P and γ of 128 chunks for each of 48 heads.
+    let forward = 48 * 8192 * (128 + 128 + 64 + 1) * 4;
     assert_eq!(
         gated_delta_forward_workspace_bytes(&shape, &opts, DType::F32),
-        48 * 8192 * (128 + 128 + 64 + 1) * 4
+        forward
+    );
+    // Again, with U and dU, 128 states and state gradients and the dq/dk partials a head,
+    // and 1,024 gradient workgroups' scratch.
+    assert_eq!(
+        gated_delta_workspace_bytes(&shape, &opts),
+        forward
+            + 48 * (2 * 8192 * 128 + 2 * 128 * 128 * 128 + 2 * 8192 * 128) * 4
+            + 1024 * 64 * (4 * 128 + 128 + 4 * 64) * 4
     );
 }
 

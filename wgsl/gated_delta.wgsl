@@ -68,6 +68,10 @@ struct Params {
 @group(0) @binding(18) var<storage, read> pdq_in: array<f32>;
 @group(0) @binding(19) var<storage, read> pdk_in: array<f32>;
 @group(0) @binding(20) var<storage, read_write> ws_buf: array<f32>;
+@group(0) @binding(21) var<storage, read_write> bws_buf: array<f32>;
+@group(0) @binding(22) var<storage, read_write> sc_buf: array<f32>;
+@group(0) @binding(23) var<storage, read_write> cpq_buf: array<f32>;
+@group(0) @binding(24) var<storage, read_write> cpk_buf: array<f32>;
 
 var<workgroup> sh_q: array<f32, MAXD>;
 var<workgroup> sh_k: array<f32, MAXD>;
@@ -697,9 +701,33 @@ fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
+// S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s (U in sh_cu), tokens in order; then a
+// barrier before sh_cu is written again.
+fn chunk_state_update(base: u32, ch: u32, len: u32, row0: u32, hk: u32, j: u32, i0: u32, n: u32,
+                      chunk: u32, s: ptr<function, array<f32, FWD_CHUNK>>) {
+    let glast = ws_buf[cg_at(base, ch, len - 1u)];
+    let dl = exp(glast);
+    for (var c = 0u; c < chunk; c = c + 1u) {
+        if (c < n) {
+            (*s)[c] = dl * (*s)[c];
+        }
+    }
+    for (var s2 = 0u; s2 < len; s2 = s2 + 1u) {
+        let eu = exp(glast - ws_buf[cg_at(base, ch, s2)]) * sh_cu[s2 * FWD_COLS + j];
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                (*s)[c] = (*s)[c] + load_k(k_index(row0 + s2, hk, i0 + c)) * eu;
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
 // One workgroup per (head of the launch, slice of FWD_COLS value columns), chunks in order.
 // Lane (column j, part) keeps rows [part·chunk, ..) of state column j, as in `forward`;
-// checkpoints at chunk starts that are multiples of the interval (a multiple of CH, or T).
+// checkpoints at chunk starts that are multiples of the interval (the forward's interval is T:
+// the initial state alone). `mode` 1 (the backward's recomputation): the initial state is the
+// saved checkpoint, every chunk's first state and U go to the backward workspace, no output.
 @compute @workgroup_size(WG)
 fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -722,6 +750,7 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
     let base = chunk_head_base(hl);
+    let hb = chunk_bws_base(hl);
     var s: array<f32, FWD_CHUNK>;
     for (var c = 0u; c < chunk; c = c + 1u) {
         if (c < n) {
@@ -736,7 +765,13 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         let t0 = ch * CH;
         let len = min(CH, params.time - t0);
         let row0 = b * params.time + t0;
-        if (col_live && t0 % params.interval == 0u) {
+        if (col_live && params.mode == 1u) {
+            for (var c = 0u; c < chunk; c = c + 1u) {
+                if (c < n) {
+                    bws_buf[chs_at(hb, ch, i0 + c, col)] = s[c];
+                }
+            }
+        } else if (col_live && t0 % params.interval == 0u) {
             let cbase = (bh * params.checkpoints + t0 / params.interval) * KD * vd;
             for (var c = 0u; c < chunk; c = c + 1u) {
                 if (c < n) {
@@ -770,8 +805,16 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                     uu = ws_buf[cu_at(base, ch, t, col)];
                 }
                 sh_cu[t * FWD_COLS + j] = uu - pt;
+                if (col_live && params.mode == 1u) {
+                    bws_buf[cuu_at(hb, ch, t, col)] = uu - pt;
+                }
             }
             workgroupBarrier();
+        }
+        if (params.mode == 1u) {
+            // Recomputing for the backward: no output.
+            chunk_state_update(base, ch, len, row0, hk, j, i0, n, chunk, &s);
+            continue;
         }
         // O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s), the same rounds for q·S.
         for (var tg = 0u; tg < len; tg = tg + 8u) {
@@ -803,19 +846,155 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             }
             workgroupBarrier();
         }
-        // S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s, tokens in order.
+        chunk_state_update(base, ch, len, row0, hk, j, i0, n, chunk, &s);
+    }
+    if (col_live && params.mode == 0u) {
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                final_buf[sbase + (i0 + c) * vd + col] = s[c];
+            }
+        }
+    }
+}
+
+// ---- Chunked backward, scalar decay ----
+// Per head of the launch, besides the forward's w, u, P and γ: U and dU [chunks, CH, V], the
+// chunks' first states S and the gradients dS' of their last ones [chunks, K, V] (`bws_buf`).
+// With dS' the gradient after a chunk (the next chunk's dS, or d_final):
+//   dU = (diag(e^{γ_last − γ}) K) dS' + scale Pᵀ dO,  dS = e^{γ_last} dS' + scale (diag(e^γ) Q)ᵀ dO − wᵀ dU
+// walked from the last chunk (`chunk_dstate`, the state gradient in registers); then every chunk
+// at once (`chunk_grads`): dw = −dU Sᵀ, dQ̃ = scale dO Sᵀ, dK̃ = U dS'ᵀ, dP = scale dO Uᵀ,
+// the transposed solves dW0 = (I + A)⁻ᵀ dw, dU0 = (I + A)⁻ᵀ dU, dA = −(dW0 wᵀ + dU0 uᵀ), and
+// from them dq, dk (per value head, `chunk_sum_heads` adds each key head's in head order),
+// dv, dβ and dγ, whose running sums from the chunk's end give dlog_decay.
+
+fn chunk_bws_base(hl: u32) -> u32 {
+    return hl * 2u * params.chunks * (CH + KD) * params.vdim;
+}
+
+fn cuu_at(hb: u32, ch: u32, t: u32, j: u32) -> u32 {
+    return hb + (ch * CH + t) * params.vdim + j;
+}
+
+fn cdu_at(hb: u32, ch: u32, t: u32, j: u32) -> u32 {
+    return hb + params.chunks * CH * params.vdim + (ch * CH + t) * params.vdim + j;
+}
+
+fn chs_at(hb: u32, ch: u32, i: u32, j: u32) -> u32 {
+    return hb + 2u * params.chunks * CH * params.vdim + (ch * KD + i) * params.vdim + j;
+}
+
+fn cds_at(hb: u32, ch: u32, i: u32, j: u32) -> u32 {
+    return hb + params.chunks * (2u * CH + KD) * params.vdim + (ch * KD + i) * params.vdim + j;
+}
+
+fn dout_at(row: u32, hv: u32, j: u32) -> f32 {
+    return dout_in[(row * params.value_heads + hv) * params.vdim + j];
+}
+
+// One workgroup per (head of the launch, slice of FWD_COLS value columns), chunks last to
+// first; lane (column j, part) keeps rows [part·chunk, ..) of dS column j. Starts from ds_buf
+// (d_final or zeros) and leaves the initial state's gradient there.
+@compute @workgroup_size(WG)
+fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let unit = group_index(wid, nwg);
+    if (unit >= params.units) {
+        return;
+    }
+    let vd = params.vdim;
+    let hl = unit / params.slices;
+    let bh = params.unit_base + hl;
+    let j = lid % FWD_COLS;
+    let part = lid / FWD_COLS;
+    let col = (unit % params.slices) * FWD_COLS + j;
+    let hv = bh % params.value_heads;
+    let b = bh / params.value_heads;
+    let hk = hv / params.group;
+    let col_live = col < vd;
+    let has_dout = (params.flags & 1u) != 0u;
+    let chunk = (KD + FWD_PARTS - 1u) / FWD_PARTS;
+    let i0 = min(part * chunk, KD);
+    let n = min(i0 + chunk, KD) - i0;
+    let sbase = bh * KD * vd;
+    let base = chunk_head_base(hl);
+    let hb = chunk_bws_base(hl);
+    var s: array<f32, FWD_CHUNK>;
+    for (var c = 0u; c < chunk; c = c + 1u) {
+        if (c < n) {
+            var x = 0.0;
+            if (col_live) {
+                x = ds_buf[sbase + (i0 + c) * vd + col];
+            }
+            s[c] = x;
+        }
+    }
+    for (var cc = 0u; cc < params.chunks; cc = cc + 1u) {
+        let ch = params.chunks - 1u - cc;
+        let t0 = ch * CH;
+        let len = min(CH, params.time - t0);
+        let row0 = b * params.time + t0;
+        if (col_live) {
+            for (var c = 0u; c < chunk; c = c + 1u) {
+                if (c < n) {
+                    bws_buf[cds_at(hb, ch, i0 + c, col)] = s[c];
+                }
+            }
+        }
         let glast = ws_buf[cg_at(base, ch, len - 1u)];
+        // dU, eight tokens a round: partial dots k_t·dS' over each lane's rows, the parts in
+        // order, then scale Σ_{t2 ≥ t} P_{t2 t} dO_{t2}.
+        for (var tg = 0u; tg < len; tg = tg + 8u) {
+            for (var a = 0u; a < 8u; a = a + 1u) {
+                var p = 0.0;
+                if (tg + a < len) {
+                    for (var c = 0u; c < chunk; c = c + 1u) {
+                        if (c < n) {
+                            p = p + load_k(k_index(row0 + tg + a, hk, i0 + c)) * s[c];
+                        }
+                    }
+                }
+                sh_cpart[(a * FWD_PARTS + part) * FWD_COLS + j] = p;
+            }
+            workgroupBarrier();
+            let t = tg + part;
+            if (t < len) {
+                var pt = 0.0;
+                for (var pp = 0u; pp < FWD_PARTS; pp = pp + 1u) {
+                    pt = pt + sh_cpart[(part * FWD_PARTS + pp) * FWD_COLS + j];
+                }
+                var du = exp(glast - ws_buf[cg_at(base, ch, t)]) * pt;
+                if (has_dout && col_live) {
+                    var pd = 0.0;
+                    for (var t2 = t; t2 < len; t2 = t2 + 1u) {
+                        pd = pd + ws_buf[cp_at(base, ch, t2, t)] * dout_at(row0 + t2, hv, col);
+                    }
+                    du = du + params.scale * pd;
+                }
+                sh_cu[t * FWD_COLS + j] = du;
+                if (col_live) {
+                    bws_buf[cdu_at(hb, ch, t, col)] = du;
+                }
+            }
+            workgroupBarrier();
+        }
+        // dS = e^{γ_last} dS' + Σ_t (scale e^{γ_t} q_t dO_t − w_t dU_t), tokens in order.
         let dl = exp(glast);
         for (var c = 0u; c < chunk; c = c + 1u) {
             if (c < n) {
                 s[c] = dl * s[c];
             }
         }
-        for (var s2 = 0u; s2 < len; s2 = s2 + 1u) {
-            let eu = exp(glast - ws_buf[cg_at(base, ch, s2)]) * sh_cu[s2 * FWD_COLS + j];
+        for (var t = 0u; t < len; t = t + 1u) {
+            var a = 0.0;
+            if (has_dout && col_live) {
+                a = params.scale * exp(ws_buf[cg_at(base, ch, t)]) * dout_at(row0 + t, hv, col);
+            }
+            let du = sh_cu[t * FWD_COLS + j];
             for (var c = 0u; c < chunk; c = c + 1u) {
                 if (c < n) {
-                    s[c] = s[c] + load_k(k_index(row0 + s2, hk, i0 + c)) * eu;
+                    s[c] = s[c] + load_q(q_index(row0 + t, hk, i0 + c)) * a
+                        - ws_buf[cw_at(base, ch, t, i0 + c)] * du;
                 }
             }
         }
@@ -824,8 +1003,317 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     if (col_live) {
         for (var c = 0u; c < chunk; c = c + 1u) {
             if (c < n) {
-                final_buf[sbase + (i0 + c) * vd + col] = s[c];
+                ds_buf[sbase + (i0 + c) * vd + col] = s[c];
             }
         }
     }
+}
+
+// Scratch of one `chunk_grads` workgroup: dw, dQ̃, dK̃, dW0 [CH, K]; dU0 [CH, V]; dP, Ak
+// ((k_r·k_s) e^{γ_r − γ_s}), dA, E (e^{γ_r − γ_s}, s ≤ r) [CH, CH].
+fn sc_len() -> u32 {
+    return 4u * CH * KD + CH * params.vdim + 4u * CH * CH;
+}
+
+fn sc_kd(sb: u32, which: u32, t: u32, i: u32) -> u32 {
+    return sb + which * CH * KD + t * KD + i;
+}
+
+fn sc_du0(sb: u32, t: u32, j: u32) -> u32 {
+    return sb + 4u * CH * KD + t * params.vdim + j;
+}
+
+fn sc_cc(sb: u32, which: u32, r: u32, s: u32) -> u32 {
+    return sb + 4u * CH * KD + CH * params.vdim + which * CH * CH + r * CH + s;
+}
+
+const SC_DW: u32 = 0u;
+const SC_DQ: u32 = 1u;
+const SC_DK: u32 = 2u;
+const SC_DW0: u32 = 3u;
+const SC_DP: u32 = 0u;
+const SC_AK: u32 = 1u;
+const SC_DA: u32 = 2u;
+const SC_E: u32 = 3u;
+var<workgroup> sh_rows: array<f32, 320>;                 // per-row dots [4][CH], then ⟨dS', S⟩
+var<workgroup> sh_dgam: array<f32, CH>;
+
+// Column `col` of dW0 (`values` false, from dw) or dU0 (true, from dU) by back substitution
+// through (I + A)ᵀ, rows from the last.
+fn chunk_back_solve(sb: u32, hb: u32, ch: u32, len: u32, col: u32, values: bool) {
+    var xs: array<f32, CH>;
+    for (var rr = 0u; rr < CH; rr = rr + 1u) {
+        let r = CH - 1u - rr;
+        var x = 0.0;
+        if (r < len) {
+            if (values) {
+                x = bws_buf[cdu_at(hb, ch, r, col)];
+            } else {
+                x = sc_buf[sc_kd(sb, SC_DW, r, col)];
+            }
+            for (var s = r + 1u; s < len; s = s + 1u) {
+                x = x - sh_ca[(s * s - s) / 2u + r] * xs[s];
+            }
+        }
+        xs[r] = x;
+        if (values) {
+            sc_buf[sc_du0(sb, r, col)] = x;
+        } else {
+            sc_buf[sc_kd(sb, SC_DW0, r, col)] = x;
+        }
+    }
+}
+
+// `params.slices` workgroups, each taking units (head of the launch, chunk) g, g + slices, ...
+// with its own scratch.
+@compute @workgroup_size(WG)
+fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    if (g >= params.slices) {
+        return;
+    }
+    let vd = params.vdim;
+    let sb = g * sc_len();
+    let has_dout = (params.flags & 1u) != 0u;
+    for (var unit = g; unit < params.units; unit = unit + params.slices) {
+        let hl = unit / params.chunks;
+        let ch = unit % params.chunks;
+        let bh = params.unit_base + hl;
+        let hv = bh % params.value_heads;
+        let b = bh / params.value_heads;
+        let hk = hv / params.group;
+        let t0 = ch * CH;
+        let len = min(CH, params.time - t0);
+        let row0 = b * params.time + t0;
+        let base = chunk_head_base(hl);
+        let hb = chunk_bws_base(hl);
+        sync();
+        if (lid < CH) {
+            sh_cg[lid] = ws_buf[cg_at(base, ch, lid)];
+            var be = 0.0;
+            if (lid < len) {
+                be = beta_in[(row0 + lid) * params.value_heads + hv];
+            }
+            sh_cb[lid] = be;
+        }
+        workgroupBarrier();
+        let glast = sh_cg[len - 1u];
+        // dw = −dU Sᵀ, dQ̃ = scale dO Sᵀ, dK̃ = U dS'ᵀ (sums over the value columns in order).
+        for (var e = lid; e < CH * KD; e = e + WG) {
+            let t = e / KD;
+            let i = e % KD;
+            var xw = 0.0;
+            var xq = 0.0;
+            var xk = 0.0;
+            if (t < len) {
+                for (var jj = 0u; jj < vd; jj = jj + 1u) {
+                    let sv = bws_buf[chs_at(hb, ch, i, jj)];
+                    xw = xw + bws_buf[cdu_at(hb, ch, t, jj)] * sv;
+                    if (has_dout) {
+                        xq = xq + dout_at(row0 + t, hv, jj) * sv;
+                    }
+                    xk = xk + bws_buf[cuu_at(hb, ch, t, jj)] * bws_buf[cds_at(hb, ch, i, jj)];
+                }
+            }
+            sc_buf[sc_kd(sb, SC_DW, t, i)] = -xw;
+            sc_buf[sc_kd(sb, SC_DQ, t, i)] = params.scale * xq;
+            sc_buf[sc_kd(sb, SC_DK, t, i)] = xk;
+        }
+        // dP = scale dO Uᵀ (s ≤ t), E, Ak and A = β Ak (packed, for the solves).
+        for (var e = lid; e < CH * CH; e = e + WG) {
+            let t = e / CH;
+            let s = e % CH;
+            var dp = 0.0;
+            var ex = 0.0;
+            var ak = 0.0;
+            if (t < len && s <= t) {
+                if (has_dout) {
+                    for (var jj = 0u; jj < vd; jj = jj + 1u) {
+                        dp = dp + dout_at(row0 + t, hv, jj) * bws_buf[cuu_at(hb, ch, s, jj)];
+                    }
+                }
+                ex = exp(sh_cg[t] - sh_cg[s]);
+                if (s < t) {
+                    var kk = 0.0;
+                    for (var i = 0u; i < KD; i = i + 1u) {
+                        kk = kk + load_k(k_index(row0 + t, hk, i)) * load_k(k_index(row0 + s, hk, i));
+                    }
+                    ak = kk * ex;
+                    sh_ca[(t * t - t) / 2u + s] = sh_cb[t] * kk * ex;
+                }
+            }
+            sc_buf[sc_cc(sb, SC_DP, t, s)] = params.scale * dp;
+            sc_buf[sc_cc(sb, SC_E, t, s)] = ex;
+            sc_buf[sc_cc(sb, SC_AK, t, s)] = ak;
+        }
+        // ⟨dS', S⟩: each lane's elements in order, then the lanes in order.
+        var d = 0.0;
+        for (var e = lid; e < KD * vd; e = e + WG) {
+            d = d + bws_buf[cds_at(hb, ch, 0u, 0u) + e] * bws_buf[chs_at(hb, ch, 0u, 0u) + e];
+        }
+        sh_pa[lid] = d;
+        sync();
+        if (lid < KD) {
+            chunk_back_solve(sb, hb, ch, len, lid, false);
+        }
+        if (lid < vd) {
+            chunk_back_solve(sb, hb, ch, len, lid, true);
+        }
+        sync();
+        // dA = −(dW0 wᵀ + dU0 uᵀ), s < r.
+        for (var e = lid; e < CH * CH; e = e + WG) {
+            let r = e / CH;
+            let s = e % CH;
+            var x = 0.0;
+            if (r < len && s < r) {
+                for (var i = 0u; i < KD; i = i + 1u) {
+                    x = x + sc_buf[sc_kd(sb, SC_DW0, r, i)] * ws_buf[cw_at(base, ch, s, i)];
+                }
+                for (var jj = 0u; jj < vd; jj = jj + 1u) {
+                    x = x + sc_buf[sc_du0(sb, r, jj)] * ws_buf[cu_at(base, ch, s, jj)];
+                }
+            }
+            sc_buf[sc_cc(sb, SC_DA, r, s)] = -x;
+        }
+        // Per-row dots: q·dQ̃, k·dK̃, k·dW0, v·dU0; and the lanes' ⟨dS', S⟩ in order.
+        if (lid < len) {
+            let row = row0 + lid;
+            var x1 = 0.0;
+            var x2 = 0.0;
+            var x3 = 0.0;
+            for (var i = 0u; i < KD; i = i + 1u) {
+                let qv = load_q(q_index(row, hk, i));
+                let kv = load_k(k_index(row, hk, i));
+                x1 = x1 + qv * sc_buf[sc_kd(sb, SC_DQ, lid, i)];
+                x2 = x2 + kv * sc_buf[sc_kd(sb, SC_DK, lid, i)];
+                x3 = x3 + kv * sc_buf[sc_kd(sb, SC_DW0, lid, i)];
+            }
+            var x4 = 0.0;
+            for (var jj = 0u; jj < vd; jj = jj + 1u) {
+                x4 = x4 + load_v(v_index(row, hv, jj)) * sc_buf[sc_du0(sb, lid, jj)];
+            }
+            sh_rows[lid] = x1;
+            sh_rows[CH + lid] = x2;
+            sh_rows[2u * CH + lid] = x3;
+            sh_rows[3u * CH + lid] = x4;
+        }
+        if (lid == CH) {
+            var tot = 0.0;
+            for (var l = 0u; l < WG; l = l + 1u) {
+                tot = tot + sh_pa[l];
+            }
+            sh_rows[4u * CH] = tot;
+        }
+        sync();
+        // dβ and dγ of each row.
+        if (lid < len) {
+            let r = lid;
+            let gr = sh_cg[r];
+            let br = sh_cb[r];
+            var dg = exp(gr) * sh_rows[r];
+            for (var s = 0u; s <= r; s = s + 1u) {
+                dg = dg + sc_buf[sc_cc(sb, SC_DP, r, s)] * ws_buf[cp_at(base, ch, r, s)];
+            }
+            for (var t = r; t < len; t = t + 1u) {
+                dg = dg - sc_buf[sc_cc(sb, SC_DP, t, r)] * ws_buf[cp_at(base, ch, t, r)];
+            }
+            dg = dg - exp(glast - gr) * sh_rows[CH + r];
+            if (r == len - 1u) {
+                var tot = 0.0;
+                for (var s = 0u; s < len; s = s + 1u) {
+                    tot = tot + exp(glast - sh_cg[s]) * sh_rows[CH + s];
+                }
+                dg = dg + tot + exp(glast) * sh_rows[4u * CH];
+            }
+            var db = 0.0;
+            for (var s = 0u; s < r; s = s + 1u) {
+                let da = sc_buf[sc_cc(sb, SC_DA, r, s)];
+                let ak = sc_buf[sc_cc(sb, SC_AK, r, s)];
+                dg = dg + da * br * ak;
+                db = db + da * ak;
+            }
+            for (var t = r + 1u; t < len; t = t + 1u) {
+                dg = dg - sc_buf[sc_cc(sb, SC_DA, t, r)] * sh_cb[t] * sc_buf[sc_cc(sb, SC_AK, t, r)];
+            }
+            dg = dg + br * exp(gr) * sh_rows[2u * CH + r];
+            db = db + exp(gr) * sh_rows[2u * CH + r] + sh_rows[3u * CH + r];
+            dbeta_buf[(row0 + r) * params.value_heads + hv] = db;
+            sh_dgam[r] = dg;
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            var acc = 0.0;
+            for (var rr = 0u; rr < len; rr = rr + 1u) {
+                let r = len - 1u - rr;
+                acc = acc + sh_dgam[r];
+                dg_buf[(row0 + r) * params.value_heads + hv] = acc;
+            }
+        }
+        // dq, dk of this value head; dv.
+        for (var e = lid; e < CH * KD; e = e + WG) {
+            let r = e / KD;
+            let i = e % KD;
+            if (r < len) {
+                let gr = sh_cg[r];
+                var dq = exp(gr) * sc_buf[sc_kd(sb, SC_DQ, r, i)];
+                for (var s = 0u; s <= r; s = s + 1u) {
+                    dq = dq + sc_buf[sc_cc(sb, SC_DP, r, s)] * sc_buf[sc_cc(sb, SC_E, r, s)]
+                        * load_k(k_index(row0 + s, hk, i));
+                }
+                var dk = exp(glast - gr) * sc_buf[sc_kd(sb, SC_DK, r, i)];
+                for (var t = r; t < len; t = t + 1u) {
+                    dk = dk + sc_buf[sc_cc(sb, SC_DP, t, r)] * sc_buf[sc_cc(sb, SC_E, t, r)]
+                        * load_q(q_index(row0 + t, hk, i));
+                }
+                for (var s = 0u; s < r; s = s + 1u) {
+                    dk = dk + sc_buf[sc_cc(sb, SC_DA, r, s)] * sh_cb[r] * sc_buf[sc_cc(sb, SC_E, r, s)]
+                        * load_k(k_index(row0 + s, hk, i));
+                }
+                for (var t = r + 1u; t < len; t = t + 1u) {
+                    dk = dk + sc_buf[sc_cc(sb, SC_DA, t, r)] * sh_cb[t] * sc_buf[sc_cc(sb, SC_E, t, r)]
+                        * load_k(k_index(row0 + t, hk, i));
+                }
+                dk = dk + sh_cb[r] * exp(gr) * sc_buf[sc_kd(sb, SC_DW0, r, i)];
+                let at = (hl * params.time + t0 + r) * KD + i;
+                cpq_buf[at] = dq;
+                cpk_buf[at] = dk;
+            }
+        }
+        for (var e = lid; e < CH * vd; e = e + WG) {
+            let r = e / vd;
+            let jj = e % vd;
+            if (r < len) {
+                dv_buf[((row0 + r) * params.value_heads + hv) * vd + jj] =
+                    sh_cb[r] * sc_buf[sc_du0(sb, r, jj)];
+            }
+        }
+    }
+}
+
+// dq and dk of the launch's key heads: each the sum of its value heads' in head order.
+// Threads over (key head of the launch, token, key dim).
+@compute @workgroup_size(WG)
+fn chunk_sum_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let e = group_index(wid, nwg) * WG + lid;
+    if (e >= params.units) {
+        return;
+    }
+    let i = e % KD;
+    let t = (e / KD) % params.time;
+    let khl = e / (KD * params.time);
+    let bh0 = params.unit_base + khl * params.group;
+    let b = bh0 / params.value_heads;
+    let hk = (bh0 % params.value_heads) / params.group;
+    var q = 0.0;
+    var k = 0.0;
+    for (var sub = 0u; sub < params.group; sub = sub + 1u) {
+        let at = ((khl * params.group + sub) * params.time + t) * KD + i;
+        q = q + pdq_in[at];
+        k = k + pdk_in[at];
+    }
+    let out = ((b * params.time + t) * params.key_heads + hk) * KD + i;
+    dq_buf[out] = q;
+    dk_buf[out] = k;
 }
