@@ -1154,8 +1154,8 @@ fn chunked_forward_over_many_chunks() {
 }
 
 /// Chunked reruns give the same bits, and so does any workspace bound that fits one head
-/// (fewer heads a launch); below that `WorkspaceExceeded`; per-channel decay and
-/// `save_states` are refused.
+/// (fewer heads a launch) in the forward and one key head in the backward; below that
+/// `WorkspaceExceeded`; per-channel decay and `save_states` are refused.
 #[test]
 fn chunked_reruns_bounds_and_refusals() {
     let e = private_engine();
@@ -1208,6 +1208,41 @@ fn chunked_reruns_bounds_and_refusals() {
         }
         other => panic!("expected WorkspaceExceeded, got {other:?}"),
     }
+    // The backward: all key heads in one launch, one a launch (a bound just below all of
+    // them), and below one key head's need `WorkspaceExceeded`.
+    e.set_workspace_bound(u64::MAX);
+    let dout = t(&data.d_out.clone().unwrap(), &[2, 70, 3, 16]);
+    let (_, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts).unwrap();
+    let backward = || {
+        gated_delta_backward(&saved, Some(&dout), None).map(|gr| {
+            [
+                gr.query,
+                gr.key,
+                gr.value,
+                gr.beta,
+                gr.log_decay,
+                gr.initial_state,
+            ]
+            .iter()
+            .map(common::f32_bits)
+            .collect::<Vec<_>>()
+        })
+    };
+    let full = backward().unwrap();
+    let needed_all = gated_delta_workspace_bytes(&shape, &opts);
+    e.set_workspace_bound(needed_all - 1);
+    assert!(
+        backward().unwrap() == full,
+        "one key head a launch: results differ"
+    );
+    e.set_workspace_bound(1);
+    let one = match backward() {
+        Err(Error::WorkspaceExceeded { needed, .. }) => needed,
+        other => panic!("expected WorkspaceExceeded, got {:?}", other.map(drop)),
+    };
+    assert!(one < needed_all);
+    e.set_workspace_bound(one);
+    assert!(backward().unwrap() == full, "bound {one}: results differ");
     e.set_workspace_bound(all);
     let per_channel = t(&vec![-0.1; 2 * 70 * 3 * 16], &[2, 70, 3, 16]);
     for (what, decay, o) in [
