@@ -5,7 +5,9 @@
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::time::Duration;
-use wgrad::gated_delta::{GatedDeltaOptions, gated_delta_backward, gated_delta_forward};
+use wgrad::gated_delta::{
+    DeltaAlgorithm, GatedDeltaOptions, gated_delta_backward, gated_delta_forward,
+};
 use wgrad::{DType, Engine, Result, Tensor, bench, cast};
 
 /// (B, T, Hk, Hv, K, V).
@@ -51,7 +53,7 @@ fn inputs(engine: &Engine, s: [usize; 6], dtype: DType) -> Result<Inputs> {
     })
 }
 
-fn run(x: &Inputs, backward: bool) -> Result<()> {
+fn run(x: &Inputs, backward: bool, algorithm: DeltaAlgorithm) -> Result<()> {
     let (out, saved) = gated_delta_forward(
         &x.q,
         &x.k,
@@ -59,7 +61,10 @@ fn run(x: &Inputs, backward: bool) -> Result<()> {
         &x.beta,
         &x.g,
         None,
-        &GatedDeltaOptions::default(),
+        &GatedDeltaOptions {
+            algorithm,
+            ..GatedDeltaOptions::default()
+        },
     )?;
     if backward {
         drop(gated_delta_backward(&saved, Some(&x.d_out), None)?);
@@ -76,15 +81,29 @@ fn gated_delta(c: &mut Criterion) {
             return;
         }
     };
-    for (name, backward) in [
-        ("gated_delta_forward", false),
-        ("gated_delta_forward_backward", true),
+    for (name, backward, algorithm) in [
+        ("gated_delta_forward", false, DeltaAlgorithm::Recurrent),
+        (
+            "gated_delta_forward_backward",
+            true,
+            DeltaAlgorithm::Recurrent,
+        ),
+        (
+            "gated_delta_chunked_forward",
+            false,
+            DeltaAlgorithm::Chunked,
+        ),
+        (
+            "gated_delta_chunked_forward_backward",
+            true,
+            DeltaAlgorithm::Chunked,
+        ),
     ] {
         let mut group = c.benchmark_group(name);
         for dtype in [DType::F32, DType::BF16] {
             for s in SHAPES {
                 let x = inputs(&engine, s, dtype).expect("bench inputs");
-                run(&x, backward).expect("first run");
+                run(&x, backward, algorithm).expect("first run");
                 bench::prewarm(&engine, 0.05).expect("prewarm");
                 let id = format!(
                     "{dtype} B{} T{} Hk{} Hv{} K{} V{}",
@@ -92,7 +111,7 @@ fn gated_delta(c: &mut Criterion) {
                 );
                 group.bench_with_input(BenchmarkId::from_parameter(id), &x, |bch, x| {
                     bch.iter_custom(|iters| {
-                        bench::gpu_time_iters(&engine, iters, || run(x, backward))
+                        bench::gpu_time_iters(&engine, iters, || run(x, backward, algorithm))
                             .expect("timed run")
                     })
                 });

@@ -36,6 +36,20 @@
 //! are each split over all 256 lanes, partial sums combined in lane order. `dS`, the running
 //! state gradient, lives in the `initial_state` gradient's buffer.
 //!
+//! **Chunked** ([`DeltaAlgorithm::Chunked`], scalar decay): the recurrence unrolled over
+//! chunks of [`CHUNK`] tokens (the WY form). With `γ` the running sum of the log decay within a
+//! chunk and `S` the state before it: `A = β(KKᵀ ⊙ e^{γ_r − γ_s})` (strictly lower),
+//! `w = (I + A)⁻¹ diag(βe^γ)K`, `u = (I + A)⁻¹ diag(β)V`, `P = QKᵀ ⊙ e^{γ_t − γ_s}` (lower,
+//! diagonal included); then `U = u − wS`, `O = scale·(diag(e^γ)QS + PU)` and
+//! `S ← e^{γ_last}S + (diag(e^{γ_last − γ})K)ᵀU`. Every chunk's w, u, P and γ at once (a
+//! workgroup a chunk: its key products in 4 × 4 blocks a lane, the solves by forward
+//! substitution a column a lane), then the chunks in order a workgroup a (head, 32 value
+//! columns) with the state in registers. The forward saves only the initial state; the chunked
+//! backward forms the chunk states again, walks the state gradient from the last chunk
+//! (`dU = (diag(e^{γ_last − γ})K)dS' + scale·PᵀdO`, `dS = e^{γ_last}dS' + scale·(diag(e^γ)Q)ᵀdO −
+//! wᵀdU`), then every chunk's gradients at once through the transposed solves, with per-value-head
+//! dq/dk summed per key head in head order. Every sum has a fixed order.
+//!
 //! The backward entry point binds 14 storage buffers: an adapter with fewer
 //! (`max_storage_buffers_per_shader_stage`) gets `Error::InsufficientLimit`.
 

@@ -206,6 +206,7 @@ fn entry_points_fit_the_least_device() {
     let more_buffers = [
         ("gated_delta", "forward"),
         ("gated_delta", "backward"),
+        ("gated_delta", "chunk_grads"),
         ("attention", "attention_dkdv_store"),
     ];
     let more_workgroup_memory = ["matmul_tc"];

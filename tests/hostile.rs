@@ -1147,6 +1147,25 @@ fn others(t: &mut Tally) {
     t.sweep("gated_delta_backward", &[&gout.output], |a| {
         gated_delta::gated_delta_backward(&gsaved, Some(a[0]), None).map(drop)
     });
+    let co = GatedDeltaOptions {
+        algorithm: gated_delta::DeltaAlgorithm::Chunked,
+        ..go
+    };
+    t.sweep(
+        "gated_delta_forward chunked",
+        &[&q, &k, &v, &beta, &decay],
+        |a| gated_delta::gated_delta_forward(a[0], a[1], a[2], a[3], a[4], None, &co).map(drop),
+    );
+    let (cout, csaved) = need!(
+        t,
+        "gated_delta_forward chunked",
+        gated_delta::gated_delta_forward(&q, &k, &v, &beta, &decay, None, &co)
+    );
+    t.sweep(
+        "gated_delta_backward chunked",
+        &[&cout.output, &cout.final_state],
+        |a| gated_delta::gated_delta_backward(&csaved, Some(a[0]), Some(a[1])).map(drop),
+    );
 
     // GRPO on logits [2, 4, 8] (3 completion tokens and a spare position), ids [2, 3].
     let logits = f32_tensor(&e, &[2, 4, 8], 6);
