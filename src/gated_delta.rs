@@ -819,20 +819,14 @@ pub fn gated_delta_backward(
     to_u32("gated_delta_backward: workspace elements", workspace / 4)?;
 
     let f32t = |shape: &[usize], what: &str| Tensor::empty(&engine, shape, DType::F32, what);
-    let dq = f32t(&[bsz, time, hk, kd], "gated_delta dq")?;
-    let dk = f32t(&[bsz, time, hk, kd], "gated_delta dk")?;
-    let dv = f32t(&[bsz, time, hv, vd], "gated_delta dv")?;
-    let dbeta = f32t(&[bsz, time, hv], "gated_delta dbeta")?;
-    let dg = f32t(saved.log_decay.shape(), "gated_delta dlog_decay")?;
-    let dstate = f32t(&[bsz, hv, kd, vd], "gated_delta dinitial_state")?;
-    match d_final_state {
-        Some(g) => {
-            let bytes = dstate.byte_len();
-            engine
-                .record(|enc| enc.copy_buffer_to_buffer(g.buffer(), 0, dstate.buffer(), 0, bytes));
-        }
-        None => engine.zero(dstate.buffer(), dstate.byte_len()),
-    }
+    let GatedDeltaGradients {
+        query: dq,
+        key: dk,
+        value: dv,
+        beta: dbeta,
+        log_decay: dg,
+        initial_state: dstate,
+    } = gradient_tensors(saved, d_final_state)?;
     let states_elems = (launch_units as u64 * plan.per_unit / 4) as usize;
     let states = f32t(&[states_elems], "gated_delta backward states")?;
     let partial_len = (plan.partial_elems as usize).max(1);
@@ -850,31 +844,14 @@ pub fn gated_delta_backward(
     let dout = d_output.unwrap_or(&saved.beta);
     let constants = constants(saved.q.dtype(), kd, saved.per_channel);
     let params = |sub: usize, seg: usize, unit_base: usize, units: usize, mode: u32| Params {
-        batch: bsz as u32,
-        time: time as u32,
-        key_heads: hk as u32,
-        value_heads: hv as u32,
-        vdim: vd as u32,
-        group: group as u32,
-        interval: saved.interval as u32,
-        checkpoints: checkpoints as u32,
-        q_off: saved.q_layout.offset as u32,
-        q_stride: saved.q_layout.row_stride as u32,
-        k_off: saved.k_layout.offset as u32,
-        k_stride: saved.k_layout.row_stride as u32,
-        v_off: saved.v_layout.offset as u32,
-        v_stride: saved.v_layout.row_stride as u32,
-        scale: saved.scale,
-        flags: u32::from(d_output.is_some()),
         sub: sub as u32,
         units: units as u32,
-        slices: 0,
         unit_base: unit_base as u32,
         seg: seg as u32,
         sub_interval: plan.sub_interval as u32,
         subs: plan.subs as u32,
         mode,
-        chunks: 0,
+        ..saved_params(saved, d_output.is_some())
     };
     let total = plan.total_units;
     let chunks = || {
@@ -1003,20 +980,14 @@ fn chunked_backward(
     to_u32(what, launch as u64 * chunk_backward_head_bytes(&s) / 4)?;
     to_u32(what, grads as u64 * chunk_grads_scratch(kd, vd))?;
     let f32t = |shape: &[usize], what: &str| Tensor::empty(&engine, shape, DType::F32, what);
-    let dq = f32t(&[bsz, time, hk, kd], "gated_delta dq")?;
-    let dk = f32t(&[bsz, time, hk, kd], "gated_delta dk")?;
-    let dv = f32t(&[bsz, time, hv, vd], "gated_delta dv")?;
-    let dbeta = f32t(&[bsz, time, hv], "gated_delta dbeta")?;
-    let dg = f32t(saved.log_decay.shape(), "gated_delta dlog_decay")?;
-    let dstate = f32t(&[bsz, hv, kd, vd], "gated_delta dinitial_state")?;
-    match d_final_state {
-        Some(g) => {
-            let bytes = dstate.byte_len();
-            engine
-                .record(|enc| enc.copy_buffer_to_buffer(g.buffer(), 0, dstate.buffer(), 0, bytes));
-        }
-        None => engine.zero(dstate.buffer(), dstate.byte_len()),
-    }
+    let GatedDeltaGradients {
+        query: dq,
+        key: dk,
+        value: dv,
+        beta: dbeta,
+        log_decay: dg,
+        initial_state: dstate,
+    } = gradient_tensors(saved, d_final_state)?;
     let chunks = time.div_ceil(CHUNK);
     let ws = f32t(
         &[launch * s.chunk_head_bytes() as usize / 4],
@@ -1041,31 +1012,12 @@ fn chunked_backward(
     for first in (0..heads).step_by(launch) {
         let n = launch.min(heads - first);
         let params = |units: usize, slices: usize, flags: bool, mode: u32| Params {
-            batch: bsz as u32,
-            time: time as u32,
-            key_heads: hk as u32,
-            value_heads: hv as u32,
-            vdim: vd as u32,
-            group: group as u32,
-            interval: CHUNK as u32,
-            checkpoints: 1,
-            q_off: saved.q_layout.offset as u32,
-            q_stride: saved.q_layout.row_stride as u32,
-            k_off: saved.k_layout.offset as u32,
-            k_stride: saved.k_layout.row_stride as u32,
-            v_off: saved.v_layout.offset as u32,
-            v_stride: saved.v_layout.row_stride as u32,
-            scale: saved.scale,
-            flags: u32::from(flags),
-            sub: 0,
             units: units as u32,
             slices: slices as u32,
             unit_base: first as u32,
-            seg: 0,
-            sub_interval: 1,
-            subs: 1,
             mode,
             chunks: chunks as u32,
+            ..saved_params(saved, flags)
         };
         engine.launch(
             &KERNEL,
@@ -1156,4 +1108,70 @@ fn chunked_backward(
         log_decay: dg,
         initial_state: dstate,
     })
+}
+
+/// The six gradients, allocated; the initial state's holds `d_final_state` (or zeros), where
+/// the backward walks the state gradient.
+fn gradient_tensors(
+    saved: &GatedDeltaSaved,
+    d_final_state: Option<&Tensor>,
+) -> Result<GatedDeltaGradients> {
+    let engine = saved.q.engine();
+    let s = saved.shape;
+    let f32t = |shape: &[usize], what: &str| Tensor::empty(engine, shape, DType::F32, what);
+    let qk = [s.batch, s.time, s.key_heads, s.key_dim];
+    let state = f32t(
+        &[s.batch, s.value_heads, s.key_dim, s.value_dim],
+        "gated_delta dinitial_state",
+    )?;
+    match d_final_state {
+        Some(g) => {
+            let bytes = state.byte_len();
+            engine.record(|enc| enc.copy_buffer_to_buffer(g.buffer(), 0, state.buffer(), 0, bytes));
+        }
+        None => engine.zero(state.buffer(), state.byte_len()),
+    }
+    Ok(GatedDeltaGradients {
+        query: f32t(&qk, "gated_delta dq")?,
+        key: f32t(&qk, "gated_delta dk")?,
+        value: f32t(
+            &[s.batch, s.time, s.value_heads, s.value_dim],
+            "gated_delta dv",
+        )?,
+        beta: f32t(&[s.batch, s.time, s.value_heads], "gated_delta dbeta")?,
+        log_decay: f32t(saved.log_decay.shape(), "gated_delta dlog_decay")?,
+        initial_state: state,
+    })
+}
+
+/// The launch parameters every backward launch shares (the rest zero or one).
+fn saved_params(saved: &GatedDeltaSaved, flags: bool) -> Params {
+    let s = saved.shape;
+    Params {
+        batch: s.batch as u32,
+        time: s.time as u32,
+        key_heads: s.key_heads as u32,
+        value_heads: s.value_heads as u32,
+        vdim: s.value_dim as u32,
+        group: (s.value_heads / s.key_heads) as u32,
+        interval: saved.interval as u32,
+        checkpoints: s.time.div_ceil(saved.interval) as u32,
+        q_off: saved.q_layout.offset as u32,
+        q_stride: saved.q_layout.row_stride as u32,
+        k_off: saved.k_layout.offset as u32,
+        k_stride: saved.k_layout.row_stride as u32,
+        v_off: saved.v_layout.offset as u32,
+        v_stride: saved.v_layout.row_stride as u32,
+        scale: saved.scale,
+        flags: u32::from(flags),
+        sub: 0,
+        units: 0,
+        slices: 0,
+        unit_base: 0,
+        seg: 0,
+        sub_interval: 1,
+        subs: 1,
+        mode: 0,
+        chunks: 0,
+    }
 }
