@@ -549,10 +549,11 @@ pub fn fused_moe_workspace_bytes(
         .saturating_add(rows.saturating_mul(per_row).saturating_mul(4))
 }
 
-/// Scratch bytes of [`fused_moe_backward`] (beyond the gradients): the sorted x and dy rows
-/// (at most F32), `dhu` and the activation, the slot weight gradients, the packed activation
-/// gradient, the sorted dx rows, and the recomputed pre-activations where they were not kept.
-/// The products' split-K scratch comes on top, within the engine's workspace bound.
+/// Scratch bytes of [`fused_moe_backward`] (beyond the gradients) at its peak: the sorted x and
+/// dy rows (at most F32), `dhu` and the activation, the slot weight gradients and the packed
+/// activation gradient, with the recomputed pre-activations where they were not kept (the
+/// sorted dx rows come later, in the memory of those no longer used). The products' split-K
+/// scratch comes on top, within the engine's workspace bound.
 pub fn fused_moe_backward_workspace_bytes(saved: &MoeSaved) -> u64 {
     backward_scratch(
         saved.routing.rows(),
@@ -565,7 +566,7 @@ pub fn fused_moe_backward_workspace_bytes(saved: &MoeSaved) -> u64 {
 /// [`fused_moe_backward_workspace_bytes`] of `rows` sorted rows.
 fn backward_scratch(rows: usize, h: usize, i: usize, recompute: bool) -> u64 {
     let recomputed = if recompute { 2 * i } else { 0 };
-    4 * rows as u64 * (3 * h + 4 * i + 1 + recomputed) as u64
+    4 * rows as u64 * (2 * h + 4 * i + 1 + recomputed) as u64
 }
 
 /// An operand or output of the per-expert products: the sorted rows of a `[rows, width]`
@@ -869,9 +870,10 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         rows_all as u64,
     )?;
     let d_pre = activation::backward(&act_saved, &dhu)?.dgate;
+    // Each scratch tensor is dropped after its last use, so the next ones reuse its memory.
+    drop((dhu, act_saved, pre));
     let d_down = Tensor::empty(engine, saved.down.shape(), DType::F32, "moe: d down")?;
     let d_gate_up = Tensor::empty(engine, saved.gate_up.shape(), DType::F32, "moe: d gate_up")?;
-    let dxs = Tensor::empty(engine, &[rows_all, h], DType::F32, "moe: sorted dx")?;
     // d down_e = dysᵀ·(w·h)  [H, I]
     expert_products(
         routing,
@@ -882,6 +884,7 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         true,
         tc,
     )?;
+    drop((dys, act));
     // d gate_up_e = d_preᵀ·xs  [2I, H]
     expert_products(
         routing,
@@ -892,6 +895,8 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         true,
         tc,
     )?;
+    drop(xs);
+    let dxs = Tensor::empty(engine, &[rows_all, h], DType::F32, "moe: sorted dx")?;
     // sorted dx = d_pre·gate_up_e  [rows, H]
     expert_products(
         routing,
