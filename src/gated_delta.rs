@@ -86,22 +86,25 @@ pub struct GatedDeltaOptions {
     /// Keep every state for the backward (checkpoint interval 1; memory O(T·K·V) per
     /// sequence-head, no recomputation). Default false. Not with [`DeltaAlgorithm::Chunked`].
     pub save_states: bool,
-    /// How the forward runs; default [`DeltaAlgorithm::Recurrent`].
+    /// The form of the forward and its backward; default [`DeltaAlgorithm::Recurrent`].
     pub algorithm: DeltaAlgorithm,
 }
 
-/// The forward's algorithm. Both give the recurrence's output, final state and checkpoints
-/// within the FP32 budget, each bit-identical on reruns; the backward is the same for both.
+/// How the forward and, from its saved context, the backward run. Both forms give the
+/// recurrence's output, final state and gradients within the FP32 budget, each bit-identical
+/// on reruns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeltaAlgorithm {
-    /// Token by token (any decay).
+    /// Token by token (any decay), checkpoints every `checkpoint_interval` tokens.
     #[default]
     Recurrent,
-    /// The chunked (WY) form over chunks of [`CHUNK`] tokens, scalar decay only: every chunk's
-    /// triangular solve at once, then the chunks in order with the state in registers. The
-    /// checkpoint interval is rounded up to a multiple of [`CHUNK`] (or T, if smaller). Needs
-    /// the workspace of [`gated_delta_forward_workspace_bytes`] (fewer heads a launch under a
-    /// smaller bound, the same bits).
+    /// The chunked (WY) form over chunks of [`CHUNK`] tokens, scalar decay only (a per-channel
+    /// decay or `save_states` is `InvalidValue`): every chunk's triangular solve at once, then
+    /// the chunks in order with the state in registers. The forward saves the initial state
+    /// alone (interval T; `checkpoint_interval` is not used) and the backward forms the chunk
+    /// states again. Workspaces: [`gated_delta_forward_workspace_bytes`],
+    /// [`gated_delta_workspace_bytes`] (fewer heads a launch under a smaller bound, the same
+    /// bits).
     Chunked,
 }
 
@@ -381,7 +384,7 @@ impl GatedDeltaSaved {
         self.shape
     }
 
-    /// Tokens per checkpoint segment.
+    /// Tokens per checkpoint segment (T for [`DeltaAlgorithm::Chunked`]).
     pub fn checkpoint_interval(&self) -> usize {
         self.interval
     }
