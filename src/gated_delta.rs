@@ -783,10 +783,10 @@ pub fn gated_delta_forward<'a>(
 /// cotangent `[B, Hv, K, V]` (both F32; either may be absent = zero).
 ///
 /// Errors: a cotangent of the wrong shape (`ShapeMismatch`) or dtype (`UnsupportedDType`) or
-/// engine (`EngineMismatch`); one workgroup's scratch (`C·K·V·4` bytes) past the workspace
+/// engine (`EngineMismatch`); one workgroup's scratch (`C·K·V·4` bytes; after a chunked
+/// forward one key head's workspace and the gradient workgroups' scratch) past the workspace
 /// bound (`WorkspaceExceeded`; a bound below the full [`gated_delta_workspace_bytes`] only
-/// makes the launches smaller), see
-/// [`gated_delta_workspace_bytes`]); a buffer past one binding (`LimitExceeded`).
+/// makes the launches smaller); a buffer past one binding (`LimitExceeded`).
 pub fn gated_delta_backward(
     saved: &GatedDeltaSaved,
     d_output: Option<&Tensor>,
