@@ -1943,8 +1943,8 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         .collect();
     let idx = Tensor::from_slice(engine, &index, &[t, k])?;
     // The backward's sorted rows at this shape (T·K = 32,768 of H 2,048 and I 768, F32) take
-    // 0.94 GB of scratch at their peak, near the default bound of 1 GiB: room for the
-    // products' split sums and for padding.
+    // 0.94 GB of scratch at their peak (`fused_moe_backward_workspace_bytes`), near the
+    // default bound of 1 GiB: room for the products' split sums and for padding.
     engine.set_workspace_bound(engine.workspace_bound().max(4 << 30));
     let mut ops = Vec::new();
     for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {

@@ -822,6 +822,7 @@ pub fn gated_delta_backward(
     to_u32("gated_delta_backward: workspace elements", workspace / 4)?;
 
     let f32t = |shape: &[usize], what: &str| Tensor::empty(&engine, shape, DType::F32, what);
+    let grads_out = gradient_tensors(saved, d_final_state)?;
     let GatedDeltaGradients {
         query: dq,
         key: dk,
@@ -829,7 +830,7 @@ pub fn gated_delta_backward(
         beta: dbeta,
         log_decay: dg,
         initial_state: dstate,
-    } = gradient_tensors(saved, d_final_state)?;
+    } = &grads_out;
     let states_elems = (launch_units as u64 * plan.per_unit / 4) as usize;
     let states = f32t(&[states_elems], "gated_delta backward states")?;
     let partial_len = (plan.partial_elems as usize).max(1);
@@ -908,19 +909,12 @@ pub fn gated_delta_backward(
         _ => {
             for sub in 0..group {
                 for (base, units) in chunks() {
-                    backward(&params(sub, 0, base, units, 0), &dq, &dk, units)?;
+                    backward(&params(sub, 0, base, units, 0), dq, dk, units)?;
                 }
             }
         }
     }
-    Ok(GatedDeltaGradients {
-        query: dq,
-        key: dk,
-        value: dv,
-        beta: dbeta,
-        log_decay: dg,
-        initial_state: dstate,
-    })
+    Ok(grads_out)
 }
 
 /// Scratch floats of one `chunk_grads` workgroup (`sc_len` of the WGSL).
@@ -969,20 +963,14 @@ fn chunked_backward(
 ) -> Result<GatedDeltaGradients> {
     let engine = saved.q.engine().clone();
     let s = saved.shape;
-    let (bsz, time, hk, hv, kd, vd) = (
-        s.batch,
-        s.time,
-        s.key_heads,
-        s.value_heads,
-        s.key_dim,
-        s.value_dim,
-    );
+    let (time, kd, vd) = (s.time, s.key_dim, s.value_dim);
     let (launch, grads, workspace) = chunk_backward_plan(&s, engine.workspace_bound());
     engine.check_workspace("gated_delta_backward", workspace)?;
     let what = "gated_delta_backward: chunk workspace elements";
     to_u32(what, launch as u64 * chunk_backward_head_bytes(&s) / 4)?;
     to_u32(what, grads as u64 * chunk_grads_scratch(kd, vd))?;
     let f32t = |shape: &[usize], what: &str| Tensor::empty(&engine, shape, DType::F32, what);
+    let grads_out = gradient_tensors(saved, d_final_state)?;
     let GatedDeltaGradients {
         query: dq,
         key: dk,
@@ -990,7 +978,7 @@ fn chunked_backward(
         beta: dbeta,
         log_decay: dg,
         initial_state: dstate,
-    } = gradient_tensors(saved, d_final_state)?;
+    } = &grads_out;
     let chunks = time.div_ceil(CHUNK);
     let ws = f32t(
         &[launch * s.chunk_head_bytes() as usize / 4],
@@ -1010,8 +998,8 @@ fn chunked_backward(
     let dout = d_output.unwrap_or(&saved.beta);
     let constants = constants(saved.q.dtype(), kd, false);
     let slices = vd.div_ceil(FWD_COLS);
-    let group = hv / hk;
-    let heads = bsz * hv;
+    let group = s.value_heads / s.key_heads;
+    let heads = s.batch * s.value_heads;
     for first in (0..heads).step_by(launch) {
         let n = launch.min(heads - first);
         let params = |units: usize, slices: usize, flags: bool, mode: u32| Params {
@@ -1103,14 +1091,7 @@ fn chunked_backward(
             threads.div_ceil(256) as u64,
         )?;
     }
-    Ok(GatedDeltaGradients {
-        query: dq,
-        key: dk,
-        value: dv,
-        beta: dbeta,
-        log_decay: dg,
-        initial_state: dstate,
-    })
+    Ok(grads_out)
 }
 
 /// The six gradients, allocated; the initial state's holds `d_final_state` (or zeros), where

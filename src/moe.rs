@@ -16,7 +16,7 @@
 //! one synchronization, without a capacity: the products' extents depend on it), gathers x's
 //! rows into expert order, and runs two products of the matmul family (`[gate ‖ up]` in one,
 //! then `down`) around the packed gated activation: where the loads are even enough
-//! ([`MoeOptions::pad`]) the slots are laid out again in blocks of the largest load, zero rows
+//! ([`MoeOptions::pad`]) the slots are scattered into blocks of the largest load, zero rows
 //! padding the rest, and each product is one batched launch over the experts; else one launch
 //! per busy expert. A combine adds each token's K rows times their weights in slot order. No
 //! atomics: every sum has a fixed order, so reruns are bit-identical.
@@ -217,14 +217,14 @@ pub fn route_workspace_bytes(slots: usize, experts: usize) -> u64 {
         .saturating_mul(4)
 }
 
-/// Sort the slots of `index [.., K]` (I32 or U32) by expert among `experts`: the GPU counts and
-/// scatters (no atomics: the order is the slot order within each expert), then the E + 1 starts
-/// are read back (this synchronizes with the device).
+/// Sort the slots of `index [.., K]` (I32 or U32) by expert among `experts`: the GPU counts, the
+/// E + 1 starts are read back (this synchronizes with the device), then the GPU scatters (no
+/// atomics: the order is the slot order within each expert).
 ///
 /// Errors: `index` not I32/U32 or of rank 0; `experts` outside 1..=[`MAX_EXPERTS`]; more than
 /// 2³¹ − 1 slots, or experts × ⌈slots / 256⌉ past 2³² − 1; scratch past the workspace bound.
 pub fn route(index: &Tensor, experts: usize) -> Result<MoeRouting> {
-    sort_slots(index, experts, None)
+    sort_slots(index, experts, Layout::Exact)
 }
 
 /// [`route`] with `capacity` rows an expert and no readback: expert `e`'s first `capacity`
@@ -244,10 +244,21 @@ pub fn route_with_capacity(index: &Tensor, experts: usize, capacity: usize) -> R
             i32::MAX as u64,
         ));
     }
-    sort_slots(index, experts, Some(capacity))
+    sort_slots(index, experts, Layout::Capacity(capacity))
 }
 
-fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result<MoeRouting> {
+/// How [`sort_slots`] lays the rows out.
+enum Layout<'a> {
+    /// Every routed slot, the starts read back.
+    Exact,
+    /// Blocks of this capacity, nothing read back.
+    Capacity(usize),
+    /// The starts read back, then blocks of the capacity this gives for them (padded: nothing
+    /// dropped), or every routed slot where it gives none.
+    Padded(&'a dyn Fn(&[usize]) -> Option<usize>),
+}
+
+fn sort_slots(index: &Tensor, experts: usize, layout: Layout) -> Result<MoeRouting> {
     let engine = index.engine();
     if !matches!(index.dtype(), DType::I32 | DType::U32) {
         return Err(Error::dtype(
@@ -287,8 +298,6 @@ fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result
     }
     engine.check_workspace("moe: route", route_workspace_bytes(slots, experts))?;
     let tokens = slots.checked_div(k).unwrap_or(0);
-    let rows = capacity.map_or(slots, |c| experts * c);
-    let perm = Tensor::empty(engine, &[rows], DType::U32, "moe: permutation")?;
     let inverse = Tensor::empty(engine, &[slots], DType::U32, "moe: inverse")?;
     // `route_offsets` writes every start; without slots nothing runs, so they are zeros.
     let slot_starts = if slots == 0 {
@@ -296,19 +305,19 @@ fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result
     } else {
         Tensor::empty(engine, &[experts + 1], DType::U32, "moe: slot starts")?
     };
-    let params = Params {
+    let mut params = Params {
         tokens: tokens as u32,
         k: k as u32,
         experts: experts as u32,
         tiles: tiles as u32,
         width: 0,
         weighted: 0,
-        rows: rows as u32,
-        capacity: capacity.unwrap_or(0) as u32,
+        rows: 0,
+        capacity: 0,
     };
+    let grid = (experts * tiles).div_ceil(WG) as u64;
+    let counts = Tensor::empty(engine, &[experts * tiles], DType::U32, "moe: tile counts")?;
     if slots > 0 {
-        let counts = Tensor::empty(engine, &[experts * tiles], DType::U32, "moe: tile counts")?;
-        let grid = (experts * tiles).div_ceil(WG) as u64;
         engine.launch(
             &KERNEL,
             "route_count",
@@ -325,6 +334,34 @@ fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result
             &[counts.buffer(), slot_starts.buffer()],
             1,
         )?;
+    }
+    // The one readback, unless the layout is a given capacity.
+    let read = || -> Result<Vec<usize>> {
+        if slots == 0 {
+            return Ok(vec![0; experts + 1]);
+        }
+        Ok(slot_starts
+            .to_vec::<u32>()?
+            .into_iter()
+            .map(|s| s as usize)
+            .collect())
+    };
+    let (starts, capacity, padded) = match layout {
+        Layout::Exact => (read()?, None, false),
+        Layout::Capacity(c) => ((0..=experts).map(|e| e * c).collect(), Some(c), false),
+        Layout::Padded(choose) => {
+            let read = read()?;
+            match choose(&read) {
+                Some(c) => ((0..=experts).map(|e| e * c).collect(), Some(c), true),
+                None => (read, None, false),
+            }
+        }
+    };
+    let rows = capacity.map_or(slots, |c| experts * c);
+    params.rows = rows as u32;
+    params.capacity = capacity.unwrap_or(0) as u32;
+    let perm = Tensor::empty(engine, &[rows], DType::U32, "moe: permutation")?;
+    if slots > 0 {
         engine.launch(
             &KERNEL,
             "route_scatter",
@@ -340,56 +377,47 @@ fn sort_slots(index: &Tensor, experts: usize, capacity: Option<usize>) -> Result
             grid,
         )?;
     }
-    let starts = match capacity {
-        None if slots == 0 => vec![0; experts + 1],
-        None => slot_starts
-            .to_vec::<u32>()?
-            .into_iter()
-            .map(|s| s as usize)
-            .collect(),
-        Some(c) => {
-            engine.launch(
-                &KERNEL,
-                "pad_rows",
-                &vec![],
-                &params,
-                &[slot_starts.buffer(), perm.buffer()],
-                rows.div_ceil(WG) as u64,
-            )?;
-            (0..=experts).map(|e| e * c).collect()
-        }
-    };
+    if capacity.is_some() {
+        engine.launch(
+            &KERNEL,
+            "pad_rows",
+            &vec![],
+            &params,
+            &[slot_starts.buffer(), perm.buffer()],
+            rows.div_ceil(WG) as u64,
+        )?;
+    }
     Ok(MoeRouting {
         perm,
         inverse,
         slot_starts,
         starts,
         capacity,
-        padded: false,
+        padded,
         tokens,
         k,
     })
 }
 
-/// `exact`'s slots laid out again in blocks of its largest load (a capacity routing that drops
-/// nothing) where [`MoeOptions::pad`]'s conditions hold; else `exact`.
-fn padded(exact: MoeRouting, index: &Tensor, x: Extents, recompute: bool) -> Result<MoeRouting> {
-    let load = exact.counts().into_iter().max().unwrap_or(0);
-    let rows = x.e * load;
-    let elements = rows.saturating_mul(x.h.max(2 * x.i));
+/// The slots of `index` sorted by expert, laid out in blocks of the largest load (nothing
+/// dropped) where [`MoeOptions::pad`]'s conditions hold for the loads read back, else exactly.
+fn route_padded(index: &Tensor, x: Extents, recompute: bool) -> Result<MoeRouting> {
     let bound = index.engine().workspace_bound();
-    let scratch = fused_moe_workspace_bytes(x.t, x.k, x.e, x.h, x.i, Some(load))
-        .max(backward_scratch(rows, x.h, x.i, recompute));
-    if load == 0
-        || rows > PAD_LIMIT * exact.rows()
-        || elements > u32::MAX as usize
-        || scratch > bound
-    {
-        return Ok(exact);
-    }
-    let mut routing = route_with_capacity(index, x.e, load)?;
-    routing.padded = true;
-    Ok(routing)
+    let choose = |starts: &[usize]| {
+        let load = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let rows = x.e * load;
+        let elements = rows.saturating_mul(x.h.max(2 * x.i));
+        let scratch = fused_moe_workspace_bytes(x.t, x.k, x.e, x.h, x.i, Some(load))
+            .max(backward_scratch(rows, x.h, x.i, recompute));
+        let routed = starts.last().copied().unwrap_or(0);
+        (load > 0
+            && rows <= PAD_LIMIT * routed
+            && rows <= i32::MAX as usize
+            && elements <= u32::MAX as usize
+            && scratch <= bound)
+            .then_some(load)
+    };
+    sort_slots(index, x.e, Layout::Padded(&choose))
 }
 
 /// What [`fused_moe_backward`] needs: the inputs, the routing and, unless recomputing, the F32
@@ -743,7 +771,7 @@ pub fn fused_moe(
         fused_moe_workspace_bytes(ext.t, ext.k, ext.e, ext.h, ext.i, options.capacity),
     )?;
     let routing = match options.capacity {
-        None if options.pad => padded(route(index, ext.e)?, index, ext, options.recompute)?,
+        None if options.pad => route_padded(index, ext, options.recompute)?,
         None => route(index, ext.e)?,
         Some(c) => route_with_capacity(index, ext.e, c)?,
     };

@@ -609,6 +609,57 @@ fn chunk_solve(base: u32, ch: u32, len: u32, row0: u32, hk: u32, hv: u32, col: u
     }
 }
 
+// Lane `lid`'s 4 × 4 block of a chunk's key products: rows r0 = 4·(lid / 16).., columns
+// s0 = 4·(lid % 16).., `kk` = k_r·k_s and (with `with_q`) `qk` = q_r·k_s, the key dims staged
+// CH_TILE at a time and summed in ascending order; rows at or past `len` give zeros. Barriers:
+// call from uniform control flow.
+struct KeyBlocks {
+    r0: u32,
+    s0: u32,
+    kk: array<f32, 16>,
+    qk: array<f32, 16>,
+}
+
+fn chunk_key_blocks(row0: u32, len: u32, hk: u32, lid: u32, with_q: bool) -> KeyBlocks {
+    var kb: KeyBlocks;
+    kb.r0 = (lid / 16u) * 4u;
+    kb.s0 = (lid % 16u) * 4u;
+    for (var e = 0u; e < 16u; e = e + 1u) {
+        kb.kk[e] = 0.0;
+        kb.qk[e] = 0.0;
+    }
+    for (var i0 = 0u; i0 < KD; i0 = i0 + CH_TILE) {
+        workgroupBarrier();
+        for (var e = lid; e < CH * CH_TILE; e = e + WG) {
+            let r = e / CH_TILE;
+            let i = i0 + e % CH_TILE;
+            var kv = 0.0;
+            var qv = 0.0;
+            if (r < len && i < KD) {
+                kv = load_k(k_index(row0 + r, hk, i));
+                if (with_q) {
+                    qv = load_q(q_index(row0 + r, hk, i));
+                }
+            }
+            sh_ck[e] = kv;
+            sh_cq[e] = qv;
+        }
+        workgroupBarrier();
+        for (var i = 0u; i < CH_TILE; i = i + 1u) {
+            for (var a = 0u; a < 4u; a = a + 1u) {
+                let kr = sh_ck[(kb.r0 + a) * CH_TILE + i];
+                let qr = sh_cq[(kb.r0 + a) * CH_TILE + i];
+                for (var c = 0u; c < 4u; c = c + 1u) {
+                    let ks = sh_ck[(kb.s0 + c) * CH_TILE + i];
+                    kb.kk[a * 4u + c] = kb.kk[a * 4u + c] + kr * ks;
+                    kb.qk[a * 4u + c] = kb.qk[a * 4u + c] + qr * ks;
+                }
+            }
+        }
+    }
+    return kb;
+}
+
 // One workgroup per (head of the launch, chunk).
 @compute @workgroup_size(WG)
 fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -641,52 +692,17 @@ fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             ws_buf[cg_at(base, ch, r)] = g;
         }
     }
-    // k_r·k_s and q_t·k_s by 4 × 4 blocks a lane, the key dims in ascending order.
-    let r0 = (lid / 16u) * 4u;
-    let s0 = (lid % 16u) * 4u;
-    var acc_a: array<f32, 16>;
-    var acc_p: array<f32, 16>;
-    for (var e = 0u; e < 16u; e = e + 1u) {
-        acc_a[e] = 0.0;
-        acc_p[e] = 0.0;
-    }
-    for (var i0 = 0u; i0 < KD; i0 = i0 + CH_TILE) {
-        workgroupBarrier();
-        for (var e = lid; e < CH * CH_TILE; e = e + WG) {
-            let r = e / CH_TILE;
-            let i = i0 + e % CH_TILE;
-            var kv = 0.0;
-            var qv = 0.0;
-            if (r < len && i < KD) {
-                kv = load_k(k_index(row0 + r, hk, i));
-                qv = load_q(q_index(row0 + r, hk, i));
-            }
-            sh_ck[e] = kv;
-            sh_cq[e] = qv;
-        }
-        workgroupBarrier();
-        for (var i = 0u; i < CH_TILE; i = i + 1u) {
-            for (var a = 0u; a < 4u; a = a + 1u) {
-                let kr = sh_ck[(r0 + a) * CH_TILE + i];
-                let qr = sh_cq[(r0 + a) * CH_TILE + i];
-                for (var c = 0u; c < 4u; c = c + 1u) {
-                    let ks = sh_ck[(s0 + c) * CH_TILE + i];
-                    acc_a[a * 4u + c] = acc_a[a * 4u + c] + kr * ks;
-                    acc_p[a * 4u + c] = acc_p[a * 4u + c] + qr * ks;
-                }
-            }
-        }
-    }
+    let kb = chunk_key_blocks(row0, len, hk, lid, true);
     for (var a = 0u; a < 4u; a = a + 1u) {
         for (var c = 0u; c < 4u; c = c + 1u) {
-            let r = r0 + a;
-            let s = s0 + c;
+            let r = kb.r0 + a;
+            let s = kb.s0 + c;
             var p = 0.0;
             if (r < len && s <= r) {
                 let dec = exp(sh_cg[r] - sh_cg[s]);
-                p = acc_p[a * 4u + c] * dec;
+                p = kb.qk[a * 4u + c] * dec;
                 if (s < r) {
-                    sh_ca[(r * r - r) / 2u + s] = sh_cb[r] * acc_a[a * 4u + c] * dec;
+                    sh_ca[(r * r - r) / 2u + s] = sh_cb[r] * kb.kk[a * 4u + c] * dec;
                 }
             }
             ws_buf[cp_at(base, ch, r, s)] = p;
@@ -1120,13 +1136,12 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             sc_buf[sc_kd(sb, SC_DQ, t, i)] = params.scale * xq;
             sc_buf[sc_kd(sb, SC_DK, t, i)] = xk;
         }
-        // dP = scale dO Uᵀ (s ≤ t), E, Ak and A = β Ak (packed, for the solves).
+        // dP = scale dO Uᵀ (s ≤ t) and E.
         for (var e = lid; e < CH * CH; e = e + WG) {
             let t = e / CH;
             let s = e % CH;
             var dp = 0.0;
             var ex = 0.0;
-            var ak = 0.0;
             if (t < len && s <= t) {
                 if (has_dout) {
                     for (var jj = 0u; jj < vd; jj = jj + 1u) {
@@ -1134,18 +1149,24 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                     }
                 }
                 ex = exp(sh_cg[t] - sh_cg[s]);
-                if (s < t) {
-                    var kk = 0.0;
-                    for (var i = 0u; i < KD; i = i + 1u) {
-                        kk = kk + load_k(k_index(row0 + t, hk, i)) * load_k(k_index(row0 + s, hk, i));
-                    }
-                    ak = kk * ex;
-                    sh_ca[(t * t - t) / 2u + s] = sh_cb[t] * kk * ex;
-                }
             }
             sc_buf[sc_cc(sb, SC_DP, t, s)] = params.scale * dp;
             sc_buf[sc_cc(sb, SC_E, t, s)] = ex;
-            sc_buf[sc_cc(sb, SC_AK, t, s)] = ak;
+        }
+        // Ak and A = β Ak (packed, for the solves), from the forward's key products.
+        let kb = chunk_key_blocks(row0, len, hk, lid, false);
+        for (var a = 0u; a < 4u; a = a + 1u) {
+            for (var c = 0u; c < 4u; c = c + 1u) {
+                let t = kb.r0 + a;
+                let s = kb.s0 + c;
+                var ak = 0.0;
+                if (t < len && s < t) {
+                    let ex = exp(sh_cg[t] - sh_cg[s]);
+                    ak = kb.kk[a * 4u + c] * ex;
+                    sh_ca[(t * t - t) / 2u + s] = sh_cb[t] * kb.kk[a * 4u + c] * ex;
+                }
+                sc_buf[sc_cc(sb, SC_AK, t, s)] = ak;
+            }
         }
         // ⟨dS', S⟩: each lane's elements in order, then the lanes in order.
         var d = 0.0;
