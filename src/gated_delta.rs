@@ -68,6 +68,8 @@ pub static KERNEL: Kernel = Kernel {
 
 /// Value columns per forward workgroup.
 const FWD_COLS: usize = 32;
+/// Value columns per `chunk_states` / `chunk_dstate` workgroup (`CS_COLS` of the WGSL).
+const CHUNK_COLS: usize = 16;
 /// Smallest and largest K and V.
 pub const MIN_HEAD_DIM: usize = 16;
 /// Largest K and V.
@@ -682,6 +684,7 @@ pub fn gated_delta_forward<'a>(
     let init = initial_state.unwrap_or(beta);
     if chunked {
         let chunks = time.div_ceil(CHUNK);
+        let slices = vd.div_ceil(CHUNK_COLS);
         let ws = Tensor::empty(
             &engine,
             &[launch_heads * shape.chunk_head_bytes() as usize / 4],
@@ -695,6 +698,7 @@ pub fn gated_delta_forward<'a>(
             let p = |units: usize| Params {
                 unit_base: first as u32,
                 units: units as u32,
+                slices: slices as u32,
                 chunks: chunks as u32,
                 ..params
             };
@@ -997,7 +1001,7 @@ fn chunked_backward(
     let unused = Tensor::zeros(&engine, &[1], DType::F32)?;
     let dout = d_output.unwrap_or(&saved.beta);
     let constants = constants(saved.q.dtype(), kd, false);
-    let slices = vd.div_ceil(FWD_COLS);
+    let slices = vd.div_ceil(CHUNK_COLS);
     let group = s.value_heads / s.key_heads;
     let heads = s.batch * s.value_heads;
     for first in (0..heads).step_by(launch) {

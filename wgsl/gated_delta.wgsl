@@ -549,7 +549,7 @@ fn sum_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // the recurrence unrolled over the chunk (U_r = β_r e_r). `chunk_prepare` forms w, u, P and γ of
 // every chunk at once (a workgroup a chunk of a head; the solve by forward substitution, one
 // lane a column); `chunk_states` walks the chunks in order, a workgroup a (head, slice of
-// FWD_COLS value columns) with the state in registers as in `forward`. Workspace per head
+// CS_COLS value columns) with the state in registers. Workspace per head
 // (heads `unit_base..` of the launch): w [chunks, CH, K], u [chunks, CH, V], P [chunks, CH, CH],
 // γ [chunks, CH], F32. Every sum in a fixed order.
 const CH: u32 = 64u;
@@ -559,8 +559,6 @@ var<workgroup> sh_cq: array<f32, 512>;                   // CH × CH_TILE querie
 var<workgroup> sh_ca: array<f32, 2016>;                  // A, strictly lower: row r at r(r − 1)/2
 var<workgroup> sh_cg: array<f32, CH>;                    // γ
 var<workgroup> sh_cb: array<f32, CH>;                    // β
-var<workgroup> sh_cpart: array<f32, 2048>;               // 8 tokens × FWD_PARTS × FWD_COLS
-var<workgroup> sh_cu: array<f32, 2048>;                  // U of the chunk: CH × FWD_COLS
 
 fn chunk_head_base(hl: u32) -> u32 {
     return hl * params.chunks * CH * (KD + params.vdim + CH + 1u);
@@ -709,38 +707,175 @@ fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
     }
     workgroupBarrier();
-    if (lid < KD) {
-        chunk_solve(base, ch, len, row0, hk, hv, lid, false);
-    }
-    if (lid < params.vdim) {
-        chunk_solve(base, ch, len, row0, hk, hv, lid, true);
+    // The two solves side by side where the lanes suffice, else one after the other.
+    let vd = params.vdim;
+    if (KD + vd <= WG) {
+        if (lid < KD) {
+            chunk_solve(base, ch, len, row0, hk, hv, lid, false);
+        } else if (lid < KD + vd) {
+            chunk_solve(base, ch, len, row0, hk, hv, lid - KD, true);
+        }
+    } else {
+        if (lid < KD) {
+            chunk_solve(base, ch, len, row0, hk, hv, lid, false);
+        }
+        if (lid < vd) {
+            chunk_solve(base, ch, len, row0, hk, hv, lid, true);
+        }
     }
 }
 
-// S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s (U in sh_cu), tokens in order; then a
-// barrier before sh_cu is written again.
+// Lanes of `chunk_states` / `chunk_dstate`: (column j, part) of a workgroup's CS_COLS value
+// columns, part p keeping state rows [p·⌈K/CS_PARTS⌉, ..) in registers. Tokens go CS_ROUND a
+// round: their rows staged in workgroup memory (`chunk_stage`), each lane's partial dots over
+// its rows, then the parts summed in order by the lanes of parts < CS_ROUND (token tg + part).
+const CS_COLS: u32 = 16u;
+const CS_PARTS: u32 = 16u;                               // WG / CS_COLS
+const CS_ROWS: u32 = 16u;                                // MAXD / CS_PARTS
+const CS_ROUND: u32 = 4u;
+var<workgroup> sh_cpart: array<f32, 1024>;               // CS_ROUND × CS_PARTS × CS_COLS
+var<workgroup> sh_cu: array<f32, 1024>;                  // U (dU) of the chunk: CH × CS_COLS
+var<workgroup> sh_cst: array<f32, 1024>;                 // staged rows: CS_ROUND × MAXD
+var<workgroup> sh_cst2: array<f32, 1024>;                // more staged rows, or P's columns
+var<workgroup> sh_cp: array<f32, 256>;                   // P's rows: CS_ROUND × CH
+
+const STAGE_W: u32 = 0u;     // w rows
+const STAGE_QP: u32 = 1u;    // q rows; P rows tg.. in sh_cp (row a at a·CH)
+const STAGE_K: u32 = 2u;     // k rows
+const STAGE_KPT: u32 = 3u;   // k rows; P columns tg.. in sh_cst2 (P_{t2, tg+a} at t2·CS_ROUND + a)
+const STAGE_QW: u32 = 4u;    // q rows; w rows in sh_cst2
+
+// Rows tg..tg + CS_ROUND of a chunk (row a at a·KD, zeros at or past len) into sh_cst — w
+// (STAGE_W), q with P's rows (STAGE_QP) or k (STAGE_K) — lanes striding; barriers before and
+// after, so call from uniform control flow.
+fn chunk_stage(which: u32, base: u32, ch: u32, row0: u32, hk: u32, tg: u32, len: u32,
+               lid: u32) {
+    workgroupBarrier();
+    for (var e = lid; e < CS_ROUND * KD; e = e + WG) {
+        let t = tg + e / KD;
+        let i = e % KD;
+        var x = 0.0;
+        if (t < len) {
+            if (which == STAGE_W) {
+                x = ws_buf[cw_at(base, ch, t, i)];
+            } else if (which == STAGE_K) {
+                x = load_k(k_index(row0 + t, hk, i));
+            } else {
+                x = load_q(q_index(row0 + t, hk, i));
+            }
+        }
+        sh_cst[e] = x;
+    }
+    if (which == STAGE_QP) {
+        for (var e = lid; e < CS_ROUND * CH; e = e + WG) {
+            let t = tg + e / CH;
+            var x = 0.0;
+            if (t < len) {
+                x = ws_buf[cp_at(base, ch, t, e % CH)];
+            }
+            sh_cp[e] = x;
+        }
+    }
+    workgroupBarrier();
+}
+
+// `chunk_dstate`'s staging, as `chunk_stage`: k rows into sh_cst with P's columns tg.. into
+// sh_cst2 (STAGE_KPT), or q rows into sh_cst with w rows into sh_cst2 (STAGE_QW).
+fn chunk_stage_back(which: u32, base: u32, ch: u32, row0: u32, hk: u32, tg: u32, len: u32,
+                    lid: u32) {
+    workgroupBarrier();
+    for (var e = lid; e < CS_ROUND * KD; e = e + WG) {
+        let t = tg + e / KD;
+        let i = e % KD;
+        var x = 0.0;
+        var y = 0.0;
+        if (t < len) {
+            if (which == STAGE_KPT) {
+                x = load_k(k_index(row0 + t, hk, i));
+            } else {
+                x = load_q(q_index(row0 + t, hk, i));
+                y = ws_buf[cw_at(base, ch, t, i)];
+            }
+        }
+        sh_cst[e] = x;
+        if (which == STAGE_QW) {
+            sh_cst2[e] = y;
+        }
+    }
+    if (which == STAGE_KPT) {
+        for (var e = lid; e < CS_ROUND * CH; e = e + WG) {
+            let t2 = e / CS_ROUND;
+            let t = tg + e % CS_ROUND;
+            var x = 0.0;
+            if (t2 < len && t < len) {
+                x = ws_buf[cp_at(base, ch, t2, t)];
+            }
+            sh_cst2[e] = x;
+        }
+    }
+    workgroupBarrier();
+}
+
+// Each lane's partial dots of the staged rows with its state rows, into sh_cpart.
+fn chunk_partials(tg: u32, len: u32, part: u32, j: u32, i0: u32, n: u32, chunk: u32,
+                  s: ptr<function, array<f32, CS_ROWS>>) {
+    for (var a = 0u; a < CS_ROUND; a = a + 1u) {
+        var p = 0.0;
+        if (tg + a < len) {
+            for (var c = 0u; c < chunk; c = c + 1u) {
+                if (c < n) {
+                    p = p + sh_cst[a * KD + i0 + c] * (*s)[c];
+                }
+            }
+        }
+        sh_cpart[(a * CS_PARTS + part) * CS_COLS + j] = p;
+    }
+}
+
+// The parts of token tg + part's dot in order (lanes of parts < CS_ROUND).
+fn chunk_part_sum(part: u32, j: u32) -> f32 {
+    var x = 0.0;
+    for (var pp = 0u; pp < CS_PARTS; pp = pp + 1u) {
+        x = x + sh_cpart[(part * CS_PARTS + pp) * CS_COLS + j];
+    }
+    return x;
+}
+
+// γ of the chunk into sh_cg, after a barrier (the last chunk's readers).
+fn chunk_stage_gamma(base: u32, ch: u32, lid: u32) {
+    workgroupBarrier();
+    if (lid < CH) {
+        sh_cg[lid] = ws_buf[cg_at(base, ch, lid)];
+    }
+}
+
+// S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s (U in sh_cu), tokens in order.
 fn chunk_state_update(base: u32, ch: u32, len: u32, row0: u32, hk: u32, j: u32, i0: u32, n: u32,
-                      chunk: u32, s: ptr<function, array<f32, FWD_CHUNK>>) {
-    let glast = ws_buf[cg_at(base, ch, len - 1u)];
+                      chunk: u32, lid: u32, s: ptr<function, array<f32, CS_ROWS>>) {
+    let glast = sh_cg[len - 1u];
     let dl = exp(glast);
     for (var c = 0u; c < chunk; c = c + 1u) {
         if (c < n) {
             (*s)[c] = dl * (*s)[c];
         }
     }
-    for (var s2 = 0u; s2 < len; s2 = s2 + 1u) {
-        let eu = exp(glast - ws_buf[cg_at(base, ch, s2)]) * sh_cu[s2 * FWD_COLS + j];
-        for (var c = 0u; c < chunk; c = c + 1u) {
-            if (c < n) {
-                (*s)[c] = (*s)[c] + load_k(k_index(row0 + s2, hk, i0 + c)) * eu;
+    for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
+        chunk_stage(STAGE_K, base, ch, row0, hk, tg, len, lid);
+        for (var a = 0u; a < CS_ROUND; a = a + 1u) {
+            let s2 = tg + a;
+            if (s2 < len) {
+                let eu = exp(glast - sh_cg[s2]) * sh_cu[s2 * CS_COLS + j];
+                for (var c = 0u; c < chunk; c = c + 1u) {
+                    if (c < n) {
+                        (*s)[c] = (*s)[c] + sh_cst[a * KD + i0 + c] * eu;
+                    }
+                }
             }
         }
     }
-    workgroupBarrier();
 }
 
-// One workgroup per (head of the launch, slice of FWD_COLS value columns), chunks in order.
-// Lane (column j, part) keeps rows [part·chunk, ..) of state column j, as in `forward`;
+// One workgroup per (head of the launch, slice of CS_COLS value columns), chunks in order;
 // checkpoints at chunk starts that are multiples of the interval (the forward's interval is T:
 // the initial state alone). `mode` 1 (the backward's recomputation): the initial state is the
 // saved checkpoint, every chunk's first state and U go to the backward workspace, no output.
@@ -754,20 +889,20 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let vd = params.vdim;
     let hl = unit / params.slices;
     let bh = params.unit_base + hl;
-    let j = lid % FWD_COLS;
-    let part = lid / FWD_COLS;
-    let col = (unit % params.slices) * FWD_COLS + j;
+    let j = lid % CS_COLS;
+    let part = lid / CS_COLS;
+    let col = (unit % params.slices) * CS_COLS + j;
     let hv = bh % params.value_heads;
     let b = bh / params.value_heads;
     let hk = hv / params.group;
     let col_live = col < vd;
-    let chunk = (KD + FWD_PARTS - 1u) / FWD_PARTS;
+    let chunk = (KD + CS_PARTS - 1u) / CS_PARTS;
     let i0 = min(part * chunk, KD);
     let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
     let base = chunk_head_base(hl);
     let hb = chunk_bws_base(hl);
-    var s: array<f32, FWD_CHUNK>;
+    var s: array<f32, CS_ROWS>;
     for (var c = 0u; c < chunk; c = c + 1u) {
         if (c < n) {
             var x = 0.0;
@@ -795,74 +930,44 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 }
             }
         }
-        // U = u − w S, eight tokens a round: partial dots over each lane's rows, then the
-        // parts in order by lane (token tg + part, column j).
-        for (var tg = 0u; tg < len; tg = tg + 8u) {
-            for (var a = 0u; a < 8u; a = a + 1u) {
-                var p = 0.0;
-                if (tg + a < len) {
-                    for (var c = 0u; c < chunk; c = c + 1u) {
-                        if (c < n) {
-                            p = p + ws_buf[cw_at(base, ch, tg + a, i0 + c)] * s[c];
-                        }
-                    }
-                }
-                sh_cpart[(a * FWD_PARTS + part) * FWD_COLS + j] = p;
-            }
+        chunk_stage_gamma(base, ch, lid);
+        // U = u − w S.
+        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
+            chunk_stage(STAGE_W, base, ch, row0, hk, tg, len, lid);
+            chunk_partials(tg, len, part, j, i0, n, chunk, &s);
             workgroupBarrier();
             let t = tg + part;
-            if (t < len) {
-                var pt = 0.0;
-                for (var pp = 0u; pp < FWD_PARTS; pp = pp + 1u) {
-                    pt = pt + sh_cpart[(part * FWD_PARTS + pp) * FWD_COLS + j];
-                }
+            if (part < CS_ROUND && t < len) {
+                let pt = chunk_part_sum(part, j);
                 var uu = 0.0;
                 if (col_live) {
                     uu = ws_buf[cu_at(base, ch, t, col)];
                 }
-                sh_cu[t * FWD_COLS + j] = uu - pt;
+                sh_cu[t * CS_COLS + j] = uu - pt;
                 if (col_live && params.mode == 1u) {
                     bws_buf[cuu_at(hb, ch, t, col)] = uu - pt;
                 }
             }
-            workgroupBarrier();
         }
-        if (params.mode == 1u) {
-            // Recomputing for the backward: no output.
-            chunk_state_update(base, ch, len, row0, hk, j, i0, n, chunk, &s);
-            continue;
-        }
-        // O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s), the same rounds for q·S.
-        for (var tg = 0u; tg < len; tg = tg + 8u) {
-            for (var a = 0u; a < 8u; a = a + 1u) {
-                var p = 0.0;
-                if (tg + a < len) {
-                    for (var c = 0u; c < chunk; c = c + 1u) {
-                        if (c < n) {
-                            p = p + load_q(q_index(row0 + tg + a, hk, i0 + c)) * s[c];
-                        }
+        if (params.mode == 0u) {
+            // O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s).
+            for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
+                chunk_stage(STAGE_QP, base, ch, row0, hk, tg, len, lid);
+                chunk_partials(tg, len, part, j, i0, n, chunk, &s);
+                workgroupBarrier();
+                let t = tg + part;
+                if (part < CS_ROUND && t < len && col_live) {
+                    let qs = chunk_part_sum(part, j);
+                    var pu = 0.0;
+                    for (var s2 = 0u; s2 <= t; s2 = s2 + 1u) {
+                        pu = pu + sh_cp[part * CH + s2] * sh_cu[s2 * CS_COLS + j];
                     }
+                    out_buf[((row0 + t) * params.value_heads + hv) * vd + col] =
+                        params.scale * (exp(sh_cg[t]) * qs + pu);
                 }
-                sh_cpart[(a * FWD_PARTS + part) * FWD_COLS + j] = p;
             }
-            workgroupBarrier();
-            let t = tg + part;
-            if (t < len && col_live) {
-                var qs = 0.0;
-                for (var pp = 0u; pp < FWD_PARTS; pp = pp + 1u) {
-                    qs = qs + sh_cpart[(part * FWD_PARTS + pp) * FWD_COLS + j];
-                }
-                var pu = 0.0;
-                for (var s2 = 0u; s2 <= t; s2 = s2 + 1u) {
-                    pu = pu + ws_buf[cp_at(base, ch, t, s2)] * sh_cu[s2 * FWD_COLS + j];
-                }
-                let g = ws_buf[cg_at(base, ch, t)];
-                out_buf[((row0 + t) * params.value_heads + hv) * vd + col] =
-                    params.scale * (exp(g) * qs + pu);
-            }
-            workgroupBarrier();
         }
-        chunk_state_update(base, ch, len, row0, hk, j, i0, n, chunk, &s);
+        chunk_state_update(base, ch, len, row0, hk, j, i0, n, chunk, lid, &s);
     }
     if (col_live && params.mode == 0u) {
         for (var c = 0u; c < chunk; c = c + 1u) {
@@ -908,9 +1013,9 @@ fn dout_at(row: u32, hv: u32, j: u32) -> f32 {
     return dout_in[(row * params.value_heads + hv) * params.vdim + j];
 }
 
-// One workgroup per (head of the launch, slice of FWD_COLS value columns), chunks last to
-// first; lane (column j, part) keeps rows [part·chunk, ..) of dS column j. Starts from ds_buf
-// (d_final or zeros) and leaves the initial state's gradient there.
+// One workgroup per (head of the launch, slice of CS_COLS value columns), chunks last to
+// first; lane (column j, part) keeps its rows of dS column j as `chunk_states` keeps S. Starts
+// from ds_buf (d_final or zeros) and leaves the initial state's gradient there.
 @compute @workgroup_size(WG)
 fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -921,21 +1026,21 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let vd = params.vdim;
     let hl = unit / params.slices;
     let bh = params.unit_base + hl;
-    let j = lid % FWD_COLS;
-    let part = lid / FWD_COLS;
-    let col = (unit % params.slices) * FWD_COLS + j;
+    let j = lid % CS_COLS;
+    let part = lid / CS_COLS;
+    let col = (unit % params.slices) * CS_COLS + j;
     let hv = bh % params.value_heads;
     let b = bh / params.value_heads;
     let hk = hv / params.group;
     let col_live = col < vd;
     let has_dout = (params.flags & 1u) != 0u;
-    let chunk = (KD + FWD_PARTS - 1u) / FWD_PARTS;
+    let chunk = (KD + CS_PARTS - 1u) / CS_PARTS;
     let i0 = min(part * chunk, KD);
     let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
     let base = chunk_head_base(hl);
     let hb = chunk_bws_base(hl);
-    var s: array<f32, FWD_CHUNK>;
+    var s: array<f32, CS_ROWS>;
     for (var c = 0u; c < chunk; c = c + 1u) {
         if (c < n) {
             var x = 0.0;
@@ -958,41 +1063,27 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             }
         }
         let glast = ws_buf[cg_at(base, ch, len - 1u)];
-        // dU, eight tokens a round: partial dots k_t·dS' over each lane's rows, the parts in
-        // order, then scale Σ_{t2 ≥ t} P_{t2 t} dO_{t2}.
-        for (var tg = 0u; tg < len; tg = tg + 8u) {
-            for (var a = 0u; a < 8u; a = a + 1u) {
-                var p = 0.0;
-                if (tg + a < len) {
-                    for (var c = 0u; c < chunk; c = c + 1u) {
-                        if (c < n) {
-                            p = p + load_k(k_index(row0 + tg + a, hk, i0 + c)) * s[c];
-                        }
-                    }
-                }
-                sh_cpart[(a * FWD_PARTS + part) * FWD_COLS + j] = p;
-            }
+        // dU: the parts of k_t·dS' in order, then scale Σ_{t2 ≥ t} P_{t2 t} dO_{t2}.
+        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
+            chunk_stage_back(STAGE_KPT, base, ch, row0, hk, tg, len, lid);
+            chunk_partials(tg, len, part, j, i0, n, chunk, &s);
             workgroupBarrier();
             let t = tg + part;
-            if (t < len) {
-                var pt = 0.0;
-                for (var pp = 0u; pp < FWD_PARTS; pp = pp + 1u) {
-                    pt = pt + sh_cpart[(part * FWD_PARTS + pp) * FWD_COLS + j];
-                }
+            if (part < CS_ROUND && t < len) {
+                let pt = chunk_part_sum(part, j);
                 var du = exp(glast - ws_buf[cg_at(base, ch, t)]) * pt;
                 if (has_dout && col_live) {
                     var pd = 0.0;
                     for (var t2 = t; t2 < len; t2 = t2 + 1u) {
-                        pd = pd + ws_buf[cp_at(base, ch, t2, t)] * dout_at(row0 + t2, hv, col);
+                        pd = pd + sh_cst2[t2 * CS_ROUND + part] * dout_at(row0 + t2, hv, col);
                     }
                     du = du + params.scale * pd;
                 }
-                sh_cu[t * FWD_COLS + j] = du;
+                sh_cu[t * CS_COLS + j] = du;
                 if (col_live) {
                     bws_buf[cdu_at(hb, ch, t, col)] = du;
                 }
             }
-            workgroupBarrier();
         }
         // dS = e^{γ_last} dS' + Σ_t (scale e^{γ_t} q_t dO_t − w_t dU_t), tokens in order.
         let dl = exp(glast);
@@ -1001,20 +1092,25 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 s[c] = dl * s[c];
             }
         }
-        for (var t = 0u; t < len; t = t + 1u) {
-            var a = 0.0;
-            if (has_dout && col_live) {
-                a = params.scale * exp(ws_buf[cg_at(base, ch, t)]) * dout_at(row0 + t, hv, col);
-            }
-            let du = sh_cu[t * FWD_COLS + j];
-            for (var c = 0u; c < chunk; c = c + 1u) {
-                if (c < n) {
-                    s[c] = s[c] + load_q(q_index(row0 + t, hk, i0 + c)) * a
-                        - ws_buf[cw_at(base, ch, t, i0 + c)] * du;
+        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
+            chunk_stage_back(STAGE_QW, base, ch, row0, hk, tg, len, lid);
+            for (var a = 0u; a < CS_ROUND; a = a + 1u) {
+                let t = tg + a;
+                if (t < len) {
+                    var av = 0.0;
+                    if (has_dout && col_live) {
+                        av = params.scale * exp(ws_buf[cg_at(base, ch, t)]) * dout_at(row0 + t, hv, col);
+                    }
+                    let du = sh_cu[t * CS_COLS + j];
+                    for (var c = 0u; c < chunk; c = c + 1u) {
+                        if (c < n) {
+                            s[c] = s[c] + sh_cst[a * KD + i0 + c] * av
+                                - sh_cst2[a * KD + i0 + c] * du;
+                        }
+                    }
                 }
             }
         }
-        workgroupBarrier();
     }
     if (col_live) {
         for (var c = 0u; c < chunk; c = c + 1u) {
@@ -1080,6 +1176,161 @@ fn chunk_back_solve(sb: u32, hb: u32, ch: u32, len: u32, col: u32, values: bool)
     }
 }
 
+// ---- The chunk products of `chunk_grads` ----
+// A chunk's operands, row-major, rows of the chunk (tokens at or past len read as zeros) or of
+// the key dim; staged GT_L steps of their inner index at a time into sh_cq (A: CH rows) and
+// sh_ck (B: up to 128 rows), each lane keeping a 4 × GT_C block of the product in registers
+// (rows 4·(lid / 16).., columns GT_C·(lid % 16).. of a 16·GT_C-column pass). Every sum in
+// ascending order of the inner index.
+const OP_DU: u32 = 0u;    // dU [CH, V]
+const OP_DO: u32 = 1u;    // dO [CH, V]
+const OP_U: u32 = 2u;     // U [CH, V]
+const OP_S: u32 = 3u;     // S [K, V], the chunk's first state
+const OP_DS: u32 = 4u;    // dS' [K, V]
+const OP_DW0: u32 = 5u;   // dW0 [CH, K]
+const OP_W: u32 = 6u;     // w [CH, K]
+const OP_DU0: u32 = 7u;   // dU0 [CH, V]
+const OP_UF: u32 = 8u;    // u [CH, V]
+const OP_K: u32 = 9u;     // k [CH, K]
+const OP_Q: u32 = 10u;    // q [CH, K]
+const OP_MQ: u32 = 11u;   // dq's coefficients: (dP ⊙ E)_rs, s ≤ r [CH, CH]
+const OP_MK: u32 = 12u;   // dk's key coefficients: dA_rs β_r E_rs (s < r), dA_sr β_s E_sr (s > r)
+const OP_MKQ: u32 = 13u;  // dk's query coefficients: (dP ⊙ E)_sr, s ≥ r
+const GT_L: u32 = 4u;
+const GT_C: u32 = 8u;
+
+struct ChunkRefs {
+    sb: u32,     // scratch base
+    hb: u32,     // backward workspace base
+    base: u32,   // forward workspace base
+    ch: u32,
+    row0: u32,
+    hk: u32,
+    hv: u32,
+    len: u32,
+}
+
+fn chunk_operand(op: u32, cr: ChunkRefs, row: u32, l: u32) -> f32 {
+    if (op == OP_S) {
+        return bws_buf[chs_at(cr.hb, cr.ch, row, l)];
+    }
+    if (op == OP_DS) {
+        return bws_buf[cds_at(cr.hb, cr.ch, row, l)];
+    }
+    if (row >= cr.len) {
+        return 0.0;
+    }
+    switch op {
+        case OP_DU: {
+            return bws_buf[cdu_at(cr.hb, cr.ch, row, l)];
+        }
+        case OP_DO: {
+            return dout_at(cr.row0 + row, cr.hv, l);
+        }
+        case OP_U: {
+            return bws_buf[cuu_at(cr.hb, cr.ch, row, l)];
+        }
+        case OP_DW0: {
+            return sc_buf[sc_kd(cr.sb, SC_DW0, row, l)];
+        }
+        case OP_W: {
+            return ws_buf[cw_at(cr.base, cr.ch, row, l)];
+        }
+        case OP_DU0: {
+            return sc_buf[sc_du0(cr.sb, row, l)];
+        }
+        case OP_UF: {
+            return ws_buf[cu_at(cr.base, cr.ch, row, l)];
+        }
+        case OP_K: {
+            return load_k(k_index(cr.row0 + row, cr.hk, l));
+        }
+        case OP_Q: {
+            return load_q(q_index(cr.row0 + row, cr.hk, l));
+        }
+        case OP_MQ: {
+            if (l > row || l >= cr.len) {
+                return 0.0;
+            }
+            return sc_buf[sc_cc(cr.sb, SC_DP, row, l)] * sc_buf[sc_cc(cr.sb, SC_E, row, l)];
+        }
+        case OP_MK: {
+            if (l >= cr.len || l == row) {
+                return 0.0;
+            }
+            if (l < row) {
+                return sc_buf[sc_cc(cr.sb, SC_DA, row, l)] * sh_cb[row]
+                    * sc_buf[sc_cc(cr.sb, SC_E, row, l)];
+            }
+            return sc_buf[sc_cc(cr.sb, SC_DA, l, row)] * sh_cb[l]
+                * sc_buf[sc_cc(cr.sb, SC_E, l, row)];
+        }
+        case OP_MKQ: {
+            if (l < row || l >= cr.len) {
+                return 0.0;
+            }
+            return sc_buf[sc_cc(cr.sb, SC_DP, l, row)] * sc_buf[sc_cc(cr.sb, SC_E, l, row)];
+        }
+        default: {
+            return 0.0;
+        }
+    }
+}
+
+// acc += A·Bᵀ over the inner index 0..inner for the lane's block: A = `opa` rows 0..CH, B =
+// `opb` rows nb.. (`cols` of them, 64 or 128; those at or past nb + nlim read as zeros). With `b_rows` false, B is given transposed (A·B
+// for an operand [inner, ..]). Lane: rows 4·(lid / 16) + a, columns nb + lid % 16 + 16·c
+// (c < cols / 16), accumulator a·GT_C + c. Barriers: call from uniform control flow.
+fn chunk_product(acc: ptr<function, array<f32, 32>>, opa: u32, opb: u32, b_rows: bool,
+                 cr: ChunkRefs, inner: u32, nb: u32, cols: u32, nlim: u32, lid: u32) {
+    let m0 = (lid / 16u) * 4u;
+    let cw = cols / 16u;
+    let k = lid % 16u;
+    for (var l0 = 0u; l0 < inner; l0 = l0 + GT_L) {
+        workgroupBarrier();
+        {
+            let l = l0 + lid % GT_L;
+            var x = 0.0;
+            if (l < inner) {
+                x = chunk_operand(opa, cr, lid / GT_L, l);
+            }
+            sh_cq[lid] = x;
+        }
+        for (var e = lid; e < cols * GT_L; e = e + WG) {
+            var n = e / GT_L;
+            var li = e % GT_L;
+            if (!b_rows) {
+                n = e % cols;
+                li = e / cols;
+            }
+            let l = l0 + li;
+            var x = 0.0;
+            if (l < inner && n < nlim) {
+                if (b_rows) {
+                    x = chunk_operand(opb, cr, nb + n, l);
+                } else {
+                    x = chunk_operand(opb, cr, l, nb + n);
+                }
+            }
+            sh_ck[li * cols + n] = x;
+        }
+        workgroupBarrier();
+        for (var l = 0u; l < GT_L; l = l + 1u) {
+            for (var a = 0u; a < 4u; a = a + 1u) {
+                let av = sh_cq[(m0 + a) * GT_L + l];
+                for (var c = 0u; c < GT_C; c = c + 1u) {
+                    if (c < cw) {
+                        (*acc)[a * GT_C + c] = (*acc)[a * GT_C + c] + av * sh_ck[l * cols + k + 16u * c];
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn chunk_acc_zero() -> array<f32, 32> {
+    return array<f32, 32>();
+}
 // `params.slices` workgroups, each taking units (head of the launch, chunk) g, g + slices, ...
 // with its own scratch.
 @compute @workgroup_size(WG)
@@ -1115,43 +1366,52 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         workgroupBarrier();
         let glast = sh_cg[len - 1u];
-        // dw = −dU Sᵀ, dQ̃ = scale dO Sᵀ, dK̃ = U dS'ᵀ (sums over the value columns in order).
-        for (var e = lid; e < CH * KD; e = e + WG) {
-            let t = e / KD;
-            let i = e % KD;
-            var xw = 0.0;
-            var xq = 0.0;
-            var xk = 0.0;
-            if (t < len) {
-                for (var jj = 0u; jj < vd; jj = jj + 1u) {
-                    let sv = bws_buf[chs_at(hb, ch, i, jj)];
-                    xw = xw + bws_buf[cdu_at(hb, ch, t, jj)] * sv;
-                    if (has_dout) {
-                        xq = xq + dout_at(row0 + t, hv, jj) * sv;
+        let cr = ChunkRefs(sb, hb, base, ch, row0, hk, hv, len);
+        let k16 = lid % 16u;
+        let m0 = (lid / 16u) * 4u;
+        // dw = −dU Sᵀ, dQ̃ = scale dO Sᵀ, dK̃ = U dS'ᵀ (sums over the value columns in order),
+        // 128 key dims a pass.
+        for (var nb = 0u; nb < KD; nb = nb + 128u) {
+            var xw = chunk_acc_zero();
+            var xq = chunk_acc_zero();
+            var xk = chunk_acc_zero();
+            chunk_product(&xw, OP_DU, OP_S, true, cr, vd, nb, 128u, KD - nb, lid);
+            if (has_dout) {
+                chunk_product(&xq, OP_DO, OP_S, true, cr, vd, nb, 128u, KD - nb, lid);
+            }
+            chunk_product(&xk, OP_U, OP_DS, true, cr, vd, nb, 128u, KD - nb, lid);
+            for (var a = 0u; a < 4u; a = a + 1u) {
+                for (var c = 0u; c < 8u; c = c + 1u) {
+                    let i = nb + k16 + 16u * c;
+                    if (i < KD) {
+                        let t = m0 + a;
+                        sc_buf[sc_kd(sb, SC_DW, t, i)] = -xw[a * GT_C + c];
+                        sc_buf[sc_kd(sb, SC_DQ, t, i)] = params.scale * xq[a * GT_C + c];
+                        sc_buf[sc_kd(sb, SC_DK, t, i)] = xk[a * GT_C + c];
                     }
-                    xk = xk + bws_buf[cuu_at(hb, ch, t, jj)] * bws_buf[cds_at(hb, ch, i, jj)];
                 }
             }
-            sc_buf[sc_kd(sb, SC_DW, t, i)] = -xw;
-            sc_buf[sc_kd(sb, SC_DQ, t, i)] = params.scale * xq;
-            sc_buf[sc_kd(sb, SC_DK, t, i)] = xk;
         }
         // dP = scale dO Uᵀ (s ≤ t) and E.
-        for (var e = lid; e < CH * CH; e = e + WG) {
-            let t = e / CH;
-            let s = e % CH;
-            var dp = 0.0;
-            var ex = 0.0;
-            if (t < len && s <= t) {
-                if (has_dout) {
-                    for (var jj = 0u; jj < vd; jj = jj + 1u) {
-                        dp = dp + dout_at(row0 + t, hv, jj) * bws_buf[cuu_at(hb, ch, s, jj)];
-                    }
-                }
-                ex = exp(sh_cg[t] - sh_cg[s]);
+        {
+            var xp = chunk_acc_zero();
+            if (has_dout) {
+                chunk_product(&xp, OP_DO, OP_U, true, cr, vd, 0u, 64u, CH, lid);
             }
-            sc_buf[sc_cc(sb, SC_DP, t, s)] = params.scale * dp;
-            sc_buf[sc_cc(sb, SC_E, t, s)] = ex;
+            for (var a = 0u; a < 4u; a = a + 1u) {
+                for (var c = 0u; c < 4u; c = c + 1u) {
+                    let t = m0 + a;
+                    let s = k16 + 16u * c;
+                    var dp = 0.0;
+                    var ex = 0.0;
+                    if (t < len && s <= t) {
+                        dp = params.scale * xp[a * GT_C + c];
+                        ex = exp(sh_cg[t] - sh_cg[s]);
+                    }
+                    sc_buf[sc_cc(sb, SC_DP, t, s)] = dp;
+                    sc_buf[sc_cc(sb, SC_E, t, s)] = ex;
+                }
+            }
         }
         // Ak and A = β Ak (packed, for the solves), from the forward's key products.
         let kb = chunk_key_blocks(row0, len, hk, lid, false);
@@ -1175,27 +1435,38 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         sh_pa[lid] = d;
         sync();
-        if (lid < KD) {
-            chunk_back_solve(sb, hb, ch, len, lid, false);
-        }
-        if (lid < vd) {
-            chunk_back_solve(sb, hb, ch, len, lid, true);
+        // The two solves side by side where the lanes suffice, else one after the other.
+        if (KD + vd <= WG) {
+            if (lid < KD) {
+                chunk_back_solve(sb, hb, ch, len, lid, false);
+            } else if (lid < KD + vd) {
+                chunk_back_solve(sb, hb, ch, len, lid - KD, true);
+            }
+        } else {
+            if (lid < KD) {
+                chunk_back_solve(sb, hb, ch, len, lid, false);
+            }
+            if (lid < vd) {
+                chunk_back_solve(sb, hb, ch, len, lid, true);
+            }
         }
         sync();
         // dA = −(dW0 wᵀ + dU0 uᵀ), s < r.
-        for (var e = lid; e < CH * CH; e = e + WG) {
-            let r = e / CH;
-            let s = e % CH;
-            var x = 0.0;
-            if (r < len && s < r) {
-                for (var i = 0u; i < KD; i = i + 1u) {
-                    x = x + sc_buf[sc_kd(sb, SC_DW0, r, i)] * ws_buf[cw_at(base, ch, s, i)];
-                }
-                for (var jj = 0u; jj < vd; jj = jj + 1u) {
-                    x = x + sc_buf[sc_du0(sb, r, jj)] * ws_buf[cu_at(base, ch, s, jj)];
+        {
+            var xa = chunk_acc_zero();
+            chunk_product(&xa, OP_DW0, OP_W, true, cr, KD, 0u, 64u, CH, lid);
+            chunk_product(&xa, OP_DU0, OP_UF, true, cr, vd, 0u, 64u, CH, lid);
+            for (var a = 0u; a < 4u; a = a + 1u) {
+                for (var c = 0u; c < 4u; c = c + 1u) {
+                    let r = m0 + a;
+                    let s = k16 + 16u * c;
+                    var x = 0.0;
+                    if (r < len && s < r) {
+                        x = -xa[a * GT_C + c];
+                    }
+                    sc_buf[sc_cc(sb, SC_DA, r, s)] = x;
                 }
             }
-            sc_buf[sc_cc(sb, SC_DA, r, s)] = -x;
         }
         // Per-row dots: q·dQ̃, k·dK̃, k·dW0, v·dU0; and the lanes' ⟨dS', S⟩ in order.
         if (lid < len) {
@@ -1271,34 +1542,29 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 dg_buf[(row0 + r) * params.value_heads + hv] = acc;
             }
         }
-        // dq, dk of this value head; dv.
-        for (var e = lid; e < CH * KD; e = e + WG) {
-            let r = e / KD;
-            let i = e % KD;
-            if (r < len) {
-                let gr = sh_cg[r];
-                var dq = exp(gr) * sc_buf[sc_kd(sb, SC_DQ, r, i)];
-                for (var s = 0u; s <= r; s = s + 1u) {
-                    dq = dq + sc_buf[sc_cc(sb, SC_DP, r, s)] * sc_buf[sc_cc(sb, SC_E, r, s)]
-                        * load_k(k_index(row0 + s, hk, i));
+        // dq, dk of this value head: the coefficient matrices times the chunk's k and q rows,
+        // 128 key dims a pass, then the terms through dQ̃, dK̃ and dW0; dv.
+        sync();
+        for (var nb = 0u; nb < KD; nb = nb + 128u) {
+            var xq = chunk_acc_zero();
+            var xk = chunk_acc_zero();
+            chunk_product(&xq, OP_MQ, OP_K, false, cr, len, nb, 128u, KD - nb, lid);
+            chunk_product(&xk, OP_MK, OP_K, false, cr, len, nb, 128u, KD - nb, lid);
+            chunk_product(&xk, OP_MKQ, OP_Q, false, cr, len, nb, 128u, KD - nb, lid);
+            for (var a = 0u; a < 4u; a = a + 1u) {
+                for (var c = 0u; c < 8u; c = c + 1u) {
+                    let r = m0 + a;
+                    let i = nb + k16 + 16u * c;
+                    if (r < len && i < KD) {
+                        let gr = sh_cg[r];
+                        let dq = xq[a * GT_C + c] + exp(gr) * sc_buf[sc_kd(sb, SC_DQ, r, i)];
+                        let dk = xk[a * GT_C + c] + exp(glast - gr) * sc_buf[sc_kd(sb, SC_DK, r, i)]
+                            + sh_cb[r] * exp(gr) * sc_buf[sc_kd(sb, SC_DW0, r, i)];
+                        let at = (hl * params.time + t0 + r) * KD + i;
+                        cpq_buf[at] = dq;
+                        cpk_buf[at] = dk;
+                    }
                 }
-                var dk = exp(glast - gr) * sc_buf[sc_kd(sb, SC_DK, r, i)];
-                for (var t = r; t < len; t = t + 1u) {
-                    dk = dk + sc_buf[sc_cc(sb, SC_DP, t, r)] * sc_buf[sc_cc(sb, SC_E, t, r)]
-                        * load_q(q_index(row0 + t, hk, i));
-                }
-                for (var s = 0u; s < r; s = s + 1u) {
-                    dk = dk + sc_buf[sc_cc(sb, SC_DA, r, s)] * sh_cb[r] * sc_buf[sc_cc(sb, SC_E, r, s)]
-                        * load_k(k_index(row0 + s, hk, i));
-                }
-                for (var t = r + 1u; t < len; t = t + 1u) {
-                    dk = dk + sc_buf[sc_cc(sb, SC_DA, t, r)] * sh_cb[t] * sc_buf[sc_cc(sb, SC_E, t, r)]
-                        * load_k(k_index(row0 + t, hk, i));
-                }
-                dk = dk + sh_cb[r] * exp(gr) * sc_buf[sc_kd(sb, SC_DW0, r, i)];
-                let at = (hl * params.time + t0 + r) * KD + i;
-                cpq_buf[at] = dq;
-                cpk_buf[at] = dk;
             }
         }
         for (var e = lid; e < CH * vd; e = e + WG) {
