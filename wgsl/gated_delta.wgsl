@@ -1468,22 +1468,45 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 }
             }
         }
-        // Per-row dots: q·dQ̃, k·dK̃, k·dW0, v·dU0; and the lanes' ⟨dS', S⟩ in order.
-        if (lid < len) {
-            let row = row0 + lid;
+        // Per-row dots: q·dQ̃, k·dK̃, k·dW0, v·dU0, four lanes a row (dims l ≡ lane mod 4, in
+        // order; then the four in order); and the lanes' ⟨dS', S⟩ in order.
+        workgroupBarrier();
+        {
+            let r = lid / 4u;
+            let qtr = lid % 4u;
             var x1 = 0.0;
             var x2 = 0.0;
             var x3 = 0.0;
-            for (var i = 0u; i < KD; i = i + 1u) {
-                let qv = load_q(q_index(row, hk, i));
-                let kv = load_k(k_index(row, hk, i));
-                x1 = x1 + qv * sc_buf[sc_kd(sb, SC_DQ, lid, i)];
-                x2 = x2 + kv * sc_buf[sc_kd(sb, SC_DK, lid, i)];
-                x3 = x3 + kv * sc_buf[sc_kd(sb, SC_DW0, lid, i)];
-            }
             var x4 = 0.0;
-            for (var jj = 0u; jj < vd; jj = jj + 1u) {
-                x4 = x4 + load_v(v_index(row, hv, jj)) * sc_buf[sc_du0(sb, lid, jj)];
+            if (r < len) {
+                let row = row0 + r;
+                for (var i = qtr; i < KD; i = i + 4u) {
+                    let qv = load_q(q_index(row, hk, i));
+                    let kv = load_k(k_index(row, hk, i));
+                    x1 = x1 + qv * sc_buf[sc_kd(sb, SC_DQ, r, i)];
+                    x2 = x2 + kv * sc_buf[sc_kd(sb, SC_DK, r, i)];
+                    x3 = x3 + kv * sc_buf[sc_kd(sb, SC_DW0, r, i)];
+                }
+                for (var jj = qtr; jj < vd; jj = jj + 4u) {
+                    x4 = x4 + load_v(v_index(row, hv, jj)) * sc_buf[sc_du0(sb, r, jj)];
+                }
+            }
+            sh_cq[lid] = x1;
+            sh_cq[WG + lid] = x2;
+            sh_ck[lid] = x3;
+            sh_ck[WG + lid] = x4;
+        }
+        workgroupBarrier();
+        if (lid < len) {
+            var x1 = 0.0;
+            var x2 = 0.0;
+            var x3 = 0.0;
+            var x4 = 0.0;
+            for (var qtr = 0u; qtr < 4u; qtr = qtr + 1u) {
+                x1 = x1 + sh_cq[lid * 4u + qtr];
+                x2 = x2 + sh_cq[WG + lid * 4u + qtr];
+                x3 = x3 + sh_ck[lid * 4u + qtr];
+                x4 = x4 + sh_ck[WG + lid * 4u + qtr];
             }
             sh_rows[lid] = x1;
             sh_rows[CH + lid] = x2;
