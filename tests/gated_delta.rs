@@ -755,8 +755,12 @@ fn memory_queries() {
         value_heads: 48,
         key_dim: 128,
         value_dim: 128,
+        per_channel: false,
     };
-    let opts = GatedDeltaOptions::default();
+    let opts = GatedDeltaOptions {
+        algorithm: DeltaAlgorithm::Recurrent,
+        ..GatedDeltaOptions::default()
+    };
     assert_eq!(shape.interval(&opts), 91);
     let state = 128 * 128 * 4u64;
     // 48 workgroups × (10 sub-checkpoints + 10 sub-segment states) + dq/dk partials of one
@@ -777,6 +781,47 @@ fn memory_queries() {
     };
     assert_eq!(shape.interval(&all), 1);
     assert_eq!(gated_delta_saved_bytes(&shape, &all), 48 * 8192 * state);
+    // The default (`Auto`): chunked for a scalar decay, the recurrence for a per-channel one
+    // or with save_states, and the memory queries follow.
+    let auto = GatedDeltaOptions::default();
+    let chunked = GatedDeltaOptions {
+        algorithm: DeltaAlgorithm::Chunked,
+        ..auto
+    };
+    let kda = GatedDeltaShape {
+        per_channel: true,
+        ..shape
+    };
+    assert_eq!(auto.algorithm, DeltaAlgorithm::Auto);
+    assert_eq!(shape.algorithm(&auto), DeltaAlgorithm::Chunked);
+    assert_eq!(kda.algorithm(&auto), DeltaAlgorithm::Recurrent);
+    let auto_all = GatedDeltaOptions {
+        save_states: true,
+        ..auto
+    };
+    assert_eq!(shape.algorithm(&auto_all), DeltaAlgorithm::Recurrent);
+    assert_eq!(shape.algorithm(&opts), DeltaAlgorithm::Recurrent);
+    assert_eq!(
+        gated_delta_workspace_bytes(&shape, &auto),
+        gated_delta_workspace_bytes(&shape, &chunked)
+    );
+    assert_eq!(
+        gated_delta_saved_bytes(&shape, &auto),
+        gated_delta_saved_bytes(&shape, &chunked)
+    );
+    assert_eq!(
+        gated_delta_workspace_bytes(&kda, &auto),
+        gated_delta_workspace_bytes(&kda, &opts)
+    );
+    assert_eq!(gated_delta_saved_bytes(&kda, &auto), 48 * 91 * state);
+    assert_eq!(
+        gated_delta_saved_bytes(&shape, &auto_all),
+        48 * 8192 * state
+    );
+    assert_eq!(
+        gated_delta_forward_workspace_bytes(&kda, &auto, DType::F32),
+        0
+    );
 }
 
 #[test]
@@ -790,9 +835,12 @@ fn workspace_bound_is_enforced() {
     let v = t(&data.v, &[1, 9, 1, 16]);
     let beta = t(&data.beta, &[1, 9, 1]);
     let g = t(&data.g, &[1, 9, 1]);
-    let (_, saved) =
-        gated_delta_forward(&q, &k, &v, &beta, &g, None, &GatedDeltaOptions::default()).unwrap();
-    let needed = gated_delta_workspace_bytes(&saved.shape(), &GatedDeltaOptions::default());
+    let recurrent = GatedDeltaOptions {
+        algorithm: DeltaAlgorithm::Recurrent,
+        ..GatedDeltaOptions::default()
+    };
+    let (_, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &recurrent).unwrap();
+    let needed = gated_delta_workspace_bytes(&saved.shape(), &recurrent);
     // C = 3, sub-segments of 2: 2 sub-checkpoints + 2 states.
     assert_eq!(needed, 4 * 16 * 16 * 4);
     e.set_workspace_bound(needed - 1);
@@ -1058,6 +1106,7 @@ fn small_workspace_bound_splits_launches_with_the_same_bits() {
         value_heads: 4,
         key_dim: 16,
         value_dim: 32,
+        per_channel: true,
     };
     // C = 3, sub-segments of 2: 4 states per workgroup; 8 workgroups (B·Hv); dq/dk partials
     // of one segment 2 × B·C·Hv·K F32.
@@ -1130,6 +1179,7 @@ fn chunked_forward_over_many_chunks() {
         value_heads: 48,
         key_dim: 128,
         value_dim: 128,
+        per_channel: false,
     };
     let opts = GatedDeltaOptions {
         algorithm: DeltaAlgorithm::Chunked,
@@ -1193,6 +1243,7 @@ fn chunked_reruns_bounds_and_refusals() {
         value_heads: 3,
         key_dim: 16,
         value_dim: 16,
+        per_channel: false,
     };
     let all = gated_delta_forward_workspace_bytes(&shape, &opts, DType::F32);
     let head = all / 6;
