@@ -1066,6 +1066,23 @@ fn chunked_backward(
             ],
             (n * slices) as u64,
         )?;
+        if d_output.is_some() {
+            engine.launch(
+                &KERNEL,
+                "chunk_pdo",
+                &constants,
+                &params(n * chunks, 0, true, 0),
+                &[
+                    saved.q.buffer(),
+                    saved.k.buffer(),
+                    dout.buffer(),
+                    ws.buffer(),
+                    bws.buffer(),
+                    unused.buffer(),
+                ],
+                (n * chunks) as u64,
+            )?;
+        }
         engine.launch(
             &KERNEL,
             "chunk_dstate",

@@ -727,91 +727,123 @@ fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 
 // Lanes of `chunk_states` / `chunk_dstate`: (column j, part) of a workgroup's CS_COLS value
 // columns, part p keeping state rows [p·⌈K/CS_PARTS⌉, ..) in registers. Tokens go CS_ROUND a
-// round: their rows staged in workgroup memory (`chunk_stage`), each lane's partial dots over
-// its rows, then the parts summed in order by the lanes of parts < CS_ROUND (token tg + part).
+// round: their rows staged in workgroup memory, each lane's partial dots over its rows, then the
+// parts summed in order by the lanes of parts < CS_ROUND (token tg + part). Each round's rows
+// are fetched into registers one round ahead (`chunk_fetch`, across phases and chunks), so that
+// their loads overlap the round before; `chunk_put` / `chunk_put_back` store them.
 const CS_COLS: u32 = 16u;
 const CS_PARTS: u32 = 16u;                               // WG / CS_COLS
 const CS_ROWS: u32 = 16u;                                // MAXD / CS_PARTS
-const CS_ROUND: u32 = 4u;
+const CS_ROUND: u32 = 4u;                                // CS_ROUND · CH = WG
+const CS_FETCH: u32 = 4u;                                // CS_ROUND · MAXD / WG
 var<workgroup> sh_cpart: array<f32, 1024>;               // CS_ROUND × CS_PARTS × CS_COLS
 var<workgroup> sh_cu: array<f32, 1024>;                  // U (dU) of the chunk: CH × CS_COLS
 var<workgroup> sh_cst: array<f32, 1024>;                 // staged rows: CS_ROUND × MAXD
 var<workgroup> sh_cst2: array<f32, 1024>;                // more staged rows, or P's columns
 var<workgroup> sh_cp: array<f32, 256>;                   // P's rows: CS_ROUND × CH
 
-const STAGE_W: u32 = 0u;     // w rows
-const STAGE_QP: u32 = 1u;    // q rows; P rows tg.. in sh_cp (row a at a·CH)
+const STAGE_W: u32 = 0u;     // w rows; u of (tg + part, col)
+const STAGE_QP: u32 = 1u;    // q rows; P rows tg.. (row a at a·CH)
 const STAGE_K: u32 = 2u;     // k rows
-const STAGE_KPT: u32 = 3u;   // k rows; P columns tg.. in sh_cst2 (P_{t2, tg+a} at t2·CS_ROUND + a)
-const STAGE_QW: u32 = 4u;    // q rows; w rows in sh_cst2
+const STAGE_KPT: u32 = 3u;   // k rows; P columns tg.. (P_{t2, tg+a} at t2·CS_ROUND + a); dU's P term
+const STAGE_QW: u32 = 4u;    // q rows; w rows
 
-// Rows tg..tg + CS_ROUND of a chunk (row a at a·KD, zeros at or past len) into sh_cst — w
-// (STAGE_W), q with P's rows (STAGE_QP) or k (STAGE_K) — lanes striding; barriers before and
-// after, so call from uniform control flow.
-fn chunk_stage(which: u32, base: u32, ch: u32, row0: u32, hk: u32, tg: u32, len: u32,
-               lid: u32) {
-    workgroupBarrier();
-    for (var e = lid; e < CS_ROUND * KD; e = e + WG) {
-        let t = tg + e / KD;
-        let i = e % KD;
-        var x = 0.0;
-        if (t < len) {
-            if (which == STAGE_W) {
-                x = ws_buf[cw_at(base, ch, t, i)];
-            } else if (which == STAGE_K) {
-                x = load_k(k_index(row0 + t, hk, i));
-            } else {
-                x = load_q(q_index(row0 + t, hk, i));
-            }
-        }
-        sh_cst[e] = x;
-    }
-    if (which == STAGE_QP) {
-        for (var e = lid; e < CS_ROUND * CH; e = e + WG) {
-            let t = tg + e / CH;
-            var x = 0.0;
-            if (t < len) {
-                x = ws_buf[cp_at(base, ch, t, e % CH)];
-            }
-            sh_cp[e] = x;
-        }
-    }
-    workgroupBarrier();
+// A chunk of the launch's head hl.
+fn chunk_refs(hl: u32, ch: u32) -> ChunkRefs {
+    let bh = params.unit_base + hl;
+    let hv = bh % params.value_heads;
+    let t0 = ch * CH;
+    return ChunkRefs(0u, chunk_bws_base(hl), chunk_head_base(hl), ch,
+                     (bh / params.value_heads) * params.time + t0, hv / params.group, hv,
+                     min(CH, params.time - t0));
 }
 
-// `chunk_dstate`'s staging, as `chunk_stage`: k rows into sh_cst with P's columns tg.. into
-// sh_cst2 (STAGE_KPT), or q rows into sh_cst with w rows into sh_cst2 (STAGE_QW).
-fn chunk_stage_back(which: u32, base: u32, ch: u32, row0: u32, hk: u32, tg: u32, len: u32,
-                    lid: u32) {
-    workgroupBarrier();
-    for (var e = lid; e < CS_ROUND * KD; e = e + WG) {
+struct Staged {
+    x: array<f32, CS_FETCH>,   // elements lid + m·WG of the rows (zeros at or past len)
+    y: array<f32, CS_FETCH>,   // the second rows (STAGE_QW)
+    p: f32,                    // element lid of P's rows or columns
+    u: f32,                    // STAGE_W: u; STAGE_KPT: dU's P term (token tg + part, col)
+}
+
+fn chunk_fetch(which: u32, cr: ChunkRefs, tg: u32, lid: u32, part: u32, col: u32,
+               live: bool) -> Staged {
+    var st: Staged;
+    for (var m = 0u; m < CS_FETCH; m = m + 1u) {
+        let e = lid + m * WG;
         let t = tg + e / KD;
         let i = e % KD;
         var x = 0.0;
         var y = 0.0;
-        if (t < len) {
-            if (which == STAGE_KPT) {
-                x = load_k(k_index(row0 + t, hk, i));
+        if (e < CS_ROUND * KD && t < cr.len) {
+            if (which == STAGE_W) {
+                x = ws_buf[cw_at(cr.base, cr.ch, t, i)];
+            } else if (which == STAGE_K || which == STAGE_KPT) {
+                x = load_k(k_index(cr.row0 + t, cr.hk, i));
             } else {
-                x = load_q(q_index(row0 + t, hk, i));
-                y = ws_buf[cw_at(base, ch, t, i)];
+                x = load_q(q_index(cr.row0 + t, cr.hk, i));
+                if (which == STAGE_QW) {
+                    y = ws_buf[cw_at(cr.base, cr.ch, t, i)];
+                }
             }
         }
-        sh_cst[e] = x;
-        if (which == STAGE_QW) {
-            sh_cst2[e] = y;
+        st.x[m] = x;
+        st.y[m] = y;
+    }
+    st.p = 0.0;
+    if (which == STAGE_QP) {
+        let t = tg + lid / CH;
+        if (t < cr.len) {
+            st.p = ws_buf[cp_at(cr.base, cr.ch, t, lid % CH)];
+        }
+    } else if (which == STAGE_KPT) {
+        let t2 = lid / CS_ROUND;
+        let t = tg + lid % CS_ROUND;
+        if (t2 < cr.len && t < cr.len) {
+            st.p = ws_buf[cp_at(cr.base, cr.ch, t2, t)];
+        }
+    }
+    st.u = 0.0;
+    let t = tg + part;
+    if (live && part < CS_ROUND && t < cr.len) {
+        if (which == STAGE_W) {
+            st.u = ws_buf[cu_at(cr.base, cr.ch, t, col)];
+        } else if (which == STAGE_KPT) {
+            st.u = bws_buf[cdu_at(cr.hb, cr.ch, t, col)];
+        }
+    }
+    return st;
+}
+
+// The forward's staged rows into sh_cst (P's rows into sh_cp); barriers before and after, so
+// call from uniform control flow.
+fn chunk_put(which: u32, st: Staged, lid: u32) {
+    workgroupBarrier();
+    for (var m = 0u; m < CS_FETCH; m = m + 1u) {
+        let e = lid + m * WG;
+        if (e < CS_ROUND * KD) {
+            sh_cst[e] = st.x[m];
+        }
+    }
+    if (which == STAGE_QP) {
+        sh_cp[lid] = st.p;
+    }
+    workgroupBarrier();
+}
+
+// `chunk_dstate`'s, as `chunk_put`: the second rows or P's columns into sh_cst2.
+fn chunk_put_back(which: u32, st: Staged, lid: u32) {
+    workgroupBarrier();
+    for (var m = 0u; m < CS_FETCH; m = m + 1u) {
+        let e = lid + m * WG;
+        if (e < CS_ROUND * KD) {
+            sh_cst[e] = st.x[m];
+            if (which == STAGE_QW) {
+                sh_cst2[e] = st.y[m];
+            }
         }
     }
     if (which == STAGE_KPT) {
-        for (var e = lid; e < CS_ROUND * CH; e = e + WG) {
-            let t2 = e / CS_ROUND;
-            let t = tg + e % CS_ROUND;
-            var x = 0.0;
-            if (t2 < len && t < len) {
-                x = ws_buf[cp_at(base, ch, t2, t)];
-            }
-            sh_cst2[e] = x;
-        }
+        sh_cst2[lid] = st.p;
     }
     workgroupBarrier();
 }
@@ -849,36 +881,12 @@ fn chunk_stage_gamma(base: u32, ch: u32, lid: u32) {
     }
 }
 
-// S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s (U in sh_cu), tokens in order.
-fn chunk_state_update(base: u32, ch: u32, len: u32, row0: u32, hk: u32, j: u32, i0: u32, n: u32,
-                      chunk: u32, lid: u32, s: ptr<function, array<f32, CS_ROWS>>) {
-    let glast = sh_cg[len - 1u];
-    let dl = exp(glast);
-    for (var c = 0u; c < chunk; c = c + 1u) {
-        if (c < n) {
-            (*s)[c] = dl * (*s)[c];
-        }
-    }
-    for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-        chunk_stage(STAGE_K, base, ch, row0, hk, tg, len, lid);
-        for (var a = 0u; a < CS_ROUND; a = a + 1u) {
-            let s2 = tg + a;
-            if (s2 < len) {
-                let eu = exp(glast - sh_cg[s2]) * sh_cu[s2 * CS_COLS + j];
-                for (var c = 0u; c < chunk; c = c + 1u) {
-                    if (c < n) {
-                        (*s)[c] = (*s)[c] + sh_cst[a * KD + i0 + c] * eu;
-                    }
-                }
-            }
-        }
-    }
-}
-
 // One workgroup per (head of the launch, slice of CS_COLS value columns), chunks in order;
 // checkpoints at chunk starts that are multiples of the interval (the forward's interval is T:
 // the initial state alone). `mode` 1 (the backward's recomputation): the initial state is the
 // saved checkpoint, every chunk's first state and U go to the backward workspace, no output.
+// Per chunk: U = u − w S; O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s); then
+// S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s, tokens in order.
 @compute @workgroup_size(WG)
 fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -893,15 +901,12 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let part = lid / CS_COLS;
     let col = (unit % params.slices) * CS_COLS + j;
     let hv = bh % params.value_heads;
-    let b = bh / params.value_heads;
-    let hk = hv / params.group;
     let col_live = col < vd;
     let chunk = (KD + CS_PARTS - 1u) / CS_PARTS;
     let i0 = min(part * chunk, KD);
     let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
-    let base = chunk_head_base(hl);
-    let hb = chunk_bws_base(hl);
+    let mode = params.mode;
     var s: array<f32, CS_ROWS>;
     for (var c = 0u; c < chunk; c = c + 1u) {
         if (c < n) {
@@ -912,14 +917,15 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             s[c] = x;
         }
     }
+    var st = chunk_fetch(STAGE_W, chunk_refs(hl, 0u), 0u, lid, part, col, col_live);
     for (var ch = 0u; ch < params.chunks; ch = ch + 1u) {
+        let cr = chunk_refs(hl, ch);
+        let len = cr.len;
         let t0 = ch * CH;
-        let len = min(CH, params.time - t0);
-        let row0 = b * params.time + t0;
-        if (col_live && params.mode == 1u) {
+        if (col_live && mode == 1u) {
             for (var c = 0u; c < chunk; c = c + 1u) {
                 if (c < n) {
-                    bws_buf[chs_at(hb, ch, i0 + c, col)] = s[c];
+                    bws_buf[chs_at(cr.hb, ch, i0 + c, col)] = s[c];
                 }
             }
         } else if (col_live && t0 % params.interval == 0u) {
@@ -930,29 +936,38 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 }
             }
         }
-        chunk_stage_gamma(base, ch, lid);
+        chunk_stage_gamma(cr.base, ch, lid);
         // U = u − w S.
         for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-            chunk_stage(STAGE_W, base, ch, row0, hk, tg, len, lid);
+            chunk_put(STAGE_W, st, lid);
+            let uu = st.u;
+            if (tg + CS_ROUND < len) {
+                st = chunk_fetch(STAGE_W, cr, tg + CS_ROUND, lid, part, col, col_live);
+            } else if (mode == 0u) {
+                st = chunk_fetch(STAGE_QP, cr, 0u, lid, part, col, col_live);
+            } else {
+                st = chunk_fetch(STAGE_K, cr, 0u, lid, part, col, col_live);
+            }
             chunk_partials(tg, len, part, j, i0, n, chunk, &s);
             workgroupBarrier();
             let t = tg + part;
             if (part < CS_ROUND && t < len) {
-                let pt = chunk_part_sum(part, j);
-                var uu = 0.0;
-                if (col_live) {
-                    uu = ws_buf[cu_at(base, ch, t, col)];
-                }
-                sh_cu[t * CS_COLS + j] = uu - pt;
-                if (col_live && params.mode == 1u) {
-                    bws_buf[cuu_at(hb, ch, t, col)] = uu - pt;
+                let x = uu - chunk_part_sum(part, j);
+                sh_cu[t * CS_COLS + j] = x;
+                if (col_live && mode == 1u) {
+                    bws_buf[cuu_at(cr.hb, ch, t, col)] = x;
                 }
             }
         }
-        if (params.mode == 0u) {
+        if (mode == 0u) {
             // O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s).
             for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-                chunk_stage(STAGE_QP, base, ch, row0, hk, tg, len, lid);
+                chunk_put(STAGE_QP, st, lid);
+                if (tg + CS_ROUND < len) {
+                    st = chunk_fetch(STAGE_QP, cr, tg + CS_ROUND, lid, part, col, col_live);
+                } else {
+                    st = chunk_fetch(STAGE_K, cr, 0u, lid, part, col, col_live);
+                }
                 chunk_partials(tg, len, part, j, i0, n, chunk, &s);
                 workgroupBarrier();
                 let t = tg + part;
@@ -962,14 +977,40 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                     for (var s2 = 0u; s2 <= t; s2 = s2 + 1u) {
                         pu = pu + sh_cp[part * CH + s2] * sh_cu[s2 * CS_COLS + j];
                     }
-                    out_buf[((row0 + t) * params.value_heads + hv) * vd + col] =
+                    out_buf[((cr.row0 + t) * params.value_heads + hv) * vd + col] =
                         params.scale * (exp(sh_cg[t]) * qs + pu);
                 }
             }
         }
-        chunk_state_update(base, ch, len, row0, hk, j, i0, n, chunk, lid, &s);
+        // S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s.
+        let glast = sh_cg[len - 1u];
+        let dl = exp(glast);
+        for (var c = 0u; c < chunk; c = c + 1u) {
+            if (c < n) {
+                s[c] = dl * s[c];
+            }
+        }
+        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
+            chunk_put(STAGE_K, st, lid);
+            if (tg + CS_ROUND < len) {
+                st = chunk_fetch(STAGE_K, cr, tg + CS_ROUND, lid, part, col, col_live);
+            } else if (ch + 1u < params.chunks) {
+                st = chunk_fetch(STAGE_W, chunk_refs(hl, ch + 1u), 0u, lid, part, col, col_live);
+            }
+            for (var a = 0u; a < CS_ROUND; a = a + 1u) {
+                let s2 = tg + a;
+                if (s2 < len) {
+                    let eu = exp(glast - sh_cg[s2]) * sh_cu[s2 * CS_COLS + j];
+                    for (var c = 0u; c < chunk; c = c + 1u) {
+                        if (c < n) {
+                            s[c] = s[c] + sh_cst[a * KD + i0 + c] * eu;
+                        }
+                    }
+                }
+            }
+        }
     }
-    if (col_live && params.mode == 0u) {
+    if (col_live && mode == 0u) {
         for (var c = 0u; c < chunk; c = c + 1u) {
             if (c < n) {
                 final_buf[sbase + (i0 + c) * vd + col] = s[c];
@@ -1013,9 +1054,40 @@ fn dout_at(row: u32, hv: u32, j: u32) -> f32 {
     return dout_in[(row * params.value_heads + hv) * params.vdim + j];
 }
 
+// scale·PᵀdO of every chunk at once (a workgroup a (head of the launch, chunk)): dU's term that
+// does not depend on the state, into dU's place in the backward workspace, where
+// `chunk_dstate` adds the state's term. Sums over the chunk's tokens in order.
+@compute @workgroup_size(WG)
+fn chunk_pdo(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let unit = group_index(wid, nwg);
+    if (unit >= params.units) {
+        return;
+    }
+    let vd = params.vdim;
+    let cr = chunk_refs(unit / params.chunks, unit % params.chunks);
+    let m0 = (lid / 16u) * 4u;
+    let k16 = lid % 16u;
+    for (var nb = 0u; nb < vd; nb = nb + 128u) {
+        var x = chunk_acc_zero();
+        chunk_product(&x, OP_PT, OP_DO, false, cr, cr.len, nb, 128u, vd - nb, lid);
+        for (var a = 0u; a < 4u; a = a + 1u) {
+            for (var c = 0u; c < 8u; c = c + 1u) {
+                let t = m0 + a;
+                let jj = nb + k16 + 16u * c;
+                if (t < cr.len && jj < vd) {
+                    bws_buf[cdu_at(cr.hb, cr.ch, t, jj)] = params.scale * x[a * GT_C + c];
+                }
+            }
+        }
+    }
+}
+
 // One workgroup per (head of the launch, slice of CS_COLS value columns), chunks last to
 // first; lane (column j, part) keeps its rows of dS column j as `chunk_states` keeps S. Starts
-// from ds_buf (d_final or zeros) and leaves the initial state's gradient there.
+// from ds_buf (d_final or zeros) and leaves the initial state's gradient there. Per chunk:
+// dU = e^{γ_last − γ} k·dS' + scale PᵀdO (the second term from `chunk_pdo`), then
+// dS = e^{γ_last} dS' + Σ_t (scale e^{γ_t} q_t dO_t − w_t dU_t), tokens in order.
 @compute @workgroup_size(WG)
 fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -1030,16 +1102,12 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let part = lid / CS_COLS;
     let col = (unit % params.slices) * CS_COLS + j;
     let hv = bh % params.value_heads;
-    let b = bh / params.value_heads;
-    let hk = hv / params.group;
     let col_live = col < vd;
     let has_dout = (params.flags & 1u) != 0u;
     let chunk = (KD + CS_PARTS - 1u) / CS_PARTS;
     let i0 = min(part * chunk, KD);
     let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
-    let base = chunk_head_base(hl);
-    let hb = chunk_bws_base(hl);
     var s: array<f32, CS_ROWS>;
     for (var c = 0u; c < chunk; c = c + 1u) {
         if (c < n) {
@@ -1050,42 +1118,43 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             s[c] = x;
         }
     }
+    let last = params.chunks - 1u;
+    var st = chunk_fetch(STAGE_KPT, chunk_refs(hl, last), 0u, lid, part, col, col_live);
     for (var cc = 0u; cc < params.chunks; cc = cc + 1u) {
-        let ch = params.chunks - 1u - cc;
-        let t0 = ch * CH;
-        let len = min(CH, params.time - t0);
-        let row0 = b * params.time + t0;
+        let ch = last - cc;
+        let cr = chunk_refs(hl, ch);
+        let len = cr.len;
         if (col_live) {
             for (var c = 0u; c < chunk; c = c + 1u) {
                 if (c < n) {
-                    bws_buf[cds_at(hb, ch, i0 + c, col)] = s[c];
+                    bws_buf[cds_at(cr.hb, ch, i0 + c, col)] = s[c];
                 }
             }
         }
-        let glast = ws_buf[cg_at(base, ch, len - 1u)];
-        // dU: the parts of k_t·dS' in order, then scale Σ_{t2 ≥ t} P_{t2 t} dO_{t2}.
+        let glast = ws_buf[cg_at(cr.base, ch, len - 1u)];
+        // dU: the parts of k_t·dS' in order, scaled, plus the P term.
         for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-            chunk_stage_back(STAGE_KPT, base, ch, row0, hk, tg, len, lid);
+            chunk_put_back(STAGE_KPT, st, lid);
+            let pre = st.u;
+            if (tg + CS_ROUND < len) {
+                st = chunk_fetch(STAGE_KPT, cr, tg + CS_ROUND, lid, part, col, col_live);
+            } else {
+                st = chunk_fetch(STAGE_QW, cr, 0u, lid, part, col, col_live);
+            }
             chunk_partials(tg, len, part, j, i0, n, chunk, &s);
             workgroupBarrier();
             let t = tg + part;
             if (part < CS_ROUND && t < len) {
-                let pt = chunk_part_sum(part, j);
-                var du = exp(glast - ws_buf[cg_at(base, ch, t)]) * pt;
+                var du = exp(glast - ws_buf[cg_at(cr.base, ch, t)]) * chunk_part_sum(part, j);
                 if (has_dout && col_live) {
-                    var pd = 0.0;
-                    for (var t2 = t; t2 < len; t2 = t2 + 1u) {
-                        pd = pd + sh_cst2[t2 * CS_ROUND + part] * dout_at(row0 + t2, hv, col);
-                    }
-                    du = du + params.scale * pd;
+                    du = du + pre;
                 }
                 sh_cu[t * CS_COLS + j] = du;
                 if (col_live) {
-                    bws_buf[cdu_at(hb, ch, t, col)] = du;
+                    bws_buf[cdu_at(cr.hb, ch, t, col)] = du;
                 }
             }
         }
-        // dS = e^{γ_last} dS' + Σ_t (scale e^{γ_t} q_t dO_t − w_t dU_t), tokens in order.
         let dl = exp(glast);
         for (var c = 0u; c < chunk; c = c + 1u) {
             if (c < n) {
@@ -1093,19 +1162,24 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             }
         }
         for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-            chunk_stage_back(STAGE_QW, base, ch, row0, hk, tg, len, lid);
+            chunk_put_back(STAGE_QW, st, lid);
+            if (tg + CS_ROUND < len) {
+                st = chunk_fetch(STAGE_QW, cr, tg + CS_ROUND, lid, part, col, col_live);
+            } else if (ch > 0u) {
+                st = chunk_fetch(STAGE_KPT, chunk_refs(hl, ch - 1u), 0u, lid, part, col, col_live);
+            }
             for (var a = 0u; a < CS_ROUND; a = a + 1u) {
                 let t = tg + a;
                 if (t < len) {
                     var av = 0.0;
                     if (has_dout && col_live) {
-                        av = params.scale * exp(ws_buf[cg_at(base, ch, t)]) * dout_at(row0 + t, hv, col);
+                        av = params.scale * exp(ws_buf[cg_at(cr.base, ch, t)])
+                            * dout_at(cr.row0 + t, hv, col);
                     }
                     let du = sh_cu[t * CS_COLS + j];
                     for (var c = 0u; c < chunk; c = c + 1u) {
                         if (c < n) {
-                            s[c] = s[c] + sh_cst[a * KD + i0 + c] * av
-                                - sh_cst2[a * KD + i0 + c] * du;
+                            s[c] = s[c] + sh_cst[a * KD + i0 + c] * av - sh_cst2[a * KD + i0 + c] * du;
                         }
                     }
                 }
@@ -1196,6 +1270,7 @@ const OP_Q: u32 = 10u;    // q [CH, K]
 const OP_MQ: u32 = 11u;   // dq's coefficients: (dP ⊙ E)_rs, s ≤ r [CH, CH]
 const OP_MK: u32 = 12u;   // dk's key coefficients: dA_rs β_r E_rs (s < r), dA_sr β_s E_sr (s > r)
 const OP_MKQ: u32 = 13u;  // dk's query coefficients: (dP ⊙ E)_sr, s ≥ r
+const OP_PT: u32 = 14u;   // Pᵀ: P_sr, s ≥ r
 const GT_L: u32 = 4u;
 const GT_C: u32 = 8u;
 
@@ -1264,6 +1339,12 @@ fn chunk_operand(op: u32, cr: ChunkRefs, row: u32, l: u32) -> f32 {
             }
             return sc_buf[sc_cc(cr.sb, SC_DA, l, row)] * sh_cb[l]
                 * sc_buf[sc_cc(cr.sb, SC_E, l, row)];
+        }
+        case OP_PT: {
+            if (l < row || l >= cr.len) {
+                return 0.0;
+            }
+            return ws_buf[cp_at(cr.base, cr.ch, l, row)];
         }
         case OP_MKQ: {
             if (l < row || l >= cr.len) {
