@@ -584,6 +584,7 @@ fn cg_at(base: u32, ch: u32, r: u32) -> u32 {
 // forward substitution through the unit lower triangular I + A, rows in order.
 fn chunk_solve(base: u32, ch: u32, len: u32, row0: u32, hk: u32, hv: u32, col: u32,
                values: bool) {
+    // The right side first (its loads independent of one another), then the substitution.
     var xs: array<f32, CH>;
     for (var r = 0u; r < CH; r = r + 1u) {
         var x = 0.0;
@@ -593,6 +594,12 @@ fn chunk_solve(base: u32, ch: u32, len: u32, row0: u32, hk: u32, hv: u32, col: u
             } else {
                 x = sh_cb[r] * exp(sh_cg[r]) * load_k(k_index(row0 + r, hk, col));
             }
+        }
+        xs[r] = x;
+    }
+    for (var r = 0u; r < CH; r = r + 1u) {
+        var x = xs[r];
+        if (r < len) {
             let ar = (r * r - r) / 2u;
             for (var s = 0u; s < r; s = s + 1u) {
                 x = x - sh_ca[ar + s] * xs[s];
@@ -1227,9 +1234,9 @@ var<workgroup> sh_dgam: array<f32, CH>;
 // Column `col` of dW0 (`values` false, from dw) or dU0 (true, from dU) by back substitution
 // through (I + A)ᵀ, rows from the last.
 fn chunk_back_solve(sb: u32, hb: u32, ch: u32, len: u32, col: u32, values: bool) {
+    // The right side first (its loads independent of one another), then the substitution.
     var xs: array<f32, CH>;
-    for (var rr = 0u; rr < CH; rr = rr + 1u) {
-        let r = CH - 1u - rr;
+    for (var r = 0u; r < CH; r = r + 1u) {
         var x = 0.0;
         if (r < len) {
             if (values) {
@@ -1237,6 +1244,13 @@ fn chunk_back_solve(sb: u32, hb: u32, ch: u32, len: u32, col: u32, values: bool)
             } else {
                 x = sc_buf[sc_kd(sb, SC_DW, r, col)];
             }
+        }
+        xs[r] = x;
+    }
+    for (var rr = 0u; rr < CH; rr = rr + 1u) {
+        let r = CH - 1u - rr;
+        var x = xs[r];
+        if (r < len) {
             for (var s = r + 1u; s < len; s = s + 1u) {
                 x = x - sh_ca[(s * s - s) / 2u + r] * xs[s];
             }
