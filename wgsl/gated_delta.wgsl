@@ -1372,44 +1372,72 @@ fn chunk_operand(op: u32, cr: ChunkRefs, row: u32, l: u32) -> f32 {
     }
 }
 
+// One step's operand elements of a lane: A's element lid (row lid / GT_L), B's elements
+// lid + m·WG, fetched a step ahead of their use.
+struct Tile {
+    a: f32,
+    b: array<f32, 2>,    // 128 · GT_L / WG
+}
+
+// B's element e of a step: (column n, inner offset li).
+fn chunk_tile_at(e: u32, b_rows: bool, cols: u32) -> vec2<u32> {
+    if (b_rows) {
+        return vec2<u32>(e / GT_L, e % GT_L);
+    }
+    return vec2<u32>(e % cols, e / cols);
+}
+
+fn chunk_tile_fetch(opa: u32, opb: u32, b_rows: bool, cr: ChunkRefs, inner: u32, nb: u32,
+                    cols: u32, nlim: u32, l0: u32, lid: u32) -> Tile {
+    var tl: Tile;
+    tl.a = 0.0;
+    let la = l0 + lid % GT_L;
+    if (la < inner) {
+        tl.a = chunk_operand(opa, cr, lid / GT_L, la);
+    }
+    for (var m = 0u; m < 2u; m = m + 1u) {
+        let e = lid + m * WG;
+        let at = chunk_tile_at(e, b_rows, cols);
+        let l = l0 + at.y;
+        var x = 0.0;
+        if (e < cols * GT_L && l < inner && at.x < nlim) {
+            if (b_rows) {
+                x = chunk_operand(opb, cr, nb + at.x, l);
+            } else {
+                x = chunk_operand(opb, cr, l, nb + at.x);
+            }
+        }
+        tl.b[m] = x;
+    }
+    return tl;
+}
+
 // acc += A·Bᵀ over the inner index 0..inner for the lane's block: A = `opa` rows 0..CH, B =
-// `opb` rows nb.. (`cols` of them, 64 or 128; those at or past nb + nlim read as zeros). With `b_rows` false, B is given transposed (A·B
-// for an operand [inner, ..]). Lane: rows 4·(lid / 16) + a, columns nb + lid % 16 + 16·c
-// (c < cols / 16), accumulator a·GT_C + c. Barriers: call from uniform control flow.
+// `opb` rows nb.. (`cols` of them, 64 or 128; those at or past nb + nlim read as zeros). With
+// `b_rows` false, B is given transposed (A·B for an operand [inner, ..]). Lane: rows
+// 4·(lid / 16) + a, columns nb + lid % 16 + 16·c (c < cols / 16), accumulator a·GT_C + c.
+// GT_L inner steps a round, staged in sh_cq / sh_ck, the next round's fetched meanwhile.
+// Barriers: call from uniform control flow.
 fn chunk_product(acc: ptr<function, array<f32, 32>>, opa: u32, opb: u32, b_rows: bool,
                  cr: ChunkRefs, inner: u32, nb: u32, cols: u32, nlim: u32, lid: u32) {
     let m0 = (lid / 16u) * 4u;
     let cw = cols / 16u;
     let k = lid % 16u;
+    var tl = chunk_tile_fetch(opa, opb, b_rows, cr, inner, nb, cols, nlim, 0u, lid);
     for (var l0 = 0u; l0 < inner; l0 = l0 + GT_L) {
         workgroupBarrier();
-        {
-            let l = l0 + lid % GT_L;
-            var x = 0.0;
-            if (l < inner) {
-                x = chunk_operand(opa, cr, lid / GT_L, l);
+        sh_cq[lid] = tl.a;
+        for (var m = 0u; m < 2u; m = m + 1u) {
+            let e = lid + m * WG;
+            if (e < cols * GT_L) {
+                let at = chunk_tile_at(e, b_rows, cols);
+                sh_ck[at.y * cols + at.x] = tl.b[m];
             }
-            sh_cq[lid] = x;
-        }
-        for (var e = lid; e < cols * GT_L; e = e + WG) {
-            var n = e / GT_L;
-            var li = e % GT_L;
-            if (!b_rows) {
-                n = e % cols;
-                li = e / cols;
-            }
-            let l = l0 + li;
-            var x = 0.0;
-            if (l < inner && n < nlim) {
-                if (b_rows) {
-                    x = chunk_operand(opb, cr, nb + n, l);
-                } else {
-                    x = chunk_operand(opb, cr, l, nb + n);
-                }
-            }
-            sh_ck[li * cols + n] = x;
         }
         workgroupBarrier();
+        if (l0 + GT_L < inner) {
+            tl = chunk_tile_fetch(opa, opb, b_rows, cr, inner, nb, cols, nlim, l0 + GT_L, lid);
+        }
         for (var l = 0u; l < GT_L; l = l + 1u) {
             for (var a = 0u; a < 4u; a = a + 1u) {
                 let av = sh_cq[(m0 + a) * GT_L + l];
@@ -1467,22 +1495,31 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         // dw = −dU Sᵀ, dQ̃ = scale dO Sᵀ, dK̃ = U dS'ᵀ (sums over the value columns in order),
         // 128 key dims a pass.
         for (var nb = 0u; nb < KD; nb = nb + 128u) {
-            var xw = chunk_acc_zero();
-            var xq = chunk_acc_zero();
-            var xk = chunk_acc_zero();
-            chunk_product(&xw, OP_DU, OP_S, true, cr, vd, nb, 128u, KD - nb, lid);
-            if (has_dout) {
-                chunk_product(&xq, OP_DO, OP_S, true, cr, vd, nb, 128u, KD - nb, lid);
-            }
-            chunk_product(&xk, OP_U, OP_DS, true, cr, vd, nb, 128u, KD - nb, lid);
-            for (var a = 0u; a < 4u; a = a + 1u) {
-                for (var c = 0u; c < 8u; c = c + 1u) {
-                    let i = nb + k16 + 16u * c;
-                    if (i < KD) {
-                        let t = m0 + a;
-                        sc_buf[sc_kd(sb, SC_DW, t, i)] = -xw[a * GT_C + c];
-                        sc_buf[sc_kd(sb, SC_DQ, t, i)] = params.scale * xq[a * GT_C + c];
-                        sc_buf[sc_kd(sb, SC_DK, t, i)] = xk[a * GT_C + c];
+            for (var which = 0u; which < 3u; which = which + 1u) {
+                var x = chunk_acc_zero();
+                if (which == 0u) {
+                    chunk_product(&x, OP_DU, OP_S, true, cr, vd, nb, 128u, KD - nb, lid);
+                } else if (which == 1u) {
+                    if (has_dout) {
+                        chunk_product(&x, OP_DO, OP_S, true, cr, vd, nb, 128u, KD - nb, lid);
+                    }
+                } else {
+                    chunk_product(&x, OP_U, OP_DS, true, cr, vd, nb, 128u, KD - nb, lid);
+                }
+                for (var a = 0u; a < 4u; a = a + 1u) {
+                    for (var c = 0u; c < 8u; c = c + 1u) {
+                        let i = nb + k16 + 16u * c;
+                        if (i < KD) {
+                            let t = m0 + a;
+                            let y = x[a * GT_C + c];
+                            if (which == 0u) {
+                                sc_buf[sc_kd(sb, SC_DW, t, i)] = -y;
+                            } else if (which == 1u) {
+                                sc_buf[sc_kd(sb, SC_DQ, t, i)] = params.scale * y;
+                            } else {
+                                sc_buf[sc_kd(sb, SC_DK, t, i)] = y;
+                            }
+                        }
                     }
                 }
             }
@@ -1664,23 +1701,30 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         // 128 key dims a pass, then the terms through dQ̃, dK̃ and dW0; dv.
         sync();
         for (var nb = 0u; nb < KD; nb = nb + 128u) {
-            var xq = chunk_acc_zero();
-            var xk = chunk_acc_zero();
-            chunk_product(&xq, OP_MQ, OP_K, false, cr, len, nb, 128u, KD - nb, lid);
-            chunk_product(&xk, OP_MK, OP_K, false, cr, len, nb, 128u, KD - nb, lid);
-            chunk_product(&xk, OP_MKQ, OP_Q, false, cr, len, nb, 128u, KD - nb, lid);
-            for (var a = 0u; a < 4u; a = a + 1u) {
-                for (var c = 0u; c < 8u; c = c + 1u) {
-                    let r = m0 + a;
-                    let i = nb + k16 + 16u * c;
-                    if (r < len && i < KD) {
-                        let gr = sh_cg[r];
-                        let dq = xq[a * GT_C + c] + exp(gr) * sc_buf[sc_kd(sb, SC_DQ, r, i)];
-                        let dk = xk[a * GT_C + c] + exp(glast - gr) * sc_buf[sc_kd(sb, SC_DK, r, i)]
-                            + sh_cb[r] * exp(gr) * sc_buf[sc_kd(sb, SC_DW0, r, i)];
-                        let at = (hl * params.time + t0 + r) * KD + i;
-                        cpq_buf[at] = dq;
-                        cpk_buf[at] = dk;
+            for (var which = 0u; which < 2u; which = which + 1u) {
+                var x = chunk_acc_zero();
+                if (which == 0u) {
+                    chunk_product(&x, OP_MQ, OP_K, false, cr, len, nb, 128u, KD - nb, lid);
+                } else {
+                    chunk_product(&x, OP_MK, OP_K, false, cr, len, nb, 128u, KD - nb, lid);
+                    chunk_product(&x, OP_MKQ, OP_Q, false, cr, len, nb, 128u, KD - nb, lid);
+                }
+                for (var a = 0u; a < 4u; a = a + 1u) {
+                    for (var c = 0u; c < 8u; c = c + 1u) {
+                        let r = m0 + a;
+                        let i = nb + k16 + 16u * c;
+                        if (r < len && i < KD) {
+                            let gr = sh_cg[r];
+                            let at = (hl * params.time + t0 + r) * KD + i;
+                            if (which == 0u) {
+                                cpq_buf[at] = x[a * GT_C + c]
+                                    + exp(gr) * sc_buf[sc_kd(sb, SC_DQ, r, i)];
+                            } else {
+                                cpk_buf[at] = x[a * GT_C + c]
+                                    + exp(glast - gr) * sc_buf[sc_kd(sb, SC_DK, r, i)]
+                                    + sh_cb[r] * exp(gr) * sc_buf[sc_kd(sb, SC_DW0, r, i)];
+                            }
+                        }
                     }
                 }
             }
