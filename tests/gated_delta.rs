@@ -1205,7 +1205,8 @@ fn chunked_forward_over_many_chunks() {
 
 /// Chunked reruns give the same bits, and so does any workspace bound that fits one head
 /// (fewer heads a launch) in the forward and one key head in the backward; below that
-/// `WorkspaceExceeded`; per-channel decay and `save_states` are refused.
+/// `WorkspaceExceeded`; per-channel decay and `save_states` are refused; the default `Auto`
+/// takes the chunked form here and the recurrence for those two.
 #[test]
 fn chunked_reruns_bounds_and_refusals() {
     let e = private_engine();
@@ -1312,4 +1313,40 @@ fn chunked_reruns_bounds_and_refusals() {
             other => panic!("{what}: expected InvalidValue, got {other:?}"),
         }
     }
+    // The default (`Auto`) runs the chunked form for this scalar decay (the same bits, the
+    // initial state alone saved, the chunked backward) and the recurrence for a per-channel
+    // decay (checkpoints every ⌈√70⌉ = 9 tokens) or with save_states (every token).
+    e.set_workspace_bound(u64::MAX);
+    let auto = GatedDeltaOptions::default();
+    let (out, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &auto).unwrap();
+    assert!(
+        [&out.output, &out.final_state, saved.checkpoints()]
+            .map(common::f32_bits)
+            .to_vec()
+            == first,
+        "Auto's forward differs from the chunked one"
+    );
+    assert_eq!(saved.checkpoint_interval(), 70);
+    let gr = gated_delta_backward(&saved, Some(&dout), None).unwrap();
+    let bits = [
+        gr.query,
+        gr.key,
+        gr.value,
+        gr.beta,
+        gr.log_decay,
+        gr.initial_state,
+    ]
+    .iter()
+    .map(common::f32_bits)
+    .collect::<Vec<_>>();
+    assert!(bits == full, "Auto's backward differs from the chunked one");
+    let (_, per_channel_saved) =
+        gated_delta_forward(&q, &k, &v, &beta, &per_channel, None, &auto).unwrap();
+    assert_eq!(per_channel_saved.checkpoint_interval(), 9);
+    let every = GatedDeltaOptions {
+        save_states: true,
+        ..auto
+    };
+    let (_, every_saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &every).unwrap();
+    assert_eq!(every_saved.checkpoint_interval(), 1);
 }
