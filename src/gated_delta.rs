@@ -37,19 +37,21 @@
 //! state gradient, lives in the `initial_state` gradient's buffer.
 //!
 //! **Chunked** ([`DeltaAlgorithm::Chunked`], scalar decay; what the default
-//! [`DeltaAlgorithm::Auto`] takes for a scalar decay without `save_states`): the recurrence unrolled over
-//! chunks of [`CHUNK`] tokens (the WY form). With `γ` the running sum of the log decay within a
+//! [`DeltaAlgorithm::Auto`] takes for a scalar decay without `save_states`): the recurrence
+//! unrolled over chunks of [`CHUNK`] tokens (the WY form). With `γ` the running sum of the log decay within a
 //! chunk and `S` the state before it: `A = β(KKᵀ ⊙ e^{γ_r − γ_s})` (strictly lower),
 //! `w = (I + A)⁻¹ diag(βe^γ)K`, `u = (I + A)⁻¹ diag(β)V`, `P = QKᵀ ⊙ e^{γ_t − γ_s}` (lower,
 //! diagonal included); then `U = u − wS`, `O = scale·(diag(e^γ)QS + PU)` and
 //! `S ← e^{γ_last}S + (diag(e^{γ_last − γ})K)ᵀU`. Every chunk's w, u, P and γ at once (a
 //! workgroup a chunk: its key products in 4 × 4 blocks a lane, the solves by forward
 //! substitution a column a lane), then the chunks in order a workgroup a (head, 16 value
-//! columns) with the state in registers, each round's token rows staged in workgroup memory. The forward saves only the initial state; the chunked
-//! backward forms the chunk states again, walks the state gradient from the last chunk
+//! columns) with the state in registers, each round's token rows fetched a round ahead and
+//! staged in workgroup memory. The forward saves only the initial state; the chunked backward
+//! forms the chunk states again, walks the state gradient from the last chunk
 //! (`dU = (diag(e^{γ_last − γ})K)dS' + scale·PᵀdO`, `dS = e^{γ_last}dS' + scale·(diag(e^γ)Q)ᵀdO −
-//! wᵀdU`), then every chunk's gradients at once through the transposed solves, with per-value-head
-//! dq/dk summed per key head in head order. Every sum has a fixed order.
+//! wᵀdU`; the `PᵀdO` term formed for every chunk at once first), then every chunk's gradients at
+//! once (register-blocked tile products, the transposed solves), with per-value-head dq/dk
+//! summed per key head in head order. Every sum has a fixed order.
 //!
 //! The backward entry point binds 14 storage buffers: an adapter with fewer
 //! (`max_storage_buffers_per_shader_stage`) gets `Error::InsufficientLimit`.
@@ -101,7 +103,7 @@ pub struct GatedDeltaOptions {
 pub enum DeltaAlgorithm {
     /// [`DeltaAlgorithm::Chunked`] for a scalar decay without `save_states`, else
     /// [`DeltaAlgorithm::Recurrent`] ([`GatedDeltaShape::algorithm`] tells which). On an H100
-    /// the chunked forward+backward measured 8.3–9.0× faster than the recurrent one, its
+    /// the chunked forward+backward measured 8.2–9.0× faster than the recurrent one, its
     /// forward 1.0–1.6× (README, gated delta timings).
     #[default]
     Auto,
@@ -394,7 +396,6 @@ pub struct GatedDeltaSaved {
     log_decay: Tensor,
     checkpoints: Tensor,
     shape: GatedDeltaShape,
-    per_channel: bool,
     scale: f32,
     interval: usize,
     chunked: bool,
@@ -796,7 +797,6 @@ pub fn gated_delta_forward<'a>(
             log_decay: log_decay.clone(),
             checkpoints,
             shape,
-            per_channel,
             scale: scale as f32,
             interval,
             chunked,
@@ -871,7 +871,7 @@ pub fn gated_delta_backward(
     let checkpoints = time.div_ceil(saved.interval);
     // An absent output cotangent binds beta (never read: flag off).
     let dout = d_output.unwrap_or(&saved.beta);
-    let constants = constants(saved.q.dtype(), kd, saved.per_channel);
+    let constants = constants(saved.q.dtype(), kd, saved.shape.per_channel);
     let params = |sub: usize, seg: usize, unit_base: usize, units: usize, mode: u32| Params {
         sub: sub as u32,
         units: units as u32,
