@@ -13,9 +13,9 @@ mod common;
 
 use common::{Rng, engine, private_engine};
 use wgrad::gated_delta::{
-    DeltaAlgorithm, GatedDeltaOptions, GatedDeltaShape, SeqView, gated_delta_backward,
-    gated_delta_forward, gated_delta_forward_workspace_bytes, gated_delta_saved_bytes,
-    gated_delta_workspace_bytes,
+    DeltaAlgorithm, GatedDeltaGradients, GatedDeltaOptions, GatedDeltaShape, SeqView,
+    gated_delta_backward, gated_delta_forward, gated_delta_forward_workspace_bytes,
+    gated_delta_saved_bytes, gated_delta_workspace_bytes,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::gated_delta::{self as reference, Dims};
@@ -193,6 +193,20 @@ fn upload(c: &Case, data: Data) -> Inputs {
             d_final: data.d_final.as_deref().map(f32s),
         },
     }
+}
+
+/// The bits of the six gradients, in the struct's order.
+fn gradient_bits(gr: &GatedDeltaGradients) -> Vec<Vec<u32>> {
+    [
+        &gr.query,
+        &gr.key,
+        &gr.value,
+        &gr.beta,
+        &gr.log_decay,
+        &gr.initial_state,
+    ]
+    .map(common::f32_bits)
+    .to_vec()
 }
 
 fn options(c: &Case) -> GatedDeltaOptions {
@@ -1086,17 +1100,7 @@ fn small_workspace_bound_splits_launches_with_the_same_bits() {
     let run = || {
         let (_, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts).unwrap();
         let gr = gated_delta_backward(&saved, Some(&d_out), None).unwrap();
-        [
-            gr.query,
-            gr.key,
-            gr.value,
-            gr.beta,
-            gr.log_decay,
-            gr.initial_state,
-        ]
-        .iter()
-        .map(common::f32_bits)
-        .collect::<Vec<_>>()
+        gradient_bits(&gr)
     };
     let full = run();
     let shape = GatedDeltaShape {
@@ -1265,21 +1269,7 @@ fn chunked_reruns_bounds_and_refusals() {
     e.set_workspace_bound(u64::MAX);
     let dout = t(&data.d_out.clone().unwrap(), &[2, 70, 3, 16]);
     let (_, saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &opts).unwrap();
-    let backward = || {
-        gated_delta_backward(&saved, Some(&dout), None).map(|gr| {
-            [
-                gr.query,
-                gr.key,
-                gr.value,
-                gr.beta,
-                gr.log_decay,
-                gr.initial_state,
-            ]
-            .iter()
-            .map(common::f32_bits)
-            .collect::<Vec<_>>()
-        })
-    };
+    let backward = || gated_delta_backward(&saved, Some(&dout), None).map(|gr| gradient_bits(&gr));
     let full = backward().unwrap();
     let needed_all = gated_delta_workspace_bytes(&shape, &opts);
     e.set_workspace_bound(needed_all - 1);
@@ -1328,18 +1318,10 @@ fn chunked_reruns_bounds_and_refusals() {
     );
     assert_eq!(saved.checkpoint_interval(), 70);
     let gr = gated_delta_backward(&saved, Some(&dout), None).unwrap();
-    let bits = [
-        gr.query,
-        gr.key,
-        gr.value,
-        gr.beta,
-        gr.log_decay,
-        gr.initial_state,
-    ]
-    .iter()
-    .map(common::f32_bits)
-    .collect::<Vec<_>>();
-    assert!(bits == full, "Auto's backward differs from the chunked one");
+    assert!(
+        gradient_bits(&gr) == full,
+        "Auto's backward differs from the chunked one"
+    );
     let (_, per_channel_saved) =
         gated_delta_forward(&q, &k, &v, &beta, &per_channel, None, &auto).unwrap();
     assert_eq!(per_channel_saved.checkpoint_interval(), 9);
