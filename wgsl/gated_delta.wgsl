@@ -554,8 +554,8 @@ fn sum_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // γ [chunks, CH], F32. Every sum in a fixed order.
 const CH: u32 = 64u;
 const CH_TILE: u32 = 8u;                                 // key dims staged a step
-var<workgroup> sh_ck: array<f32, 512>;                   // CH × CH_TILE keys
-var<workgroup> sh_cq: array<f32, 512>;                   // CH × CH_TILE queries
+var<workgroup> sh_ck: array<f32, 512>;                   // CH × CH_TILE keys; B tiles
+var<workgroup> sh_cq: array<f32, 512>;                   // CH × CH_TILE queries; A tiles
 var<workgroup> sh_ca: array<f32, 2016>;                  // A, strictly lower: row r at r(r − 1)/2
 var<workgroup> sh_cg: array<f32, CH>;                    // γ
 var<workgroup> sh_cb: array<f32, CH>;                    // β
@@ -673,16 +673,13 @@ fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (unit >= params.units) {
         return;
     }
-    let hl = unit / params.chunks;
     let ch = unit % params.chunks;
-    let bh = params.unit_base + hl;
-    let hv = bh % params.value_heads;
-    let b = bh / params.value_heads;
-    let hk = hv / params.group;
-    let t0 = ch * CH;
-    let len = min(CH, params.time - t0);
-    let row0 = b * params.time + t0;
-    let base = chunk_head_base(hl);
+    let cr = chunk_refs(unit / params.chunks, ch);
+    let hv = cr.hv;
+    let hk = cr.hk;
+    let len = cr.len;
+    let row0 = cr.row0;
+    let base = cr.base;
     if (lid == 0u) {
         var g = 0.0;
         for (var r = 0u; r < CH; r = r + 1u) {
@@ -880,6 +877,15 @@ fn chunk_part_sum(part: u32, j: u32) -> f32 {
     return x;
 }
 
+// A lane's state rows times f.
+fn chunk_rows_scale(s: ptr<function, array<f32, CS_ROWS>>, f: f32, chunk: u32, n: u32) {
+    for (var c = 0u; c < chunk; c = c + 1u) {
+        if (c < n) {
+            (*s)[c] = f * (*s)[c];
+        }
+    }
+}
+
 // γ of the chunk into sh_cg, after a barrier (the last chunk's readers).
 fn chunk_stage_gamma(base: u32, ch: u32, lid: u32) {
     workgroupBarrier();
@@ -991,12 +997,7 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         }
         // S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s.
         let glast = sh_cg[len - 1u];
-        let dl = exp(glast);
-        for (var c = 0u; c < chunk; c = c + 1u) {
-            if (c < n) {
-                s[c] = dl * s[c];
-            }
-        }
+        chunk_rows_scale(&s, exp(glast), chunk, n);
         for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
             chunk_put(STAGE_K, st, lid);
             if (tg + CS_ROUND < len) {
@@ -1162,12 +1163,7 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 }
             }
         }
-        let dl = exp(glast);
-        for (var c = 0u; c < chunk; c = c + 1u) {
-            if (c < n) {
-                s[c] = dl * s[c];
-            }
-        }
+        chunk_rows_scale(&s, exp(glast), chunk, n);
         for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
             chunk_put_back(STAGE_QW, st, lid);
             if (tg + CS_ROUND < len) {
@@ -1469,15 +1465,15 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     for (var unit = g; unit < params.units; unit = unit + params.slices) {
         let hl = unit / params.chunks;
         let ch = unit % params.chunks;
-        let bh = params.unit_base + hl;
-        let hv = bh % params.value_heads;
-        let b = bh / params.value_heads;
-        let hk = hv / params.group;
+        var cr = chunk_refs(hl, ch);
+        cr.sb = sb;
+        let hv = cr.hv;
+        let hk = cr.hk;
         let t0 = ch * CH;
-        let len = min(CH, params.time - t0);
-        let row0 = b * params.time + t0;
-        let base = chunk_head_base(hl);
-        let hb = chunk_bws_base(hl);
+        let len = cr.len;
+        let row0 = cr.row0;
+        let base = cr.base;
+        let hb = cr.hb;
         sync();
         if (lid < CH) {
             sh_cg[lid] = ws_buf[cg_at(base, ch, lid)];
@@ -1489,7 +1485,6 @@ fn chunk_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         workgroupBarrier();
         let glast = sh_cg[len - 1u];
-        let cr = ChunkRefs(sb, hb, base, ch, row0, hk, hv, len);
         let k16 = lid % 16u;
         let m0 = (lid / 16u) * 4u;
         // dw = −dU Sᵀ, dQ̃ = scale dO Sᵀ, dK̃ = U dS'ᵀ (sums over the value columns in order),
