@@ -15,6 +15,12 @@
 //! the activation's backward (softmax: `P ⊙ (dP − Σ dP·P)`, 0 in the future since P is; sparsemax:
 //! over its support). Probabilities, statistics and arithmetic FP32; the output in the scores'
 //! dtype; every gradient F32.
+//!
+//! With a stride and dilation of 1 along the rows and at most 8 taps a row (the usual 3 × 3
+//! kernel), the convolutions take four outputs of a row an invocation, each tap row read once
+//! as a window, and the parameter partials one invocation per tap row (its slots at once, a
+//! window of probabilities sliding along the row); every value adds the same terms in the same
+//! order as one at a time, so the bits do not depend on the path ([`force_single_taps`]).
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Kernel};
 use crate::loss::{self, SparsemaxSaved};
@@ -31,6 +37,10 @@ pub static KERNEL: Kernel = Kernel {
 };
 
 const WG: u64 = 256;
+/// Outputs an invocation of `conv_forward` and `conv_input_grad` computes.
+const QUAD: usize = 4;
+/// The most taps along a row that the windowed path takes (`MAX_ROW_TAPS` in the kernel).
+const MAX_ROW_TAPS: usize = 8;
 
 /// Output rows (of `batch · L'`) a block of the parameter partials sums.
 pub const BLOCK_ROWS: usize = 1;
@@ -98,9 +108,10 @@ struct Params {
     dw: u32,
     groups: u32,
     count: u32,
-    pairs: u32,
+    quads: u32,
     blocks: u32,
     block_rows: u32,
+    units: u32,
 }
 
 /// What the backward needs: the probabilities (F32), the weight and bias, the settings.
@@ -272,9 +283,33 @@ fn params(d: &Dims, o: &MtaOptions, count: usize, blocks: usize) -> Params {
         dw: o.dilation[1] as u32,
         groups: o.groups as u32,
         count: count as u32,
-        pairs: count.div_ceil(2) as u32,
+        quads: count.div_ceil(QUAD) as u32,
         blocks: blocks as u32,
         block_rows: BLOCK_ROWS as u32,
+        units: count as u32,
+    }
+}
+
+/// Makes launches from the calling thread compute the convolutions one output at a time
+/// (`true`) instead of by row windows where they apply (`false`, the default). Both add the
+/// same terms in the same order (the same bits); for tests and measurements.
+#[doc(hidden)]
+pub fn force_single_taps(on: bool) {
+    SINGLE_TAPS.with(|f| f.set(on));
+}
+
+thread_local! {
+    static SINGLE_TAPS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The taps along a row for the row windows (`ROW_TAPS`): `kw` with a stride and dilation of
+/// 1 along the rows and `kw ≤ MAX_ROW_TAPS`, else 0 (one output at a time).
+fn row_taps(d: &Dims, o: &MtaOptions) -> usize {
+    let windowed = o.stride[1] == 1 && o.dilation[1] == 1 && d.kw <= MAX_ROW_TAPS;
+    if windowed && !SINGLE_TAPS.with(std::cell::Cell::get) {
+        d.kw
+    } else {
+        0
     }
 }
 
@@ -283,8 +318,10 @@ fn constants(
     weight: DType,
     bias: Option<DType>,
     dy: DType,
+    row_taps: usize,
 ) -> Vec<(&'static str, f64)> {
     vec![
+        ("ROW_TAPS", row_taps as f64),
         ("DS", f64::from(scores.code())),
         ("DW", f64::from(weight.code())),
         ("DB", f64::from(bias.unwrap_or(DType::F32).code())),
@@ -343,6 +380,7 @@ pub fn multi_token_attention(
         weight.dtype(),
         bias.map(Tensor::dtype),
         DType::F32,
+        row_taps(&d, options),
     );
     let n_in = d.batch * d.c_in * d.side * d.side;
     let masked = Tensor::empty(
@@ -386,7 +424,7 @@ pub fn multi_token_attention(
             bias.unwrap_or(weight).buffer(),
             out.buffer(),
         ],
-        (n_out.div_ceil(2) as u64).div_ceil(WG),
+        (n_out.div_ceil(QUAD) as u64).div_ceil(WG),
     )?;
     let saved = MtaSaved {
         probs,
@@ -431,11 +469,13 @@ pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<M
         multi_token_attention_workspace_bytes(d.batch, d.c_in, d.c_out, d.side, so, weights),
     )?;
     let w = &saved.weight;
+    let taps = row_taps(&d, o);
     let consts = constants(
         saved.out_dtype,
         w.dtype(),
         saved.bias.as_ref().map(Tensor::dtype),
         dy.dtype(),
+        taps,
     );
     let n_in = d.batch * d.c_in * d.side * d.side;
     let dp = Tensor::empty(
@@ -450,9 +490,14 @@ pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<M
         &consts,
         &params(&d, o, n_in, 0),
         &[w.buffer(), dy.buffer(), dp.buffer()],
-        (n_in as u64).div_ceil(WG),
+        (n_in.div_ceil(QUAD) as u64).div_ceil(WG),
     )?;
     let slots = weights + d.c_out;
+    // An invocation a tap row (its `taps` slots) and one a bias with the row windows, else one a slot.
+    let units = match taps {
+        0 => slots,
+        t => weights / t + d.c_out,
+    };
     let blocks = (d.batch * so).div_ceil(BLOCK_ROWS);
     let (dw, db) = if blocks == 0 {
         (
@@ -470,9 +515,12 @@ pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<M
             &KERNEL,
             "conv_param_partials",
             &consts,
-            &params(&d, o, slots, blocks),
+            &Params {
+                units: units as u32,
+                ..params(&d, o, slots, blocks)
+            },
             &[saved.probs.buffer(), dy.buffer(), partials.buffer()],
-            ((blocks * slots) as u64).div_ceil(WG),
+            ((blocks * units) as u64).div_ceil(WG),
         )?;
         let sums = crate::reduce::sum_partials(engine, &partials)?;
         (

@@ -2,7 +2,8 @@
 //! bias against the f64 reference in every dtype (softmax and sparsemax; kernels 1×1 to 5×3,
 //! stride 2, dilation 2, padding, groups, with and without bias; Liger's test shape), the
 //! reference's backward against finite differences, the output's and the gradients' future
-//! exactly zero, bit-identical reruns, and every documented bad input's typed error.
+//! exactly zero, bit-identical reruns, the row windows bit for bit the single taps, and every
+//! documented bad input's typed error.
 
 mod common;
 
@@ -177,6 +178,68 @@ fn reference_gradients_match_finite_differences() {
             &db,
         );
         assert!(cmp.passed, "{c:?}: d bias {cmp}");
+    }
+}
+
+/// The row windows (stride and dilation 1 along the rows, at most 8 taps a row: four outputs
+/// a row window) against the same launches one output at a time: the same bits for the
+/// output and every gradient, across kernel widths 1–9 (9 takes the single taps either way),
+/// paddings, sides that are and are not multiples of four, groups and dtypes.
+#[test]
+fn row_windows_match_single_taps_bit_for_bit() {
+    let mut cases = Vec::new();
+    for k in 1..=9usize {
+        for p in [0, k / 2, k - 1] {
+            for side in [5usize, 6, 11, 12] {
+                if k <= side + 2 * p {
+                    cases.push(config(
+                        [1, 2, 2, side],
+                        [k, k],
+                        1,
+                        [p, p],
+                        1,
+                        1 + k % 2,
+                        false,
+                    ));
+                }
+            }
+        }
+    }
+    // Rows by windows, columns by a stride or dilation of 2; a window beside a wider kh.
+    cases.push(config([2, 2, 2, 10], [3, 3], 1, [1, 1], 1, 1, true));
+    cases.push(config([1, 2, 2, 9], [5, 3], 1, [2, 1], 1, 1, false));
+    let dtypes = [DType::F32, DType::BF16, DType::F16];
+    for (k, c) in cases.into_iter().enumerate() {
+        let dtype = dtypes[k % 3];
+        let what = format!("{c:?} {dtype:?}");
+        let d = data(&c, 500 + k as u64);
+        let so = c.out_side(0);
+        let (s, _) = upload(&d.scores, &[c.batch, c.c_in, c.side, c.side], dtype);
+        let (w, _) = upload(&d.weight, &weight_shape(&c), dtype);
+        let (b, _) = upload(&d.bias, &[c.c_out], DType::F32);
+        let (g, _) = upload(&d.dy, &[c.batch, c.c_out, so, so], dtype);
+        let run = |single: bool| {
+            wgrad::mta::force_single_taps(single);
+            let (y, saved) = multi_token_attention(&s, &w, Some(&b), &options(&c)).unwrap();
+            let grads = multi_token_attention_backward(&saved, &g).unwrap();
+            wgrad::mta::force_single_taps(false);
+            [
+                value_bits(&y),
+                value_bits(&grads.scores),
+                value_bits(&grads.weight),
+                value_bits(grads.bias.as_ref().unwrap()),
+            ]
+        };
+        let (windows, single) = (run(false), run(true));
+        for (name, (a, b)) in ["output", "d scores", "d weight", "d bias"]
+            .iter()
+            .zip(windows.iter().zip(&single))
+        {
+            assert!(
+                a == b,
+                "{what}: {name} by row windows differs from single taps"
+            );
+        }
     }
 }
 
