@@ -10,8 +10,9 @@
 //! axes).
 //!
 //! Backward: from the output cotangent G (its future zeroed): dP = the transposed convolution
-//! of G, dW = Σ G·P and db = Σ G (per-block partial sums over batch-major blocks of output rows,
-//! added in block order by `reduce::sum_partials`: no atomics), and the scores' gradient by
+//! of G, dW = Σ G·P and db = Σ G (partial sums over blocks of an output row's
+//! [`PARTIAL_COLUMNS`] columns, rows batch-major, added in block order by
+//! `reduce::sum_partials`: no atomics), and the scores' gradient by
 //! the activation's backward (softmax: `P ⊙ (dP − Σ dP·P)`, 0 in the future since P is; sparsemax:
 //! over its support). Probabilities, statistics and arithmetic FP32; the output in the scores'
 //! dtype; every gradient F32.
@@ -44,6 +45,16 @@ const MAX_ROW_TAPS: usize = 8;
 
 /// Output rows (of `batch · L'`) a block of the parameter partials sums.
 pub const BLOCK_ROWS: usize = 1;
+
+/// Output columns a block of the parameter partials sums (`PARTIAL_COLS` of the kernel): a
+/// block is [`BLOCK_ROWS`] rows × this many columns, so that long rows give more, shorter sums.
+pub const PARTIAL_COLUMNS: usize = 256;
+
+/// Blocks of the parameter partials: row blocks × column segments.
+fn partial_blocks(batch: usize, out_side: usize) -> (usize, usize) {
+    let segments = out_side.div_ceil(PARTIAL_COLUMNS).max(1);
+    ((batch * out_side).div_ceil(BLOCK_ROWS) * segments, segments)
+}
 
 /// The convolution's settings (PyTorch's `conv2d` arguments, `[height, width]`) and the
 /// activation.
@@ -112,6 +123,7 @@ struct Params {
     blocks: u32,
     block_rows: u32,
     units: u32,
+    segments: u32,
 }
 
 /// What the backward needs: the probabilities (F32), the weight and bias, the settings.
@@ -287,6 +299,7 @@ fn params(d: &Dims, o: &MtaOptions, count: usize, blocks: usize) -> Params {
         blocks: blocks as u32,
         block_rows: BLOCK_ROWS as u32,
         units: count as u32,
+        segments: 1,
     }
 }
 
@@ -341,7 +354,7 @@ pub fn multi_token_attention_workspace_bytes(
     weights: usize,
 ) -> u64 {
     let planes = (batch * c_in * side * side * 4) as u64;
-    let blocks = (batch * out_side).div_ceil(BLOCK_ROWS);
+    let (blocks, _) = partial_blocks(batch, out_side);
     let partials = (blocks * (weights + c_out) * 4) as u64;
     planes
         + partials
@@ -498,7 +511,7 @@ pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<M
         0 => slots,
         t => weights / t + d.c_out,
     };
-    let blocks = (d.batch * so).div_ceil(BLOCK_ROWS);
+    let (blocks, segments) = partial_blocks(d.batch, so);
     let (dw, db) = if blocks == 0 {
         (
             Tensor::zeros(engine, w.shape(), DType::F32)?,
@@ -517,6 +530,7 @@ pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<M
             &consts,
             &Params {
                 units: units as u32,
+                segments: segments as u32,
                 ..params(&d, o, slots, blocks)
             },
             &[saved.probs.buffer(), dy.buffer(), partials.buffer()],

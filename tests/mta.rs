@@ -86,7 +86,9 @@ fn upload(v: &[f64], shape: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
 
 #[test]
 fn outputs_and_gradients_match_the_reference_in_every_dtype() {
-    for (k, (c, bias)) in configs().into_iter().enumerate() {
+    // Rows longer than a block of the parameter partials (256 columns: two segments a row).
+    let long = (config([1, 2, 2, 300], [3, 3], 1, [1, 1], 1, 1, false), true);
+    for (k, (c, bias)) in configs().into_iter().chain([long]).enumerate() {
         for dtype in DType::FLOATS {
             let what = format!("{c:?} bias {bias} {dtype:?}");
             let d = data(&c, k as u64);
@@ -208,6 +210,7 @@ fn row_windows_match_single_taps_bit_for_bit() {
     // Rows by windows, columns by a stride or dilation of 2; a window beside a wider kh.
     cases.push(config([2, 2, 2, 10], [3, 3], 1, [1, 1], 1, 1, true));
     cases.push(config([1, 2, 2, 9], [5, 3], 1, [2, 1], 1, 1, false));
+    cases.push(config([1, 2, 2, 300], [3, 3], 1, [1, 1], 1, 1, false));
     let dtypes = [DType::F32, DType::BF16, DType::F16];
     for (k, c) in cases.into_iter().enumerate() {
         let dtype = dtypes[k % 3];

@@ -13,9 +13,9 @@
 // each tap row once, as a window of `ROW_TAPS + 3` values, and load each weight once; every
 // output still adds the same terms in the same order (the same bits as one at a time).
 // `conv_param_partials`: for each weight
-// element (then each bias) and block of `block_rows` output rows (batch-major), Σ G · P over
-// the block's rows and columns in order: the partial sums that `reduce::sum_partials` adds in
-// block order. No atomics.
+// element (then each bias) and block of `block_rows` output rows (batch-major) × PARTIAL_COLS
+// columns, Σ G · P over the block's rows and columns in order: the partial sums that
+// `reduce::sum_partials` adds in block order (rows, then column segments). No atomics.
 
 override DS: u32 = 0u;   // scores dtype (mask_future), output dtype (conv_forward)
 override DW: u32 = 0u;   // weight dtype
@@ -28,6 +28,7 @@ const WG: u32 = 256u;
 const QUAD: u32 = 4u;           // outputs an invocation
 const MAX_ROW_TAPS: u32 = 8u;
 const WINDOW: u32 = 11u;        // QUAD − 1 + MAX_ROW_TAPS
+const PARTIAL_COLS: u32 = 256u; // output columns a parameter partial sums
 const MASKED: f32 = -1e9;
 
 struct Params {
@@ -50,6 +51,7 @@ struct Params {
     blocks: u32,      // conv_param_partials: blocks of output rows
     block_rows: u32,  // output rows (of batch · out_side) a block
     units: u32,       // conv_param_partials: invocations a block
+    segments: u32,    // conv_param_partials: column segments of PARTIAL_COLS a row block
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -353,10 +355,20 @@ fn conv_input_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// Slot s < weights: Σ G·P of weight element s over the block's rows; s ≥ weights: Σ G of bias
-// s − weights: partial row `block`, column s, of `out` as `[blocks, weights + c_out]`. A row y
-// sums its columns x ≤ y (the rest of G is the zeroed future) in increasing x; a weight slot
-// only those whose tap falls inside the probabilities' row, a range found once.
+// Block `block` of the parameter partials: (first row, past its last row, first column, past its
+// last column) of the outputs it sums: `block_rows` rows (batch-major) and PARTIAL_COLS columns.
+fn segment(block: u32) -> vec4<u32> {
+    let rb = block / params.segments;
+    let x0 = (block % params.segments) * PARTIAL_COLS;
+    let first = rb * params.block_rows;
+    let last = min(first + params.block_rows, params.batch * params.out_side);
+    return vec4<u32>(first, last, x0, min(x0 + PARTIAL_COLS, params.out_side));
+}
+
+// Slot s < weights: Σ G·P of weight element s over the block's rows and columns; s ≥ weights:
+// Σ G of bias s − weights: partial row `block`, column s, of `out` as `[blocks, weights + c_out]`.
+// A row y sums the block's columns x ≤ y (the rest of G is the zeroed future) in increasing x; a
+// weight slot only those whose tap falls inside the probabilities' row, a range found once.
 fn slot_partial(block: u32, s: u32) -> f32 {
     let cin_g = params.c_in / params.groups;
     let weights = params.c_out * cin_g * params.kh * params.kw;
@@ -388,15 +400,15 @@ fn slot_partial(block: u32, s: u32) -> f32 {
     if (side + pw > tap) {
         x_hi = min(so, (side + pw - tap + sw - 1u) / sw);
     }
-    let first = block * params.block_rows;
-    let last = min(first + params.block_rows, params.batch * so);
+    let seg = segment(block);
     var acc = 0.0;
-    for (var r = first; r < last; r = r + 1u) {
+    for (var r = seg.x; r < seg.y; r = r + 1u) {
         let n = r / so;
         let y = r % so;
         let grow = ((n * params.c_out + co) * so + y) * so;
+        let xe = min(y + 1u, seg.w);
         if (is_bias) {
-            for (var x = 0u; x <= y; x = x + 1u) {
+            for (var x = seg.z; x < xe; x = x + 1u) {
                 acc = acc + grad_word(grow + x);
             }
             continue;
@@ -406,8 +418,8 @@ fn slot_partial(block: u32, s: u32) -> f32 {
             continue;
         }
         let prow = ((n * params.c_in + ci) * side + u32(iy)) * side + tap;
-        let end = min(y + 1u, x_hi);
-        for (var x = x_lo; x < end; x = x + 1u) {
+        let end = min(xe, x_hi);
+        for (var x = max(x_lo, seg.z); x < end; x = x + 1u) {
             acc = acc + grad_word(grow + x) * probs[prow + x * sw - pw];
         }
     }
@@ -427,13 +439,12 @@ fn tap_row_partials(block: u32, unit: u32) {
     let so = params.out_side;
     let side = params.side;
     let pw = params.pw;
-    let first = block * params.block_rows;
-    let last = min(first + params.block_rows, params.batch * so);
+    let seg = segment(block);
     var acc: array<f32, MAX_ROW_TAPS>;
     for (var kx = 0u; kx < ROW_TAPS; kx = kx + 1u) {
         acc[kx] = 0.0;
     }
-    for (var r = first; r < last; r = r + 1u) {
+    for (var r = seg.x; r < seg.y; r = r + 1u) {
         let n = r / so;
         let y = r % so;
         let grow = ((n * params.c_out + co) * so + y) * so;
@@ -446,14 +457,15 @@ fn tap_row_partials(block: u32, unit: u32) {
         var win: array<f32, MAX_ROW_TAPS>;
         var inside: array<bool, MAX_ROW_TAPS>;
         for (var kx = 0u; kx + 1u < ROW_TAPS; kx = kx + 1u) {
-            let ix = i32(kx) - i32(pw);
+            let ix = i32(seg.z + kx) - i32(pw);
             inside[kx] = ix >= 0 && ix < i32(side);
             win[kx] = 0.0;
             if (inside[kx]) {
                 win[kx] = probs[prow + u32(ix)];
             }
         }
-        for (var x = 0u; x <= y; x = x + 1u) {
+        let xe = min(y + 1u, seg.w);
+        for (var x = seg.z; x < xe; x = x + 1u) {
             let newest = max(ROW_TAPS, 1u) - 1u;
             let ix = i32(x + newest) - i32(pw);
             inside[newest] = ix >= 0 && ix < i32(side);
