@@ -8,7 +8,8 @@
 //! `y_t = Σ_k w_t,k · down_e · (act(gate_e · x_t) ⊙ (up_e · x_t))`, `e = index_t,k`,
 //!
 //! with `act` SiLU (SwiGLU, the default) or any gate of the activation family. Output
-//! `[.., H]` F32; x, the weights' tensors, w and the cotangent F32, F16 or BF16 (each
+//! `[.., H]` F32, or F16 / BF16 ([`MoeOptions::output`]: the F32 sums rounded once, by the
+//! combine); x, the weights' tensors, w and the cotangent F32, F16 or BF16 (each
 //! independently); products accumulate in FP32 and every intermediate is F32.
 //!
 //! How it runs: a routing pass sorts the T·K slots by expert with a stable counting sort on the
@@ -98,6 +99,10 @@ pub struct MoeOptions {
     /// Default true. Either layout gives every slot the same products (the padded rows add
     /// zeros to the weight gradients).
     pub pad: bool,
+    /// The output's dtype: F32 (the default), or F16 / BF16, each value the F32 sum rounded
+    /// once to nearest even (bit for bit [`crate::cast::cast`] of the F32 output), written by the
+    /// combine itself: no F32 output is allocated.
+    pub output: DType,
 }
 
 impl Default for MoeOptions {
@@ -108,6 +113,7 @@ impl Default for MoeOptions {
             tensor_cores: false,
             capacity: None,
             pad: true,
+            output: DType::F32,
         }
     }
 }
@@ -690,15 +696,20 @@ fn combine(
     routing: &MoeRouting,
     width: usize,
     weighted: bool,
-    shape: &[usize],
+    (shape, dtype): (&[usize], DType),
     what: &str,
 ) -> Result<Tensor> {
     let engine = rows.engine();
-    let out = Tensor::empty(engine, shape, DType::F32, what)?;
+    let out = Tensor::empty(engine, shape, dtype, what)?;
+    // An invocation a word: one F32 element, or two 16-bit ones.
+    let words = (routing.tokens * width).div_ceil(if dtype == DType::F32 { 1 } else { 2 });
     engine.launch(
         &KERNEL,
         "combine",
-        &vec![("DW", f64::from(weights.dtype().code()))],
+        &vec![
+            ("DW", f64::from(weights.dtype().code())),
+            ("DO", f64::from(dtype.code())),
+        ],
         &routing.params(width, weighted),
         &[
             weights.buffer(),
@@ -706,7 +717,7 @@ fn combine(
             rows.buffer(),
             out.buffer(),
         ],
-        (routing.tokens * width).div_ceil(WG) as u64,
+        words.div_ceil(WG) as u64,
     )?;
     Ok(out)
 }
@@ -737,9 +748,10 @@ fn pre_activations(
     Ok(pre)
 }
 
-/// Forward: `y [.., H]` F32 (see the module documentation) and the saved context.
+/// Forward: `y [.., H]` in [`MoeOptions::output`]'s dtype (F32 by default; see the module
+/// documentation) and the saved context.
 ///
-/// Errors: non-float x / gate_up / down / weights, index not I32/U32; x of rank 0; gate_up not
+/// Errors: non-float x / gate_up / down / weights or output dtype, index not I32/U32; x of rank 0; gate_up not
 /// `[E, 2I, H]` with H x's last extent, down not `[E, H, I]`, index not `[.., K]` over x's
 /// leading extents, weights not index's shape (`ShapeMismatch`); E outside
 /// 1..=[`MAX_EXPERTS`], H or I zero, slots × width past 2³², a capacity of 0 or with
@@ -755,6 +767,13 @@ pub fn fused_moe(
 ) -> Result<(Tensor, MoeSaved)> {
     let ext = extents(x, gate_up, down, index, weights)?;
     let engine = x.engine();
+    if !options.output.is_float() {
+        return Err(Error::dtype(
+            "fused_moe: output",
+            options.output,
+            &DType::FLOATS,
+        ));
+    }
     if let Some(c) = options.capacity {
         let elements = ext.e.saturating_mul(c).saturating_mul(ext.h.max(2 * ext.i));
         if c == 0 || elements > u32::MAX as usize {
@@ -778,7 +797,7 @@ pub fn fused_moe(
     let tc = options.tensor_cores;
     let y_shape = x.shape().to_vec();
     let (y, pre) = if routing.idle() {
-        (Tensor::zeros(engine, &y_shape, DType::F32)?, None)
+        (Tensor::zeros(engine, &y_shape, options.output)?, None)
     } else {
         let xs = gather(x, &routing, ext.h, "moe: sorted x")?;
         let pre = pre_activations(&xs, gate_up, &routing, ext, tc)?;
@@ -799,7 +818,15 @@ pub fn fused_moe(
             false,
             tc,
         )?;
-        let y = combine(&ys, weights, &routing, ext.h, true, &y_shape, "moe: y")?;
+        let y = combine(
+            &ys,
+            weights,
+            &routing,
+            ext.h,
+            true,
+            (&y_shape, options.output),
+            "moe: y",
+        )?;
         (y, Some(pre))
     };
     let saved = MoeSaved {
@@ -935,7 +962,15 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         false,
         tc,
     )?;
-    let dx = combine(&dxs, w, routing, h, false, x.shape(), "moe: dx")?;
+    let dx = combine(
+        &dxs,
+        w,
+        routing,
+        h,
+        false,
+        (x.shape(), DType::F32),
+        "moe: dx",
+    )?;
     engine.launch(
         &KERNEL,
         "token_values",

@@ -1,8 +1,8 @@
 //! The fused mixture of experts against the f64 reference of `wgrad::reference::moe` in every
 //! storage dtype (and mixed), both activations, saved and recomputed pre-activations, I32 and
 //! U32 indices with slots that route nowhere and duplicate experts; the routing's sorted order
-//! against a host sort across tiles; finite differences of the reference backward; empty
-//! calls; bit-identical reruns; bad inputs.
+//! against a host sort across tiles; F16 and BF16 outputs bit for bit the F32 output cast;
+//! finite differences of the reference backward; empty calls; bit-identical reruns; bad inputs.
 
 mod common;
 
@@ -130,6 +130,7 @@ fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded, capacity: O
             tensor_cores: false,
             capacity,
             pad,
+            output: DType::F32,
         };
         let label = format!("{label} capacity={capacity:?} recompute={recompute} pad={pad}");
         let (y, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &options)
@@ -139,6 +140,25 @@ fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded, capacity: O
         }
         assert_eq!((y.shape(), y.dtype()), (u.x.shape(), DType::F32));
         assert_close(&format!("{label} y"), &y.to_f64().unwrap(), &want, tol);
+        // A 16-bit output: bit for bit the F32 output cast.
+        for out in [DType::F16, DType::BF16] {
+            let o = MoeOptions {
+                output: out,
+                ..options
+            };
+            let (y16, _) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &o)
+                .unwrap_or_else(|e| panic!("{label} {out:?} output: {e}"));
+            assert_eq!((y16.shape(), y16.dtype()), (u.x.shape(), out));
+            let cast = wgrad::cast::cast(&y, out).unwrap();
+            assert!(
+                y16.to_f64().unwrap().iter().map(|v| v.to_bits()).eq(cast
+                    .to_f64()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())),
+                "{label}: the {out:?} output is not the F32 output cast"
+            );
+        }
         let g = fused_moe_backward(&saved, &u.dy).unwrap();
         assert_eq!(g.x.shape(), u.x.shape());
         assert_eq!(g.gate_up.shape(), u.gate_up.shape());
@@ -373,6 +393,13 @@ fn empty_calls_and_idle_experts_give_zeros() {
         .unwrap();
         assert_eq!(y.shape(), &[t, 6]);
         assert!(zeros(&y), "t={t} k={k}: y");
+        let bf16 = MoeOptions {
+            output: DType::BF16,
+            ..MoeOptions::default()
+        };
+        let (y16, _) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &bf16).unwrap();
+        assert_eq!((y16.shape(), y16.dtype()), (&[t, 6][..], DType::BF16));
+        assert!(zeros(&y16), "t={t} k={k}: BF16 y");
         let g = fused_moe_backward(&saved, &u.dy).unwrap();
         assert_eq!(g.weights.shape(), &[t, k]);
         for (what, grad) in [
@@ -440,6 +467,17 @@ fn bad_inputs_are_typed_errors() {
     let run = |x: &Tensor, gu: &Tensor, d: &Tensor, i: &Tensor, w: &Tensor| {
         fused_moe(x, gu, d, i, w, &opts).map(drop)
     };
+    for out in [DType::I32, DType::U32] {
+        let o = MoeOptions {
+            output: out,
+            ..opts
+        };
+        expect_err(
+            "integer output dtype",
+            fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &o).map(drop),
+            |r| matches!(r, Error::UnsupportedDType { got, .. } if *got == out),
+        );
+    }
     expect_err(
         "gate_up width",
         run(&u.x, &zeros(&[3, 10, 7]), &u.down, &u.index, &u.weights),

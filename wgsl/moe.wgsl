@@ -19,13 +19,14 @@
 // (16-bit: an invocation per output word, its two halves from wherever they come), zeros for
 // padding rows.
 // `combine`: out[t, c] = Σ_k w[t, k]·sorted_rows[inverse[t·K + k], c] (or unweighted), k in order,
-// F32. `slot_backward`: a workgroup per sorted row p of slot f: dw_slot[p] = Σ_i dhu[p, i]·
+// F32, or rounded once to a 16-bit output (an invocation a word). `slot_backward`: a workgroup per sorted row p of slot f: dw_slot[p] = Σ_i dhu[p, i]·
 // h[p, i] (lane-strided, then the fixed-order tree), then dhu ← w_f·dhu and h ← w_f·h in place.
 // `token_values`: an invocation per slot f: the `[T, K]` gradient of the weights, dw_slot at
 // its position (0 where it routes nowhere). No atomics anywhere.
 
 override DX: u32 = 0u;   // gather: the source rows' dtype
 override DW: u32 = 0u;   // the routing weights' dtype
+override DO: u32 = 0u;   // combine: the output's dtype
 const WG: u32 = 256u;
 const TILE: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
@@ -214,15 +215,10 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     out[w] = word;
 }
 
-@compute @workgroup_size(WG)
-fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lid: u32) {
-    let i = group_index(wid, nwg) * WG + lid;
-    if (i >= params.tokens * params.width) {
-        return;
-    }
-    let t = i / params.width;
-    let c = i % params.width;
+// Element e of the combine: Σ_k (w[t, k]·) sorted_rows[inverse[t·K + k], c], k in order.
+fn combine_value(e: u32) -> f32 {
+    let t = e / params.width;
+    let c = e % params.width;
     var acc = 0.0;
     for (var k = 0u; k < params.k; k = k + 1u) {
         let f = t * params.k + k;
@@ -236,7 +232,31 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             }
         }
     }
-    out[i] = bitcast<u32>(acc);
+    return acc;
+}
+
+// An invocation an output word: one F32 element, or (DO 16-bit) the two elements of a word,
+// each the F32 sum rounded once.
+@compute @workgroup_size(WG)
+fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * WG + lid;
+    let elements = params.tokens * params.width;
+    if (DO == DT_F32) {
+        if (i < elements) {
+            out[i] = bitcast<u32>(combine_value(i));
+        }
+        return;
+    }
+    let e = 2u * i;
+    if (e >= elements) {
+        return;
+    }
+    if (e + 1u < elements) {
+        out[i] = pack_halves(combine_value(e), combine_value(e + 1u), DO);
+    } else {
+        out[i] = half_bits(combine_value(e), DO);
+    }
 }
 
 @compute @workgroup_size(WG)

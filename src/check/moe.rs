@@ -13,7 +13,8 @@ pub(super) fn operators() -> Vec<OperatorCheck> {
 
 /// The fused MoE (SwiGLU with kept pre-activations, GeGLU recomputed, SwiGLU with a capacity
 /// of 8 slots an expert, which drops some) against the f64
-/// reference in every storage dtype: output and the four gradients, 19 tokens of 3 slots over
+/// reference in every storage dtype: output (also in the storage dtype, `MoeOptions::output`)
+/// and the four gradients, 19 tokens of 3 slots over
 /// 5 experts (ragged H 21, I 13), slots drawn from −1..=5 so that some route nowhere and some
 /// repeat an expert, I32 indices. Where the engine runs tensor cores
 /// (`matmul::tensor_cores`), also F16 with `tensor_cores` within
@@ -81,6 +82,7 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
                 tensor_cores: tc,
                 capacity,
                 pad,
+                output: DType::F32,
             };
             let (y, saved) = fused_moe(&x, &gu, &d, &idx, &w, &options)?;
             let g = fused_moe_backward(&saved, &dy)?;
@@ -98,6 +100,20 @@ fn check_fused_moe(engine: &Engine) -> Result<Vec<Case>> {
             };
             let per_token = h + i;
             cases.push(case(label("y"), &y.to_f64()?, &want, tol(per_token)));
+            if dtype != DType::F32 {
+                // The output in the storage dtype, within that dtype's policy.
+                let as_dtype = MoeOptions {
+                    output: dtype,
+                    ..options
+                };
+                let (y16, _) = fused_moe(&x, &gu, &d, &idx, &w, &as_dtype)?;
+                cases.push(case(
+                    label("y in the storage dtype"),
+                    &y16.to_f64()?,
+                    &want,
+                    Tolerance::for_dtype(dtype),
+                ));
+            }
             cases.push(case(label("dx"), &g.x.to_f64()?, &r.x, tol(per_token)));
             cases.push(case(
                 label("d gate_up"),

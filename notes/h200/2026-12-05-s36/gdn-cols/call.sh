@@ -8,3 +8,4 @@ for r in 1 2; do
   for b in new2 seg; do timeout 40 .bench/bench_$b --profile --only mta > $OUT/mta-$b-$r.txt 2>&1; done
   for b in seg cols8 cols4; do timeout 80 .bench/bench_$b --profile --only gated_delta_chunked > $OUT/gdn-$b-$r.txt 2>&1; done
 done
+timeout 60 .bench/bench_seg --pipeline-stats --only gated_delta_chunked_fwd,mta_fwd_bwd > $OUT/stats.txt 2>&1
