@@ -22,7 +22,8 @@
 //! per busy expert. A combine adds each token's K rows times their weights in slot order. No
 //! atomics: every sum has a fixed order, so reruns are bit-identical.
 //!
-//! Gradients (all F32), with `dy [.., H]`: per slot `s` of token `t` and expert `e`, with
+//! Gradients (F32; F16 / BF16 through [`fused_moe_backward_as`], bit for bit the F32 ones cast),
+//! with `dy [.., H]`: per slot `s` of token `t` and expert `e`, with
 //! `h_s = act(g_s) ⊙ u_s` and `dhu_s = down_eᵀ·dy_t`: `dw_t,k = ⟨dhu_s, h_s⟩`,
 //! `dh_s = w_s·dhu_s`, `(dg_s, du_s)` through the activation, `dx_t = Σ_k gate_upᵀ_e·[dg_s ‖
 //! du_s]`, `d down_e = Σ_s w_s·dy_t ⊗ h_s`, `d gate_up_e = Σ_s [dg_s ‖ du_s] ⊗ x_t`; the
@@ -688,8 +689,8 @@ fn gather(src: &Tensor, routing: &MoeRouting, width: usize, what: &str) -> Resul
     Ok(out)
 }
 
-/// `out[t] = Σ_k (w[t, k]·) rows[inverse[t·K + k]]`, F32 `shape` (callers handle an idle
-/// routing, whose output is zeros).
+/// `out[t] = Σ_k (w[t, k]·) rows[inverse[t·K + k]]` of `shape` in `dtype` (16-bit: each F32
+/// sum rounded once); callers handle an idle routing, whose output is zeros.
 fn combine(
     rows: &Tensor,
     weights: &Tensor,
@@ -846,16 +847,34 @@ pub fn fused_moe(
 /// Errors: `dy` not the output's shape (`ShapeMismatch`), not a float dtype, or of another
 /// engine; scratch past the workspace bound ([`fused_moe_backward_workspace_bytes`]).
 pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients> {
+    backward_in(saved, dy, DType::F32, "fused_moe_backward")
+}
+
+/// [`fused_moe_backward`] with every gradient in `dtype` (F32, F16 or BF16): bit for bit the
+/// F32 gradients cast ([`crate::cast::cast`]). dx is rounded by the combine; d down (for an even
+/// I) and d gate_up (for an even H) by the weight products' epilogues, so no F32 copy of those
+/// is allocated; d weights and the odd widths' gradients are computed in F32 and cast.
+///
+/// Errors: those of [`fused_moe_backward`]; a `dtype` that is not a float (`UnsupportedDType`).
+pub fn fused_moe_backward_as(saved: &MoeSaved, dy: &Tensor, dtype: DType) -> Result<MoeGradients> {
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "fused_moe_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
+    backward_in(saved, dy, dtype, "fused_moe_backward_as")
+}
+
+fn backward_in(saved: &MoeSaved, dy: &Tensor, dtype: DType, what: &str) -> Result<MoeGradients> {
     let x = &saved.x;
     let engine = x.engine();
-    dy.check_engine(engine, "fused_moe_backward: dy")?;
-    check_float(dy, "fused_moe_backward: dy")?;
+    let dy_what = format!("{what}: dy");
+    dy.check_engine(engine, &dy_what)?;
+    check_float(dy, &dy_what)?;
     if dy.shape() != x.shape() {
-        return Err(Error::shape(
-            "fused_moe_backward: dy",
-            x.shape(),
-            dy.shape(),
-        ));
+        return Err(Error::shape(dy_what, x.shape(), dy.shape()));
     }
     let (h, e, i) = (
         x.shape().last().copied().unwrap_or(0),
@@ -870,18 +889,17 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         e,
         k: routing.k,
     };
-    engine.check_workspace(
-        "fused_moe_backward",
-        fused_moe_backward_workspace_bytes(saved),
-    )?;
+    engine.check_workspace(what, fused_moe_backward_workspace_bytes(saved))?;
     if routing.idle() {
         return Ok(MoeGradients {
-            x: Tensor::zeros(engine, x.shape(), DType::F32)?,
-            gate_up: Tensor::zeros(engine, saved.gate_up.shape(), DType::F32)?,
-            down: Tensor::zeros(engine, saved.down.shape(), DType::F32)?,
-            weights: Tensor::zeros(engine, saved.weights.shape(), DType::F32)?,
+            x: Tensor::zeros(engine, x.shape(), dtype)?,
+            gate_up: Tensor::zeros(engine, saved.gate_up.shape(), dtype)?,
+            down: Tensor::zeros(engine, saved.down.shape(), dtype)?,
+            weights: Tensor::zeros(engine, saved.weights.shape(), dtype)?,
         });
     }
+    // The weight products write a 16-bit gradient themselves where its rows are whole words.
+    let direct = |n: usize| if n % 2 == 0 { dtype } else { DType::F32 };
     let tc = saved.options.tensor_cores;
     let rows_all = routing.rows();
     let d_weights = Tensor::empty(engine, saved.weights.shape(), DType::F32, "moe: d weights")?;
@@ -927,8 +945,8 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
     let d_pre = activation::backward(&act_saved, &dhu)?.dgate;
     // Each scratch tensor is dropped after its last use, so the next ones reuse its memory.
     drop((dhu, act_saved, pre));
-    let d_down = Tensor::empty(engine, saved.down.shape(), DType::F32, "moe: d down")?;
-    let d_gate_up = Tensor::empty(engine, saved.gate_up.shape(), DType::F32, "moe: d gate_up")?;
+    let d_down = Tensor::empty(engine, saved.down.shape(), direct(i), "moe: d down")?;
+    let d_gate_up = Tensor::empty(engine, saved.gate_up.shape(), direct(h), "moe: d gate_up")?;
     // d down_e = dysᵀ·(w·h)  [H, I]
     expert_products(
         routing,
@@ -962,15 +980,7 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         false,
         tc,
     )?;
-    let dx = combine(
-        &dxs,
-        w,
-        routing,
-        h,
-        false,
-        (x.shape(), DType::F32),
-        "moe: dx",
-    )?;
+    let dx = combine(&dxs, w, routing, h, false, (x.shape(), dtype), "moe: dx")?;
     engine.launch(
         &KERNEL,
         "token_values",
@@ -983,10 +993,17 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
         ],
         (ext.t * ext.k).div_ceil(WG) as u64,
     )?;
+    let narrow = |t: Tensor| {
+        if t.dtype() == dtype {
+            Ok(t)
+        } else {
+            crate::cast::cast(&t, dtype)
+        }
+    };
     Ok(MoeGradients {
         x: dx,
-        gate_up: d_gate_up,
-        down: d_down,
-        weights: d_weights,
+        gate_up: narrow(d_gate_up)?,
+        down: narrow(d_down)?,
+        weights: narrow(d_weights)?,
     })
 }

@@ -1,7 +1,8 @@
 //! The fused mixture of experts against the f64 reference of `wgrad::reference::moe` in every
 //! storage dtype (and mixed), both activations, saved and recomputed pre-activations, I32 and
 //! U32 indices with slots that route nowhere and duplicate experts; the routing's sorted order
-//! against a host sort across tiles; F16 and BF16 outputs bit for bit the F32 output cast;
+//! against a host sort across tiles; F16 and BF16 outputs and gradients bit for bit the F32 ones
+//! cast;
 //! finite differences of the reference backward; empty calls; bit-identical reruns; bad inputs.
 
 mod common;
@@ -10,8 +11,8 @@ use common::{Rng, assert_close, engine, expect_err, f32_bits, stored, tensor_fro
 use wgrad::activation::Activation;
 use wgrad::gradcheck::{Tolerance, check_vjp};
 use wgrad::moe::{
-    MoeOptions, fused_moe, fused_moe_backward, fused_moe_backward_workspace_bytes,
-    fused_moe_workspace_bytes, route,
+    MoeOptions, fused_moe, fused_moe_backward, fused_moe_backward_as,
+    fused_moe_backward_workspace_bytes, fused_moe_workspace_bytes, route,
 };
 use wgrad::reference::moe::{self as reference, Extents};
 use wgrad::{DType, Engine, Error, Tensor};
@@ -176,6 +177,31 @@ fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded, capacity: O
                 want,
                 tol,
             );
+        }
+        // 16-bit gradients: bit for bit the F32 ones cast (direct for even widths).
+        for out in [DType::F16, DType::BF16] {
+            let g16 = fused_moe_backward_as(&saved, &u.dy, out).unwrap();
+            for (what, narrow, wide) in [
+                ("dx", &g16.x, &g.x),
+                ("d gate_up", &g16.gate_up, &g.gate_up),
+                ("d down", &g16.down, &g.down),
+                ("d weights", &g16.weights, &g.weights),
+            ] {
+                assert_eq!(
+                    (narrow.shape(), narrow.dtype()),
+                    (wide.shape(), out),
+                    "{label} {what}"
+                );
+                let cast = wgrad::cast::cast(wide, out).unwrap();
+                assert!(
+                    narrow.to_f64().unwrap().iter().map(|v| v.to_bits()).eq(cast
+                        .to_f64()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())),
+                    "{label}: {out:?} {what} is not the F32 gradient cast"
+                );
+            }
         }
     }
 }
@@ -402,6 +428,11 @@ fn empty_calls_and_idle_experts_give_zeros() {
         assert!(zeros(&y16), "t={t} k={k}: BF16 y");
         let g = fused_moe_backward(&saved, &u.dy).unwrap();
         assert_eq!(g.weights.shape(), &[t, k]);
+        let g16 = fused_moe_backward_as(&saved, &u.dy, DType::F16).unwrap();
+        for grad in [&g16.x, &g16.gate_up, &g16.down, &g16.weights] {
+            assert_eq!(grad.dtype(), DType::F16);
+            assert!(zeros(grad), "t={t} k={k} nowhere={nowhere}: F16 gradients");
+        }
         for (what, grad) in [
             ("dx", &g.x),
             ("d gate_up", &g.gate_up),
@@ -467,6 +498,20 @@ fn bad_inputs_are_typed_errors() {
     let run = |x: &Tensor, gu: &Tensor, d: &Tensor, i: &Tensor, w: &Tensor| {
         fused_moe(x, gu, d, i, w, &opts).map(drop)
     };
+    let (_, saved) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &opts).unwrap();
+    expect_err(
+        "integer gradient dtype",
+        fused_moe_backward_as(&saved, &u.dy, DType::I32).map(drop),
+        |r| {
+            matches!(
+                r,
+                Error::UnsupportedDType {
+                    got: DType::I32,
+                    ..
+                }
+            )
+        },
+    );
     for out in [DType::I32, DType::U32] {
         let o = MoeOptions {
             output: out,
@@ -902,4 +947,54 @@ fn padding_follows_the_loads_and_the_workspace_bound() {
             }
         }
     }
+}
+
+/// `fused_moe_backward_as` with even H and I writes d gate_up and d down in 16 bits from the
+/// weight products: the call's peak grows by the 16-bit gradients and the (small) scratch, not
+/// by F32 copies of the weight gradients (which alone would be twice the 16-bit ones).
+#[test]
+fn sixteen_bit_weight_gradients_allocate_no_f32_copy() {
+    let private = common::private_engine();
+    let e = Extents {
+        t: 4,
+        h: 64,
+        i: 64,
+        e: 8,
+        k: 1,
+    };
+    let dt = [DType::BF16; 5];
+    let c = case(21, e, dt, true);
+    let up = |v: &[f64], shape: &[usize], dtype: DType| tensor_from_f64(&private, v, shape, dtype);
+    let x = up(&c.x, &[e.t, e.h], DType::BF16);
+    let gate_up = up(&c.gate_up, &[e.e, 2 * e.i, e.h], DType::BF16);
+    let down = up(&c.down, &[e.e, e.h, e.i], DType::BF16);
+    let index: Vec<i32> = c.index.iter().map(|&i| i as i32).collect();
+    let index = Tensor::from_slice(&private, &index, &[e.t, e.k]).unwrap();
+    let weights = up(&c.weights, &[e.t, e.k], DType::BF16);
+    let dy = up(&c.dy, &[e.t, e.h], DType::BF16);
+    let (y, saved) = fused_moe(
+        &x,
+        &gate_up,
+        &down,
+        &index,
+        &weights,
+        &MoeOptions::default(),
+    )
+    .unwrap();
+    drop(y);
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let g = fused_moe_backward_as(&saved, &dy, DType::BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let weight_grads = ((e.e * 2 * e.i * e.h + e.e * e.h * e.i) * 2) as u64;
+    assert!(
+        grown < weight_grads * 3 / 2,
+        "peak grew {grown} bytes for {weight_grads} bytes of 16-bit weight gradients"
+    );
+    assert_eq!(
+        (g.gate_up.dtype(), g.down.dtype()),
+        (DType::BF16, DType::BF16)
+    );
 }
