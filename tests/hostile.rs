@@ -1467,6 +1467,10 @@ fn moe_family(t: &mut Tally) {
         };
         moe::fused_moe(&x, &gate_up, &down, &index, &weights, &capped).map(drop)
     });
+    t.values("fused_moe output dtype", &DTYPES, |d| {
+        let out = MoeOptions { output: d, ..o };
+        moe::fused_moe(&x, &gate_up, &down, &index, &weights, &out).map(drop)
+    });
     let (y, saved) = need!(
         t,
         "fused_moe",
@@ -1474,6 +1478,14 @@ fn moe_family(t: &mut Tally) {
     );
     t.sweep("fused_moe_backward", &[&y], |a| {
         moe::fused_moe_backward(&saved, a[0]).map(drop)
+    });
+    for d in DType::FLOATS {
+        t.sweep(&format!("fused_moe_backward_as {d:?}"), &[&y], |a| {
+            moe::fused_moe_backward_as(&saved, a[0], d).map(drop)
+        });
+    }
+    t.values("fused_moe_backward_as dtype", &DTYPES, |d| {
+        moe::fused_moe_backward_as(&saved, &y, d).map(drop)
     });
 }
 
