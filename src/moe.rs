@@ -899,7 +899,13 @@ fn backward_in(saved: &MoeSaved, dy: &Tensor, dtype: DType, what: &str) -> Resul
         });
     }
     // The weight products write a 16-bit gradient themselves where its rows are whole words.
-    let direct = |n: usize| if n.is_multiple_of(2) { dtype } else { DType::F32 };
+    let direct = |n: usize| {
+        if n.is_multiple_of(2) {
+            dtype
+        } else {
+            DType::F32
+        }
+    };
     let tc = saved.options.tensor_cores;
     let rows_all = routing.rows();
     let d_weights = Tensor::empty(engine, saved.weights.shape(), DType::F32, "moe: d weights")?;

@@ -456,29 +456,48 @@ pub fn multi_token_attention(
 /// Errors: `dy` not the output's shape, not a float dtype, or of another engine; scratch past
 /// the workspace bound.
 pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<MtaGradients> {
-    let d = saved.dims;
-    let o = &saved.options;
-    let engine = saved.probs.engine();
-    dy.check_engine(engine, "multi_token_attention_backward: dy")?;
-    let so = d.out_side;
-    let want = [d.batch, d.c_out, so, so];
-    if dy.shape() != want {
-        return Err(Error::shape(
-            "multi_token_attention_backward: dy",
-            &want,
-            dy.shape(),
-        ));
-    }
-    if !dy.dtype().is_float() {
+    backward_in(saved, dy, DType::F32, "multi_token_attention_backward")
+}
+
+/// [`multi_token_attention_backward`] with every gradient in `dtype` (F32, F16 or BF16), bit
+/// for bit the F32 gradients cast ([`crate::cast::cast`]): the scores' gradient written in
+/// `dtype` by the softmax backward (the sparsemax's, and the small weight and bias gradients,
+/// computed in F32 and cast).
+///
+/// Errors: those of [`multi_token_attention_backward`]; a `dtype` that is not a float.
+pub fn multi_token_attention_backward_as(
+    saved: &MtaSaved,
+    dy: &Tensor,
+    dtype: DType,
+) -> Result<MtaGradients> {
+    let what = "multi_token_attention_backward_as";
+    if !dtype.is_float() {
         return Err(Error::dtype(
-            "multi_token_attention_backward: dy",
-            dy.dtype(),
+            format!("{what}: dtype"),
+            dtype,
             &DType::FLOATS,
         ));
     }
+    backward_in(saved, dy, dtype, what)
+}
+
+fn backward_in(saved: &MtaSaved, dy: &Tensor, dtype: DType, what: &str) -> Result<MtaGradients> {
+    let d = saved.dims;
+    let o = &saved.options;
+    let engine = saved.probs.engine();
+    let dy_what = format!("{what}: dy");
+    dy.check_engine(engine, &dy_what)?;
+    let so = d.out_side;
+    let want = [d.batch, d.c_out, so, so];
+    if dy.shape() != want {
+        return Err(Error::shape(dy_what, &want, dy.shape()));
+    }
+    if !dy.dtype().is_float() {
+        return Err(Error::dtype(dy_what, dy.dtype(), &DType::FLOATS));
+    }
     let weights = d.weights(o.groups);
     engine.check_workspace(
-        "multi_token_attention_backward",
+        what,
         multi_token_attention_workspace_bytes(d.batch, d.c_in, d.c_out, d.side, so, weights),
     )?;
     let w = &saved.weight;
@@ -542,16 +561,26 @@ pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<M
             sums.f32_range(weights, &[d.c_out], "mta d bias")?,
         )
     };
+    let narrow = |t: Tensor| {
+        if t.dtype() == dtype {
+            Ok(t)
+        } else {
+            crate::cast::cast(&t, dtype)
+        }
+    };
     let ds = match &saved.sparse {
-        Some(s) => loss::sparsemax_backward(s, &dp)?,
+        Some(s) => narrow(loss::sparsemax_backward(s, &dp)?)?,
         None => {
             let p = saved.probs.reshape(dp.shape())?;
-            loss::softmax_backward_from_output(&p, &dp, false, DType::F32)?
+            loss::softmax_backward_from_output(&p, &dp, false, dtype)?
         }
     };
     Ok(MtaGradients {
         scores: ds.reshape(&[d.batch, d.c_in, d.side, d.side])?,
-        weight: dw,
-        bias: saved.bias.as_ref().map(|_| db),
+        weight: narrow(dw)?,
+        bias: match &saved.bias {
+            Some(_) => Some(narrow(db)?),
+            None => None,
+        },
     })
 }

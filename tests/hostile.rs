@@ -1394,6 +1394,12 @@ fn newer(t: &mut Tally) {
     t.sweep("multi_token_attention_backward", &[&my], |a| {
         mta::multi_token_attention_backward(&msaved, a[0]).map(drop)
     });
+    t.sweep("multi_token_attention_backward_as", &[&my], |a| {
+        mta::multi_token_attention_backward_as(&msaved, a[0], DType::BF16).map(drop)
+    });
+    t.values("multi_token_attention_backward_as dtype", &DTYPES, |d| {
+        mta::multi_token_attention_backward_as(&msaved, &my, d).map(drop)
+    });
 
     // Attention residuals: blocks [2, 2, 8], weights [8].
     use wgrad::attn_res::{self, AttnResOptions};

@@ -2,8 +2,8 @@
 //! bias against the f64 reference in every dtype (softmax and sparsemax; kernels 1×1 to 5×3,
 //! stride 2, dilation 2, padding, groups, with and without bias; Liger's test shape), the
 //! reference's backward against finite differences, the output's and the gradients' future
-//! exactly zero, bit-identical reruns, the row windows bit for bit the single taps, and every
-//! documented bad input's typed error.
+//! exactly zero, bit-identical reruns, the row windows bit for bit the single taps, 16-bit
+//! gradients bit for bit the F32 ones cast, and every documented bad input's typed error.
 
 mod common;
 
@@ -137,6 +137,30 @@ fn outputs_and_gradients_match_the_reference_in_every_dtype() {
             assert_eq!(grads.bias.is_some(), bias, "{what}");
             if let Some(gb) = &grads.bias {
                 assert_close(&format!("{what}: d bias"), &gb.to_f64().unwrap(), &db, tol);
+            }
+            // 16-bit gradients: bit for bit the F32 ones cast.
+            for out in [DType::F16, DType::BF16] {
+                let g16 = wgrad::mta::multi_token_attention_backward_as(&saved, &g, out).unwrap();
+                let wide = [
+                    Some(&grads.scores),
+                    Some(&grads.weight),
+                    grads.bias.as_ref(),
+                ];
+                let narrow = [Some(&g16.scores), Some(&g16.weight), g16.bias.as_ref()];
+                for (name, (n, w)) in ["d scores", "d weight", "d bias"]
+                    .iter()
+                    .zip(narrow.iter().zip(&wide))
+                {
+                    assert_eq!(n.is_some(), w.is_some(), "{what}: {out:?} {name}");
+                    if let (Some(n), Some(w)) = (n, w) {
+                        assert_eq!((n.shape(), n.dtype()), (w.shape(), out), "{what}: {name}");
+                        let cast = wgrad::cast::cast(w, out).unwrap();
+                        assert!(
+                            value_bits(n) == value_bits(&cast),
+                            "{what}: {out:?} {name} is not the F32 gradient cast"
+                        );
+                    }
+                }
             }
             // Reruns: the same bits.
             let (y2, saved2) = multi_token_attention(&s, &w, b_opt, &options(&c)).unwrap();
@@ -305,6 +329,20 @@ fn bad_inputs_give_typed_errors() {
         "output not square",
         multi_token_attention(&s, &w, None, &uneven),
         shape,
+    );
+    let (y, saved) = multi_token_attention(&s, &w, None, &pad).unwrap();
+    expect_err(
+        "integer gradient dtype",
+        wgrad::mta::multi_token_attention_backward_as(&saved, &y, DType::U32),
+        |e| {
+            matches!(
+                e,
+                Error::UnsupportedDType {
+                    got: DType::U32,
+                    ..
+                }
+            )
+        },
     );
     let ints = Tensor::from_slice(e, &[0i32; 50], &[1, 2, 5, 5]).unwrap();
     expect_err(
