@@ -12,7 +12,8 @@
 //! RMSNorm′(v_i)ᵀ(w_query ⊙ w_norm)` (the rounding passed straight through, as Liger's
 //! backward does); `d w_query = Σ_tokens Σ_i dσ_i k_i` and `d w_norm = Σ_tokens Σ_i dσ_i
 //! w_query ⊙ round(v_i r_i)` (the derivatives of the forward's rounded keys), as partial rows of
-//! 4 tokens added in row order (no atomics). Statistics, arithmetic and gradients FP32.
+//! 4 tokens added in row order (no atomics). Statistics, arithmetic and gradients FP32 (F16 /
+//! BF16 gradients through [`attn_res_backward_as`], bit for bit the F32 ones cast).
 
 use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, COMMON_REDUCE, Kernel};
 use crate::{DType, Error, Result, Tensor, cast, reduce};
@@ -224,33 +225,69 @@ pub fn attn_res(
 /// Errors: `dh` not the output's shape, not a float dtype, or of another engine; scratch past
 /// the workspace bound.
 pub fn attn_res_backward(saved: &AttnResSaved, dh: &Tensor) -> Result<AttnResGradients> {
+    backward_in(saved, dh, DType::F32, "attn_res_backward")
+}
+
+/// [`attn_res_backward`] with every gradient in `dtype` (F32, F16 or BF16), bit for bit the
+/// F32 gradients cast ([`crate::cast::cast`]): d blocks written in 16 bits by the kernel for an
+/// even D (no F32 copy; an odd D computes it in F32 and casts), the `[D]` weight gradients
+/// cast.
+///
+/// Errors: those of [`attn_res_backward`]; a `dtype` that is not a float.
+pub fn attn_res_backward_as(
+    saved: &AttnResSaved,
+    dh: &Tensor,
+    dtype: DType,
+) -> Result<AttnResGradients> {
+    let what = "attn_res_backward_as";
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            format!("{what}: dtype"),
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
+    backward_in(saved, dh, dtype, what)
+}
+
+fn backward_in(
+    saved: &AttnResSaved,
+    dh: &Tensor,
+    dtype: DType,
+    what: &str,
+) -> Result<AttnResGradients> {
     let (n, tokens, d) = check(&saved.blocks, &saved.query, &saved.norm, saved.eps)?;
     let engine = saved.blocks.engine();
-    let what = "attn_res_backward: dh";
-    dh.check_engine(engine, what)?;
+    let dh_what = format!("{what}: dh");
+    dh.check_engine(engine, &dh_what)?;
     let want = &saved.blocks.shape()[1..];
     if dh.shape() != want {
-        return Err(Error::shape(what, want, dh.shape()));
+        return Err(Error::shape(dh_what, want, dh.shape()));
     }
     if !dh.dtype().is_float() {
-        return Err(Error::dtype(what, dh.dtype(), &DType::FLOATS));
+        return Err(Error::dtype(dh_what, dh.dtype(), &DType::FLOATS));
     }
-    engine.check_workspace(
-        "attn_res_backward",
-        attn_res_backward_workspace_bytes(tokens, d),
-    )?;
+    engine.check_workspace(what, attn_res_backward_workspace_bytes(tokens, d))?;
     let rows = tokens.div_ceil(TOKENS);
-    let dv = Tensor::empty(
-        engine,
-        saved.blocks.shape(),
-        DType::F32,
-        "attn_res d blocks",
-    )?;
+    // The kernel writes a 16-bit dV itself where each row is whole words.
+    let dv_dtype = if d.is_multiple_of(2) {
+        dtype
+    } else {
+        DType::F32
+    };
+    let narrow = |t: Tensor| {
+        if t.dtype() == dtype {
+            Ok(t)
+        } else {
+            crate::cast::cast(&t, dtype)
+        }
+    };
+    let dv = Tensor::empty(engine, saved.blocks.shape(), dv_dtype, "attn_res d blocks")?;
     if rows == 0 {
         return Ok(AttnResGradients {
-            blocks: dv,
-            query: Tensor::zeros(engine, &[d], DType::F32)?,
-            norm: Tensor::zeros(engine, &[d], DType::F32)?,
+            blocks: narrow(dv)?,
+            query: Tensor::zeros(engine, &[d], dtype)?,
+            norm: Tensor::zeros(engine, &[d], dtype)?,
         });
     }
     let partials = Tensor::empty(engine, &[rows, 2 * d], DType::F32, "attn_res partials")?;
@@ -266,7 +303,7 @@ pub fn attn_res_backward(saved: &AttnResSaved, dh: &Tensor) -> Result<AttnResGra
         saved.query.dtype(),
         saved.norm.dtype(),
         dh.dtype(),
-        DType::F32,
+        dv_dtype,
     );
     let buffers = [
         b.buffer(),
@@ -280,8 +317,8 @@ pub fn attn_res_backward(saved: &AttnResSaved, dh: &Tensor) -> Result<AttnResGra
     engine.launch(&KERNEL, "backward", &consts, &params, &buffers, rows as u64)?;
     let sums = reduce::sum_partials(engine, &partials)?;
     Ok(AttnResGradients {
-        blocks: dv,
-        query: sums.f32_range(0, &[d], "attn_res d w_query")?,
-        norm: sums.f32_range(d, &[d], "attn_res d w_norm")?,
+        blocks: narrow(dv)?,
+        query: narrow(sums.f32_range(0, &[d], "attn_res d w_query")?)?,
+        norm: narrow(sums.f32_range(d, &[d], "attn_res d w_norm")?)?,
     })
 }

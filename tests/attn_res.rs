@@ -1,12 +1,15 @@
 //! Attention residuals (`wgrad::attn_res`): the output and the gradients of the blocks,
 //! w_query and w_norm against the f64 reference in every dtype (1–64 blocks, widths 7–513, odd
 //! 16-bit widths through F32, leading token axes), the reference against finite differences,
-//! bit-identical reruns, empty token sets, and every documented bad input's typed error.
+//! bit-identical reruns, 16-bit gradients bit for bit the F32 ones cast, empty token sets, and
+//! every documented bad input's typed error.
 
 mod common;
 
 use common::{Rng, assert_close, engine, expect_err, value_bits};
-use wgrad::attn_res::{AttnResOptions, MAX_BLOCKS, attn_res, attn_res_backward};
+use wgrad::attn_res::{
+    AttnResOptions, MAX_BLOCKS, attn_res, attn_res_backward, attn_res_backward_as,
+};
 use wgrad::gradcheck::{Tolerance, check_vjp, tensor_from_f64};
 use wgrad::reference::attn_res::{self as reference, AttnResConfig};
 use wgrad::{DType, Engine, Error, Tensor};
@@ -90,6 +93,26 @@ fn outputs_and_gradients_match_the_reference_in_every_dtype() {
                 &dw,
                 tol,
             );
+            // 16-bit gradients: bit for bit the F32 ones cast (even D in 16 bits by the kernel).
+            for out in [DType::F16, DType::BF16] {
+                let g16 = attn_res_backward_as(&saved, &gt, out).unwrap();
+                for (name, narrow, wide) in [
+                    ("d blocks", &g16.blocks, &g.blocks),
+                    ("d w_query", &g16.query, &g.query),
+                    ("d w_norm", &g16.norm, &g.norm),
+                ] {
+                    assert_eq!(
+                        (narrow.shape(), narrow.dtype()),
+                        (wide.shape(), out),
+                        "{what}: {name}"
+                    );
+                    let cast = wgrad::cast::cast(wide, out).unwrap();
+                    assert!(
+                        value_bits(narrow) == value_bits(&cast),
+                        "{what}: {out:?} {name} is not the F32 gradient cast"
+                    );
+                }
+            }
             let (h2, saved2) = attn_res(&vt, &qt, &wt, &AttnResOptions::default()).unwrap();
             assert!(value_bits(&h) == value_bits(&h2), "{what}: forward rerun");
             let g2 = attn_res_backward(&saved2, &gt).unwrap();
@@ -139,6 +162,12 @@ fn no_tokens_give_empty_outputs_and_zero_weight_gradients() {
     assert_eq!(g.blocks.shape(), &[3, 0, 5]);
     assert_eq!(g.query.to_vec::<f32>().unwrap(), vec![0.0; 5]);
     assert_eq!(g.norm.to_vec::<f32>().unwrap(), vec![0.0; 5]);
+    let g16 = attn_res_backward_as(&saved, &dh, DType::BF16).unwrap();
+    assert_eq!(
+        (g16.blocks.shape(), g16.blocks.dtype()),
+        (&[3, 0, 5][..], DType::BF16)
+    );
+    assert!(g16.query.to_f64().unwrap().iter().all(|&v| v == 0.0));
 }
 
 #[test]
@@ -190,6 +219,19 @@ fn bad_inputs_give_typed_errors() {
     }
     let (_, saved) = attn_res(&v, &w, &w, &o).unwrap();
     expect_err("dh shape", attn_res_backward(&saved, &t(&[2, 5])), shape);
+    expect_err(
+        "integer gradient dtype",
+        attn_res_backward_as(&saved, &t(&[2, 4]), DType::I32),
+        |e| {
+            matches!(
+                e,
+                Error::UnsupportedDType {
+                    got: DType::I32,
+                    ..
+                }
+            )
+        },
+    );
     let small = Engine::builder().workspace_bound(16).build().unwrap();
     let sv = Tensor::zeros(&small, &[3, 2, 4], DType::F32).unwrap();
     let sw = Tensor::zeros(&small, &[4], DType::F32).unwrap();
@@ -198,4 +240,34 @@ fn bad_inputs_give_typed_errors() {
     expect_err("workspace", attn_res_backward(&saved, &sg), |e| {
         matches!(e, Error::WorkspaceExceeded { bound: 16, .. })
     });
+}
+
+/// `attn_res_backward_as` with an even D writes d blocks in 16 bits from the kernel: the call's
+/// peak grows by the 16-bit gradient and the partial rows, not by an F32 d blocks (twice it).
+#[test]
+fn sixteen_bit_block_gradient_allocates_no_f32_copy() {
+    let private = common::private_engine();
+    let (n, tokens, d) = (8, 64, 512);
+    let x = data(n, tokens, d, 9);
+    let up = |v: &[f64], s: &[usize]| tensor_from_f64(&private, v, s, DType::BF16).unwrap().0;
+    let (vt, qt, wt, gt) = (
+        up(&x.v, &[n, tokens, d]),
+        up(&x.q, &[d]),
+        up(&x.w, &[d]),
+        up(&x.dh, &[tokens, d]),
+    );
+    let (h, saved) = attn_res(&vt, &qt, &wt, &AttnResOptions::default()).unwrap();
+    drop(h);
+    private.synchronize().unwrap();
+    let before = private.memory().live_bytes;
+    private.reset_peak();
+    let g = attn_res_backward_as(&saved, &gt, DType::BF16).unwrap();
+    private.synchronize().unwrap();
+    let grown = private.memory().peak_bytes - before;
+    let dv16 = (n * tokens * d * 2) as u64;
+    assert!(
+        grown < dv16 * 3 / 2,
+        "peak grew {grown} bytes for a {dv16}-byte 16-bit d blocks"
+    );
+    assert_eq!(g.blocks.dtype(), DType::BF16);
 }

@@ -1421,6 +1421,12 @@ fn newer(t: &mut Tally) {
     t.sweep("attn_res_backward", &[&ah], |a| {
         attn_res::attn_res_backward(&asaved, a[0]).map(drop)
     });
+    t.sweep("attn_res_backward_as", &[&ah], |a| {
+        attn_res::attn_res_backward_as(&asaved, a[0], DType::F16).map(drop)
+    });
+    t.values("attn_res_backward_as dtype", &DTYPES, |d| {
+        attn_res::attn_res_backward_as(&asaved, &ah, d).map(drop)
+    });
 
     // Vocabulary-parallel cross-entropy: two shards [2, 8] and [2, 3], targets [2].
     use wgrad::vocab_parallel::{self as vp, VocabParallelOptions};

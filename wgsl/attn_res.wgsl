@@ -9,8 +9,9 @@
 // an even D; odd 16-bit D writes F32 and the host narrows it). `backward`: a workgroup for
 // TOKENS consecutive tokens: per token dα_i = Σ dh·v_i, dσ_i = α_i (dα_i − Σ_j α_j dα_j), then
 // per block c_i = Σ q·w·v, then by columns dV_i = α_i dh + r_i dσ_i q w − r_i³ dσ_i (c_i / D) v
-// (F32) and the parameter terms dσ_i round(n_i)·w (d w_query) and dσ_i q·round(n_i) (d w_norm)
-// summed over the blocks in order, then added (token by token) into the workgroup's own
+// (F32; or, with a 16-bit DO and an even D, a lane a column pair, each value rounded once) and
+// the parameter terms dσ_i round(n_i)·w (d w_query) and dσ_i q·round(n_i) (d w_norm) summed
+// over the blocks in order, then added (token by token) into the workgroup's own
 // partial row (each lane its columns), then `reduce::sum_partials` in row order. No atomics.
 
 override DV: u32 = 0u;   // blocks' dtype
@@ -148,6 +149,23 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
 }
 
+// Block i's dV at column d of token t (`row` its statistics), and its parameter terms added to
+// `acc` (d w_query, d w_norm), in the blocks' order.
+fn column_terms(i: u32, t: u32, d: u32, row: u32, acc: ptr<function, vec2<f32>>) -> f32 {
+    let n = params.blocks;
+    let q = q_at(d);
+    let wn = wn_at(d);
+    let gd = g_at(t * params.d + d);
+    let ds = block_vals[i];
+    let r = stats[row + i];
+    let v = v_at(v_index(i, t, d));
+    let dv = stats[row + n + i] * gd + r * ds * (q * wn) - r * r * r * block_cs[i] * v;
+    let nr = rounded(v * r);
+    (*acc).x = (*acc).x + ds * (nr * wn);
+    (*acc).y = (*acc).y + ds * (q * nr);
+    return dv;
+}
+
 @compute @workgroup_size(WG)
 fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -200,24 +218,31 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             }
         }
         workgroupBarrier();
-        for (var d = lid; d < dd; d = d + WG) {
-            let q = q_at(d);
-            let wn = wn_at(d);
-            let gd = g_at(t * dd + d);
-            var acc_q = 0.0;
-            var acc_n = 0.0;
-            for (var i = 0u; i < n; i = i + 1u) {
-                let ds = block_vals[i];
-                let r = stats[row + i];
-                let v = v_at(v_index(i, t, d));
-                let dv = stats[row + n + i] * gd + r * ds * (q * wn) - r * r * r * block_cs[i] * v;
-                out[v_index(i, t, d)] = bitcast<u32>(dv);
-                let nr = rounded(v * r);
-                acc_q = acc_q + ds * (nr * wn);
-                acc_n = acc_n + ds * (q * nr);
+        if (DO == DT_F32) {
+            for (var d = lid; d < dd; d = d + WG) {
+                var acc = vec2<f32>(0.0, 0.0);
+                for (var i = 0u; i < n; i = i + 1u) {
+                    let dv = column_terms(i, t, d, row, &acc);
+                    out[v_index(i, t, d)] = bitcast<u32>(dv);
+                }
+                partials[prow + d] = partials[prow + d] + acc.x;
+                partials[prow + dd + d] = partials[prow + dd + d] + acc.y;
             }
-            partials[prow + d] = partials[prow + d] + acc_q;
-            partials[prow + dd + d] = partials[prow + dd + d] + acc_n;
+        } else {
+            // A 16-bit dV (even D): a lane a column pair, each value the F32 one rounded once.
+            for (var d0 = 2u * lid; d0 < dd; d0 = d0 + 2u * WG) {
+                var acc0 = vec2<f32>(0.0, 0.0);
+                var acc1 = vec2<f32>(0.0, 0.0);
+                for (var i = 0u; i < n; i = i + 1u) {
+                    let dv0 = column_terms(i, t, d0, row, &acc0);
+                    let dv1 = column_terms(i, t, d0 + 1u, row, &acc1);
+                    out[v_index(i, t, d0) >> 1u] = pack_halves(dv0, dv1, DO);
+                }
+                partials[prow + d0] = partials[prow + d0] + acc0.x;
+                partials[prow + d0 + 1u] = partials[prow + d0 + 1u] + acc1.x;
+                partials[prow + dd + d0] = partials[prow + dd + d0] + acc0.y;
+                partials[prow + dd + d0 + 1u] = partials[prow + dd + d0 + 1u] + acc1.y;
+            }
         }
         workgroupBarrier();
     }
