@@ -1842,7 +1842,10 @@ fn expr_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
 /// channels, a 3 × 3 kernel with padding 1, softmax, bias; L 1,024 and 2,048 (`--quick`: 64);
 /// forward, and forward + backward.
 fn mta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
-    use wgrad::mta::{MtaOptions, multi_token_attention, multi_token_attention_backward};
+    use wgrad::mta::{
+        MtaOptions, multi_token_attention, multi_token_attention_backward,
+        multi_token_attention_backward_as,
+    };
     let sides: &[usize] = if quick { &[64] } else { &[1024, 2048] };
     let options = MtaOptions {
         padding: [1, 1],
@@ -1865,8 +1868,15 @@ fn mta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 &Tensor::from_slice(engine, &[0.1f32, -0.2, 0.3, 0.0], &[4])?,
                 dtype,
             )?;
-            for backward in [false, true] {
-                let name = if backward { "mta_fwd_bwd" } else { "mta_fwd" };
+            // Forward; forward + backward; for 16-bit scores also the gradients in their dtype.
+            let mut modes = vec![
+                ("mta_fwd", false, DType::F32),
+                ("mta_fwd_bwd", true, DType::F32),
+            ];
+            if dtype != DType::F32 {
+                modes.push(("mta_fwd_bwd_as", true, dtype));
+            }
+            for (name, backward, grad_dtype) in modes {
                 let inputs = vec![scores.clone(), weight.clone(), bias.clone(), dy.clone()];
                 ops.push(
                     Op::new(name, label, inputs, move |i| {
@@ -1875,7 +1885,11 @@ fn mta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                         if !backward {
                             return Ok(vec![y]);
                         }
-                        let g = multi_token_attention_backward(&saved, &i[3])?;
+                        let g = if grad_dtype == DType::F32 {
+                            multi_token_attention_backward(&saved, &i[3])?
+                        } else {
+                            multi_token_attention_backward_as(&saved, &i[3], grad_dtype)?
+                        };
                         Ok(vec![y, g.scores, g.weight, g.bias.expect("bias gradient")])
                     })
                     .with_peak(),
@@ -1889,7 +1903,7 @@ fn mta_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 /// Attention residuals (`wgrad::attn_res`): 8 blocks of 2 × 1,024 tokens of width 4,096
 /// (`--quick`: 4 blocks of 64 tokens of 256); forward, and forward + backward.
 fn attn_res_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
-    use wgrad::attn_res::{AttnResOptions, attn_res, attn_res_backward};
+    use wgrad::attn_res::{AttnResOptions, attn_res, attn_res_backward, attn_res_backward_as};
     let (n, tokens, d) = if quick { (4, 64, 256) } else { (8, 2048, 4096) };
     let mut ops = Vec::new();
     for (label, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
@@ -1903,12 +1917,15 @@ fn attn_res_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         let q = make(d, &[d], 2000.0)?;
         let w = make(d, &[d], 500.0)?;
         let dh = make(tokens * d, &[2, tokens / 2, d], 64.0)?;
-        for backward in [false, true] {
-            let name = if backward {
-                "attn_res_fwd_bwd"
-            } else {
-                "attn_res_fwd"
-            };
+        // Forward; forward + backward; for 16-bit blocks also the gradients in their dtype.
+        let mut modes = vec![
+            ("attn_res_fwd", false, DType::F32),
+            ("attn_res_fwd_bwd", true, DType::F32),
+        ];
+        if dtype != DType::F32 {
+            modes.push(("attn_res_fwd_bwd_as", true, dtype));
+        }
+        for (name, backward, grad_dtype) in modes {
             let inputs = vec![v.clone(), q.clone(), w.clone(), dh.clone()];
             ops.push(
                 Op::new(name, label, inputs, move |i| {
@@ -1916,7 +1933,11 @@ fn attn_res_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                     if !backward {
                         return Ok(vec![h]);
                     }
-                    let g = attn_res_backward(&saved, &i[3])?;
+                    let g = if grad_dtype == DType::F32 {
+                        attn_res_backward(&saved, &i[3])?
+                    } else {
+                        attn_res_backward_as(&saved, &i[3], grad_dtype)?
+                    };
                     Ok(vec![h, g.blocks, g.query, g.norm])
                 })
                 .with_peak(),
@@ -1932,7 +1953,7 @@ fn attn_res_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
 /// products' (three an expert slot forward, six more backward).
 fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
     use wgrad::matmul::matmul_flops;
-    use wgrad::moe::{MoeOptions, fused_moe, fused_moe_backward};
+    use wgrad::moe::{MoeOptions, fused_moe, fused_moe_backward, fused_moe_backward_as};
     let [t, e, h, i, k] = if quick {
         [64, 8, 128, 64, 2]
     } else {
@@ -1983,7 +2004,13 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
         ];
         if dtype == DType::F32 {
             rows.push(("fused_moe_per_expert_fwd", false, None, false, false));
-        } else if wgrad::matmul::tensor_cores(engine) {
+        } else {
+            // The output and the gradients in the storage dtype (`MoeOptions::output`,
+            // `fused_moe_backward_as`).
+            rows.push(("fused_moe_as_fwd", false, None, true, false));
+            rows.push(("fused_moe_as_fwd_bwd", true, None, true, false));
+        }
+        if dtype != DType::F32 && wgrad::matmul::tensor_cores(engine) {
             rows.push(("fused_moe_tc_fwd", false, None, true, true));
             rows.push(("fused_moe_tc_fwd_bwd", true, None, true, true));
         }
@@ -1997,19 +2024,29 @@ fn moe_ops(engine: &Engine, quick: bool) -> Result<Vec<Op>> {
                 dy.clone(),
             ];
             let flops = if backward { 9.0 } else { 3.0 } * slot_products;
+            let output = if name.starts_with("fused_moe_as") {
+                dtype
+            } else {
+                DType::F32
+            };
             ops.push(
                 Op::new(name, label, inputs, move |v| {
                     let o = MoeOptions {
                         capacity,
                         pad,
                         tensor_cores,
+                        output,
                         ..MoeOptions::default()
                     };
                     let (y, saved) = fused_moe(&v[0], &v[1], &v[2], &v[3], &v[4], &o)?;
                     if !backward {
                         return Ok(vec![y]);
                     }
-                    let g = fused_moe_backward(&saved, &v[5])?;
+                    let g = if output == DType::F32 {
+                        fused_moe_backward(&saved, &v[5])?
+                    } else {
+                        fused_moe_backward_as(&saved, &v[5], output)?
+                    };
                     Ok(vec![y, g.x, g.gate_up, g.down, g.weights])
                 })
                 .with_flops(flops)
