@@ -275,17 +275,10 @@ fn backward_in(
     } else {
         DType::F32
     };
-    let narrow = |t: Tensor| {
-        if t.dtype() == dtype {
-            Ok(t)
-        } else {
-            crate::cast::cast(&t, dtype)
-        }
-    };
     let dv = Tensor::empty(engine, saved.blocks.shape(), dv_dtype, "attn_res d blocks")?;
     if rows == 0 {
         return Ok(AttnResGradients {
-            blocks: narrow(dv)?,
+            blocks: crate::cast::cast(&dv, dtype)?,
             query: Tensor::zeros(engine, &[d], dtype)?,
             norm: Tensor::zeros(engine, &[d], dtype)?,
         });
@@ -317,8 +310,8 @@ fn backward_in(
     engine.launch(&KERNEL, "backward", &consts, &params, &buffers, rows as u64)?;
     let sums = reduce::sum_partials(engine, &partials)?;
     Ok(AttnResGradients {
-        blocks: narrow(dv)?,
-        query: narrow(sums.f32_range(0, &[d], "attn_res d w_query")?)?,
-        norm: narrow(sums.f32_range(d, &[d], "attn_res d w_norm")?)?,
+        blocks: crate::cast::cast(&dv, dtype)?,
+        query: crate::cast::cast(&sums.f32_range(0, &[d], "attn_res d w_query")?, dtype)?,
+        norm: crate::cast::cast(&sums.f32_range(d, &[d], "attn_res d w_norm")?, dtype)?,
     })
 }

@@ -245,19 +245,12 @@ pub fn dual_chunk_attention_backward_as(
         attention::add_tensors(&g0.key, &g.key)?;
         attention::add_tensors(&g0.value, &g.value)?;
     }
-    let store = |t: Tensor| -> Result<Tensor> {
-        if dtype == DType::F32 {
-            Ok(t)
-        } else {
-            crate::cast::cast(&t, dtype)
-        }
-    };
     Ok(DualChunkGradients {
-        intra: store(g0.query)?,
-        successive: store(g1.query)?,
-        inter: store(g2.query)?,
-        key: store(g0.key)?,
-        value: store(g0.value)?,
+        intra: crate::cast::cast(&g0.query, dtype)?,
+        successive: crate::cast::cast(&g1.query, dtype)?,
+        inter: crate::cast::cast(&g2.query, dtype)?,
+        key: crate::cast::cast(&g0.key, dtype)?,
+        value: crate::cast::cast(&g0.value, dtype)?,
     })
 }
 

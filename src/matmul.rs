@@ -2068,17 +2068,10 @@ pub fn matmul_backward_as(
     } else {
         None
     };
-    let stored = |t: Tensor| {
-        if t.dtype() == dtype {
-            Ok(t)
-        } else {
-            crate::cast::cast(&t, dtype)
-        }
-    };
     Ok(MatmulGradients {
-        a: stored(da)?,
-        b: stored(db)?,
-        bias: bias.map(stored).transpose()?,
+        a: crate::cast::cast(&da, dtype)?,
+        b: crate::cast::cast(&db, dtype)?,
+        bias: bias.map(|t| crate::cast::cast(&t, dtype)).transpose()?,
     })
 }
 

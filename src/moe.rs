@@ -999,17 +999,10 @@ fn backward_in(saved: &MoeSaved, dy: &Tensor, dtype: DType, what: &str) -> Resul
         ],
         (ext.t * ext.k).div_ceil(WG) as u64,
     )?;
-    let narrow = |t: Tensor| {
-        if t.dtype() == dtype {
-            Ok(t)
-        } else {
-            crate::cast::cast(&t, dtype)
-        }
-    };
     Ok(MoeGradients {
         x: dx,
-        gate_up: narrow(d_gate_up)?,
-        down: narrow(d_down)?,
-        weights: narrow(d_weights)?,
+        gate_up: crate::cast::cast(&d_gate_up, dtype)?,
+        down: crate::cast::cast(&d_down, dtype)?,
+        weights: crate::cast::cast(&d_weights, dtype)?,
     })
 }

@@ -561,15 +561,8 @@ fn backward_in(saved: &MtaSaved, dy: &Tensor, dtype: DType, what: &str) -> Resul
             sums.f32_range(weights, &[d.c_out], "mta d bias")?,
         )
     };
-    let narrow = |t: Tensor| {
-        if t.dtype() == dtype {
-            Ok(t)
-        } else {
-            crate::cast::cast(&t, dtype)
-        }
-    };
     let ds = match &saved.sparse {
-        Some(s) => narrow(loss::sparsemax_backward(s, &dp)?)?,
+        Some(s) => crate::cast::cast(&loss::sparsemax_backward(s, &dp)?, dtype)?,
         None => {
             let p = saved.probs.reshape(dp.shape())?;
             loss::softmax_backward_from_output(&p, &dp, false, dtype)?
@@ -577,9 +570,9 @@ fn backward_in(saved: &MtaSaved, dy: &Tensor, dtype: DType, what: &str) -> Resul
     };
     Ok(MtaGradients {
         scores: ds.reshape(&[d.batch, d.c_in, d.side, d.side])?,
-        weight: narrow(dw)?,
+        weight: crate::cast::cast(&dw, dtype)?,
         bias: match &saved.bias {
-            Some(_) => Some(narrow(db)?),
+            Some(_) => Some(crate::cast::cast(&db, dtype)?),
             None => None,
         },
     })
