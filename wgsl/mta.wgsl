@@ -110,16 +110,23 @@ fn mask_future(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     out[e] = bitcast<u32>(v);
 }
 
+// An element's (column, row, channel, batch) in `[batch, channels, side, side]` planes.
+fn plane_at(e: u32, side: u32, channels: u32) -> vec4<u32> {
+    return vec4<u32>(e % side, (e / side) % side, (e / (side * side)) % channels,
+                     e / (side * side * channels));
+}
+
 // Output element `o` (flat over [batch, c_out, out_side, out_side]).
 fn conv_value(o: u32) -> f32 {
     let so = params.out_side;
-    let x = o % so;
-    let y = (o / so) % so;
+    let at = plane_at(o, so, params.c_out);
+    let x = at.x;
+    let y = at.y;
     if (x > y) {
         return 0.0;
     }
-    let co = (o / (so * so)) % params.c_out;
-    let n = o / (so * so * params.c_out);
+    let co = at.z;
+    let n = at.w;
     let cin_g = params.c_in / params.groups;
     let ci0 = (co / (params.c_out / params.groups)) * cin_g;
     let side = params.side;
@@ -149,10 +156,11 @@ fn conv_value(o: u32) -> f32 {
 // Outputs o .. o + 3 of one row (o % out_side + 3 < out_side) by the row windows.
 fn conv_quad(o: u32) -> array<f32, QUAD> {
     let so = params.out_side;
-    let x0 = o % so;
-    let y = (o / so) % so;
-    let co = (o / (so * so)) % params.c_out;
-    let n = o / (so * so * params.c_out);
+    let at = plane_at(o, so, params.c_out);
+    let x0 = at.x;
+    let y = at.y;
+    let co = at.z;
+    let n = at.w;
     let cin_g = params.c_in / params.groups;
     let ci0 = (co / (params.c_out / params.groups)) * cin_g;
     let side = params.side;
@@ -253,11 +261,11 @@ fn tap_source(i: u32, k: u32, s: u32, pad: u32, d: u32, n_out: u32) -> i32 {
 
 // dP at input element e (flat over [batch, c_in, side, side]), taps one at a time.
 fn input_grad_value(e: u32) -> f32 {
-    let side = params.side;
-    let j = e % side;
-    let i = (e / side) % side;
-    let ci = (e / (side * side)) % params.c_in;
-    let n = e / (side * side * params.c_in);
+    let at = plane_at(e, params.side, params.c_in);
+    let j = at.x;
+    let i = at.y;
+    let ci = at.z;
+    let n = at.w;
     let cin_g = params.c_in / params.groups;
     let cout_g = params.c_out / params.groups;
     let g = ci / cin_g;
@@ -289,11 +297,11 @@ fn input_grad_value(e: u32) -> f32 {
 
 // dP at elements e .. e + 3 of one row (e % side + 3 < side) by the row windows.
 fn input_grad_quad(e: u32) -> array<f32, QUAD> {
-    let side = params.side;
-    let j0 = e % side;
-    let i = (e / side) % side;
-    let ci = (e / (side * side)) % params.c_in;
-    let n = e / (side * side * params.c_in);
+    let at = plane_at(e, params.side, params.c_in);
+    let j0 = at.x;
+    let i = at.y;
+    let ci = at.z;
+    let n = at.w;
     let cin_g = params.c_in / params.groups;
     let cout_g = params.c_out / params.groups;
     let g = ci / cin_g;
