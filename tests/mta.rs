@@ -215,7 +215,7 @@ fn reference_gradients_match_finite_differences() {
 fn row_windows_match_single_taps_bit_for_bit() {
     let mut cases = Vec::new();
     for k in 1..=9usize {
-        for p in [0, k / 2, k - 1] {
+        for p in [0, k / 2, k - 1, k + 1] {
             for side in [5usize, 6, 11, 12] {
                 if k <= side + 2 * p {
                     cases.push(config(
