@@ -752,9 +752,9 @@ fn pre_activations(
 /// Forward: `y [.., H]` in [`MoeOptions::output`]'s dtype (F32 by default; see the module
 /// documentation) and the saved context.
 ///
-/// Errors: non-float x / gate_up / down / weights or output dtype, index not I32/U32; x of rank 0; gate_up not
-/// `[E, 2I, H]` with H x's last extent, down not `[E, H, I]`, index not `[.., K]` over x's
-/// leading extents, weights not index's shape (`ShapeMismatch`); E outside
+/// Errors: non-float x / gate_up / down / weights or output dtype, index not I32/U32; x of
+/// rank 0; gate_up not `[E, 2I, H]` with H x's last extent, down not `[E, H, I]`, index not
+/// `[.., K]` over x's leading extents, weights not index's shape (`ShapeMismatch`); E outside
 /// 1..=[`MAX_EXPERTS`], H or I zero, slots × width past 2³², a capacity of 0 or with
 /// E × capacity × width past 2³² (`OutOfBounds`); tensors of other engines; scratch past the
 /// workspace bound; the matmul family's bounds.

@@ -525,7 +525,8 @@ fn backward_in(saved: &MtaSaved, dy: &Tensor, dtype: DType, what: &str) -> Resul
         (n_in.div_ceil(QUAD) as u64).div_ceil(WG),
     )?;
     let slots = weights + d.c_out;
-    // An invocation a tap row (its `taps` slots) and one a bias with the row windows, else one a slot.
+    // With the row windows an invocation a tap row (its `taps` slots) and one a bias; else one
+    // a slot.
     let units = match taps {
         0 => slots,
         t => weights / t + d.c_out,

@@ -22,7 +22,8 @@ override DW: u32 = 0u;   // weight dtype
 override DB: u32 = 0u;   // bias dtype
 override DY: u32 = 0u;   // cotangent dtype
 override HAS_BIAS: bool = false;
-// Taps along a row for the windowed path (a stride and dilation of 1 there), 0 = one output at a time.
+// Taps along a row for the row windows (a stride and dilation of 1 along the rows); 0: one
+// output at a time.
 override ROW_TAPS: u32 = 0u;
 const WG: u32 = 256u;
 const QUAD: u32 = 4u;           // outputs an invocation
