@@ -454,7 +454,8 @@ pub fn multi_token_attention(
 /// The gradients of `⟨dy, y⟩` with respect to the scores, the weight and the bias, F32.
 ///
 /// Errors: `dy` not the output's shape, not a float dtype, or of another engine; scratch past
-/// the workspace bound.
+/// the workspace bound; more than 2³² − 1 invocations of the parameter partials (output rows ×
+/// column blocks × weight slots: only for inputs near the element bound with many channels).
 pub fn multi_token_attention_backward(saved: &MtaSaved, dy: &Tensor) -> Result<MtaGradients> {
     backward_in(saved, dy, DType::F32, "multi_token_attention_backward")
 }
@@ -532,6 +533,16 @@ fn backward_in(saved: &MtaSaved, dy: &Tensor, dtype: DType, what: &str) -> Resul
         t => weights / t + d.c_out,
     };
     let (blocks, segments) = partial_blocks(d.batch, so);
+    // The partials' invocations are numbered in 32 bits.
+    let invocations = blocks as u64 * units as u64;
+    if invocations > u64::from(u32::MAX) {
+        return Err(Error::bounds(
+            format!("{what}: parameter partial invocations (blocks × units)"),
+            invocations,
+            0,
+            u32::MAX.into(),
+        ));
+    }
     let (dw, db) = if blocks == 0 {
         (
             Tensor::zeros(engine, w.shape(), DType::F32)?,
