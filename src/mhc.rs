@@ -24,7 +24,8 @@
 //!
 //! # Gradients
 //!
-//! Every gradient is F32 and exact for the forward as computed (no straight-through terms).
+//! Every gradient is F32 and exact for the forward as computed (no straight-through terms);
+//! the `*_backward_as` entry points give them in F16 / BF16, bit for bit the F32 ones cast.
 //! [`mhc_coefficients_backward`] takes each of `dh_pre`, `dh_post`, `dh_res` as an `Option`
 //! (`None` counts as zero) and returns the gradients of x, phi, b and the three α (`[1]` each,
 //! matching the α tensors). With `g` the logits' gradients (the sigmoids' derivatives; Sinkhorn's
@@ -571,6 +572,51 @@ pub fn mhc_coefficients_backward(
     dh_post: Option<&Tensor>,
     dh_res: Option<&Tensor>,
 ) -> Result<MhcCoefficientsGradients> {
+    coefficients_backward_f32(saved, dh_pre, dh_post, dh_res)
+}
+
+/// [`mhc_coefficients_backward`] with every gradient in `dtype` (F32, F16 or BF16): the F32
+/// gradients cast ([`crate::cast::cast`]; d x is summed in F32 by its product).
+///
+/// Errors: those of [`mhc_coefficients_backward`]; a `dtype` that is not a float.
+pub fn mhc_coefficients_backward_as(
+    saved: &MhcCoefficientsSaved,
+    dh_pre: Option<&Tensor>,
+    dh_post: Option<&Tensor>,
+    dh_res: Option<&Tensor>,
+    dtype: DType,
+) -> Result<MhcCoefficientsGradients> {
+    gradient_dtype(dtype, "mhc_coefficients_backward_as")?;
+    let g = coefficients_backward_f32(saved, dh_pre, dh_post, dh_res)?;
+    Ok(MhcCoefficientsGradients {
+        x: cast::cast(&g.x, dtype)?,
+        phi: cast::cast(&g.phi, dtype)?,
+        b: cast::cast(&g.b, dtype)?,
+        alpha_pre: cast::cast(&g.alpha_pre, dtype)?,
+        alpha_post: cast::cast(&g.alpha_post, dtype)?,
+        alpha_res: cast::cast(&g.alpha_res, dtype)?,
+    })
+}
+
+/// A gradient dtype: a float, else `UnsupportedDType`.
+fn gradient_dtype(dtype: DType, what: &str) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(
+            format!("{what}: dtype"),
+            dtype,
+            &DType::FLOATS,
+        ))
+    }
+}
+
+fn coefficients_backward_f32(
+    saved: &MhcCoefficientsSaved,
+    dh_pre: Option<&Tensor>,
+    dh_post: Option<&Tensor>,
+    dh_res: Option<&Tensor>,
+) -> Result<MhcCoefficientsGradients> {
     let s = saved;
     let alphas = [&s.alphas[0], &s.alphas[1], &s.alphas[2]];
     let d = check_coefficients(&s.x, &s.phi, &s.b, alphas, &s.options)?;
@@ -743,7 +789,39 @@ pub fn mhc_pre(x: &Tensor, h_pre: &Tensor) -> Result<(Tensor, MhcPreSaved)> {
 ///
 /// Errors: `d_out` not the output's shape, not a float dtype, or of another engine.
 pub fn mhc_pre_backward(saved: &MhcPreSaved, d_out: &Tensor) -> Result<MhcPreGradients> {
-    let what = "mhc_pre_backward";
+    pre_backward_in(saved, d_out, DType::F32, "mhc_pre_backward")
+}
+
+/// [`mhc_pre_backward`] with both gradients in `dtype` (F32, F16 or BF16), bit for bit the F32
+/// ones cast: d x written in 16 bits by the kernel for an even C (no F32 copy), d h_pre cast.
+///
+/// Errors: those of [`mhc_pre_backward`]; a `dtype` that is not a float.
+pub fn mhc_pre_backward_as(
+    saved: &MhcPreSaved,
+    d_out: &Tensor,
+    dtype: DType,
+) -> Result<MhcPreGradients> {
+    let what = "mhc_pre_backward_as";
+    gradient_dtype(dtype, what)?;
+    pre_backward_in(saved, d_out, dtype, what)
+}
+
+/// The dtype a kernel writes a `[.., C]`-rowed gradient in: `dtype` where its rows are whole
+/// words (F32, or an even C), else F32 (cast afterwards).
+fn row_gradient_dtype(dtype: DType, c: usize) -> DType {
+    if c.is_multiple_of(2) {
+        dtype
+    } else {
+        DType::F32
+    }
+}
+
+fn pre_backward_in(
+    saved: &MhcPreSaved,
+    d_out: &Tensor,
+    dtype: DType,
+    what: &str,
+) -> Result<MhcPreGradients> {
     let (x, h) = (&saved.x, &saved.h_pre);
     let engine = x.engine();
     let d = check_x(x, engine, what)?;
@@ -753,13 +831,15 @@ pub fn mhc_pre_backward(saved: &MhcPreSaved, d_out: &Tensor) -> Result<MhcPreGra
         &with(lead(x), &[d.c]),
         &format!("{what}: d_out"),
     )?;
-    let dx = Tensor::empty(engine, x.shape(), DType::F32, "mhc_pre d x")?;
+    let dx_dtype = row_gradient_dtype(dtype, d.c);
+    let dx = Tensor::empty(engine, x.shape(), dx_dtype, "mhc_pre d x")?;
     let dh = Tensor::empty(engine, h.shape(), DType::F32, "mhc_pre d h_pre")?;
     let p = params(d, &MhcOptions::default(), 0);
     let consts = constants(&[
         ("DX", x.dtype()),
         ("DH1", h.dtype()),
         ("DG1", d_out.dtype()),
+        ("DO", dx_dtype),
     ]);
     let buffers = [
         x.buffer(),
@@ -776,7 +856,10 @@ pub fn mhc_pre_backward(saved: &MhcPreSaved, d_out: &Tensor) -> Result<MhcPreGra
         &buffers,
         d.tokens as u64,
     )?;
-    Ok(MhcPreGradients { x: dx, h_pre: dh })
+    Ok(MhcPreGradients {
+        x: cast::cast(&dx, dtype)?,
+        h_pre: cast::cast(&dh, dtype)?,
+    })
 }
 
 /// `out[t, o, c] = Σ_i h_res[t, o, i] · x[t, i, c] + h_post[t, o] · f_out[t, c]`, x's shape
@@ -855,15 +938,39 @@ pub fn mhc_post_res_backward(
     saved: &MhcPostResSaved,
     d_out: &Tensor,
 ) -> Result<MhcPostResGradients> {
-    let what = "mhc_post_res_backward";
+    post_res_backward_in(saved, d_out, DType::F32, "mhc_post_res_backward")
+}
+
+/// [`mhc_post_res_backward`] with every gradient in `dtype` (F32, F16 or BF16), bit for bit the
+/// F32 ones cast: d x and d f_out written in 16 bits by the kernel for an even C (no F32
+/// copies), d h_post and d h_res cast.
+///
+/// Errors: those of [`mhc_post_res_backward`]; a `dtype` that is not a float.
+pub fn mhc_post_res_backward_as(
+    saved: &MhcPostResSaved,
+    d_out: &Tensor,
+    dtype: DType,
+) -> Result<MhcPostResGradients> {
+    let what = "mhc_post_res_backward_as";
+    gradient_dtype(dtype, what)?;
+    post_res_backward_in(saved, d_out, dtype, what)
+}
+
+fn post_res_backward_in(
+    saved: &MhcPostResSaved,
+    d_out: &Tensor,
+    dtype: DType,
+    what: &str,
+) -> Result<MhcPostResGradients> {
     let s = saved;
     let x = &s.x;
     let engine = x.engine();
     let d = check_x(x, engine, what)?;
     check_cotangent(d_out, engine, x.shape(), &format!("{what}: d_out"))?;
     fits(engine, &format!("{what}: F32 d f_out"), s.f_out.len(), 4)?;
-    let dx = Tensor::empty(engine, x.shape(), DType::F32, "mhc_post_res d x")?;
-    let df = Tensor::empty(engine, s.f_out.shape(), DType::F32, "mhc_post_res d f_out")?;
+    let dx_dtype = row_gradient_dtype(dtype, d.c);
+    let dx = Tensor::empty(engine, x.shape(), dx_dtype, "mhc_post_res d x")?;
+    let df = Tensor::empty(engine, s.f_out.shape(), dx_dtype, "mhc_post_res d f_out")?;
     let dpost = Tensor::empty(engine, s.h_post.shape(), DType::F32, "mhc d h_post")?;
     let dres = Tensor::empty(engine, s.h_res.shape(), DType::F32, "mhc d h_res")?;
     let p = params(d, &MhcOptions::default(), 0);
@@ -873,6 +980,7 @@ pub fn mhc_post_res_backward(
         ("DH2", s.h_post.dtype()),
         ("DH3", s.h_res.dtype()),
         ("DG1", d_out.dtype()),
+        ("DO", dx_dtype),
     ]);
     let buffers = [
         s.h_post.buffer(),
@@ -892,9 +1000,9 @@ pub fn mhc_post_res_backward(
     ];
     engine.launch(&KERNEL, "post_backward_h", &consts, &p, &buffers, groups)?;
     Ok(MhcPostResGradients {
-        x: dx,
-        f_out: df,
-        h_post: dpost,
-        h_res: dres,
+        x: cast::cast(&dx, dtype)?,
+        f_out: cast::cast(&df, dtype)?,
+        h_post: cast::cast(&dpost, dtype)?,
+        h_res: cast::cast(&dres, dtype)?,
     })
 }

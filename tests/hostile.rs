@@ -1711,10 +1711,22 @@ fn mhc_family(t: &mut Tally) {
         t.sweep("mhc_pre_backward", &[&p], |v| {
             mhc::mhc_pre_backward(&psaved, v[0]).map(drop)
         });
+        t.sweep("mhc_pre_backward_as", &[&p], |v| {
+            mhc::mhc_pre_backward_as(&psaved, v[0], DType::BF16).map(drop)
+        });
+        t.values("mhc_pre_backward_as dtype", &DTYPES, |d| {
+            mhc::mhc_pre_backward_as(&psaved, &p, d).map(drop)
+        });
     }
     if let Some((r, rsaved)) = t.get("mhc_post_res", || mhc::mhc_post_res(&x, &f, &hp, &hr)) {
         t.sweep("mhc_post_res_backward", &[&r], |v| {
             mhc::mhc_post_res_backward(&rsaved, v[0]).map(drop)
+        });
+        t.sweep("mhc_post_res_backward_as", &[&r], |v| {
+            mhc::mhc_post_res_backward_as(&rsaved, v[0], DType::F16).map(drop)
+        });
+        t.values("mhc_post_res_backward_as dtype", &DTYPES, |d| {
+            mhc::mhc_post_res_backward_as(&rsaved, &r, d).map(drop)
         });
     }
     let o = MhcOptions::default();
@@ -1745,6 +1757,9 @@ fn mhc_family(t: &mut Tally) {
     );
     t.call("mhc_coefficients_backward without cotangents", || {
         mhc::mhc_coefficients_backward(&saved, None, None, None).map(drop)
+    });
+    t.values("mhc_coefficients_backward_as dtype", &DTYPES, |d| {
+        mhc::mhc_coefficients_backward_as(&saved, Some(&h.h_pre), None, None, d).map(drop)
     });
 }
 

@@ -11,8 +11,9 @@ use common::{Rng, assert_close, engine, expect_err, value_bits};
 use wgrad::gradcheck::{Tolerance, check_vjp, stored_values, tensor_from_f64};
 use wgrad::mhc::{
     MAX_SINKHORN_ITERATIONS, MAX_STREAMS, MhcOptions, mhc_coefficients, mhc_coefficients_backward,
-    mhc_coefficients_backward_workspace_bytes, mhc_post_res, mhc_post_res_backward, mhc_pre,
-    mhc_pre_backward,
+    mhc_coefficients_backward_as, mhc_coefficients_backward_workspace_bytes, mhc_post_res,
+    mhc_post_res_backward, mhc_post_res_backward_as, mhc_pre, mhc_pre_backward,
+    mhc_pre_backward_as,
 };
 use wgrad::reference::mhc::{self as reference, MhcConfig};
 use wgrad::{DType, Engine, Error, Tensor};
@@ -20,6 +21,22 @@ use wgrad::{DType, Engine, Error, Tensor};
 const F32: DType = DType::F32;
 const F16: DType = DType::F16;
 const BF16: DType = DType::BF16;
+
+/// Each 16-bit gradient of `narrow` is bit for bit its F32 counterpart in `wide` cast.
+fn assert_cast(what: &str, pairs: &[(&str, &Tensor, &Tensor)], dtype: DType) {
+    for (name, narrow, wide) in pairs {
+        assert_eq!(
+            (narrow.shape(), narrow.dtype()),
+            (wide.shape(), dtype),
+            "{what}: {name}"
+        );
+        let cast = wgrad::cast::cast(wide, dtype).unwrap();
+        assert!(
+            value_bits(narrow) == value_bits(&cast),
+            "{what}: {dtype:?} {name} is not the F32 gradient cast"
+        );
+    }
+}
 
 fn config(tokens: usize, n: usize, c: usize, o: &MhcOptions) -> MhcConfig {
     MhcConfig {
@@ -139,6 +156,22 @@ fn coefficients_case(
         pick(&g3, given.res),
     );
     let g = mhc_coefficients_backward(&saved, p1.as_ref(), p2.as_ref(), p3.as_ref()).unwrap();
+    for out in [F16, BF16] {
+        let g16 = mhc_coefficients_backward_as(&saved, p1.as_ref(), p2.as_ref(), p3.as_ref(), out)
+            .unwrap();
+        assert_cast(
+            "coefficients",
+            &[
+                ("d x", &g16.x, &g.x),
+                ("d phi", &g16.phi, &g.phi),
+                ("d b", &g16.b, &g.b),
+                ("d alpha_pre", &g16.alpha_pre, &g.alpha_pre),
+                ("d alpha_post", &g16.alpha_post, &g.alpha_post),
+                ("d alpha_res", &g16.alpha_res, &g.alpha_res),
+            ],
+            out,
+        );
+    }
     let wg = reference::coefficients_backward(
         &xs,
         &phis,
@@ -357,6 +390,17 @@ fn pre_matches_the_reference_in_every_dtype() {
             let tol = Tolerance::for_dtype(dtype).scaled(2.0);
             assert_close(&format!("{what}: out"), &out.to_f64().unwrap(), &want, tol);
             let grads = mhc_pre_backward(&saved, &g).unwrap();
+            for out in [F16, BF16] {
+                let g16 = mhc_pre_backward_as(&saved, &g, out).unwrap();
+                assert_cast(
+                    &what,
+                    &[
+                        ("d x", &g16.x, &grads.x),
+                        ("d h_pre", &g16.h_pre, &grads.h_pre),
+                    ],
+                    out,
+                );
+            }
             let (dx, dh) = reference::pre_backward(&xs, &hs, &gs, &cfg);
             let tol = Tolerance::for_dtype(F32).scaled(10.0);
             assert_close(
@@ -421,6 +465,19 @@ fn post_res_matches_the_reference_in_every_dtype() {
                 let tol = Tolerance::for_dtype(dtype).scaled(2.0);
                 assert_close(&format!("{what}: out"), &out.to_f64().unwrap(), &want, tol);
                 let gr = mhc_post_res_backward(&saved, &g).unwrap();
+                for out in [F16, BF16] {
+                    let g16 = mhc_post_res_backward_as(&saved, &g, out).unwrap();
+                    assert_cast(
+                        &what,
+                        &[
+                            ("d x", &g16.x, &gr.x),
+                            ("d f_out", &g16.f_out, &gr.f_out),
+                            ("d h_post", &g16.h_post, &gr.h_post),
+                            ("d h_res", &g16.h_res, &gr.h_res),
+                        ],
+                        out,
+                    );
+                }
                 let (dx, df, dp, dr) =
                     reference::post_res_backward(&xs, &fs, &hps, &hrs, &gs, &cfg);
                 let tol = Tolerance::for_dtype(F32).scaled(10.0);
@@ -788,4 +845,60 @@ fn bad_inputs_give_typed_errors() {
     expect_err("binding", mhc_pre(&cx, &ch).map(drop), |e| {
         matches!(e, Error::LimitExceeded { .. })
     });
+}
+
+/// `mhc_post_res_backward_as` and `mhc_pre_backward_as` with an even C write d x (and d f_out)
+/// in 16 bits from their kernels: the call's peak grows by about the 16-bit gradients, not by
+/// F32 copies (twice them).
+#[test]
+fn sixteen_bit_stream_gradients_allocate_no_f32_copy() {
+    let private = common::private_engine();
+    let (tokens, n, c) = (64, 4, 512);
+    let rng = &mut Rng::new(77);
+    let mut up = |shape: &[usize], lo: f64, hi: f64| {
+        wgrad::gradcheck::tensor_from_f64(
+            &private,
+            &rng.vec(shape.iter().product(), lo, hi),
+            shape,
+            BF16,
+        )
+        .unwrap()
+        .0
+    };
+    let x = up(&[tokens, n, c], -2.0, 2.0);
+    let f = up(&[tokens, c], -2.0, 2.0);
+    let hp = up(&[tokens, n], 0.0, 2.0);
+    let hr = up(&[tokens, n, n], 0.0, 0.5);
+    let g = up(&[tokens, n, c], -1.0, 1.0);
+    let gp = up(&[tokens, c], -1.0, 1.0);
+    let (out, saved) = mhc_post_res(&x, &f, &hp, &hr).unwrap();
+    let (pout, psaved) = mhc_pre(&x, &hp).unwrap();
+    drop((out, pout));
+    private.synchronize().unwrap();
+    let measure = |run: &dyn Fn()| {
+        private.synchronize().unwrap();
+        let before = private.memory().live_bytes;
+        private.reset_peak();
+        run();
+        private.synchronize().unwrap();
+        private.memory().peak_bytes - before
+    };
+    let post16 = ((tokens * n * c + tokens * c) * 2) as u64;
+    let grown = measure(&|| {
+        let gr = mhc_post_res_backward_as(&saved, &g, BF16).unwrap();
+        assert_eq!(gr.x.dtype(), BF16);
+    });
+    assert!(
+        grown < post16 * 3 / 2,
+        "post_res: peak grew {grown} bytes for {post16} bytes of 16-bit gradients"
+    );
+    let pre16 = (tokens * n * c * 2) as u64;
+    let grown = measure(&|| {
+        let gr = mhc_pre_backward_as(&psaved, &gp, BF16).unwrap();
+        assert_eq!(gr.x.dtype(), BF16);
+    });
+    assert!(
+        grown < pre16 * 3 / 2,
+        "pre: peak grew {grown} bytes for {pre16} bytes of 16-bit gradients"
+    );
 }

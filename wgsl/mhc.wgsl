@@ -41,7 +41,8 @@ override DH3: u32 = 0u;  // h_res (post_res)
 override DG1: u32 = 0u;  // dh_pre (coefficients) or the output's cotangent (pre, post_res)
 override DG2: u32 = 0u;  // dh_post (coefficients)
 override DG3: u32 = 0u;  // dh_res (coefficients)
-override DO: u32 = 0u;   // output dtype of pre / post_res (F32 for an odd C of 16-bit x)
+override DO: u32 = 0u;   // output dtype of pre / post_res (F32 for an odd C of 16-bit x);
+                         // pre_backward, post_backward_x: the dtype of dx and d f_out (even C)
 
 const MAX_STREAMS: u32 = 16u;
 const MAX_ENTRIES: u32 = 256u;  // MAX_STREAMS²
@@ -86,8 +87,8 @@ struct Params {
 @group(0) @binding(18) var<storage, read_write> o3: array<f32>;
 @group(0) @binding(19) var<storage, read_write> dz: array<f32>;
 @group(0) @binding(20) var<storage, read_write> rows: array<f32>;
-@group(0) @binding(21) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(22) var<storage, read_write> df: array<f32>;
+@group(0) @binding(21) var<storage, read_write> dx: array<u32>;   // F32, or 16-bit words (DO)
+@group(0) @binding(22) var<storage, read_write> df: array<u32>;   // as dx
 @group(0) @binding(23) var<storage, read_write> outw: array<u32>;
 
 var<workgroup> mat: array<f32, MAX_ENTRIES>;
@@ -479,7 +480,7 @@ fn coeff_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let k = params.hc * params.c;
     let factor = scratch[params.base + t * params.stride + params.tmax * params.m];
     for (var i = lid; i < k; i = i + WG) {
-        dx[t * k + i] = factor * x_at(t * k + i);
+        dx[t * k + i] = bitcast<u32>(factor * x_at(t * k + i));
     }
 }
 
@@ -528,8 +529,18 @@ fn pre_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         for (var col = lid; col < c; col = col + WG) {
             let g = g1_at(t * c + col);
             let at = (t * n + i) * c + col;
-            dx[at] = h * g;
+            if (DO == DT_F32) {
+                dx[at] = bitcast<u32>(h * g);
+            }
             s = s + g * x_at(at);
+        }
+        if (DO != DT_F32) {
+            // A 16-bit dx (even C): column pairs, each value h·g rounded once.
+            for (var p = lid; 2u * p < c; p = p + WG) {
+                let at = (t * n + i) * c + 2u * p;
+                let g = vec2<f32>(g1_at(t * c + 2u * p), g1_at(t * c + 2u * p + 1u));
+                dx[at >> 1u] = pack_halves(h * g.x, h * g.y, DO);
+            }
         }
         let total = workgroup_sum(s, lid);
         if (lid == 0u) {
@@ -574,6 +585,28 @@ fn post_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
+// d f_out at column `col` of token t: Σ_o h_post[o]·g[o, col].
+fn post_df(t: u32, col: u32) -> f32 {
+    let n = params.hc;
+    let c = params.c;
+    var gf = 0.0;
+    for (var o = 0u; o < n; o = o + 1u) {
+        gf = gf + h2_at(t * n + o) * g1_at((t * n + o) * c + col);
+    }
+    return gf;
+}
+
+// dx of stream i at column `col` of token t: Σ_o h_res[o, i]·g[o, col].
+fn post_dx(t: u32, i: u32, col: u32) -> f32 {
+    let n = params.hc;
+    let c = params.c;
+    var gx = 0.0;
+    for (var o = 0u; o < n; o = o + 1u) {
+        gx = gx + h3_at((t * n + o) * n + i) * g1_at((t * n + o) * c + col);
+    }
+    return gx;
+}
+
 @compute @workgroup_size(WG)
 fn post_backward_x(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
@@ -583,18 +616,22 @@ fn post_backward_x(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
     let n = params.hc;
     let c = params.c;
-    for (var col = lid; col < c; col = col + WG) {
-        var gf = 0.0;
-        for (var o = 0u; o < n; o = o + 1u) {
-            gf = gf + h2_at(t * n + o) * g1_at((t * n + o) * c + col);
-        }
-        df[t * c + col] = gf;
-        for (var i = 0u; i < n; i = i + 1u) {
-            var gx = 0.0;
-            for (var o = 0u; o < n; o = o + 1u) {
-                gx = gx + h3_at((t * n + o) * n + i) * g1_at((t * n + o) * c + col);
+    if (DO == DT_F32) {
+        for (var col = lid; col < c; col = col + WG) {
+            df[t * c + col] = bitcast<u32>(post_df(t, col));
+            for (var i = 0u; i < n; i = i + 1u) {
+                dx[(t * n + i) * c + col] = bitcast<u32>(post_dx(t, i, col));
             }
-            dx[(t * n + i) * c + col] = gx;
+        }
+        return;
+    }
+    // 16-bit dx and d f_out (even C): column pairs, each value rounded once.
+    for (var p = lid; 2u * p < c; p = p + WG) {
+        let col = 2u * p;
+        df[(t * c + col) >> 1u] = pack_halves(post_df(t, col), post_df(t, col + 1u), DO);
+        for (var i = 0u; i < n; i = i + 1u) {
+            let at = (t * n + i) * c + col;
+            dx[at >> 1u] = pack_halves(post_dx(t, i, col), post_dx(t, i, col + 1u), DO);
         }
     }
 }
