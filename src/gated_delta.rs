@@ -804,6 +804,34 @@ pub fn gated_delta_forward<'a>(
     ))
 }
 
+/// [`gated_delta_backward`] with every gradient in `dtype` (F32, F16 or BF16): the F32
+/// gradients cast ([`crate::cast::cast`]; the kernels accumulate them in F32).
+///
+/// Errors: those of [`gated_delta_backward`]; a `dtype` that is not a float.
+pub fn gated_delta_backward_as(
+    saved: &GatedDeltaSaved,
+    d_output: Option<&Tensor>,
+    d_final_state: Option<&Tensor>,
+    dtype: DType,
+) -> Result<GatedDeltaGradients> {
+    if !dtype.is_float() {
+        return Err(Error::dtype(
+            "gated_delta_backward_as: dtype",
+            dtype,
+            &DType::FLOATS,
+        ));
+    }
+    let g = gated_delta_backward(saved, d_output, d_final_state)?;
+    Ok(GatedDeltaGradients {
+        query: cast::cast(&g.query, dtype)?,
+        key: cast::cast(&g.key, dtype)?,
+        value: cast::cast(&g.value, dtype)?,
+        beta: cast::cast(&g.beta, dtype)?,
+        log_decay: cast::cast(&g.log_decay, dtype)?,
+        initial_state: cast::cast(&g.initial_state, dtype)?,
+    })
+}
+
 /// Gradients of every input from the output cotangent `[B, T, Hv, V]` and the final-state
 /// cotangent `[B, Hv, K, V]` (both F32; either may be absent = zero).
 ///

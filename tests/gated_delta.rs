@@ -14,8 +14,8 @@ mod common;
 use common::{Rng, engine, private_engine};
 use wgrad::gated_delta::{
     DeltaAlgorithm, GatedDeltaGradients, GatedDeltaOptions, GatedDeltaShape, SeqView,
-    gated_delta_backward, gated_delta_forward, gated_delta_forward_workspace_bytes,
-    gated_delta_saved_bytes, gated_delta_workspace_bytes,
+    gated_delta_backward, gated_delta_backward_as, gated_delta_forward,
+    gated_delta_forward_workspace_bytes, gated_delta_saved_bytes, gated_delta_workspace_bytes,
 };
 use wgrad::gradcheck::{Tolerance, check_vjp, compare};
 use wgrad::reference::gated_delta::{self as reference, Dims};
@@ -1331,4 +1331,71 @@ fn chunked_reruns_bounds_and_refusals() {
     };
     let (_, every_saved) = gated_delta_forward(&q, &k, &v, &beta, &g, None, &every).unwrap();
     assert_eq!(every_saved.checkpoint_interval(), 1);
+}
+
+/// `gated_delta_backward_as`: every gradient in F16 / BF16 bit for bit the F32 one cast, after
+/// a recurrent and a chunked forward; a non-float dtype is a typed error.
+#[test]
+fn sixteen_bit_gradients_are_the_f32_ones_cast() {
+    for chunked in [false, true] {
+        let c = Case {
+            t: 70,
+            hk: 1,
+            hv: 2,
+            chunked,
+            dtype: DType::BF16,
+            ..BASE
+        };
+        let x = upload(&c, make_data(&c));
+        let (_, saved) = gated_delta_forward(
+            &x.q,
+            &x.k,
+            &x.v,
+            &x.beta,
+            &x.g,
+            x.init.as_ref(),
+            &options(&c),
+        )
+        .unwrap();
+        let g = gated_delta_backward(&saved, x.d_out.as_ref(), x.d_final.as_ref()).unwrap();
+        for out in [DType::F16, DType::BF16] {
+            let g16 =
+                gated_delta_backward_as(&saved, x.d_out.as_ref(), x.d_final.as_ref(), out).unwrap();
+            let wide = [
+                &g.query,
+                &g.key,
+                &g.value,
+                &g.beta,
+                &g.log_decay,
+                &g.initial_state,
+            ];
+            let narrow = [
+                &g16.query,
+                &g16.key,
+                &g16.value,
+                &g16.beta,
+                &g16.log_decay,
+                &g16.initial_state,
+            ];
+            for ((name, n), w) in GRAD_NAMES.iter().zip(narrow).zip(wide) {
+                assert_eq!((n.shape(), n.dtype()), (w.shape(), out), "{name}");
+                let cast = wgrad::cast::cast(w, out).unwrap();
+                assert!(
+                    n.to_f64().unwrap().iter().map(|v| v.to_bits()).eq(cast
+                        .to_f64()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())),
+                    "chunked {chunked}: {out:?} {name} is not the F32 gradient cast"
+                );
+            }
+        }
+        assert!(matches!(
+            gated_delta_backward_as(&saved, x.d_out.as_ref(), None, DType::I32),
+            Err(Error::UnsupportedDType {
+                got: DType::I32,
+                ..
+            })
+        ));
+    }
 }

@@ -1147,6 +1147,9 @@ fn others(t: &mut Tally) {
     t.sweep("gated_delta_backward", &[&gout.output], |a| {
         gated_delta::gated_delta_backward(&gsaved, Some(a[0]), None).map(drop)
     });
+    t.values("gated_delta_backward_as dtype", &DTYPES, |d| {
+        gated_delta::gated_delta_backward_as(&gsaved, Some(&gout.output), None, d).map(drop)
+    });
     let co = GatedDeltaOptions {
         algorithm: gated_delta::DeltaAlgorithm::Chunked,
         ..go
