@@ -96,22 +96,15 @@ fn outputs_and_gradients_match_the_reference_in_every_dtype() {
             // 16-bit gradients: bit for bit the F32 ones cast (even D in 16 bits by the kernel).
             for out in [DType::F16, DType::BF16] {
                 let g16 = attn_res_backward_as(&saved, &gt, out).unwrap();
-                for (name, narrow, wide) in [
-                    ("d blocks", &g16.blocks, &g.blocks),
-                    ("d w_query", &g16.query, &g.query),
-                    ("d w_norm", &g16.norm, &g.norm),
-                ] {
-                    assert_eq!(
-                        (narrow.shape(), narrow.dtype()),
-                        (wide.shape(), out),
-                        "{what}: {name}"
-                    );
-                    let cast = wgrad::cast::cast(wide, out).unwrap();
-                    assert!(
-                        value_bits(narrow) == value_bits(&cast),
-                        "{what}: {out:?} {name} is not the F32 gradient cast"
-                    );
-                }
+                common::assert_cast_of(
+                    &what,
+                    &[
+                        ("d blocks", &g16.blocks, &g.blocks),
+                        ("d w_query", &g16.query, &g.query),
+                        ("d w_norm", &g16.norm, &g.norm),
+                    ],
+                    out,
+                );
             }
             let (h2, saved2) = attn_res(&vt, &qt, &wt, &AttnResOptions::default()).unwrap();
             assert!(value_bits(&h) == value_bits(&h2), "{what}: forward rerun");

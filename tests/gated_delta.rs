@@ -1377,18 +1377,12 @@ fn sixteen_bit_gradients_are_the_f32_ones_cast() {
                 &g16.log_decay,
                 &g16.initial_state,
             ];
-            for ((name, n), w) in GRAD_NAMES.iter().zip(narrow).zip(wide) {
-                assert_eq!((n.shape(), n.dtype()), (w.shape(), out), "{name}");
-                let cast = wgrad::cast::cast(w, out).unwrap();
-                assert!(
-                    n.to_f64().unwrap().iter().map(|v| v.to_bits()).eq(cast
-                        .to_f64()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())),
-                    "chunked {chunked}: {out:?} {name} is not the F32 gradient cast"
-                );
-            }
+            let pairs: Vec<(&str, &Tensor, &Tensor)> = GRAD_NAMES
+                .iter()
+                .zip(narrow.into_iter().zip(wide))
+                .map(|(name, (n, w))| (*name, n, w))
+                .collect();
+            common::assert_cast_of(&format!("chunked {chunked}"), &pairs, out);
         }
         assert!(matches!(
             gated_delta_backward_as(&saved, x.d_out.as_ref(), None, DType::I32),

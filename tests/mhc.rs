@@ -22,22 +22,6 @@ const F32: DType = DType::F32;
 const F16: DType = DType::F16;
 const BF16: DType = DType::BF16;
 
-/// Each 16-bit gradient of `narrow` is bit for bit its F32 counterpart in `wide` cast.
-fn assert_cast(what: &str, pairs: &[(&str, &Tensor, &Tensor)], dtype: DType) {
-    for (name, narrow, wide) in pairs {
-        assert_eq!(
-            (narrow.shape(), narrow.dtype()),
-            (wide.shape(), dtype),
-            "{what}: {name}"
-        );
-        let cast = wgrad::cast::cast(wide, dtype).unwrap();
-        assert!(
-            value_bits(narrow) == value_bits(&cast),
-            "{what}: {dtype:?} {name} is not the F32 gradient cast"
-        );
-    }
-}
-
 fn config(tokens: usize, n: usize, c: usize, o: &MhcOptions) -> MhcConfig {
     MhcConfig {
         tokens,
@@ -159,7 +143,7 @@ fn coefficients_case(
     for out in [F16, BF16] {
         let g16 = mhc_coefficients_backward_as(&saved, p1.as_ref(), p2.as_ref(), p3.as_ref(), out)
             .unwrap();
-        assert_cast(
+        common::assert_cast_of(
             "coefficients",
             &[
                 ("d x", &g16.x, &g.x),
@@ -392,7 +376,7 @@ fn pre_matches_the_reference_in_every_dtype() {
             let grads = mhc_pre_backward(&saved, &g).unwrap();
             for out in [F16, BF16] {
                 let g16 = mhc_pre_backward_as(&saved, &g, out).unwrap();
-                assert_cast(
+                common::assert_cast_of(
                     &what,
                     &[
                         ("d x", &g16.x, &grads.x),
@@ -467,7 +451,7 @@ fn post_res_matches_the_reference_in_every_dtype() {
                 let gr = mhc_post_res_backward(&saved, &g).unwrap();
                 for out in [F16, BF16] {
                     let g16 = mhc_post_res_backward_as(&saved, &g, out).unwrap();
-                    assert_cast(
+                    common::assert_cast_of(
                         &what,
                         &[
                             ("d x", &g16.x, &gr.x),

@@ -149,16 +149,7 @@ fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded, capacity: O
             };
             let (y16, _) = fused_moe(&u.x, &u.gate_up, &u.down, &u.index, &u.weights, &o)
                 .unwrap_or_else(|e| panic!("{label} {out:?} output: {e}"));
-            assert_eq!((y16.shape(), y16.dtype()), (u.x.shape(), out));
-            let cast = wgrad::cast::cast(&y, out).unwrap();
-            assert!(
-                y16.to_f64().unwrap().iter().map(|v| v.to_bits()).eq(cast
-                    .to_f64()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())),
-                "{label}: the {out:?} output is not the F32 output cast"
-            );
+            common::assert_cast_of(&label, &[("y", &y16, &y)], out);
         }
         let g = fused_moe_backward(&saved, &u.dy).unwrap();
         assert_eq!(g.x.shape(), u.x.shape());
@@ -181,27 +172,16 @@ fn check_case(label: &str, kind: Activation, c: &Case, u: &Uploaded, capacity: O
         // 16-bit gradients: bit for bit the F32 ones cast (direct for even widths).
         for out in [DType::F16, DType::BF16] {
             let g16 = fused_moe_backward_as(&saved, &u.dy, out).unwrap();
-            for (what, narrow, wide) in [
-                ("dx", &g16.x, &g.x),
-                ("d gate_up", &g16.gate_up, &g.gate_up),
-                ("d down", &g16.down, &g.down),
-                ("d weights", &g16.weights, &g.weights),
-            ] {
-                assert_eq!(
-                    (narrow.shape(), narrow.dtype()),
-                    (wide.shape(), out),
-                    "{label} {what}"
-                );
-                let cast = wgrad::cast::cast(wide, out).unwrap();
-                assert!(
-                    narrow.to_f64().unwrap().iter().map(|v| v.to_bits()).eq(cast
-                        .to_f64()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())),
-                    "{label}: {out:?} {what} is not the F32 gradient cast"
-                );
-            }
+            common::assert_cast_of(
+                &label,
+                &[
+                    ("dx", &g16.x, &g.x),
+                    ("d gate_up", &g16.gate_up, &g.gate_up),
+                    ("d down", &g16.down, &g.down),
+                    ("d weights", &g16.weights, &g.weights),
+                ],
+                out,
+            );
         }
     }
 }

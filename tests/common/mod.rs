@@ -96,6 +96,23 @@ pub fn value_bits(t: &Tensor) -> Vec<u64> {
     t.to_f64().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
+/// Each `(name, narrow, wide)`: `narrow` has `wide`'s shape and `dtype`, and its values are bit
+/// for bit `wide` cast to `dtype` (a `*_backward_as` gradient against the F32 one).
+pub fn assert_cast_of(what: &str, pairs: &[(&str, &Tensor, &Tensor)], dtype: DType) {
+    for (name, narrow, wide) in pairs {
+        assert_eq!(
+            (narrow.shape(), narrow.dtype()),
+            (wide.shape(), dtype),
+            "{what}: {name}"
+        );
+        let cast = wgrad::cast::cast(wide, dtype).unwrap();
+        assert!(
+            value_bits(narrow) == value_bits(&cast),
+            "{what}: {dtype:?} {name} is not the F32 value cast"
+        );
+    }
+}
+
 /// `n` f32 values uniform in [-1, 1), determined by `seed`.
 pub fn random_f32(seed: u64, n: usize) -> Vec<f32> {
     let mut rng = Rng::new(seed);
