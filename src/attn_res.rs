@@ -240,13 +240,7 @@ pub fn attn_res_backward_as(
     dtype: DType,
 ) -> Result<AttnResGradients> {
     let what = "attn_res_backward_as";
-    if !dtype.is_float() {
-        return Err(Error::dtype(
-            format!("{what}: dtype"),
-            dtype,
-            &DType::FLOATS,
-        ));
-    }
+    dtype.require_float(format!("{what}: dtype"))?;
     backward_in(saved, dh, dtype, what)
 }
 

@@ -40,6 +40,16 @@ impl DType {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
 
+    /// `Ok` for a float dtype, else `UnsupportedDType` naming `what` (e.g. a `*_backward_as`
+    /// gradient dtype).
+    pub(crate) fn require_float(self, what: impl Into<String>) -> crate::Result<()> {
+        if self.is_float() {
+            Ok(())
+        } else {
+            Err(crate::Error::dtype(what, self, &DType::FLOATS))
+        }
+    }
+
     /// Bytes a dense buffer of `len` elements occupies, padded to whole 32-bit words.
     pub const fn buffer_bytes(self, len: usize) -> usize {
         // Saturating: a length past what memory can hold gives a size every allocation refuses

@@ -814,13 +814,7 @@ pub fn gated_delta_backward_as(
     d_final_state: Option<&Tensor>,
     dtype: DType,
 ) -> Result<GatedDeltaGradients> {
-    if !dtype.is_float() {
-        return Err(Error::dtype(
-            "gated_delta_backward_as: dtype",
-            dtype,
-            &DType::FLOATS,
-        ));
-    }
+    dtype.require_float("gated_delta_backward_as: dtype")?;
     let g = gated_delta_backward(saved, d_output, d_final_state)?;
     Ok(GatedDeltaGradients {
         query: cast::cast(&g.query, dtype)?,

@@ -586,7 +586,7 @@ pub fn mhc_coefficients_backward_as(
     dh_res: Option<&Tensor>,
     dtype: DType,
 ) -> Result<MhcCoefficientsGradients> {
-    gradient_dtype(dtype, "mhc_coefficients_backward_as")?;
+    dtype.require_float("mhc_coefficients_backward_as: dtype")?;
     let g = coefficients_backward_f32(saved, dh_pre, dh_post, dh_res)?;
     Ok(MhcCoefficientsGradients {
         x: cast::cast(&g.x, dtype)?,
@@ -596,19 +596,6 @@ pub fn mhc_coefficients_backward_as(
         alpha_post: cast::cast(&g.alpha_post, dtype)?,
         alpha_res: cast::cast(&g.alpha_res, dtype)?,
     })
-}
-
-/// A gradient dtype: a float, else `UnsupportedDType`.
-fn gradient_dtype(dtype: DType, what: &str) -> Result<()> {
-    if dtype.is_float() {
-        Ok(())
-    } else {
-        Err(Error::dtype(
-            format!("{what}: dtype"),
-            dtype,
-            &DType::FLOATS,
-        ))
-    }
 }
 
 fn coefficients_backward_f32(
@@ -802,7 +789,7 @@ pub fn mhc_pre_backward_as(
     dtype: DType,
 ) -> Result<MhcPreGradients> {
     let what = "mhc_pre_backward_as";
-    gradient_dtype(dtype, what)?;
+    dtype.require_float(format!("{what}: dtype"))?;
     pre_backward_in(saved, d_out, dtype, what)
 }
 
@@ -952,7 +939,7 @@ pub fn mhc_post_res_backward_as(
     dtype: DType,
 ) -> Result<MhcPostResGradients> {
     let what = "mhc_post_res_backward_as";
-    gradient_dtype(dtype, what)?;
+    dtype.require_float(format!("{what}: dtype"))?;
     post_res_backward_in(saved, d_out, dtype, what)
 }
 

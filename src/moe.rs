@@ -768,13 +768,7 @@ pub fn fused_moe(
 ) -> Result<(Tensor, MoeSaved)> {
     let ext = extents(x, gate_up, down, index, weights)?;
     let engine = x.engine();
-    if !options.output.is_float() {
-        return Err(Error::dtype(
-            "fused_moe: output",
-            options.output,
-            &DType::FLOATS,
-        ));
-    }
+    options.output.require_float("fused_moe: output")?;
     if let Some(c) = options.capacity {
         let elements = ext.e.saturating_mul(c).saturating_mul(ext.h.max(2 * ext.i));
         if c == 0 || elements > u32::MAX as usize {
@@ -857,13 +851,7 @@ pub fn fused_moe_backward(saved: &MoeSaved, dy: &Tensor) -> Result<MoeGradients>
 ///
 /// Errors: those of [`fused_moe_backward`]; a `dtype` that is not a float (`UnsupportedDType`).
 pub fn fused_moe_backward_as(saved: &MoeSaved, dy: &Tensor, dtype: DType) -> Result<MoeGradients> {
-    if !dtype.is_float() {
-        return Err(Error::dtype(
-            "fused_moe_backward_as: dtype",
-            dtype,
-            &DType::FLOATS,
-        ));
-    }
+    dtype.require_float("fused_moe_backward_as: dtype")?;
     backward_in(saved, dy, dtype, "fused_moe_backward_as")
 }
 

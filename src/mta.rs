@@ -472,13 +472,7 @@ pub fn multi_token_attention_backward_as(
     dtype: DType,
 ) -> Result<MtaGradients> {
     let what = "multi_token_attention_backward_as";
-    if !dtype.is_float() {
-        return Err(Error::dtype(
-            format!("{what}: dtype"),
-            dtype,
-            &DType::FLOATS,
-        ));
-    }
+    dtype.require_float(format!("{what}: dtype"))?;
     backward_in(saved, dy, dtype, what)
 }
 

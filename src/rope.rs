@@ -326,24 +326,7 @@ pub struct Llama4Grads {
 }
 
 fn float(t: &Tensor, what: &str) -> Result<()> {
-    float_dtype(t.dtype(), what)
-}
-
-fn float_dtype(dtype: DType, what: &str) -> Result<()> {
-    if dtype.is_float() {
-        Ok(())
-    } else {
-        Err(Error::dtype(what, dtype, &DType::FLOATS))
-    }
-}
-
-/// An F32 gradient stored in `dtype` (F32: itself; 16-bit: rounded once).
-fn narrowed(t: Tensor, dtype: DType) -> Result<Tensor> {
-    if dtype == DType::F32 {
-        Ok(t)
-    } else {
-        crate::cast::cast(&t, dtype)
-    }
+    t.dtype().require_float(what)
 }
 
 fn rotary_dim(opt: Option<usize>, dim: usize) -> Result<usize> {
@@ -858,7 +841,7 @@ pub fn backward(saved: &RopeSaved, dy: &Tensor) -> Result<RopeGrads> {
 /// Errors: those of [`backward`], and a `dtype` that is not a float dtype (`UnsupportedDType`).
 pub fn backward_as(saved: &RopeSaved, dy: &Tensor, dtype: DType) -> Result<RopeGrads> {
     check_cotangent(dy, &saved.q, "rope: dy")?;
-    float_dtype(dtype, "rope: gradient dtype")?;
+    dtype.require_float("rope: gradient dtype")?;
     let tables = (&saved.cos, &saved.sin);
     let dvalues = match run_steps(&saved.plan, false, dy, None, tables, dtype)? {
         Some((d, _)) => d,
@@ -867,7 +850,7 @@ pub fn backward_as(saved: &RopeSaved, dy: &Tensor, dtype: DType) -> Result<RopeG
                 Some((d, _)) => d,
                 None => run_backward_values(&saved.plan, dy, 1, &saved.cos, &saved.sin)?,
             };
-            narrowed(d, dtype)?
+            crate::cast::cast(&d, dtype)?
         }
     };
     let (dcos, dsin) = if saved.table_grads {
@@ -1100,7 +1083,7 @@ pub fn qk_forward(
 type QkGrads = (Tensor, Tensor, Option<(Tensor, Option<Tensor>)>);
 
 fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor, dtype: DType) -> Result<QkGrads> {
-    float_dtype(dtype, "rope: gradient dtype")?;
+    dtype.require_float("rope: gradient dtype")?;
     let Some(k) = &saved.k else {
         return Err(Error::shape(
             "rope: saved k (use rope::backward for single tensors)",
@@ -1129,7 +1112,10 @@ fn qk_grads(saved: &RopeSaved, dq: &Tensor, dk: &Tensor, dtype: DType) -> Result
                     run_backward_values(p, dk, p.heads_k, &saved.cos, &saved.sin)?,
                 ),
             };
-            (narrowed(dqv, dtype)?, narrowed(dkv, dtype)?)
+            (
+                crate::cast::cast(&dqv, dtype)?,
+                crate::cast::cast(&dkv, dtype)?,
+            )
         }
     };
     let tables = if saved.table_grads {

@@ -149,20 +149,29 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
 }
 
-// Block i's dV at column d of token t (`row` its statistics), and its parameter terms added to
-// `acc` (d w_query, d w_norm), in the blocks' order.
-fn column_terms(i: u32, t: u32, d: u32, row: u32, acc: ptr<function, vec2<f32>>) -> f32 {
+// Column d of token t's per-column inputs, loaded once for all its blocks.
+struct Column {
+    d: u32,
+    q: f32,
+    wn: f32,
+    gd: f32,
+}
+
+fn column_at(t: u32, d: u32) -> Column {
+    return Column(d, q_at(d), wn_at(d), g_at(t * params.d + d));
+}
+
+// Block i's dV at column `col` of token t (`row` its statistics), and its parameter terms
+// added to `acc` (d w_query, d w_norm), in the blocks' order.
+fn column_terms(i: u32, t: u32, col: Column, row: u32, acc: ptr<function, vec2<f32>>) -> f32 {
     let n = params.blocks;
-    let q = q_at(d);
-    let wn = wn_at(d);
-    let gd = g_at(t * params.d + d);
     let ds = block_vals[i];
     let r = stats[row + i];
-    let v = v_at(v_index(i, t, d));
-    let dv = stats[row + n + i] * gd + r * ds * (q * wn) - r * r * r * block_cs[i] * v;
+    let v = v_at(v_index(i, t, col.d));
+    let dv = stats[row + n + i] * col.gd + r * ds * (col.q * col.wn) - r * r * r * block_cs[i] * v;
     let nr = rounded(v * r);
-    (*acc).x = (*acc).x + ds * (nr * wn);
-    (*acc).y = (*acc).y + ds * (q * nr);
+    (*acc).x = (*acc).x + ds * (nr * col.wn);
+    (*acc).y = (*acc).y + ds * (col.q * nr);
     return dv;
 }
 
@@ -220,9 +229,10 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         workgroupBarrier();
         if (DO == DT_F32) {
             for (var d = lid; d < dd; d = d + WG) {
+                let col = column_at(t, d);
                 var acc = vec2<f32>(0.0, 0.0);
                 for (var i = 0u; i < n; i = i + 1u) {
-                    let dv = column_terms(i, t, d, row, &acc);
+                    let dv = column_terms(i, t, col, row, &acc);
                     out[v_index(i, t, d)] = bitcast<u32>(dv);
                 }
                 partials[prow + d] = partials[prow + d] + acc.x;
@@ -231,11 +241,13 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         } else {
             // A 16-bit dV (even D): a lane a column pair, each value the F32 one rounded once.
             for (var d0 = 2u * lid; d0 < dd; d0 = d0 + 2u * WG) {
+                let col0 = column_at(t, d0);
+                let col1 = column_at(t, d0 + 1u);
                 var acc0 = vec2<f32>(0.0, 0.0);
                 var acc1 = vec2<f32>(0.0, 0.0);
                 for (var i = 0u; i < n; i = i + 1u) {
-                    let dv0 = column_terms(i, t, d0, row, &acc0);
-                    let dv1 = column_terms(i, t, d0 + 1u, row, &acc1);
+                    let dv0 = column_terms(i, t, col0, row, &acc0);
+                    let dv1 = column_terms(i, t, col1, row, &acc1);
                     out[v_index(i, t, d0) >> 1u] = pack_halves(dv0, dv1, DO);
                 }
                 partials[prow + d0] = partials[prow + d0] + acc0.x;

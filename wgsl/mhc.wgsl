@@ -535,7 +535,8 @@ fn pre_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             s = s + g * x_at(at);
         }
         if (DO != DT_F32) {
-            // A 16-bit dx (even C): column pairs, each value h·g rounded once.
+            // A 16-bit dx (even C): column pairs, each value h·g rounded once (g read again:
+            // the row sum above keeps the F32 path's lane order, so d h_pre's bits).
             for (var p = lid; 2u * p < c; p = p + WG) {
                 let at = (t * n + i) * c + 2u * p;
                 let g = vec2<f32>(g1_at(t * c + 2u * p), g1_at(t * c + 2u * p + 1u));
