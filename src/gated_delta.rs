@@ -45,8 +45,12 @@
 //! `S ← e^{γ_last}S + (diag(e^{γ_last − γ})K)ᵀU`. Every chunk's w, u, P and γ at once (a
 //! workgroup a chunk: its key products in 4 × 4 blocks a lane, the solves by forward
 //! substitution a column a lane), then the chunks in order a workgroup a (head, 16 value
-//! columns) with the state in registers, each round's token rows fetched a round ahead and
-//! staged in workgroup memory. The forward saves only the initial state; the chunked backward
+//! columns) with the state in registers (16 lanes a column, each holding every 16th group of
+//! four rows), each round of 8 tokens' rows fetched a round ahead and staged in workgroup
+//! memory as 16-byte groups, and each token's 16 partial dots summed as one fixed pairwise tree
+//! (subgroup shuffles within runs of up to 16 lanes where the adapter has subgroups, workgroup
+//! memory otherwise: the same bits, [`KERNEL_SUBGROUP`]). The forward saves only the initial
+//! state; the chunked backward
 //! forms the chunk states again, walks the state gradient from the last chunk
 //! (`dU = (diag(e^{γ_last − γ})K)dS' + scale·PᵀdO`, `dS = e^{γ_last}dS' + scale·(diag(e^γ)Q)ᵀdO −
 //! wᵀdU`; the `PᵀdO` term formed for every chunk at once first), then every chunk's gradients at
@@ -56,7 +60,9 @@
 //! The backward entry point binds 14 storage buffers: an adapter with fewer
 //! (`max_storage_buffers_per_shader_stage`) gets `Error::InsufficientLimit`.
 
-use crate::kernel::{COMMON_DTYPE, COMMON_LAUNCH, Constants, Kernel};
+use crate::kernel::{
+    COMMON_DTYPE, COMMON_LAUNCH, COMMON_XOR, COMMON_XOR_SUBGROUP, Constants, Kernel,
+};
 use crate::{DType, Error, Result, Tensor, cast};
 
 /// `wgsl/gated_delta.wgsl`.
@@ -65,6 +71,20 @@ pub static KERNEL: Kernel = Kernel {
     parts: &[
         COMMON_DTYPE,
         COMMON_LAUNCH,
+        COMMON_XOR,
+        include_str!("../wgsl/gated_delta.wgsl"),
+    ],
+};
+
+/// [`KERNEL`] whose `chunk_states` sums its parts' dots by subgroup shuffles where the adapter
+/// has `SUBGROUP` (the same bits as [`KERNEL`]'s, which sums them through workgroup memory; see
+/// the crate-internal `states_kernel`).
+pub static KERNEL_SUBGROUP: Kernel = Kernel {
+    name: "gated_delta_subgroup",
+    parts: &[
+        COMMON_DTYPE,
+        COMMON_LAUNCH,
+        COMMON_XOR_SUBGROUP,
         include_str!("../wgsl/gated_delta.wgsl"),
     ],
 };
@@ -482,6 +502,48 @@ fn expect_f32(what: &str, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// The module and override constants of a `chunk_states` (`dstate` false) or `chunk_dstate`
+/// launch. The parts of a column are summed by shuffles within runs of `CS_SG` = min(subgroup
+/// width, 16) lanes where the adapter has subgroups (`reduce::force_subgroup_rows` overrides,
+/// as for the row reductions), the rest through workgroup memory. `CS_R` tokens a round: 8
+/// (measured on an H100 against 16: 5% slower at B1 T8192 Hv48, 6% faster at B4 T2048 H16,
+/// whose 512 workgroups the 78 registers of 16 tokens do not keep resident at once), 4 where a
+/// round's staged groups would not fit 12 KiB (`chunk_dstate` with K > 184).
+fn states_kernel(
+    engine: &crate::Engine,
+    dtype: DType,
+    key_dim: usize,
+    dstate: bool,
+) -> (&'static Kernel, Constants) {
+    const PARTS: usize = 16;
+    const STAGE_GROUPS: usize = 768;
+    let sg =
+        crate::reduce::rows_subgroup_width(engine, true).map_or(1, |w| (w as usize).min(PARTS));
+    let kq = key_dim.div_ceil(4);
+    // The largest round's groups: the rows and P's rows (chunk_states), or q's and w's rows
+    // and dO (chunk_dstate).
+    let staged = |round: usize| {
+        if dstate {
+            round * (2 * kq + CHUNK_COLS / 4)
+        } else {
+            round * (kq + CHUNK / 4)
+        }
+    };
+    let parts = |round: usize| round * (PARTS / sg) * CHUNK_COLS / 4;
+    let round = if staged(8).max(parts(8)) <= STAGE_GROUPS {
+        8
+    } else {
+        4
+    };
+    let mut c = constants(dtype, key_dim, false);
+    c.push(("CS_SG", sg as f64));
+    c.push(("CS_R", round as f64));
+    c.push(("CS_STAGE", staged(round).max(parts(round)) as f64));
+    c.push(("CS_LOADS", staged(round).div_ceil(256) as f64));
+    let kernel = if sg > 1 { &KERNEL_SUBGROUP } else { &KERNEL };
+    (kernel, c)
+}
+
 fn constants(dtype: DType, key_dim: usize, per_channel: bool) -> Constants {
     vec![
         ("DT", f64::from(dtype.code())),
@@ -741,10 +803,11 @@ pub fn gated_delta_forward<'a>(
                 ],
                 prepare as u64,
             )?;
+            let (states, states_constants) = states_kernel(&engine, dtype, kd, false);
             engine.launch(
-                &KERNEL,
+                states,
                 "chunk_states",
-                &constants(dtype, kd, false),
+                &states_constants,
                 &p(n * slices),
                 &[
                     q.tensor.buffer(),
@@ -1044,6 +1107,8 @@ fn chunked_backward(
     let unused = Tensor::zeros(&engine, &[1], DType::F32)?;
     let dout = d_output.unwrap_or(&saved.beta);
     let constants = constants(saved.q.dtype(), kd, false);
+    let (states, states_constants) = states_kernel(&engine, saved.q.dtype(), kd, false);
+    let (dstate_kernel, dstate_constants) = states_kernel(&engine, saved.q.dtype(), kd, true);
     let slices = vd.div_ceil(CHUNK_COLS);
     let group = s.value_heads / s.key_heads;
     let heads = s.batch * s.value_heads;
@@ -1073,9 +1138,9 @@ fn chunked_backward(
             (n * chunks) as u64,
         )?;
         engine.launch(
-            &KERNEL,
+            states,
             "chunk_states",
-            &constants,
+            &states_constants,
             &params(n * slices, slices, true, 1),
             &[
                 saved.q.buffer(),
@@ -1107,9 +1172,9 @@ fn chunked_backward(
             )?;
         }
         engine.launch(
-            &KERNEL,
+            dstate_kernel,
             "chunk_dstate",
-            &constants,
+            &dstate_constants,
             &params(n * slices, slices, d_output.is_some(), 0),
             &[
                 saved.q.buffer(),

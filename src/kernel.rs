@@ -23,6 +23,12 @@ pub const COMMON_ROWS: &str = include_str!("../wgsl/common/rows.wgsl");
 /// `SUBGROUP`, and `reduce::subgroup_width` says when they may run).
 pub const COMMON_ROWS_SUBGROUP: &str = include_str!("../wgsl/common/rows_subgroup.wgsl");
 
+/// Shared WGSL: `lane_xor`, a lane's partner's value, for devices without subgroups (never
+/// called there: the kernels that include it take one shuffle level a subgroup lane).
+pub const COMMON_XOR: &str = include_str!("../wgsl/common/xor.wgsl");
+/// Shared WGSL: `lane_xor` by a subgroup shuffle (the device needs `SUBGROUP`).
+pub const COMMON_XOR_SUBGROUP: &str = include_str!("../wgsl/common/xor_subgroup.wgsl");
+
 /// Shared WGSL: `tanh_accurate`, the tanh of the logit softcap (cross-entropy, fused linear).
 pub const COMMON_SOFTCAP: &str = include_str!("../wgsl/common/softcap.wgsl");
 
@@ -169,6 +175,7 @@ pub fn registry() -> &'static [&'static Kernel] {
         &crate::grpo::KERNEL,
         &crate::preference::KERNEL,
         &crate::gated_delta::KERNEL,
+        &crate::gated_delta::KERNEL_SUBGROUP,
         &crate::attention::KERNEL,
         &crate::matmul::KERNEL,
         &crate::matmul::TC_KERNEL,

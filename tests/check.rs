@@ -207,6 +207,9 @@ fn entry_points_fit_the_least_device() {
         ("gated_delta", "forward"),
         ("gated_delta", "backward"),
         ("gated_delta", "chunk_grads"),
+        ("gated_delta_subgroup", "forward"),
+        ("gated_delta_subgroup", "backward"),
+        ("gated_delta_subgroup", "chunk_grads"),
         ("attention", "attention_dkdv_store"),
     ];
     let more_workgroup_memory = ["matmul_tc"];

@@ -1176,6 +1176,19 @@ fn chunked_forward_over_many_chunks() {
         seed: 96,
         ..chunked
     });
+    // K not a multiple of four (the staged rows' groups padded with zeros), and K past 128
+    // (rounds of 8 tokens, a lane's fourth row group partly past K).
+    for (kd, vd, t) in [(18, 20, 70), (200, 24, 70)] {
+        check_case(&Case {
+            b: 2,
+            t,
+            hv: 2,
+            kd,
+            vd,
+            seed: kd as u64,
+            ..chunked
+        });
+    }
     let shape = GatedDeltaShape {
         batch: 1,
         time: 8192,
@@ -1391,5 +1404,38 @@ fn sixteen_bit_gradients_are_the_f32_ones_cast() {
                 ..
             })
         ));
+    }
+}
+
+/// The chunk states' parts are summed by subgroup shuffles where the adapter has subgroups and
+/// through workgroup memory otherwise (also in rounds of other sizes): the same tree, so the
+/// same bits, forward and backward (K of 32: 16- and 8-token rounds; K of 256: 8 either way).
+#[test]
+fn chunk_states_bits_do_not_depend_on_subgroups() {
+    for (t, kd, vd, seed) in [(130, 32, 40, 31), (70, 256, 24, 32), (70, 18, 20, 33)] {
+        let c = Case {
+            b: 2,
+            t,
+            hk: 1,
+            hv: 2,
+            kd,
+            vd,
+            chunked: true,
+            seed,
+            ..BASE
+        };
+        let x = upload(&c, make_data(&c));
+        let run = |subgroups: bool| {
+            wgrad::reduce::force_subgroup_rows(Some(subgroups));
+            let r = run_gpu(&c, &x);
+            wgrad::reduce::force_subgroup_rows(None);
+            r.bits
+        };
+        let plain = run(false);
+        assert!(plain == run(false), "{c:?}: reruns differ");
+        assert!(
+            run(true) == plain,
+            "{c:?}: shuffles and workgroup memory differ"
+        );
     }
 }

@@ -729,28 +729,9 @@ fn chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-// Lanes of `chunk_states` / `chunk_dstate`: (column j, part) of a workgroup's CS_COLS value
-// columns, part p keeping state rows [p·⌈K/CS_PARTS⌉, ..) in registers. Tokens go CS_ROUND a
-// round: their rows staged in workgroup memory, each lane's partial dots over its rows, then the
-// parts summed in order by the lanes of parts < CS_ROUND (token tg + part). Each round's rows
-// are fetched into registers one round ahead (`chunk_fetch`, across phases and chunks), so that
-// their loads overlap the round before; `chunk_put` / `chunk_put_back` store them.
-const CS_COLS: u32 = 16u;
-const CS_PARTS: u32 = 16u;                               // WG / CS_COLS
-const CS_ROWS: u32 = 16u;                                // MAXD / CS_PARTS
-const CS_ROUND: u32 = 4u;                                // CS_ROUND · CH = WG
-const CS_FETCH: u32 = 4u;                                // CS_ROUND · MAXD / WG
-var<workgroup> sh_cpart: array<f32, 1024>;               // CS_ROUND × CS_PARTS × CS_COLS
-var<workgroup> sh_cu: array<f32, 1024>;                  // U (dU) of the chunk: CH × CS_COLS
-var<workgroup> sh_cst: array<f32, 1024>;                 // staged rows: CS_ROUND × MAXD
-var<workgroup> sh_cst2: array<f32, 1024>;                // more staged rows, or P's columns
-var<workgroup> sh_cp: array<f32, 256>;                   // P's rows: CS_ROUND × CH
-
-const STAGE_W: u32 = 0u;     // w rows; u of (tg + part, col)
-const STAGE_QP: u32 = 1u;    // q rows; P rows tg.. (row a at a·CH)
-const STAGE_K: u32 = 2u;     // k rows
-const STAGE_KPT: u32 = 3u;   // k rows; P columns tg.. (P_{t2, tg+a} at t2·CS_ROUND + a); dU's P term
-const STAGE_QW: u32 = 4u;    // q rows; w rows
+const CS_COLS: u32 = 16u;                                 // value columns a workgroup
+const CS_PARTS: u32 = 16u;                                // WG / CS_COLS
+var<workgroup> sh_cu: array<f32, 1024>;                   // U (dU) of the chunk: CH × CS_COLS
 
 // A chunk of the launch's head hl.
 fn chunk_refs(hl: u32, ch: u32) -> ChunkRefs {
@@ -762,144 +743,279 @@ fn chunk_refs(hl: u32, ch: u32) -> ChunkRefs {
                      min(CH, params.time - t0));
 }
 
-struct Staged {
-    x: array<f32, CS_FETCH>,   // elements lid + m·WG of the rows (zeros at or past len)
-    y: array<f32, CS_FETCH>,   // the second rows (STAGE_QW)
-    p: f32,                    // element lid of P's rows or columns
-    u: f32,                    // STAGE_W: u; STAGE_KPT: dU's P term (token tg + part, col)
+// ---- chunk_states / chunk_dstate: rounds of CS_R tokens, the parts summed by a butterfly ----
+// Lane (part p = lid % CS_PARTS, column j = lid / CS_PARTS) of a workgroup's CS_COLS value
+// columns keeps the state (state gradient) rows of column j in groups of four, groups p,
+// p + CS_PARTS, ... (rows 4g..4g + 3 of group g), in registers. Tokens go CS_R a round: their
+// rows staged in workgroup memory as 16-byte groups (fetched into registers a round ahead,
+// `cs_fetch`, across phases and chunks; stored by `cs_put`), each lane's partial dots over its
+// groups for every token of the round, then each token's CS_PARTS partials summed as one
+// pairwise tree over the parts in order (`cs_reduce`): the first levels by shuffles within runs
+// of CS_SG lanes (each level halves the tokens a lane holds), the rest through workgroup
+// memory. Every CS_SG gives the same tree, so the same bits, with or without subgroups. Staged
+// rows are K rounded up to groups of four (zeros past K).
+override CS_SG: u32 = 1u;        // parts summed by shuffles: min(subgroup width, 16), 1 without
+override CS_R: u32 = 4u;         // tokens a round: 8, or 4 (host: by the staged groups)
+override CS_STAGE: u32 = 256u;   // staged groups: the larger of a round's (`cs_groups`) and the parts' (CS_R·(CS_PARTS / CS_SG)·CS_COLS / 4)
+override CS_LOADS: u32 = 1u;     // staged groups a lane fetches: ⌈a round's groups / WG⌉
+const CS_RMAX: u32 = 8u;         // the most CS_R
+const CS_FMAX: u32 = 3u;         // the most CS_LOADS (a round's groups ≤ 768)
+const CS_GROUPS: u32 = 4u;       // the most row groups a lane keeps: MAXD / 4 / CS_PARTS
+var<workgroup> sh_cs: array<vec4<f32>, CS_STAGE>;  // a round's groups (`cs_groups`), or the parts
+
+const CS_W: u32 = 0u;   // w rows; the owner's u
+const CS_Q: u32 = 1u;   // e^γ q rows, then P rows
+const CS_K: u32 = 2u;   // e^{γ_last − γ} k rows
+const CS_KD: u32 = 3u;  // `chunk_dstate`: e^{γ_last − γ} k rows; the owner's scale·PᵀdO term
+const CS_QW: u32 = 4u;  // `chunk_dstate`: scale·e^γ q rows, then w rows, then dO [CS_R, CS_COLS]
+
+// Groups of four in a staged row.
+fn cs_kq() -> u32 {
+    return (KD + 3u) / 4u;
 }
 
-fn chunk_fetch(which: u32, cr: ChunkRefs, tg: u32, lid: u32, part: u32, col: u32,
-               live: bool) -> Staged {
-    var st: Staged;
-    for (var m = 0u; m < CS_FETCH; m = m + 1u) {
+struct CsStage {
+    x: array<vec4<f32>, CS_FMAX>,  // staged groups lid + m·WG (zeros past the chunk or K)
+    g: array<f32, CS_FMAX>,        // γ of each q or k group's token
+    u: f32,                        // u (CS_W) or dU's P term (CS_KD) of the lane's token and column
+}
+
+// First token of the round a lane holds after the shuffle levels (each level's upper lane keeps
+// the upper half).
+fn cs_held_base(p: u32) -> u32 {
+    var t = 0u;
+    for (var d = 1u; d < CS_SG; d = d * 2u) {
+        if (CS_R / d > 1u && (p & d) != 0u) {
+            t = t + CS_R / (2u * d);
+        }
+    }
+    return t;
+}
+
+// The token of the round whose total part p's lane ends with (valid where p < CS_R).
+fn cs_token(p: u32) -> u32 {
+    if (CS_SG < CS_PARTS) {
+        return p;
+    }
+    return cs_held_base(p);
+}
+
+// Staged groups of a round: its rows, and P's rows (CS_Q) or w's rows and dO (CS_QW).
+fn cs_groups(which: u32) -> u32 {
+    let rows = CS_R * cs_kq();
+    if (which == CS_Q) {
+        return rows + CS_R * (CH / 4u);
+    }
+    if (which == CS_QW) {
+        return 2u * rows + CS_R * (CS_COLS / 4u);
+    }
+    return rows;
+}
+
+fn cs_fetch(which: u32, cr: ChunkRefs, rg: u32, lid: u32, p: u32, col: u32, live: bool) -> CsStage {
+    var st: CsStage;
+    let kq = cs_kq();
+    let rows = CS_R * kq;
+    let has_dout = (params.flags & 1u) != 0u;
+    for (var m = 0u; m < CS_FMAX; m = m + 1u) {
+        var x = vec4<f32>();
+        var g = 0.0;
         let e = lid + m * WG;
-        let t = tg + e / KD;
-        let i = e % KD;
-        var x = 0.0;
-        var y = 0.0;
-        if (e < CS_ROUND * KD && t < cr.len) {
-            if (which == STAGE_W) {
-                x = ws_buf[cw_at(cr.base, cr.ch, t, i)];
-            } else if (which == STAGE_K || which == STAGE_KPT) {
-                x = load_k(k_index(cr.row0 + t, cr.hk, i));
-            } else {
-                x = load_q(q_index(cr.row0 + t, cr.hk, i));
-                if (which == STAGE_QW) {
-                    y = ws_buf[cw_at(cr.base, cr.ch, t, i)];
+        if (m < CS_LOADS && e < cs_groups(which)) {
+            if (e < rows || (which == CS_QW && e < 2u * rows)) {
+                // A row group: q, k or w of token t, rows i0.., zeros past K.
+                let w_row = which == CS_W || e >= rows;
+                let er = e % rows;
+                let t = rg + er / kq;
+                let i0 = (er % kq) * 4u;
+                if (t < cr.len) {
+                    if (!w_row) {
+                        g = ws_buf[cg_at(cr.base, cr.ch, t)];
+                    }
+                    for (var c = 0u; c < 4u; c = c + 1u) {
+                        let i = i0 + c;
+                        if (i < KD) {
+                            if (w_row) {
+                                x[c] = ws_buf[cw_at(cr.base, cr.ch, t, i)];
+                            } else if (which == CS_Q || which == CS_QW) {
+                                x[c] = load_q(q_index(cr.row0 + t, cr.hk, i));
+                            } else {
+                                x[c] = load_k(k_index(cr.row0 + t, cr.hk, i));
+                            }
+                        }
+                    }
+                }
+            } else if (which == CS_Q) {
+                let e2 = e - rows;
+                let t = rg + e2 / (CH / 4u);
+                if (t < cr.len) {
+                    let at = cp_at(cr.base, cr.ch, t, (e2 % (CH / 4u)) * 4u);
+                    x = vec4<f32>(ws_buf[at], ws_buf[at + 1u], ws_buf[at + 2u], ws_buf[at + 3u]);
                 }
             }
         }
         st.x[m] = x;
-        st.y[m] = y;
-    }
-    st.p = 0.0;
-    if (which == STAGE_QP) {
-        let t = tg + lid / CH;
-        if (t < cr.len) {
-            st.p = ws_buf[cp_at(cr.base, cr.ch, t, lid % CH)];
-        }
-    } else if (which == STAGE_KPT) {
-        let t2 = lid / CS_ROUND;
-        let t = tg + lid % CS_ROUND;
-        if (t2 < cr.len && t < cr.len) {
-            st.p = ws_buf[cp_at(cr.base, cr.ch, t2, t)];
-        }
+        st.g[m] = g;
     }
     st.u = 0.0;
-    let t = tg + part;
-    if (live && part < CS_ROUND && t < cr.len) {
-        if (which == STAGE_W) {
+    let t = rg + cs_token(p);
+    if (live && p < CS_R && t < cr.len) {
+        if (which == CS_W) {
             st.u = ws_buf[cu_at(cr.base, cr.ch, t, col)];
-        } else if (which == STAGE_KPT) {
+        } else if (which == CS_KD && has_dout) {
             st.u = bws_buf[cdu_at(cr.hb, cr.ch, t, col)];
         }
     }
     return st;
 }
 
-// The forward's staged rows into sh_cst (P's rows into sh_cp); barriers before and after, so
-// call from uniform control flow.
-fn chunk_put(which: u32, st: Staged, lid: u32) {
+// The fetched groups into sh_cs, q rows times e^γ (CS_QW: scale·e^γ) and k rows times
+// e^{γ_last − γ} (rows of tokens past the chunk are never read); barriers before and after
+// (uniform control flow).
+fn cs_put(which: u32, st: CsStage, lid: u32, glast: f32) {
     workgroupBarrier();
-    for (var m = 0u; m < CS_FETCH; m = m + 1u) {
+    let rows = CS_R * cs_kq();
+    for (var m = 0u; m < CS_FMAX; m = m + 1u) {
         let e = lid + m * WG;
-        if (e < CS_ROUND * KD) {
-            sh_cst[e] = st.x[m];
+        if (m < CS_LOADS && e < cs_groups(which)) {
+            var x = st.x[m];
+            if (e < rows && which == CS_Q) {
+                x = exp(st.g[m]) * x;
+            } else if (e < rows && which == CS_QW) {
+                x = (params.scale * exp(st.g[m])) * x;
+            } else if (e < rows && (which == CS_K || which == CS_KD)) {
+                x = exp(glast - st.g[m]) * x;
+            }
+            sh_cs[e] = x;
         }
-    }
-    if (which == STAGE_QP) {
-        sh_cp[lid] = st.p;
     }
     workgroupBarrier();
 }
 
-// `chunk_dstate`'s, as `chunk_put`: the second rows or P's columns into sh_cst2.
-fn chunk_put_back(which: u32, st: Staged, lid: u32) {
-    workgroupBarrier();
-    for (var m = 0u; m < CS_FETCH; m = m + 1u) {
-        let e = lid + m * WG;
-        if (e < CS_ROUND * KD) {
-            sh_cst[e] = st.x[m];
-            if (which == STAGE_QW) {
-                sh_cst2[e] = st.y[m];
+// The lane's partial dots of the round's staged rows with its state rows; with `out`, plus the
+// P·U terms of the lane's U rows `u4` (tokens 4p.., none after the output's token).
+fn cs_partials(pa: ptr<function, array<f32, CS_RMAX>>, s: ptr<function, array<vec4<f32>, CS_GROUPS>>,
+               rg: u32, len: u32, p: u32, out: bool, u4: vec4<f32>) {
+    let kq = cs_kq();
+    for (var a = 0u; a < CS_RMAX; a = a + 1u) {
+        var x = 0.0;
+        if (a < CS_R && rg + a < len) {
+            for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+                let g = p + c * CS_PARTS;
+                if (g < kq) {
+                    x = x + dot(sh_cs[a * kq + g], (*s)[c]);
+                }
+            }
+            if (out) {
+                let s2 = vec4<u32>(4u * p) + vec4<u32>(0u, 1u, 2u, 3u);
+                let pu = select(vec4<f32>(), sh_cs[CS_R * kq + a * (CH / 4u) + p] * u4,
+                                s2 <= vec4<u32>(rg + a));
+                x = x + ((pu.x + pu.y) + (pu.z + pu.w));
             }
         }
+        (*pa)[a] = x;
     }
-    if (which == STAGE_KPT) {
-        sh_cst2[lid] = st.p;
-    }
-    workgroupBarrier();
 }
 
-// Each lane's partial dots of the staged rows with its state rows, into sh_cpart.
-fn chunk_partials(tg: u32, len: u32, part: u32, j: u32, i0: u32, n: u32, chunk: u32,
-                  s: ptr<function, array<f32, CS_ROWS>>) {
-    for (var a = 0u; a < CS_ROUND; a = a + 1u) {
-        var p = 0.0;
-        if (tg + a < len) {
-            for (var c = 0u; c < chunk; c = c + 1u) {
-                if (c < n) {
-                    p = p + sh_cst[a * KD + i0 + c] * (*s)[c];
+// One shuffle level of `cs_reduce`: partner lane p ^ d; `held` tokens a lane holds before it.
+fn cs_level(pa: ptr<function, array<f32, CS_RMAX>>, p: u32, d: u32, held: u32) {
+    if (d >= CS_SG) {
+        return;
+    }
+    let upper = (p & d) != 0u;
+    if (held > 1u) {
+        let half = held / 2u;
+        for (var a = 0u; a < CS_RMAX / 2u; a = a + 1u) {
+            if (a < half) {
+                let lo = (*pa)[a];
+                let hi = (*pa)[a + half];
+                let got = lane_xor(select(hi, lo, upper), d);
+                (*pa)[a] = select(lo, hi, upper) + got;
+            }
+        }
+    } else {
+        (*pa)[0] = (*pa)[0] + lane_xor((*pa)[0], d);
+    }
+}
+
+// One level of the groups' tree in `cs_reduce` (groups g and g + w).
+fn cs_group_level(v: ptr<function, array<f32, CS_PARTS>>, w: u32, groups: u32) {
+    for (var h = 0u; h < CS_PARTS / 2u; h = h + 1u) {
+        let g = h * 2u * w;
+        if (g + w < groups) {
+            (*v)[g] = (*v)[g] + (*v)[g + w];
+        }
+    }
+}
+
+// Each token's partials summed over the parts of its column: the lane's total is token
+// `cs_token(p)`'s (where p < CS_R). Barriers where CS_SG < CS_PARTS: uniform control flow.
+fn cs_reduce(pa: ptr<function, array<f32, CS_RMAX>>, p: u32, j: u32) -> f32 {
+    cs_level(pa, p, 1u, CS_R);
+    cs_level(pa, p, 2u, max(CS_R / 2u, 1u));
+    cs_level(pa, p, 4u, max(CS_R / 4u, 1u));
+    cs_level(pa, p, 8u, max(CS_R / 8u, 1u));
+    let groups = CS_PARTS / CS_SG;
+    if (groups == 1u) {
+        return (*pa)[0];
+    }
+    // The other levels through sh_cs (floats [token][group][column], after the staged rows'
+    // readers): the lane's tokens (lanes holding the same token write the same bits), then the
+    // owner of token p sums its groups.
+    let held = max(CS_R / CS_SG, 1u);
+    let first = cs_held_base(p);
+    let g = p / CS_SG;
+    workgroupBarrier();
+    for (var a = 0u; a < CS_RMAX; a = a + 1u) {
+        if (a < held) {
+            let f = ((first + a) * groups + g) * CS_COLS + j;
+            sh_cs[f / 4u][f % 4u] = (*pa)[a];
+        }
+    }
+    workgroupBarrier();
+    var v: array<f32, CS_PARTS>;
+    for (var h = 0u; h < CS_PARTS; h = h + 1u) {
+        var x = 0.0;
+        if (h < groups && p < CS_R) {
+            let f = (p * groups + h) * CS_COLS + j;
+            x = sh_cs[f / 4u][f % 4u];
+        }
+        v[h] = x;
+    }
+    cs_group_level(&v, 1u, groups);
+    cs_group_level(&v, 2u, groups);
+    cs_group_level(&v, 4u, groups);
+    cs_group_level(&v, 8u, groups);
+    return v[0];
+}
+
+// S ← S + Σ_a k̃_a U_a over the round's staged rows (tokens in order).
+fn cs_update(s: ptr<function, array<vec4<f32>, CS_GROUPS>>, rg: u32, len: u32, p: u32, j: u32) {
+    let kq = cs_kq();
+    for (var a = 0u; a < CS_RMAX; a = a + 1u) {
+        if (a < CS_R && rg + a < len) {
+            let u = sh_cu[(rg + a) * CS_COLS + j];
+            for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+                let g = p + c * CS_PARTS;
+                if (g < kq) {
+                    (*s)[c] = (*s)[c] + sh_cs[a * kq + g] * u;
                 }
             }
         }
-        sh_cpart[(a * CS_PARTS + part) * CS_COLS + j] = p;
     }
 }
 
-// The parts of token tg + part's dot in order (lanes of parts < CS_ROUND).
-fn chunk_part_sum(part: u32, j: u32) -> f32 {
-    var x = 0.0;
-    for (var pp = 0u; pp < CS_PARTS; pp = pp + 1u) {
-        x = x + sh_cpart[(part * CS_PARTS + pp) * CS_COLS + j];
-    }
-    return x;
-}
-
-// A lane's state rows times f.
-fn chunk_rows_scale(s: ptr<function, array<f32, CS_ROWS>>, f: f32, chunk: u32, n: u32) {
-    for (var c = 0u; c < chunk; c = c + 1u) {
-        if (c < n) {
-            (*s)[c] = f * (*s)[c];
-        }
-    }
-}
-
-// γ of the chunk into sh_cg, after a barrier (the last chunk's readers).
-fn chunk_stage_gamma(base: u32, ch: u32, lid: u32) {
-    workgroupBarrier();
-    if (lid < CH) {
-        sh_cg[lid] = ws_buf[cg_at(base, ch, lid)];
-    }
+// State row i of a lane's groups: group c, component r.
+fn cs_row(p: u32, c: u32, r: u32) -> u32 {
+    return 4u * (p + c * CS_PARTS) + r;
 }
 
 // One workgroup per (head of the launch, slice of CS_COLS value columns), chunks in order;
 // checkpoints at chunk starts that are multiples of the interval (the forward's interval is T:
 // the initial state alone). `mode` 1 (the backward's recomputation): the initial state is the
 // saved checkpoint, every chunk's first state and U go to the backward workspace, no output.
-// Per chunk: U = u − w S; O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s); then
-// S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s, tokens in order.
+// Per chunk: U = u − w S; O = scale·Σ_parts ((e^γ q)·S + P·U); then
+// S ← e^{γ_last} S + Σ_s (e^{γ_last − γ_s} k_s) U_s, tokens in order.
 @compute @workgroup_size(WG)
 fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -910,118 +1026,114 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let vd = params.vdim;
     let hl = unit / params.slices;
     let bh = params.unit_base + hl;
-    let j = lid % CS_COLS;
-    let part = lid / CS_COLS;
+    let p = lid % CS_PARTS;
+    let j = lid / CS_PARTS;
     let col = (unit % params.slices) * CS_COLS + j;
     let hv = bh % params.value_heads;
-    let col_live = col < vd;
-    let chunk = (KD + CS_PARTS - 1u) / CS_PARTS;
-    let i0 = min(part * chunk, KD);
-    let n = min(i0 + chunk, KD) - i0;
+    let live = col < vd;
+    let owner = p < CS_R;
+    let tok = cs_token(p);
     let sbase = bh * KD * vd;
     let mode = params.mode;
-    var s: array<f32, CS_ROWS>;
-    for (var c = 0u; c < chunk; c = c + 1u) {
-        if (c < n) {
-            var x = 0.0;
-            if (col_live && (params.flags & 1u) != 0u) {
-                x = init_in[sbase + (i0 + c) * vd + col];
+    var s: array<vec4<f32>, CS_GROUPS>;
+    for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+        for (var r = 0u; r < 4u; r = r + 1u) {
+            let i = cs_row(p, c, r);
+            if (i < KD && live && (params.flags & 1u) != 0u) {
+                s[c][r] = init_in[sbase + i * vd + col];
             }
-            s[c] = x;
         }
     }
-    var st = chunk_fetch(STAGE_W, chunk_refs(hl, 0u), 0u, lid, part, col, col_live);
+    var pa: array<f32, CS_RMAX>;
+    var u4 = vec4<f32>();
+    var st = cs_fetch(CS_W, chunk_refs(hl, 0u), 0u, lid, p, col, live);
     for (var ch = 0u; ch < params.chunks; ch = ch + 1u) {
         let cr = chunk_refs(hl, ch);
         let len = cr.len;
         let t0 = ch * CH;
-        if (col_live && mode == 1u) {
-            for (var c = 0u; c < chunk; c = c + 1u) {
-                if (c < n) {
-                    bws_buf[chs_at(cr.hb, ch, i0 + c, col)] = s[c];
-                }
-            }
-        } else if (col_live && t0 % params.interval == 0u) {
+        let glast = ws_buf[cg_at(cr.base, ch, len - 1u)];
+        if (live && (mode == 1u || t0 % params.interval == 0u)) {
             let cbase = (bh * params.checkpoints + t0 / params.interval) * KD * vd;
-            for (var c = 0u; c < chunk; c = c + 1u) {
-                if (c < n) {
-                    ckpt_buf[cbase + (i0 + c) * vd + col] = s[c];
-                }
-            }
-        }
-        chunk_stage_gamma(cr.base, ch, lid);
-        // U = u − w S.
-        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-            chunk_put(STAGE_W, st, lid);
-            let uu = st.u;
-            if (tg + CS_ROUND < len) {
-                st = chunk_fetch(STAGE_W, cr, tg + CS_ROUND, lid, part, col, col_live);
-            } else if (mode == 0u) {
-                st = chunk_fetch(STAGE_QP, cr, 0u, lid, part, col, col_live);
-            } else {
-                st = chunk_fetch(STAGE_K, cr, 0u, lid, part, col, col_live);
-            }
-            chunk_partials(tg, len, part, j, i0, n, chunk, &s);
-            workgroupBarrier();
-            let t = tg + part;
-            if (part < CS_ROUND && t < len) {
-                let x = uu - chunk_part_sum(part, j);
-                sh_cu[t * CS_COLS + j] = x;
-                if (col_live && mode == 1u) {
-                    bws_buf[cuu_at(cr.hb, ch, t, col)] = x;
-                }
-            }
-        }
-        if (mode == 0u) {
-            // O = scale·(e^γ q·S + Σ_{s ≤ t} P_ts U_s).
-            for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-                chunk_put(STAGE_QP, st, lid);
-                if (tg + CS_ROUND < len) {
-                    st = chunk_fetch(STAGE_QP, cr, tg + CS_ROUND, lid, part, col, col_live);
-                } else {
-                    st = chunk_fetch(STAGE_K, cr, 0u, lid, part, col, col_live);
-                }
-                chunk_partials(tg, len, part, j, i0, n, chunk, &s);
-                workgroupBarrier();
-                let t = tg + part;
-                if (part < CS_ROUND && t < len && col_live) {
-                    let qs = chunk_part_sum(part, j);
-                    var pu = 0.0;
-                    for (var s2 = 0u; s2 <= t; s2 = s2 + 1u) {
-                        pu = pu + sh_cp[part * CH + s2] * sh_cu[s2 * CS_COLS + j];
-                    }
-                    out_buf[((cr.row0 + t) * params.value_heads + hv) * vd + col] =
-                        params.scale * (exp(sh_cg[t]) * qs + pu);
-                }
-            }
-        }
-        // S ← e^{γ_last} S + Σ_s e^{γ_last − γ_s} k_s U_s.
-        let glast = sh_cg[len - 1u];
-        chunk_rows_scale(&s, exp(glast), chunk, n);
-        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-            chunk_put(STAGE_K, st, lid);
-            if (tg + CS_ROUND < len) {
-                st = chunk_fetch(STAGE_K, cr, tg + CS_ROUND, lid, part, col, col_live);
-            } else if (ch + 1u < params.chunks) {
-                st = chunk_fetch(STAGE_W, chunk_refs(hl, ch + 1u), 0u, lid, part, col, col_live);
-            }
-            for (var a = 0u; a < CS_ROUND; a = a + 1u) {
-                let s2 = tg + a;
-                if (s2 < len) {
-                    let eu = exp(glast - sh_cg[s2]) * sh_cu[s2 * CS_COLS + j];
-                    for (var c = 0u; c < chunk; c = c + 1u) {
-                        if (c < n) {
-                            s[c] = s[c] + sh_cst[a * KD + i0 + c] * eu;
+            for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+                for (var r = 0u; r < 4u; r = r + 1u) {
+                    let i = cs_row(p, c, r);
+                    if (i < KD) {
+                        if (mode == 1u) {
+                            bws_buf[chs_at(cr.hb, ch, i, col)] = s[c][r];
+                        } else {
+                            ckpt_buf[cbase + i * vd + col] = s[c][r];
                         }
                     }
                 }
             }
         }
+        // U = u − w S.
+        for (var rg = 0u; rg < len; rg = rg + CS_R) {
+            cs_put(CS_W, st, lid, glast);
+            let uu = st.u;
+            if (rg + CS_R < len) {
+                st = cs_fetch(CS_W, cr, rg + CS_R, lid, p, col, live);
+            } else if (mode == 0u) {
+                st = cs_fetch(CS_Q, cr, 0u, lid, p, col, live);
+            } else {
+                st = cs_fetch(CS_K, cr, 0u, lid, p, col, live);
+            }
+            cs_partials(&pa, &s, rg, len, p, false, u4);
+            let dot = cs_reduce(&pa, p, j);
+            let t = rg + tok;
+            if (owner && t < len) {
+                let x = uu - dot;
+                sh_cu[t * CS_COLS + j] = x;
+                if (live && mode == 1u) {
+                    bws_buf[cuu_at(cr.hb, ch, t, col)] = x;
+                }
+            }
+        }
+        if (mode == 0u) {
+            // O = scale·Σ_parts ((e^γ q)·S + P·U).
+            for (var rg = 0u; rg < len; rg = rg + CS_R) {
+                cs_put(CS_Q, st, lid, glast);
+                if (rg == 0u) {
+                    for (var m = 0u; m < 4u; m = m + 1u) {
+                        let s2 = 4u * p + m;
+                        u4[m] = select(0.0, sh_cu[s2 * CS_COLS + j], s2 < len);
+                    }
+                }
+                if (rg + CS_R < len) {
+                    st = cs_fetch(CS_Q, cr, rg + CS_R, lid, p, col, live);
+                } else {
+                    st = cs_fetch(CS_K, cr, 0u, lid, p, col, live);
+                }
+                cs_partials(&pa, &s, rg, len, p, true, u4);
+                let o = cs_reduce(&pa, p, j);
+                let t = rg + tok;
+                if (owner && t < len && live) {
+                    out_buf[((cr.row0 + t) * params.value_heads + hv) * vd + col] = params.scale * o;
+                }
+            }
+        }
+        // S ← e^{γ_last} S + Σ_s (e^{γ_last − γ_s} k_s) U_s.
+        let decay_last = exp(glast);
+        for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+            s[c] = decay_last * s[c];
+        }
+        for (var rg = 0u; rg < len; rg = rg + CS_R) {
+            cs_put(CS_K, st, lid, glast);
+            if (rg + CS_R < len) {
+                st = cs_fetch(CS_K, cr, rg + CS_R, lid, p, col, live);
+            } else if (ch + 1u < params.chunks) {
+                st = cs_fetch(CS_W, chunk_refs(hl, ch + 1u), 0u, lid, p, col, live);
+            }
+            cs_update(&s, rg, len, p, j);
+        }
     }
-    if (col_live && mode == 0u) {
-        for (var c = 0u; c < chunk; c = c + 1u) {
-            if (c < n) {
-                final_buf[sbase + (i0 + c) * vd + col] = s[c];
+    if (live && mode == 0u) {
+        for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+            for (var r = 0u; r < 4u; r = r + 1u) {
+                let i = cs_row(p, c, r);
+                if (i < KD) {
+                    final_buf[sbase + i * vd + col] = s[c][r];
+                }
             }
         }
     }
@@ -1091,11 +1203,56 @@ fn chunk_pdo(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
 }
 
+// `cs_fetch` of a CS_QW round, with its dO groups (token t at the workgroup's columns c0..c0 + 3;
+// zeros without an output cotangent). Only `chunk_dstate` reaches dO's binding.
+fn cs_fetch_back(which: u32, cr: ChunkRefs, rg: u32, lid: u32, p: u32, col: u32, live: bool) -> CsStage {
+    var st = cs_fetch(which, cr, rg, lid, p, col, live);
+    if (which != CS_QW || (params.flags & 1u) == 0u) {
+        return st;
+    }
+    let rows = CS_R * cs_kq();
+    for (var m = 0u; m < CS_FMAX; m = m + 1u) {
+        let e = lid + m * WG;
+        if (m < CS_LOADS && e >= 2u * rows && e < cs_groups(CS_QW)) {
+            let e3 = e - 2u * rows;
+            let t = rg + e3 / (CS_COLS / 4u);
+            let c0 = (col / CS_COLS) * CS_COLS + (e3 % (CS_COLS / 4u)) * 4u;
+            if (t < cr.len) {
+                for (var c = 0u; c < 4u; c = c + 1u) {
+                    if (c0 + c < params.vdim) {
+                        st.x[m][c] = dout_at(cr.row0 + t, cr.hv, c0 + c);
+                    }
+                }
+            }
+        }
+    }
+    return st;
+}
+
+// S ← S + Σ_a (q̃_a dO_a − w_a dU_a) over the round's staged rows (tokens in order; CS_QW).
+fn cs_update_back(s: ptr<function, array<vec4<f32>, CS_GROUPS>>, rg: u32, len: u32, p: u32, j: u32) {
+    let kq = cs_kq();
+    let rows = CS_R * kq;
+    for (var a = 0u; a < CS_RMAX; a = a + 1u) {
+        if (a < CS_R && rg + a < len) {
+            let d_out = sh_cs[2u * rows + a * (CS_COLS / 4u) + j / 4u][j % 4u];
+            let du = sh_cu[(rg + a) * CS_COLS + j];
+            for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+                let g = p + c * CS_PARTS;
+                if (g < kq) {
+                    (*s)[c] = (*s)[c] + sh_cs[a * kq + g] * d_out - sh_cs[rows + a * kq + g] * du;
+                }
+            }
+        }
+    }
+}
+
 // One workgroup per (head of the launch, slice of CS_COLS value columns), chunks last to
-// first; lane (column j, part) keeps its rows of dS column j as `chunk_states` keeps S. Starts
-// from ds_buf (d_final or zeros) and leaves the initial state's gradient there. Per chunk:
-// dU = e^{γ_last − γ} k·dS' + scale PᵀdO (the second term from `chunk_pdo`), then
-// dS = e^{γ_last} dS' + Σ_t (scale e^{γ_t} q_t dO_t − w_t dU_t), tokens in order.
+// first; lane (part p, column j) keeps its row groups of dS column j as `chunk_states` keeps S,
+// and the rounds go as there. Starts from ds_buf (d_final or zeros) and leaves the initial
+// state's gradient there. Per chunk: dU = (e^{γ_last − γ} k)·dS' + scale PᵀdO (the second term
+// from `chunk_pdo`), then dS = e^{γ_last} dS' + Σ_t ((scale e^{γ_t} q_t) dO_t − w_t dU_t),
+// tokens in order.
 @compute @workgroup_size(WG)
 fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -1106,93 +1263,84 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let vd = params.vdim;
     let hl = unit / params.slices;
     let bh = params.unit_base + hl;
-    let j = lid % CS_COLS;
-    let part = lid / CS_COLS;
+    let p = lid % CS_PARTS;
+    let j = lid / CS_PARTS;
     let col = (unit % params.slices) * CS_COLS + j;
-    let hv = bh % params.value_heads;
-    let col_live = col < vd;
+    let live = col < vd;
+    let owner = p < CS_R;
+    let tok = cs_token(p);
     let has_dout = (params.flags & 1u) != 0u;
-    let chunk = (KD + CS_PARTS - 1u) / CS_PARTS;
-    let i0 = min(part * chunk, KD);
-    let n = min(i0 + chunk, KD) - i0;
     let sbase = bh * KD * vd;
-    var s: array<f32, CS_ROWS>;
-    for (var c = 0u; c < chunk; c = c + 1u) {
-        if (c < n) {
-            var x = 0.0;
-            if (col_live) {
-                x = ds_buf[sbase + (i0 + c) * vd + col];
+    var s: array<vec4<f32>, CS_GROUPS>;
+    for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+        for (var r = 0u; r < 4u; r = r + 1u) {
+            let i = cs_row(p, c, r);
+            if (i < KD && live) {
+                s[c][r] = ds_buf[sbase + i * vd + col];
             }
-            s[c] = x;
         }
     }
+    var pa: array<f32, CS_RMAX>;
     let last = params.chunks - 1u;
-    var st = chunk_fetch(STAGE_KPT, chunk_refs(hl, last), 0u, lid, part, col, col_live);
+    var st = cs_fetch_back(CS_KD, chunk_refs(hl, last), 0u, lid, p, col, live);
     for (var cc = 0u; cc < params.chunks; cc = cc + 1u) {
         let ch = last - cc;
         let cr = chunk_refs(hl, ch);
         let len = cr.len;
-        if (col_live) {
-            for (var c = 0u; c < chunk; c = c + 1u) {
-                if (c < n) {
-                    bws_buf[cds_at(cr.hb, ch, i0 + c, col)] = s[c];
+        let glast = ws_buf[cg_at(cr.base, ch, len - 1u)];
+        if (live) {
+            for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+                for (var r = 0u; r < 4u; r = r + 1u) {
+                    let i = cs_row(p, c, r);
+                    if (i < KD) {
+                        bws_buf[cds_at(cr.hb, ch, i, col)] = s[c][r];
+                    }
                 }
             }
         }
-        let glast = ws_buf[cg_at(cr.base, ch, len - 1u)];
-        // dU: the parts of k_t·dS' in order, scaled, plus the P term.
-        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-            chunk_put_back(STAGE_KPT, st, lid);
+        // dU: the parts of (e^{γ_last − γ_t} k_t)·dS', plus the P term.
+        for (var rg = 0u; rg < len; rg = rg + CS_R) {
+            cs_put(CS_KD, st, lid, glast);
             let pre = st.u;
-            if (tg + CS_ROUND < len) {
-                st = chunk_fetch(STAGE_KPT, cr, tg + CS_ROUND, lid, part, col, col_live);
+            if (rg + CS_R < len) {
+                st = cs_fetch_back(CS_KD, cr, rg + CS_R, lid, p, col, live);
             } else {
-                st = chunk_fetch(STAGE_QW, cr, 0u, lid, part, col, col_live);
+                st = cs_fetch_back(CS_QW, cr, 0u, lid, p, col, live);
             }
-            chunk_partials(tg, len, part, j, i0, n, chunk, &s);
-            workgroupBarrier();
-            let t = tg + part;
-            if (part < CS_ROUND && t < len) {
-                var du = exp(glast - ws_buf[cg_at(cr.base, ch, t)]) * chunk_part_sum(part, j);
-                if (has_dout && col_live) {
+            cs_partials(&pa, &s, rg, len, p, false, vec4<f32>());
+            var du = cs_reduce(&pa, p, j);
+            let t = rg + tok;
+            if (owner && t < len) {
+                if (has_dout && live) {
                     du = du + pre;
                 }
                 sh_cu[t * CS_COLS + j] = du;
-                if (col_live) {
+                if (live) {
                     bws_buf[cdu_at(cr.hb, ch, t, col)] = du;
                 }
             }
         }
-        chunk_rows_scale(&s, exp(glast), chunk, n);
-        for (var tg = 0u; tg < len; tg = tg + CS_ROUND) {
-            chunk_put_back(STAGE_QW, st, lid);
-            if (tg + CS_ROUND < len) {
-                st = chunk_fetch(STAGE_QW, cr, tg + CS_ROUND, lid, part, col, col_live);
+        let decay_last = exp(glast);
+        for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+            s[c] = decay_last * s[c];
+        }
+        for (var rg = 0u; rg < len; rg = rg + CS_R) {
+            cs_put(CS_QW, st, lid, glast);
+            if (rg + CS_R < len) {
+                st = cs_fetch_back(CS_QW, cr, rg + CS_R, lid, p, col, live);
             } else if (ch > 0u) {
-                st = chunk_fetch(STAGE_KPT, chunk_refs(hl, ch - 1u), 0u, lid, part, col, col_live);
+                st = cs_fetch_back(CS_KD, chunk_refs(hl, ch - 1u), 0u, lid, p, col, live);
             }
-            for (var a = 0u; a < CS_ROUND; a = a + 1u) {
-                let t = tg + a;
-                if (t < len) {
-                    var av = 0.0;
-                    if (has_dout && col_live) {
-                        av = params.scale * exp(ws_buf[cg_at(cr.base, ch, t)])
-                            * dout_at(cr.row0 + t, hv, col);
-                    }
-                    let du = sh_cu[t * CS_COLS + j];
-                    for (var c = 0u; c < chunk; c = c + 1u) {
-                        if (c < n) {
-                            s[c] = s[c] + sh_cst[a * KD + i0 + c] * av - sh_cst2[a * KD + i0 + c] * du;
-                        }
-                    }
-                }
-            }
+            cs_update_back(&s, rg, len, p, j);
         }
     }
-    if (col_live) {
-        for (var c = 0u; c < chunk; c = c + 1u) {
-            if (c < n) {
-                ds_buf[sbase + (i0 + c) * vd + col] = s[c];
+    if (live) {
+        for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+            for (var r = 0u; r < 4u; r = r + 1u) {
+                let i = cs_row(p, c, r);
+                if (i < KD) {
+                    ds_buf[sbase + i * vd + col] = s[c][r];
+                }
             }
         }
     }

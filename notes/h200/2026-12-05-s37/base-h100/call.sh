@@ -1,0 +1,2 @@
+# The pending rows of notes/h200/pending.md with the session's base build (554f2b5).
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp WGPU_BACKEND=vulkan; for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig; nvidia-smi --query-gpu=name,clocks.sm --format=csv > $OUT/gpu.txt; timeout 420 .bench/bench_base --profile --json $OUT/bench.json --only gated_delta,mta,attn_res,fused_moe > $OUT/bench.txt 2>&1; echo rc=$? >> $OUT/bench.txt
