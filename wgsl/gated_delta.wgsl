@@ -616,13 +616,33 @@ fn chunk_solve(base: u32, ch: u32, len: u32, row0: u32, hk: u32, hv: u32, col: u
 
 // Lane `lid`'s 4 × 4 block of a chunk's key products: rows r0 = 4·(lid / 16).., columns
 // s0 = 4·(lid % 16).., `kk` = k_r·k_s and (with `with_q`) `qk` = q_r·k_s, the key dims staged
-// CH_TILE at a time and summed in ascending order; rows at or past `len` give zeros. Barriers:
-// call from uniform control flow.
+// CH_TILE at a time (stored key dim major, so the 16 lanes of a row block read 16 different
+// rows from different banks) and summed in ascending order, the next step's elements fetched
+// while the current one is summed; rows at or past `len` give zeros. Barriers: call from
+// uniform control flow.
 struct KeyBlocks {
     r0: u32,
     s0: u32,
     kk: array<f32, 16>,
     qk: array<f32, 16>,
+}
+
+// Elements lid and lid + WG of the key step at i0 (rows e / CH_TILE, key dims i0 + e % CH_TILE):
+// k's in .xy, q's in .zw.
+fn chunk_key_fetch(row0: u32, len: u32, hk: u32, lid: u32, with_q: bool, i0: u32) -> vec4<f32> {
+    var f = vec4<f32>();
+    for (var m = 0u; m < 2u; m = m + 1u) {
+        let e = lid + m * WG;
+        let r = e / CH_TILE;
+        let i = i0 + e % CH_TILE;
+        if (e < CH * CH_TILE && r < len && i < KD) {
+            f[m] = load_k(k_index(row0 + r, hk, i));
+            if (with_q) {
+                f[2u + m] = load_q(q_index(row0 + r, hk, i));
+            }
+        }
+    }
+    return f;
 }
 
 fn chunk_key_blocks(row0: u32, len: u32, hk: u32, lid: u32, with_q: bool) -> KeyBlocks {
@@ -633,29 +653,27 @@ fn chunk_key_blocks(row0: u32, len: u32, hk: u32, lid: u32, with_q: bool) -> Key
         kb.kk[e] = 0.0;
         kb.qk[e] = 0.0;
     }
+    var f = chunk_key_fetch(row0, len, hk, lid, with_q, 0u);
     for (var i0 = 0u; i0 < KD; i0 = i0 + CH_TILE) {
         workgroupBarrier();
-        for (var e = lid; e < CH * CH_TILE; e = e + WG) {
-            let r = e / CH_TILE;
-            let i = i0 + e % CH_TILE;
-            var kv = 0.0;
-            var qv = 0.0;
-            if (r < len && i < KD) {
-                kv = load_k(k_index(row0 + r, hk, i));
-                if (with_q) {
-                    qv = load_q(q_index(row0 + r, hk, i));
-                }
+        for (var m = 0u; m < 2u; m = m + 1u) {
+            let e = lid + m * WG;
+            if (e < CH * CH_TILE) {
+                let at = (e % CH_TILE) * CH + e / CH_TILE;
+                sh_ck[at] = f[m];
+                sh_cq[at] = f[2u + m];
             }
-            sh_ck[e] = kv;
-            sh_cq[e] = qv;
         }
         workgroupBarrier();
+        if (i0 + CH_TILE < KD) {
+            f = chunk_key_fetch(row0, len, hk, lid, with_q, i0 + CH_TILE);
+        }
         for (var i = 0u; i < CH_TILE; i = i + 1u) {
             for (var a = 0u; a < 4u; a = a + 1u) {
-                let kr = sh_ck[(kb.r0 + a) * CH_TILE + i];
-                let qr = sh_cq[(kb.r0 + a) * CH_TILE + i];
+                let kr = sh_ck[i * CH + kb.r0 + a];
+                let qr = sh_cq[i * CH + kb.r0 + a];
                 for (var c = 0u; c < 4u; c = c + 1u) {
-                    let ks = sh_ck[(kb.s0 + c) * CH_TILE + i];
+                    let ks = sh_ck[i * CH + kb.s0 + c];
                     kb.kk[a * 4u + c] = kb.kk[a * 4u + c] + kr * ks;
                     kb.qk[a * 4u + c] = kb.qk[a * 4u + c] + qr * ks;
                 }
