@@ -554,6 +554,7 @@ fn sum_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // γ [chunks, CH], F32. Every sum in a fixed order.
 const CH: u32 = 64u;
 const CH_TILE: u32 = 8u;                                 // key dims staged a step
+const CS_SOLVE: u32 = 8u;                                // rows a block of the substitutions
 var<workgroup> sh_ck: array<f32, 512>;                   // CH × CH_TILE keys; B tiles
 var<workgroup> sh_cq: array<f32, 512>;                   // CH × CH_TILE queries; A tiles
 var<workgroup> sh_ca: array<f32, 2016>;                  // A, strictly lower: row r at r(r − 1)/2
@@ -597,19 +598,36 @@ fn chunk_solve(base: u32, ch: u32, len: u32, row0: u32, hk: u32, hv: u32, col: u
         }
         xs[r] = x;
     }
-    for (var r = 0u; r < CH; r = r + 1u) {
-        var x = xs[r];
-        if (r < len) {
-            let ar = (r * r - r) / 2u;
-            for (var s = 0u; s < r; s = s + 1u) {
-                x = x - sh_ca[ar + s] * xs[s];
+    // Rows in blocks of CS_SOLVE: each earlier value read once for the block's rows, whose sums
+    // stay in registers (every row's terms still in ascending order: the row-by-row bits).
+    for (var b = 0u; b < CH; b = b + CS_SOLVE) {
+        var x: array<f32, CS_SOLVE>;
+        for (var k = 0u; k < CS_SOLVE; k = k + 1u) {
+            x[k] = xs[b + k];
+        }
+        for (var s = 0u; s < b; s = s + 1u) {
+            let v = xs[s];
+            for (var k = 0u; k < CS_SOLVE; k = k + 1u) {
+                let r = b + k;
+                x[k] = x[k] - sh_ca[(r * r - r) / 2u + s] * v;
             }
         }
-        xs[r] = x;
-        if (values) {
-            ws_buf[cu_at(base, ch, r, col)] = x;
-        } else {
-            ws_buf[cw_at(base, ch, r, col)] = x;
+        for (var k = 0u; k < CS_SOLVE; k = k + 1u) {
+            let r = b + k;
+            for (var s2 = 0u; s2 < CS_SOLVE; s2 = s2 + 1u) {
+                if (s2 < k) {
+                    x[k] = x[k] - sh_ca[(r * r - r) / 2u + b + s2] * x[s2];
+                }
+            }
+            if (r >= len) {
+                x[k] = 0.0; // past the chunk: A's row is not written; the right side is zero
+            }
+            xs[r] = x[k];
+            if (values) {
+                ws_buf[cu_at(base, ch, r, col)] = x[k];
+            } else {
+                ws_buf[cw_at(base, ch, r, col)] = x[k];
+            }
         }
     }
 }
@@ -1409,19 +1427,40 @@ fn chunk_back_solve(sb: u32, hb: u32, ch: u32, len: u32, col: u32, values: bool)
         }
         xs[r] = x;
     }
-    for (var rr = 0u; rr < CH; rr = rr + 1u) {
-        let r = CH - 1u - rr;
-        var x = xs[r];
-        if (r < len) {
-            for (var s = r + 1u; s < len; s = s + 1u) {
-                x = x - sh_ca[(s * s - s) / 2u + r] * xs[s];
+    // Rows in blocks of CS_SOLVE from the last: each later value read once for the block's rows,
+    // whose sums stay in registers; a row subtracts the later blocks' terms (ascending), then its
+    // block's (ascending).
+    for (var bb = 0u; bb < CH; bb = bb + CS_SOLVE) {
+        let b = CH - CS_SOLVE - bb;
+        var x: array<f32, CS_SOLVE>;
+        for (var k = 0u; k < CS_SOLVE; k = k + 1u) {
+            x[k] = xs[b + k];
+        }
+        for (var s = b + CS_SOLVE; s < len; s = s + 1u) {
+            let v = xs[s];
+            let at = (s * s - s) / 2u + b;
+            for (var k = 0u; k < CS_SOLVE; k = k + 1u) {
+                x[k] = x[k] - sh_ca[at + k] * v;
             }
         }
-        xs[r] = x;
-        if (values) {
-            sc_buf[sc_du0(sb, r, col)] = x;
-        } else {
-            sc_buf[sc_kd(sb, SC_DW0, r, col)] = x;
+        for (var kk = 0u; kk < CS_SOLVE; kk = kk + 1u) {
+            let k = CS_SOLVE - 1u - kk;
+            let r = b + k;
+            for (var s2 = 0u; s2 < CS_SOLVE; s2 = s2 + 1u) {
+                let s = b + s2;
+                if (s2 > k && s < len) {
+                    x[k] = x[k] - sh_ca[(s * s - s) / 2u + r] * x[s2];
+                }
+            }
+            if (r >= len) {
+                x[k] = 0.0;
+            }
+            xs[r] = x[k];
+            if (values) {
+                sc_buf[sc_du0(sb, r, col)] = x[k];
+            } else {
+                sc_buf[sc_kd(sb, SC_DW0, r, col)] = x[k];
+            }
         }
     }
 }
