@@ -1041,6 +1041,13 @@ fn cs_update(s: ptr<function, array<vec4<f32>, CS_GROUPS>>, rg: u32, len: u32, p
     }
 }
 
+// A lane's state rows times f.
+fn cs_scale(s: ptr<function, array<vec4<f32>, CS_GROUPS>>, f: f32) {
+    for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
+        (*s)[c] = f * (*s)[c];
+    }
+}
+
 // State row i of a lane's groups: group c, component r.
 fn cs_row(p: u32, c: u32, r: u32) -> u32 {
     return 4u * (p + c * CS_PARTS) + r;
@@ -1149,10 +1156,7 @@ fn chunk_states(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             }
         }
         // S ← e^{γ_last} S + Σ_s (e^{γ_last − γ_s} k_s) U_s.
-        let decay_last = exp(glast);
-        for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
-            s[c] = decay_last * s[c];
-        }
+        cs_scale(&s, exp(glast));
         for (var rg = 0u; rg < len; rg = rg + CS_R) {
             cs_put(CS_K, st, lid, glast);
             if (rg + CS_R < len) {
@@ -1356,10 +1360,7 @@ fn chunk_dstate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 }
             }
         }
-        let decay_last = exp(glast);
-        for (var c = 0u; c < CS_GROUPS; c = c + 1u) {
-            s[c] = decay_last * s[c];
-        }
+        cs_scale(&s, exp(glast));
         for (var rg = 0u; rg < len; rg = rg + CS_R) {
             cs_put(CS_QW, st, lid, glast);
             if (rg + CS_R < len) {
