@@ -555,8 +555,8 @@ fn sum_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 const CH: u32 = 64u;
 const CH_TILE: u32 = 8u;                                 // key dims staged a step
 const CS_SOLVE: u32 = 8u;                                // rows a block of the substitutions
-var<workgroup> sh_ck: array<f32, 512>;                   // CH × CH_TILE keys; B tiles
-var<workgroup> sh_cq: array<f32, 512>;                   // CH × CH_TILE queries; A tiles
+var<workgroup> sh_ck: array<f32, 512>;                   // CH_TILE × CH keys (key dim major); B tiles
+var<workgroup> sh_cq: array<f32, 512>;                   // CH_TILE × CH queries; A tiles
 var<workgroup> sh_ca: array<f32, 2016>;                  // A, strictly lower: row r at r(r − 1)/2
 var<workgroup> sh_cg: array<f32, CH>;                    // γ
 var<workgroup> sh_cb: array<f32, CH>;                    // β

@@ -6,7 +6,7 @@ use super::*;
 pub(super) fn operators() -> Vec<OperatorCheck> {
     vec![OperatorCheck {
         name: "gated_delta",
-        kernels: &["gated_delta"],
+        kernels: &["gated_delta", "gated_delta_subgroup"],
         run: check_gated_delta,
     }]
 }
