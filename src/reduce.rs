@@ -35,7 +35,9 @@ std::thread_local! {
 /// everywhere, `None` (the default) by the measured rule of each launch: subgroups for the
 /// norm forwards, the 16-bit softmax forward and the 1,024-lane norm backwards, trees for the
 /// other backwards (`notes/measurements.md`). Results are deterministic either way; the two
-/// orders differ in the last bits. For tests and measurements.
+/// orders differ in the last bits. The chunked gated delta's state walks follow it too
+/// (`Some(false)`: their parts summed through workgroup memory alone; the same bits either
+/// way). For tests and measurements.
 #[doc(hidden)]
 pub fn force_subgroup_rows(choice: Option<bool>) {
     SUBGROUP_ROWS.with(|f| f.set(choice));
