@@ -587,6 +587,11 @@ fn main() -> ExitCode {
         Ok("1") => norm::force_register_words(Some(true)),
         _ => {}
     }
+    match std::env::var("WGRAD_NORM_PREFETCH").as_deref() {
+        Ok("0") => norm::force_register_prefetch(Some(false)),
+        Ok("1") => norm::force_register_prefetch(Some(true)),
+        _ => {}
+    }
     // Measurement switch of the 16-bit softmax register backward (whole or half chunks a lane).
     match std::env::var("WGRAD_SOFTMAX_WHOLE").as_deref() {
         Ok("0") => wgrad::loss::force_whole_chunk_backward(Some(false)),

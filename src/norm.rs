@@ -41,9 +41,11 @@
 //!   for RMSNorm and add+RMSNorm 1,024 lanes that read the row a second time for dx (mostly
 //!   from cache) up to 16,384 / 32,768 (RMSNorm of F32 sources up to 32,768: 8 chunks a lane),
 //!   except add+RMSNorm of 16-bit sources, which takes the chunk passes.
-//!   add+RMSNorm on 256 lanes, and every 1,024-lane launch, hold the
+//!   add+RMSNorm and 16-bit sources on 256 lanes, and every 1,024-lane launch, hold the
 //!   loaded words rather than their widened values across the row sum (same operations in the
-//!   same order, so bit-identical; see [`register_backward_words`]).
+//!   same order, so bit-identical; see [`register_backward_words`]); 16-bit sources on 256
+//!   lanes load the next row's words while the current row's dx is computed
+//!   ([`register_backward_prefetch`]).
 //! * Chunk passes (RMSNorm, LayerNorm, add+RMSNorm rows of whole chunks, residual and
 //!   cotangents in the source's dtype, that the register backward does not hold; see
 //!   [`force_chunk_passes`]): the general backward's two passes read 16 bytes a lane: one
@@ -612,6 +614,27 @@ pub const REGISTER_MIN_BLOCK_ROWS: usize = 4;
 
 thread_local! {
     static FORCED_WORDS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    static FORCED_PREFETCH: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces whether `rms_backward_words` loads each next row's words while the current row's dx
+/// is computed (`PREFETCH`), for launches from the calling thread; `None` for the rule
+/// ([`register_backward_prefetch`]). The same bits either way; for tests and measurements.
+#[doc(hidden)]
+pub fn force_register_prefetch(on: Option<bool>) {
+    FORCED_PREFETCH.with(|f| f.set(on));
+}
+
+/// Whether `rms_backward_words` loads each next row's words while the current row's dx is
+/// computed: for 16-bit sources (`half`) on 256 lanes, not on 1,024 (`wide`: those lanes read
+/// the row twice, and the held words spill). On an H100, alternating twice
+/// (`notes/h200/2026-12-05-s38/prefetch/`), BF16 with an F32 dx: RMSNorm 8192² 222 → 211 µs,
+/// 4096² 70.3 → 66.4, add+RMSNorm 8192² 270 → 259; with a BF16 dx within −2 … +0.6%; 1,024
+/// lanes 2.5–3.2× slower.
+pub fn register_backward_prefetch(half: bool, wide: bool) -> bool {
+    FORCED_PREFETCH
+        .with(std::cell::Cell::get)
+        .unwrap_or(half && !wide)
 }
 
 /// Forces whether the RMSNorm / add+RMSNorm register backward holds the loaded words across
@@ -625,13 +648,15 @@ pub fn force_register_words(words: Option<bool>) {
 
 /// Whether the RMSNorm / add+RMSNorm register backward (any source dtype) on 1,024
 /// lanes (`wide`) or 256 holds the loaded words across the row sum: add+RMSNorm (16-bit
-/// sources +15–22% on an H200, F32 about +3%), and every 1,024-lane launch (which reads the row
-/// again for dx). For RMSNorm on 256 lanes holding the widened values measured faster
-/// (`notes/h200/2026-11-30-final5/ab-norm.txt`). LayerNorm always holds the widened values.
-pub fn register_backward_words(add: bool, wide: bool) -> bool {
+/// sources +15–22% on an H200, F32 about +3%), every 1,024-lane launch (which reads the row
+/// again for dx), and 16-bit sources (`half`), whose words [`register_backward_prefetch`]
+/// loads a row ahead. For RMSNorm of F32 sources on 256 lanes holding the widened values
+/// measured faster (`notes/h200/2026-11-30-final5/ab-norm.txt`). LayerNorm always holds the
+/// widened values.
+pub fn register_backward_words(add: bool, wide: bool, half: bool) -> bool {
     FORCED_WORDS
         .with(std::cell::Cell::get)
-        .unwrap_or(wide || add)
+        .unwrap_or(wide || add || half)
 }
 
 /// How a register path runs: the workgroup size (256, 512 or 1,024 lanes) and the chunks
@@ -1891,6 +1916,13 @@ fn register_backward(
         ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
         ("RELOAD", f64::from(u8::from(plan.wide()))),
         ("DDX", f64::from(dx.dtype().code())),
+        (
+            "PREFETCH",
+            f64::from(u8::from(register_backward_prefetch(
+                x.dtype() != DType::F32,
+                plan.wide(),
+            ))),
+        ),
     ];
     let params = Params {
         rows: rows as u32,
@@ -1935,7 +1967,11 @@ fn register_backward(
     } else {
         // Segments hold widened values (the words kernel has no segments; the same bits).
         let words = plan.segment == 0
-            && register_backward_words(saved.kind == NormKind::AddRms, plan.wide());
+            && register_backward_words(
+                saved.kind == NormKind::AddRms,
+                plan.wide(),
+                x.dtype() != DType::F32,
+            );
         engine.launch(
             kernel,
             if words {

@@ -1070,16 +1070,23 @@ fn register_path_reruns_are_bit_identical() {
 #[test]
 fn register_backward_words_match_widened_values() {
     // Where the rule takes `rms_backward_words` (the loaded words held across the row sum),
-    // it must give the bits of `rms_backward_registers` (their widened values): add+RMSNorm
-    // 16-bit on 256 lanes (11 rows: blocks of 4 and a short last one; 2,056 columns: lanes
-    // without their last chunk; F32 weight) with and without the residual-sum cotangent, and
-    // add+RMSNorm (with it) and RMSNorm on 1,024 lanes (two reads; 16,392 BF16 columns, BF16
-    // weight), and add+RMSNorm F32 on 256 lanes (F32 `vals`, 1,028 columns).
-    assert!(norm::register_backward_words(true, false));
-    assert!(!norm::register_backward_words(false, false));
-    assert!(norm::register_backward_words(false, true));
+    // with or without the next row's words loaded ahead, it must give the bits of
+    // `rms_backward_registers` (their widened values): add+RMSNorm (with and without the
+    // residual-sum cotangent) and RMSNorm of 16-bit sources on 256 lanes (11 rows: blocks of 4
+    // and a short last one; 2,056 BF16 columns: lanes without their last chunk, F32 weight;
+    // 5 rows of 4,104 F16 columns: three chunks a lane of four, BF16 weight), add+RMSNorm
+    // (with it) and RMSNorm on 1,024 lanes (two reads; 16,392 BF16 columns, BF16 weight), and
+    // add+RMSNorm F32 on 256 lanes (F32 `vals`, 1,028 columns).
+    assert!(norm::register_backward_words(true, false, false));
+    assert!(!norm::register_backward_words(false, false, false));
+    assert!(norm::register_backward_words(false, false, true));
+    assert!(norm::register_backward_words(false, true, false));
+    assert!(norm::register_backward_prefetch(true, false));
+    assert!(!norm::register_backward_prefetch(true, true));
+    assert!(!norm::register_backward_prefetch(false, false));
     let cases = [
         (11, 2056, DType::BF16, DType::F32, false),
+        (5, 4104, DType::F16, DType::BF16, false),
         (3, 16392, DType::BF16, DType::BF16, true),
         (9, 1028, DType::F32, DType::F32, false),
     ];
@@ -1095,14 +1102,15 @@ fn register_backward_words_match_widened_values() {
             ..RmsNormOptions::default()
         };
         let add = norm::add_rms_norm(&x, &r, Some(&w), &o).unwrap().2;
+        let rms = norm::rms_norm(&x, Some(&w), &o).unwrap().1;
         let saved = if wide {
-            let rms = norm::rms_norm(&x, Some(&w), &o).unwrap().1;
             vec![(add, Some(&ds)), (rms, None)]
         } else {
-            vec![(add.clone(), Some(&ds)), (add, None)]
+            vec![(add.clone(), Some(&ds)), (add, None), (rms, None)]
         };
-        let run = |words: Option<bool>| -> Vec<Vec<u64>> {
+        let run = |words: Option<bool>, prefetch: Option<bool>| -> Vec<Vec<u64>> {
             norm::force_register_words(words);
+            norm::force_register_prefetch(prefetch);
             let mut out = Vec::new();
             for (s, d) in &saved {
                 let g = norm::norm_backward(s, &dy, *d).unwrap();
@@ -1111,14 +1119,21 @@ fn register_backward_words_match_widened_values() {
                 }
             }
             norm::force_register_words(None);
+            norm::force_register_prefetch(None);
             out
         };
-        let widened = run(Some(false));
-        assert_eq!(widened.len(), 4);
+        let widened = run(Some(false), None);
+        assert_eq!(widened.len(), 2 * saved.len());
         assert!(
-            widened == run(None),
+            widened == run(None, None),
             "{rows}x{cols} {dt} (weight {wdt}): words differ from widened values"
         );
+        for prefetch in [false, true] {
+            assert!(
+                widened == run(Some(true), Some(prefetch)),
+                "{rows}x{cols} {dt} (weight {wdt}): words (prefetch {prefetch}) differ from widened values"
+            );
+        }
     }
 }
 

@@ -2337,8 +2337,9 @@ fn mod_backward_column_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num
 // every register backward launch, but the compiler cannot know it, so it keeps the words (half
 // the registers of 16-bit values) instead of the first widening. With RELOAD (1,024 lanes) the
 // second use reads the row again, as `rms_backward_registers` does. The host takes this entry
-// for add+RMSNorm on 256 lanes and for every RELOAD launch, where it
-// measured faster; other RMSNorm and all LayerNorm launches take the entries above.
+// for add+RMSNorm and 16-bit sources on 256 lanes (those with PREFETCH) and for every RELOAD
+// launch, where it measured faster; other RMSNorm and all LayerNorm launches take the entries
+// above.
 
 // Weight partials of the lane's chunks, chunk k in wacc_k.
 var<private> wacc0: Vals;
@@ -2412,6 +2413,28 @@ fn words_step(acc: ptr<private, Vals>, x: vec4<u32>, r: vec4<u32>, g: vec4<u32>,
     *acc = vadd(*acc, vmul(d, nrm));
 }
 
+// Backward: load the next row's words right after the current row's sum, so that they are in
+// flight while the current row's dx is computed and stored (`rms_backward_words` only; the
+// same operations in the same order: the same bits).
+override PREFETCH: bool = false;
+
+fn r_chunks(lid: u32, n: u32, base: u32) -> Chunks {
+    return Chunks(ld_r4(0u, lid, n, base), ld_r4(1u, lid, n, base), ld_r4(2u, lid, n, base),
+                  ld_r4(3u, lid, n, base), ld_r4(4u, lid, n, base), ld_r4(5u, lid, n, base),
+                  ld_r4(6u, lid, n, base), ld_r4(7u, lid, n, base));
+}
+
+// One row's words: source, residual (add+RMSNorm) and cotangent chunks.
+struct RowWords {
+    x: Chunks,
+    r: Chunks,
+    g: Chunks,
+}
+
+fn row_words(lid: u32, n: u32, base: u32) -> RowWords {
+    return RowWords(x_chunks(lid, n, base), r_chunks(lid, n, base), dy_chunks(lid, n, base));
+}
+
 @compute @workgroup_size(WG)
 fn rms_backward_words(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
@@ -2422,46 +2445,37 @@ fn rms_backward_words(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     }
     let last = min(first + params.block_rows, params.rows);
     let n = params.cols / chunk_len();
+    var ahead = RowWords();
+    if (PREFETCH) {
+        ahead = row_words(lid, n, first * n);
+    }
     for (var row = first; row < last; row = row + 1u) {
         let base = row * n;
         let inv = inv_in[row];
-        let x0 = ld_x4(0u, lid, n, base);
-        let x1 = ld_x4(1u, lid, n, base);
-        let x2 = ld_x4(2u, lid, n, base);
-        let x3 = ld_x4(3u, lid, n, base);
-        let x4_ = ld_x4(4u, lid, n, base);
-        let x5 = ld_x4(5u, lid, n, base);
-        let x6 = ld_x4(6u, lid, n, base);
-        let x7 = ld_x4(7u, lid, n, base);
-        let r0 = ld_r4(0u, lid, n, base);
-        let r1 = ld_r4(1u, lid, n, base);
-        let r2 = ld_r4(2u, lid, n, base);
-        let r3 = ld_r4(3u, lid, n, base);
-        let r4_ = ld_r4(4u, lid, n, base);
-        let r5 = ld_r4(5u, lid, n, base);
-        let r6 = ld_r4(6u, lid, n, base);
-        let r7 = ld_r4(7u, lid, n, base);
-        let g0 = ld_dy4(0u, lid, n, base);
-        let g1 = ld_dy4(1u, lid, n, base);
-        let g2 = ld_dy4(2u, lid, n, base);
-        let g3 = ld_dy4(3u, lid, n, base);
-        let g4 = ld_dy4(4u, lid, n, base);
-        let g5 = ld_dy4(5u, lid, n, base);
-        let g6 = ld_dy4(6u, lid, n, base);
-        let g7 = ld_dy4(7u, lid, n, base);
-        let t = ((words_dot(x0, r0, g0, 0u, lid, n, inv) + words_dot(x1, r1, g1, 1u, lid, n, inv))
-            + (words_dot(x2, r2, g2, 2u, lid, n, inv) + words_dot(x3, r3, g3, 3u, lid, n, inv)))
-            + ((words_dot(x4_, r4_, g4, 4u, lid, n, inv) + words_dot(x5, r5, g5, 5u, lid, n, inv))
-            + (words_dot(x6, r6, g6, 6u, lid, n, inv) + words_dot(x7, r7, g7, 7u, lid, n, inv)));
+        var w = ahead;
+        if (!PREFETCH) {
+            w = row_words(lid, n, base);
+        }
+        let x = w.x;
+        let r = w.r;
+        let g = w.g;
+        let t = ((words_dot(x.c0, r.c0, g.c0, 0u, lid, n, inv) + words_dot(x.c1, r.c1, g.c1, 1u, lid, n, inv))
+            + (words_dot(x.c2, r.c2, g.c2, 2u, lid, n, inv) + words_dot(x.c3, r.c3, g.c3, 3u, lid, n, inv)))
+            + ((words_dot(x.c4, r.c4, g.c4, 4u, lid, n, inv) + words_dot(x.c5, r.c5, g.c5, 5u, lid, n, inv))
+            + (words_dot(x.c6, r.c6, g.c6, 6u, lid, n, inv) + words_dot(x.c7, r.c7, g.c7, 7u, lid, n, inv)));
         let c2 = row_sum(t, lid) / f32(params.cols);
-        words_step(&wacc0, x0, r0, g0, 0u, lid, n, base, inv, c2);
-        words_step(&wacc1, x1, r1, g1, 1u, lid, n, base, inv, c2);
-        words_step(&wacc2, x2, r2, g2, 2u, lid, n, base, inv, c2);
-        words_step(&wacc3, x3, r3, g3, 3u, lid, n, base, inv, c2);
-        words_step(&wacc4, x4_, r4_, g4, 4u, lid, n, base, inv, c2);
-        words_step(&wacc5, x5, r5, g5, 5u, lid, n, base, inv, c2);
-        words_step(&wacc6, x6, r6, g6, 6u, lid, n, base, inv, c2);
-        words_step(&wacc7, x7, r7, g7, 7u, lid, n, base, inv, c2);
+        if (PREFETCH) {
+            // The last row loads itself again (from cache) rather than branch.
+            ahead = row_words(lid, n, min(row + 1u, last - 1u) * n);
+        }
+        words_step(&wacc0, x.c0, r.c0, g.c0, 0u, lid, n, base, inv, c2);
+        words_step(&wacc1, x.c1, r.c1, g.c1, 1u, lid, n, base, inv, c2);
+        words_step(&wacc2, x.c2, r.c2, g.c2, 2u, lid, n, base, inv, c2);
+        words_step(&wacc3, x.c3, r.c3, g.c3, 3u, lid, n, base, inv, c2);
+        words_step(&wacc4, x.c4, r.c4, g.c4, 4u, lid, n, base, inv, c2);
+        words_step(&wacc5, x.c5, r.c5, g.c5, 5u, lid, n, base, inv, c2);
+        words_step(&wacc6, x.c6, r.c6, g.c6, 6u, lid, n, base, inv, c2);
+        words_step(&wacc7, x.c7, r.c7, g.c7, 7u, lid, n, base, inv, c2);
     }
     if (HAS_W) {
         put_part(wacc0, 0u, block, 0u, lid, n);
