@@ -2036,6 +2036,127 @@ fn layer_backward_registers(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_
     }
 }
 
+// ---- LayerNorm register backward, words kept ----
+// `layer_backward_words` computes what `layer_backward_registers` does, with the same
+// operations in the same order (bit-identical results), for 16-bit sources: it holds the
+// source and cotangent chunks across the row sums as their loaded words (widened again from
+// `rewiden`), loads the next row's words right after the current row's sums (PREFETCH), and
+// keeps the bias partials in workgroup memory (`ln_bias`, two vec4s a chunk slot a lane), so
+// that the next row's words fit the registers the bias partials held.
+
+// Sized by the host: 2 · CHUNKS · WG for `layer_backward_words`, else 1.
+override LN_PARTS: u32 = 1u;
+var<workgroup> ln_bias: array<vec4<f32>, LN_PARTS>;
+
+// The bias partial of the lane's k-th chunk slot.
+fn ln_bias_at(k: u32, lid: u32) -> Vals {
+    let at = 2u * k * WG + lid;
+    return Vals(ln_bias[at], ln_bias[at + WG]);
+}
+
+fn ln_bias_put(k: u32, lid: u32, v: Vals) {
+    let at = 2u * k * WG + lid;
+    ln_bias[at] = v.lo;
+    ln_bias[at + WG] = v.hi;
+}
+
+// `ln_step` from the chunk's words, the bias partial in `ln_bias`.
+fn ln_words_step(aw: ptr<function, Vals>, x: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32, base: u32,
+                 mean: f32, corr: f32, inv: f32, c: vec2<f32>) {
+    if (!has(k, lid, n)) {
+        return;
+    }
+    var ab = ln_bias_at(k, lid);
+    ln_step(aw, &ab, rewiden(x), vals(rewiden(g), DX), k, lid, n, base, mean, corr, inv, c);
+    ln_bias_put(k, lid, ab);
+}
+
+@compute @workgroup_size(WG)
+fn layer_backward_words(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let block = group_index(wid, nwg);
+    if (block * params.block_rows >= params.rows) {
+        return;
+    }
+    let r = rows_of(block, lid);
+    let lane = r.lane;
+    let n = params.cols / chunk_len();
+    var a0 = vzero();
+    var a1 = vzero();
+    var a2 = vzero();
+    var a3 = vzero();
+    var a4 = vzero();
+    var a5 = vzero();
+    var a6 = vzero();
+    var a7 = vzero();
+    for (var k = 0u; k < CHUNKS; k = k + 1u) {
+        ln_bias_put(k, lid, vzero());
+    }
+    var ahead_x = Chunks();
+    var ahead_g = Chunks();
+    if (PREFETCH && r.first < r.last) {
+        ahead_x = x_chunks(lane, n, r.first * n);
+        ahead_g = dy_chunks(lane, n, r.first * n);
+    }
+    for (var row = r.first; row < r.last; row = row + r.step) {
+        let base = row * n;
+        let inv = inv_in[row];
+        let mean = mean_in[row];
+        let corr = corr_in[row];
+        var x = ahead_x;
+        var g = ahead_g;
+        if (!PREFETCH) {
+            x = x_chunks(lane, n, base);
+            g = dy_chunks(lane, n, base);
+        }
+        let t = ((ln_sums(x.c0, vals(g.c0, DX), 0u, lane, n, mean, corr, inv)
+            + ln_sums(x.c1, vals(g.c1, DX), 1u, lane, n, mean, corr, inv))
+            + (ln_sums(x.c2, vals(g.c2, DX), 2u, lane, n, mean, corr, inv)
+            + ln_sums(x.c3, vals(g.c3, DX), 3u, lane, n, mean, corr, inv)))
+            + ((ln_sums(x.c4, vals(g.c4, DX), 4u, lane, n, mean, corr, inv)
+            + ln_sums(x.c5, vals(g.c5, DX), 5u, lane, n, mean, corr, inv))
+            + (ln_sums(x.c6, vals(g.c6, DX), 6u, lane, n, mean, corr, inv)
+            + ln_sums(x.c7, vals(g.c7, DX), 7u, lane, n, mean, corr, inv)));
+        let c = row_sum2(t, lane) / f32(params.cols);
+        if (PREFETCH) {
+            // The last row loads itself again (from cache) rather than branch.
+            var next = row + r.step;
+            if (next >= r.last) {
+                next = row;
+            }
+            ahead_x = x_chunks(lane, n, next * n);
+            ahead_g = dy_chunks(lane, n, next * n);
+        }
+        ln_words_step(&a0, x.c0, g.c0, 0u, lane, n, base, mean, corr, inv, c);
+        ln_words_step(&a1, x.c1, g.c1, 1u, lane, n, base, mean, corr, inv, c);
+        ln_words_step(&a2, x.c2, g.c2, 2u, lane, n, base, mean, corr, inv, c);
+        ln_words_step(&a3, x.c3, g.c3, 3u, lane, n, base, mean, corr, inv, c);
+        ln_words_step(&a4, x.c4, g.c4, 4u, lane, n, base, mean, corr, inv, c);
+        ln_words_step(&a5, x.c5, g.c5, 5u, lane, n, base, mean, corr, inv, c);
+        ln_words_step(&a6, x.c6, g.c6, 6u, lane, n, base, mean, corr, inv, c);
+        ln_words_step(&a7, x.c7, g.c7, 7u, lane, n, base, mean, corr, inv, c);
+    }
+    if (HAS_W) {
+        put_block_part(a0, 0u, block, 0u, r, n);
+        put_block_part(a1, 0u, block, 1u, r, n);
+        put_block_part(a2, 0u, block, 2u, r, n);
+        put_block_part(a3, 0u, block, 3u, r, n);
+        put_block_part(a4, 0u, block, 4u, r, n);
+        put_block_part(a5, 0u, block, 5u, r, n);
+        put_block_part(a6, 0u, block, 6u, r, n);
+        put_block_part(a7, 0u, block, 7u, r, n);
+    }
+    if (HAS_B) {
+        for (var k = 0u; k < 8u; k = k + 1u) {
+            var v = vzero();
+            if (k < CHUNKS) {
+                v = ln_bias_at(k, lid);
+            }
+            put_block_part(v, 1u, block, k, r, n);
+        }
+    }
+}
+
 // ---- Chunk passes: rows too wide for the register backward ----
 // RMSNorm, LayerNorm and add+RMSNorm rows of whole chunks (residual and cotangents in the
 // source's dtype) that the register backward does not hold: the general path's two passes and
