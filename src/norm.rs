@@ -609,9 +609,6 @@ fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
 pub const REGISTER_CHUNKS: usize = 8;
 /// The register backward splits the rows into at most this many blocks (one workgroup each).
 pub const REGISTER_BLOCKS: usize = 256;
-/// Workgroup memory of `layer_backward_words` besides its bias partials: the row sums' tree
-/// (`pair8_*`, 2.5 KiB on 256 lanes) with room to spare.
-const LAYER_WORDS_OTHER_BYTES: u64 = 4096;
 /// Fewest rows of a register backward block (so the partials stay at most a quarter of dx).
 pub const REGISTER_MIN_BLOCK_ROWS: usize = 4;
 
@@ -640,11 +637,10 @@ pub fn register_backward_prefetch(half: bool, wide: bool) -> bool {
         .unwrap_or(half && !wide)
 }
 
-/// Forces whether the register backward holds the loaded words across the row sum
-/// (`rms_backward_words`, `layer_backward_words`) or their widened values
-/// (`rms_backward_registers`, `layer_backward_registers`), for launches from the calling
-/// thread; `None` for the rule ([`register_backward_words`]). Both give bit-identical results;
-/// for tests and measurements.
+/// Forces whether the RMSNorm / add+RMSNorm register backward holds the loaded words across
+/// the row sum (`rms_backward_words`) or their widened values (`rms_backward_registers`), for
+/// launches from the calling thread; `None` for the rule ([`register_backward_words`]). Both
+/// give bit-identical results; for tests and measurements.
 #[doc(hidden)]
 pub fn force_register_words(words: Option<bool>) {
     FORCED_WORDS.with(|f| f.set(words));
@@ -655,9 +651,8 @@ pub fn force_register_words(words: Option<bool>) {
 /// sources +15–22% on an H200, F32 about +3%), every 1,024-lane launch (which reads the row
 /// again for dx), and 16-bit sources (`half`), whose words [`register_backward_prefetch`]
 /// loads a row ahead. For RMSNorm of F32 sources on 256 lanes holding the widened values
-/// measured faster (`notes/h200/2026-11-30-final5/ab-norm.txt`). LayerNorm (`add` and `wide`
-/// false) takes the same rule where the adapter's workgroup memory holds its bias partials
-/// (`layer_backward_words`: 32 KiB for four chunks a lane of 256), else the widened values.
+/// measured faster (`notes/h200/2026-11-30-final5/ab-norm.txt`). LayerNorm always holds the
+/// widened values.
 pub fn register_backward_words(add: bool, wide: bool, half: bool) -> bool {
     FORCED_WORDS
         .with(std::cell::Cell::get)
@@ -1945,19 +1940,6 @@ fn register_backward(
         // Workgroup memory for the segments' partials: two vec4s a lane.
         constants.push(("SEG_PARTS", (2 * plan.lanes) as f64));
     }
-    let half = x.dtype() != DType::F32;
-    // LayerNorm's words entry keeps its bias partials in workgroup memory (two vec4s a chunk
-    // slot a lane), where the adapter has it.
-    let layer_parts = 2 * u64::from(plan.chunks) * plan.lanes;
-    let layer_words = saved.kind == NormKind::Layer
-        && plan.segment == 0
-        && !plan.wide()
-        && register_backward_words(false, false, half)
-        && layer_parts * 16 + LAYER_WORDS_OTHER_BYTES
-            <= u64::from(engine.info().limits.max_compute_workgroup_storage_size);
-    if layer_words {
-        constants.push(("LN_PARTS", layer_parts as f64));
-    }
     let kernel = plan.kernel(engine, plan.wide() || plan.segment > 0, &mut constants);
     if saved.kind == NormKind::Layer {
         let (Some(mean), Some(corr)) = (&saved.mean, &saved.mean_correction) else {
@@ -1967,11 +1949,7 @@ fn register_backward(
         };
         engine.launch(
             kernel,
-            if layer_words {
-                "layer_backward_words"
-            } else {
-                "layer_backward_registers"
-            },
+            "layer_backward_registers",
             &constants,
             &params,
             &[
@@ -1989,7 +1967,11 @@ fn register_backward(
     } else {
         // Segments hold widened values (the words kernel has no segments; the same bits).
         let words = plan.segment == 0
-            && register_backward_words(saved.kind == NormKind::AddRms, plan.wide(), half);
+            && register_backward_words(
+                saved.kind == NormKind::AddRms,
+                plan.wide(),
+                x.dtype() != DType::F32,
+            );
         engine.launch(
             kernel,
             if words {

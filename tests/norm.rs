@@ -1137,66 +1137,6 @@ fn register_backward_words_match_widened_values() {
     }
 }
 
-#[test]
-fn layer_backward_words_match_widened_values() {
-    // The LayerNorm register backward of 16-bit sources holding words (bias partials in
-    // workgroup memory), with and without the next row's words loaded ahead, must give the bits
-    // of the one holding widened values: 11 rows of 2,056 BF16 columns (blocks of 4 and a short
-    // last one; lanes without their second chunk; F32 weight and bias), 7 rows of 3,000 F16
-    // columns (BF16 weight, no bias), 9 rows of 1,028 F32 columns (forced: F32 `vals`).
-    // Two chunks a lane of 256: 16 KiB of bias partials, which every adapter with 20 KiB of
-    // workgroup memory holds (lavapipe 32 KiB, an H200 48 KiB; the rule falls back to widened
-    // values where it does not).
-    let e = engine();
-    let fits = 2 * 2 * 256 * 16 + 4096 <= e.info().limits.max_compute_workgroup_storage_size;
-    assert!(
-        fits,
-        "the adapter's workgroup memory does not hold the words entry's partials"
-    );
-    let cases = [
-        (11, 2056, DType::BF16, DType::F32, true),
-        (7, 3000, DType::F16, DType::BF16, false),
-        (9, 1028, DType::F32, DType::F32, true),
-    ];
-    for (rows, cols, dt, wdt, with_bias) in cases {
-        let mut rng = Rng::new(1300 + cols as u64);
-        let (x, _) = upload(&rng.vec(rows * cols, -2.0, 2.0), &[rows, cols], dt);
-        let (w, _) = upload(&rng.vec(cols, 0.5, 1.5), &[cols], wdt);
-        let (b, _) = upload(&rng.vec(cols, -0.5, 0.5), &[cols], wdt);
-        let (dy, _) = upload(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dt);
-        let bias = with_bias.then_some(&b);
-        let saved = norm::layer_norm(&x, Some(&w), bias, &LayerNormOptions::default())
-            .unwrap()
-            .1;
-        let run = |words: Option<bool>, prefetch: Option<bool>| -> Vec<Vec<u64>> {
-            norm::force_register_words(words);
-            norm::force_register_prefetch(prefetch);
-            let g = norm::norm_backward(&saved, &dy, None).unwrap();
-            norm::force_register_words(None);
-            norm::force_register_prefetch(None);
-            [Some(&g.source), g.weight.as_ref(), g.bias.as_ref()]
-                .into_iter()
-                .flatten()
-                .map(bits)
-                .collect()
-        };
-        let widened = run(Some(false), None);
-        assert_eq!(widened.len(), if with_bias { 3 } else { 2 });
-        if dt != DType::F32 {
-            assert!(
-                widened == run(None, None),
-                "{rows}x{cols} {dt}: the rule's words differ from widened values"
-            );
-        }
-        for prefetch in [false, true] {
-            assert!(
-                widened == run(Some(true), Some(prefetch)),
-                "{rows}x{cols} {dt}: words (prefetch {prefetch}) differ from widened values"
-            );
-        }
-    }
-}
-
 /// BF16 values of a tensor as f32.
 fn bf16_values(t: &Tensor) -> Vec<f32> {
     t.to_vec::<half::bf16>()
