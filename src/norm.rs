@@ -43,8 +43,8 @@
 //!   except add+RMSNorm of 16-bit sources, which takes the chunk passes.
 //!   add+RMSNorm and 16-bit sources on 256 lanes, and every 1,024-lane launch, hold the
 //!   loaded words rather than their widened values across the row sum (same operations in the
-//!   same order, so bit-identical; see [`register_backward_words`]); 16-bit sources on 256
-//!   lanes load the next row's words while the current row's dx is computed
+//!   same order, so bit-identical; see [`register_backward_words`]); 16-bit sources with an
+//!   F32 dx on 256 lanes load the next row's words while the current row's dx is computed
 //!   ([`register_backward_prefetch`]).
 //! * Chunk passes (RMSNorm, LayerNorm, add+RMSNorm rows of whole chunks, residual and
 //!   cotangents in the source's dtype, that the register backward does not hold; see
@@ -626,15 +626,16 @@ pub fn force_register_prefetch(on: Option<bool>) {
 }
 
 /// Whether `rms_backward_words` loads each next row's words while the current row's dx is
-/// computed: for 16-bit sources (`half`) on 256 lanes, not on 1,024 (`wide`: those lanes read
-/// the row twice, and the held words spill). On an H100, alternating twice
-/// (`notes/h200/2026-12-05-s38/prefetch/`), BF16 with an F32 dx: RMSNorm 8192² 222 → 211 µs,
-/// 4096² 70.3 → 66.4, add+RMSNorm 8192² 270 → 259; with a BF16 dx within −2 … +0.6%; 1,024
-/// lanes 2.5–3.2× slower.
-pub fn register_backward_prefetch(half: bool, wide: bool) -> bool {
+/// computed: for 16-bit sources (`half`) with an F32 dx (`f32_dx`) on 256 lanes, not on 1,024
+/// (`wide`: those lanes read the row twice, and the held words spill). On an H100, alternating
+/// twice in each of two calls (`notes/h200/2026-12-05-s38/prefetch/`, `rule/`), BF16 with an
+/// F32 dx: RMSNorm 8192² 222 → 211 µs, 4096² 70.4 → 66.5, add+RMSNorm 8192² 270 → 258, 4096²
+/// 77.3 → 76.2; with a BF16 dx it gained nothing (RMSNorm −0.5 … −1.5% against the words
+/// alone, add+RMSNorm 4096² 2.6% slower); 1,024 lanes 2.5–3.2× slower.
+pub fn register_backward_prefetch(half: bool, f32_dx: bool, wide: bool) -> bool {
     FORCED_PREFETCH
         .with(std::cell::Cell::get)
-        .unwrap_or(half && !wide)
+        .unwrap_or(half && f32_dx && !wide)
 }
 
 /// Forces whether the RMSNorm / add+RMSNorm register backward holds the loaded words across
@@ -1920,6 +1921,7 @@ fn register_backward(
             "PREFETCH",
             f64::from(u8::from(register_backward_prefetch(
                 x.dtype() != DType::F32,
+                dx.dtype() == DType::F32,
                 plan.wide(),
             ))),
         ),

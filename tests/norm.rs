@@ -1081,9 +1081,10 @@ fn register_backward_words_match_widened_values() {
     assert!(!norm::register_backward_words(false, false, false));
     assert!(norm::register_backward_words(false, false, true));
     assert!(norm::register_backward_words(false, true, false));
-    assert!(norm::register_backward_prefetch(true, false));
-    assert!(!norm::register_backward_prefetch(true, true));
-    assert!(!norm::register_backward_prefetch(false, false));
+    assert!(norm::register_backward_prefetch(true, true, false));
+    assert!(!norm::register_backward_prefetch(true, false, false));
+    assert!(!norm::register_backward_prefetch(true, true, true));
+    assert!(!norm::register_backward_prefetch(false, true, false));
     let cases = [
         (11, 2056, DType::BF16, DType::F32, false),
         (5, 4104, DType::F16, DType::BF16, false),

@@ -2337,9 +2337,9 @@ fn mod_backward_column_units(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num
 // every register backward launch, but the compiler cannot know it, so it keeps the words (half
 // the registers of 16-bit values) instead of the first widening. With RELOAD (1,024 lanes) the
 // second use reads the row again, as `rms_backward_registers` does. The host takes this entry
-// for add+RMSNorm and 16-bit sources on 256 lanes (those with PREFETCH) and for every RELOAD
-// launch, where it measured faster; other RMSNorm and all LayerNorm launches take the entries
-// above.
+// for add+RMSNorm and 16-bit sources on 256 lanes (with PREFETCH where dx is F32) and for
+// every RELOAD launch, where it measured faster; other RMSNorm and all LayerNorm launches take
+// the entries above.
 
 // Weight partials of the lane's chunks, chunk k in wacc_k.
 var<private> wacc0: Vals;
