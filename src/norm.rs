@@ -627,11 +627,12 @@ pub fn force_register_prefetch(on: Option<bool>) {
 
 /// Whether `rms_backward_words` loads each next row's words while the current row's dx is
 /// computed: for 16-bit sources (`half`) with an F32 dx (`f32_dx`) on 256 lanes, not on 1,024
-/// (`wide`: those lanes read the row twice, and the held words spill). On an H100, alternating
-/// twice in each of two calls (`notes/h200/2026-12-05-s38/prefetch/`, `rule/`), BF16 with an
-/// F32 dx: RMSNorm 8192² 222 → 211 µs, 4096² 70.4 → 66.5, add+RMSNorm 8192² 270 → 258, 4096²
-/// 77.3 → 76.2; with a BF16 dx it gained nothing (RMSNorm −0.5 … −1.5% against the words
-/// alone, add+RMSNorm 4096² 2.6% slower); 1,024 lanes 2.5–3.2× slower.
+/// (`wide`: those lanes read the row twice, and the held words spill). On an H100, against the
+/// build before, alternating twice (`notes/h200/2026-12-05-s38/rule/`, first run), BF16 with an
+/// F32 dx: RMSNorm 8192² 223.3 → 211.2 µs, 4096² 70.4 → 66.6, add+RMSNorm 8192² 270.8 → 258.5,
+/// 4096² 77.8 → 76.0; with a BF16 dx it gained nothing (RMSNorm 8192² 168.2 → 167.3 µs against
+/// the words alone in `prefetch/`, add+RMSNorm 4096² 65.4 → 67.1 in `rule/`); on 1,024 lanes
+/// 2.6–3.2× slower (`prefetch/`).
 pub fn register_backward_prefetch(half: bool, f32_dx: bool, wide: bool) -> bool {
     FORCED_PREFETCH
         .with(std::cell::Cell::get)
@@ -1917,15 +1918,17 @@ fn register_backward(
         ("HAS_OFFSET", f64::from(u8::from(saved.offset != 0.0))),
         ("RELOAD", f64::from(u8::from(plan.wide()))),
         ("DDX", f64::from(dx.dtype().code())),
-        (
-            "PREFETCH",
-            f64::from(u8::from(register_backward_prefetch(
-                x.dtype() != DType::F32,
-                dx.dtype() == DType::F32,
-                plan.wide(),
-            ))),
-        ),
     ];
+    // RMSNorm and add+RMSNorm: the words entry (segments hold widened values; the same bits),
+    // which alone reads `PREFETCH`.
+    let half = x.dtype() != DType::F32;
+    let words = saved.kind != NormKind::Layer
+        && plan.segment == 0
+        && register_backward_words(saved.kind == NormKind::AddRms, plan.wide(), half);
+    if words {
+        let prefetch = register_backward_prefetch(half, dx.dtype() == DType::F32, plan.wide());
+        constants.push(("PREFETCH", f64::from(u8::from(prefetch))));
+    }
     let params = Params {
         rows: rows as u32,
         cols: cols as u32,
@@ -1967,13 +1970,6 @@ fn register_backward(
             blocks as u64,
         )?;
     } else {
-        // Segments hold widened values (the words kernel has no segments; the same bits).
-        let words = plan.segment == 0
-            && register_backward_words(
-                saved.kind == NormKind::AddRms,
-                plan.wide(),
-                x.dtype() != DType::F32,
-            );
         engine.launch(
             kernel,
             if words {
