@@ -727,9 +727,18 @@ fn print_cooperative_matrices() {
 /// columns), also on 4096x4096, Liger's RMSNorm shape 2048x32768 and the narrow rows of
 /// 65536x1024 (a hidden size of 1,024); the other
 /// normalizations (modulated RMSNorm, GroupNorm, PolyNorm, DyT) in F32 and BF16 on `shape`.
+/// `WGRAD_NORM_SHAPES` ("ROWSxCOLS,...") replaces these shapes, for measurements of a rule.
 fn norm_ops(engine: &Engine, shape: &[usize]) -> Result<Vec<Op>> {
     let mut shapes = vec![shape.to_vec()];
-    if shape[1] >= 8192 {
+    if let Ok(list) = std::env::var("WGRAD_NORM_SHAPES") {
+        shapes = list
+            .split(',')
+            .filter_map(|s| {
+                let (r, c) = s.split_once('x')?;
+                Some(vec![r.trim().parse().ok()?, c.trim().parse().ok()?])
+            })
+            .collect();
+    } else if shape[1] >= 8192 {
         for extra in [[4096, 4096], [2048, 32768], [65536, 1024]] {
             if (extra[0] * extra[1] * 4) as u64 <= engine.max_binding_bytes() {
                 shapes.push(extra.to_vec());

@@ -172,12 +172,21 @@ pub fn force_forward_lanes(lanes: Option<u64>) {
 /// 1,024), no more lanes than chunks (at least 256); never more than [`REGISTER_CHUNKS`] a
 /// lane, nor more lanes than the adapter allows (then the fewest that fit, or `None`: the
 /// general forward). Measured on an H200 against the other counts
-/// (`notes/h200/2026-12-01-bs/norm-lanes/`).
-pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64) -> Option<u64> {
+/// (`notes/h200/2026-12-01-bs/norm-lanes/`). RMSNorm and LayerNorm of 16-bit sources (`half`)
+/// take at least 512 lanes for rows of more than 512 chunks (4,096 columns): on an H100, BF16
+/// 8192² forwards, three runs alternating, 256 → 512 lanes RMSNorm 101.4 → 98.7 µs, LayerNorm
+/// 101.9 → 99.9 (`notes/h200/2026-12-06-s39/`); 512 chunks (4096²) stay on 256 (1 chunk a lane
+/// of 512 was 10% slower), 4,096 (32,768 columns) on 1,024.
+pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64, half: bool) -> Option<u64> {
     let (per_lane, lo, hi) = match kind {
         NormKind::AddRms => (2, 512, 1024),
         NormKind::Layer | NormKind::Group => (4, 256, 512),
         _ => (4, 256, 1024),
+    };
+    let lo = if half && chunks > 512 && matches!(kind, NormKind::Rms | NormKind::Layer) {
+        512
+    } else {
+        lo
     };
     let fits = |lanes: u64| {
         lanes <= max_lanes && (chunks as u64).div_ceil(lanes) <= REGISTER_CHUNKS as u64
@@ -842,7 +851,12 @@ fn forward_plan(
                 .then(|| segment_plan(engine, chunks, allows))
                 .flatten()
         })
-        .or_else(|| RegisterPlan::on(forward_lanes(kind, chunks, max)?, chunks))
+        .or_else(|| {
+            RegisterPlan::on(
+                forward_lanes(kind, chunks, max, dtype != DType::F32)?,
+                chunks,
+            )
+        })
 }
 
 /// Launch the forward; returns (output, residual sum or mean correction, inverse, mean).
@@ -2596,7 +2610,9 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
         .and_then(|_| {
             let chunks = row_chunks(cols, x.dtype())?;
             RegisterPlan::on(
-                forward_lanes(NormKind::Rms, chunks, max_lanes(engine))?,
+                // (The four-chunk rule of F32 sources: the 16-bit one was measured on the
+                // forwards only.)
+                forward_lanes(NormKind::Rms, chunks, max_lanes(engine), false)?,
                 chunks,
             )
         });

@@ -485,7 +485,27 @@ fn register_forward_lane_rule() {
     use norm::forward_lanes;
     // (kind, chunks a row, adapter lanes) → lanes: about four chunks a lane (RMSNorm), within
     // 256..512 where it fits (LayerNorm), about two (add+RMSNorm), capped by the adapter, at
-    // most 8 chunks a lane, never more lanes than chunks beyond 256.
+    // most 8 chunks a lane, never more lanes than chunks beyond 256; 16-bit RMSNorm and
+    // LayerNorm rows of more than 512 chunks on at least 512 lanes.
+    for (kind, chunks, max, half, want) in [
+        (NormKind::Rms, 1024, 1024, true, Some(512)),
+        (NormKind::Rms, 640, 1024, true, Some(512)),
+        (NormKind::Rms, 512, 1024, true, Some(256)),
+        (NormKind::Rms, 2048, 1024, true, Some(512)),
+        (NormKind::Rms, 4096, 1024, true, Some(1024)),
+        (NormKind::Rms, 1024, 256, true, Some(256)),
+        (NormKind::Layer, 1024, 1024, true, Some(512)),
+        (NormKind::Layer, 4096, 1024, true, Some(512)),
+        (NormKind::AddRms, 1024, 1024, true, Some(512)),
+        (NormKind::Group, 1024, 1024, true, Some(256)),
+        (NormKind::Modulated, 1024, 1024, true, Some(256)),
+    ] {
+        assert_eq!(
+            forward_lanes(kind, chunks, max, half),
+            want,
+            "{kind:?} {chunks} {max} 16-bit"
+        );
+    }
     for (kind, chunks, max, want) in [
         (NormKind::Rms, 2048, 1024, Some(512)),
         (NormKind::Rms, 1024, 1024, Some(256)),
@@ -505,7 +525,7 @@ fn register_forward_lane_rule() {
         (NormKind::AddRms, 2048, 512, Some(512)),
     ] {
         assert_eq!(
-            forward_lanes(kind, chunks, max),
+            forward_lanes(kind, chunks, max, false),
             want,
             "{kind:?} {chunks} {max}"
         );
