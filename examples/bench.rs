@@ -592,11 +592,6 @@ fn main() -> ExitCode {
         Ok("1") => norm::force_register_prefetch(Some(true)),
         _ => {}
     }
-    match std::env::var("WGRAD_NORM_SHARED_ACC").as_deref() {
-        Ok("0") => norm::force_shared_partials(Some(false)),
-        Ok("1") => norm::force_shared_partials(Some(true)),
-        _ => {}
-    }
     // Measurement switch of the 16-bit softmax register backward (whole or half chunks a lane).
     match std::env::var("WGRAD_SOFTMAX_WHOLE").as_deref() {
         Ok("0") => wgrad::loss::force_whole_chunk_backward(Some(false)),

@@ -616,8 +616,6 @@ fn forward_params(f: &Forward<'_>, rows: usize, cols: usize) -> Params {
 
 /// Most chunks per lane of the register paths (a chunk: 4 F32 or 8 16-bit values).
 pub const REGISTER_CHUNKS: usize = 8;
-/// Workgroup memory kept beside the shared weight partials for the row sums' trees.
-const SHARED_ACC_MARGIN: u64 = 4096;
 /// The register backward splits the rows into at most this many blocks (one workgroup each).
 pub const REGISTER_BLOCKS: usize = 256;
 /// Fewest rows of a register backward block (so the partials stay at most a quarter of dx).
@@ -626,32 +624,6 @@ pub const REGISTER_MIN_BLOCK_ROWS: usize = 4;
 thread_local! {
     static FORCED_WORDS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     static FORCED_PREFETCH: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-    static FORCED_SHARED_ACC: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-}
-
-/// Forces whether `rms_backward_words` keeps its weight partials in workgroup memory
-/// (`SHARED_ACC`) rather than registers, where the adapter's workgroup memory holds them
-/// ([`shared_partial_bytes`]), for launches from the calling thread; `None` for the rule
-/// ([`register_backward_shared_partials`]). The same bits either way; for tests and
-/// measurements.
-#[doc(hidden)]
-pub fn force_shared_partials(on: Option<bool>) {
-    FORCED_SHARED_ACC.with(|f| f.set(on));
-}
-
-/// Whether `rms_backward_words` keeps its weight partials in workgroup memory: not yet by
-/// default (under measurement).
-pub fn register_backward_shared_partials(half: bool, f32_dx: bool, wide: bool) -> bool {
-    let _ = (half, f32_dx, wide);
-    FORCED_SHARED_ACC
-        .with(std::cell::Cell::get)
-        .unwrap_or(false)
-}
-
-/// Workgroup memory of the weight partials of a register backward of `lanes` lanes holding
-/// `chunks` chunks each (16 bytes a chunk for F32 sources, 32 for 16-bit ones).
-pub fn shared_partial_bytes(lanes: u64, chunks: u32, half: bool) -> u64 {
-    lanes * u64::from(chunks) * if half { 32 } else { 16 }
 }
 
 /// Forces whether `rms_backward_words` loads each next row's words while the current row's dx
@@ -1968,20 +1940,8 @@ fn register_backward(
         && plan.segment == 0
         && register_backward_words(saved.kind == NormKind::AddRms, plan.wide(), half);
     if words {
-        let f32_dx = dx.dtype() == DType::F32;
-        let prefetch = register_backward_prefetch(half, f32_dx, plan.wide());
+        let prefetch = register_backward_prefetch(half, dx.dtype() == DType::F32, plan.wide());
         constants.push(("PREFETCH", f64::from(u8::from(prefetch))));
-        // The partials' slots, and room for the row sums' workgroup memory beside them.
-        let bytes = shared_partial_bytes(plan.lanes, plan.chunks, half);
-        let room = u64::from(engine.info().limits.max_compute_workgroup_storage_size);
-        if register_backward_shared_partials(half, f32_dx, plan.wide())
-            && bytes + SHARED_ACC_MARGIN <= room
-        {
-            let slots = plan.lanes as f64 * f64::from(plan.chunks);
-            constants.push(("SHARED_ACC", 1.0));
-            constants.push(("ACC_LO", slots));
-            constants.push(("ACC_HI", if half { slots } else { 1.0 }));
-        }
     }
     let params = Params {
         rows: rows as u32,

@@ -1129,10 +1129,9 @@ fn register_backward_words_match_widened_values() {
         } else {
             vec![(add.clone(), Some(&ds)), (add, None), (rms, None)]
         };
-        let run = |words: Option<bool>, prefetch: Option<bool>, shared: bool| -> Vec<Vec<u64>> {
+        let run = |words: Option<bool>, prefetch: Option<bool>| -> Vec<Vec<u64>> {
             norm::force_register_words(words);
             norm::force_register_prefetch(prefetch);
-            norm::force_shared_partials(Some(shared));
             let mut out = Vec::new();
             for (s, d) in &saved {
                 let g = norm::norm_backward(s, &dy, *d).unwrap();
@@ -1142,30 +1141,21 @@ fn register_backward_words_match_widened_values() {
             }
             norm::force_register_words(None);
             norm::force_register_prefetch(None);
-            norm::force_shared_partials(None);
             out
         };
-        let widened = run(Some(false), None, false);
+        let widened = run(Some(false), None);
         assert_eq!(widened.len(), 2 * saved.len());
         assert!(
-            widened == run(None, None, false),
+            widened == run(None, None),
             "{rows}x{cols} {dt} (weight {wdt}): words differ from widened values"
         );
-        for (prefetch, shared) in [(false, false), (true, false), (false, true), (true, true)] {
+        for prefetch in [false, true] {
             assert!(
-                widened == run(Some(true), Some(prefetch), shared),
-                "{rows}x{cols} {dt} (weight {wdt}): words (prefetch {prefetch}, partials in \
-                 workgroup memory {shared}) differ from widened values"
+                widened == run(Some(true), Some(prefetch)),
+                "{rows}x{cols} {dt} (weight {wdt}): words (prefetch {prefetch}) differ from widened values"
             );
         }
     }
-    // The weight partials in workgroup memory: two 16-bit chunks a lane of 256 (the first
-    // case) and two F32 ones (the last) fit 32 KiB beside the row sums, so they took that
-    // path above; four 16-bit chunks on 1,024 lanes never fit.
-    assert_eq!(norm::shared_partial_bytes(256, 2, true), 16 << 10);
-    assert_eq!(norm::shared_partial_bytes(256, 2, false), 8 << 10);
-    assert_eq!(norm::shared_partial_bytes(1024, 4, true), 128 << 10);
-    assert!(!norm::register_backward_shared_partials(true, false, false));
 }
 
 /// BF16 values of a tensor as f32.

@@ -2383,56 +2383,6 @@ fn words_dot(x: vec4<u32>, r: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32,
     return vdot(vmul(vals(g, DX), wf_chunk(lid + k * lanes())), vscale(words_src(x, r), inv));
 }
 
-// Workgroup memory for the weight partials instead of `wacc0..7` (`rms_backward_words`):
-// with SHARED_ACC, `acc_lo` holds values 0..3 of each chunk's partial and, for 16-bit sources,
-// `acc_hi` values 4..7, WG · CHUNKS vec4s each (ACC_LO, ACC_HI: the host sets them, 1 where
-// unused). Slot k · WG + lid belongs to lane lid alone, so no barrier guards it; the same
-// additions in the same order as in registers (the same bits), with 32 fewer registers a lane
-// at four 16-bit chunks.
-override SHARED_ACC: bool = false;
-override ACC_LO: u32 = 1u;
-override ACC_HI: u32 = 1u;
-var<workgroup> acc_lo: array<vec4<f32>, ACC_LO>;
-var<workgroup> acc_hi: array<vec4<f32>, ACC_HI>;
-
-// The lane's weight partial of its k-th chunk: `held` (registers), or its workgroup slots.
-fn acc_get(held: Vals, k: u32, lid: u32) -> Vals {
-    if (!SHARED_ACC) {
-        return held;
-    }
-    let at = k * WG + lid;
-    if (DX == DT_F32) {
-        return Vals(acc_lo[at], vec4<f32>());
-    }
-    return Vals(acc_lo[at], acc_hi[at]);
-}
-
-// `v` added to the lane's k-th weight partial, in registers (`acc`) or its workgroup slots.
-fn acc_add(acc: ptr<private, Vals>, v: Vals, k: u32, lid: u32) {
-    if (!SHARED_ACC) {
-        *acc = vadd(*acc, v);
-        return;
-    }
-    let at = k * WG + lid;
-    acc_lo[at] = acc_lo[at] + v.lo;
-    if (DX != DT_F32) {
-        acc_hi[at] = acc_hi[at] + v.hi;
-    }
-}
-
-// The lane's workgroup slots set to zero (before the first row; no other lane reads them).
-fn acc_clear(lid: u32) {
-    if (!SHARED_ACC) {
-        return;
-    }
-    for (var k = 0u; k < CHUNKS; k = k + 1u) {
-        acc_lo[k * WG + lid] = vec4<f32>();
-        if (DX != DT_F32) {
-            acc_hi[k * WG + lid] = vec4<f32>();
-        }
-    }
-}
-
 // `rms_step` from the chunk's words: dx of the lane's k-th chunk, dy · n added to `acc`.
 fn words_step(acc: ptr<private, Vals>, x: vec4<u32>, r: vec4<u32>, g: vec4<u32>, k: u32, lid: u32, n: u32,
               base: u32, inv: f32, c2: f32) {
@@ -2460,7 +2410,7 @@ fn words_step(acc: ptr<private, Vals>, x: vec4<u32>, r: vec4<u32>, g: vec4<u32>,
         v = vadd(v, vals(dr4[i], DX));
     }
     put_dx(v, i);
-    acc_add(acc, vmul(d, nrm), k, lid);
+    *acc = vadd(*acc, vmul(d, nrm));
 }
 
 // Backward: load the next row's words right after the current row's sum, so that they are in
@@ -2495,7 +2445,6 @@ fn rms_backward_words(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     }
     let last = min(first + params.block_rows, params.rows);
     let n = params.cols / chunk_len();
-    acc_clear(lid);
     var ahead = RowWords();
     if (PREFETCH) {
         ahead = row_words(lid, n, first * n);
@@ -2529,14 +2478,14 @@ fn rms_backward_words(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
         words_step(&wacc7, x.c7, r.c7, g.c7, 7u, lid, n, base, inv, c2);
     }
     if (HAS_W) {
-        put_part(acc_get(wacc0, 0u, lid), 0u, block, 0u, lid, n);
-        put_part(acc_get(wacc1, 1u, lid), 0u, block, 1u, lid, n);
-        put_part(acc_get(wacc2, 2u, lid), 0u, block, 2u, lid, n);
-        put_part(acc_get(wacc3, 3u, lid), 0u, block, 3u, lid, n);
-        put_part(acc_get(wacc4, 4u, lid), 0u, block, 4u, lid, n);
-        put_part(acc_get(wacc5, 5u, lid), 0u, block, 5u, lid, n);
-        put_part(acc_get(wacc6, 6u, lid), 0u, block, 6u, lid, n);
-        put_part(acc_get(wacc7, 7u, lid), 0u, block, 7u, lid, n);
+        put_part(wacc0, 0u, block, 0u, lid, n);
+        put_part(wacc1, 0u, block, 1u, lid, n);
+        put_part(wacc2, 0u, block, 2u, lid, n);
+        put_part(wacc3, 0u, block, 3u, lid, n);
+        put_part(wacc4, 0u, block, 4u, lid, n);
+        put_part(wacc5, 0u, block, 5u, lid, n);
+        put_part(wacc6, 0u, block, 6u, lid, n);
+        put_part(wacc7, 0u, block, 7u, lid, n);
     }
 }
 
