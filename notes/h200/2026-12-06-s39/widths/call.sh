@@ -1,7 +1,7 @@
 # The 16-bit forward lane rule (RMSNorm and LayerNorm rows of more than 512 chunks on at least
 # 512 lanes; PolyNorm's forward follows RMSNorm's) at widths between 4,096 and 8,192 columns
 # (about 64 M values each), against 256 lanes forced (the rule before), alternating twice;
-# the norm test binary first.
+# the norm test binary first. bench_new and the test binary: build 9ec46f7.
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp WGPU_BACKEND=vulkan
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
 nvidia-smi --query-gpu=name --format=csv > $OUT/gpu.txt
