@@ -172,18 +172,21 @@ pub fn force_forward_lanes(lanes: Option<u64>) {
 /// 1,024), no more lanes than chunks (at least 256); never more than [`REGISTER_CHUNKS`] a
 /// lane, nor more lanes than the adapter allows (then the fewest that fit, or `None`: the
 /// general forward). Measured on an H200 against the other counts
-/// (`notes/h200/2026-12-01-bs/norm-lanes/`). RMSNorm and LayerNorm of 16-bit sources (`half`)
-/// take at least 512 lanes for rows of more than 512 chunks (4,096 columns): on an H100, BF16
-/// 8192² forwards, three runs alternating, 256 → 512 lanes RMSNorm 101.4 → 98.7 µs, LayerNorm
-/// 101.9 → 99.9 (`notes/h200/2026-12-06-s39/`); 512 chunks (4096²) stay on 256 (1 chunk a lane
-/// of 512 was 10% slower), 4,096 (32,768 columns) on 1,024.
+/// (`notes/h200/2026-12-01-bs/norm-lanes/`). RMSNorm and LayerNorm of 16-bit sources (`half`;
+/// not PolyNorm's) take at least 512 lanes for rows of 1,024 chunks and more (8,192 columns:
+/// two chunks a lane instead of four; wider rows took 512 already). On an H100, BF16 forwards,
+/// 256 → 512 lanes (`notes/h200/2026-12-06-s39/`, first runs): 8192² RMSNorm 101.4 → 98.7 µs,
+/// LayerNorm 101.9 → 99.9 (`lanes512/`); narrower rows were slower on 512 (`widths/`: 5,120
+/// columns RMSNorm 98.6 → 106.0, LayerNorm 97.2 → 110.3; 6,144 columns 100.5 → 101.9 and
+/// 101.0 → 105.3; 7,168 columns 100.5 → 98.4 and 101.5 → 101.4), PolyNorm 8192² too (105.1 →
+/// 117.1).
 pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64, half: bool) -> Option<u64> {
     let (per_lane, lo, hi) = match kind {
         NormKind::AddRms => (2, 512, 1024),
         NormKind::Layer | NormKind::Group => (4, 256, 512),
         _ => (4, 256, 1024),
     };
-    let lo = if half && chunks > 512 && matches!(kind, NormKind::Rms | NormKind::Layer) {
+    let lo = if half && chunks >= 1024 && matches!(kind, NormKind::Rms | NormKind::Layer) {
         512
     } else {
         lo
@@ -799,8 +802,8 @@ fn segment_plan(engine: &Engine, chunks: usize, allows: bool) -> Option<Register
     RegisterPlan::segments(width, chunks)
 }
 
-/// The plan of a register forward of `kind` (PolyNorm: [`NormKind::Rms`]) over rows of `cols`
-/// values of `dtype`: segments where the row fits ([`segment_plan`]), else the lanes of
+/// The plan of a register forward of `kind` (PolyNorm: [`NormKind::Rms`], `poly`) over rows of
+/// `cols` values of `dtype`: segments where the row fits ([`segment_plan`]), else the lanes of
 /// [`forward_lanes`] (or those forced by [`force_forward_lanes`], which also turns segments
 /// off); `None` for rows the register path does not hold.
 fn forward_plan(
@@ -808,6 +811,7 @@ fn forward_plan(
     kind: NormKind,
     cols: usize,
     dtype: DType,
+    poly: bool,
 ) -> Option<RegisterPlan> {
     register_plan(engine, cols, dtype, REGISTER_CHUNKS as u32)?;
     let chunks = row_chunks(cols, dtype)?;
@@ -825,7 +829,7 @@ fn forward_plan(
         })
         .or_else(|| {
             RegisterPlan::on(
-                forward_lanes(kind, chunks, max, dtype != DType::F32)?,
+                forward_lanes(kind, chunks, max, dtype != DType::F32 && !poly)?,
                 chunks,
             )
         })
@@ -894,7 +898,7 @@ fn forward<'a>(f: Forward<'a>) -> Result<(Tensor, Option<Tensor>, Tensor, Option
         _ => true,
     };
     let plan = if register_kind {
-        forward_plan(engine, f.kind, cols, dtype)
+        forward_plan(engine, f.kind, cols, dtype, false)
     } else {
         None
     };
@@ -1479,7 +1483,7 @@ pub fn norm_backward_as(
     let group_plan = saved
         .group
         .filter(|l| output_gradient.dtype() == xdt && l.spatial.is_multiple_of(chunk_len(xdt)))
-        .and_then(|_| forward_plan(engine, NormKind::Group, cols, xdt));
+        .and_then(|_| forward_plan(engine, NormKind::Group, cols, xdt, false));
     if let (Some(plan), Some(l)) = (group_plan, saved.group) {
         let rowinfo = Tensor::empty(engine, &[rows, ROWINFO], DType::F32, "norm row constants")?;
         let mean = saved
@@ -2480,7 +2484,7 @@ pub fn poly_norm(
     };
     // Rows of whole chunks within the lanes' registers: one read of the row (the lanes of
     // RMSNorm's register forward, which holds as much).
-    let plan = forward_plan(engine, NormKind::Rms, cols, dtype);
+    let plan = forward_plan(engine, NormKind::Rms, cols, dtype, true);
     let mut constants: Constants = vec![
         ("DX", f64::from(dtype.code())),
         ("DB", code(bias)),

@@ -486,10 +486,11 @@ fn register_forward_lane_rule() {
     // (kind, chunks a row, adapter lanes) → lanes: about four chunks a lane (RMSNorm), within
     // 256..512 where it fits (LayerNorm), about two (add+RMSNorm), capped by the adapter, at
     // most 8 chunks a lane, never more lanes than chunks beyond 256; 16-bit RMSNorm and
-    // LayerNorm rows of more than 512 chunks on at least 512 lanes.
+    // LayerNorm rows of 1,024 chunks and more on at least 512 lanes.
     for (kind, chunks, max, half, want) in [
         (NormKind::Rms, 1024, 1024, true, Some(512)),
-        (NormKind::Rms, 640, 1024, true, Some(512)),
+        (NormKind::Rms, 1023, 1024, true, Some(256)),
+        (NormKind::Rms, 640, 1024, true, Some(256)),
         (NormKind::Rms, 512, 1024, true, Some(256)),
         (NormKind::Rms, 2048, 1024, true, Some(512)),
         (NormKind::Rms, 4096, 1024, true, Some(1024)),
