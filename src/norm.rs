@@ -165,10 +165,10 @@ pub fn force_forward_lanes(lanes: Option<u64>) {
 }
 
 /// Lanes of a register forward (RMSNorm and modulated RMSNorm, LayerNorm and GroupNorm,
-/// add+RMSNorm; PolyNorm takes RMSNorm's) of rows of `chunks` whole chunks, on an adapter
-/// allowing `max_lanes` invocations a workgroup: the power of two that gives about four chunks
-/// a lane for RMSNorm (256 to 1,024 lanes), the same within 256 to 512 for LayerNorm (its two
-/// row sums cost more on 1,024 lanes), about two for add+RMSNorm (512 to
+/// add+RMSNorm; PolyNorm takes RMSNorm's with `half` false) of rows of `chunks` whole chunks,
+/// on an adapter allowing `max_lanes` invocations a workgroup: the power of two that gives
+/// about four chunks a lane for RMSNorm (256 to 1,024 lanes), the same within 256 to 512 for
+/// LayerNorm (its two row sums cost more on 1,024 lanes), about two for add+RMSNorm (512 to
 /// 1,024), no more lanes than chunks (at least 256); never more than [`REGISTER_CHUNKS`] a
 /// lane, nor more lanes than the adapter allows (then the fewest that fit, or `None`: the
 /// general forward). Measured on an H200 against the other counts
@@ -176,10 +176,10 @@ pub fn force_forward_lanes(lanes: Option<u64>) {
 /// not PolyNorm's) take at least 512 lanes for rows of 1,024 chunks and more (8,192 columns:
 /// two chunks a lane instead of four; wider rows took 512 already). On an H100, BF16 forwards,
 /// 256 → 512 lanes (`notes/h200/2026-12-06-s39/`, first runs): 8192² RMSNorm 101.4 → 98.7 µs,
-/// LayerNorm 101.9 → 99.9 (`lanes512/`); narrower rows were slower on 512 (`widths/`: 5,120
+/// LayerNorm 101.9 → 99.9 (`lanes512/`); narrower rows slower or no faster (`widths/`: 5,120
 /// columns RMSNorm 98.6 → 106.0, LayerNorm 97.2 → 110.3; 6,144 columns 100.5 → 101.9 and
-/// 101.0 → 105.3; 7,168 columns 100.5 → 98.4 and 101.5 → 101.4), PolyNorm 8192² too (105.1 →
-/// 117.1).
+/// 101.0 → 105.3; 7,168 columns 100.5 → 98.4 and 101.5 → 101.4), PolyNorm 8192² slower (105.1
+/// → 117.1).
 pub fn forward_lanes(kind: NormKind, chunks: usize, max_lanes: u64, half: bool) -> Option<u64> {
     let (per_lane, lo, hi) = match kind {
         NormKind::AddRms => (2, 512, 1024),
@@ -2574,8 +2574,8 @@ pub fn poly_norm_backward(saved: &PolySaved, output_gradient: &Tensor) -> Result
         .and_then(|_| {
             let chunks = row_chunks(cols, x.dtype())?;
             RegisterPlan::on(
-                // (The four-chunk rule of F32 sources: the 16-bit one was measured on the
-                // forwards only.)
+                // PolyNorm keeps the four-chunk rule (`half` false): the 16-bit one was
+                // measured on RMSNorm's and LayerNorm's forwards only.
                 forward_lanes(NormKind::Rms, chunks, max_lanes(engine), false)?,
                 chunks,
             )
