@@ -2483,7 +2483,7 @@ pub fn poly_norm(
         ..Params::default()
     };
     // Rows of whole chunks within the lanes' registers: one read of the row (the lanes of
-    // RMSNorm's register forward, which holds as much).
+    // RMSNorm's register forward, which holds as much, without its 16-bit rule: `poly`).
     let plan = forward_plan(engine, NormKind::Rms, cols, dtype, true);
     let mut constants: Constants = vec![
         ("DX", f64::from(dtype.code())),
